@@ -1,0 +1,193 @@
+//! Static type and shape inference over symbolic dims, and symbol binding.
+
+use crate::graph::{ControlFlow, Graph, NodeKind, ValueId};
+use kiln_ops::{Dim, InferInput, OpError, TensorType, ValueType};
+
+#[derive(Debug, thiserror::Error)]
+#[error("node '{node}' ({op}): {source}")]
+pub struct InferError {
+    pub node: String,
+    pub op: String,
+    #[source]
+    pub source: OpError,
+}
+
+/// Infers the type of every node output from its inputs, in node order, keeping whichever of
+/// the declared and inferred type is more precise.
+pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
+    for i in 0..graph.nodes.len() {
+        let inferred = {
+            let node = &graph.nodes[i];
+            let input_types: Vec<ValueType> = node
+                .inputs
+                .iter()
+                .map(|v| v.and_then(|v| graph.value(v)).map_or(ValueType::Unknown, |info| info.ty.clone()))
+                .collect();
+            match &node.kind {
+                NodeKind::Op(op) => {
+                    let inputs: Vec<InferInput<'_>> = node
+                        .inputs
+                        .iter()
+                        .zip(&input_types)
+                        .map(|(v, ty)| InferInput { ty, konst: v.and_then(|v| graph.constant(v)) })
+                        .collect();
+                    op.infer(&inputs).map_err(|source| InferError {
+                        node: node.name.clone(),
+                        op: op.name().to_string(),
+                        source,
+                    })?
+                }
+                NodeKind::Control(c) => control_output_types(c, node.outputs.len()),
+            }
+        };
+        let outputs = graph.nodes[i].outputs.clone();
+        for (out, ty) in outputs.iter().zip(inferred) {
+            if let Some(id) = out {
+                merge_into(graph, *id, ty);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn control_output_types(c: &ControlFlow, n: usize) -> Vec<ValueType> {
+    let body_out = |g: &Graph, skip: usize| -> Vec<ValueType> {
+        g.outputs.iter().skip(skip).map(|&v| g.value(v).map_or(ValueType::Unknown, |i| i.ty.clone())).collect()
+    };
+    let mut out: Vec<ValueType> = match c {
+        ControlFlow::If(node) => {
+            let a = body_out(&node.then_branch, 0);
+            let b = body_out(&node.else_branch, 0);
+            a.into_iter().zip(b).map(|(a, b)| if a == b { a } else { loosen(&a, &b) }).collect()
+        }
+        // Loop/Scan outputs gain a leading dim for scan outputs; only dtypes are carried here.
+        ControlFlow::Loop(node) => body_out(&node.body, 1).iter().map(dtype_only).collect(),
+        ControlFlow::Scan(node) => body_out(&node.body, 0).iter().map(dtype_only).collect(),
+        ControlFlow::SequenceMap(node) => body_out(&node.body, 0)
+            .iter()
+            .map(|t| ValueType::Sequence(Box::new(dtype_only(t))))
+            .collect(),
+    };
+    out.resize(n, ValueType::Unknown);
+    out
+}
+
+fn dtype_only(t: &ValueType) -> ValueType {
+    match t {
+        ValueType::Tensor(t) => ValueType::Tensor(TensorType::dtype_only(t.dtype)),
+        other => other.clone(),
+    }
+}
+
+/// The common part of two types (e.g. the branches of an If).
+fn loosen(a: &ValueType, b: &ValueType) -> ValueType {
+    match (a, b) {
+        (ValueType::Tensor(x), ValueType::Tensor(y)) => {
+            let dtype = if x.dtype == y.dtype { x.dtype } else { None };
+            let shape = match (&x.shape, &y.shape) {
+                (Some(s), Some(t)) if s.len() == t.len() => Some(
+                    s.iter()
+                        .zip(t)
+                        .enumerate()
+                        .map(|(i, (p, q))| if p == q { p.clone() } else { Dim::Sym(format!("unk__{i}")) })
+                        .collect(),
+                ),
+                _ => None,
+            };
+            ValueType::Tensor(TensorType { dtype, shape })
+        }
+        _ => ValueType::Unknown,
+    }
+}
+
+fn merge_into(graph: &mut Graph, id: ValueId, inferred: ValueType) {
+    let Some(info) = graph.values.get_mut(id.index()) else { return };
+    info.ty = merge(&info.ty, &inferred);
+}
+
+/// Combines a declared and an inferred type, keeping the more precise facts of each.
+pub(crate) fn merge(declared: &ValueType, inferred: &ValueType) -> ValueType {
+    match (declared, inferred) {
+        (ValueType::Unknown, t) | (t, ValueType::Unknown) => t.clone(),
+        (ValueType::Tensor(d), ValueType::Tensor(i)) => {
+            let dtype = i.dtype.or(d.dtype);
+            let shape = match (&d.shape, &i.shape) {
+                (None, s) | (s, None) => s.clone(),
+                (Some(ds), Some(is)) if ds.len() == is.len() => Some(
+                    ds.iter()
+                        .zip(is)
+                        .map(|(a, b)| match (a, b) {
+                            (_, Dim::Fixed(n)) => Dim::Fixed(*n),
+                            (Dim::Fixed(n), _) => Dim::Fixed(*n),
+                            (Dim::Sym(s), _) => Dim::Sym(s.clone()),
+                        })
+                        .collect(),
+                ),
+                (_, s) => s.clone(),
+            };
+            ValueType::Tensor(TensorType { dtype, shape })
+        }
+        (_, t) => t.clone(),
+    }
+}
+
+/// Replaces every occurrence of the named symbols by their values, in this graph and its
+/// subgraphs, then re-runs inference so bound dims propagate.
+pub fn bind_symbols(graph: &mut Graph, symbols: &[(String, usize)]) -> Result<(), InferError> {
+    bind_in(graph, symbols);
+    infer_types(graph)
+}
+
+fn bind_in(graph: &mut Graph, symbols: &[(String, usize)]) {
+    for v in &mut graph.values {
+        bind_type(&mut v.ty, symbols);
+    }
+    for node in &mut graph.nodes {
+        if let NodeKind::Control(c) = &mut node.kind {
+            match c {
+                ControlFlow::If(n) => {
+                    bind_in(&mut n.then_branch, symbols);
+                    bind_in(&mut n.else_branch, symbols);
+                }
+                ControlFlow::Loop(n) => bind_in(&mut n.body, symbols),
+                ControlFlow::Scan(n) => bind_in(&mut n.body, symbols),
+                ControlFlow::SequenceMap(n) => bind_in(&mut n.body, symbols),
+            }
+        }
+    }
+}
+
+fn bind_type(ty: &mut ValueType, symbols: &[(String, usize)]) {
+    match ty {
+        ValueType::Tensor(t) => {
+            if let Some(shape) = &mut t.shape {
+                for d in shape {
+                    if let Dim::Sym(s) = d
+                        && let Some((_, v)) = symbols.iter().find(|(n, _)| n == s)
+                    {
+                        *d = Dim::Fixed(*v);
+                    }
+                }
+            }
+        }
+        ValueType::Sequence(t) | ValueType::Optional(t) => bind_type(t, symbols),
+        ValueType::Unknown => {}
+    }
+}
+
+/// All symbol names used in the graph's input types, in first-seen order.
+pub fn input_symbols(graph: &Graph) -> Vec<String> {
+    let mut out = Vec::new();
+    for &id in &graph.inputs {
+        if let Some(ValueType::Tensor(TensorType { shape: Some(s), .. })) = graph.value(id).map(|v| &v.ty) {
+            for d in s {
+                if let Dim::Sym(n) = d
+                    && !out.contains(n)
+                {
+                    out.push(n.clone());
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,6 @@
+//! kiln-kernels: numeric kernels on raw slices and dimensions.
+//!
+//! Today this holds the scalar reference GEMM that MatMul, Gemm and convolution lower to; the
+//! SIMD variants and the dispatch table come with the speed work, each tested against these.
+
+pub mod gemm;

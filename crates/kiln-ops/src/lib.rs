@@ -1,0 +1,78 @@
+//! kiln-ops: the closed operator set. Each op is a typed struct (ONNX attributes parsed, with
+//! defaults applied, by the importer); each family module gives every op its static type
+//! inference and its reference evaluation, the semantic oracle fast kernels are tested against.
+//!
+//! Nothing here knows ONNX protobuf or attribute names; the runtime executes these ops, the IR
+//! holds them.
+
+pub mod error;
+pub mod util;
+pub mod value;
+
+pub mod elementwise;
+pub mod movement;
+pub mod nn;
+pub mod quant;
+pub mod recurrent;
+pub mod reduce;
+pub mod sequence;
+pub mod misc;
+
+pub use error::{OpError, Result};
+pub use value::{Args, Dim, InferInput, Sequence, TensorType, Value, ValueType};
+
+/// Every operator kiln executes, grouped by family. Control flow (If, Loop, Scan, SequenceMap)
+/// holds subgraphs and lives in the IR and runtime instead.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Elementwise(elementwise::ElementwiseOp),
+    Movement(movement::MovementOp),
+    Reduce(reduce::ReduceOp),
+    Nn(nn::NnOp),
+    Quant(quant::QuantOp),
+    Recurrent(recurrent::RecurrentOp),
+    Sequence(sequence::SequenceOp),
+    Misc(misc::MiscOp),
+}
+
+macro_rules! each_family {
+    ($self:expr, $op:ident => $body:expr) => {
+        match $self {
+            Op::Elementwise($op) => $body,
+            Op::Movement($op) => $body,
+            Op::Reduce($op) => $body,
+            Op::Nn($op) => $body,
+            Op::Quant($op) => $body,
+            Op::Recurrent($op) => $body,
+            Op::Sequence($op) => $body,
+            Op::Misc($op) => $body,
+        }
+    };
+}
+
+impl Op {
+    /// Short name of the op kind, as shown in dumps and errors (e.g. `Conv`, `Add`).
+    pub fn name(&self) -> &'static str {
+        each_family!(self, op => op.name())
+    }
+
+    /// Reference evaluation: computes every output from the inputs.
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        each_family!(self, op => op.eval(args))
+    }
+
+    /// Static output types from the input types (and constant inputs where known).
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        each_family!(self, op => op.infer(inputs))
+    }
+
+    /// Multiply-accumulate count for the given input shapes, for `kiln info` (0 where the op
+    /// does no MAC-like work).
+    pub fn macs(&self, inputs: &[InferInput<'_>], outputs: &[ValueType]) -> u64 {
+        match self {
+            Op::Nn(op) => op.macs(inputs, outputs),
+            Op::Recurrent(op) => op.macs(inputs, outputs),
+            _ => 0,
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Helpers shared by op implementations: axis normalisation, broadcasting index maps, reading
+//! shape-like inputs, size checks before allocation.
+
+use crate::error::{OpError, Result};
+use kiln_tensor::{MAX_ELEMENTS, Tensor, numel, strides_of};
+
+/// Turns a possibly negative ONNX axis into an index below `rank`.
+pub fn norm_axis(axis: i64, rank: usize) -> Result<usize> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 0 || a >= r.max(0) {
+        return Err(OpError::Axis { axis, rank });
+    }
+    Ok(a as usize)
+}
+
+/// Normalises a list of axes; duplicates are an error.
+pub fn norm_axes(axes: &[i64], rank: usize) -> Result<Vec<usize>> {
+    let mut out = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let n = norm_axis(a, rank)?;
+        if out.contains(&n) {
+            return Err(OpError::Value(format!("axis {a} repeated in {axes:?}")));
+        }
+        out.push(n);
+    }
+    Ok(out)
+}
+
+/// Element count of a shape, refused when above the allocation bound.
+pub fn checked_numel(shape: &[usize]) -> Result<usize> {
+    numel(shape).ok_or_else(|| OpError::Shape(format!("shape {shape:?} exceeds {MAX_ELEMENTS} elements")))
+}
+
+/// For each element of `out_shape` (row-major), the flat index of the element of a tensor of
+/// `in_shape` that numpy broadcasting reads. `in_shape` must broadcast to `out_shape`.
+pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>> {
+    let n = checked_numel(out_shape)?;
+    let rank = out_shape.len();
+    if in_shape.len() > rank {
+        return Err(OpError::Shape(format!("{in_shape:?} does not broadcast to {out_shape:?}")));
+    }
+    let off = rank - in_shape.len();
+    let in_strides = strides_of(in_shape);
+    // Stride per output dim in the input (0 where broadcast).
+    let mut strides = vec![0usize; rank];
+    for i in 0..in_shape.len() {
+        let (d, o) = (in_shape[i], out_shape[i + off]);
+        if d == o {
+            strides[i + off] = in_strides[i];
+        } else if d != 1 {
+            return Err(OpError::Shape(format!("{in_shape:?} does not broadcast to {out_shape:?}")));
+        }
+    }
+    if in_shape == out_shape {
+        return Ok((0..n).collect());
+    }
+    let mut out = Vec::with_capacity(n);
+    let mut idx = vec![0usize; rank];
+    let mut flat = 0usize;
+    for _ in 0..n {
+        out.push(flat);
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            flat += strides[d];
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            flat -= strides[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    Ok(out)
+}
+
+/// Reads a 1-D (or scalar) integer tensor, e.g. a shape, axes or pads input.
+pub fn read_i64s(t: &Tensor, what: &str) -> Result<Vec<i64>> {
+    if t.rank() > 1 {
+        return Err(OpError::Shape(format!("{what} must be 1-D, got shape {:?}", t.shape())));
+    }
+    t.to_i64_vec().ok_or_else(|| OpError::Value(format!("{what} must be an integer tensor, got {}", t.dtype())))
+}
+
+/// Reads a scalar (or one-element) integer tensor.
+pub fn read_i64(t: &Tensor, what: &str) -> Result<i64> {
+    let v = t.to_i64_vec().ok_or_else(|| OpError::Value(format!("{what} must be an integer, got {}", t.dtype())))?;
+    match v.as_slice() {
+        [x] => Ok(*x),
+        _ => Err(OpError::Shape(format!("{what} must hold one element, got shape {:?}", t.shape()))),
+    }
+}
+
+/// Converts a dimension given as i64 to usize, refusing negatives.
+pub fn dim(v: i64, what: &str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| OpError::Value(format!("{what} must be >= 0, got {v}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_map_repeats_rows_and_columns() {
+        assert_eq!(broadcast_map(&[3], &[2, 3]).unwrap(), vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(broadcast_map(&[2, 1], &[2, 3]).unwrap(), vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!(broadcast_map(&[], &[2]).unwrap(), vec![0, 0]);
+        assert!(broadcast_map(&[2], &[3]).is_err());
+    }
+
+    #[test]
+    fn axes_normalise() {
+        assert_eq!(norm_axis(-1, 3).unwrap(), 2);
+        assert!(norm_axis(3, 3).is_err());
+        assert!(norm_axis(0, 0).is_err());
+        assert!(norm_axes(&[0, -3], 3).is_err());
+    }
+}

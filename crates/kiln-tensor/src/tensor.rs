@@ -1,0 +1,436 @@
+//! The owned, dense, row-major tensor and its typed element storage.
+
+use crate::dtype::DType;
+use half::{bf16, f16};
+
+/// Upper bound on the element count of any tensor kiln creates (2^34, 16 Gi elements): a
+/// declared or computed shape beyond it is refused before anything is allocated.
+pub const MAX_ELEMENTS: usize = 1 << 34;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TensorError {
+    #[error("shape {shape:?} has {len} elements but the data holds {got}")]
+    LengthMismatch { shape: Vec<usize>, len: usize, got: usize },
+    #[error("shape {shape:?} is too large (more than {max} elements)")]
+    TooLarge { shape: Vec<usize>, max: usize },
+    #[error("expected a {expected} tensor, got {got}")]
+    DType { expected: DType, got: DType },
+    #[error("shapes {a:?} and {b:?} do not broadcast")]
+    Broadcast { a: Vec<usize>, b: Vec<usize> },
+}
+
+/// Typed element storage. The variant always matches the tensor's [`DType`]; every byte-coded
+/// type (float8, fp4, int4, int2, e8m0) is kept in `Coded`, one element per byte.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Data {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    I8(Vec<i8>),
+    I16(Vec<i16>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+    U64(Vec<u64>),
+    Bool(Vec<bool>),
+    Str(Vec<String>),
+    Coded(Vec<u8>),
+}
+
+/// Applies `$body` (an expression over `$v: &Vec<T>` producing `Vec<T>`) to whichever variant
+/// `$data` holds and wraps the result in the same variant: the way data-movement ops stay
+/// generic over every dtype.
+#[macro_export]
+macro_rules! map_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::Data::F32($v) => $crate::Data::F32($body),
+            $crate::Data::F64($v) => $crate::Data::F64($body),
+            $crate::Data::F16($v) => $crate::Data::F16($body),
+            $crate::Data::BF16($v) => $crate::Data::BF16($body),
+            $crate::Data::I8($v) => $crate::Data::I8($body),
+            $crate::Data::I16($v) => $crate::Data::I16($body),
+            $crate::Data::I32($v) => $crate::Data::I32($body),
+            $crate::Data::I64($v) => $crate::Data::I64($body),
+            $crate::Data::U8($v) => $crate::Data::U8($body),
+            $crate::Data::U16($v) => $crate::Data::U16($body),
+            $crate::Data::U32($v) => $crate::Data::U32($body),
+            $crate::Data::U64($v) => $crate::Data::U64($body),
+            $crate::Data::Bool($v) => $crate::Data::Bool($body),
+            $crate::Data::Str($v) => $crate::Data::Str($body),
+            $crate::Data::Coded($v) => $crate::Data::Coded($body),
+        }
+    };
+}
+
+/// Like [`map_data!`] but `$body` returns `Result<Vec<T>, E>`; the whole expression is
+/// `Result<Data, E>`.
+#[macro_export]
+macro_rules! try_map_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::Data::F32($v) => $body.map($crate::Data::F32),
+            $crate::Data::F64($v) => $body.map($crate::Data::F64),
+            $crate::Data::F16($v) => $body.map($crate::Data::F16),
+            $crate::Data::BF16($v) => $body.map($crate::Data::BF16),
+            $crate::Data::I8($v) => $body.map($crate::Data::I8),
+            $crate::Data::I16($v) => $body.map($crate::Data::I16),
+            $crate::Data::I32($v) => $body.map($crate::Data::I32),
+            $crate::Data::I64($v) => $body.map($crate::Data::I64),
+            $crate::Data::U8($v) => $body.map($crate::Data::U8),
+            $crate::Data::U16($v) => $body.map($crate::Data::U16),
+            $crate::Data::U32($v) => $body.map($crate::Data::U32),
+            $crate::Data::U64($v) => $body.map($crate::Data::U64),
+            $crate::Data::Bool($v) => $body.map($crate::Data::Bool),
+            $crate::Data::Str($v) => $body.map($crate::Data::Str),
+            $crate::Data::Coded($v) => $body.map($crate::Data::Coded),
+        }
+    };
+}
+
+impl Data {
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::F64(v) => v.len(),
+            Data::F16(v) => v.len(),
+            Data::BF16(v) => v.len(),
+            Data::I8(v) => v.len(),
+            Data::I16(v) => v.len(),
+            Data::I32(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::U8(v) => v.len(),
+            Data::U16(v) => v.len(),
+            Data::U32(v) => v.len(),
+            Data::U64(v) => v.len(),
+            Data::Bool(v) => v.len(),
+            Data::Str(v) => v.len(),
+            Data::Coded(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Storage of `n` zero elements (empty strings, false, +0.0) for `dtype`.
+    pub fn zeros(dtype: DType, n: usize) -> Data {
+        match dtype {
+            DType::F32 => Data::F32(vec![0.0; n]),
+            DType::F64 => Data::F64(vec![0.0; n]),
+            DType::F16 => Data::F16(vec![f16::ZERO; n]),
+            DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
+            DType::I8 => Data::I8(vec![0; n]),
+            DType::I16 => Data::I16(vec![0; n]),
+            DType::I32 => Data::I32(vec![0; n]),
+            DType::I64 => Data::I64(vec![0; n]),
+            DType::U8 => Data::U8(vec![0; n]),
+            DType::U16 => Data::U16(vec![0; n]),
+            DType::U32 => Data::U32(vec![0; n]),
+            DType::U64 => Data::U64(vec![0; n]),
+            DType::Bool => Data::Bool(vec![false; n]),
+            DType::String => Data::Str(vec![String::new(); n]),
+            _ => Data::Coded(vec![0; n]),
+        }
+    }
+
+    /// The storage variant a dtype uses, for checking the invariant.
+    fn matches(&self, dtype: DType) -> bool {
+        matches!(
+            (self, dtype),
+            (Data::F32(_), DType::F32)
+                | (Data::F64(_), DType::F64)
+                | (Data::F16(_), DType::F16)
+                | (Data::BF16(_), DType::BF16)
+                | (Data::I8(_), DType::I8)
+                | (Data::I16(_), DType::I16)
+                | (Data::I32(_), DType::I32)
+                | (Data::I64(_), DType::I64)
+                | (Data::U8(_), DType::U8)
+                | (Data::U16(_), DType::U16)
+                | (Data::U32(_), DType::U32)
+                | (Data::U64(_), DType::U64)
+                | (Data::Bool(_), DType::Bool)
+                | (Data::Str(_), DType::String)
+        ) || (matches!(self, Data::Coded(_)) && dtype.is_byte_coded())
+    }
+}
+
+/// A Rust element type with a fixed tensor dtype and storage variant.
+pub trait Element: Clone + Sized + 'static {
+    const DTYPE: DType;
+    fn wrap(v: Vec<Self>) -> Data;
+    fn slice(d: &Data) -> Option<&[Self]>;
+    fn into_vec(d: Data) -> Option<Vec<Self>>;
+}
+
+macro_rules! element {
+    ($t:ty, $dt:ident, $var:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dt;
+            fn wrap(v: Vec<Self>) -> Data {
+                Data::$var(v)
+            }
+            fn slice(d: &Data) -> Option<&[Self]> {
+                match d {
+                    Data::$var(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn into_vec(d: Data) -> Option<Vec<Self>> {
+                match d {
+                    Data::$var(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+element!(f32, F32, F32);
+element!(f64, F64, F64);
+element!(f16, F16, F16);
+element!(bf16, BF16, BF16);
+element!(i8, I8, I8);
+element!(i16, I16, I16);
+element!(i32, I32, I32);
+element!(i64, I64, I64);
+element!(u8, U8, U8);
+element!(u16, U16, U16);
+element!(u32, U32, U32);
+element!(u64, U64, U64);
+element!(bool, Bool, Bool);
+element!(String, String, Str);
+
+/// Number of elements of a shape, or `None` when it overflows or exceeds [`MAX_ELEMENTS`].
+pub fn numel(shape: &[usize]) -> Option<usize> {
+    // A zero anywhere makes an empty tensor whatever the other dims are.
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    let mut n: usize = 1;
+    for &d in shape {
+        n = n.checked_mul(d)?;
+    }
+    (n <= MAX_ELEMENTS).then_some(n)
+}
+
+/// Row-major strides (in elements) of a shape.
+pub fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+/// Numpy-style multidirectional broadcast of two shapes.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, TensorError> {
+    let rank = a.len().max(b.len());
+    let mut out = vec![0; rank];
+    for i in 0..rank {
+        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
+        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return Err(TensorError::Broadcast { a: a.to_vec(), b: b.to_vec() });
+        };
+    }
+    Ok(out)
+}
+
+/// A dense row-major tensor owning its elements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    data: Data,
+}
+
+impl Tensor {
+    /// Builds a tensor, checking the element count against the shape and the storage variant
+    /// against the dtype.
+    pub fn new(dtype: DType, shape: Vec<usize>, data: Data) -> Result<Tensor, TensorError> {
+        let len = numel(&shape).ok_or_else(|| TensorError::TooLarge { shape: shape.clone(), max: MAX_ELEMENTS })?;
+        if data.len() != len {
+            return Err(TensorError::LengthMismatch { shape, len, got: data.len() });
+        }
+        if !data.matches(dtype) {
+            return Err(TensorError::DType { expected: dtype, got: data_dtype(&data) });
+        }
+        Ok(Tensor { dtype, shape, data })
+    }
+
+    pub fn from_vec<T: Element>(shape: Vec<usize>, v: Vec<T>) -> Result<Tensor, TensorError> {
+        Tensor::new(T::DTYPE, shape, T::wrap(v))
+    }
+
+    pub fn scalar<T: Element>(v: T) -> Tensor {
+        Tensor { dtype: T::DTYPE, shape: vec![], data: T::wrap(vec![v]) }
+    }
+
+    /// A tensor of zeros; refuses shapes beyond [`MAX_ELEMENTS`] before allocating.
+    pub fn zeros(dtype: DType, shape: Vec<usize>) -> Result<Tensor, TensorError> {
+        let n = numel(&shape).ok_or_else(|| TensorError::TooLarge { shape: shape.clone(), max: MAX_ELEMENTS })?;
+        Ok(Tensor { dtype, shape, data: Data::zeros(dtype, n) })
+    }
+
+    /// A byte-coded tensor (float8, fp4, int4, int2, e8m0) from one code per element.
+    pub fn from_codes(dtype: DType, shape: Vec<usize>, codes: Vec<u8>) -> Result<Tensor, TensorError> {
+        Tensor::new(dtype, shape, Data::Coded(codes))
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+    pub fn data(&self) -> &Data {
+        &self.data
+    }
+    pub fn into_data(self) -> Data {
+        self.data
+    }
+    pub fn into_parts(self) -> (DType, Vec<usize>, Data) {
+        (self.dtype, self.shape, self.data)
+    }
+
+    /// The elements as `&[T]` when the dtype is `T`'s.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T], TensorError> {
+        T::slice(&self.data).ok_or(TensorError::DType { expected: T::DTYPE, got: self.dtype })
+    }
+
+    pub fn into_vec<T: Element>(self) -> Result<Vec<T>, TensorError> {
+        let got = self.dtype;
+        T::into_vec(self.data).ok_or(TensorError::DType { expected: T::DTYPE, got })
+    }
+
+    /// The byte codes of a byte-coded tensor.
+    pub fn codes(&self) -> Option<&[u8]> {
+        match &self.data {
+            Data::Coded(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Same elements, another shape with the same element count.
+    pub fn reshape(self, shape: Vec<usize>) -> Result<Tensor, TensorError> {
+        Tensor::new(self.dtype, shape, self.data)
+    }
+
+    /// New tensor whose element `i` is this tensor's element `idx[i]` (all indices must be in
+    /// range; callers compute them from shapes they checked).
+    pub fn gather_flat(&self, shape: Vec<usize>, idx: &[usize]) -> Result<Tensor, TensorError> {
+        let data = map_data!(&self.data, v => idx.iter().map(|&i| v[i].clone()).collect());
+        Tensor::new(self.dtype, shape, data)
+    }
+
+    /// Element values converted to f64 (NaN for strings); byte-coded types are decoded.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.data {
+            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::F64(v) => v.clone(),
+            Data::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Data::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I16(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U16(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::Bool(v) => v.iter().map(|&x| if x { 1.0 } else { 0.0 }).collect(),
+            Data::Str(v) => v.iter().map(|_| f64::NAN).collect(),
+            Data::Coded(v) => v.iter().map(|&c| crate::formats::decode(self.dtype, c) as f64).collect(),
+        }
+    }
+
+    /// Integer element values as i64 (for index-like inputs: shapes, axes, indices). Floats
+    /// are truncated; `None` for strings.
+    pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
+        Some(match &self.data {
+            Data::I64(v) => v.clone(),
+            Data::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::I16(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::I8(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::U16(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::U32(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::U64(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::Str(_) => return None,
+            _ => self.to_f64_vec().into_iter().map(|x| x as i64).collect(),
+        })
+    }
+}
+
+fn data_dtype(d: &Data) -> DType {
+    match d {
+        Data::F32(_) => DType::F32,
+        Data::F64(_) => DType::F64,
+        Data::F16(_) => DType::F16,
+        Data::BF16(_) => DType::BF16,
+        Data::I8(_) => DType::I8,
+        Data::I16(_) => DType::I16,
+        Data::I32(_) => DType::I32,
+        Data::I64(_) => DType::I64,
+        Data::U8(_) => DType::U8,
+        Data::U16(_) => DType::U16,
+        Data::U32(_) => DType::U32,
+        Data::U64(_) => DType::U64,
+        Data::Bool(_) => DType::Bool,
+        Data::Str(_) => DType::String,
+        Data::Coded(_) => DType::U8,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_follows_numpy() {
+        assert_eq!(broadcast_shapes(&[2, 1, 3], &[4, 1]).unwrap(), vec![2, 4, 3]);
+        assert_eq!(broadcast_shapes(&[], &[5]).unwrap(), vec![5]);
+        assert_eq!(broadcast_shapes(&[0, 1], &[1, 3]).unwrap(), vec![0, 3]);
+        assert!(broadcast_shapes(&[2, 3], &[3, 2]).is_err());
+    }
+
+    #[test]
+    fn new_checks_length_and_variant() {
+        assert!(Tensor::new(DType::F32, vec![2, 2], Data::F32(vec![0.0; 3])).is_err());
+        assert!(Tensor::new(DType::F32, vec![2], Data::I32(vec![0; 2])).is_err());
+        assert!(Tensor::new(DType::F8E4M3FN, vec![2], Data::Coded(vec![0; 2])).is_ok());
+    }
+
+    #[test]
+    fn absurd_shapes_are_refused_before_allocation() {
+        let e = Tensor::zeros(DType::F32, vec![1 << 20, 1 << 20]).unwrap_err();
+        assert!(matches!(e, TensorError::TooLarge { .. }));
+        assert_eq!(numel(&[usize::MAX, 2]), None);
+        assert_eq!(numel(&[usize::MAX, 0]), Some(0));
+    }
+
+    #[test]
+    fn strides_are_row_major() {
+        assert_eq!(strides_of(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(strides_of(&[]), Vec::<usize>::new());
+    }
+}
