@@ -115,3 +115,56 @@ mod tests {
         assert!(norm_axes(&[0, -3], 3).is_err());
     }
 }
+
+use crate::value::{Dim, InferInput, TensorType, ValueType};
+use kiln_tensor::DType;
+
+/// Broadcast of two static shapes; `None` when it cannot be decided or does not broadcast.
+pub fn broadcast_dims(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
+    let rank = a.len().max(b.len());
+    let get = |s: &[Dim], i: usize| if i + s.len() >= rank { s[i + s.len() - rank].clone() } else { Dim::Fixed(1) };
+    (0..rank)
+        .map(|i| match (get(a, i), get(b, i)) {
+            (x, y) if x == y => Some(x),
+            (Dim::Fixed(1), y) => Some(y),
+            (x, Dim::Fixed(1)) => Some(x),
+            (Dim::Fixed(_), Dim::Fixed(_)) => None,
+            // Two different symbols (or a symbol and a number): runtime decides.
+            (Dim::Fixed(n), Dim::Sym(_)) | (Dim::Sym(_), Dim::Fixed(n)) => Some(Dim::Fixed(n)),
+            (Dim::Sym(x), Dim::Sym(_)) => Some(Dim::Sym(x)),
+        })
+        .collect()
+}
+
+/// Broadcast of the shapes of several inputs (absent ones skipped) with the given dtype.
+pub fn infer_broadcast(inputs: &[InferInput<'_>], dtype: Option<DType>) -> ValueType {
+    let mut shape: Option<Vec<Dim>> = Some(Vec::new());
+    for inp in inputs {
+        let s = inp.ty.tensor().and_then(|t| t.shape.clone());
+        shape = match (shape, s) {
+            (Some(a), Some(b)) => broadcast_dims(&a, &b),
+            _ => None,
+        };
+    }
+    ValueType::Tensor(TensorType { dtype, shape })
+}
+
+/// The dtype of input `i`, when known.
+pub fn input_dtype(inputs: &[InferInput<'_>], i: usize) -> Option<DType> {
+    inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.dtype)
+}
+
+/// The static type of input `i` (Unknown when absent).
+pub fn input_type(inputs: &[InferInput<'_>], i: usize) -> ValueType {
+    inputs.get(i).map_or(ValueType::Unknown, |x| x.ty.clone())
+}
+
+/// The constant tensor value of input `i`, when it is a compile-time constant.
+pub fn const_tensor<'a>(inputs: &[InferInput<'a>], i: usize) -> Option<&'a kiln_tensor::Tensor> {
+    inputs.get(i).and_then(|x| x.konst).and_then(|v| v.as_tensor())
+}
+
+/// A tensor type with only the dtype known.
+pub fn dtype_only(dtype: Option<DType>) -> ValueType {
+    ValueType::Tensor(TensorType::dtype_only(dtype))
+}
