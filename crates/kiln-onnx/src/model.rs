@@ -179,6 +179,9 @@ impl Builder<'_> {
         for node in topo_order(gp).map_err(gerr)? {
             self.node(node, &declared)?;
         }
+        if !self.unsupported.is_empty() {
+            return Ok(()); // reported as one error by the caller
+        }
         for vi in &gp.output {
             let name = vi.name.clone().unwrap_or_default();
             let id = self.resolve(&name)?.ok_or_else(|| gerr(format!("output '{name}' is never produced")))?;
@@ -282,15 +285,31 @@ impl Builder<'_> {
             return Ok(());
         }
         let kind = if domain.is_empty() && matches!(op_type, "If" | "Loop" | "Scan" | "SequenceMap") {
-            match self.control(&ctx, np)? {
-                Some(c) => NodeKind::Control(c),
-                None => return Ok(()),
+            let control = self.control(&ctx, np)?;
+            match control {
+                Some(c) if self.unsupported.is_empty() => NodeKind::Control(c),
+                _ => {
+                    // A subgraph held unsupported ops: keep collecting them.
+                    for name in &np.output {
+                        if !name.is_empty() && self.resolve(name)?.is_none() {
+                            self.define_output(name, declared, &node_name)?;
+                        }
+                    }
+                    return Ok(());
+                }
             }
         } else {
             match import_op(&ctx)? {
                 Some(op) => NodeKind::Op(op),
                 None => {
                     self.note_unsupported(domain, op_type, opset, &node_name);
+                    // Define its outputs anyway so later nodes resolve and every unsupported
+                    // op is collected into one error.
+                    for name in &np.output {
+                        if !name.is_empty() && self.resolve(name)?.is_none() {
+                            self.define_output(name, declared, &node_name)?;
+                        }
+                    }
                     return Ok(());
                 }
             }
@@ -327,6 +346,16 @@ impl Builder<'_> {
     }
 
     fn control(&mut self, ctx: &NodeCtx<'_>, np: &NodeProto) -> Result<Option<ControlFlow>> {
+        let before = self.unsupported.len();
+        let c = self.control_checked(ctx, np);
+        // Shape checks on a body that skipped unsupported nodes say nothing useful.
+        if self.unsupported.len() != before || !self.unsupported.is_empty() {
+            return Ok(None);
+        }
+        c
+    }
+
+    fn control_checked(&mut self, ctx: &NodeCtx<'_>, np: &NodeProto) -> Result<Option<ControlFlow>> {
         Ok(Some(match ctx.op_type {
             "If" => {
                 ctx.check_inputs(1, 1)?;

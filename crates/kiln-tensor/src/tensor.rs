@@ -117,6 +117,29 @@ impl Data {
         self.len() == 0
     }
 
+    /// Appends the elements of `other` (same variant) to `self`.
+    pub fn append(&mut self, other: &Data) -> Result<(), TensorError> {
+        match (self, other) {
+            (Data::F32(a), Data::F32(b)) => a.extend_from_slice(b),
+            (Data::F64(a), Data::F64(b)) => a.extend_from_slice(b),
+            (Data::F16(a), Data::F16(b)) => a.extend_from_slice(b),
+            (Data::BF16(a), Data::BF16(b)) => a.extend_from_slice(b),
+            (Data::I8(a), Data::I8(b)) => a.extend_from_slice(b),
+            (Data::I16(a), Data::I16(b)) => a.extend_from_slice(b),
+            (Data::I32(a), Data::I32(b)) => a.extend_from_slice(b),
+            (Data::I64(a), Data::I64(b)) => a.extend_from_slice(b),
+            (Data::U8(a), Data::U8(b)) => a.extend_from_slice(b),
+            (Data::U16(a), Data::U16(b)) => a.extend_from_slice(b),
+            (Data::U32(a), Data::U32(b)) => a.extend_from_slice(b),
+            (Data::U64(a), Data::U64(b)) => a.extend_from_slice(b),
+            (Data::Bool(a), Data::Bool(b)) => a.extend_from_slice(b),
+            (Data::Str(a), Data::Str(b)) => a.extend_from_slice(b),
+            (Data::Coded(a), Data::Coded(b)) => a.extend_from_slice(b),
+            (a, b) => return Err(TensorError::DType { expected: data_dtype(a), got: data_dtype(b) }),
+        }
+        Ok(())
+    }
+
     /// Storage of `n` zero elements (empty strings, false, +0.0) for `dtype`.
     pub fn zeros(dtype: DType, n: usize) -> Data {
         match dtype {
@@ -339,6 +362,22 @@ impl Tensor {
     pub fn gather_flat(&self, shape: Vec<usize>, idx: &[usize]) -> Result<Tensor, TensorError> {
         let data = map_data!(&self.data, v => idx.iter().map(|&i| v[i].clone()).collect());
         Tensor::new(self.dtype, shape, data)
+    }
+
+    /// All elements of `parts` (same dtype) one after the other, as a 1-D tensor.
+    pub fn concat_flat(parts: &[&Tensor]) -> Result<Tensor, TensorError> {
+        let Some(first) = parts.first() else {
+            return Err(TensorError::LengthMismatch { shape: vec![], len: 1, got: 0 });
+        };
+        let mut data = first.data.clone();
+        for p in &parts[1..] {
+            if p.dtype != first.dtype {
+                return Err(TensorError::DType { expected: first.dtype, got: p.dtype });
+            }
+            data.append(&p.data)?;
+        }
+        let n = data.len();
+        Tensor::new(first.dtype, vec![n], data)
     }
 
     /// Element values converted to f64 (NaN for strings); byte-coded types are decoded.

@@ -1,0 +1,358 @@
+//! The step interpreter: input checking, slot management, op evaluation and control flow.
+
+use crate::error::RuntimeError;
+use crate::program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};
+use crate::stack::{stack, take_along};
+use kiln_ops::{Args, Dim, OpError, Sequence, Value, ValueType, util::norm_axis};
+use kiln_tensor::Tensor;
+
+type Result<T> = std::result::Result<T, RuntimeError>;
+
+/// A slot's content during a run: nothing, a value computed in this run, or a value owned by
+/// the program or an enclosing run (constants, captures), borrowed without copying.
+enum Slot<'a> {
+    Empty,
+    Owned(Value),
+    Shared(&'a Value),
+}
+
+impl Slot<'_> {
+    fn get(&self) -> Option<&Value> {
+        match self {
+            Slot::Empty => None,
+            Slot::Owned(v) => Some(v),
+            Slot::Shared(v) => Some(v),
+        }
+    }
+    fn take(&mut self) -> Option<Value> {
+        match std::mem::replace(self, Slot::Empty) {
+            Slot::Empty => None,
+            Slot::Owned(v) => Some(v),
+            Slot::Shared(v) => Some(v.clone()),
+        }
+    }
+}
+
+/// Runs a program on named inputs; returns its outputs in signature order.
+pub fn run(program: &Program, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>> {
+    let mut bound: Vec<Option<Value>> = vec![None; program.inputs.len()];
+    for (name, value) in inputs {
+        let Some(pos) = program.inputs.iter().position(|s| s.name == name) else {
+            let known: Vec<&str> = program.inputs.iter().map(|s| s.name.as_str()).collect();
+            return Err(RuntimeError::UnknownInput { name, known: known.join(", ") });
+        };
+        bound[pos] = Some(value);
+    }
+    let mut symbols: Vec<(String, usize)> = Vec::new();
+    let mut formal = Vec::with_capacity(bound.len());
+    for (spec, v) in program.inputs.iter().zip(bound) {
+        let v = v.ok_or_else(|| RuntimeError::MissingInput { name: spec.name.clone(), expected: spec.ty.to_string() })?;
+        let v = check_input(spec, v, &mut symbols)?;
+        formal.push(v);
+    }
+    let outputs = run_program(program, &[], formal)?;
+    Ok(program.outputs.iter().map(|o| o.name.clone()).zip(outputs).collect())
+}
+
+fn input_err(spec: &IoSpec, reason: String) -> RuntimeError {
+    RuntimeError::Input { name: spec.name.clone(), reason }
+}
+
+/// Checks a value against the declared type (kind, dtype, rank, fixed dims, consistent
+/// symbol bindings across inputs).
+fn check_input(spec: &IoSpec, v: Value, symbols: &mut Vec<(String, usize)>) -> Result<Value> {
+    match (&spec.ty, v) {
+        (ValueType::Tensor(tt), Value::Tensor(t)) => {
+            if let Some(d) = tt.dtype
+                && d != t.dtype()
+            {
+                return Err(input_err(spec, format!("expected dtype {d}, got {}", t.dtype())));
+            }
+            if let Some(shape) = &tt.shape {
+                if shape.len() != t.rank() {
+                    return Err(input_err(
+                        spec,
+                        format!("expected rank {} (shape {}), got rank {} (shape {:?})", shape.len(), spec.ty, t.rank(), t.shape()),
+                    ));
+                }
+                for (i, (d, &got)) in shape.iter().zip(t.shape()).enumerate() {
+                    match d {
+                        Dim::Fixed(n) if *n != got => {
+                            return Err(input_err(
+                                spec,
+                                format!("dim {i}: expected {n}, got {got} (expected shape {}, got {:?})", spec.ty, t.shape()),
+                            ));
+                        }
+                        Dim::Sym(s) if !s.starts_with("unk__") => match symbols.iter().find(|(n, _)| n == s) {
+                            Some((_, bound)) if *bound != got => {
+                                return Err(input_err(
+                                    spec,
+                                    format!("dim {i} is symbol '{s}', already bound to {bound} by another input, got {got}"),
+                                ));
+                            }
+                            Some(_) => {}
+                            None => symbols.push((s.clone(), got)),
+                        },
+                        _ => {}
+                    }
+                }
+            }
+            Ok(Value::Tensor(t))
+        }
+        (ValueType::Optional(inner), v @ Value::Optional(..)) => {
+            let _ = inner;
+            Ok(v)
+        }
+        (ValueType::Optional(inner), v) => Ok(Value::Optional(Some(Box::new(v)), (**inner).clone())),
+        (ValueType::Sequence(_), v @ Value::Sequence(_)) => Ok(v),
+        (ValueType::Unknown, v) => Ok(v),
+        (ty, v) => Err(input_err(spec, format!("expected a {ty}, got a {}", v.kind()))),
+    }
+}
+
+/// Runs `p` with its formal inputs and its captures read from `outer`.
+fn run_program(p: &Program, outer: &[Slot<'_>], formal: Vec<Value>) -> Result<Vec<Value>> {
+    let mut env: Vec<Slot<'_>> = Vec::with_capacity(p.num_slots());
+    env.resize_with(p.num_slots(), || Slot::Empty);
+    let bad = |what: String| RuntimeError::Program(format!("'{}': {what}", p.name));
+    for (slot, v) in &p.constants {
+        *env.get_mut(*slot).ok_or_else(|| bad(format!("constant slot {slot} out of range")))? = Slot::Shared(v);
+    }
+    for &(o, i) in &p.captures {
+        let v = outer
+            .get(o)
+            .and_then(Slot::get)
+            .ok_or_else(|| bad(format!("captured value '{}' is not available", p.slot_names.get(i).map_or("?", |s| s))))?;
+        *env.get_mut(i).ok_or_else(|| bad(format!("capture slot {i} out of range")))? = Slot::Shared(v);
+    }
+    if formal.len() != p.inputs.len() {
+        return Err(bad(format!("expects {} inputs, got {}", p.inputs.len(), formal.len())));
+    }
+    for (spec, v) in p.inputs.iter().zip(formal) {
+        *env.get_mut(spec.slot).ok_or_else(|| bad(format!("input slot {} out of range", spec.slot)))? = Slot::Owned(v);
+    }
+    for step in &p.steps {
+        let results = run_step(step, &env)?;
+        let mut results = results.into_iter();
+        for out in &step.outputs {
+            let v = results.next();
+            if let Some(slot) = out {
+                let v = v.ok_or_else(|| RuntimeError::Control {
+                    node: step.name.clone(),
+                    op: step.kind.name().to_string(),
+                    reason: "produced fewer outputs than the node declares".into(),
+                })?;
+                *env.get_mut(*slot).ok_or_else(|| bad(format!("output slot {slot} out of range")))? = Slot::Owned(v);
+            }
+        }
+        for &f in &step.frees {
+            if let Some(s) = env.get_mut(f) {
+                *s = Slot::Empty;
+            }
+        }
+    }
+    let mut outs = Vec::with_capacity(p.outputs.len());
+    for (k, o) in p.outputs.iter().enumerate() {
+        let used_later = p.outputs[k + 1..].iter().any(|x| x.slot == o.slot);
+        let slot = env.get_mut(o.slot).ok_or_else(|| bad(format!("output slot {} out of range", o.slot)))?;
+        let v = if used_later { slot.get().cloned() } else { slot.take() };
+        outs.push(v.ok_or_else(|| bad(format!("output '{}' was not computed", o.name)))?);
+    }
+    Ok(outs)
+}
+
+fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
+    let node_err = |source: OpError| RuntimeError::Node {
+        node: step.name.clone(),
+        op: step.kind.name().to_string(),
+        source,
+    };
+    let ctl_err = |reason: String| RuntimeError::Control {
+        node: step.name.clone(),
+        op: step.kind.name().to_string(),
+        reason,
+    };
+    let mut args: Vec<Option<&Value>> = Vec::with_capacity(step.inputs.len());
+    for s in &step.inputs {
+        args.push(match s {
+            None => None,
+            Some(s) => Some(
+                env.get(*s)
+                    .and_then(Slot::get)
+                    .ok_or_else(|| ctl_err(format!("input slot {s} holds no value (program error)")))?,
+            ),
+        });
+    }
+    match &step.kind {
+        StepKind::Op(op) => op.eval(&Args::new(&args)).map_err(node_err),
+        StepKind::If { then_branch, else_branch } => {
+            let cond = Args::new(&args).tensor(0).map_err(node_err)?;
+            let c = cond
+                .to_f64_vec()
+                .first()
+                .copied()
+                .ok_or_else(|| ctl_err(format!("condition is empty (shape {:?})", cond.shape())))?;
+            let branch = if c != 0.0 { then_branch } else { else_branch };
+            run_program(branch, env, Vec::new())
+        }
+        StepKind::Loop(l) => run_loop(l, &args, env).map_err(|e| wrap(e, step)),
+        StepKind::Scan(s) => run_scan(s, &args, env).map_err(|e| wrap(e, step)),
+        StepKind::SequenceMap { body } => run_sequence_map(body, &args, env, step.outputs.len()).map_err(|e| wrap(e, step)),
+    }
+}
+
+/// Adds the node's name to an op error raised by control-flow bookkeeping.
+fn wrap(e: RuntimeError, step: &Step) -> RuntimeError {
+    match e {
+        RuntimeError::Program(reason) => RuntimeError::Control {
+            node: step.name.clone(),
+            op: step.kind.name().to_string(),
+            reason,
+        },
+        other => other,
+    }
+}
+
+fn op_err(e: OpError) -> RuntimeError {
+    RuntimeError::Program(e.to_string())
+}
+
+fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<Vec<Value>> {
+    let a = Args::new(args);
+    let max_trip = match a.opt_tensor(0).map_err(op_err)? {
+        Some(t) => Some(t.to_i64_vec().and_then(|v| v.first().copied()).ok_or_else(|| RuntimeError::Program("M must be an integer scalar".into()))?),
+        None => None,
+    };
+    let mut cond = match a.opt_tensor(1).map_err(op_err)? {
+        Some(t) => t.to_f64_vec().first().is_some_and(|&c| c != 0.0),
+        None => true,
+    };
+    let mut carried: Vec<Value> = (2..args.len())
+        .map(|i| a.value(i).cloned().unwrap_or(Value::Optional(None, ValueType::Unknown)))
+        .collect();
+    let n_carried = carried.len();
+    let n_scan = l.body.outputs.len().saturating_sub(1 + n_carried);
+    let mut scans: Vec<Vec<Tensor>> = vec![Vec::new(); n_scan];
+    let mut iter: i64 = 0;
+    while cond && max_trip.is_none_or(|m| iter < m) {
+        let mut formal = Vec::with_capacity(2 + n_carried);
+        formal.push(Value::Tensor(Tensor::scalar(iter)));
+        formal.push(Value::Tensor(Tensor::scalar(cond)));
+        formal.append(&mut carried);
+        let outs = run_program(&l.body, env, formal)?;
+        let mut outs = outs.into_iter();
+        let c = outs.next().ok_or_else(|| RuntimeError::Program("loop body returned no condition".into()))?;
+        cond = match &c {
+            Value::Tensor(t) => t.to_f64_vec().first().is_some_and(|&x| x != 0.0),
+            _ => return Err(RuntimeError::Program("loop condition must be a tensor".into())),
+        };
+        carried = outs.by_ref().take(n_carried).collect();
+        for (k, v) in outs.enumerate() {
+            match (v, scans.get_mut(k)) {
+                (Value::Tensor(t), Some(acc)) => acc.push(t),
+                _ => return Err(RuntimeError::Program(format!("scan output {k} must be a tensor"))),
+            }
+        }
+        iter += 1;
+    }
+    let mut result = carried;
+    for acc in scans {
+        result.push(Value::Tensor(if acc.is_empty() {
+            Tensor::zeros(kiln_tensor::DType::F32, vec![0]).map_err(|e| op_err(e.into()))?
+        } else {
+            stack(&acc, 0).map_err(op_err)?
+        }));
+    }
+    Ok(result)
+}
+
+fn run_scan(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<Vec<Value>> {
+    let a = Args::new(args);
+    let n_state = args.len().saturating_sub(s.num_scan_inputs);
+    let mut state: Vec<Value> = (0..n_state).map(|i| a.value(i).cloned().ok_or_else(|| RuntimeError::Program(format!("state input {i} is absent")))).collect::<Result<_>>()?;
+    let mut scan_in: Vec<(&Tensor, usize, bool)> = Vec::new();
+    for k in 0..s.num_scan_inputs {
+        let t = a.tensor(n_state + k).map_err(op_err)?;
+        let axis = norm_axis(s.input_axes.get(k).copied().unwrap_or(0), t.rank()).map_err(op_err)?;
+        scan_in.push((t, axis, s.input_reverse.get(k).copied().unwrap_or(false)));
+    }
+    let len = match scan_in.first() {
+        Some((t, axis, _)) => t.shape()[*axis],
+        None => 0,
+    };
+    for (t, axis, _) in &scan_in {
+        if t.shape()[*axis] != len {
+            return Err(RuntimeError::Program(format!("scan inputs have different lengths ({} vs {len})", t.shape()[*axis])));
+        }
+    }
+    let n_scan_out = s.body.outputs.len().saturating_sub(n_state);
+    let mut scans: Vec<Vec<Tensor>> = vec![Vec::new(); n_scan_out];
+    for it in 0..len {
+        let mut formal = std::mem::take(&mut state);
+        for (t, axis, rev) in &scan_in {
+            let idx = if *rev { len - 1 - it } else { it };
+            formal.push(Value::Tensor(take_along(t, *axis, idx).map_err(op_err)?));
+        }
+        let outs = run_program(&s.body, env, formal)?;
+        let mut outs = outs.into_iter();
+        state = outs.by_ref().take(n_state).collect();
+        for (k, v) in outs.enumerate() {
+            match (v, scans.get_mut(k)) {
+                (Value::Tensor(t), Some(acc)) => acc.push(t),
+                _ => return Err(RuntimeError::Program(format!("scan output {k} must be a tensor"))),
+            }
+        }
+    }
+    let mut result = state;
+    for (k, mut acc) in scans.into_iter().enumerate() {
+        if s.output_reverse.get(k).copied().unwrap_or(false) {
+            acc.reverse();
+        }
+        if acc.is_empty() {
+            return Err(RuntimeError::Program("scan over zero iterations has no output shape".into()));
+        }
+        let rank = acc[0].rank() + 1;
+        let axis = norm_axis(s.output_axes.get(k).copied().unwrap_or(0), rank).map_err(op_err)?;
+        result.push(Value::Tensor(stack(&acc, axis).map_err(op_err)?));
+    }
+    Ok(result)
+}
+
+fn run_sequence_map(body: &Program, args: &[Option<&Value>], env: &[Slot<'_>], n_out: usize) -> Result<Vec<Value>> {
+    let a = Args::new(args);
+    let seq = a.sequence(0).map_err(op_err)?;
+    let len = seq.items.len();
+    let mut outs: Vec<Vec<Tensor>> = vec![Vec::new(); n_out];
+    for i in 0..len {
+        let mut formal = Vec::with_capacity(args.len());
+        for k in 0..args.len() {
+            match a.value(k) {
+                Some(Value::Sequence(s)) => {
+                    let item = s.items.get(i).ok_or_else(|| RuntimeError::Program(format!("sequence input {k} has {} items, expected {len}", s.items.len())))?;
+                    formal.push(Value::Tensor(item.clone()));
+                }
+                Some(v) => formal.push(v.clone()),
+                None => return Err(RuntimeError::Program(format!("input {k} is absent"))),
+            }
+        }
+        for (k, v) in run_program(body, env, formal)?.into_iter().enumerate() {
+            match (v, outs.get_mut(k)) {
+                (Value::Tensor(t), Some(acc)) => acc.push(t),
+                _ => return Err(RuntimeError::Program(format!("body output {k} must be a tensor"))),
+            }
+        }
+    }
+    let types: Vec<Option<kiln_tensor::DType>> = body
+        .outputs
+        .iter()
+        .map(|o| o.ty.tensor().and_then(|t| t.dtype))
+        .collect();
+    Ok(outs
+        .into_iter()
+        .enumerate()
+        .map(|(k, items)| {
+            let dtype = items.first().map(Tensor::dtype).or(types.get(k).copied().flatten());
+            Value::Sequence(Sequence { dtype, items })
+        })
+        .collect())
+}

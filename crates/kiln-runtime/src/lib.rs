@@ -1,0 +1,15 @@
+//! kiln-runtime: runs a [`Program`], the lowered, self-contained form of a model.
+//!
+//! A Program is a flat list of steps over numbered value slots, with its constants, I/O
+//! signature and control-flow sub-programs. The runtime checks inputs against the signature,
+//! executes steps in order, frees each slot after its last use, and returns the outputs. It
+//! does no graph rewriting and knows no ONNX names.
+
+mod error;
+mod exec;
+mod program;
+mod stack;
+
+pub use error::RuntimeError;
+pub use exec::run;
+pub use program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};

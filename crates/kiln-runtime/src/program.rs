@@ -1,0 +1,139 @@
+//! The Program: steps over numbered slots, constants, the I/O signature, sub-programs.
+
+use kiln_ops::{Op, Value, ValueType};
+
+/// One graph input or output: its name, slot and declared type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IoSpec {
+    pub name: String,
+    pub slot: usize,
+    pub ty: ValueType,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Program {
+    pub name: String,
+    /// Name of each slot (for errors, intermediate outputs and profiles).
+    pub slot_names: Vec<String>,
+    pub inputs: Vec<IoSpec>,
+    pub outputs: Vec<IoSpec>,
+    pub constants: Vec<(usize, Value)>,
+    /// For a sub-program: `(outer slot, inner slot)` pairs copied in from the enclosing
+    /// program's state when it starts.
+    pub captures: Vec<(usize, usize)>,
+    pub steps: Vec<Step>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub name: String,
+    pub kind: StepKind,
+    pub inputs: Vec<Option<usize>>,
+    pub outputs: Vec<Option<usize>>,
+    /// Slots whose last reader is this step: freed right after it runs.
+    pub frees: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepKind {
+    Op(Op),
+    If { then_branch: Box<Program>, else_branch: Box<Program> },
+    Loop(LoopStep),
+    Scan(ScanStep),
+    SequenceMap { body: Box<Program> },
+}
+
+impl StepKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            StepKind::Op(op) => op.name(),
+            StepKind::If { .. } => "If",
+            StepKind::Loop(_) => "Loop",
+            StepKind::Scan(_) => "Scan",
+            StepKind::SequenceMap { .. } => "SequenceMap",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopStep {
+    pub body: Box<Program>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScanStep {
+    pub body: Box<Program>,
+    pub num_scan_inputs: usize,
+    pub input_reverse: Vec<bool>,
+    pub input_axes: Vec<i64>,
+    pub output_reverse: Vec<bool>,
+    pub output_axes: Vec<i64>,
+}
+
+impl Program {
+    pub fn num_slots(&self) -> usize {
+        self.slot_names.len()
+    }
+
+    /// Fills every step's `frees` list from slot liveness: a slot is freed after the last
+    /// step reading it, unless it is a program output, a constant or captured by nothing later.
+    pub fn compute_frees(&mut self) {
+        let n = self.num_slots();
+        let mut last: Vec<Option<usize>> = vec![None; n];
+        for (i, step) in self.steps.iter().enumerate() {
+            for s in step.inputs.iter().flatten() {
+                if let Some(l) = last.get_mut(*s) {
+                    *l = Some(i);
+                }
+            }
+            for s in step.captured_slots() {
+                if let Some(l) = last.get_mut(s) {
+                    *l = Some(i);
+                }
+            }
+        }
+        let keep: Vec<usize> =
+            self.outputs.iter().map(|o| o.slot).chain(self.constants.iter().map(|(s, _)| *s)).collect();
+        for step in &mut self.steps {
+            step.frees.clear();
+        }
+        for (slot, l) in last.iter().enumerate() {
+            if let Some(i) = l
+                && !keep.contains(&slot)
+                && let Some(step) = self.steps.get_mut(*i)
+            {
+                step.frees.push(slot);
+            }
+        }
+        for step in &mut self.steps {
+            for p in step.subprograms_mut() {
+                p.compute_frees();
+            }
+        }
+    }
+}
+
+impl Step {
+    pub fn subprograms(&self) -> Vec<&Program> {
+        match &self.kind {
+            StepKind::Op(_) => vec![],
+            StepKind::If { then_branch, else_branch } => vec![then_branch, else_branch],
+            StepKind::Loop(l) => vec![&l.body],
+            StepKind::Scan(s) => vec![&s.body],
+            StepKind::SequenceMap { body } => vec![body],
+        }
+    }
+    fn subprograms_mut(&mut self) -> Vec<&mut Program> {
+        match &mut self.kind {
+            StepKind::Op(_) => vec![],
+            StepKind::If { then_branch, else_branch } => vec![then_branch, else_branch],
+            StepKind::Loop(l) => vec![&mut l.body],
+            StepKind::Scan(s) => vec![&mut s.body],
+            StepKind::SequenceMap { body } => vec![body],
+        }
+    }
+    /// Outer slots read by this step's sub-programs.
+    pub fn captured_slots(&self) -> Vec<usize> {
+        self.subprograms().iter().flat_map(|p| p.captures.iter().map(|(o, _)| *o)).collect()
+    }
+}

@@ -1,0 +1,27 @@
+//! kiln: compile and run ONNX models.
+//!
+//! ```no_run
+//! use kiln::{Session, SessionOptions, Tensor, Value};
+//! let session = Session::new("model.onnx", &SessionOptions::default())?;
+//! let x = Tensor::from_vec(vec![1, 3], vec![1.0f32, 2.0, 3.0])?;
+//! let outputs = session.run(vec![("x".to_string(), Value::Tensor(x))])?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod session;
+
+pub use kiln_ir::Graph;
+pub use kiln_onnx::{ImportError, Model, UnsupportedOp};
+pub use kiln_ops::{Dim, Sequence, TensorType, Value, ValueType};
+pub use kiln_runtime::RuntimeError;
+pub use kiln_tensor::{DType, Data, Mismatch, Tensor, TensorError, bf16, compare, f16};
+pub use session::{Error, IoInfo, Session, SessionOptions, load_onnx};
+
+/// Lower-level crates, for tools (CLI, conformance, benchmarks) that need them.
+pub mod raw {
+    pub use kiln_compiler as compiler;
+    pub use kiln_ir as ir;
+    pub use kiln_onnx as onnx;
+    pub use kiln_ops as ops;
+    pub use kiln_runtime as runtime;
+}
