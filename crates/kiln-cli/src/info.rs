@@ -1,0 +1,105 @@
+//! `kiln info`: what a model is made of.
+
+use anyhow::{Context, Result};
+use kiln::raw::ir::{Graph, NodeKind};
+use kiln::raw::ops::{InferInput, ValueType};
+use kiln::{SessionOptions, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub fn info(path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Result<()> {
+    let model = kiln::load_onnx(path, &SessionOptions { symbols: symbols.to_vec() })
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let g = &model.graph;
+    println!("model     {}", path.display());
+    println!("producer  {}", if model.producer.is_empty() { "-" } else { &model.producer });
+    println!("ir        {}", model.ir_version);
+    let opsets: Vec<String> =
+        model.opsets.iter().map(|(d, v)| format!("{}={v}", if d.is_empty() { "ai.onnx" } else { d })).collect();
+    println!("opsets    {}", opsets.join(", "));
+    println!("\ninputs");
+    for &i in &g.inputs {
+        if let Some(v) = g.value(i) {
+            println!("  {:<24} {}", v.name, v.ty);
+        }
+    }
+    println!("outputs");
+    for &o in &g.outputs {
+        if let Some(v) = g.value(o) {
+            println!("  {:<24} {}", v.name, v.ty);
+        }
+    }
+    let mut hist: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut stats = Stats::default();
+    walk(g, &mut hist, &mut stats);
+    let mut hist: Vec<(&str, usize)> = hist.into_iter().collect();
+    hist.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    println!("\nops ({} nodes)", hist.iter().map(|(_, n)| n).sum::<usize>());
+    for (op, n) in &hist {
+        println!("  {op:<24} {n}");
+    }
+    println!("\nparameters {} ({} bytes in constants)", group(stats.params), group(stats.param_bytes));
+    let macs = if stats.macs_partial { format!("{} (at least: some shapes are unknown)", group(stats.macs)) } else { group(stats.macs) };
+    println!("MACs       {macs}");
+    if print_graph {
+        println!("\n{}", g.to_text());
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Stats {
+    params: u64,
+    param_bytes: u64,
+    macs: u64,
+    macs_partial: bool,
+}
+
+fn walk(g: &Graph, hist: &mut BTreeMap<&'static str, usize>, stats: &mut Stats) {
+    for (_, v) in &g.constants {
+        if let Value::Tensor(t) = v {
+            stats.params += t.len() as u64;
+            stats.param_bytes += (t.len() * t.dtype().size_of()) as u64;
+        }
+    }
+    for node in &g.nodes {
+        *hist.entry(node.kind.name()).or_default() += 1;
+        match &node.kind {
+            NodeKind::Op(op) => {
+                let types: Vec<ValueType> =
+                    node.inputs.iter().map(|i| i.and_then(|i| g.value(i)).map_or(ValueType::Unknown, |v| v.ty.clone())).collect();
+                let inputs: Vec<InferInput<'_>> = node
+                    .inputs
+                    .iter()
+                    .zip(&types)
+                    .map(|(i, ty)| InferInput { ty, konst: i.and_then(|i| g.constant(i)) })
+                    .collect();
+                let outputs: Vec<ValueType> =
+                    node.outputs.iter().map(|o| o.and_then(|o| g.value(o)).map_or(ValueType::Unknown, |v| v.ty.clone())).collect();
+                let m = op.macs(&inputs, &outputs);
+                if m == 0 && matches!(op.name(), "Conv" | "ConvTranspose" | "MatMul" | "Gemm" | "Einsum" | "LSTM" | "GRU" | "RNN" | "Attention") {
+                    stats.macs_partial = true;
+                }
+                stats.macs += m;
+            }
+            NodeKind::Control(c) => {
+                for sub in c.subgraphs() {
+                    walk(sub, hist, stats);
+                }
+            }
+        }
+    }
+}
+
+/// 25557032 → "25,557,032".
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
