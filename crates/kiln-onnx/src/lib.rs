@@ -7,6 +7,7 @@
 pub mod attrs;
 mod error;
 mod import;
+mod mmap;
 mod model;
 pub mod proto;
 pub mod tensor;

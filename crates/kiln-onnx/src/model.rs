@@ -42,10 +42,7 @@ pub struct Model {
 pub fn load_model(path: &Path, options: &ImportOptions) -> Result<Model> {
     let io = |source| ImportError::Io { path: path.to_path_buf(), source };
     let file = std::fs::File::open(path).map_err(io)?;
-    // SAFETY: read-only map of a model file; prost decodes into `Bytes` slices that keep the
-    // map alive. Another process truncating the file while we read it is the usual mmap
-    // caveat, accepted for model files.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    let map = crate::mmap::map_file(&file).map_err(io)?;
     let bytes = Bytes::from_owner(map);
     let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
     import(bytes, dir, options)

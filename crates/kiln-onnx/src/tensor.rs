@@ -67,10 +67,7 @@ impl<'a> TensorLoader<'a> {
         let base = self.base_dir.ok_or_else(|| err("the model was not loaded from a file, so external data cannot be resolved".into()))?;
         let path = confined_path(base, &location).map_err(err)?;
         let file = std::fs::File::open(&path).map_err(|e| err(format!("cannot open {}: {e}", path.display())))?;
-        // SAFETY: the map is read-only and dropped before this function returns; the bytes we
-        // keep are copied out. A concurrent truncation of the file by another process is the
-        // usual mmap caveat, accepted for model files.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map {}: {e}", path.display())))?;
+        let map = crate::mmap::map_file(&file).map_err(|e| err(format!("cannot map {}: {e}", path.display())))?;
         let len = length.unwrap_or((map.len() as u64).saturating_sub(offset));
         let end = offset.checked_add(len).filter(|&e| e <= map.len() as u64).ok_or_else(|| {
             err(format!("offset {offset} + length {len} runs past the end of {} ({} bytes)", location, map.len()))
