@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: Python tools for reference data (onnx pinned, onnxruntime,
+# numpy) in a venv under ~/.cache/kiln, the ONNX backend test data written into the cache, and
+# a release build of kiln.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE="${KILN_CACHE:-$HOME/.cache/kiln}"
+VENV="$CACHE/venv"
+ONNX_VERSION=1.23.2
+mkdir -p "$CACHE"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/pip" install --quiet --disable-pip-version-check numpy "onnx==$ONNX_VERSION" onnxruntime
+DATA="${KILN_ONNX_TESTS:-$CACHE/onnx-tests}"
+if [ "$(cat "$DATA/onnx_version.txt" 2>/dev/null)" != "$ONNX_VERSION" ]; then
+  rm -rf "$DATA"
+  "$VENV/bin/python" scripts/fetch_onnx_tests.py "$DATA"
+fi
+cargo build --release --quiet -p kiln-cli -p kiln-conformance
+echo "set-up done: test data in $DATA, binaries in target/release"
