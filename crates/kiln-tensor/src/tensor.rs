@@ -3,9 +3,9 @@
 use crate::dtype::DType;
 use half::{bf16, f16};
 
-/// Upper bound on the element count of any tensor kiln creates (2^34, 16 Gi elements): a
+/// Upper bound on the element count of any tensor kiln creates (2^31, 2 Gi elements: 8 GiB of f32): a
 /// declared or computed shape beyond it is refused before anything is allocated.
-pub const MAX_ELEMENTS: usize = 1 << 34;
+pub const MAX_ELEMENTS: usize = 1 << 31;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
