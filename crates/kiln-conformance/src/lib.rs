@@ -222,6 +222,26 @@ pub fn expected_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("expected-failures.txt")
 }
 
+/// Longest a single case may take before it is reported as a failure (a hang is a bug).
+pub const CASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs a case on its own thread; a case still running after `limit` is a failure (its thread
+/// is left to finish in the background).
+pub fn run_case_with_timeout(case: &Case, limit: std::time::Duration) -> Outcome {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = case.clone();
+    let spawned = std::thread::Builder::new().stack_size(64 << 20).spawn(move || {
+        let _ = tx.send(run_case(&c));
+    });
+    if let Err(e) = spawned {
+        return Outcome::Fail(format!("cannot start a thread: {e}"));
+    }
+    match rx.recv_timeout(limit) {
+        Ok(o) => o,
+        Err(_) => Outcome::Fail(format!("TIMEOUT: still running after {}s", limit.as_secs())),
+    }
+}
+
 /// Runs cases on `jobs` threads, calling `progress` after each.
 pub fn run_all(cases: &[Case], jobs: usize, progress: &(dyn Fn(&CaseResult) + Sync)) -> Vec<CaseResult> {
     let next = AtomicUsize::new(0);
@@ -232,7 +252,11 @@ pub fn run_all(cases: &[Case], jobs: usize, progress: &(dyn Fn(&CaseResult) + Sy
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(case) = cases.get(i) else { break };
-                    let r = CaseResult { case: case.clone(), ops: model_ops(&case.dir.join("model.onnx")), outcome: run_case(case) };
+                    let r = CaseResult {
+                        case: case.clone(),
+                        ops: model_ops(&case.dir.join("model.onnx")),
+                        outcome: run_case_with_timeout(case, CASE_TIMEOUT),
+                    };
                     progress(&r);
                     if let Ok(mut v) = results.lock() {
                         v.push(r);

@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         if verbose {
             match &r.outcome {
                 Outcome::Pass => println!("PASS {}", r.case.key()),
-                Outcome::Fail(m) => println!("FAIL {}: {}", r.case.key(), m.lines().next().unwrap_or("")),
+                Outcome::Fail(m) => println!("FAIL {}: {}", r.case.key(), m.replace("\n  ", " ").replace('\n', "; ")),
             }
             let _ = std::io::stdout().flush();
         }

@@ -52,8 +52,16 @@ pub fn gemm<T: GemmScalar>(
         for p in 0..k {
             let av = a[i * la.row_stride + p * la.col_stride];
             let brow = p * lb.row_stride;
-            for (j, cv) in crow.iter_mut().enumerate() {
-                *cv = *cv + av * b[brow + j * lb.col_stride];
+            if lb.col_stride == 1 {
+                // Contiguous rows of B: the same sums in the same order, in a form the
+                // compiler vectorises.
+                for (cv, &bv) in crow.iter_mut().zip(&b[brow..brow + n]) {
+                    *cv = *cv + av * bv;
+                }
+            } else {
+                for (j, cv) in crow.iter_mut().enumerate() {
+                    *cv = *cv + av * b[brow + j * lb.col_stride];
+                }
             }
         }
     }

@@ -1,19 +1,504 @@
-//! Family module: sequence ops (filled in below).
+//! Family module: sequence and optional ops (control flow over sequences, SequenceMap, lives in
+//! the IR and runtime).
+//!
+//! - [SequenceEmpty](https://onnx.ai/onnx/operators/onnx__SequenceEmpty.html),
+//!   [SequenceConstruct](https://onnx.ai/onnx/operators/onnx__SequenceConstruct.html),
+//!   [SequenceInsert](https://onnx.ai/onnx/operators/onnx__SequenceInsert.html),
+//!   [SequenceErase](https://onnx.ai/onnx/operators/onnx__SequenceErase.html),
+//!   [SequenceAt](https://onnx.ai/onnx/operators/onnx__SequenceAt.html),
+//!   [SequenceLength](https://onnx.ai/onnx/operators/onnx__SequenceLength.html),
+//!   [SplitToSequence](https://onnx.ai/onnx/operators/onnx__SplitToSequence.html),
+//!   [ConcatFromSequence](https://onnx.ai/onnx/operators/onnx__ConcatFromSequence.html):
+//!   opset 11+.
+//! - [Optional](https://onnx.ai/onnx/operators/onnx__Optional.html) (opset 15+),
+//!   [OptionalHasElement](https://onnx.ai/onnx/operators/onnx__OptionalHasElement.html) and
+//!   [OptionalGetElement](https://onnx.ai/onnx/operators/onnx__OptionalGetElement.html)
+//!   (opset 15, and 18+ where they also accept plain tensors and sequences, and an absent input).
 
-use crate::error::Result;
-use crate::value::{Args, InferInput, Value, ValueType};
+use crate::error::{OpError, Result};
+use crate::util::{checked_numel, norm_axis, read_i64, read_i64s};
+use crate::value::{Args, Dim, InferInput, Sequence, TensorType, Value, ValueType};
+use kiln_tensor::{DType, Data, Tensor};
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum SequenceOp {}
+pub enum SequenceOp {
+    /// An empty sequence of the given element type.
+    SequenceEmpty {
+        dtype: DType,
+    },
+    /// A sequence of all the (tensor) inputs.
+    SequenceConstruct,
+    /// Inserts input 1 at position input 2 (default: at the end).
+    SequenceInsert,
+    /// Removes the element at position input 1 (default: the last).
+    SequenceErase,
+    /// The element at position input 1.
+    SequenceAt,
+    /// The number of elements, as an i64 scalar.
+    SequenceLength,
+    SplitToSequence(SplitToSequence),
+    ConcatFromSequence(ConcatFromSequence),
+    /// Wraps input 0 in an optional, or makes an empty optional of `elem` when there is none.
+    Optional {
+        elem: ValueType,
+    },
+    OptionalHasElement,
+    OptionalGetElement,
+}
+
+/// Splits a tensor along an axis into a sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitToSequence {
+    pub axis: i64,
+    /// Only applies when no `split` input is given: pieces of size 1 keep (or drop) the axis.
+    pub keepdims: bool,
+}
+
+/// Concatenates (or, with `new_axis`, stacks) the tensors of a sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConcatFromSequence {
+    pub axis: i64,
+    pub new_axis: bool,
+}
 
 impl SequenceOp {
     pub fn name(&self) -> &'static str {
-        match *self {}
+        match self {
+            SequenceOp::SequenceEmpty { .. } => "SequenceEmpty",
+            SequenceOp::SequenceConstruct => "SequenceConstruct",
+            SequenceOp::SequenceInsert => "SequenceInsert",
+            SequenceOp::SequenceErase => "SequenceErase",
+            SequenceOp::SequenceAt => "SequenceAt",
+            SequenceOp::SequenceLength => "SequenceLength",
+            SequenceOp::SplitToSequence(_) => "SplitToSequence",
+            SequenceOp::ConcatFromSequence(_) => "ConcatFromSequence",
+            SequenceOp::Optional { .. } => "Optional",
+            SequenceOp::OptionalHasElement => "OptionalHasElement",
+            SequenceOp::OptionalGetElement => "OptionalGetElement",
+        }
     }
-    pub fn eval(&self, _args: &Args<'_>) -> Result<Vec<Value>> {
-        match *self {}
+
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let out = match self {
+            SequenceOp::SequenceEmpty { dtype } => Value::Sequence(Sequence {
+                dtype: Some(*dtype),
+                items: vec![],
+            }),
+            SequenceOp::SequenceConstruct => {
+                let items: Vec<Tensor> = args.tensors()?.into_iter().cloned().collect();
+                let dtype = items.first().map(Tensor::dtype);
+                check_dtypes(dtype, &items)?;
+                Value::Sequence(Sequence { dtype, items })
+            }
+            SequenceOp::SequenceInsert => {
+                let s = args.sequence(0)?;
+                let t = args.tensor(1)?;
+                if let Some(d) = s.dtype.filter(|&d| d != t.dtype()) {
+                    return Err(OpError::DTypeMismatch { a: d, b: t.dtype() });
+                }
+                let n = s.items.len();
+                let pos = match args.opt_tensor(2)? {
+                    Some(p) => position(read_i64(p, "position")?, n, true)?,
+                    None => n,
+                };
+                let mut items = s.items.clone();
+                items.insert(pos, t.clone());
+                Value::Sequence(Sequence {
+                    dtype: Some(t.dtype()),
+                    items,
+                })
+            }
+            SequenceOp::SequenceErase => {
+                let s = args.sequence(0)?;
+                let n = s.items.len();
+                let pos = match args.opt_tensor(1)? {
+                    Some(p) => position(read_i64(p, "position")?, n, false)?,
+                    None if n > 0 => n - 1,
+                    None => {
+                        return Err(OpError::Value("SequenceErase on an empty sequence".into()));
+                    }
+                };
+                let mut items = s.items.clone();
+                items.remove(pos);
+                Value::Sequence(Sequence {
+                    dtype: s.dtype,
+                    items,
+                })
+            }
+            SequenceOp::SequenceAt => {
+                let s = args.sequence(0)?;
+                let pos = position(read_i64(args.tensor(1)?, "position")?, s.items.len(), false)?;
+                Value::Tensor(s.items[pos].clone())
+            }
+            SequenceOp::SequenceLength => {
+                Value::Tensor(Tensor::scalar(args.sequence(0)?.items.len() as i64))
+            }
+            SequenceOp::SplitToSequence(op) => op.eval(args)?,
+            SequenceOp::ConcatFromSequence(op) => op.eval(args)?,
+            SequenceOp::Optional { elem } => match args.value(0) {
+                Some(v) => Value::Optional(Some(Box::new(v.clone())), v.value_type()),
+                None => Value::Optional(None, elem.clone()),
+            },
+            SequenceOp::OptionalHasElement => {
+                let has = match args.value(0) {
+                    None | Some(Value::Optional(None, _)) => false,
+                    Some(_) => true,
+                };
+                Value::Tensor(Tensor::scalar(has))
+            }
+            SequenceOp::OptionalGetElement => match args.value(0) {
+                Some(Value::Optional(Some(v), _)) => (**v).clone(),
+                Some(Value::Optional(None, _)) => {
+                    return Err(OpError::Value(
+                        "OptionalGetElement on an empty optional".into(),
+                    ));
+                }
+                Some(v) => v.clone(),
+                None => return Err(OpError::MissingInput { index: 0 }),
+            },
+        };
+        Ok(vec![out])
     }
-    pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        match *self {}
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let ty = |i: usize| inputs.get(i).map_or(ValueType::Unknown, |x| x.ty.clone());
+        let seq_of = |dtype: Option<DType>| {
+            ValueType::Sequence(Box::new(ValueType::Tensor(TensorType::dtype_only(dtype))))
+        };
+        let elem_of = |t: ValueType| match t {
+            ValueType::Sequence(e) => *e,
+            _ => ValueType::Unknown,
+        };
+        let tensor_dtype = |i: usize| {
+            inputs
+                .get(i)
+                .and_then(|x| x.ty.tensor())
+                .and_then(|t| t.dtype)
+        };
+        let seq_dtype = |i: usize| match ty(i) {
+            ValueType::Sequence(e) => e.tensor().and_then(|t| t.dtype),
+            _ => None,
+        };
+        let out = match self {
+            SequenceOp::SequenceEmpty { dtype } => seq_of(Some(*dtype)),
+            SequenceOp::SequenceConstruct => seq_of(tensor_dtype(0)),
+            SequenceOp::SequenceInsert => seq_of(seq_dtype(0).or(tensor_dtype(1))),
+            SequenceOp::SequenceErase => match ty(0) {
+                t @ ValueType::Sequence(_) => t,
+                _ => seq_of(None),
+            },
+            SequenceOp::SequenceAt => match elem_of(ty(0)) {
+                ValueType::Tensor(t) => ValueType::Tensor(t),
+                _ => ValueType::Tensor(TensorType::dtype_only(seq_dtype(0))),
+            },
+            SequenceOp::SequenceLength => ValueType::Tensor(TensorType::fixed(DType::I64, &[])),
+            SequenceOp::SplitToSequence(_) => seq_of(tensor_dtype(0)),
+            SequenceOp::ConcatFromSequence(op) => {
+                let dtype = seq_dtype(0);
+                // The rank follows from the element rank when it is known.
+                let rank = match elem_of(ty(0)) {
+                    ValueType::Tensor(t) => t.rank(),
+                    _ => None,
+                };
+                let shape = rank.map(|r| {
+                    let r = if op.new_axis { r + 1 } else { r };
+                    (0..r).map(|i| Dim::Sym(format!("concat_{i}"))).collect()
+                });
+                ValueType::Tensor(TensorType { dtype, shape })
+            }
+            SequenceOp::Optional { elem } => {
+                if inputs.is_empty() || matches!(ty(0), ValueType::Unknown) {
+                    ValueType::Optional(Box::new(elem.clone()))
+                } else {
+                    ValueType::Optional(Box::new(ty(0)))
+                }
+            }
+            SequenceOp::OptionalHasElement => {
+                ValueType::Tensor(TensorType::fixed(DType::Bool, &[]))
+            }
+            SequenceOp::OptionalGetElement => match ty(0) {
+                ValueType::Optional(inner) => *inner,
+                other => other,
+            },
+        };
+        Ok(vec![out])
+    }
+}
+
+/// Normalises a sequence position; `insert` allows `n` (append).
+fn position(p: i64, n: usize, insert: bool) -> Result<usize> {
+    let len = n as i64;
+    let hi = if insert { len } else { len - 1 };
+    let q = if p < 0 { p + len } else { p };
+    if q < 0 || q > hi {
+        return Err(OpError::IndexOutOfRange { index: p, size: n });
+    }
+    Ok(q as usize)
+}
+
+fn check_dtypes(dtype: Option<DType>, items: &[Tensor]) -> Result<()> {
+    if let Some(d) = dtype
+        && let Some(t) = items.iter().find(|t| t.dtype() != d)
+    {
+        return Err(OpError::DTypeMismatch { a: d, b: t.dtype() });
+    }
+    Ok(())
+}
+
+/// Slice `[start, start + len)` of `t` along `axis`.
+fn slice_axis(t: &Tensor, axis: usize, start: usize, len: usize, keep: bool) -> Result<Tensor> {
+    let shape = t.shape();
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    let d = shape[axis];
+    let mut idx = Vec::with_capacity(outer * len * inner);
+    for o in 0..outer {
+        for a in start..start + len {
+            let base = (o * d + a) * inner;
+            idx.extend(base..base + inner);
+        }
+    }
+    let mut out_shape = shape.to_vec();
+    if keep {
+        out_shape[axis] = len;
+    } else {
+        out_shape.remove(axis);
+    }
+    Ok(t.gather_flat(out_shape, &idx)?)
+}
+
+impl SplitToSequence {
+    fn eval(&self, args: &Args<'_>) -> Result<Value> {
+        let x = args.tensor(0)?;
+        let rank = x.rank();
+        let axis = norm_axis(self.axis, rank)?;
+        let d = x.shape()[axis];
+        let split = args.opt_tensor(1)?;
+        let (sizes, keep): (Vec<usize>, bool) = match split {
+            None => (vec![1; d], self.keepdims),
+            Some(s) if s.rank() == 0 => {
+                let chunk = read_i64(s, "split")?;
+                if chunk < 1 {
+                    return Err(OpError::Value(format!("split must be >= 1, got {chunk}")));
+                }
+                let chunk = chunk as usize;
+                let mut sizes = vec![chunk; d / chunk];
+                if d % chunk != 0 {
+                    sizes.push(d % chunk);
+                }
+                (sizes, true)
+            }
+            Some(s) => {
+                let v = read_i64s(s, "split")?;
+                let sizes = v
+                    .iter()
+                    .map(|&x| {
+                        usize::try_from(x)
+                            .map_err(|_| OpError::Value(format!("negative split {x}")))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                if sizes.iter().sum::<usize>() != d {
+                    return Err(OpError::Shape(format!(
+                        "split {v:?} does not sum to the axis size {d}"
+                    )));
+                }
+                (sizes, true)
+            }
+        };
+        let mut items = Vec::with_capacity(sizes.len());
+        let mut start = 0;
+        for len in sizes {
+            items.push(slice_axis(x, axis, start, len, keep)?);
+            start += len;
+        }
+        Ok(Value::Sequence(Sequence {
+            dtype: Some(x.dtype()),
+            items,
+        }))
+    }
+}
+
+/// All elements of the tensors, one after the other, in one storage.
+fn join_data(items: &[&Tensor]) -> Result<Data> {
+    macro_rules! join {
+        ($($var:ident),*) => {
+            match items.first().map(|t| t.data()) {
+                None => Err(OpError::Value("nothing to concatenate".into())),
+                $(Some(Data::$var(_)) => {
+                    let mut out = Vec::new();
+                    for t in items {
+                        match t.data() {
+                            Data::$var(v) => out.extend_from_slice(v),
+                            _ => return Err(OpError::DTypeMismatch { a: items[0].dtype(), b: t.dtype() }),
+                        }
+                    }
+                    Ok(Data::$var(out))
+                })*
+            }
+        };
+    }
+    join!(
+        F32, F64, F16, BF16, I8, I16, I32, I64, U8, U16, U32, U64, Bool, Str, Coded
+    )
+}
+
+impl ConcatFromSequence {
+    fn eval(&self, args: &Args<'_>) -> Result<Value> {
+        let s = args.sequence(0)?;
+        let first = s
+            .items
+            .first()
+            .ok_or_else(|| OpError::Value("ConcatFromSequence of an empty sequence".into()))?;
+        check_dtypes(Some(first.dtype()), &s.items)?;
+        let rank = first.rank();
+        // With new_axis each element gets a unit axis inserted first, then they concatenate.
+        let out_rank = if self.new_axis { rank + 1 } else { rank };
+        let axis = norm_axis(self.axis, out_rank)?;
+        let shapes: Vec<Vec<usize>> = s
+            .items
+            .iter()
+            .map(|t| {
+                let mut sh = t.shape().to_vec();
+                if self.new_axis {
+                    sh.insert(axis, 1);
+                }
+                sh
+            })
+            .collect();
+        let base = &shapes[0];
+        for sh in &shapes {
+            let same = sh.len() == base.len()
+                && sh
+                    .iter()
+                    .zip(base)
+                    .enumerate()
+                    .all(|(i, (a, b))| i == axis || a == b);
+            if !same {
+                return Err(OpError::Shape(format!(
+                    "cannot concatenate shapes {base:?} and {sh:?} on axis {axis}"
+                )));
+            }
+        }
+        let mut out_shape = base.clone();
+        out_shape[axis] = shapes.iter().map(|sh| sh[axis]).sum();
+        let total = checked_numel(&out_shape)?;
+        let outer: usize = base[..axis].iter().product();
+        let inner: usize = base[axis + 1..].iter().product();
+        let mut offsets = Vec::with_capacity(shapes.len());
+        let mut off = 0;
+        for t in &s.items {
+            offsets.push(off);
+            off += t.len();
+        }
+        let mut idx = Vec::with_capacity(total);
+        for o in 0..outer {
+            for (sh, &off) in shapes.iter().zip(&offsets) {
+                let chunk = sh[axis] * inner;
+                let start = off + o * chunk;
+                idx.extend(start..start + chunk);
+            }
+        }
+        let refs: Vec<&Tensor> = s.items.iter().collect();
+        let all = Tensor::new(first.dtype(), vec![off], join_data(&refs)?)?;
+        Ok(Value::Tensor(all.gather_flat(out_shape, &idx)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize], v: Vec<f32>) -> Tensor {
+        Tensor::from_vec(shape.to_vec(), v).unwrap()
+    }
+    fn eval(op: &SequenceOp, inputs: &[Option<&Value>]) -> Value {
+        op.eval(&Args::new(inputs)).unwrap().remove(0)
+    }
+    fn seq(v: &Value) -> &Sequence {
+        match v {
+            Value::Sequence(s) => s,
+            _ => panic!("not a sequence"),
+        }
+    }
+
+    #[test]
+    fn insert_erase_at() {
+        let a = Value::Tensor(t(&[1], vec![1.0]));
+        let b = Value::Tensor(t(&[1], vec![2.0]));
+        let c = Value::Tensor(t(&[2], vec![3.0, 4.0]));
+        let s = eval(&SequenceOp::SequenceConstruct, &[Some(&a), Some(&b)]);
+        let front = Value::Tensor(Tensor::from_vec(vec![1], vec![0i64]).unwrap());
+        let s = eval(
+            &SequenceOp::SequenceInsert,
+            &[Some(&s), Some(&c), Some(&front)],
+        );
+        assert_eq!(seq(&s).items.len(), 3);
+        let last = Value::Tensor(Tensor::scalar(-1i64));
+        let at = eval(&SequenceOp::SequenceAt, &[Some(&s), Some(&last)]);
+        assert_eq!(at.as_tensor().unwrap().as_slice::<f32>().unwrap(), &[2.0]);
+        let s = eval(&SequenceOp::SequenceErase, &[Some(&s), Some(&front)]);
+        let n = eval(&SequenceOp::SequenceLength, &[Some(&s)]);
+        assert_eq!(n.as_tensor().unwrap().as_slice::<i64>().unwrap(), &[2]);
+        let far = Value::Tensor(Tensor::scalar(2i64));
+        assert!(
+            SequenceOp::SequenceAt
+                .eval(&Args::new(&[Some(&s), Some(&far)]))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn split_and_concat_round_trip() {
+        let x = Value::Tensor(t(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        let two = Value::Tensor(Tensor::scalar(2i64));
+        let op = SequenceOp::SplitToSequence(SplitToSequence {
+            axis: 1,
+            keepdims: true,
+        });
+        let s = eval(&op, &[Some(&x), Some(&two)]);
+        let items = &seq(&s).items;
+        assert_eq!(items[0].shape(), &[2, 2]);
+        assert_eq!(items[0].as_slice::<f32>().unwrap(), &[1.0, 2.0, 4.0, 5.0]);
+        assert_eq!(items[1].as_slice::<f32>().unwrap(), &[3.0, 6.0]);
+        let cat = SequenceOp::ConcatFromSequence(ConcatFromSequence {
+            axis: 1,
+            new_axis: false,
+        });
+        assert_eq!(eval(&cat, &[Some(&s)]), x);
+        // No split, keepdims=0: rows of shape [3]; stacking them on a new last axis transposes.
+        let op = SequenceOp::SplitToSequence(SplitToSequence {
+            axis: 0,
+            keepdims: false,
+        });
+        let s = eval(&op, &[Some(&x)]);
+        assert_eq!(seq(&s).items[1].shape(), &[3]);
+        let stack = SequenceOp::ConcatFromSequence(ConcatFromSequence {
+            axis: -1,
+            new_axis: true,
+        });
+        let y = eval(&stack, &[Some(&s)]);
+        assert_eq!(
+            y,
+            Value::Tensor(t(&[3, 2], vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]))
+        );
+    }
+
+    #[test]
+    fn optionals() {
+        let x = Value::Tensor(t(&[1], vec![1.0]));
+        let ty = ValueType::Tensor(TensorType::dtype_only(Some(DType::F32)));
+        let empty = eval(&SequenceOp::Optional { elem: ty.clone() }, &[]);
+        assert_eq!(empty, Value::Optional(None, ty.clone()));
+        let full = eval(&SequenceOp::Optional { elem: ty }, &[Some(&x)]);
+        let has = |v: Option<&Value>| eval(&SequenceOp::OptionalHasElement, &[v]);
+        assert_eq!(has(Some(&full)), Value::Tensor(Tensor::scalar(true)));
+        assert_eq!(has(Some(&empty)), Value::Tensor(Tensor::scalar(false)));
+        assert_eq!(has(None), Value::Tensor(Tensor::scalar(false)));
+        assert_eq!(eval(&SequenceOp::OptionalGetElement, &[Some(&full)]), x);
+        assert!(
+            SequenceOp::OptionalGetElement
+                .eval(&Args::new(&[Some(&empty)]))
+                .is_err()
+        );
     }
 }

@@ -1,0 +1,217 @@
+//! Family module: miscellaneous ops that fit no other family.
+//!
+//! - [`strings`]: StringNormalizer, StringConcat, StringSplit, RegexFullMatch, TfIdfVectorizer.
+//! - [`signal`]: DFT, STFT, HannWindow, HammingWindow, BlackmanWindow, MelWeightMatrix.
+//! - [`random`]: RandomUniform(Like), RandomNormal(Like), Bernoulli, Multinomial.
+//! - [`ml`]: the `ai.onnx.ml` ops LabelEncoder, TreeEnsemble, ArrayFeatureExtractor, Binarizer.
+//! - [`training`]: the `ai.onnx.preview.training` optimisers Adagrad, Adam, Momentum.
+//! - [`image`]: ImageDecoder.
+//!
+//! Each submodule cites the ONNX operator specs and opset ranges it covers.
+
+pub mod image;
+pub mod ml;
+pub mod random;
+pub mod signal;
+pub mod strings;
+pub mod training;
+
+pub use image::{ImageDecoder, PixelFormat};
+pub use ml::{
+    AggregateFunction, ArrayFeatureExtractor, Binarizer, LabelEncoder, NodeMode, PostTransform,
+    TreeEnsemble,
+};
+pub use random::{Bernoulli, Multinomial, RandomLike, RandomNormal, RandomUniform};
+pub use signal::{Dft, MelWeightMatrix, Stft, Window, WindowKind};
+pub use training::{Adagrad, Adam, Momentum};
+
+pub use strings::{
+    CaseChange, NgramPool, RegexFullMatch, StringConcat, StringNormalizer, StringSplit, TfIdfMode,
+    TfIdfVectorizer,
+};
+
+use crate::error::{OpError, Result};
+use crate::value::{Args, InferInput, Value, ValueType};
+use kiln_tensor::{DType, Data, Tensor, bf16, f16, formats};
+
+/// What every misc op provides; the family enum dispatches to it.
+trait Kernel {
+    fn name(&self) -> &'static str;
+    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>>;
+    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>>;
+}
+
+macro_rules! misc_ops {
+    ($($var:ident($ty:ty)),* $(,)?) => {
+        /// The misc family.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum MiscOp {
+            $($var($ty)),*
+        }
+
+        impl MiscOp {
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(MiscOp::$var(op) => Kernel::name(op)),*
+                }
+            }
+            pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+                match self {
+                    $(MiscOp::$var(op) => Kernel::eval(op, args)),*
+                }
+            }
+            pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+                match self {
+                    $(MiscOp::$var(op) => Kernel::infer(op, inputs)),*
+                }
+            }
+        }
+    };
+}
+
+misc_ops! {
+    StringNormalizer(StringNormalizer),
+    StringConcat(StringConcat),
+    StringSplit(StringSplit),
+    RegexFullMatch(RegexFullMatch),
+    TfIdfVectorizer(TfIdfVectorizer),
+    Dft(Dft),
+    Stft(Stft),
+    Window(Window),
+    MelWeightMatrix(MelWeightMatrix),
+    RandomUniform(RandomUniform),
+    RandomNormal(RandomNormal),
+    RandomLike(RandomLike),
+    Bernoulli(Bernoulli),
+    Multinomial(Multinomial),
+    LabelEncoder(LabelEncoder),
+    TreeEnsemble(TreeEnsemble),
+    ArrayFeatureExtractor(ArrayFeatureExtractor),
+    Binarizer(Binarizer),
+    Adagrad(Adagrad),
+    Adam(Adam),
+    Momentum(Momentum),
+    ImageDecoder(ImageDecoder),
+}
+
+/// Builds a tensor of `dtype` from f64 values, converting as numpy's `astype` does for the
+/// usual cases (floats rounded to the target precision, integers truncated toward zero,
+/// non-zero is `true`). Float8/fp4 saturate; strings are refused.
+pub(crate) fn tensor_from_f64(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tensor> {
+    let data = match dtype {
+        DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
+        DType::F64 => Data::F64(v.to_vec()),
+        DType::F16 => Data::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
+        DType::BF16 => Data::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
+        DType::I8 => Data::I8(v.iter().map(|&x| x as i8).collect()),
+        DType::I16 => Data::I16(v.iter().map(|&x| x as i16).collect()),
+        DType::I32 => Data::I32(v.iter().map(|&x| x as i32).collect()),
+        DType::I64 => Data::I64(v.iter().map(|&x| x as i64).collect()),
+        DType::U8 => Data::U8(v.iter().map(|&x| x as u8).collect()),
+        DType::U16 => Data::U16(v.iter().map(|&x| x as u16).collect()),
+        DType::U32 => Data::U32(v.iter().map(|&x| x as u32).collect()),
+        DType::U64 => Data::U64(v.iter().map(|&x| x as u64).collect()),
+        DType::Bool => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
+        DType::String => {
+            return Err(OpError::UnsupportedDType {
+                index: 0,
+                got: dtype,
+            });
+        }
+        d if d.is_float() => Data::Coded(
+            v.iter()
+                .map(|&x| formats::encode_float(d, x as f32, true))
+                .collect(),
+        ),
+        d => Data::Coded(
+            v.iter()
+                .map(|&x| formats::encode_int(d, x.trunc()))
+                .collect(),
+        ),
+    };
+    Ok(Tensor::new(dtype, shape, data)?)
+}
+
+/// Refuses a non-float tensor (for ops defined on float inputs only).
+pub(crate) fn require_float(t: &Tensor, index: usize) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(OpError::UnsupportedDType {
+            index,
+            got: t.dtype(),
+        })
+    }
+}
+
+/// The shape of input `i` when fully known.
+pub(crate) fn fixed_shape(inputs: &[InferInput<'_>], i: usize) -> Option<Vec<usize>> {
+    inputs
+        .get(i)
+        .and_then(|x| x.ty.tensor())
+        .and_then(|t| t.fixed_shape())
+}
+
+/// Whether optional input `i` is given (absent inputs reach inference as `Unknown`).
+pub(crate) fn present(inputs: &[InferInput<'_>], i: usize) -> bool {
+    inputs
+        .get(i)
+        .is_some_and(|x| x.konst.is_some() || !matches!(x.ty, ValueType::Unknown))
+}
+
+/// The static shape (possibly symbolic) of input `i` when its rank is known.
+pub(crate) fn input_shape(inputs: &[InferInput<'_>], i: usize) -> Option<Vec<crate::value::Dim>> {
+    inputs
+        .get(i)
+        .and_then(|x| x.ty.tensor())
+        .and_then(|t| t.shape.clone())
+}
+
+/// A tensor type with dtype and rank known, every dim a fresh symbol.
+pub(crate) fn rank_only(dtype: Option<DType>, rank: usize, prefix: &str) -> ValueType {
+    ValueType::Tensor(crate::value::TensorType {
+        dtype,
+        shape: Some(
+            (0..rank)
+                .map(|i| crate::value::Dim::Sym(format!("{prefix}_{i}")))
+                .collect(),
+        ),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::value::{Args, Value};
+    use kiln_tensor::{Element, Tensor};
+
+    pub fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Value {
+        Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap())
+    }
+
+    pub fn strs(shape: &[usize], v: &[&str]) -> Value {
+        t(
+            shape,
+            v.iter().map(|s| s.to_string()).collect::<Vec<String>>(),
+        )
+    }
+
+    /// Runs `f` on the given inputs (None = absent).
+    pub fn run<F>(inputs: &[Option<&Value>], f: F) -> Vec<Value>
+    where
+        F: FnOnce(&Args<'_>) -> crate::Result<Vec<Value>>,
+    {
+        f(&Args::new(inputs)).unwrap()
+    }
+
+    pub fn out<T: Element>(v: &Value) -> (Vec<usize>, Vec<T>) {
+        let t = v.as_tensor().unwrap();
+        (t.shape().to_vec(), t.as_slice::<T>().unwrap().to_vec())
+    }
+
+    pub fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+    }
+}

@@ -1,0 +1,547 @@
+//! Matrix products: `MatMul` (opset 1–13, numpy semantics), `Gemm` (opset 1–13) and `Einsum`
+//! (opset 12), per <https://onnx.ai/onnx/operators/onnx__MatMul.html>,
+//! <https://onnx.ai/onnx/operators/onnx__Gemm.html> and
+//! <https://onnx.ai/onnx/operators/onnx__Einsum.html>.
+
+use super::{Real, from_f64s, from_floats, input_shape, numel, tensor_type};
+use crate::error::{OpError, Result};
+use crate::util;
+use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use kiln_kernels::gemm::{GemmScalar, MatLayout, gemm};
+use kiln_tensor::{DType, Element, Tensor};
+
+/// `MatMul`: numpy `matmul` (batch broadcasting; 1-D operands are promoted and the added dim
+/// removed).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MatMul;
+
+/// The shapes of a matmul: promoted operand shapes, batch shape, (m, k, n), output shape.
+struct MatMulPlan {
+    a_batch: Vec<usize>,
+    b_batch: Vec<usize>,
+    batch: Vec<usize>,
+    m: usize,
+    k: usize,
+    n: usize,
+    out: Vec<usize>,
+}
+
+fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatMulPlan> {
+    if a.is_empty() || b.is_empty() {
+        return Err(OpError::Shape("MatMul operands must have rank >= 1".into()));
+    }
+    let mut pa = a.to_vec();
+    let mut pb = b.to_vec();
+    if pa.len() == 1 {
+        pa.insert(0, 1);
+    }
+    if pb.len() == 1 {
+        pb.push(1);
+    }
+    let (m, k) = (pa[pa.len() - 2], pa[pa.len() - 1]);
+    let (k2, n) = (pb[pb.len() - 2], pb[pb.len() - 1]);
+    if k != k2 {
+        return Err(OpError::Shape(format!("MatMul inner dims differ: {a:?} x {b:?}")));
+    }
+    let a_batch = pa[..pa.len() - 2].to_vec();
+    let b_batch = pb[..pb.len() - 2].to_vec();
+    let batch = kiln_tensor::broadcast_shapes(&a_batch, &b_batch)?;
+    let mut out = batch.clone();
+    if a.len() > 1 {
+        out.push(m);
+    }
+    if b.len() > 1 {
+        out.push(n);
+    }
+    Ok(MatMulPlan {
+        a_batch,
+        b_batch,
+        batch,
+        m,
+        k,
+        n,
+        out,
+    })
+}
+
+fn matmul_core<T: GemmScalar>(p: &MatMulPlan, a: &[T], b: &[T]) -> Result<Vec<T>> {
+    let nb = numel(&p.batch)?;
+    let amap = util::broadcast_map(&p.a_batch, &p.batch)?;
+    let bmap = util::broadcast_map(&p.b_batch, &p.batch)?;
+    let (m, k, n) = (p.m, p.k, p.n);
+    let mut out = vec![T::default(); numel(&[nb, m, n])?];
+    for bi in 0..nb {
+        let ao = amap[bi] * m * k;
+        let bo = bmap[bi] * k * n;
+        let ok = gemm(
+            m,
+            n,
+            k,
+            &a[ao..ao + m * k],
+            MatLayout::row_major(k),
+            &b[bo..bo + k * n],
+            MatLayout::row_major(n),
+            &mut out[bi * m * n..(bi + 1) * m * n],
+        );
+        if !ok {
+            return Err(OpError::Shape("MatMul: operand sizes do not match their shapes".into()));
+        }
+    }
+    Ok(out)
+}
+
+fn matmul_float<T: Real>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let ad = super::floats::<T>(a, 0)?;
+    let bd = super::floats::<T>(b, 1)?;
+    let y = matmul_core(p, &ad, &bd)?;
+    from_floats(a.dtype(), p.out.clone(), y)
+}
+
+fn matmul_int<T: GemmScalar + Element>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let y = matmul_core(p, a.as_slice::<T>()?, b.as_slice::<T>()?)?;
+    Ok(Tensor::from_vec(p.out.clone(), y)?)
+}
+
+impl MatMul {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let a = args.tensor(0)?;
+        let b = args.tensor(1)?;
+        if a.dtype() != b.dtype() {
+            return Err(OpError::DTypeMismatch {
+                a: a.dtype(),
+                b: b.dtype(),
+            });
+        }
+        let p = matmul_plan(a.shape(), b.shape())?;
+        let y = match a.dtype() {
+            DType::F32 | DType::F16 | DType::BF16 => matmul_float::<f32>(&p, a, b)?,
+            DType::F64 => matmul_float::<f64>(&p, a, b)?,
+            DType::I32 => matmul_int::<i32>(&p, a, b)?,
+            DType::I64 => matmul_int::<i64>(&p, a, b)?,
+            DType::U32 => matmul_int::<u32>(&p, a, b)?,
+            DType::U64 => matmul_int::<u64>(&p, a, b)?,
+            d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
+        };
+        Ok(vec![y.into()])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = util::input_dtype(inputs, 0);
+        let (Some(a), Some(b)) = (input_shape(inputs, 0), input_shape(inputs, 1)) else {
+            return Ok(vec![util::dtype_only(dtype)]);
+        };
+        if a.is_empty() || b.is_empty() {
+            return Err(OpError::Shape("MatMul operands must have rank >= 1".into()));
+        }
+        let ab = if a.len() >= 2 { &a[..a.len() - 2] } else { &[][..] };
+        let bb = if b.len() >= 2 { &b[..b.len() - 2] } else { &[][..] };
+        let Some(mut out) = util::broadcast_dims(ab, bb) else {
+            return Ok(vec![util::dtype_only(dtype)]);
+        };
+        if a.len() >= 2 {
+            out.push(a[a.len() - 2].clone());
+        }
+        if b.len() >= 2 {
+            out.push(b[b.len() - 1].clone());
+        }
+        Ok(vec![tensor_type(dtype, Some(out))])
+    }
+}
+
+/// `Gemm`: `Y = alpha * op(A) * op(B) + beta * C`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemm {
+    pub alpha: f32,
+    pub beta: f32,
+    pub trans_a: bool,
+    pub trans_b: bool,
+}
+
+impl Default for Gemm {
+    fn default() -> Gemm {
+        Gemm {
+            alpha: 1.0,
+            beta: 1.0,
+            trans_a: false,
+            trans_b: false,
+        }
+    }
+}
+
+impl Gemm {
+    fn dims(&self, a: &[usize], b: &[usize]) -> Result<(usize, usize, usize)> {
+        if a.len() != 2 || b.len() != 2 {
+            return Err(OpError::Shape(format!("Gemm needs 2-D A and B, got {a:?} and {b:?}")));
+        }
+        let (m, k) = if self.trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
+        let (k2, n) = if self.trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
+        if k != k2 {
+            return Err(OpError::Shape(format!(
+                "Gemm inner dims differ: {a:?} x {b:?} (transA {}, transB {})",
+                self.trans_a, self.trans_b
+            )));
+        }
+        Ok((m, k, n))
+    }
+
+    fn run<T: Real>(&self, a: &Tensor, b: &Tensor, c: Option<&Tensor>) -> Result<Vec<T>> {
+        let (m, k, n) = self.dims(a.shape(), b.shape())?;
+        let ad = super::floats::<T>(a, 0)?;
+        let bd = super::floats::<T>(b, 1)?;
+        let la = if self.trans_a {
+            MatLayout::transposed(m)
+        } else {
+            MatLayout::row_major(k)
+        };
+        let lb = if self.trans_b {
+            MatLayout::transposed(k)
+        } else {
+            MatLayout::row_major(n)
+        };
+        let mut y = vec![T::zero(); numel(&[m, n])?];
+        if !gemm(m, n, k, &ad, la, &bd, lb, &mut y) {
+            return Err(OpError::Shape("Gemm: operand sizes do not match their shapes".into()));
+        }
+        let alpha = T::from_f64(self.alpha as f64);
+        if self.alpha != 1.0 {
+            y.iter_mut().for_each(|v| *v = *v * alpha);
+        }
+        if let Some(c) = c
+            && self.beta != 0.0
+        {
+            let map = util::broadcast_map(c.shape(), &[m, n])?;
+            let cd = super::floats::<T>(c, 2)?;
+            let beta = T::from_f64(self.beta as f64);
+            for (v, &i) in y.iter_mut().zip(&map) {
+                *v += beta * cd[i];
+            }
+        }
+        Ok(y)
+    }
+
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let a = args.tensor(0)?;
+        let b = args.tensor(1)?;
+        let c = args.opt_tensor(2)?;
+        let (m, _, n) = self.dims(a.shape(), b.shape())?;
+        let y = match a.dtype() {
+            DType::F32 | DType::F16 | DType::BF16 => from_floats(a.dtype(), vec![m, n], self.run::<f32>(a, b, c)?)?,
+            DType::F64 => from_floats(a.dtype(), vec![m, n], self.run::<f64>(a, b, c)?)?,
+            DType::I32 | DType::I64 | DType::U32 | DType::U64 => {
+                // Integer Gemm: exact for the magnitudes f64 holds.
+                let conv = |t: &Tensor| Tensor::from_vec(t.shape().to_vec(), t.to_f64_vec());
+                let (af, bf) = (conv(a)?, conv(b)?);
+                let cf = c.map(conv).transpose()?;
+                from_f64s(a.dtype(), vec![m, n], &self.run::<f64>(&af, &bf, cf.as_ref())?)?
+            }
+            d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
+        };
+        Ok(vec![y.into()])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = util::input_dtype(inputs, 0);
+        match (input_shape(inputs, 0), input_shape(inputs, 1)) {
+            (Some(a), Some(b)) if a.len() == 2 && b.len() == 2 => {
+                let m = if self.trans_a { a[1].clone() } else { a[0].clone() };
+                let n = if self.trans_b { b[0].clone() } else { b[1].clone() };
+                Ok(vec![tensor_type(dtype, Some(vec![m, n]))])
+            }
+            (Some(a), _) | (_, Some(a)) if a.len() != 2 => Err(OpError::Shape("Gemm needs 2-D A and B".into())),
+            _ => Ok(vec![util::dtype_only(dtype)]),
+        }
+    }
+}
+
+/// `Einsum`: the equation, as given (spaces are ignored).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Einsum {
+    pub equation: String,
+}
+
+/// A parsed einsum term: letters as labels 0..52, `None` for the ellipsis.
+type Term = Vec<Option<u8>>;
+
+struct EinsumPlan {
+    /// Size of every label (letters 0..52, ellipsis dims 52..).
+    sizes: Vec<usize>,
+    /// Output labels in order.
+    out: Vec<usize>,
+    /// Labels summed over.
+    sum: Vec<usize>,
+    /// Per input, per label: element stride (0 when absent or broadcast).
+    strides: Vec<Vec<usize>>,
+}
+
+fn label(c: char) -> Result<u8> {
+    match c {
+        'a'..='z' => Ok(c as u8 - b'a' + 26),
+        'A'..='Z' => Ok(c as u8 - b'A'),
+        _ => Err(OpError::Value(format!("Einsum: invalid label {c:?}"))),
+    }
+}
+
+fn parse_term(s: &str) -> Result<Term> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while let Some(c) = rest.chars().next() {
+        if rest.starts_with("...") {
+            if out.contains(&None) {
+                return Err(OpError::Value(format!("Einsum: term {s:?} has two ellipses")));
+            }
+            out.push(None);
+            rest = &rest[3..];
+        } else {
+            out.push(Some(label(c)?));
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    Ok(out)
+}
+
+impl Einsum {
+    fn plan(&self, shapes: &[Vec<usize>]) -> Result<EinsumPlan> {
+        let eq: String = self.equation.chars().filter(|c| !c.is_whitespace()).collect();
+        let (lhs, rhs) = match eq.split_once("->") {
+            Some((l, r)) => (l, Some(r)),
+            None => (eq.as_str(), None),
+        };
+        let terms = lhs.split(',').map(parse_term).collect::<Result<Vec<_>>>()?;
+        if terms.len() != shapes.len() {
+            return Err(OpError::Value(format!(
+                "Einsum: equation has {} operands, got {} inputs",
+                terms.len(),
+                shapes.len()
+            )));
+        }
+        // Ellipsis rank: the broadcast of every operand's ellipsis part.
+        let mut ell_rank = 0usize;
+        for (t, s) in terms.iter().zip(shapes) {
+            let letters = t.iter().filter(|l| l.is_some()).count();
+            let has_ell = t.contains(&None);
+            if s.len() < letters || (!has_ell && s.len() != letters) {
+                return Err(OpError::Shape(format!(
+                    "Einsum: operand of shape {s:?} does not fit its term"
+                )));
+            }
+            if has_ell {
+                ell_rank = ell_rank.max(s.len() - letters);
+            }
+        }
+        let nl = 52 + ell_rank;
+        let mut sizes = vec![0usize; nl];
+        let mut seen = vec![false; nl];
+        let mut count = vec![0usize; nl];
+        let mut strides = vec![vec![0usize; nl]; shapes.len()];
+        let mut dim_labels: Vec<Vec<usize>> = Vec::with_capacity(shapes.len());
+        for (t, s) in terms.iter().zip(shapes) {
+            let letters = t.iter().filter(|l| l.is_some()).count();
+            let er = s.len() - letters;
+            let mut labels_of_dims = Vec::with_capacity(s.len());
+            for l in t {
+                match l {
+                    Some(l) => labels_of_dims.push(*l as usize),
+                    None => labels_of_dims.extend((0..er).map(|j| 52 + ell_rank - er + j)),
+                }
+            }
+            for (d, &l) in labels_of_dims.iter().enumerate() {
+                let size = s[d];
+                if !seen[l] || sizes[l] == 1 {
+                    sizes[l] = size;
+                } else if size != sizes[l] && size != 1 {
+                    return Err(OpError::Shape(format!(
+                        "Einsum: label sizes {} and {size} differ",
+                        sizes[l]
+                    )));
+                }
+                seen[l] = true;
+                count[l] += 1;
+            }
+            dim_labels.push(labels_of_dims);
+        }
+        // Strides once sizes are final; broadcast (size-1) dims contribute none.
+        for (ti, (labels, s)) in dim_labels.iter().zip(shapes).enumerate() {
+            let st = kiln_tensor::strides_of(s);
+            for (d, &l) in labels.iter().enumerate() {
+                if s[d] == sizes[l] {
+                    strides[ti][l] += st[d];
+                }
+            }
+        }
+        let out: Vec<usize> = match rhs {
+            Some(r) => {
+                let t = parse_term(r)?;
+                let mut o = Vec::new();
+                for l in t {
+                    match l {
+                        Some(l) => {
+                            let l = l as usize;
+                            if !seen[l] || o.contains(&l) {
+                                return Err(OpError::Value(format!(
+                                    "Einsum: bad output label in {:?}",
+                                    self.equation
+                                )));
+                            }
+                            o.push(l);
+                        }
+                        None => o.extend(52..nl),
+                    }
+                }
+                o
+            }
+            None => {
+                let mut o: Vec<usize> = (52..nl).collect();
+                o.extend((0..52).filter(|&l| count[l] == 1));
+                o
+            }
+        };
+        let sum: Vec<usize> = (0..nl).filter(|l| seen[*l] && !out.contains(l)).collect();
+        Ok(EinsumPlan {
+            sizes,
+            out,
+            sum,
+            strides,
+        })
+    }
+
+    /// Multiply-accumulates: one per point of the full label space.
+    pub fn macs(&self, shapes: &[Vec<usize>]) -> Option<u64> {
+        let p = self.plan(shapes).ok()?;
+        Some(
+            p.out
+                .iter()
+                .chain(&p.sum)
+                .fold(1u64, |a, &l| a.saturating_mul(p.sizes[l] as u64)),
+        )
+    }
+
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let ts = args.tensors()?;
+        let Some(first) = ts.first() else {
+            return Err(OpError::MissingInput { index: 0 });
+        };
+        let dtype = first.dtype();
+        for (i, t) in ts.iter().enumerate() {
+            if t.dtype() != dtype {
+                return Err(OpError::DTypeMismatch { a: dtype, b: t.dtype() });
+            }
+            if !(t.dtype().is_float() || t.dtype().is_int()) || t.dtype().is_byte_coded() {
+                return Err(OpError::UnsupportedDType {
+                    index: i,
+                    got: t.dtype(),
+                });
+            }
+        }
+        let shapes: Vec<Vec<usize>> = ts.iter().map(|t| t.shape().to_vec()).collect();
+        let p = self.plan(&shapes)?;
+        let data: Vec<Vec<f64>> = ts.iter().map(|t| t.to_f64_vec()).collect();
+        let out_shape: Vec<usize> = p.out.iter().map(|&l| p.sizes[l]).collect();
+        let sum_shape: Vec<usize> = p.sum.iter().map(|&l| p.sizes[l]).collect();
+        let total = numel(&out_shape)?;
+        let nsum = numel(&sum_shape)?;
+        let mut y = vec![0.0f64; total];
+        let nin = data.len();
+        let ostr: Vec<Vec<usize>> = (0..nin)
+            .map(|i| p.out.iter().map(|&l| p.strides[i][l]).collect())
+            .collect();
+        let sstr: Vec<Vec<usize>> = (0..nin)
+            .map(|i| p.sum.iter().map(|&l| p.strides[i][l]).collect())
+            .collect();
+        let mut oi = vec![0usize; out_shape.len()];
+        let mut si = vec![0usize; sum_shape.len()];
+        let mut base = vec![0usize; nin];
+        for yv in y.iter_mut() {
+            for i in 0..nin {
+                base[i] = oi.iter().zip(&ostr[i]).map(|(a, b)| a * b).sum();
+            }
+            let mut acc = 0.0;
+            if nsum > 0 {
+                si.iter_mut().for_each(|v| *v = 0);
+                loop {
+                    let mut prod = 1.0;
+                    for i in 0..nin {
+                        let off: usize = base[i] + si.iter().zip(&sstr[i]).map(|(a, b)| a * b).sum::<usize>();
+                        prod *= data[i][off];
+                    }
+                    acc += prod;
+                    if !super::pool::step(&mut si, &sum_shape) {
+                        break;
+                    }
+                }
+            }
+            *yv = acc;
+            super::pool::step(&mut oi, &out_shape);
+        }
+        Ok(vec![Value::Tensor(from_f64s(dtype, out_shape, &y)?)])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = util::input_dtype(inputs, 0);
+        let shapes: Option<Vec<Vec<usize>>> = (0..inputs.len())
+            .map(|i| inputs[i].ty.tensor().and_then(|t| t.fixed_shape()))
+            .collect();
+        if let Some(shapes) = shapes
+            && let Ok(p) = self.plan(&shapes)
+        {
+            let s = p.out.iter().map(|&l| Dim::Fixed(p.sizes[l])).collect();
+            return Ok(vec![tensor_type(dtype, Some(s))]);
+        }
+        Ok(vec![util::dtype_only(dtype)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize], v: Vec<f32>) -> Value {
+        Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap())
+    }
+
+    #[test]
+    fn matmul_1d_and_batch() {
+        // [1 2] . [[3],[4]] as 1-D x 2-D: [1,2] x [[3,4],[5,6]] = [13, 16]
+        let a = t(&[2], vec![1.0, 2.0]);
+        let b = t(&[2, 2], vec![3.0, 4.0, 5.0, 6.0]);
+        let y = MatMul.eval(&Args::new(&[Some(&a), Some(&b)])).unwrap();
+        let y = y[0].as_tensor().unwrap();
+        assert_eq!(y.shape(), &[2]);
+        assert_eq!(y.as_slice::<f32>().unwrap(), &[13.0, 16.0]);
+    }
+
+    #[test]
+    fn gemm_trans_and_bias() {
+        // A^T with A = [[1,2],[3,4]] → [[1,3],[2,4]]; times I, alpha 2, + beta 1 * [1, 1].
+        let a = t(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        let b = t(&[2, 2], vec![1.0, 0.0, 0.0, 1.0]);
+        let c = t(&[2], vec![1.0, 1.0]);
+        let op = Gemm {
+            alpha: 2.0,
+            beta: 1.0,
+            trans_a: true,
+            trans_b: false,
+        };
+        let y = op.eval(&Args::new(&[Some(&a), Some(&b), Some(&c)])).unwrap();
+        assert_eq!(
+            y[0].as_tensor().unwrap().as_slice::<f32>().unwrap(),
+            &[3.0, 7.0, 5.0, 9.0]
+        );
+    }
+
+    #[test]
+    fn einsum_trace_transpose_and_implicit() {
+        let m = t(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        let run = |eq: &str| {
+            let op = Einsum { equation: eq.into() };
+            op.eval(&Args::new(&[Some(&m)])).unwrap()[0]
+                .as_tensor()
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(run("ii").as_slice::<f32>().unwrap(), &[5.0]);
+        assert_eq!(run("ij->ji").as_slice::<f32>().unwrap(), &[1.0, 3.0, 2.0, 4.0]);
+        assert_eq!(run("ji").as_slice::<f32>().unwrap(), &[1.0, 3.0, 2.0, 4.0]);
+        assert_eq!(run("ii->i").as_slice::<f32>().unwrap(), &[1.0, 4.0]);
+        assert_eq!(run("...j->...").as_slice::<f32>().unwrap(), &[3.0, 7.0]);
+    }
+}

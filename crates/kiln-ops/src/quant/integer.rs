@@ -1,0 +1,613 @@
+//! Integer and quantized linear algebra: `MatMulInteger` and `ConvInteger` (opset 10),
+//! `QLinearMatMul` (opsets 10, 21) and `QLinearConv` (opset 10).
+//! <https://onnx.ai/onnx/operators/onnx__MatMulInteger.html>,
+//! <https://onnx.ai/onnx/operators/onnx__ConvInteger.html>,
+//! <https://onnx.ai/onnx/operators/onnx__QLinearMatMul.html>,
+//! <https://onnx.ai/onnx/operators/onnx__QLinearConv.html>
+//!
+//! Values are exact integers held in f64 (products of 8-bit values summed over any realistic
+//! reduction stay far below 2^53).
+
+use super::linear::{int_range, int_tensor};
+use crate::error::{OpError, Result};
+use crate::recurrent::num::{in_shape, round_to, tt};
+use crate::util::{broadcast_map, checked_numel};
+use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use kiln_tensor::{DType, Data, Tensor, broadcast_shapes, formats};
+
+/// Values of an 8-bit integer (or other quantized) tensor, with a dtype check.
+fn quant_values(t: &Tensor, index: usize, allow_fp8: bool) -> Result<Vec<f64>> {
+    let ok = matches!(t.dtype(), DType::I8 | DType::U8)
+        || (allow_fp8
+            && matches!(
+                t.dtype(),
+                DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ
+            ));
+    if !ok {
+        return Err(OpError::UnsupportedDType {
+            index,
+            got: t.dtype(),
+        });
+    }
+    Ok(t.to_f64_vec())
+}
+
+/// numpy `matmul` of two tensors held as f64: 1-D operands are promoted and the batch dims
+/// broadcast. Returns the product and its shape.
+fn matmul(
+    a: &[f64],
+    ashape: &[usize],
+    b: &[f64],
+    bshape: &[usize],
+) -> Result<(Vec<f64>, Vec<usize>)> {
+    if ashape.is_empty() || bshape.is_empty() {
+        return Err(OpError::Shape("matmul operands must have rank >= 1".into()));
+    }
+    let a2: Vec<usize> = if ashape.len() == 1 {
+        vec![1, ashape[0]]
+    } else {
+        ashape.to_vec()
+    };
+    let b2: Vec<usize> = if bshape.len() == 1 {
+        vec![bshape[0], 1]
+    } else {
+        bshape.to_vec()
+    };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != k2 {
+        return Err(OpError::Shape(format!(
+            "matmul inner dims differ: {ashape:?} x {bshape:?}"
+        )));
+    }
+    let (abatch, bbatch) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
+    let batch = broadcast_shapes(abatch, bbatch)?;
+    let amap = broadcast_map(abatch, &batch)?;
+    let bmap = broadcast_map(bbatch, &batch)?;
+    let nb = amap.len();
+    let mut out = vec![0.0; checked_numel(&[nb, m, n])?];
+    for bi in 0..nb {
+        let (ao, bo, oo) = (amap[bi] * m * k, bmap[bi] * k * n, bi * m * n);
+        for i in 0..m {
+            for p in 0..k {
+                let av = a[ao + i * k + p];
+                for j in 0..n {
+                    out[oo + i * n + j] += av * b[bo + p * n + j];
+                }
+            }
+        }
+    }
+    let mut shape = batch;
+    if ashape.len() > 1 {
+        shape.push(m);
+    }
+    if bshape.len() > 1 {
+        shape.push(n);
+    }
+    Ok((out, shape))
+}
+
+/// Static shape of numpy matmul.
+fn matmul_shape(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
+    if a.is_empty() || b.is_empty() {
+        return None;
+    }
+    let (ab, bb) = (
+        &a[..a.len().saturating_sub(2)],
+        &b[..b.len().saturating_sub(2)],
+    );
+    let mut s = crate::util::broadcast_dims(ab, bb)?;
+    if a.len() > 1 {
+        s.push(a[a.len() - 2].clone());
+    }
+    if b.len() > 1 {
+        s.push(b[b.len() - 1].clone());
+    }
+    Some(s)
+}
+
+/// Subtracts a zero point from `v` (shape `shape`). The zero point is a scalar, a vector
+/// along `vec_axis` from the end (per-row of A: 2, per-column of B: 1), or a tensor that
+/// broadcasts to `shape`.
+fn sub_zero_point(
+    v: &mut [f64],
+    shape: &[usize],
+    zp: Option<&Tensor>,
+    vec_axis_from_end: usize,
+) -> Result<()> {
+    let Some(z) = zp else { return Ok(()) };
+    let zv = z.to_f64_vec();
+    if zv.len() == 1 {
+        v.iter_mut().for_each(|x| *x -= zv[0]);
+        return Ok(());
+    }
+    let zshape: Vec<usize> = if z.rank() == 1 && shape.len() >= 2 {
+        // An M-vector for A becomes [M, 1]; an N-vector for B stays [N] (broadcast by rows).
+        if vec_axis_from_end == 2 {
+            vec![zv.len(), 1]
+        } else {
+            vec![zv.len()]
+        }
+    } else {
+        z.shape().to_vec()
+    };
+    let map = broadcast_map(&zshape, shape)?;
+    for (x, &i) in v.iter_mut().zip(&map) {
+        *x -= zv[i];
+    }
+    Ok(())
+}
+
+/// `MatMulInteger`: `(A - a_zero_point) x (B - b_zero_point)` in int32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatMulInteger;
+
+impl MatMulInteger {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+        let mut av = quant_values(a, 0, false)?;
+        let mut bv = quant_values(b, 1, false)?;
+        sub_zero_point(&mut av, a.shape(), args.opt_tensor(2)?, 2)?;
+        sub_zero_point(&mut bv, b.shape(), args.opt_tensor(3)?, 1)?;
+        let (y, shape) = matmul(&av, a.shape(), &bv, b.shape())?;
+        Ok(vec![
+            Tensor::from_vec(shape, y.iter().map(|&x| x as i32).collect::<Vec<i32>>())?.into(),
+        ])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let s = match (in_shape(inputs, 0), in_shape(inputs, 1)) {
+            (Some(a), Some(b)) => matmul_shape(&a, &b),
+            _ => None,
+        };
+        Ok(vec![tt(Some(DType::I32), s)])
+    }
+}
+
+/// Per-tensor or 1-D quantization parameter read as f64 values.
+fn params(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec()
+}
+
+/// Quantizes real values `v` to `odt` with zero point `zp` (per-tensor): integer types round
+/// half to even and saturate, float8 types saturate.
+fn requantize(odt: DType, shape: Vec<usize>, v: Vec<f64>) -> Result<Tensor> {
+    if let Some((lo, hi)) = int_range(odt) {
+        let r: Vec<f64> = v
+            .iter()
+            .map(|&x| x.round_ties_even().clamp(lo, hi))
+            .collect();
+        return int_tensor(odt, shape, &r);
+    }
+    let codes = v
+        .iter()
+        .map(|&x| formats::encode_float(odt, x as f32, true))
+        .collect();
+    Ok(Tensor::from_codes(odt, shape, codes)?)
+}
+
+/// Picks element `i` of a per-tensor (1 element) or per-`axis` parameter vector.
+fn pick(p: &[f64], i: usize, what: &str) -> Result<f64> {
+    match p.len() {
+        1 => Ok(p[0]),
+        n if i < n => Ok(p[i]),
+        0 => Err(OpError::Shape(format!("{what} is empty"))),
+        n => Err(OpError::Shape(format!(
+            "{what} has {n} elements, index {i} needed"
+        ))),
+    }
+}
+
+/// `QLinearMatMul`: `quantize(dequantize(a) x dequantize(b))` with per-tensor (or per-row of
+/// `a` / per-column of `b`) scales and zero points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QLinearMatMul;
+
+impl QLinearMatMul {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (a, b) = (args.tensor(0)?, args.tensor(3)?);
+        let (sa, sb, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
+        let (za, zb, zy) = (
+            args.opt_tensor(2)?,
+            args.opt_tensor(5)?,
+            args.opt_tensor(7)?,
+        );
+        let mut av = quant_values(a, 0, true)?;
+        let mut bv = quant_values(b, 3, true)?;
+        sub_zero_point(&mut av, a.shape(), za, 2)?;
+        sub_zero_point(&mut bv, b.shape(), zb, 1)?;
+        let (c, shape) = matmul(&av, a.shape(), &bv, b.shape())?;
+        let sdt = sa.dtype();
+        for (t, i) in [(sa, 1), (sb, 4), (sy, 6)] {
+            if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+                return Err(OpError::UnsupportedDType {
+                    index: i,
+                    got: t.dtype(),
+                });
+            }
+        }
+        let (sav, sbv, syv) = (params(sa), params(sb), params(sy));
+        let zyv = zy.map(params).unwrap_or_else(|| vec![0.0]);
+        let odt = zy.map_or(a.dtype(), Tensor::dtype);
+        let n = shape.last().copied().unwrap_or(1).max(1);
+        let m = if a.rank() > 1 && shape.len() >= 2 {
+            shape[shape.len() - 2]
+        } else {
+            1
+        };
+        let bcols = b.rank() > 1;
+        let mut y = Vec::with_capacity(c.len());
+        for (i, &cv) in c.iter().enumerate() {
+            let col = if bcols { i % n } else { 0 };
+            let row = if bcols { (i / n) % m } else { i % m };
+            let mult = round_to(
+                sdt,
+                round_to(
+                    sdt,
+                    pick(&sav, row, "a_scale")? * pick(&sbv, col, "b_scale")?,
+                ) / pick(&syv, 0, "y_scale")?,
+            );
+            y.push(cv * mult + pick(&zyv, 0, "y_zero_point")?);
+        }
+        Ok(vec![requantize(odt, shape, y)?.into()])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let s = match (in_shape(inputs, 0), in_shape(inputs, 3)) {
+            (Some(a), Some(b)) => matmul_shape(&a, &b),
+            _ => None,
+        };
+        let dt =
+            crate::util::input_dtype(inputs, 7).or_else(|| crate::util::input_dtype(inputs, 0));
+        Ok(vec![tt(dt, s)])
+    }
+}
+
+/// Padding mode of a convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoPad {
+    NotSet,
+    SameUpper,
+    SameLower,
+    Valid,
+}
+
+/// Convolution attributes (empty vectors mean the ONNX defaults: 1s and 0s).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvAttrs {
+    pub auto_pad: AutoPad,
+    pub dilations: Vec<usize>,
+    pub group: usize,
+    pub kernel_shape: Option<Vec<usize>>,
+    /// Begins then ends.
+    pub pads: Vec<usize>,
+    pub strides: Vec<usize>,
+}
+
+/// Resolved geometry of one convolution.
+struct Geometry {
+    spatial_in: Vec<usize>,
+    kernel: Vec<usize>,
+    out: Vec<usize>,
+    pad_begin: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+}
+
+impl ConvAttrs {
+    fn geometry(&self, x: &[usize], w: &[usize]) -> Result<Geometry> {
+        if x.len() < 3 || w.len() != x.len() {
+            return Err(OpError::Shape(format!(
+                "conv input {x:?} and weight {w:?} ranks do not fit"
+            )));
+        }
+        let ns = x.len() - 2;
+        let spatial_in = x[2..].to_vec();
+        let kernel = w[2..].to_vec();
+        if let Some(k) = &self.kernel_shape
+            && k != &kernel
+        {
+            return Err(OpError::Shape(format!(
+                "kernel_shape {k:?} differs from weight shape {w:?}"
+            )));
+        }
+        let or1 = |v: &Vec<usize>, what: &str| -> Result<Vec<usize>> {
+            if v.is_empty() {
+                Ok(vec![1; ns])
+            } else if v.len() == ns && v.iter().all(|&s| s > 0) {
+                Ok(v.clone())
+            } else {
+                Err(OpError::Value(format!(
+                    "{what} {v:?} must hold {ns} positive values"
+                )))
+            }
+        };
+        let strides = or1(&self.strides, "strides")?;
+        let dilations = or1(&self.dilations, "dilations")?;
+        let mut pad_begin = vec![0; ns];
+        let mut out = vec![0; ns];
+        for d in 0..ns {
+            let ek = dilations[d] * (kernel[d].max(1) - 1) + 1;
+            let (pb, pe) = match self.auto_pad {
+                AutoPad::NotSet => {
+                    if self.pads.is_empty() {
+                        (0, 0)
+                    } else if self.pads.len() == 2 * ns {
+                        (self.pads[d], self.pads[d + ns])
+                    } else {
+                        return Err(OpError::Value(format!(
+                            "pads {:?} must hold {} values",
+                            self.pads,
+                            2 * ns
+                        )));
+                    }
+                }
+                AutoPad::Valid => (0, 0),
+                AutoPad::SameUpper | AutoPad::SameLower => {
+                    let o = spatial_in[d].div_ceil(strides[d]);
+                    let total = ((o.max(1) - 1) * strides[d] + ek).saturating_sub(spatial_in[d]);
+                    let small = total / 2;
+                    if self.auto_pad == AutoPad::SameUpper {
+                        (small, total - small)
+                    } else {
+                        (total - small, small)
+                    }
+                }
+            };
+            let padded = spatial_in[d] + pb + pe;
+            if padded < ek {
+                return Err(OpError::Shape(format!(
+                    "kernel {kernel:?} larger than padded input {x:?}"
+                )));
+            }
+            out[d] = (padded - ek) / strides[d] + 1;
+            pad_begin[d] = pb;
+        }
+        Ok(Geometry {
+            spatial_in,
+            kernel,
+            out,
+            pad_begin,
+            strides,
+            dilations,
+        })
+    }
+
+    /// `y[n, m, o] = sum_{c, k} x[n, g*C/G + c, o*s - p + k*d] * w[m, c, k]`, x and w as f64.
+    fn conv(
+        &self,
+        x: &[f64],
+        xs: &[usize],
+        w: &[f64],
+        ws: &[usize],
+    ) -> Result<(Vec<f64>, Vec<usize>)> {
+        let g = self.geometry(xs, ws)?;
+        let (n, c, m, cg) = (xs[0], xs[1], ws[0], ws[1]);
+        let groups = self.group.max(1);
+        if c != cg * groups || m % groups != 0 {
+            return Err(OpError::Shape(format!(
+                "channels {c} / weight {ws:?} do not fit group {groups}"
+            )));
+        }
+        let mut oshape = vec![n, m];
+        oshape.extend_from_slice(&g.out);
+        let total = checked_numel(&oshape)?;
+        let opix: usize = g.out.iter().product();
+        let kpix: usize = g.kernel.iter().product();
+        let ipix: usize = g.spatial_in.iter().product();
+        let ns = g.out.len();
+        let ostr = kiln_tensor::strides_of(&g.out);
+        let kstr = kiln_tensor::strides_of(&g.kernel);
+        let istr = kiln_tensor::strides_of(&g.spatial_in);
+        let mut y = vec![0.0; total];
+        let mpg = m / groups;
+        for ni in 0..n {
+            for mi in 0..m {
+                let gi = mi / mpg;
+                for op in 0..opix {
+                    let mut acc = 0.0;
+                    for ci in 0..cg {
+                        let ic = gi * cg + ci;
+                        let xbase = (ni * c + ic) * ipix;
+                        let wbase = (mi * cg + ci) * kpix;
+                        'k: for kp in 0..kpix {
+                            let mut off = 0;
+                            for d in 0..ns {
+                                let o = (op / ostr[d]) % g.out[d];
+                                let k = (kp / kstr[d]) % g.kernel[d];
+                                let pos = (o * g.strides[d] + k * g.dilations[d]) as isize
+                                    - g.pad_begin[d] as isize;
+                                if pos < 0 || pos as usize >= g.spatial_in[d] {
+                                    continue 'k;
+                                }
+                                off += pos as usize * istr[d];
+                            }
+                            acc += x[xbase + off] * w[wbase + kp];
+                        }
+                    }
+                    y[(ni * m + mi) * opix + op] = acc;
+                }
+            }
+        }
+        Ok((y, oshape))
+    }
+
+    fn infer_shape(&self, x: Option<Vec<Dim>>, w: Option<Vec<Dim>>) -> Option<Vec<Dim>> {
+        let (x, w) = (x?, w?);
+        let xs: Option<Vec<usize>> = x.iter().map(crate::recurrent::num::fixed).collect();
+        let ws: Option<Vec<usize>> = w.iter().map(crate::recurrent::num::fixed).collect();
+        let (xs, ws) = (xs?, ws?);
+        let g = self.geometry(&xs, &ws).ok()?;
+        let mut s = vec![Dim::Fixed(xs[0]), Dim::Fixed(ws[0])];
+        s.extend(g.out.into_iter().map(Dim::Fixed));
+        Some(s)
+    }
+}
+
+/// Per-output-channel zero point subtraction on a weight `[M, ...]`.
+fn sub_channel_zp(w: &mut [f64], ws: &[usize], zp: Option<&Tensor>, what: &str) -> Result<()> {
+    let Some(z) = zp else { return Ok(()) };
+    let zv = z.to_f64_vec();
+    let m = ws.first().copied().unwrap_or(0);
+    let per = w.len().checked_div(m).unwrap_or(0);
+    if zv.len() != 1 && zv.len() != m {
+        return Err(OpError::Shape(format!(
+            "{what} has {} elements for {m} output channels",
+            zv.len()
+        )));
+    }
+    for (i, x) in w.iter_mut().enumerate() {
+        *x -= if zv.len() == 1 {
+            zv[0]
+        } else {
+            zv[i / per.max(1)]
+        };
+    }
+    Ok(())
+}
+
+/// `ConvInteger`: integer convolution of zero-point-shifted inputs, int32 output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvInteger {
+    pub conv: ConvAttrs,
+}
+
+impl ConvInteger {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, w) = (args.tensor(0)?, args.tensor(1)?);
+        let mut xv = quant_values(x, 0, false)?;
+        let mut wv = quant_values(w, 1, false)?;
+        if let Some(z) = args.opt_tensor(2)? {
+            let zv = z.to_f64_vec();
+            if zv.len() != 1 {
+                return Err(OpError::Shape("x_zero_point must be a scalar".into()));
+            }
+            xv.iter_mut().for_each(|v| *v -= zv[0]);
+        }
+        sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(3)?, "w_zero_point")?;
+        let (y, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape())?;
+        Ok(vec![
+            Tensor::new(
+                DType::I32,
+                shape,
+                Data::I32(y.iter().map(|&v| v as i32).collect()),
+            )?
+            .into(),
+        ])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![tt(
+            Some(DType::I32),
+            self.conv
+                .infer_shape(in_shape(inputs, 0), in_shape(inputs, 1)),
+        )])
+    }
+}
+
+/// `QLinearConv`: quantized convolution with optional int32 bias, requantized to the output
+/// zero point's type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QLinearConv {
+    pub conv: ConvAttrs,
+}
+
+impl QLinearConv {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, w) = (args.tensor(0)?, args.tensor(3)?);
+        let (sx, sw, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
+        let mut xv = quant_values(x, 0, false)?;
+        let mut wv = quant_values(w, 3, false)?;
+        if let Some(z) = args.opt_tensor(2)? {
+            let zv = z.to_f64_vec();
+            if zv.len() != 1 {
+                return Err(OpError::Shape("x_zero_point must be a scalar".into()));
+            }
+            xv.iter_mut().for_each(|v| *v -= zv[0]);
+        }
+        sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(5)?, "w_zero_point")?;
+        let (mut acc, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape())?;
+        let m = shape[1];
+        let opix: usize = shape[2..].iter().product();
+        if let Some(bias) = args.opt_tensor(8)? {
+            let bv = bias.to_f64_vec();
+            if bv.len() != m {
+                return Err(OpError::Shape(format!(
+                    "B has {} elements for {m} output channels",
+                    bv.len()
+                )));
+            }
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a += bv[(i / opix.max(1)) % m];
+            }
+        }
+        let (sxv, swv, syv) = (params(sx), params(sw), params(sy));
+        let zy = args.opt_tensor(7)?;
+        let zyv = zy.map(params).unwrap_or_else(|| vec![0.0]);
+        let odt = zy.map_or(x.dtype(), Tensor::dtype);
+        let mut y = Vec::with_capacity(acc.len());
+        let (sx0, sy0, zy0) = (
+            pick(&sxv, 0, "x_scale")?,
+            pick(&syv, 0, "y_scale")?,
+            pick(&zyv, 0, "y_zero_point")?,
+        );
+        for (i, &a) in acc.iter().enumerate() {
+            let ch = (i / opix.max(1)) % m.max(1);
+            let mult = round_to(
+                DType::F32,
+                round_to(DType::F32, sx0 * pick(&swv, ch, "w_scale")?) / sy0,
+            );
+            y.push(a * mult + zy0);
+        }
+        Ok(vec![requantize(odt, shape, y)?.into()])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dt =
+            crate::util::input_dtype(inputs, 7).or_else(|| crate::util::input_dtype(inputs, 0));
+        Ok(vec![tt(
+            dt,
+            self.conv
+                .infer_shape(in_shape(inputs, 0), in_shape(inputs, 3)),
+        )])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_integer_with_zero_points() {
+        // (A - 1) x (B - 2): A = [[3, 4]], B = [[2], [5]] -> [[2, 3]] x [[0], [3]] = [[9]].
+        let a = Value::Tensor(Tensor::from_vec(vec![1, 2], vec![3u8, 4]).unwrap());
+        let b = Value::Tensor(Tensor::from_vec(vec![2, 1], vec![2u8, 5]).unwrap());
+        let za = Value::Tensor(Tensor::scalar(1u8));
+        let zb = Value::Tensor(Tensor::scalar(2u8));
+        let y = MatMulInteger
+            .eval(&Args::new(&[Some(&a), Some(&b), Some(&za), Some(&zb)]))
+            .unwrap();
+        assert_eq!(y[0].as_tensor().unwrap().as_slice::<i32>().unwrap(), &[9]);
+    }
+
+    #[test]
+    fn conv_integer_padded_by_hand() {
+        // 2x2 input [[1,2],[3,4]], 2x2 kernel of ones, pads 1 -> 3x3 output of window sums.
+        let x = Value::Tensor(Tensor::from_vec(vec![1, 1, 2, 2], vec![1u8, 2, 3, 4]).unwrap());
+        let w = Value::Tensor(Tensor::from_vec(vec![1, 1, 2, 2], vec![1u8; 4]).unwrap());
+        let op = ConvInteger {
+            conv: ConvAttrs {
+                auto_pad: AutoPad::NotSet,
+                dilations: vec![],
+                group: 1,
+                kernel_shape: None,
+                pads: vec![1, 1, 1, 1],
+                strides: vec![],
+            },
+        };
+        let y = op.eval(&Args::new(&[Some(&x), Some(&w)])).unwrap();
+        let t = y[0].as_tensor().unwrap();
+        assert_eq!(t.shape(), &[1, 1, 3, 3]);
+        assert_eq!(t.as_slice::<i32>().unwrap(), &[1, 3, 2, 4, 10, 6, 3, 7, 4]);
+    }
+}

@@ -1,0 +1,387 @@
+//! `QuantizeLinear` / `DequantizeLinear` (opsets 10, 13, 19, 21, 23, 24, 25, 28: per-tensor,
+//! per-axis and blocked scales, `output_dtype`, `saturate`, `precision`; 8/16-bit, 4/2-bit
+//! integer, float8 and float4 quantized types) and `DynamicQuantizeLinear` (opset 11).
+//! <https://onnx.ai/onnx/operators/onnx__QuantizeLinear.html>,
+//! <https://onnx.ai/onnx/operators/onnx__DequantizeLinear.html>,
+//! <https://onnx.ai/onnx/operators/onnx__DynamicQuantizeLinear.html>
+
+use crate::error::{OpError, Result};
+use crate::recurrent::num::{self, in_shape, is_ieee_float, round_to, tt};
+use crate::util::{input_dtype, norm_axis};
+use crate::value::{Args, InferInput, TensorType, Value, ValueType};
+use kiln_tensor::{DType, Data, Tensor, formats};
+
+/// Integer range of an integer quantized type.
+pub(crate) fn int_range(dt: DType) -> Option<(f64, f64)> {
+    Some(match dt {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::U16 => (0.0, 65535.0),
+        DType::I16 => (-32768.0, 32767.0),
+        DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+        DType::U4 | DType::I4 | DType::U2 | DType::I2 => formats::int_range(dt),
+        _ => return None,
+    })
+}
+
+fn is_fp8(dt: DType) -> bool {
+    matches!(
+        dt,
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ
+    )
+}
+
+/// A tensor of an integer quantized type from integer values already clamped to its range.
+pub(crate) fn int_tensor(dt: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tensor> {
+    let data = match dt {
+        DType::U8 => Data::U8(v.iter().map(|&x| x as u8).collect()),
+        DType::I8 => Data::I8(v.iter().map(|&x| x as i8).collect()),
+        DType::U16 => Data::U16(v.iter().map(|&x| x as u16).collect()),
+        DType::I16 => Data::I16(v.iter().map(|&x| x as i16).collect()),
+        DType::I32 => Data::I32(v.iter().map(|&x| x as i32).collect()),
+        DType::U4 | DType::I4 | DType::U2 | DType::I2 => {
+            Data::Coded(v.iter().map(|&x| formats::wrap_int(dt, x as i64)).collect())
+        }
+        other => {
+            return Err(OpError::UnsupportedDType {
+                index: 0,
+                got: other,
+            });
+        }
+    };
+    Ok(Tensor::new(dt, shape, data)?)
+}
+
+/// For every element of `shape`, the flat index of its scale / zero point: per-tensor
+/// (one element), per-axis (1-D of `shape[axis]`), or blocked (same rank, `axis` dim of
+/// `ceil(shape[axis] / block_size)`).
+fn param_index(
+    shape: &[usize],
+    pshape: &[usize],
+    axis: i64,
+    block: usize,
+    what: &str,
+) -> Result<Vec<usize>> {
+    let n = crate::util::checked_numel(shape)?;
+    let pn: usize = pshape.iter().product();
+    if pn == 1 {
+        return Ok(vec![0; n]);
+    }
+    let rank = shape.len();
+    let ax = norm_axis(axis, rank)?;
+    let strides = kiln_tensor::strides_of(shape);
+    if block == 0 {
+        if pshape.len() != 1 || pshape[0] != shape[ax] {
+            return Err(OpError::Shape(format!(
+                "{what} shape {pshape:?} must be a scalar or 1-D of {} (axis {ax} of {shape:?})",
+                shape[ax]
+            )));
+        }
+        return Ok((0..n).map(|i| (i / strides[ax]) % shape[ax]).collect());
+    }
+    let blocks = shape[ax].div_ceil(block);
+    let ok = pshape.len() == rank
+        && (0..rank).all(|d| {
+            if d == ax {
+                pshape[d] == blocks
+            } else {
+                pshape[d] == shape[d]
+            }
+        });
+    if !ok {
+        return Err(OpError::Shape(format!(
+            "blocked {what} shape {pshape:?} must equal {shape:?} except {blocks} blocks on axis {ax}"
+        )));
+    }
+    let pstrides = kiln_tensor::strides_of(pshape);
+    Ok((0..n)
+        .map(|i| {
+            (0..rank)
+                .map(|d| {
+                    let c = (i / strides[d]) % shape[d];
+                    let c = if d == ax { c / block } else { c };
+                    c * pstrides[d]
+                })
+                .sum()
+        })
+        .collect())
+}
+
+/// `QuantizeLinear`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizeLinear {
+    pub axis: i64,
+    pub saturate: bool,
+    /// 0 for per-tensor / per-axis.
+    pub block_size: usize,
+    /// Output type when there is no zero point (default u8).
+    pub output_dtype: Option<DType>,
+    /// Type the division `x / y_scale` is computed in (default: the scale's).
+    pub precision: Option<DType>,
+}
+
+impl QuantizeLinear {
+    fn out_dtype(&self, zp: Option<DType>) -> Result<DType> {
+        match (zp, self.output_dtype) {
+            (Some(z), Some(o)) if z != o => Err(OpError::Value(format!(
+                "output_dtype {o} differs from zero point type {z}"
+            ))),
+            (Some(z), _) => Ok(z),
+            (None, Some(o)) => Ok(o),
+            (None, None) => Ok(DType::U8),
+        }
+    }
+
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, s) = (args.tensor(0)?, args.tensor(1)?);
+        let zp = args.opt_tensor(2)?;
+        let sdt = num::need_float(s, 1)?;
+        if !is_ieee_float(x.dtype()) && x.dtype() != DType::I32 {
+            return Err(OpError::UnsupportedDType {
+                index: 0,
+                got: x.dtype(),
+            });
+        }
+        let odt = self.out_dtype(zp.map(Tensor::dtype))?;
+        let sidx = param_index(x.shape(), s.shape(), self.axis, self.block_size, "y_scale")?;
+        let sv = s.to_f64_vec();
+        let zidx = match zp {
+            Some(z) => Some(param_index(
+                x.shape(),
+                z.shape(),
+                self.axis,
+                self.block_size,
+                "y_zero_point",
+            )?),
+            None => None,
+        };
+        let zv = zp.map(Tensor::to_f64_vec);
+        let xv = x.to_f64_vec();
+        // Division precision: the attribute, else the common type of x and the scale.
+        let pdt = self.precision.unwrap_or(match (x.dtype(), sdt) {
+            (a, b) if a == b => a,
+            (DType::F64, _) | (_, DType::F64) => DType::F64,
+            _ => DType::F32,
+        });
+        let q: Vec<f64> = xv
+            .iter()
+            .zip(&sidx)
+            .map(|(&xe, &si)| round_to(pdt, round_to(pdt, xe) / sv[si]))
+            .collect();
+        let z = |i: usize| match (&zidx, &zv) {
+            (Some(zi), Some(zv)) => zv[zi[i]],
+            _ => 0.0,
+        };
+        let shape = x.shape().to_vec();
+        let out = if let Some((lo, hi)) = int_range(odt) {
+            if odt == DType::I32 {
+                return Err(OpError::UnsupportedDType { index: 2, got: odt });
+            }
+            let v: Vec<f64> = q
+                .iter()
+                .enumerate()
+                .map(|(i, &e)| (e.round_ties_even() + z(i)).clamp(lo, hi))
+                .collect();
+            int_tensor(odt, shape, &v)?
+        } else if is_fp8(odt) || odt == DType::F4E2M1 {
+            let codes = q
+                .iter()
+                .enumerate()
+                .map(|(i, &e)| {
+                    formats::encode_float(
+                        odt,
+                        (e + z(i)) as f32,
+                        self.saturate || odt == DType::F4E2M1,
+                    )
+                })
+                .collect();
+            Tensor::from_codes(odt, shape, codes)?
+        } else {
+            return Err(OpError::UnsupportedDType { index: 2, got: odt });
+        };
+        Ok(vec![out.into()])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let odt = match (inputs.get(2).map(|i| i.ty), input_dtype(inputs, 2)) {
+            (Some(ValueType::Tensor(_)), Some(z)) => Some(self.out_dtype(Some(z))?),
+            (Some(ValueType::Tensor(_)), None) => None,
+            _ => Some(self.out_dtype(None)?),
+        };
+        Ok(vec![tt(odt, in_shape(inputs, 0))])
+    }
+}
+
+/// `DequantizeLinear`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DequantizeLinear {
+    pub axis: i64,
+    pub block_size: usize,
+    /// Output type (default: the scale's).
+    pub output_dtype: Option<DType>,
+}
+
+impl DequantizeLinear {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, s) = (args.tensor(0)?, args.tensor(1)?);
+        let zp = args.opt_tensor(2)?;
+        let sdt = num::need_float(s, 1)?;
+        let xdt = x.dtype();
+        let float_x = is_fp8(xdt) || xdt == DType::F4E2M1;
+        if !float_x && int_range(xdt).is_none() {
+            return Err(OpError::UnsupportedDType { index: 0, got: xdt });
+        }
+        let odt = self.output_dtype.unwrap_or(sdt);
+        if !is_ieee_float(odt) {
+            return Err(OpError::UnsupportedDType { index: 1, got: odt });
+        }
+        let sidx = param_index(x.shape(), s.shape(), self.axis, self.block_size, "x_scale")?;
+        let sv = s.to_f64_vec();
+        let xv = x.to_f64_vec();
+        // Float8/float4 zero points are zero by definition; integer ones are subtracted.
+        let zsub: Option<(Vec<usize>, Vec<f64>)> = match zp {
+            Some(z) if !float_x => {
+                if z.dtype() != xdt {
+                    return Err(OpError::DTypeMismatch {
+                        a: xdt,
+                        b: z.dtype(),
+                    });
+                }
+                Some((
+                    param_index(
+                        x.shape(),
+                        z.shape(),
+                        self.axis,
+                        self.block_size,
+                        "x_zero_point",
+                    )?,
+                    z.to_f64_vec(),
+                ))
+            }
+            _ => None,
+        };
+        let y: Vec<f64> = xv
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| {
+                let d = match &zsub {
+                    Some((zi, zv)) => e - zv[zi[i]],
+                    None => e,
+                };
+                round_to(
+                    odt,
+                    round_to(DType::F32, round_to(DType::F32, d) * sv[sidx[i]]),
+                )
+            })
+            .collect();
+        Ok(vec![num::float_tensor(odt, x.shape().to_vec(), y)?.into()])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let odt = self.output_dtype.or_else(|| input_dtype(inputs, 1));
+        Ok(vec![tt(odt, in_shape(inputs, 0))])
+    }
+}
+
+/// `DynamicQuantizeLinear`: u8 asymmetric quantization with scale and zero point computed
+/// from the data range (which always includes 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DynamicQuantizeLinear;
+
+impl DynamicQuantizeLinear {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let xv = x.as_slice::<f32>().map_err(|_| OpError::UnsupportedDType {
+            index: 0,
+            got: x.dtype(),
+        })?;
+        let maxx = xv
+            .iter()
+            .fold(0.0f32, |m, &v| if v > m || v.is_nan() { v } else { m });
+        let minx = xv
+            .iter()
+            .fold(0.0f32, |m, &v| if v < m || v.is_nan() { v } else { m });
+        let scale = (if maxx == minx { 1.0 } else { maxx - minx }) / 255.0f32;
+        let zp = (0.0f32 - minx / scale).clamp(0.0, 255.0).round_ties_even();
+        let y: Vec<u8> = xv
+            .iter()
+            .map(|&v| ((v / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8)
+            .collect();
+        Ok(vec![
+            Tensor::from_vec(x.shape().to_vec(), y)?.into(),
+            Tensor::scalar(scale).into(),
+            Tensor::scalar(zp as u8).into(),
+        ])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![
+            tt(Some(DType::U8), in_shape(inputs, 0)),
+            ValueType::Tensor(TensorType::fixed(DType::F32, &[])),
+            ValueType::Tensor(TensorType::fixed(DType::U8, &[])),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run1(outs: Result<Vec<Value>>) -> Tensor {
+        outs.unwrap().remove(0).as_tensor().unwrap().clone()
+    }
+
+    #[test]
+    fn quantize_per_axis_rounds_half_even_and_saturates() {
+        // Per-axis scales [1, 2] on axis 1, zero point 10: 2.5/1 -> 2 (+10) = 12;
+        // 5/2 = 2.5 -> 2 (+10) = 12; 300 saturates to 255; -7/2 = -3.5 -> -4 (+10) = 6.
+        let x = Tensor::from_vec(vec![2, 2], vec![2.5f32, 5.0, 300.0, -7.0]).unwrap();
+        let s = Tensor::from_vec(vec![2], vec![1.0f32, 2.0]).unwrap();
+        let z = Tensor::from_vec(vec![2], vec![10u8, 10]).unwrap();
+        let op = QuantizeLinear {
+            axis: 1,
+            saturate: true,
+            block_size: 0,
+            output_dtype: None,
+            precision: None,
+        };
+        let (vx, vs, vz) = (Value::Tensor(x), Value::Tensor(s), Value::Tensor(z));
+        let y = run1(op.eval(&Args::new(&[Some(&vx), Some(&vs), Some(&vz)])));
+        assert_eq!(y.as_slice::<u8>().unwrap(), &[12, 12, 255, 6]);
+    }
+
+    #[test]
+    fn dequantize_int4_blocked() {
+        // int4 codes for [-8, 7, 1, -1] in one row, blocks of 2 with scales [0.5, 2]:
+        // y = [-4, 3.5, 2, -2].
+        let codes = vec![0x8u8, 0x7, 0x1, 0xF];
+        let x = Tensor::from_codes(DType::I4, vec![1, 4], codes).unwrap();
+        let s = Tensor::from_vec(vec![1, 2], vec![0.5f32, 2.0]).unwrap();
+        let op = DequantizeLinear {
+            axis: 1,
+            block_size: 2,
+            output_dtype: None,
+        };
+        let (vx, vs) = (Value::Tensor(x), Value::Tensor(s));
+        let y = run1(op.eval(&Args::new(&[Some(&vx), Some(&vs)])));
+        assert_eq!(y.as_slice::<f32>().unwrap(), &[-4.0, 3.5, 2.0, -2.0]);
+    }
+
+    #[test]
+    fn dynamic_quantize_by_hand() {
+        // Range [-1, 1.55]: scale = 2.55/255 = 0.01, zp = 100; 0.5 -> 50 + 100 = 150.
+        let x = Tensor::from_vec(vec![3], vec![-1.0f32, 1.55, 0.5]).unwrap();
+        let vx = Value::Tensor(x);
+        let out = DynamicQuantizeLinear
+            .eval(&Args::new(&[Some(&vx)]))
+            .unwrap();
+        let y = out[0].as_tensor().unwrap();
+        assert_eq!(y.as_slice::<u8>().unwrap(), &[0, 255, 150]);
+        let s = out[1].as_tensor().unwrap().as_slice::<f32>().unwrap()[0];
+        assert!((s - 0.01).abs() < 1e-7);
+        assert_eq!(
+            out[2].as_tensor().unwrap().as_slice::<u8>().unwrap(),
+            &[100]
+        );
+    }
+}

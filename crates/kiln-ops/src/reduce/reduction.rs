@@ -1,0 +1,561 @@
+//! The ten ONNX `Reduce*` operators: ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd,
+//! ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp, ReduceSumSquare
+//! (<https://onnx.ai/onnx/operators/onnx__ReduceSum.html> and siblings), opsets 1 through 20.
+//!
+//! `axes` is an attribute up to opset 12 (ReduceSum) / 17 (the others) and an optional input
+//! afterwards; the importer records which. An empty axes list reduces every axis, unless
+//! `noop_with_empty_axes` is set, in which case no axis is reduced and the op's per-element
+//! function (square, abs, ...) is applied alone, as ONNX's reference does. Reducing an empty
+//! set gives the identity of the reduction (0 for sums, 1 for products, -inf for max and
+//! LogSum/LogSumExp, +inf for min; the dtype's extreme values for integers; false/true for
+//! boolean max/min).
+//!
+//! Floats are accumulated in f64 and rounded to the input dtype; integers are exact, wrapping
+//! on overflow as numpy does (Mean, L2, LogSum and LogSumExp of integers truncate toward zero).
+
+use super::common::{self, from_f64, from_i128, int_bounds, is_ieee_float, is_plain_int};
+use crate::error::{OpError, Result};
+use crate::util;
+use crate::value::{Args, Dim, InferInput, ValueType};
+use kiln_tensor::{Data, Tensor};
+
+/// Which reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+    L1,
+    L2,
+    LogSum,
+    LogSumExp,
+    SumSquare,
+}
+
+impl ReduceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "ReduceSum",
+            ReduceKind::Mean => "ReduceMean",
+            ReduceKind::Max => "ReduceMax",
+            ReduceKind::Min => "ReduceMin",
+            ReduceKind::Prod => "ReduceProd",
+            ReduceKind::L1 => "ReduceL1",
+            ReduceKind::L2 => "ReduceL2",
+            ReduceKind::LogSum => "ReduceLogSum",
+            ReduceKind::LogSumExp => "ReduceLogSumExp",
+            ReduceKind::SumSquare => "ReduceSumSquare",
+        }
+    }
+}
+
+/// Where the reduced axes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReduceAxes {
+    /// The `axes` attribute (older opsets), or no axes at all when empty.
+    Attr(Vec<i64>),
+    /// The optional second input (newer opsets); absent means empty.
+    Input,
+}
+
+/// A `Reduce*` op.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reduce {
+    pub kind: ReduceKind,
+    pub axes: ReduceAxes,
+    pub keepdims: bool,
+    pub noop_with_empty_axes: bool,
+}
+
+/// The reduced axes (sorted, unique) for a list given as in ONNX.
+fn resolve_axes(list: &[i64], rank: usize, noop: bool) -> Result<Vec<usize>> {
+    if list.is_empty() {
+        return Ok(if noop {
+            Vec::new()
+        } else {
+            (0..rank).collect()
+        });
+    }
+    let mut axes = util::norm_axes(list, rank)?;
+    axes.sort_unstable();
+    Ok(axes)
+}
+
+/// Output shapes of a reduction: with reduced dims kept as 1, and the final one.
+pub(crate) fn reduced_shapes(
+    shape: &[usize],
+    axes: &[usize],
+    keepdims: bool,
+) -> (Vec<usize>, Vec<usize>) {
+    let keep: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| if axes.contains(&d) { 1 } else { n })
+        .collect();
+    let out = if keepdims {
+        keep.clone()
+    } else {
+        shape
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| !axes.contains(d))
+            .map(|(_, &n)| n)
+            .collect()
+    };
+    (keep, out)
+}
+
+/// For every input element (row-major), the flat index of the output element it reduces into,
+/// plus the output element count and the number of inputs per output.
+pub(crate) fn reduce_map(shape: &[usize], axes: &[usize]) -> Result<(Vec<usize>, usize, usize)> {
+    let (keep, _) = reduced_shapes(shape, axes, true);
+    let out_n = util::checked_numel(&keep)?;
+    let group = axes.iter().map(|&a| shape[a]).product();
+    let map = util::broadcast_map(&keep, shape)?;
+    Ok((map, out_n, group))
+}
+
+fn fold<T: Copy>(
+    map: &[usize],
+    vals: &[T],
+    out_n: usize,
+    init: T,
+    f: impl Fn(T, T) -> T,
+) -> Vec<T> {
+    let mut acc = vec![init; out_n];
+    for (&o, &x) in map.iter().zip(vals) {
+        acc[o] = f(acc[o], x);
+    }
+    acc
+}
+
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b > a || b.is_nan() {
+        b
+    } else {
+        a
+    }
+}
+
+fn min_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b < a || b.is_nan() {
+        b
+    } else {
+        a
+    }
+}
+
+/// Float reduction in f64.
+fn reduce_f64(
+    kind: ReduceKind,
+    vals: &[f64],
+    map: &[usize],
+    out_n: usize,
+    group: usize,
+) -> Vec<f64> {
+    let sum_of = |f: fn(f64) -> f64| {
+        let mut acc = vec![0.0f64; out_n];
+        for (&o, &x) in map.iter().zip(vals) {
+            acc[o] += f(x);
+        }
+        acc
+    };
+    match kind {
+        ReduceKind::Sum => sum_of(|x| x),
+        ReduceKind::Mean => sum_of(|x| x)
+            .into_iter()
+            .map(|s| s / group as f64)
+            .collect(),
+        ReduceKind::SumSquare => sum_of(|x| x * x),
+        ReduceKind::L1 => sum_of(f64::abs),
+        ReduceKind::L2 => sum_of(|x| x * x).into_iter().map(f64::sqrt).collect(),
+        ReduceKind::LogSum => sum_of(|x| x).into_iter().map(f64::ln).collect(),
+        ReduceKind::Prod => fold(map, vals, out_n, 1.0, |a, x| a * x),
+        ReduceKind::Max => fold(map, vals, out_n, f64::NEG_INFINITY, max_nan),
+        ReduceKind::Min => fold(map, vals, out_n, f64::INFINITY, min_nan),
+        ReduceKind::LogSumExp => {
+            // Shift by the largest finite value for stability.
+            let mut m = vec![f64::NEG_INFINITY; out_n];
+            for (&o, &x) in map.iter().zip(vals) {
+                if x.is_finite() && x > m[o] {
+                    m[o] = x;
+                }
+            }
+            for v in &mut m {
+                if !v.is_finite() {
+                    *v = 0.0;
+                }
+            }
+            let mut acc = vec![0.0f64; out_n];
+            for (&o, &x) in map.iter().zip(vals) {
+                acc[o] += (x - m[o]).exp();
+            }
+            acc.iter().zip(&m).map(|(s, m)| s.ln() + m).collect()
+        }
+    }
+}
+
+/// Integer reduction, exact in i128 with wrapping where numpy wraps.
+fn reduce_int(
+    kind: ReduceKind,
+    vals: &[i128],
+    map: &[usize],
+    out_n: usize,
+    group: usize,
+    bounds: (i128, i128),
+) -> Vec<i128> {
+    let sum_of =
+        |f: fn(i128) -> i128| fold(map, vals, out_n, 0i128, move |a, x| a.wrapping_add(f(x)));
+    let trunc = |v: Vec<f64>| v.into_iter().map(common::f64_to_i128).collect::<Vec<_>>();
+    match kind {
+        ReduceKind::Sum => sum_of(|x| x),
+        ReduceKind::SumSquare => sum_of(|x| x.wrapping_mul(x)),
+        ReduceKind::L1 => sum_of(|x| x.wrapping_abs()),
+        ReduceKind::Mean => sum_of(|x| x)
+            .into_iter()
+            .map(|s| if group == 0 { 0 } else { s / group as i128 })
+            .collect(),
+        ReduceKind::Prod => fold(map, vals, out_n, 1i128, |a, x| a.wrapping_mul(x)),
+        ReduceKind::Max => fold(map, vals, out_n, bounds.0, |a, x| a.max(x)),
+        ReduceKind::Min => fold(map, vals, out_n, bounds.1, |a, x| a.min(x)),
+        ReduceKind::L2 => trunc(
+            sum_of(|x| x.wrapping_mul(x))
+                .into_iter()
+                .map(|s| (s as f64).sqrt())
+                .collect(),
+        ),
+        ReduceKind::LogSum => trunc(sum_of(|x| x).into_iter().map(|s| (s as f64).ln()).collect()),
+        ReduceKind::LogSumExp => {
+            let f: Vec<f64> = vals.iter().map(|&x| x as f64).collect();
+            trunc(reduce_f64(kind, &f, map, out_n, group))
+        }
+    }
+}
+
+impl Reduce {
+    fn axes_list(&self, args: &Args<'_>) -> Result<Vec<i64>> {
+        match &self.axes {
+            ReduceAxes::Attr(v) => Ok(v.clone()),
+            ReduceAxes::Input => match args.opt_tensor(1)? {
+                Some(t) => util::read_i64s(t, "axes"),
+                None => Ok(Vec::new()),
+            },
+        }
+    }
+
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<crate::Value>> {
+        let x = args.tensor(0)?;
+        let list = self.axes_list(args)?;
+        let shape = x.shape();
+        let axes = resolve_axes(&list, shape.len(), self.noop_with_empty_axes)?;
+        let (_, out_shape) = reduced_shapes(shape, &axes, self.keepdims);
+        let (map, out_n, group) = reduce_map(shape, &axes)?;
+        let dtype = x.dtype();
+        let out = if is_ieee_float(dtype) {
+            let vals = x.to_f64_vec();
+            from_f64(
+                dtype,
+                out_shape,
+                &reduce_f64(self.kind, &vals, &map, out_n, group),
+            )?
+        } else if let (true, Some(vals)) = (is_plain_int(dtype), common::ints(x)) {
+            let r = reduce_int(self.kind, &vals, &map, out_n, group, int_bounds(dtype));
+            from_i128(dtype, out_shape, &r)?
+        } else if let (Data::Bool(v), ReduceKind::Max | ReduceKind::Min) = (x.data(), self.kind) {
+            let any = self.kind == ReduceKind::Max;
+            // max = any, min = all; the empty set gives false / true.
+            let r = fold(
+                &map,
+                v,
+                out_n,
+                !any,
+                |a, b| if any { a || b } else { a && b },
+            );
+            Tensor::from_vec(out_shape, r)?
+        } else {
+            return Err(OpError::UnsupportedDType {
+                index: 0,
+                got: dtype,
+            });
+        };
+        Ok(vec![out.into()])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let t = common::input_tensor_type(inputs, 0);
+        let list = match &self.axes {
+            ReduceAxes::Attr(v) => Some(v.clone()),
+            ReduceAxes::Input if inputs.len() < 2 => Some(Vec::new()),
+            ReduceAxes::Input => {
+                util::const_tensor(inputs, 1).and_then(|c| util::read_i64s(c, "axes").ok())
+            }
+        };
+        let shape = match (&t.shape, list) {
+            (Some(s), Some(list)) => {
+                let axes = resolve_axes(&list, s.len(), self.noop_with_empty_axes)?;
+                let dims: Vec<Dim> = s
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(d, dim)| match (axes.contains(&d), self.keepdims) {
+                        (false, _) => Some(dim.clone()),
+                        (true, true) => Some(Dim::Fixed(1)),
+                        (true, false) => None,
+                    })
+                    .collect();
+                Some(dims)
+            }
+            _ => None,
+        };
+        Ok(vec![common::tensor_type(t.dtype, shape)])
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::value::Value;
+
+    fn run(kind: ReduceKind, axes: Vec<i64>, keepdims: bool, x: Tensor) -> Tensor {
+        let op = Reduce {
+            kind,
+            axes: ReduceAxes::Attr(axes),
+            keepdims,
+            noop_with_empty_axes: false,
+        };
+        let v = Value::Tensor(x);
+        let inputs = [Some(&v)];
+        match op.eval(&Args::new(&inputs)).unwrap().remove(0) {
+            Value::Tensor(t) => t,
+            _ => unreachable!(),
+        }
+    }
+
+    fn x322() -> Tensor {
+        // The ONNX spec example data: [[[5,1],[20,2]],[[30,1],[40,2]],[[55,1],[60,2]]].
+        Tensor::from_vec(
+            vec![3, 2, 2],
+            vec![5f32, 1., 20., 2., 30., 1., 40., 2., 55., 1., 60., 2.],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn sum_and_mean_over_axis1() {
+        let s = run(ReduceKind::Sum, vec![1], false, x322());
+        assert_eq!(s.shape(), &[3, 2]);
+        assert_eq!(s.as_slice::<f32>().unwrap(), &[25., 3., 70., 3., 115., 3.]);
+        let m = run(ReduceKind::Mean, vec![1], true, x322());
+        assert_eq!(m.shape(), &[3, 1, 2]);
+        assert_eq!(
+            m.as_slice::<f32>().unwrap(),
+            &[12.5, 1.5, 35., 1.5, 57.5, 1.5]
+        );
+    }
+
+    #[test]
+    fn max_min_prod_all_axes() {
+        assert_eq!(
+            run(ReduceKind::Max, vec![], true, x322())
+                .as_slice::<f32>()
+                .unwrap(),
+            &[60.]
+        );
+        assert_eq!(
+            run(ReduceKind::Min, vec![], false, x322()).shape(),
+            &[] as &[usize]
+        );
+        let p = run(ReduceKind::Prod, vec![-1], false, x322());
+        assert_eq!(
+            p.as_slice::<f32>().unwrap(),
+            &[5., 40., 30., 80., 55., 120.]
+        );
+    }
+
+    #[test]
+    fn empty_set_gives_identity() {
+        let x = Tensor::from_vec(vec![2, 0, 4], Vec::<f32>::new()).unwrap();
+        let s = run(ReduceKind::Sum, vec![1], true, x.clone());
+        assert_eq!(s.shape(), &[2, 1, 4]);
+        assert!(s.as_slice::<f32>().unwrap().iter().all(|&v| v == 0.0));
+        let m = run(ReduceKind::Max, vec![1], true, x.clone());
+        assert!(
+            m.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .all(|&v| v == f32::NEG_INFINITY)
+        );
+        let l = run(ReduceKind::LogSumExp, vec![1], true, x.clone());
+        assert!(
+            l.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .all(|&v| v == f32::NEG_INFINITY)
+        );
+        let p = run(ReduceKind::Prod, vec![1], true, x);
+        assert!(p.as_slice::<f32>().unwrap().iter().all(|&v| v == 1.0));
+    }
+
+    #[test]
+    fn norms_and_logs() {
+        let x = Tensor::from_vec(vec![2, 2], vec![3f64, -4., 1., 1.]).unwrap();
+        assert_eq!(
+            run(ReduceKind::L1, vec![1], false, x.clone())
+                .as_slice::<f64>()
+                .unwrap(),
+            &[7., 2.]
+        );
+        assert_eq!(
+            run(ReduceKind::L2, vec![1], false, x.clone())
+                .as_slice::<f64>()
+                .unwrap(),
+            &[5., 2f64.sqrt()]
+        );
+        assert_eq!(
+            run(ReduceKind::SumSquare, vec![1], false, x.clone())
+                .as_slice::<f64>()
+                .unwrap(),
+            &[25., 2.]
+        );
+        let lse = run(ReduceKind::LogSumExp, vec![1], false, x.clone());
+        let v = lse.as_slice::<f64>().unwrap();
+        assert!((v[0] - (3f64.exp() + (-4f64).exp()).ln()).abs() < 1e-12);
+        assert!((v[1] - (1.0 + 2f64.ln())).abs() < 1e-12);
+        let ls = run(ReduceKind::LogSum, vec![0], false, x);
+        assert!((ls.as_slice::<f64>().unwrap()[0] - 4f64.ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn integers_and_bools() {
+        let x = Tensor::from_vec(vec![2, 2], vec![i64::MAX, 1, -3, 7]).unwrap();
+        assert_eq!(
+            run(ReduceKind::Sum, vec![1], false, x.clone())
+                .as_slice::<i64>()
+                .unwrap(),
+            &[i64::MIN, 4]
+        );
+        assert_eq!(
+            run(ReduceKind::Min, vec![0], false, x)
+                .as_slice::<i64>()
+                .unwrap(),
+            &[-3, 1]
+        );
+        let u = Tensor::from_vec(vec![3], vec![7u8, 2, 3]).unwrap();
+        assert_eq!(
+            run(ReduceKind::Mean, vec![], false, u)
+                .as_slice::<u8>()
+                .unwrap(),
+            &[4]
+        );
+        let b = Tensor::from_vec(vec![2, 2], vec![true, false, false, false]).unwrap();
+        assert_eq!(
+            run(ReduceKind::Max, vec![1], false, b.clone())
+                .as_slice::<bool>()
+                .unwrap(),
+            &[true, false]
+        );
+        assert_eq!(
+            run(ReduceKind::Min, vec![0], false, b)
+                .as_slice::<bool>()
+                .unwrap(),
+            &[false, false]
+        );
+        let e = Tensor::from_vec(vec![0], Vec::<i32>::new()).unwrap();
+        assert_eq!(
+            run(ReduceKind::Max, vec![], false, e)
+                .as_slice::<i32>()
+                .unwrap(),
+            &[i32::MIN]
+        );
+    }
+
+    #[test]
+    fn noop_with_empty_axes_applies_the_element_function() {
+        let op = Reduce {
+            kind: ReduceKind::SumSquare,
+            axes: ReduceAxes::Input,
+            keepdims: true,
+            noop_with_empty_axes: true,
+        };
+        let v = Value::Tensor(Tensor::from_vec(vec![2], vec![2f32, -3.]).unwrap());
+        let inputs = [Some(&v)];
+        let out = op.eval(&Args::new(&inputs)).unwrap();
+        assert_eq!(
+            out[0].as_tensor().unwrap().as_slice::<f32>().unwrap(),
+            &[4., 9.]
+        );
+    }
+
+    #[test]
+    fn infer_uses_attribute_or_constant_axes() {
+        use crate::value::TensorType;
+        let ty = ValueType::Tensor(TensorType::new(
+            kiln_tensor::DType::F16,
+            vec![Dim::Fixed(3), Dim::Sym("n".into()), Dim::Fixed(2)],
+        ));
+        let axes = Value::Tensor(Tensor::from_vec(vec![1], vec![-1i64]).unwrap());
+        let axes_ty = axes.value_type();
+        let inputs = [
+            InferInput {
+                ty: &ty,
+                konst: None,
+            },
+            InferInput {
+                ty: &axes_ty,
+                konst: Some(&axes),
+            },
+        ];
+        let op = Reduce {
+            kind: ReduceKind::Sum,
+            axes: ReduceAxes::Input,
+            keepdims: false,
+            noop_with_empty_axes: false,
+        };
+        let out = op.infer(&inputs).unwrap();
+        let expect = TensorType::new(
+            kiln_tensor::DType::F16,
+            vec![Dim::Fixed(3), Dim::Sym("n".into())],
+        );
+        assert_eq!(out, vec![ValueType::Tensor(expect)]);
+        let op = Reduce {
+            kind: ReduceKind::Max,
+            axes: ReduceAxes::Attr(vec![]),
+            keepdims: true,
+            noop_with_empty_axes: false,
+        };
+        let out = op.infer(&inputs[..1]).unwrap();
+        assert_eq!(out[0].tensor().unwrap().fixed_shape(), Some(vec![1, 1, 1]));
+        // Unknown axes: only the dtype.
+        let unknown = [
+            InferInput {
+                ty: &ty,
+                konst: None,
+            },
+            InferInput {
+                ty: &axes_ty,
+                konst: None,
+            },
+        ];
+        let op = Reduce {
+            kind: ReduceKind::Sum,
+            axes: ReduceAxes::Input,
+            keepdims: true,
+            noop_with_empty_axes: false,
+        };
+        assert_eq!(op.infer(&unknown).unwrap()[0].tensor().unwrap().shape, None);
+    }
+
+    #[test]
+    fn half_precision_rounds_once() {
+        use kiln_tensor::f16;
+        let x = Tensor::from_vec(
+            vec![3],
+            vec![f16::from_f32(1.0), f16::from_f32(2.0), f16::from_f32(4.0)],
+        )
+        .unwrap();
+        let m = run(ReduceKind::Mean, vec![], false, x);
+        assert_eq!(m.as_slice::<f16>().unwrap(), &[f16::from_f64(7.0 / 3.0)]);
+    }
+}

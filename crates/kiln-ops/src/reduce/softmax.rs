@@ -1,0 +1,176 @@
+//! Softmax, LogSoftmax and Hardmax (<https://onnx.ai/onnx/operators/onnx__Softmax.html>),
+//! opsets 1-13. Before opset 13 the input is coerced to 2-D at `axis` (default 1) and the op
+//! applies to each row of `prod(shape[axis..])` elements; from opset 13 it applies along the
+//! single `axis` (default -1). Hardmax sets the first maximal element of each lane to 1 and
+//! the rest to 0.
+
+use super::common::{self, floats, from_f64};
+use crate::error::Result;
+use crate::util;
+use crate::value::{Args, InferInput, Value, ValueType};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoftmaxKind {
+    Softmax,
+    LogSoftmax,
+    Hardmax,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Softmax {
+    pub kind: SoftmaxKind,
+    pub axis: i64,
+    /// Opset < 13: flatten to 2-D at `axis` instead of working along one axis.
+    pub coerce_2d: bool,
+}
+
+/// Applies the op to one lane of `n` values (read with `get`), writing through `put`.
+pub(crate) fn softmax_lane(kind: SoftmaxKind, lane: &[f64], out: &mut [f64]) {
+    let max = lane.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    match kind {
+        SoftmaxKind::Hardmax => {
+            // First index of the maximum (a NaN, if any, as numpy's argmax picks).
+            let mut best = 0;
+            for (k, &x) in lane.iter().enumerate() {
+                if lane[best].is_nan() {
+                    break;
+                }
+                if x > lane[best] || x.is_nan() {
+                    best = k;
+                }
+            }
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = if k == best { 1.0 } else { 0.0 };
+            }
+        }
+        SoftmaxKind::Softmax | SoftmaxKind::LogSoftmax => {
+            let shift = if max.is_finite() { max } else { 0.0 };
+            let sum: f64 = lane.iter().map(|&x| (x - shift).exp()).sum();
+            for (o, &x) in out.iter_mut().zip(lane) {
+                *o = if kind == SoftmaxKind::Softmax {
+                    (x - shift).exp() / sum
+                } else {
+                    x - shift - sum.ln()
+                };
+            }
+        }
+    }
+}
+
+impl Softmax {
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            SoftmaxKind::Softmax => "Softmax",
+            SoftmaxKind::LogSoftmax => "LogSoftmax",
+            SoftmaxKind::Hardmax => "Hardmax",
+        }
+    }
+
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let v = floats(x, 0)?;
+        let shape = x.shape();
+        let (outer, n, inner) = if self.coerce_2d {
+            let axis = common::norm_axis_incl(self.axis, shape.len())?;
+            let (rows, cols) = common::split_2d(shape, axis);
+            (rows, cols, 1)
+        } else {
+            let axis = util::norm_axis(self.axis, shape.len())?;
+            common::split_axis(shape, axis)
+        };
+        let mut out = vec![0.0f64; v.len()];
+        let mut lane = vec![0.0f64; n];
+        let mut res = vec![0.0f64; n];
+        for o in 0..outer {
+            for i in 0..inner {
+                let base = o * n * inner + i;
+                for k in 0..n {
+                    lane[k] = v[base + k * inner];
+                }
+                softmax_lane(self.kind, &lane, &mut res);
+                for k in 0..n {
+                    out[base + k * inner] = res[k];
+                }
+            }
+        }
+        Ok(vec![from_f64(x.dtype(), shape.to_vec(), &out)?.into()])
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        common::check_float_input(inputs, 0)?;
+        let t = common::input_tensor_type(inputs, 0);
+        if let Some(r) = t.rank() {
+            if self.coerce_2d {
+                common::norm_axis_incl(self.axis, r)?;
+            } else {
+                util::norm_axis(self.axis, r)?;
+            }
+        }
+        Ok(vec![ValueType::Tensor(t)])
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use kiln_tensor::Tensor;
+
+    fn run(op: &Softmax, x: Tensor) -> Vec<f32> {
+        let v = Value::Tensor(x);
+        let inputs = [Some(&v)];
+        op.eval(&Args::new(&inputs)).unwrap()[0]
+            .as_tensor()
+            .unwrap()
+            .as_slice::<f32>()
+            .unwrap()
+            .to_vec()
+    }
+
+    #[test]
+    fn softmax_example() {
+        // Spec example: softmax([-1, 0, 1]) = [0.09003058, 0.24472848, 0.66524094].
+        let op = Softmax {
+            kind: SoftmaxKind::Softmax,
+            axis: -1,
+            coerce_2d: false,
+        };
+        let y = run(
+            &op,
+            Tensor::from_vec(vec![1, 3], vec![-1f32, 0., 1.]).unwrap(),
+        );
+        for (a, b) in y.iter().zip([0.09003058f32, 0.24472848, 0.66524094]) {
+            assert!((a - b).abs() < 1e-7);
+        }
+        let op = Softmax {
+            kind: SoftmaxKind::LogSoftmax,
+            axis: -1,
+            coerce_2d: false,
+        };
+        let y = run(
+            &op,
+            Tensor::from_vec(vec![1, 3], vec![-1f32, 0., 1.]).unwrap(),
+        );
+        for (a, b) in y.iter().zip([-2.4076061f32, -1.407606, -0.407606]) {
+            assert!((a - b).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn softmax_along_axis0_and_coerced() {
+        let x = Tensor::from_vec(vec![2, 2], vec![0f32, 5., 0., 5.]).unwrap();
+        let op = Softmax {
+            kind: SoftmaxKind::Softmax,
+            axis: 0,
+            coerce_2d: false,
+        };
+        assert_eq!(run(&op, x.clone()), vec![0.5, 0.5, 0.5, 0.5]);
+        // Coerced at axis 0: one row of all four elements.
+        let op = Softmax {
+            kind: SoftmaxKind::Hardmax,
+            axis: 0,
+            coerce_2d: true,
+        };
+        assert_eq!(run(&op, x), vec![0., 1., 0., 0.]);
+    }
+}
