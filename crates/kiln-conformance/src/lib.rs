@@ -158,9 +158,25 @@ fn run_case_inner(case: &Case) -> Result<(), String> {
             let expected = read_value(&path, &info.ty)?;
             let actual = got.get(k).map(|(_, v)| v).ok_or_else(|| format!("output {k} missing"))?;
             compare_values(&expected, actual, rtol, atol).map_err(|e| format!("output '{}': {e}", info.name))?;
+            check_static_type(&info.ty, actual).map_err(|e| format!("output '{}': {e}", info.name))?;
         }
     }
     Ok(())
+}
+
+/// The produced value must agree with the graph output's static type (declared in the file and
+/// refined by kiln's inference): same dtype, same rank, same size on every fixed dim.
+fn check_static_type(ty: &ValueType, v: &Value) -> Result<(), String> {
+    let (ValueType::Tensor(t), Value::Tensor(x)) = (ty, v) else { return Ok(()) };
+    let dtype_ok = t.dtype.is_none_or(|d| d == x.dtype());
+    let shape_ok = t.shape.as_ref().is_none_or(|s| {
+        s.len() == x.rank() && s.iter().zip(x.shape()).all(|(d, &n)| !matches!(d, kiln::Dim::Fixed(f) if *f != n))
+    });
+    if dtype_ok && shape_ok {
+        Ok(())
+    } else {
+        Err(format!("static type {ty} disagrees with the produced {}{:?}", x.dtype(), x.shape()))
+    }
 }
 
 fn read_value(path: &Path, ty: &ValueType) -> Result<Value, String> {

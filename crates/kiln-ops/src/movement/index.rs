@@ -1,0 +1,506 @@
+//! Indexing ops: Gather, GatherElements, GatherND, ScatterElements (and the deprecated
+//! Scatter), ScatterND, TensorScatter, OneHot, Compress, NonZero.
+
+use super::*;
+use crate::util::{checked_numel, const_tensor, input_dtype, norm_axis};
+
+fn indices_of(t: &Tensor, what: &str) -> Result<Vec<i64>> {
+    t.to_i64_vec()
+        .ok_or_else(|| OpError::Value(format!("{what} must be integers, got {}", t.dtype())))
+}
+
+/// ONNX `Gather` (opsets 1-13): `out[i.., j.., k..] = data[i.., indices[j..], k..]` along
+/// `axis`; negative indices count from the end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gather {
+    pub axis: i64,
+}
+
+impl Gather {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, ind) = (args.tensor(0)?, args.tensor(1)?);
+        let axis = norm_axis(self.axis, x.rank())?;
+        let n = x.shape()[axis];
+        let idx: Vec<usize> = indices_of(ind, "indices")?
+            .into_iter()
+            .map(|i| norm_index(i, n))
+            .collect::<Result<_>>()?;
+        let outer: usize = x.shape()[..axis].iter().product();
+        let inner: usize = x.shape()[axis + 1..].iter().product();
+        let mut shape = x.shape()[..axis].to_vec();
+        shape.extend_from_slice(ind.shape());
+        shape.extend_from_slice(&x.shape()[axis + 1..]);
+        let total = checked_numel(&shape)?;
+        let mut src = Vec::with_capacity(total);
+        for o in 0..outer {
+            for &i in &idx {
+                let base = (o * n + i) * inner;
+                src.extend(base..base + inner);
+            }
+        }
+        one(x.gather_flat(shape, &src)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let shape = match (in_shape(inputs, 0), in_shape(inputs, 1)) {
+            (Some(d), Some(i)) => {
+                let axis = norm_axis(self.axis, d.len())?;
+                let mut s = d[..axis].to_vec();
+                s.extend(i);
+                s.extend_from_slice(&d[axis + 1..]);
+                Some(s)
+            }
+            _ => None,
+        };
+        Ok(vec![tensor_type(input_dtype(inputs, 0), shape)])
+    }
+}
+
+/// ONNX `GatherElements` (opsets 11-13): `out[p] = data[p with p[axis] = indices[p]]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatherElements {
+    pub axis: i64,
+}
+
+/// For each element of `ind_shape`, the flat position in `data_shape` with the `axis`
+/// coordinate replaced by the index value.
+fn along_axis_targets(data_shape: &[usize], ind_shape: &[usize], idx: &[i64], axis: usize) -> Result<Vec<usize>> {
+    if data_shape.len() != ind_shape.len() {
+        return Err(OpError::Shape(format!(
+            "indices shape {ind_shape:?} and data shape {data_shape:?} differ in rank"
+        )));
+    }
+    for d in 0..data_shape.len() {
+        if d != axis && ind_shape[d] > data_shape[d] {
+            return Err(OpError::Shape(format!(
+                "indices shape {ind_shape:?} exceeds data shape {data_shape:?}"
+            )));
+        }
+    }
+    let st = strides(data_shape);
+    let mut pos = vec![0usize; ind_shape.len()];
+    idx.iter()
+        .enumerate()
+        .map(|(f, &i)| {
+            unravel(f, ind_shape, &mut pos);
+            pos[axis] = norm_index(i, data_shape[axis])?;
+            Ok(pos.iter().zip(&st).map(|(p, s)| p * s).sum())
+        })
+        .collect()
+}
+
+impl GatherElements {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, ind) = (args.tensor(0)?, args.tensor(1)?);
+        let axis = norm_axis(self.axis, x.rank())?;
+        let src = along_axis_targets(x.shape(), ind.shape(), &indices_of(ind, "indices")?, axis)?;
+        one(x.gather_flat(ind.shape().to_vec(), &src)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![tensor_type(input_dtype(inputs, 0), in_shape(inputs, 1))])
+    }
+}
+
+/// ONNX `GatherND` (opsets 11-13, `batch_dims` from 12): gathers slices of `data` addressed
+/// by the last dim of `indices`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatherND {
+    pub batch_dims: usize,
+}
+
+impl GatherND {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, ind) = (args.tensor(0)?, args.tensor(1)?);
+        let b = self.batch_dims;
+        let (ds, is) = (x.shape(), ind.shape());
+        let Some(&k) = is.last() else {
+            return Err(OpError::Shape("GatherND: indices must have rank >= 1".into()));
+        };
+        if b >= is.len() || b + k > ds.len() || ds[..b] != is[..b] {
+            return Err(OpError::Shape(format!(
+                "GatherND: data {ds:?} and indices {is:?} do not fit batch_dims {b}"
+            )));
+        }
+        let mut shape = is[..is.len() - 1].to_vec();
+        shape.extend_from_slice(&ds[b + k..]);
+        checked_numel(&shape)?;
+        let inner: usize = ds[b + k..].iter().product();
+        let batch_stride: usize = ds[b..].iter().product();
+        let st = strides(ds);
+        let idx = indices_of(ind, "indices")?;
+        let nb: usize = is[..b].iter().product();
+        let per_batch: usize = is[b..is.len() - 1].iter().product();
+        let mut src = Vec::new();
+        for batch in 0..nb {
+            for t in 0..per_batch {
+                let tuple = &idx[(batch * per_batch + t) * k..(batch * per_batch + t + 1) * k];
+                let mut off = batch * batch_stride;
+                for (j, &i) in tuple.iter().enumerate() {
+                    off += norm_index(i, ds[b + j])? * st[b + j];
+                }
+                src.extend(off..off + inner);
+            }
+        }
+        one(x.gather_flat(shape, &src)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let shape = match (in_shape(inputs, 0), in_shape(inputs, 1)) {
+            (Some(d), Some(i)) => match i.last() {
+                Some(Dim::Fixed(k)) if self.batch_dims + k <= d.len() => {
+                    let mut s = i[..i.len() - 1].to_vec();
+                    s.extend_from_slice(&d[self.batch_dims + k..]);
+                    Some(s)
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        Ok(vec![tensor_type(input_dtype(inputs, 0), shape)])
+    }
+}
+
+/// How scattered updates combine with the existing element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+fn reduce_into<T: Num>(data: &[T], upd: &[T], targets: &[usize], red: Reduction) -> Result<Vec<T>> {
+    let mut out = data.to_vec();
+    for (&t, &u) in targets.iter().zip(upd) {
+        let o = &mut out[t];
+        *o = match red {
+            Reduction::None => u,
+            Reduction::Add => o.add(u),
+            Reduction::Mul => o.mul(u),
+            Reduction::Max => o.max_nan(u),
+            Reduction::Min => o.min_nan(u),
+        };
+    }
+    Ok(out)
+}
+
+/// `data` with `updates[j]` written to (or combined into) flat position `targets[j]`, in order.
+fn scatter(data: &Tensor, updates: &Tensor, targets: &[usize], red: Reduction) -> Result<Tensor> {
+    if data.dtype() != updates.dtype() {
+        return Err(OpError::DTypeMismatch {
+            a: data.dtype(),
+            b: updates.dtype(),
+        });
+    }
+    if targets.len() != updates.len() {
+        return Err(OpError::Shape("scatter: updates do not match indices".into()));
+    }
+    let n = data.len();
+    let all = concat_flat(&[data, updates])?;
+    if red == Reduction::None {
+        let mut idx: Vec<usize> = (0..n).collect();
+        for (j, &t) in targets.iter().enumerate() {
+            idx[t] = n + j;
+        }
+        return Ok(all.gather_flat(data.shape().to_vec(), &idx)?);
+    }
+    let out = if data.dtype() == DType::Bool {
+        // numpy: add is `or`, mul is `and`, max/min likewise.
+        let v = all.as_slice::<bool>()?;
+        let mut out = v[..n].to_vec();
+        for (&t, &u) in targets.iter().zip(&v[n..]) {
+            out[t] = match red {
+                Reduction::Add | Reduction::Max => out[t] | u,
+                _ => out[t] & u,
+            };
+        }
+        Data::Bool(out)
+    } else {
+        try_map_num!(all, 0, v => reduce_into(&v[..n], &v[n..], targets, red))?
+    };
+    Ok(Tensor::new(data.dtype(), data.shape().to_vec(), out)?)
+}
+
+/// ONNX `ScatterElements` (opsets 11-18; also `Scatter`, opsets 9-10):
+/// `out[p with p[axis] = indices[p]] = updates[p]`, combined by `reduction` (opset 16/18).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScatterElements {
+    pub axis: i64,
+    pub reduction: Reduction,
+}
+
+impl ScatterElements {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, ind, upd) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
+        let axis = norm_axis(self.axis, x.rank())?;
+        if ind.shape() != upd.shape() {
+            return Err(OpError::Shape(format!(
+                "indices {:?} and updates {:?} differ",
+                ind.shape(),
+                upd.shape()
+            )));
+        }
+        let targets = along_axis_targets(x.shape(), ind.shape(), &indices_of(ind, "indices")?, axis)?;
+        one(scatter(x, upd, &targets, self.reduction)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![tensor_type(input_dtype(inputs, 0), in_shape(inputs, 0))])
+    }
+}
+
+/// ONNX `ScatterND` (opsets 11-18): writes `updates` slices at the positions the last dim of
+/// `indices` addresses, combined by `reduction` (opset 16/18).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScatterND {
+    pub reduction: Reduction,
+}
+
+impl ScatterND {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, ind, upd) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
+        let (ds, is) = (x.shape(), ind.shape());
+        let Some(&k) = is.last() else {
+            return Err(OpError::Shape("ScatterND: indices must have rank >= 1".into()));
+        };
+        if k > ds.len() {
+            return Err(OpError::Shape(format!(
+                "ScatterND: index tuples of {k} for data rank {}",
+                ds.len()
+            )));
+        }
+        let mut want = is[..is.len() - 1].to_vec();
+        want.extend_from_slice(&ds[k..]);
+        if upd.shape() != want.as_slice() {
+            return Err(OpError::Shape(format!(
+                "ScatterND: updates shape {:?}, expected {want:?}",
+                upd.shape()
+            )));
+        }
+        let inner: usize = ds[k..].iter().product();
+        let st = strides(ds);
+        let idx = indices_of(ind, "indices")?;
+        let mut targets = Vec::with_capacity(upd.len());
+        let tuples: usize = is[..is.len() - 1].iter().product();
+        for t in 0..tuples {
+            let mut off = 0;
+            for (j, &i) in idx[t * k..(t + 1) * k].iter().enumerate() {
+                off += norm_index(i, ds[j])? * st[j];
+            }
+            targets.extend(off..off + inner);
+        }
+        one(scatter(x, upd, &targets, self.reduction)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![tensor_type(input_dtype(inputs, 0), in_shape(inputs, 0))])
+    }
+}
+
+/// ONNX `TensorScatter` (opset 24): writes `update` into a copy of `past_cache` along `axis`
+/// starting at `write_indices[batch]` (default 0), wrapping when `circular`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorScatter {
+    pub axis: i64,
+    pub circular: bool,
+}
+
+impl TensorScatter {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (past, upd) = (args.tensor(0)?, args.tensor(1)?);
+        let r = past.rank();
+        let axis = norm_axis(self.axis, r)?;
+        if axis == 0 {
+            return Err(OpError::Value("TensorScatter: axis must not be the batch axis".into()));
+        }
+        let (ps, us) = (past.shape(), upd.shape());
+        if us.len() != r || (0..r).any(|d| if d == axis { us[d] > ps[d] } else { us[d] != ps[d] }) {
+            return Err(OpError::Shape(format!(
+                "TensorScatter: update {us:?} does not fit cache {ps:?}"
+            )));
+        }
+        let wi = match args.opt_tensor(2)? {
+            Some(t) => indices_of(t, "write_indices")?,
+            None => vec![0; ps[0]],
+        };
+        if wi.len() != ps[0] {
+            return Err(OpError::Shape(format!(
+                "TensorScatter: {} write indices for batch {}",
+                wi.len(),
+                ps[0]
+            )));
+        }
+        let max_len = ps[axis] as i64;
+        let st = strides(ps);
+        let mut pos = vec![0usize; r];
+        let mut targets = Vec::with_capacity(upd.len());
+        for f in 0..upd.len() {
+            unravel(f, us, &mut pos);
+            let mut s = wi[pos[0]] + pos[axis] as i64;
+            if self.circular && max_len > 0 {
+                s = s.rem_euclid(max_len);
+            }
+            if s < 0 || s >= max_len {
+                return Err(OpError::IndexOutOfRange {
+                    index: s,
+                    size: max_len as usize,
+                });
+            }
+            pos[axis] = s as usize;
+            targets.push(pos.iter().zip(&st).map(|(p, s)| p * s).sum());
+        }
+        one(scatter(past, upd, &targets, Reduction::None)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![tensor_type(input_dtype(inputs, 0), in_shape(inputs, 0))])
+    }
+}
+
+/// ONNX `OneHot` (opsets 9-11): inserts a dim of size `depth` at `axis`; `values[1]` where
+/// the position equals the (wrapped) index, `values[0]` elsewhere.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OneHot {
+    pub axis: i64,
+}
+
+impl OneHot {
+    fn axis(&self, rank: usize) -> Result<usize> {
+        norm_axis(self.axis, rank + 1)
+    }
+    fn depth(t: &Tensor) -> Result<usize> {
+        let v = t.to_f64_vec();
+        match v.as_slice() {
+            [d] if *d >= 0.0 => Ok(*d as usize),
+            _ => Err(OpError::Value(format!(
+                "OneHot: depth must be one non-negative number, got {v:?}"
+            ))),
+        }
+    }
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (ind, depth, values) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
+        let depth = Self::depth(depth)?;
+        if values.len() != 2 {
+            return Err(OpError::Shape(format!(
+                "OneHot: values must hold 2 elements, got {:?}",
+                values.shape()
+            )));
+        }
+        let axis = self.axis(ind.rank())?;
+        let mut shape = ind.shape().to_vec();
+        shape.insert(axis, depth);
+        let n = checked_numel(&shape)?;
+        let iv = ind.to_f64_vec();
+        let inner: usize = ind.shape()[axis..].iter().product();
+        let src: Vec<usize> = (0..n)
+            .map(|f| {
+                let (outer, rest) = (f / (depth * inner), f % (depth * inner));
+                let (d, i) = (rest / inner, rest % inner);
+                let mut v = iv[outer * inner + i];
+                if v < 0.0 {
+                    v += depth as f64;
+                }
+                (v == d as f64) as usize
+            })
+            .collect();
+        one(values.gather_flat(shape, &src)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let shape = match (in_shape(inputs, 0), const_tensor(inputs, 1)) {
+            (Some(mut s), Some(d)) => {
+                let axis = self.axis(s.len())?;
+                s.insert(axis, Dim::Fixed(Self::depth(d)?));
+                Some(s)
+            }
+            _ => None,
+        };
+        Ok(vec![tensor_type(input_dtype(inputs, 2), shape)])
+    }
+}
+
+/// ONNX `Compress` (opsets 9-11): keeps the slices along `axis` (or elements of the flattened
+/// input) whose `condition` entry is true.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compress {
+    pub axis: Option<i64>,
+}
+
+impl Compress {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (x, cond) = (args.tensor(0)?, args.tensor(1)?);
+        let c = cond.to_f64_vec();
+        if cond.rank() != 1 {
+            return Err(OpError::Shape(format!(
+                "Compress: condition must be 1-D, got {:?}",
+                cond.shape()
+            )));
+        }
+        let (shape, axis) = match self.axis {
+            Some(a) => (x.shape().to_vec(), norm_axis(a, x.rank())?),
+            None => (vec![x.len()], 0),
+        };
+        let n = shape[axis];
+        let keep: Vec<usize> = c
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v != 0.0)
+            .map(|(i, _)| i)
+            .collect();
+        if let Some(&i) = keep.last()
+            && i >= n
+        {
+            return Err(OpError::IndexOutOfRange {
+                index: i as i64,
+                size: n,
+            });
+        }
+        let outer: usize = shape[..axis].iter().product();
+        let inner: usize = shape[axis + 1..].iter().product();
+        let mut src = Vec::with_capacity(outer * keep.len() * inner);
+        for o in 0..outer {
+            for &k in &keep {
+                let b = (o * n + k) * inner;
+                src.extend(b..b + inner);
+            }
+        }
+        let mut out_shape = shape;
+        out_shape[axis] = keep.len();
+        one(x.gather_flat(out_shape, &src)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let shape = match (self.axis, in_shape(inputs, 0), const_tensor(inputs, 1)) {
+            (Some(a), Some(mut s), Some(c)) => {
+                let axis = norm_axis(a, s.len())?;
+                s[axis] = Dim::Fixed(c.to_f64_vec().iter().filter(|v| **v != 0.0).count());
+                Some(s)
+            }
+            _ => None,
+        };
+        Ok(vec![tensor_type(input_dtype(inputs, 0), shape)])
+    }
+}
+
+/// ONNX `NonZero` (opsets 9-13): the indices of the non-zero elements, shape `[rank, count]`
+/// (row-major order).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NonZero;
+
+impl NonZero {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let nz: Vec<bool> = match x.data() {
+            Data::Str(v) => v.iter().map(|s| !s.is_empty()).collect(),
+            _ => x.to_f64_vec().iter().map(|&v| v != 0.0).collect(),
+        };
+        let r = x.rank();
+        let hits: Vec<usize> = nz.iter().enumerate().filter(|(_, b)| **b).map(|(i, _)| i).collect();
+        let mut out = vec![0i64; r * hits.len()];
+        let mut pos = vec![0usize; r];
+        for (j, &f) in hits.iter().enumerate() {
+            unravel(f, x.shape(), &mut pos);
+            for d in 0..r {
+                out[d * hits.len() + j] = pos[d] as i64;
+            }
+        }
+        one(Tensor::from_vec(vec![r, hits.len()], out)?)
+    }
+    pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![crate::util::dtype_only(Some(DType::I64))])
+    }
+}

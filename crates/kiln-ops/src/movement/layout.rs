@@ -1,0 +1,814 @@
+//! Layout ops: Transpose, Concat, Split, Slice, Tile, Pad, DepthToSpace, SpaceToDepth,
+//! CenterCropPad, Trilu, ReverseSequence.
+
+use super::*;
+use crate::util::{checked_numel, const_tensor, dim, input_dtype, norm_axes, norm_axis, read_i64, read_i64s};
+
+/// Builds a tensor whose element at output position `(o_0, .., o_k)` is the input element at
+/// `(maps[0][o_0], .., maps[k][o_k])`, or `fill` where any map gives `None`.
+pub(crate) fn gather_axes(x: &Tensor, maps: &[Vec<Option<usize>>], fill: Option<&Tensor>) -> Result<Tensor> {
+    let out_shape: Vec<usize> = maps.iter().map(Vec::len).collect();
+    let n = checked_numel(&out_shape)?;
+    let st = strides(x.shape());
+    let rank = out_shape.len();
+    let mut idx: Vec<Option<usize>> = Vec::with_capacity(n);
+    let mut pos = vec![0usize; rank];
+    for _ in 0..n {
+        let mut flat = Some(0usize);
+        for d in 0..rank {
+            flat = match (flat, maps[d][pos[d]]) {
+                (Some(f), Some(i)) => Some(f + i * st[d]),
+                _ => None,
+            };
+        }
+        idx.push(flat);
+        for d in (0..rank).rev() {
+            pos[d] += 1;
+            if pos[d] < out_shape[d] {
+                break;
+            }
+            pos[d] = 0;
+        }
+    }
+    match fill {
+        Some(f) => gather_or_fill(x, f, out_shape, &idx),
+        None => {
+            let flat: Option<Vec<usize>> = idx.into_iter().collect();
+            let flat = flat.ok_or_else(|| OpError::Value("element outside the input with no fill value".into()))?;
+            Ok(x.gather_flat(out_shape, &flat)?)
+        }
+    }
+}
+
+fn identity_maps(shape: &[usize]) -> Vec<Vec<Option<usize>>> {
+    shape.iter().map(|&n| (0..n).map(Some).collect()).collect()
+}
+
+/// ONNX `Transpose` (opsets 1-25); `perm` defaults to reversing the dims.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transpose {
+    pub perm: Option<Vec<i64>>,
+}
+
+impl Transpose {
+    fn perm(&self, rank: usize) -> Result<Vec<usize>> {
+        match &self.perm {
+            Some(p) => {
+                if p.len() != rank {
+                    return Err(OpError::Value(format!("perm {p:?} does not match rank {rank}")));
+                }
+                norm_axes(p, rank)
+            }
+            None => Ok((0..rank).rev().collect()),
+        }
+    }
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let perm = self.perm(x.rank())?;
+        let (shape, idx) = transpose_map(x.shape(), &perm)?;
+        one(x.gather_flat(shape, &idx)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let shape = match in_shape(inputs, 0) {
+            Some(s) => {
+                let perm = self.perm(s.len())?;
+                Some(perm.iter().map(|&p| s[p].clone()).collect())
+            }
+            None => None,
+        };
+        Ok(vec![tensor_type(input_dtype(inputs, 0), shape)])
+    }
+}
+
+/// ONNX `Concat` (opsets 1-13) along `axis`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Concat {
+    pub axis: i64,
+}
+
+impl Concat {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let xs = args.tensors()?;
+        let first = xs.first().ok_or(OpError::MissingInput { index: 0 })?;
+        let rank = first.rank();
+        let axis = norm_axis(self.axis, rank)?;
+        let mut out_shape = first.shape().to_vec();
+        out_shape[axis] = 0;
+        for x in &xs {
+            let s = x.shape();
+            if s.len() != rank || s.iter().enumerate().any(|(d, &n)| d != axis && n != first.shape()[d]) {
+                return Err(OpError::Shape(format!(
+                    "concat: shapes {:?} and {:?} differ off axis {axis}",
+                    first.shape(),
+                    s
+                )));
+            }
+            out_shape[axis] += s[axis];
+        }
+        let all = concat_flat(&xs)?;
+        let outer: usize = out_shape[..axis].iter().product();
+        let inner: usize = out_shape[axis + 1..].iter().product();
+        let n = checked_numel(&out_shape)?;
+        let mut idx = Vec::with_capacity(n);
+        // Offset of each input in the flat concatenation.
+        let mut base = Vec::with_capacity(xs.len());
+        let mut acc = 0;
+        for x in &xs {
+            base.push(acc);
+            acc += x.len();
+        }
+        for o in 0..outer {
+            for (x, &b) in xs.iter().zip(&base) {
+                let chunk = x.shape()[axis] * inner;
+                idx.extend(b + o * chunk..b + (o + 1) * chunk);
+            }
+        }
+        one(all.gather_flat(out_shape, &idx)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = (0..inputs.len()).find_map(|i| input_dtype(inputs, i));
+        let mut shape: Option<Vec<Dim>> = None;
+        for i in 0..inputs.len() {
+            let Some(s) = in_shape(inputs, i) else {
+                return Ok(vec![tensor_type(dtype, None)]);
+            };
+            let axis = norm_axis(self.axis, s.len())?;
+            shape = Some(match shape {
+                None => s,
+                Some(mut acc) => {
+                    if acc.len() != s.len() {
+                        return Err(OpError::Shape(format!(
+                            "concat: ranks {} and {} differ",
+                            acc.len(),
+                            s.len()
+                        )));
+                    }
+                    acc[axis] = match (&acc[axis], &s[axis]) {
+                        (Dim::Fixed(a), Dim::Fixed(b)) => Dim::Fixed(a + b),
+                        _ => return Ok(vec![tensor_type(dtype, None)]),
+                    };
+                    for d in 0..acc.len() {
+                        if d != axis && matches!(acc[d], Dim::Sym(_)) && matches!(s[d], Dim::Fixed(_)) {
+                            acc[d] = s[d].clone();
+                        }
+                    }
+                    acc
+                }
+            });
+        }
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// ONNX `Split` (opsets 1-18) along `axis`: sizes from the `split` attribute (opsets < 13),
+/// input 1 (opset 13+), `num_outputs` (opset 18, the last chunk smaller), or equal parts,
+/// one per node output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Split {
+    pub axis: i64,
+    pub split: Option<Vec<i64>>,
+    pub num_outputs: Option<usize>,
+    /// Number of node outputs.
+    pub outputs: usize,
+}
+
+impl Split {
+    fn sizes(&self, n: usize, split: Option<Vec<i64>>) -> Result<Vec<usize>> {
+        if let Some(s) = split {
+            let s: Vec<usize> = s.iter().map(|&v| dim(v, "split")).collect::<Result<_>>()?;
+            if s.iter().sum::<usize>() != n {
+                return Err(OpError::Value(format!("split sizes {s:?} do not add up to {n}")));
+            }
+            return Ok(s);
+        }
+        let k = self.num_outputs.unwrap_or(self.outputs);
+        if k == 0 {
+            return Err(OpError::Value("split into 0 outputs".into()));
+        }
+        if self.num_outputs.is_none() && !n.is_multiple_of(k) {
+            return Err(OpError::Value(format!("cannot split {n} into {k} equal parts")));
+        }
+        let chunk = n.div_ceil(k);
+        let mut left = n;
+        Ok((0..k)
+            .map(|_| {
+                let c = chunk.min(left);
+                left -= c;
+                c
+            })
+            .collect())
+    }
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let axis = norm_axis(self.axis, x.rank())?;
+        let split = ints_from(&self.split, args, 1, "split")?;
+        let sizes = self.sizes(x.shape()[axis], split)?;
+        let mut out = Vec::with_capacity(sizes.len());
+        let mut start = 0;
+        for s in sizes {
+            let mut maps = identity_maps(x.shape());
+            maps[axis] = (start..start + s).map(Some).collect();
+            start += s;
+            out.push(Value::Tensor(gather_axes(x, &maps, None)?));
+        }
+        Ok(out)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let k = self.num_outputs.unwrap_or(self.outputs).max(self.outputs);
+        let unknown = vec![tensor_type(dtype, None); k];
+        let Some(s) = in_shape(inputs, 0) else {
+            return Ok(unknown);
+        };
+        let axis = norm_axis(self.axis, s.len())?;
+        let Ok(split) = const_ints(&self.split, inputs, 1) else {
+            return Ok(unknown);
+        };
+        let sizes = match (&s[axis], split) {
+            (Dim::Fixed(n), split) => self.sizes(*n, split)?,
+            (Dim::Sym(_), Some(split)) => split.iter().map(|&v| dim(v, "split")).collect::<Result<_>>()?,
+            _ => return Ok(unknown),
+        };
+        Ok(sizes
+            .into_iter()
+            .map(|n| {
+                let mut sh = s.clone();
+                sh[axis] = Dim::Fixed(n);
+                tensor_type(dtype, Some(sh))
+            })
+            .collect())
+    }
+}
+
+/// The `starts`/`ends`/`axes` attributes of opset-1 Slice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SliceAttrs {
+    pub starts: Vec<i64>,
+    pub ends: Vec<i64>,
+    pub axes: Option<Vec<i64>>,
+}
+
+/// ONNX `Slice` (opsets 1-13): attributes before opset 10, inputs `starts, ends, axes,
+/// steps` after. Bounds clamp as Python slicing does; steps may be negative.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slice {
+    pub attrs: Option<SliceAttrs>,
+}
+
+/// Input positions selected along one dim of size `n` by `start:end:step`.
+fn slice_positions(n: usize, start: i64, end: i64, step: i64) -> Result<(i64, usize)> {
+    if step == 0 {
+        return Err(OpError::Value("slice step is 0".into()));
+    }
+    let n = n as i128;
+    let (mut s, mut e, t) = (start as i128, end as i128, step as i128);
+    if s < 0 {
+        s += n;
+    }
+    if e < 0 {
+        e += n;
+    }
+    let len = if t > 0 {
+        s = s.clamp(0, n);
+        e = e.clamp(0, n);
+        if e > s { (e - s + t - 1) / t } else { 0 }
+    } else {
+        s = s.clamp(-1, n - 1);
+        e = e.clamp(-1, n - 1);
+        if s > e { (s - e + (-t) - 1) / (-t) } else { 0 }
+    };
+    Ok((s as i64, len as usize))
+}
+
+/// Per-axis (start, step, len) of a slice of `shape`; axes not sliced are whole.
+type SliceSpec = Vec<(usize, i64, i64, i64)>;
+
+fn slice_spec(
+    rank: usize,
+    starts: &[i64],
+    ends: &[i64],
+    axes: Option<&[i64]>,
+    steps: Option<&[i64]>,
+) -> Result<SliceSpec> {
+    if starts.len() != ends.len() {
+        return Err(OpError::Value(format!(
+            "slice: {} starts but {} ends",
+            starts.len(),
+            ends.len()
+        )));
+    }
+    let axes = match axes {
+        Some(a) => {
+            if a.len() != starts.len() {
+                return Err(OpError::Value("slice: axes and starts differ in length".into()));
+            }
+            norm_axes(a, rank)?
+        }
+        None => {
+            if starts.len() > rank {
+                return Err(OpError::Value(format!(
+                    "slice: {} starts for rank {rank}",
+                    starts.len()
+                )));
+            }
+            (0..starts.len()).collect()
+        }
+    };
+    if let Some(s) = steps
+        && s.len() != starts.len()
+    {
+        return Err(OpError::Value("slice: steps and starts differ in length".into()));
+    }
+    Ok((0..starts.len())
+        .map(|i| (axes[i], starts[i], ends[i], steps.map_or(1, |s| s[i])))
+        .collect())
+}
+
+impl Slice {
+    fn read(&self, args: &Args<'_>, rank: usize) -> Result<SliceSpec> {
+        match &self.attrs {
+            Some(a) => slice_spec(rank, &a.starts, &a.ends, a.axes.as_deref(), None),
+            None => {
+                let starts = read_i64s(args.tensor(1)?, "starts")?;
+                let ends = read_i64s(args.tensor(2)?, "ends")?;
+                let axes = args.opt_tensor(3)?.map(|t| read_i64s(t, "axes")).transpose()?;
+                let steps = args.opt_tensor(4)?.map(|t| read_i64s(t, "steps")).transpose()?;
+                slice_spec(rank, &starts, &ends, axes.as_deref(), steps.as_deref())
+            }
+        }
+    }
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let spec = self.read(args, x.rank())?;
+        let mut maps = identity_maps(x.shape());
+        for (axis, start, end, step) in spec {
+            let (s, len) = slice_positions(x.shape()[axis], start, end, step)?;
+            maps[axis] = (0..len as i64).map(|i| Some((s + i * step) as usize)).collect();
+        }
+        one(gather_axes(x, &maps, None)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let Some(mut s) = in_shape(inputs, 0) else {
+            return Ok(vec![tensor_type(dtype, None)]);
+        };
+        let spec = match &self.attrs {
+            Some(a) => slice_spec(s.len(), &a.starts, &a.ends, a.axes.as_deref(), None)?,
+            None => {
+                let get = |i| const_ints(&None, inputs, i);
+                match (get(1), get(2), get(3), get(4)) {
+                    (Ok(Some(st)), Ok(Some(en)), Ok(ax), Ok(sp)) => {
+                        slice_spec(s.len(), &st, &en, ax.as_deref(), sp.as_deref())?
+                    }
+                    _ => return Ok(vec![tensor_type(dtype, None)]),
+                }
+            }
+        };
+        for (axis, start, end, step) in spec {
+            s[axis] = match &s[axis] {
+                Dim::Fixed(n) => Dim::Fixed(slice_positions(*n, start, end, step)?.1),
+                d if start == 0 && step == 1 && end >= i32::MAX as i64 => d.clone(),
+                _ => return Ok(vec![tensor_type(dtype, None)]),
+            };
+        }
+        Ok(vec![tensor_type(dtype, Some(s))])
+    }
+}
+
+/// ONNX `Tile` (opsets 1-13): input 1 gives the repeat count of each dim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tile;
+
+impl Tile {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let reps = read_i64s(args.tensor(1)?, "repeats")?;
+        if reps.len() != x.rank() {
+            return Err(OpError::Shape(format!(
+                "tile: {} repeats for rank {}",
+                reps.len(),
+                x.rank()
+            )));
+        }
+        let mut out_shape = Vec::with_capacity(reps.len());
+        for (&n, &r) in x.shape().iter().zip(&reps) {
+            out_shape.push(
+                n.checked_mul(dim(r, "repeats")?)
+                    .ok_or_else(|| OpError::Shape("tile: too large".into()))?,
+            );
+        }
+        checked_numel(&out_shape)?;
+        let maps: Vec<Vec<Option<usize>>> = x
+            .shape()
+            .iter()
+            .zip(&out_shape)
+            .map(|(&n, &o)| (0..o).map(|i| Some(i % n.max(1))).collect())
+            .collect();
+        one(gather_axes(x, &maps, None)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let shape = match (in_shape(inputs, 0), const_tensor(inputs, 1)) {
+            (Some(s), Some(r)) => {
+                let reps = read_i64s(r, "repeats")?;
+                if reps.len() != s.len() {
+                    return Err(OpError::Shape(format!(
+                        "tile: {} repeats for rank {}",
+                        reps.len(),
+                        s.len()
+                    )));
+                }
+                s.iter()
+                    .zip(&reps)
+                    .map(|(d, &r)| match d {
+                        Dim::Fixed(n) => Some(Dim::Fixed(n * r.max(0) as usize)),
+                        d if r == 1 => Some(d.clone()),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            _ => None,
+        };
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// Padding mode of [`Pad`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PadMode {
+    Constant,
+    Reflect,
+    Edge,
+    Wrap,
+}
+
+/// ONNX `Pad` (opsets 1-25). Before opset 11 `pads` and `value` are attributes (kept here);
+/// after, inputs `pads`, `constant_value` and (opset 18) `axes`. Negative pads crop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pad {
+    pub mode: PadMode,
+    pub pads: Option<Vec<i64>>,
+    pub value: f32,
+}
+
+/// Input position read by output position `o` along a dim of size `n` padded by `begin`.
+fn pad_source(mode: PadMode, o: usize, begin: i64, n: usize) -> Option<usize> {
+    let i = o as i64 - begin;
+    let n = n as i64;
+    if (0..n).contains(&i) {
+        return Some(i as usize);
+    }
+    if n == 0 {
+        return None;
+    }
+    Some(match mode {
+        PadMode::Constant => return None,
+        PadMode::Edge => i.clamp(0, n - 1) as usize,
+        PadMode::Wrap => i.rem_euclid(n) as usize,
+        PadMode::Reflect => {
+            if n == 1 {
+                0
+            } else {
+                let p = 2 * (n - 1);
+                let m = i.rem_euclid(p);
+                (if m >= n { p - m } else { m }) as usize
+            }
+        }
+    })
+}
+
+impl Pad {
+    /// Per-dim (begin, end) pads.
+    fn pads(&self, args: &Args<'_>, rank: usize) -> Result<Vec<(i64, i64)>> {
+        let pads = ints_from(&self.pads, args, 1, "pads")?.ok_or(OpError::MissingInput { index: 1 })?;
+        let axes = match args.opt_tensor(3)? {
+            Some(t) if self.pads.is_none() => norm_axes(&read_i64s(t, "axes")?, rank)?,
+            _ => (0..rank).collect(),
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(OpError::Value(format!(
+                "pad: {} pads for {} axes",
+                pads.len(),
+                axes.len()
+            )));
+        }
+        let mut out = vec![(0, 0); rank];
+        for (i, &a) in axes.iter().enumerate() {
+            out[a] = (pads[i], pads[i + axes.len()]);
+        }
+        Ok(out)
+    }
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let pads = self.pads(args, x.rank())?;
+        let fill = match (&self.pads, args.opt_tensor(2)?) {
+            (None, Some(v)) if !v.is_empty() => v.gather_flat(vec![1], &[0])?,
+            (None, _) => zero_of(x.dtype())?,
+            (Some(_), _) if x.dtype() == DType::String => zero_of(x.dtype())?,
+            (Some(_), _) => scalar_of(x.dtype(), self.value as f64)?,
+        };
+        if fill.dtype() != x.dtype() {
+            return Err(OpError::DTypeMismatch {
+                a: x.dtype(),
+                b: fill.dtype(),
+            });
+        }
+        let mut maps = Vec::with_capacity(x.rank());
+        for (&n, &(b, e)) in x.shape().iter().zip(&pads) {
+            let out = n as i64 + b + e;
+            if out < 0 {
+                return Err(OpError::Value(format!(
+                    "pad: pads ({b}, {e}) crop more than the dim {n}"
+                )));
+            }
+            // Negative pads crop first; the (reflect/edge/wrap) padding then reads the
+            // cropped data, as onnxruntime does.
+            let (crop_b, crop_e) = ((-b).max(0) as usize, (-e).max(0) as usize);
+            let kept = n.saturating_sub(crop_b + crop_e);
+            if kept == 0 && out > 0 && self.mode != PadMode::Constant {
+                return Err(OpError::Value("pad: cannot reflect/edge/wrap-pad an empty dim".into()));
+            }
+            checked_numel(&[out as usize])?;
+            maps.push(
+                (0..out as usize)
+                    .map(|o| pad_source(self.mode, o, b.max(0), kept).map(|i| i + crop_b))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        checked_numel(&maps.iter().map(Vec::len).collect::<Vec<_>>())?;
+        one(gather_axes(x, &maps, Some(&fill))?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let unknown = Ok(vec![tensor_type(dtype, None)]);
+        let Some(s) = in_shape(inputs, 0) else {
+            return unknown;
+        };
+        let Ok(Some(pads)) = const_ints(&self.pads, inputs, 1) else {
+            return unknown;
+        };
+        let axes = if self.pads.is_some() {
+            (0..s.len()).collect()
+        } else {
+            match const_ints(&None, inputs, 3) {
+                Ok(Some(a)) => norm_axes(&a, s.len())?,
+                Ok(None) => (0..s.len()).collect(),
+                Err(()) => return unknown,
+            }
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(OpError::Value(format!(
+                "pad: {} pads for {} axes",
+                pads.len(),
+                axes.len()
+            )));
+        }
+        let mut out = s.clone();
+        for (i, &a) in axes.iter().enumerate() {
+            let (b, e) = (pads[i], pads[i + axes.len()]);
+            out[a] = match &s[a] {
+                Dim::Fixed(n) => Dim::Fixed((*n as i64 + b + e).max(0) as usize),
+                d if b == 0 && e == 0 => d.clone(),
+                _ => return unknown,
+            };
+        }
+        Ok(vec![tensor_type(dtype, Some(out))])
+    }
+}
+
+/// ONNX `DepthToSpace` (opsets 1-13): moves channel blocks into `blocksize`² spatial blocks,
+/// DCR (depth-column-row, default) or CRD order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DepthToSpace {
+    pub blocksize: usize,
+    pub crd: bool,
+}
+
+fn dims4(x: &Tensor, op: &str) -> Result<[usize; 4]> {
+    match *x.shape() {
+        [b, c, h, w] => Ok([b, c, h, w]),
+        _ => Err(OpError::Shape(format!("{op} needs a 4-D input, got {:?}", x.shape()))),
+    }
+}
+
+impl DepthToSpace {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let [b, c, h, w] = dims4(x, "DepthToSpace")?;
+        let bs = self.blocksize;
+        if bs == 0 || c % (bs * bs) != 0 {
+            return Err(OpError::Shape(format!(
+                "DepthToSpace: {c} channels not divisible by blocksize² ({bs})"
+            )));
+        }
+        let cc = c / (bs * bs);
+        let (tmp, perm) = if self.crd {
+            ([b, cc, bs, bs, h, w], [0, 1, 4, 2, 5, 3])
+        } else {
+            ([b, bs, bs, cc, h, w], [0, 3, 4, 1, 5, 2])
+        };
+        let (_, idx) = transpose_map(&tmp, &perm)?;
+        one(x.gather_flat(vec![b, cc, h * bs, w * bs], &idx)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let bs = self.blocksize;
+        let shape = in_shape(inputs, 0).and_then(|s| match s.as_slice() {
+            [b, Dim::Fixed(c), Dim::Fixed(h), Dim::Fixed(w)] if bs > 0 => Some(vec![
+                b.clone(),
+                Dim::Fixed(c / (bs * bs)),
+                Dim::Fixed(h * bs),
+                Dim::Fixed(w * bs),
+            ]),
+            _ => None,
+        });
+        Ok(vec![tensor_type(input_dtype(inputs, 0), shape)])
+    }
+}
+
+/// ONNX `SpaceToDepth` (opsets 1-28): moves `blocksize`² spatial blocks into channels, DCR
+/// (default) or CRD order (opset 28).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpaceToDepth {
+    pub blocksize: usize,
+    pub crd: bool,
+}
+
+impl SpaceToDepth {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let [b, c, h, w] = dims4(x, "SpaceToDepth")?;
+        let bs = self.blocksize;
+        if bs == 0 || h % bs != 0 || w % bs != 0 {
+            return Err(OpError::Shape(format!(
+                "SpaceToDepth: {h}x{w} not divisible by blocksize {bs}"
+            )));
+        }
+        let tmp = [b, c, h / bs, bs, w / bs, bs];
+        let perm = if self.crd {
+            [0, 1, 3, 5, 2, 4]
+        } else {
+            [0, 3, 5, 1, 2, 4]
+        };
+        let (_, idx) = transpose_map(&tmp, &perm)?;
+        one(x.gather_flat(vec![b, c * bs * bs, h / bs, w / bs], &idx)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let bs = self.blocksize;
+        let shape = in_shape(inputs, 0).and_then(|s| match s.as_slice() {
+            [b, Dim::Fixed(c), Dim::Fixed(h), Dim::Fixed(w)] if bs > 0 => Some(vec![
+                b.clone(),
+                Dim::Fixed(c * bs * bs),
+                Dim::Fixed(h / bs),
+                Dim::Fixed(w / bs),
+            ]),
+            _ => None,
+        });
+        Ok(vec![tensor_type(input_dtype(inputs, 0), shape)])
+    }
+}
+
+/// ONNX `CenterCropPad` (opset 18): crops or zero-pads each of `axes` (default all) to input
+/// 1's sizes around the centre (odd differences: the extra element on the right).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CenterCropPad {
+    pub axes: Option<Vec<i64>>,
+}
+
+impl CenterCropPad {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let target = read_i64s(args.tensor(1)?, "shape")?;
+        let axes = match &self.axes {
+            Some(a) => norm_axes(a, x.rank())?,
+            None => (0..x.rank()).collect(),
+        };
+        if target.len() != axes.len() {
+            return Err(OpError::Value(format!(
+                "CenterCropPad: {} sizes for {} axes",
+                target.len(),
+                axes.len()
+            )));
+        }
+        let mut maps = identity_maps(x.shape());
+        for (&a, &t) in axes.iter().zip(&target) {
+            let t = dim(t, "shape")?;
+            let n = x.shape()[a];
+            checked_numel(&[t])?;
+            let off = if n >= t {
+                ((n - t) / 2) as i64
+            } else {
+                -(((t - n) / 2) as i64)
+            };
+            maps[a] = (0..t)
+                .map(|o| {
+                    let i = o as i64 + off;
+                    (0..n as i64).contains(&i).then_some(i as usize)
+                })
+                .collect();
+        }
+        checked_numel(&maps.iter().map(Vec::len).collect::<Vec<_>>())?;
+        one(gather_axes(x, &maps, Some(&zero_of(x.dtype())?))?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let shape = match (in_shape(inputs, 0), const_tensor(inputs, 1)) {
+            (Some(mut s), Some(t)) => {
+                let target = read_i64s(t, "shape")?;
+                let axes = match &self.axes {
+                    Some(a) => norm_axes(a, s.len())?,
+                    None => (0..s.len()).collect(),
+                };
+                for (&a, &t) in axes.iter().zip(&target) {
+                    s[a] = Dim::Fixed(dim(t, "shape")?);
+                }
+                Some(s)
+            }
+            _ => None,
+        };
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// ONNX `Trilu` (opset 14): keeps the upper (`j - i >= k`) or lower (`j - i <= k`) triangle
+/// of the last two dims, zeroing the rest; `k` is input 1 (default 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trilu {
+    pub upper: bool,
+}
+
+impl Trilu {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let k = match args.opt_tensor(1)? {
+            Some(t) => read_i64(t, "k")?,
+            None => 0,
+        };
+        let r = x.rank();
+        if r < 2 {
+            return Err(OpError::Shape(format!("Trilu needs rank >= 2, got {:?}", x.shape())));
+        }
+        let (rows, cols) = (x.shape()[r - 2], x.shape()[r - 1]);
+        let idx: Vec<Option<usize>> = (0..x.len())
+            .map(|f| {
+                let j = (f % cols) as i64;
+                let i = ((f / cols) % rows) as i64;
+                let keep = if self.upper { j - i >= k } else { j - i <= k };
+                keep.then_some(f)
+            })
+            .collect();
+        one(gather_or_fill(x, &zero_of(x.dtype())?, x.shape().to_vec(), &idx)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![tensor_type(input_dtype(inputs, 0), in_shape(inputs, 0))])
+    }
+}
+
+/// ONNX `ReverseSequence` (opset 10): reverses the first `sequence_lens[b]` elements along
+/// `time_axis` of each batch entry `b` along `batch_axis`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReverseSequence {
+    pub batch_axis: i64,
+    pub time_axis: i64,
+}
+
+impl ReverseSequence {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let lens = read_i64s(args.tensor(1)?, "sequence_lens")?;
+        let ba = norm_axis(self.batch_axis, x.rank())?;
+        let ta = norm_axis(self.time_axis, x.rank())?;
+        if ba == ta {
+            return Err(OpError::Value("ReverseSequence: batch_axis equals time_axis".into()));
+        }
+        let (nb, nt) = (x.shape()[ba], x.shape()[ta]);
+        if lens.len() != nb {
+            return Err(OpError::Shape(format!(
+                "ReverseSequence: {} lengths for batch size {nb}",
+                lens.len()
+            )));
+        }
+        for &l in &lens {
+            if l < 0 || l as usize > nt {
+                return Err(OpError::IndexOutOfRange { index: l, size: nt });
+            }
+        }
+        let st = strides(x.shape());
+        let mut pos = vec![0usize; x.rank()];
+        let idx: Vec<usize> = (0..x.len())
+            .map(|f| {
+                unravel(f, x.shape(), &mut pos);
+                let (b, t) = (pos[ba], pos[ta]);
+                let l = lens[b] as usize;
+                if t < l {
+                    f - t * st[ta] + (l - 1 - t) * st[ta]
+                } else {
+                    f
+                }
+            })
+            .collect();
+        one(x.gather_flat(x.shape().to_vec(), &idx)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![tensor_type(input_dtype(inputs, 0), in_shape(inputs, 0))])
+    }
+}

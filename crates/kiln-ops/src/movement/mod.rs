@@ -1,0 +1,442 @@
+//! Data-movement and shape ops: reshaping, indexing, scattering, padding, sorting-like
+//! selection and running sums. Reference semantics follow the ONNX operator specs
+//! (<https://onnx.ai/onnx/operators/>), opsets 1 through 28; each op's doc comment names the
+//! opset range it covers. Every op here that only moves elements is generic over every dtype
+//! (strings, bool and byte-coded float8/int4 included).
+
+use crate::error::{OpError, Result};
+use crate::value::{Args, Dim, InferInput, TensorType, Value, ValueType};
+use kiln_tensor::{DType, Data, Tensor, bf16, f16};
+
+mod index;
+mod layout;
+mod shape;
+mod sort;
+#[cfg(test)]
+mod tests;
+
+pub use index::*;
+pub use layout::*;
+pub use shape::*;
+pub use sort::*;
+
+macro_rules! movement_ops {
+    ($($v:ident),* $(,)?) => {
+        /// The movement family: one variant per op, named as its ONNX op type.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum MovementOp {
+            $($v($v)),*
+        }
+
+        impl MovementOp {
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(MovementOp::$v(_) => stringify!($v)),*
+                }
+            }
+            pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+                match self {
+                    $(MovementOp::$v(op) => op.eval(args)),*
+                }
+            }
+            pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+                match self {
+                    $(MovementOp::$v(op) => op.infer(inputs)),*
+                }
+            }
+        }
+    };
+}
+
+movement_ops!(
+    Reshape,
+    Shape,
+    Size,
+    Flatten,
+    Squeeze,
+    Unsqueeze,
+    Expand,
+    ConstantOfShape,
+    Range,
+    Identity,
+    EyeLike,
+    Transpose,
+    Concat,
+    Split,
+    Slice,
+    Tile,
+    Pad,
+    DepthToSpace,
+    SpaceToDepth,
+    CenterCropPad,
+    Trilu,
+    ReverseSequence,
+    Gather,
+    GatherElements,
+    GatherND,
+    ScatterElements,
+    ScatterND,
+    TensorScatter,
+    OneHot,
+    Compress,
+    NonZero,
+    TopK,
+    Unique,
+    CumSum,
+    CumProd,
+    Col2Im,
+);
+
+// ---------------------------------------------------------------------------------------------
+// Shared helpers.
+
+/// Applies `$body` (any expression over `$v: &Vec<T>`) to whichever variant `$data` holds.
+macro_rules! with_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            Data::F32($v) => $body,
+            Data::F64($v) => $body,
+            Data::F16($v) => $body,
+            Data::BF16($v) => $body,
+            Data::I8($v) => $body,
+            Data::I16($v) => $body,
+            Data::I32($v) => $body,
+            Data::I64($v) => $body,
+            Data::U8($v) => $body,
+            Data::U16($v) => $body,
+            Data::U32($v) => $body,
+            Data::U64($v) => $body,
+            Data::Bool($v) => $body,
+            Data::Str($v) => $body,
+            Data::Coded($v) => $body,
+        }
+    };
+}
+pub(crate) use with_data;
+
+/// Applies `$body` (returning `Result<Vec<T>>`, generic over [`Num`]) to the numeric variants
+/// of `$data`; other dtypes give `UnsupportedDType` for input `$index`.
+macro_rules! try_map_num {
+    ($t:expr, $index:expr, $v:ident => $body:expr) => {
+        match $t.data() {
+            Data::F32($v) => $body.map(Data::F32),
+            Data::F64($v) => $body.map(Data::F64),
+            Data::F16($v) => $body.map(Data::F16),
+            Data::BF16($v) => $body.map(Data::BF16),
+            Data::I8($v) => $body.map(Data::I8),
+            Data::I16($v) => $body.map(Data::I16),
+            Data::I32($v) => $body.map(Data::I32),
+            Data::I64($v) => $body.map(Data::I64),
+            Data::U8($v) => $body.map(Data::U8),
+            Data::U16($v) => $body.map(Data::U16),
+            Data::U32($v) => $body.map(Data::U32),
+            Data::U64($v) => $body.map(Data::U64),
+            _ => Err(OpError::UnsupportedDType {
+                index: $index,
+                got: $t.dtype(),
+            }),
+        }
+    };
+}
+pub(crate) use try_map_num;
+
+/// Arithmetic the numeric ops need, over every plain numeric element type. Integer arithmetic
+/// wraps (as numpy's does).
+pub(crate) trait Num: Copy + PartialOrd + 'static {
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn zero() -> Self;
+    fn one() -> Self;
+    fn is_nan(self) -> bool {
+        false
+    }
+    /// numpy's maximum: NaN propagates.
+    fn max_nan(self, o: Self) -> Self {
+        if self.is_nan() || o.is_nan() {
+            if self.is_nan() { self } else { o }
+        } else if o > self {
+            o
+        } else {
+            self
+        }
+    }
+    fn min_nan(self, o: Self) -> Self {
+        if self.is_nan() || o.is_nan() {
+            if self.is_nan() { self } else { o }
+        } else if o < self {
+            o
+        } else {
+            self
+        }
+    }
+}
+
+macro_rules! num_int {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+            fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+            fn zero() -> Self { 0 }
+            fn one() -> Self { 1 }
+        }
+    )*};
+}
+num_int!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+impl Num for f32 {
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+    fn mul(self, o: Self) -> Self {
+        self * o
+    }
+    fn zero() -> Self {
+        0.0
+    }
+    fn one() -> Self {
+        1.0
+    }
+    fn is_nan(self) -> bool {
+        f32::is_nan(self)
+    }
+}
+impl Num for f64 {
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+    fn mul(self, o: Self) -> Self {
+        self * o
+    }
+    fn zero() -> Self {
+        0.0
+    }
+    fn one() -> Self {
+        1.0
+    }
+    fn is_nan(self) -> bool {
+        f64::is_nan(self)
+    }
+}
+impl Num for f16 {
+    fn add(self, o: Self) -> Self {
+        f16::from_f32(self.to_f32() + o.to_f32())
+    }
+    fn mul(self, o: Self) -> Self {
+        f16::from_f32(self.to_f32() * o.to_f32())
+    }
+    fn zero() -> Self {
+        f16::ZERO
+    }
+    fn one() -> Self {
+        f16::ONE
+    }
+    fn is_nan(self) -> bool {
+        f16::is_nan(self)
+    }
+}
+impl Num for bf16 {
+    fn add(self, o: Self) -> Self {
+        bf16::from_f32(self.to_f32() + o.to_f32())
+    }
+    fn mul(self, o: Self) -> Self {
+        bf16::from_f32(self.to_f32() * o.to_f32())
+    }
+    fn zero() -> Self {
+        bf16::ZERO
+    }
+    fn one() -> Self {
+        bf16::ONE
+    }
+    fn is_nan(self) -> bool {
+        bf16::is_nan(self)
+    }
+}
+
+/// A one-element tensor of `dtype` holding `v` (converted as a cast would).
+pub(crate) fn scalar_of(dtype: DType, v: f64) -> Result<Tensor> {
+    let data = match dtype {
+        DType::F32 => Data::F32(vec![v as f32]),
+        DType::F64 => Data::F64(vec![v]),
+        DType::F16 => Data::F16(vec![f16::from_f64(v)]),
+        DType::BF16 => Data::BF16(vec![bf16::from_f64(v)]),
+        DType::I8 => Data::I8(vec![v as i8]),
+        DType::I16 => Data::I16(vec![v as i16]),
+        DType::I32 => Data::I32(vec![v as i32]),
+        DType::I64 => Data::I64(vec![v as i64]),
+        DType::U8 => Data::U8(vec![v as u8]),
+        DType::U16 => Data::U16(vec![v as u16]),
+        DType::U32 => Data::U32(vec![v as u32]),
+        DType::U64 => Data::U64(vec![v as u64]),
+        DType::Bool => Data::Bool(vec![v != 0.0]),
+        DType::String => {
+            return Err(OpError::Value(format!("cannot make a string from the number {v}")));
+        }
+        d if d.is_float() => Data::Coded(vec![kiln_tensor::formats::encode_float(d, v as f32, false)]),
+        d => Data::Coded(vec![kiln_tensor::formats::encode_int(d, v)]),
+    };
+    Ok(Tensor::new(dtype, vec![1], data)?)
+}
+
+/// Appends the elements of `b` to `acc` (same storage variant required).
+pub(crate) fn extend_data(acc: &mut Data, b: &Data) -> Result<()> {
+    macro_rules! ext {
+        ($($var:ident),*) => {
+            match (acc, b) {
+                $((Data::$var(a), Data::$var(b)) => { a.extend(b.iter().cloned()); Ok(()) })*
+                _ => Err(OpError::Value("tensors of different element types cannot be combined".into())),
+            }
+        };
+    }
+    ext!(
+        F32, F64, F16, BF16, I8, I16, I32, I64, U8, U16, U32, U64, Bool, Str, Coded
+    )
+}
+
+/// All elements of `parts` one after another, as a 1-D tensor of their (common) dtype.
+pub(crate) fn concat_flat(parts: &[&Tensor]) -> Result<Tensor> {
+    let Some(first) = parts.first() else {
+        return Err(OpError::Value("nothing to concatenate".into()));
+    };
+    let dtype = first.dtype();
+    let mut data = first.data().clone();
+    for p in &parts[1..] {
+        if p.dtype() != dtype {
+            return Err(OpError::DTypeMismatch { a: dtype, b: p.dtype() });
+        }
+        extend_data(&mut data, p.data())?;
+    }
+    let n = data.len();
+    Ok(Tensor::new(dtype, vec![n], data)?)
+}
+
+/// Builds a tensor of `shape` whose element `i` is `src[idx[i]]`, or `fill` (a one-element
+/// tensor of the same dtype) where `idx[i]` is `None`.
+pub(crate) fn gather_or_fill(src: &Tensor, fill: &Tensor, shape: Vec<usize>, idx: &[Option<usize>]) -> Result<Tensor> {
+    let n = src.len();
+    let ext = concat_flat(&[src, fill])?;
+    let flat: Vec<usize> = idx.iter().map(|i| i.unwrap_or(n)).collect();
+    Ok(ext.gather_flat(shape, &flat)?)
+}
+
+/// One zero (empty string, false) of `dtype`, as a one-element tensor.
+pub(crate) fn zero_of(dtype: DType) -> Result<Tensor> {
+    Ok(Tensor::zeros(dtype, vec![1])?)
+}
+
+/// Row-major multi-index of flat position `flat` in `shape`.
+pub(crate) fn unravel(mut flat: usize, shape: &[usize], out: &mut [usize]) {
+    for d in (0..shape.len()).rev() {
+        let s = shape[d].max(1);
+        out[d] = flat % s;
+        flat /= s;
+    }
+}
+
+/// Row-major strides of `shape`.
+pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
+    kiln_tensor::strides_of(shape)
+}
+
+/// Source indices of a transpose: element `i` of the output (of shape `shape[perm]`) is element
+/// `idx[i]` of the input.
+pub(crate) fn transpose_map(shape: &[usize], perm: &[usize]) -> Result<(Vec<usize>, Vec<usize>)> {
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let n = crate::util::checked_numel(&out_shape)?;
+    let in_strides = strides(shape);
+    let st: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    let rank = out_shape.len();
+    let mut idx = Vec::with_capacity(n);
+    let mut pos = vec![0usize; rank];
+    let mut flat = 0usize;
+    for _ in 0..n {
+        idx.push(flat);
+        for d in (0..rank).rev() {
+            pos[d] += 1;
+            flat += st[d];
+            if pos[d] < out_shape[d] {
+                break;
+            }
+            flat -= st[d] * pos[d];
+            pos[d] = 0;
+        }
+    }
+    Ok((out_shape, idx))
+}
+
+/// Normalises an index along a dimension of `size` (negative counts from the end).
+pub(crate) fn norm_index(i: i64, size: usize) -> Result<usize> {
+    let s = size as i64;
+    let j = if i < 0 { i + s } else { i };
+    if j < 0 || j >= s {
+        return Err(OpError::IndexOutOfRange { index: i, size });
+    }
+    Ok(j as usize)
+}
+
+pub(crate) fn fixed_dims(s: &[usize]) -> Vec<Dim> {
+    s.iter().map(|&d| Dim::Fixed(d)).collect()
+}
+
+/// The static shape of input `i`, when its rank is known.
+pub(crate) fn in_shape(inputs: &[InferInput<'_>], i: usize) -> Option<Vec<Dim>> {
+    inputs.get(i)?.ty.tensor()?.shape.clone()
+}
+
+pub(crate) fn tensor_type(dtype: Option<DType>, shape: Option<Vec<Dim>>) -> ValueType {
+    ValueType::Tensor(TensorType { dtype, shape })
+}
+
+/// Product of dims: a number when all are fixed, the symbol when one symbol remains and the
+/// fixed part is 1, otherwise unknown.
+pub(crate) fn dim_product(dims: &[Dim]) -> Option<Dim> {
+    let mut n: usize = 1;
+    let mut sym = None;
+    for d in dims {
+        match d {
+            Dim::Fixed(k) => n = n.checked_mul(*k)?,
+            Dim::Sym(_) if sym.is_none() => sym = Some(d.clone()),
+            Dim::Sym(_) => return None,
+        }
+    }
+    match sym {
+        None => Some(Dim::Fixed(n)),
+        Some(s) if n == 1 => Some(s),
+        Some(_) if n == 0 => Some(Dim::Fixed(0)),
+        Some(_) => None,
+    }
+}
+
+/// Reads an optional integer-list input, or the attribute form when the op holds one.
+pub(crate) fn ints_from(attr: &Option<Vec<i64>>, args: &Args<'_>, i: usize, what: &str) -> Result<Option<Vec<i64>>> {
+    if let Some(a) = attr {
+        return Ok(Some(a.clone()));
+    }
+    match args.opt_tensor(i)? {
+        Some(t) => Ok(Some(crate::util::read_i64s(t, what)?)),
+        None => Ok(None),
+    }
+}
+
+/// Inference-time counterpart of [`ints_from`]: `Err(())` when the input is present but not a
+/// constant.
+pub(crate) fn const_ints(
+    attr: &Option<Vec<i64>>,
+    inputs: &[InferInput<'_>],
+    i: usize,
+) -> std::result::Result<Option<Vec<i64>>, ()> {
+    if let Some(a) = attr {
+        return Ok(Some(a.clone()));
+    }
+    let present = inputs
+        .get(i)
+        .is_some_and(|x| !matches!(x.ty, ValueType::Unknown) || x.konst.is_some());
+    match crate::util::const_tensor(inputs, i) {
+        Some(t) => t.to_i64_vec().map(Some).ok_or(()),
+        None if present => Err(()),
+        None => Ok(None),
+    }
+}
+
+pub(crate) fn one(v: Tensor) -> Result<Vec<Value>> {
+    Ok(vec![Value::Tensor(v)])
+}

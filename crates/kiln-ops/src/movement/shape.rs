@@ -1,0 +1,555 @@
+//! Shape-level ops: Reshape, Shape, Size, Flatten, Squeeze, Unsqueeze, Expand,
+//! ConstantOfShape, Range, Identity, EyeLike.
+
+use super::*;
+use crate::util::{checked_numel, const_tensor, input_dtype, norm_axes, read_i64, read_i64s};
+
+/// ONNX `Reshape` (opsets 1-25). `shape` holds the opset-1..4 attribute; later opsets read
+/// input 1. `allowzero` (opset 14) makes a 0 mean a zero-size dim instead of "copy".
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reshape {
+    pub shape: Option<Vec<i64>>,
+    pub allowzero: bool,
+}
+
+/// The target shape of a Reshape of `input` (dims possibly symbolic) to `spec`.
+fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<Vec<Dim>>> {
+    let mut out: Vec<Option<Dim>> = Vec::with_capacity(spec.len());
+    let mut infer_at = None;
+    for (i, &s) in spec.iter().enumerate() {
+        match s {
+            0 if !allowzero => {
+                let d = input.get(i).ok_or_else(|| {
+                    OpError::Shape(format!(
+                        "reshape: 0 at position {i} copies a dim the input (rank {}) lacks",
+                        input.len()
+                    ))
+                })?;
+                out.push(Some(d.clone()));
+            }
+            -1 => {
+                if infer_at.is_some() {
+                    return Err(OpError::Value(format!("reshape: more than one -1 in {spec:?}")));
+                }
+                infer_at = Some(i);
+                out.push(None);
+            }
+            s if s < 0 => {
+                return Err(OpError::Value(format!("reshape: invalid dim {s} in {spec:?}")));
+            }
+            s => out.push(Some(Dim::Fixed(s as usize))),
+        }
+    }
+    if let Some(at) = infer_at {
+        if allowzero && spec.contains(&0) {
+            return Err(OpError::Value(format!(
+                "reshape: -1 together with 0 under allowzero in {spec:?}"
+            )));
+        }
+        // Cancel symbols present on both sides, then divide the fixed parts.
+        let mut in_syms: Vec<&Dim> = Vec::new();
+        let mut in_fixed: usize = 1;
+        for d in input {
+            match d {
+                Dim::Fixed(n) => in_fixed = in_fixed.saturating_mul(*n),
+                s => in_syms.push(s),
+            }
+        }
+        let mut out_fixed: usize = 1;
+        for d in out.iter().flatten() {
+            match d {
+                Dim::Fixed(n) => out_fixed = out_fixed.saturating_mul(*n),
+                s => match in_syms.iter().position(|x| *x == s) {
+                    Some(p) => {
+                        in_syms.remove(p);
+                    }
+                    None => return Ok(None),
+                },
+            }
+        }
+        let d = if in_fixed == 0 && in_syms.is_empty() {
+            if out_fixed == 0 {
+                return Err(OpError::Shape(
+                    "reshape: cannot infer -1 with a zero-size target".into(),
+                ));
+            }
+            Dim::Fixed(0)
+        } else {
+            if out_fixed == 0 || !in_fixed.is_multiple_of(out_fixed) {
+                if in_syms.is_empty() {
+                    return Err(OpError::Shape(format!("reshape: cannot reshape {input:?} to {spec:?}")));
+                }
+                return Ok(None);
+            }
+            let k = in_fixed / out_fixed;
+            match in_syms.as_slice() {
+                [] => Dim::Fixed(k),
+                [s] if k == 1 => (*s).clone(),
+                _ => return Ok(None),
+            }
+        };
+        out[at] = Some(d);
+    }
+    let out: Vec<Dim> = out.into_iter().flatten().collect();
+    if let (Some(a), Some(b)) = (fixed_of(input), fixed_of(&out))
+        && checked_numel(&a)? != checked_numel(&b)?
+    {
+        return Err(OpError::Shape(format!("reshape: cannot reshape {a:?} to {b:?}")));
+    }
+    Ok(Some(out))
+}
+
+pub(crate) fn fixed_of(d: &[Dim]) -> Option<Vec<usize>> {
+    d.iter()
+        .map(|d| if let Dim::Fixed(n) = d { Some(*n) } else { None })
+        .collect()
+}
+
+impl Reshape {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let spec = match &self.shape {
+            Some(s) => s.clone(),
+            None => read_i64s(args.tensor(1)?, "shape")?,
+        };
+        let dims = reshape_dims(&fixed_dims(x.shape()), &spec, self.allowzero)?
+            .and_then(|d| fixed_of(&d))
+            .ok_or_else(|| OpError::Shape(format!("reshape: cannot reshape {:?} to {spec:?}", x.shape())))?;
+        one(x.clone().reshape(dims)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let spec = match &self.shape {
+            Some(s) => Some(s.clone()),
+            None => const_tensor(inputs, 1).map(|t| read_i64s(t, "shape")).transpose()?,
+        };
+        let shape = match (spec, in_shape(inputs, 0)) {
+            (Some(spec), Some(input)) => reshape_dims(&input, &spec, self.allowzero)?,
+            // Without the input shape, only a spec free of 0 and -1 decides the output.
+            (Some(spec), None) if spec.iter().all(|&s| s > 0 || (s == 0 && self.allowzero)) => {
+                Some(spec.iter().map(|&s| Dim::Fixed(s as usize)).collect())
+            }
+            _ => None,
+        };
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// ONNX `Shape` (opsets 1-25); `start`/`end` (opset 15) select a clamped range of dims.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    pub start: i64,
+    pub end: Option<i64>,
+}
+
+impl Shape {
+    fn range(&self, rank: usize) -> (usize, usize) {
+        let r = rank as i64;
+        let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+        let s = clamp(self.start);
+        let e = self.end.map_or(rank, clamp);
+        (s, e.max(s))
+    }
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let (s, e) = self.range(x.rank());
+        let v: Vec<i64> = x.shape()[s..e].iter().map(|&d| d as i64).collect();
+        one(Tensor::from_vec(vec![v.len()], v)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let shape = in_shape(inputs, 0).map(|s| {
+            let (a, b) = self.range(s.len());
+            vec![Dim::Fixed(b - a)]
+        });
+        Ok(vec![tensor_type(Some(DType::I64), shape)])
+    }
+}
+
+/// ONNX `Size` (opsets 1-25): the element count as an i64 scalar.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Size;
+
+impl Size {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        one(Tensor::scalar(args.tensor(0)?.len() as i64))
+    }
+    pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![ValueType::Tensor(TensorType::fixed(DType::I64, &[]))])
+    }
+}
+
+/// ONNX `Flatten` (opsets 1-25): to 2-D, splitting the dims at `axis` (in `[-r, r]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flatten {
+    pub axis: i64,
+}
+
+impl Flatten {
+    fn split(&self, rank: usize) -> Result<usize> {
+        let r = rank as i64;
+        let a = if self.axis < 0 { self.axis + r } else { self.axis };
+        if a < 0 || a > r {
+            return Err(OpError::Axis { axis: self.axis, rank });
+        }
+        Ok(a as usize)
+    }
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let a = self.split(x.rank())?;
+        let outer: usize = x.shape()[..a].iter().product();
+        let inner: usize = x.shape()[a..].iter().product();
+        one(x.clone().reshape(vec![outer, inner])?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let shape = match in_shape(inputs, 0) {
+            Some(s) => {
+                let a = self.split(s.len())?;
+                match (dim_product(&s[..a]), dim_product(&s[a..])) {
+                    (Some(x), Some(y)) => Some(vec![x, y]),
+                    _ => None,
+                }
+            }
+            None => None,
+        };
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// ONNX `Squeeze` (opsets 1-25): `axes` is an attribute before opset 13, input 1 after;
+/// without axes every size-1 dim goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Squeeze {
+    pub axes: Option<Vec<i64>>,
+}
+
+fn squeeze_dims(shape: &[Dim], axes: Option<&[i64]>) -> Result<Option<Vec<Dim>>> {
+    match axes {
+        Some(axes) => {
+            let ax = norm_axes(axes, shape.len())?;
+            for &a in &ax {
+                if let Dim::Fixed(n) = shape[a]
+                    && n != 1
+                {
+                    return Err(OpError::Shape(format!("squeeze: axis {a} has size {n}, not 1")));
+                }
+            }
+            Ok(Some(
+                shape
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !ax.contains(i))
+                    .map(|(_, d)| d.clone())
+                    .collect(),
+            ))
+        }
+        None => {
+            if shape.iter().any(|d| matches!(d, Dim::Sym(_))) {
+                return Ok(None);
+            }
+            Ok(Some(shape.iter().filter(|d| **d != Dim::Fixed(1)).cloned().collect()))
+        }
+    }
+}
+
+impl Squeeze {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let axes = ints_from(&self.axes, args, 1, "axes")?;
+        let dims = squeeze_dims(&fixed_dims(x.shape()), axes.as_deref())?.and_then(|d| fixed_of(&d));
+        let dims = dims.ok_or_else(|| OpError::Shape("squeeze".into()))?;
+        one(x.clone().reshape(dims)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let shape = match (const_ints(&self.axes, inputs, 1), in_shape(inputs, 0)) {
+            (Ok(axes), Some(s)) => squeeze_dims(&s, axes.as_deref())?,
+            _ => None,
+        };
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// ONNX `Unsqueeze` (opsets 1-25): `axes` (positions in the output) is an attribute before
+/// opset 13, input 1 after.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unsqueeze {
+    pub axes: Option<Vec<i64>>,
+}
+
+fn unsqueeze_dims(shape: &[Dim], axes: &[i64]) -> Result<Vec<Dim>> {
+    let rank = shape.len() + axes.len();
+    let ax = norm_axes(axes, rank)?;
+    let mut src = shape.iter();
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        if ax.contains(&i) {
+            out.push(Dim::Fixed(1));
+        } else {
+            out.push(src.next().cloned().ok_or_else(|| OpError::Shape("unsqueeze".into()))?);
+        }
+    }
+    Ok(out)
+}
+
+impl Unsqueeze {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let axes = ints_from(&self.axes, args, 1, "axes")?.ok_or(OpError::MissingInput { index: 1 })?;
+        let dims = fixed_of(&unsqueeze_dims(&fixed_dims(x.shape()), &axes)?).unwrap_or_default();
+        one(x.clone().reshape(dims)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let shape = match (const_ints(&self.axes, inputs, 1), in_shape(inputs, 0)) {
+            (Ok(Some(axes)), Some(s)) => Some(unsqueeze_dims(&s, &axes)?),
+            _ => None,
+        };
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// ONNX `Expand` (opsets 8-13): bidirectional broadcast of the input to input 1's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expand;
+
+impl Expand {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let spec = read_i64s(args.tensor(1)?, "shape")?;
+        let spec: Vec<usize> = spec
+            .iter()
+            .map(|&d| crate::util::dim(d, "shape"))
+            .collect::<Result<_>>()?;
+        let out = kiln_tensor::broadcast_shapes(x.shape(), &spec)?;
+        let idx = crate::util::broadcast_map(x.shape(), &out)?;
+        one(x.gather_flat(out, &idx)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let shape = match (const_tensor(inputs, 1), in_shape(inputs, 0)) {
+            (Some(t), Some(s)) => {
+                let spec = read_i64s(t, "shape")?;
+                let spec: Vec<Dim> = spec
+                    .iter()
+                    .map(|&d| crate::util::dim(d, "shape").map(Dim::Fixed))
+                    .collect::<Result<_>>()?;
+                crate::util::broadcast_dims(&s, &spec)
+            }
+            _ => None,
+        };
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// ONNX `ConstantOfShape` (opsets 9-25): a tensor of input 0's shape filled with `value`
+/// (one element; f32 0 by default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConstantOfShape {
+    pub value: Option<Tensor>,
+}
+
+impl ConstantOfShape {
+    fn value(&self) -> Result<Tensor> {
+        match &self.value {
+            Some(v) if v.len() == 1 => Ok(v.clone()),
+            Some(v) => Err(OpError::Value(format!(
+                "value must hold one element, got shape {:?}",
+                v.shape()
+            ))),
+            None => Ok(Tensor::scalar(0f32)),
+        }
+    }
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let spec = read_i64s(args.tensor(0)?, "shape")?;
+        let shape: Vec<usize> = spec
+            .iter()
+            .map(|&d| crate::util::dim(d, "shape"))
+            .collect::<Result<_>>()?;
+        let n = checked_numel(&shape)?;
+        one(self.value()?.gather_flat(shape, &vec![0; n])?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = Some(self.value.as_ref().map_or(DType::F32, |v| v.dtype()));
+        let shape = if let Some(t) = const_tensor(inputs, 0) {
+            let spec = read_i64s(t, "shape")?;
+            Some(
+                spec.iter()
+                    .map(|&d| crate::util::dim(d, "shape").map(Dim::Fixed))
+                    .collect::<Result<_>>()?,
+            )
+        } else {
+            // An empty shape input gives a scalar.
+            match in_shape(inputs, 0).as_deref() {
+                Some([Dim::Fixed(0)]) => Some(vec![]),
+                _ => None,
+            }
+        };
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// ONNX `Range` (opsets 11-27): `start + i * delta` for `i < max(ceil((limit - start) /
+/// delta), 0)`. Computed in f64 for float types (the reference's precision for every
+/// `stash_type`), exactly for integers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Range;
+
+fn range_len(start: f64, limit: f64, delta: f64) -> Result<usize> {
+    if delta == 0.0 {
+        return Err(OpError::Value("range: delta is 0".into()));
+    }
+    let n = ((limit - start) / delta).ceil();
+    if n.is_nan() {
+        return Err(OpError::Value("range: NaN bounds".into()));
+    }
+    let n = n.max(0.0);
+    if n > kiln_tensor::MAX_ELEMENTS as f64 {
+        return Err(OpError::Shape(format!("range: {n} elements is too many")));
+    }
+    Ok(n as usize)
+}
+
+impl Range {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let (s, l, d) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
+        let dtype = s.dtype();
+        for t in [l, d] {
+            if t.dtype() != dtype {
+                return Err(OpError::DTypeMismatch { a: dtype, b: t.dtype() });
+            }
+        }
+        for (i, t) in [s, l, d].iter().enumerate() {
+            if t.len() != 1 {
+                return Err(OpError::Shape(format!(
+                    "range: input {i} must be a scalar, got shape {:?}",
+                    t.shape()
+                )));
+            }
+        }
+        if dtype.is_int() && !dtype.is_byte_coded() {
+            let (s, l, d) = (read_i64(s, "start")?, read_i64(l, "limit")?, read_i64(d, "delta")?);
+            if d == 0 {
+                return Err(OpError::Value("range: delta is 0".into()));
+            }
+            let span = (l as i128) - (s as i128);
+            let d128 = d as i128;
+            let n = if (span > 0 && d128 > 0) || (span < 0 && d128 < 0) {
+                (span + d128 - d128.signum()) / d128
+            } else {
+                0
+            };
+            if n > kiln_tensor::MAX_ELEMENTS as i128 {
+                return Err(OpError::Shape(format!("range: {n} elements is too many")));
+            }
+            let v: Vec<i64> = (0..n as i64).map(|i| s.wrapping_add(i.wrapping_mul(d))).collect();
+            let t = Tensor::from_vec(vec![v.len()], v)?;
+            return one(cast_i64(&t, dtype)?);
+        }
+        let (s, l, d) = (s.to_f64_vec()[0], l.to_f64_vec()[0], d.to_f64_vec()[0]);
+        let n = range_len(s, l, d)?;
+        let v: Vec<f64> = (0..n).map(|i| s + i as f64 * d).collect();
+        let data = match dtype {
+            DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
+            DType::F64 => Data::F64(v),
+            DType::F16 => Data::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
+            DType::BF16 => Data::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
+            d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
+        };
+        one(Tensor::new(dtype, vec![n], data)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = input_dtype(inputs, 0);
+        let shape = match (
+            const_tensor(inputs, 0),
+            const_tensor(inputs, 1),
+            const_tensor(inputs, 2),
+        ) {
+            (Some(s), Some(l), Some(d)) => {
+                let args = [
+                    Value::Tensor(s.clone()),
+                    Value::Tensor(l.clone()),
+                    Value::Tensor(d.clone()),
+                ];
+                let refs: Vec<Option<&Value>> = args.iter().map(Some).collect();
+                let out = self.eval(&Args::new(&refs))?;
+                out.first().and_then(|v| v.as_tensor()).map(|t| fixed_dims(t.shape()))
+            }
+            _ => None,
+        };
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}
+
+/// Converts an i64 tensor to another integer dtype (wrapping).
+fn cast_i64(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    let v = t.as_slice::<i64>()?;
+    let data = match dtype {
+        DType::I64 => Data::I64(v.to_vec()),
+        DType::I32 => Data::I32(v.iter().map(|&x| x as i32).collect()),
+        DType::I16 => Data::I16(v.iter().map(|&x| x as i16).collect()),
+        DType::I8 => Data::I8(v.iter().map(|&x| x as i8).collect()),
+        DType::U8 => Data::U8(v.iter().map(|&x| x as u8).collect()),
+        DType::U16 => Data::U16(v.iter().map(|&x| x as u16).collect()),
+        DType::U32 => Data::U32(v.iter().map(|&x| x as u32).collect()),
+        DType::U64 => Data::U64(v.iter().map(|&x| x as u64).collect()),
+        d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
+    };
+    Ok(Tensor::new(dtype, t.shape().to_vec(), data)?)
+}
+
+/// ONNX `Identity` (opsets 1-25): passes any value (tensor, sequence, optional) through.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Identity;
+
+impl Identity {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let v = args.value(0).ok_or(OpError::MissingInput { index: 0 })?;
+        Ok(vec![v.clone()])
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![crate::util::input_type(inputs, 0)])
+    }
+}
+
+/// ONNX `EyeLike` (opsets 9-22): a 2-D tensor of input 0's shape with ones on diagonal `k`,
+/// of `dtype` (default: the input's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EyeLike {
+    pub dtype: Option<DType>,
+    pub k: i64,
+}
+
+impl EyeLike {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let dtype = self.dtype.unwrap_or(x.dtype());
+        let (r, c) = match *x.shape() {
+            [n] => (n, n),
+            [r, c] => (r, c),
+            _ => {
+                return Err(OpError::Shape(format!(
+                    "EyeLike needs a 2-D input, got {:?}",
+                    x.shape()
+                )));
+            }
+        };
+        let vals = concat_flat(&[&scalar_of(dtype, 0.0)?, &scalar_of(dtype, 1.0)?])?;
+        let n = checked_numel(&[r, c])?;
+        let idx: Vec<usize> = (0..n)
+            .map(|i| ((i % c.max(1)) as i64 - (i / c.max(1)) as i64 == self.k) as usize)
+            .collect();
+        one(vals.gather_flat(vec![r, c], &idx)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = self.dtype.or(input_dtype(inputs, 0));
+        let shape = in_shape(inputs, 0).map(|s| {
+            if s.len() == 1 {
+                vec![s[0].clone(), s[0].clone()]
+            } else {
+                s
+            }
+        });
+        Ok(vec![tensor_type(dtype, shape)])
+    }
+}

@@ -1,0 +1,491 @@
+//! Unit tests: expected values worked out by hand or taken from the ONNX operator spec.
+
+use super::*;
+
+fn f32t(shape: &[usize], v: &[f32]) -> Tensor {
+    Tensor::from_vec(shape.to_vec(), v.to_vec()).unwrap()
+}
+fn i64t(shape: &[usize], v: &[i64]) -> Tensor {
+    Tensor::from_vec(shape.to_vec(), v.to_vec()).unwrap()
+}
+
+/// Evaluates `op` on tensor inputs (`None` = absent).
+fn run(op: MovementOp, inputs: Vec<Option<Tensor>>) -> Vec<Tensor> {
+    let vals: Vec<Option<Value>> = inputs.into_iter().map(|t| t.map(Value::Tensor)).collect();
+    let refs: Vec<Option<&Value>> = vals.iter().map(Option::as_ref).collect();
+    op.eval(&Args::new(&refs))
+        .unwrap()
+        .into_iter()
+        .map(|v| v.as_tensor().unwrap().clone())
+        .collect()
+}
+fn run1(op: MovementOp, inputs: Vec<Option<Tensor>>) -> Tensor {
+    run(op, inputs).remove(0)
+}
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec()
+}
+
+#[test]
+fn reshape_copies_zero_and_infers_minus_one() {
+    let x = f32t(&[2, 3, 4], &[0.0; 24]);
+    let y = run1(
+        MovementOp::Reshape(Reshape {
+            shape: None,
+            allowzero: false,
+        }),
+        vec![Some(x.clone()), Some(i64t(&[2], &[0, -1]))],
+    );
+    assert_eq!(y.shape(), &[2, 12]);
+    let y = run1(
+        MovementOp::Reshape(Reshape {
+            shape: Some(vec![-1, 4, 1]),
+            allowzero: false,
+        }),
+        vec![Some(x)],
+    );
+    assert_eq!(y.shape(), &[6, 4, 1]);
+    // Symbolic inference: [N, 3, 4] -> [0, -1] is [N, 12].
+    let ty = ValueType::Tensor(TensorType {
+        dtype: Some(DType::F32),
+        shape: Some(vec![Dim::Sym("N".into()), Dim::Fixed(3), Dim::Fixed(4)]),
+    });
+    let spec = Value::Tensor(i64t(&[2], &[0, -1]));
+    let shape_ty = ValueType::Tensor(TensorType::fixed(DType::I64, &[2]));
+    let inputs = [
+        InferInput { ty: &ty, konst: None },
+        InferInput {
+            ty: &shape_ty,
+            konst: Some(&spec),
+        },
+    ];
+    let out = MovementOp::Reshape(Reshape {
+        shape: None,
+        allowzero: false,
+    })
+    .infer(&inputs)
+    .unwrap();
+    assert_eq!(
+        out[0].tensor().unwrap().shape,
+        Some(vec![Dim::Sym("N".into()), Dim::Fixed(12)])
+    );
+}
+
+#[test]
+fn shape_clamps_start_and_end() {
+    let x = f32t(&[2, 3, 4], &[0.0; 24]);
+    let y = run1(
+        MovementOp::Shape(Shape {
+            start: -2,
+            end: Some(10),
+        }),
+        vec![Some(x.clone())],
+    );
+    assert_eq!(y.as_slice::<i64>().unwrap(), &[3, 4]);
+    let y = run1(MovementOp::Shape(Shape { start: 2, end: Some(1) }), vec![Some(x)]);
+    assert_eq!(y.shape(), &[0]);
+}
+
+#[test]
+fn transpose_2x3() {
+    let x = f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = run1(MovementOp::Transpose(Transpose { perm: None }), vec![Some(x)]);
+    assert_eq!(y.shape(), &[3, 2]);
+    assert_eq!(vals(&y), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+}
+
+#[test]
+fn concat_axis1_strings() {
+    let a = Tensor::from_vec(vec![2, 1], vec!["a".to_string(), "b".into()]).unwrap();
+    let b = Tensor::from_vec(vec![2, 2], vec!["c".to_string(), "d".into(), "e".into(), "f".into()]).unwrap();
+    let y = run1(MovementOp::Concat(Concat { axis: -1 }), vec![Some(a), Some(b)]);
+    assert_eq!(y.shape(), &[2, 3]);
+    assert_eq!(y.as_slice::<String>().unwrap(), &["a", "c", "d", "b", "e", "f"]);
+}
+
+#[test]
+fn split_uneven_num_outputs() {
+    let x = f32t(&[7], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+    let ys = run(
+        MovementOp::Split(Split {
+            axis: 0,
+            split: None,
+            num_outputs: Some(4),
+            outputs: 4,
+        }),
+        vec![Some(x)],
+    );
+    let lens: Vec<usize> = ys.iter().map(|t| t.len()).collect();
+    assert_eq!(lens, vec![2, 2, 2, 1]);
+    assert_eq!(vals(&ys[3]), vec![7.0]);
+}
+
+#[test]
+fn slice_negative_step_and_clamping() {
+    let x = f32t(&[5], &[0.0, 1.0, 2.0, 3.0, 4.0]);
+    let y = run1(
+        MovementOp::Slice(Slice { attrs: None }),
+        vec![
+            Some(x.clone()),
+            Some(i64t(&[1], &[-1])),
+            Some(i64t(&[1], &[i64::MIN])),
+            None,
+            Some(i64t(&[1], &[-2])),
+        ],
+    );
+    assert_eq!(vals(&y), vec![4.0, 2.0, 0.0]);
+    let y = run1(
+        MovementOp::Slice(Slice { attrs: None }),
+        vec![Some(x), Some(i64t(&[1], &[1])), Some(i64t(&[1], &[1000])), None, None],
+    );
+    assert_eq!(vals(&y), vec![1.0, 2.0, 3.0, 4.0]);
+}
+
+#[test]
+fn pad_modes() {
+    let x = f32t(&[3], &[1.0, 2.0, 3.0]);
+    let pad = |mode| {
+        run1(
+            MovementOp::Pad(Pad {
+                mode,
+                pads: None,
+                value: 0.0,
+            }),
+            vec![Some(x.clone()), Some(i64t(&[2], &[2, 2]))],
+        )
+    };
+    assert_eq!(vals(&pad(PadMode::Reflect)), vec![3.0, 2.0, 1.0, 2.0, 3.0, 2.0, 1.0]);
+    assert_eq!(vals(&pad(PadMode::Edge)), vec![1.0, 1.0, 1.0, 2.0, 3.0, 3.0, 3.0]);
+    assert_eq!(vals(&pad(PadMode::Wrap)), vec![2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0]);
+    let y = run1(
+        MovementOp::Pad(Pad {
+            mode: PadMode::Constant,
+            pads: None,
+            value: 0.0,
+        }),
+        vec![Some(x.clone()), Some(i64t(&[2], &[1, -1])), Some(f32t(&[], &[9.0]))],
+    );
+    assert_eq!(vals(&y), vec![9.0, 1.0, 2.0]);
+}
+
+#[test]
+fn gather_and_gather_elements() {
+    let x = f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = run1(
+        MovementOp::Gather(Gather { axis: 1 }),
+        vec![Some(x.clone()), Some(i64t(&[2], &[-1, 0]))],
+    );
+    assert_eq!(y.shape(), &[2, 2]);
+    assert_eq!(vals(&y), vec![3.0, 1.0, 6.0, 4.0]);
+    let y = run1(
+        MovementOp::GatherElements(GatherElements { axis: 0 }),
+        vec![Some(x), Some(i64t(&[1, 3], &[1, 0, 1]))],
+    );
+    assert_eq!(vals(&y), vec![4.0, 2.0, 6.0]);
+}
+
+#[test]
+fn gathernd_batch_dims() {
+    // Spec example 5: batch_dims = 1.
+    let x = i64t(&[2, 2, 2], &[0, 1, 2, 3, 4, 5, 6, 7]);
+    let y = run1(
+        MovementOp::GatherND(GatherND { batch_dims: 1 }),
+        vec![Some(x), Some(i64t(&[2, 1], &[1, 0]))],
+    );
+    assert_eq!(y.shape(), &[2, 2]);
+    assert_eq!(y.as_slice::<i64>().unwrap(), &[2, 3, 4, 5]);
+}
+
+#[test]
+fn scatter_reductions() {
+    let x = f32t(&[4], &[1.0, 2.0, 3.0, 4.0]);
+    let y = run1(
+        MovementOp::ScatterND(ScatterND {
+            reduction: Reduction::Add,
+        }),
+        vec![
+            Some(x.clone()),
+            Some(i64t(&[2, 1], &[1, 1])),
+            Some(f32t(&[2], &[10.0, 20.0])),
+        ],
+    );
+    assert_eq!(vals(&y), vec![1.0, 32.0, 3.0, 4.0]);
+    let y = run1(
+        MovementOp::ScatterElements(ScatterElements {
+            axis: 0,
+            reduction: Reduction::None,
+        }),
+        vec![
+            Some(x.clone()),
+            Some(i64t(&[2], &[-1, 0])),
+            Some(f32t(&[2], &[7.0, 8.0])),
+        ],
+    );
+    assert_eq!(vals(&y), vec![8.0, 2.0, 3.0, 7.0]);
+    let y = run1(
+        MovementOp::ScatterElements(ScatterElements {
+            axis: 0,
+            reduction: Reduction::Min,
+        }),
+        vec![Some(x), Some(i64t(&[2], &[3, 3])), Some(f32t(&[2], &[7.0, 0.5]))],
+    );
+    assert_eq!(vals(&y), vec![1.0, 2.0, 3.0, 0.5]);
+}
+
+#[test]
+fn topk_ties_prefer_lower_index() {
+    let x = f32t(&[5], &[1.0, 3.0, 3.0, 2.0, 3.0]);
+    let ys = run(
+        MovementOp::TopK(TopK {
+            axis: -1,
+            largest: true,
+            sorted: true,
+            k: None,
+        }),
+        vec![Some(x.clone()), Some(i64t(&[1], &[2]))],
+    );
+    assert_eq!(vals(&ys[0]), vec![3.0, 3.0]);
+    assert_eq!(ys[1].as_slice::<i64>().unwrap(), &[1, 2]);
+    let ys = run(
+        MovementOp::TopK(TopK {
+            axis: 0,
+            largest: false,
+            sorted: true,
+            k: Some(2),
+        }),
+        vec![Some(x)],
+    );
+    assert_eq!(vals(&ys[0]), vec![1.0, 2.0]);
+    assert_eq!(ys[1].as_slice::<i64>().unwrap(), &[0, 3]);
+}
+
+#[test]
+fn unique_spec_examples() {
+    // Example 1: unsorted.
+    let x = f32t(&[6], &[2.0, 1.0, 1.0, 3.0, 4.0, 3.0]);
+    let ys = run(
+        MovementOp::Unique(Unique {
+            axis: None,
+            sorted: false,
+        }),
+        vec![Some(x)],
+    );
+    assert_eq!(vals(&ys[0]), vec![2.0, 1.0, 3.0, 4.0]);
+    assert_eq!(ys[1].as_slice::<i64>().unwrap(), &[0, 1, 3, 4]);
+    assert_eq!(ys[2].as_slice::<i64>().unwrap(), &[0, 1, 1, 2, 3, 2]);
+    assert_eq!(ys[3].as_slice::<i64>().unwrap(), &[1, 2, 2, 1]);
+    // Example 3: sorted along axis 0.
+    let x = i64t(&[3, 3], &[1, 0, 0, 1, 0, 0, 2, 3, 4]);
+    let ys = run(
+        MovementOp::Unique(Unique {
+            axis: Some(0),
+            sorted: true,
+        }),
+        vec![Some(x)],
+    );
+    assert_eq!(ys[0].shape(), &[2, 3]);
+    assert_eq!(ys[0].as_slice::<i64>().unwrap(), &[1, 0, 0, 2, 3, 4]);
+    assert_eq!(ys[1].as_slice::<i64>().unwrap(), &[0, 2]);
+    assert_eq!(ys[2].as_slice::<i64>().unwrap(), &[0, 0, 1]);
+    assert_eq!(ys[3].as_slice::<i64>().unwrap(), &[2, 1]);
+}
+
+#[test]
+fn cumsum_exclusive_reverse() {
+    let x = f32t(&[3], &[1.0, 2.0, 3.0]);
+    let y = run1(
+        MovementOp::CumSum(CumSum {
+            exclusive: true,
+            reverse: true,
+        }),
+        vec![Some(x.clone()), Some(i64t(&[], &[0]))],
+    );
+    assert_eq!(vals(&y), vec![5.0, 3.0, 0.0]);
+    let y = run1(
+        MovementOp::CumProd(CumProd {
+            exclusive: false,
+            reverse: false,
+        }),
+        vec![Some(x), Some(i64t(&[], &[0]))],
+    );
+    assert_eq!(vals(&y), vec![1.0, 2.0, 6.0]);
+}
+
+#[test]
+fn depth_space_round_trip() {
+    // 1x4x1x1 -> DCR depth-to-space 2 gives a 1x1x2x2 with channels laid out row-major.
+    let x = f32t(&[1, 4, 1, 1], &[0.0, 1.0, 2.0, 3.0]);
+    let y = run1(
+        MovementOp::DepthToSpace(DepthToSpace {
+            blocksize: 2,
+            crd: false,
+        }),
+        vec![Some(x.clone())],
+    );
+    assert_eq!(y.shape(), &[1, 1, 2, 2]);
+    assert_eq!(vals(&y), vec![0.0, 1.0, 2.0, 3.0]);
+    // 1x8x1x1 DCR: channel = (bh * 2 + bw) * C + c with C = 2.
+    let x = f32t(&[1, 8, 1, 1], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+    let y = run1(
+        MovementOp::DepthToSpace(DepthToSpace {
+            blocksize: 2,
+            crd: false,
+        }),
+        vec![Some(x.clone())],
+    );
+    assert_eq!(vals(&y), vec![0.0, 2.0, 4.0, 6.0, 1.0, 3.0, 5.0, 7.0]);
+    let z = run1(
+        MovementOp::SpaceToDepth(SpaceToDepth {
+            blocksize: 2,
+            crd: false,
+        }),
+        vec![Some(y)],
+    );
+    assert_eq!(z, x);
+}
+
+#[test]
+fn onehot_negative_index_and_range() {
+    let y = run1(
+        MovementOp::OneHot(OneHot { axis: -1 }),
+        vec![
+            Some(i64t(&[2], &[-1, 5])),
+            Some(i64t(&[], &[3])),
+            Some(f32t(&[2], &[0.0, 1.0])),
+        ],
+    );
+    assert_eq!(y.shape(), &[2, 3]);
+    assert_eq!(vals(&y), vec![0.0, 0.0, 1.0, 0.0, 0.0, 0.0]);
+    let y = run1(
+        MovementOp::Range(Range),
+        vec![Some(i64t(&[], &[10])), Some(i64t(&[], &[4])), Some(i64t(&[], &[-2]))],
+    );
+    assert_eq!(y.as_slice::<i64>().unwrap(), &[10, 8, 6]);
+    let y = run1(
+        MovementOp::Range(Range),
+        vec![
+            Some(f32t(&[], &[1.0])),
+            Some(f32t(&[], &[2.0])),
+            Some(f32t(&[], &[0.3])),
+        ],
+    );
+    assert_eq!(y.len(), 4);
+}
+
+#[test]
+fn trilu_and_eyelike() {
+    let x = f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = run1(
+        MovementOp::Trilu(Trilu { upper: true }),
+        vec![Some(x.clone()), Some(i64t(&[], &[1]))],
+    );
+    assert_eq!(vals(&y), vec![0.0, 2.0, 3.0, 0.0, 0.0, 6.0]);
+    let y = run1(MovementOp::Trilu(Trilu { upper: false }), vec![Some(x.clone())]);
+    assert_eq!(vals(&y), vec![1.0, 0.0, 0.0, 4.0, 5.0, 0.0]);
+    let y = run1(
+        MovementOp::EyeLike(EyeLike {
+            dtype: Some(DType::I32),
+            k: -1,
+        }),
+        vec![Some(x)],
+    );
+    assert_eq!(y.as_slice::<i32>().unwrap(), &[0, 0, 0, 1, 0, 0]);
+}
+
+#[test]
+fn col2im_overlapping_blocks_sum() {
+    // One channel, 1-D-like image 1x3, block 1x2, stride 1: columns [a0 a1] and [b0 b1]
+    // land on pixels (0,1) and (1,2).
+    let x = f32t(&[1, 2, 2], &[1.0, 10.0, 2.0, 20.0]);
+    let y = run1(
+        MovementOp::Col2Im(Col2Im {
+            dilations: None,
+            pads: None,
+            strides: None,
+        }),
+        vec![Some(x), Some(i64t(&[2], &[1, 3])), Some(i64t(&[2], &[1, 2]))],
+    );
+    assert_eq!(y.shape(), &[1, 1, 1, 3]);
+    assert_eq!(vals(&y), vec![1.0, 12.0, 20.0]);
+}
+
+#[test]
+fn compress_nonzero_reverse_sequence() {
+    let x = f32t(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let cond = Tensor::from_vec(vec![3], vec![false, true, true]).unwrap();
+    let y = run1(
+        MovementOp::Compress(Compress { axis: Some(0) }),
+        vec![Some(x), Some(cond)],
+    );
+    assert_eq!(vals(&y), vec![3.0, 4.0, 5.0, 6.0]);
+    let y = run1(
+        MovementOp::NonZero(NonZero),
+        vec![Some(f32t(&[2, 2], &[1.0, 0.0, 0.0, 2.0]))],
+    );
+    assert_eq!(y.shape(), &[2, 2]);
+    assert_eq!(y.as_slice::<i64>().unwrap(), &[0, 1, 0, 1]);
+    // Spec example 2 (time_axis 1, batch_axis 0), first two rows.
+    let x = f32t(&[2, 4], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+    let y = run1(
+        MovementOp::ReverseSequence(ReverseSequence {
+            batch_axis: 0,
+            time_axis: 1,
+        }),
+        vec![Some(x), Some(i64t(&[2], &[1, 2]))],
+    );
+    assert_eq!(vals(&y), vec![0.0, 1.0, 2.0, 3.0, 5.0, 4.0, 6.0, 7.0]);
+}
+
+#[test]
+fn byte_coded_and_size_bounds() {
+    let x = Tensor::from_codes(DType::F8E4M3FN, vec![2], vec![0x38, 0x40]).unwrap();
+    let y = run1(MovementOp::Tile(Tile), vec![Some(x), Some(i64t(&[1], &[2]))]);
+    assert_eq!(y.codes().unwrap(), &[0x38, 0x40, 0x38, 0x40]);
+    let vals: Vec<Option<Value>> = vec![Some(Value::Tensor(i64t(&[2], &[1 << 40, 1 << 40])))];
+    let refs: Vec<Option<&Value>> = vals.iter().map(Option::as_ref).collect();
+    assert!(
+        MovementOp::ConstantOfShape(ConstantOfShape { value: None })
+            .eval(&Args::new(&refs))
+            .is_err()
+    );
+}
+
+#[test]
+fn tensor_scatter_circular() {
+    let past = f32t(&[1, 3, 1], &[0.0, 0.0, 0.0]);
+    let upd = f32t(&[1, 2, 1], &[1.0, 2.0]);
+    let y = run1(
+        MovementOp::TensorScatter(TensorScatter {
+            axis: -2,
+            circular: true,
+        }),
+        vec![Some(past), Some(upd), Some(i64t(&[1], &[2]))],
+    );
+    assert_eq!(vals(&y), vec![2.0, 0.0, 1.0]);
+}
+
+#[test]
+fn gathernd_empty_tuples_copy_everything() {
+    let x = i64t(&[2, 2], &[1, 2, 3, 4]);
+    let y = run1(
+        MovementOp::GatherND(GatherND { batch_dims: 0 }),
+        vec![Some(x), Some(i64t(&[3, 0], &[]))],
+    );
+    assert_eq!(y.shape(), &[3, 2, 2]);
+    assert_eq!(y.as_slice::<i64>().unwrap(), &[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4]);
+}
+
+#[test]
+fn pad_wrap_after_crop_reads_cropped_data() {
+    // onnxruntime crops first: [1,2,3,4] with pads (-1, 2) -> [2,3,4] then wraps -> [2,3,4,2,3].
+    let x = f32t(&[4], &[1.0, 2.0, 3.0, 4.0]);
+    let y = run1(
+        MovementOp::Pad(Pad {
+            mode: PadMode::Wrap,
+            pads: None,
+            value: 0.0,
+        }),
+        vec![Some(x), Some(i64t(&[2], &[-1, 2]))],
+    );
+    assert_eq!(vals(&y), vec![2.0, 3.0, 4.0, 2.0, 3.0]);
+}
