@@ -84,7 +84,15 @@ impl FloatFormat {
         let sign = self.sign_bit();
         let max = self.max_finite_code();
         if x.is_nan() {
-            return if self.uz { sign } else { self.nan_code_plain() };
+            if self.uz {
+                return sign;
+            }
+            if !self.ieee_special && !self.fn_nan {
+                // fp4 has no NaN: like ml_dtypes (ONNX's reference), a NaN becomes a zero
+                // of the opposite sign.
+                return if x.is_sign_negative() { 0 } else { sign };
+            }
+            return self.nan_code_plain();
         }
         let neg = x.is_sign_negative();
         let a = x.abs();
@@ -138,7 +146,7 @@ impl FloatFormat {
         if neg && !(self.uz && mag == 0) { mag | sign } else { mag }
     }
     fn nan_code_plain(&self) -> u8 {
-        // All ones below the sign bit is NaN in e4m3fn and e5m2; fp4 has no NaN (max is used).
+        // All ones below the sign bit is NaN in e4m3fn and e5m2.
         sign_minus_one(self.sign_bit())
     }
 }
@@ -314,6 +322,10 @@ mod tests {
         assert_eq!(vals, vec![0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]);
         assert_eq!(decode(DType::F4E2M1, 0x9), -0.5);
         assert_eq!(encode_float(DType::F4E2M1, 100.0, false), 0x7);
+        assert_eq!(encode_float(DType::F4E2M1, f32::NEG_INFINITY, false), 0xF);
+        // ml_dtypes' choice for NaN: the zero of the opposite sign.
+        assert_eq!(encode_float(DType::F4E2M1, f32::NAN, false), 0x8);
+        assert_eq!(encode_float(DType::F4E2M1, -f32::NAN, false), 0x0);
     }
 
     #[test]
