@@ -8,14 +8,29 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 pub fn info(path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Result<()> {
-    let model = kiln::load_onnx(path, &SessionOptions { symbols: symbols.to_vec() })
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    let model = kiln::load_onnx(
+        path,
+        &SessionOptions {
+            symbols: symbols.to_vec(),
+        },
+    )
+    .with_context(|| format!("cannot load {}", path.display()))?;
     let g = &model.graph;
     println!("model     {}", path.display());
-    println!("producer  {}", if model.producer.is_empty() { "-" } else { &model.producer });
+    println!(
+        "producer  {}",
+        if model.producer.is_empty() {
+            "-"
+        } else {
+            &model.producer
+        }
+    );
     println!("ir        {}", model.ir_version);
-    let opsets: Vec<String> =
-        model.opsets.iter().map(|(d, v)| format!("{}={v}", if d.is_empty() { "ai.onnx" } else { d })).collect();
+    let opsets: Vec<String> = model
+        .opsets
+        .iter()
+        .map(|(d, v)| format!("{}={v}", if d.is_empty() { "ai.onnx" } else { d }))
+        .collect();
     println!("opsets    {}", opsets.join(", "));
     println!("\ninputs");
     for &i in &g.inputs {
@@ -38,8 +53,16 @@ pub fn info(path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Resu
     for (op, n) in &hist {
         println!("  {op:<24} {n}");
     }
-    println!("\nparameters {} ({} bytes in constants)", group(stats.params), group(stats.param_bytes));
-    let macs = if stats.macs_partial { format!("{} (at least: some shapes are unknown)", group(stats.macs)) } else { group(stats.macs) };
+    println!(
+        "\nparameters {} ({} bytes in constants)",
+        group(stats.params),
+        group(stats.param_bytes)
+    );
+    let macs = if stats.macs_partial {
+        format!("{} (at least: some shapes are unknown)", group(stats.macs))
+    } else {
+        group(stats.macs)
+    };
     println!("MACs       {macs}");
     if print_graph {
         println!("\n{}", g.to_text());
@@ -66,18 +89,32 @@ fn walk(g: &Graph, hist: &mut BTreeMap<&'static str, usize>, stats: &mut Stats) 
         *hist.entry(node.kind.name()).or_default() += 1;
         match &node.kind {
             NodeKind::Op(op) => {
-                let types: Vec<ValueType> =
-                    node.inputs.iter().map(|i| i.and_then(|i| g.value(i)).map_or(ValueType::Unknown, |v| v.ty.clone())).collect();
+                let types: Vec<ValueType> = node
+                    .inputs
+                    .iter()
+                    .map(|i| i.and_then(|i| g.value(i)).map_or(ValueType::Unknown, |v| v.ty.clone()))
+                    .collect();
                 let inputs: Vec<InferInput<'_>> = node
                     .inputs
                     .iter()
                     .zip(&types)
-                    .map(|(i, ty)| InferInput { ty, konst: i.and_then(|i| g.constant(i)) })
+                    .map(|(i, ty)| InferInput {
+                        ty,
+                        konst: i.and_then(|i| g.constant(i)),
+                    })
                     .collect();
-                let outputs: Vec<ValueType> =
-                    node.outputs.iter().map(|o| o.and_then(|o| g.value(o)).map_or(ValueType::Unknown, |v| v.ty.clone())).collect();
+                let outputs: Vec<ValueType> = node
+                    .outputs
+                    .iter()
+                    .map(|o| o.and_then(|o| g.value(o)).map_or(ValueType::Unknown, |v| v.ty.clone()))
+                    .collect();
                 let m = op.macs(&inputs, &outputs);
-                if m == 0 && matches!(op.name(), "Conv" | "ConvTranspose" | "MatMul" | "Gemm" | "Einsum" | "LSTM" | "GRU" | "RNN" | "Attention") {
+                if m == 0
+                    && matches!(
+                        op.name(),
+                        "Conv" | "ConvTranspose" | "MatMul" | "Gemm" | "Einsum" | "LSTM" | "GRU" | "RNN" | "Attention"
+                    )
+                {
                     stats.macs_partial = true;
                 }
                 stats.macs += m;

@@ -10,7 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "kiln: an ahead-of-time compiler and runtime for ONNX models")]
+#[command(
+    name = "kiln",
+    version,
+    about = "kiln: an ahead-of-time compiler and runtime for ONNX models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -73,8 +77,13 @@ pub(crate) fn parse_symbols(items: &[String]) -> Result<Vec<(String, usize)>> {
     items
         .iter()
         .map(|s| {
-            let (name, value) = s.split_once('=').with_context(|| format!("--define-symbol '{s}': expected NAME=VALUE"))?;
-            let v: usize = value.trim().parse().with_context(|| format!("--define-symbol '{s}': '{value}' is not a non-negative integer"))?;
+            let (name, value) = s
+                .split_once('=')
+                .with_context(|| format!("--define-symbol '{s}': expected NAME=VALUE"))?;
+            let v: usize = value
+                .trim()
+                .parse()
+                .with_context(|| format!("--define-symbol '{s}': '{value}' is not a non-negative integer"))?;
             Ok((name.trim().to_string(), v))
         })
         .collect()
@@ -82,12 +91,27 @@ pub(crate) fn parse_symbols(items: &[String]) -> Result<Vec<(String, usize)>> {
 
 /// Output file name for a tensor name: anything but letters, digits, `.`, `_`, `-` becomes `_`.
 fn file_name_for(name: &str) -> String {
-    let s: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
-    if s.is_empty() || s.chars().all(|c| c == '.') { format!("_{s}") } else { s }
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() || s.chars().all(|c| c == '.') {
+        format!("_{s}")
+    } else {
+        s
+    }
 }
 
 fn run(a: RunArgs) -> Result<()> {
-    let options = SessionOptions { symbols: parse_symbols(&a.symbols)? };
+    let options = SessionOptions {
+        symbols: parse_symbols(&a.symbols)?,
+    };
     let session = Session::new(&a.model, &options).with_context(|| format!("cannot load {}", a.model.display()))?;
     let mut feed: Vec<(String, Value)> = Vec::new();
     if let Some(npz) = &a.npz {
@@ -96,7 +120,9 @@ fn run(a: RunArgs) -> Result<()> {
         }
     }
     for spec in &a.inputs {
-        let (name, path) = spec.split_once('=').with_context(|| format!("--input '{spec}': expected NAME=PATH.npy"))?;
+        let (name, path) = spec
+            .split_once('=')
+            .with_context(|| format!("--input '{spec}': expected NAME=PATH.npy"))?;
         let t = npy::read_npy_file(Path::new(path)).with_context(|| format!("input '{name}'"))?;
         feed.retain(|(n, _)| n != name);
         feed.push((name.to_string(), Value::Tensor(t)));
@@ -118,7 +144,10 @@ fn run(a: RunArgs) -> Result<()> {
             let path = dir.join(format!("{}.npy", file_name_for(name)));
             let w = npy::write_npy(&path, t)?;
             if let Some(from) = w.converted_from {
-                note = format!(" (written as {} from {from}: numpy has no {from})", if from.is_int() { "int8/uint8" } else { "float32" });
+                note = format!(
+                    " (written as {} from {from}: numpy has no {from})",
+                    if from.is_int() { "int8/uint8" } else { "float32" }
+                );
             }
         }
         println!("{name}: {}{note}", summary(t));
@@ -130,20 +159,42 @@ fn run(a: RunArgs) -> Result<()> {
 fn summary(t: &Tensor) -> String {
     let shape = format!("{}{:?}", t.dtype(), t.shape());
     if t.dtype() == kiln::DType::String {
-        let first: Vec<String> = t.as_slice::<String>().unwrap_or(&[]).iter().take(3).map(|s| format!("{s:?}")).collect();
-        return format!("{shape} [{}{}]", first.join(", "), if t.len() > 3 { ", ..." } else { "" });
+        let first: Vec<String> = t
+            .as_slice::<String>()
+            .unwrap_or(&[])
+            .iter()
+            .take(3)
+            .map(|s| format!("{s:?}"))
+            .collect();
+        return format!(
+            "{shape} [{}{}]",
+            first.join(", "),
+            if t.len() > 3 { ", ..." } else { "" }
+        );
     }
     let v = t.to_f64_vec();
     if v.is_empty() {
         return format!("{shape} (empty)");
     }
     let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    let (min, max) = finite.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    let (min, max) = finite
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
     let mean = finite.iter().sum::<f64>() / finite.len().max(1) as f64;
     let nonfinite = v.len() - finite.len();
     let first: Vec<String> = v.iter().take(4).map(|x| format!("{x:.6}")).collect();
-    let argmax = v.iter().enumerate().fold((0, f64::NEG_INFINITY), |acc, (i, &x)| if x > acc.1 { (i, x) } else { acc }).0;
-    let mut s = format!("{shape} min={min:.6} max={max:.6} mean={mean:.6} argmax={argmax} first=[{}]", first.join(", "));
+    let argmax = v
+        .iter()
+        .enumerate()
+        .fold(
+            (0, f64::NEG_INFINITY),
+            |acc, (i, &x)| if x > acc.1 { (i, x) } else { acc },
+        )
+        .0;
+    let mut s = format!(
+        "{shape} min={min:.6} max={max:.6} mean={mean:.6} argmax={argmax} first=[{}]",
+        first.join(", ")
+    );
     if nonfinite > 0 {
         s.push_str(&format!(" non-finite={nonfinite}"));
     }
@@ -164,7 +215,10 @@ mod tests {
 
     #[test]
     fn symbols_parse_or_fail_clearly() {
-        assert_eq!(parse_symbols(&["batch=4".into()]).unwrap(), vec![("batch".to_string(), 4)]);
+        assert_eq!(
+            parse_symbols(&["batch=4".into()]).unwrap(),
+            vec![("batch".to_string(), 4)]
+        );
         assert!(parse_symbols(&["batch".into()]).is_err());
         assert!(parse_symbols(&["batch=-1".into()]).is_err());
     }

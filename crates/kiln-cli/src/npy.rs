@@ -31,7 +31,10 @@ pub fn parse_npy(bytes: &[u8]) -> Result<Tensor> {
             if bytes.len() < 12 {
                 bail!("truncated header");
             }
-            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+            (
+                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+                12,
+            )
         }
         v => bail!("unsupported .npy format version {v}"),
     };
@@ -50,9 +53,14 @@ pub fn parse_npy(bytes: &[u8]) -> Result<Tensor> {
         bail!("big-endian arrays ('{descr}') are not supported; save with a little-endian dtype");
     }
     let n = kiln::raw::ops::util::checked_numel(&shape).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let need = n.checked_mul(if kind == "U" { size * 4 } else { size }).context("array too large")?;
+    let need = n
+        .checked_mul(if kind == "U" { size * 4 } else { size })
+        .context("array too large")?;
     if data.len() < need {
-        bail!("data holds {} bytes, shape {shape:?} of '{descr}' needs {need}", data.len());
+        bail!(
+            "data holds {} bytes, shape {shape:?} of '{descr}' needs {need}",
+            data.len()
+        );
     }
     let data = &data[..need];
     let t = match (kind, size) {
@@ -140,7 +148,12 @@ fn dict_str<'h>(header: &'h str, key: &str) -> Option<&'h str> {
 fn dict_shape(header: &str) -> Option<Vec<usize>> {
     let v = dict_raw(header, "shape")?.strip_prefix('(')?;
     let inner = &v[..v.find(')')?];
-    inner.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.trim_end_matches('L').parse().ok()).collect()
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end_matches('L').parse().ok())
+        .collect()
 }
 
 /// What happened to a tensor written in a dtype numpy lacks.
@@ -188,7 +201,10 @@ pub fn to_npy(t: &Tensor) -> (Vec<u8>, Written) {
                     ("|u1".into(), v.iter().map(|&x| x as u8).collect())
                 }
             } else {
-                ("<f4".into(), t.to_f64_vec().iter().flat_map(|&x| (x as f32).to_le_bytes()).collect())
+                (
+                    "<f4".into(),
+                    t.to_f64_vec().iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+                )
             }
         }
     };
@@ -214,17 +230,22 @@ pub fn to_npy(t: &Tensor) -> (Vec<u8>, Written) {
 /// Reads every array of an .npz archive as `(name, tensor)`, names without `.npy`.
 pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>> {
     let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut zip = zip::ZipArchive::new(file).with_context(|| format!("{} is not an .npz (zip) archive", path.display()))?;
+    let mut zip =
+        zip::ZipArchive::new(file).with_context(|| format!("{} is not an .npz (zip) archive", path.display()))?;
     let mut out = Vec::new();
     for i in 0..zip.len() {
-        let mut entry = zip.by_index(i).with_context(|| format!("{}: entry {i}", path.display()))?;
+        let mut entry = zip
+            .by_index(i)
+            .with_context(|| format!("{}: entry {i}", path.display()))?;
         let name = entry.name().trim_end_matches(".npy").to_string();
         let size = entry.size();
         if size > kiln::raw::ops::util::checked_numel(&[1usize << 36]).map_or(1 << 36, |n| n as u64) {
             bail!("{}: entry '{name}' is too large ({size} bytes)", path.display());
         }
         let mut bytes = Vec::with_capacity(size as usize);
-        entry.read_to_end(&mut bytes).with_context(|| format!("{}: entry '{name}'", path.display()))?;
+        entry
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("{}: entry '{name}'", path.display()))?;
         let t = parse_npy(&bytes).with_context(|| format!("{}: entry '{name}'", path.display()))?;
         out.push((name, t));
     }
@@ -234,7 +255,8 @@ pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>> {
 pub fn write_npy(path: &Path, t: &Tensor) -> Result<Written> {
     let (bytes, w) = to_npy(t);
     let mut f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(&bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(&bytes)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(w)
 }
 

@@ -15,7 +15,10 @@ fn examples() -> PathBuf {
 fn read_f32_npy(path: &Path) -> Vec<f32> {
     let bytes = std::fs::read(path).unwrap();
     let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-    bytes[10 + header_len..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes[10 + header_len..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 #[test]
@@ -44,7 +47,11 @@ fn run_matches_onnxruntime_on_the_example() {
 
 fn run_err(args: &[&str]) -> String {
     let out = kiln().args(args).output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "expected a clean failure for {args:?}: {out:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected a clean failure for {args:?}: {out:?}"
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -81,7 +88,11 @@ fn corrupted_models_fail_without_panicking() {
 
 #[test]
 fn info_reports_params_and_macs() {
-    let out = kiln().arg("info").arg(examples().join("tiny_cnn.onnx")).output().unwrap();
+    let out = kiln()
+        .arg("info")
+        .arg(examples().join("tiny_cnn.onnx"))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     // 8*3*3*3+8 + 4*8 + 16*8*3*3+16 + 16*10+10 + 2 (shape) = 224 + 32 + 1168 + 170 + 2

@@ -54,7 +54,9 @@ fn lower_control(c: &ControlFlow) -> StepKind {
             then_branch: Box::new(lower_graph(&n.then_branch)),
             else_branch: Box::new(lower_graph(&n.else_branch)),
         },
-        ControlFlow::Loop(n) => StepKind::Loop(LoopStep { body: Box::new(lower_graph(&n.body)) }),
+        ControlFlow::Loop(n) => StepKind::Loop(LoopStep {
+            body: Box::new(lower_graph(&n.body)),
+        }),
         ControlFlow::Scan(n) => StepKind::Scan(ScanStep {
             body: Box::new(lower_graph(&n.body)),
             num_scan_inputs: n.num_scan_inputs,
@@ -63,6 +65,8 @@ fn lower_control(c: &ControlFlow) -> StepKind {
             output_reverse: n.output_reverse.clone(),
             output_axes: n.output_axes.clone(),
         }),
-        ControlFlow::SequenceMap(n) => StepKind::SequenceMap { body: Box::new(lower_graph(&n.body)) },
+        ControlFlow::SequenceMap(n) => StepKind::SequenceMap {
+            body: Box::new(lower_graph(&n.body)),
+        },
     }
 }

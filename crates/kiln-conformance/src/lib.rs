@@ -77,7 +77,13 @@ pub fn discover(data: &Path, kinds: &[&str], filter: Option<&regex::Regex>) -> s
             }
             let case_dir = dir.join(&name);
             let (rtol, atol) = read_meta(&case_dir.join("meta.json"));
-            cases.push(Case { kind: kind.to_string(), name, dir: case_dir, rtol, atol });
+            cases.push(Case {
+                kind: kind.to_string(),
+                name,
+                dir: case_dir,
+                rtol,
+                atol,
+            });
         }
     }
     Ok(cases)
@@ -98,7 +104,9 @@ fn read_meta(path: &Path) -> (f64, f64) {
 /// Op types used by a case's model (main graph and subgraphs), for the per-op table.
 pub fn model_ops(path: &Path) -> Vec<String> {
     let Ok(bytes) = std::fs::read(path) else { return vec![] };
-    let Ok(m) = ModelProto::decode(bytes.as_slice()) else { return vec![] };
+    let Ok(m) = ModelProto::decode(bytes.as_slice()) else {
+        return vec![];
+    };
     let mut ops = BTreeSet::new();
     if let Some(g) = &m.graph {
         for n in &g.node {
@@ -114,21 +122,29 @@ pub fn run_case(case: &Case) -> Outcome {
         Ok(Ok(())) => Outcome::Pass,
         Ok(Err(e)) => Outcome::Fail(e),
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
             Outcome::Fail(format!("PANIC: {}", msg.unwrap_or_default()))
         }
     }
 }
 
 fn run_case_inner(case: &Case) -> Result<(), String> {
-    let session = Session::new(case.dir.join("model.onnx"), &SessionOptions::default()).map_err(|e| format!("load: {e}"))?;
+    let session =
+        Session::new(case.dir.join("model.onnx"), &SessionOptions::default()).map_err(|e| format!("load: {e}"))?;
     let inputs = session.inputs();
     let outputs = session.outputs();
     let mut sets: Vec<PathBuf> = std::fs::read_dir(&case.dir)
         .map_err(|e| e.to_string())?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_")))
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_"))
+        })
         .collect();
     sets.sort();
     if sets.is_empty() {
@@ -156,7 +172,10 @@ fn run_case_inner(case: &Case) -> Result<(), String> {
                 continue;
             }
             let expected = read_value(&path, &info.ty)?;
-            let actual = got.get(k).map(|(_, v)| v).ok_or_else(|| format!("output {k} missing"))?;
+            let actual = got
+                .get(k)
+                .map(|(_, v)| v)
+                .ok_or_else(|| format!("output {k} missing"))?;
             compare_values(&expected, actual, rtol, atol).map_err(|e| format!("output '{}': {e}", info.name))?;
             check_static_type(&info.ty, actual).map_err(|e| format!("output '{}': {e}", info.name))?;
         }
@@ -167,15 +186,24 @@ fn run_case_inner(case: &Case) -> Result<(), String> {
 /// The produced value must agree with the graph output's static type (declared in the file and
 /// refined by kiln's inference): same dtype, same rank, same size on every fixed dim.
 fn check_static_type(ty: &ValueType, v: &Value) -> Result<(), String> {
-    let (ValueType::Tensor(t), Value::Tensor(x)) = (ty, v) else { return Ok(()) };
+    let (ValueType::Tensor(t), Value::Tensor(x)) = (ty, v) else {
+        return Ok(());
+    };
     let dtype_ok = t.dtype.is_none_or(|d| d == x.dtype());
     let shape_ok = t.shape.as_ref().is_none_or(|s| {
-        s.len() == x.rank() && s.iter().zip(x.shape()).all(|(d, &n)| !matches!(d, kiln::Dim::Fixed(f) if *f != n))
+        s.len() == x.rank()
+            && s.iter()
+                .zip(x.shape())
+                .all(|(d, &n)| !matches!(d, kiln::Dim::Fixed(f) if *f != n))
     });
     if dtype_ok && shape_ok {
         Ok(())
     } else {
-        Err(format!("static type {ty} disagrees with the produced {}{:?}", x.dtype(), x.shape()))
+        Err(format!(
+            "static type {ty} disagrees with the produced {}{:?}",
+            x.dtype(),
+            x.shape()
+        ))
     }
 }
 
@@ -190,7 +218,11 @@ pub fn compare_values(expected: &Value, got: &Value, rtol: f64, atol: f64) -> Re
         (Value::Tensor(e), Value::Tensor(g)) => compare_tensor(e, g, rtol, atol),
         (Value::Sequence(e), Value::Sequence(g)) => {
             if e.items.len() != g.items.len() {
-                return Err(format!("sequence length: expected {}, got {}", e.items.len(), g.items.len()));
+                return Err(format!(
+                    "sequence length: expected {}, got {}",
+                    e.items.len(),
+                    g.items.len()
+                ));
             }
             for (i, (a, b)) in e.items.iter().zip(&g.items).enumerate() {
                 compare_tensor(a, b, rtol, atol).map_err(|m| format!("item {i}: {m}"))?;
@@ -200,7 +232,10 @@ pub fn compare_values(expected: &Value, got: &Value, rtol: f64, atol: f64) -> Re
         (Value::Optional(e, _), Value::Optional(g, _)) => match (e, g) {
             (None, None) => Ok(()),
             (Some(e), Some(g)) => compare_values(e, g, rtol, atol),
-            (e, _) => Err(format!("optional: expected {}, got the other", if e.is_some() { "a value" } else { "none" })),
+            (e, _) => Err(format!(
+                "optional: expected {}, got the other",
+                if e.is_some() { "a value" } else { "none" }
+            )),
         },
         (Value::Optional(Some(e), _), g) => compare_values(e, g, rtol, atol),
         (e, Value::Optional(Some(g), _)) => compare_values(e, g, rtol, atol),

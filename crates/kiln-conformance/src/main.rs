@@ -2,7 +2,9 @@
 //! list. Exit status 0 only when exactly the listed cases fail.
 
 use clap::Parser;
-use kiln_conformance::{KINDS, Outcome, default_data_dir, discover, expected_path, per_op, read_expected, run_all, summarize};
+use kiln_conformance::{
+    KINDS, Outcome, default_data_dir, discover, expected_path, per_op, read_expected, run_all, summarize,
+};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,7 +39,9 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     let data = args.data.unwrap_or_else(default_data_dir);
-    let kinds: Vec<String> = args.kinds.unwrap_or_else(|| KINDS.iter().map(|s| s.to_string()).collect());
+    let kinds: Vec<String> = args
+        .kinds
+        .unwrap_or_else(|| KINDS.iter().map(|s| s.to_string()).collect());
     let kinds: Vec<&str> = kinds.iter().map(String::as_str).collect();
     let filter = match args.filter.as_deref().map(regex::Regex::new).transpose() {
         Ok(f) => f,
@@ -49,7 +53,11 @@ fn main() -> ExitCode {
     let cases = match discover(&data, &kinds, filter.as_ref()) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: cannot read test data in {}: {e}\nrun: python scripts/fetch_onnx_tests.py {}", data.display(), data.display());
+            eprintln!(
+                "error: cannot read test data in {}: {e}\nrun: python scripts/fetch_onnx_tests.py {}",
+                data.display(),
+                data.display()
+            );
             return ExitCode::from(2);
         }
     };
@@ -78,11 +86,16 @@ fn main() -> ExitCode {
     }
     let summary = summarize(&results, &expected);
     if let Some(path) = &args.write_expected {
-        let mut text = String::from("# ONNX backend test cases kiln is known to fail: `kind/case | reason`.\n# The conformance run fails on any other failure and on any listed case that passes.\n");
+        let mut text = String::from(
+            "# ONNX backend test cases kiln is known to fail: `kind/case | reason`.\n# The conformance run fails on any other failure and on any listed case that passes.\n",
+        );
         for r in &results {
             if let Outcome::Fail(m) = &r.outcome {
                 let key = r.case.key();
-                let reason = expected.get(&key).cloned().unwrap_or_else(|| m.lines().next().unwrap_or("").replace('|', "/"));
+                let reason = expected
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or_else(|| m.lines().next().unwrap_or("").replace('|', "/"));
                 text.push_str(&format!("{key} | {reason}\n"));
             }
         }
@@ -98,11 +111,17 @@ fn main() -> ExitCode {
     for key in &summary.unexpected_passes {
         println!("UNEXPECTED PASS {key} (remove it from expected-failures.txt)");
     }
-    let missing: Vec<&String> = expected.keys().filter(|k| filter.is_none() && !in_run.contains(*k) && kinds.iter().any(|kd| k.starts_with(&format!("{kd}/")))).collect();
+    let missing: Vec<&String> = expected
+        .keys()
+        .filter(|k| filter.is_none() && !in_run.contains(*k) && kinds.iter().any(|kd| k.starts_with(&format!("{kd}/"))))
+        .collect();
     for key in &missing {
         println!("STALE ENTRY {key}: no such case in the test data");
     }
-    println!("{} passed, {} failed, {} skipped", summary.passed, summary.failed, summary.skipped);
+    println!(
+        "{} passed, {} failed, {} skipped",
+        summary.passed, summary.failed, summary.skipped
+    );
     let ok = summary.unexpected_failures.is_empty() && summary.unexpected_passes.is_empty() && missing.is_empty();
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -9,7 +9,12 @@ fn onnx_backend_suite_matches_expected_failures() {
     let data = default_data_dir();
     let cases = discover(&data, &KINDS, None)
         .unwrap_or_else(|e| panic!("no ONNX test data in {} ({e}); run scripts/setup.sh", data.display()));
-    assert!(cases.len() > 2000, "only {} cases found in {}", cases.len(), data.display());
+    assert!(
+        cases.len() > 2000,
+        "only {} cases found in {}",
+        cases.len(),
+        data.display()
+    );
     let expected = read_expected(&expected_path()).unwrap_or_else(|e| panic!("{e}"));
     let results = run_all(&cases, 2, &|_| {});
     let s = summarize(&results, &expected);

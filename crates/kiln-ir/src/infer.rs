@@ -21,7 +21,10 @@ pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
             let input_types: Vec<ValueType> = node
                 .inputs
                 .iter()
-                .map(|v| v.and_then(|v| graph.value(v)).map_or(ValueType::Unknown, |info| info.ty.clone()))
+                .map(|v| {
+                    v.and_then(|v| graph.value(v))
+                        .map_or(ValueType::Unknown, |info| info.ty.clone())
+                })
                 .collect();
             match &node.kind {
                 NodeKind::Op(op) => {
@@ -29,7 +32,10 @@ pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
                         .inputs
                         .iter()
                         .zip(&input_types)
-                        .map(|(v, ty)| InferInput { ty, konst: v.and_then(|v| graph.constant(v)) })
+                        .map(|(v, ty)| InferInput {
+                            ty,
+                            konst: v.and_then(|v| graph.constant(v)),
+                        })
                         .collect();
                     op.infer(&inputs).map_err(|source| InferError {
                         node: node.name.clone(),
@@ -52,13 +58,20 @@ pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
 
 fn control_output_types(c: &ControlFlow, n: usize) -> Vec<ValueType> {
     let body_out = |g: &Graph, skip: usize| -> Vec<ValueType> {
-        g.outputs.iter().skip(skip).map(|&v| g.value(v).map_or(ValueType::Unknown, |i| i.ty.clone())).collect()
+        g.outputs
+            .iter()
+            .skip(skip)
+            .map(|&v| g.value(v).map_or(ValueType::Unknown, |i| i.ty.clone()))
+            .collect()
     };
     let mut out: Vec<ValueType> = match c {
         ControlFlow::If(node) => {
             let a = body_out(&node.then_branch, 0);
             let b = body_out(&node.else_branch, 0);
-            a.into_iter().zip(b).map(|(a, b)| if a == b { a } else { loosen(&a, &b) }).collect()
+            a.into_iter()
+                .zip(b)
+                .map(|(a, b)| if a == b { a } else { loosen(&a, &b) })
+                .collect()
         }
         // Loop/Scan outputs gain a leading dim for scan outputs; only dtypes are carried here.
         ControlFlow::Loop(node) => body_out(&node.body, 1).iter().map(dtype_only).collect(),
@@ -89,7 +102,13 @@ fn loosen(a: &ValueType, b: &ValueType) -> ValueType {
                     s.iter()
                         .zip(t)
                         .enumerate()
-                        .map(|(i, (p, q))| if p == q { p.clone() } else { Dim::Sym(format!("unk__{i}")) })
+                        .map(|(i, (p, q))| {
+                            if p == q {
+                                p.clone()
+                            } else {
+                                Dim::Sym(format!("unk__{i}"))
+                            }
+                        })
                         .collect(),
                 ),
                 _ => None,
@@ -101,7 +120,9 @@ fn loosen(a: &ValueType, b: &ValueType) -> ValueType {
 }
 
 fn merge_into(graph: &mut Graph, id: ValueId, inferred: ValueType) {
-    let Some(info) = graph.values.get_mut(id.index()) else { return };
+    let Some(info) = graph.values.get_mut(id.index()) else {
+        return;
+    };
     info.ty = merge(&info.ty, &inferred);
 }
 

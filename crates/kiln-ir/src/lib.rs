@@ -9,7 +9,9 @@ mod infer;
 mod print;
 mod verify;
 
-pub use graph::{Capture, ControlFlow, Graph, IfNode, LoopNode, Node, NodeKind, ScanNode, SequenceMapNode, ValueId, ValueInfo};
+pub use graph::{
+    Capture, ControlFlow, Graph, IfNode, LoopNode, Node, NodeKind, ScanNode, SequenceMapNode, ValueId, ValueInfo,
+};
 pub use infer::{InferError, bind_symbols, infer_types, input_symbols};
 pub use kiln_ops::{Dim, Op, TensorType, Value, ValueType};
 pub use verify::VerifyError;

@@ -14,13 +14,31 @@ impl Graph {
 
     fn write_indented(&self, out: &mut String, indent: usize) -> fmt::Result {
         let pad = " ".repeat(indent);
-        let opsets: Vec<String> = self.opsets.iter().map(|(d, v)| format!("{}={v}", if d.is_empty() { "ai.onnx" } else { d })).collect();
-        writeln!(out, "{pad}graph {} {}", self.name, if opsets.is_empty() { String::new() } else { format!("(opsets {})", opsets.join(", ")) })?;
+        let opsets: Vec<String> = self
+            .opsets
+            .iter()
+            .map(|(d, v)| format!("{}={v}", if d.is_empty() { "ai.onnx" } else { d }))
+            .collect();
+        writeln!(
+            out,
+            "{pad}graph {} {}",
+            self.name,
+            if opsets.is_empty() {
+                String::new()
+            } else {
+                format!("(opsets {})", opsets.join(", "))
+            }
+        )?;
         for &i in &self.inputs {
             writeln!(out, "{pad}  input  {}", self.fmt_value(i))?;
         }
         for cap in &self.captures {
-            writeln!(out, "{pad}  capture {} (outer value {})", self.fmt_value(cap.inner), cap.outer.0)?;
+            writeln!(
+                out,
+                "{pad}  capture {} (outer value {})",
+                self.fmt_value(cap.inner),
+                cap.outer.0
+            )?;
         }
         for (id, v) in &self.constants {
             let what = match v {
@@ -30,7 +48,11 @@ impl Graph {
             writeln!(out, "{pad}  const  {}{what}", self.fmt_value(*id))?;
         }
         for node in &self.nodes {
-            let outs: Vec<String> = node.outputs.iter().map(|o| o.map_or("_".into(), |o| self.fmt_value(o))).collect();
+            let outs: Vec<String> = node
+                .outputs
+                .iter()
+                .map(|o| o.map_or("_".into(), |o| self.fmt_value(o)))
+                .collect();
             let ins: Vec<String> = node
                 .inputs
                 .iter()
@@ -38,17 +60,36 @@ impl Graph {
                 .collect();
             match &node.kind {
                 NodeKind::Op(op) => {
-                    writeln!(out, "{pad}  {} = {}({})  # {:?} '{}'", outs.join(", "), op.name(), ins.join(", "), op, node.name)?;
+                    writeln!(
+                        out,
+                        "{pad}  {} = {}({})  # {:?} '{}'",
+                        outs.join(", "),
+                        op.name(),
+                        ins.join(", "),
+                        op,
+                        node.name
+                    )?;
                 }
                 NodeKind::Control(c) => {
-                    writeln!(out, "{pad}  {} = {}({})  # '{}'", outs.join(", "), c.name(), ins.join(", "), node.name)?;
+                    writeln!(
+                        out,
+                        "{pad}  {} = {}({})  # '{}'",
+                        outs.join(", "),
+                        c.name(),
+                        ins.join(", "),
+                        node.name
+                    )?;
                     for g in c.subgraphs() {
                         g.write_indented(out, indent + 4)?;
                     }
                 }
             }
         }
-        let outs: Vec<String> = self.outputs.iter().map(|&o| format!("%{}", self.value_name(o))).collect();
+        let outs: Vec<String> = self
+            .outputs
+            .iter()
+            .map(|&o| format!("%{}", self.value_name(o)))
+            .collect();
         writeln!(out, "{pad}  output {}", outs.join(", "))
     }
 

@@ -16,20 +16,26 @@ impl Graph {
     /// subgraphs verify too. Types are checked for consistency where known: a node output's
     /// recorded type must agree with what the op infers from its inputs.
     pub fn verify(&self) -> Result<(), VerifyError> {
-        let err = |reason: String| VerifyError { graph: self.name.clone(), reason };
+        let err = |reason: String| VerifyError {
+            graph: self.name.clone(),
+            reason,
+        };
         let n = self.values.len();
         let mut defined = vec![false; n];
-        fn define(
-            defined: &mut [bool],
-            g: &Graph,
-            id: crate::ValueId,
-            what: &str,
-        ) -> Result<(), VerifyError> {
+        fn define(defined: &mut [bool], g: &Graph, id: crate::ValueId, what: &str) -> Result<(), VerifyError> {
             let n = defined.len();
-            let err = |reason: String| VerifyError { graph: g.name.clone(), reason };
-            let slot = defined.get_mut(id.index()).ok_or_else(|| err(format!("{what} refers to value {} of {n}", id.0)))?;
+            let err = |reason: String| VerifyError {
+                graph: g.name.clone(),
+                reason,
+            };
+            let slot = defined
+                .get_mut(id.index())
+                .ok_or_else(|| err(format!("{what} refers to value {} of {n}", id.0)))?;
             if *slot {
-                return Err(err(format!("value '{}' is defined twice (again by {what})", g.value_name(id))));
+                return Err(err(format!(
+                    "value '{}' is defined twice (again by {what})",
+                    g.value_name(id)
+                )));
             }
             *slot = true;
             Ok(())

@@ -11,11 +11,17 @@ pub struct MatLayout {
 impl MatLayout {
     /// Row-major matrix with `cols` columns.
     pub fn row_major(cols: usize) -> MatLayout {
-        MatLayout { row_stride: cols, col_stride: 1 }
+        MatLayout {
+            row_stride: cols,
+            col_stride: 1,
+        }
     }
     /// The transpose of a row-major matrix with `cols` columns.
     pub fn transposed(cols: usize) -> MatLayout {
-        MatLayout { row_stride: 1, col_stride: cols }
+        MatLayout {
+            row_stride: 1,
+            col_stride: cols,
+        }
     }
 }
 
@@ -41,7 +47,11 @@ pub fn gemm<T: GemmScalar>(
     c: &mut [T],
 ) -> bool {
     let need = |l: MatLayout, r: usize, cc: usize| {
-        if r == 0 || cc == 0 { 0 } else { (r - 1) * l.row_stride + (cc - 1) * l.col_stride + 1 }
+        if r == 0 || cc == 0 {
+            0
+        } else {
+            (r - 1) * l.row_stride + (cc - 1) * l.col_stride + 1
+        }
     };
     if a.len() < need(la, m, k) || b.len() < need(lb, k, n) || c.len() < m * n {
         return false;
@@ -78,16 +88,43 @@ mod tests {
         let a = [1.0f32, 2.0, 3.0, 4.0];
         let b = [5.0f32, 6.0, 7.0, 8.0];
         let mut c = [0.0f32; 4];
-        assert!(gemm(2, 2, 2, &a, MatLayout::row_major(2), &b, MatLayout::row_major(2), &mut c));
+        assert!(gemm(
+            2,
+            2,
+            2,
+            &a,
+            MatLayout::row_major(2),
+            &b,
+            MatLayout::row_major(2),
+            &mut c
+        ));
         assert_eq!(c, [19.0, 22.0, 43.0, 50.0]);
         // A^T * B with A stored row-major: [1 3; 2 4] * B = [26 30; 38 44]
-        assert!(gemm(2, 2, 2, &a, MatLayout::transposed(2), &b, MatLayout::row_major(2), &mut c));
+        assert!(gemm(
+            2,
+            2,
+            2,
+            &a,
+            MatLayout::transposed(2),
+            &b,
+            MatLayout::row_major(2),
+            &mut c
+        ));
         assert_eq!(c, [26.0, 30.0, 38.0, 44.0]);
     }
 
     #[test]
     fn short_slices_are_refused() {
         let mut c = [0.0f32; 4];
-        assert!(!gemm(2, 2, 2, &[1.0; 3], MatLayout::row_major(2), &[1.0; 4], MatLayout::row_major(2), &mut c));
+        assert!(!gemm(
+            2,
+            2,
+            2,
+            &[1.0; 3],
+            MatLayout::row_major(2),
+            &[1.0; 4],
+            MatLayout::row_major(2),
+            &mut c
+        ));
     }
 }

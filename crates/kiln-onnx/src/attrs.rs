@@ -52,7 +52,11 @@ impl<'a> NodeCtx<'a> {
 
     /// An error about this node as a whole.
     pub fn node_err(&self, reason: impl Into<String>) -> ImportError {
-        ImportError::Node { node: self.name.to_string(), op: self.op_type.to_string(), reason: reason.into() }
+        ImportError::Node {
+            node: self.name.to_string(),
+            op: self.op_type.to_string(),
+            reason: reason.into(),
+        }
     }
 
     fn expect_kind(&self, a: &AttributeProto, name: &str, want: AttributeType) -> Result<()> {
@@ -60,7 +64,10 @@ impl<'a> NodeCtx<'a> {
             Some(k) if k == want => Ok(()),
             // Some exporters leave the type unset; accept when the matching field is filled.
             None | Some(AttributeType::Undefined) => Ok(()),
-            Some(k) => Err(self.attr_err(name, format!("expected {}, got {}", want.as_str_name(), k.as_str_name()))),
+            Some(k) => Err(self.attr_err(
+                name,
+                format!("expected {}, got {}", want.as_str_name(), k.as_str_name()),
+            )),
         }
     }
 
@@ -107,7 +114,9 @@ impl<'a> NodeCtx<'a> {
         let Some(a) = self.find(name) else { return Ok(None) };
         self.expect_kind(a, name, AttributeType::String)?;
         let bytes = a.s.as_deref().unwrap_or(&[]);
-        String::from_utf8(bytes.to_vec()).map(Some).map_err(|_| self.attr_err(name, "is not valid UTF-8"))
+        String::from_utf8(bytes.to_vec())
+            .map(Some)
+            .map_err(|_| self.attr_err(name, "is not valid UTF-8"))
     }
     pub fn attr_string_or(&self, name: &str, default: &str) -> Result<String> {
         Ok(self.attr_string(name)?.unwrap_or_else(|| default.to_string()))

@@ -13,7 +13,12 @@ pub enum ImportError {
     #[error("{}", unsupported_message(.0))]
     UnsupportedOps(Vec<UnsupportedOp>),
     #[error("node '{node}' ({op}): attribute '{attr}': {reason}")]
-    Attribute { node: String, op: String, attr: String, reason: String },
+    Attribute {
+        node: String,
+        op: String,
+        attr: String,
+        reason: String,
+    },
     #[error("node '{node}' ({op}): {reason}")]
     Node { node: String, op: String, reason: String },
     #[error("tensor '{name}': {reason}")]
@@ -38,17 +43,33 @@ pub struct UnsupportedOp {
 fn unsupported_message(ops: &[UnsupportedOp]) -> String {
     let mut s = format!("{} unsupported op type(s):", ops.len());
     for op in ops {
-        let domain = if op.domain.is_empty() || op.domain == "ai.onnx" { String::new() } else { format!("{}.", op.domain) };
+        let domain = if op.domain.is_empty() || op.domain == "ai.onnx" {
+            String::new()
+        } else {
+            format!("{}.", op.domain)
+        };
         let shown: Vec<&str> = op.nodes.iter().take(5).map(String::as_str).collect();
-        let more = if op.nodes.len() > 5 { format!(" and {} more", op.nodes.len() - 5) } else { String::new() };
-        s.push_str(&format!("\n  {domain}{} (opset {}): nodes {}{more}", op.op_type, op.opset, shown.join(", ")));
+        let more = if op.nodes.len() > 5 {
+            format!(" and {} more", op.nodes.len() - 5)
+        } else {
+            String::new()
+        };
+        s.push_str(&format!(
+            "\n  {domain}{} (opset {}): nodes {}{more}",
+            op.op_type,
+            op.opset,
+            shown.join(", ")
+        ));
     }
     s
 }
 
 impl ImportError {
     pub(crate) fn tensor(name: &str, reason: impl Into<String>) -> ImportError {
-        ImportError::Tensor { name: name.to_string(), reason: reason.into() }
+        ImportError::Tensor {
+            name: name.to_string(),
+            reason: reason.into(),
+        }
     }
     pub(crate) fn from_tensor_error(name: &str, e: TensorError) -> ImportError {
         ImportError::tensor(name, e.to_string())

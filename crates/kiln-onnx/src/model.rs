@@ -40,11 +40,16 @@ pub struct Model {
 
 /// Memory-maps and imports an .onnx file. External data is looked up in the file's folder.
 pub fn load_model(path: &Path, options: &ImportOptions) -> Result<Model> {
-    let io = |source| ImportError::Io { path: path.to_path_buf(), source };
+    let io = |source| ImportError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = std::fs::File::open(path).map_err(io)?;
     let map = crate::mmap::map_file(&file).map_err(io)?;
     let bytes = Bytes::from_owner(map);
-    let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    let dir = path
+        .parent()
+        .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
     import(bytes, dir, options)
 }
 
@@ -60,7 +65,11 @@ fn import(bytes: Bytes, dir: Option<&Path>, options: &ImportOptions) -> Result<M
         let domain = normalize_domain(o.domain.as_deref().unwrap_or(""));
         let version = o.version.unwrap_or(0);
         if domain.is_empty() && version > MAX_OPSET {
-            return Err(ImportError::Opset { domain: "ai.onnx".into(), version, max: MAX_OPSET });
+            return Err(ImportError::Opset {
+                domain: "ai.onnx".into(),
+                version,
+                max: MAX_OPSET,
+            });
         }
         opsets.push((domain.to_string(), version));
     }
@@ -68,15 +77,26 @@ fn import(bytes: Bytes, dir: Option<&Path>, options: &ImportOptions) -> Result<M
         // IR < 3 models carry no opset_import; they are opset 1.
         opsets.push((String::new(), 1));
     }
-    let gp = model.graph.as_ref().ok_or_else(|| ImportError::Decode("model has no graph".into()))?;
+    let gp = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| ImportError::Decode("model has no graph".into()))?;
     let loader = TensorLoader::new(dir);
-    let mut b = Builder { loader: &loader, opsets: &opsets, scopes: Vec::new(), unsupported: Vec::new() };
+    let mut b = Builder {
+        loader: &loader,
+        opsets: &opsets,
+        scopes: Vec::new(),
+        unsupported: Vec::new(),
+    };
     let mut graph = b.build(gp, &[], None)?;
     if !b.unsupported.is_empty() {
         return Err(ImportError::UnsupportedOps(b.unsupported));
     }
     graph.opsets = opsets.clone();
-    graph.verify().map_err(|e| ImportError::Graph { graph: e.graph, reason: e.reason })?;
+    graph.verify().map_err(|e| ImportError::Graph {
+        graph: e.graph,
+        reason: e.reason,
+    })?;
     let known = kiln_ir::input_symbols(&graph);
     for (name, _) in &options.symbols {
         if !known.contains(name) {
@@ -84,7 +104,11 @@ fn import(bytes: Bytes, dir: Option<&Path>, options: &ImportOptions) -> Result<M
                 graph: graph.name.clone(),
                 reason: format!(
                     "symbol '{name}' does not appear in the model's inputs (symbols: {})",
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
                 ),
             });
         }
@@ -97,9 +121,13 @@ fn import(bytes: Bytes, dir: Option<&Path>, options: &ImportOptions) -> Result<M
     Ok(Model {
         graph,
         ir_version: model.ir_version.unwrap_or(0),
-        producer: format!("{} {}", model.producer_name.unwrap_or_default(), model.producer_version.unwrap_or_default())
-            .trim()
-            .to_string(),
+        producer: format!(
+            "{} {}",
+            model.producer_name.unwrap_or_default(),
+            model.producer_version.unwrap_or_default()
+        )
+        .trim()
+        .to_string(),
         opsets,
     })
 }
@@ -130,38 +158,62 @@ impl Builder<'_> {
                 reason: format!("subgraphs nested deeper than {MAX_DEPTH}"),
             });
         }
-        let name = gp.name.clone().unwrap_or_else(|| parent_name.map_or("main".into(), |p| format!("{p}.body")));
-        self.scopes.push(Scope { graph: Graph { name: name.clone(), ..Graph::default() }, names: HashMap::new() });
+        let name = gp
+            .name
+            .clone()
+            .unwrap_or_else(|| parent_name.map_or("main".into(), |p| format!("{p}.body")));
+        self.scopes.push(Scope {
+            graph: Graph {
+                name: name.clone(),
+                ..Graph::default()
+            },
+            names: HashMap::new(),
+        });
         let r = self.fill(gp);
         let scope = self.scopes.pop();
         r?;
         let Some(scope) = scope else {
-            return Err(ImportError::Graph { graph: name, reason: "scope stack underflow".into() });
+            return Err(ImportError::Graph {
+                graph: name,
+                reason: "scope stack underflow".into(),
+            });
         };
         Ok(scope.graph)
     }
 
     fn top(&mut self) -> Result<&mut Scope> {
-        self.scopes.last_mut().ok_or_else(|| ImportError::Graph { graph: String::new(), reason: "no scope".into() })
+        self.scopes.last_mut().ok_or_else(|| ImportError::Graph {
+            graph: String::new(),
+            reason: "no scope".into(),
+        })
     }
 
     fn fill(&mut self, gp: &GraphProto) -> Result<()> {
         let graph_name = gp.name.clone().unwrap_or_default();
-        let gerr = |reason: String| ImportError::Graph { graph: graph_name.clone(), reason };
+        let gerr = |reason: String| ImportError::Graph {
+            graph: graph_name.clone(),
+            reason,
+        };
         // Initializers first: they are constants (also when an old model lists them as inputs).
         for init in &gp.initializer {
             let name = init.name.clone().unwrap_or_default();
             let t = self.loader.load(init)?;
             let scope = self.top()?;
-            let id = scope.graph.add_value(name.clone(), ValueType::Tensor(TensorType::of(&t)));
+            let id = scope
+                .graph
+                .add_value(name.clone(), ValueType::Tensor(TensorType::of(&t)));
             scope.graph.constants.push((id, Value::Tensor(t)));
             scope.names.insert(name, id);
         }
         if !gp.sparse_initializer.is_empty() {
             return Err(gerr("sparse initializers are not supported".into()));
         }
-        let declared: HashMap<&str, &ValueInfoProto> =
-            gp.value_info.iter().chain(&gp.output).filter_map(|v| Some((v.name.as_deref()?, v))).collect();
+        let declared: HashMap<&str, &ValueInfoProto> = gp
+            .value_info
+            .iter()
+            .chain(&gp.output)
+            .filter_map(|v| Some((v.name.as_deref()?, v)))
+            .collect();
         for vi in &gp.input {
             let name = vi.name.clone().unwrap_or_default();
             let scope = self.top()?;
@@ -181,7 +233,9 @@ impl Builder<'_> {
         }
         for vi in &gp.output {
             let name = vi.name.clone().unwrap_or_default();
-            let id = self.resolve(&name)?.ok_or_else(|| gerr(format!("output '{name}' is never produced")))?;
+            let id = self
+                .resolve(&name)?
+                .ok_or_else(|| gerr(format!("output '{name}' is never produced")))?;
             let declared_ty = value_type(vi.r#type.as_ref());
             let scope = self.top()?;
             if let Some(info) = scope.graph.values.get_mut(id.index())
@@ -201,15 +255,22 @@ impl Builder<'_> {
     }
 
     fn resolve_at(&mut self, name: &str, level: usize) -> Result<Option<ValueId>> {
-        let Some(scope) = self.scopes.get(level) else { return Ok(None) };
+        let Some(scope) = self.scopes.get(level) else {
+            return Ok(None);
+        };
         if let Some(&id) = scope.names.get(name) {
             return Ok(Some(id));
         }
         if level == 0 {
             return Ok(None);
         }
-        let Some(outer) = self.resolve_at(name, level - 1)? else { return Ok(None) };
-        let ty = self.scopes[level - 1].graph.value(outer).map_or(ValueType::Unknown, |v| v.ty.clone());
+        let Some(outer) = self.resolve_at(name, level - 1)? else {
+            return Ok(None);
+        };
+        let ty = self.scopes[level - 1]
+            .graph
+            .value(outer)
+            .map_or(ValueType::Unknown, |v| v.ty.clone());
         let scope = &mut self.scopes[level];
         let inner = scope.graph.add_value(name.to_string(), ty);
         scope.graph.captures.push(Capture { outer, inner });
@@ -217,11 +278,18 @@ impl Builder<'_> {
         Ok(Some(inner))
     }
 
-    fn define_output(&mut self, name: &str, declared: &HashMap<&str, &ValueInfoProto>, node: &str) -> Result<Option<ValueId>> {
+    fn define_output(
+        &mut self,
+        name: &str,
+        declared: &HashMap<&str, &ValueInfoProto>,
+        node: &str,
+    ) -> Result<Option<ValueId>> {
         if name.is_empty() {
             return Ok(None);
         }
-        let ty = declared.get(name).map_or(ValueType::Unknown, |vi| value_type(vi.r#type.as_ref()));
+        let ty = declared
+            .get(name)
+            .map_or(ValueType::Unknown, |vi| value_type(vi.r#type.as_ref()));
         let scope = self.top()?;
         if scope.names.contains_key(name) {
             return Err(ImportError::Graph {
@@ -238,7 +306,9 @@ impl Builder<'_> {
         let op_type = np.op_type.as_deref().unwrap_or("");
         let domain = normalize_domain(np.domain.as_deref().unwrap_or(""));
         let node_name = np.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| {
-            np.output.first().map_or_else(|| op_type.to_string(), |o| format!("{op_type}:{o}"))
+            np.output
+                .first()
+                .map_or_else(|| op_type.to_string(), |o| format!("{op_type}:{o}"))
         });
         let opset = self.opsets.iter().find(|(d, _)| d == domain).map(|(_, v)| *v);
         let Some(opset) = opset else {
@@ -315,12 +385,21 @@ impl Builder<'_> {
         for name in &np.output {
             outputs.push(self.define_output(name, declared, &node_name)?);
         }
-        self.top()?.graph.nodes.push(Node { name: node_name, kind, inputs, outputs });
+        self.top()?.graph.nodes.push(Node {
+            name: node_name,
+            kind,
+            inputs,
+            outputs,
+        });
         Ok(())
     }
 
     fn note_unsupported(&mut self, domain: &str, op_type: &str, opset: i64, node: &str) {
-        if let Some(u) = self.unsupported.iter_mut().find(|u| u.domain == domain && u.op_type == op_type) {
+        if let Some(u) = self
+            .unsupported
+            .iter_mut()
+            .find(|u| u.domain == domain && u.op_type == op_type)
+        {
             u.nodes.push(node.to_string());
         } else {
             self.unsupported.push(UnsupportedOp {
@@ -360,19 +439,38 @@ impl Builder<'_> {
                 let else_branch = self.subgraph(ctx, np, "else_branch")?;
                 for (g, which) in [(&then_branch, "then_branch"), (&else_branch, "else_branch")] {
                     if g.outputs.len() != ctx.num_outputs {
-                        return Err(ctx.attr_err(which, format!("has {} outputs, the node {}", g.outputs.len(), ctx.num_outputs)));
+                        return Err(ctx.attr_err(
+                            which,
+                            format!("has {} outputs, the node {}", g.outputs.len(), ctx.num_outputs),
+                        ));
                     }
                 }
-                ControlFlow::If(IfNode { then_branch, else_branch })
+                ControlFlow::If(IfNode {
+                    then_branch,
+                    else_branch,
+                })
             }
             "Loop" => {
                 let body = self.subgraph(ctx, np, "body")?;
                 let carried = ctx.num_inputs().saturating_sub(2);
                 if body.inputs.len() != carried + 2 {
-                    return Err(ctx.attr_err("body", format!("takes {} inputs, expected 2 + {carried} loop-carried", body.inputs.len())));
+                    return Err(ctx.attr_err(
+                        "body",
+                        format!(
+                            "takes {} inputs, expected 2 + {carried} loop-carried",
+                            body.inputs.len()
+                        ),
+                    ));
                 }
                 if body.outputs.len() < carried + 1 || ctx.num_outputs > body.outputs.len() - 1 {
-                    return Err(ctx.attr_err("body", format!("has {} outputs for {carried} loop-carried values and {} node outputs", body.outputs.len(), ctx.num_outputs)));
+                    return Err(ctx.attr_err(
+                        "body",
+                        format!(
+                            "has {} outputs for {carried} loop-carried values and {} node outputs",
+                            body.outputs.len(),
+                            ctx.num_outputs
+                        ),
+                    ));
                 }
                 ControlFlow::Loop(LoopNode { body })
             }
@@ -382,9 +480,12 @@ impl Builder<'_> {
                 }
                 let body = self.subgraph(ctx, np, "body")?;
                 let n = ctx.required("num_scan_inputs", ctx.attr_i64("num_scan_inputs")?)?;
-                let num_scan_inputs = usize::try_from(n).ok().filter(|&n| n <= ctx.num_inputs()).ok_or_else(|| {
-                    ctx.attr_err("num_scan_inputs", format!("{n} is not in 0..={}", ctx.num_inputs()))
-                })?;
+                let num_scan_inputs = usize::try_from(n)
+                    .ok()
+                    .filter(|&n| n <= ctx.num_inputs())
+                    .ok_or_else(|| {
+                        ctx.attr_err("num_scan_inputs", format!("{n} is not in 0..={}", ctx.num_inputs()))
+                    })?;
                 let state = ctx.num_inputs() - num_scan_inputs;
                 if body.inputs.len() != ctx.num_inputs() || body.outputs.len() != ctx.num_outputs {
                     return Err(ctx.attr_err("body", "input/output counts do not match the node"));
@@ -450,7 +551,11 @@ fn topo_order(gp: &GraphProto) -> std::result::Result<Vec<&NodeProto>, String> {
                     collect_free_names(g, &mut names);
                 }
             }
-            let mut d: Vec<usize> = names.iter().filter_map(|s| producer.get(s).copied()).filter(|&p| p != i).collect();
+            let mut d: Vec<usize> = names
+                .iter()
+                .filter_map(|s| producer.get(s).copied())
+                .filter(|&p| p != i)
+                .collect();
             d.sort_unstable();
             d.dedup();
             d
@@ -503,8 +608,12 @@ pub(crate) fn value_type(t: Option<&TypeProto>) -> ValueType {
                     .iter()
                     .enumerate()
                     .map(|(i, d)| match &d.value {
-                        Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => Dim::Fixed(*v as usize),
-                        Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => Dim::Sym(p.clone()),
+                        Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => {
+                            Dim::Fixed(*v as usize)
+                        }
+                        Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => {
+                            Dim::Sym(p.clone())
+                        }
                         _ => Dim::Sym(format!("unk__{i}")),
                     })
                     .collect()
@@ -526,19 +635,25 @@ fn constant_value(ctx: &NodeCtx<'_>) -> Result<Value> {
         return Ok(Value::Tensor(Tensor::scalar(v)));
     }
     if let Some(v) = ctx.attr_f32s("value_floats")? {
-        return Ok(Value::Tensor(Tensor::from_vec(vec![v.len()], v).map_err(|e| ctx.node_err(e.to_string()))?));
+        return Ok(Value::Tensor(
+            Tensor::from_vec(vec![v.len()], v).map_err(|e| ctx.node_err(e.to_string()))?,
+        ));
     }
     if let Some(v) = ctx.attr_i64("value_int")? {
         return Ok(Value::Tensor(Tensor::scalar(v)));
     }
     if let Some(v) = ctx.attr_i64s("value_ints")? {
-        return Ok(Value::Tensor(Tensor::from_vec(vec![v.len()], v).map_err(|e| ctx.node_err(e.to_string()))?));
+        return Ok(Value::Tensor(
+            Tensor::from_vec(vec![v.len()], v).map_err(|e| ctx.node_err(e.to_string()))?,
+        ));
     }
     if let Some(v) = ctx.attr_string("value_string")? {
         return Ok(Value::Tensor(Tensor::scalar(v)));
     }
     if let Some(v) = ctx.attr_strings("value_strings")? {
-        return Ok(Value::Tensor(Tensor::from_vec(vec![v.len()], v).map_err(|e| ctx.node_err(e.to_string()))?));
+        return Ok(Value::Tensor(
+            Tensor::from_vec(vec![v.len()], v).map_err(|e| ctx.node_err(e.to_string()))?,
+        ));
     }
     if ctx.has_attr("sparse_value") {
         return Err(ctx.attr_err("sparse_value", "sparse constants are not supported"));
@@ -567,9 +682,15 @@ pub fn load_value_proto(bytes: &[u8], expected: &ValueType, dir: Option<&Path>) 
 }
 
 fn sequence_value(s: &proto::SequenceProto, loader: &TensorLoader<'_>) -> Result<Value> {
-    let items = s.tensor_values.iter().map(|t| loader.load(t)).collect::<Result<Vec<_>>>()?;
+    let items = s
+        .tensor_values
+        .iter()
+        .map(|t| loader.load(t))
+        .collect::<Result<Vec<_>>>()?;
     if !s.sequence_values.is_empty() || !s.map_values.is_empty() || !s.optional_values.is_empty() {
-        return Err(ImportError::Decode("sequences of sequences, maps or optionals are not supported".into()));
+        return Err(ImportError::Decode(
+            "sequences of sequences, maps or optionals are not supported".into(),
+        ));
     }
     let dtype = items.first().map(Tensor::dtype);
     Ok(Value::Sequence(Sequence { dtype, items }))
@@ -577,10 +698,16 @@ fn sequence_value(s: &proto::SequenceProto, loader: &TensorLoader<'_>) -> Result
 
 fn optional_value(o: &proto::OptionalProto, inner: &ValueType, loader: &TensorLoader<'_>) -> Result<Value> {
     if let Some(t) = &o.tensor_value {
-        return Ok(Value::Optional(Some(Box::new(Value::Tensor(loader.load(t)?))), inner.clone()));
+        return Ok(Value::Optional(
+            Some(Box::new(Value::Tensor(loader.load(t)?))),
+            inner.clone(),
+        ));
     }
     if let Some(s) = &o.sequence_value {
-        return Ok(Value::Optional(Some(Box::new(sequence_value(s, loader)?)), inner.clone()));
+        return Ok(Value::Optional(
+            Some(Box::new(sequence_value(s, loader)?)),
+            inner.clone(),
+        ));
     }
     Ok(Value::Optional(None, inner.clone()))
 }

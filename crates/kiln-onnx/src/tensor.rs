@@ -28,9 +28,8 @@ impl<'a> TensorLoader<'a> {
             .iter()
             .map(|&d| usize::try_from(d).map_err(|_| ImportError::tensor(name, format!("negative dimension {d}"))))
             .collect::<Result<Vec<usize>>>()?;
-        let n = numel(&shape).ok_or_else(|| {
-            ImportError::tensor(name, format!("shape {shape:?} exceeds {MAX_ELEMENTS} elements"))
-        })?;
+        let n = numel(&shape)
+            .ok_or_else(|| ImportError::tensor(name, format!("shape {shape:?} exceeds {MAX_ELEMENTS} elements")))?;
         if t.segment.is_some() {
             return Err(ImportError::tensor(name, "segmented tensors are not supported"));
         }
@@ -50,7 +49,10 @@ impl<'a> TensorLoader<'a> {
     }
 
     fn external_bytes(&self, t: &TensorProto, name: &str) -> Result<Vec<u8>> {
-        let err = |reason: String| ImportError::ExternalData { name: name.to_string(), reason };
+        let err = |reason: String| ImportError::ExternalData {
+            name: name.to_string(),
+            reason,
+        };
         let mut location = None;
         let mut offset = 0u64;
         let mut length = None;
@@ -64,14 +66,23 @@ impl<'a> TensorLoader<'a> {
             }
         }
         let location = location.ok_or_else(|| err("no 'location' key".into()))?;
-        let base = self.base_dir.ok_or_else(|| err("the model was not loaded from a file, so external data cannot be resolved".into()))?;
+        let base = self
+            .base_dir
+            .ok_or_else(|| err("the model was not loaded from a file, so external data cannot be resolved".into()))?;
         let path = confined_path(base, &location).map_err(err)?;
         let file = std::fs::File::open(&path).map_err(|e| err(format!("cannot open {}: {e}", path.display())))?;
         let map = crate::mmap::map_file(&file).map_err(|e| err(format!("cannot map {}: {e}", path.display())))?;
         let len = length.unwrap_or((map.len() as u64).saturating_sub(offset));
-        let end = offset.checked_add(len).filter(|&e| e <= map.len() as u64).ok_or_else(|| {
-            err(format!("offset {offset} + length {len} runs past the end of {} ({} bytes)", location, map.len()))
-        })?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= map.len() as u64)
+            .ok_or_else(|| {
+                err(format!(
+                    "offset {offset} + length {len} runs past the end of {} ({} bytes)",
+                    location,
+                    map.len()
+                ))
+            })?;
         Ok(map[offset as usize..end as usize].to_vec())
     }
 }
@@ -80,7 +91,9 @@ impl<'a> TensorLoader<'a> {
 pub fn confined_path(base: &Path, location: &str) -> std::result::Result<PathBuf, String> {
     let rel = Path::new(location);
     if rel.is_absolute() || location.starts_with('/') || location.starts_with('\\') {
-        return Err(format!("location '{location}' is absolute; it must be relative to the model's folder"));
+        return Err(format!(
+            "location '{location}' is absolute; it must be relative to the model's folder"
+        ));
     }
     for c in rel.components() {
         match c {
@@ -89,8 +102,12 @@ pub fn confined_path(base: &Path, location: &str) -> std::result::Result<PathBuf
         }
     }
     let joined = base.join(rel);
-    let canon_base = base.canonicalize().map_err(|e| format!("cannot resolve {}: {e}", base.display()))?;
-    let canon = joined.canonicalize().map_err(|e| format!("cannot open {}: {e}", joined.display()))?;
+    let canon_base = base
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve {}: {e}", base.display()))?;
+    let canon = joined
+        .canonicalize()
+        .map_err(|e| format!("cannot open {}: {e}", joined.display()))?;
     if !canon.starts_with(&canon_base) {
         return Err(format!("location '{location}' resolves outside the model's folder"));
     }
@@ -99,7 +116,10 @@ pub fn confined_path(base: &Path, location: &str) -> std::result::Result<PathBuf
 
 fn need(raw: &[u8], bytes: usize, name: &str) -> Result<()> {
     if raw.len() != bytes {
-        return Err(ImportError::tensor(name, format!("raw data holds {} bytes, the shape needs {bytes}", raw.len())));
+        return Err(ImportError::tensor(
+            name,
+            format!("raw data holds {} bytes, the shape needs {bytes}", raw.len()),
+        ));
     }
     Ok(())
 }
@@ -138,13 +158,21 @@ fn from_raw(dtype: DType, raw: &[u8], n: usize, name: &str) -> Result<Data> {
         DType::I64 => Data::I64(le(raw, i64::from_le_bytes)),
         DType::U64 => Data::U64(le(raw, u64::from_le_bytes)),
         DType::Bool => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
-        _ => return Err(ImportError::tensor(name, format!("dtype {dtype} cannot be read from raw data"))),
+        _ => {
+            return Err(ImportError::tensor(
+                name,
+                format!("dtype {dtype} cannot be read from raw data"),
+            ));
+        }
     })
 }
 
 fn count(got: usize, n: usize, name: &str, field: &str) -> Result<()> {
     if got != n {
-        return Err(ImportError::tensor(name, format!("{field} holds {got} values, the shape needs {n}")));
+        return Err(ImportError::tensor(
+            name,
+            format!("{field} holds {got} values, the shape needs {n}"),
+        ));
     }
     Ok(())
 }
@@ -174,7 +202,12 @@ fn from_fields(t: &TensorProto, dtype: DType, n: usize, name: &str) -> Result<Da
         }
         DType::String => {
             count(t.string_data.len(), n, name, "string_data")?;
-            Data::Str(t.string_data.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect())
+            Data::Str(
+                t.string_data
+                    .iter()
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .collect(),
+            )
         }
         DType::I32 => {
             count(i32s.len(), n, name, "int32_data")?;
@@ -211,8 +244,12 @@ fn from_fields(t: &TensorProto, dtype: DType, n: usize, name: &str) -> Result<Da
         _ => {
             // Byte-coded types: int32_data holds one byte of (packed) storage per value.
             let bytes: Vec<u8> = i32s.iter().map(|&v| v as u8).collect();
-            let codes = formats::unpack(dtype, &bytes, n)
-                .ok_or_else(|| ImportError::tensor(name, format!("int32_data holds {} values, too few for {n} elements", i32s.len())))?;
+            let codes = formats::unpack(dtype, &bytes, n).ok_or_else(|| {
+                ImportError::tensor(
+                    name,
+                    format!("int32_data holds {} values, too few for {n} elements", i32s.len()),
+                )
+            })?;
             Data::Coded(codes)
         }
     })

@@ -8,7 +8,11 @@ pub enum OpError {
     #[error("input {index} is required but absent")]
     MissingInput { index: usize },
     #[error("input {index} must be a {expected}, got a {got}")]
-    InputKind { index: usize, expected: &'static str, got: &'static str },
+    InputKind {
+        index: usize,
+        expected: &'static str,
+        got: &'static str,
+    },
     #[error("input {index}: dtype {got} is not supported here")]
     UnsupportedDType { index: usize, got: DType },
     #[error("inputs have mismatched dtypes: {a} vs {b}")]

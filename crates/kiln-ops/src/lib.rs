@@ -10,13 +10,13 @@ pub mod util;
 pub mod value;
 
 pub mod elementwise;
+pub mod misc;
 pub mod movement;
 pub mod nn;
 pub mod quant;
 pub mod recurrent;
 pub mod reduce;
 pub mod sequence;
-pub mod misc;
 
 pub use error::{OpError, Result};
 pub use value::{Args, Dim, InferInput, Sequence, TensorType, Value, ValueType};

@@ -120,19 +120,14 @@ impl SequenceOp {
                 };
                 let mut items = s.items.clone();
                 items.remove(pos);
-                Value::Sequence(Sequence {
-                    dtype: s.dtype,
-                    items,
-                })
+                Value::Sequence(Sequence { dtype: s.dtype, items })
             }
             SequenceOp::SequenceAt => {
                 let s = args.sequence(0)?;
                 let pos = position(read_i64(args.tensor(1)?, "position")?, s.items.len(), false)?;
                 Value::Tensor(s.items[pos].clone())
             }
-            SequenceOp::SequenceLength => {
-                Value::Tensor(Tensor::scalar(args.sequence(0)?.items.len() as i64))
-            }
+            SequenceOp::SequenceLength => Value::Tensor(Tensor::scalar(args.sequence(0)?.items.len() as i64)),
             SequenceOp::SplitToSequence(op) => op.eval(args)?,
             SequenceOp::ConcatFromSequence(op) => op.eval(args)?,
             SequenceOp::Optional { elem } => match args.value(0) {
@@ -149,9 +144,7 @@ impl SequenceOp {
             SequenceOp::OptionalGetElement => match args.value(0) {
                 Some(Value::Optional(Some(v), _)) => (**v).clone(),
                 Some(Value::Optional(None, _)) => {
-                    return Err(OpError::Value(
-                        "OptionalGetElement on an empty optional".into(),
-                    ));
+                    return Err(OpError::Value("OptionalGetElement on an empty optional".into()));
                 }
                 Some(v) => v.clone(),
                 None => return Err(OpError::MissingInput { index: 0 }),
@@ -162,19 +155,13 @@ impl SequenceOp {
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let ty = |i: usize| inputs.get(i).map_or(ValueType::Unknown, |x| x.ty.clone());
-        let seq_of = |dtype: Option<DType>| {
-            ValueType::Sequence(Box::new(ValueType::Tensor(TensorType::dtype_only(dtype))))
-        };
+        let seq_of =
+            |dtype: Option<DType>| ValueType::Sequence(Box::new(ValueType::Tensor(TensorType::dtype_only(dtype))));
         let elem_of = |t: ValueType| match t {
             ValueType::Sequence(e) => *e,
             _ => ValueType::Unknown,
         };
-        let tensor_dtype = |i: usize| {
-            inputs
-                .get(i)
-                .and_then(|x| x.ty.tensor())
-                .and_then(|t| t.dtype)
-        };
+        let tensor_dtype = |i: usize| inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.dtype);
         let seq_dtype = |i: usize| match ty(i) {
             ValueType::Sequence(e) => e.tensor().and_then(|t| t.dtype),
             _ => None,
@@ -213,9 +200,7 @@ impl SequenceOp {
                     ValueType::Optional(Box::new(ty(0)))
                 }
             }
-            SequenceOp::OptionalHasElement => {
-                ValueType::Tensor(TensorType::fixed(DType::Bool, &[]))
-            }
+            SequenceOp::OptionalHasElement => ValueType::Tensor(TensorType::fixed(DType::Bool, &[])),
             SequenceOp::OptionalGetElement => match ty(0) {
                 ValueType::Optional(inner) => *inner,
                 other => other,
@@ -292,15 +277,10 @@ impl SplitToSequence {
                 let v = read_i64s(s, "split")?;
                 let sizes = v
                     .iter()
-                    .map(|&x| {
-                        usize::try_from(x)
-                            .map_err(|_| OpError::Value(format!("negative split {x}")))
-                    })
+                    .map(|&x| usize::try_from(x).map_err(|_| OpError::Value(format!("negative split {x}"))))
                     .collect::<Result<Vec<_>>>()?;
                 if sizes.iter().sum::<usize>() != d {
-                    return Err(OpError::Shape(format!(
-                        "split {v:?} does not sum to the axis size {d}"
-                    )));
+                    return Err(OpError::Shape(format!("split {v:?} does not sum to the axis size {d}")));
                 }
                 (sizes, true)
             }
@@ -367,12 +347,7 @@ impl ConcatFromSequence {
             .collect();
         let base = &shapes[0];
         for sh in &shapes {
-            let same = sh.len() == base.len()
-                && sh
-                    .iter()
-                    .zip(base)
-                    .enumerate()
-                    .all(|(i, (a, b))| i == axis || a == b);
+            let same = sh.len() == base.len() && sh.iter().zip(base).enumerate().all(|(i, (a, b))| i == axis || a == b);
             if !same {
                 return Err(OpError::Shape(format!(
                     "cannot concatenate shapes {base:?} and {sh:?} on axis {axis}"
@@ -428,10 +403,7 @@ mod tests {
         let c = Value::Tensor(t(&[2], vec![3.0, 4.0]));
         let s = eval(&SequenceOp::SequenceConstruct, &[Some(&a), Some(&b)]);
         let front = Value::Tensor(Tensor::from_vec(vec![1], vec![0i64]).unwrap());
-        let s = eval(
-            &SequenceOp::SequenceInsert,
-            &[Some(&s), Some(&c), Some(&front)],
-        );
+        let s = eval(&SequenceOp::SequenceInsert, &[Some(&s), Some(&c), Some(&front)]);
         assert_eq!(seq(&s).items.len(), 3);
         let last = Value::Tensor(Tensor::scalar(-1i64));
         let at = eval(&SequenceOp::SequenceAt, &[Some(&s), Some(&last)]);
@@ -477,10 +449,7 @@ mod tests {
             new_axis: true,
         });
         let y = eval(&stack, &[Some(&s)]);
-        assert_eq!(
-            y,
-            Value::Tensor(t(&[3, 2], vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]))
-        );
+        assert_eq!(y, Value::Tensor(t(&[3, 2], vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0])));
     }
 
     #[test]

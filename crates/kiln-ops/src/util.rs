@@ -38,7 +38,9 @@ pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usiz
     let n = checked_numel(out_shape)?;
     let rank = out_shape.len();
     if in_shape.len() > rank {
-        return Err(OpError::Shape(format!("{in_shape:?} does not broadcast to {out_shape:?}")));
+        return Err(OpError::Shape(format!(
+            "{in_shape:?} does not broadcast to {out_shape:?}"
+        )));
     }
     let off = rank - in_shape.len();
     let in_strides = strides_of(in_shape);
@@ -49,7 +51,9 @@ pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usiz
         if d == o {
             strides[i + off] = in_strides[i];
         } else if d != 1 {
-            return Err(OpError::Shape(format!("{in_shape:?} does not broadcast to {out_shape:?}")));
+            return Err(OpError::Shape(format!(
+                "{in_shape:?} does not broadcast to {out_shape:?}"
+            )));
         }
     }
     if in_shape == out_shape {
@@ -78,15 +82,21 @@ pub fn read_i64s(t: &Tensor, what: &str) -> Result<Vec<i64>> {
     if t.rank() > 1 {
         return Err(OpError::Shape(format!("{what} must be 1-D, got shape {:?}", t.shape())));
     }
-    t.to_i64_vec().ok_or_else(|| OpError::Value(format!("{what} must be an integer tensor, got {}", t.dtype())))
+    t.to_i64_vec()
+        .ok_or_else(|| OpError::Value(format!("{what} must be an integer tensor, got {}", t.dtype())))
 }
 
 /// Reads a scalar (or one-element) integer tensor.
 pub fn read_i64(t: &Tensor, what: &str) -> Result<i64> {
-    let v = t.to_i64_vec().ok_or_else(|| OpError::Value(format!("{what} must be an integer, got {}", t.dtype())))?;
+    let v = t
+        .to_i64_vec()
+        .ok_or_else(|| OpError::Value(format!("{what} must be an integer, got {}", t.dtype())))?;
     match v.as_slice() {
         [x] => Ok(*x),
-        _ => Err(OpError::Shape(format!("{what} must hold one element, got shape {:?}", t.shape()))),
+        _ => Err(OpError::Shape(format!(
+            "{what} must hold one element, got shape {:?}",
+            t.shape()
+        ))),
     }
 }
 
@@ -122,7 +132,13 @@ use kiln_tensor::DType;
 /// Broadcast of two static shapes; `None` when it cannot be decided or does not broadcast.
 pub fn broadcast_dims(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
     let rank = a.len().max(b.len());
-    let get = |s: &[Dim], i: usize| if i + s.len() >= rank { s[i + s.len() - rank].clone() } else { Dim::Fixed(1) };
+    let get = |s: &[Dim], i: usize| {
+        if i + s.len() >= rank {
+            s[i + s.len() - rank].clone()
+        } else {
+            Dim::Fixed(1)
+        }
+    };
     (0..rank)
         .map(|i| match (get(a, i), get(b, i)) {
             (x, y) if x == y => Some(x),

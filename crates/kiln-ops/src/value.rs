@@ -82,7 +82,10 @@ pub struct TensorType {
 
 impl TensorType {
     pub fn new(dtype: DType, shape: Vec<Dim>) -> TensorType {
-        TensorType { dtype: Some(dtype), shape: Some(shape) }
+        TensorType {
+            dtype: Some(dtype),
+            shape: Some(shape),
+        }
     }
     pub fn fixed(dtype: DType, shape: &[usize]) -> TensorType {
         TensorType::new(dtype, shape.iter().map(|&d| Dim::Fixed(d)).collect())
@@ -98,10 +101,14 @@ impl TensorType {
     }
     /// All dims as numbers, when every one is fixed.
     pub fn fixed_shape(&self) -> Option<Vec<usize>> {
-        self.shape.as_ref()?.iter().map(|d| match d {
-            Dim::Fixed(n) => Some(*n),
-            Dim::Sym(_) => None,
-        }).collect()
+        self.shape
+            .as_ref()?
+            .iter()
+            .map(|d| match d {
+                Dim::Fixed(n) => Some(*n),
+                Dim::Sym(_) => None,
+            })
+            .collect()
     }
 }
 
@@ -189,7 +196,11 @@ impl<'a> Args<'a> {
     pub fn tensor(&self, i: usize) -> Result<&'a Tensor, OpError> {
         match self.value(i) {
             Some(Value::Tensor(t)) => Ok(t),
-            Some(v) => Err(OpError::InputKind { index: i, expected: "tensor", got: v.kind() }),
+            Some(v) => Err(OpError::InputKind {
+                index: i,
+                expected: "tensor",
+                got: v.kind(),
+            }),
             None => Err(OpError::MissingInput { index: i }),
         }
     }
@@ -201,21 +212,36 @@ impl<'a> Args<'a> {
             Some(Value::Optional(None, _)) => Ok(None),
             Some(Value::Optional(Some(v), _)) => match v.as_ref() {
                 Value::Tensor(t) => Ok(Some(t)),
-                v => Err(OpError::InputKind { index: i, expected: "tensor", got: v.kind() }),
+                v => Err(OpError::InputKind {
+                    index: i,
+                    expected: "tensor",
+                    got: v.kind(),
+                }),
             },
-            Some(v) => Err(OpError::InputKind { index: i, expected: "tensor", got: v.kind() }),
+            Some(v) => Err(OpError::InputKind {
+                index: i,
+                expected: "tensor",
+                got: v.kind(),
+            }),
         }
     }
     /// A required sequence input.
     pub fn sequence(&self, i: usize) -> Result<&'a Sequence, OpError> {
         match self.value(i) {
             Some(Value::Sequence(s)) => Ok(s),
-            Some(v) => Err(OpError::InputKind { index: i, expected: "sequence", got: v.kind() }),
+            Some(v) => Err(OpError::InputKind {
+                index: i,
+                expected: "sequence",
+                got: v.kind(),
+            }),
             None => Err(OpError::MissingInput { index: i }),
         }
     }
     /// All present tensor inputs (for variadic ops).
     pub fn tensors(&self) -> Result<Vec<&'a Tensor>, OpError> {
-        (0..self.len()).filter(|&i| self.value(i).is_some()).map(|i| self.tensor(i)).collect()
+        (0..self.len())
+            .filter(|&i| self.value(i).is_some())
+            .map(|i| self.tensor(i))
+            .collect()
     }
 }

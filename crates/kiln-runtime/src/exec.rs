@@ -39,14 +39,20 @@ pub fn run(program: &Program, inputs: Vec<(String, Value)>) -> Result<Vec<(Strin
     for (name, value) in inputs {
         let Some(pos) = program.inputs.iter().position(|s| s.name == name) else {
             let known: Vec<&str> = program.inputs.iter().map(|s| s.name.as_str()).collect();
-            return Err(RuntimeError::UnknownInput { name, known: known.join(", ") });
+            return Err(RuntimeError::UnknownInput {
+                name,
+                known: known.join(", "),
+            });
         };
         bound[pos] = Some(value);
     }
     let mut symbols: Vec<(String, usize)> = Vec::new();
     let mut formal = Vec::with_capacity(bound.len());
     for (spec, v) in program.inputs.iter().zip(bound) {
-        let v = v.ok_or_else(|| RuntimeError::MissingInput { name: spec.name.clone(), expected: spec.ty.to_string() })?;
+        let v = v.ok_or_else(|| RuntimeError::MissingInput {
+            name: spec.name.clone(),
+            expected: spec.ty.to_string(),
+        })?;
         let v = check_input(spec, v, &mut symbols)?;
         formal.push(v);
     }
@@ -55,7 +61,10 @@ pub fn run(program: &Program, inputs: Vec<(String, Value)>) -> Result<Vec<(Strin
 }
 
 fn input_err(spec: &IoSpec, reason: String) -> RuntimeError {
-    RuntimeError::Input { name: spec.name.clone(), reason }
+    RuntimeError::Input {
+        name: spec.name.clone(),
+        reason,
+    }
 }
 
 /// Checks a value against the declared type (kind, dtype, rank, fixed dims, consistent
@@ -72,7 +81,13 @@ fn check_input(spec: &IoSpec, v: Value, symbols: &mut Vec<(String, usize)>) -> R
                 if shape.len() != t.rank() {
                     return Err(input_err(
                         spec,
-                        format!("expected rank {} (shape {}), got rank {} (shape {:?})", shape.len(), spec.ty, t.rank(), t.shape()),
+                        format!(
+                            "expected rank {} (shape {}), got rank {} (shape {:?})",
+                            shape.len(),
+                            spec.ty,
+                            t.rank(),
+                            t.shape()
+                        ),
                     ));
                 }
                 for (i, (d, &got)) in shape.iter().zip(t.shape()).enumerate() {
@@ -80,14 +95,20 @@ fn check_input(spec: &IoSpec, v: Value, symbols: &mut Vec<(String, usize)>) -> R
                         Dim::Fixed(n) if *n != got => {
                             return Err(input_err(
                                 spec,
-                                format!("dim {i}: expected {n}, got {got} (expected shape {}, got {:?})", spec.ty, t.shape()),
+                                format!(
+                                    "dim {i}: expected {n}, got {got} (expected shape {}, got {:?})",
+                                    spec.ty,
+                                    t.shape()
+                                ),
                             ));
                         }
                         Dim::Sym(s) if !s.starts_with("unk__") => match symbols.iter().find(|(n, _)| n == s) {
                             Some((_, bound)) if *bound != got => {
                                 return Err(input_err(
                                     spec,
-                                    format!("dim {i} is symbol '{s}', already bound to {bound} by another input, got {got}"),
+                                    format!(
+                                        "dim {i} is symbol '{s}', already bound to {bound} by another input, got {got}"
+                                    ),
                                 ));
                             }
                             Some(_) => {}
@@ -116,20 +137,25 @@ fn run_program(p: &Program, outer: &[Slot<'_>], formal: Vec<Value>) -> Result<Ve
     env.resize_with(p.num_slots(), || Slot::Empty);
     let bad = |what: String| RuntimeError::Program(format!("'{}': {what}", p.name));
     for (slot, v) in &p.constants {
-        *env.get_mut(*slot).ok_or_else(|| bad(format!("constant slot {slot} out of range")))? = Slot::Shared(v);
+        *env.get_mut(*slot)
+            .ok_or_else(|| bad(format!("constant slot {slot} out of range")))? = Slot::Shared(v);
     }
     for &(o, i) in &p.captures {
-        let v = outer
-            .get(o)
-            .and_then(Slot::get)
-            .ok_or_else(|| bad(format!("captured value '{}' is not available", p.slot_names.get(i).map_or("?", |s| s))))?;
-        *env.get_mut(i).ok_or_else(|| bad(format!("capture slot {i} out of range")))? = Slot::Shared(v);
+        let v = outer.get(o).and_then(Slot::get).ok_or_else(|| {
+            bad(format!(
+                "captured value '{}' is not available",
+                p.slot_names.get(i).map_or("?", |s| s)
+            ))
+        })?;
+        *env.get_mut(i)
+            .ok_or_else(|| bad(format!("capture slot {i} out of range")))? = Slot::Shared(v);
     }
     if formal.len() != p.inputs.len() {
         return Err(bad(format!("expects {} inputs, got {}", p.inputs.len(), formal.len())));
     }
     for (spec, v) in p.inputs.iter().zip(formal) {
-        *env.get_mut(spec.slot).ok_or_else(|| bad(format!("input slot {} out of range", spec.slot)))? = Slot::Owned(v);
+        *env.get_mut(spec.slot)
+            .ok_or_else(|| bad(format!("input slot {} out of range", spec.slot)))? = Slot::Owned(v);
     }
     for step in &p.steps {
         let results = run_step(step, &env)?;
@@ -142,7 +168,8 @@ fn run_program(p: &Program, outer: &[Slot<'_>], formal: Vec<Value>) -> Result<Ve
                     op: step.kind.name().to_string(),
                     reason: "produced fewer outputs than the node declares".into(),
                 })?;
-                *env.get_mut(*slot).ok_or_else(|| bad(format!("output slot {slot} out of range")))? = Slot::Owned(v);
+                *env.get_mut(*slot)
+                    .ok_or_else(|| bad(format!("output slot {slot} out of range")))? = Slot::Owned(v);
             }
         }
         for &f in &step.frees {
@@ -154,7 +181,9 @@ fn run_program(p: &Program, outer: &[Slot<'_>], formal: Vec<Value>) -> Result<Ve
     let mut outs = Vec::with_capacity(p.outputs.len());
     for (k, o) in p.outputs.iter().enumerate() {
         let used_later = p.outputs[k + 1..].iter().any(|x| x.slot == o.slot);
-        let slot = env.get_mut(o.slot).ok_or_else(|| bad(format!("output slot {} out of range", o.slot)))?;
+        let slot = env
+            .get_mut(o.slot)
+            .ok_or_else(|| bad(format!("output slot {} out of range", o.slot)))?;
         let v = if used_later { slot.get().cloned() } else { slot.take() };
         outs.push(v.ok_or_else(|| bad(format!("output '{}' was not computed", o.name)))?);
     }
@@ -185,7 +214,10 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
     }
     match &step.kind {
         StepKind::Op(op) => op.eval(&Args::new(&args)).map_err(node_err),
-        StepKind::If { then_branch, else_branch } => {
+        StepKind::If {
+            then_branch,
+            else_branch,
+        } => {
             let cond = Args::new(&args).tensor(0).map_err(node_err)?;
             let c = cond
                 .to_f64_vec()
@@ -197,7 +229,9 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
         }
         StepKind::Loop(l) => run_loop(l, &args, env).map_err(|e| wrap(e, step)),
         StepKind::Scan(s) => run_scan(s, &args, env).map_err(|e| wrap(e, step)),
-        StepKind::SequenceMap { body } => run_sequence_map(body, &args, env, step.outputs.len()).map_err(|e| wrap(e, step)),
+        StepKind::SequenceMap { body } => {
+            run_sequence_map(body, &args, env, step.outputs.len()).map_err(|e| wrap(e, step))
+        }
     }
 }
 
@@ -220,7 +254,11 @@ fn op_err(e: OpError) -> RuntimeError {
 fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<Vec<Value>> {
     let a = Args::new(args);
     let max_trip = match a.opt_tensor(0).map_err(op_err)? {
-        Some(t) => Some(t.to_i64_vec().and_then(|v| v.first().copied()).ok_or_else(|| RuntimeError::Program("M must be an integer scalar".into()))?),
+        Some(t) => Some(
+            t.to_i64_vec()
+                .and_then(|v| v.first().copied())
+                .ok_or_else(|| RuntimeError::Program("M must be an integer scalar".into()))?,
+        ),
         None => None,
     };
     let mut cond = match a.opt_tensor(1).map_err(op_err)? {
@@ -241,7 +279,9 @@ fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
         formal.append(&mut carried);
         let outs = run_program(&l.body, env, formal)?;
         let mut outs = outs.into_iter();
-        let c = outs.next().ok_or_else(|| RuntimeError::Program("loop body returned no condition".into()))?;
+        let c = outs
+            .next()
+            .ok_or_else(|| RuntimeError::Program("loop body returned no condition".into()))?;
         cond = match &c {
             Value::Tensor(t) => t.to_f64_vec().first().is_some_and(|&x| x != 0.0),
             _ => return Err(RuntimeError::Program("loop condition must be a tensor".into())),
@@ -269,7 +309,13 @@ fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
 fn run_scan(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<Vec<Value>> {
     let a = Args::new(args);
     let n_state = args.len().saturating_sub(s.num_scan_inputs);
-    let mut state: Vec<Value> = (0..n_state).map(|i| a.value(i).cloned().ok_or_else(|| RuntimeError::Program(format!("state input {i} is absent")))).collect::<Result<_>>()?;
+    let mut state: Vec<Value> = (0..n_state)
+        .map(|i| {
+            a.value(i)
+                .cloned()
+                .ok_or_else(|| RuntimeError::Program(format!("state input {i} is absent")))
+        })
+        .collect::<Result<_>>()?;
     let mut scan_in: Vec<(&Tensor, usize, bool)> = Vec::new();
     for k in 0..s.num_scan_inputs {
         let t = a.tensor(n_state + k).map_err(op_err)?;
@@ -282,7 +328,10 @@ fn run_scan(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
     };
     for (t, axis, _) in &scan_in {
         if t.shape()[*axis] != len {
-            return Err(RuntimeError::Program(format!("scan inputs have different lengths ({} vs {len})", t.shape()[*axis])));
+            return Err(RuntimeError::Program(format!(
+                "scan inputs have different lengths ({} vs {len})",
+                t.shape()[*axis]
+            )));
         }
     }
     let n_scan_out = s.body.outputs.len().saturating_sub(n_state);
@@ -309,7 +358,9 @@ fn run_scan(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
             acc.reverse();
         }
         if acc.is_empty() {
-            return Err(RuntimeError::Program("scan over zero iterations has no output shape".into()));
+            return Err(RuntimeError::Program(
+                "scan over zero iterations has no output shape".into(),
+            ));
         }
         let rank = acc[0].rank() + 1;
         let axis = norm_axis(s.output_axes.get(k).copied().unwrap_or(0), rank).map_err(op_err)?;
@@ -328,7 +379,12 @@ fn run_sequence_map(body: &Program, args: &[Option<&Value>], env: &[Slot<'_>], n
         for k in 0..args.len() {
             match a.value(k) {
                 Some(Value::Sequence(s)) => {
-                    let item = s.items.get(i).ok_or_else(|| RuntimeError::Program(format!("sequence input {k} has {} items, expected {len}", s.items.len())))?;
+                    let item = s.items.get(i).ok_or_else(|| {
+                        RuntimeError::Program(format!(
+                            "sequence input {k} has {} items, expected {len}",
+                            s.items.len()
+                        ))
+                    })?;
                     formal.push(Value::Tensor(item.clone()));
                 }
                 Some(v) => formal.push(v.clone()),

@@ -37,10 +37,15 @@ pub struct Step {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StepKind {
     Op(Op),
-    If { then_branch: Box<Program>, else_branch: Box<Program> },
+    If {
+        then_branch: Box<Program>,
+        else_branch: Box<Program>,
+    },
     Loop(LoopStep),
     Scan(ScanStep),
-    SequenceMap { body: Box<Program> },
+    SequenceMap {
+        body: Box<Program>,
+    },
 }
 
 impl StepKind {
@@ -92,8 +97,12 @@ impl Program {
                 }
             }
         }
-        let keep: Vec<usize> =
-            self.outputs.iter().map(|o| o.slot).chain(self.constants.iter().map(|(s, _)| *s)).collect();
+        let keep: Vec<usize> = self
+            .outputs
+            .iter()
+            .map(|o| o.slot)
+            .chain(self.constants.iter().map(|(s, _)| *s))
+            .collect();
         for step in &mut self.steps {
             step.frees.clear();
         }
@@ -117,7 +126,10 @@ impl Step {
     pub fn subprograms(&self) -> Vec<&Program> {
         match &self.kind {
             StepKind::Op(_) => vec![],
-            StepKind::If { then_branch, else_branch } => vec![then_branch, else_branch],
+            StepKind::If {
+                then_branch,
+                else_branch,
+            } => vec![then_branch, else_branch],
             StepKind::Loop(l) => vec![&l.body],
             StepKind::Scan(s) => vec![&s.body],
             StepKind::SequenceMap { body } => vec![body],
@@ -126,7 +138,10 @@ impl Step {
     fn subprograms_mut(&mut self) -> Vec<&mut Program> {
         match &mut self.kind {
             StepKind::Op(_) => vec![],
-            StepKind::If { then_branch, else_branch } => vec![then_branch, else_branch],
+            StepKind::If {
+                then_branch,
+                else_branch,
+            } => vec![then_branch, else_branch],
             StepKind::Loop(l) => vec![&mut l.body],
             StepKind::Scan(s) => vec![&mut s.body],
             StepKind::SequenceMap { body } => vec![body],
@@ -134,6 +149,9 @@ impl Step {
     }
     /// Outer slots read by this step's sub-programs.
     pub fn captured_slots(&self) -> Vec<usize> {
-        self.subprograms().iter().flat_map(|p| p.captures.iter().map(|(o, _)| *o)).collect()
+        self.subprograms()
+            .iter()
+            .flat_map(|p| p.captures.iter().map(|(o, _)| *o))
+            .collect()
     }
 }

@@ -11,7 +11,10 @@ pub fn stack(items: &[Tensor], axis: usize) -> Result<Tensor, OpError> {
     };
     let shape = first.shape().to_vec();
     if axis > shape.len() {
-        return Err(OpError::Axis { axis: axis as i64, rank: shape.len() + 1 });
+        return Err(OpError::Axis {
+            axis: axis as i64,
+            rank: shape.len() + 1,
+        });
     }
     for t in items {
         if t.shape() != shape.as_slice() || t.dtype() != first.dtype() {
@@ -46,10 +49,16 @@ pub fn stack(items: &[Tensor], axis: usize) -> Result<Tensor, OpError> {
 pub fn take_along(t: &Tensor, axis: usize, index: usize) -> Result<Tensor, OpError> {
     let shape = t.shape();
     if axis >= shape.len() {
-        return Err(OpError::Axis { axis: axis as i64, rank: shape.len() });
+        return Err(OpError::Axis {
+            axis: axis as i64,
+            rank: shape.len(),
+        });
     }
     if index >= shape[axis] {
-        return Err(OpError::IndexOutOfRange { index: index as i64, size: shape[axis] });
+        return Err(OpError::IndexOutOfRange {
+            index: index as i64,
+            size: shape[axis],
+        });
     }
     let strides = strides_of(shape);
     let outer: usize = shape[..axis].iter().product();

@@ -5,10 +5,21 @@ use crate::tensor::{Data, Tensor};
 /// Why two tensors differ, for a readable report.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Mismatch {
-    DType { expected: String, got: String },
-    Shape { expected: Vec<usize>, got: Vec<usize> },
+    DType {
+        expected: String,
+        got: String,
+    },
+    Shape {
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
     /// First differing element: flat index, both values, and how many elements differ.
-    Values { index: usize, expected: String, got: String, count: usize },
+    Values {
+        index: usize,
+        expected: String,
+        got: String,
+        count: usize,
+    },
 }
 
 impl std::fmt::Display for Mismatch {
@@ -16,8 +27,16 @@ impl std::fmt::Display for Mismatch {
         match self {
             Mismatch::DType { expected, got } => write!(f, "dtype: expected {expected}, got {got}"),
             Mismatch::Shape { expected, got } => write!(f, "shape: expected {expected:?}, got {got:?}"),
-            Mismatch::Values { index, expected, got, count } => {
-                write!(f, "{count} element(s) differ; first at {index}: expected {expected}, got {got}")
+            Mismatch::Values {
+                index,
+                expected,
+                got,
+                count,
+            } => {
+                write!(
+                    f,
+                    "{count} element(s) differ; first at {index}: expected {expected}, got {got}"
+                )
             }
         }
     }
@@ -28,10 +47,16 @@ impl std::fmt::Display for Mismatch {
 /// integers, booleans and strings exactly.
 pub fn compare(expected: &Tensor, got: &Tensor, rtol: f64, atol: f64) -> Result<(), Mismatch> {
     if expected.dtype() != got.dtype() {
-        return Err(Mismatch::DType { expected: expected.dtype().to_string(), got: got.dtype().to_string() });
+        return Err(Mismatch::DType {
+            expected: expected.dtype().to_string(),
+            got: got.dtype().to_string(),
+        });
     }
     if expected.shape() != got.shape() {
-        return Err(Mismatch::Shape { expected: expected.shape().to_vec(), got: got.shape().to_vec() });
+        return Err(Mismatch::Shape {
+            expected: expected.shape().to_vec(),
+            got: got.shape().to_vec(),
+        });
     }
     let mut first: Option<(usize, String, String)> = None;
     let mut count = 0;
@@ -76,7 +101,12 @@ pub fn compare(expected: &Tensor, got: &Tensor, rtol: f64, atol: f64) -> Result<
     }
     match first {
         None => Ok(()),
-        Some((index, expected, got)) => Err(Mismatch::Values { index, expected, got, count }),
+        Some((index, expected, got)) => Err(Mismatch::Values {
+            index,
+            expected,
+            got,
+            count,
+        }),
     }
 }
 
@@ -107,7 +137,10 @@ mod tests {
         assert!(compare(&a, &b, 1e-3, 0.0).is_ok());
         assert!(compare(&a, &b, 1e-4, 0.0).is_err());
         let c = Tensor::from_vec(vec![3], vec![1.0f32, 0.0, f32::INFINITY]).unwrap();
-        assert!(matches!(compare(&a, &c, 1e-3, 1e-5), Err(Mismatch::Values { index: 1, count: 1, .. })));
+        assert!(matches!(
+            compare(&a, &c, 1e-3, 1e-5),
+            Err(Mismatch::Values { index: 1, count: 1, .. })
+        ));
     }
 
     #[test]

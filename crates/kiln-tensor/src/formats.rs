@@ -74,7 +74,11 @@ impl FloatFormat {
         let mag = code & (sign - 1);
         let max = self.max_finite_code();
         let v = if mag > max {
-            if self.ieee_special && mag == max + 1 { f32::INFINITY } else { f32::NAN }
+            if self.ieee_special && mag == max + 1 {
+                f32::INFINITY
+            } else {
+                f32::NAN
+            }
         } else {
             self.magnitude(mag)
         };
@@ -116,7 +120,11 @@ impl FloatFormat {
             let (mut lo, mut hi) = (0u8, max);
             while lo < hi {
                 let mid = lo + (hi - lo).div_ceil(2);
-                if self.magnitude(mid) <= a { lo = mid } else { hi = mid - 1 }
+                if self.magnitude(mid) <= a {
+                    lo = mid
+                } else {
+                    hi = mid - 1
+                }
             }
             let below = self.magnitude(lo);
             if below == a {
@@ -162,7 +170,11 @@ pub fn decode(dtype: DType, code: u8) -> f32 {
     }
     match dtype {
         DType::F8E8M0 => {
-            if code == 0xFF { f32::NAN } else { 2f32.powi(code as i32 - 127) }
+            if code == 0xFF {
+                f32::NAN
+            } else {
+                2f32.powi(code as i32 - 127)
+            }
         }
         DType::U4 => (code & 0x0F) as f32,
         DType::I4 => (((code << 4) as i8) >> 4) as f32,
@@ -218,7 +230,11 @@ pub fn encode_float_mode(dtype: DType, x: f32, saturate: bool, round: RoundMode)
 /// Encodes an integer value into a sub-byte integer code, saturating to the type's range.
 pub fn encode_int(dtype: DType, v: f64) -> u8 {
     let (lo, hi) = int_range(dtype);
-    let r = if v.is_nan() { 0.0 } else { v.round_ties_even().clamp(lo, hi) };
+    let r = if v.is_nan() {
+        0.0
+    } else {
+        v.round_ties_even().clamp(lo, hi)
+    };
     (r as i64 as u8) & int_mask(dtype)
 }
 

@@ -135,7 +135,12 @@ impl Data {
             (Data::Bool(a), Data::Bool(b)) => a.extend_from_slice(b),
             (Data::Str(a), Data::Str(b)) => a.extend_from_slice(b),
             (Data::Coded(a), Data::Coded(b)) => a.extend_from_slice(b),
-            (a, b) => return Err(TensorError::DType { expected: data_dtype(a), got: data_dtype(b) }),
+            (a, b) => {
+                return Err(TensorError::DType {
+                    expected: data_dtype(a),
+                    got: data_dtype(b),
+                });
+            }
         }
         Ok(())
     }
@@ -262,7 +267,10 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, TensorEr
         } else if da == 1 {
             db
         } else {
-            return Err(TensorError::Broadcast { a: a.to_vec(), b: b.to_vec() });
+            return Err(TensorError::Broadcast {
+                a: a.to_vec(),
+                b: b.to_vec(),
+            });
         };
     }
     Ok(out)
@@ -280,12 +288,22 @@ impl Tensor {
     /// Builds a tensor, checking the element count against the shape and the storage variant
     /// against the dtype.
     pub fn new(dtype: DType, shape: Vec<usize>, data: Data) -> Result<Tensor, TensorError> {
-        let len = numel(&shape).ok_or_else(|| TensorError::TooLarge { shape: shape.clone(), max: MAX_ELEMENTS })?;
+        let len = numel(&shape).ok_or_else(|| TensorError::TooLarge {
+            shape: shape.clone(),
+            max: MAX_ELEMENTS,
+        })?;
         if data.len() != len {
-            return Err(TensorError::LengthMismatch { shape, len, got: data.len() });
+            return Err(TensorError::LengthMismatch {
+                shape,
+                len,
+                got: data.len(),
+            });
         }
         if !data.matches(dtype) {
-            return Err(TensorError::DType { expected: dtype, got: data_dtype(&data) });
+            return Err(TensorError::DType {
+                expected: dtype,
+                got: data_dtype(&data),
+            });
         }
         Ok(Tensor { dtype, shape, data })
     }
@@ -295,13 +313,24 @@ impl Tensor {
     }
 
     pub fn scalar<T: Element>(v: T) -> Tensor {
-        Tensor { dtype: T::DTYPE, shape: vec![], data: T::wrap(vec![v]) }
+        Tensor {
+            dtype: T::DTYPE,
+            shape: vec![],
+            data: T::wrap(vec![v]),
+        }
     }
 
     /// A tensor of zeros; refuses shapes beyond [`MAX_ELEMENTS`] before allocating.
     pub fn zeros(dtype: DType, shape: Vec<usize>) -> Result<Tensor, TensorError> {
-        let n = numel(&shape).ok_or_else(|| TensorError::TooLarge { shape: shape.clone(), max: MAX_ELEMENTS })?;
-        Ok(Tensor { dtype, shape, data: Data::zeros(dtype, n) })
+        let n = numel(&shape).ok_or_else(|| TensorError::TooLarge {
+            shape: shape.clone(),
+            max: MAX_ELEMENTS,
+        })?;
+        Ok(Tensor {
+            dtype,
+            shape,
+            data: Data::zeros(dtype, n),
+        })
     }
 
     /// A byte-coded tensor (float8, fp4, int4, int2, e8m0) from one code per element.
@@ -336,12 +365,18 @@ impl Tensor {
 
     /// The elements as `&[T]` when the dtype is `T`'s.
     pub fn as_slice<T: Element>(&self) -> Result<&[T], TensorError> {
-        T::slice(&self.data).ok_or(TensorError::DType { expected: T::DTYPE, got: self.dtype })
+        T::slice(&self.data).ok_or(TensorError::DType {
+            expected: T::DTYPE,
+            got: self.dtype,
+        })
     }
 
     pub fn into_vec<T: Element>(self) -> Result<Vec<T>, TensorError> {
         let got = self.dtype;
-        T::into_vec(self.data).ok_or(TensorError::DType { expected: T::DTYPE, got })
+        T::into_vec(self.data).ok_or(TensorError::DType {
+            expected: T::DTYPE,
+            got,
+        })
     }
 
     /// The byte codes of a byte-coded tensor.
@@ -367,12 +402,19 @@ impl Tensor {
     /// All elements of `parts` (same dtype) one after the other, as a 1-D tensor.
     pub fn concat_flat(parts: &[&Tensor]) -> Result<Tensor, TensorError> {
         let Some(first) = parts.first() else {
-            return Err(TensorError::LengthMismatch { shape: vec![], len: 1, got: 0 });
+            return Err(TensorError::LengthMismatch {
+                shape: vec![],
+                len: 1,
+                got: 0,
+            });
         };
         let mut data = first.data.clone();
         for p in &parts[1..] {
             if p.dtype != first.dtype {
-                return Err(TensorError::DType { expected: first.dtype, got: p.dtype });
+                return Err(TensorError::DType {
+                    expected: first.dtype,
+                    got: p.dtype,
+                });
             }
             data.append(&p.data)?;
         }
@@ -397,7 +439,10 @@ impl Tensor {
             Data::U64(v) => v.iter().map(|&x| x as f64).collect(),
             Data::Bool(v) => v.iter().map(|&x| if x { 1.0 } else { 0.0 }).collect(),
             Data::Str(v) => v.iter().map(|_| f64::NAN).collect(),
-            Data::Coded(v) => v.iter().map(|&c| crate::formats::decode(self.dtype, c) as f64).collect(),
+            Data::Coded(v) => v
+                .iter()
+                .map(|&c| crate::formats::decode(self.dtype, c) as f64)
+                .collect(),
         }
     }
 

@@ -42,7 +42,12 @@ pub struct Session {
 
 /// Imports an ONNX model (with symbol bindings applied) without compiling it.
 pub fn load_onnx(path: impl AsRef<Path>, options: &SessionOptions) -> Result<Model, Error> {
-    Ok(kiln_onnx::load_model(path.as_ref(), &ImportOptions { symbols: options.symbols.clone() })?)
+    Ok(kiln_onnx::load_model(
+        path.as_ref(),
+        &ImportOptions {
+            symbols: options.symbols.clone(),
+        },
+    )?)
 }
 
 impl Session {
@@ -66,11 +71,25 @@ impl Session {
     }
 
     pub fn inputs(&self) -> Vec<IoInfo> {
-        self.program.inputs.iter().map(|s| IoInfo { name: s.name.clone(), ty: s.ty.clone() }).collect()
+        self.program
+            .inputs
+            .iter()
+            .map(|s| IoInfo {
+                name: s.name.clone(),
+                ty: s.ty.clone(),
+            })
+            .collect()
     }
 
     pub fn outputs(&self) -> Vec<IoInfo> {
-        self.program.outputs.iter().map(|s| IoInfo { name: s.name.clone(), ty: s.ty.clone() }).collect()
+        self.program
+            .outputs
+            .iter()
+            .map(|s| IoInfo {
+                name: s.name.clone(),
+                ty: s.ty.clone(),
+            })
+            .collect()
     }
 
     /// Runs the model on named inputs; returns `(name, value)` for every output, in order.

@@ -11,8 +11,21 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("kiln-ir", &["kiln-tensor", "kiln-ops"]),
     ("kiln-onnx", &["kiln-tensor", "kiln-ops", "kiln-ir"]),
     ("kiln-runtime", &["kiln-tensor", "kiln-kernels", "kiln-ops"]),
-    ("kiln-compiler", &["kiln-tensor", "kiln-kernels", "kiln-ops", "kiln-ir", "kiln-runtime"]),
-    ("kiln", &["kiln-tensor", "kiln-ops", "kiln-ir", "kiln-onnx", "kiln-runtime", "kiln-compiler"]),
+    (
+        "kiln-compiler",
+        &["kiln-tensor", "kiln-kernels", "kiln-ops", "kiln-ir", "kiln-runtime"],
+    ),
+    (
+        "kiln",
+        &[
+            "kiln-tensor",
+            "kiln-ops",
+            "kiln-ir",
+            "kiln-onnx",
+            "kiln-runtime",
+            "kiln-compiler",
+        ],
+    ),
     ("kiln-cli", &["kiln"]),
     ("kiln-conformance", &["kiln"]),
     ("xtask", &[]),
@@ -34,7 +47,12 @@ pub fn run_all(root: &Path) -> Result<(), Vec<String>> {
 
 fn crate_dirs(root: &Path) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("Cargo.toml").exists()).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.join("Cargo.toml").exists())
+                .collect()
+        })
         .unwrap_or_default();
     dirs.sort();
     dirs
@@ -59,13 +77,22 @@ pub fn check_dependencies(root: &Path) -> Vec<String> {
                 continue;
             }
         };
-        let name = doc.get("package").and_then(|p| p.get("name")).and_then(|n| n.as_str()).unwrap_or("?").to_string();
+        let name = doc
+            .get("package")
+            .and_then(|p| p.get("name"))
+            .and_then(|n| n.as_str())
+            .unwrap_or("?")
+            .to_string();
         let Some((_, allowed)) = ALLOWED.iter().find(|(n, _)| *n == name) else {
-            problems.push(format!("crate '{name}' is not in the dependency table (xtask/src/tidy.rs and ARCHITECTURE.md)"));
+            problems.push(format!(
+                "crate '{name}' is not in the dependency table (xtask/src/tidy.rs and ARCHITECTURE.md)"
+            ));
             continue;
         };
         for section in ["dependencies", "build-dependencies"] {
-            let Some(deps) = doc.get(section).and_then(|d| d.as_table()) else { continue };
+            let Some(deps) = doc.get(section).and_then(|d| d.as_table()) else {
+                continue;
+            };
             for dep in deps.keys() {
                 let internal = dep.starts_with("kiln") || dep == "xtask";
                 if internal && !allowed.contains(&dep.as_str()) {
@@ -98,20 +125,27 @@ pub fn check_sources(root: &Path) -> Vec<String> {
     rust_files(&root.join("crates"), &mut files);
     for f in files {
         let rel = f.strip_prefix(root).unwrap_or(&f).to_string_lossy().replace('\\', "/");
-        let Ok(text) = std::fs::read_to_string(&f) else { continue };
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
         if !text.trim_start().starts_with("//!") {
             problems.push(format!("{rel}: does not open with a `//!` line saying what it is for"));
         }
         let uses_unsafe = text.lines().any(|l| {
             let code = strip_strings(l.split("//").next().unwrap_or(""));
             code.match_indices("unsafe").any(|(i, _)| {
-                let before = code[..i].chars().next_back().is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+                let before = code[..i]
+                    .chars()
+                    .next_back()
+                    .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
                 let after = code[i + 6..].chars().next().is_none_or(|c| c == ' ' || c == '{');
                 before && after
             })
         });
         if uses_unsafe && !UNSAFE_ALLOWED.iter().any(|a| rel.contains(a)) {
-            problems.push(format!("{rel}: uses unsafe outside the kernels crate and the mmap loader"));
+            problems.push(format!(
+                "{rel}: uses unsafe outside the kernels crate and the mmap loader"
+            ));
         }
     }
     problems

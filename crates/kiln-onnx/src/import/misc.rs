@@ -29,9 +29,7 @@ fn default_domain(ctx: &NodeCtx<'_>) -> Result<Option<MiscOp>> {
                 "LOWER" => CaseChange::Lower,
                 "UPPER" => CaseChange::Upper,
                 other => {
-                    return Err(
-                        ctx.attr_err("case_change_action", format!("unknown action {other:?}"))
-                    );
+                    return Err(ctx.attr_err("case_change_action", format!("unknown action {other:?}")));
                 }
             };
             MiscOp::StringNormalizer(StringNormalizer {
@@ -44,15 +42,11 @@ fn default_domain(ctx: &NodeCtx<'_>) -> Result<Option<MiscOp>> {
         "StringConcat" => MiscOp::StringConcat(StringConcat),
         "StringSplit" => MiscOp::StringSplit(StringSplit {
             delimiter: ctx.attr_string("delimiter")?.filter(|d| !d.is_empty()),
-            maxsplit: ctx
-                .attr_i64("maxsplit")?
-                .and_then(|m| usize::try_from(m).ok()),
+            maxsplit: ctx.attr_i64("maxsplit")?.and_then(|m| usize::try_from(m).ok()),
         }),
         "RegexFullMatch" => {
             let pattern = ctx.required("pattern", ctx.attr_string("pattern")?)?;
-            MiscOp::RegexFullMatch(
-                RegexFullMatch::new(pattern).map_err(|e| ctx.attr_err("pattern", e.to_string()))?,
-            )
+            MiscOp::RegexFullMatch(RegexFullMatch::new(pattern).map_err(|e| ctx.attr_err("pattern", e.to_string()))?)
         }
         "TfIdfVectorizer" => {
             let mode = match ctx.required("mode", ctx.attr_string("mode")?)?.as_str() {
@@ -61,16 +55,11 @@ fn default_domain(ctx: &NodeCtx<'_>) -> Result<Option<MiscOp>> {
                 "TFIDF" => TfIdfMode::TfIdf,
                 other => return Err(ctx.attr_err("mode", format!("unknown mode {other:?}"))),
             };
-            let pool = match (
-                ctx.attr_i64s("pool_int64s")?,
-                ctx.attr_strings("pool_strings")?,
-            ) {
+            let pool = match (ctx.attr_i64s("pool_int64s")?, ctx.attr_strings("pool_strings")?) {
                 (Some(p), None) => NgramPool::Ints(p),
                 (None, Some(p)) => NgramPool::Strings(p),
                 _ => {
-                    return Err(
-                        ctx.node_err("exactly one of pool_int64s and pool_strings must be given")
-                    );
+                    return Err(ctx.node_err("exactly one of pool_int64s and pool_strings must be given"));
                 }
             };
             let min = ctx.required("min_gram_length", ctx.attr_i64("min_gram_length")?)?;
@@ -206,9 +195,7 @@ fn ml_domain(ctx: &NodeCtx<'_>) -> Result<Option<MiscOp>> {
     Ok(Some(match ctx.op_type {
         "LabelEncoder" => {
             if ctx.opset < 2 {
-                return Err(ctx.node_err(
-                    "LabelEncoder of ai.onnx.ml opset 1 (classes_strings) is not supported",
-                ));
+                return Err(ctx.node_err("LabelEncoder of ai.onnx.ml opset 1 (classes_strings) is not supported"));
             }
             let keys = ctx.required("keys_*", list_attr(ctx, "keys")?)?;
             let values = ctx.required("values_*", list_attr(ctx, "values")?)?;
@@ -216,29 +203,18 @@ fn ml_domain(ctx: &NodeCtx<'_>) -> Result<Option<MiscOp>> {
                 (Some(t), _) => t
                     .reshape(vec![1])
                     .map_err(|e| ctx.attr_err("default_tensor", e.to_string()))?,
-                (None, DType::String) if ctx.has_attr("default_string") => vec_tensor(
-                    ctx,
-                    "default_string",
-                    vec![ctx.attr_string_or("default_string", "")?],
-                )?,
-                (None, DType::I64) if ctx.has_attr("default_int64") => vec_tensor(
-                    ctx,
-                    "default_int64",
-                    vec![ctx.attr_i64_or("default_int64", -1)?],
-                )?,
-                (None, DType::F32) if ctx.has_attr("default_float") => vec_tensor(
-                    ctx,
-                    "default_float",
-                    vec![ctx.attr_f32_or("default_float", -0.0)?],
-                )?,
-                (None, d) => LabelEncoder::default_for(d)
-                    .map_err(|e| ctx.attr_err("default_*", e.to_string()))?,
+                (None, DType::String) if ctx.has_attr("default_string") => {
+                    vec_tensor(ctx, "default_string", vec![ctx.attr_string_or("default_string", "")?])?
+                }
+                (None, DType::I64) if ctx.has_attr("default_int64") => {
+                    vec_tensor(ctx, "default_int64", vec![ctx.attr_i64_or("default_int64", -1)?])?
+                }
+                (None, DType::F32) if ctx.has_attr("default_float") => {
+                    vec_tensor(ctx, "default_float", vec![ctx.attr_f32_or("default_float", -0.0)?])?
+                }
+                (None, d) => LabelEncoder::default_for(d).map_err(|e| ctx.attr_err("default_*", e.to_string()))?,
             };
-            MiscOp::LabelEncoder(LabelEncoder {
-                keys,
-                values,
-                default,
-            })
+            MiscOp::LabelEncoder(LabelEncoder { keys, values, default })
         }
         "TreeEnsemble" => MiscOp::TreeEnsemble(tree_ensemble(ctx)?),
         "ArrayFeatureExtractor" => MiscOp::ArrayFeatureExtractor(ArrayFeatureExtractor),
@@ -251,8 +227,7 @@ fn ml_domain(ctx: &NodeCtx<'_>) -> Result<Option<MiscOp>> {
 
 fn tree_ensemble(ctx: &NodeCtx<'_>) -> Result<TreeEnsemble> {
     let ints = |name: &str| -> Result<Vec<i64>> { ctx.required(name, ctx.attr_i64s(name)?) };
-    let flags =
-        |name: &str| -> Result<Vec<bool>> { Ok(ints(name)?.into_iter().map(|v| v != 0).collect()) };
+    let flags = |name: &str| -> Result<Vec<bool>> { Ok(ints(name)?.into_iter().map(|v| v != 0).collect()) };
     let aggregate = match ctx.attr_i64_or("aggregate_function", 1)? {
         0 => AggregateFunction::Average,
         1 => AggregateFunction::Sum,
@@ -273,10 +248,7 @@ fn tree_ensemble(ctx: &NodeCtx<'_>) -> Result<TreeEnsemble> {
         .to_i64_vec()
         .unwrap_or_default()
         .into_iter()
-        .map(|m| {
-            NodeMode::from_code(m)
-                .ok_or_else(|| ctx.attr_err("nodes_modes", format!("unknown mode {m}")))
-        })
+        .map(|m| NodeMode::from_code(m).ok_or_else(|| ctx.attr_err("nodes_modes", format!("unknown mode {m}"))))
         .collect::<Result<Vec<_>>>()?;
     let n_targets = ctx.required("n_targets", ctx.attr_i64("n_targets")?)?;
     Ok(TreeEnsemble {
@@ -325,8 +297,7 @@ fn training_domain(ctx: &NodeCtx<'_>) -> Result<Option<MiscOp>> {
                 "nesterov" => true,
                 other => return Err(ctx.attr_err("mode", format!("unknown mode {other:?}"))),
             },
-            norm_coefficient: ctx
-                .required("norm_coefficient", ctx.attr_f32("norm_coefficient")?)?,
+            norm_coefficient: ctx.required("norm_coefficient", ctx.attr_f32("norm_coefficient")?)?,
         }),
         _ => return Ok(None),
     }))

@@ -32,11 +32,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
             axis: ctx.attr_i64_or("axis", 1)?,
         }),
         "Squeeze" => {
-            let axes = if ctx.opset < 13 {
-                ctx.attr_i64s("axes")?
-            } else {
-                None
-            };
+            let axes = if ctx.opset < 13 { ctx.attr_i64s("axes")? } else { None };
             MovementOp::Squeeze(Squeeze { axes })
         }
         "Unsqueeze" => {
@@ -80,10 +76,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 None
             };
             let num_outputs = num_outputs
-                .map(|n| {
-                    usize::try_from(n)
-                        .map_err(|_| ctx.attr_err("num_outputs", format!("must be >= 0, got {n}")))
-                })
+                .map(|n| usize::try_from(n).map_err(|_| ctx.attr_err("num_outputs", format!("must be >= 0, got {n}"))))
                 .transpose()?;
             MovementOp::Split(Split {
                 axis: ctx.attr_i64_or("axis", 0)?,
@@ -159,8 +152,8 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         }),
         "GatherND" => {
             let b = ctx.attr_i64_or("batch_dims", 0)?;
-            let batch_dims = usize::try_from(b)
-                .map_err(|_| ctx.attr_err("batch_dims", format!("must be >= 0, got {b}")))?;
+            let batch_dims =
+                usize::try_from(b).map_err(|_| ctx.attr_err("batch_dims", format!("must be >= 0, got {b}")))?;
             MovementOp::GatherND(GatherND { batch_dims })
         }
         "Scatter" | "ScatterElements" => MovementOp::ScatterElements(ScatterElements {

@@ -3,8 +3,8 @@
 use crate::attrs::{NodeCtx, Result};
 use kiln_ops::Op;
 use kiln_ops::quant::{
-    AutoPad, ConvAttrs, ConvInteger, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger,
-    QLinearConv, QLinearMatMul, QuantOp, QuantizeLinear,
+    AutoPad, ConvAttrs, ConvInteger, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearConv,
+    QLinearMatMul, QuantOp, QuantizeLinear,
 };
 use kiln_tensor::DType;
 
@@ -76,15 +76,11 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         }
         "ConvInteger" => {
             ctx.check_inputs(2, 4)?;
-            QuantOp::ConvInteger(ConvInteger {
-                conv: conv_attrs(ctx)?,
-            })
+            QuantOp::ConvInteger(ConvInteger { conv: conv_attrs(ctx)? })
         }
         "QLinearConv" => {
             ctx.check_inputs(8, 9)?;
-            QuantOp::QLinearConv(QLinearConv {
-                conv: conv_attrs(ctx)?,
-            })
+            QuantOp::QLinearConv(QLinearConv { conv: conv_attrs(ctx)? })
         }
         _ => return Ok(None),
     };
@@ -130,9 +126,7 @@ fn usizes(ctx: &NodeCtx<'_>, name: &str) -> Result<Vec<usize>> {
     ctx.attr_i64s(name)?
         .unwrap_or_default()
         .into_iter()
-        .map(|v| {
-            usize::try_from(v).map_err(|_| ctx.attr_err(name, format!("must be >= 0, got {v}")))
-        })
+        .map(|v| usize::try_from(v).map_err(|_| ctx.attr_err(name, format!("must be >= 0, got {v}"))))
         .collect()
 }
 

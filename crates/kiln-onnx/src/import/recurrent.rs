@@ -3,8 +3,8 @@
 use crate::attrs::{NodeCtx, Result};
 use kiln_ops::Op;
 use kiln_ops::recurrent::{
-    Activation, Attention, CausalConvWithState, Cell, Direction, FlexAttention, LinearAttention,
-    Recurrent, RecurrentOp, RotaryEmbedding, SwiGlu, UpdateRule,
+    Activation, Attention, CausalConvWithState, Cell, Direction, FlexAttention, LinearAttention, Recurrent,
+    RecurrentOp, RotaryEmbedding, SwiGlu, UpdateRule,
 };
 use kiln_tensor::DType;
 
@@ -99,10 +99,7 @@ fn attention(ctx: &NodeCtx<'_>) -> Result<Attention> {
     ctx.check_inputs(3, 7)?;
     let mode = ctx.attr_i64_or("qk_matmul_output_mode", 0)?;
     if !(0..=3).contains(&mode) {
-        return Err(ctx.attr_err(
-            "qk_matmul_output_mode",
-            format!("must be 0..=3, got {mode}"),
-        ));
+        return Err(ctx.attr_err("qk_matmul_output_mode", format!("must be 0..=3, got {mode}")));
     }
     let (left, right) = if ctx.opset >= 25 {
         (
@@ -121,10 +118,7 @@ fn attention(ctx: &NodeCtx<'_>) -> Result<Attention> {
     if let Some(p) = softmax_precision
         && !matches!(p, DType::F32 | DType::F16 | DType::F64 | DType::BF16)
     {
-        return Err(ctx.attr_err(
-            "softmax_precision",
-            format!("must be a float type, got {p}"),
-        ));
+        return Err(ctx.attr_err("softmax_precision", format!("must be a float type, got {p}")));
     }
     Ok(Attention {
         is_causal: ctx.attr_bool_or("is_causal", false)?,
@@ -149,11 +143,7 @@ fn default_activations(cell: Cell) -> &'static [&'static str] {
 }
 
 fn recurrent(ctx: &NodeCtx<'_>, cell: Cell) -> Result<Recurrent> {
-    let max_inputs = if matches!(cell, Cell::Lstm { .. }) {
-        8
-    } else {
-        6
-    };
+    let max_inputs = if matches!(cell, Cell::Lstm { .. }) { 8 } else { 6 };
     ctx.check_inputs(3, max_inputs)?;
     let default_dir = if ctx.op_type == "GRU" && ctx.opset < 3 {
         "foward"
@@ -170,10 +160,7 @@ fn recurrent(ctx: &NodeCtx<'_>, cell: Cell) -> Result<Recurrent> {
     let per = cell.activations_per_direction();
     let names: Vec<String> = match ctx.attr_strings("activations")? {
         Some(v) => v,
-        None => default_activations(cell)
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+        None => default_activations(cell).iter().map(|s| s.to_string()).collect(),
     };
     let names: Vec<String> = if names.len() == per && nd == 2 {
         names.iter().chain(names.iter()).cloned().collect()
@@ -262,10 +249,7 @@ fn flex_attention(ctx: &NodeCtx<'_>) -> Result<FlexAttention> {
     if let Some(p) = softmax_precision
         && !matches!(p, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     {
-        return Err(ctx.attr_err(
-            "softmax_precision",
-            format!("must be a float type, got {p}"),
-        ));
+        return Err(ctx.attr_err("softmax_precision", format!("must be a float type, got {p}")));
     }
     Ok(FlexAttention {
         scale: ctx.attr_f32("scale")?,

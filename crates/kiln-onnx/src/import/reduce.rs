@@ -43,11 +43,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
             };
             let coerce_2d = ctx.opset < 13;
             let axis = ctx.attr_i64_or("axis", if coerce_2d { 1 } else { -1 })?;
-            ReduceOp::Softmax(Softmax {
-                kind,
-                axis,
-                coerce_2d,
-            })
+            ReduceOp::Softmax(Softmax { kind, axis, coerce_2d })
         }
         "LayerNormalization" => {
             ctx.check_inputs(2, 3)?;
@@ -180,8 +176,7 @@ fn reduce(ctx: &NodeCtx<'_>, kind: ReduceKind, input_since: i64) -> Result<Reduc
         ReduceAxes::Attr(ctx.attr_i64s("axes")?.unwrap_or_default())
     };
     // noop_with_empty_axes exists from the opset where axes became an input.
-    let noop_with_empty_axes =
-        ctx.opset >= input_since && ctx.attr_bool_or("noop_with_empty_axes", false)?;
+    let noop_with_empty_axes = ctx.opset >= input_since && ctx.attr_bool_or("noop_with_empty_axes", false)?;
     Ok(ReduceOp::Reduce(Reduce {
         kind,
         axes,

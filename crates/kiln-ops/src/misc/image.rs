@@ -38,8 +38,7 @@ impl Kernel for ImageDecoder {
             index: 0,
             got: x.dtype(),
         })?;
-        let img = image::load_from_memory(bytes)
-            .map_err(|e| OpError::Value(format!("cannot decode image: {e}")))?;
+        let img = image::load_from_memory(bytes).map_err(|e| OpError::Value(format!("cannot decode image: {e}")))?;
         let (w, h) = (img.width() as usize, img.height() as usize);
         let channels = if self.pixel_format == PixelFormat::Grayscale {
             1
@@ -50,17 +49,9 @@ impl Kernel for ImageDecoder {
         checked_numel(&shape)?;
         let data = match self.pixel_format {
             PixelFormat::Grayscale if !img.color().has_color() => img.to_luma8().into_raw(),
-            PixelFormat::Grayscale => img
-                .to_rgb8()
-                .pixels()
-                .map(|p| luma(p[0], p[1], p[2]))
-                .collect(),
+            PixelFormat::Grayscale => img.to_rgb8().pixels().map(|p| luma(p[0], p[1], p[2])).collect(),
             PixelFormat::Rgb => img.to_rgb8().into_raw(),
-            PixelFormat::Bgr => img
-                .to_rgb8()
-                .pixels()
-                .flat_map(|p| [p[2], p[1], p[0]])
-                .collect(),
+            PixelFormat::Bgr => img.to_rgb8().pixels().flat_map(|p| [p[2], p[1], p[0]]).collect(),
         };
         Ok(vec![Tensor::from_vec(shape, data)?.into()])
     }

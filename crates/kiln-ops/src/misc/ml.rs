@@ -37,15 +37,8 @@ fn float_key(x: f64) -> Key {
 fn keys_of(t: &Tensor, as_float: bool) -> Vec<Key> {
     match t.data() {
         Data::Str(v) => v.iter().map(|s| Key::S(s.clone())).collect(),
-        _ if as_float || t.dtype().is_float() => {
-            t.to_f64_vec().into_iter().map(float_key).collect()
-        }
-        _ => t
-            .to_i64_vec()
-            .unwrap_or_default()
-            .into_iter()
-            .map(Key::I)
-            .collect(),
+        _ if as_float || t.dtype().is_float() => t.to_f64_vec().into_iter().map(float_key).collect(),
+        _ => t.to_i64_vec().unwrap_or_default().into_iter().map(Key::I).collect(),
     }
 }
 
@@ -79,10 +72,7 @@ impl Kernel for LabelEncoder {
     fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let x = args.tensor(0)?;
         let n = self.keys.len();
-        if self.values.len() != n
-            || self.default.len() != 1
-            || self.default.dtype() != self.values.dtype()
-        {
+        if self.values.len() != n || self.default.len() != 1 || self.default.dtype() != self.values.dtype() {
             return Err(OpError::Value(format!(
                 "LabelEncoder needs as many values as keys ({} vs {n}) and one default of the same dtype",
                 self.values.len()
@@ -210,8 +200,7 @@ impl TreeEnsemble {
             self.nodes_falseleafs.len(),
         ];
         if lens.iter().any(|&l| l != n)
-            || (!self.nodes_missing_tracks_true.is_empty()
-                && self.nodes_missing_tracks_true.len() != n)
+            || (!self.nodes_missing_tracks_true.is_empty() && self.nodes_missing_tracks_true.len() != n)
         {
             return Err(OpError::Value(format!(
                 "TreeEnsemble nodes_* attributes differ in length ({n} modes)"
@@ -259,12 +248,7 @@ impl TreeEnsemble {
                     size: row.len(),
                 })?;
             let s = self.nodes_splits[node];
-            let cond = (x.is_nan()
-                && self
-                    .nodes_missing_tracks_true
-                    .get(node)
-                    .copied()
-                    .unwrap_or(false))
+            let cond = (x.is_nan() && self.nodes_missing_tracks_true.get(node).copied().unwrap_or(false))
                 || match self.nodes_modes[node] {
                     NodeMode::Leq => x <= s,
                     NodeMode::Lt => x < s,
@@ -281,12 +265,10 @@ impl TreeEnsemble {
             };
             if is_leaf {
                 let l = self.leaf_weights.len();
-                return usize::try_from(next).ok().filter(|&i| i < l).ok_or(
-                    OpError::IndexOutOfRange {
-                        index: next,
-                        size: l,
-                    },
-                );
+                return usize::try_from(next)
+                    .ok()
+                    .filter(|&i| i < l)
+                    .ok_or(OpError::IndexOutOfRange { index: next, size: l });
             }
             node = node_idx(next)?;
         }
@@ -351,11 +333,7 @@ fn post_transform(kind: PostTransform, row: &mut [f64]) {
                 .copied()
                 .filter(|&v| v != 0.0)
                 .fold(f64::NEG_INFINITY, f64::max);
-            let sum: f64 = row
-                .iter()
-                .filter(|&&v| v != 0.0)
-                .map(|v| (v - m).exp())
-                .sum();
+            let sum: f64 = row.iter().filter(|&&v| v != 0.0).map(|v| (v - m).exp()).sum();
             row.iter_mut()
                 .for_each(|v| *v = if *v == 0.0 { 0.0 } else { (*v - m).exp() / sum });
         }
@@ -373,18 +351,12 @@ impl Kernel for TreeEnsemble {
             [n, f] => (n, f),
             [f] => (1, f),
             ref s => {
-                return Err(OpError::Shape(format!(
-                    "TreeEnsemble takes [N, F], got {s:?}"
-                )));
+                return Err(OpError::Shape(format!("TreeEnsemble takes [N, F], got {s:?}")));
             }
         };
         let sets = self.check()?;
         let t = self.n_targets;
-        let shape = if x.rank() == 2 {
-            vec![rows, t]
-        } else {
-            vec![t]
-        };
+        let shape = if x.rank() == 2 { vec![rows, t] } else { vec![t] };
         let mut out = vec![0.0; checked_numel(&shape)?];
         let v = x.to_f64_vec();
         let max = match x.dtype() {
@@ -407,10 +379,7 @@ impl Kernel for TreeEnsemble {
                 let slot = usize::try_from(target)
                     .ok()
                     .and_then(|i| acc.get_mut(i))
-                    .ok_or(OpError::IndexOutOfRange {
-                        index: target,
-                        size: t,
-                    })?;
+                    .ok_or(OpError::IndexOutOfRange { index: target, size: t })?;
                 let w = self.leaf_weights[l];
                 match self.aggregate {
                     AggregateFunction::Sum => *slot += w,
@@ -465,10 +434,7 @@ impl Kernel for ArrayFeatureExtractor {
                 usize::try_from(i)
                     .ok()
                     .filter(|&i| i < last)
-                    .ok_or(OpError::IndexOutOfRange {
-                        index: i,
-                        size: last,
-                    })
+                    .ok_or(OpError::IndexOutOfRange { index: i, size: last })
             })
             .collect::<Result<Vec<_>>>()?;
         let outer = x.len().checked_div(last).unwrap_or(0);
@@ -524,9 +490,7 @@ impl Kernel for Binarizer {
             .into_iter()
             .map(|v| if v > th { 1.0 } else { 0.0 })
             .collect();
-        Ok(vec![
-            tensor_from_f64(x.dtype(), x.shape().to_vec(), &v)?.into(),
-        ])
+        Ok(vec![tensor_from_f64(x.dtype(), x.shape().to_vec(), &v)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![ValueType::Tensor(TensorType {
@@ -585,10 +549,7 @@ mod tests {
         };
         let x = t(&[3, 1], vec![1.0f64, 2.0, 5.0]);
         let y = run(&[Some(&x)], |a| op.eval(a));
-        assert_eq!(
-            out::<f64>(&y[0]),
-            (vec![3, 2], vec![5.23, 0.0, 0.0, 12.12, 0.0, 7.21])
-        );
+        assert_eq!(out::<f64>(&y[0]), (vec![3, 2], vec![5.23, 0.0, 0.0, 12.12, 0.0, 7.21]));
     }
 
     #[test]

@@ -18,16 +18,14 @@ pub mod training;
 
 pub use image::{ImageDecoder, PixelFormat};
 pub use ml::{
-    AggregateFunction, ArrayFeatureExtractor, Binarizer, LabelEncoder, NodeMode, PostTransform,
-    TreeEnsemble,
+    AggregateFunction, ArrayFeatureExtractor, Binarizer, LabelEncoder, NodeMode, PostTransform, TreeEnsemble,
 };
 pub use random::{Bernoulli, Multinomial, RandomLike, RandomNormal, RandomUniform};
 pub use signal::{Dft, MelWeightMatrix, Stft, Window, WindowKind};
 pub use training::{Adagrad, Adam, Momentum};
 
 pub use strings::{
-    CaseChange, NgramPool, RegexFullMatch, StringConcat, StringNormalizer, StringSplit, TfIdfMode,
-    TfIdfVectorizer,
+    CaseChange, NgramPool, RegexFullMatch, StringConcat, StringNormalizer, StringSplit, TfIdfMode, TfIdfVectorizer,
 };
 
 use crate::error::{OpError, Result};
@@ -113,21 +111,10 @@ pub(crate) fn tensor_from_f64(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Res
         DType::U64 => Data::U64(v.iter().map(|&x| x as u64).collect()),
         DType::Bool => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
         DType::String => {
-            return Err(OpError::UnsupportedDType {
-                index: 0,
-                got: dtype,
-            });
+            return Err(OpError::UnsupportedDType { index: 0, got: dtype });
         }
-        d if d.is_float() => Data::Coded(
-            v.iter()
-                .map(|&x| formats::encode_float(d, x as f32, true))
-                .collect(),
-        ),
-        d => Data::Coded(
-            v.iter()
-                .map(|&x| formats::encode_int(d, x.trunc()))
-                .collect(),
-        ),
+        d if d.is_float() => Data::Coded(v.iter().map(|&x| formats::encode_float(d, x as f32, true)).collect()),
+        d => Data::Coded(v.iter().map(|&x| formats::encode_int(d, x.trunc())).collect()),
     };
     Ok(Tensor::new(dtype, shape, data)?)
 }
@@ -137,19 +124,13 @@ pub(crate) fn require_float(t: &Tensor, index: usize) -> Result<()> {
     if t.dtype().is_float() {
         Ok(())
     } else {
-        Err(OpError::UnsupportedDType {
-            index,
-            got: t.dtype(),
-        })
+        Err(OpError::UnsupportedDType { index, got: t.dtype() })
     }
 }
 
 /// The shape of input `i` when fully known.
 pub(crate) fn fixed_shape(inputs: &[InferInput<'_>], i: usize) -> Option<Vec<usize>> {
-    inputs
-        .get(i)
-        .and_then(|x| x.ty.tensor())
-        .and_then(|t| t.fixed_shape())
+    inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.fixed_shape())
 }
 
 /// Whether optional input `i` is given (absent inputs reach inference as `Unknown`).
@@ -161,10 +142,7 @@ pub(crate) fn present(inputs: &[InferInput<'_>], i: usize) -> bool {
 
 /// The static shape (possibly symbolic) of input `i` when its rank is known.
 pub(crate) fn input_shape(inputs: &[InferInput<'_>], i: usize) -> Option<Vec<crate::value::Dim>> {
-    inputs
-        .get(i)
-        .and_then(|x| x.ty.tensor())
-        .and_then(|t| t.shape.clone())
+    inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.shape.clone())
 }
 
 /// A tensor type with dtype and rank known, every dim a fresh symbol.
@@ -189,10 +167,7 @@ pub(crate) mod test_util {
     }
 
     pub fn strs(shape: &[usize], v: &[&str]) -> Value {
-        t(
-            shape,
-            v.iter().map(|s| s.to_string()).collect::<Vec<String>>(),
-        )
+        t(shape, v.iter().map(|s| s.to_string()).collect::<Vec<String>>())
     }
 
     /// Runs `f` on the given inputs (None = absent).
@@ -209,9 +184,6 @@ pub(crate) mod test_util {
     }
 
     pub fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
-        a.len() == b.len()
-            && a.iter()
-                .zip(b)
-                .all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
     }
 }

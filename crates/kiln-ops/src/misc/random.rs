@@ -62,10 +62,7 @@ enum Dist {
 
 fn sample(dist: Dist, seed: Option<f32>, dtype: DType, shape: Vec<usize>) -> Result<Value> {
     if !dtype.is_float() {
-        return Err(OpError::UnsupportedDType {
-            index: 0,
-            got: dtype,
-        });
+        return Err(OpError::UnsupportedDType { index: 0, got: dtype });
     }
     let n = checked_numel(&shape)?;
     let mut rng = Rng::new(seed);
@@ -85,10 +82,7 @@ fn shape_of(shape: &[i64]) -> Result<Vec<usize>> {
 fn fixed(dtype: DType, shape: &[i64]) -> ValueType {
     ValueType::Tensor(TensorType::new(
         dtype,
-        shape
-            .iter()
-            .map(|&d| Dim::Fixed(d.max(0) as usize))
-            .collect(),
+        shape.iter().map(|&d| Dim::Fixed(d.max(0) as usize)).collect(),
     ))
 }
 
@@ -111,12 +105,7 @@ impl Kernel for RandomUniform {
             low: self.low,
             high: self.high,
         };
-        Ok(vec![sample(
-            dist,
-            self.seed,
-            self.dtype,
-            shape_of(&self.shape)?,
-        )?])
+        Ok(vec![sample(dist, self.seed, self.dtype, shape_of(&self.shape)?)?])
     }
     fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![fixed(self.dtype, &self.shape)])
@@ -142,12 +131,7 @@ impl Kernel for RandomNormal {
             mean: self.mean,
             scale: self.scale,
         };
-        Ok(vec![sample(
-            dist,
-            self.seed,
-            self.dtype,
-            shape_of(&self.shape)?,
-        )?])
+        Ok(vec![sample(dist, self.seed, self.dtype, shape_of(&self.shape)?)?])
     }
     fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![fixed(self.dtype, &self.shape)])
@@ -265,9 +249,7 @@ impl Kernel for Multinomial {
             )));
         };
         if classes == 0 {
-            return Err(OpError::Shape(
-                "Multinomial needs at least one class".into(),
-            ));
+            return Err(OpError::Shape("Multinomial needs at least one class".into()));
         }
         let shape = vec![batch, self.sample_size];
         let mut out = Vec::with_capacity(checked_numel(&shape)?);

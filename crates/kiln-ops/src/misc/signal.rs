@@ -144,10 +144,7 @@ impl Kernel for Dft {
                         out[put(k)] = y;
                     }
                 } else {
-                    for (k, (re, im)) in dft_line(&sig, n, out_len, self.inverse)
-                        .into_iter()
-                        .enumerate()
-                    {
+                    for (k, (re, im)) in dft_line(&sig, n, out_len, self.inverse).into_iter().enumerate() {
                         out[put(k)] = re;
                         out[put(k) + 1] = im;
                     }
@@ -220,27 +217,20 @@ impl Kernel for Stft {
         };
         let step = read_i64(args.tensor(1)?, "frame_step")?;
         if step < 1 {
-            return Err(OpError::Value(format!(
-                "frame_step must be >= 1, got {step}"
-            )));
+            return Err(OpError::Value(format!("frame_step must be >= 1, got {step}")));
         }
         let step = step as usize;
         let window = args.opt_tensor(2)?;
         if let Some(w) = window
             && w.rank() != 1
         {
-            return Err(OpError::Shape(format!(
-                "STFT window must be 1-D, got {:?}",
-                w.shape()
-            )));
+            return Err(OpError::Shape(format!("STFT window must be 1-D, got {:?}", w.shape())));
         }
         let frame_len = match (args.opt_tensor(3)?, window) {
             (Some(t), w) => {
                 let v = read_i64(t, "frame_length")?;
                 if v < 1 {
-                    return Err(OpError::Value(format!(
-                        "frame_length must be >= 1, got {v}"
-                    )));
+                    return Err(OpError::Value(format!("frame_length must be >= 1, got {v}")));
                 }
                 if let Some(w) = w
                     && w.len() != v as usize
@@ -262,11 +252,7 @@ impl Kernel for Stft {
         }
         let win: Vec<f64> = window.map_or_else(|| vec![1.0; frame_len], Tensor::to_f64_vec);
         let frames = 1 + (len - frame_len) / step;
-        let bins = if self.onesided {
-            frame_len / 2 + 1
-        } else {
-            frame_len
-        };
+        let bins = if self.onesided { frame_len / 2 + 1 } else { frame_len };
         let out_shape = vec![batch, frames, bins, 2];
         let mut out = vec![0.0; checked_numel(&out_shape)?];
         let v = x.to_f64_vec();
@@ -279,10 +265,7 @@ impl Kernel for Stft {
                         (v[p] * win[t], im * win[t])
                     })
                     .collect();
-                for (k, (re, im)) in dft_line(&sig, frame_len, bins, false)
-                    .into_iter()
-                    .enumerate()
-                {
+                for (k, (re, im)) in dft_line(&sig, frame_len, bins, false).into_iter().enumerate() {
                     let p = ((b * frames + f) * bins + k) * 2;
                     out[p] = re;
                     out[p + 1] = im;
@@ -345,11 +328,7 @@ pub struct Window {
 
 impl Window {
     fn values(&self, size: usize) -> Vec<f64> {
-        let denom = if self.periodic {
-            size as f64
-        } else {
-            size as f64 - 1.0
-        };
+        let denom = if self.periodic { size as f64 } else { size as f64 - 1.0 };
         (0..size)
             .map(|i| {
                 let x = i as f64 / denom;
@@ -359,9 +338,7 @@ impl Window {
                         let alpha = 25.0 / 46.0;
                         alpha - (1.0 - alpha) * (2.0 * PI * x).cos()
                     }
-                    WindowKind::Blackman => {
-                        0.42 - 0.5 * (2.0 * PI * x).cos() + 0.08 * (4.0 * PI * x).cos()
-                    }
+                    WindowKind::Blackman => 0.42 - 0.5 * (2.0 * PI * x).cos() + 0.08 * (4.0 * PI * x).cos(),
                 }
             })
             .collect()
@@ -388,10 +365,7 @@ impl Kernel for Window {
         let d = const_tensor(inputs, 0)
             .and_then(|t| read_i64(t, "size").ok())
             .map_or(Dim::Sym("window".into()), |s| Dim::Fixed(s.max(0) as usize));
-        Ok(vec![ValueType::Tensor(TensorType::new(
-            self.dtype,
-            vec![d],
-        ))])
+        Ok(vec![ValueType::Tensor(TensorType::new(self.dtype, vec![d]))])
     }
 }
 
@@ -413,16 +387,10 @@ impl Kernel for MelWeightMatrix {
             let t = args.tensor(i)?;
             match t.to_f64_vec().as_slice() {
                 [v] => Ok(*v),
-                _ => Err(OpError::Shape(format!(
-                    "{what} must be a scalar, got {:?}",
-                    t.shape()
-                ))),
+                _ => Err(OpError::Shape(format!("{what} must be a scalar, got {:?}", t.shape()))),
             }
         };
-        let (lower, upper) = (
-            scalar_f(3, "lower_edge_hertz")?,
-            scalar_f(4, "upper_edge_hertz")?,
-        );
+        let (lower, upper) = (scalar_f(3, "lower_edge_hertz")?, scalar_f(4, "upper_edge_hertz")?);
         if dft_len < 1 || rate < 1 {
             return Err(OpError::Value(format!(
                 "dft_length {dft_len} and sample_rate {rate} must be positive"
@@ -436,18 +404,18 @@ impl Kernel for MelWeightMatrix {
         let step = (hi - lo) / (mel + 2) as f64;
         let points: Vec<i64> = (0..mel + 2)
             .map(|i| {
-                let hz =
-                    700.0 * ((i as f64 * step + lo) / 2595.0 * std::f64::consts::LN_10).exp_m1();
+                let hz = 700.0 * ((i as f64 * step + lo) / 2595.0 * std::f64::consts::LN_10).exp_m1();
                 (((dft_len + 1) as f64 * hz) / rate as f64).floor() as i64
             })
             .collect();
         let mut set = |j: i64, i: usize, v: f64| -> Result<()> {
-            let j = usize::try_from(j).ok().filter(|&j| j < spec_bins).ok_or(
-                OpError::IndexOutOfRange {
+            let j = usize::try_from(j)
+                .ok()
+                .filter(|&j| j < spec_bins)
+                .ok_or(OpError::IndexOutOfRange {
                     index: j,
                     size: spec_bins,
-                },
-            )?;
+                })?;
             out[j * mel + i] = v;
             Ok(())
         };
@@ -476,10 +444,7 @@ impl Kernel for MelWeightMatrix {
         };
         let rows = k(1).map_or(Dim::Sym("spectrum_bins".into()), |d| Dim::Fixed(d / 2 + 1));
         let cols = k(0).map_or(Dim::Sym("mel_bins".into()), Dim::Fixed);
-        Ok(vec![ValueType::Tensor(TensorType::new(
-            self.dtype,
-            vec![rows, cols],
-        ))])
+        Ok(vec![ValueType::Tensor(TensorType::new(self.dtype, vec![rows, cols]))])
     }
 }
 
@@ -522,10 +487,7 @@ mod tests {
     #[test]
     fn inverse_and_irfft_undo_forward() {
         // Spectrum of [1, 2, 3, 4]: [10, -2+2i, -2, -2-2i].
-        let spec = t(
-            &[1, 4, 2],
-            vec![10.0f64, 0.0, -2.0, 2.0, -2.0, 0.0, -2.0, -2.0],
-        );
+        let spec = t(&[1, 4, 2], vec![10.0f64, 0.0, -2.0, 2.0, -2.0, 0.0, -2.0, -2.0]);
         let inv = Dft {
             axis: None,
             inverse: true,
@@ -567,11 +529,7 @@ mod tests {
         let size3 = t(&[], vec![3i64]);
         let y = run(&[Some(&size3)], |a| ham.eval(a));
         // alpha - beta, alpha + beta, alpha - beta with alpha = 25/46.
-        assert!(close(
-            &out::<f64>(&y[0]).1,
-            &[4.0 / 46.0, 1.0, 4.0 / 46.0],
-            1e-12
-        ));
+        assert!(close(&out::<f64>(&y[0]).1, &[4.0 / 46.0, 1.0, 4.0 / 46.0], 1e-12));
         let bl = Window {
             kind: WindowKind::Blackman,
             periodic: false,

@@ -16,10 +16,7 @@ use std::collections::{HashMap, HashSet};
 
 fn strings_of(t: &Tensor, index: usize) -> Result<&[String]> {
     t.as_slice::<String>()
-        .map_err(|_| OpError::UnsupportedDType {
-            index,
-            got: t.dtype(),
-        })
+        .map_err(|_| OpError::UnsupportedDType { index, got: t.dtype() })
 }
 
 /// `case_change_action` of StringNormalizer.
@@ -79,11 +76,7 @@ impl Kernel for StringNormalizer {
         if out.is_empty() {
             out.push(String::new());
         }
-        let shape = if two_d {
-            vec![1, out.len()]
-        } else {
-            vec![out.len()]
-        };
+        let shape = if two_d { vec![1, out.len()] } else { vec![out.len()] };
         Ok(vec![Tensor::from_vec(shape, out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -172,10 +165,7 @@ impl StringSplit {
             None => split_whitespace(s, self.maxsplit),
             Some(d) => match self.maxsplit {
                 None => s.split(d.as_str()).map(str::to_string).collect(),
-                Some(m) => s
-                    .splitn(m.saturating_add(1), d.as_str())
-                    .map(str::to_string)
-                    .collect(),
+                Some(m) => s.splitn(m.saturating_add(1), d.as_str()).map(str::to_string).collect(),
             },
         }
     }
@@ -236,12 +226,8 @@ impl RegexFullMatch {
         Ok(op)
     }
     fn compile(&self) -> Result<regex::Regex> {
-        regex::Regex::new(&format!("^(?:{})$", self.pattern)).map_err(|e| {
-            OpError::Value(format!(
-                "invalid regular expression {:?}: {e}",
-                self.pattern
-            ))
-        })
+        regex::Regex::new(&format!("^(?:{})$", self.pattern))
+            .map_err(|e| OpError::Value(format!("invalid regular expression {:?}: {e}", self.pattern)))
     }
 }
 
@@ -331,11 +317,7 @@ impl TfIdfVectorizer {
         let mut id = 0usize;
         for (i, &start) in self.ngram_counts.iter().enumerate() {
             let n = i + 1;
-            let end = self
-                .ngram_counts
-                .get(i + 1)
-                .copied()
-                .unwrap_or(total as i64);
+            let end = self.ngram_counts.get(i + 1).copied().unwrap_or(total as i64);
             if start < 0 || end < start || end as usize > total {
                 return Err(OpError::Value(format!(
                     "ngram_counts {:?} do not fit a pool of {total}",
@@ -349,17 +331,14 @@ impl TfIdfVectorizer {
                 continue;
             }
             for k in 0..count {
-                let key: Vec<Key<'_>> = (start + k * n..start + (k + 1) * n)
-                    .map(|p| self.pool.key(p))
-                    .collect();
+                let key: Vec<Key<'_>> = (start + k * n..start + (k + 1) * n).map(|p| self.pool.key(p)).collect();
                 let col = self.ngram_indexes.get(id).copied().ok_or_else(|| {
                     OpError::Value(format!(
                         "ngram_indexes has {} entries, pool needs more",
                         self.ngram_indexes.len()
                     ))
                 })?;
-                let col = usize::try_from(col)
-                    .map_err(|_| OpError::Value(format!("negative ngram index {col}")))?;
+                let col = usize::try_from(col).map_err(|_| OpError::Value(format!("negative ngram index {col}")))?;
                 map.insert(key, col);
                 id += 1;
             }
@@ -469,9 +448,7 @@ impl Kernel for TfIdfVectorizer {
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let size = Dim::Fixed(self.output_size());
         Ok(vec![match input_shape(inputs, 0) {
-            Some(s) if s.len() == 2 => {
-                ValueType::Tensor(TensorType::new(DType::F32, vec![s[0].clone(), size]))
-            }
+            Some(s) if s.len() == 2 => ValueType::Tensor(TensorType::new(DType::F32, vec![s[0].clone(), size])),
             Some(s) if s.len() < 2 => ValueType::Tensor(TensorType::new(DType::F32, vec![size])),
             Some(_) => return Err(OpError::Shape("TfIdfVectorizer takes [C] or [B, C]".into())),
             None => dtype_only(Some(DType::F32)),
@@ -539,10 +516,7 @@ mod tests {
     #[test]
     fn regex_matches_whole_string() {
         let op = RegexFullMatch::new(r"www\.[\w.-]+\.\bcom\b".into()).unwrap();
-        let x = strs(
-            &[3],
-            &["www.google.com", "www.facebook.com/x", "xwww.a.com"],
-        );
+        let x = strs(&[3], &["www.google.com", "www.facebook.com/x", "xwww.a.com"]);
         let y = run(&[Some(&x)], |a| op.eval(a));
         assert_eq!(out::<bool>(&y[0]).1, vec![true, false, false]);
         assert!(RegexFullMatch::new("(".into()).is_err());
@@ -564,9 +538,6 @@ mod tests {
         };
         let x = t(&[12], vec![1i32, 1, 3, 3, 3, 7, 8, 6, 7, 5, 6, 8]);
         let y = run(&[Some(&x)], |a| op.eval(a));
-        assert_eq!(
-            out::<f32>(&y[0]),
-            (vec![7], vec![0.0, 0.0, 0.0, 0.0, 1.0, 3.0, 1.0])
-        );
+        assert_eq!(out::<f32>(&y[0]), (vec![7], vec![0.0, 0.0, 0.0, 0.0, 1.0, 3.0, 1.0]));
     }
 }

@@ -133,10 +133,7 @@ impl Kernel for Adam {
     fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let (r, t, g) = read_groups(args, 4)?;
         let (a, b, eps) = (self.alpha as f64, self.beta as f64, self.epsilon as f64);
-        let (norm, post) = (
-            self.norm_coefficient as f64,
-            self.norm_coefficient_post as f64,
-        );
+        let (norm, post) = (self.norm_coefficient as f64, self.norm_coefficient_post as f64);
         let rate = if t > 0 {
             let t = t as f64;
             r * (1.0 - b.powf(t)).sqrt() / (1.0 - a.powf(t))
@@ -145,12 +142,7 @@ impl Kernel for Adam {
         };
         let (mut xs, mut vs, mut hs) = (Vec::new(), Vec::new(), Vec::new());
         for (((xt, gt), vt), ht) in g[0].iter().zip(&g[1]).zip(&g[2]).zip(&g[3]) {
-            let (x, gr, v, h) = (
-                xt.to_f64_vec(),
-                gt.to_f64_vec(),
-                vt.to_f64_vec(),
-                ht.to_f64_vec(),
-            );
+            let (x, gr, v, h) = (xt.to_f64_vec(), gt.to_f64_vec(), vt.to_f64_vec(), ht.to_f64_vec());
             let (mut xn, mut vn, mut hn) = (Vec::new(), Vec::new(), Vec::new());
             for j in 0..x.len() {
                 let gj = norm * x[j] + gr[j];
@@ -242,9 +234,7 @@ mod tests {
             t(&[1], vec![0.5f32]),
             t(&[1], vec![0.0f32]),
         );
-        let y = run(&[Some(&r), Some(&t0), Some(&x), Some(&g), Some(&h)], |a| {
-            op.eval(a)
-        });
+        let y = run(&[Some(&r), Some(&t0), Some(&x), Some(&g), Some(&h)], |a| op.eval(a));
         assert!((out::<f32>(&y[0]).1[0] - 0.9).abs() < 1e-6);
         assert_eq!(out::<f32>(&y[1]).1, vec![0.25]);
     }
@@ -265,9 +255,7 @@ mod tests {
             t(&[1], vec![2.0f64]),
             t(&[1], vec![1.0f64]),
         );
-        let y = run(&[Some(&r), Some(&t0), Some(&x), Some(&g), Some(&v)], |a| {
-            op.eval(a)
-        });
+        let y = run(&[Some(&r), Some(&t0), Some(&x), Some(&g), Some(&v)], |a| op.eval(a));
         assert!(close(&out::<f64>(&y[0]).1, &[0.75], 1e-12));
         assert!(close(&out::<f64>(&y[1]).1, &[2.5], 1e-12));
     }
@@ -289,15 +277,10 @@ mod tests {
             t(&[1], vec![0.0f64]),
             t(&[1], vec![0.0f64]),
         );
-        let y = run(
-            &[Some(&r), Some(&t0), Some(&x), Some(&g), Some(&v), Some(&h)],
-            |a| op.eval(a),
-        );
-        assert!(close(
-            &out::<f64>(&y[0]).1,
-            &[1.0 - 1.0 / 2f64.sqrt()],
-            1e-12
-        ));
+        let y = run(&[Some(&r), Some(&t0), Some(&x), Some(&g), Some(&v), Some(&h)], |a| {
+            op.eval(a)
+        });
+        assert!(close(&out::<f64>(&y[0]).1, &[1.0 - 1.0 / 2f64.sqrt()], 1e-12));
         assert!(close(&out::<f64>(&y[1]).1, &[1.0], 1e-12));
         assert!(close(&out::<f64>(&y[2]).1, &[2.0], 1e-12));
     }

@@ -24,22 +24,14 @@ fn quant_values(t: &Tensor, index: usize, allow_fp8: bool) -> Result<Vec<f64>> {
                 DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ
             ));
     if !ok {
-        return Err(OpError::UnsupportedDType {
-            index,
-            got: t.dtype(),
-        });
+        return Err(OpError::UnsupportedDType { index, got: t.dtype() });
     }
     Ok(t.to_f64_vec())
 }
 
 /// numpy `matmul` of two tensors held as f64: 1-D operands are promoted and the batch dims
 /// broadcast. Returns the product and its shape.
-fn matmul(
-    a: &[f64],
-    ashape: &[usize],
-    b: &[f64],
-    bshape: &[usize],
-) -> Result<(Vec<f64>, Vec<usize>)> {
+fn matmul(a: &[f64], ashape: &[usize], b: &[f64], bshape: &[usize]) -> Result<(Vec<f64>, Vec<usize>)> {
     if ashape.is_empty() || bshape.is_empty() {
         return Err(OpError::Shape("matmul operands must have rank >= 1".into()));
     }
@@ -92,10 +84,7 @@ fn matmul_shape(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
     if a.is_empty() || b.is_empty() {
         return None;
     }
-    let (ab, bb) = (
-        &a[..a.len().saturating_sub(2)],
-        &b[..b.len().saturating_sub(2)],
-    );
+    let (ab, bb) = (&a[..a.len().saturating_sub(2)], &b[..b.len().saturating_sub(2)]);
     let mut s = crate::util::broadcast_dims(ab, bb)?;
     if a.len() > 1 {
         s.push(a[a.len() - 2].clone());
@@ -109,12 +98,7 @@ fn matmul_shape(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
 /// Subtracts a zero point from `v` (shape `shape`). The zero point is a scalar, a vector
 /// along `vec_axis` from the end (per-row of A: 2, per-column of B: 1), or a tensor that
 /// broadcasts to `shape`.
-fn sub_zero_point(
-    v: &mut [f64],
-    shape: &[usize],
-    zp: Option<&Tensor>,
-    vec_axis_from_end: usize,
-) -> Result<()> {
+fn sub_zero_point(v: &mut [f64], shape: &[usize], zp: Option<&Tensor>, vec_axis_from_end: usize) -> Result<()> {
     let Some(z) = zp else { return Ok(()) };
     let zv = z.to_f64_vec();
     if zv.len() == 1 {
@@ -173,16 +157,10 @@ fn params(t: &Tensor) -> Vec<f64> {
 /// half to even and saturate, float8 types saturate.
 fn requantize(odt: DType, shape: Vec<usize>, v: Vec<f64>) -> Result<Tensor> {
     if let Some((lo, hi)) = int_range(odt) {
-        let r: Vec<f64> = v
-            .iter()
-            .map(|&x| x.round_ties_even().clamp(lo, hi))
-            .collect();
+        let r: Vec<f64> = v.iter().map(|&x| x.round_ties_even().clamp(lo, hi)).collect();
         return int_tensor(odt, shape, &r);
     }
-    let codes = v
-        .iter()
-        .map(|&x| formats::encode_float(odt, x as f32, true))
-        .collect();
+    let codes = v.iter().map(|&x| formats::encode_float(odt, x as f32, true)).collect();
     Ok(Tensor::from_codes(odt, shape, codes)?)
 }
 
@@ -192,9 +170,7 @@ fn pick(p: &[f64], i: usize, what: &str) -> Result<f64> {
         1 => Ok(p[0]),
         n if i < n => Ok(p[i]),
         0 => Err(OpError::Shape(format!("{what} is empty"))),
-        n => Err(OpError::Shape(format!(
-            "{what} has {n} elements, index {i} needed"
-        ))),
+        n => Err(OpError::Shape(format!("{what} has {n} elements, index {i} needed"))),
     }
 }
 
@@ -207,11 +183,7 @@ impl QLinearMatMul {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let (a, b) = (args.tensor(0)?, args.tensor(3)?);
         let (sa, sb, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
-        let (za, zb, zy) = (
-            args.opt_tensor(2)?,
-            args.opt_tensor(5)?,
-            args.opt_tensor(7)?,
-        );
+        let (za, zb, zy) = (args.opt_tensor(2)?, args.opt_tensor(5)?, args.opt_tensor(7)?);
         let mut av = quant_values(a, 0, true)?;
         let mut bv = quant_values(b, 3, true)?;
         sub_zero_point(&mut av, a.shape(), za, 2)?;
@@ -242,10 +214,7 @@ impl QLinearMatMul {
             let row = if bcols { (i / n) % m } else { i % m };
             let mult = round_to(
                 sdt,
-                round_to(
-                    sdt,
-                    pick(&sav, row, "a_scale")? * pick(&sbv, col, "b_scale")?,
-                ) / pick(&syv, 0, "y_scale")?,
+                round_to(sdt, pick(&sav, row, "a_scale")? * pick(&sbv, col, "b_scale")?) / pick(&syv, 0, "y_scale")?,
             );
             y.push(cv * mult + pick(&zyv, 0, "y_zero_point")?);
         }
@@ -257,8 +226,7 @@ impl QLinearMatMul {
             (Some(a), Some(b)) => matmul_shape(&a, &b),
             _ => None,
         };
-        let dt =
-            crate::util::input_dtype(inputs, 7).or_else(|| crate::util::input_dtype(inputs, 0));
+        let dt = crate::util::input_dtype(inputs, 7).or_else(|| crate::util::input_dtype(inputs, 0));
         Ok(vec![tt(dt, s)])
     }
 }
@@ -317,9 +285,7 @@ impl ConvAttrs {
             } else if v.len() == ns && v.iter().all(|&s| s > 0) {
                 Ok(v.clone())
             } else {
-                Err(OpError::Value(format!(
-                    "{what} {v:?} must hold {ns} positive values"
-                )))
+                Err(OpError::Value(format!("{what} {v:?} must hold {ns} positive values")))
             }
         };
         let strides = or1(&self.strides, "strides")?;
@@ -374,13 +340,7 @@ impl ConvAttrs {
     }
 
     /// `y[n, m, o] = sum_{c, k} x[n, g*C/G + c, o*s - p + k*d] * w[m, c, k]`, x and w as f64.
-    fn conv(
-        &self,
-        x: &[f64],
-        xs: &[usize],
-        w: &[f64],
-        ws: &[usize],
-    ) -> Result<(Vec<f64>, Vec<usize>)> {
+    fn conv(&self, x: &[f64], xs: &[usize], w: &[f64], ws: &[usize]) -> Result<(Vec<f64>, Vec<usize>)> {
         let g = self.geometry(xs, ws)?;
         let (n, c, m, cg) = (xs[0], xs[1], ws[0], ws[1]);
         let groups = self.group.max(1);
@@ -415,8 +375,7 @@ impl ConvAttrs {
                             for d in 0..ns {
                                 let o = (op / ostr[d]) % g.out[d];
                                 let k = (kp / kstr[d]) % g.kernel[d];
-                                let pos = (o * g.strides[d] + k * g.dilations[d]) as isize
-                                    - g.pad_begin[d] as isize;
+                                let pos = (o * g.strides[d] + k * g.dilations[d]) as isize - g.pad_begin[d] as isize;
                                 if pos < 0 || pos as usize >= g.spatial_in[d] {
                                     continue 'k;
                                 }
@@ -457,11 +416,7 @@ fn sub_channel_zp(w: &mut [f64], ws: &[usize], zp: Option<&Tensor>, what: &str) 
         )));
     }
     for (i, x) in w.iter_mut().enumerate() {
-        *x -= if zv.len() == 1 {
-            zv[0]
-        } else {
-            zv[i / per.max(1)]
-        };
+        *x -= if zv.len() == 1 { zv[0] } else { zv[i / per.max(1)] };
     }
     Ok(())
 }
@@ -487,20 +442,14 @@ impl ConvInteger {
         sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(3)?, "w_zero_point")?;
         let (y, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape())?;
         Ok(vec![
-            Tensor::new(
-                DType::I32,
-                shape,
-                Data::I32(y.iter().map(|&v| v as i32).collect()),
-            )?
-            .into(),
+            Tensor::new(DType::I32, shape, Data::I32(y.iter().map(|&v| v as i32).collect()))?.into(),
         ])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![tt(
             Some(DType::I32),
-            self.conv
-                .infer_shape(in_shape(inputs, 0), in_shape(inputs, 1)),
+            self.conv.infer_shape(in_shape(inputs, 0), in_shape(inputs, 1)),
         )])
     }
 }
@@ -553,22 +502,17 @@ impl QLinearConv {
         );
         for (i, &a) in acc.iter().enumerate() {
             let ch = (i / opix.max(1)) % m.max(1);
-            let mult = round_to(
-                DType::F32,
-                round_to(DType::F32, sx0 * pick(&swv, ch, "w_scale")?) / sy0,
-            );
+            let mult = round_to(DType::F32, round_to(DType::F32, sx0 * pick(&swv, ch, "w_scale")?) / sy0);
             y.push(a * mult + zy0);
         }
         Ok(vec![requantize(odt, shape, y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        let dt =
-            crate::util::input_dtype(inputs, 7).or_else(|| crate::util::input_dtype(inputs, 0));
+        let dt = crate::util::input_dtype(inputs, 7).or_else(|| crate::util::input_dtype(inputs, 0));
         Ok(vec![tt(
             dt,
-            self.conv
-                .infer_shape(in_shape(inputs, 0), in_shape(inputs, 3)),
+            self.conv.infer_shape(in_shape(inputs, 0), in_shape(inputs, 3)),
         )])
     }
 }

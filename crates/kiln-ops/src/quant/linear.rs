@@ -43,10 +43,7 @@ pub(crate) fn int_tensor(dt: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tens
             Data::Coded(v.iter().map(|&x| formats::wrap_int(dt, x as i64)).collect())
         }
         other => {
-            return Err(OpError::UnsupportedDType {
-                index: 0,
-                got: other,
-            });
+            return Err(OpError::UnsupportedDType { index: 0, got: other });
         }
     };
     Ok(Tensor::new(dt, shape, data)?)
@@ -55,13 +52,7 @@ pub(crate) fn int_tensor(dt: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tens
 /// For every element of `shape`, the flat index of its scale / zero point: per-tensor
 /// (one element), per-axis (1-D of `shape[axis]`), or blocked (same rank, `axis` dim of
 /// `ceil(shape[axis] / block_size)`).
-fn param_index(
-    shape: &[usize],
-    pshape: &[usize],
-    axis: i64,
-    block: usize,
-    what: &str,
-) -> Result<Vec<usize>> {
+fn param_index(shape: &[usize], pshape: &[usize], axis: i64, block: usize, what: &str) -> Result<Vec<usize>> {
     let n = crate::util::checked_numel(shape)?;
     let pn: usize = pshape.iter().product();
     if pn == 1 {
@@ -187,13 +178,7 @@ impl QuantizeLinear {
             let codes = q
                 .iter()
                 .enumerate()
-                .map(|(i, &e)| {
-                    formats::encode_float(
-                        odt,
-                        (e + z(i)) as f32,
-                        self.saturate || odt == DType::F4E2M1,
-                    )
-                })
+                .map(|(i, &e)| formats::encode_float(odt, (e + z(i)) as f32, self.saturate || odt == DType::F4E2M1))
                 .collect();
             Tensor::from_codes(odt, shape, codes)?
         } else {
@@ -242,19 +227,10 @@ impl DequantizeLinear {
         let zsub: Option<(Vec<usize>, Vec<f64>)> = match zp {
             Some(z) if !float_x => {
                 if z.dtype() != xdt {
-                    return Err(OpError::DTypeMismatch {
-                        a: xdt,
-                        b: z.dtype(),
-                    });
+                    return Err(OpError::DTypeMismatch { a: xdt, b: z.dtype() });
                 }
                 Some((
-                    param_index(
-                        x.shape(),
-                        z.shape(),
-                        self.axis,
-                        self.block_size,
-                        "x_zero_point",
-                    )?,
+                    param_index(x.shape(), z.shape(), self.axis, self.block_size, "x_zero_point")?,
                     z.to_f64_vec(),
                 ))
             }
@@ -268,10 +244,7 @@ impl DequantizeLinear {
                     Some((zi, zv)) => e - zv[zi[i]],
                     None => e,
                 };
-                round_to(
-                    odt,
-                    round_to(DType::F32, round_to(DType::F32, d) * sv[sidx[i]]),
-                )
+                round_to(odt, round_to(DType::F32, round_to(DType::F32, d) * sv[sidx[i]]))
             })
             .collect();
         Ok(vec![num::float_tensor(odt, x.shape().to_vec(), y)?.into()])
@@ -295,12 +268,8 @@ impl DynamicQuantizeLinear {
             index: 0,
             got: x.dtype(),
         })?;
-        let maxx = xv
-            .iter()
-            .fold(0.0f32, |m, &v| if v > m || v.is_nan() { v } else { m });
-        let minx = xv
-            .iter()
-            .fold(0.0f32, |m, &v| if v < m || v.is_nan() { v } else { m });
+        let maxx = xv.iter().fold(0.0f32, |m, &v| if v > m || v.is_nan() { v } else { m });
+        let minx = xv.iter().fold(0.0f32, |m, &v| if v < m || v.is_nan() { v } else { m });
         let scale = (if maxx == minx { 1.0 } else { maxx - minx }) / 255.0f32;
         let zp = (0.0f32 - minx / scale).clamp(0.0, 255.0).round_ties_even();
         let y: Vec<u8> = xv
@@ -372,16 +341,11 @@ mod tests {
         // Range [-1, 1.55]: scale = 2.55/255 = 0.01, zp = 100; 0.5 -> 50 + 100 = 150.
         let x = Tensor::from_vec(vec![3], vec![-1.0f32, 1.55, 0.5]).unwrap();
         let vx = Value::Tensor(x);
-        let out = DynamicQuantizeLinear
-            .eval(&Args::new(&[Some(&vx)]))
-            .unwrap();
+        let out = DynamicQuantizeLinear.eval(&Args::new(&[Some(&vx)])).unwrap();
         let y = out[0].as_tensor().unwrap();
         assert_eq!(y.as_slice::<u8>().unwrap(), &[0, 255, 150]);
         let s = out[1].as_tensor().unwrap().as_slice::<f32>().unwrap()[0];
         assert!((s - 0.01).abs() < 1e-7);
-        assert_eq!(
-            out[2].as_tensor().unwrap().as_slice::<u8>().unwrap(),
-            &[100]
-        );
+        assert_eq!(out[2].as_tensor().unwrap().as_slice::<u8>().unwrap(), &[100]);
     }
 }

@@ -59,11 +59,8 @@ fn to_4d(t: &Tensor, heads: Option<usize>, what: &str) -> Result<(Vec<f64>, usiz
     match s.len() {
         4 => Ok((v, s[1], s[2], s[3])),
         3 => {
-            let h = heads.ok_or_else(|| {
-                OpError::Value(format!(
-                    "{what} is 3-D, so the head count attributes are required"
-                ))
-            })?;
+            let h = heads
+                .ok_or_else(|| OpError::Value(format!("{what} is 3-D, so the head count attributes are required")))?;
             if h == 0 || !s[2].is_multiple_of(h) {
                 return Err(OpError::Shape(format!(
                     "{what} hidden size {} is not a multiple of {h} heads",
@@ -76,29 +73,19 @@ fn to_4d(t: &Tensor, heads: Option<usize>, what: &str) -> Result<(Vec<f64>, usiz
                 for si in 0..seq {
                     for hi in 0..h {
                         for di in 0..d {
-                            out[((bi * h + hi) * seq + si) * d + di] =
-                                v[(bi * seq + si) * s[2] + hi * d + di];
+                            out[((bi * h + hi) * seq + si) * d + di] = v[(bi * seq + si) * s[2] + hi * d + di];
                         }
                     }
                 }
             }
             Ok((out, h, seq, d))
         }
-        _ => Err(OpError::Shape(format!(
-            "{what} must be 3-D or 4-D, got shape {s:?}"
-        ))),
+        _ => Err(OpError::Shape(format!("{what} must be 3-D or 4-D, got shape {s:?}"))),
     }
 }
 
 /// Concatenates a past cache `[b, h, p, d]` and new entries `[b, h, s, d]` along the sequence.
-fn concat_seq(
-    past: Option<(&[f64], usize)>,
-    new: &[f64],
-    b: usize,
-    h: usize,
-    s: usize,
-    d: usize,
-) -> Vec<f64> {
+fn concat_seq(past: Option<(&[f64], usize)>, new: &[f64], b: usize, h: usize, s: usize, d: usize) -> Vec<f64> {
     let Some((pv, p)) = past else {
         return new.to_vec();
     };
@@ -131,9 +118,7 @@ impl Attention {
             return Err(OpError::Shape("Q, K and V batch sizes differ".into()));
         }
         if dk != d {
-            return Err(OpError::Shape(format!(
-                "Q head size {d} differs from K head size {dk}"
-            )));
+            return Err(OpError::Shape(format!("Q head size {d} differs from K head size {dk}")));
         }
         if hv != hkv || svv != skv {
             return Err(OpError::Shape(format!(
@@ -162,9 +147,7 @@ impl Attention {
                 (p, kc, vc)
             }
             _ => {
-                return Err(OpError::Value(
-                    "past_key and past_value must be given together".into(),
-                ));
+                return Err(OpError::Value("past_key and past_value must be given together".into()));
             }
         };
         Ok(Heads {
@@ -218,9 +201,7 @@ impl Attention {
         if let Some(m) = args.opt_tensor(3)? {
             let ms = m.shape();
             if ms.len() > 4 || ms.is_empty() {
-                return Err(OpError::Shape(format!(
-                    "attn_mask must have rank 1 to 4, got {ms:?}"
-                )));
+                return Err(OpError::Shape(format!("attn_mask must have rank 1 to 4, got {ms:?}")));
             }
             let target = [b, hq, sq, t];
             let off = 4 - ms.len();
@@ -244,11 +225,7 @@ impl Attention {
             let mut mstr = [0usize; 4];
             let mut acc = 1usize;
             for i in (0..ms.len()).rev() {
-                mstr[i + off] = if ms[i] == 1 && i + 1 != ms.len() {
-                    0
-                } else {
-                    acc
-                };
+                mstr[i + off] = if ms[i] == 1 && i + 1 != ms.len() { 0 } else { acc };
                 acc *= ms[i];
             }
             let mut idx = 0;
@@ -408,8 +385,7 @@ impl Attention {
                 for hi in 0..hq {
                     for i in 0..sq {
                         for c in 0..dv {
-                            out[(bi * sq + i) * hq * dv + hi * dv + c] =
-                                y[((bi * hq + hi) * sq + i) * dv + c];
+                            out[(bi * sq + i) * hq * dv + hi * dv + c] = y[((bi * hq + hi) * sq + i) * dv + c];
                         }
                     }
                 }
@@ -426,11 +402,7 @@ impl Attention {
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dt = num_dtype(inputs, 0);
-        let (qs, ks, vs) = (
-            in_shape(inputs, 0),
-            in_shape(inputs, 1),
-            in_shape(inputs, 2),
-        );
+        let (qs, ks, vs) = (in_shape(inputs, 0), in_shape(inputs, 1), in_shape(inputs, 2));
         // An absent past gives `None`; a present one of unknown shape leaves the length open.
         let past_given = matches!(inputs.get(4).map(|i| i.ty), Some(ValueType::Tensor(_)));
         let past = in_shape(inputs, 4);
@@ -444,12 +416,7 @@ impl Attention {
                     4 => Some((s[0].clone(), s[1].clone(), s[2].clone(), s[3].clone())),
                     3 => {
                         let h = heads?;
-                        Some((
-                            s[0].clone(),
-                            Dim::Fixed(h),
-                            s[1].clone(),
-                            dim_div(&s[2], h)?,
-                        ))
+                        Some((s[0].clone(), Dim::Fixed(h), s[1].clone(), dim_div(&s[2], h)?))
                     }
                     _ => None,
                 }
@@ -470,18 +437,8 @@ impl Attention {
                     dim_mul(&q4.1, &v4.3).map(|hd| vec![q4.0.clone(), q4.2.clone(), hd])
                 };
                 if let Some(total) = total {
-                    pk = Some(vec![
-                        k4.0.clone(),
-                        k4.1.clone(),
-                        total.clone(),
-                        k4.3.clone(),
-                    ]);
-                    pv = Some(vec![
-                        v4.0.clone(),
-                        v4.1.clone(),
-                        total.clone(),
-                        v4.3.clone(),
-                    ]);
+                    pk = Some(vec![k4.0.clone(), k4.1.clone(), total.clone(), k4.3.clone()]);
+                    pv = Some(vec![v4.0.clone(), v4.1.clone(), total.clone(), v4.3.clone()]);
                     qk = Some(vec![q4.0.clone(), q4.1.clone(), q4.2.clone(), total]);
                 }
             }
@@ -496,8 +453,7 @@ impl Attention {
 
     pub fn macs(&self, inputs: &[InferInput<'_>], outputs: &[ValueType]) -> u64 {
         // Q·Kᵀ and P·V: (Q elements + Y elements) * total kv length.
-        let shape =
-            |t: Option<&ValueType>| t.and_then(|o| o.tensor()).and_then(|t| t.fixed_shape());
+        let shape = |t: Option<&ValueType>| t.and_then(|o| o.tensor()).and_then(|t| t.fixed_shape());
         let count = |s: &[usize]| s.iter().map(|&x| x as u64).product::<u64>();
         match (
             shape(outputs.get(3)),
@@ -535,15 +491,10 @@ mod tests {
     }
 
     fn run(op: &Attention, inputs: &[Option<Tensor>]) -> Vec<Vec<f64>> {
-        let vals: Vec<Option<Value>> = inputs
-            .iter()
-            .map(|t| t.clone().map(Value::Tensor))
-            .collect();
+        let vals: Vec<Option<Value>> = inputs.iter().map(|t| t.clone().map(Value::Tensor)).collect();
         let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
         let out = op.eval(&Args::new(&refs)).unwrap();
-        out.iter()
-            .map(|v| v.as_tensor().unwrap().to_f64_vec())
-            .collect()
+        out.iter().map(|v| v.as_tensor().unwrap().to_f64_vec()).collect()
     }
 
     #[test]

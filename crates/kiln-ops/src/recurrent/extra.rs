@@ -39,9 +39,10 @@ impl RotaryEmbedding {
         let (b, sq, h, d, four) = match s.len() {
             4 => (s[0], s[2], s[1], s[3], true),
             3 => {
-                let h = self.num_heads.filter(|&h| h > 0).ok_or_else(|| {
-                    OpError::Value("num_heads is required for a 3-D RotaryEmbedding input".into())
-                })?;
+                let h = self
+                    .num_heads
+                    .filter(|&h| h > 0)
+                    .ok_or_else(|| OpError::Value("num_heads is required for a 3-D RotaryEmbedding input".into()))?;
                 if s[2] % h != 0 {
                     return Err(OpError::Shape(format!(
                         "hidden size {} is not a multiple of {h} heads",
@@ -51,9 +52,7 @@ impl RotaryEmbedding {
                 (s[0], s[1], h, s[2] / h, false)
             }
             _ => {
-                return Err(OpError::Shape(format!(
-                    "input must be 3-D or 4-D, got {s:?}"
-                )));
+                return Err(OpError::Shape(format!("input must be 3-D or 4-D, got {s:?}")));
             }
         };
         let rd = if self.rotary_embedding_dim == 0 {
@@ -96,12 +95,10 @@ impl RotaryEmbedding {
                     .ok_or_else(|| OpError::Value("position_ids must be int64".into()))?;
                 pv.iter()
                     .map(|&v| {
-                        usize::try_from(v).ok().filter(|&u| u < maxp).ok_or(
-                            OpError::IndexOutOfRange {
-                                index: v,
-                                size: maxp,
-                            },
-                        )
+                        usize::try_from(v)
+                            .ok()
+                            .filter(|&u| u < maxp)
+                            .ok_or(OpError::IndexOutOfRange { index: v, size: maxp })
                     })
                     .collect::<Result<_>>()?
             }
@@ -145,10 +142,7 @@ impl RotaryEmbedding {
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        Ok(vec![tt(
-            crate::util::input_dtype(inputs, 0),
-            in_shape(inputs, 0),
-        )])
+        Ok(vec![tt(crate::util::input_dtype(inputs, 0), in_shape(inputs, 0))])
     }
 }
 
@@ -163,10 +157,7 @@ impl SwiGlu {
         let (a, b) = (args.tensor(0)?, args.tensor(1)?);
         let dt = num::need_float(a, 0)?;
         if b.dtype() != dt {
-            return Err(OpError::DTypeMismatch {
-                a: dt,
-                b: b.dtype(),
-            });
+            return Err(OpError::DTypeMismatch { a: dt, b: b.dtype() });
         }
         if a.shape() != b.shape() {
             return Err(OpError::Shape(format!(
@@ -189,10 +180,7 @@ impl SwiGlu {
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        Ok(vec![tt(
-            crate::util::input_dtype(inputs, 0),
-            in_shape(inputs, 0),
-        )])
+        Ok(vec![tt(crate::util::input_dtype(inputs, 0), in_shape(inputs, 0))])
     }
 }
 
@@ -212,18 +200,12 @@ impl CausalConvWithState {
         let (b, c, l) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let k = w.shape()[2];
         if w.shape()[0] != c || w.shape()[1] != 1 || k == 0 {
-            return Err(OpError::Shape(format!(
-                "weight {:?} must be [{c}, 1, k>0]",
-                w.shape()
-            )));
+            return Err(OpError::Shape(format!("weight {:?} must be [{c}, 1, k>0]", w.shape())));
         }
         let bias = match args.opt_tensor(2)? {
             Some(t) => {
                 if t.shape() != [c] {
-                    return Err(OpError::Shape(format!(
-                        "bias {:?} must be [{c}]",
-                        t.shape()
-                    )));
+                    return Err(OpError::Shape(format!("bias {:?} must be [{c}]", t.shape())));
                 }
                 t.to_f64_vec()
             }
@@ -253,8 +235,7 @@ impl CausalConvWithState {
                 padded[..k - 1].copy_from_slice(&past[row * (k - 1)..(row + 1) * (k - 1)]);
                 padded[k - 1..].copy_from_slice(&xv[row * l..(row + 1) * l]);
                 for t in 0..l {
-                    let acc: f64 =
-                        (0..k).map(|j| padded[t + j] * wv[ci * k + j]).sum::<f64>() + bias[ci];
+                    let acc: f64 = (0..k).map(|j| padded[t + j] * wv[ci * k + j]).sum::<f64>() + bias[ci];
                     let v = round_to(dt, acc);
                     y[row * l + t] = if self.silu {
                         round_to(DType::F32, v) * sigmoid(round_to(DType::F32, v))
@@ -262,8 +243,7 @@ impl CausalConvWithState {
                         v
                     };
                 }
-                present[row * (k - 1)..(row + 1) * (k - 1)]
-                    .copy_from_slice(&padded[pl - (k - 1)..]);
+                present[row * (k - 1)..(row + 1) * (k - 1)].copy_from_slice(&padded[pl - (k - 1)..]);
             }
         }
         Ok(vec![
@@ -276,9 +256,7 @@ impl CausalConvWithState {
         let dt = crate::util::input_dtype(inputs, 0);
         let st = match (in_shape(inputs, 0), in_shape(inputs, 1)) {
             (Some(x), Some(w)) if x.len() == 3 && w.len() == 3 => match &w[2] {
-                Dim::Fixed(k) if *k > 0 => {
-                    Some(vec![x[0].clone(), x[1].clone(), Dim::Fixed(k - 1)])
-                }
+                Dim::Fixed(k) if *k > 0 => Some(vec![x[0].clone(), x[1].clone(), Dim::Fixed(k - 1)]),
                 _ => None,
             },
             _ => None,
@@ -308,12 +286,7 @@ pub struct LinearAttention {
 }
 
 /// (B, T, H*D) -> values at [b][h][t][d].
-fn unpack(
-    v: &[f64],
-    t: usize,
-    h: usize,
-    d: usize,
-) -> impl Fn(usize, usize, usize, usize) -> f64 + '_ {
+fn unpack(v: &[f64], t: usize, h: usize, d: usize) -> impl Fn(usize, usize, usize, usize) -> f64 + '_ {
     move |bi, hi, ti, di| v[((bi * t + ti) * h + hi) * d + di]
 }
 
@@ -416,11 +389,7 @@ impl LinearAttention {
         };
         let f = |x: f64| round_to(DType::F32, x);
         let (qv, kv, vv) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
-        let (qa, ka, va) = (
-            unpack(&qv, t, hq, dk),
-            unpack(&kv, t, hk, dk),
-            unpack(&vv, t, hk, dv),
-        );
+        let (qa, ka, va) = (unpack(&qv, t, hq, dk), unpack(&kv, t, hk, dk), unpack(&vv, t, hk, dv));
         let group = hq / hk;
         let mut out = vec![0.0; checked_numel(&[b, t, hq * dv])?];
         let mut vt = vec![0.0; dv];
@@ -448,9 +417,7 @@ impl LinearAttention {
                         let bh = if beta_heads == 1 { 0 } else { hi };
                         let be = f(bv[(bi * t + ti) * beta_heads + bh]);
                         for (m, x) in vt.iter_mut().enumerate() {
-                            let retrieved: f64 = (0..dk)
-                                .map(|di| st[di * dv + m] * f(ka(bi, hi, ti, di)))
-                                .sum();
+                            let retrieved: f64 = (0..dk).map(|di| st[di * dv + m] * f(ka(bi, hi, ti, di))).sum();
                             *x = f(be * f(*x - f(retrieved)));
                         }
                     }
@@ -465,9 +432,7 @@ impl LinearAttention {
                     let kh = hi / group;
                     let st = &state[(bi * hk + kh) * dk * dv..(bi * hk + kh + 1) * dk * dv];
                     for m in 0..dv {
-                        let acc: f64 = (0..dk)
-                            .map(|di| f(qa(bi, hi, ti, di)) * st[di * dv + m])
-                            .sum();
+                        let acc: f64 = (0..dk).map(|di| f(qa(bi, hi, ti, di)) * st[di * dv + m]).sum();
                         out[(bi * t + ti) * hq * dv + hi * dv + m] = f(scale * f(acc));
                     }
                 }
@@ -482,11 +447,7 @@ impl LinearAttention {
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dt = crate::util::input_dtype(inputs, 0);
         let sdt = crate::util::input_dtype(inputs, 3).or(dt);
-        let (q, k, v) = (
-            in_shape(inputs, 0),
-            in_shape(inputs, 1),
-            in_shape(inputs, 2),
-        );
+        let (q, k, v) = (in_shape(inputs, 0), in_shape(inputs, 1), in_shape(inputs, 2));
         let (mut y, mut st) = (None, None);
         if let (Some(q), Some(k), Some(v)) = (q, k, v)
             && q.len() == 3
@@ -496,8 +457,7 @@ impl LinearAttention {
             let dvd = num::dim_div(&v[2], self.kv_num_heads);
             let dkd = num::dim_div(&k[2], self.kv_num_heads);
             if let Some(dvd) = &dvd {
-                y = dim_mul(dvd, &Dim::Fixed(self.q_num_heads))
-                    .map(|hd| vec![q[0].clone(), q[1].clone(), hd]);
+                y = dim_mul(dvd, &Dim::Fixed(self.q_num_heads)).map(|hd| vec![q[0].clone(), q[1].clone(), hd]);
             }
             if let (Some(dkd), Some(dvd)) = (dkd, dvd) {
                 st = Some(vec![q[0].clone(), Dim::Fixed(self.kv_num_heads), dkd, dvd]);
@@ -538,11 +498,9 @@ impl FlexAttention {
                 "q heads {hq} must be a multiple of kv heads {hk}"
             )));
         }
-        let cdt = self.softmax_precision.unwrap_or(if dt == DType::F64 {
-            DType::F64
-        } else {
-            DType::F32
-        });
+        let cdt = self
+            .softmax_precision
+            .unwrap_or(if dt == DType::F64 { DType::F64 } else { DType::F32 });
         let scale = self.scale.map_or(1.0 / (e as f64).sqrt(), |s| s as f64);
         let sq = round_to(dt, (scale as f32).sqrt() as f64);
         let (qv, kv, vv) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
@@ -581,9 +539,7 @@ impl FlexAttention {
                 }
             }
         }
-        Ok(vec![
-            num::float_tensor(v.dtype(), vec![b, hq, l, ev], y)?.into(),
-        ])
+        Ok(vec![num::float_tensor(v.dtype(), vec![b, hq, l, ev], y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -629,10 +585,7 @@ mod tests {
         let a = Value::Tensor(Tensor::from_vec(vec![2], vec![0.0f64, 2.0]).unwrap());
         let b = Value::Tensor(Tensor::from_vec(vec![2], vec![7.0f64, 3.0]).unwrap());
         let op = SwiGlu { alpha: 0.0 };
-        assert_eq!(
-            eval1(op.eval(&Args::new(&[Some(&a), Some(&b)]))),
-            vec![0.0, 3.0]
-        );
+        assert_eq!(eval1(op.eval(&Args::new(&[Some(&a), Some(&b)]))), vec![0.0, 3.0]);
     }
 
     #[test]
@@ -661,9 +614,7 @@ mod tests {
             scale: 1.0,
             update_rule: UpdateRule::Linear,
         };
-        let out = op
-            .eval(&Args::new(&[Some(&q), Some(&k), Some(&v)]))
-            .unwrap();
+        let out = op.eval(&Args::new(&[Some(&q), Some(&k), Some(&v)])).unwrap();
         assert_eq!(out[0].as_tensor().unwrap().to_f64_vec(), vec![6.0, 5.0]);
         assert_eq!(out[1].as_tensor().unwrap().to_f64_vec(), vec![10.0]);
     }

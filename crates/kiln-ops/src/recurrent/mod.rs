@@ -11,9 +11,7 @@ pub(crate) mod num;
 pub mod rnn;
 
 pub use attention::Attention;
-pub use extra::{
-    CausalConvWithState, FlexAttention, LinearAttention, RotaryEmbedding, SwiGlu, UpdateRule,
-};
+pub use extra::{CausalConvWithState, FlexAttention, LinearAttention, RotaryEmbedding, SwiGlu, UpdateRule};
 pub use rnn::{Activation, Cell, Direction, Recurrent};
 
 #[derive(Debug, Clone, PartialEq)]

@@ -39,10 +39,7 @@ pub(crate) fn float_tensor(dt: DType, shape: Vec<usize>, v: Vec<f64>) -> Result<
         DType::F16 => Data::F16(v.into_iter().map(f16::from_f64).collect()),
         DType::BF16 => Data::BF16(v.into_iter().map(bf16::from_f64).collect()),
         other => {
-            return Err(OpError::UnsupportedDType {
-                index: 0,
-                got: other,
-            });
+            return Err(OpError::UnsupportedDType { index: 0, got: other });
         }
     };
     Ok(Tensor::new(dt, shape, data)?)
@@ -61,10 +58,7 @@ pub(crate) fn need_rank(t: &Tensor, rank: usize, what: &str) -> Result<()> {
 
 /// Static shape of input `i` (None when unknown or absent).
 pub(crate) fn in_shape(inputs: &[InferInput<'_>], i: usize) -> Option<Vec<Dim>> {
-    inputs
-        .get(i)
-        .and_then(|x| x.ty.tensor())
-        .and_then(|t| t.shape.clone())
+    inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.shape.clone())
 }
 
 /// Tensor type with the given dtype and shape (shape may be unknown).

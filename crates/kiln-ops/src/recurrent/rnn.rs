@@ -51,9 +51,7 @@ impl Activation {
                 }
             }
             Activation::ScaledTanh { alpha, beta } => alpha as f64 * (beta as f64 * x).tanh(),
-            Activation::HardSigmoid { alpha, beta } => {
-                (alpha as f64 * x + beta as f64).clamp(0.0, 1.0)
-            }
+            Activation::HardSigmoid { alpha, beta } => (alpha as f64 * x + beta as f64).clamp(0.0, 1.0),
             Activation::Elu { alpha } => {
                 if x >= 0.0 {
                     x
@@ -83,11 +81,7 @@ pub enum Direction {
 
 impl Direction {
     pub fn count(self) -> usize {
-        if self == Direction::Bidirectional {
-            2
-        } else {
-            1
-        }
+        if self == Direction::Bidirectional { 2 } else { 1 }
     }
 }
 
@@ -234,9 +228,7 @@ impl Recurrent {
                         usize::try_from(l)
                             .ok()
                             .filter(|&l| l <= seq)
-                            .ok_or_else(|| {
-                                OpError::Value(format!("sequence_lens value {l} outside 0..={seq}"))
-                            })
+                            .ok_or_else(|| OpError::Value(format!("sequence_lens value {l} outside 0..={seq}")))
                     })
                     .collect::<Result<_>>()?
             }
@@ -253,10 +245,7 @@ impl Recurrent {
                         [nd, batch, hs]
                     };
                     if t.shape() != want {
-                        return Err(OpError::Shape(format!(
-                            "{what} shape {:?} must be {want:?}",
-                            t.shape()
-                        )));
+                        return Err(OpError::Shape(format!("{what} shape {:?} must be {want:?}", t.shape())));
                     }
                     let v = t.to_f64_vec();
                     if !self.batch_first {
@@ -344,9 +333,7 @@ impl Recurrent {
                                 h[k] = acts[0].apply(clip(gx[k] + gh[k] + wb[k] + rb[k]));
                             }
                         }
-                        Cell::Gru {
-                            linear_before_reset,
-                        } => {
+                        Cell::Gru { linear_before_reset } => {
                             // Gate order z, r, h.
                             let mut hn = vec![0.0; hs];
                             let mut z = vec![0.0; hs];
@@ -360,8 +347,7 @@ impl Recurrent {
                             if linear_before_reset {
                                 for k in 0..hs {
                                     let j = 2 * hs + k;
-                                    hn[k] = acts[1]
-                                        .apply(clip(gx[j] + rg[k] * (gh[j] + rb[j]) + wb[j]));
+                                    hn[k] = acts[1].apply(clip(gx[j] + rg[k] * (gh[j] + rb[j]) + wb[j]));
                                 }
                             } else {
                                 let rhp: Vec<f64> = rg.iter().zip(&h).map(|(a, b)| a * b).collect();
@@ -433,10 +419,7 @@ impl Recurrent {
                 num::float_tensor(dt, vec![nd, batch, hs], v)
             }
         };
-        let mut outs = vec![
-            num::float_tensor(dt, y_shape, y)?.into(),
-            state_out(yh)?.into(),
-        ];
+        let mut outs = vec![num::float_tensor(dt, y_shape, y)?.into(), state_out(yh)?.into()];
         if is_lstm {
             outs.push(state_out(yc)?.into());
         }
@@ -476,17 +459,13 @@ impl Recurrent {
 
     pub fn macs(&self, inputs: &[InferInput<'_>], _outputs: &[ValueType]) -> u64 {
         // seq * batch * dirs * gates*H * (I + H).
-        let x =
-            in_shape(inputs, 0).and_then(|s| s.iter().map(num::fixed).collect::<Option<Vec<_>>>());
-        let r =
-            in_shape(inputs, 2).and_then(|s| s.iter().map(num::fixed).collect::<Option<Vec<_>>>());
+        let x = in_shape(inputs, 0).and_then(|s| s.iter().map(num::fixed).collect::<Option<Vec<_>>>());
+        let r = in_shape(inputs, 2).and_then(|s| s.iter().map(num::fixed).collect::<Option<Vec<_>>>());
         match (x, r) {
             (Some(x), Some(r)) if x.len() == 3 && r.len() == 3 => {
                 let (sb, i) = ((x[0] * x[1]) as u64, x[2] as u64);
                 let (nd, gh, h) = (r[0] as u64, r[1] as u64, r[2] as u64);
-                sb.saturating_mul(nd)
-                    .saturating_mul(gh)
-                    .saturating_mul(i + h)
+                sb.saturating_mul(nd).saturating_mul(gh).saturating_mul(i + h)
             }
             _ => 0,
         }
@@ -538,14 +517,9 @@ mod tests {
     fn lstm_affine_gates_by_hand() {
         // All activations Affine(1, 0) (identity), H = I = 1, W = 1 for every gate, R = 0.
         // x = 2: i = o = f = c~ = 2; C = f*0 + i*c~ = 4; H = o * C = 8.
-        let id = Activation::Affine {
-            alpha: 1.0,
-            beta: 0.0,
-        };
+        let id = Activation::Affine { alpha: 1.0, beta: 0.0 };
         let op = Recurrent {
-            cell: Cell::Lstm {
-                input_forget: false,
-            },
+            cell: Cell::Lstm { input_forget: false },
             hidden_size: Some(1),
             direction: Direction::Forward,
             activations: vec![id, id, id],

@@ -92,20 +92,13 @@ impl ArgReduce {
             for o in 0..outer {
                 for i in 0..inner {
                     let base = o * n * inner + i;
-                    out.push(
-                        lane_arg(|k| v[base + k * inner], n, better, |a, b| a == b, last) as i64,
-                    );
+                    out.push(lane_arg(|k| v[base + k * inner], n, better, |a, b| a == b, last) as i64);
                 }
             }
         } else {
-            return Err(OpError::UnsupportedDType {
-                index: 0,
-                got: dtype,
-            });
+            return Err(OpError::UnsupportedDType { index: 0, got: dtype });
         }
-        Ok(vec![
-            Tensor::new(DType::I64, out_shape, Data::I64(out))?.into(),
-        ])
+        Ok(vec![Tensor::new(DType::I64, out_shape, Data::I64(out))?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

@@ -21,10 +21,7 @@ pub(crate) fn floats(t: &Tensor, index: usize) -> Result<Vec<f64>> {
     if is_ieee_float(t.dtype()) {
         Ok(t.to_f64_vec())
     } else {
-        Err(OpError::UnsupportedDType {
-            index,
-            got: t.dtype(),
-        })
+        Err(OpError::UnsupportedDType { index, got: t.dtype() })
     }
 }
 
@@ -36,11 +33,7 @@ pub(crate) fn from_f64(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Ten
         DType::F16 => Data::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
         DType::BF16 => Data::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
         other if is_plain_int(other) => {
-            return from_i128(
-                other,
-                shape,
-                &v.iter().map(|&x| f64_to_i128(x)).collect::<Vec<_>>(),
-            );
+            return from_i128(other, shape, &v.iter().map(|&x| f64_to_i128(x)).collect::<Vec<_>>());
         }
         DType::Bool => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
         other => return Err(OpError::Unsupported(format!("output dtype {other}"))),
@@ -81,9 +74,7 @@ pub(crate) fn from_i128(dtype: DType, shape: Vec<usize>, v: &[i128]) -> Result<T
         DType::U32 => Data::U32(v.iter().map(|&x| x as u32).collect()),
         DType::U64 => Data::U64(v.iter().map(|&x| x as u64).collect()),
         other => {
-            return Err(OpError::Unsupported(format!(
-                "integer output dtype {other}"
-            )));
+            return Err(OpError::Unsupported(format!("integer output dtype {other}")));
         }
     };
     Ok(Tensor::new(dtype, shape, data)?)
@@ -115,10 +106,7 @@ pub(crate) fn split_axis(shape: &[usize], axis: usize) -> (usize, usize, usize) 
 
 /// `(rows, cols)` of `shape` flattened to 2-D at `axis` (`axis` may equal the rank).
 pub(crate) fn split_2d(shape: &[usize], axis: usize) -> (usize, usize) {
-    (
-        shape[..axis].iter().product(),
-        shape[axis..].iter().product(),
-    )
+    (shape[..axis].iter().product(), shape[axis..].iter().product())
 }
 
 /// Normalises an axis that may also equal the rank (Flatten-style coercion, LayerNorm).
@@ -133,11 +121,7 @@ pub(crate) fn norm_axis_incl(axis: i64, rank: usize) -> Result<usize> {
 
 /// The static tensor type of input `i`, or an empty one.
 pub(crate) fn input_tensor_type(inputs: &[InferInput<'_>], i: usize) -> TensorType {
-    inputs
-        .get(i)
-        .and_then(|x| x.ty.tensor())
-        .cloned()
-        .unwrap_or_default()
+    inputs.get(i).and_then(|x| x.ty.tensor()).cloned().unwrap_or_default()
 }
 
 /// Same dtype and shape as input `i`.

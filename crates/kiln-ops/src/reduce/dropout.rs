@@ -78,11 +78,7 @@ impl Dropout {
             let ones: Vec<f64> = keep.iter().map(|&k| if k { 1.0 } else { 0.0 }).collect();
             from_f64(x.dtype(), x.shape().to_vec(), &ones)
         } else {
-            Ok(Tensor::new(
-                DType::Bool,
-                x.shape().to_vec(),
-                Data::Bool(keep),
-            )?)
+            Ok(Tensor::new(DType::Bool, x.shape().to_vec(), Data::Bool(keep))?)
         }
     }
 
@@ -121,9 +117,7 @@ impl Dropout {
             return Ok(vec![x.clone().into(), mask.into()]);
         }
         if !(0.0..1.0).contains(&ratio) {
-            return Err(OpError::Value(format!(
-                "dropout ratio must be in [0, 1), got {ratio}"
-            )));
+            return Err(OpError::Value(format!("dropout ratio must be in [0, 1), got {ratio}")));
         }
         let v = floats(x, 0)?;
         let mut rng = Mt19937::new(self.seed.map_or_else(clock_seed, |s| s as u32));
@@ -193,19 +187,13 @@ impl Det {
         let shape = x.shape();
         let r = shape.len();
         if r < 2 || shape[r - 1] != shape[r - 2] {
-            return Err(OpError::Shape(format!(
-                "Det needs [*, M, M], got {shape:?}"
-            )));
+            return Err(OpError::Shape(format!("Det needs [*, M, M], got {shape:?}")));
         }
         let m = shape[r - 1];
         let mm = m * m;
         let batch: usize = shape[..r - 2].iter().product();
-        let out: Vec<f64> = (0..batch)
-            .map(|b| det(v[b * mm..(b + 1) * mm].to_vec(), m))
-            .collect();
-        Ok(vec![
-            from_f64(x.dtype(), shape[..r - 2].to_vec(), &out)?.into(),
-        ])
+        let out: Vec<f64> = (0..batch).map(|b| det(v[b * mm..(b + 1) * mm].to_vec(), m)).collect();
+        Ok(vec![from_f64(x.dtype(), shape[..r - 2].to_vec(), &out)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -214,10 +202,7 @@ impl Det {
         let shape = match t.shape {
             Some(s) if s.len() >= 2 => Some(s[..s.len() - 2].to_vec()),
             Some(s) => {
-                return Err(OpError::Shape(format!(
-                    "Det needs rank >= 2, got rank {}",
-                    s.len()
-                )));
+                return Err(OpError::Shape(format!("Det needs rank >= 2, got rank {}", s.len())));
             }
             None => None,
         };
@@ -240,18 +225,11 @@ mod tests {
 
     #[test]
     fn det_2x2_and_3x3() {
-        let x = Value::Tensor(
-            Tensor::from_vec(vec![2, 2, 2], vec![1f32, 2., 3., 4., 2., 0., 0., 3.]).unwrap(),
-        );
+        let x = Value::Tensor(Tensor::from_vec(vec![2, 2, 2], vec![1f32, 2., 3., 4., 2., 0., 0., 3.]).unwrap());
         let inputs = [Some(&x)];
         let out = Det.eval(&Args::new(&inputs)).unwrap();
-        assert_eq!(
-            out[0].as_tensor().unwrap().as_slice::<f32>().unwrap(),
-            &[-2., 6.]
-        );
-        let y = Value::Tensor(
-            Tensor::from_vec(vec![3, 3], vec![0f64, 2., 1., 1., 1., 1., 2., 0., 3.]).unwrap(),
-        );
+        assert_eq!(out[0].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[-2., 6.]);
+        let y = Value::Tensor(Tensor::from_vec(vec![3, 3], vec![0f64, 2., 1., 1., 1., 1., 2., 0., 3.]).unwrap());
         let inputs = [Some(&y)];
         let d = Det.eval(&Args::new(&inputs)).unwrap()[0]
             .as_tensor()
@@ -272,13 +250,7 @@ mod tests {
         let x = Value::Tensor(Tensor::from_vec(vec![2], vec![1f32, -2.]).unwrap());
         let inputs = [Some(&x)];
         let out = op.eval(&Args::new(&inputs)).unwrap();
-        assert_eq!(
-            out[0].as_tensor().unwrap().as_slice::<f32>().unwrap(),
-            &[1., -2.]
-        );
-        assert_eq!(
-            out[1].as_tensor().unwrap().as_slice::<bool>().unwrap(),
-            &[true, true]
-        );
+        assert_eq!(out[0].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[1., -2.]);
+        assert_eq!(out[1].as_tensor().unwrap().as_slice::<bool>().unwrap(), &[true, true]);
     }
 }

@@ -70,10 +70,7 @@ impl Loss {
             Some(w) => {
                 let v = floats(w, 2)?;
                 if v.len() != c || w.rank() != 1 {
-                    return Err(OpError::Shape(format!(
-                        "weight shape {:?} must be [{c}]",
-                        w.shape()
-                    )));
+                    return Err(OpError::Shape(format!("weight shape {:?} must be [{c}]", w.shape())));
                 }
                 Some(v)
             }
@@ -155,11 +152,7 @@ mod tests {
     use kiln_tensor::Tensor;
 
     fn run(op: &Loss, x: Tensor, t: Tensor, w: Option<Tensor>) -> Vec<Tensor> {
-        let vals: Vec<Value> = [Some(x), Some(t), w]
-            .into_iter()
-            .flatten()
-            .map(Value::Tensor)
-            .collect();
+        let vals: Vec<Value> = [Some(x), Some(t), w].into_iter().flatten().map(Value::Tensor).collect();
         let inputs: Vec<Option<&Value>> = vals.iter().map(Some).collect();
         op.eval(&Args::new(&inputs))
             .unwrap()
@@ -179,16 +172,12 @@ mod tests {
             ignore_index: None,
         };
         assert_eq!(
-            run(&op, x.clone(), t.clone(), None)[0]
-                .as_slice::<f32>()
-                .unwrap(),
+            run(&op, x.clone(), t.clone(), None)[0].as_slice::<f32>().unwrap(),
             &[3., 4.]
         );
         op.reduction = LossReduction::Mean;
         assert_eq!(
-            run(&op, x.clone(), t.clone(), None)[0]
-                .as_slice::<f32>()
-                .unwrap(),
+            run(&op, x.clone(), t.clone(), None)[0].as_slice::<f32>().unwrap(),
             &[3.5]
         );
         // Weights [1, 2, 3]: (3*3 + 4*1) / (3 + 1) = 13/4.
@@ -202,9 +191,7 @@ mod tests {
         // Ignoring class 0 leaves 9 / 3.
         op.ignore_index = Some(0);
         assert_eq!(
-            run(&op, x.clone(), t.clone(), Some(w))[0]
-                .as_slice::<f32>()
-                .unwrap(),
+            run(&op, x.clone(), t.clone(), Some(w))[0].as_slice::<f32>().unwrap(),
             &[3.]
         );
         op.reduction = LossReduction::Sum;

@@ -14,9 +14,7 @@ mod softmax;
 pub use arg::ArgReduce;
 pub use dropout::{Det, Dropout};
 pub use loss::{Loss, LossReduction};
-pub use norm::{
-    BatchNorm, GroupNorm, InstanceNorm, LayerNorm, LpNorm, Lrn, MeanVarianceNorm, RmsNorm,
-};
+pub use norm::{BatchNorm, GroupNorm, InstanceNorm, LayerNorm, LpNorm, Lrn, MeanVarianceNorm, RmsNorm};
 pub use reduction::{Reduce, ReduceAxes, ReduceKind};
 pub use softmax::{Softmax, SoftmaxKind};
 

@@ -13,11 +13,7 @@ use kiln_tensor::DType;
 
 /// Reads input `i` (a float tensor) broadcast unidirectionally to `shape`: the values and,
 /// for each element of `shape`, the index into them.
-fn broadcast_param(
-    args: &Args<'_>,
-    i: usize,
-    shape: &[usize],
-) -> Result<Option<(Vec<f64>, Vec<usize>)>> {
+fn broadcast_param(args: &Args<'_>, i: usize, shape: &[usize]) -> Result<Option<(Vec<f64>, Vec<usize>)>> {
     match args.opt_tensor(i)? {
         None => Ok(None),
         Some(t) => {
@@ -126,11 +122,7 @@ impl RmsNorm {
         let eps = self.epsilon as f64;
         let inv: Vec<f64> = (0..rows)
             .map(|r| {
-                let ms = v[r * cols..(r + 1) * cols]
-                    .iter()
-                    .map(|x| x * x)
-                    .sum::<f64>()
-                    / cols as f64;
+                let ms = v[r * cols..(r + 1) * cols].iter().map(|x| x * x).sum::<f64>() / cols as f64;
                 1.0 / (ms + eps).sqrt()
             })
             .collect();
@@ -315,16 +307,8 @@ impl BatchNorm {
             })
             .collect();
         let m = self.momentum as f64;
-        let run_mean: Vec<f64> = mean
-            .iter()
-            .zip(&bmean)
-            .map(|(r, b)| r * m + b * (1.0 - m))
-            .collect();
-        let run_var: Vec<f64> = var
-            .iter()
-            .zip(&bvar)
-            .map(|(r, b)| r * m + b * (1.0 - m))
-            .collect();
+        let run_mean: Vec<f64> = mean.iter().zip(&bmean).map(|(r, b)| r * m + b * (1.0 - m)).collect();
+        let run_var: Vec<f64> = var.iter().zip(&bvar).map(|(r, b)| r * m + b * (1.0 - m)).collect();
         let t = |d: &[f64]| from_f64(dtype, vec![d.len()], d);
         let mut out = vec![
             from_f64(dtype, shape.to_vec(), &y)?.into(),
@@ -379,10 +363,7 @@ impl LpNorm {
                 let base = o * n * inner + i;
                 let norm = match self.p {
                     1 => (0..n).map(|k| v[base + k * inner].abs()).sum::<f64>(),
-                    2 => (0..n)
-                        .map(|k| v[base + k * inner].powi(2))
-                        .sum::<f64>()
-                        .sqrt(),
+                    2 => (0..n).map(|k| v[base + k * inner].powi(2)).sum::<f64>().sqrt(),
                     _ => (0..n)
                         .map(|k| v[base + k * inner].abs().powf(p))
                         .sum::<f64>()
@@ -517,11 +498,7 @@ mod tests {
         };
         let out = eval(
             |a| op.eval(a),
-            vec![
-                t(&[2, 2], &[1., 3., 0., 4.]),
-                t(&[2], &[1., 2.]),
-                t(&[2], &[0., 1.]),
-            ],
+            vec![t(&[2, 2], &[1., 3., 0., 4.]), t(&[2], &[1., 2.]), t(&[2], &[0., 1.])],
         );
         close(&out[0], &[-1., 3., -1., 3.]);
         assert_eq!(out[1].shape(), &[2, 1]);
@@ -537,10 +514,7 @@ mod tests {
             epsilon: 0.0,
             stash_type: DType::F32,
         };
-        let out = eval(
-            |a| op.eval(a),
-            vec![t(&[1, 2], &[3., 4.]), t(&[2], &[1., 2.])],
-        );
+        let out = eval(|a| op.eval(a), vec![t(&[1, 2], &[3., 4.]), t(&[2], &[1., 2.])]);
         let r = 12.5f64.sqrt();
         close(&out[0], &[3. / r, 8. / r]);
     }
@@ -555,41 +529,21 @@ mod tests {
             epsilon: 0.0,
             stash_type: DType::F32,
         };
-        let out = eval(
-            |a| op.eval(a),
-            vec![x.clone(), t(&[2], &[1., 2.]), t(&[2], &[0., 10.])],
-        );
+        let out = eval(|a| op.eval(a), vec![x.clone(), t(&[2], &[1., 2.]), t(&[2], &[0., 10.])]);
         close(&out[0], &[-3. / s5, -1. / s5, 10. + 2. / s5, 10. + 6. / s5]);
         // Opset-18 form: one scale per group.
-        let out = eval(
-            |a| op.eval(a),
-            vec![x.clone(), t(&[1], &[2.]), t(&[1], &[1.])],
-        );
-        close(
-            &out[0],
-            &[1. - 6. / s5, 1. - 2. / s5, 1. + 2. / s5, 1. + 6. / s5],
-        );
+        let out = eval(|a| op.eval(a), vec![x.clone(), t(&[1], &[2.]), t(&[1], &[1.])]);
+        close(&out[0], &[1. - 6. / s5, 1. - 2. / s5, 1. + 2. / s5, 1. + 6. / s5]);
         // Instance norm: each channel separately, mean 1 / 5, var 1.
         let op = InstanceNorm { epsilon: 0.0 };
-        let out = eval(
-            |a| op.eval(a),
-            vec![x, t(&[2], &[1., 2.]), t(&[2], &[0., 1.])],
-        );
+        let out = eval(|a| op.eval(a), vec![x, t(&[2], &[1., 2.]), t(&[2], &[0., 1.])]);
         close(&out[0], &[-1., 1., -1., 3.]);
     }
 
     #[test]
     fn batch_norm_inference_and_training() {
         let x = t(&[2, 1, 1], &[1., 3.]);
-        let params = |m: f64, v: f64| {
-            vec![
-                x.clone(),
-                t(&[1], &[2.]),
-                t(&[1], &[1.]),
-                t(&[1], &[m]),
-                t(&[1], &[v]),
-            ]
-        };
+        let params = |m: f64, v: f64| vec![x.clone(), t(&[1], &[2.]), t(&[1], &[1.]), t(&[1], &[m]), t(&[1], &[v])];
         let op = BatchNorm {
             epsilon: 0.0,
             momentum: 0.9,

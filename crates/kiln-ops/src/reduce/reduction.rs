@@ -72,11 +72,7 @@ pub struct Reduce {
 /// The reduced axes (sorted, unique) for a list given as in ONNX.
 fn resolve_axes(list: &[i64], rank: usize, noop: bool) -> Result<Vec<usize>> {
     if list.is_empty() {
-        return Ok(if noop {
-            Vec::new()
-        } else {
-            (0..rank).collect()
-        });
+        return Ok(if noop { Vec::new() } else { (0..rank).collect() });
     }
     let mut axes = util::norm_axes(list, rank)?;
     axes.sort_unstable();
@@ -84,11 +80,7 @@ fn resolve_axes(list: &[i64], rank: usize, noop: bool) -> Result<Vec<usize>> {
 }
 
 /// Output shapes of a reduction: with reduced dims kept as 1, and the final one.
-pub(crate) fn reduced_shapes(
-    shape: &[usize],
-    axes: &[usize],
-    keepdims: bool,
-) -> (Vec<usize>, Vec<usize>) {
+pub(crate) fn reduced_shapes(shape: &[usize], axes: &[usize], keepdims: bool) -> (Vec<usize>, Vec<usize>) {
     let keep: Vec<usize> = shape
         .iter()
         .enumerate()
@@ -117,13 +109,7 @@ pub(crate) fn reduce_map(shape: &[usize], axes: &[usize]) -> Result<(Vec<usize>,
     Ok((map, out_n, group))
 }
 
-fn fold<T: Copy>(
-    map: &[usize],
-    vals: &[T],
-    out_n: usize,
-    init: T,
-    f: impl Fn(T, T) -> T,
-) -> Vec<T> {
+fn fold<T: Copy>(map: &[usize], vals: &[T], out_n: usize, init: T, f: impl Fn(T, T) -> T) -> Vec<T> {
     let mut acc = vec![init; out_n];
     for (&o, &x) in map.iter().zip(vals) {
         acc[o] = f(acc[o], x);
@@ -132,29 +118,15 @@ fn fold<T: Copy>(
 }
 
 fn max_nan(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b > a || b.is_nan() {
-        b
-    } else {
-        a
-    }
+    if a.is_nan() || b > a || b.is_nan() { b } else { a }
 }
 
 fn min_nan(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b < a || b.is_nan() {
-        b
-    } else {
-        a
-    }
+    if a.is_nan() || b < a || b.is_nan() { b } else { a }
 }
 
 /// Float reduction in f64.
-fn reduce_f64(
-    kind: ReduceKind,
-    vals: &[f64],
-    map: &[usize],
-    out_n: usize,
-    group: usize,
-) -> Vec<f64> {
+fn reduce_f64(kind: ReduceKind, vals: &[f64], map: &[usize], out_n: usize, group: usize) -> Vec<f64> {
     let sum_of = |f: fn(f64) -> f64| {
         let mut acc = vec![0.0f64; out_n];
         for (&o, &x) in map.iter().zip(vals) {
@@ -164,10 +136,7 @@ fn reduce_f64(
     };
     match kind {
         ReduceKind::Sum => sum_of(|x| x),
-        ReduceKind::Mean => sum_of(|x| x)
-            .into_iter()
-            .map(|s| s / group as f64)
-            .collect(),
+        ReduceKind::Mean => sum_of(|x| x).into_iter().map(|s| s / group as f64).collect(),
         ReduceKind::SumSquare => sum_of(|x| x * x),
         ReduceKind::L1 => sum_of(f64::abs),
         ReduceKind::L2 => sum_of(|x| x * x).into_iter().map(f64::sqrt).collect(),
@@ -206,8 +175,7 @@ fn reduce_int(
     group: usize,
     bounds: (i128, i128),
 ) -> Vec<i128> {
-    let sum_of =
-        |f: fn(i128) -> i128| fold(map, vals, out_n, 0i128, move |a, x| a.wrapping_add(f(x)));
+    let sum_of = |f: fn(i128) -> i128| fold(map, vals, out_n, 0i128, move |a, x| a.wrapping_add(f(x)));
     let trunc = |v: Vec<f64>| v.into_iter().map(common::f64_to_i128).collect::<Vec<_>>();
     match kind {
         ReduceKind::Sum => sum_of(|x| x),
@@ -255,30 +223,17 @@ impl Reduce {
         let dtype = x.dtype();
         let out = if is_ieee_float(dtype) {
             let vals = x.to_f64_vec();
-            from_f64(
-                dtype,
-                out_shape,
-                &reduce_f64(self.kind, &vals, &map, out_n, group),
-            )?
+            from_f64(dtype, out_shape, &reduce_f64(self.kind, &vals, &map, out_n, group))?
         } else if let (true, Some(vals)) = (is_plain_int(dtype), common::ints(x)) {
             let r = reduce_int(self.kind, &vals, &map, out_n, group, int_bounds(dtype));
             from_i128(dtype, out_shape, &r)?
         } else if let (Data::Bool(v), ReduceKind::Max | ReduceKind::Min) = (x.data(), self.kind) {
             let any = self.kind == ReduceKind::Max;
             // max = any, min = all; the empty set gives false / true.
-            let r = fold(
-                &map,
-                v,
-                out_n,
-                !any,
-                |a, b| if any { a || b } else { a && b },
-            );
+            let r = fold(&map, v, out_n, !any, |a, b| if any { a || b } else { a && b });
             Tensor::from_vec(out_shape, r)?
         } else {
-            return Err(OpError::UnsupportedDType {
-                index: 0,
-                got: dtype,
-            });
+            return Err(OpError::UnsupportedDType { index: 0, got: dtype });
         };
         Ok(vec![out.into()])
     }
@@ -288,9 +243,7 @@ impl Reduce {
         let list = match &self.axes {
             ReduceAxes::Attr(v) => Some(v.clone()),
             ReduceAxes::Input if inputs.len() < 2 => Some(Vec::new()),
-            ReduceAxes::Input => {
-                util::const_tensor(inputs, 1).and_then(|c| util::read_i64s(c, "axes").ok())
-            }
+            ReduceAxes::Input => util::const_tensor(inputs, 1).and_then(|c| util::read_i64s(c, "axes").ok()),
         };
         let shape = match (&t.shape, list) {
             (Some(s), Some(list)) => {
@@ -349,29 +302,18 @@ mod tests {
         assert_eq!(s.as_slice::<f32>().unwrap(), &[25., 3., 70., 3., 115., 3.]);
         let m = run(ReduceKind::Mean, vec![1], true, x322());
         assert_eq!(m.shape(), &[3, 1, 2]);
-        assert_eq!(
-            m.as_slice::<f32>().unwrap(),
-            &[12.5, 1.5, 35., 1.5, 57.5, 1.5]
-        );
+        assert_eq!(m.as_slice::<f32>().unwrap(), &[12.5, 1.5, 35., 1.5, 57.5, 1.5]);
     }
 
     #[test]
     fn max_min_prod_all_axes() {
         assert_eq!(
-            run(ReduceKind::Max, vec![], true, x322())
-                .as_slice::<f32>()
-                .unwrap(),
+            run(ReduceKind::Max, vec![], true, x322()).as_slice::<f32>().unwrap(),
             &[60.]
         );
-        assert_eq!(
-            run(ReduceKind::Min, vec![], false, x322()).shape(),
-            &[] as &[usize]
-        );
+        assert_eq!(run(ReduceKind::Min, vec![], false, x322()).shape(), &[] as &[usize]);
         let p = run(ReduceKind::Prod, vec![-1], false, x322());
-        assert_eq!(
-            p.as_slice::<f32>().unwrap(),
-            &[5., 40., 30., 80., 55., 120.]
-        );
+        assert_eq!(p.as_slice::<f32>().unwrap(), &[5., 40., 30., 80., 55., 120.]);
     }
 
     #[test]
@@ -381,19 +323,9 @@ mod tests {
         assert_eq!(s.shape(), &[2, 1, 4]);
         assert!(s.as_slice::<f32>().unwrap().iter().all(|&v| v == 0.0));
         let m = run(ReduceKind::Max, vec![1], true, x.clone());
-        assert!(
-            m.as_slice::<f32>()
-                .unwrap()
-                .iter()
-                .all(|&v| v == f32::NEG_INFINITY)
-        );
+        assert!(m.as_slice::<f32>().unwrap().iter().all(|&v| v == f32::NEG_INFINITY));
         let l = run(ReduceKind::LogSumExp, vec![1], true, x.clone());
-        assert!(
-            l.as_slice::<f32>()
-                .unwrap()
-                .iter()
-                .all(|&v| v == f32::NEG_INFINITY)
-        );
+        assert!(l.as_slice::<f32>().unwrap().iter().all(|&v| v == f32::NEG_INFINITY));
         let p = run(ReduceKind::Prod, vec![1], true, x);
         assert!(p.as_slice::<f32>().unwrap().iter().all(|&v| v == 1.0));
     }
@@ -437,18 +369,11 @@ mod tests {
             &[i64::MIN, 4]
         );
         assert_eq!(
-            run(ReduceKind::Min, vec![0], false, x)
-                .as_slice::<i64>()
-                .unwrap(),
+            run(ReduceKind::Min, vec![0], false, x).as_slice::<i64>().unwrap(),
             &[-3, 1]
         );
         let u = Tensor::from_vec(vec![3], vec![7u8, 2, 3]).unwrap();
-        assert_eq!(
-            run(ReduceKind::Mean, vec![], false, u)
-                .as_slice::<u8>()
-                .unwrap(),
-            &[4]
-        );
+        assert_eq!(run(ReduceKind::Mean, vec![], false, u).as_slice::<u8>().unwrap(), &[4]);
         let b = Tensor::from_vec(vec![2, 2], vec![true, false, false, false]).unwrap();
         assert_eq!(
             run(ReduceKind::Max, vec![1], false, b.clone())
@@ -457,16 +382,12 @@ mod tests {
             &[true, false]
         );
         assert_eq!(
-            run(ReduceKind::Min, vec![0], false, b)
-                .as_slice::<bool>()
-                .unwrap(),
+            run(ReduceKind::Min, vec![0], false, b).as_slice::<bool>().unwrap(),
             &[false, false]
         );
         let e = Tensor::from_vec(vec![0], Vec::<i32>::new()).unwrap();
         assert_eq!(
-            run(ReduceKind::Max, vec![], false, e)
-                .as_slice::<i32>()
-                .unwrap(),
+            run(ReduceKind::Max, vec![], false, e).as_slice::<i32>().unwrap(),
             &[i32::MIN]
         );
     }
@@ -482,10 +403,7 @@ mod tests {
         let v = Value::Tensor(Tensor::from_vec(vec![2], vec![2f32, -3.]).unwrap());
         let inputs = [Some(&v)];
         let out = op.eval(&Args::new(&inputs)).unwrap();
-        assert_eq!(
-            out[0].as_tensor().unwrap().as_slice::<f32>().unwrap(),
-            &[4., 9.]
-        );
+        assert_eq!(out[0].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[4., 9.]);
     }
 
     #[test]
@@ -498,10 +416,7 @@ mod tests {
         let axes = Value::Tensor(Tensor::from_vec(vec![1], vec![-1i64]).unwrap());
         let axes_ty = axes.value_type();
         let inputs = [
-            InferInput {
-                ty: &ty,
-                konst: None,
-            },
+            InferInput { ty: &ty, konst: None },
             InferInput {
                 ty: &axes_ty,
                 konst: Some(&axes),
@@ -514,10 +429,7 @@ mod tests {
             noop_with_empty_axes: false,
         };
         let out = op.infer(&inputs).unwrap();
-        let expect = TensorType::new(
-            kiln_tensor::DType::F16,
-            vec![Dim::Fixed(3), Dim::Sym("n".into())],
-        );
+        let expect = TensorType::new(kiln_tensor::DType::F16, vec![Dim::Fixed(3), Dim::Sym("n".into())]);
         assert_eq!(out, vec![ValueType::Tensor(expect)]);
         let op = Reduce {
             kind: ReduceKind::Max,
@@ -529,10 +441,7 @@ mod tests {
         assert_eq!(out[0].tensor().unwrap().fixed_shape(), Some(vec![1, 1, 1]));
         // Unknown axes: only the dtype.
         let unknown = [
-            InferInput {
-                ty: &ty,
-                konst: None,
-            },
+            InferInput { ty: &ty, konst: None },
             InferInput {
                 ty: &axes_ty,
                 konst: None,

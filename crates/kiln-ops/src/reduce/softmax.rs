@@ -135,10 +135,7 @@ mod tests {
             axis: -1,
             coerce_2d: false,
         };
-        let y = run(
-            &op,
-            Tensor::from_vec(vec![1, 3], vec![-1f32, 0., 1.]).unwrap(),
-        );
+        let y = run(&op, Tensor::from_vec(vec![1, 3], vec![-1f32, 0., 1.]).unwrap());
         for (a, b) in y.iter().zip([0.09003058f32, 0.24472848, 0.66524094]) {
             assert!((a - b).abs() < 1e-7);
         }
@@ -147,10 +144,7 @@ mod tests {
             axis: -1,
             coerce_2d: false,
         };
-        let y = run(
-            &op,
-            Tensor::from_vec(vec![1, 3], vec![-1f32, 0., 1.]).unwrap(),
-        );
+        let y = run(&op, Tensor::from_vec(vec![1, 3], vec![-1f32, 0., 1.]).unwrap());
         for (a, b) in y.iter().zip([-2.4076061f32, -1.407606, -0.407606]) {
             assert!((a - b).abs() < 1e-6);
         }
