@@ -1,0 +1,328 @@
+//! Hostile and malformed models, configs and tensors: each gets a clear error naming the
+//! culprit, never a panic or an unbounded allocation. Models are built in code.
+
+use kiln::raw::onnx::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto, attribute_proto::AttributeType, tensor_proto::DataLocation,
+    tensor_shape_proto::Dimension, tensor_shape_proto::dimension, type_proto,
+};
+use kiln::raw::onnx::{ImportOptions, load_model, load_model_bytes};
+use kiln::{Error, ImportError, Session, SessionOptions, Tensor, Value};
+use prost::Message;
+
+fn dims(shape: &[Dim]) -> Option<TensorShapeProto> {
+    Some(TensorShapeProto {
+        dim: shape
+            .iter()
+            .map(|d| Dimension {
+                value: Some(match d {
+                    Dim::N(n) => dimension::Value::DimValue(*n),
+                    Dim::S(s) => dimension::Value::DimParam(s.to_string()),
+                }),
+                ..Default::default()
+            })
+            .collect(),
+    })
+}
+
+enum Dim {
+    N(i64),
+    S(&'static str),
+}
+
+fn value_info(name: &str, elem: i32, shape: &[Dim]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(elem),
+                shape: dims(shape),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(name.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn model(
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+    inits: Vec<TensorProto>,
+) -> ModelProto {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(GraphProto {
+            name: Some("g".into()),
+            node: nodes,
+            input: inputs,
+            output: outputs,
+            initializer: inits,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn import(m: &ModelProto) -> Result<kiln::Model, ImportError> {
+    load_model_bytes(m.encode_to_vec().into(), &ImportOptions::default())
+}
+
+const F32: i32 = 1;
+const I64: i32 = 7;
+
+fn i64_tensor(name: &str, dims: &[i64], vals: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        data_type: Some(I64),
+        dims: dims.to_vec(),
+        int64_data: vals.to_vec(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn every_unsupported_op_is_listed_in_one_error() {
+    let m = model(
+        vec![
+            node("FancyOp", "a", &["x"], &["y"], vec![]),
+            node("Relu", "b", &["y"], &["z"], vec![]),
+            node("FancyOp", "c", &["z"], &["w"], vec![]),
+            node("OtherOp", "d", &["w"], &["v"], vec![]),
+        ],
+        vec![value_info("x", F32, &[Dim::N(2)])],
+        vec![value_info("v", F32, &[Dim::N(2)])],
+        vec![],
+    );
+    let e = import(&m).unwrap_err();
+    let ImportError::UnsupportedOps(ops) = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(ops.len(), 2, "{e}");
+    assert_eq!(ops[0].op_type, "FancyOp");
+    assert_eq!(ops[0].nodes, vec!["a".to_string(), "c".to_string()]);
+    assert_eq!(ops[1].op_type, "OtherOp");
+    let text = e.to_string();
+    assert!(
+        text.contains("FancyOp") && text.contains("nodes a, c") && text.contains("OtherOp"),
+        "{text}"
+    );
+}
+
+#[test]
+fn wrong_attribute_type_names_node_and_attribute() {
+    let perm = AttributeProto {
+        name: Some("perm".into()),
+        r#type: Some(AttributeType::Float as i32),
+        f: Some(1.0),
+        ..Default::default()
+    };
+    let m = model(
+        vec![node("Transpose", "t0", &["x"], &["y"], vec![perm])],
+        vec![value_info("x", F32, &[Dim::N(2), Dim::N(3)])],
+        vec![value_info("y", F32, &[Dim::N(3), Dim::N(2)])],
+        vec![],
+    );
+    let e = import(&m).unwrap_err().to_string();
+    assert!(e.contains("t0") && e.contains("perm") && e.contains("FLOAT"), "{e}");
+}
+
+#[test]
+fn external_data_cannot_leave_the_model_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("model");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(dir.path().join("secret.bin"), [0u8; 16]).unwrap();
+    std::fs::write(sub.join("w.bin"), 2.5f32.to_le_bytes().repeat(4)).unwrap();
+    let ext = |loc: &str| TensorProto {
+        name: Some("w".into()),
+        data_type: Some(F32),
+        dims: vec![4],
+        data_location: Some(DataLocation::External as i32),
+        external_data: vec![StringStringEntryProto {
+            key: Some("location".into()),
+            value: Some(loc.into()),
+        }],
+        ..Default::default()
+    };
+    let build = |loc: &str| {
+        model(
+            vec![node("Add", "add", &["x", "w"], &["y"], vec![])],
+            vec![value_info("x", F32, &[Dim::N(4)])],
+            vec![value_info("y", F32, &[Dim::N(4)])],
+            vec![ext(loc)],
+        )
+    };
+    let path = sub.join("m.onnx");
+    for bad in ["../secret.bin", "/etc/passwd", "sub/../../secret.bin"] {
+        std::fs::write(&path, build(bad).encode_to_vec()).unwrap();
+        let e = load_model(&path, &ImportOptions::default()).unwrap_err().to_string();
+        assert!(
+            e.contains("external data of tensor 'w'") && e.contains(bad),
+            "{bad}: {e}"
+        );
+    }
+    std::fs::write(&path, build("w.bin").encode_to_vec()).unwrap();
+    let s = Session::new(&path, &SessionOptions::default()).unwrap();
+    let x = Tensor::from_vec(vec![4], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let out = s.run(vec![("x".into(), Value::Tensor(x))]).unwrap();
+    let Value::Tensor(y) = &out[0].1 else { panic!() };
+    assert_eq!(y.as_slice::<f32>().unwrap(), &[3.5, 4.5, 5.5, 6.5]);
+}
+
+#[test]
+fn absurd_declared_shapes_are_refused_before_allocation() {
+    let huge = TensorProto {
+        name: Some("w".into()),
+        data_type: Some(F32),
+        dims: vec![1 << 40, 1 << 40],
+        raw_data: Some(vec![0u8; 16].into()),
+        ..Default::default()
+    };
+    let m = model(
+        vec![node("Add", "add", &["x", "w"], &["y"], vec![])],
+        vec![value_info("x", F32, &[Dim::N(4)])],
+        vec![value_info("y", F32, &[Dim::N(4)])],
+        vec![huge],
+    );
+    let e = import(&m).unwrap_err().to_string();
+    assert!(e.contains("tensor 'w'") && e.contains("exceeds"), "{e}");
+
+    // A shape computed from tensor values: ConstantOfShape asked for 2^40 elements.
+    let m = model(
+        vec![node("ConstantOfShape", "cos", &["s"], &["y"], vec![])],
+        vec![value_info("s", I64, &[Dim::N(2)])],
+        vec![value_info("y", F32, &[Dim::S("a"), Dim::S("b")])],
+        vec![],
+    );
+    let s = Session::from_model(&import(&m).unwrap()).unwrap();
+    let shape = Tensor::from_vec(vec![2], vec![1i64 << 20, 1 << 20]).unwrap();
+    let e = s.run(vec![("s".into(), Value::Tensor(shape))]).unwrap_err().to_string();
+    assert!(e.contains("cos") && e.contains("ConstantOfShape"), "{e}");
+}
+
+#[test]
+fn out_of_range_indices_name_the_node() {
+    let m = model(
+        vec![node("Gather", "gather0", &["x", "idx"], &["y"], vec![])],
+        vec![value_info("x", F32, &[Dim::N(3)])],
+        vec![value_info("y", F32, &[Dim::N(1)])],
+        vec![i64_tensor("idx", &[1], &[10])],
+    );
+    let s = Session::from_model(&import(&m).unwrap()).unwrap();
+    let x = Tensor::from_vec(vec![3], vec![1.0f32, 2.0, 3.0]).unwrap();
+    let e = s.run(vec![("x".into(), Value::Tensor(x))]).unwrap_err().to_string();
+    assert!(e.contains("gather0") && e.contains("10"), "{e}");
+}
+
+#[test]
+fn symbols_bind_and_inputs_are_checked_against_them() {
+    let m = model(
+        vec![node("Add", "add", &["x", "y"], &["z"], vec![])],
+        vec![
+            value_info("x", F32, &[Dim::S("batch"), Dim::N(3)]),
+            value_info("y", F32, &[Dim::S("batch"), Dim::N(3)]),
+        ],
+        vec![value_info("z", F32, &[Dim::S("batch"), Dim::N(3)])],
+        vec![],
+    );
+    // Unbound: the output keeps the symbol; a mismatched binding across inputs is refused.
+    let g = import(&m).unwrap();
+    let z = g.graph.value(g.graph.outputs[0]).unwrap();
+    assert_eq!(z.ty.to_string(), "f32[batch,3]");
+    let s = Session::from_model(&g).unwrap();
+    let t = |n: usize| Value::Tensor(Tensor::zeros(kiln::DType::F32, vec![n, 3]).unwrap());
+    let e = s
+        .run(vec![("x".into(), t(2)), ("y".into(), t(3))])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("input 'y'") && e.contains("batch") && e.contains("already bound to 2"),
+        "{e}"
+    );
+    assert_eq!(s.run(vec![("x".into(), t(2)), ("y".into(), t(2))]).unwrap().len(), 1);
+
+    // Bound at compile time: types become fixed and other sizes are refused.
+    let bytes: bytes::Bytes = m.encode_to_vec().into();
+    let g = load_model_bytes(
+        bytes.clone(),
+        &ImportOptions {
+            symbols: vec![("batch".into(), 4)],
+        },
+    )
+    .unwrap();
+    let z = g.graph.value(g.graph.outputs[0]).unwrap();
+    assert_eq!(z.ty.to_string(), "f32[4,3]");
+    let s = Session::from_model(&g).unwrap();
+    let e = s
+        .run(vec![("x".into(), t(2)), ("y".into(), t(2))])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("input 'x'") && e.contains("expected 4, got 2"), "{e}");
+
+    let e = load_model_bytes(
+        bytes,
+        &ImportOptions {
+            symbols: vec![("seq".into(), 4)],
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("'seq'") && e.contains("batch"), "{e}");
+}
+
+#[test]
+fn truncated_and_corrupted_bytes_never_panic() {
+    let m = model(
+        vec![
+            node("Add", "add", &["x", "w"], &["y"], vec![]),
+            node("Relu", "relu", &["y"], &["z"], vec![]),
+        ],
+        vec![value_info("x", F32, &[Dim::N(4)])],
+        vec![value_info("z", F32, &[Dim::N(4)])],
+        vec![TensorProto {
+            name: Some("w".into()),
+            data_type: Some(F32),
+            dims: vec![4],
+            float_data: vec![1.0, -2.0, 3.0, -4.0],
+            ..Default::default()
+        }],
+    );
+    let bytes = m.encode_to_vec();
+    for cut in 0..bytes.len() {
+        let _ = load_model_bytes(bytes[..cut].to_vec().into(), &ImportOptions::default());
+    }
+    for i in 0..bytes.len() {
+        for flip in [0x01u8, 0x80, 0xFF] {
+            let mut b = bytes.clone();
+            b[i] ^= flip;
+            if let Ok(g) = load_model_bytes(b.into(), &ImportOptions::default()) {
+                let _ = Session::from_model(&g).map(|s| {
+                    let x = Tensor::zeros(kiln::DType::F32, vec![4]).unwrap();
+                    s.run(vec![("x".into(), Value::Tensor(x))])
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn a_compiled_program_path_gets_a_clear_error() {
+    let e = Session::new("model.kiln", &SessionOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+}
