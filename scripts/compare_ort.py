@@ -1,0 +1,73 @@
+"""Run ONNX models through kiln (the CLI) and ONNX Runtime on the same inputs and report how
+far apart the outputs are. Inputs come from `<model>.io.npz` (keys `in_<name>`, as
+../shared/bench/make_models.py writes them) or are random.
+
+usage: python scripts/compare_ort.py [--kiln target/release/kiln] [--rtol 1e-4] MODEL.onnx...
+Exit status 1 when any output differs by more than rtol (relative to the output's max |value|,
+elementwise with an atol of rtol * max|ref|).
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+
+def inputs_for(model_path, sess):
+    io = os.path.splitext(model_path)[0] + ".io.npz"
+    if os.path.exists(io):
+        d = np.load(io)
+        return {i.name: d["in_" + i.name] for i in sess.get_inputs()}
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        if "int" in i.type:
+            feeds[i.name] = rng.integers(0, 2, size=shape).astype(np.int64)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kiln", default="target/release/kiln")
+    ap.add_argument("--rtol", type=float, default=1e-4)
+    ap.add_argument("models", nargs="+")
+    a = ap.parse_args()
+    bad = 0
+    for path in a.models:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        feeds = inputs_for(path, sess)
+        ref = sess.run(None, feeds)
+        with tempfile.TemporaryDirectory() as tmp:
+            npz = os.path.join(tmp, "in.npz")
+            np.savez(npz, **feeds)
+            out = os.path.join(tmp, "out")
+            t0 = time.time()
+            r = subprocess.run([a.kiln, "run", path, "--inputs", npz, "--output-dir", out], capture_output=True, text=True)
+            dt = time.time() - t0
+            if r.returncode != 0:
+                print(f"{os.path.basename(path)}: kiln failed: {r.stderr.strip()}")
+                bad += 1
+                continue
+            for o, want in zip(sess.get_outputs(), ref):
+                name = "".join(c if c.isalnum() or c in "._-" else "_" for c in o.name)
+                got = np.load(os.path.join(out, name + ".npy"))
+                scale = float(np.max(np.abs(want))) or 1.0
+                err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) / scale
+                ok = got.shape == want.shape and err <= a.rtol
+                bad += not ok
+                print(f"{os.path.basename(path)}: output {o.name} {want.dtype}{list(want.shape)} "
+                      f"max|kiln-ort|/max|ort| = {err:.2e} {'ok' if ok else 'MISMATCH'} (kiln run {dt:.1f}s incl. load)")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
