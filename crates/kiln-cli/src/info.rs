@@ -5,9 +5,23 @@ use kiln::raw::ir::{Graph, NodeKind};
 use kiln::raw::ops::{InferInput, ValueType};
 use kiln::{SessionOptions, Value};
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::Path;
 
+/// Appends a formatted line to a String (writing to a String cannot fail).
+macro_rules! outln {
+    ($o:expr, $($t:tt)*) => {{
+        let _ = writeln!($o, $($t)*);
+    }};
+}
+
 pub fn info(path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Result<()> {
+    let mut out = String::new();
+    info_text(&mut out, path, symbols, print_graph)?;
+    crate::emit(&out)
+}
+
+fn info_text(out: &mut String, path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Result<()> {
     let model = kiln::load_onnx(
         path,
         &SessionOptions {
@@ -16,8 +30,9 @@ pub fn info(path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Resu
     )
     .with_context(|| format!("cannot load {}", path.display()))?;
     let g = &model.graph;
-    println!("model     {}", path.display());
-    println!(
+    outln!(out, "model     {}", path.display());
+    outln!(
+        out,
         "producer  {}",
         if model.producer.is_empty() {
             "-"
@@ -25,23 +40,23 @@ pub fn info(path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Resu
             &model.producer
         }
     );
-    println!("ir        {}", model.ir_version);
+    outln!(out, "ir        {}", model.ir_version);
     let opsets: Vec<String> = model
         .opsets
         .iter()
         .map(|(d, v)| format!("{}={v}", if d.is_empty() { "ai.onnx" } else { d }))
         .collect();
-    println!("opsets    {}", opsets.join(", "));
-    println!("\ninputs");
+    outln!(out, "opsets    {}", opsets.join(", "));
+    outln!(out, "\ninputs");
     for &i in &g.inputs {
         if let Some(v) = g.value(i) {
-            println!("  {:<24} {}", v.name, v.ty);
+            outln!(out, "  {:<24} {}", v.name, v.ty);
         }
     }
-    println!("outputs");
+    outln!(out, "outputs");
     for &o in &g.outputs {
         if let Some(v) = g.value(o) {
-            println!("  {:<24} {}", v.name, v.ty);
+            outln!(out, "  {:<24} {}", v.name, v.ty);
         }
     }
     let mut hist: BTreeMap<&'static str, usize> = BTreeMap::new();
@@ -49,11 +64,12 @@ pub fn info(path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Resu
     walk(g, &mut hist, &mut stats);
     let mut hist: Vec<(&str, usize)> = hist.into_iter().collect();
     hist.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    println!("\nops ({} nodes)", hist.iter().map(|(_, n)| n).sum::<usize>());
+    outln!(out, "\nops ({} nodes)", hist.iter().map(|(_, n)| n).sum::<usize>());
     for (op, n) in &hist {
-        println!("  {op:<24} {n}");
+        outln!(out, "  {op:<24} {n}");
     }
-    println!(
+    outln!(
+        out,
         "\nparameters {} ({} bytes in constants)",
         group(stats.params),
         group(stats.param_bytes)
@@ -63,9 +79,9 @@ pub fn info(path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Resu
     } else {
         group(stats.macs)
     };
-    println!("MACs       {macs}");
+    outln!(out, "MACs       {macs}");
     if print_graph {
-        println!("\n{}", g.to_text());
+        outln!(out, "\n{}", g.to_text());
     }
     Ok(())
 }

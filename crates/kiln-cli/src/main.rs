@@ -73,6 +73,16 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes text to stdout; a closed pipe (`kiln info m.onnx | head`) is not an error.
+pub(crate) fn emit(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn parse_symbols(items: &[String]) -> Result<Vec<(String, usize)>> {
     items
         .iter()
@@ -135,7 +145,10 @@ fn run(a: RunArgs) -> Result<()> {
         let t = match value {
             Value::Tensor(t) => t,
             other => {
-                println!("{name}: {} (not written: only tensors are saved as .npy)", other.kind());
+                emit(&format!(
+                    "{name}: {} (not written: only tensors are saved as .npy)\n",
+                    other.kind()
+                ))?;
                 continue;
             }
         };
@@ -150,7 +163,7 @@ fn run(a: RunArgs) -> Result<()> {
                 );
             }
         }
-        println!("{name}: {}{note}", summary(t));
+        emit(&format!("{name}: {}{note}\n", summary(t)))?;
     }
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! Static type and shape inference over symbolic dims, and symbol binding.
 
 use crate::graph::{ControlFlow, Graph, NodeKind, ValueId};
-use kiln_ops::{Dim, InferInput, OpError, TensorType, ValueType};
+use kiln_ops::{Args, Dim, InferInput, Op, OpError, TensorType, Value, ValueType};
+use std::collections::HashMap;
 
 #[derive(Debug, thiserror::Error)]
 #[error("node '{node}' ({op}): {source}")]
@@ -14,7 +15,14 @@ pub struct InferError {
 
 /// Infers the type of every node output from its inputs, in node order, keeping whichever of
 /// the declared and inferred type is more precise.
+///
+/// Small shape-arithmetic values are propagated along the way: a node whose output follows from
+/// input types (Shape, Size of fixed-shape inputs) or from small known inputs (elementwise and
+/// data-movement ops over at most [`FOLD_LIMIT`] elements) gets its output value computed by
+/// the op's own evaluation, so e.g. a Reshape fed by Shape→Gather→Concat still gets its shape.
+/// These values only inform inference; the graph itself is not changed.
 pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
+    let mut known: HashMap<ValueId, Value> = HashMap::new();
     for i in 0..graph.nodes.len() {
         let inferred = {
             let node = &graph.nodes[i];
@@ -34,14 +42,23 @@ pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
                         .zip(&input_types)
                         .map(|(v, ty)| InferInput {
                             ty,
-                            konst: v.and_then(|v| graph.constant(v)),
+                            konst: v.and_then(|v| graph.constant(v).or_else(|| known.get(&v))),
                         })
                         .collect();
-                    op.infer(&inputs).map_err(|source| InferError {
+                    let types = op.infer(&inputs).map_err(|source| InferError {
                         node: node.name.clone(),
                         op: op.name().to_string(),
                         source,
-                    })?
+                    })?;
+                    let present: Vec<bool> = node.inputs.iter().map(Option::is_some).collect();
+                    let folded = fold(op, &inputs, &present);
+                    drop(inputs);
+                    for (out, v) in node.outputs.iter().zip(folded) {
+                        if let (Some(id), Some(v)) = (out, v) {
+                            known.insert(*id, v);
+                        }
+                    }
+                    types
                 }
                 NodeKind::Control(c) => control_output_types(c, node.outputs.len()),
             }
@@ -54,6 +71,43 @@ pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
         }
     }
     Ok(())
+}
+
+/// Largest input (in elements) a node may have for inference to evaluate it.
+pub const FOLD_LIMIT: usize = 4096;
+
+/// Output values of a node computable during inference, per output.
+fn fold(op: &Op, inputs: &[InferInput<'_>], present: &[bool]) -> Vec<Option<Value>> {
+    if let Some(v) = op.fold_static(inputs) {
+        return vec![Some(v)];
+    }
+    // Only deterministic families; a node with no inputs (e.g. a random generator) is not folded.
+    if !matches!(op, Op::Elementwise(_) | Op::Movement(_)) || inputs.is_empty() {
+        return Vec::new();
+    }
+    let mut args = Vec::with_capacity(inputs.len());
+    for (inp, &here) in inputs.iter().zip(present) {
+        match inp.konst {
+            Some(v) => {
+                if v.as_tensor().is_none_or(|t| t.len() > FOLD_LIMIT) {
+                    return Vec::new();
+                }
+                args.push(Some(v));
+            }
+            None if !here => args.push(None),
+            None => return Vec::new(),
+        }
+    }
+    match op.eval(&Args::new(&args)) {
+        Ok(outs)
+            if outs
+                .iter()
+                .all(|v| v.as_tensor().is_some_and(|t| t.len() <= FOLD_LIMIT)) =>
+        {
+            outs.into_iter().map(Some).collect()
+        }
+        _ => Vec::new(),
+    }
 }
 
 fn control_output_types(c: &ControlFlow, n: usize) -> Vec<ValueType> {

@@ -66,6 +66,16 @@ impl Op {
         each_family!(self, op => op.infer(inputs))
     }
 
+    /// The output value when it follows from the input *types* alone (Shape and Size of
+    /// inputs with fixed dims), so shape arithmetic can be folded before any data exists.
+    pub fn fold_static(&self, inputs: &[InferInput<'_>]) -> Option<Value> {
+        match self {
+            Op::Movement(movement::MovementOp::Shape(op)) => op.fold_static(inputs),
+            Op::Movement(movement::MovementOp::Size(op)) => op.fold_static(inputs),
+            _ => None,
+        }
+    }
+
     /// Multiply-accumulate count for the given input shapes, for `kiln info` (0 where the op
     /// does no MAC-like work).
     pub fn macs(&self, inputs: &[InferInput<'_>], outputs: &[ValueType]) -> u64 {

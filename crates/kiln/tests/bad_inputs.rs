@@ -326,3 +326,40 @@ fn a_compiled_program_path_gets_a_clear_error() {
     let e = Session::new("model.kiln", &SessionOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
 }
+
+#[test]
+fn shape_arithmetic_is_folded_for_inference() {
+    // y = Reshape(x, Concat(Gather(Shape(x), 0), [-1])): [2,3,4] -> [2,12] only if the shape
+    // computation is evaluated during inference.
+    let axis0 = AttributeProto {
+        name: Some("axis".into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(0),
+        ..Default::default()
+    };
+    let m = model(
+        vec![
+            node("Shape", "shape", &["x"], &["s"], vec![]),
+            node("Gather", "first", &["s", "zero"], &["n"], vec![axis0.clone()]),
+            node("Concat", "cat", &["n", "minus1"], &["target"], vec![axis0]),
+            node("Reshape", "reshape", &["x", "target"], &["y"], vec![]),
+        ],
+        vec![value_info("x", F32, &[Dim::N(2), Dim::N(3), Dim::N(4)])],
+        vec![ValueInfoProto {
+            name: Some("y".into()),
+            ..Default::default()
+        }],
+        vec![i64_tensor("zero", &[1], &[0]), i64_tensor("minus1", &[1], &[-1])],
+    );
+    let g = import(&m).unwrap();
+    let y = g.graph.value(g.graph.outputs[0]).unwrap();
+    assert_eq!(y.ty.to_string(), "f32[2,12]");
+    // With a symbolic leading dim the target shape is not known statically.
+    let mut m2 = m.clone();
+    if let Some(g2) = m2.graph.as_mut() {
+        g2.input = vec![value_info("x", F32, &[Dim::S("n"), Dim::N(3), Dim::N(4)])];
+    }
+    let g = import(&m2).unwrap();
+    let y = g.graph.value(g.graph.outputs[0]).unwrap();
+    assert_ne!(y.ty.to_string(), "f32[2,12]");
+}

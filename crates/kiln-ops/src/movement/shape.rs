@@ -163,6 +163,19 @@ impl Shape {
         });
         Ok(vec![tensor_type(Some(DType::I64), shape)])
     }
+    /// The output value when the selected input dims are all fixed.
+    pub fn fold_static(&self, inputs: &[InferInput<'_>]) -> Option<Value> {
+        let dims = inputs.first()?.ty.tensor()?.shape.as_ref()?;
+        let (a, b) = self.range(dims.len());
+        let v: Vec<i64> = dims[a..b]
+            .iter()
+            .map(|d| match d {
+                Dim::Fixed(n) => Some(*n as i64),
+                Dim::Sym(_) => None,
+            })
+            .collect::<Option<_>>()?;
+        Tensor::from_vec(vec![v.len()], v).ok().map(Value::Tensor)
+    }
 }
 
 /// ONNX `Size` (opsets 1-25): the element count as an i64 scalar.
@@ -175,6 +188,17 @@ impl Size {
     }
     pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![ValueType::Tensor(TensorType::fixed(DType::I64, &[]))])
+    }
+    /// The element count when every input dim is fixed.
+    pub fn fold_static(&self, inputs: &[InferInput<'_>]) -> Option<Value> {
+        let n = inputs
+            .first()?
+            .ty
+            .tensor()?
+            .fixed_shape()?
+            .iter()
+            .try_fold(1i64, |acc, &d| acc.checked_mul(d as i64))?;
+        Some(Value::Tensor(Tensor::scalar(n)))
     }
 }
 
