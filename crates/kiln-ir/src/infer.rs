@@ -155,12 +155,11 @@ fn loosen(a: &ValueType, b: &ValueType) -> ValueType {
                 (Some(s), Some(t)) if s.len() == t.len() => Some(
                     s.iter()
                         .zip(t)
-                        .enumerate()
-                        .map(|(i, (p, q))| {
+                        .map(|(p, q)| {
                             if p == q {
                                 p.clone()
                             } else {
-                                Dim::Sym(format!("unk__{i}"))
+                                Dim::fresh()
                             }
                         })
                         .collect(),

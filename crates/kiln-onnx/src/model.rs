@@ -606,15 +606,14 @@ pub(crate) fn value_type(t: Option<&TypeProto>) -> ValueType {
             let shape = tt.shape.as_ref().map(|s| {
                 s.dim
                     .iter()
-                    .enumerate()
-                    .map(|(i, d)| match &d.value {
+                    .map(|d| match &d.value {
                         Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => {
                             Dim::Fixed(*v as usize)
                         }
                         Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => {
                             Dim::Sym(p.clone())
                         }
-                        _ => Dim::Sym(format!("unk__{i}")),
+                        _ => Dim::fresh(),
                     })
                     .collect()
             });

@@ -63,6 +63,16 @@ pub enum Dim {
     Sym(String),
 }
 
+impl Dim {
+    /// A new symbol for a dim nothing names (an ONNX dim with neither value nor param, or the
+    /// disagreeing dims of two If branches). Each call gives a distinct `unk__N`, so two
+    /// unrelated unknown dims are never taken for equal. Inputs' `unk__` dims bind nothing.
+    pub fn fresh() -> Dim {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        Dim::Sym(format!("unk__{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
+    }
+}
+
 impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
