@@ -155,13 +155,7 @@ fn loosen(a: &ValueType, b: &ValueType) -> ValueType {
                 (Some(s), Some(t)) if s.len() == t.len() => Some(
                     s.iter()
                         .zip(t)
-                        .map(|(p, q)| {
-                            if p == q {
-                                p.clone()
-                            } else {
-                                Dim::fresh()
-                            }
-                        })
+                        .map(|(p, q)| if p == q { p.clone() } else { Dim::fresh() })
                         .collect(),
                 ),
                 _ => None,

@@ -6,6 +6,7 @@
 
 pub mod attrs;
 mod error;
+mod functions;
 mod import;
 mod mmap;
 mod model;

@@ -84,6 +84,7 @@ fn import(bytes: Bytes, dir: Option<&Path>, options: &ImportOptions) -> Result<M
     let loader = TensorLoader::new(dir);
     let mut b = Builder {
         loader: &loader,
+        functions: &model.functions,
         opsets: &opsets,
         scopes: Vec::new(),
         unsupported: Vec::new(),
@@ -143,6 +144,7 @@ struct Scope {
 
 struct Builder<'a> {
     loader: &'a TensorLoader<'a>,
+    functions: &'a [crate::proto::FunctionProto],
     opsets: &'a [(String, i64)],
     scopes: Vec<Scope>,
     unsupported: Vec<UnsupportedOp>,
@@ -225,7 +227,17 @@ impl Builder<'_> {
             scope.graph.inputs.push(id);
             scope.names.insert(name, id);
         }
-        for node in topo_order(gp).map_err(gerr)? {
+        let inlined;
+        let body = if self.functions.is_empty() {
+            gp
+        } else {
+            inlined = GraphProto {
+                node: crate::functions::inline(&gp.node, self.functions)?,
+                ..Default::default()
+            };
+            &inlined
+        };
+        for node in topo_order(body).map_err(gerr)? {
             self.node(node, &declared)?;
         }
         if !self.unsupported.is_empty() {

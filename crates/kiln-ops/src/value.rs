@@ -69,7 +69,10 @@ impl Dim {
     /// unrelated unknown dims are never taken for equal. Inputs' `unk__` dims bind nothing.
     pub fn fresh() -> Dim {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        Dim::Sym(format!("unk__{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
+        Dim::Sym(format!(
+            "unk__{}",
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ))
     }
 }
 

@@ -363,3 +363,64 @@ fn shape_arithmetic_is_folded_for_inference() {
     let y = g.graph.value(g.graph.outputs[0]).unwrap();
     assert_ne!(y.ty.to_string(), "f32[2,12]");
 }
+
+#[test]
+fn model_local_functions_are_inlined() {
+    use kiln::raw::onnx::proto::FunctionProto;
+    // AddLeaky(a, b) = LeakyRelu(a + b, alpha = @slope), called twice with different slopes.
+    let leaky = NodeProto {
+        attribute: vec![AttributeProto {
+            name: Some("alpha".into()),
+            r#type: Some(AttributeType::Float as i32),
+            ref_attr_name: Some("slope".into()),
+            ..Default::default()
+        }],
+        ..node("LeakyRelu", "leaky", &["t"], &["c"], vec![])
+    };
+    let f = FunctionProto {
+        name: Some("AddLeaky".into()),
+        domain: Some("my.domain".into()),
+        input: vec!["a".into(), "b".into()],
+        output: vec!["c".into()],
+        attribute: vec!["slope".into()],
+        node: vec![node("Add", "add", &["a", "b"], &["t"], vec![]), leaky],
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        ..Default::default()
+    };
+    let slope = |v: f32| AttributeProto {
+        name: Some("slope".into()),
+        r#type: Some(AttributeType::Float as i32),
+        f: Some(v),
+        ..Default::default()
+    };
+    let call = |name: &str, ins: &[&str], outs: &[&str], v: f32| NodeProto {
+        domain: Some("my.domain".into()),
+        ..node("AddLeaky", name, ins, outs, vec![slope(v)])
+    };
+    let mut m = model(
+        vec![
+            call("f1", &["x", "y"], &["z"], 0.5),
+            call("f2", &["z", "y"], &["w"], 0.25),
+        ],
+        vec![value_info("x", F32, &[Dim::N(2)]), value_info("y", F32, &[Dim::N(2)])],
+        vec![value_info("w", F32, &[Dim::N(2)])],
+        vec![],
+    );
+    m.functions = vec![f];
+    m.opset_import.push(OperatorSetIdProto {
+        domain: Some("my.domain".into()),
+        version: Some(1),
+    });
+    let s = Session::from_model(&import(&m).unwrap()).unwrap();
+    let x = Tensor::from_vec(vec![2], vec![-4.0f32, 1.0]).unwrap();
+    let y = Tensor::from_vec(vec![2], vec![1.0f32, 1.0]).unwrap();
+    let out = s
+        .run(vec![("x".into(), Value::Tensor(x)), ("y".into(), Value::Tensor(y))])
+        .unwrap();
+    // z = leaky_0.5([-3, 2]) = [-1.5, 2]; w = leaky_0.25([-0.5, 3]) = [-0.125, 3]
+    let Value::Tensor(w) = &out[0].1 else { panic!() };
+    assert_eq!(w.as_slice::<f32>().unwrap(), &[-0.125, 3.0]);
+}
