@@ -59,6 +59,7 @@ fn lower_control(c: &ControlFlow) -> StepKind {
         }),
         ControlFlow::Scan(n) => StepKind::Scan(ScanStep {
             body: Box::new(lower_graph(&n.body)),
+            batched: n.batched,
             num_scan_inputs: n.num_scan_inputs,
             input_reverse: n.input_reverse.clone(),
             input_axes: n.input_axes.clone(),

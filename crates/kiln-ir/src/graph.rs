@@ -112,6 +112,8 @@ pub struct LoopNode {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScanNode {
     pub body: Graph,
+    /// Scan-8 form: input 0 is `sequence_lens` and every value has a leading batch axis.
+    pub batched: bool,
     pub num_scan_inputs: usize,
     /// Per scan input: true to iterate backwards.
     pub input_reverse: Vec<bool>,

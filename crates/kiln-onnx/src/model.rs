@@ -487,19 +487,17 @@ impl Builder<'_> {
                 ControlFlow::Loop(LoopNode { body })
             }
             "Scan" => {
-                if ctx.opset < 9 {
-                    return Err(ctx.node_err("Scan before opset 9 (with sequence_lens) is not supported"));
-                }
+                // Scan-8 has a leading `sequence_lens` input and batched values.
+                let batched = ctx.opset < 9;
+                let data_inputs = ctx.num_inputs().saturating_sub(usize::from(batched));
                 let body = self.subgraph(ctx, np, "body")?;
                 let n = ctx.required("num_scan_inputs", ctx.attr_i64("num_scan_inputs")?)?;
                 let num_scan_inputs = usize::try_from(n)
                     .ok()
-                    .filter(|&n| n <= ctx.num_inputs())
-                    .ok_or_else(|| {
-                        ctx.attr_err("num_scan_inputs", format!("{n} is not in 0..={}", ctx.num_inputs()))
-                    })?;
-                let state = ctx.num_inputs() - num_scan_inputs;
-                if body.inputs.len() != ctx.num_inputs() || body.outputs.len() != ctx.num_outputs {
+                    .filter(|&n| n <= data_inputs)
+                    .ok_or_else(|| ctx.attr_err("num_scan_inputs", format!("{n} is not in 0..={data_inputs}")))?;
+                let state = data_inputs - num_scan_inputs;
+                if body.inputs.len() != data_inputs || body.outputs.len() != ctx.num_outputs {
                     return Err(ctx.attr_err("body", "input/output counts do not match the node"));
                 }
                 let num_scan_outputs = ctx.num_outputs.saturating_sub(state);
@@ -517,14 +515,28 @@ impl Builder<'_> {
                         Some(v) => Err(ctx.attr_err(name, format!("has {} entries, expected {n}", v.len()))),
                     }
                 };
-                ControlFlow::Scan(ScanNode {
-                    num_scan_inputs,
-                    input_reverse: flags("scan_input_directions", num_scan_inputs)?,
-                    input_axes: axes("scan_input_axes", num_scan_inputs)?,
-                    output_reverse: flags("scan_output_directions", num_scan_outputs)?,
-                    output_axes: axes("scan_output_axes", num_scan_outputs)?,
-                    body,
-                })
+                let scan = if batched {
+                    ScanNode {
+                        num_scan_inputs,
+                        batched,
+                        input_reverse: flags("directions", num_scan_inputs)?,
+                        input_axes: vec![0; num_scan_inputs],
+                        output_reverse: vec![false; num_scan_outputs],
+                        output_axes: vec![0; num_scan_outputs],
+                        body,
+                    }
+                } else {
+                    ScanNode {
+                        num_scan_inputs,
+                        batched,
+                        input_reverse: flags("scan_input_directions", num_scan_inputs)?,
+                        input_axes: axes("scan_input_axes", num_scan_inputs)?,
+                        output_reverse: flags("scan_output_directions", num_scan_outputs)?,
+                        output_axes: axes("scan_output_axes", num_scan_outputs)?,
+                        body,
+                    }
+                };
+                ControlFlow::Scan(scan)
             }
             "SequenceMap" => {
                 let body = self.subgraph(ctx, np, "body")?;

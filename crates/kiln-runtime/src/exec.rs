@@ -307,6 +307,60 @@ fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
 }
 
 fn run_scan(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<Vec<Value>> {
+    if !s.batched {
+        return run_scan_once(s, args, env);
+    }
+    // Scan-8: input 0 is sequence_lens; every other input and every output has a leading batch
+    // axis. Each batch entry is scanned on its own and the results are stacked again.
+    let a = Args::new(args);
+    let rest = args.get(1..).unwrap_or(&[]);
+    let first = Args::new(rest).tensor(0).map_err(op_err)?;
+    let batch = *first
+        .shape()
+        .first()
+        .ok_or_else(|| RuntimeError::Program("Scan-8 inputs need a batch axis".into()))?;
+    let mut per_batch: Vec<Vec<Value>> = Vec::with_capacity(batch);
+    for b in 0..batch {
+        let mut sliced = Vec::with_capacity(rest.len());
+        for i in 0..rest.len() {
+            let t = Args::new(rest).tensor(i).map_err(op_err)?;
+            sliced.push(Value::Tensor(take_along(t, 0, b).map_err(op_err)?));
+        }
+        if let Some(lens) = a.opt_tensor(0).map_err(op_err)? {
+            let len = lens.to_i64_vec().and_then(|v| v.get(b).copied());
+            // The sequence length: the leading dim of the first scan input, batch removed.
+            let first_scan = rest.len().saturating_sub(s.num_scan_inputs);
+            let full = sliced
+                .get(first_scan)
+                .and_then(Value::as_tensor)
+                .and_then(|t| t.shape().first().copied());
+            if let (Some(l), Some(f)) = (len, full)
+                && l != f as i64
+            {
+                return Err(RuntimeError::Program(format!(
+                    "sequence_lens[{b}] = {l} is shorter than the sequence ({f}); variable lengths are not supported"
+                )));
+            }
+        }
+        let refs: Vec<Option<&Value>> = sliced.iter().map(Some).collect();
+        per_batch.push(run_scan_once(s, &refs, env)?);
+    }
+    let n_out = per_batch.first().map_or(0, Vec::len);
+    let mut result = Vec::with_capacity(n_out);
+    for k in 0..n_out {
+        let items: Vec<Tensor> = per_batch
+            .iter()
+            .map(|o| match o.get(k) {
+                Some(Value::Tensor(t)) => Ok(t.clone()),
+                _ => Err(RuntimeError::Program(format!("scan output {k} must be a tensor"))),
+            })
+            .collect::<Result<_>>()?;
+        result.push(Value::Tensor(stack(&items, 0).map_err(op_err)?));
+    }
+    Ok(result)
+}
+
+fn run_scan_once(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<Vec<Value>> {
     let a = Args::new(args);
     let n_state = args.len().saturating_sub(s.num_scan_inputs);
     let mut state: Vec<Value> = (0..n_state)

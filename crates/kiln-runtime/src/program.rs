@@ -68,6 +68,8 @@ pub struct LoopStep {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScanStep {
     pub body: Box<Program>,
+    /// Scan-8 form: input 0 is `sequence_lens` and every value has a leading batch axis.
+    pub batched: bool,
     pub num_scan_inputs: usize,
     pub input_reverse: Vec<bool>,
     pub input_axes: Vec<i64>,
