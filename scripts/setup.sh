@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${KILN_CACHE:-$HOME/.cache/kiln}"
 VENV="$CACHE/venv"
-ONNX_VERSION=1.23.2
+ONNX_VERSION="${KILN_ONNX_VERSION:-1.23.2}"
 mkdir -p "$CACHE"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
