@@ -69,5 +69,10 @@ fn lower_control(c: &ControlFlow) -> StepKind {
         ControlFlow::SequenceMap(n) => StepKind::SequenceMap {
             body: Box::new(lower_graph(&n.body)),
         },
+        ControlFlow::FlexAttention(n) => StepKind::FlexAttention {
+            op: n.op.clone(),
+            score_mod: n.score_mod.as_ref().map(|g| Box::new(lower_graph(g))),
+            prob_mod: n.prob_mod.as_ref().map(|g| Box::new(lower_graph(g))),
+        },
     }
 }

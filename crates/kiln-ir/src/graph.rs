@@ -73,6 +73,7 @@ pub enum ControlFlow {
     Loop(LoopNode),
     Scan(ScanNode),
     SequenceMap(SequenceMapNode),
+    FlexAttention(FlexAttentionNode),
 }
 
 impl ControlFlow {
@@ -82,6 +83,7 @@ impl ControlFlow {
             ControlFlow::Loop(_) => "Loop",
             ControlFlow::Scan(_) => "Scan",
             ControlFlow::SequenceMap(_) => "SequenceMap",
+            ControlFlow::FlexAttention(_) => "FlexAttention",
         }
     }
     pub fn subgraphs(&self) -> Vec<&Graph> {
@@ -90,6 +92,7 @@ impl ControlFlow {
             ControlFlow::Loop(n) => vec![&n.body],
             ControlFlow::Scan(n) => vec![&n.body],
             ControlFlow::SequenceMap(n) => vec![&n.body],
+            ControlFlow::FlexAttention(n) => n.score_mod.iter().chain(n.prob_mod.iter()).collect(),
         }
     }
 }
@@ -127,6 +130,15 @@ pub struct ScanNode {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SequenceMapNode {
     pub body: Graph,
+}
+
+/// `ai.onnx.preview` FlexAttention with modifier subgraphs: each takes the whole score (or
+/// probability) tensor and returns one of the same shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlexAttentionNode {
+    pub op: kiln_ops::recurrent::FlexAttention,
+    pub score_mod: Option<Graph>,
+    pub prob_mod: Option<Graph>,
 }
 
 impl Graph {

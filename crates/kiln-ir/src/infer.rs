@@ -134,6 +134,8 @@ fn control_output_types(c: &ControlFlow, n: usize) -> Vec<ValueType> {
             .iter()
             .map(|t| ValueType::Sequence(Box::new(dtype_only(t))))
             .collect(),
+        // The output type comes from the declared value info.
+        ControlFlow::FlexAttention(_) => Vec::new(),
     };
     out.resize(n, ValueType::Unknown);
     out
@@ -220,6 +222,11 @@ fn bind_in(graph: &mut Graph, symbols: &[(String, usize)]) {
                 ControlFlow::Loop(n) => bind_in(&mut n.body, symbols),
                 ControlFlow::Scan(n) => bind_in(&mut n.body, symbols),
                 ControlFlow::SequenceMap(n) => bind_in(&mut n.body, symbols),
+                ControlFlow::FlexAttention(n) => {
+                    for g in n.score_mod.iter_mut().chain(n.prob_mod.iter_mut()) {
+                        bind_in(g, symbols);
+                    }
+                }
             }
         }
     }

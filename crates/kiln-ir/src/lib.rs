@@ -10,7 +10,8 @@ mod print;
 mod verify;
 
 pub use graph::{
-    Capture, ControlFlow, Graph, IfNode, LoopNode, Node, NodeKind, ScanNode, SequenceMapNode, ValueId, ValueInfo,
+    Capture, ControlFlow, FlexAttentionNode, Graph, IfNode, LoopNode, Node, NodeKind, ScanNode, SequenceMapNode,
+    ValueId, ValueInfo,
 };
 pub use infer::{InferError, bind_symbols, infer_types, input_symbols};
 pub use kiln_ops::{Dim, Op, TensorType, Value, ValueType};

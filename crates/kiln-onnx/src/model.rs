@@ -8,7 +8,10 @@ use crate::import::import_op;
 use crate::proto::{self, GraphProto, ModelProto, NodeProto, TypeProto, ValueInfoProto, type_proto};
 use crate::tensor::TensorLoader;
 use bytes::Bytes;
-use kiln_ir::{Capture, ControlFlow, Graph, IfNode, LoopNode, Node, NodeKind, ScanNode, SequenceMapNode, ValueId};
+use kiln_ir::{
+    Capture, ControlFlow, FlexAttentionNode, Graph, IfNode, LoopNode, Node, NodeKind, ScanNode, SequenceMapNode,
+    ValueId,
+};
 use kiln_ops::{Dim, Sequence, TensorType, Value, ValueType};
 use kiln_tensor::{DType, Tensor};
 use prost::Message;
@@ -363,7 +366,11 @@ impl Builder<'_> {
             }
             return Ok(());
         }
-        let kind = if domain.is_empty() && matches!(op_type, "If" | "Loop" | "Scan" | "SequenceMap") {
+        let flex_with_mods = domain == "ai.onnx.preview"
+            && op_type == "FlexAttention"
+            && (ctx.has_attr("score_mod") || ctx.has_attr("prob_mod"));
+        let kind = if flex_with_mods || (domain.is_empty() && matches!(op_type, "If" | "Loop" | "Scan" | "SequenceMap"))
+        {
             let control = self.control(&ctx, np)?;
             match control {
                 Some(c) if self.unsupported.is_empty() => NodeKind::Control(c),
@@ -537,6 +544,26 @@ impl Builder<'_> {
                     }
                 };
                 ControlFlow::Scan(scan)
+            }
+            "FlexAttention" => {
+                let op = crate::import::recurrent::flex_attention(ctx)?;
+                let mut modifier = |name: &str| -> Result<Option<Graph>> {
+                    if !ctx.has_attr(name) {
+                        return Ok(None);
+                    }
+                    let g = self.subgraph(ctx, np, name)?;
+                    if g.inputs.len() != 1 || g.outputs.len() != 1 {
+                        return Err(ctx.attr_err(name, "must take one input and return one output"));
+                    }
+                    Ok(Some(g))
+                };
+                let score_mod = modifier("score_mod")?;
+                let prob_mod = modifier("prob_mod")?;
+                ControlFlow::FlexAttention(FlexAttentionNode {
+                    op,
+                    score_mod,
+                    prob_mod,
+                })
             }
             "SequenceMap" => {
                 let body = self.subgraph(ctx, np, "body")?;

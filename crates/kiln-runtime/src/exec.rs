@@ -229,6 +229,24 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
         }
         StepKind::Loop(l) => run_loop(l, &args, env).map_err(|e| wrap(e, step)),
         StepKind::Scan(s) => run_scan(s, &args, env).map_err(|e| wrap(e, step)),
+        StepKind::FlexAttention {
+            op,
+            score_mod,
+            prob_mod,
+        } => {
+            let call = |p: &Option<Box<Program>>, t: Tensor| -> std::result::Result<Tensor, OpError> {
+                let Some(p) = p else { return Ok(t) };
+                let outs = run_program(p, env, vec![Value::Tensor(t)])
+                    .map_err(|e| OpError::Value(format!("modifier subgraph: {e}")))?;
+                match outs.into_iter().next() {
+                    Some(Value::Tensor(t)) => Ok(t),
+                    _ => Err(OpError::Value("a modifier subgraph must return one tensor".into())),
+                }
+            };
+            let mut smod = |t: Tensor| call(score_mod, t);
+            let mut pmod = |t: Tensor| call(prob_mod, t);
+            op.eval_with(&Args::new(&args), &mut smod, &mut pmod).map_err(node_err)
+        }
         StepKind::SequenceMap { body } => {
             run_sequence_map(body, &args, env, step.outputs.len()).map_err(|e| wrap(e, step))
         }

@@ -46,6 +46,12 @@ pub enum StepKind {
     SequenceMap {
         body: Box<Program>,
     },
+    /// FlexAttention whose score/probability modifiers are sub-programs.
+    FlexAttention {
+        op: kiln_ops::recurrent::FlexAttention,
+        score_mod: Option<Box<Program>>,
+        prob_mod: Option<Box<Program>>,
+    },
 }
 
 impl StepKind {
@@ -56,6 +62,7 @@ impl StepKind {
             StepKind::Loop(_) => "Loop",
             StepKind::Scan(_) => "Scan",
             StepKind::SequenceMap { .. } => "SequenceMap",
+            StepKind::FlexAttention { .. } => "FlexAttention",
         }
     }
 }
@@ -135,6 +142,9 @@ impl Step {
             StepKind::Loop(l) => vec![&l.body],
             StepKind::Scan(s) => vec![&s.body],
             StepKind::SequenceMap { body } => vec![body],
+            StepKind::FlexAttention {
+                score_mod, prob_mod, ..
+            } => score_mod.iter().chain(prob_mod.iter()).map(|p| &**p).collect(),
         }
     }
     fn subprograms_mut(&mut self) -> Vec<&mut Program> {
@@ -147,6 +157,13 @@ impl Step {
             StepKind::Loop(l) => vec![&mut l.body],
             StepKind::Scan(s) => vec![&mut s.body],
             StepKind::SequenceMap { body } => vec![body],
+            StepKind::FlexAttention {
+                score_mod, prob_mod, ..
+            } => score_mod
+                .iter_mut()
+                .chain(prob_mod.iter_mut())
+                .map(|p| &mut **p)
+                .collect(),
         }
     }
     /// Outer slots read by this step's sub-programs.

@@ -9,7 +9,7 @@ mod misc;
 mod movement;
 mod nn;
 mod quant;
-mod recurrent;
+pub(crate) mod recurrent;
 mod reduce;
 mod sequence;
 

@@ -238,13 +238,10 @@ fn recurrent(ctx: &NodeCtx<'_>, cell: Cell) -> Result<Recurrent> {
     })
 }
 
-fn flex_attention(ctx: &NodeCtx<'_>) -> Result<FlexAttention> {
+/// The FlexAttention op's own attributes; its `score_mod` / `prob_mod` subgraphs (when
+/// present, the node is built as control flow by the graph builder) are not read here.
+pub(crate) fn flex_attention(ctx: &NodeCtx<'_>) -> Result<FlexAttention> {
     ctx.check_inputs(3, 3)?;
-    for g in ["score_mod", "prob_mod"] {
-        if ctx.has_attr(g) {
-            return Err(ctx.attr_err(g, "FlexAttention modifier subgraphs are not supported"));
-        }
-    }
     let softmax_precision = ctx.attr_dtype("softmax_precision")?;
     if let Some(p) = softmax_precision
         && !matches!(p, DType::F32 | DType::F16 | DType::BF16 | DType::F64)

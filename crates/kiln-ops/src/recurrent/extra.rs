@@ -3,7 +3,7 @@
 //! - `LinearAttention` (opset 27): linear / gated / delta / gated-delta state recurrences
 //! - `CausalConvWithState` (opset 27): stateful causal depthwise 1-D convolution
 //! - `SwiGLU` (opset 28): `A * sigmoid(alpha * A) * B`
-//! - `FlexAttention` (`ai.onnx.preview` opset 1) without `score_mod` / `prob_mod` subgraphs
+//! - `FlexAttention` (`ai.onnx.preview` opset 1); its `score_mod` / `prob_mod` subgraphs run in the runtime
 //!
 //! Semantics follow the operator specs and the ONNX reference implementation
 //! (`onnx/reference/ops/op_*.py`), including where it rounds intermediates to the input type.
@@ -12,7 +12,7 @@ use super::num::{self, dim_mul, in_shape, round_to, tt};
 use crate::error::{OpError, Result};
 use crate::util::checked_numel;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
-use kiln_tensor::DType;
+use kiln_tensor::{DType, Tensor};
 
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
@@ -467,8 +467,21 @@ impl LinearAttention {
     }
 }
 
-/// `FlexAttention` (`ai.onnx.preview`) without modifier subgraphs: scaled dot-product
-/// attention with GQA, softmax in `softmax_precision` (f32 for 16-bit inputs by default).
+/// Values of a modifier's result, which must keep the score tensor's shape.
+fn read_mod(t: &Tensor, shape: &[usize], which: &str) -> Result<Vec<f64>> {
+    if t.shape() != shape || !t.dtype().is_float() {
+        return Err(OpError::Shape(format!(
+            "{which} must return a float tensor of shape {shape:?}, got {}{:?}",
+            t.dtype(),
+            t.shape()
+        )));
+    }
+    Ok(t.to_f64_vec())
+}
+
+/// `FlexAttention` (`ai.onnx.preview`): scaled dot-product attention with GQA, softmax in
+/// `softmax_precision` (f32 for 16-bit inputs by default). The `score_mod` / `prob_mod`
+/// subgraphs are run by the runtime through [`FlexAttention::eval_with`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlexAttention {
     pub scale: Option<f32>,
@@ -477,6 +490,18 @@ pub struct FlexAttention {
 
 impl FlexAttention {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        self.eval_with(args, &mut |t| Ok(t), &mut |t| Ok(t))
+    }
+
+    /// Evaluation with the `score_mod` and `prob_mod` modifiers applied to the whole score
+    /// tensor (after scaling, in the softmax precision) and the whole probability tensor; the
+    /// runtime passes its sub-programs here, plain `eval` passes identities.
+    pub fn eval_with(
+        &self,
+        args: &Args<'_>,
+        score_mod: &mut dyn FnMut(Tensor) -> Result<Tensor>,
+        prob_mod: &mut dyn FnMut(Tensor) -> Result<Tensor>,
+    ) -> Result<Vec<Value>> {
         let (q, k, v) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let dt = num::need_float(q, 0)?;
         for (t, n) in [(q, "Q"), (k, "K"), (v, "V")] {
@@ -505,14 +530,16 @@ impl FlexAttention {
         let sq = round_to(dt, (scale as f32).sqrt() as f64);
         let (qv, kv, vv) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
         let group = hq / hk;
-        let mut y = vec![0.0; checked_numel(&[b, hq, l, ev])?];
-        let mut p = vec![0.0; s];
+        let rows = b * hq * l;
+        // Scores [b, hq, l, s] in the softmax precision.
+        let mut scores = vec![0.0; checked_numel(&[b, hq, l, s])?];
         for bi in 0..b {
             for hi in 0..hq {
                 let kh = hi / group;
                 for li in 0..l {
                     let qrow = &qv[((bi * hq + hi) * l + li) * e..][..e];
-                    for (j, pj) in p.iter_mut().enumerate() {
+                    let srow = &mut scores[((bi * hq + hi) * l + li) * s..][..s];
+                    for (j, pj) in srow.iter_mut().enumerate() {
                         let krow = &kv[((bi * hk + kh) * s + j) * e..][..e];
                         let dot: f64 = qrow
                             .iter()
@@ -521,19 +548,38 @@ impl FlexAttention {
                             .sum();
                         *pj = round_to(cdt, round_to(dt, dot));
                     }
-                    let mx = p.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let mut sum = 0.0;
-                    for pj in p.iter_mut() {
-                        *pj = round_to(cdt, (*pj - mx).exp());
-                        sum += *pj;
-                    }
-                    let sum = round_to(cdt, sum);
+                }
+            }
+        }
+        let shape = vec![b, hq, l, s];
+        let modded = score_mod(num::float_tensor(cdt, shape.clone(), scores)?)?;
+        let mut p = read_mod(&modded, &shape, "score_mod")?;
+        for r in 0..rows {
+            let row = &mut p[r * s..][..s];
+            let mx = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut sum = 0.0;
+            for pj in row.iter_mut() {
+                *pj = round_to(cdt, (*pj - mx).exp());
+                sum += *pj;
+            }
+            let sum = round_to(cdt, sum);
+            for pj in row.iter_mut() {
+                *pj = round_to(cdt, *pj / sum);
+            }
+        }
+        let modded = prob_mod(num::float_tensor(cdt, shape.clone(), p)?)?;
+        let p = read_mod(&modded, &shape, "prob_mod")?;
+        let mut y = vec![0.0; checked_numel(&[b, hq, l, ev])?];
+        for bi in 0..b {
+            for hi in 0..hq {
+                let kh = hi / group;
+                for li in 0..l {
+                    let prow = &p[((bi * hq + hi) * l + li) * s..][..s];
                     let yrow = &mut y[((bi * hq + hi) * l + li) * ev..][..ev];
-                    for (j, pj) in p.iter().enumerate() {
-                        let pr = round_to(cdt, pj / sum);
+                    for (j, &pr) in prow.iter().enumerate() {
                         let vrow = &vv[((bi * hk + kh) * s + j) * ev..][..ev];
                         for (yv, &x) in yrow.iter_mut().zip(vrow) {
-                            *yv += pr * round_to(cdt, x);
+                            *yv += round_to(cdt, pr) * round_to(cdt, x);
                         }
                     }
                 }
