@@ -422,6 +422,40 @@ impl Tensor {
         Tensor::new(first.dtype, vec![n], data)
     }
 
+    /// A tensor of `dtype` from f64 values: floats (incl. float8/fp4/e8m0, saturating) rounded
+    /// to nearest, integers truncated toward zero and saturated (Rust's `as`), bool as
+    /// non-zero. Strings are refused. Ops whose integer semantics differ convert themselves.
+    pub fn from_f64(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tensor, TensorError> {
+        let data = match dtype {
+            DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
+            DType::F64 => Data::F64(v.to_vec()),
+            DType::F16 => Data::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
+            DType::BF16 => Data::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
+            DType::I8 => Data::I8(v.iter().map(|&x| x as i8).collect()),
+            DType::I16 => Data::I16(v.iter().map(|&x| x as i16).collect()),
+            DType::I32 => Data::I32(v.iter().map(|&x| x as i32).collect()),
+            DType::I64 => Data::I64(v.iter().map(|&x| x as i64).collect()),
+            DType::U8 => Data::U8(v.iter().map(|&x| x as u8).collect()),
+            DType::U16 => Data::U16(v.iter().map(|&x| x as u16).collect()),
+            DType::U32 => Data::U32(v.iter().map(|&x| x as u32).collect()),
+            DType::U64 => Data::U64(v.iter().map(|&x| x as u64).collect()),
+            DType::Bool => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
+            DType::String => {
+                return Err(TensorError::DType {
+                    expected: DType::F64,
+                    got: DType::String,
+                });
+            }
+            d if d.is_float() => Data::Coded(
+                v.iter()
+                    .map(|&x| crate::formats::encode_float(d, x as f32, true))
+                    .collect(),
+            ),
+            d => Data::Coded(v.iter().map(|&x| crate::formats::encode_int(d, x.trunc())).collect()),
+        };
+        Tensor::new(dtype, shape, data)
+    }
+
     /// Element values converted to f64 (NaN for strings); byte-coded types are decoded.
     pub fn to_f64_vec(&self) -> Vec<f64> {
         match &self.data {
@@ -510,6 +544,35 @@ mod tests {
         assert!(matches!(e, TensorError::TooLarge { .. }));
         assert_eq!(numel(&[usize::MAX, 2]), None);
         assert_eq!(numel(&[usize::MAX, 0]), Some(0));
+    }
+
+    #[test]
+    fn from_f64_rounds_floats_and_truncates_ints() {
+        let v = [1.7, -2.5, 300.0];
+        assert_eq!(
+            Tensor::from_f64(DType::F32, vec![3], &v)
+                .unwrap()
+                .as_slice::<f32>()
+                .unwrap(),
+            &[1.7, -2.5, 300.0]
+        );
+        assert_eq!(
+            Tensor::from_f64(DType::I8, vec![3], &v)
+                .unwrap()
+                .as_slice::<i8>()
+                .unwrap(),
+            &[1, -2, 127]
+        );
+        assert_eq!(
+            Tensor::from_f64(DType::U8, vec![3], &v)
+                .unwrap()
+                .as_slice::<u8>()
+                .unwrap(),
+            &[1, 0, 255]
+        );
+        let f8 = Tensor::from_f64(DType::F8E4M3FN, vec![3], &v).unwrap();
+        assert_eq!(f8.to_f64_vec(), vec![1.75, -2.5, 288.0]);
+        assert!(Tensor::from_f64(DType::String, vec![3], &v).is_err());
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub use strings::{
 
 use crate::error::{OpError, Result};
 use crate::value::{Args, InferInput, Value, ValueType};
-use kiln_tensor::{DType, Data, Tensor, bf16, f16, formats};
+use kiln_tensor::{DType, Tensor};
 
 /// What every misc op provides; the family enum dispatches to it.
 trait Kernel {
@@ -96,27 +96,10 @@ misc_ops! {
 /// usual cases (floats rounded to the target precision, integers truncated toward zero,
 /// non-zero is `true`). Float8/fp4 saturate; strings are refused.
 pub(crate) fn tensor_from_f64(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tensor> {
-    let data = match dtype {
-        DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
-        DType::F64 => Data::F64(v.to_vec()),
-        DType::F16 => Data::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
-        DType::BF16 => Data::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
-        DType::I8 => Data::I8(v.iter().map(|&x| x as i8).collect()),
-        DType::I16 => Data::I16(v.iter().map(|&x| x as i16).collect()),
-        DType::I32 => Data::I32(v.iter().map(|&x| x as i32).collect()),
-        DType::I64 => Data::I64(v.iter().map(|&x| x as i64).collect()),
-        DType::U8 => Data::U8(v.iter().map(|&x| x as u8).collect()),
-        DType::U16 => Data::U16(v.iter().map(|&x| x as u16).collect()),
-        DType::U32 => Data::U32(v.iter().map(|&x| x as u32).collect()),
-        DType::U64 => Data::U64(v.iter().map(|&x| x as u64).collect()),
-        DType::Bool => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
-        DType::String => {
-            return Err(OpError::UnsupportedDType { index: 0, got: dtype });
-        }
-        d if d.is_float() => Data::Coded(v.iter().map(|&x| formats::encode_float(d, x as f32, true)).collect()),
-        d => Data::Coded(v.iter().map(|&x| formats::encode_int(d, x.trunc())).collect()),
-    };
-    Ok(Tensor::new(dtype, shape, data)?)
+    if dtype == DType::String {
+        return Err(OpError::UnsupportedDType { index: 0, got: dtype });
+    }
+    Ok(Tensor::from_f64(dtype, shape, v)?)
 }
 
 /// Refuses a non-float tensor (for ops defined on float inputs only).

@@ -257,10 +257,7 @@ pub(crate) fn from_f64s(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Te
         };
     }
     Ok(match dtype {
-        DType::F32 => Tensor::from_vec(shape, v.iter().map(|&x| x as f32).collect::<Vec<_>>())?,
-        DType::F64 => Tensor::from_vec(shape, v.to_vec())?,
-        DType::F16 => Tensor::from_vec(shape, v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>())?,
-        DType::BF16 => Tensor::from_vec(shape, v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>())?,
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::Bool => Tensor::from_f64(dtype, shape, v)?,
         DType::I8 => ints!(i8),
         DType::I16 => ints!(i16),
         DType::I32 => ints!(i32),
@@ -269,7 +266,6 @@ pub(crate) fn from_f64s(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Te
         DType::U16 => ints!(u16),
         DType::U32 => ints!(u32),
         DType::U64 => ints!(u64),
-        DType::Bool => Tensor::from_vec(shape, v.iter().map(|&x| x != 0.0).collect::<Vec<_>>())?,
         d => return Err(OpError::Unsupported(format!("cannot produce a {d} tensor here"))),
     })
 }

@@ -4,7 +4,7 @@
 
 use crate::error::{OpError, Result};
 use crate::value::{Dim, InferInput, TensorType, ValueType};
-use kiln_tensor::{DType, Data, Tensor, bf16, f16};
+use kiln_tensor::{DType, Tensor, bf16, f16};
 
 /// The IEEE float types ops of these families compute in.
 pub(crate) fn is_ieee_float(dt: DType) -> bool {
@@ -33,16 +33,10 @@ pub(crate) fn round_to(dt: DType, x: f64) -> f64 {
 
 /// A float tensor of `dt` from f64 values (rounded to nearest).
 pub(crate) fn float_tensor(dt: DType, shape: Vec<usize>, v: Vec<f64>) -> Result<Tensor> {
-    let data = match dt {
-        DType::F32 => Data::F32(v.into_iter().map(|x| x as f32).collect()),
-        DType::F64 => Data::F64(v),
-        DType::F16 => Data::F16(v.into_iter().map(f16::from_f64).collect()),
-        DType::BF16 => Data::BF16(v.into_iter().map(bf16::from_f64).collect()),
-        other => {
-            return Err(OpError::UnsupportedDType { index: 0, got: other });
-        }
-    };
-    Ok(Tensor::new(dt, shape, data)?)
+    if !matches!(dt, DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
+        return Err(OpError::UnsupportedDType { index: 0, got: dt });
+    }
+    Ok(Tensor::from_f64(dt, shape, &v)?)
 }
 
 /// Checks a tensor's rank.

@@ -4,7 +4,7 @@
 use crate::error::{OpError, Result};
 use crate::util;
 use crate::value::{Dim, InferInput, TensorType, ValueType};
-use kiln_tensor::{DType, Data, Tensor, bf16, f16};
+use kiln_tensor::{DType, Data, Tensor};
 
 /// The IEEE float dtypes the float-only ops of this family accept.
 pub(crate) fn is_ieee_float(d: DType) -> bool {
@@ -25,20 +25,14 @@ pub(crate) fn floats(t: &Tensor, index: usize) -> Result<Vec<f64>> {
     }
 }
 
-/// A tensor of float dtype `dtype` from f64 values (rounded to nearest).
+/// A tensor of `dtype` from f64 values: floats rounded to nearest, integers truncated and
+/// wrapped like numpy's integer arithmetic.
 pub(crate) fn from_f64(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tensor> {
-    let data = match dtype {
-        DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
-        DType::F64 => Data::F64(v.to_vec()),
-        DType::F16 => Data::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
-        DType::BF16 => Data::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
-        other if is_plain_int(other) => {
-            return from_i128(other, shape, &v.iter().map(|&x| f64_to_i128(x)).collect::<Vec<_>>());
-        }
-        DType::Bool => Data::Bool(v.iter().map(|&x| x != 0.0).collect()),
-        other => return Err(OpError::Unsupported(format!("output dtype {other}"))),
-    };
-    Ok(Tensor::new(dtype, shape, data)?)
+    match dtype {
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::Bool => Ok(Tensor::from_f64(dtype, shape, v)?),
+        other if is_plain_int(other) => from_i128(other, shape, &v.iter().map(|&x| f64_to_i128(x)).collect::<Vec<_>>()),
+        other => Err(OpError::Unsupported(format!("output dtype {other}"))),
+    }
 }
 
 /// Truncates toward zero (as numpy's float→int cast does for in-range values); NaN gives 0.
