@@ -369,3 +369,71 @@ pub fn per_op(results: &[CaseResult]) -> BTreeMap<String, (usize, usize)> {
     }
     t
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(name: &str, outcome: Outcome) -> CaseResult {
+        CaseResult {
+            case: Case {
+                kind: "node".into(),
+                name: name.into(),
+                dir: PathBuf::new(),
+                rtol: 1e-3,
+                atol: 1e-7,
+            },
+            ops: vec!["Add".into()],
+            outcome,
+        }
+    }
+
+    #[test]
+    fn summary_flags_unlisted_failures_and_listed_passes() {
+        let expected: BTreeMap<String, String> = [
+            ("node/test_b".to_string(), "known".to_string()),
+            ("node/test_c".to_string(), "known".to_string()),
+        ]
+        .into();
+        let results = vec![
+            result("test_a", Outcome::Fail("boom".into())),
+            result("test_b", Outcome::Fail("known".into())),
+            result("test_c", Outcome::Pass),
+            result("test_d", Outcome::Pass),
+        ];
+        let s = summarize(&results, &expected);
+        assert_eq!((s.passed, s.failed), (2, 2));
+        assert_eq!(
+            s.unexpected_failures,
+            vec![("node/test_a".to_string(), "boom".to_string())]
+        );
+        assert_eq!(s.unexpected_passes, vec!["node/test_c".to_string()]);
+        assert_eq!(per_op(&results).get("Add"), Some(&(2, 2)));
+    }
+
+    #[test]
+    fn expected_list_needs_a_reason_per_line() {
+        let dir = std::env::temp_dir().join(format!("kiln-exp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("list.txt");
+        std::fs::write(&p, "# comment\nnode/test_x | a reason\n").unwrap();
+        assert_eq!(
+            read_expected(&p).unwrap().get("node/test_x").map(String::as_str),
+            Some("a reason")
+        );
+        std::fs::write(&p, "node/test_x |  \n").unwrap();
+        assert!(read_expected(&p).unwrap_err().contains("no reason"));
+        std::fs::write(&p, "node/test_x\n").unwrap();
+        assert!(read_expected(&p).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn float_comparison_uses_the_floor_tolerances() {
+        let e = Value::Tensor(Tensor::from_vec(vec![2], vec![1.0f32, 0.0]).unwrap());
+        let g = Value::Tensor(Tensor::from_vec(vec![2], vec![1.0009f32, 0.000009]).unwrap());
+        assert!(compare_values(&e, &g, MIN_RTOL, MIN_ATOL).is_ok());
+        let g = Value::Tensor(Tensor::from_vec(vec![2], vec![1.0f32, 0.0001]).unwrap());
+        assert!(compare_values(&e, &g, MIN_RTOL, MIN_ATOL).is_err());
+    }
+}
