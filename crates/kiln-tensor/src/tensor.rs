@@ -3,9 +3,9 @@
 use crate::dtype::DType;
 use half::{bf16, f16};
 
-/// Upper bound on the element count of any tensor kiln creates (2^31, 2 Gi elements: 8 GiB of f32): a
+/// Upper bound on the element count of any tensor kiln creates (2^30, 1 Gi elements: 4 GiB of f32): a
 /// declared or computed shape beyond it is refused before anything is allocated.
-pub const MAX_ELEMENTS: usize = 1 << 31;
+pub const MAX_ELEMENTS: usize = 1 << 30;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
