@@ -101,3 +101,23 @@ fn info_reports_params_and_macs() {
     assert!(text.contains("MACs       295,072"), "{text}");
     assert!(text.contains("image") && text.contains("f32[1,3,32,32]"), "{text}");
 }
+
+#[test]
+fn info_graph_prints_typed_values_and_attributes() {
+    let out = kiln()
+        .arg("info")
+        .arg(examples().join("tiny_cnn.onnx"))
+        .arg("--graph")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let conv1 = text.lines().find(|l| l.contains("'conv1'")).unwrap_or_default();
+    assert!(
+        conv1.starts_with("  %c1: f32[1,8,32,32] = Conv(%image, %conv1_w, %conv1_b) {"),
+        "{conv1}"
+    );
+    assert!(conv1.contains("pads: [1, 1, 1, 1]"), "{conv1}");
+    assert!(text.contains("%probs: f32[1,10] = Softmax(%logits)"), "{text}");
+    assert!(text.contains("  input  %image: f32[1,3,32,32]"), "{text}");
+}

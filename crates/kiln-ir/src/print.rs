@@ -4,6 +4,26 @@ use crate::graph::{Graph, NodeKind, ValueId};
 use kiln_ops::Value;
 use std::fmt::{self, Write};
 
+/// The op's typed attributes as text (`{ pads: [1, 1, 1, 1], .. }`), without the family and
+/// variant wrappers of its Debug form; empty for ops without attributes.
+fn attrs_text(op: &kiln_ops::Op) -> String {
+    let full = format!("{op:?}");
+    let mut s = full.as_str();
+    // Peel `Family(Variant(...))` wrappers down to the innermost struct or name.
+    loop {
+        let Some(open) = s.find('(') else { break };
+        let head = &s[..open];
+        if !head.chars().all(|c| c.is_alphanumeric() || c == '_') || !s.ends_with(')') {
+            break;
+        }
+        s = &s[open + 1..s.len() - 1];
+    }
+    match s.find('{') {
+        Some(i) if s.ends_with('}') => format!(" {}", &s[i..]),
+        _ => String::new(),
+    }
+}
+
 impl Graph {
     fn fmt_value(&self, id: ValueId) -> String {
         match self.value(id) {
@@ -62,11 +82,11 @@ impl Graph {
                 NodeKind::Op(op) => {
                     writeln!(
                         out,
-                        "{pad}  {} = {}({})  # {:?} '{}'",
+                        "{pad}  {} = {}({}){}  # '{}'",
                         outs.join(", "),
                         op.name(),
                         ins.join(", "),
-                        op,
+                        attrs_text(op),
                         node.name
                     )?;
                 }
