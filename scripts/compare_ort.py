@@ -18,7 +18,9 @@ import onnxruntime as ort
 
 
 def inputs_for(model_path, sess):
-    io = os.path.splitext(model_path)[0] + ".io.npz"
+    # resnet50.int8_qdq.onnx reads resnet50.io.npz.
+    base = os.path.basename(model_path).split(".")[0]
+    io = os.path.join(os.path.dirname(model_path), base + ".io.npz")
     if os.path.exists(io):
         d = np.load(io)
         return {i.name: d["in_" + i.name] for i in sess.get_inputs()}
