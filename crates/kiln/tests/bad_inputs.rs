@@ -169,7 +169,9 @@ fn external_data_cannot_leave_the_model_folder() {
         )
     };
     let path = sub.join("m.onnx");
-    for bad in ["../secret.bin", "/etc/passwd", "sub/../../secret.bin"] {
+    // A symlink inside the folder that points out of it is refused too.
+    std::os::unix::fs::symlink(dir.path().join("secret.bin"), sub.join("link.bin")).unwrap();
+    for bad in ["../secret.bin", "/etc/passwd", "sub/../../secret.bin", "link.bin"] {
         std::fs::write(&path, build(bad).encode_to_vec()).unwrap();
         let e = load_model(&path, &ImportOptions::default()).unwrap_err().to_string();
         assert!(
