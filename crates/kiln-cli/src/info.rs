@@ -117,6 +117,7 @@ fn walk(g: &Graph, hist: &mut BTreeMap<&'static str, usize>, stats: &mut Stats) 
                     .map(|(i, ty)| InferInput {
                         ty,
                         konst: i.and_then(|i| g.constant(i)),
+                        present: i.is_some(),
                     })
                     .collect();
                 let outputs: Vec<ValueType> = node

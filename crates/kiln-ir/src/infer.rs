@@ -43,6 +43,7 @@ pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
                         .map(|(v, ty)| InferInput {
                             ty,
                             konst: v.and_then(|v| graph.constant(v).or_else(|| known.get(&v))),
+                            present: v.is_some(),
                         })
                         .collect();
                     let types = op.infer(&inputs).map_err(|source| InferError {
@@ -50,8 +51,7 @@ pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
                         op: op.name().to_string(),
                         source,
                     })?;
-                    let present: Vec<bool> = node.inputs.iter().map(Option::is_some).collect();
-                    let folded = fold(op, &inputs, &present);
+                    let folded = fold(op, &inputs);
                     drop(inputs);
                     for (out, v) in node.outputs.iter().zip(folded) {
                         if let (Some(id), Some(v)) = (out, v) {
@@ -77,7 +77,7 @@ pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
 pub const FOLD_LIMIT: usize = 4096;
 
 /// Output values of a node computable during inference, per output.
-fn fold(op: &Op, inputs: &[InferInput<'_>], present: &[bool]) -> Vec<Option<Value>> {
+fn fold(op: &Op, inputs: &[InferInput<'_>]) -> Vec<Option<Value>> {
     if let Some(v) = op.fold_static(inputs) {
         return vec![Some(v)];
     }
@@ -86,7 +86,7 @@ fn fold(op: &Op, inputs: &[InferInput<'_>], present: &[bool]) -> Vec<Option<Valu
         return Vec::new();
     }
     let mut args = Vec::with_capacity(inputs.len());
-    for (inp, &here) in inputs.iter().zip(present) {
+    for inp in inputs {
         match inp.konst {
             Some(v) => {
                 if v.as_tensor().is_none_or(|t| t.len() > FOLD_LIMIT) {
@@ -94,7 +94,7 @@ fn fold(op: &Op, inputs: &[InferInput<'_>], present: &[bool]) -> Vec<Option<Valu
                 }
                 args.push(Some(v));
             }
-            None if !here => args.push(None),
+            None if !inp.present => args.push(None),
             None => return Vec::new(),
         }
     }

@@ -189,7 +189,7 @@ impl SequenceOp {
                 };
                 let shape = rank.map(|r| {
                     let r = if op.new_axis { r + 1 } else { r };
-                    (0..r).map(|i| Dim::Sym(format!("concat_{i}"))).collect()
+                    (0..r).map(|_| Dim::fresh()).collect()
                 });
                 ValueType::Tensor(TensorType { dtype, shape })
             }

@@ -170,6 +170,11 @@ pub fn input_dtype(inputs: &[InferInput<'_>], i: usize) -> Option<DType> {
     inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.dtype)
 }
 
+/// Whether input `i` is given (an optional input the node leaves out is not).
+pub fn present(inputs: &[InferInput<'_>], i: usize) -> bool {
+    inputs.get(i).is_some_and(|x| x.present)
+}
+
 /// The static type of input `i` (Unknown when absent).
 pub fn input_type(inputs: &[InferInput<'_>], i: usize) -> ValueType {
     inputs.get(i).map_or(ValueType::Unknown, |x| x.ty.clone())

@@ -183,6 +183,9 @@ impl fmt::Display for ValueType {
 pub struct InferInput<'a> {
     pub ty: &'a ValueType,
     pub konst: Option<&'a Value>,
+    /// False for an optional input the node leaves out (its `ty` is then `Unknown`), so an
+    /// absent input is never confused with a present one of unknown type.
+    pub present: bool,
 }
 
 /// The inputs of one op evaluation; absent optional inputs are `None`.

@@ -344,7 +344,18 @@ fn elementwise_infer_types() {
     use crate::value::Dim;
     let a = ValueType::Tensor(TensorType::new(DType::F32, vec![Dim::Sym("N".into()), Dim::Fixed(3)]));
     let b = ValueType::Tensor(TensorType::fixed(DType::F32, &[3]));
-    let ins = [InferInput { ty: &a, konst: None }, InferInput { ty: &b, konst: None }];
+    let ins = [
+        InferInput {
+            ty: &a,
+            konst: None,
+            present: true,
+        },
+        InferInput {
+            ty: &b,
+            konst: None,
+            present: true,
+        },
+    ];
     let out = bin(BinaryOp::Less).infer(&ins).unwrap();
     assert_eq!(
         out,
@@ -356,7 +367,18 @@ fn elementwise_infer_types() {
     let out = ElementwiseOp::Unary(UnaryOp::IsNaN).infer(&ins[..1]).unwrap();
     assert_eq!(out[0].tensor().unwrap().dtype, Some(DType::Bool));
     let c = ValueType::Tensor(TensorType::fixed(DType::I32, &[3]));
-    let bad = [InferInput { ty: &a, konst: None }, InferInput { ty: &c, konst: None }];
+    let bad = [
+        InferInput {
+            ty: &a,
+            konst: None,
+            present: true,
+        },
+        InferInput {
+            ty: &c,
+            konst: None,
+            present: true,
+        },
+    ];
     assert!(bin(BinaryOp::Add).infer(&bad).is_err());
     // Pow takes another exponent type and keeps the base's.
     let out = bin(BinaryOp::Pow).infer(&bad).unwrap();

@@ -56,7 +56,7 @@ impl Kernel for ImageDecoder {
         Ok(vec![Tensor::from_vec(shape, data)?.into()])
     }
     fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        let mut t = rank_only(Some(DType::U8), 3, "image");
+        let mut t = rank_only(Some(DType::U8), 3);
         if let ValueType::Tensor(tt) = &mut t
             && let Some(s) = tt.shape.as_mut()
         {

@@ -116,12 +116,7 @@ pub(crate) fn fixed_shape(inputs: &[InferInput<'_>], i: usize) -> Option<Vec<usi
     inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.fixed_shape())
 }
 
-/// Whether optional input `i` is given (absent inputs reach inference as `Unknown`).
-pub(crate) fn present(inputs: &[InferInput<'_>], i: usize) -> bool {
-    inputs
-        .get(i)
-        .is_some_and(|x| x.konst.is_some() || !matches!(x.ty, ValueType::Unknown))
-}
+pub(crate) use crate::util::present;
 
 /// The static shape (possibly symbolic) of input `i` when its rank is known.
 pub(crate) fn input_shape(inputs: &[InferInput<'_>], i: usize) -> Option<Vec<crate::value::Dim>> {
@@ -129,14 +124,10 @@ pub(crate) fn input_shape(inputs: &[InferInput<'_>], i: usize) -> Option<Vec<cra
 }
 
 /// A tensor type with dtype and rank known, every dim a fresh symbol.
-pub(crate) fn rank_only(dtype: Option<DType>, rank: usize, prefix: &str) -> ValueType {
+pub(crate) fn rank_only(dtype: Option<DType>, rank: usize) -> ValueType {
     ValueType::Tensor(crate::value::TensorType {
         dtype,
-        shape: Some(
-            (0..rank)
-                .map(|i| crate::value::Dim::Sym(format!("{prefix}_{i}")))
-                .collect(),
-        ),
+        shape: Some((0..rank).map(|_| crate::value::Dim::fresh()).collect()),
     })
 }
 

@@ -167,7 +167,7 @@ impl Kernel for Dft {
         let has_len_input = present(inputs, 1);
         let n_len = const_tensor(inputs, 1).and_then(|t| read_i64(t, "dft_length").ok());
         let (Some(axis), true) = (axis, rank >= 2) else {
-            return Ok(vec![super::rank_only(dtype, rank, "dft")]);
+            return Ok(vec![super::rank_only(dtype, rank)]);
         };
         let axis = norm_axis(axis, rank)?;
         let n = match (n_len, has_len_input, &shape[axis]) {

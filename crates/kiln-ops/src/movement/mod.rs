@@ -427,9 +427,7 @@ pub(crate) fn const_ints(
     if let Some(a) = attr {
         return Ok(Some(a.clone()));
     }
-    let present = inputs
-        .get(i)
-        .is_some_and(|x| !matches!(x.ty, ValueType::Unknown) || x.konst.is_some());
+    let present = crate::util::present(inputs, i);
     match crate::util::const_tensor(inputs, i) {
         Some(t) => t.to_i64_vec().map(Some).ok_or(()),
         None if present => Err(()),

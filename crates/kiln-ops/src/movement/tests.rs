@@ -53,10 +53,15 @@ fn reshape_copies_zero_and_infers_minus_one() {
     let spec = Value::Tensor(i64t(&[2], &[0, -1]));
     let shape_ty = ValueType::Tensor(TensorType::fixed(DType::I64, &[2]));
     let inputs = [
-        InferInput { ty: &ty, konst: None },
+        InferInput {
+            ty: &ty,
+            konst: None,
+            present: true,
+        },
         InferInput {
             ty: &shape_ty,
             konst: Some(&spec),
+            present: true,
         },
     ];
     let out = MovementOp::Reshape(Reshape {

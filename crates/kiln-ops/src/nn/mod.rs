@@ -475,11 +475,33 @@ mod tests {
         });
         let x = tt(DType::F32, &[Dim::Sym("N".into()), f(3), f(224), f(224)]);
         let w = tt(DType::F32, &[f(64), f(3), f(7), f(7)]);
-        let ins = [InferInput { ty: &x, konst: None }, InferInput { ty: &w, konst: None }];
+        let ins = [
+            InferInput {
+                ty: &x,
+                konst: None,
+                present: true,
+            },
+            InferInput {
+                ty: &w,
+                konst: None,
+                present: true,
+            },
+        ];
         let out = op.infer(&ins).unwrap();
         assert_eq!(out[0], tt(DType::F32, &[Dim::Sym("N".into()), f(64), f(112), f(112)]));
         let xf = tt(DType::F32, &[f(1), f(3), f(224), f(224)]);
-        let ins = [InferInput { ty: &xf, konst: None }, InferInput { ty: &w, konst: None }];
+        let ins = [
+            InferInput {
+                ty: &xf,
+                konst: None,
+                present: true,
+            },
+            InferInput {
+                ty: &w,
+                konst: None,
+                present: true,
+            },
+        ];
         let out = op.infer(&ins).unwrap();
         // 64*112*112 outputs x 3*7*7 taps = 118,013,952.
         assert_eq!(op.macs(&ins, &out), 118_013_952);
@@ -498,11 +520,23 @@ mod tests {
             strides: vec![2, 2],
         });
         let x = tt(DType::F32, &[f(1), f(64), f(112), f(112)]);
-        let out = op.infer(&[InferInput { ty: &x, konst: None }]).unwrap();
+        let out = op
+            .infer(&[InferInput {
+                ty: &x,
+                konst: None,
+                present: true,
+            }])
+            .unwrap();
         assert_eq!(out[0], tt(DType::F32, &[f(1), f(64), f(56), f(56)]));
         assert_eq!(out[1], tt(DType::I64, &[f(1), f(64), f(56), f(56)]));
         let g = NnOp::GlobalPool(GlobalPool::Average);
-        let out = g.infer(&[InferInput { ty: &x, konst: None }]).unwrap();
+        let out = g
+            .infer(&[InferInput {
+                ty: &x,
+                konst: None,
+                present: true,
+            }])
+            .unwrap();
         assert_eq!(out[0], tt(DType::F32, &[f(1), f(64), f(1), f(1)]));
     }
 
@@ -511,7 +545,18 @@ mod tests {
         let a = tt(DType::F32, &[Dim::Sym("B".into()), f(128), f(768)]);
         let b = tt(DType::F32, &[f(768), f(3072)]);
         let op = NnOp::MatMul(MatMul);
-        let ins = [InferInput { ty: &a, konst: None }, InferInput { ty: &b, konst: None }];
+        let ins = [
+            InferInput {
+                ty: &a,
+                konst: None,
+                present: true,
+            },
+            InferInput {
+                ty: &b,
+                konst: None,
+                present: true,
+            },
+        ];
         assert_eq!(
             op.infer(&ins).unwrap()[0],
             tt(DType::F32, &[Dim::Sym("B".into()), f(128), f(3072)])
@@ -522,7 +567,18 @@ mod tests {
             trans_b: true,
             ..Gemm::default()
         });
-        let ins = [InferInput { ty: &a, konst: None }, InferInput { ty: &b, konst: None }];
+        let ins = [
+            InferInput {
+                ty: &a,
+                konst: None,
+                present: true,
+            },
+            InferInput {
+                ty: &b,
+                konst: None,
+                present: true,
+            },
+        ];
         let out = op.infer(&ins).unwrap();
         assert_eq!(out[0], tt(DType::F32, &[f(1), f(1000)]));
         assert_eq!(op.macs(&ins, &out), 2_048_000);

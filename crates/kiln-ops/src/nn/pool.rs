@@ -405,7 +405,7 @@ impl MaxUnpool {
                 .collect::<Result<Vec<_>>>()?;
             return Ok(vec![tensor_type(dtype, Some(s))]);
         }
-        if inputs.get(2).is_some_and(|i| !matches!(i.ty, ValueType::Unknown)) {
+        if crate::util::present(inputs, 2) {
             return Ok(vec![util::dtype_only(dtype)]);
         }
         let shape = inputs

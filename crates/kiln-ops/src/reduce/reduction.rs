@@ -416,10 +416,15 @@ mod tests {
         let axes = Value::Tensor(Tensor::from_vec(vec![1], vec![-1i64]).unwrap());
         let axes_ty = axes.value_type();
         let inputs = [
-            InferInput { ty: &ty, konst: None },
+            InferInput {
+                ty: &ty,
+                konst: None,
+                present: true,
+            },
             InferInput {
                 ty: &axes_ty,
                 konst: Some(&axes),
+                present: true,
             },
         ];
         let op = Reduce {
@@ -441,10 +446,15 @@ mod tests {
         assert_eq!(out[0].tensor().unwrap().fixed_shape(), Some(vec![1, 1, 1]));
         // Unknown axes: only the dtype.
         let unknown = [
-            InferInput { ty: &ty, konst: None },
+            InferInput {
+                ty: &ty,
+                konst: None,
+                present: true,
+            },
             InferInput {
                 ty: &axes_ty,
                 konst: None,
+                present: true,
             },
         ];
         let op = Reduce {
