@@ -122,7 +122,9 @@ fn run(a: RunArgs) -> Result<()> {
     let options = SessionOptions {
         symbols: parse_symbols(&a.symbols)?,
     };
+    let t0 = std::time::Instant::now();
     let session = Session::new(&a.model, &options).with_context(|| format!("cannot load {}", a.model.display()))?;
+    let load = t0.elapsed();
     let mut feed: Vec<(String, Value)> = Vec::new();
     if let Some(npz) = &a.npz {
         for (name, t) in npy::read_npz(npz)? {
@@ -137,7 +139,9 @@ fn run(a: RunArgs) -> Result<()> {
         feed.retain(|(n, _)| n != name);
         feed.push((name.to_string(), Value::Tensor(t)));
     }
+    let t1 = std::time::Instant::now();
     let outputs = session.run(feed)?;
+    let ran = t1.elapsed();
     if let Some(dir) = &a.output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -165,6 +169,11 @@ fn run(a: RunArgs) -> Result<()> {
         }
         emit(&format!("{name}: {}{note}\n", summary(t)))?;
     }
+    eprintln!(
+        "loaded in {:.1} ms, ran in {:.1} ms (reference interpreter)",
+        load.as_secs_f64() * 1e3,
+        ran.as_secs_f64() * 1e3
+    );
     Ok(())
 }
 
