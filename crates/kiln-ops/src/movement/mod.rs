@@ -183,40 +183,18 @@ macro_rules! num_int {
 }
 num_int!(i8, i16, i32, i64, u8, u16, u32, u64);
 
-impl Num for f32 {
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-    fn zero() -> Self {
-        0.0
-    }
-    fn one() -> Self {
-        1.0
-    }
-    fn is_nan(self) -> bool {
-        f32::is_nan(self)
-    }
+macro_rules! num_float {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            fn add(self, o: Self) -> Self { self + o }
+            fn mul(self, o: Self) -> Self { self * o }
+            fn zero() -> Self { 0.0 }
+            fn one() -> Self { 1.0 }
+            fn is_nan(self) -> bool { <$t>::is_nan(self) }
+        }
+    )*};
 }
-impl Num for f64 {
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-    fn zero() -> Self {
-        0.0
-    }
-    fn one() -> Self {
-        1.0
-    }
-    fn is_nan(self) -> bool {
-        f64::is_nan(self)
-    }
-}
+num_float!(f32, f64);
 impl Num for f16 {
     fn add(self, o: Self) -> Self {
         f16::from_f32(self.to_f32() + o.to_f32())

@@ -142,6 +142,18 @@ fn bias<T: Real>(b: Option<&Tensor>, m: usize, index: usize) -> Result<Option<Ve
     Ok(Some(floats::<T>(b, index)?.into_owned()))
 }
 
+/// Adds `bias[c]` to every element of each `[plane]`-sized output plane of channel `c`
+/// (planes are laid out batch-major, channel-minor).
+fn add_channel_bias<T: Real>(y: &mut [T], bias: Option<&[T]>, plane: usize) {
+    let Some(bias) = bias.filter(|b| !b.is_empty()) else {
+        return;
+    };
+    for (i, chunk) in y.chunks_mut(plane.max(1)).enumerate() {
+        let bv = bias[i % bias.len()];
+        chunk.iter_mut().for_each(|v| *v += bv);
+    }
+}
+
 fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let (xs, ws) = (x.shape(), w.shape());
     let plan = op.plan(xs, ws)?;
@@ -213,12 +225,7 @@ fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R
             }
         }
     }
-    if let Some(bd) = bd {
-        for (i, chunk) in y.chunks_mut(osz.max(1)).enumerate() {
-            let bv = bd[i % m];
-            chunk.iter_mut().for_each(|v| *v += bv);
-        }
-    }
+    add_channel_bias(&mut y, bd.as_deref(), osz);
     from_floats(x.dtype(), yshape, y)
 }
 
@@ -405,12 +412,7 @@ fn conv_transpose_run<T: Real>(op: &ConvTranspose, x: &Tensor, w: &Tensor, b: Op
             }
         }
     }
-    if let Some(bd) = bd {
-        for (i, chunk) in y.chunks_mut(osz.max(1)).enumerate() {
-            let bv = bd[i % m];
-            chunk.iter_mut().for_each(|v| *v += bv);
-        }
-    }
+    add_channel_bias(&mut y, bd.as_deref(), osz);
     from_floats(x.dtype(), yshape, y)
 }
 
@@ -566,12 +568,7 @@ fn deform_run<T: Real>(op: &DeformConv, args: &Args<'_>) -> Result<Tensor> {
             }
         }
     }
-    if let Some(bd) = bd {
-        for (i, chunk) in y.chunks_mut(osz.max(1)).enumerate() {
-            let bv = bd[i % m];
-            chunk.iter_mut().for_each(|v| *v += bv);
-        }
-    }
+    add_channel_bias(&mut y, bd.as_deref(), osz);
     from_floats(x.dtype(), std::mem::take(&mut yshape), y)
 }
 
