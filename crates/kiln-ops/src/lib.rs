@@ -23,7 +23,7 @@ pub use value::{Args, Dim, InferInput, Sequence, TensorType, Value, ValueType};
 
 /// Every operator kiln executes, grouped by family. Control flow (If, Loop, Scan, SequenceMap)
 /// holds subgraphs and lives in the IR and runtime instead.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum Op {
     Elementwise(elementwise::ElementwiseOp),
     Movement(movement::MovementOp),

@@ -20,7 +20,7 @@ use crate::util::{checked_numel, norm_axis, read_i64, read_i64s};
 use crate::value::{Args, Dim, InferInput, Sequence, TensorType, Value, ValueType};
 use kiln_tensor::{DType, Data, Tensor};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum SequenceOp {
     /// An empty sequence of the given element type.
     SequenceEmpty {
@@ -47,7 +47,7 @@ pub enum SequenceOp {
 }
 
 /// Splits a tensor along an axis into a sequence.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct SplitToSequence {
     pub axis: i64,
     /// Only applies when no `split` input is given: pieces of size 1 keep (or drop) the axis.
@@ -55,7 +55,7 @@ pub struct SplitToSequence {
 }
 
 /// Concatenates (or, with `new_axis`, stacks) the tensors of a sequence.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ConcatFromSequence {
     pub axis: i64,
     pub new_axis: bool,

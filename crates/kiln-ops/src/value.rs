@@ -6,7 +6,7 @@ use kiln_tensor::{DType, Tensor};
 use std::fmt;
 
 /// A value flowing between nodes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum Value {
     Tensor(Tensor),
     Sequence(Sequence),
@@ -15,7 +15,7 @@ pub enum Value {
 }
 
 /// An ordered sequence of tensors of one element type.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Sequence {
     pub dtype: Option<DType>,
     pub items: Vec<Tensor>,
@@ -57,7 +57,7 @@ impl From<Tensor> for Value {
 }
 
 /// One dimension of a static shape: a number, or a named symbol bound later.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq, Hash)]
 pub enum Dim {
     Fixed(usize),
     Sym(String),
@@ -86,7 +86,7 @@ impl fmt::Display for Dim {
 }
 
 /// Static type of a tensor: dtype and shape, each possibly unknown.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq, Hash, Default)]
 pub struct TensorType {
     pub dtype: Option<DType>,
     /// `None` when even the rank is unknown; a `Dim::Sym` for an unknown-but-named dim.
@@ -148,7 +148,7 @@ impl fmt::Display for TensorType {
 }
 
 /// Static type of any value.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq, Hash)]
 pub enum ValueType {
     Tensor(TensorType),
     Sequence(Box<ValueType>),

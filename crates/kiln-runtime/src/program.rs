@@ -3,14 +3,14 @@
 use kiln_ops::{Op, Value, ValueType};
 
 /// One graph input or output: its name, slot and declared type.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct IoSpec {
     pub name: String,
     pub slot: usize,
     pub ty: ValueType,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Program {
     pub name: String,
     /// Name of each slot (for errors, intermediate outputs and profiles).
@@ -24,7 +24,7 @@ pub struct Program {
     pub steps: Vec<Step>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Step {
     pub name: String,
     pub kind: StepKind,
@@ -34,7 +34,7 @@ pub struct Step {
     pub frees: Vec<usize>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum StepKind {
     Op(Op),
     If {
@@ -67,12 +67,12 @@ impl StepKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct LoopStep {
     pub body: Box<Program>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ScanStep {
     pub body: Box<Program>,
     /// Scan-8 form: input 0 is `sequence_lens` and every value has a leading batch axis.

@@ -3,7 +3,7 @@
 use crate::tensor::{Data, Tensor};
 
 /// Why two tensors differ, for a readable report.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum Mismatch {
     DType {
         expected: String,

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Element type of a tensor. Numbered as ONNX's `TensorProto.DataType` so the importer can map
 /// codes with [`DType::from_onnx`], but nothing else in kiln depends on that numbering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
     U8,

@@ -185,7 +185,7 @@ pub fn decode(dtype: DType, code: u8) -> f32 {
 }
 
 /// Rounding for conversions to e8m0 (ONNX Cast's `round_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum RoundMode {
     Up,
     Down,

@@ -22,7 +22,7 @@ pub enum TensorError {
 
 /// Typed element storage. The variant always matches the tensor's [`DType`]; every byte-coded
 /// type (float8, fp4, int4, int2, e8m0) is kept in `Coded`, one element per byte.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum Data {
     F32(Vec<f32>),
     F64(Vec<f64>),
@@ -277,7 +277,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, TensorEr
 }
 
 /// A dense row-major tensor owning its elements.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Tensor {
     dtype: DType,
     shape: Vec<usize>,

@@ -12,7 +12,7 @@ use crate::util::{broadcast_map, checked_numel, norm_axis};
 use kiln_tensor::{DType, Data, Element, Tensor, broadcast_shapes};
 
 /// Which two-input op.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum BinaryOp {
     Add,
     Sub,
@@ -44,7 +44,7 @@ pub enum BinaryOp {
 
 /// A two-input op; `legacy_axis` is set for opset < 7 nodes with `broadcast = 1`, where `B`'s
 /// dims align with `A`'s starting at that axis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub struct Binary {
     pub op: BinaryOp,
     pub legacy_axis: Option<i64>,

@@ -12,7 +12,7 @@ use kiln_tensor::formats::{RoundMode, encode_float_mode, wrap_int};
 use kiln_tensor::{DType, Data, Tensor, bf16, f16};
 
 /// Cast to `to` (for CastLike the importer leaves the target to input 1's dtype).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
 pub struct Cast {
     pub to: DType,
     /// Float8 targets: clamp out-of-range values to the largest finite value (default true).
@@ -22,7 +22,7 @@ pub struct Cast {
 }
 
 /// CastLike: the target dtype is that of input 1.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
 pub struct CastLike {
     pub saturate: bool,
     pub round: RoundMode,
@@ -186,7 +186,7 @@ impl CastLike {
 }
 
 /// BitCast: reinterprets each element's bits as `to`, which must have the same width.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub struct BitCast {
     pub to: DType,
 }

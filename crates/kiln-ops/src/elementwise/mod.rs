@@ -26,7 +26,7 @@ use crate::error::{OpError, Result};
 use crate::util::{infer_broadcast, input_dtype};
 use crate::value::{Args, InferInput, TensorType, Value, ValueType};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum ElementwiseOp {
     Unary(UnaryOp),
     Binary(Binary),

@@ -11,7 +11,7 @@ use crate::util::{broadcast_map, checked_numel};
 use kiln_tensor::{Data, Element, Tensor, broadcast_shapes};
 
 /// Sum, Mean, Max or Min of one or more broadcast inputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum VariadicOp {
     Sum,
     Mean,
@@ -77,7 +77,7 @@ fn mean_div<T: Num>(v: &[T], n: f64) -> Vec<T> {
 
 /// Clip: bounds as attributes (opset < 11; `None` where absent); from opset 11 they are the
 /// optional inputs 1 and 2 and both fields are `None`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
 pub struct Clip {
     pub min: Option<f32>,
     pub max: Option<f32>,

@@ -14,7 +14,7 @@ use crate::error::{OpError, Result};
 use kiln_tensor::{DType, Data, Element, Tensor};
 
 /// A one-input elementwise op with its attributes (ONNX defaults applied by the importer).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
 pub enum UnaryOp {
     Abs,
     Neg,

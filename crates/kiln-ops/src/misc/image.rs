@@ -11,14 +11,14 @@ use crate::value::{Args, InferInput, Value, ValueType};
 use kiln_tensor::{DType, Tensor};
 
 /// Channel layout of ImageDecoder's output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum PixelFormat {
     Rgb,
     Bgr,
     Grayscale,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ImageDecoder {
     pub pixel_format: PixelFormat,
 }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 /// A hashable key: strings, integers, or floats by bit pattern (every NaN is one key, and -0
 /// equals 0, as float equality has it).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq, Hash)]
 enum Key {
     S(String),
     I(i64),
@@ -43,7 +43,7 @@ fn keys_of(t: &Tensor, as_float: bool) -> Vec<Key> {
 }
 
 /// Maps each input element through a key → value table, with a default for unknown keys.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct LabelEncoder {
     /// 1-D keys.
     pub keys: Tensor,
@@ -121,7 +121,7 @@ fn join(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// Comparison of a TreeEnsemble node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum NodeMode {
     Leq,
     Lt,
@@ -148,7 +148,7 @@ impl NodeMode {
 }
 
 /// How the trees' leaf weights are combined per target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum AggregateFunction {
     Average,
     Sum,
@@ -157,7 +157,7 @@ pub enum AggregateFunction {
 }
 
 /// Transform applied to each row of scores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum PostTransform {
     None,
     Softmax,
@@ -167,7 +167,7 @@ pub enum PostTransform {
 }
 
 /// A tree ensemble (regressor or classifier scores), `[N, F]` features to `[N, n_targets]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct TreeEnsemble {
     pub aggregate: AggregateFunction,
     pub post_transform: PostTransform,
@@ -410,7 +410,7 @@ impl Kernel for TreeEnsemble {
 }
 
 /// Selects elements of the last axis by index.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ArrayFeatureExtractor;
 
 impl Kernel for ArrayFeatureExtractor {
@@ -467,7 +467,7 @@ impl Kernel for ArrayFeatureExtractor {
 }
 
 /// 1 where the input exceeds the threshold, else 0.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Binarizer {
     pub threshold: f32,
 }

@@ -42,7 +42,7 @@ trait Kernel {
 macro_rules! misc_ops {
     ($($var:ident($ty:ty)),* $(,)?) => {
         /// The misc family.
-        #[derive(Debug, Clone, PartialEq)]
+        #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
         pub enum MiscOp {
             $($var($ty)),*
         }

@@ -54,7 +54,7 @@ impl Rng {
 }
 
 /// The distribution of RandomUniform(Like) / RandomNormal(Like).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
 enum Dist {
     Uniform { low: f32, high: f32 },
     Normal { mean: f32, scale: f32 },
@@ -87,7 +87,7 @@ fn fixed(dtype: DType, shape: &[i64]) -> ValueType {
 }
 
 /// Uniform samples in [low, high) of a fixed shape.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct RandomUniform {
     pub dtype: DType,
     pub low: f32,
@@ -113,7 +113,7 @@ impl Kernel for RandomUniform {
 }
 
 /// Normal samples of a fixed shape.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct RandomNormal {
     pub dtype: DType,
     pub mean: f32,
@@ -140,7 +140,7 @@ impl Kernel for RandomNormal {
 
 /// RandomUniformLike (`normal == false`: `a` = low, `b` = high) or RandomNormalLike
 /// (`normal == true`: `a` = mean, `b` = scale), shaped like the input.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct RandomLike {
     pub normal: bool,
     /// `None`: the input's dtype.
@@ -188,7 +188,7 @@ impl Kernel for RandomLike {
 }
 
 /// 1 with the probability given by each input element, else 0.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Bernoulli {
     /// `None`: the input's dtype.
     pub dtype: Option<DType>,
@@ -222,7 +222,7 @@ impl Kernel for Bernoulli {
 }
 
 /// Class indices drawn from each row of unnormalised log-probabilities `[batch, classes]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Multinomial {
     pub dtype: DType,
     pub sample_size: usize,

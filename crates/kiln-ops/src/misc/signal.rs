@@ -61,7 +61,7 @@ fn irfft_line(spec: &[(f64, f64)], n: usize) -> Vec<f64> {
 
 /// Discrete Fourier transform along one axis of a real (`[..., 1]`) or complex (`[..., 2]`)
 /// signal.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Dft {
     /// The axis attribute (opsets 17-19, default 1); `None` reads input 2 (opset 20, default -2).
     pub axis: Option<i64>,
@@ -195,7 +195,7 @@ impl Kernel for Dft {
 }
 
 /// Short-time Fourier transform of `[batch, length, 1 or 2]` signals.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Stft {
     pub onesided: bool,
 }
@@ -311,7 +311,7 @@ impl Kernel for Stft {
 }
 
 /// Which window function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum WindowKind {
     Hann,
     Hamming,
@@ -319,7 +319,7 @@ pub enum WindowKind {
 }
 
 /// A window of the length given by the scalar input.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Window {
     pub kind: WindowKind,
     pub periodic: bool,
@@ -370,7 +370,7 @@ impl Kernel for Window {
 }
 
 /// Matrix mapping a one-sided linear spectrum to mel bands, `[dft_length/2 + 1, num_mel_bins]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct MelWeightMatrix {
     pub dtype: DType,
 }

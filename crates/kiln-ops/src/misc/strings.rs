@@ -20,7 +20,7 @@ fn strings_of(t: &Tensor, index: usize) -> Result<&[String]> {
 }
 
 /// `case_change_action` of StringNormalizer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum CaseChange {
     None,
     Lower,
@@ -28,7 +28,7 @@ pub enum CaseChange {
 }
 
 /// Drops stopword elements of a `[C]` or `[1, C]` string tensor, then changes case.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct StringNormalizer {
     pub case_change: CaseChange,
     pub case_sensitive: bool,
@@ -95,7 +95,7 @@ impl Kernel for StringNormalizer {
 }
 
 /// Elementwise (broadcast) concatenation of two string tensors.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct StringConcat;
 
 impl Kernel for StringConcat {
@@ -128,7 +128,7 @@ impl Kernel for StringConcat {
 }
 
 /// Splits each string on a delimiter (runs of whitespace when none), padding to the longest.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct StringSplit {
     /// `None` (or empty in the model) splits on runs of whitespace, ignoring leading and
     /// trailing whitespace, as Python's `str.split()`.
@@ -213,7 +213,7 @@ impl Kernel for StringSplit {
 }
 
 /// Whether each string matches a pattern in full.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct RegexFullMatch {
     pub pattern: String,
 }
@@ -250,7 +250,7 @@ impl Kernel for RegexFullMatch {
 }
 
 /// Weighting of TfIdfVectorizer's counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum TfIdfMode {
     Tf,
     Idf,
@@ -258,7 +258,7 @@ pub enum TfIdfMode {
 }
 
 /// The n-gram pool: integers or strings.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum NgramPool {
     Ints(Vec<i64>),
     Strings(Vec<String>),
@@ -279,14 +279,14 @@ impl NgramPool {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq, Hash)]
 enum Key<'a> {
     I(i64),
     S(&'a str),
 }
 
 /// Counts (skip-)n-grams of each row against a pool and weights the counts.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct TfIdfVectorizer {
     pub mode: TfIdfMode,
     pub min_gram_length: usize,

@@ -72,7 +72,7 @@ fn output(like: &Tensor, v: &[f64]) -> Result<Value> {
 }
 
 /// Adagrad step with learning-rate decay.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Adagrad {
     pub decay_factor: f32,
     pub epsilon: f32,
@@ -117,7 +117,7 @@ impl Kernel for Adagrad {
 }
 
 /// Adam step with bias correction.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Adam {
     pub alpha: f32,
     pub beta: f32,
@@ -170,7 +170,7 @@ impl Kernel for Adam {
 }
 
 /// SGD with (standard or Nesterov) momentum.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Momentum {
     pub alpha: f32,
     pub beta: f32,

@@ -11,7 +11,7 @@ fn indices_of(t: &Tensor, what: &str) -> Result<Vec<i64>> {
 
 /// ONNX `Gather` (opsets 1-13): `out[i.., j.., k..] = data[i.., indices[j..], k..]` along
 /// `axis`; negative indices count from the end.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Gather {
     pub axis: i64,
 }
@@ -56,7 +56,7 @@ impl Gather {
 }
 
 /// ONNX `GatherElements` (opsets 11-13): `out[p] = data[p with p[axis] = indices[p]]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct GatherElements {
     pub axis: i64,
 }
@@ -102,7 +102,7 @@ impl GatherElements {
 
 /// ONNX `GatherND` (opsets 11-13, `batch_dims` from 12): gathers slices of `data` addressed
 /// by the last dim of `indices`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct GatherND {
     pub batch_dims: usize,
 }
@@ -159,7 +159,7 @@ impl GatherND {
 }
 
 /// How scattered updates combine with the existing element.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum Reduction {
     None,
     Add,
@@ -222,7 +222,7 @@ fn scatter(data: &Tensor, updates: &Tensor, targets: &[usize], red: Reduction) -
 
 /// ONNX `ScatterElements` (opsets 11-18; also `Scatter`, opsets 9-10):
 /// `out[p with p[axis] = indices[p]] = updates[p]`, combined by `reduction` (opset 16/18).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ScatterElements {
     pub axis: i64,
     pub reduction: Reduction,
@@ -249,7 +249,7 @@ impl ScatterElements {
 
 /// ONNX `ScatterND` (opsets 11-18): writes `updates` slices at the positions the last dim of
 /// `indices` addresses, combined by `reduction` (opset 16/18).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ScatterND {
     pub reduction: Reduction,
 }
@@ -296,7 +296,7 @@ impl ScatterND {
 
 /// ONNX `TensorScatter` (opset 24): writes `update` into a copy of `past_cache` along `axis`
 /// starting at `write_indices[batch]` (default 0), wrapping when `circular`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct TensorScatter {
     pub axis: i64,
     pub circular: bool,
@@ -355,7 +355,7 @@ impl TensorScatter {
 
 /// ONNX `OneHot` (opsets 9-11): inserts a dim of size `depth` at `axis`; `values[1]` where
 /// the position equals the (wrapped) index, `values[0]` elsewhere.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct OneHot {
     pub axis: i64,
 }
@@ -416,7 +416,7 @@ impl OneHot {
 
 /// ONNX `Compress` (opsets 9-11): keeps the slices along `axis` (or elements of the flattened
 /// input) whose `condition` entry is true.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Compress {
     pub axis: Option<i64>,
 }
@@ -478,7 +478,7 @@ impl Compress {
 
 /// ONNX `NonZero` (opsets 9-13): the indices of the non-zero elements, shape `[rank, count]`
 /// (row-major order).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct NonZero;
 
 impl NonZero {

@@ -45,7 +45,7 @@ fn identity_maps(shape: &[usize]) -> Vec<Vec<Option<usize>>> {
 }
 
 /// ONNX `Transpose` (opsets 1-25); `perm` defaults to reversing the dims.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Transpose {
     pub perm: Option<Vec<i64>>,
 }
@@ -81,7 +81,7 @@ impl Transpose {
 }
 
 /// ONNX `Concat` (opsets 1-13) along `axis`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Concat {
     pub axis: i64,
 }
@@ -163,7 +163,7 @@ impl Concat {
 /// ONNX `Split` (opsets 1-18) along `axis`: sizes from the `split` attribute (opsets < 13),
 /// input 1 (opset 13+), `num_outputs` (opset 18, the last chunk smaller), or equal parts,
 /// one per node output.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Split {
     pub axis: i64,
     pub split: Option<Vec<i64>>,
@@ -241,7 +241,7 @@ impl Split {
 }
 
 /// The `starts`/`ends`/`axes` attributes of opset-1 Slice.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct SliceAttrs {
     pub starts: Vec<i64>,
     pub ends: Vec<i64>,
@@ -250,7 +250,7 @@ pub struct SliceAttrs {
 
 /// ONNX `Slice` (opsets 1-13): attributes before opset 10, inputs `starts, ends, axes,
 /// steps` after. Bounds clamp as Python slicing does; steps may be negative.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Slice {
     pub attrs: Option<SliceAttrs>,
 }
@@ -376,7 +376,7 @@ impl Slice {
 }
 
 /// ONNX `Tile` (opsets 1-13): input 1 gives the repeat count of each dim.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Tile;
 
 impl Tile {
@@ -434,7 +434,7 @@ impl Tile {
 }
 
 /// Padding mode of [`Pad`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum PadMode {
     Constant,
     Reflect,
@@ -444,7 +444,7 @@ pub enum PadMode {
 
 /// ONNX `Pad` (opsets 1-25). Before opset 11 `pads` and `value` are attributes (kept here);
 /// after, inputs `pads`, `constant_value` and (opset 18) `axes`. Negative pads crop.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Pad {
     pub mode: PadMode,
     pub pads: Option<Vec<i64>>,
@@ -578,7 +578,7 @@ impl Pad {
 
 /// ONNX `DepthToSpace` (opsets 1-13): moves channel blocks into `blocksize`² spatial blocks,
 /// DCR (depth-column-row, default) or CRD order.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct DepthToSpace {
     pub blocksize: usize,
     pub crd: bool,
@@ -627,7 +627,7 @@ impl DepthToSpace {
 
 /// ONNX `SpaceToDepth` (opsets 1-28): moves `blocksize`² spatial blocks into channels, DCR
 /// (default) or CRD order (opset 28).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct SpaceToDepth {
     pub blocksize: usize,
     pub crd: bool,
@@ -669,7 +669,7 @@ impl SpaceToDepth {
 
 /// ONNX `CenterCropPad` (opset 18): crops or zero-pads each of `axes` (default all) to input
 /// 1's sizes around the centre (odd differences: the extra element on the right).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct CenterCropPad {
     pub axes: Option<Vec<i64>>,
 }
@@ -731,7 +731,7 @@ impl CenterCropPad {
 
 /// ONNX `Trilu` (opset 14): keeps the upper (`j - i >= k`) or lower (`j - i <= k`) triangle
 /// of the last two dims, zeroing the rest; `k` is input 1 (default 0).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Trilu {
     pub upper: bool,
 }
@@ -765,7 +765,7 @@ impl Trilu {
 
 /// ONNX `ReverseSequence` (opset 10): reverses the first `sequence_lens[b]` elements along
 /// `time_axis` of each batch entry `b` along `batch_axis`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ReverseSequence {
     pub batch_axis: i64,
     pub time_axis: i64,

@@ -23,7 +23,7 @@ pub use sort::*;
 macro_rules! movement_ops {
     ($($v:ident),* $(,)?) => {
         /// The movement family: one variant per op, named as its ONNX op type.
-        #[derive(Debug, Clone, PartialEq)]
+        #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
         pub enum MovementOp {
             $($v($v)),*
         }

@@ -6,7 +6,7 @@ use crate::util::{checked_numel, const_tensor, input_dtype, norm_axes, read_i64,
 
 /// ONNX `Reshape` (opsets 1-25). `shape` holds the opset-1..4 attribute; later opsets read
 /// input 1. `allowzero` (opset 14) makes a 0 mean a zero-size dim instead of "copy".
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Reshape {
     pub shape: Option<Vec<i64>>,
     pub allowzero: bool,
@@ -136,7 +136,7 @@ impl Reshape {
 }
 
 /// ONNX `Shape` (opsets 1-25); `start`/`end` (opset 15) select a clamped range of dims.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Shape {
     pub start: i64,
     pub end: Option<i64>,
@@ -179,7 +179,7 @@ impl Shape {
 }
 
 /// ONNX `Size` (opsets 1-25): the element count as an i64 scalar.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Size;
 
 impl Size {
@@ -203,7 +203,7 @@ impl Size {
 }
 
 /// ONNX `Flatten` (opsets 1-25): to 2-D, splitting the dims at `axis` (in `[-r, r]`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Flatten {
     pub axis: i64,
 }
@@ -242,7 +242,7 @@ impl Flatten {
 
 /// ONNX `Squeeze` (opsets 1-25): `axes` is an attribute before opset 13, input 1 after;
 /// without axes every size-1 dim goes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Squeeze {
     pub axes: Option<Vec<i64>>,
 }
@@ -296,7 +296,7 @@ impl Squeeze {
 
 /// ONNX `Unsqueeze` (opsets 1-25): `axes` (positions in the output) is an attribute before
 /// opset 13, input 1 after.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Unsqueeze {
     pub axes: Option<Vec<i64>>,
 }
@@ -334,7 +334,7 @@ impl Unsqueeze {
 }
 
 /// ONNX `Expand` (opsets 8-13): bidirectional broadcast of the input to input 1's shape.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Expand;
 
 impl Expand {
@@ -368,7 +368,7 @@ impl Expand {
 
 /// ONNX `ConstantOfShape` (opsets 9-25): a tensor of input 0's shape filled with `value`
 /// (one element; f32 0 by default).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ConstantOfShape {
     pub value: Option<Tensor>,
 }
@@ -416,7 +416,7 @@ impl ConstantOfShape {
 /// ONNX `Range` (opsets 11-27): `start + i * delta` for `i < max(ceil((limit - start) /
 /// delta), 0)`. Computed in f64 for float types (the reference's precision for every
 /// `stash_type`), exactly for integers.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Range;
 
 fn range_len(start: f64, limit: f64, delta: f64) -> Result<usize> {
@@ -523,7 +523,7 @@ fn cast_i64(t: &Tensor, dtype: DType) -> Result<Tensor> {
 }
 
 /// ONNX `Identity` (opsets 1-25): passes any value (tensor, sequence, optional) through.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Identity;
 
 impl Identity {
@@ -538,7 +538,7 @@ impl Identity {
 
 /// ONNX `EyeLike` (opsets 9-22): a 2-D tensor of input 0's shape with ones on diagonal `k`,
 /// of `dtype` (default: the input's).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct EyeLike {
     pub dtype: Option<DType>,
     pub k: i64,

@@ -34,7 +34,7 @@ macro_rules! with_ordered {
 /// ONNX `TopK` (opsets 1-24): the `k` largest (or smallest) elements along `axis` and their
 /// indices, sorted, ties broken by the lower index first. `k` is an attribute in opset 1
 /// (kept here) and input 1 after.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct TopK {
     pub axis: i64,
     pub largest: bool,
@@ -115,7 +115,7 @@ impl TopK {
 
 /// ONNX `Unique` (opsets 11-28): the distinct elements (or slices along `axis`), sorted or
 /// in order of first occurrence, with first-occurrence indices, inverse indices and counts.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Unique {
     pub axis: Option<i64>,
     pub sorted: bool,
@@ -222,14 +222,14 @@ impl Unique {
 
 /// ONNX `CumSum` (opsets 11-14) and `CumProd` (opset 26): running sum / product along the
 /// axis given by input 1, optionally `exclusive` (shifted by one) and/or `reverse`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct CumSum {
     pub exclusive: bool,
     pub reverse: bool,
 }
 
 /// See [`CumSum`].
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct CumProd {
     pub exclusive: bool,
     pub reverse: bool,
@@ -296,7 +296,7 @@ impl CumProd {
 
 /// ONNX `Col2Im` (opset 18): sums column blocks `[N, C * prod(block), L]` back into images
 /// `[N, C, *image_shape]` (the inverse of im2col), with `dilations`, `pads`, `strides`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Col2Im {
     pub dilations: Option<Vec<i64>>,
     pub pads: Option<Vec<i64>>,

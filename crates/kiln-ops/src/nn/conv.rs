@@ -17,7 +17,7 @@ use kiln_kernels::gemm::{MatLayout, gemm};
 use kiln_tensor::Tensor;
 
 /// `Conv`: attributes with defaults applied (empty lists mean "default for the rank").
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
 pub struct Conv {
     pub auto_pad: AutoPad,
     pub dilations: Vec<usize>,
@@ -230,7 +230,7 @@ fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R
 }
 
 /// `ConvTranspose`: attributes with defaults applied.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
 pub struct ConvTranspose {
     pub auto_pad: AutoPad,
     pub dilations: Vec<usize>,
@@ -417,7 +417,7 @@ fn conv_transpose_run<T: Real>(op: &ConvTranspose, x: &Tensor, w: &Tensor, b: Op
 }
 
 /// `DeformConv` (2-D): attributes with defaults applied.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
 pub struct DeformConv {
     pub dilations: Vec<usize>,
     pub group: usize,

@@ -8,7 +8,7 @@ use crate::error::{OpError, Result};
 use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum GridSampleMode {
     /// `bilinear` (opset 16) / `linear`.
     Linear,
@@ -17,14 +17,14 @@ pub enum GridSampleMode {
     Cubic,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum GridSamplePadding {
     Zeros,
     Border,
     Reflection,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct GridSample {
     pub align_corners: bool,
     pub mode: GridSampleMode,
@@ -212,7 +212,7 @@ fn sum_taps(
 }
 
 /// `AffineGrid`: the sampling grid of an affine transform `theta` for an output `size`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct AffineGrid {
     pub align_corners: bool,
 }
@@ -283,14 +283,14 @@ impl AffineGrid {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum RoiAlignMode {
     Avg,
     Max,
 }
 
 /// `RoiAlign`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct RoiAlign {
     /// `coordinate_transformation_mode` half_pixel (opset 16 default) vs output_half_pixel.
     pub half_pixel: bool,

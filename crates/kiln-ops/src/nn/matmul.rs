@@ -12,7 +12,7 @@ use kiln_tensor::{DType, Element, Tensor};
 
 /// `MatMul`: numpy `matmul` (batch broadcasting; 1-D operands are promoted and the added dim
 /// removed).
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
 pub struct MatMul;
 
 /// The shapes of a matmul: promoted operand shapes, batch shape, (m, k, n), output shape.
@@ -149,7 +149,7 @@ impl MatMul {
 }
 
 /// `Gemm`: `Y = alpha * op(A) * op(B) + beta * C`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Gemm {
     pub alpha: f32,
     pub beta: f32,
@@ -254,7 +254,7 @@ impl Gemm {
 }
 
 /// `Einsum`: the equation, as given (spaces are ignored).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Einsum {
     pub equation: String,
 }

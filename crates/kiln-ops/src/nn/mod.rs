@@ -27,7 +27,7 @@ pub use pool::{GlobalPool, LpPool, MaxUnpool, Pool, PoolKind};
 pub use resize::{CoordMode, KeepAspect, NearestMode, Resize, ResizeMode};
 
 /// How the spatial padding of a windowed op is chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq, Default)]
 pub enum AutoPad {
     /// Explicit `pads`.
     #[default]
@@ -40,7 +40,7 @@ pub enum AutoPad {
     Valid,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum NnOp {
     Conv(Conv),
     ConvTranspose(ConvTranspose),
@@ -300,7 +300,7 @@ pub(crate) fn tensor_type(dtype: Option<DType>, shape: Option<Vec<Dim>>) -> Valu
 }
 
 /// Output size and padding of one spatial dim of a windowed op (conv, pool).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub(crate) struct DimGeom {
     pub out: usize,
     pub pad_begin: usize,

@@ -9,7 +9,7 @@ use crate::util;
 use crate::value::{Args, Dim, InferInput, TensorType, Value, ValueType};
 use kiln_tensor::{DType, Tensor};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct NonMaxSuppression {
     /// Boxes are `[x_center, y_center, width, height]` instead of `[y1, x1, y2, x2]`.
     pub center_point_box: bool,

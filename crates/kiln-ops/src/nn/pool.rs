@@ -12,7 +12,7 @@ use crate::value::{Args, Dim, InferInput, Value, ValueType};
 use kiln_tensor::{DType, Tensor};
 
 /// What a windowed pool computes.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
 pub enum PoolKind {
     /// MaxPool; `storage_order` 1 numbers the Indices output column-major.
     Max { storage_order: bool },
@@ -23,7 +23,7 @@ pub enum PoolKind {
 }
 
 /// MaxPool / AveragePool / LpPool with attributes applied.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Pool {
     pub kind: PoolKind,
     pub auto_pad: AutoPad,
@@ -253,7 +253,7 @@ pub(crate) fn step(idx: &mut [usize], dims: &[usize]) -> bool {
 }
 
 /// GlobalAveragePool / GlobalMaxPool / GlobalLpPool: one value per (N, C) plane.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
 pub enum GlobalPool {
     Average,
     Max,
@@ -313,7 +313,7 @@ impl GlobalPool {
 }
 
 /// `MaxUnpool`: scatter pooled values back to the positions their indices name.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct MaxUnpool {
     pub kernel_shape: Vec<usize>,
     pub pads: Vec<usize>,

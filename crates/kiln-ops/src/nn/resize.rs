@@ -11,7 +11,7 @@ use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
 use kiln_tensor::{DType, Tensor};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq, Default)]
 pub enum ResizeMode {
     #[default]
     Nearest,
@@ -20,7 +20,7 @@ pub enum ResizeMode {
 }
 
 /// `coordinate_transformation_mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq, Default)]
 pub enum CoordMode {
     #[default]
     HalfPixel,
@@ -33,7 +33,7 @@ pub enum CoordMode {
 }
 
 /// `nearest_mode`; `Simple` is opset 10's rule (floor when upsampling, ceil when downsampling).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq, Default)]
 pub enum NearestMode {
     #[default]
     RoundPreferFloor,
@@ -44,7 +44,7 @@ pub enum NearestMode {
 }
 
 /// `keep_aspect_ratio_policy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq, Default)]
 pub enum KeepAspect {
     #[default]
     Stretch,
@@ -54,7 +54,7 @@ pub enum KeepAspect {
 
 /// Resize / Upsample with attributes applied and the positions of its inputs (which moved
 /// across opsets).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Resize {
     /// Reports the op as `Upsample`.
     pub upsample: bool,

@@ -123,7 +123,7 @@ fn sub_zero_point(v: &mut [f64], shape: &[usize], zp: Option<&Tensor>, vec_axis_
 }
 
 /// `MatMulInteger`: `(A - a_zero_point) x (B - b_zero_point)` in int32.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct MatMulInteger;
 
 impl MatMulInteger {
@@ -176,7 +176,7 @@ fn pick(p: &[f64], i: usize, what: &str) -> Result<f64> {
 
 /// `QLinearMatMul`: `quantize(dequantize(a) x dequantize(b))` with per-tensor (or per-row of
 /// `a` / per-column of `b`) scales and zero points.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct QLinearMatMul;
 
 impl QLinearMatMul {
@@ -232,7 +232,7 @@ impl QLinearMatMul {
 }
 
 /// Padding mode of a convolution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum AutoPad {
     NotSet,
     SameUpper,
@@ -241,7 +241,7 @@ pub enum AutoPad {
 }
 
 /// Convolution attributes (empty vectors mean the ONNX defaults: 1s and 0s).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ConvAttrs {
     pub auto_pad: AutoPad,
     pub dilations: Vec<usize>,
@@ -422,7 +422,7 @@ fn sub_channel_zp(w: &mut [f64], ws: &[usize], zp: Option<&Tensor>, what: &str) 
 }
 
 /// `ConvInteger`: integer convolution of zero-point-shifted inputs, int32 output.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ConvInteger {
     pub conv: ConvAttrs,
 }
@@ -456,7 +456,7 @@ impl ConvInteger {
 
 /// `QLinearConv`: quantized convolution with optional int32 bias, requantized to the output
 /// zero point's type.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct QLinearConv {
     pub conv: ConvAttrs,
 }

@@ -99,7 +99,7 @@ fn param_index(shape: &[usize], pshape: &[usize], axis: i64, block: usize, what:
 }
 
 /// `QuantizeLinear`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct QuantizeLinear {
     pub axis: i64,
     pub saturate: bool,
@@ -198,7 +198,7 @@ impl QuantizeLinear {
 }
 
 /// `DequantizeLinear`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct DequantizeLinear {
     pub axis: i64,
     pub block_size: usize,
@@ -258,7 +258,7 @@ impl DequantizeLinear {
 
 /// `DynamicQuantizeLinear`: u8 asymmetric quantization with scale and zero point computed
 /// from the data range (which always includes 0).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct DynamicQuantizeLinear;
 
 impl DynamicQuantizeLinear {

@@ -10,7 +10,7 @@ pub mod linear;
 pub use integer::{AutoPad, ConvAttrs, ConvInteger, MatMulInteger, QLinearConv, QLinearMatMul};
 pub use linear::{DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum QuantOp {
     QuantizeLinear(QuantizeLinear),
     DequantizeLinear(DequantizeLinear),

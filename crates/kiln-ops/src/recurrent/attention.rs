@@ -15,7 +15,7 @@ use crate::value::{Args, Dim, InferInput, Value, ValueType};
 use kiln_tensor::{DType, Tensor};
 
 /// `Attention` with its attributes (ONNX defaults applied).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Attention {
     pub is_causal: bool,
     /// Head counts; required for 3-D inputs, absent for 4-D ones.

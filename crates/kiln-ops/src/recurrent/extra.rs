@@ -19,7 +19,7 @@ fn sigmoid(x: f64) -> f64 {
 }
 
 /// `RotaryEmbedding`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct RotaryEmbedding {
     pub interleaved: bool,
     /// Rotated prefix of each head (0: the whole head).
@@ -147,7 +147,7 @@ impl RotaryEmbedding {
 }
 
 /// `SwiGLU`: `Y = A * sigmoid(alpha * A) * B` (equal shapes, no broadcasting).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct SwiGlu {
     pub alpha: f32,
 }
@@ -185,7 +185,7 @@ impl SwiGlu {
 }
 
 /// `CausalConvWithState`: depthwise causal conv over `[past_state | input]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct CausalConvWithState {
     /// Fused SiLU (`"silu"` / `"swish"`) after the convolution.
     pub silu: bool,
@@ -266,7 +266,7 @@ impl CausalConvWithState {
 }
 
 /// Update rule of `LinearAttention`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum UpdateRule {
     Linear,
     Gated,
@@ -276,7 +276,7 @@ pub enum UpdateRule {
 
 /// `LinearAttention`: a `(d_k x d_v)` state per kv head updated token by token
 /// (optionally decayed by `exp(decay)` and delta-corrected by `beta`), read by the queries.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct LinearAttention {
     pub q_num_heads: usize,
     pub kv_num_heads: usize,
@@ -482,7 +482,7 @@ fn read_mod(t: &Tensor, shape: &[usize], which: &str) -> Result<Vec<f64>> {
 /// `FlexAttention` (`ai.onnx.preview`): scaled dot-product attention with GQA, softmax in
 /// `softmax_precision` (f32 for 16-bit inputs by default). The `score_mod` / `prob_mod`
 /// subgraphs are run by the runtime through [`FlexAttention::eval_with`].
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct FlexAttention {
     pub scale: Option<f32>,
     pub softmax_precision: Option<DType>,

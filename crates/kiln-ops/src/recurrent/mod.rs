@@ -14,7 +14,7 @@ pub use attention::Attention;
 pub use extra::{CausalConvWithState, FlexAttention, LinearAttention, RotaryEmbedding, SwiGlu, UpdateRule};
 pub use rnn::{Activation, Cell, Direction, Recurrent};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum RecurrentOp {
     Attention(Attention),
     /// `RNN`, `GRU` and `LSTM`.

@@ -14,7 +14,7 @@ use crate::value::{Args, Dim, InferInput, Value, ValueType};
 use kiln_tensor::Tensor;
 
 /// An activation function of the recurrent ops, parameters resolved.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
 pub enum Activation {
     Relu,
     Tanh,
@@ -72,7 +72,7 @@ impl Activation {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum Direction {
     Forward,
     Reverse,
@@ -86,7 +86,7 @@ impl Direction {
 }
 
 /// Which cell the op runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum Cell {
     /// `Ht = f(Xt·Wᵀ + Ht-1·Rᵀ + Wb + Rb)`; one activation per direction.
     Rnn,
@@ -121,7 +121,7 @@ impl Cell {
 }
 
 /// `RNN`, `GRU` or `LSTM` with attributes resolved.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Recurrent {
     pub cell: Cell,
     /// From the attribute when given (checked against `R`'s shape).

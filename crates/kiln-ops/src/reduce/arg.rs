@@ -11,7 +11,7 @@ use crate::value::{Args, Dim, InferInput, Value, ValueType};
 use kiln_tensor::{DType, Data, Tensor};
 
 /// ArgMax (`max`) or ArgMin.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ArgReduce {
     pub max: bool,
     pub axis: i64,

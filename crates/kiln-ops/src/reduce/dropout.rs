@@ -14,7 +14,7 @@ use crate::error::{OpError, Result};
 use crate::value::{Args, InferInput, Value, ValueType};
 use kiln_tensor::{DType, Data, Tensor};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Dropout {
     /// The ratio attribute (opset < 12); `None` reads the optional ratio input (default 0.5).
     pub ratio: Option<f32>,
@@ -146,7 +146,7 @@ impl Dropout {
 
 /// Det: determinant of each square matrix in the last two dims, by LU with partial pivoting
 /// in f64.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Det;
 
 fn det(mut a: Vec<f64>, m: usize) -> f64 {

@@ -14,7 +14,7 @@ use super::softmax::{SoftmaxKind, softmax_lane};
 use crate::error::{OpError, Result};
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum LossReduction {
     None,
     Sum,
@@ -22,7 +22,7 @@ pub enum LossReduction {
 }
 
 /// NegativeLogLikelihoodLoss, or SoftmaxCrossEntropyLoss when `softmax` is set.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Loss {
     pub softmax: bool,
     pub reduction: LossReduction,

@@ -21,7 +21,7 @@ pub use softmax::{Softmax, SoftmaxKind};
 use crate::error::Result;
 use crate::value::{Args, InferInput, Value, ValueType};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum ReduceOp {
     /// ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
     /// ReduceLogSum, ReduceLogSumExp, ReduceSumSquare.

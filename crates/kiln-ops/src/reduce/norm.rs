@@ -43,7 +43,7 @@ fn stat_dtype(stash: DType, x: DType) -> DType {
 }
 
 /// LayerNormalization: normalizes over the dims from `axis` on; outputs Y, Mean, InvStdDev.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct LayerNorm {
     pub axis: i64,
     pub epsilon: f32,
@@ -104,7 +104,7 @@ impl LayerNorm {
 }
 
 /// RMSNormalization: `X / sqrt(mean(X^2 over dims axis..) + epsilon) * scale`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct RmsNorm {
     pub axis: i64,
     pub epsilon: f32,
@@ -168,7 +168,7 @@ fn channel_param(args: &Args<'_>, i: usize, ns: &[usize], what: &str) -> Result<
 /// GroupNormalization: `num_groups` groups of channels, each normalized over its channels and
 /// spatial dims. Scale and bias hold one value per channel (opset 21) or per group (opset 18;
 /// told apart by their length, which only coincide when each group is one channel).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct GroupNorm {
     pub num_groups: i64,
     pub epsilon: f32,
@@ -207,7 +207,7 @@ impl GroupNorm {
 
 /// InstanceNormalization: each (n, c) plane normalized over its spatial dims, then
 /// `scale[c] * x + bias[c]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct InstanceNorm {
     pub epsilon: f32,
 }
@@ -238,7 +238,7 @@ impl InstanceNorm {
 /// `running * momentum + batch * (1 - momentum)`; opsets < 14 also output the batch mean and
 /// variance (saved_mean, saved_var). Parameters of length `C * D1 * ...` (opsets < 9 with
 /// `spatial = 0`) are applied per element of a sample.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct BatchNorm {
     pub epsilon: f32,
     pub momentum: f32,
@@ -337,7 +337,7 @@ impl BatchNorm {
 }
 
 /// LpNormalization: `x / ||x||_p` along `axis` (0 where the norm is 0).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct LpNorm {
     pub axis: i64,
     pub p: i64,
@@ -381,7 +381,7 @@ impl LpNorm {
 
 /// MeanVarianceNormalization: `(X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9)` with the
 /// expectations over `axes` (default [0, 2, 3]), as ONNX's function body defines it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct MeanVarianceNorm {
     pub axes: Vec<i64>,
 }
@@ -418,7 +418,7 @@ impl MeanVarianceNorm {
 
 /// LRN across channels: `x / (bias + alpha / size * sum(x^2 over the window))^beta`, the
 /// window spanning channels `[c - floor((size-1)/2), c + ceil((size-1)/2)]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Lrn {
     pub alpha: f32,
     pub beta: f32,

@@ -20,7 +20,7 @@ use crate::value::{Args, Dim, InferInput, ValueType};
 use kiln_tensor::{Data, Tensor};
 
 /// Which reduction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum ReduceKind {
     Sum,
     Mean,
@@ -52,7 +52,7 @@ impl ReduceKind {
 }
 
 /// Where the reduced axes come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub enum ReduceAxes {
     /// The `axes` attribute (older opsets), or no axes at all when empty.
     Attr(Vec<i64>),
@@ -61,7 +61,7 @@ pub enum ReduceAxes {
 }
 
 /// A `Reduce*` op.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Reduce {
     pub kind: ReduceKind,
     pub axes: ReduceAxes,

@@ -9,14 +9,14 @@ use crate::error::Result;
 use crate::util;
 use crate::value::{Args, InferInput, Value, ValueType};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum SoftmaxKind {
     Softmax,
     LogSoftmax,
     Hardmax,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Softmax {
     pub kind: SoftmaxKind,
     pub axis: i64,
