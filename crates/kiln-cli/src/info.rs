@@ -26,6 +26,7 @@ fn info_text(out: &mut String, path: &Path, symbols: &[(String, usize)], print_g
         path,
         &SessionOptions {
             symbols: symbols.to_vec(),
+            ..SessionOptions::default()
         },
     )
     .with_context(|| format!("cannot load {}", path.display()))?;

@@ -167,7 +167,7 @@ pub fn to_npy(t: &Tensor) -> (Vec<u8>, Written) {
     let (descr, body): (String, Vec<u8>) = match t.data() {
         Data::Bool(v) => ("|b1".into(), v.iter().map(|&b| b as u8).collect()),
         Data::I8(v) => ("|i1".into(), v.iter().map(|&x| x as u8).collect()),
-        Data::U8(v) => ("|u1".into(), v.clone()),
+        Data::U8(v) => ("|u1".into(), v.to_vec()),
         Data::I16(v) => ("<i2".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         Data::U16(v) => ("<u2".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         Data::I32(v) => ("<i4".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),

@@ -1,9 +1,64 @@
-//! kiln-compiler: graph → Program.
+//! kiln-compiler: ONNX-free graph → Program.
 //!
-//! Today the pipeline is verify → lower: each IR value becomes a slot, each node a step,
-//! each subgraph a sub-program with its captures. Optimisation passes and the memory planner
-//! slot in before lowering.
+//! `compile` runs: extra outputs requested by the user are exposed, the ordered optimisation
+//! pipeline (`pipeline.rs`) rewrites the graph at the chosen level, the graph is verified and
+//! lowered (each value a slot, each node a step, each subgraph a sub-program), and the memory
+//! plan is computed for the lowered program.
 
+mod error;
 mod lower;
+mod outputs;
+mod pipeline;
 
-pub use lower::{CompileError, lower};
+pub use error::CompileError;
+pub use lower::lower;
+pub use pipeline::{PassStat, PipelineReport, optimize};
+
+use kiln_ir::Graph;
+use kiln_runtime::Program;
+
+/// Highest optimisation level (`optimization_type` / `-O`).
+pub const MAX_OPT_LEVEL: u8 = 3;
+
+/// What the compiler is asked to do; the typed subset of the configuration it reads.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CompileOptions {
+    /// 0 = no rewrites (debugging), 1 = cleanup (folding, dead code, CSE), 2 = fusions
+    /// (default), 3 = everything.
+    pub opt_level: u8,
+    /// Intermediate values to expose as extra outputs, by name (`--output-tensors`).
+    pub output_tensors: Vec<String>,
+    /// Expose every intermediate tensor value as an output (`--all-outputs`).
+    pub all_outputs: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> CompileOptions {
+        CompileOptions {
+            opt_level: 2,
+            output_tensors: Vec::new(),
+            all_outputs: false,
+        }
+    }
+}
+
+/// The result of compiling: the program and what the pipeline did.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub program: Program,
+    pub report: PipelineReport,
+}
+
+/// Compiles a graph (types inferred, symbols bound) into a Program.
+pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    if options.opt_level > MAX_OPT_LEVEL {
+        return Err(CompileError::Option(format!(
+            "optimization level {} is out of range 0-{MAX_OPT_LEVEL}",
+            options.opt_level
+        )));
+    }
+    outputs::expose(&mut graph, &options.output_tensors, options.all_outputs)?;
+    let report = optimize(&mut graph, options.opt_level)?;
+    let program = lower(&graph)?;
+    Ok(Compiled { program, report })
+}

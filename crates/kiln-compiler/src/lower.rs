@@ -3,12 +3,7 @@
 use kiln_ir::{ControlFlow, Graph, NodeKind};
 use kiln_runtime::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};
 
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CompileError {
-    #[error(transparent)]
-    Verify(#[from] kiln_ir::VerifyError),
-}
+use crate::CompileError;
 
 /// Lowers a verified graph (and its subgraphs) into a Program.
 pub fn lower(graph: &Graph) -> Result<Program, CompileError> {

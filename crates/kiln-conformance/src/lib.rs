@@ -116,9 +116,44 @@ pub fn model_ops(path: &Path) -> Vec<String> {
     ops.into_iter().collect()
 }
 
-/// Runs one case: every data set, every output.
-pub fn run_case(case: &Case) -> Outcome {
-    match std::panic::catch_unwind(|| run_case_inner(case)) {
+/// The ways each case is run; a case passes only when it passes in all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Optimisation level 0: the reference interpreter on the imported graph.
+    Reference,
+    /// Fully optimised (level 3), compiled in memory.
+    Optimized,
+    /// Fully optimised, written to a `.kiln` file, loaded back and run.
+    RoundTrip,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Reference, Mode::Optimized, Mode::RoundTrip];
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Reference => "reference",
+            Mode::Optimized => "optimized",
+            Mode::RoundTrip => "kiln-file",
+        }
+    }
+}
+
+/// Runs one case in every [`Mode`]: every data set, every output. The first failure names its
+/// mode.
+pub fn run_case(case: &Case, modes: &[Mode]) -> Outcome {
+    for &mode in modes {
+        match run_case_in(case, mode) {
+            Outcome::Pass => {}
+            Outcome::Fail(e) if mode == Mode::Reference => return Outcome::Fail(e),
+            Outcome::Fail(e) => return Outcome::Fail(format!("[{}] {e}", mode.name())),
+        }
+    }
+    Outcome::Pass
+}
+
+/// Runs one case in one mode.
+pub fn run_case_in(case: &Case, mode: Mode) -> Outcome {
+    match std::panic::catch_unwind(|| run_case_inner(case, mode)) {
         Ok(Ok(())) => Outcome::Pass,
         Ok(Err(e)) => Outcome::Fail(e),
         Err(p) => {
@@ -131,9 +166,8 @@ pub fn run_case(case: &Case) -> Outcome {
     }
 }
 
-fn run_case_inner(case: &Case) -> Result<(), String> {
-    let session =
-        Session::new(case.dir.join("model.onnx"), &SessionOptions::default()).map_err(|e| format!("load: {e}"))?;
+fn run_case_inner(case: &Case, mode: Mode) -> Result<(), String> {
+    let session = open_session(case, mode)?;
     let inputs = session.inputs();
     let outputs = session.outputs();
     let mut sets: Vec<PathBuf> = std::fs::read_dir(&case.dir)
@@ -181,6 +215,35 @@ fn run_case_inner(case: &Case) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+fn open_session(case: &Case, mode: Mode) -> Result<Session, String> {
+    let model = case.dir.join("model.onnx");
+    let mut options = SessionOptions::default();
+    options.compile.opt_level = match mode {
+        Mode::Reference => 0,
+        Mode::Optimized | Mode::RoundTrip => kiln::raw::compiler::MAX_OPT_LEVEL,
+    };
+    match mode {
+        Mode::Reference | Mode::Optimized => Session::new(model, &options).map_err(|e| format!("load: {e}")),
+        Mode::RoundTrip => {
+            let file = kiln_file_path(case);
+            kiln::compile_file(&model, &file, &options).map_err(|e| format!("compile: {e}"))?;
+            let s = Session::new(&file, &SessionOptions::default()).map_err(|e| format!("load .kiln: {e}"));
+            let _ = std::fs::remove_file(&file);
+            s
+        }
+    }
+}
+
+/// A scratch `.kiln` path for a case, unique per process and case.
+fn kiln_file_path(case: &Case) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "kiln-conformance-{}-{}-{}.kiln",
+        std::process::id(),
+        case.kind,
+        case.name
+    ))
 }
 
 /// The produced value must agree with the graph output's static type (declared in the file and
@@ -278,11 +341,12 @@ pub const CASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120
 
 /// Runs a case on its own thread; a case still running after `limit` is a failure (its thread
 /// is left to finish in the background).
-pub fn run_case_with_timeout(case: &Case, limit: std::time::Duration) -> Outcome {
+pub fn run_case_with_timeout(case: &Case, modes: &[Mode], limit: std::time::Duration) -> Outcome {
     let (tx, rx) = std::sync::mpsc::channel();
     let c = case.clone();
+    let modes = modes.to_vec();
     let spawned = std::thread::Builder::new().stack_size(64 << 20).spawn(move || {
-        let _ = tx.send(run_case(&c));
+        let _ = tx.send(run_case(&c, &modes));
     });
     if let Err(e) = spawned {
         return Outcome::Fail(format!("cannot start a thread: {e}"));
@@ -294,7 +358,12 @@ pub fn run_case_with_timeout(case: &Case, limit: std::time::Duration) -> Outcome
 }
 
 /// Runs cases on `jobs` threads, calling `progress` after each.
-pub fn run_all(cases: &[Case], jobs: usize, progress: &(dyn Fn(&CaseResult) + Sync)) -> Vec<CaseResult> {
+pub fn run_all(
+    cases: &[Case],
+    modes: &[Mode],
+    jobs: usize,
+    progress: &(dyn Fn(&CaseResult) + Sync),
+) -> Vec<CaseResult> {
     let next = AtomicUsize::new(0);
     let results = Mutex::new(Vec::with_capacity(cases.len()));
     std::thread::scope(|s| {
@@ -306,7 +375,7 @@ pub fn run_all(cases: &[Case], jobs: usize, progress: &(dyn Fn(&CaseResult) + Sy
                     let r = CaseResult {
                         case: case.clone(),
                         ops: model_ops(&case.dir.join("model.onnx")),
-                        outcome: run_case_with_timeout(case, CASE_TIMEOUT),
+                        outcome: run_case_with_timeout(case, modes, CASE_TIMEOUT),
                     };
                     progress(&r);
                     if let Ok(mut v) = results.lock() {

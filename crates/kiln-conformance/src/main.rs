@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use kiln_conformance::{
-    KINDS, Outcome, default_data_dir, discover, expected_path, per_op, read_expected, run_all, summarize,
+    KINDS, Mode, Outcome, default_data_dir, discover, expected_path, per_op, read_expected, run_all, summarize,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,6 +27,10 @@ struct Args {
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     jobs: usize,
+    /// Modes to run each case in (comma separated): reference (level 0), optimized (level 3),
+    /// kiln-file (level 3 through a written and reloaded .kiln). Default: all three.
+    #[arg(long, value_delimiter = ',', value_parser = parse_mode)]
+    mode: Option<Vec<Mode>>,
     /// Do not print the per-op table.
     #[arg(long)]
     no_table: bool,
@@ -34,6 +38,13 @@ struct Args {
     /// old list where present, else the failure message).
     #[arg(long)]
     write_expected: Option<PathBuf>,
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    Mode::ALL
+        .into_iter()
+        .find(|m| m.name() == s)
+        .ok_or_else(|| format!("unknown mode '{s}' (reference, optimized, kiln-file)"))
 }
 
 fn main() -> ExitCode {
@@ -69,7 +80,8 @@ fn main() -> ExitCode {
         }
     };
     let verbose = args.verbose;
-    let results = run_all(&cases, args.jobs, &|r| {
+    let modes = args.mode.clone().unwrap_or_else(|| Mode::ALL.to_vec());
+    let results = run_all(&cases, &modes, args.jobs, &|r| {
         if verbose {
             match &r.outcome {
                 Outcome::Pass => println!("PASS {}", r.case.key()),

@@ -2,7 +2,7 @@
 //! against the checked-in expected-failure list. Needs the test data written by
 //! `scripts/setup.sh`; a missing cache is a failure, not a skip.
 
-use kiln_conformance::{KINDS, default_data_dir, discover, expected_path, read_expected, run_all, summarize};
+use kiln_conformance::{KINDS, Mode, default_data_dir, discover, expected_path, read_expected, run_all, summarize};
 
 #[test]
 fn onnx_backend_suite_matches_expected_failures() {
@@ -16,7 +16,7 @@ fn onnx_backend_suite_matches_expected_failures() {
         data.display()
     );
     let expected = read_expected(&expected_path()).unwrap_or_else(|e| panic!("{e}"));
-    let results = run_all(&cases, 2, &|_| {});
+    let results = run_all(&cases, &Mode::ALL, 2, &|_| {});
     let s = summarize(&results, &expected);
     println!("{} passed, {} failed, {} skipped", s.passed, s.failed, s.skipped);
     let keys: std::collections::BTreeSet<String> = cases.iter().map(|c| c.key()).collect();

@@ -140,23 +140,23 @@ fn from_raw(dtype: DType, raw: &[u8], n: usize, name: &str) -> Result<Data> {
         let bytes = (n * bits).div_ceil(8);
         need(raw, bytes, name)?;
         let codes = formats::unpack(dtype, raw, n).ok_or_else(|| ImportError::tensor(name, "packed data too short"))?;
-        return Ok(Data::Coded(codes));
+        return Ok(Data::Coded(codes.into()));
     }
     let size = bits / 8;
     need(raw, n * size, name)?;
     Ok(match dtype {
-        DType::F32 => Data::F32(le(raw, f32::from_le_bytes)),
-        DType::F64 => Data::F64(le(raw, f64::from_le_bytes)),
-        DType::F16 => Data::F16(le(raw, |b| f16::from_bits(u16::from_le_bytes(b)))),
-        DType::BF16 => Data::BF16(le(raw, |b| bf16::from_bits(u16::from_le_bytes(b)))),
+        DType::F32 => Data::F32(le(raw, f32::from_le_bytes).into()),
+        DType::F64 => Data::F64(le(raw, f64::from_le_bytes).into()),
+        DType::F16 => Data::F16(le(raw, |b| f16::from_bits(u16::from_le_bytes(b))).into()),
+        DType::BF16 => Data::BF16(le(raw, |b| bf16::from_bits(u16::from_le_bytes(b))).into()),
         DType::I8 => Data::I8(raw.iter().map(|&b| b as i8).collect()),
-        DType::U8 => Data::U8(raw.to_vec()),
-        DType::I16 => Data::I16(le(raw, i16::from_le_bytes)),
-        DType::U16 => Data::U16(le(raw, u16::from_le_bytes)),
-        DType::I32 => Data::I32(le(raw, i32::from_le_bytes)),
-        DType::U32 => Data::U32(le(raw, u32::from_le_bytes)),
-        DType::I64 => Data::I64(le(raw, i64::from_le_bytes)),
-        DType::U64 => Data::U64(le(raw, u64::from_le_bytes)),
+        DType::U8 => Data::U8(raw.to_vec().into()),
+        DType::I16 => Data::I16(le(raw, i16::from_le_bytes).into()),
+        DType::U16 => Data::U16(le(raw, u16::from_le_bytes).into()),
+        DType::I32 => Data::I32(le(raw, i32::from_le_bytes).into()),
+        DType::U32 => Data::U32(le(raw, u32::from_le_bytes).into()),
+        DType::I64 => Data::I64(le(raw, i64::from_le_bytes).into()),
+        DType::U64 => Data::U64(le(raw, u64::from_le_bytes).into()),
         DType::Bool => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
         _ => {
             return Err(ImportError::tensor(
@@ -182,19 +182,19 @@ fn from_fields(t: &TensorProto, dtype: DType, n: usize, name: &str) -> Result<Da
     Ok(match dtype {
         DType::F32 => {
             count(t.float_data.len(), n, name, "float_data")?;
-            Data::F32(t.float_data.clone())
+            Data::F32(t.float_data.clone().into())
         }
         DType::F64 => {
             count(t.double_data.len(), n, name, "double_data")?;
-            Data::F64(t.double_data.clone())
+            Data::F64(t.double_data.clone().into())
         }
         DType::I64 => {
             count(t.int64_data.len(), n, name, "int64_data")?;
-            Data::I64(t.int64_data.clone())
+            Data::I64(t.int64_data.clone().into())
         }
         DType::U64 => {
             count(t.uint64_data.len(), n, name, "uint64_data")?;
-            Data::U64(t.uint64_data.clone())
+            Data::U64(t.uint64_data.clone().into())
         }
         DType::U32 => {
             count(t.uint64_data.len(), n, name, "uint64_data")?;
@@ -211,7 +211,7 @@ fn from_fields(t: &TensorProto, dtype: DType, n: usize, name: &str) -> Result<Da
         }
         DType::I32 => {
             count(i32s.len(), n, name, "int32_data")?;
-            Data::I32(i32s.clone())
+            Data::I32(i32s.clone().into())
         }
         DType::I16 => {
             count(i32s.len(), n, name, "int32_data")?;
@@ -250,7 +250,7 @@ fn from_fields(t: &TensorProto, dtype: DType, n: usize, name: &str) -> Result<Da
                     format!("int32_data holds {} values, too few for {n} elements", i32s.len()),
                 )
             })?;
-            Data::Coded(codes)
+            Data::Coded(codes.into())
         }
     })
 }
@@ -272,7 +272,7 @@ pub fn to_proto(t: &Tensor, name: &str) -> TensorProto {
         Data::I16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::U8(v) => v.clone(),
+        Data::U8(v) => v.to_vec(),
         Data::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::U64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),

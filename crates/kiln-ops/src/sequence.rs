@@ -312,7 +312,7 @@ fn join_data(items: &[&Tensor]) -> Result<Data> {
                             _ => return Err(OpError::DTypeMismatch { a: items[0].dtype(), b: t.dtype() }),
                         }
                     }
-                    Ok(Data::$var(out))
+                    Ok(Data::$var(out.into()))
                 })*
             }
         };

@@ -1,5 +1,6 @@
 //! The owned, dense, row-major tensor and its typed element storage.
 
+use crate::buf::Buf;
 use crate::dtype::DType;
 use half::{bf16, f16};
 
@@ -24,21 +25,21 @@ pub enum TensorError {
 /// type (float8, fp4, int4, int2, e8m0) is kept in `Coded`, one element per byte.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum Data {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    I8(Vec<i8>),
-    I16(Vec<i16>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-    U8(Vec<u8>),
-    U16(Vec<u16>),
-    U32(Vec<u32>),
-    U64(Vec<u64>),
-    Bool(Vec<bool>),
-    Str(Vec<String>),
-    Coded(Vec<u8>),
+    F32(Buf<f32>),
+    F64(Buf<f64>),
+    F16(Buf<f16>),
+    BF16(Buf<bf16>),
+    I8(Buf<i8>),
+    I16(Buf<i16>),
+    I32(Buf<i32>),
+    I64(Buf<i64>),
+    U8(Buf<u8>),
+    U16(Buf<u16>),
+    U32(Buf<u32>),
+    U64(Buf<u64>),
+    Bool(Buf<bool>),
+    Str(Buf<String>),
+    Coded(Buf<u8>),
 }
 
 /// Applies `$body` (an expression over `$v: &Vec<T>` producing `Vec<T>`) to whichever variant
@@ -48,21 +49,21 @@ pub enum Data {
 macro_rules! map_data {
     ($data:expr, $v:ident => $body:expr) => {
         match $data {
-            $crate::Data::F32($v) => $crate::Data::F32($body),
-            $crate::Data::F64($v) => $crate::Data::F64($body),
-            $crate::Data::F16($v) => $crate::Data::F16($body),
-            $crate::Data::BF16($v) => $crate::Data::BF16($body),
-            $crate::Data::I8($v) => $crate::Data::I8($body),
-            $crate::Data::I16($v) => $crate::Data::I16($body),
-            $crate::Data::I32($v) => $crate::Data::I32($body),
-            $crate::Data::I64($v) => $crate::Data::I64($body),
-            $crate::Data::U8($v) => $crate::Data::U8($body),
-            $crate::Data::U16($v) => $crate::Data::U16($body),
-            $crate::Data::U32($v) => $crate::Data::U32($body),
-            $crate::Data::U64($v) => $crate::Data::U64($body),
-            $crate::Data::Bool($v) => $crate::Data::Bool($body),
-            $crate::Data::Str($v) => $crate::Data::Str($body),
-            $crate::Data::Coded($v) => $crate::Data::Coded($body),
+            $crate::Data::F32($v) => $crate::Data::F32($crate::Buf::from_vec($body)),
+            $crate::Data::F64($v) => $crate::Data::F64($crate::Buf::from_vec($body)),
+            $crate::Data::F16($v) => $crate::Data::F16($crate::Buf::from_vec($body)),
+            $crate::Data::BF16($v) => $crate::Data::BF16($crate::Buf::from_vec($body)),
+            $crate::Data::I8($v) => $crate::Data::I8($crate::Buf::from_vec($body)),
+            $crate::Data::I16($v) => $crate::Data::I16($crate::Buf::from_vec($body)),
+            $crate::Data::I32($v) => $crate::Data::I32($crate::Buf::from_vec($body)),
+            $crate::Data::I64($v) => $crate::Data::I64($crate::Buf::from_vec($body)),
+            $crate::Data::U8($v) => $crate::Data::U8($crate::Buf::from_vec($body)),
+            $crate::Data::U16($v) => $crate::Data::U16($crate::Buf::from_vec($body)),
+            $crate::Data::U32($v) => $crate::Data::U32($crate::Buf::from_vec($body)),
+            $crate::Data::U64($v) => $crate::Data::U64($crate::Buf::from_vec($body)),
+            $crate::Data::Bool($v) => $crate::Data::Bool($crate::Buf::from_vec($body)),
+            $crate::Data::Str($v) => $crate::Data::Str($crate::Buf::from_vec($body)),
+            $crate::Data::Coded($v) => $crate::Data::Coded($crate::Buf::from_vec($body)),
         }
     };
 }
@@ -73,21 +74,21 @@ macro_rules! map_data {
 macro_rules! try_map_data {
     ($data:expr, $v:ident => $body:expr) => {
         match $data {
-            $crate::Data::F32($v) => $body.map($crate::Data::F32),
-            $crate::Data::F64($v) => $body.map($crate::Data::F64),
-            $crate::Data::F16($v) => $body.map($crate::Data::F16),
-            $crate::Data::BF16($v) => $body.map($crate::Data::BF16),
-            $crate::Data::I8($v) => $body.map($crate::Data::I8),
-            $crate::Data::I16($v) => $body.map($crate::Data::I16),
-            $crate::Data::I32($v) => $body.map($crate::Data::I32),
-            $crate::Data::I64($v) => $body.map($crate::Data::I64),
-            $crate::Data::U8($v) => $body.map($crate::Data::U8),
-            $crate::Data::U16($v) => $body.map($crate::Data::U16),
-            $crate::Data::U32($v) => $body.map($crate::Data::U32),
-            $crate::Data::U64($v) => $body.map($crate::Data::U64),
-            $crate::Data::Bool($v) => $body.map($crate::Data::Bool),
-            $crate::Data::Str($v) => $body.map($crate::Data::Str),
-            $crate::Data::Coded($v) => $body.map($crate::Data::Coded),
+            $crate::Data::F32($v) => $body.map(|b| $crate::Data::F32($crate::Buf::from_vec(b))),
+            $crate::Data::F64($v) => $body.map(|b| $crate::Data::F64($crate::Buf::from_vec(b))),
+            $crate::Data::F16($v) => $body.map(|b| $crate::Data::F16($crate::Buf::from_vec(b))),
+            $crate::Data::BF16($v) => $body.map(|b| $crate::Data::BF16($crate::Buf::from_vec(b))),
+            $crate::Data::I8($v) => $body.map(|b| $crate::Data::I8($crate::Buf::from_vec(b))),
+            $crate::Data::I16($v) => $body.map(|b| $crate::Data::I16($crate::Buf::from_vec(b))),
+            $crate::Data::I32($v) => $body.map(|b| $crate::Data::I32($crate::Buf::from_vec(b))),
+            $crate::Data::I64($v) => $body.map(|b| $crate::Data::I64($crate::Buf::from_vec(b))),
+            $crate::Data::U8($v) => $body.map(|b| $crate::Data::U8($crate::Buf::from_vec(b))),
+            $crate::Data::U16($v) => $body.map(|b| $crate::Data::U16($crate::Buf::from_vec(b))),
+            $crate::Data::U32($v) => $body.map(|b| $crate::Data::U32($crate::Buf::from_vec(b))),
+            $crate::Data::U64($v) => $body.map(|b| $crate::Data::U64($crate::Buf::from_vec(b))),
+            $crate::Data::Bool($v) => $body.map(|b| $crate::Data::Bool($crate::Buf::from_vec(b))),
+            $crate::Data::Str($v) => $body.map(|b| $crate::Data::Str($crate::Buf::from_vec(b))),
+            $crate::Data::Coded($v) => $body.map(|b| $crate::Data::Coded($crate::Buf::from_vec(b))),
         }
     };
 }
@@ -148,21 +149,21 @@ impl Data {
     /// Storage of `n` zero elements (empty strings, false, +0.0) for `dtype`.
     pub fn zeros(dtype: DType, n: usize) -> Data {
         match dtype {
-            DType::F32 => Data::F32(vec![0.0; n]),
-            DType::F64 => Data::F64(vec![0.0; n]),
-            DType::F16 => Data::F16(vec![f16::ZERO; n]),
-            DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
-            DType::I8 => Data::I8(vec![0; n]),
-            DType::I16 => Data::I16(vec![0; n]),
-            DType::I32 => Data::I32(vec![0; n]),
-            DType::I64 => Data::I64(vec![0; n]),
-            DType::U8 => Data::U8(vec![0; n]),
-            DType::U16 => Data::U16(vec![0; n]),
-            DType::U32 => Data::U32(vec![0; n]),
-            DType::U64 => Data::U64(vec![0; n]),
-            DType::Bool => Data::Bool(vec![false; n]),
-            DType::String => Data::Str(vec![String::new(); n]),
-            _ => Data::Coded(vec![0; n]),
+            DType::F32 => Data::F32(vec![0.0; n].into()),
+            DType::F64 => Data::F64(vec![0.0; n].into()),
+            DType::F16 => Data::F16(vec![f16::ZERO; n].into()),
+            DType::BF16 => Data::BF16(vec![bf16::ZERO; n].into()),
+            DType::I8 => Data::I8(vec![0; n].into()),
+            DType::I16 => Data::I16(vec![0; n].into()),
+            DType::I32 => Data::I32(vec![0; n].into()),
+            DType::I64 => Data::I64(vec![0; n].into()),
+            DType::U8 => Data::U8(vec![0; n].into()),
+            DType::U16 => Data::U16(vec![0; n].into()),
+            DType::U32 => Data::U32(vec![0; n].into()),
+            DType::U64 => Data::U64(vec![0; n].into()),
+            DType::Bool => Data::Bool(vec![false; n].into()),
+            DType::String => Data::Str(vec![String::new(); n].into()),
+            _ => Data::Coded(vec![0; n].into()),
         }
     }
 
@@ -189,7 +190,7 @@ impl Data {
 }
 
 /// A Rust element type with a fixed tensor dtype and storage variant.
-pub trait Element: Clone + Sized + 'static {
+pub trait Element: crate::buf::Plain {
     const DTYPE: DType;
     fn wrap(v: Vec<Self>) -> Data;
     fn slice(d: &Data) -> Option<&[Self]>;
@@ -201,7 +202,7 @@ macro_rules! element {
         impl Element for $t {
             const DTYPE: DType = DType::$dt;
             fn wrap(v: Vec<Self>) -> Data {
-                Data::$var(v)
+                Data::$var(Buf::from(v))
             }
             fn slice(d: &Data) -> Option<&[Self]> {
                 match d {
@@ -211,7 +212,7 @@ macro_rules! element {
             }
             fn into_vec(d: Data) -> Option<Vec<Self>> {
                 match d {
-                    Data::$var(v) => Some(v),
+                    Data::$var(v) => Some(v.into_vec()),
                     _ => None,
                 }
             }
@@ -335,7 +336,7 @@ impl Tensor {
 
     /// A byte-coded tensor (float8, fp4, int4, int2, e8m0) from one code per element.
     pub fn from_codes(dtype: DType, shape: Vec<usize>, codes: Vec<u8>) -> Result<Tensor, TensorError> {
-        Tensor::new(dtype, shape, Data::Coded(codes))
+        Tensor::new(dtype, shape, Data::Coded(codes.into()))
     }
 
     pub fn dtype(&self) -> DType {
@@ -428,7 +429,7 @@ impl Tensor {
     pub fn from_f64(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tensor, TensorError> {
         let data = match dtype {
             DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
-            DType::F64 => Data::F64(v.to_vec()),
+            DType::F64 => Data::F64(v.to_vec().into()),
             DType::F16 => Data::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
             DType::BF16 => Data::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
             DType::I8 => Data::I8(v.iter().map(|&x| x as i8).collect()),
@@ -460,7 +461,7 @@ impl Tensor {
     pub fn to_f64_vec(&self) -> Vec<f64> {
         match &self.data {
             Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-            Data::F64(v) => v.clone(),
+            Data::F64(v) => v.to_vec(),
             Data::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
             Data::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
             Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
@@ -484,7 +485,7 @@ impl Tensor {
     /// are truncated; `None` for strings.
     pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
         Some(match &self.data {
-            Data::I64(v) => v.clone(),
+            Data::I64(v) => v.to_vec(),
             Data::I32(v) => v.iter().map(|&x| x as i64).collect(),
             Data::I16(v) => v.iter().map(|&x| x as i64).collect(),
             Data::I8(v) => v.iter().map(|&x| x as i64).collect(),
@@ -533,9 +534,9 @@ mod tests {
 
     #[test]
     fn new_checks_length_and_variant() {
-        assert!(Tensor::new(DType::F32, vec![2, 2], Data::F32(vec![0.0; 3])).is_err());
-        assert!(Tensor::new(DType::F32, vec![2], Data::I32(vec![0; 2])).is_err());
-        assert!(Tensor::new(DType::F8E4M3FN, vec![2], Data::Coded(vec![0; 2])).is_ok());
+        assert!(Tensor::new(DType::F32, vec![2, 2], Data::F32(vec![0.0; 3].into())).is_err());
+        assert!(Tensor::new(DType::F32, vec![2], Data::I32(vec![0; 2].into())).is_err());
+        assert!(Tensor::new(DType::F8E4M3FN, vec![2], Data::Coded(vec![0; 2].into())).is_ok());
     }
 
     #[test]

@@ -10,12 +10,13 @@
 
 mod session;
 
+pub use kiln_compiler::CompileOptions;
 pub use kiln_ir::Graph;
 pub use kiln_onnx::{ImportError, Model, UnsupportedOp};
 pub use kiln_ops::{Dim, Sequence, TensorType, Value, ValueType};
 pub use kiln_runtime::RuntimeError;
 pub use kiln_tensor::{DType, Data, Mismatch, Tensor, TensorError, bf16, compare, f16};
-pub use session::{Error, IoInfo, Session, SessionOptions, load_onnx};
+pub use session::{Error, IoInfo, Session, SessionOptions, compile_file, load_onnx};
 
 /// Lower-level crates, for tools (CLI, conformance, benchmarks) that need them.
 pub mod raw {

@@ -1,5 +1,6 @@
 //! Session: a loaded, compiled model ready to run; immutable and shareable across threads.
 
+use kiln_compiler::CompileOptions;
 use kiln_onnx::{ImportOptions, Model};
 use kiln_ops::{Value, ValueType};
 use kiln_runtime::Program;
@@ -25,6 +26,8 @@ pub struct SessionOptions {
     /// Bindings of symbolic input dims (`--define-symbol NAME=VALUE`, qaic's
     /// `onnx_define_symbol`).
     pub symbols: Vec<(String, usize)>,
+    /// How an `.onnx` model is compiled (ignored for a `.kiln` program, which is compiled).
+    pub compile: CompileOptions,
 }
 
 /// Name and static type of one model input or output.
@@ -50,6 +53,15 @@ pub fn load_onnx(path: impl AsRef<Path>, options: &SessionOptions) -> Result<Mod
     )?)
 }
 
+/// Compiles an `.onnx` model into a `.kiln` program file.
+pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Result<(), Error> {
+    let _ = (model, options);
+    Err(Error::Unsupported {
+        path: out.display().to_string(),
+        reason: "writing .kiln programs is not implemented yet".into(),
+    })
+}
+
 impl Session {
     /// Opens an `.onnx` model (imported and compiled in memory).
     pub fn new(path: impl AsRef<Path>, options: &SessionOptions) -> Result<Session, Error> {
@@ -61,13 +73,15 @@ impl Session {
             });
         }
         let model = load_onnx(path, options)?;
-        Session::from_model(&model)
+        Session::from_model(&model, options)
     }
 
     /// Compiles an already imported model.
-    pub fn from_model(model: &Model) -> Result<Session, Error> {
-        let program = kiln_compiler::lower(&model.graph)?;
-        Ok(Session { program })
+    pub fn from_model(model: &Model, options: &SessionOptions) -> Result<Session, Error> {
+        let compiled = kiln_compiler::compile(model.graph.clone(), &options.compile)?;
+        Ok(Session {
+            program: compiled.program,
+        })
     }
 
     pub fn inputs(&self) -> Vec<IoInfo> {

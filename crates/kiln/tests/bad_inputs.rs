@@ -212,7 +212,7 @@ fn absurd_declared_shapes_are_refused_before_allocation() {
         vec![value_info("y", F32, &[Dim::S("a"), Dim::S("b")])],
         vec![],
     );
-    let s = Session::from_model(&import(&m).unwrap()).unwrap();
+    let s = Session::from_model(&import(&m).unwrap(), &SessionOptions::default()).unwrap();
     let shape = Tensor::from_vec(vec![2], vec![1i64 << 20, 1 << 20]).unwrap();
     let e = s.run(vec![("s".into(), Value::Tensor(shape))]).unwrap_err().to_string();
     assert!(e.contains("cos") && e.contains("ConstantOfShape"), "{e}");
@@ -226,7 +226,7 @@ fn out_of_range_indices_name_the_node() {
         vec![value_info("y", F32, &[Dim::N(1)])],
         vec![i64_tensor("idx", &[1], &[10])],
     );
-    let s = Session::from_model(&import(&m).unwrap()).unwrap();
+    let s = Session::from_model(&import(&m).unwrap(), &SessionOptions::default()).unwrap();
     let x = Tensor::from_vec(vec![3], vec![1.0f32, 2.0, 3.0]).unwrap();
     let e = s.run(vec![("x".into(), Value::Tensor(x))]).unwrap_err().to_string();
     assert!(e.contains("gather0") && e.contains("10"), "{e}");
@@ -247,7 +247,7 @@ fn symbols_bind_and_inputs_are_checked_against_them() {
     let g = import(&m).unwrap();
     let z = g.graph.value(g.graph.outputs[0]).unwrap();
     assert_eq!(z.ty.to_string(), "f32[batch,3]");
-    let s = Session::from_model(&g).unwrap();
+    let s = Session::from_model(&g, &SessionOptions::default()).unwrap();
     let t = |n: usize| Value::Tensor(Tensor::zeros(kiln::DType::F32, vec![n, 3]).unwrap());
     let e = s
         .run(vec![("x".into(), t(2)), ("y".into(), t(3))])
@@ -270,7 +270,7 @@ fn symbols_bind_and_inputs_are_checked_against_them() {
     .unwrap();
     let z = g.graph.value(g.graph.outputs[0]).unwrap();
     assert_eq!(z.ty.to_string(), "f32[4,3]");
-    let s = Session::from_model(&g).unwrap();
+    let s = Session::from_model(&g, &SessionOptions::default()).unwrap();
     let e = s
         .run(vec![("x".into(), t(2)), ("y".into(), t(2))])
         .unwrap_err()
@@ -314,7 +314,7 @@ fn truncated_and_corrupted_bytes_never_panic() {
             let mut b = bytes.clone();
             b[i] ^= flip;
             if let Ok(g) = load_model_bytes(b.into(), &ImportOptions::default()) {
-                let _ = Session::from_model(&g).map(|s| {
+                let _ = Session::from_model(&g, &SessionOptions::default()).map(|s| {
                     let x = Tensor::zeros(kiln::DType::F32, vec![4]).unwrap();
                     s.run(vec![("x".into(), Value::Tensor(x))])
                 });
@@ -416,7 +416,7 @@ fn model_local_functions_are_inlined() {
         domain: Some("my.domain".into()),
         version: Some(1),
     });
-    let s = Session::from_model(&import(&m).unwrap()).unwrap();
+    let s = Session::from_model(&import(&m).unwrap(), &SessionOptions::default()).unwrap();
     let x = Tensor::from_vec(vec![2], vec![-4.0f32, 1.0]).unwrap();
     let y = Tensor::from_vec(vec![2], vec![1.0f32, 1.0]).unwrap();
     let out = s

@@ -240,19 +240,22 @@ impl Binary {
                 }
             }
             And | Or | Xor => match (a.data(), b.data()) {
-                (Data::Bool(x), Data::Bool(y)) => Data::Bool(match self.op {
-                    And => m.zip(x, y, |p, q| p && q),
-                    Or => m.zip(x, y, |p, q| p || q),
-                    _ => m.zip(x, y, |p, q| p != q),
-                }),
+                (Data::Bool(x), Data::Bool(y)) => Data::Bool(
+                    match self.op {
+                        And => m.zip(x, y, |p, q| p && q),
+                        Or => m.zip(x, y, |p, q| p || q),
+                        _ => m.zip(x, y, |p, q| p != q),
+                    }
+                    .into(),
+                ),
                 _ => return Err(unsupported()),
             },
             Equal | Less | LessOrEqual | Greater | GreaterOrEqual => match (a.data(), b.data()) {
-                (Data::Bool(x), Data::Bool(y)) => Data::Bool(compare(self.op, x, y, &m)),
-                (Data::Str(x), Data::Str(y)) => Data::Bool(compare(self.op, x, y, &m)),
-                (da, db) => {
-                    Data::Bool(with_num2!(da, db, (x, y) => compare(self.op, x, y, &m), else return Err(unsupported())))
-                }
+                (Data::Bool(x), Data::Bool(y)) => Data::Bool(compare(self.op, x, y, &m).into()),
+                (Data::Str(x), Data::Str(y)) => Data::Bool(compare(self.op, x, y, &m).into()),
+                (da, db) => Data::Bool(
+                    with_num2!(da, db, (x, y) => compare(self.op, x, y, &m), else return Err(unsupported())).into(),
+                ),
             },
         };
         Ok(Tensor::new(out_dt, m.shape, data)?)

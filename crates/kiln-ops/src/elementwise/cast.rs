@@ -46,8 +46,8 @@ fn source(x: &Tensor) -> Vals {
         Data::U16(v) => Vals::Int(v.iter().map(|&a| a as i128).collect()),
         Data::U32(v) => Vals::Int(v.iter().map(|&a| a as i128).collect()),
         Data::U64(v) => Vals::Int(v.iter().map(|&a| a as i128).collect()),
-        Data::Bool(v) => Vals::Bool(v.clone()),
-        Data::Str(v) => Vals::Str(v.clone()),
+        Data::Bool(v) => Vals::Bool(v.to_vec()),
+        Data::Str(v) => Vals::Str(v.to_vec()),
         Data::Coded(_) if x.dtype().is_int() => Vals::Int(x.to_f64_vec().into_iter().map(|a| a as i128).collect()),
         _ => Vals::Float(x.to_f64_vec()),
     }
@@ -146,7 +146,7 @@ impl Cast {
         let ints = || src.ints();
         let data = match to {
             DType::F32 => Data::F32(src.floats().into_iter().map(|a| a as f32).collect()),
-            DType::F64 => Data::F64(src.floats()),
+            DType::F64 => Data::F64(src.floats().into()),
             DType::F16 => Data::F16(src.floats().into_iter().map(f16::from_f64).collect()),
             DType::BF16 => Data::BF16(src.floats().into_iter().map(|a| bf16::from_f32(a as f32)).collect()),
             DType::I8 => Data::I8(ints().into_iter().map(|a| a as i8).collect()),
@@ -157,8 +157,11 @@ impl Cast {
             DType::U16 => Data::U16(ints().into_iter().map(|a| a as u16).collect()),
             DType::U32 => Data::U32(ints().into_iter().map(|a| a as u32).collect()),
             DType::U64 => Data::U64(ints().into_iter().map(|a| a as u64).collect()),
-            DType::Bool => Data::Bool(src.bools()),
-            DType::String => Data::Str(src.strings(matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16))),
+            DType::Bool => Data::Bool(src.bools().into()),
+            DType::String => Data::Str(
+                src.strings(matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16))
+                    .into(),
+            ),
             DType::U4 | DType::I4 | DType::U2 | DType::I2 => {
                 Data::Coded(ints().into_iter().map(|a| wrap_int(to, a as i64)).collect())
             }
@@ -205,7 +208,7 @@ fn raw_bits(x: &Tensor) -> Option<Vec<u64>> {
         Data::U8(v) => v.iter().map(|&a| u64::from(a)).collect(),
         Data::U16(v) => v.iter().map(|&a| u64::from(a)).collect(),
         Data::U32(v) => v.iter().map(|&a| u64::from(a)).collect(),
-        Data::U64(v) => v.clone(),
+        Data::U64(v) => v.to_vec(),
         Data::Bool(v) => v.iter().map(|&b| u64::from(b)).collect(),
         Data::Coded(v) => v.iter().map(|&c| u64::from(c)).collect(),
         Data::Str(_) => return None,
@@ -244,7 +247,7 @@ impl BitCast {
             DType::U8 => Data::U8(bits.iter().map(|&b| b as u8).collect()),
             DType::U16 => Data::U16(bits.iter().map(|&b| b as u16).collect()),
             DType::U32 => Data::U32(bits.iter().map(|&b| b as u32).collect()),
-            DType::U64 => Data::U64(bits),
+            DType::U64 => Data::U64(bits.into()),
             DType::Bool => Data::Bool(bits.iter().map(|&b| b != 0).collect()),
             _ => {
                 let mask = ((1u16 << to.packed_bits().min(8)) - 1) as u64;

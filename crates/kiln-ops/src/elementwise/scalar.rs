@@ -402,21 +402,51 @@ macro_rules! with_int2 {
 macro_rules! map_same2 {
     ($a:expr, $b:expr, ($x:ident, $y:ident) => $body:expr, else $other:expr) => {
         match ($a, $b) {
-            (kiln_tensor::Data::F32($x), kiln_tensor::Data::F32($y)) => kiln_tensor::Data::F32($body),
-            (kiln_tensor::Data::F64($x), kiln_tensor::Data::F64($y)) => kiln_tensor::Data::F64($body),
-            (kiln_tensor::Data::F16($x), kiln_tensor::Data::F16($y)) => kiln_tensor::Data::F16($body),
-            (kiln_tensor::Data::BF16($x), kiln_tensor::Data::BF16($y)) => kiln_tensor::Data::BF16($body),
-            (kiln_tensor::Data::I8($x), kiln_tensor::Data::I8($y)) => kiln_tensor::Data::I8($body),
-            (kiln_tensor::Data::I16($x), kiln_tensor::Data::I16($y)) => kiln_tensor::Data::I16($body),
-            (kiln_tensor::Data::I32($x), kiln_tensor::Data::I32($y)) => kiln_tensor::Data::I32($body),
-            (kiln_tensor::Data::I64($x), kiln_tensor::Data::I64($y)) => kiln_tensor::Data::I64($body),
-            (kiln_tensor::Data::U8($x), kiln_tensor::Data::U8($y)) => kiln_tensor::Data::U8($body),
-            (kiln_tensor::Data::U16($x), kiln_tensor::Data::U16($y)) => kiln_tensor::Data::U16($body),
-            (kiln_tensor::Data::U32($x), kiln_tensor::Data::U32($y)) => kiln_tensor::Data::U32($body),
-            (kiln_tensor::Data::U64($x), kiln_tensor::Data::U64($y)) => kiln_tensor::Data::U64($body),
-            (kiln_tensor::Data::Bool($x), kiln_tensor::Data::Bool($y)) => kiln_tensor::Data::Bool($body),
-            (kiln_tensor::Data::Str($x), kiln_tensor::Data::Str($y)) => kiln_tensor::Data::Str($body),
-            (kiln_tensor::Data::Coded($x), kiln_tensor::Data::Coded($y)) => kiln_tensor::Data::Coded($body),
+            (kiln_tensor::Data::F32($x), kiln_tensor::Data::F32($y)) => {
+                kiln_tensor::Data::F32(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::F64($x), kiln_tensor::Data::F64($y)) => {
+                kiln_tensor::Data::F64(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::F16($x), kiln_tensor::Data::F16($y)) => {
+                kiln_tensor::Data::F16(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::BF16($x), kiln_tensor::Data::BF16($y)) => {
+                kiln_tensor::Data::BF16(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::I8($x), kiln_tensor::Data::I8($y)) => {
+                kiln_tensor::Data::I8(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::I16($x), kiln_tensor::Data::I16($y)) => {
+                kiln_tensor::Data::I16(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::I32($x), kiln_tensor::Data::I32($y)) => {
+                kiln_tensor::Data::I32(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::I64($x), kiln_tensor::Data::I64($y)) => {
+                kiln_tensor::Data::I64(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::U8($x), kiln_tensor::Data::U8($y)) => {
+                kiln_tensor::Data::U8(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::U16($x), kiln_tensor::Data::U16($y)) => {
+                kiln_tensor::Data::U16(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::U32($x), kiln_tensor::Data::U32($y)) => {
+                kiln_tensor::Data::U32(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::U64($x), kiln_tensor::Data::U64($y)) => {
+                kiln_tensor::Data::U64(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::Bool($x), kiln_tensor::Data::Bool($y)) => {
+                kiln_tensor::Data::Bool(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::Str($x), kiln_tensor::Data::Str($y)) => {
+                kiln_tensor::Data::Str(kiln_tensor::Buf::from_vec($body))
+            }
+            (kiln_tensor::Data::Coded($x), kiln_tensor::Data::Coded($y)) => {
+                kiln_tensor::Data::Coded(kiln_tensor::Buf::from_vec($body))
+            }
             _ => $other,
         }
     };

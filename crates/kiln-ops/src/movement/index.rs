@@ -213,7 +213,7 @@ fn scatter(data: &Tensor, updates: &Tensor, targets: &[usize], red: Reduction) -
                 _ => out[t] & u,
             };
         }
-        Data::Bool(out)
+        Data::Bool(out.into())
     } else {
         try_map_num!(all, 0, v => reduce_into(&v[..n], &v[n..], targets, red))?
     };

@@ -119,18 +119,18 @@ pub(crate) use with_data;
 macro_rules! try_map_num {
     ($t:expr, $index:expr, $v:ident => $body:expr) => {
         match $t.data() {
-            Data::F32($v) => $body.map(Data::F32),
-            Data::F64($v) => $body.map(Data::F64),
-            Data::F16($v) => $body.map(Data::F16),
-            Data::BF16($v) => $body.map(Data::BF16),
-            Data::I8($v) => $body.map(Data::I8),
-            Data::I16($v) => $body.map(Data::I16),
-            Data::I32($v) => $body.map(Data::I32),
-            Data::I64($v) => $body.map(Data::I64),
-            Data::U8($v) => $body.map(Data::U8),
-            Data::U16($v) => $body.map(Data::U16),
-            Data::U32($v) => $body.map(Data::U32),
-            Data::U64($v) => $body.map(Data::U64),
+            Data::F32($v) => $body.map(|v| Data::F32(kiln_tensor::Buf::from_vec(v))),
+            Data::F64($v) => $body.map(|v| Data::F64(kiln_tensor::Buf::from_vec(v))),
+            Data::F16($v) => $body.map(|v| Data::F16(kiln_tensor::Buf::from_vec(v))),
+            Data::BF16($v) => $body.map(|v| Data::BF16(kiln_tensor::Buf::from_vec(v))),
+            Data::I8($v) => $body.map(|v| Data::I8(kiln_tensor::Buf::from_vec(v))),
+            Data::I16($v) => $body.map(|v| Data::I16(kiln_tensor::Buf::from_vec(v))),
+            Data::I32($v) => $body.map(|v| Data::I32(kiln_tensor::Buf::from_vec(v))),
+            Data::I64($v) => $body.map(|v| Data::I64(kiln_tensor::Buf::from_vec(v))),
+            Data::U8($v) => $body.map(|v| Data::U8(kiln_tensor::Buf::from_vec(v))),
+            Data::U16($v) => $body.map(|v| Data::U16(kiln_tensor::Buf::from_vec(v))),
+            Data::U32($v) => $body.map(|v| Data::U32(kiln_tensor::Buf::from_vec(v))),
+            Data::U64($v) => $body.map(|v| Data::U64(kiln_tensor::Buf::from_vec(v))),
             _ => Err(OpError::UnsupportedDType {
                 index: $index,
                 got: $t.dtype(),
@@ -233,24 +233,24 @@ impl Num for bf16 {
 /// A one-element tensor of `dtype` holding `v` (converted as a cast would).
 pub(crate) fn scalar_of(dtype: DType, v: f64) -> Result<Tensor> {
     let data = match dtype {
-        DType::F32 => Data::F32(vec![v as f32]),
-        DType::F64 => Data::F64(vec![v]),
-        DType::F16 => Data::F16(vec![f16::from_f64(v)]),
-        DType::BF16 => Data::BF16(vec![bf16::from_f64(v)]),
-        DType::I8 => Data::I8(vec![v as i8]),
-        DType::I16 => Data::I16(vec![v as i16]),
-        DType::I32 => Data::I32(vec![v as i32]),
-        DType::I64 => Data::I64(vec![v as i64]),
-        DType::U8 => Data::U8(vec![v as u8]),
-        DType::U16 => Data::U16(vec![v as u16]),
-        DType::U32 => Data::U32(vec![v as u32]),
-        DType::U64 => Data::U64(vec![v as u64]),
-        DType::Bool => Data::Bool(vec![v != 0.0]),
+        DType::F32 => Data::F32(vec![v as f32].into()),
+        DType::F64 => Data::F64(vec![v].into()),
+        DType::F16 => Data::F16(vec![f16::from_f64(v)].into()),
+        DType::BF16 => Data::BF16(vec![bf16::from_f64(v)].into()),
+        DType::I8 => Data::I8(vec![v as i8].into()),
+        DType::I16 => Data::I16(vec![v as i16].into()),
+        DType::I32 => Data::I32(vec![v as i32].into()),
+        DType::I64 => Data::I64(vec![v as i64].into()),
+        DType::U8 => Data::U8(vec![v as u8].into()),
+        DType::U16 => Data::U16(vec![v as u16].into()),
+        DType::U32 => Data::U32(vec![v as u32].into()),
+        DType::U64 => Data::U64(vec![v as u64].into()),
+        DType::Bool => Data::Bool(vec![v != 0.0].into()),
         DType::String => {
             return Err(OpError::Value(format!("cannot make a string from the number {v}")));
         }
-        d if d.is_float() => Data::Coded(vec![kiln_tensor::formats::encode_float(d, v as f32, false)]),
-        d => Data::Coded(vec![kiln_tensor::formats::encode_int(d, v)]),
+        d if d.is_float() => Data::Coded(vec![kiln_tensor::formats::encode_float(d, v as f32, false)].into()),
+        d => Data::Coded(vec![kiln_tensor::formats::encode_int(d, v)].into()),
     };
     Ok(Tensor::new(dtype, vec![1], data)?)
 }
@@ -260,7 +260,7 @@ pub(crate) fn extend_data(acc: &mut Data, b: &Data) -> Result<()> {
     macro_rules! ext {
         ($($var:ident),*) => {
             match (acc, b) {
-                $((Data::$var(a), Data::$var(b)) => { a.extend(b.iter().cloned()); Ok(()) })*
+                $((Data::$var(a), Data::$var(b)) => { a.extend_from_slice(b); Ok(()) })*
                 _ => Err(OpError::Value("tensors of different element types cannot be combined".into())),
             }
         };

@@ -475,7 +475,7 @@ impl Range {
         let v: Vec<f64> = (0..n).map(|i| s + i as f64 * d).collect();
         let data = match dtype {
             DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
-            DType::F64 => Data::F64(v),
+            DType::F64 => Data::F64(v.into()),
             DType::F16 => Data::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
             DType::BF16 => Data::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
             d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
@@ -509,7 +509,7 @@ impl Range {
 fn cast_i64(t: &Tensor, dtype: DType) -> Result<Tensor> {
     let v = t.as_slice::<i64>()?;
     let data = match dtype {
-        DType::I64 => Data::I64(v.to_vec()),
+        DType::I64 => Data::I64(v.to_vec().into()),
         DType::I32 => Data::I32(v.iter().map(|&x| x as i32).collect()),
         DType::I16 => Data::I16(v.iter().map(|&x| x as i16).collect()),
         DType::I8 => Data::I8(v.iter().map(|&x| x as i8).collect()),

@@ -98,7 +98,7 @@ impl ArgReduce {
         } else {
             return Err(OpError::UnsupportedDType { index: 0, got: dtype });
         }
-        Ok(vec![Tensor::new(DType::I64, out_shape, Data::I64(out))?.into()])
+        Ok(vec![Tensor::new(DType::I64, out_shape, Data::I64(out.into()))?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

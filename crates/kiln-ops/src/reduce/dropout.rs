@@ -78,7 +78,7 @@ impl Dropout {
             let ones: Vec<f64> = keep.iter().map(|&k| if k { 1.0 } else { 0.0 }).collect();
             from_f64(x.dtype(), x.shape().to_vec(), &ones)
         } else {
-            Ok(Tensor::new(DType::Bool, x.shape().to_vec(), Data::Bool(keep))?)
+            Ok(Tensor::new(DType::Bool, x.shape().to_vec(), Data::Bool(keep.into()))?)
         }
     }
 
