@@ -121,6 +121,7 @@ fn file_name_for(name: &str) -> String {
 fn run(a: RunArgs) -> Result<()> {
     let options = SessionOptions {
         symbols: parse_symbols(&a.symbols)?,
+        ..SessionOptions::default()
     };
     let t0 = std::time::Instant::now();
     let session = Session::new(&a.model, &options).with_context(|| format!("cannot load {}", a.model.display()))?;
