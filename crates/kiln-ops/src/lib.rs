@@ -6,6 +6,7 @@
 //! holds them.
 
 pub mod error;
+pub mod serde_depth;
 pub mod util;
 pub mod value;
 

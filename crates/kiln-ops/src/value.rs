@@ -11,7 +11,10 @@ pub enum Value {
     Tensor(Tensor),
     Sequence(Sequence),
     /// An optional; `None` carries the type it would hold.
-    Optional(Option<Box<Value>>, ValueType),
+    Optional(
+        #[serde(deserialize_with = "crate::serde_depth::nested")] Option<Box<Value>>,
+        ValueType,
+    ),
 }
 
 /// An ordered sequence of tensors of one element type.
@@ -151,8 +154,8 @@ impl fmt::Display for TensorType {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq, Hash)]
 pub enum ValueType {
     Tensor(TensorType),
-    Sequence(Box<ValueType>),
-    Optional(Box<ValueType>),
+    Sequence(#[serde(deserialize_with = "crate::serde_depth::nested")] Box<ValueType>),
+    Optional(#[serde(deserialize_with = "crate::serde_depth::nested")] Box<ValueType>),
     /// Nothing is known (e.g. an op whose inference is not written yet).
     Unknown,
 }

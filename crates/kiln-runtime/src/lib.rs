@@ -7,6 +7,7 @@
 
 mod error;
 mod exec;
+pub mod file;
 mod program;
 mod stack;
 

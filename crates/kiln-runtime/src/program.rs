@@ -17,6 +17,11 @@ pub struct Program {
     pub slot_names: Vec<String>,
     pub inputs: Vec<IoSpec>,
     pub outputs: Vec<IoSpec>,
+    /// In a program file, tensor constants live in the weights section (see `file`).
+    #[serde(
+        serialize_with = "crate::file::serialize_constants",
+        deserialize_with = "crate::file::deserialize_constants"
+    )]
     pub constants: Vec<(usize, Value)>,
     /// For a sub-program: `(outer slot, inner slot)` pairs copied in from the enclosing
     /// program's state when it starts.
@@ -38,18 +43,23 @@ pub struct Step {
 pub enum StepKind {
     Op(Op),
     If {
+        #[serde(deserialize_with = "kiln_ops::serde_depth::nested")]
         then_branch: Box<Program>,
+        #[serde(deserialize_with = "kiln_ops::serde_depth::nested")]
         else_branch: Box<Program>,
     },
     Loop(LoopStep),
     Scan(ScanStep),
     SequenceMap {
+        #[serde(deserialize_with = "kiln_ops::serde_depth::nested")]
         body: Box<Program>,
     },
     /// FlexAttention whose score/probability modifiers are sub-programs.
     FlexAttention {
         op: kiln_ops::recurrent::FlexAttention,
+        #[serde(deserialize_with = "kiln_ops::serde_depth::nested")]
         score_mod: Option<Box<Program>>,
+        #[serde(deserialize_with = "kiln_ops::serde_depth::nested")]
         prob_mod: Option<Box<Program>>,
     },
 }
@@ -69,11 +79,13 @@ impl StepKind {
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct LoopStep {
+    #[serde(deserialize_with = "kiln_ops::serde_depth::nested")]
     pub body: Box<Program>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ScanStep {
+    #[serde(deserialize_with = "kiln_ops::serde_depth::nested")]
     pub body: Box<Program>,
     /// Scan-8 form: input 0 is `sequence_lens` and every value has a leading batch axis.
     pub batched: bool,

@@ -1,6 +1,6 @@
 //! The owned, dense, row-major tensor and its typed element storage.
 
-use crate::buf::Buf;
+use crate::buf::{Buf, SharedBytes};
 use crate::dtype::DType;
 use half::{bf16, f16};
 
@@ -146,6 +146,49 @@ impl Data {
         Ok(())
     }
 
+    /// The elements as little-endian bytes, for the plain (fixed-size numeric and byte-coded)
+    /// variants; `None` for bool and string.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        Some(match self {
+            Data::F32(v) => bytemuck::cast_slice(v),
+            Data::F64(v) => bytemuck::cast_slice(v),
+            Data::F16(v) => bytemuck::cast_slice(v),
+            Data::BF16(v) => bytemuck::cast_slice(v),
+            Data::I8(v) => bytemuck::cast_slice(v),
+            Data::I16(v) => bytemuck::cast_slice(v),
+            Data::I32(v) => bytemuck::cast_slice(v),
+            Data::I64(v) => bytemuck::cast_slice(v),
+            Data::U8(v) => v,
+            Data::U16(v) => bytemuck::cast_slice(v),
+            Data::U32(v) => bytemuck::cast_slice(v),
+            Data::U64(v) => bytemuck::cast_slice(v),
+            Data::Coded(v) => v,
+            Data::Bool(_) | Data::Str(_) => return None,
+        })
+    }
+
+    /// Storage of `dtype` viewing `bytes[start..end]` in place, or `None` when the dtype has no
+    /// plain byte form (bool, string) or the range is out of bounds, misaligned or not a whole
+    /// number of elements.
+    pub fn shared(dtype: DType, bytes: SharedBytes, start: usize, end: usize) -> Option<Data> {
+        Some(match dtype {
+            DType::F32 => Data::F32(Buf::shared(bytes, start, end)?),
+            DType::F64 => Data::F64(Buf::shared(bytes, start, end)?),
+            DType::F16 => Data::F16(Buf::shared(bytes, start, end)?),
+            DType::BF16 => Data::BF16(Buf::shared(bytes, start, end)?),
+            DType::I8 => Data::I8(Buf::shared(bytes, start, end)?),
+            DType::I16 => Data::I16(Buf::shared(bytes, start, end)?),
+            DType::I32 => Data::I32(Buf::shared(bytes, start, end)?),
+            DType::I64 => Data::I64(Buf::shared(bytes, start, end)?),
+            DType::U8 => Data::U8(Buf::shared(bytes, start, end)?),
+            DType::U16 => Data::U16(Buf::shared(bytes, start, end)?),
+            DType::U32 => Data::U32(Buf::shared(bytes, start, end)?),
+            DType::U64 => Data::U64(Buf::shared(bytes, start, end)?),
+            DType::Bool | DType::String => return None,
+            _ => Data::Coded(Buf::shared(bytes, start, end)?),
+        })
+    }
+
     /// Storage of `n` zero elements (empty strings, false, +0.0) for `dtype`.
     pub fn zeros(dtype: DType, n: usize) -> Data {
         match dtype {
@@ -277,12 +320,29 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, TensorEr
     Ok(out)
 }
 
-/// A dense row-major tensor owning its elements.
+/// A dense row-major tensor owning its elements (or viewing shared, read-only bytes).
+/// Deserialising goes through [`Tensor::new`], so a stored tensor is checked like any other.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+#[serde(try_from = "TensorRepr")]
 pub struct Tensor {
     dtype: DType,
     shape: Vec<usize>,
     data: Data,
+}
+
+/// The serialised form of a [`Tensor`], checked on the way in.
+#[derive(serde::Deserialize)]
+struct TensorRepr {
+    dtype: DType,
+    shape: Vec<usize>,
+    data: Data,
+}
+
+impl TryFrom<TensorRepr> for Tensor {
+    type Error = TensorError;
+    fn try_from(r: TensorRepr) -> Result<Tensor, TensorError> {
+        Tensor::new(r.dtype, r.shape, r.data)
+    }
 }
 
 impl Tensor {
