@@ -17,8 +17,109 @@ macro_rules! outln {
 
 pub fn info(path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Result<()> {
     let mut out = String::new();
+    if kiln::is_program_file(path) {
+        program_text(&mut out, path, print_graph)?;
+        return crate::emit(&out);
+    }
     info_text(&mut out, path, symbols, print_graph)?;
     crate::emit(&out)
+}
+
+/// Everything a `.kiln` program file records: format, versions, hash, sections, I/O, options,
+/// weights, memory plan, and (with `--graph`) its steps.
+fn program_text(out: &mut String, path: &Path, print_steps: bool) -> Result<()> {
+    let f = kiln::raw::runtime::file::read(path).with_context(|| format!("cannot load {}", path.display()))?;
+    let m = &f.meta;
+    outln!(out, "program: {} ({} bytes)", path.display(), group(f.size));
+    outln!(out, "format version: {}", m.format_version);
+    outln!(out, "compiled by: {} from {}", m.compiler, m.source);
+    outln!(out, "content hash (BLAKE3): {}", m.content_hash);
+    outln!(out, "sections:");
+    outln!(out, "  {:<10} {:>12} {:>14}  {}", "name", "offset", "bytes", "crc32");
+    for s in &f.sections {
+        outln!(
+            out,
+            "  {:<10} {:>12} {:>14}  {:08x}",
+            s.name,
+            s.offset,
+            group(s.len),
+            s.crc
+        );
+    }
+    outln!(out, "inputs:");
+    for io in &m.inputs {
+        outln!(out, "  {}: {}", io.name, io.ty);
+    }
+    outln!(out, "outputs:");
+    for io in &m.outputs {
+        outln!(out, "  {}: {}", io.name, io.ty);
+    }
+    outln!(
+        out,
+        "weights: {} tensors, {} bytes, packing {}, {}-byte aligned, used in place from the memory map",
+        m.weights.count,
+        group(m.weights.bytes),
+        m.weights.packing,
+        m.weights.alignment
+    );
+    if let Some(mem) = m
+        .memory
+        .as_ref()
+        .and_then(|v| v.get("summary"))
+        .and_then(|v| v.as_str())
+    {
+        outln!(out, "memory plan: {mem}");
+    }
+    let effective = m.options.get("effective").cloned().unwrap_or(serde_json::Value::Null);
+    outln!(out, "compile options (effective): {effective}");
+    let config: Option<kiln_config::Config> = m
+        .options
+        .get("config")
+        .and_then(|c| serde_json::from_value(c.clone()).ok());
+    match config {
+        Some(c) => {
+            let changed = c.changed();
+            outln!(
+                out,
+                "configuration (options set away from their defaults): {}",
+                changed.len()
+            );
+            for (spec, value, source) in changed {
+                outln!(out, "  {} = {} ({})", spec.name, value, source.describe(spec.name));
+            }
+        }
+        None => outln!(out, "configuration: not recorded"),
+    }
+    let mut hist: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for st in &f.program.steps {
+        *hist.entry(st.kind.name()).or_default() += 1;
+    }
+    outln!(out, "steps: {}", f.program.steps.len());
+    let mut by_count: Vec<(&str, usize)> = hist.into_iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    for (op, n) in by_count {
+        outln!(out, "  {op:<24} {n:>6}");
+    }
+    if print_steps {
+        outln!(out, "program steps:");
+        for st in &f.program.steps {
+            let name = |s: &Option<usize>| {
+                s.and_then(|i| f.program.slot_names.get(i).cloned())
+                    .unwrap_or_else(|| "-".into())
+            };
+            let ins: Vec<String> = st.inputs.iter().map(name).collect();
+            let outs: Vec<String> = st.outputs.iter().map(name).collect();
+            outln!(
+                out,
+                "  {} = {}({}) [{}]",
+                outs.join(", "),
+                st.kind.name(),
+                ins.join(", "),
+                st.name
+            );
+        }
+    }
+    Ok(())
 }
 
 fn info_text(out: &mut String, path: &Path, symbols: &[(String, usize)], print_graph: bool) -> Result<()> {

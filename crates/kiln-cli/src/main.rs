@@ -1,11 +1,15 @@
 //! `kiln`: run and inspect ONNX models.
 
+mod bench;
+mod compile;
+mod config_cmd;
 mod info;
 mod npy;
+mod profile;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use kiln::{Session, SessionOptions, Tensor, Value};
+use kiln::{Session, Tensor, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -22,15 +26,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a model on inputs from .npy/.npz files and write every output as DIR/<name>.npy.
+    /// Compile an ONNX model into a .kiln program file (optimised, weights aligned for mapping).
+    Compile(compile::CompileArgs),
+    /// Run a model (.onnx or .kiln) on inputs from .npy/.npz files and write every output as
+    /// DIR/<name>.npy.
     Run(RunArgs),
     /// Show a model's inputs, outputs, opsets, op histogram, parameters and MACs.
     Info(InfoArgs),
+    /// Benchmark a model (qaic's run_benchmark): inferences/s, load time and latency
+    /// percentiles (linear interpolation, numpy's default), on given or random inputs.
+    Bench(bench::BenchArgs),
+    /// Time every node over N runs: a table sorted by time (op, shapes, share, GFLOP/s) and
+    /// optionally a Chrome trace (--trace, ONNX Runtime's profiler layout, opens in Perfetto).
+    Profile(profile::ProfileArgs),
+    /// List the options, show the resolved configuration, print its JSON Schema.
+    Config(config_cmd::ConfigArgs),
 }
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// The model (.onnx).
+    /// The model (.onnx or .kiln).
     model: PathBuf,
     /// An input as NAME=PATH.npy (repeatable).
     #[arg(long = "input", short = 'i', value_name = "NAME=PATH")]
@@ -41,18 +56,20 @@ struct RunArgs {
     /// Where to write the outputs (default: no files, only the summary).
     #[arg(long, short = 'o', value_name = "DIR")]
     output_dir: Option<PathBuf>,
-    /// Bind a symbolic dimension: NAME=VALUE (repeatable; qaic's onnx_define_symbol).
-    #[arg(long = "define-symbol", value_name = "NAME=VALUE")]
-    symbols: Vec<String>,
+    /// `all`: also output every intermediate tensor (same as --all-outputs).
+    #[arg(long, value_name = "all")]
+    outputs: Option<String>,
+    #[command(flatten)]
+    flags: compile::CompileFlags,
 }
 
 #[derive(clap::Args)]
 struct InfoArgs {
-    /// The model (.onnx).
+    /// The model (.onnx) or program (.kiln).
     model: PathBuf,
-    /// Bind a symbolic dimension: NAME=VALUE (repeatable).
-    #[arg(long = "define-symbol", value_name = "NAME=VALUE")]
-    symbols: Vec<String>,
+    /// Symbol bindings (--define-symbol) and configuration (--config, -O) for an .onnx model.
+    #[command(flatten)]
+    flags: compile::CompileFlags,
     /// Also print the whole graph as text.
     #[arg(long)]
     graph: bool,
@@ -61,8 +78,17 @@ struct InfoArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
+        Command::Compile(a) => compile::compile(a),
         Command::Run(a) => run(a),
-        Command::Info(a) => parse_symbols(&a.symbols).and_then(|s| info::info(&a.model, &s, a.graph)),
+        Command::Bench(a) => bench::bench(a),
+        Command::Profile(a) => profile::profile(a),
+        Command::Info(a) => a
+            .flags
+            .reject_compile_only("info")
+            .and_then(|()| compile::check_flags_for(&a.model, &a.flags))
+            .and_then(|()| a.flags.session_options())
+            .and_then(|o| info::info(&a.model, &o.symbols, a.graph)),
+        Command::Config(a) => config_cmd::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -99,6 +125,26 @@ pub(crate) fn parse_symbols(items: &[String]) -> Result<Vec<(String, usize)>> {
         .collect()
 }
 
+/// Inputs from an optional .npz archive and `NAME=PATH.npy` specs (a spec replaces an array
+/// of the same name from the archive).
+pub(crate) fn read_feed(npz: Option<&Path>, inputs: &[String]) -> Result<Vec<(String, Value)>> {
+    let mut feed: Vec<(String, Value)> = Vec::new();
+    if let Some(npz) = npz {
+        for (name, t) in npy::read_npz(npz)? {
+            feed.push((name, Value::Tensor(t)));
+        }
+    }
+    for spec in inputs {
+        let (name, path) = spec
+            .split_once('=')
+            .with_context(|| format!("--input '{spec}': expected NAME=PATH.npy"))?;
+        let t = npy::read_npy_file(Path::new(path)).with_context(|| format!("input '{name}'"))?;
+        feed.retain(|(n, _)| n != name);
+        feed.push((name.to_string(), Value::Tensor(t)));
+    }
+    Ok(feed)
+}
+
 /// Output file name for a tensor name: anything but letters, digits, `.`, `_`, `-` becomes `_`.
 fn file_name_for(name: &str) -> String {
     let s: String = name
@@ -118,28 +164,19 @@ fn file_name_for(name: &str) -> String {
     }
 }
 
-fn run(a: RunArgs) -> Result<()> {
-    let options = SessionOptions {
-        symbols: parse_symbols(&a.symbols)?,
-        ..SessionOptions::default()
-    };
+fn run(mut a: RunArgs) -> Result<()> {
+    match a.outputs.as_deref() {
+        None => {}
+        // A .kiln program outputs what it was compiled with (`kiln compile --all-outputs`).
+        Some("all") => a.flags.all_outputs = !kiln::is_program_file(&a.model),
+        Some(other) => anyhow::bail!("--outputs {other}: expected 'all' (use --output-tensors to pick names)"),
+    }
+    compile::check_flags_for(&a.model, &a.flags)?;
+    let options = a.flags.session_options()?;
     let t0 = std::time::Instant::now();
     let session = Session::new(&a.model, &options).with_context(|| format!("cannot load {}", a.model.display()))?;
     let load = t0.elapsed();
-    let mut feed: Vec<(String, Value)> = Vec::new();
-    if let Some(npz) = &a.npz {
-        for (name, t) in npy::read_npz(npz)? {
-            feed.push((name, Value::Tensor(t)));
-        }
-    }
-    for spec in &a.inputs {
-        let (name, path) = spec
-            .split_once('=')
-            .with_context(|| format!("--input '{spec}': expected NAME=PATH.npy"))?;
-        let t = npy::read_npy_file(Path::new(path)).with_context(|| format!("input '{name}'"))?;
-        feed.retain(|(n, _)| n != name);
-        feed.push((name.to_string(), Value::Tensor(t)));
-    }
+    let feed = read_feed(a.npz.as_deref(), &a.inputs)?;
     let t1 = std::time::Instant::now();
     let outputs = session.run(feed)?;
     let ran = t1.elapsed();
@@ -171,7 +208,7 @@ fn run(a: RunArgs) -> Result<()> {
         emit(&format!("{name}: {}{note}\n", summary(t)))?;
     }
     eprintln!(
-        "loaded in {:.1} ms, ran in {:.1} ms (reference interpreter)",
+        "loaded in {:.1} ms, ran in {:.1} ms",
         load.as_secs_f64() * 1e3,
         ran.as_secs_f64() * 1e3
     );

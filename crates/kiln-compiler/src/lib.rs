@@ -3,12 +3,14 @@
 //! `compile` runs: extra outputs requested by the user are exposed, the ordered optimisation
 //! pipeline (`pipeline.rs`) rewrites the graph at the chosen level, the graph is verified and
 //! lowered (each value a slot, each node a step, each subgraph a sub-program), and the memory
-//! plan is computed for the lowered program.
+//! plan (`plan.rs`) places every statically sized intermediate in one arena.
 
 mod error;
 mod lower;
 mod outputs;
+mod passes;
 mod pipeline;
+pub mod plan;
 
 pub use error::CompileError;
 pub use lower::lower;
@@ -42,11 +44,12 @@ impl Default for CompileOptions {
     }
 }
 
-/// The result of compiling: the program and what the pipeline did.
+/// The result of compiling: the program, what the pipeline did, and the memory plan.
 #[derive(Debug, Clone)]
 pub struct Compiled {
     pub program: Program,
     pub report: PipelineReport,
+    pub memory: plan::MemoryPlan,
 }
 
 /// Compiles a graph (types inferred, symbols bound) into a Program.
@@ -60,5 +63,10 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     outputs::expose(&mut graph, &options.output_tensors, options.all_outputs)?;
     let report = optimize(&mut graph, options.opt_level)?;
     let program = lower(&graph)?;
-    Ok(Compiled { program, report })
+    let memory = plan::plan(&graph);
+    Ok(Compiled {
+        program,
+        report,
+        memory,
+    })
 }

@@ -1,10 +1,12 @@
 //! The step interpreter: input checking, slot management, op evaluation and control flow.
 
 use crate::error::RuntimeError;
+use crate::profile::{InputSeen, Profile, Recorder, RunRecord};
 use crate::program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};
 use crate::stack::{stack, take_along};
 use kiln_ops::{Args, Dim, OpError, Sequence, Value, ValueType, util::norm_axis};
 use kiln_tensor::Tensor;
+use std::time::Instant;
 
 type Result<T> = std::result::Result<T, RuntimeError>;
 
@@ -35,6 +37,39 @@ impl Slot<'_> {
 
 /// Runs a program on named inputs; returns its outputs in signature order.
 pub fn run(program: &Program, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>> {
+    run_with(program, inputs, None)
+}
+
+/// [`run`], and with a profile, appends one [`RunRecord`] timing the run and each top-level
+/// step (control-flow sub-programs count toward their enclosing step). Without one, the
+/// interpreter does no timing at all.
+pub fn run_with(
+    program: &Program,
+    inputs: Vec<(String, Value)>,
+    profile: Option<&mut Profile>,
+) -> Result<Vec<(String, Value)>> {
+    let Some(profile) = profile else {
+        return run_inner(program, inputs, None);
+    };
+    let started = Instant::now();
+    let mut rec = Recorder {
+        origin: profile.origin,
+        steps: Vec::with_capacity(program.steps.len()),
+    };
+    let outputs = run_inner(program, inputs, Some(&mut rec))?;
+    profile.runs.push(RunRecord {
+        start: started.saturating_duration_since(profile.origin),
+        duration: started.elapsed(),
+        steps: rec.steps,
+    });
+    Ok(outputs)
+}
+
+fn run_inner(
+    program: &Program,
+    inputs: Vec<(String, Value)>,
+    rec: Option<&mut Recorder>,
+) -> Result<Vec<(String, Value)>> {
     let mut bound: Vec<Option<Value>> = vec![None; program.inputs.len()];
     for (name, value) in inputs {
         let Some(pos) = program.inputs.iter().position(|s| s.name == name) else {
@@ -56,7 +91,7 @@ pub fn run(program: &Program, inputs: Vec<(String, Value)>) -> Result<Vec<(Strin
         let v = check_input(spec, v, &mut symbols)?;
         formal.push(v);
     }
-    let outputs = run_program(program, &[], formal)?;
+    let outputs = run_program(program, &[], formal, rec)?;
     Ok(program.outputs.iter().map(|o| o.name.clone()).zip(outputs).collect())
 }
 
@@ -131,8 +166,14 @@ fn check_input(spec: &IoSpec, v: Value, symbols: &mut Vec<(String, usize)>) -> R
     }
 }
 
-/// Runs `p` with its formal inputs and its captures read from `outer`.
-fn run_program(p: &Program, outer: &[Slot<'_>], formal: Vec<Value>) -> Result<Vec<Value>> {
+/// Runs `p` with its formal inputs and its captures read from `outer`; with a recorder, times
+/// each of its steps.
+fn run_program(
+    p: &Program,
+    outer: &[Slot<'_>],
+    formal: Vec<Value>,
+    mut rec: Option<&mut Recorder>,
+) -> Result<Vec<Value>> {
     let mut env: Vec<Slot<'_>> = Vec::with_capacity(p.num_slots());
     env.resize_with(p.num_slots(), || Slot::Empty);
     let bad = |what: String| RuntimeError::Program(format!("'{}': {what}", p.name));
@@ -157,8 +198,28 @@ fn run_program(p: &Program, outer: &[Slot<'_>], formal: Vec<Value>) -> Result<Ve
         *env.get_mut(spec.slot)
             .ok_or_else(|| bad(format!("input slot {} out of range", spec.slot)))? = Slot::Owned(v);
     }
-    for step in &p.steps {
-        let results = run_step(step, &env)?;
+    for (index, step) in p.steps.iter().enumerate() {
+        let results = match rec.as_deref_mut() {
+            None => run_step(step, &env)?,
+            Some(rec) => {
+                let started = Instant::now();
+                let results = run_step(step, &env)?;
+                let duration = started.elapsed();
+                let seen: Vec<InputSeen<'_>> = step
+                    .inputs
+                    .iter()
+                    .map(|s| {
+                        let slot = s.and_then(|s| env.get(s));
+                        InputSeen {
+                            value: slot.and_then(Slot::get),
+                            constant: matches!(slot, Some(Slot::Shared(_))),
+                        }
+                    })
+                    .collect();
+                rec.record(index, step, started, duration, &seen, &results);
+                results
+            }
+        };
         let mut results = results.into_iter();
         for out in &step.outputs {
             let v = results.next();
@@ -225,7 +286,7 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
                 .copied()
                 .ok_or_else(|| ctl_err(format!("condition is empty (shape {:?})", cond.shape())))?;
             let branch = if c != 0.0 { then_branch } else { else_branch };
-            run_program(branch, env, Vec::new())
+            run_program(branch, env, Vec::new(), None)
         }
         StepKind::Loop(l) => run_loop(l, &args, env).map_err(|e| wrap(e, step)),
         StepKind::Scan(s) => run_scan(s, &args, env).map_err(|e| wrap(e, step)),
@@ -236,7 +297,7 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
         } => {
             let call = |p: &Option<Box<Program>>, t: Tensor| -> std::result::Result<Tensor, OpError> {
                 let Some(p) = p else { return Ok(t) };
-                let outs = run_program(p, env, vec![Value::Tensor(t)])
+                let outs = run_program(p, env, vec![Value::Tensor(t)], None)
                     .map_err(|e| OpError::Value(format!("modifier subgraph: {e}")))?;
                 match outs.into_iter().next() {
                     Some(Value::Tensor(t)) => Ok(t),
@@ -295,7 +356,7 @@ fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
         formal.push(Value::Tensor(Tensor::scalar(iter)));
         formal.push(Value::Tensor(Tensor::scalar(cond)));
         formal.append(&mut carried);
-        let outs = run_program(&l.body, env, formal)?;
+        let outs = run_program(&l.body, env, formal, None)?;
         let mut outs = outs.into_iter();
         let c = outs
             .next()
@@ -414,7 +475,7 @@ fn run_scan_once(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Res
             let idx = if *rev { len - 1 - it } else { it };
             formal.push(Value::Tensor(take_along(t, *axis, idx).map_err(op_err)?));
         }
-        let outs = run_program(&s.body, env, formal)?;
+        let outs = run_program(&s.body, env, formal, None)?;
         let mut outs = outs.into_iter();
         state = outs.by_ref().take(n_state).collect();
         for (k, v) in outs.enumerate() {
@@ -463,7 +524,7 @@ fn run_sequence_map(body: &Program, args: &[Option<&Value>], env: &[Slot<'_>], n
                 None => return Err(RuntimeError::Program(format!("input {k} is absent"))),
             }
         }
-        for (k, v) in run_program(body, env, formal)?.into_iter().enumerate() {
+        for (k, v) in run_program(body, env, formal, None)?.into_iter().enumerate() {
             match (v, outs.get_mut(k)) {
                 (Value::Tensor(t), Some(acc)) => acc.push(t),
                 _ => return Err(RuntimeError::Program(format!("body output {k} must be a tensor"))),

@@ -8,9 +8,11 @@
 mod error;
 mod exec;
 pub mod file;
+mod profile;
 mod program;
 mod stack;
 
 pub use error::RuntimeError;
-pub use exec::run;
+pub use exec::{run, run_with};
+pub use profile::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};

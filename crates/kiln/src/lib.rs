@@ -8,15 +8,25 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod bench;
 mod session;
+mod shapes;
 
+pub use bench::{
+    BenchLimit, BenchOptions, BenchProgress, BenchReport, LatencyStats, MAX_PROFILE_RECORDS, Metrics, ProfileReport,
+    percentile,
+};
 pub use kiln_compiler::CompileOptions;
 pub use kiln_ir::Graph;
 pub use kiln_onnx::{ImportError, Model, UnsupportedOp};
 pub use kiln_ops::{Dim, Sequence, TensorType, Value, ValueType};
 pub use kiln_runtime::RuntimeError;
+pub use kiln_runtime::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use kiln_tensor::{DType, Data, Mismatch, Tensor, TensorError, bf16, compare, f16};
-pub use session::{Error, IoInfo, Session, SessionOptions, compile_file, load_onnx};
+pub use session::{
+    CompileSummary, Error, IoInfo, ProgramMeta, Session, SessionOptions, compile_file, is_program_file, load_onnx,
+};
+pub use shapes::ShapeInfo;
 
 /// Lower-level crates, for tools (CLI, conformance, benchmarks) that need them.
 pub mod raw {

@@ -18,7 +18,16 @@ pub enum Error {
     Run(#[from] kiln_runtime::RuntimeError),
     #[error("{path}: {reason}")]
     Unsupported { path: String, reason: String },
+    #[error("{path}: {source}")]
+    Program {
+        path: String,
+        source: kiln_runtime::file::FileError,
+    },
+    #[error(transparent)]
+    Write(#[from] kiln_runtime::file::FileError),
 }
+
+pub use kiln_runtime::file::Meta as ProgramMeta;
 
 /// Options for creating a session.
 #[derive(Debug, Clone, Default)]
@@ -28,6 +37,37 @@ pub struct SessionOptions {
     pub symbols: Vec<(String, usize)>,
     /// How an `.onnx` model is compiled (ignored for a `.kiln` program, which is compiled).
     pub compile: CompileOptions,
+    /// Record the latency of every `run` for `get_metrics`/`print_metrics` (qaic's
+    /// `enable_metrics`).
+    pub enable_metrics: bool,
+    /// Also time every step of every `run` for `get_profile` (qaic's `enable_profiling`);
+    /// implies `enable_metrics`, and the recorded latencies include the profiling overhead.
+    pub enable_profiling: bool,
+    /// The resolved configuration these options came from (stored in compiled programs).
+    pub config: kiln_config::Config,
+}
+
+impl SessionOptions {
+    /// The options a resolved configuration asks for (qaic / QAIRT / HTP / Axelera names): symbol
+    /// bindings, optimisation level, intermediate outputs, metrics and profiling.
+    pub fn from_config(config: &kiln_config::Config) -> SessionOptions {
+        let c = &config.compile;
+        SessionOptions {
+            symbols: c
+                .onnx_define_symbol
+                .iter()
+                .map(|(k, v)| (k.clone(), usize::try_from(*v).unwrap_or(usize::MAX)))
+                .collect(),
+            compile: CompileOptions {
+                opt_level: c.optimization_type,
+                output_tensors: c.output_tensors.clone(),
+                all_outputs: c.enable_intermediate_outputs,
+            },
+            enable_metrics: config.runtime.enable_metrics,
+            enable_profiling: config.runtime.enable_profiling,
+            config: config.clone(),
+        }
+    }
 }
 
 /// Name and static type of one model input or output.
@@ -40,7 +80,11 @@ pub struct IoInfo {
 /// A compiled model. `Session` is `Send + Sync`; `run` takes `&self`.
 #[derive(Debug)]
 pub struct Session {
-    program: Program,
+    pub(crate) program: Program,
+    /// Load time, metrics and profiles (`bench.rs`).
+    pub(crate) monitor: crate::bench::Monitor,
+    /// The program file's meta section, when opened from a `.kiln`.
+    meta: Option<ProgramMeta>,
 }
 
 /// Imports an ONNX model (with symbol bindings applied) without compiling it.
@@ -53,35 +97,101 @@ pub fn load_onnx(path: impl AsRef<Path>, options: &SessionOptions) -> Result<Mod
     )?)
 }
 
+/// What `compile_file` did.
+#[derive(Debug, Clone)]
+pub struct CompileSummary {
+    /// The meta section written (versions, hash, I/O, options, weights).
+    pub meta: ProgramMeta,
+    /// The optimisation pipeline's report.
+    pub report: kiln_compiler::PipelineReport,
+    /// The memory plan.
+    pub memory: kiln_compiler::plan::MemoryPlan,
+    /// Size of the written file in bytes.
+    pub file_bytes: u64,
+}
+
 /// Compiles an `.onnx` model into a `.kiln` program file.
-pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Result<(), Error> {
-    let _ = (model, options);
-    Err(Error::Unsupported {
-        path: out.display().to_string(),
-        reason: "writing .kiln programs is not implemented yet".into(),
+pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Result<CompileSummary, Error> {
+    let imported = load_onnx(model, options)?;
+    let compiled = kiln_compiler::compile(imported.graph, &options.compile)?;
+    let resolved = serde_json::json!({
+        "effective": {
+            "compile": &options.compile,
+            "onnx_define_symbol": options.symbols.iter().cloned().collect::<std::collections::BTreeMap<String, usize>>(),
+        },
+        "config": serde_json::to_value(&options.config).unwrap_or(serde_json::Value::Null),
+    });
+    let input = kiln_runtime::file::MetaInput {
+        source: model
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        options: resolved,
+        memory: Some(serde_json::json!({
+            "arena_bytes": compiled.memory.arena_bytes,
+            "naive_bytes": compiled.memory.naive_bytes,
+            "planned_tensors": compiled.memory.planned,
+            "in_place": compiled.memory.in_place,
+            "dynamic_tensors": compiled.memory.dynamic,
+            "summary": compiled.memory.summary(),
+            "used_by_runtime": false,
+        })),
+    };
+    let meta = kiln_runtime::file::write(out, &compiled.program, input)?;
+    let file_bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    Ok(CompileSummary {
+        meta,
+        report: compiled.report,
+        memory: compiled.memory,
+        file_bytes,
     })
 }
 
+/// Whether `path` starts with the program-file magic (else it is taken for ONNX).
+pub fn is_program_file(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == kiln_runtime::file::MAGIC)
+}
+
 impl Session {
-    /// Opens an `.onnx` model (imported and compiled in memory).
+    /// Opens a `.kiln` program file (memory-mapped, weights used in place) or an `.onnx` model
+    /// (imported and compiled in memory with `options.compile`). The kind is told by the file's
+    /// first bytes, not its name.
     pub fn new(path: impl AsRef<Path>, options: &SessionOptions) -> Result<Session, Error> {
+        let started = std::time::Instant::now();
         let path = path.as_ref();
-        if path.extension().is_some_and(|e| e == "kiln") {
-            return Err(Error::Unsupported {
+        if is_program_file(path) {
+            let file = kiln_runtime::file::read(path).map_err(|source| Error::Program {
                 path: path.display().to_string(),
-                reason: "compiled .kiln programs are not supported by this build yet; open the .onnx model".into(),
-            });
+                source,
+            })?;
+            return Ok(Session::with_program(file.program, Some(file.meta)).observed(options, started));
         }
         let model = load_onnx(path, options)?;
-        Session::from_model(&model, options)
+        Ok(Session::from_model(&model, options)?.observed(options, started))
+    }
+
+    /// The meta section of the program file this session was opened from, if any.
+    pub fn program_meta(&self) -> Option<&ProgramMeta> {
+        self.meta.as_ref()
     }
 
     /// Compiles an already imported model.
     pub fn from_model(model: &Model, options: &SessionOptions) -> Result<Session, Error> {
+        let started = std::time::Instant::now();
         let compiled = kiln_compiler::compile(model.graph.clone(), &options.compile)?;
-        Ok(Session {
-            program: compiled.program,
-        })
+        Ok(Session::with_program(compiled.program, None).observed(options, started))
+    }
+
+    /// The one constructor every way of opening a session ends in.
+    fn with_program(program: Program, meta: Option<ProgramMeta>) -> Session {
+        Session {
+            program,
+            meta,
+            monitor: crate::bench::Monitor::default(),
+        }
     }
 
     pub fn inputs(&self) -> Vec<IoInfo> {
@@ -108,7 +218,7 @@ impl Session {
 
     /// Runs the model on named inputs; returns `(name, value)` for every output, in order.
     pub fn run(&self, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>, Error> {
-        Ok(kiln_runtime::run(&self.program, inputs)?)
+        self.monitor.run(&self.program, inputs)
     }
 }
 

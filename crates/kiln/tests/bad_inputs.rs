@@ -324,9 +324,17 @@ fn truncated_and_corrupted_bytes_never_panic() {
 }
 
 #[test]
-fn a_compiled_program_path_gets_a_clear_error() {
-    let e = Session::new("model.kiln", &SessionOptions::default()).unwrap_err();
-    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+fn a_broken_program_file_gets_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    // The program-file magic followed by garbage: refused as a program file, naming the path.
+    let path = dir.path().join("model.kiln");
+    std::fs::write(&path, b"KILNPROG\x01\x00\x00\x00 and then nothing sensible at all").unwrap();
+    let e = Session::new(&path, &SessionOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::Program { .. }), "{e}");
+    assert!(e.to_string().contains("model.kiln"), "{e}");
+    // A missing file is an I/O error naming it, whatever its extension.
+    let e = Session::new(dir.path().join("missing.kiln"), &SessionOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("missing.kiln"), "{e}");
 }
 
 #[test]

@@ -11,10 +11,20 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("kiln-ir", &["kiln-tensor", "kiln-ops"]),
     ("kiln-onnx", &["kiln-tensor", "kiln-ops", "kiln-ir"]),
     ("kiln-config", &[]),
-    ("kiln-runtime", &["kiln-tensor", "kiln-kernels", "kiln-ops", "kiln-config"]),
+    (
+        "kiln-runtime",
+        &["kiln-tensor", "kiln-kernels", "kiln-ops", "kiln-config"],
+    ),
     (
         "kiln-compiler",
-        &["kiln-tensor", "kiln-kernels", "kiln-ops", "kiln-ir", "kiln-runtime", "kiln-config"],
+        &[
+            "kiln-tensor",
+            "kiln-kernels",
+            "kiln-ops",
+            "kiln-ir",
+            "kiln-runtime",
+            "kiln-config",
+        ],
     ),
     (
         "kiln",

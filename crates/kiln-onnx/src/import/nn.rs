@@ -27,6 +27,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 kernel_shape: usizes(ctx, "kernel_shape")?,
                 pads: usizes(ctx, "pads")?,
                 strides: usizes(ctx, "strides")?,
+                activation: None,
             })
         }
         "ConvTranspose" => {
@@ -93,7 +94,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         }
         "MatMul" => {
             ctx.check_inputs(2, 2)?;
-            NnOp::MatMul(MatMul)
+            NnOp::MatMul(MatMul::default())
         }
         "Gemm" => {
             ctx.check_inputs(2, 3)?;
@@ -102,6 +103,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 beta: ctx.attr_f32_or("beta", 1.0)?,
                 trans_a: ctx.attr_bool_or("transA", false)?,
                 trans_b: ctx.attr_bool_or("transB", false)?,
+                activation: None,
             })
         }
         "Einsum" => {

@@ -5,6 +5,7 @@
 //!
 //! Conv lowers to im2col + GEMM per (image, group); ConvTranspose to GEMM + col2im.
 
+use super::activation::{self, Activation};
 use super::{
     AutoPad, DimGeom, Real, check_float, float_dispatch, floats, from_floats, input_shape, numel, pads_attr,
     spatial_attr, tensor_type, window_dims, window_geom,
@@ -26,6 +27,8 @@ pub struct Conv {
     pub kernel_shape: Vec<usize>,
     pub pads: Vec<usize>,
     pub strides: Vec<usize>,
+    /// Fused activation applied to the output (set by the compiler, never by the importer).
+    pub activation: Option<Activation>,
 }
 
 /// Resolved geometry of a convolution call.
@@ -86,7 +89,7 @@ impl Conv {
         let b = args.opt_tensor(2)?;
         check_float(x, 0)?;
         let y = float_dispatch!(x.dtype(), 0, conv_run(self, x, w, b))?;
-        Ok(vec![y.into()])
+        Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

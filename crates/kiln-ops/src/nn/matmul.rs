@@ -3,7 +3,9 @@
 //! <https://onnx.ai/onnx/operators/onnx__Gemm.html> and
 //! <https://onnx.ai/onnx/operators/onnx__Einsum.html>.
 
+use super::activation::{self, Activation};
 use super::{Real, from_f64s, from_floats, input_shape, numel, tensor_type};
+use crate::elementwise::{Binary, BinaryOp};
 use crate::error::{OpError, Result};
 use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
@@ -12,8 +14,15 @@ use kiln_tensor::{DType, Element, Tensor};
 
 /// `MatMul`: numpy `matmul` (batch broadcasting; 1-D operands are promoted and the added dim
 /// removed).
+///
+/// The compiler may give it a third input, a bias added to the product exactly as the `Add`
+/// node it replaces did (`Y = A·B + bias`, numpy broadcasting, the product rounded first), and
+/// an activation applied after that.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
-pub struct MatMul;
+pub struct MatMul {
+    /// Fused activation applied to the output (set by the compiler, never by the importer).
+    pub activation: Option<Activation>,
+}
 
 /// The shapes of a matmul: promoted operand shapes, batch shape, (m, k, n), output shape.
 struct MatMulPlan {
@@ -122,7 +131,15 @@ impl MatMul {
             DType::U64 => matmul_int::<u64>(&p, a, b)?,
             d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
         };
-        Ok(vec![y.into()])
+        let y = match args.opt_tensor(2)? {
+            Some(bias) => Binary {
+                op: BinaryOp::Add,
+                legacy_axis: None,
+            }
+            .eval(&y, bias)?,
+            None => y,
+        };
+        Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -155,6 +172,8 @@ pub struct Gemm {
     pub beta: f32,
     pub trans_a: bool,
     pub trans_b: bool,
+    /// Fused activation applied to the output (set by the compiler, never by the importer).
+    pub activation: Option<Activation>,
 }
 
 impl Default for Gemm {
@@ -164,6 +183,7 @@ impl Default for Gemm {
             beta: 1.0,
             trans_a: false,
             trans_b: false,
+            activation: None,
         }
     }
 }
@@ -236,7 +256,7 @@ impl Gemm {
             }
             d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
         };
-        Ok(vec![y.into()])
+        Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -503,10 +523,27 @@ mod tests {
         // [1 2] . [[3],[4]] as 1-D x 2-D: [1,2] x [[3,4],[5,6]] = [13, 16]
         let a = t(&[2], vec![1.0, 2.0]);
         let b = t(&[2, 2], vec![3.0, 4.0, 5.0, 6.0]);
-        let y = MatMul.eval(&Args::new(&[Some(&a), Some(&b)])).unwrap();
+        let y = MatMul::default().eval(&Args::new(&[Some(&a), Some(&b)])).unwrap();
         let y = y[0].as_tensor().unwrap();
         assert_eq!(y.shape(), &[2]);
         assert_eq!(y.as_slice::<f32>().unwrap(), &[13.0, 16.0]);
+    }
+
+    #[test]
+    fn matmul_bias_input_and_epilogue() {
+        // [[1, -2]] x [[1, 0], [0, 1]] + [0.5, 1] = [[1.5, -1]]; Relu gives [[1.5, 0]].
+        let a = t(&[1, 2], vec![1.0, -2.0]);
+        let b = t(&[2, 2], vec![1.0, 0.0, 0.0, 1.0]);
+        let bias = t(&[2], vec![0.5, 1.0]);
+        let op = MatMul {
+            activation: Some(Activation::Relu),
+        };
+        let y = op.eval(&Args::new(&[Some(&a), Some(&b), Some(&bias)])).unwrap();
+        assert_eq!(y[0].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[1.5, 0.0]);
+        let y = MatMul::default()
+            .eval(&Args::new(&[Some(&a), Some(&b), Some(&bias)]))
+            .unwrap();
+        assert_eq!(y[0].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[1.5, -1.0]);
     }
 
     #[test]
@@ -520,6 +557,7 @@ mod tests {
             beta: 1.0,
             trans_a: true,
             trans_b: false,
+            activation: None,
         };
         let y = op.eval(&Args::new(&[Some(&a), Some(&b), Some(&c)])).unwrap();
         assert_eq!(

@@ -12,6 +12,7 @@ use kiln_kernels::gemm::GemmScalar;
 use kiln_tensor::{DType, Element, Tensor, bf16, f16};
 use std::borrow::Cow;
 
+pub mod activation;
 pub mod conv;
 pub mod grid;
 pub mod matmul;
@@ -19,6 +20,7 @@ pub mod nms;
 pub mod pool;
 pub mod resize;
 
+pub use activation::Activation;
 pub use conv::{Conv, ConvTranspose, DeformConv};
 pub use grid::{AffineGrid, GridSample, GridSampleMode, GridSamplePadding, RoiAlign, RoiAlignMode};
 pub use matmul::{Einsum, Gemm, MatMul};
@@ -544,7 +546,7 @@ mod tests {
     fn matmul_gemm_infer_and_macs() {
         let a = tt(DType::F32, &[Dim::Sym("B".into()), f(128), f(768)]);
         let b = tt(DType::F32, &[f(768), f(3072)]);
-        let op = NnOp::MatMul(MatMul);
+        let op = NnOp::MatMul(MatMul::default());
         let ins = [
             InferInput {
                 ty: &a,

@@ -21,7 +21,11 @@ pub enum Context {
     /// Writing: weight bytes collected so far.
     Write { weights: Vec<u8>, count: usize },
     /// Reading: the mapped file and the weights section's byte range in it.
-    Read { bytes: SharedBytes, start: usize, end: usize },
+    Read {
+        bytes: SharedBytes,
+        start: usize,
+        end: usize,
+    },
 }
 
 thread_local! {

@@ -48,14 +48,20 @@ pub enum FileError {
     Io { path: String, source: std::io::Error },
     #[error("not a kiln program file (the first bytes are not the KILNPROG magic)")]
     NotAProgram,
-    #[error("program file format version {found} is not supported by this kiln (reads version {supported}); recompile the model")]
+    #[error(
+        "program file format version {found} is not supported by this kiln (reads version {supported}); recompile the model"
+    )]
     Version { found: u32, supported: u32 },
     #[error("program file is truncated or padded: {got} bytes, the header says {expected}")]
     Length { got: u64, expected: u64 },
     #[error("program file header is corrupted: {0}")]
     Header(String),
     #[error("section '{section}' is corrupted: checksum {computed:08x}, stored {stored:08x}")]
-    Checksum { section: String, stored: u32, computed: u32 },
+    Checksum {
+        section: String,
+        stored: u32,
+        computed: u32,
+    },
     #[error("section '{section}' cannot be decoded: {message}")]
     Decode { section: String, message: String },
     #[error("cannot encode the program: {0}")]

@@ -118,7 +118,10 @@ fn every_flipped_byte_is_refused_naming_where() {
         match (in_section, &e) {
             (Some(s), FileError::Checksum { section, .. }) => assert_eq!(section, &s.name, "byte {i}"),
             (None, FileError::NotAProgram | FileError::Header(_)) => {}
-            _ => panic!("byte {i} (section {:?}): unexpected error {e}", in_section.map(|s| &s.name)),
+            _ => panic!(
+                "byte {i} (section {:?}): unexpected error {e}",
+                in_section.map(|s| &s.name)
+            ),
         }
     }
 }
@@ -141,5 +144,8 @@ fn truncation_and_other_versions_are_refused() {
     v2[24..28].copy_from_slice(&crc.to_le_bytes());
     let e = load(&v2).err().unwrap();
     assert!(matches!(e, FileError::Version { found: 2, supported: 1 }), "{e}");
-    assert!(matches!(load(b"PK\x03\x04 not a program at all"), Err(FileError::NotAProgram)));
+    assert!(matches!(
+        load(b"PK\x03\x04 not a program at all"),
+        Err(FileError::NotAProgram)
+    ));
 }

@@ -1,0 +1,191 @@
+//! `kiln compile MODEL -o OUT.kiln` and the compile flags every model-taking command shares.
+
+use anyhow::{Context, Result, bail};
+use kiln::SessionOptions;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Flags that say how a model is compiled; the same on `compile`, `run`, `bench` and `profile`.
+/// For a `.kiln` program they must agree with how it was compiled (they cannot change it).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct CompileFlags {
+    #[command(flatten)]
+    pub config: crate::config_cmd::ConfigOpts,
+    /// Bind a symbolic dimension: NAME=VALUE (repeatable; qaic's onnx_define_symbol).
+    #[arg(long = "define-symbol", value_name = "NAME=VALUE")]
+    pub symbols: Vec<String>,
+    /// Optimisation level (HTP's optimization_type): 0 = no rewrites, 1 = cleanup,
+    /// 2 = fusions (default), 3 = everything.
+    #[arg(long = "opt-level", visible_alias = "optimization-type", value_name = "0-3")]
+    pub opt_level: Option<u8>,
+    /// Expose these intermediate values as extra outputs (comma separated; qaic's
+    /// set_output_tensors).
+    #[arg(long = "output-tensors", value_delimiter = ',', value_name = "NAME,...")]
+    pub output_tensors: Vec<String>,
+    /// Expose every intermediate tensor as an output (enable_intermediate_outputs).
+    #[arg(long = "all-outputs")]
+    pub all_outputs: bool,
+}
+
+impl CompileFlags {
+    /// The resolved configuration (defaults < `--config` files < `-O`), then these flags on top.
+    pub fn session_options(&self) -> Result<SessionOptions> {
+        let config = self.config.resolve()?;
+        let mut o = SessionOptions::from_config(&config);
+        if let Some(l) = self.opt_level {
+            if l > kiln::raw::compiler::MAX_OPT_LEVEL {
+                bail!("--opt-level {l}: expected 0 to {}", kiln::raw::compiler::MAX_OPT_LEVEL);
+            }
+            o.compile.opt_level = l;
+        }
+        if !self.output_tensors.is_empty() {
+            o.compile.output_tensors = self.output_tensors.clone();
+        }
+        o.compile.all_outputs |= self.all_outputs;
+        for (name, v) in crate::parse_symbols(&self.symbols)? {
+            o.symbols.retain(|(n, _)| n != &name);
+            o.symbols.push((name, v));
+        }
+        Ok(o)
+    }
+
+    /// Compile-section options the configuration sets (they cannot change a compiled program).
+    fn configured_compile_options(&self) -> Result<Vec<String>> {
+        let config = kiln_config::Config::resolve(&self.config.files, &self.config.overrides)?;
+        Ok(config
+            .changed()
+            .into_iter()
+            .filter(|(spec, _, _)| spec.section == kiln_config::Section::Compile)
+            .map(|(spec, _, _)| spec.name.to_string())
+            .collect())
+    }
+
+    /// Refuses the flags that only compiling uses (for commands that do not compile).
+    pub fn reject_compile_only(&self, command: &str) -> Result<()> {
+        if self.opt_level.is_some() || !self.output_tensors.is_empty() || self.all_outputs {
+            bail!(
+                "kiln {command} describes the imported model: --opt-level, --output-tensors and --all-outputs \
+                 apply to compile, run, bench and profile"
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether any flag asks for something only compiling can do.
+    fn changes_compilation(&self) -> bool {
+        self.opt_level.is_some() || !self.output_tensors.is_empty() || self.all_outputs || !self.symbols.is_empty()
+    }
+}
+
+/// Refuses compile flags on an already compiled `.kiln` program, whose compilation is fixed.
+pub fn check_flags_for(model: &Path, flags: &CompileFlags) -> Result<()> {
+    if !kiln::is_program_file(model) {
+        return Ok(());
+    }
+    if flags.changes_compilation() {
+        bail!(
+            "{} is a compiled .kiln program: --define-symbol, --opt-level, --output-tensors and --all-outputs \
+             apply when compiling; pass them to `kiln compile` (or run the .onnx)",
+            model.display()
+        );
+    }
+    let set = flags.configured_compile_options()?;
+    if !set.is_empty() {
+        bail!(
+            "{} is a compiled .kiln program: the compile options {} in the configuration apply when compiling; \
+             pass them to `kiln compile` (or run the .onnx)",
+            model.display(),
+            set.join(", ")
+        );
+    }
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct CompileArgs {
+    /// The model (.onnx).
+    pub model: PathBuf,
+    /// The program file to write (default: OUTPUT_DIR/<model>.kiln with the output_dir option).
+    #[arg(long, short = 'o', value_name = "OUT.kiln")]
+    pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub flags: CompileFlags,
+    /// No progress or summary on stderr.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+pub fn compile(a: CompileArgs) -> Result<()> {
+    let options = a.flags.session_options()?;
+    let output = match (&a.output, &options.config.compile.output_dir) {
+        (Some(o), _) => o.clone(),
+        (None, Some(dir)) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create output_dir {}", dir.display()))?;
+            let stem = a
+                .model
+                .file_stem()
+                .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+            dir.join(format!("{stem}.kiln"))
+        }
+        (None, None) => bail!("no output file: pass -o OUT.kiln (or set output_dir in the configuration)"),
+    };
+    let progress = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
+        let p = indicatif::ProgressBar::new_spinner();
+        p.set_message(format!("compiling {}", a.model.display()));
+        p.enable_steady_tick(std::time::Duration::from_millis(100));
+        p
+    });
+    let t0 = Instant::now();
+    let r = kiln::compile_file(&a.model, &output, &options);
+    if let Some(p) = &progress {
+        p.finish_and_clear();
+    }
+    let s = r.with_context(|| format!("cannot compile {}", a.model.display()))?;
+    let took = t0.elapsed();
+    if a.quiet {
+        return Ok(());
+    }
+    let mut out = String::new();
+    out.push_str(&format!(
+        "compiled {} -> {} in {:.2} s\n",
+        a.model.display(),
+        output.display(),
+        took.as_secs_f64()
+    ));
+    out.push_str(&format!(
+        "  optimisation level {}: {} nodes -> {}\n",
+        s.report.level, s.report.nodes_before, s.report.nodes_after
+    ));
+    for p in s.report.passes.iter().filter(|p| p.rewrites > 0) {
+        out.push_str(&format!("    {:<28} {:>6} rewrites\n", p.pass, p.rewrites));
+    }
+    out.push_str(&format!(
+        "  memory plan: {}\n    (the plan is recorded in the program; the reference interpreter still allocates per step,\n    arena execution comes with the fast kernels)\n",
+        s.memory.summary()
+    ));
+    out.push_str(&format!(
+        "  weights: {} tensors, {} ({}), 64-byte aligned\n",
+        s.meta.weights.count,
+        human_bytes(s.meta.weights.bytes),
+        s.meta.weights.packing
+    ));
+    out.push_str(&format!(
+        "  file: {} bytes, content hash {}\n",
+        s.file_bytes,
+        &s.meta.content_hash[..16.min(s.meta.content_hash.len())]
+    ));
+    eprint!("{out}");
+    Ok(())
+}
+
+pub fn human_bytes(b: u64) -> String {
+    let b = b as f64;
+    if b >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / (1024.0 * 1024.0))
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}

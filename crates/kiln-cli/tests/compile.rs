@@ -1,0 +1,175 @@
+//! `kiln compile` end to end: the program file runs and matches ONNX Runtime's output, `kiln
+//! info` shows its sections, corruption is refused naming the section, intermediate outputs
+//! and the configuration reach the compiler.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = kiln(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn err(args: &[&str]) -> String {
+    let out = kiln(args);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected a clean failure for {args:?}: {out:?}"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn example(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn read_f32_npy(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    bytes[10 + header_len..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn compile(dir: &Path, extra: &[&str]) -> PathBuf {
+    let out = dir.join("tiny.kiln");
+    let o = out.display().to_string();
+    let model = example("tiny_cnn.onnx");
+    let mut args = vec!["compile", model.as_str(), "-o", o.as_str(), "--quiet"];
+    args.extend_from_slice(extra);
+    ok(&args);
+    out
+}
+
+#[test]
+fn compiled_program_matches_onnxruntime_and_shows_its_sections() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = compile(dir.path(), &["--opt-level", "3"]);
+    let p = program.display().to_string();
+    let outdir = dir.path().join("out");
+    let input = format!("image={}", example("tiny_cnn_input.npy"));
+    ok(&["run", &p, "--input", &input, "-o", &outdir.display().to_string()]);
+    let got = read_f32_npy(&outdir.join("probs.npy"));
+    let want = read_f32_npy(Path::new(&example("tiny_cnn_expected_probs.npy")));
+    assert_eq!(got.len(), 10);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-5 + 1e-4 * w.abs(), "got {got:?}\nwant {want:?}");
+    }
+    let info = ok(&["info", &p]);
+    for needle in [
+        "format version: 1",
+        "content hash (BLAKE3)",
+        "meta",
+        "program",
+        "weights",
+        "image: f32[1,3,32,32]",
+    ] {
+        assert!(info.contains(needle), "missing {needle:?} in\n{info}");
+    }
+    assert!(
+        info.contains("optimization_type = 3") || info.contains("\"opt_level\":3"),
+        "{info}"
+    );
+    // Compile flags cannot change an already compiled program.
+    let e = err(&["run", &p, "--input", &input, "--opt-level", "1"]);
+    assert!(e.contains("compiled .kiln program"), "{e}");
+}
+
+#[test]
+fn a_flipped_byte_is_refused_naming_the_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = compile(dir.path(), &[]);
+    let bytes = std::fs::read(&program).unwrap();
+    let info = ok(&["info", &program.display().to_string()]);
+    // Section offsets from `kiln info`: "  name  offset  bytes  crc".
+    let offset = |name: &str| -> usize {
+        info.lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|w| w.len() == 4 && w[0] == name)
+            .and_then(|w| w[1].parse().ok())
+            .unwrap()
+    };
+    let input = format!("image={}", example("tiny_cnn_input.npy"));
+    for (at, expect) in [
+        (offset("meta") + 3, "section 'meta' is corrupted"),
+        (offset("program") + 5, "section 'program' is corrupted"),
+        (offset("weights") + 100, "section 'weights' is corrupted"),
+        (bytes.len() - 1, "section 'weights' is corrupted"),
+        (12, "header is corrupted"),
+    ] {
+        let mut c = bytes.clone();
+        c[at] ^= 0x01;
+        let bad = dir.path().join(format!("bad{at}.kiln"));
+        std::fs::write(&bad, &c).unwrap();
+        let e = err(&["run", &bad.display().to_string(), "--input", &input]);
+        assert!(e.contains(expect), "byte {at}: {e}");
+    }
+    let cut = dir.path().join("cut.kiln");
+    std::fs::write(&cut, &bytes[..bytes.len() - 64]).unwrap();
+    let e = err(&["info", &cut.display().to_string()]);
+    assert!(e.contains("truncated"), "{e}");
+}
+
+#[test]
+fn intermediate_outputs_are_exposed_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = example("tiny_cnn.onnx");
+    let input = format!("image={}", example("tiny_cnn_input.npy"));
+    let all = ok(&["run", &model, "--input", &input, "--outputs", "all"]);
+    let lines = all.lines().filter(|l| l.contains(": f32[")).count();
+    assert!(lines > 3, "expected every intermediate tensor:\n{all}");
+    let e = err(&[
+        "compile",
+        &model,
+        "-o",
+        &dir.path().join("x.kiln").display().to_string(),
+        "--output-tensors",
+        "probz",
+    ]);
+    assert!(
+        e.contains("output tensor 'probz' is not a value of the model (similar: probs)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn configuration_files_and_overrides_reach_the_compiler() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("opts.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "optimization_type: 0\noutput_dir: {}\n",
+            dir.path().join("out").display()
+        ),
+    )
+    .unwrap();
+    let model = example("tiny_cnn.onnx");
+    let y = yaml.display().to_string();
+    let text = ok(&["compile", &model, "--config", &y]);
+    assert!(text.contains("optimisation level 0"), "{text}");
+    let program = dir.path().join("out/tiny_cnn.kiln");
+    assert!(program.exists());
+    let text = ok(&["compile", &model, "--config", &y, "-O", "O=3"]);
+    assert!(text.contains("optimisation level 3"), "{text}");
+    let e = err(&["compile", &model, "--config", &y, "-O", "convert_to_fp16=true"]);
+    assert!(
+        e.contains("convert_to_fp16") && e.contains("not yet implemented"),
+        "{e}"
+    );
+}

@@ -1,0 +1,256 @@
+//! BatchNormalization folded into the Conv or Gemm producing its input (inference mode, all
+//! parameters constant): `W' = W * s`, `b' = (b - mean) * s + B` with
+//! `s = scale / sqrt(var + eps)` per output channel, computed in f64 and rounded once to the
+//! weights' type. The producer then writes the BatchNorm's output directly.
+
+use super::edit::{Index, add_constant, is_float, remove_nodes};
+use crate::CompileError;
+use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
+use kiln_ops::nn::NnOp;
+use kiln_ops::reduce::{BatchNorm, ReduceOp};
+use kiln_tensor::Tensor;
+
+pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
+    let index = Index::new(g);
+    let mut plans = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        if let Some(p) = plan(g, &index, i, node) {
+            plans.push(p);
+        }
+    }
+    let mut dead = vec![false; g.nodes.len()];
+    let count = plans.len();
+    for p in plans {
+        let base = g.nodes.get(p.producer).map_or_else(String::new, |n| n.name.clone());
+        let w = add_constant(g, &format!("{base}.bn_weight"), p.weight);
+        let b = add_constant(g, &format!("{base}.bn_bias"), p.bias);
+        if let Some(node) = g.nodes.get_mut(p.producer) {
+            node.inputs.truncate(1);
+            node.inputs.push(Some(w));
+            node.inputs.push(Some(b));
+            node.outputs = vec![Some(p.output)];
+            if let NodeKind::Op(Op::Nn(NnOp::Gemm(gemm))) = &mut node.kind {
+                gemm.beta = 1.0;
+            }
+        }
+        if let Some(d) = dead.get_mut(p.bn) {
+            *d = true;
+        }
+    }
+    remove_nodes(g, &dead);
+    Ok(count)
+}
+
+struct Plan {
+    bn: usize,
+    producer: usize,
+    weight: Tensor,
+    bias: Tensor,
+    /// The BatchNorm's output, which the producer now writes.
+    output: ValueId,
+}
+
+/// Per-channel BatchNorm parameters as (scale, shift) with `y = x * scale + shift`.
+fn channel_affine(g: &Graph, index: &Index, bn: &BatchNorm, node: &Node, channels: usize) -> Option<Vec<(f64, f64)>> {
+    let param = |k: usize| -> Option<Vec<f64>> {
+        let t = index.tensor(g, node.inputs.get(k).copied().flatten()?)?;
+        (is_float(t.dtype()) && t.len() == channels).then(|| t.to_f64_vec())
+    };
+    let (scale, bias, mean, var) = (param(1)?, param(2)?, param(3)?, param(4)?);
+    let eps = bn.epsilon as f64;
+    Some(
+        scale
+            .iter()
+            .zip(&bias)
+            .zip(mean.iter().zip(&var))
+            .map(|((&sc, &b), (&m, &v))| {
+                let s = sc / (v + eps).sqrt();
+                (s, b - m * s)
+            })
+            .collect(),
+    )
+}
+
+/// `b * s + t` per channel: an old bias through the BatchNorm's affine map.
+fn shifted(b: &[f64], aff: &[(f64, f64)]) -> Vec<f64> {
+    b.iter().zip(aff).map(|(&b, &(s, t))| b * s + t).collect()
+}
+
+fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
+    let NodeKind::Op(Op::Reduce(ReduceOp::BatchNormalization(bn))) = &node.kind else {
+        return None;
+    };
+    if bn.training_mode {
+        return None;
+    }
+    let x = node.inputs.first().copied().flatten()?;
+    let y = node.outputs.first().copied().flatten()?;
+    // The running-statistics outputs must be unread.
+    for extra in node.outputs.iter().skip(1).flatten() {
+        if !index.readers(*extra).is_empty() || index.is_output(*extra) {
+            return None;
+        }
+    }
+    let p = index.producer(x)?;
+    if !index.sole_use(x, i) {
+        return None;
+    }
+    let prod = g.nodes.get(p)?;
+    if prod.outputs.len() != 1 {
+        return None;
+    }
+    let NodeKind::Op(Op::Nn(op)) = &prod.kind else {
+        return None;
+    };
+    let w = index.tensor(g, prod.inputs.get(1).copied().flatten()?)?;
+    if !is_float(w.dtype()) {
+        return None;
+    }
+    let old_bias = match prod.inputs.get(2).copied().flatten() {
+        Some(b) => Some(index.tensor(g, b)?),
+        None => None,
+    };
+    let wv = w.to_f64_vec();
+    let (weight, bias) = match op {
+        NnOp::Conv(conv) if conv.activation.is_none() && w.rank() >= 3 => {
+            let m = *w.shape().first()?;
+            let per = w.len() / m.max(1);
+            let aff = channel_affine(g, index, bn, node, m)?;
+            let b0 = match old_bias {
+                Some(b) if b.len() == m && is_float(b.dtype()) => b.to_f64_vec(),
+                Some(_) => return None,
+                None => vec![0.0; m],
+            };
+            // Output channel c owns the c-th block of `per` weights.
+            let nw: Vec<f64> = wv
+                .chunks(per.max(1))
+                .zip(&aff)
+                .flat_map(|(block, &(s, _))| block.iter().map(move |&v| v * s))
+                .collect();
+            (nw, shifted(&b0, &aff))
+        }
+        NnOp::Gemm(gemm) if gemm.activation.is_none() => {
+            let &[r, c] = w.shape() else { return None };
+            let n = if gemm.trans_b { r } else { c };
+            let aff = channel_affine(g, index, bn, node, n)?;
+            let beta = gemm.beta as f64;
+            let c0: Vec<f64> = match old_bias {
+                Some(b) if is_float(b.dtype()) && b.len() == n && b.shape().iter().rev().skip(1).all(|&d| d == 1) => {
+                    b.to_f64_vec().into_iter().map(|v| v * beta).collect()
+                }
+                Some(b) if is_float(b.dtype()) && b.len() == 1 => vec![b.to_f64_vec().first()? * beta; n],
+                Some(_) => return None,
+                None => vec![0.0; n],
+            };
+            // Output column j is row j of B when transposed, else column j of every row.
+            let nw: Vec<f64> = if gemm.trans_b {
+                wv.chunks(c.max(1))
+                    .zip(&aff)
+                    .flat_map(|(row, &(s, _))| row.iter().map(move |&v| v * s))
+                    .collect()
+            } else {
+                wv.chunks(c.max(1))
+                    .flat_map(|row| row.iter().zip(&aff).map(|(&v, &(s, _))| v * s))
+                    .collect()
+            };
+            (nw, shifted(&c0, &aff))
+        }
+        _ => return None,
+    };
+    let bias_dtype = old_bias.map_or(w.dtype(), Tensor::dtype);
+    let n = bias.len();
+    Some(Plan {
+        bn: i,
+        producer: p,
+        weight: Tensor::from_f64(w.dtype(), w.shape().to_vec(), &weight).ok()?,
+        bias: Tensor::from_f64(bias_dtype, vec![n], &bias).ok()?,
+        output: y,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::passes::testutil::*;
+    use kiln_ops::nn::{Conv, Gemm};
+
+    fn bn_op() -> Op {
+        Op::Reduce(ReduceOp::BatchNormalization(BatchNorm {
+            epsilon: 1e-5,
+            momentum: 0.9,
+            training_mode: false,
+            saved_outputs: false,
+        }))
+    }
+
+    #[test]
+    fn conv_batchnorm_folds_into_the_conv() {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 2, 4, 4]);
+        let w = b.constant("w", noise(&[3, 2, 3, 3], 1));
+        let cb = b.constant("cb", noise(&[3], 2));
+        let conv = Op::Nn(NnOp::Conv(Conv {
+            pads: vec![1, 1, 1, 1],
+            group: 1,
+            ..Conv::default()
+        }));
+        let c = b.node(conv, &[Some(x), Some(w), Some(cb)], &[&[1, 3, 4, 4]])[0];
+        let scale = b.constant("scale", f32s(&[3], &[1.5, -0.5, 2.0]));
+        let shift = b.constant("shift", f32s(&[3], &[0.1, 0.2, -0.3]));
+        let mean = b.constant("mean", f32s(&[3], &[0.3, -0.1, 0.0]));
+        let var = b.constant("var", f32s(&[3], &[0.5, 2.0, 1.0]));
+        let y = b.node(
+            bn_op(),
+            &[Some(c), Some(scale), Some(shift), Some(mean), Some(var)],
+            &[&[1, 3, 4, 4]],
+        )[0];
+        let mut g = b.finish(&[y]);
+        let before = g.clone();
+        assert_eq!(run(&mut g).unwrap(), 1);
+        g.verify().unwrap();
+        assert_eq!(op_names(&g), ["Conv"]);
+        assert_eq!(g.nodes[0].outputs, vec![Some(y)]);
+        let xin = noise(&[1, 2, 4, 4], 3);
+        assert_close(
+            &run_graph(&g, vec![xin.clone()])[0],
+            &run_graph(&before, vec![xin])[0],
+            1e-6,
+        );
+    }
+
+    #[test]
+    fn gemm_batchnorm_folds_and_shared_inputs_do_not() {
+        let mut b = Builder::new();
+        let x = b.input("x", &[2, 3]);
+        let w = b.constant("w", noise(&[4, 3], 4));
+        let gemm = Op::Nn(NnOp::Gemm(Gemm {
+            trans_b: true,
+            beta: 0.5,
+            ..Gemm::default()
+        }));
+        let cc = b.constant("c", noise(&[4], 5));
+        let h = b.node(gemm, &[Some(x), Some(w), Some(cc)], &[&[2, 4]])[0];
+        let p: Vec<ValueId> = (0..4)
+            .map(|k| b.constant(&format!("p{k}"), f32s(&[4], &[0.5 + k as f32, 1.0, 2.0, 0.25])))
+            .collect();
+        let y = b.node(
+            bn_op(),
+            &[Some(h), Some(p[0]), Some(p[1]), Some(p[2]), Some(p[3])],
+            &[&[2, 4]],
+        )[0];
+        let mut g = b.finish(&[y]);
+        let before = g.clone();
+        assert_eq!(run(&mut g).unwrap(), 1);
+        assert_eq!(op_names(&g), ["Gemm"]);
+        let xin = noise(&[2, 3], 6);
+        assert_close(
+            &run_graph(&g, vec![xin.clone()])[0],
+            &run_graph(&before, vec![xin])[0],
+            1e-6,
+        );
+        // The Gemm's output is also a graph output: no fold.
+        let mut g = before.clone();
+        g.outputs.push(g.nodes[0].outputs[0].unwrap());
+        assert_eq!(run(&mut g).unwrap(), 0);
+    }
+}

@@ -1,0 +1,267 @@
+//! Activation fusion: Relu, Clip (constant bounds), Sigmoid, HardSigmoid, HardSwish, Gelu,
+//! LeakyRelu, Tanh and SiLU (`Mul(x, Sigmoid(x))`) following a Conv, Gemm or MatMul become
+//! the producer's epilogue (`activation`), which applies the standalone op's own evaluation to
+//! the product, so results are bit-identical. Only when the product is float, has no
+//! epilogue yet, and is read by the activation alone (SiLU: by its Sigmoid and Mul alone).
+
+use super::edit::{Index, binary, dtype_of, is_float, remove_nodes, unary_io};
+use crate::CompileError;
+use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
+use kiln_ops::elementwise::{BinaryOp, ElementwiseOp, UnaryOp};
+use kiln_ops::nn::{Activation, NnOp};
+
+pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
+    let index = Index::new(g);
+    let mut taken = vec![false; g.nodes.len()];
+    let mut plans = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let Some(p) = plan(g, &index, i, node) else { continue };
+        if p.remove
+            .iter()
+            .chain([&p.producer])
+            .any(|&k| taken.get(k).copied().unwrap_or(true))
+        {
+            continue;
+        }
+        for &k in p.remove.iter().chain([&p.producer]) {
+            if let Some(t) = taken.get_mut(k) {
+                *t = true;
+            }
+        }
+        plans.push(p);
+    }
+    let mut dead = vec![false; g.nodes.len()];
+    for p in &plans {
+        if let Some(node) = g.nodes.get_mut(p.producer)
+            && let NodeKind::Op(Op::Nn(op)) = &mut node.kind
+        {
+            match op {
+                NnOp::Conv(c) => c.activation = Some(p.act),
+                NnOp::Gemm(c) => c.activation = Some(p.act),
+                NnOp::MatMul(c) => c.activation = Some(p.act),
+                _ => continue,
+            }
+            node.outputs = vec![Some(p.output)];
+            for &k in &p.remove {
+                if let Some(d) = dead.get_mut(k) {
+                    *d = true;
+                }
+            }
+        }
+    }
+    remove_nodes(g, &dead);
+    Ok(plans.len())
+}
+
+struct Plan {
+    producer: usize,
+    act: Activation,
+    /// The activation's nodes.
+    remove: Vec<usize>,
+    /// The activation's output, which the producer now writes.
+    output: ValueId,
+}
+
+/// The node producing `v` when it is an epilogue-free float Conv/Gemm/MatMul with one output.
+fn fusable_producer(g: &Graph, index: &Index, v: ValueId) -> Option<usize> {
+    let p = index.producer(v)?;
+    let node = g.nodes.get(p)?;
+    let free = match &node.kind {
+        NodeKind::Op(Op::Nn(NnOp::Conv(c))) => c.activation.is_none(),
+        NodeKind::Op(Op::Nn(NnOp::Gemm(c))) => c.activation.is_none(),
+        NodeKind::Op(Op::Nn(NnOp::MatMul(c))) => c.activation.is_none(),
+        _ => false,
+    };
+    (free && node.outputs.len() == 1 && dtype_of(g, v).is_some_and(is_float)).then_some(p)
+}
+
+fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
+    let NodeKind::Op(Op::Elementwise(op)) = &node.kind else {
+        return None;
+    };
+    // SiLU: Mul(x, Sigmoid(x)) in either order.
+    if let Some((BinaryOp::Mul, a, b)) = binary(node) {
+        let output = node.outputs.first().copied().flatten()?;
+        for (x, s) in [(a, b), (b, a)] {
+            let Some(sp) = index.producer(s) else { continue };
+            let Some(sig) = g.nodes.get(sp) else { continue };
+            let is_sigmoid = matches!(
+                sig.kind,
+                NodeKind::Op(Op::Elementwise(ElementwiseOp::Unary(UnaryOp::Sigmoid)))
+            );
+            if !is_sigmoid || unary_io(sig) != Some((x, s)) || !index.sole_use(s, i) {
+                continue;
+            }
+            let mut readers = index.readers(x).to_vec();
+            readers.sort_unstable();
+            let mut want = vec![sp, i];
+            want.sort_unstable();
+            if readers != want || index.is_output(x) {
+                continue;
+            }
+            let producer = fusable_producer(g, index, x)?;
+            return Some(Plan {
+                producer,
+                act: Activation::Silu,
+                remove: vec![sp, i],
+                output,
+            });
+        }
+        return None;
+    }
+    let x = node.inputs.first().copied().flatten()?;
+    let output = node.outputs.first().copied().flatten()?;
+    if node.outputs.len() != 1 || !index.sole_use(x, i) {
+        return None;
+    }
+    let act = match op {
+        ElementwiseOp::Unary(u) if node.inputs.len() == 1 => Activation::from_unary(*u)?,
+        ElementwiseOp::Clip(c) => {
+            let dtype = dtype_of(g, x)?;
+            let bound = |k: usize, attr: Option<f32>| -> Option<Option<f32>> {
+                match node.inputs.get(k).copied().flatten() {
+                    None => Some(attr),
+                    Some(v) => {
+                        let t = index.tensor(g, v)?;
+                        let b = *t.to_f64_vec().first()?;
+                        // The bound must survive the trip through f32 (it does for f32/f16/bf16).
+                        let exact = t.len() == 1 && t.dtype() == dtype && (b as f32) as f64 == b;
+                        exact.then_some(Some(b as f32))
+                    }
+                }
+            };
+            Activation::Clip {
+                min: bound(1, c.min)?,
+                max: bound(2, c.max)?,
+            }
+        }
+        _ => return None,
+    };
+    let producer = fusable_producer(g, index, x)?;
+    Some(Plan {
+        producer,
+        act,
+        remove: vec![i],
+        output,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::passes::testutil::*;
+    use kiln_ops::elementwise::Clip;
+    use kiln_ops::nn::{Conv, Gemm, MatMul};
+
+    fn conv_graph(act: impl FnOnce(&mut Builder, ValueId) -> ValueId) -> Graph {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 2, 5, 5]);
+        let w = b.constant("w", noise(&[4, 2, 3, 3], 1));
+        let bias = b.constant("b", noise(&[4], 2));
+        let conv = Op::Nn(NnOp::Conv(Conv {
+            group: 1,
+            ..Conv::default()
+        }));
+        let c = b.node(conv, &[Some(x), Some(w), Some(bias)], &[&[1, 4, 3, 3]])[0];
+        let y = act(&mut b, c);
+        b.finish(&[y])
+    }
+
+    fn check_fused(mut g: Graph, want: Activation) {
+        let before = g.clone();
+        assert_eq!(run(&mut g).unwrap(), 1);
+        g.verify().unwrap();
+        assert_eq!(g.nodes.len(), 1);
+        match &g.nodes[0].kind {
+            NodeKind::Op(Op::Nn(NnOp::Conv(c))) => assert_eq!(c.activation, Some(want)),
+            NodeKind::Op(Op::Nn(NnOp::Gemm(c))) => assert_eq!(c.activation, Some(want)),
+            NodeKind::Op(Op::Nn(NnOp::MatMul(c))) => assert_eq!(c.activation, Some(want)),
+            k => panic!("unexpected {}", k.name()),
+        }
+        let inputs: Vec<_> = g
+            .inputs
+            .iter()
+            .map(|&v| noise(&crate::passes::edit::fixed_shape(&g, v).unwrap(), 7))
+            .collect();
+        let (after, reference) = (run_graph(&g, inputs.clone()), run_graph(&before, inputs));
+        // Bit-identical, and the activation did something.
+        assert_eq!(after, reference);
+    }
+
+    #[test]
+    fn unary_activations_fuse_into_conv_bit_exact() {
+        for u in [
+            UnaryOp::Relu,
+            UnaryOp::Sigmoid,
+            UnaryOp::Tanh,
+            UnaryOp::HardSwish,
+            UnaryOp::Gelu { tanh: false },
+            UnaryOp::Gelu { tanh: true },
+            UnaryOp::LeakyRelu { alpha: 0.1 },
+            UnaryOp::HardSigmoid { alpha: 0.3, beta: 0.4 },
+        ] {
+            let g = conv_graph(|b, c| b.unary(u, c, &[1, 4, 3, 3]));
+            check_fused(g, Activation::from_unary(u).unwrap());
+        }
+    }
+
+    #[test]
+    fn clip_with_constant_bounds_and_silu_fuse() {
+        let g = conv_graph(|b, c| {
+            let lo = b.constant("lo", f32s(&[], &[0.0]));
+            let hi = b.constant("hi", f32s(&[], &[0.25]));
+            let clip = Op::Elementwise(ElementwiseOp::Clip(Clip { min: None, max: None }));
+            b.node(clip, &[Some(c), Some(lo), Some(hi)], &[&[1, 4, 3, 3]])[0]
+        });
+        check_fused(
+            g,
+            Activation::Clip {
+                min: Some(0.0),
+                max: Some(0.25),
+            },
+        );
+        let g = conv_graph(|b, c| {
+            let s = b.unary(UnaryOp::Sigmoid, c, &[1, 4, 3, 3]);
+            b.binary(BinaryOp::Mul, s, c, &[1, 4, 3, 3])
+        });
+        check_fused(g, Activation::Silu);
+    }
+
+    #[test]
+    fn gemm_and_matmul_take_epilogues() {
+        let mut b = Builder::new();
+        let x = b.input("x", &[2, 3]);
+        let w = b.constant("w", noise(&[3, 4], 1));
+        let h = b.node(Op::Nn(NnOp::Gemm(Gemm::default())), &[Some(x), Some(w)], &[&[2, 4]])[0];
+        let y = b.unary(UnaryOp::Relu, h, &[2, 4]);
+        check_fused(b.finish(&[y]), Activation::Relu);
+        let mut b = Builder::new();
+        let x = b.input("x", &[2, 2, 3]);
+        let w = b.constant("w", noise(&[3, 4], 1));
+        let h = b.node(
+            Op::Nn(NnOp::MatMul(MatMul::default())),
+            &[Some(x), Some(w)],
+            &[&[2, 2, 4]],
+        )[0];
+        let y = b.unary(UnaryOp::Gelu { tanh: false }, h, &[2, 2, 4]);
+        check_fused(b.finish(&[y]), Activation::Gelu { tanh: false });
+    }
+
+    #[test]
+    fn no_fusion_when_the_product_has_other_readers() {
+        // Conv output read by Relu and also a graph output.
+        let mut g = conv_graph(|b, c| b.unary(UnaryOp::Relu, c, &[1, 4, 3, 3]));
+        let c = g.nodes[0].outputs[0].unwrap();
+        g.outputs.push(c);
+        assert_eq!(run(&mut g).unwrap(), 0);
+        // Conv output read by Relu and by an Add.
+        let mut g = conv_graph(|b, c| {
+            let r = b.unary(UnaryOp::Relu, c, &[1, 4, 3, 3]);
+            b.binary(BinaryOp::Add, r, c, &[1, 4, 3, 3])
+        });
+        assert_eq!(run(&mut g).unwrap(), 0);
+        // Exp is not an epilogue.
+        let mut g = conv_graph(|b, c| b.unary(UnaryOp::Exp, c, &[1, 4, 3, 3]));
+        assert_eq!(run(&mut g).unwrap(), 0);
+    }
+}

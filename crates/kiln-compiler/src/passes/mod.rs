@@ -1,0 +1,37 @@
+//! The optimisation passes, one per file. Each is a function from a graph to the number of
+//! rewrites it made; `pipeline.rs` orders them and verifies the graph after each.
+//!
+//! Every pass keeps the graph's inputs and outputs (ids, names and meaning), never deletes a
+//! value a subgraph captures, and leaves a node in place when it cannot prove the rewrite exact.
+
+pub(crate) mod bn;
+pub(crate) mod cse;
+pub(crate) mod dce;
+pub(crate) mod edit;
+pub(crate) mod fold;
+pub(crate) mod fuse_act;
+pub(crate) mod identity;
+pub(crate) mod matmul_add;
+pub(crate) mod patterns;
+pub(crate) mod shape;
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use kiln_ir::Op;
+use kiln_ops::misc::MiscOp;
+use kiln_ops::reduce::ReduceOp;
+
+/// Ops whose output is not a function of their inputs: never folded or merged.
+pub(crate) fn is_nondeterministic(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Misc(
+            MiscOp::RandomUniform(_)
+                | MiscOp::RandomNormal(_)
+                | MiscOp::RandomLike(_)
+                | MiscOp::Bernoulli(_)
+                | MiscOp::Multinomial(_)
+        ) | Op::Reduce(ReduceOp::Dropout(_))
+    )
+}

@@ -1,0 +1,71 @@
+//! The Session API over a compiled program: same results as the ONNX model, shared by many
+//! threads with identical results, qaic-style shape dicts, setup.
+
+use kiln::{DType, Dim, Session, SessionOptions, Tensor, Value, compile_file};
+use std::path::Path;
+
+fn example() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tiny_cnn.onnx")
+}
+
+fn input(seed: u32) -> Vec<(String, Value)> {
+    // A simple deterministic pattern in [-1, 1).
+    let v: Vec<f32> = (0..3 * 32 * 32)
+        .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    vec![(
+        "image".into(),
+        Value::Tensor(Tensor::from_vec(vec![1, 3, 32, 32], v).unwrap()),
+    )]
+}
+
+fn probs(out: &[(String, Value)]) -> Vec<f32> {
+    out[0].1.as_tensor().unwrap().as_slice::<f32>().unwrap().to_vec()
+}
+
+#[test]
+fn program_file_session_matches_the_onnx_session_across_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tiny.kiln");
+    let options = SessionOptions::default();
+    let summary = compile_file(&example(), &file, &options).unwrap();
+    assert!(summary.file_bytes > 0 && summary.file_bytes % 64 == 0);
+    let onnx = Session::new(example(), &options).unwrap();
+    let program = Session::new(&file, &SessionOptions::default()).unwrap();
+    let meta = program.program_meta().unwrap();
+    assert_eq!(meta.content_hash, summary.meta.content_hash);
+    assert!(onnx.program_meta().is_none());
+    assert!(program.setup() > 0, "setup touches the mapped weights");
+
+    let want: Vec<Vec<f32>> = (0..8).map(|s| probs(&onnx.run(input(s)).unwrap())).collect();
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (program, want) = (&program, &want);
+            scope.spawn(move || {
+                for round in 0..8 {
+                    let s = (t + round) % 8;
+                    assert_eq!(
+                        probs(&program.run(input(s as u32)).unwrap()),
+                        want[s],
+                        "thread {t} seed {s}"
+                    );
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn shape_dicts_name_every_input_and_output() {
+    let s = Session::new(example(), &SessionOptions::default()).unwrap();
+    let ins = s.model_input_shape_dict();
+    let image = &ins["image"];
+    assert_eq!(image.dtype, Some(DType::F32));
+    assert_eq!(
+        image.shape,
+        Some(vec![Dim::Fixed(1), Dim::Fixed(3), Dim::Fixed(32), Dim::Fixed(32)])
+    );
+    let outs = s.model_output_shape_dict();
+    assert_eq!(outs.keys().collect::<Vec<_>>(), ["probs"]);
+    assert_eq!(outs["probs"].shape, Some(vec![Dim::Fixed(1), Dim::Fixed(10)]));
+}
