@@ -2,7 +2,8 @@
 far apart the outputs are. Inputs come from `<model>.io.npz` (keys `in_<name>`, as
 ../shared/bench/make_models.py writes them) or are random.
 
-usage: python scripts/compare_ort.py [--kiln target/release/kiln] [--rtol 1e-4] MODEL.onnx...
+usage: python scripts/compare_ort.py [--kiln target/release/kiln] [--rtol 1e-4] [--opt-level N]
+       [--via-program] MODEL.onnx...
 Exit status 1 when any output differs by more than rtol (relative to the output's max |value|,
 elementwise with an atol of rtol * max|ref|).
 """
@@ -39,6 +40,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", default="target/release/kiln")
     ap.add_argument("--rtol", type=float, default=1e-4)
+    ap.add_argument("--opt-level", type=int, default=None,
+                    help="compile at this level (0-3; default: kiln's default, 2)")
+    ap.add_argument("--via-program", action="store_true",
+                    help="compile each model to a .kiln program first and run that")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     bad = 0
@@ -53,7 +58,14 @@ def main():
             np.savez(npz, **feeds)
             out = os.path.join(tmp, "out")
             t0 = time.time()
-            r = subprocess.run([a.kiln, "run", path, "--inputs", npz, "--output-dir", out], capture_output=True, text=True)
+            level = [] if a.opt_level is None else ["--opt-level", str(a.opt_level)]
+            target = path
+            if a.via_program:
+                target = os.path.join(tmp, "model.kiln")
+                subprocess.run([a.kiln, "compile", path, "-o", target, "--quiet", *level], check=True)
+                level = []
+            r = subprocess.run([a.kiln, "run", target, "--inputs", npz, "--output-dir", out, *level],
+                               capture_output=True, text=True)
             dt = time.time() - t0
             if r.returncode != 0:
                 print(f"{os.path.basename(path)}: kiln failed: {r.stderr.strip()}")

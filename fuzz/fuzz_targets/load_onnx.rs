@@ -10,6 +10,6 @@ fuzz_target!(|data: &[u8]| {
     let Ok(model) = load_model_bytes(bytes::Bytes::copy_from_slice(data), &ImportOptions::default()) else {
         return;
     };
-    let _ = Session::from_model(&model);
+    let _ = Session::from_model(&model, &kiln::SessionOptions::default());
     let _ = model.graph.to_text();
 });

@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(model) = load_model_bytes(bytes::Bytes::copy_from_slice(data), &ImportOptions::default()) else {
         return;
     };
-    let Ok(session) = Session::from_model(&model) else { return };
+    let Ok(session) = Session::from_model(&model, &kiln::SessionOptions::default()) else { return };
     let mut feed = Vec::new();
     for i in session.inputs() {
         let ValueType::Tensor(t) = &i.ty else { return };

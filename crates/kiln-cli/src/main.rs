@@ -212,6 +212,12 @@ fn run(mut a: RunArgs) -> Result<()> {
         load.as_secs_f64() * 1e3,
         ran.as_secs_f64() * 1e3
     );
+    // enable_metrics / enable_profiling (from --config or -O) report on this run.
+    if let Some(p) = session.get_profile() {
+        eprint!("{}", p.table(Some(25)));
+    } else if session.get_metrics().is_some() {
+        session.print_metrics();
+    }
     Ok(())
 }
 

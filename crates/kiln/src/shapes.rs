@@ -1,5 +1,5 @@
 //! qaic-style session introspection and lifecycle: the input/output shape-and-dtype dicts,
-//! `setup()` (make the session ready before the first run) and `reset()`.
+//! `setup()` (make the session ready before the first run) and `reset()` (forget metrics).
 
 use crate::Session;
 use kiln_ops::{Dim, Value, ValueType};
@@ -62,5 +62,12 @@ impl Session {
         }
         std::hint::black_box(sink);
         touched
+    }
+
+    /// Returns the session to its state after creation (qaic's `reset()`): recorded metrics and
+    /// profiles are forgotten. Runs keep no other state between calls (each run has its own
+    /// slots), so nothing else needs resetting.
+    pub fn reset(&self) {
+        self.reset_metrics();
     }
 }

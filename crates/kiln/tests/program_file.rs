@@ -69,3 +69,19 @@ fn shape_dicts_name_every_input_and_output() {
     assert_eq!(outs.keys().collect::<Vec<_>>(), ["probs"]);
     assert_eq!(outs["probs"].shape, Some(vec![Dim::Fixed(1), Dim::Fixed(10)]));
 }
+
+#[test]
+fn reset_forgets_metrics() {
+    let options = SessionOptions {
+        enable_metrics: true,
+        ..SessionOptions::default()
+    };
+    let s = Session::new(example(), &options).unwrap();
+    assert!(s.get_metrics().is_none(), "no run yet");
+    s.run(input(1)).unwrap();
+    assert!(s.get_metrics().is_some());
+    s.reset();
+    assert!(s.get_metrics().is_none(), "reset forgets the recorded runs");
+    s.run(input(2)).unwrap();
+    assert!(s.get_metrics().is_some());
+}

@@ -170,6 +170,12 @@ pub fn to_bytes(program: &Program, input: MetaInput) -> Result<(Vec<u8>, Meta), 
     Ok((assemble(&[&meta_json, &encoded, &weights]), meta))
 }
 
+/// A complete file from raw meta, program and weights section bodies, checksums computed (for
+/// tools that build files from parts, such as the program-file fuzz target).
+pub fn assemble_sections(meta: &[u8], program: &[u8], weights: &[u8]) -> Vec<u8> {
+    assemble(&[meta, program, weights])
+}
+
 /// Lays out header, table and sections.
 fn assemble(bodies: &[&[u8]; 3]) -> Vec<u8> {
     let table_end = HEADER_LEN + ENTRY_LEN * SECTIONS.len();
