@@ -155,10 +155,18 @@ impl Progress {
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
-    let limit = match a.time {
+    // -n / --time win; else the configuration's inf_time / num_inferences (qaic's run_benchmark
+    // arguments) when set; else 100 inferences.
+    let config = kiln_config::Config::resolve(&a.feed.flags.config.files, &a.feed.flags.config.overrides)?;
+    let configured = |key: &str| config.sources.contains_key(key);
+    let time = a.time.or(config.runtime.inf_time.filter(|_| a.iterations.is_none()));
+    let iterations = a
+        .iterations
+        .or_else(|| configured("num_inferences").then_some(config.runtime.num_inferences));
+    let limit = match time {
         Some(t) if t.is_finite() && t > 0.0 => BenchLimit::Time(Duration::from_secs_f64(t)),
         Some(t) => anyhow::bail!("--time {t}: expected a positive number of seconds"),
-        None => BenchLimit::Iterations(a.iterations.unwrap_or(100)),
+        None => BenchLimit::Iterations(iterations.unwrap_or(100)),
     };
     let (session, feed, n_given) = a.feed.open(&a.model)?;
     let (measure_len, by_time) = match limit {
@@ -175,6 +183,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let report = session.run_benchmark_with(&options, &mut |p| progress.update(p));
     progress.finish();
     let report = report?;
+    // enable_profiling (from --config or -O): the per-step table of the benchmark's runs.
+    if let Some(p) = session.get_profile() {
+        eprint!("{}", p.table(Some(25)));
+    }
     if a.json {
         return emit(&format!("{}\n", serde_json::to_string_pretty(&report)?));
     }

@@ -173,3 +173,22 @@ fn configuration_files_and_overrides_reach_the_compiler() {
         "{e}"
     );
 }
+
+#[test]
+fn bench_takes_qaic_run_benchmark_options_from_the_configuration() {
+    let model = example("tiny_cnn.onnx");
+    let json = ok(&["bench", &model, "-O", "num_inferences=7", "--json", "--quiet"]);
+    assert!(json.contains("\"inferences\": 7"), "{json}");
+    // -n on the command line wins over the configuration.
+    let json = ok(&[
+        "bench",
+        &model,
+        "-O",
+        "num_inferences=7",
+        "-n",
+        "3",
+        "--json",
+        "--quiet",
+    ]);
+    assert!(json.contains("\"inferences\": 3"), "{json}");
+}

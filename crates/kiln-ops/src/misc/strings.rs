@@ -388,14 +388,17 @@ impl Kernel for TfIdfVectorizer {
             });
         }
         let mut freq = vec![0u64; n_out];
-        let max_n = self.max_gram_length;
+        // No gram is longer than a row and no useful skip reaches past it: bounding both keeps
+        // attribute values (from a file) from driving allocation or arithmetic overflow.
+        let max_n = self.max_gram_length.min(cols);
+        let max_skip = self.max_skip_count.min(cols);
         if max_n >= 1 && self.min_gram_length >= 1 {
             for r in 0..rows {
                 let row = &keys[r * cols..(r + 1) * cols];
                 let mut start_n = self.min_gram_length;
-                for skip in 1..=self.max_skip_count + 1 {
+                for skip in 1..=max_skip + 1 {
                     for s in 0..cols {
-                        if s + skip * (start_n - 1) >= cols {
+                        if skip.saturating_mul(start_n - 1).saturating_add(s) >= cols {
                             break;
                         }
                         let mut gram = Vec::with_capacity(max_n);
