@@ -4,6 +4,7 @@
 //! Every pass keeps the graph's inputs and outputs (ids, names and meaning), never deletes a
 //! value a subgraph captures, and leaves a node in place when it cannot prove the rewrite exact.
 
+pub(crate) mod attention;
 pub(crate) mod bn;
 pub(crate) mod cse;
 pub(crate) mod dce;

@@ -12,7 +12,7 @@
 //! only inside the pattern (and not be a graph output); constants must be one-element floats
 //! within 1e-3 relative of the expected value (half-precision models store them rounded).
 //!
-//! Attention (`MatMul(Q, Kᵀ)`, scale, mask, Softmax, `MatMul(·, V)`) is not recognised yet.
+//! Attention (`MatMul(Q, Kᵀ)`, scale, mask, Softmax, `MatMul(·, V)`) is recognised by `attention.rs`.
 
 use super::edit::{Index, binary, dtype_of, is_float, remove_nodes, shape_of};
 use crate::CompileError;
