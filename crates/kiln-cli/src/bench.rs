@@ -23,6 +23,11 @@ pub struct BenchArgs {
     /// Inferences run first and not measured.
     #[arg(long, value_name = "W", default_value_t = 2)]
     pub warmup: u64,
+    /// Concurrent activations (qaic's num_activations): threads running inferences on the one
+    /// session at once; inferences/s is their combined throughput [default: 1].
+    #[arg(long, visible_alias = "num-activations", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub activations: Option<u32>,
     /// Print one JSON object: inferences, inf_per_s, total_s, batch_size, load_s and
     /// latency_ms {min, max, avg, p25, p50, p75, p90, p99, p999}.
     #[arg(long)]
@@ -174,11 +179,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         BenchLimit::Time(t) => (u64::try_from(t.as_millis()).unwrap_or(u64::MAX), true),
     };
     let mut progress = Progress::new(a.quiet, a.warmup, measure_len, by_time);
+    let activations = a
+        .activations
+        .map_or_else(|| config.runtime.num_activations as usize, |n| n as usize)
+        .max(1);
     let options = BenchOptions {
         inputs: feed.clone(),
         limit,
         warmup: a.warmup,
         seed: a.feed.seed,
+        activations,
     };
     let report = session.run_benchmark_with(&options, &mut |p| progress.update(p));
     progress.finish();
@@ -193,6 +203,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let mut out = format!("model          {}\n", a.model.display());
     out.push_str(&a.feed.describe(&feed, n_given));
     out.push_str(&format!("warm-up        {} inferences (not measured)\n", a.warmup));
+    if activations > 1 {
+        out.push_str(&format!(
+            "activations    {activations} (concurrent runs on one session)\n"
+        ));
+    }
     out.push_str(&report.to_string());
     emit(&out)
 }

@@ -192,3 +192,36 @@ fn bench_takes_qaic_run_benchmark_options_from_the_configuration() {
     ]);
     assert!(json.contains("\"inferences\": 3"), "{json}");
 }
+
+#[test]
+fn num_activations_runs_concurrent_inferences_on_one_session() {
+    let model = example("tiny_cnn.onnx");
+    for args in [
+        vec![
+            "bench",
+            model.as_str(),
+            "-O",
+            "num_activations=3",
+            "-n",
+            "10",
+            "--json",
+            "--quiet",
+        ],
+        vec![
+            "bench",
+            model.as_str(),
+            "--activations",
+            "2",
+            "-n",
+            "7",
+            "--json",
+            "--quiet",
+        ],
+    ] {
+        let n = args[args.iter().position(|a| *a == "-n").unwrap() + 1];
+        let json = ok(&args);
+        assert!(json.contains(&format!("\"inferences\": {n},")), "{json}");
+    }
+    let text = ok(&["bench", &model, "--activations", "2", "-n", "4", "--quiet"]);
+    assert!(text.contains("activations    2"), "{text}");
+}

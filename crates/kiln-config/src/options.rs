@@ -747,8 +747,8 @@ section! {
             "Runs of a benchmark (run_benchmark); exclusive with inf_time.";
         inf_time: Option<f64> = None, Kind::Nullable(&float_open_min(0.0, f64::INFINITY)), IMPLEMENTED, [qaic("inf_time")],
             "Seconds a benchmark runs for, instead of num_inferences.";
-        num_activations: u32 = 1, POSITIVE, nyi_warn("a Session already serves concurrent runs, each with its own state; a pool of pre-allocated run states is not yet implemented"), [aic_rt("num_activations"), qaic("num_activations")],
-            "Concurrent activations (instances) of the model.";
+        num_activations: u32 = 1, POSITIVE, IMPLEMENTED, [aic_rt("num_activations"), qaic("num_activations")],
+            "Concurrent activations (instances) of the model: kiln bench runs this many inferences at once on one session.";
         set_size: u32 = 10, POSITIVE, no_effect("ExecObjs are device submission objects; kiln's runs need none"), [qaic("set_size")],
             "Number of ExecObjs to create.";
         dev_id: u32 = 0, UINT, no_effect(DEVICE), [qaic("dev_id")],

@@ -41,16 +41,21 @@ pub struct BenchOptions {
     pub warmup: u64,
     /// Seed of the random inputs.
     pub seed: u64,
+    /// Concurrent activations (qaic's `num_activations`): this many threads run inferences on
+    /// the one Session at once, each with its own run state; the limit counts all of them, and
+    /// inferences/s is the combined throughput.
+    pub activations: usize,
 }
 
 impl Default for BenchOptions {
-    /// Random inputs, 40 inferences (qaic's default), one warm-up run, seed 0.
+    /// Random inputs, 40 inferences (qaic's default), one warm-up run, seed 0, one activation.
     fn default() -> BenchOptions {
         BenchOptions {
             inputs: Vec::new(),
             limit: BenchLimit::Iterations(40),
             warmup: 1,
             seed: 0,
+            activations: 1,
         }
     }
 }
@@ -342,6 +347,9 @@ impl Session {
                 elapsed: warm_start.elapsed(),
             });
         }
+        if options.activations > 1 {
+            return self.run_concurrent(options, &feed, batch_size, progress);
+        }
         let mut latencies: Vec<Duration> = Vec::new();
         let started = Instant::now();
         loop {
@@ -363,6 +371,81 @@ impl Session {
             });
         }
         let total_s = started.elapsed().as_secs_f64();
+        let inferences = latencies.len() as u64;
+        let latency_ms = LatencyStats::from_durations(&latencies)
+            .ok_or_else(|| Error::Run(RuntimeError::Program("the benchmark completed no inference".into())))?;
+        Ok(BenchReport {
+            inferences,
+            inf_per_s: if total_s > 0.0 {
+                inferences as f64 / total_s
+            } else {
+                0.0
+            },
+            total_s,
+            batch_size,
+            load_s: self.monitor.load.as_secs_f64(),
+            latency_ms,
+        })
+    }
+
+    /// The measured phase with `options.activations` threads sharing the Session: each thread
+    /// claims inferences from a shared counter (or runs until the time is up) and records its
+    /// own latencies; the caller's thread reports progress every 50 ms.
+    fn run_concurrent(
+        &self,
+        options: &BenchOptions,
+        feed: &[(String, Value)],
+        batch_size: usize,
+        progress: &mut dyn FnMut(BenchProgress),
+    ) -> Result<BenchReport, Error> {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let claimed = AtomicU64::new(0);
+        let done = AtomicU64::new(0);
+        let stop = AtomicBool::new(false);
+        let started = Instant::now();
+        let worker = || -> Result<Vec<Duration>, Error> {
+            let mut mine = Vec::new();
+            loop {
+                let go = match options.limit {
+                    BenchLimit::Iterations(n) => claimed.fetch_add(1, Ordering::Relaxed) < n.max(1),
+                    BenchLimit::Time(t) => started.elapsed() < t || done.load(Ordering::Relaxed) == 0,
+                };
+                if !go || stop.load(Ordering::Relaxed) {
+                    return Ok(mine);
+                }
+                let t0 = Instant::now();
+                let r = self.run(feed.to_vec());
+                if r.is_err() {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                r?;
+                mine.push(t0.elapsed());
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let results: Vec<Result<Vec<Duration>, Error>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..options.activations).map(|_| scope.spawn(worker)).collect();
+            while !handles.iter().all(|h| h.is_finished()) {
+                std::thread::sleep(Duration::from_millis(50));
+                progress(BenchProgress {
+                    warmup: false,
+                    done: done.load(Ordering::Relaxed),
+                    elapsed: started.elapsed(),
+                });
+            }
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Run(RuntimeError::Program("a benchmark thread failed".into()))))
+                })
+                .collect()
+        });
+        let total_s = started.elapsed().as_secs_f64();
+        let mut latencies = Vec::new();
+        for r in results {
+            latencies.extend(r?);
+        }
         let inferences = latencies.len() as u64;
         let latency_ms = LatencyStats::from_durations(&latencies)
             .ok_or_else(|| Error::Run(RuntimeError::Program("the benchmark completed no inference".into())))?;
