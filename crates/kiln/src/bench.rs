@@ -370,9 +370,14 @@ impl Session {
                 elapsed: started.elapsed(),
             });
         }
-        let total_s = started.elapsed().as_secs_f64();
+        self.bench_report(&latencies, started.elapsed(), batch_size)
+    }
+
+    /// The report of a measured phase: its latencies, wall time and batch size.
+    fn bench_report(&self, latencies: &[Duration], total: Duration, batch_size: usize) -> Result<BenchReport, Error> {
+        let total_s = total.as_secs_f64();
         let inferences = latencies.len() as u64;
-        let latency_ms = LatencyStats::from_durations(&latencies)
+        let latency_ms = LatencyStats::from_durations(latencies)
             .ok_or_else(|| Error::Run(RuntimeError::Program("the benchmark completed no inference".into())))?;
         Ok(BenchReport {
             inferences,
@@ -441,26 +446,12 @@ impl Session {
                 })
                 .collect()
         });
-        let total_s = started.elapsed().as_secs_f64();
+        let total = started.elapsed();
         let mut latencies = Vec::new();
         for r in results {
             latencies.extend(r?);
         }
-        let inferences = latencies.len() as u64;
-        let latency_ms = LatencyStats::from_durations(&latencies)
-            .ok_or_else(|| Error::Run(RuntimeError::Program("the benchmark completed no inference".into())))?;
-        Ok(BenchReport {
-            inferences,
-            inf_per_s: if total_s > 0.0 {
-                inferences as f64 / total_s
-            } else {
-                0.0
-            },
-            total_s,
-            batch_size,
-            load_s: self.monitor.load.as_secs_f64(),
-            latency_ms,
-        })
+        self.bench_report(&latencies, total, batch_size)
     }
 
     /// Runs the model `runs` times (at least once) timing every step; inputs as in
