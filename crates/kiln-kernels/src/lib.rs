@@ -1,8 +1,17 @@
 //! kiln-kernels: numeric kernels on raw slices and dimensions.
 //!
-//! Today this holds the scalar reference GEMM that MatMul, Gemm and convolution lower to, and
-//! the im2col/col2im layout helpers of convolution; the SIMD variants and the dispatch table
-//! come with the speed work, each tested against these.
+//! - `gemm`: the scalar reference GEMM (any strides, any numeric type) that MatMul, Gemm and
+//!   convolution lower to today, and the oracle the fast paths are tested against;
+//! - `conv`: im2col/col2im layout helpers of convolution;
+//! - `isa`: the dispatch choice (AVX-512, AVX2+FMA or portable), detected once per process,
+//!   forced to portable with `KILN_KERNELS=reference`;
+//! - `sgemm`: the f32 GEMM with our own microkernels over prepacked B panels and a fused
+//!   epilogue (bias, residual, activation), one kernel set per `isa` level.
+//!
+//! This is the only crate with `unsafe` and intrinsics; every SIMD function is
+//! `#[target_feature]` and reached only after detection.
 
 pub mod conv;
 pub mod gemm;
+pub mod isa;
+pub mod sgemm;

@@ -201,6 +201,8 @@ fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R
         pad_begin: &pad_begin,
     };
     let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}"));
+    // The bias is added by the fast kernels' epilogue when they run, else after the loop.
+    let mut bias_pending = bd.is_some();
     for n in 0..batch {
         for gi in 0..g {
             let xg = &xd[(n * c + gi * cg) * img_sz..(n * c + (gi + 1) * cg) * img_sz];
@@ -214,6 +216,25 @@ fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R
             };
             let wg = &wd[gi * mg * kdim..(gi + 1) * mg * kdim];
             let yg = &mut y[(n * m + gi * mg) * osz..(n * m + (gi + 1) * mg) * osz];
+            let bias_g = bd.as_deref().and_then(|b| b.get(gi * mg..(gi + 1) * mg));
+            match T::fast_gemm(
+                mg,
+                osz,
+                kdim,
+                wg,
+                MatLayout::row_major(kdim),
+                colref,
+                MatLayout::row_major(osz),
+                yg,
+                bias_g,
+            ) {
+                Some(true) => {
+                    bias_pending = false;
+                    continue;
+                }
+                Some(false) => return Err(bad()),
+                None => {}
+            }
             if !gemm(
                 mg,
                 osz,
@@ -228,7 +249,9 @@ fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R
             }
         }
     }
-    add_channel_bias(&mut y, bd.as_deref(), osz);
+    if bias_pending {
+        add_channel_bias(&mut y, bd.as_deref(), osz);
+    }
     from_floats(x.dtype(), yshape, y)
 }
 

@@ -73,7 +73,24 @@ fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatMulPlan> {
     })
 }
 
-fn matmul_core<T: GemmScalar>(p: &MatMulPlan, a: &[T], b: &[T]) -> Result<Vec<T>> {
+/// A fast GEMM for one matrix of the batch (see [`Real::fast_gemm`]); `None` for no fast path.
+type FastGemm<T> = fn(usize, usize, usize, &[T], MatLayout, &[T], MatLayout, &mut [T], Option<&[T]>) -> Option<bool>;
+
+fn no_fast_gemm<T>(
+    _: usize,
+    _: usize,
+    _: usize,
+    _: &[T],
+    _: MatLayout,
+    _: &[T],
+    _: MatLayout,
+    _: &mut [T],
+    _: Option<&[T]>,
+) -> Option<bool> {
+    None
+}
+
+fn matmul_core<T: GemmScalar>(p: &MatMulPlan, a: &[T], b: &[T], fast: FastGemm<T>) -> Result<Vec<T>> {
     let nb = numel(&p.batch)?;
     let amap = util::broadcast_map(&p.a_batch, &p.batch)?;
     let bmap = util::broadcast_map(&p.b_batch, &p.batch)?;
@@ -82,16 +99,16 @@ fn matmul_core<T: GemmScalar>(p: &MatMulPlan, a: &[T], b: &[T]) -> Result<Vec<T>
     for bi in 0..nb {
         let ao = amap[bi] * m * k;
         let bo = bmap[bi] * k * n;
-        let ok = gemm(
-            m,
-            n,
-            k,
+        let (a_i, b_i, out_i) = (
             &a[ao..ao + m * k],
-            MatLayout::row_major(k),
             &b[bo..bo + k * n],
-            MatLayout::row_major(n),
             &mut out[bi * m * n..(bi + 1) * m * n],
         );
+        let (la, lb) = (MatLayout::row_major(k), MatLayout::row_major(n));
+        let ok = match fast(m, n, k, a_i, la, b_i, lb, out_i, None) {
+            Some(done) => done,
+            None => gemm(m, n, k, a_i, la, b_i, lb, out_i),
+        };
         if !ok {
             return Err(OpError::Shape("MatMul: operand sizes do not match their shapes".into()));
         }
@@ -102,12 +119,12 @@ fn matmul_core<T: GemmScalar>(p: &MatMulPlan, a: &[T], b: &[T]) -> Result<Vec<T>
 fn matmul_float<T: Real>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ad = super::floats::<T>(a, 0)?;
     let bd = super::floats::<T>(b, 1)?;
-    let y = matmul_core(p, &ad, &bd)?;
+    let y = matmul_core(p, &ad, &bd, T::fast_gemm)?;
     from_floats(a.dtype(), p.out.clone(), y)
 }
 
 fn matmul_int<T: GemmScalar + Element>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let y = matmul_core(p, a.as_slice::<T>()?, b.as_slice::<T>()?)?;
+    let y = matmul_core(p, a.as_slice::<T>()?, b.as_slice::<T>()?, no_fast_gemm::<T>)?;
     Ok(Tensor::from_vec(p.out.clone(), y)?)
 }
 
@@ -219,7 +236,11 @@ impl Gemm {
             MatLayout::row_major(n)
         };
         let mut y = vec![T::zero(); numel(&[m, n])?];
-        if !gemm(m, n, k, &ad, la, &bd, lb, &mut y) {
+        let ok = match T::fast_gemm(m, n, k, &ad, la, &bd, lb, &mut y, None) {
+            Some(done) => done,
+            None => gemm(m, n, k, &ad, la, &bd, lb, &mut y),
+        };
+        if !ok {
             return Err(OpError::Shape("Gemm: operand sizes do not match their shapes".into()));
         }
         let alpha = T::from_f64(self.alpha as f64);

@@ -9,6 +9,7 @@ use crate::error::{OpError, Result};
 use crate::util;
 use crate::value::{Args, Dim, InferInput, TensorType, Value, ValueType};
 use kiln_kernels::gemm::GemmScalar;
+use kiln_kernels::gemm::MatLayout;
 use kiln_tensor::{DType, Element, Tensor, bf16, f16};
 use std::borrow::Cow;
 
@@ -195,6 +196,24 @@ pub trait Real:
     fn zero() -> Self {
         Self::default()
     }
+    /// `C[m×n] = A[m×k] · B[k×n] (+ row_bias[i] on row i)`, C row-major and dense, A and B in
+    /// the given layouts (row-major or transposed), on the packed-panel SIMD kernels when this
+    /// type has them: `Some(true)` when done, `Some(false)` when the operands do not fit,
+    /// `None` when there is no fast path for the type or the layouts.
+    #[allow(clippy::too_many_arguments)]
+    fn fast_gemm(
+        _m: usize,
+        _n: usize,
+        _k: usize,
+        _a: &[Self],
+        _la: MatLayout,
+        _b: &[Self],
+        _lb: MatLayout,
+        _c: &mut [Self],
+        _row_bias: Option<&[Self]>,
+    ) -> Option<bool> {
+        None
+    }
 }
 
 impl Real for f32 {
@@ -203,6 +222,33 @@ impl Real for f32 {
     }
     fn to_f64(self) -> f64 {
         self as f64
+    }
+    fn fast_gemm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        la: MatLayout,
+        b: &[f32],
+        lb: MatLayout,
+        c: &mut [f32],
+        row_bias: Option<&[f32]>,
+    ) -> Option<bool> {
+        use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedB, sgemm};
+        let a = match (la.row_stride, la.col_stride) {
+            (ld, 1) => AMatrix::row_major(a, ld),
+            (1, ld) => AMatrix::transposed(a, ld),
+            _ => return None,
+        };
+        let layout = BLayout::for_isa(kiln_kernels::isa::active());
+        let Ok(packed) = PackedB::pack(layout, k, n, b, lb) else {
+            return Some(false);
+        };
+        let epilogue = Epilogue {
+            bias: row_bias.map_or(Bias::None, Bias::Row),
+            ..Epilogue::NONE
+        };
+        Some(sgemm(m, a, packed.view(), c, n, &epilogue).is_ok())
     }
 }
 

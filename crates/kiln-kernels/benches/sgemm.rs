@@ -1,0 +1,244 @@
+//! GEMM throughput on representative shapes (resnet50 convolutions as GEMM, transformer
+//! projections, batch-1 GEMV), per kernel level, as GFLOP/s and % of the single-core f32
+//! peak of the reference machine (Zen 4: 117 GFLOP/s = 3.65 GHz x 32 FLOP/cycle).
+//!
+//! `cargo bench -p kiln-kernels -- --warm-up-time 1 --measurement-time 3`; criterion reports
+//! each case's throughput (elements = FLOPs, so Gelem/s = GFLOP/s); a summary table with the
+//! median of our own timing loop and the % of peak is printed at the end (with the rate at
+//! which B's bytes are read: the bound that matters for M = 1, where B is read once). Set
+//! `KILN_BENCH_ALL_ISAS=1` to also run the AVX2 and portable kernels on an AVX-512 machine.
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use kiln_kernels::gemm::MatLayout;
+use kiln_kernels::isa::{self, Isa};
+use kiln_kernels::sgemm::{AMatrix, Act, BLayout, Bias, Epilogue, PackedB, sgemm_with};
+use std::hint::black_box;
+use std::time::Instant;
+
+const PEAK_GFLOPS: f64 = 117.0;
+
+/// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed.
+const SHAPES: [(&str, usize, usize, usize); 12] = [
+    ("resnet50 conv2_x 3x3", 64, 3136, 576),
+    ("resnet50 conv2_x 1x1", 256, 3136, 64),
+    ("resnet50 conv3_x 3x3", 256, 784, 1152),
+    ("resnet50 conv5_x 3x3", 512, 49, 4608),
+    ("minilm qkv proj", 128, 384, 384),
+    ("minilm ffn up", 128, 1536, 384),
+    ("bert gemv m=1", 1, 768, 768),
+    ("bert ffn up", 128, 3072, 768),
+    ("bert ffn down", 128, 768, 3072),
+    ("lda 4 KiB", 128, 1024, 1024),
+    ("resnet50 conv3_x A^T", 256, 784, 1152),
+    ("minilm ffn up A^T", 128, 1536, 384),
+];
+
+/// Deterministic values in [-1, 1).
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+struct Case {
+    a: Vec<f32>,
+    b: PackedB,
+    c: Vec<f32>,
+    bias: Vec<f32>,
+    m: usize,
+    k: usize,
+    n: usize,
+    transposed: bool,
+}
+
+impl Case {
+    fn new(isa: Isa, name: &str, m: usize, n: usize, k: usize) -> Case {
+        let b = data(k * n, 2);
+        Case {
+            a: data(m * k, 1),
+            b: PackedB::pack(BLayout::for_isa(isa), k, n, &b, MatLayout::row_major(n)).unwrap_or_else(|e| {
+                eprintln!("pack: {e}");
+                std::process::exit(1)
+            }),
+            c: vec![0.0; m * n],
+            bias: data(n, 3),
+            m,
+            k,
+            n,
+            transposed: name.ends_with("A^T"),
+        }
+    }
+
+    fn run(&mut self, isa: Isa, epi: &Epilogue<'_>) {
+        let r = sgemm_with(
+            isa,
+            self.m,
+            if self.transposed {
+                AMatrix::transposed(&self.a, self.m)
+            } else {
+                AMatrix::row_major(&self.a, self.k)
+            },
+            self.b.view(),
+            &mut self.c,
+            self.n,
+            epi,
+        );
+        if let Err(e) = r {
+            eprintln!("sgemm: {e}");
+            std::process::exit(1);
+        }
+        black_box(&self.c);
+    }
+
+    fn flops(&self) -> f64 {
+        2.0 * (self.m * self.n * self.k) as f64
+    }
+}
+
+fn levels() -> Vec<Isa> {
+    let all = std::env::var("KILN_BENCH_ALL_ISAS").is_ok_and(|v| v == "1");
+    let best = isa::active();
+    Isa::ALL
+        .into_iter()
+        .rev()
+        .filter(|&i| i.is_supported() && (i == best || all))
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    for isa in levels() {
+        let mut g = c.benchmark_group(format!("sgemm/{}", isa.name()));
+        for &(name, m, n, k) in &SHAPES {
+            let mut case = Case::new(isa, name, m, n, k);
+            g.throughput(Throughput::Elements(case.flops() as u64));
+            g.bench_function(BenchmarkId::new(name, format!("m{m}n{n}k{k}")), |bch| {
+                bch.iter(|| case.run(isa, &Epilogue::NONE))
+            });
+        }
+        // Epilogue cost on a transformer FFN: bias + Gelu (erf) fused.
+        let mut case = Case::new(isa, "", 128, 1536, 384);
+        let bias = case.bias.clone();
+        for (label, act) in [("bias+relu", Act::Relu), ("bias+gelu", Act::Gelu { tanh: false })] {
+            let epi = Epilogue {
+                bias: Bias::Col(&bias),
+                residual: None,
+                act: Some(act),
+            };
+            g.throughput(Throughput::Elements(case.flops() as u64));
+            g.bench_function(
+                BenchmarkId::new(format!("minilm ffn up {label}"), "m128n1536k384"),
+                |bch| bch.iter(|| case.run(isa, &epi)),
+            );
+        }
+        g.finish();
+    }
+}
+
+/// Seconds per call of one timed batch of `reps` calls.
+fn batch(case: &mut Case, isa: Isa, epi: &Epilogue<'_>, reps: usize) -> f64 {
+    let t = Instant::now();
+    for _ in 0..reps {
+        case.run(isa, epi);
+    }
+    t.elapsed().as_secs_f64() / reps as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median seconds per call over `samples` timed batches of about 20 ms.
+fn median_time(case: &mut Case, isa: Isa, samples: usize) -> f64 {
+    let reps = ((0.02 / batch(case, isa, &Epilogue::NONE, 1).max(1e-7)) as usize).clamp(1, 10_000);
+    median((0..samples).map(|_| batch(case, isa, &Epilogue::NONE, reps)).collect())
+}
+
+/// The fused epilogue's cost: plain, bias+relu, bias+gelu batches interleaved (A B C A B C ..)
+/// so that load from other processes hits all three alike.
+fn epilogue_cost(isa: Isa) {
+    let mut case = Case::new(isa, "", 128, 1536, 384);
+    let bias = case.bias.clone();
+    let epis = [
+        ("none", Epilogue::NONE),
+        (
+            "bias+relu",
+            Epilogue {
+                bias: Bias::Col(&bias),
+                residual: None,
+                act: Some(Act::Relu),
+            },
+        ),
+        (
+            "bias+gelu",
+            Epilogue {
+                bias: Bias::Col(&bias),
+                residual: None,
+                act: Some(Act::Gelu { tanh: false }),
+            },
+        ),
+    ];
+    let reps = ((0.02 / batch(&mut case, isa, &Epilogue::NONE, 1).max(1e-7)) as usize).clamp(1, 10_000);
+    let mut times = vec![Vec::new(); epis.len()];
+    for _ in 0..15 {
+        for (t, (_, e)) in times.iter_mut().zip(&epis) {
+            t.push(batch(&mut case, isa, e, reps));
+        }
+    }
+    let base = median(times[0].clone());
+    for (t, (name, _)) in times.into_iter().zip(&epis) {
+        let m = median(t);
+        println!(
+            "{:<8} epilogue {:<10} on 128x1536x384: {:>8.1} us (+{:.1}%)",
+            isa.name(),
+            name,
+            m * 1e6,
+            100.0 * (m / base - 1.0)
+        );
+    }
+}
+
+fn summary() {
+    println!();
+    println!("kernels: {}", isa::dispatch().describe());
+    println!(
+        "{:<8} {:<22} {:>5} {:>5} {:>5} {:>10} {:>8} {:>7} {:>8}",
+        "isa", "shape", "M", "N", "K", "median us", "GFLOP/s", "% peak", "B GB/s"
+    );
+    for isa in levels() {
+        for &(name, m, n, k) in &SHAPES {
+            let mut case = Case::new(isa, name, m, n, k);
+            let t = median_time(&mut case, isa, 15);
+            let gf = case.flops() / t / 1e9;
+            println!(
+                "{:<8} {:<22} {:>5} {:>5} {:>5} {:>10.1} {:>8.1} {:>6.1}% {:>8.1}",
+                isa.name(),
+                name,
+                m,
+                n,
+                k,
+                t * 1e6,
+                gf,
+                100.0 * gf / PEAK_GFLOPS,
+                (4 * k * n) as f64 / t / 1e9
+            );
+        }
+        epilogue_cost(isa);
+    }
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+    let listing = std::env::args().any(|a| a == "--list" || a == "--test");
+    if !listing {
+        summary();
+    }
+}

@@ -1,0 +1,214 @@
+//! The GEMM loop nest over a per-level kernel table: cache blocking, the tile calls (A read
+//! in place, B from its packed panels) and the epilogue after each finished tile.
+
+use super::pack::{AMatrix, BLayout, PackedBRef};
+use super::{Act, Bias, Epilogue, KC, MC, NC, portable};
+use crate::isa::Isa;
+
+/// A microkernel for a tile of `R` rows (the table holds one per `R` in `1..=MR`).
+///
+/// `tile(kc, a, ars, acs, b, bs, c, ldc, nr, first, epi)` computes, for `i < R`, `j < nr`:
+/// `C[i][j] (= if first, else +=) sum_p a[i*ars + p*acs] * b[p*bs + j]`, so A is read
+/// in place (row-major: `ars = lda, acs = 1`; transposed: `ars = 1, acs = lda`) or from a
+/// packed panel (`ars = 1, acs = MR`). Kernels with `fused` set then apply `epi` (given only
+/// on the last depth block) to the tile in registers before storing it; the others ignore it.
+///
+/// # Safety
+/// `a + i*ars + p*acs` is readable for `i < R`, `p < kc`; for every `p < kc`, `b + p*bs`
+/// points to `NR` readable floats (the kernel's width); for every `i < R`, `c + i*ldc` points
+/// to `nr <= NR` writable (and, unless `first`, initialised) floats; `epi`'s pointers satisfy
+/// [`TileEpi`]'s contract; the CPU supports the kernel's level.
+pub(crate) type TileFn =
+    unsafe fn(usize, *const f32, usize, usize, *const f32, usize, *mut f32, usize, usize, bool, Option<&TileEpi>);
+
+/// The epilogue of one tile, for kernels that fuse it: each pointer null or valid for the
+/// tile (`row_bias`: `R` floats, one per row; `col_bias`: `nr` floats; `resid`: `nr` floats
+/// at `resid + i*resid_ld` for each `i < R`).
+pub(crate) struct TileEpi {
+    pub row_bias: *const f32,
+    pub col_bias: *const f32,
+    pub resid: *const f32,
+    pub resid_ld: usize,
+    pub act: Option<Act>,
+}
+
+/// An epilogue on one row segment of C: `row += row_bias; row += col_bias; row += resid;
+/// row = act(row)`, each part optional; slices have `row`'s length.
+pub(crate) type EpiFn = fn(&mut [f32], Option<f32>, Option<&[f32]>, Option<&[f32]>, Option<Act>);
+
+/// The kernels one call runs: tile kernels of one width, and the matching epilogue.
+pub(crate) struct Kernels {
+    /// Rows of the largest tile (A panel height).
+    pub mr: usize,
+    /// Columns of a tile; divides the packed panel width.
+    pub nr: usize,
+    /// `tiles[r - 1]` computes `r` rows.
+    pub tiles: &'static [TileFn],
+    /// Tiles of half the width for edge columns (`nr <= NR / 2`), or empty.
+    pub half: &'static [TileFn],
+    /// Whether the tiles apply the epilogue themselves (else `epi` runs after each tile).
+    pub fused: bool,
+    pub epi: EpiFn,
+}
+
+impl Kernels {
+    /// The fastest kernels of `isa` (which the caller has checked the CPU supports) that read
+    /// panels of `layout`.
+    pub(crate) fn select(isa: Isa, layout: BLayout) -> Kernels {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use super::x86::{avx2, avx512};
+            match isa {
+                Isa::Avx512 if layout.nr().is_multiple_of(avx512::NR) => return avx512::kernels(),
+                // AVX-512 machines have AVX2+FMA (detection checks both): 16-wide tiles for
+                // 16-column panels, with the AVX-512 epilogue.
+                Isa::Avx512 => {
+                    return Kernels {
+                        epi: avx512::kernels().epi,
+                        ..avx2::kernels()
+                    };
+                }
+                Isa::Avx2Fma => return avx2::kernels(),
+                Isa::Portable => {}
+            }
+        }
+        let _ = (isa, layout);
+        portable::kernels()
+    }
+}
+
+/// Runs the loop nest. The caller has validated every shape against the slices (`validate`),
+/// and chosen `kernels` for `b`'s layout.
+pub(crate) fn run(
+    kernels: &Kernels,
+    m: usize,
+    a: &AMatrix<'_>,
+    b: &PackedBRef<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    epi: &Epilogue<'_>,
+) {
+    let (k, n) = (b.k(), b.n());
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            let row = &mut c[i * ldc..i * ldc + n];
+            row.fill(0.0);
+            finish_row(kernels, epi, i, 0, row);
+        }
+        return;
+    }
+    let (mr, kn) = (kernels.mr, kernels.nr);
+    let pnr = b.layout().nr();
+    let bdata = b.data();
+    // Few rows: one depth block (the A panel, `m x k`, is small and C is stored once).
+    // Few rows: one depth block (C is stored once; the A rows are small).
+    let kc_max = if m <= mr { k } else { KC.min(k) };
+    let mc_max = if m <= mr { mr } else { MC / mr * mr };
+    let tiles = kernels.tiles;
+    for jc in (0..n).step_by(NC) {
+        let nc = NC.min(n - jc);
+        for pc in (0..k).step_by(kc_max) {
+            let kc = kc_max.min(k - pc);
+            let (first, last) = (pc == 0, pc + kc == k);
+            for ic in (0..m).step_by(mc_max) {
+                let mc = mc_max.min(m - ic);
+                for jr in (jc..jc + nc).step_by(kn) {
+                    let nr = kn.min(n - jr);
+                    // Panel `jr / pnr`, rows from `pc`, columns from `jr % pnr` (kn divides pnr).
+                    let boff = (jr / pnr) * k * pnr + pc * pnr + jr % pnr;
+                    for ir in (0..mc).step_by(mr) {
+                        let rows = mr.min(mc - ir);
+                        let table = if nr <= kn / 2 && !kernels.half.is_empty() {
+                            kernels.half
+                        } else {
+                            tiles
+                        };
+                        let Some(&tile) = table.get(rows - 1) else {
+                            return;
+                        };
+                        let coff = (ic + ir) * ldc + jr;
+                        let (aoff, ars, acs) = if a.transposed {
+                            (pc * a.ld + ic + ir, 1, a.ld)
+                        } else {
+                            ((ic + ir) * a.ld + pc, a.ld, 1)
+                        };
+                        // SAFETY: the kernel table was chosen for a level the CPU supports
+                        // (`sgemm_with` checked `is_supported`, `select` only returns its kernels).
+                        // A: validate checked the span of the `m x k` matrix (row-major or
+                        // transposed with `ld`); the tile reads rows `ic+ir .. ic+ir+rows <= m`,
+                        // depths `pc .. pc+kc <= k`, each at `aoff + i*ars + p*acs`. B: panel `jr / pnr` has `k` rows of `pnr`
+                        // floats; rows `pc..pc+kc` exist and `jr % pnr + kn <= pnr` as `kn`
+                        // divides `pnr` and `jr` is a multiple of `kn`; the last panel is
+                        // zero-padded, so all `kn` columns are readable. C: validate checked
+                        // `(m-1)*ldc + n <= c.len()`; rows `ic+ir .. ic+ir+rows <= m`, columns
+                        // `jr .. jr+nr <= n`, and `first` is false only after a previous depth
+                        // block stored these elements. Epilogue: `tile_epi` points into operands
+                        // whose lengths validate checked (see there).
+                        let fuse = kernels.fused && last && !epi.is_empty();
+                        let tile_epi = fuse.then(|| tile_epi(epi, ic + ir, jr));
+                        unsafe {
+                            tile(
+                                kc,
+                                a.data.as_ptr().add(aoff),
+                                ars,
+                                acs,
+                                bdata.as_ptr().add(boff),
+                                pnr,
+                                c.as_mut_ptr().add(coff),
+                                ldc,
+                                nr,
+                                first,
+                                tile_epi.as_ref(),
+                            );
+                        }
+                        if last && !epi.is_empty() && !kernels.fused {
+                            for i in ic + ir..ic + ir + rows {
+                                let row = &mut c[i * ldc + jr..i * ldc + jr + nr];
+                                finish_row(kernels, epi, i, jr, row);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Pointers into the epilogue's operands at row `i0`, column `j0` of C. The caller has
+/// validated their lengths (row bias `m`, column bias `n`, residual span `m x n` with its ld),
+/// so every tile inside C finds its rows and columns there.
+fn tile_epi(epi: &Epilogue<'_>, i0: usize, j0: usize) -> TileEpi {
+    let null = std::ptr::null::<f32>();
+    let at = |s: &[f32], o: usize| s.get(o..).map_or(null, <[f32]>::as_ptr);
+    let (row_bias, col_bias) = match epi.bias {
+        Bias::None => (null, null),
+        Bias::Row(v) => (at(v, i0), null),
+        Bias::Col(v) => (null, at(v, j0)),
+    };
+    let (resid, resid_ld) = match epi.residual {
+        Some(r) => (at(r.data, i0 * r.ld + j0), r.ld),
+        None => (null, 0),
+    };
+    TileEpi {
+        row_bias,
+        col_bias,
+        resid,
+        resid_ld,
+        act: epi.act,
+    }
+}
+
+/// The epilogue on row `i`, columns `j0 .. j0 + row.len()` of C.
+fn finish_row(kernels: &Kernels, epi: &Epilogue<'_>, i: usize, j0: usize, row: &mut [f32]) {
+    let w = row.len();
+    let (row_bias, col_bias) = match epi.bias {
+        Bias::None => (None, None),
+        Bias::Row(v) => (v.get(i).copied(), None),
+        Bias::Col(v) => (None, v.get(j0..j0 + w)),
+    };
+    let resid = epi.residual.and_then(|r| r.data.get(i * r.ld + j0..i * r.ld + j0 + w));
+    (kernels.epi)(row, row_bias, col_bias, resid, epi.act);
+}

@@ -1,0 +1,276 @@
+//! AVX2+FMA kernels: a 6 x 16 f32 tile (12 ymm accumulators, two B vectors and a broadcast:
+//! 15 of the 16 registers), edge columns through a stack tile, and the vectorised epilogue.
+//! Every function here requires AVX2 and FMA; they are reached only through [`kernels`],
+//! which the dispatcher hands out after detection.
+
+use super::super::Act;
+use super::super::driver::{Kernels, TileEpi, TileFn};
+use std::arch::x86_64::*;
+
+/// Rows of the full tile.
+pub(crate) const MR: usize = 6;
+/// Columns of a tile (two ymm vectors).
+pub(crate) const NR: usize = 16;
+
+type V = __m256;
+type M = __m256;
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn splat(x: f32) -> V {
+    _mm256_set1_ps(x)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn zero() -> V {
+    _mm256_setzero_ps()
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn add(a: V, b: V) -> V {
+    _mm256_add_ps(a, b)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn sub(a: V, b: V) -> V {
+    _mm256_sub_ps(a, b)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn mul(a: V, b: V) -> V {
+    _mm256_mul_ps(a, b)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn div(a: V, b: V) -> V {
+    _mm256_div_ps(a, b)
+}
+/// `a * b + c`, one rounding.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn fmadd(a: V, b: V, c: V) -> V {
+    _mm256_fmadd_ps(a, b, c)
+}
+/// `c - a * b`, one rounding.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn fnmadd(a: V, b: V, c: V) -> V {
+    _mm256_fnmadd_ps(a, b, c)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn min(a: V, b: V) -> V {
+    _mm256_min_ps(a, b)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn max(a: V, b: V) -> V {
+    _mm256_max_ps(a, b)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn lt(a: V, b: V) -> M {
+    _mm256_cmp_ps::<_CMP_LT_OQ>(a, b)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn gt(a: V, b: V) -> M {
+    _mm256_cmp_ps::<_CMP_GT_OQ>(a, b)
+}
+/// `a > b`, or either is NaN.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn gt_or_nan(a: V, b: V) -> M {
+    _mm256_cmp_ps::<_CMP_NLE_UQ>(a, b)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn isnan(a: V) -> M {
+    _mm256_cmp_ps::<_CMP_UNORD_Q>(a, a)
+}
+/// `m ? t : f` per lane.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn blend(m: M, t: V, f: V) -> V {
+    _mm256_blendv_ps(f, t, m)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn round(a: V) -> V {
+    _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a)
+}
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn abs(a: V) -> V {
+    _mm256_andnot_ps(_mm256_set1_ps(-0.0), a)
+}
+/// `mag` (non-negative) with the sign of `x`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn copy_sign(mag: V, x: V) -> V {
+    _mm256_or_ps(mag, _mm256_and_ps(x, _mm256_set1_ps(-0.0)))
+}
+/// `y * 2^n` for integral `n` in `[-126, 128]`, as two factors so both ends stay normal.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn scale_pow2(y: V, n: V) -> V {
+    let n = _mm256_cvtps_epi32(n);
+    let n1 = _mm256_srai_epi32::<1>(n);
+    let n2 = _mm256_sub_epi32(n, n1);
+    let bias = _mm256_set1_epi32(127);
+    let p1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
+    let p2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
+    _mm256_mul_ps(_mm256_mul_ps(y, p1), p2)
+}
+
+simd_math!("avx2,fma");
+
+/// # Safety
+/// The [`TileFn`] contract with `MR = 6`, `NR = 16`; the CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const R: usize>(
+    kc: usize,
+    a: *const f32,
+    ars: usize,
+    acs: usize,
+    b: *const f32,
+    bs: usize,
+    c: *mut f32,
+    ldc: usize,
+    nr: usize,
+    first: bool,
+    epi: Option<&TileEpi>,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for p in 0..kc {
+        // SAFETY: the TileFn contract gives 16 readable floats at `b + p*bs` for `p < kc`.
+        let (b0, b1) = unsafe {
+            let bp = b.add(p * bs);
+            (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
+        };
+        for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
+            let av = _mm256_set1_ps(unsafe { *a.add(i * ars + p * acs) });
+            acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+            acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+        }
+    }
+    // SAFETY: TileEpi's contract: a non-null column bias has `nr` readable floats, here 16.
+    let (cb0, cb1) = match epi {
+        Some(e) if nr == NR && !e.col_bias.is_null() => unsafe {
+            (
+                Some(_mm256_loadu_ps(e.col_bias)),
+                Some(_mm256_loadu_ps(e.col_bias.add(8))),
+            )
+        },
+        _ => (None, None),
+    };
+    for (i, acc) in acc.iter().enumerate() {
+        // SAFETY: the TileFn contract gives `nr <= 16` writable (initialised unless `first`)
+        // floats at `c + i*ldc` for `i < R`, TileEpi's gives `R` row-bias floats and `nr`
+        // residual floats at `resid + i*resid_ld`; full-width accesses only when `nr == 16`,
+        // the edge goes through a local array and slices of exactly `nr` floats.
+        unsafe {
+            let cp = c.add(i * ldc);
+            let rb = epi.and_then(|e| (!e.row_bias.is_null()).then(|| *e.row_bias.add(i)));
+            let rp = epi.and_then(|e| (!e.resid.is_null()).then(|| e.resid.add(i * e.resid_ld)));
+            if nr == NR {
+                let (mut v0, mut v1) = (acc[0], acc[1]);
+                if !first {
+                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cp));
+                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cp.add(8)));
+                }
+                if let Some(e) = epi {
+                    let rbv = rb.map(|b| _mm256_set1_ps(b));
+                    v0 = epi_vec(v0, rbv, cb0, rp.map(|r| _mm256_loadu_ps(r)), e.act);
+                    v1 = epi_vec(v1, rbv, cb1, rp.map(|r| _mm256_loadu_ps(r.add(8))), e.act);
+                }
+                _mm256_storeu_ps(cp, v0);
+                _mm256_storeu_ps(cp.add(8), v1);
+            } else {
+                let mut t = [0.0f32; NR];
+                _mm256_storeu_ps(t.as_mut_ptr(), acc[0]);
+                _mm256_storeu_ps(t.as_mut_ptr().add(8), acc[1]);
+                let out = std::slice::from_raw_parts_mut(cp, nr);
+                for (o, &s) in out.iter_mut().zip(&t) {
+                    *o = if first { s } else { *o + s };
+                }
+                if let Some(e) = epi {
+                    let cb = (!e.col_bias.is_null()).then(|| std::slice::from_raw_parts(e.col_bias, nr));
+                    let r = rp.map(|r| std::slice::from_raw_parts(r, nr));
+                    epi_impl(out, rb, cb, r, e.act);
+                }
+            }
+        }
+    }
+}
+
+static TILES: [TileFn; MR] = [tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>];
+
+/// Loads 8 floats from a local array.
+#[target_feature(enable = "avx2,fma")]
+fn load8(s: &[f32; 8]) -> V {
+    // SAFETY: the array holds 8 readable floats.
+    unsafe { _mm256_loadu_ps(s.as_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f32]>, a: Option<Act>) {
+    // Callers pass slices of `row`'s length; the minimum keeps every access inside all three.
+    let n = row
+        .len()
+        .min(cb.map_or(usize::MAX, <[f32]>::len))
+        .min(r.map_or(usize::MAX, <[f32]>::len));
+    let row = &mut row[..n];
+    let rbv = rb.map(|b| splat(b));
+    let mut j = 0;
+    while j + 8 <= n {
+        // SAFETY: `j + 8 <= n`, and `row`, `cb` and `r` have at least `n` floats.
+        unsafe {
+            let cbv = cb.map(|s| _mm256_loadu_ps(s.as_ptr().add(j)));
+            let rv = r.map(|s| _mm256_loadu_ps(s.as_ptr().add(j)));
+            let p = row.as_mut_ptr().add(j);
+            _mm256_storeu_ps(p, epi_vec(_mm256_loadu_ps(p), rbv, cbv, rv, a));
+        }
+        j += 8;
+    }
+    if j < n {
+        // The tail through local arrays: full vectors, no access past the slices.
+        let w = n - j;
+        let chunk = |s: &[f32]| {
+            let mut t = [0.0f32; 8];
+            t[..w].copy_from_slice(&s[j..]);
+            t
+        };
+        let cbv = cb.map(|s| load8(&chunk(s)));
+        let rv = r.map(|s| load8(&chunk(s)));
+        let v = epi_vec(load8(&chunk(row)), rbv, cbv, rv, a);
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` holds 8 writable floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+        row[j..].copy_from_slice(&out[..w]);
+    }
+}
+
+fn epi(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f32]>, a: Option<Act>) {
+    if cb.is_some_and(|s| s.len() != row.len()) || r.is_some_and(|s| s.len() != row.len()) {
+        return super::super::portable::epi(row, rb, cb, r, a);
+    }
+    // SAFETY: this function is only reachable through `kernels()`, which `Kernels::select`
+    // returns only for `Isa::Avx2Fma` or `Isa::Avx512`, which callers pass only after
+    // `is_supported()` (CPUID says AVX2 and FMA are present).
+    unsafe { epi_impl(row, rb, cb, r, a) }
+}
+
+/// The AVX2 kernel table. Only for a CPU with AVX2 and FMA.
+pub(crate) fn kernels() -> Kernels {
+    Kernels {
+        mr: MR,
+        nr: NR,
+        tiles: &TILES,
+        half: &[],
+        fused: true,
+        epi,
+    }
+}

@@ -1,0 +1,330 @@
+//! AVX-512 kernels: an 8 x 32 f32 tile (16 zmm accumulators, two B vectors and a broadcast
+//! per step of k: 16 FMAs for 2 loads and 8 broadcasts) with masked stores for edge columns,
+//! and the vectorised epilogue. Every function here requires AVX-512 F + VL, AVX2 and FMA;
+//! they are reached only through [`kernels`], which the dispatcher hands out after detection.
+
+use super::super::Act;
+use super::super::driver::{Kernels, TileEpi, TileFn};
+use std::arch::x86_64::*;
+
+/// Rows of the full tile.
+pub(crate) const MR: usize = 8;
+/// Columns of a tile (two zmm vectors).
+pub(crate) const NR: usize = 32;
+
+type V = __m512;
+type M = __mmask16;
+
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn splat(x: f32) -> V {
+    _mm512_set1_ps(x)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn zero() -> V {
+    _mm512_setzero_ps()
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn add(a: V, b: V) -> V {
+    _mm512_add_ps(a, b)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn sub(a: V, b: V) -> V {
+    _mm512_sub_ps(a, b)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn mul(a: V, b: V) -> V {
+    _mm512_mul_ps(a, b)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn div(a: V, b: V) -> V {
+    _mm512_div_ps(a, b)
+}
+/// `a * b + c`, one rounding.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn fmadd(a: V, b: V, c: V) -> V {
+    _mm512_fmadd_ps(a, b, c)
+}
+/// `c - a * b`, one rounding.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn fnmadd(a: V, b: V, c: V) -> V {
+    _mm512_fnmadd_ps(a, b, c)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn min(a: V, b: V) -> V {
+    _mm512_min_ps(a, b)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn max(a: V, b: V) -> V {
+    _mm512_max_ps(a, b)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn lt(a: V, b: V) -> M {
+    _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn gt(a: V, b: V) -> M {
+    _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b)
+}
+/// `a > b`, or either is NaN.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn gt_or_nan(a: V, b: V) -> M {
+    _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, b)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn isnan(a: V) -> M {
+    _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, a)
+}
+/// `m ? t : f` per lane.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn blend(m: M, t: V, f: V) -> V {
+    _mm512_mask_blend_ps(m, f, t)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn round(a: V) -> V {
+    _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a)
+}
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn abs(a: V) -> V {
+    _mm512_abs_ps(a)
+}
+/// `mag` (non-negative) with the sign of `x`.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn copy_sign(mag: V, x: V) -> V {
+    let s = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
+    _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), s))
+}
+/// `y * 2^n` for integral `n` in `[-126, 128]` (`vscalefps`: one instruction, exact).
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn scale_pow2(y: V, n: V) -> V {
+    _mm512_scalef_ps(y, n)
+}
+
+simd_math!("avx512f,avx512vl,avx2,fma");
+
+/// Lane mask of the first `n` (clamped to 16) lanes.
+fn lanes(n: usize) -> M {
+    if n >= 16 { 0xFFFF } else { ((1u32 << n) - 1) as M }
+}
+
+/// # Safety
+/// The [`TileFn`] contract with `MR = 8`, `NR = 32`; the CPU has AVX-512 F + VL, AVX2, FMA.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const R: usize>(
+    kc: usize,
+    a: *const f32,
+    ars: usize,
+    acs: usize,
+    b: *const f32,
+    bs: usize,
+    c: *mut f32,
+    ldc: usize,
+    nr: usize,
+    first: bool,
+    epi: Option<&TileEpi>,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for p in 0..kc {
+        // SAFETY: the TileFn contract gives 32 readable floats at `b + p*bs` for `p < kc`.
+        let (b0, b1) = unsafe {
+            let bp = b.add(p * bs);
+            (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)))
+        };
+        for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
+            let av = _mm512_set1_ps(unsafe { *a.add(i * ars + p * acs) });
+            acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
+            acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+        }
+    }
+    let (m0, m1) = (lanes(nr), lanes(nr.saturating_sub(16)));
+    // SAFETY: TileEpi's contract: a non-null column bias has `nr` readable floats; the masks
+    // cover exactly lanes `< nr`, and `+ 16` is only formed when `nr > 16`.
+    let (cb0, cb1) = match epi {
+        Some(e) if !e.col_bias.is_null() => unsafe {
+            (
+                Some(_mm512_maskz_loadu_ps(m0, e.col_bias)),
+                (m1 != 0).then(|| _mm512_maskz_loadu_ps(m1, e.col_bias.add(16))),
+            )
+        },
+        _ => (None, None),
+    };
+    for (i, acc) in acc.iter().enumerate() {
+        // SAFETY: the TileFn contract gives `nr` writable (initialised unless `first`) floats
+        // at `c + i*ldc` for `i < R`, and TileEpi's gives `R` row-bias floats and `nr` residual
+        // floats at `resid + i*resid_ld`; the masks cover exactly lanes `< nr` (masked-off lanes
+        // are neither read nor written), and `+ 16` is only formed when `nr > 16`.
+        unsafe {
+            let cp = c.add(i * ldc);
+            let mut v0 = acc[0];
+            let mut v1 = acc[1];
+            if !first {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cp));
+                if m1 != 0 {
+                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+                }
+            }
+            if let Some(e) = epi {
+                let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(i)));
+                let rp = e.resid.wrapping_add(i * e.resid_ld);
+                let r0 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m0, rp));
+                v0 = epi_vec(v0, rb, cb0, r0, e.act);
+                if m1 != 0 {
+                    let r1 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m1, rp.add(16)));
+                    v1 = epi_vec(v1, rb, cb1, r1, e.act);
+                }
+            }
+            _mm512_mask_storeu_ps(cp, m0, v0);
+            if m1 != 0 {
+                _mm512_mask_storeu_ps(cp.add(16), m1, v1);
+            }
+        }
+    }
+}
+
+static TILES: [TileFn; MR] = [
+    tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>, tile::<7>, tile::<8>,
+];
+
+/// # Safety
+/// The [`TileFn`] contract with `MR = 8`, `NR = 16` (edge columns: `nr <= 16`); the CPU has
+/// AVX-512 F + VL, AVX2, FMA.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn half_tile<const R: usize>(
+    kc: usize,
+    a: *const f32,
+    ars: usize,
+    acs: usize,
+    b: *const f32,
+    bs: usize,
+    c: *mut f32,
+    ldc: usize,
+    nr: usize,
+    first: bool,
+    epi: Option<&TileEpi>,
+) {
+    let mut acc = [_mm512_setzero_ps(); R];
+    for p in 0..kc {
+        // SAFETY: the TileFn contract gives 16 readable floats at `b + p*bs` for `p < kc`.
+        let b0 = unsafe { _mm512_loadu_ps(b.add(p * bs)) };
+        for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
+            let av = _mm512_set1_ps(unsafe { *a.add(i * ars + p * acs) });
+            *acc = _mm512_fmadd_ps(av, b0, *acc);
+        }
+    }
+    let m0 = lanes(nr);
+    let cb = match epi {
+        // SAFETY: TileEpi's contract: a non-null column bias has `nr` readable floats; the mask
+        // covers exactly lanes `< nr`.
+        Some(e) if !e.col_bias.is_null() => Some(unsafe { _mm512_maskz_loadu_ps(m0, e.col_bias) }),
+        _ => None,
+    };
+    for (i, &acc) in acc.iter().enumerate() {
+        // SAFETY: `nr <= 16` writable (initialised unless `first`) floats at `c + i*ldc` for
+        // `i < R`, `R` row-bias floats and `nr` residual floats at `resid + i*resid_ld` (TileFn
+        // and TileEpi contracts); the mask covers exactly lanes `< nr`.
+        unsafe {
+            let cp = c.add(i * ldc);
+            let mut v = if first {
+                acc
+            } else {
+                _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m0, cp))
+            };
+            if let Some(e) = epi {
+                let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(i)));
+                let r = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m0, e.resid.wrapping_add(i * e.resid_ld)));
+                v = epi_vec(v, rb, cb, r, e.act);
+            }
+            _mm512_mask_storeu_ps(cp, m0, v);
+        }
+    }
+}
+
+static HALF_TILES: [TileFn; MR] = [
+    half_tile::<1>,
+    half_tile::<2>,
+    half_tile::<3>,
+    half_tile::<4>,
+    half_tile::<5>,
+    half_tile::<6>,
+    half_tile::<7>,
+    half_tile::<8>,
+];
+
+/// Loads the first `n <= 16` floats at `p` (others zero).
+///
+/// # Safety
+/// `n` readable floats at `p`.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn load_n(p: *const f32, n: usize) -> V {
+    // SAFETY: the mask covers the first `n` lanes, which the caller guarantees readable.
+    unsafe { _mm512_maskz_loadu_ps(lanes(n), p) }
+}
+
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f32]>, a: Option<Act>) {
+    // Callers pass slices of `row`'s length; the minimum keeps every access inside all three.
+    let n = row
+        .len()
+        .min(cb.map_or(usize::MAX, <[f32]>::len))
+        .min(r.map_or(usize::MAX, <[f32]>::len));
+    let row = &mut row[..n];
+    let rbv = rb.map(|b| splat(b));
+    let mut j = 0;
+    while j < n {
+        let w = (n - j).min(16);
+        // SAFETY: `j + w <= n`, and `row`, `cb` and `r` have at least `n` floats; masked lanes
+        // past `w` are neither read nor written.
+        unsafe {
+            let cbv = cb.map(|s| load_n(s.as_ptr().add(j), w));
+            let rv = r.map(|s| load_n(s.as_ptr().add(j), w));
+            let p = row.as_mut_ptr().add(j);
+            let v = epi_vec(load_n(p, w), rbv, cbv, rv, a);
+            _mm512_mask_storeu_ps(p, lanes(w), v);
+        }
+        j += w;
+    }
+}
+
+fn epi(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f32]>, a: Option<Act>) {
+    if cb.is_some_and(|s| s.len() != row.len()) || r.is_some_and(|s| s.len() != row.len()) {
+        return super::super::portable::epi(row, rb, cb, r, a);
+    }
+    // SAFETY: this function is only reachable through `kernels()`, which `Kernels::select`
+    // returns only for `Isa::Avx512`, which callers pass only after `is_supported()` (CPUID
+    // says AVX-512 F + VL, AVX2 and FMA are present).
+    unsafe { epi_impl(row, rb, cb, r, a) }
+}
+
+/// The AVX-512 kernel table. Only for a CPU with AVX-512 F + VL, AVX2 and FMA.
+pub(crate) fn kernels() -> Kernels {
+    Kernels {
+        mr: MR,
+        nr: NR,
+        tiles: &TILES,
+        half: &HALF_TILES,
+        fused: true,
+        epi,
+    }
+}

@@ -1,0 +1,381 @@
+//! Property tests of the f32 GEMM and its epilogues: every kernel level the CPU has (the
+//! portable one always) against an f64 oracle and the reference `gemm`, over random shapes
+//! (edge sizes, non-multiples of every tile, k = 0, transposed A, padded leading dimensions),
+//! and the vectorised activations against their scalar references.
+//!
+//! ## Tolerances (not arbitrary numbers)
+//!
+//! Any order of summing `k` products in f32, with or without FMA, gives `s_hat` with
+//! `|s_hat - s| <= gamma_k * sum_p |a_ip b_pj|`, `gamma_k = k u / (1 - k u)`, `u = 2^-24`
+//! (Higham, *Accuracy and Stability of Numerical Algorithms*, 3.1). The bias and residual
+//! additions add one rounding each, so the pre-activation value `z` is within
+//! `E = gamma_{k+2} (sum |a b| + |bias| + |residual|)` of the exact one (computed in f64).
+//! An activation `f` with slope at most `L` moves that by `L E`; the f32 evaluation of `f`
+//! itself is accepted within a mixed bound `8 u (|f(z)| + L |z|)` (8 ulp of the value plus
+//! 8 ulp of relative perturbation of the input: what exp-based formulas achieve near their
+//! ill-conditioned tails), plus `1e-30` absolute for results in the subnormal range.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use kiln_kernels::gemm::{MatLayout, gemm};
+use kiln_kernels::isa::Isa;
+use kiln_kernels::sgemm::{
+    AMatrix, Act, BLayout, Bias, Epilogue, PackedB, PackedBRef, Residual, act_slice_with_isa, sgemm_with,
+};
+use proptest::prelude::*;
+
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+fn gamma(n: usize) -> f64 {
+    let nu = n as f64 * U;
+    nu / (1.0 - nu)
+}
+
+fn levels() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+}
+
+/// Deterministic pseudo-random values in [-1, 1), sometimes of mixed magnitudes.
+fn data(len: usize, seed: u64, wide: bool) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let v = ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+            if wide {
+                v * [0.01, 1.0, 100.0][(s % 3) as usize]
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+struct Problem {
+    m: usize,
+    n: usize,
+    k: usize,
+    transposed: bool,
+    lda_pad: usize,
+    ldc_pad: usize,
+    bias: u8,
+    residual: bool,
+    act: Option<Act>,
+    layout: BLayout,
+    seed: u64,
+    wide: bool,
+}
+
+fn dim() -> impl Strategy<Value = usize> {
+    prop_oneof![3 => 0usize..=40, 2 => 1usize..=300]
+}
+
+fn act() -> impl Strategy<Value = Option<Act>> {
+    (0..=Act::SAMPLES.len()).prop_map(|i| Act::SAMPLES.get(i).copied())
+}
+
+fn problem() -> impl Strategy<Value = Problem> {
+    (
+        (dim(), dim(), prop_oneof![1 => Just(0usize), 8 => dim()]),
+        any::<bool>(),
+        (0usize..5, 0usize..5),
+        (0u8..3, any::<bool>(), act()),
+        prop_oneof![Just(BLayout::NR32), Just(BLayout::NR16)],
+        (any::<u64>(), any::<bool>()),
+    )
+        .prop_map(
+            |((m, n, k), transposed, (lda_pad, ldc_pad), (bias, residual, act), layout, (seed, wide))| Problem {
+                m,
+                n,
+                k,
+                transposed,
+                lda_pad,
+                ldc_pad,
+                bias,
+                residual,
+                act,
+                layout,
+                seed,
+                wide,
+            },
+        )
+}
+
+/// Runs the problem on every level and checks each result element against the f64 oracle.
+fn check(p: &Problem) -> Result<(), TestCaseError> {
+    let (m, n, k) = (p.m, p.n, p.k);
+    let (a_rows, a_cols) = if p.transposed { (k, m) } else { (m, k) };
+    let lda = a_cols + p.lda_pad;
+    let a = data(a_rows * lda, p.seed, p.wide);
+    let b = data(k * n, p.seed ^ 1, p.wide);
+    let ldc = n + p.ldc_pad;
+    let bias_v = data(if p.bias == 1 { m } else { n }, p.seed ^ 2, false);
+    let resid = data(m * ldc, p.seed ^ 3, false);
+    let bias = match p.bias {
+        1 => Bias::Row(&bias_v),
+        2 => Bias::Col(&bias_v),
+        _ => Bias::None,
+    };
+    let epi = Epilogue {
+        bias,
+        residual: p.residual.then_some(Residual { data: &resid, ld: ldc }),
+        act: p.act,
+    };
+    let a_at = |i: usize, q: usize| if p.transposed { a[q * lda + i] } else { a[i * lda + q] };
+    let pb =
+        PackedB::pack(p.layout, k, n, &b, MatLayout::row_major(n)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    // The reference GEMM (f32) on the same operands, for the no-epilogue comparison.
+    let mut c_ref = vec![0.0f32; m * n];
+    let la = if p.transposed {
+        MatLayout::transposed(lda)
+    } else {
+        MatLayout::row_major(lda)
+    };
+    prop_assert!(gemm(m, n, k, &a, la, &b, MatLayout::row_major(n), &mut c_ref));
+
+    for isa in levels() {
+        let sentinel = -7.25f32;
+        let mut c = vec![sentinel; m * ldc];
+        let amat = AMatrix {
+            data: &a,
+            ld: lda,
+            transposed: p.transposed,
+        };
+        sgemm_with(isa, m, amat, pb.view(), &mut c, ldc, &epi).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for i in 0..m {
+            for j in n..ldc {
+                prop_assert_eq!(
+                    c[i * ldc + j].to_bits(),
+                    sentinel.to_bits(),
+                    "{:?}: padding written",
+                    isa
+                );
+            }
+            for j in 0..n {
+                let (mut s, mut abs) = (0.0f64, 0.0f64);
+                for q in 0..k {
+                    let t = f64::from(a_at(i, q)) * f64::from(b[q * n + j]);
+                    s += t;
+                    abs += t.abs();
+                }
+                let product_err = gamma(k) * abs;
+                let cr = f64::from(c_ref[i * n + j]);
+                prop_assert!((cr - s).abs() <= product_err, "reference gemm outside its own bound");
+                let mut z = s;
+                let mut mag = abs;
+                match bias {
+                    Bias::Row(v) => {
+                        z += f64::from(v[i]);
+                        mag += f64::from(v[i]).abs();
+                    }
+                    Bias::Col(v) => {
+                        z += f64::from(v[j]);
+                        mag += f64::from(v[j]).abs();
+                    }
+                    Bias::None => {}
+                }
+                if p.residual {
+                    z += f64::from(resid[i * ldc + j]);
+                    mag += f64::from(resid[i * ldc + j]).abs();
+                }
+                let e = gamma(k + 2) * mag;
+                let got = f64::from(c[i * ldc + j]);
+                let (want, tol) = match p.act {
+                    None => (z, e),
+                    Some(act) => {
+                        let l = f64::from(act.lipschitz());
+                        let fz = f64::from(act.apply_scalar(z as f32));
+                        // z as f32 moves z by u|z|, which f turns into at most L u |z|.
+                        (fz, l * (e + U * z.abs()) + 4.0 * U * (fz.abs() + l * z.abs()) + 1e-30)
+                    }
+                };
+                prop_assert!(
+                    (got - want).abs() <= tol,
+                    "{:?} ({},{}) of {}x{}x{}: got {} want {} tol {:e}",
+                    isa,
+                    i,
+                    j,
+                    m,
+                    n,
+                    k,
+                    got,
+                    want,
+                    tol
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn sgemm_matches_oracle_on_every_level(p in problem()) {
+        check(&p)?;
+    }
+
+    #[test]
+    fn activations_match_scalar_reference(
+        xs in prop::collection::vec(
+            prop_oneof![
+                4 => -10.0f32..10.0,
+                2 => -100.0f32..100.0,
+                1 => -1e-3f32..1e-3,
+                1 => prop::num::f32::ANY,
+            ],
+            0..70,
+        ),
+        which in 0..Act::SAMPLES.len(),
+    ) {
+        let act = Act::SAMPLES[which];
+        check_act(act, &xs)?;
+    }
+}
+
+fn check_act(act: Act, xs: &[f32]) -> Result<(), TestCaseError> {
+    for isa in levels() {
+        let mut v = xs.to_vec();
+        act_slice_with_isa(isa, act, &mut v);
+        for (&x, &y) in xs.iter().zip(&v) {
+            let want = act.apply_scalar(x);
+            if want.is_nan() || y.is_nan() {
+                prop_assert!(
+                    want.is_nan() && y.is_nan(),
+                    "{:?} {:?}({}) = {} want {}",
+                    isa,
+                    act,
+                    x,
+                    y,
+                    want
+                );
+                continue;
+            }
+            let exact = matches!(act, Act::Relu | Act::Clip { .. } | Act::LeakyRelu { .. }) || isa == Isa::Portable;
+            if exact || want.is_infinite() {
+                prop_assert_eq!(y.to_bits(), want.to_bits(), "{:?} {:?}({})", isa, act, x);
+                continue;
+            }
+            let l = f64::from(act.lipschitz());
+            let (yd, wd, xd) = (f64::from(y), f64::from(want), f64::from(x));
+            let tol = 4.0 * U * (wd.abs() + l * xd.abs()) + 1e-30;
+            prop_assert!(
+                (yd - wd).abs() <= tol,
+                "{:?} {:?}({}) = {} want {} tol {:e}",
+                isa,
+                act,
+                x,
+                y,
+                want,
+                tol
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn activation_special_values() {
+    let xs = [
+        0.0f32,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        1e-40,
+        87.0,
+        88.7,
+        89.0,
+        -87.0,
+        -87.4,
+        -88.8,
+        -104.0,
+        0.624,
+        0.626,
+        -0.625,
+        9.0,
+        -9.0,
+        12.7,
+        -12.7,
+        -3.0,
+        3.0,
+        1.0,
+        -1.0,
+    ];
+    for act in Act::SAMPLES {
+        // All tail lengths from 0 to a few vectors long.
+        for len in 0..=xs.len() {
+            if let Err(e) = check_act(act, &xs[..len]) {
+                panic!("{act:?} len {len}: {e}");
+            }
+        }
+    }
+}
+
+/// Fixed edge shapes on every level: tile edges around MR in {4, 6, 8} and NR in {16, 32},
+/// depth around KC = 256, M = 1 (GEMV), k = 0.
+#[test]
+fn edge_shapes() {
+    let ms = [1, 3, 4, 5, 6, 7, 8, 9, 13, 17, 97];
+    let ns = [1, 15, 16, 17, 31, 32, 33, 49];
+    let ks = [0, 1, 255, 256, 257, 513];
+    for &m in &ms {
+        for &n in &ns {
+            for &k in &ks {
+                for (transposed, layout) in [
+                    (false, BLayout::NR32),
+                    (true, BLayout::NR32),
+                    (false, BLayout::NR16),
+                    (true, BLayout::NR16),
+                ] {
+                    let p = Problem {
+                        m,
+                        n,
+                        k,
+                        transposed,
+                        lda_pad: 1,
+                        ldc_pad: 2,
+                        bias: ((m + n) % 3) as u8,
+                        residual: k % 2 == 1,
+                        act: Act::SAMPLES.get((m * 7 + n + k) % 14).copied(),
+                        layout,
+                        seed: (m * 1000 + n * 10 + k) as u64,
+                        wide: false,
+                    };
+                    if let Err(e) = check(&p) {
+                        panic!("{p:?}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_bytes_round_trip_into_sgemm() {
+    let (m, n, k) = (5, 37, 19);
+    let a = data(m * k, 1, false);
+    let b = data(k * n, 2, false);
+    for layout in [BLayout::NR32, BLayout::NR16] {
+        let pb = PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).unwrap();
+        let tag = pb.format_tag();
+        let back = BLayout::from_tag(tag).unwrap();
+        let view = PackedBRef::from_bytes(back, k, n, pb.as_bytes()).unwrap();
+        for isa in levels() {
+            let mut c1 = vec![0.0f32; m * n];
+            let mut c2 = vec![0.0f32; m * n];
+            let am = AMatrix::row_major(&a, k);
+            sgemm_with(isa, m, am, pb.view(), &mut c1, n, &Epilogue::NONE).unwrap();
+            sgemm_with(isa, m, am, view, &mut c2, n, &Epilogue::NONE).unwrap();
+            assert_eq!(c1, c2);
+        }
+    }
+}
