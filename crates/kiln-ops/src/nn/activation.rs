@@ -1,9 +1,11 @@
 //! Activation epilogues of `Conv`, `Gemm` and `MatMul`: the unary op that followed the product
 //! in the model, fused into it by the compiler.
 //!
-//! An epilogue applies the very functions of the standalone ops (`UnaryOp::eval`, `Clip::eval`,
-//! `Mul`) to the product's rounded output, so a fused node computes bit for bit what the
-//! unfused pair did, in every float type.
+//! On the reference path an epilogue applies the very functions of the standalone ops
+//! (`UnaryOp::eval`, `Clip::eval`, `Mul`) to the product's rounded output, so a fused node
+//! computes bit for bit what the unfused pair did. f32 Conv and MatMul on the SIMD kernels
+//! apply it in registers instead (`kernel_act`): Relu, Clip and LeakyRelu bit for bit, the
+//! others within a few ulp (the kernels' polynomial exp/tanh/erfc).
 
 use crate::elementwise::{Binary, BinaryOp, Clip, UnaryOp};
 use crate::error::Result;
@@ -67,6 +69,23 @@ impl Activation {
     }
 
     /// Applies the activation to `y` with the standalone ops' own evaluation.
+    /// The same activation for the GEMM kernels' epilogue (applied in registers; Relu, Clip and
+    /// LeakyRelu bit for bit, the others within a few ulp of this module's f64 formulas).
+    pub fn kernel_act(&self) -> kiln_kernels::sgemm::Act {
+        use kiln_kernels::sgemm::Act;
+        match *self {
+            Activation::Relu => Act::Relu,
+            Activation::Clip { min, max } => Act::Clip { min, max },
+            Activation::Sigmoid => Act::Sigmoid,
+            Activation::HardSigmoid { alpha, beta } => Act::HardSigmoid { alpha, beta },
+            Activation::HardSwish => Act::HardSwish,
+            Activation::Gelu { tanh } => Act::Gelu { tanh },
+            Activation::Silu => Act::Silu,
+            Activation::LeakyRelu { alpha } => Act::LeakyRelu { alpha },
+            Activation::Tanh => Act::Tanh,
+        }
+    }
+
     pub fn apply(&self, y: Tensor) -> Result<Tensor> {
         let unary = |op: UnaryOp| op.eval(&y);
         match *self {

@@ -7,8 +7,8 @@
 
 use super::activation::{self, Activation};
 use super::{
-    AutoPad, DimGeom, Real, check_float, float_dispatch, floats, from_floats, input_shape, numel, pads_attr,
-    spatial_attr, tensor_type, window_dims, window_geom,
+    AutoPad, DimGeom, FastEpilogue, Real, check_float, float_dispatch, floats, from_floats, input_shape, numel,
+    pads_attr, spatial_attr, tensor_type, window_dims, window_geom,
 };
 use crate::error::{OpError, Result};
 use crate::util;
@@ -88,7 +88,16 @@ impl Conv {
         let w = args.tensor(1)?;
         let b = args.opt_tensor(2)?;
         check_float(x, 0)?;
-        let y = float_dispatch!(x.dtype(), 0, conv_run(self, x, w, b))?;
+        // The fast f32 kernels apply the activation in their epilogue; other types (and f16,
+        // whose product rounds before the activation) apply it after.
+        let act = self
+            .activation
+            .filter(|_| x.dtype() == kiln_tensor::DType::F32)
+            .map(|a| a.kernel_act());
+        let (y, act_done) = float_dispatch!(x.dtype(), 0, conv_run(self, x, w, b, act))?;
+        if act_done {
+            return Ok(vec![y.into()]);
+        }
         Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
     }
 
@@ -157,7 +166,14 @@ fn add_channel_bias<T: Real>(y: &mut [T], bias: Option<&[T]>, plane: usize) {
     }
 }
 
-fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+/// The convolution, and whether `act` was applied (by the fast kernels' epilogue).
+fn conv_run<T: Real>(
+    op: &Conv,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    act: Option<kiln_kernels::sgemm::Act>,
+) -> Result<(Tensor, bool)> {
     let (xs, ws) = (x.shape(), w.shape());
     let plan = op.plan(xs, ws)?;
     let (batch, c) = (xs[0], xs[1]);
@@ -203,6 +219,7 @@ fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R
     let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}"));
     // The bias is added by the fast kernels' epilogue when they run, else after the loop.
     let mut bias_pending = bd.is_some();
+    let mut fast_done = false;
     for n in 0..batch {
         for gi in 0..g {
             let xg = &xd[(n * c + gi * cg) * img_sz..(n * c + (gi + 1) * cg) * img_sz];
@@ -226,10 +243,15 @@ fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R
                 colref,
                 MatLayout::row_major(osz),
                 yg,
-                bias_g,
+                FastEpilogue {
+                    row_bias: bias_g,
+                    col_bias: None,
+                    act,
+                },
             ) {
                 Some(true) => {
                     bias_pending = false;
+                    fast_done = true;
                     continue;
                 }
                 Some(false) => return Err(bad()),
@@ -252,7 +274,8 @@ fn conv_run<T: Real>(op: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R
     if bias_pending {
         add_channel_bias(&mut y, bd.as_deref(), osz);
     }
-    from_floats(x.dtype(), yshape, y)
+    // An empty output (no image or no group) ran no kernel: the activation is still due.
+    Ok((from_floats(x.dtype(), yshape, y)?, fast_done && act.is_some()))
 }
 
 /// `ConvTranspose`: attributes with defaults applied.

@@ -3,6 +3,7 @@
 //! <https://onnx.ai/onnx/operators/onnx__Gemm.html> and
 //! <https://onnx.ai/onnx/operators/onnx__Einsum.html>.
 
+use super::FastEpilogue;
 use super::activation::{self, Activation};
 use super::{Real, from_f64s, from_floats, input_shape, numel, tensor_type};
 use crate::elementwise::{Binary, BinaryOp};
@@ -74,7 +75,8 @@ fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatMulPlan> {
 }
 
 /// A fast GEMM for one matrix of the batch (see [`Real::fast_gemm`]); `None` for no fast path.
-type FastGemm<T> = fn(usize, usize, usize, &[T], MatLayout, &[T], MatLayout, &mut [T], Option<&[T]>) -> Option<bool>;
+type FastGemm<T> =
+    for<'a> fn(usize, usize, usize, &[T], MatLayout, &[T], MatLayout, &mut [T], FastEpilogue<'a, T>) -> Option<bool>;
 
 fn no_fast_gemm<T>(
     _: usize,
@@ -85,17 +87,26 @@ fn no_fast_gemm<T>(
     _: &[T],
     _: MatLayout,
     _: &mut [T],
-    _: Option<&[T]>,
+    _: FastEpilogue<'_, T>,
 ) -> Option<bool> {
     None
 }
 
-fn matmul_core<T: GemmScalar>(p: &MatMulPlan, a: &[T], b: &[T], fast: FastGemm<T>) -> Result<Vec<T>> {
+/// The batched product, and whether every matrix went through `fast` (which then applied
+/// `ep`); otherwise nothing of `ep` was applied.
+fn matmul_core<T: GemmScalar>(
+    p: &MatMulPlan,
+    a: &[T],
+    b: &[T],
+    fast: FastGemm<T>,
+    ep: FastEpilogue<'_, T>,
+) -> Result<(Vec<T>, bool)> {
     let nb = numel(&p.batch)?;
     let amap = util::broadcast_map(&p.a_batch, &p.batch)?;
     let bmap = util::broadcast_map(&p.b_batch, &p.batch)?;
     let (m, k, n) = (p.m, p.k, p.n);
     let mut out = vec![T::default(); numel(&[nb, m, n])?];
+    let mut all_fast = nb > 0;
     for bi in 0..nb {
         let ao = amap[bi] * m * k;
         let bo = bmap[bi] * k * n;
@@ -105,26 +116,37 @@ fn matmul_core<T: GemmScalar>(p: &MatMulPlan, a: &[T], b: &[T], fast: FastGemm<T
             &mut out[bi * m * n..(bi + 1) * m * n],
         );
         let (la, lb) = (MatLayout::row_major(k), MatLayout::row_major(n));
-        let ok = match fast(m, n, k, a_i, la, b_i, lb, out_i, None) {
+        let ok = match fast(m, n, k, a_i, la, b_i, lb, out_i, ep) {
             Some(done) => done,
-            None => gemm(m, n, k, a_i, la, b_i, lb, out_i),
+            None => {
+                all_fast = false;
+                gemm(m, n, k, a_i, la, b_i, lb, out_i)
+            }
         };
         if !ok {
             return Err(OpError::Shape("MatMul: operand sizes do not match their shapes".into()));
         }
     }
-    Ok(out)
+    Ok((out, all_fast))
 }
 
-fn matmul_float<T: Real>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+/// The float product; with `ep` (f32 only) the bias and activation go into the kernels'
+/// epilogue, and the flag says whether they were applied.
+fn matmul_float<T: Real>(p: &MatMulPlan, a: &Tensor, b: &Tensor, ep: FastEpilogue<'_, T>) -> Result<(Tensor, bool)> {
     let ad = super::floats::<T>(a, 0)?;
     let bd = super::floats::<T>(b, 1)?;
-    let y = matmul_core(p, &ad, &bd, T::fast_gemm)?;
-    from_floats(a.dtype(), p.out.clone(), y)
+    let (y, fused) = matmul_core(p, &ad, &bd, T::fast_gemm, ep)?;
+    Ok((from_floats(a.dtype(), p.out.clone(), y)?, fused))
 }
 
 fn matmul_int<T: GemmScalar + Element>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let y = matmul_core(p, a.as_slice::<T>()?, b.as_slice::<T>()?, no_fast_gemm::<T>)?;
+    let (y, _) = matmul_core(
+        p,
+        a.as_slice::<T>()?,
+        b.as_slice::<T>()?,
+        no_fast_gemm::<T>,
+        FastEpilogue::none(),
+    )?;
     Ok(Tensor::from_vec(p.out.clone(), y)?)
 }
 
@@ -139,16 +161,47 @@ impl MatMul {
             });
         }
         let p = matmul_plan(a.shape(), b.shape())?;
+        let bias = args.opt_tensor(2)?;
+        // f32: a bias along the last axis and the activation go into the kernels' epilogue.
+        if a.dtype() == DType::F32 && p.out.last() == Some(&p.n) {
+            let col_bias = match bias {
+                None => Some(None),
+                // A bias of higher rank than the product would broadcast the output up: Add does that.
+                Some(t)
+                    if t.len() == p.n && t.rank() <= p.out.len() && t.shape().iter().rev().skip(1).all(|&d| d == 1) =>
+                {
+                    t.as_slice::<f32>().ok().map(Some)
+                }
+                Some(_) => None,
+            };
+            if let Some(col_bias) = col_bias {
+                let ep = FastEpilogue {
+                    row_bias: None,
+                    col_bias,
+                    act: self.activation.map(|a| a.kernel_act()),
+                };
+                let (y, fused) = matmul_float::<f32>(&p, a, b, ep)?;
+                if fused {
+                    return Ok(vec![y.into()]);
+                }
+                return self.finish(y, bias);
+            }
+        }
         let y = match a.dtype() {
-            DType::F32 | DType::F16 | DType::BF16 => matmul_float::<f32>(&p, a, b)?,
-            DType::F64 => matmul_float::<f64>(&p, a, b)?,
+            DType::F32 | DType::F16 | DType::BF16 => matmul_float::<f32>(&p, a, b, FastEpilogue::none())?.0,
+            DType::F64 => matmul_float::<f64>(&p, a, b, FastEpilogue::none())?.0,
             DType::I32 => matmul_int::<i32>(&p, a, b)?,
             DType::I64 => matmul_int::<i64>(&p, a, b)?,
             DType::U32 => matmul_int::<u32>(&p, a, b)?,
             DType::U64 => matmul_int::<u64>(&p, a, b)?,
             d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
         };
-        let y = match args.opt_tensor(2)? {
+        self.finish(y, bias)
+    }
+
+    /// The bias and activation after a plain product.
+    fn finish(&self, y: Tensor, bias: Option<&Tensor>) -> Result<Vec<Value>> {
+        let y = match bias {
             Some(bias) => Binary {
                 op: BinaryOp::Add,
                 legacy_axis: None,
@@ -236,7 +289,7 @@ impl Gemm {
             MatLayout::row_major(n)
         };
         let mut y = vec![T::zero(); numel(&[m, n])?];
-        let ok = match T::fast_gemm(m, n, k, &ad, la, &bd, lb, &mut y, None) {
+        let ok = match T::fast_gemm(m, n, k, &ad, la, &bd, lb, &mut y, FastEpilogue::none()) {
             Some(done) => done,
             None => gemm(m, n, k, &ad, la, &bd, lb, &mut y),
         };

@@ -196,10 +196,10 @@ pub trait Real:
     fn zero() -> Self {
         Self::default()
     }
-    /// `C[m×n] = A[m×k] · B[k×n] (+ row_bias[i] on row i)`, C row-major and dense, A and B in
-    /// the given layouts (row-major or transposed), on the packed-panel SIMD kernels when this
-    /// type has them: `Some(true)` when done, `Some(false)` when the operands do not fit,
-    /// `None` when there is no fast path for the type or the layouts.
+    /// `C[m×n] = epilogue(A[m×k] · B[k×n])`, C row-major and dense, A and B in the given
+    /// layouts (row-major or transposed), on the packed-panel SIMD kernels when this type has
+    /// them: `Some(true)` when done (epilogue included), `Some(false)` when the operands do not
+    /// fit, `None` when there is no fast path for the type or the layouts (nothing applied).
     #[allow(clippy::too_many_arguments)]
     fn fast_gemm(
         _m: usize,
@@ -210,9 +210,36 @@ pub trait Real:
         _b: &[Self],
         _lb: MatLayout,
         _c: &mut [Self],
-        _row_bias: Option<&[Self]>,
+        _epilogue: FastEpilogue<'_, Self>,
     ) -> Option<bool> {
         None
+    }
+}
+
+/// What [`Real::fast_gemm`] applies to the product before storing it: a bias per row (conv as
+/// GEMM, M = output channels) or per column (MatMul/Gemm), then an activation.
+#[derive(Debug)]
+pub struct FastEpilogue<'a, T> {
+    pub row_bias: Option<&'a [T]>,
+    pub col_bias: Option<&'a [T]>,
+    pub act: Option<kiln_kernels::sgemm::Act>,
+}
+
+impl<T> Clone for FastEpilogue<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for FastEpilogue<'_, T> {}
+
+impl<'a, T> FastEpilogue<'a, T> {
+    /// Nothing after the product.
+    pub fn none() -> FastEpilogue<'a, T> {
+        FastEpilogue {
+            row_bias: None,
+            col_bias: None,
+            act: None,
+        }
     }
 }
 
@@ -232,7 +259,7 @@ impl Real for f32 {
         b: &[f32],
         lb: MatLayout,
         c: &mut [f32],
-        row_bias: Option<&[f32]>,
+        ep: FastEpilogue<'_, f32>,
     ) -> Option<bool> {
         use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedB, sgemm};
         let a = match (la.row_stride, la.col_stride) {
@@ -244,9 +271,16 @@ impl Real for f32 {
         let Ok(packed) = PackedB::pack(layout, k, n, b, lb) else {
             return Some(false);
         };
+        let bias = match (ep.row_bias, ep.col_bias) {
+            (None, None) => Bias::None,
+            (Some(r), None) => Bias::Row(r),
+            (None, Some(c)) => Bias::Col(c),
+            (Some(_), Some(_)) => return None,
+        };
         let epilogue = Epilogue {
-            bias: row_bias.map_or(Bias::None, Bias::Row),
-            ..Epilogue::NONE
+            bias,
+            residual: None,
+            act: ep.act,
         };
         Some(sgemm(m, a, packed.view(), c, n, &epilogue).is_ok())
     }
