@@ -45,13 +45,17 @@ pub(crate) fn softmax_lane(kind: SoftmaxKind, lane: &[f64], out: &mut [f64]) {
         }
         SoftmaxKind::Softmax | SoftmaxKind::LogSoftmax => {
             let shift = if max.is_finite() { max } else { 0.0 };
-            let sum: f64 = lane.iter().map(|&x| (x - shift).exp()).sum();
+            // Each exponential once: kept in `out`, summed in lane order.
             for (o, &x) in out.iter_mut().zip(lane) {
-                *o = if kind == SoftmaxKind::Softmax {
-                    (x - shift).exp() / sum
-                } else {
-                    x - shift - sum.ln()
-                };
+                *o = (x - shift).exp();
+            }
+            let sum: f64 = out.iter().sum();
+            if kind == SoftmaxKind::Softmax {
+                out.iter_mut().for_each(|o| *o /= sum);
+            } else {
+                for (o, &x) in out.iter_mut().zip(lane) {
+                    *o = x - shift - sum.ln();
+                }
             }
         }
     }
