@@ -1,0 +1,121 @@
+"""kiln against ONNX Runtime, side by side, in one run on one machine: per model and thread count,
+kiln ms, ORT ms, kiln/ORT, kiln's GFLOP/s and its share of the 117 GFLOP/s single-core peak, and
+the geometric mean of the ratios.
+
+Method: each model is compiled to a .kiln once (default options). Then, for R rounds, kiln and ORT
+alternate (A B A B): kiln runs `kiln bench PROGRAM -n K --json` (its own warm-up, then K timed
+inferences; the round's sample is their median) and ORT times K runs of the same inputs after a
+warm-up run (the round's sample is their median). The figure per runtime is the median of the R
+round samples (R x K >= 20 runs each by default). ORT uses ORT_ENABLE_ALL and
+intra_op_num_threads = T; kiln gets num_of_cores = T (it runs single-threaded until its thread
+pool lands, and says so in a warning). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
+are random. FLOPs = 2 x the MACs `kiln info` reports.
+
+usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--threads 1,2] [--rounds 5]
+       [--per-round 5] MODEL.onnx...
+The machine may be shared and noisy: compare ratios from one run, not figures across runs.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+PEAK_GFLOPS = 117.0
+
+
+def feeds_for(model, sess):
+    base = os.path.basename(model).split(".")[0]
+    io = os.path.join(os.path.dirname(model), base + ".io.npz")
+    if os.path.exists(io):
+        d = np.load(io)
+        return {i.name: d["in_" + i.name] for i in sess.get_inputs()}
+    rng = np.random.default_rng(0)
+    out = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        out[i.name] = (rng.integers(0, 2, size=shape).astype(np.int64) if "int" in i.type
+                       else rng.standard_normal(shape).astype(np.float32))
+    return out
+
+
+def macs(kiln, model):
+    text = subprocess.run([kiln, "info", model], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"^MACs\s+([\d,]+)", text, re.M)
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+def kiln_round(kiln, program, npz, k, threads):
+    out = subprocess.run([kiln, "bench", program, "--inputs", npz, "-n", str(k), "--warmup", "1", "--json",
+                          "--quiet", "-O", f"num_of_cores={threads}"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["latency_ms"]["p50"]
+
+
+def ort_round(sess, feeds, k):
+    sess.run(None, feeds)
+    times = []
+    for _ in range(k):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kiln", default="target/release/kiln")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--per-round", type=int, default=5)
+    ap.add_argument("models", nargs="+")
+    a = ap.parse_args()
+    threads = [int(t) for t in a.threads.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in a.models:
+            name = os.path.basename(model).removesuffix(".onnx")
+            program = os.path.join(tmp, name + ".kiln")
+            subprocess.run([a.kiln, "compile", model, "-o", program, "--quiet"], check=True)
+            flops = (macs(a.kiln, model) or 0) * 2
+            for t in threads:
+                so = ort.SessionOptions()
+                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                so.intra_op_num_threads = t
+                so.inter_op_num_threads = 1
+                sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+                feeds = feeds_for(model, sess)
+                npz = os.path.join(tmp, name + ".in.npz")
+                np.savez(npz, **feeds)
+                ks, os_ = [], []
+                for _ in range(a.rounds):
+                    ks.append(kiln_round(a.kiln, program, npz, a.per_round, t))
+                    os_.append(ort_round(sess, feeds, a.per_round))
+                k, o = statistics.median(ks), statistics.median(os_)
+                gflops = flops / (k * 1e-3) / 1e9 if flops else float("nan")
+                rows.append((name, t, k, o, k / o, gflops))
+                print(f"{name:<14} T={t}  kiln {k:9.2f} ms  ORT {o:9.2f} ms  kiln/ORT {k / o:6.2f}  "
+                      f"kiln {gflops:6.1f} GFLOP/s = {100 * gflops / (PEAK_GFLOPS * t):5.1f}% of peak",
+                      flush=True)
+    print()
+    print(f"{'model':<14} {'threads':>7} {'kiln ms':>9} {'ORT ms':>9} {'kiln/ORT':>9} {'GFLOP/s':>8} {'% peak':>7}")
+    for name, t, k, o, r, g in rows:
+        print(f"{name:<14} {t:>7} {k:>9.2f} {o:>9.2f} {r:>9.2f} {g:>8.1f} {100 * g / (PEAK_GFLOPS * t):>6.1f}%")
+    for t in threads:
+        rs = [r for _, tt, _, _, r, _ in rows if tt == t]
+        if rs:
+            print(f"geometric mean kiln/ORT, {t} thread(s): {statistics.geometric_mean(rs):.2f}")
+    print(f"(median of {a.rounds} rounds x {a.per_round} runs, interleaved; kiln runs single-threaded for now; "
+          "shared, noisy machine)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
