@@ -94,11 +94,81 @@ impl Conv {
             .activation
             .filter(|_| x.dtype() == kiln_tensor::DType::F32)
             .map(|a| a.kernel_act());
+        if let Some(y) = self.depthwise_f32(x, w, b, act)? {
+            return Ok(vec![y.into()]);
+        }
         let (y, act_done) = float_dispatch!(x.dtype(), 0, conv_run(self, x, w, b, act))?;
         if act_done {
             return Ok(vec![y.into()]);
         }
         Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
+    }
+
+    /// The direct depthwise path: f32, 2-D, one filter per channel (`group == C == M`). `None`
+    /// when the call is not of that kind (the GEMM path takes it).
+    fn depthwise_f32(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        act: Option<kiln_kernels::sgemm::Act>,
+    ) -> Result<Option<Tensor>> {
+        let (xs, ws) = (x.shape(), w.shape());
+        let f32s = |t: &Tensor| t.dtype() == kiln_tensor::DType::F32;
+        if !f32s(x) || !f32s(w) || !b.is_none_or(f32s) || xs.len() != 4 || ws.len() != 4 {
+            return Ok(None);
+        }
+        let c = xs[1];
+        if self.group != c || ws[0] != c || ws[1] != 1 || c == 0 {
+            return Ok(None);
+        }
+        let plan = self.plan(xs, ws)?;
+        let (Some(gh), Some(gw)) = (plan.geoms.first(), plan.geoms.get(1)) else {
+            return Ok(None);
+        };
+        let pair = |v: &[usize]| -> Option<[usize; 2]> { Some([*v.first()?, *v.get(1)?]) };
+        let (Some(kernel), Some(strides), Some(dilations)) =
+            (pair(&plan.kernel), pair(&plan.strides), pair(&plan.dilations))
+        else {
+            return Ok(None);
+        };
+        let dw = super::depthwise::Depthwise {
+            channels: c,
+            input: [xs[2], xs[3]],
+            output: [gh.out, gw.out],
+            kernel,
+            strides,
+            dilations,
+            pad_begin: [gh.pad_begin, gw.pad_begin],
+        };
+        let shape = vec![xs[0], c, gh.out, gw.out];
+        let mut y = vec![0.0f32; numel(&shape)?];
+        let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
+        let bd = match b {
+            Some(b) if b.len() != c => {
+                return Err(OpError::Shape(format!(
+                    "bias has {} elements for {c} output channels",
+                    b.len()
+                )));
+            }
+            Some(b) => Some(b.as_slice::<f32>()?),
+            None => None,
+        };
+        let (ip, op) = (c * xs[2] * xs[3], c * gh.out * gw.out);
+        for n in 0..xs[0] {
+            let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
+                return Ok(None);
+            };
+            if !dw.run(xi, wd, bd, act, yi) {
+                return Err(OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}")));
+            }
+        }
+        let y = Tensor::from_vec(shape, y)?;
+        // Without a fused activation to apply here, the caller's epilogue would run none either.
+        Ok(Some(match (act, self.activation.as_ref()) {
+            (None, Some(a)) => activation::apply(Some(a), y)?,
+            _ => y,
+        }))
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -632,6 +702,64 @@ mod tests {
         let ins = [Some(&xv), Some(&wv), bv.as_ref()];
         let out = op.eval(&Args::new(&ins)).unwrap();
         out[0].as_tensor().unwrap().clone()
+    }
+
+    #[test]
+    fn depthwise_path_matches_the_gemm_path() {
+        // Every geometry mobile nets use and some they do not: strides, dilations, asymmetric pads,
+        // kernels wider than the image; checked against the generic path computed in f64.
+        let mut seed = 7u32;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            ((seed >> 8) % 2001) as f32 / 1000.0 - 1.0
+        };
+        for (hw, k, stride, dil, pads, bias) in [
+            ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], true),
+            ([8, 8], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1], false),
+            ([9, 6], [3, 5], [2, 1], [1, 2], [0, 2, 1, 0], true),
+            ([5, 5], [5, 5], [1, 1], [1, 1], [2, 2, 2, 2], true),
+            ([3, 4], [5, 3], [1, 3], [1, 1], [0, 0, 0, 0], false),
+            ([6, 6], [3, 3], [3, 2], [2, 2], [3, 1, 0, 2], true),
+        ] {
+            let c = 5;
+            let xs = vec![2, c, hw[0], hw[1]];
+            let x: Vec<f32> = (0..2 * c * hw[0] * hw[1]).map(|_| rnd()).collect();
+            let w: Vec<f32> = (0..c * k[0] * k[1]).map(|_| rnd()).collect();
+            let b: Vec<f32> = (0..c).map(|_| rnd()).collect();
+            if hw[0] + pads[0] + pads[2] < (k[0] - 1) * dil[0] + 1
+                || hw[1] + pads[1] + pads[3] < (k[1] - 1) * dil[1] + 1
+            {
+                continue;
+            }
+            let op = Conv {
+                group: c,
+                strides: stride.to_vec(),
+                dilations: dil.to_vec(),
+                pads: pads.to_vec(),
+                activation: Some(Activation::Relu),
+                ..Default::default()
+            };
+            let t32 = |shape: Vec<usize>, v: &[f32]| Tensor::from_vec(shape, v.to_vec()).unwrap();
+            let t64 = |shape: Vec<usize>, v: &[f32]| {
+                Tensor::from_vec(shape, v.iter().map(|&a| a as f64).collect::<Vec<_>>()).unwrap()
+            };
+            let ws = vec![c, 1, k[0], k[1]];
+            let fast = run(
+                &op,
+                t32(xs.clone(), &x),
+                t32(ws.clone(), &w),
+                bias.then(|| t32(vec![c], &b)),
+            );
+            let slow = run(&op, t64(xs, &x), t64(ws, &w), bias.then(|| t64(vec![c], &b)));
+            assert_eq!(fast.shape(), slow.shape());
+            for (f, s) in fast.to_f64_vec().iter().zip(slow.to_f64_vec()) {
+                assert!(
+                    (f - s).abs() <= 1e-5 * (1.0 + s.abs()),
+                    "{hw:?} {k:?} {stride:?}: {f} vs {s}"
+                );
+            }
+            assert!(fast.to_f64_vec().iter().any(|&v| v > 0.0));
+        }
     }
 
     #[test]

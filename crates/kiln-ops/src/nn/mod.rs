@@ -15,6 +15,7 @@ use std::borrow::Cow;
 
 pub mod activation;
 pub mod conv;
+mod depthwise;
 pub mod grid;
 pub mod matmul;
 pub mod nms;
