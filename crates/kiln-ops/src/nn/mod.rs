@@ -263,6 +263,11 @@ impl Real for f32 {
         ep: FastEpilogue<'_, f32>,
     ) -> Option<bool> {
         use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedB, sgemm};
+        // A single row (GEMV) would pay more to pack B than to multiply: the reference loop
+        // streams B once. (Weights prepacked at compile time will remove this case.)
+        if m == 1 && ep.row_bias.is_none() && ep.col_bias.is_none() && ep.act.is_none() {
+            return None;
+        }
         let a = match (la.row_stride, la.col_stride) {
             (ld, 1) => AMatrix::row_major(a, ld),
             (1, ld) => AMatrix::transposed(a, ld),
