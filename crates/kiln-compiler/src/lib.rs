@@ -3,7 +3,8 @@
 //! `compile` runs: extra outputs requested by the user are exposed, the ordered optimisation
 //! pipeline (`pipeline.rs`) rewrites the graph at the chosen level, the graph is verified and
 //! lowered (each value a slot, each node a step, each subgraph a sub-program), and the memory
-//! plan (`plan.rs`) places every statically sized intermediate in one arena.
+//! plan (`plan.rs`) places every statically sized intermediate in one arena; at level 1 and up
+//! constant MatMul weights are prepacked for the GEMM kernels (`prepack.rs`).
 
 mod error;
 mod lower;
@@ -11,6 +12,7 @@ mod outputs;
 mod passes;
 mod pipeline;
 pub mod plan;
+pub mod prepack;
 
 pub use error::CompileError;
 pub use lower::lower;
@@ -50,6 +52,8 @@ pub struct Compiled {
     pub program: Program,
     pub report: PipelineReport,
     pub memory: plan::MemoryPlan,
+    /// MatMul weights prepacked for the GEMM kernels (layout [`prepack::LAYOUT`]).
+    pub prepacked: usize,
 }
 
 /// Compiles a graph (types inferred, symbols bound) into a Program.
@@ -62,11 +66,18 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     }
     outputs::expose(&mut graph, &options.output_tensors, options.all_outputs)?;
     let report = optimize(&mut graph, options.opt_level)?;
-    let program = lower(&graph)?;
+    let mut program = lower(&graph)?;
     let memory = plan::plan(&graph);
+    // Level 0 runs the graph as imported, weights included.
+    let prepacked = if options.opt_level >= 1 {
+        prepack::run(&graph, &mut program)
+    } else {
+        0
+    };
     Ok(Compiled {
         program,
         report,
         memory,
+        prepacked,
     })
 }

@@ -135,6 +135,14 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
             "summary": compiled.memory.summary(),
             "used_by_runtime": false,
         })),
+        packing: (compiled.prepacked > 0).then(|| {
+            format!(
+                "{}; {} MatMul weights packed {} for the GEMM kernels",
+                kiln_runtime::file::WEIGHT_PACKING,
+                compiled.prepacked,
+                kiln_compiler::prepack::LAYOUT.tag()
+            )
+        }),
     };
     let meta = kiln_runtime::file::write(out, &compiled.program, input)?;
     let file_bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);

@@ -23,6 +23,18 @@ use kiln_tensor::{DType, Element, Tensor};
 pub struct MatMul {
     /// Fused activation applied to the output (set by the compiler, never by the importer).
     pub activation: Option<Activation>,
+    /// Set by the compiler when B is a constant it prepacked for the GEMM kernels: input 1 is
+    /// then the packed panels (1-D f32), not the `[k, n]` matrix.
+    pub packed_b: Option<PackedWeight>,
+}
+
+/// A weight stored packed for the GEMM kernels: its logical `k × n` and the packing's format
+/// tag (e.g. `f32/nr32/v1`), checked when the op runs.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct PackedWeight {
+    pub k: usize,
+    pub n: usize,
+    pub layout: String,
 }
 
 /// The shapes of a matmul: promoted operand shapes, batch shape, (m, k, n), output shape.
@@ -160,8 +172,11 @@ impl MatMul {
                 b: b.dtype(),
             });
         }
-        let p = matmul_plan(a.shape(), b.shape())?;
         let bias = args.opt_tensor(2)?;
+        if let Some(pk) = &self.packed_b {
+            return self.eval_packed(pk, a, b, bias);
+        }
+        let p = matmul_plan(a.shape(), b.shape())?;
         // f32: a bias along the last axis and the activation go into the kernels' epilogue.
         if a.dtype() == DType::F32 && p.out.last() == Some(&p.n) {
             let col_bias = match bias {
@@ -196,6 +211,62 @@ impl MatMul {
             DType::U64 => matmul_int::<u64>(&p, a, b)?,
             d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
         };
+        self.finish(y, bias)
+    }
+
+    /// The product with a prepacked B (f32 only): every matrix of A's batch against the same
+    /// panels, a bias along the last axis and the activation in the kernels' epilogue.
+    fn eval_packed(&self, pk: &PackedWeight, a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Vec<Value>> {
+        use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, sgemm};
+        let bad = |what: String| OpError::Value(format!("MatMul with a packed weight: {what}"));
+        let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| bad(format!("unknown packing '{}'", pk.layout)))?;
+        let (k, n) = (pk.k, pk.n);
+        let packed = PackedBRef::new(layout, k, n, b.as_slice::<f32>()?).map_err(|e| bad(e.to_string()))?;
+        let ad = a.as_slice::<f32>()?;
+        let ashape = a.shape();
+        let (batch, m) = match ashape {
+            [] => return Err(OpError::Shape("MatMul operands must have rank >= 1".into())),
+            [kk] => (Vec::new(), if *kk == k { 1 } else { 0 }),
+            [lead @ .., mm, kk] => (lead.to_vec(), if *kk == k { *mm } else { usize::MAX }),
+        };
+        if m == usize::MAX || (ashape.len() == 1 && ashape != [k]) {
+            return Err(OpError::Shape(format!("MatMul: A {ashape:?} against a {k}x{n} weight")));
+        }
+        let mut out = batch.clone();
+        if ashape.len() >= 2 {
+            out.push(m);
+        }
+        out.push(n);
+        let nb = numel(&batch)?;
+        let mut y = vec![0.0f32; numel(&out)?];
+        let col_bias = bias.and_then(|t| {
+            (t.len() == n && t.rank() <= out.len() && t.shape().iter().rev().skip(1).all(|&d| d == 1))
+                .then(|| t.as_slice::<f32>().ok())
+                .flatten()
+        });
+        let fuse = bias.is_none() || col_bias.is_some();
+        let epilogue = Epilogue {
+            bias: col_bias.map_or(Bias::None, Bias::Col),
+            residual: None,
+            act: if fuse {
+                self.activation.map(|a| a.kernel_act())
+            } else {
+                None
+            },
+        };
+        for bi in 0..nb {
+            let (Some(ai), Some(yi)) = (
+                ad.get(bi * m * k..(bi + 1) * m * k),
+                y.get_mut(bi * m * n..(bi + 1) * m * n),
+            ) else {
+                return Err(bad("operand sizes do not match their shapes".into()));
+            };
+            sgemm(m, AMatrix::row_major(ai, k), packed, yi, n, &epilogue).map_err(|e| bad(e.to_string()))?;
+        }
+        let y = Tensor::from_vec(out, y)?;
+        if fuse {
+            return Ok(vec![y.into()]);
+        }
         self.finish(y, bias)
     }
 
@@ -611,6 +682,7 @@ mod tests {
         let bias = t(&[2], vec![0.5, 1.0]);
         let op = MatMul {
             activation: Some(Activation::Relu),
+            packed_b: None,
         };
         let y = op.eval(&Args::new(&[Some(&a), Some(&b), Some(&bias)])).unwrap();
         assert_eq!(y[0].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[1.5, 0.0]);

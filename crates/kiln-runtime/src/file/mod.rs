@@ -125,6 +125,8 @@ pub struct MetaInput {
     pub source: String,
     pub options: serde_json::Value,
     pub memory: Option<serde_json::Value>,
+    /// How the weights are packed, when some are packed for the kernels (else row-major).
+    pub packing: Option<String>,
 }
 
 /// Encodes a program and its weights into program-file bytes.
@@ -161,7 +163,7 @@ pub fn to_bytes(program: &Program, input: MetaInput) -> Result<(Vec<u8>, Meta), 
         weights: WeightsMeta {
             count,
             bytes: weights.len() as u64,
-            packing: WEIGHT_PACKING.into(),
+            packing: input.packing.unwrap_or_else(|| WEIGHT_PACKING.into()),
             alignment: ALIGN,
         },
         memory: input.memory,

@@ -46,6 +46,7 @@ fn input() -> MetaInput {
         source: "add.onnx".into(),
         options: serde_json::json!({"opt_level": 2}),
         memory: None,
+        packing: None,
     }
 }
 
