@@ -52,7 +52,7 @@ pub struct Compiled {
     pub program: Program,
     pub report: PipelineReport,
     pub memory: plan::MemoryPlan,
-    /// MatMul weights prepacked for the GEMM kernels (layout [`prepack::LAYOUT`]).
+    /// MatMul and Gemm weights prepacked for the GEMM kernels (layout [`prepack::LAYOUT`]).
     pub prepacked: usize,
 }
 

@@ -137,7 +137,7 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
         })),
         packing: (compiled.prepacked > 0).then(|| {
             format!(
-                "{}; {} MatMul weights packed {} for the GEMM kernels",
+                "{}; {} MatMul/Gemm weights packed {} for the GEMM kernels",
                 kiln_runtime::file::WEIGHT_PACKING,
                 compiled.prepacked,
                 kiln_compiler::prepack::LAYOUT.tag()

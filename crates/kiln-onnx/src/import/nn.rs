@@ -104,6 +104,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 trans_a: ctx.attr_bool_or("transA", false)?,
                 trans_b: ctx.attr_bool_or("transB", false)?,
                 activation: None,
+                packed_b: None,
             })
         }
         "Einsum" => {

@@ -315,6 +315,9 @@ pub struct Gemm {
     pub trans_b: bool,
     /// Fused activation applied to the output (set by the compiler, never by the importer).
     pub activation: Option<Activation>,
+    /// Set by the compiler when B is a constant it prepacked for the GEMM kernels (`op(B)`,
+    /// transposition included): input 1 is then the packed panels.
+    pub packed_b: Option<PackedWeight>,
 }
 
 impl Default for Gemm {
@@ -325,6 +328,7 @@ impl Default for Gemm {
             trans_a: false,
             trans_b: false,
             activation: None,
+            packed_b: None,
         }
     }
 }
@@ -367,6 +371,11 @@ impl Gemm {
         if !ok {
             return Err(OpError::Shape("Gemm: operand sizes do not match their shapes".into()));
         }
+        self.scale_and_add(y, c, m, n)
+    }
+
+    /// `alpha * y + beta * C` on the product `y`.
+    fn scale_and_add<T: Real>(&self, mut y: Vec<T>, c: Option<&Tensor>, m: usize, n: usize) -> Result<Vec<T>> {
         let alpha = T::from_f64(self.alpha as f64);
         if self.alpha != 1.0 {
             y.iter_mut().for_each(|v| *v = *v * alpha);
@@ -384,10 +393,50 @@ impl Gemm {
         Ok(y)
     }
 
+    /// The product with a prepacked `op(B)` (f32 only).
+    fn run_packed(
+        &self,
+        pk: &PackedWeight,
+        a: &Tensor,
+        b: &Tensor,
+        c: Option<&Tensor>,
+    ) -> Result<(usize, usize, Vec<f32>)> {
+        use kiln_kernels::sgemm::{AMatrix, BLayout, Epilogue, PackedBRef, sgemm};
+        let bad = |what: String| OpError::Value(format!("Gemm with a packed weight: {what}"));
+        let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| bad(format!("unknown packing '{}'", pk.layout)))?;
+        let (k, n) = (pk.k, pk.n);
+        let packed = PackedBRef::new(layout, k, n, b.as_slice::<f32>()?).map_err(|e| bad(e.to_string()))?;
+        let (m, ka) = match (a.shape(), self.trans_a) {
+            ([r, c], false) => (*r, *c),
+            ([r, c], true) => (*c, *r),
+            (s, _) => return Err(OpError::Shape(format!("Gemm needs a 2-D A, got {s:?}"))),
+        };
+        if ka != k {
+            return Err(OpError::Shape(format!(
+                "Gemm: A {:?} against a {k}x{n} weight",
+                a.shape()
+            )));
+        }
+        let ad = a.as_slice::<f32>()?;
+        let am = if self.trans_a {
+            AMatrix::transposed(ad, m)
+        } else {
+            AMatrix::row_major(ad, k)
+        };
+        let mut y = vec![0.0f32; numel(&[m, n])?];
+        sgemm(m, am, packed, &mut y, n, &Epilogue::NONE).map_err(|e| bad(e.to_string()))?;
+        Ok((m, n, self.scale_and_add(y, c, m, n)?))
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let a = args.tensor(0)?;
         let b = args.tensor(1)?;
         let c = args.opt_tensor(2)?;
+        if let Some(pk) = &self.packed_b {
+            let (m, n, y) = self.run_packed(pk, a, b, c)?;
+            let y = Tensor::from_vec(vec![m, n], y)?;
+            return Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()]);
+        }
         let (m, _, n) = self.dims(a.shape(), b.shape())?;
         let y = match a.dtype() {
             DType::F32 | DType::F16 | DType::BF16 => from_floats(a.dtype(), vec![m, n], self.run::<f32>(a, b, c)?)?,
