@@ -753,6 +753,7 @@ mod tests {
             trans_a: true,
             trans_b: false,
             activation: None,
+            packed_b: None,
         };
         let y = op.eval(&Args::new(&[Some(&a), Some(&b), Some(&c)])).unwrap();
         assert_eq!(
