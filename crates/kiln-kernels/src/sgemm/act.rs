@@ -130,10 +130,10 @@ fn clamp01(v: f64) -> f64 {
     v.clamp(0.0, 1.0)
 }
 
-/// The error function, to about 1e-13 (the same evaluation as kiln-ops' `elementwise::math::erf`,
-/// so the portable Gelu agrees bit for bit with the standalone operator): its Maclaurin series
-/// below |x| = 3, the continued fraction of erfc above.
-pub(crate) fn erf(x: f64) -> f64 {
+/// The error function, to about 1e-13: its Maclaurin series below |x| = 3, the continued
+/// fraction of erfc above. The one definition kiln has: kiln-ops' Erf and Gelu call it too, so
+/// the portable Gelu epilogue agrees bit for bit with the standalone operator.
+pub fn erf(x: f64) -> f64 {
     use std::f64::consts::FRAC_2_SQRT_PI;
     if x.is_nan() {
         return x;

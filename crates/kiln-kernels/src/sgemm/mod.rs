@@ -36,7 +36,7 @@ mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use act::Act;
+pub use act::{Act, erf};
 pub use pack::{AMatrix, BLayout, PackedB, PackedBRef};
 
 use crate::isa::{self, Isa};
