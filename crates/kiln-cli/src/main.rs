@@ -31,7 +31,8 @@ enum Command {
     /// Run a model (.onnx or .kiln) on inputs from .npy/.npz files and write every output as
     /// DIR/<name>.npy.
     Run(RunArgs),
-    /// Show a model's inputs, outputs, opsets, op histogram, parameters and MACs.
+    /// Show a model's inputs, outputs, opsets, op histogram, parameters and MACs, or a .kiln
+    /// program's sections, checksums, hash, options, weights and memory plan.
     Info(InfoArgs),
     /// Benchmark a model (qaic's run_benchmark): inferences/s, load time and latency
     /// percentiles (linear interpolation, numpy's default), on given or random inputs.
