@@ -288,7 +288,6 @@ fn conv_run<T: Real>(
     };
     let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}"));
     // The bias is added by the fast kernels' epilogue when they run, else after the loop.
-    let mut bias_pending = bd.is_some();
     let mut fast_done = false;
     for n in 0..batch {
         for gi in 0..g {
@@ -320,7 +319,6 @@ fn conv_run<T: Real>(
                 },
             ) {
                 Some(true) => {
-                    bias_pending = false;
                     fast_done = true;
                     continue;
                 }
@@ -341,7 +339,7 @@ fn conv_run<T: Real>(
             }
         }
     }
-    if bias_pending {
+    if !fast_done {
         add_channel_bias(&mut y, bd.as_deref(), osz);
     }
     // An empty output (no image or no group) ran no kernel: the activation is still due.

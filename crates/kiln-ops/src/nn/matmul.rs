@@ -162,6 +162,14 @@ fn matmul_int<T: GemmScalar + Element>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -
     Ok(Tensor::from_vec(p.out.clone(), y)?)
 }
 
+/// The bias as a per-column slice the GEMM epilogue can add, when it is one: f32, `n` values
+/// along the last axis (leading dims 1), and no higher rank than the product (a higher-rank bias
+/// would broadcast the output up, which the `Add` fallback does).
+fn epilogue_bias(t: &Tensor, n: usize, out_rank: usize) -> Option<&[f32]> {
+    let along_last = t.len() == n && t.rank() <= out_rank && t.shape().iter().rev().skip(1).all(|&d| d == 1);
+    if along_last { t.as_slice::<f32>().ok() } else { None }
+}
+
 impl MatMul {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let a = args.tensor(0)?;
@@ -181,13 +189,7 @@ impl MatMul {
         if a.dtype() == DType::F32 && p.out.last() == Some(&p.n) {
             let col_bias = match bias {
                 None => Some(None),
-                // A bias of higher rank than the product would broadcast the output up: Add does that.
-                Some(t)
-                    if t.len() == p.n && t.rank() <= p.out.len() && t.shape().iter().rev().skip(1).all(|&d| d == 1) =>
-                {
-                    t.as_slice::<f32>().ok().map(Some)
-                }
-                Some(_) => None,
+                Some(t) => epilogue_bias(t, p.n, p.out.len()).map(Some),
             };
             if let Some(col_bias) = col_bias {
                 let ep = FastEpilogue {
@@ -239,11 +241,7 @@ impl MatMul {
         out.push(n);
         let nb = numel(&batch)?;
         let mut y = vec![0.0f32; numel(&out)?];
-        let col_bias = bias.and_then(|t| {
-            (t.len() == n && t.rank() <= out.len() && t.shape().iter().rev().skip(1).all(|&d| d == 1))
-                .then(|| t.as_slice::<f32>().ok())
-                .flatten()
-        });
+        let col_bias = bias.and_then(|t| epilogue_bias(t, n, out.len()));
         let fuse = bias.is_none() || col_bias.is_some();
         let epilogue = Epilogue {
             bias: col_bias.map_or(Bias::None, Bias::Col),
