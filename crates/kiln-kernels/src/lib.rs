@@ -6,7 +6,8 @@
 //! - `isa`: the dispatch choice (AVX-512, AVX2+FMA or portable), detected once per process,
 //!   forced to portable with `KILN_KERNELS=reference`;
 //! - `sgemm`: the f32 GEMM with our own microkernels over prepacked B panels and a fused
-//!   epilogue (bias, residual, activation), one kernel set per `isa` level.
+//!   epilogue (bias, residual, activation), one kernel set per `isa` level;
+//! - `vector`: row kernels of memory-bound ops (softmax, layer-norm statistics).
 //!
 //! This is the only crate with `unsafe` and intrinsics; every SIMD function is
 //! `#[target_feature]` and reached only after detection.
@@ -15,3 +16,4 @@ pub mod conv;
 pub mod gemm;
 pub mod isa;
 pub mod sgemm;
+pub mod vector;

@@ -195,11 +195,28 @@ pub struct InferInput<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct Args<'a> {
     inputs: &'a [Option<&'a Value>],
+    /// Bit `i` set: output `i` is read by someone (outputs from 64 on always count as read).
+    wanted: u64,
 }
 
 impl<'a> Args<'a> {
+    /// Arguments of a call whose every output is wanted.
     pub fn new(inputs: &'a [Option<&'a Value>]) -> Args<'a> {
-        Args { inputs }
+        Args {
+            inputs,
+            wanted: u64::MAX,
+        }
+    }
+    /// Marks which outputs are read (bit `i` for output `i`): an op may then leave an unwanted
+    /// trailing output uncomputed and return fewer values (MaxPool's Indices, LayerNorm's
+    /// statistics, ...). Output 0 is always computed.
+    pub fn with_wanted(mut self, mask: u64) -> Args<'a> {
+        self.wanted = mask;
+        self
+    }
+    /// Whether output `i` is read.
+    pub fn output_wanted(&self, i: usize) -> bool {
+        i >= 64 || self.wanted & (1u64 << i) != 0
     }
     pub fn len(&self) -> usize {
         self.inputs.len()

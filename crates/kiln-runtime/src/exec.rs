@@ -224,6 +224,10 @@ fn run_program(
         for out in &step.outputs {
             let v = results.next();
             if let Some(slot) = out {
+                if v.is_none() && step.frees.contains(slot) {
+                    // An output nobody reads, which the op was told it may skip.
+                    continue;
+                }
                 let v = v.ok_or_else(|| RuntimeError::Control {
                     node: step.name.clone(),
                     op: step.kind.name().to_string(),
@@ -274,7 +278,20 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
         });
     }
     match &step.kind {
-        StepKind::Op(op) => op.eval(&Args::new(&args)).map_err(node_err),
+        StepKind::Op(op) => {
+            // Outputs whose slot is freed by this very step are read by no one.
+            let wanted = step
+                .outputs
+                .iter()
+                .enumerate()
+                .take(64)
+                .fold(0u64, |m, (i, o)| match o {
+                    Some(s) if !step.frees.contains(s) => m | (1u64 << i),
+                    _ => m,
+                })
+                | 1;
+            op.eval(&Args::new(&args).with_wanted(wanted)).map_err(node_err)
+        }
         StepKind::If {
             then_branch,
             else_branch,

@@ -102,11 +102,18 @@ impl Program {
     }
 
     /// Fills every step's `frees` list from slot liveness: a slot is freed after the last
-    /// step reading it, unless it is a program output, a constant or captured by nothing later.
+    /// step reading it (or, when nothing reads it, after the step producing it), unless it is
+    /// a program output or a constant.
     pub fn compute_frees(&mut self) {
         let n = self.num_slots();
         let mut last: Vec<Option<usize>> = vec![None; n];
         for (i, step) in self.steps.iter().enumerate() {
+            // A value no step reads dies where it is produced (reads below move this on).
+            for s in step.outputs.iter().flatten() {
+                if let Some(l) = last.get_mut(*s) {
+                    *l = Some(i);
+                }
+            }
             for s in step.inputs.iter().flatten() {
                 if let Some(l) = last.get_mut(*s) {
                     *l = Some(i);

@@ -34,7 +34,7 @@ mod driver;
 mod pack;
 mod portable;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 pub use act::{Act, erf};
 pub use pack::{AMatrix, BLayout, PackedB, PackedBRef};

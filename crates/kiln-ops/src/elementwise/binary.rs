@@ -8,8 +8,8 @@
 
 use super::scalar::{Int, Num, with_float, with_int, with_int2, with_num2};
 use crate::error::{OpError, Result};
-use crate::util::{broadcast_map, checked_numel, norm_axis};
-use kiln_tensor::{DType, Data, Element, Tensor, broadcast_shapes};
+use crate::util::{checked_numel, norm_axis};
+use kiln_tensor::{DType, Data, Element, Tensor, broadcast_shapes, numel};
 
 /// Which two-input op.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
@@ -110,32 +110,150 @@ impl BinaryOp {
     }
 }
 
-/// Broadcast index maps of two (or more) shapes onto their common shape.
+/// How two shapes broadcast onto their common shape, as a loop nest: the output's dims with
+/// runs of dims that both inputs read contiguously (or both repeat) merged, so the innermost
+/// loop is one long run in which each input either advances by one or stays on one element.
+/// Elementwise ops run that inner loop with the op inlined (no per-element index maps).
 pub(crate) struct Bcast {
     pub shape: Vec<usize>,
-    pub ia: Vec<usize>,
-    pub ib: Vec<usize>,
+    /// Merged dims, outermost first (at least one; `[1]` for a scalar output).
+    dims: Vec<usize>,
+    /// Element strides of `a` and `b` per merged dim (0 where broadcast).
+    sa: Vec<usize>,
+    sb: Vec<usize>,
+}
+
+/// Strides of `in_shape` read as `out_shape` under numpy broadcasting (0 on broadcast dims).
+fn bcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>> {
+    let bad = || OpError::Shape(format!("{in_shape:?} does not broadcast to {out_shape:?}"));
+    let off = out_shape.len().checked_sub(in_shape.len()).ok_or_else(bad)?;
+    let mut strides = vec![0usize; out_shape.len()];
+    let mut step = 1usize;
+    for (i, &d) in in_shape.iter().enumerate().rev() {
+        let o = out_shape.get(i + off).copied().ok_or_else(bad)?;
+        if d == o {
+            if let Some(s) = strides.get_mut(i + off) {
+                *s = if d == 1 { 0 } else { step };
+            }
+        } else if d != 1 {
+            return Err(bad());
+        }
+        step = step.saturating_mul(d);
+    }
+    Ok(strides)
 }
 
 impl Bcast {
     pub fn new(a: &[usize], b: &[usize]) -> Result<Bcast> {
         let shape = broadcast_shapes(a, b)?;
         checked_numel(&shape)?;
-        Ok(Bcast {
-            ia: broadcast_map(a, &shape)?,
-            ib: broadcast_map(b, &shape)?,
-            shape,
-        })
+        let (fa, fb) = (bcast_strides(a, &shape)?, bcast_strides(b, &shape)?);
+        let (mut dims, mut sa, mut sb) = (Vec::new(), Vec::new(), Vec::new());
+        for ((&d, &x), &y) in shape.iter().zip(&fa).zip(&fb) {
+            if d == 1 {
+                continue;
+            }
+            // Merge into the previous dim when both inputs continue it: stride(prev) =
+            // stride(this) * d for each (0 = 0 * d covers "both repeat").
+            if let (Some(pd), Some(px), Some(py)) = (dims.last_mut(), sa.last_mut(), sb.last_mut())
+                && *px == x * d
+                && *py == y * d
+            {
+                *pd *= d;
+                *px = x;
+                *py = y;
+                continue;
+            }
+            dims.push(d);
+            sa.push(x);
+            sb.push(y);
+        }
+        if dims.is_empty() {
+            let empty = shape.contains(&0);
+            dims.push(if empty { 0 } else { 1 });
+            sa.push(0);
+            sb.push(0);
+        }
+        Ok(Bcast { shape, dims, sa, sb })
     }
 
-    /// `f(x[ia[i]], y[ib[i]])` for every output element (the maps index within the slices,
-    /// whose lengths match the shapes the maps were built from).
+    /// Calls `run(a_offset, b_offset)` for every inner run, in output order; each run covers
+    /// `inner()` output elements.
+    fn for_each_run(&self, mut run: impl FnMut(usize, usize)) {
+        let outer = &self.dims[..self.dims.len() - 1];
+        if self.dims.iter().any(|&d| d == 0) {
+            return;
+        }
+        let mut idx = vec![0usize; outer.len()];
+        let (mut ia, mut ib) = (0usize, 0usize);
+        loop {
+            run(ia, ib);
+            // Odometer over the outer dims, innermost first.
+            let mut k = outer.len();
+            loop {
+                if k == 0 {
+                    return;
+                }
+                k -= 1;
+                idx[k] += 1;
+                ia += self.sa[k];
+                ib += self.sb[k];
+                if idx[k] < outer[k] {
+                    break;
+                }
+                ia -= self.sa[k] * outer[k];
+                ib -= self.sb[k] * outer[k];
+                idx[k] = 0;
+            }
+        }
+    }
+
+    /// `f(x[i], y[j])` for every output element, `x[i]` and `y[j]` the elements broadcasting
+    /// reads (the slices hold the elements of the shapes the plan was built from; a shorter
+    /// slice gives a shorter result, which `Tensor::new` then refuses).
     pub fn zip<T: Copy, U: Copy, R>(&self, x: &[T], y: &[U], f: impl Fn(T, U) -> R) -> Vec<R> {
-        self.ia.iter().zip(&self.ib).map(|(&i, &j)| f(x[i], y[j])).collect()
+        let n = *self.dims.last().unwrap_or(&0);
+        let (ka, kb) = (*self.sa.last().unwrap_or(&0), *self.sb.last().unwrap_or(&0));
+        let mut out = Vec::with_capacity(numel(&self.shape).unwrap_or(0));
+        self.for_each_run(|ia, ib| match (ka, kb) {
+            (1, 1) => {
+                if let (Some(xs), Some(ys)) = (x.get(ia..ia + n), y.get(ib..ib + n)) {
+                    out.extend(xs.iter().zip(ys).map(|(&p, &q)| f(p, q)));
+                }
+            }
+            (1, 0) => {
+                if let (Some(xs), Some(&q)) = (x.get(ia..ia + n), y.get(ib)) {
+                    out.extend(xs.iter().map(|&p| f(p, q)));
+                }
+            }
+            (0, 1) => {
+                if let (Some(&p), Some(ys)) = (x.get(ia), y.get(ib..ib + n)) {
+                    out.extend(ys.iter().map(|&q| f(p, q)));
+                }
+            }
+            _ => {
+                for i in 0..n {
+                    if let (Some(&p), Some(&q)) = (x.get(ia + i * ka), y.get(ib + i * kb)) {
+                        out.push(f(p, q));
+                    }
+                }
+            }
+        });
+        out
     }
 
     pub fn zip_ref<T, U, R>(&self, x: &[T], y: &[U], f: impl Fn(&T, &U) -> R) -> Vec<R> {
-        self.ia.iter().zip(&self.ib).map(|(&i, &j)| f(&x[i], &y[j])).collect()
+        let n = *self.dims.last().unwrap_or(&0);
+        let (ka, kb) = (*self.sa.last().unwrap_or(&0), *self.sb.last().unwrap_or(&0));
+        let mut out = Vec::with_capacity(numel(&self.shape).unwrap_or(0));
+        self.for_each_run(|ia, ib| {
+            for i in 0..n {
+                if let (Some(p), Some(q)) = (x.get(ia + i * ka), y.get(ib + i * kb)) {
+                    out.push(f(p, q));
+                }
+            }
+        });
+        out
     }
 }
 
@@ -161,27 +279,27 @@ pub(crate) fn legacy_shape(b: &[usize], rank_a: usize, axis: i64) -> Result<Vec<
     Ok(s)
 }
 
+// Each arm passes its own function item, so the inner loop is monomorphised with the op
+// inlined (and vectorised where the type allows).
 fn arith<T: Num>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
-    let f: fn(T, T) -> T = match op {
-        BinaryOp::Sub => T::sub,
-        BinaryOp::Mul => T::mul,
-        BinaryOp::Div => T::div,
-        BinaryOp::Mod { fmod: true } => T::fmod,
-        BinaryOp::Mod { fmod: false } => T::pymod,
-        _ => T::add,
-    };
-    m.zip(x, y, f)
+    match op {
+        BinaryOp::Sub => m.zip(x, y, T::sub),
+        BinaryOp::Mul => m.zip(x, y, T::mul),
+        BinaryOp::Div => m.zip(x, y, T::div),
+        BinaryOp::Mod { fmod: true } => m.zip(x, y, T::fmod),
+        BinaryOp::Mod { fmod: false } => m.zip(x, y, T::pymod),
+        _ => m.zip(x, y, T::add),
+    }
 }
 
 fn bits<T: Int>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
-    let f: fn(T, T) -> T = match op {
-        BinaryOp::BitShift { left: true } => T::shl,
-        BinaryOp::BitShift { left: false } => T::shr,
-        BinaryOp::BitwiseOr => T::or,
-        BinaryOp::BitwiseXor => T::xor,
-        _ => T::and,
-    };
-    m.zip(x, y, f)
+    match op {
+        BinaryOp::BitShift { left: true } => m.zip(x, y, T::shl),
+        BinaryOp::BitShift { left: false } => m.zip(x, y, T::shr),
+        BinaryOp::BitwiseOr => m.zip(x, y, T::or),
+        BinaryOp::BitwiseXor => m.zip(x, y, T::xor),
+        _ => m.zip(x, y, T::and),
+    }
 }
 
 fn compare<T: PartialOrd>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<bool> {

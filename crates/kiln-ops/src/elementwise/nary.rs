@@ -57,12 +57,11 @@ impl VariadicOp {
     }
 
     fn combine<T: Num>(&self, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
-        let f: fn(T, T) -> T = match self {
-            VariadicOp::Sum | VariadicOp::Mean => T::add,
-            VariadicOp::Max => nan_max,
-            VariadicOp::Min => nan_min,
-        };
-        m.zip(x, y, f)
+        match self {
+            VariadicOp::Sum | VariadicOp::Mean => m.zip(x, y, T::add),
+            VariadicOp::Max => m.zip(x, y, nan_max),
+            VariadicOp::Min => m.zip(x, y, nan_min),
+        }
     }
 }
 

@@ -384,3 +384,59 @@ fn elementwise_infer_types() {
     let out = bin(BinaryOp::Pow).infer(&bad).unwrap();
     assert_eq!(out[0].tensor().unwrap().dtype, Some(DType::F32));
 }
+
+mod bcast_plan {
+    //! The merged-loop broadcast plan against the per-element index map it replaced.
+    use super::super::binary::Bcast;
+    use crate::util::broadcast_map;
+    use proptest::prelude::*;
+
+    /// A shape of rank <= 4 with dims in 1..=4, and a second one broadcasting with it: each
+    /// dim kept, set to 1, and leading dims dropped.
+    fn pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
+        (
+            prop::collection::vec(1usize..=4, 0..=4),
+            prop::collection::vec(0u8..3, 4),
+            0usize..=4,
+            any::<bool>(),
+        )
+            .prop_map(|(full, picks, drop, swap)| {
+                let b: Vec<usize> = full
+                    .iter()
+                    .zip(&picks)
+                    .map(|(&d, &p)| if p == 0 { 1 } else { d })
+                    .skip(drop.min(full.len()))
+                    .collect();
+                if swap { (b, full) } else { (full, b) }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn zip_reads_what_numpy_broadcasting_reads((a, b) in pair()) {
+            let m = Bcast::new(&a, &b).unwrap();
+            let na: usize = a.iter().product();
+            let nb: usize = b.iter().product();
+            let xs: Vec<usize> = (0..na).collect();
+            let ys: Vec<usize> = (0..nb).collect();
+            let got = m.zip(&xs, &ys, |p, q| (p, q));
+            let got_ref = m.zip_ref(&xs, &ys, |p, q| (*p, *q));
+            let ia = broadcast_map(&a, &m.shape).unwrap();
+            let ib = broadcast_map(&b, &m.shape).unwrap();
+            let want: Vec<(usize, usize)> = ia.into_iter().zip(ib).collect();
+            prop_assert_eq!(&got, &want);
+            prop_assert_eq!(&got_ref, &want);
+        }
+    }
+
+    #[test]
+    fn empty_and_scalar_outputs() {
+        let m = Bcast::new(&[2, 0, 3], &[3]).unwrap();
+        assert!(m.zip(&[0f32; 0], &[1f32, 2., 3.], |p, q| p + q).is_empty());
+        let m = Bcast::new(&[], &[1, 1]).unwrap();
+        assert_eq!(m.zip(&[5f32], &[2f32], |p, q| p * q), vec![10.0]);
+        // A slice shorter than the shape gives a short result instead of a panic.
+        let m = Bcast::new(&[4], &[4]).unwrap();
+        assert_eq!(m.zip(&[1f32, 2.], &[1f32, 2., 3., 4.], |p, q| p + q).len(), 0);
+    }
+}

@@ -290,6 +290,22 @@ impl UnaryOp {
         }
     }
 
+    /// The vectorised kernel computing this op on f32 (the activations the GEMM epilogues
+    /// also apply: Relu and LeakyRelu bit for bit, the others within a few ulp of [`Self::f`]).
+    fn kernel_act(&self) -> Option<kiln_kernels::sgemm::Act> {
+        use kiln_kernels::sgemm::Act;
+        Some(match *self {
+            UnaryOp::Relu => Act::Relu,
+            UnaryOp::LeakyRelu { alpha } => Act::LeakyRelu { alpha },
+            UnaryOp::Sigmoid => Act::Sigmoid,
+            UnaryOp::Tanh => Act::Tanh,
+            UnaryOp::Gelu { tanh } => Act::Gelu { tanh },
+            UnaryOp::HardSigmoid { alpha, beta } => Act::HardSigmoid { alpha, beta },
+            UnaryOp::HardSwish => Act::HardSwish,
+            _ => return None,
+        })
+    }
+
     pub fn eval(&self, x: &Tensor) -> Result<Tensor> {
         use UnaryOp::*;
         let dt = x.dtype();
@@ -313,6 +329,14 @@ impl UnaryOp {
                 with_int!(x.data(), v => Element::wrap(int_native(*self, v)),
                     else return Err(OpError::UnsupportedDType { index: 0, got: dt }))
             }
+            _ if dt == DType::F32 && self.kernel_act().is_some() => match (x.data(), self.kernel_act()) {
+                (Data::F32(v), Some(act)) => {
+                    let mut out = v.to_vec();
+                    kiln_kernels::sgemm::act_slice(act, &mut out);
+                    Data::F32(out.into())
+                }
+                _ => return Err(OpError::UnsupportedDType { index: 0, got: dt }),
+            },
             _ if dt.is_int() => with_int!(x.data(), v => Element::wrap(via_f64(*self, v)),
                 else return Err(OpError::UnsupportedDType { index: 0, got: dt })),
             _ => with_float!(x.data(), v => Element::wrap(via_f64(*self, v)),

@@ -62,6 +62,72 @@ fn check_dtype(kind: PoolKind, d: DType) -> Result<()> {
     }
 }
 
+/// The taps of output position `o` in one dim of `(input, k, stride, pad_begin, pad_end)`:
+/// the input range read, and how many taps fall inside the padded extent (for
+/// `count_include_pad`; taps past it exist only with ceil_mode).
+fn taps(o: usize, (size, k, s, pb, pe): (usize, usize, usize, usize, usize)) -> (usize, usize, usize) {
+    let start = o * s; // in padded coordinates
+    let lo = start.max(pb) - pb;
+    let hi = (start + k).min(pb + size).saturating_sub(pb).max(lo);
+    let counted = (start + k).min(pb + size + pe).saturating_sub(start);
+    (lo, hi, counted)
+}
+
+/// MaxPool (Y only) or AveragePool over 2-D f32 planes without dilation: the window of each
+/// output clipped to the input, in the reference's order (Max keeps the first valid tap unless
+/// a later one is greater, so NaN handling matches; an empty window gives NaN).
+fn pool2d_f32(
+    kind: PoolKind,
+    x: &[f32],
+    planes: usize,
+    geo: [(usize, usize, usize, usize, usize); 2],
+    out: [usize; 2],
+) -> Vec<f32> {
+    let (ih, iw) = (geo[0].0, geo[1].0);
+    let (oh, ow) = (out[0], out[1]);
+    let mut y = Vec::with_capacity(planes * oh * ow);
+    let cols: Vec<(usize, usize, usize)> = (0..ow).map(|o| taps(o, geo[1])).collect();
+    for plane in x.chunks_exact(ih * iw).take(planes) {
+        for r in 0..oh {
+            let (r0, r1, rc) = taps(r, geo[0]);
+            for &(c0, c1, cc) in &cols {
+                let v = match kind {
+                    PoolKind::Max { .. } => {
+                        let mut best: Option<f32> = None;
+                        for row in r0..r1 {
+                            if let Some(seg) = plane.get(row * iw + c0..row * iw + c1) {
+                                for &v in seg {
+                                    if best.is_none_or(|b| v > b) {
+                                        best = Some(v);
+                                    }
+                                }
+                            }
+                        }
+                        best.unwrap_or(f32::NAN)
+                    }
+                    PoolKind::Average { count_include_pad } => {
+                        let mut sum = 0.0f64;
+                        for row in r0..r1 {
+                            if let Some(seg) = plane.get(row * iw + c0..row * iw + c1) {
+                                sum += seg.iter().map(|&v| f64::from(v)).sum::<f64>();
+                            }
+                        }
+                        let div = if count_include_pad {
+                            rc * cc
+                        } else {
+                            (r1 - r0) * (c1 - c0)
+                        };
+                        if div == 0 { f32::NAN } else { (sum / div as f64) as f32 }
+                    }
+                    PoolKind::Lp { .. } => f32::NAN,
+                };
+                y.push(v);
+            }
+        }
+    }
+    y
+}
+
 impl Pool {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let x = args.tensor(0)?;
@@ -103,6 +169,33 @@ impl Pool {
             tables.push(t);
         }
         let planes = xs[0] * xs[1];
+        let fast_kind = match self.kind {
+            PoolKind::Max { .. } => !args.output_wanted(1),
+            PoolKind::Average { .. } => true,
+            PoolKind::Lp { .. } => false,
+        };
+        if let (Ok(xv), true, 2, true) = (x.as_slice::<f32>(), fast_kind, n, dil.iter().all(|&d| d == 1)) {
+            let geo: Vec<(usize, usize, usize, usize, usize)> = (0..2)
+                .map(|i| {
+                    let g = window_geom(
+                        spatial[i],
+                        self.kernel_shape[i],
+                        strides[i],
+                        1,
+                        pads[i],
+                        pads[i + n],
+                        self.auto_pad,
+                        self.ceil_mode,
+                    )?;
+                    Ok((spatial[i], self.kernel_shape[i], strides[i], g.pad_begin, g.pad_end))
+                })
+                .collect::<Result<_>>()?;
+            let mut yshape = xs[..2].to_vec();
+            yshape.extend(&out);
+            numel(&yshape)?;
+            let y = pool2d_f32(self.kind, xv, planes, [geo[0], geo[1]], [out[0], out[1]]);
+            return Ok(vec![Value::Tensor(Tensor::from_vec(yshape, y)?)]);
+        }
         let isz = numel(spatial)?;
         let osz = numel(&out)?;
         let mut yshape = xs[..2].to_vec();
@@ -467,5 +560,66 @@ mod tests {
             y[0].as_tensor().unwrap().as_slice::<f32>().unwrap(),
             &[1., 2., 1., 2., 4., 2., 1., 2., 1.]
         );
+    }
+
+    /// The 2-D f32 path (MaxPool without Indices, AveragePool) against the general one (MaxPool
+    /// with Indices wanted; AveragePool on f64) over pads, strides, ceil_mode and kernels.
+    #[test]
+    fn fast_2d_path_matches_general_path() {
+        let (h, w) = (7usize, 6usize);
+        let vals: Vec<f32> = (0..2 * h * w).map(|i| ((i * 37 % 23) as f32 - 11.0) / 3.0).collect();
+        let x32 = Tensor::from_vec(vec![1, 2, h, w], vals.clone()).unwrap();
+        let x64 = Tensor::from_vec(vec![1, 2, h, w], vals.iter().map(|&v| f64::from(v)).collect::<Vec<_>>()).unwrap();
+        let mut cases = 0;
+        for (kh, kw) in [(1, 1), (2, 3), (3, 3)] {
+            for stride in [1usize, 2, 3] {
+                for pad in [0usize, 1, 2] {
+                    if pad >= kh.max(kw) {
+                        continue;
+                    }
+                    for ceil_mode in [false, true] {
+                        let mut p = pool(PoolKind::Max { storage_order: false });
+                        p.kernel_shape = vec![kh, kw];
+                        p.strides = vec![stride, stride];
+                        p.pads = vec![pad, 0, 0, pad];
+                        p.ceil_mode = ceil_mode;
+                        let xv = Value::Tensor(x32.clone());
+                        let ins = [Some(&xv)];
+                        let general = p.eval(&Args::new(&ins)).unwrap();
+                        let fast = p.eval(&Args::new(&ins).with_wanted(1)).unwrap();
+                        assert_eq!(general.len(), 2);
+                        assert_eq!(fast.len(), 1);
+                        let (f, g) = (fast[0].as_tensor().unwrap(), general[0].as_tensor().unwrap());
+                        assert_eq!(f.shape(), g.shape());
+                        let bits = |t: &Tensor| {
+                            t.as_slice::<f32>()
+                                .unwrap()
+                                .iter()
+                                .map(|v| v.to_bits())
+                                .collect::<Vec<_>>()
+                        };
+                        assert_eq!(bits(f), bits(g), "max {kh}x{kw} s{stride} p{pad} ceil {ceil_mode}");
+                        for include in [false, true] {
+                            p.kind = PoolKind::Average {
+                                count_include_pad: include,
+                            };
+                            let f = run(&p, x32.clone());
+                            let g = run(&p, x64.clone());
+                            let (f, g) = (f[0].as_tensor().unwrap(), g[0].as_tensor().unwrap());
+                            assert_eq!(f.shape(), g.shape());
+                            for (a, b) in f.to_f64_vec().iter().zip(g.to_f64_vec()) {
+                                assert!(
+                                    (a - b).abs() <= 1e-6 * (1.0 + b.abs()) || (a.is_nan() && b.is_nan()),
+                                    "avg {a} vs {b}"
+                                );
+                            }
+                            cases += 1;
+                        }
+                        p.kind = PoolKind::Max { storage_order: false };
+                    }
+                }
+            }
+        }
+        assert!(cases > 60, "{cases}");
     }
 }

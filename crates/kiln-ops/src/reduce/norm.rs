@@ -51,12 +51,49 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
+    /// The f32 path with the vectorised row kernel, when X is f32 and Scale (and B, if given)
+    /// are f32 with exactly the normalised dims (no broadcasting within a row); `None` otherwise.
+    fn eval_f32_rows(&self, args: &Args<'_>, rows: usize, cols: usize, axis: usize) -> Result<Option<Vec<Value>>> {
+        let x = args.tensor(0)?;
+        let shape = x.shape();
+        let scale = args.tensor(1)?;
+        let bias = args.opt_tensor(2)?;
+        let row_shape = shape.get(axis..).unwrap_or(&[]);
+        let fits = |t: &kiln_tensor::Tensor| t.dtype() == DType::F32 && t.shape() == row_shape;
+        let (Some(xs), Some(ss)) = (x.as_slice::<f32>().ok(), scale.as_slice::<f32>().ok()) else {
+            return Ok(None);
+        };
+        if cols == 0 || !fits(scale) || bias.is_some_and(|b| !fits(b)) || self.stash_type != DType::F32 {
+            return Ok(None);
+        }
+        let bs = bias.and_then(|b| b.as_slice::<f32>().ok());
+        let mut y = vec![0.0f32; xs.len()];
+        let mut means = Vec::with_capacity(rows);
+        let mut invs = Vec::with_capacity(rows);
+        let eps = f64::from(self.epsilon);
+        for (xr, yr) in xs.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
+            let (m, k) = kiln_kernels::vector::layer_norm_row(xr, yr, ss, bs, eps);
+            means.push(m as f32);
+            invs.push(k as f32);
+        }
+        let mut stat_shape = shape.get(..axis).unwrap_or(&[]).to_vec();
+        stat_shape.resize(shape.len(), 1);
+        Ok(Some(vec![
+            kiln_tensor::Tensor::from_vec(shape.to_vec(), y)?.into(),
+            kiln_tensor::Tensor::from_vec(stat_shape.clone(), means)?.into(),
+            kiln_tensor::Tensor::from_vec(stat_shape, invs)?.into(),
+        ]))
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let x = args.tensor(0)?;
-        let v = floats(x, 0)?;
         let shape = x.shape();
         let axis = util::norm_axis(self.axis, shape.len())?;
         let (rows, cols) = common::split_2d(shape, axis);
+        if let Some(out) = self.eval_f32_rows(args, rows, cols, axis)? {
+            return Ok(out);
+        }
+        let v = floats(x, 0)?;
         let scale = broadcast_param(args, 1, shape)?.ok_or(OpError::MissingInput { index: 1 })?;
         let bias = broadcast_param(args, 2, shape)?;
         let stats = row_stats(&v, rows, cols);
@@ -114,10 +151,10 @@ pub struct RmsNorm {
 impl RmsNorm {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let x = args.tensor(0)?;
-        let v = floats(x, 0)?;
         let shape = x.shape();
         let axis = util::norm_axis(self.axis, shape.len())?;
         let (rows, cols) = common::split_2d(shape, axis);
+        let v = floats(x, 0)?;
         let scale = broadcast_param(args, 1, shape)?.ok_or(OpError::MissingInput { index: 1 })?;
         let eps = self.epsilon as f64;
         let inv: Vec<f64> = (0..rows)

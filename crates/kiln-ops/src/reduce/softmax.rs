@@ -8,6 +8,7 @@ use super::common::{self, floats, from_f64};
 use crate::error::Result;
 use crate::util;
 use crate::value::{Args, InferInput, Value, ValueType};
+use kiln_tensor::Tensor;
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum SoftmaxKind {
@@ -61,6 +62,21 @@ pub(crate) fn softmax_lane(kind: SoftmaxKind, lane: &[f64], out: &mut [f64]) {
     }
 }
 
+/// Softmax or LogSoftmax of f32 rows of `n > 0` contiguous values, with the vectorised row
+/// kernels (exponentials within a few ulp of the f64 path; sums in f32).
+fn softmax_rows_f32(kind: SoftmaxKind, xs: &[f32], n: usize) -> Vec<f32> {
+    let isa = kiln_kernels::isa::active();
+    let mut out = xs.to_vec();
+    let mut scratch = Vec::new();
+    for row in out.chunks_exact_mut(n) {
+        match kind {
+            SoftmaxKind::LogSoftmax => kiln_kernels::vector::log_softmax_row_with(isa, row, &mut scratch),
+            _ => kiln_kernels::vector::softmax_row_with(isa, row),
+        }
+    }
+    out
+}
+
 impl Softmax {
     pub fn name(&self) -> &'static str {
         match self.kind {
@@ -72,7 +88,6 @@ impl Softmax {
 
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let x = args.tensor(0)?;
-        let v = floats(x, 0)?;
         let shape = x.shape();
         let (outer, n, inner) = if self.coerce_2d {
             let axis = common::norm_axis_incl(self.axis, shape.len())?;
@@ -82,6 +97,17 @@ impl Softmax {
             let axis = util::norm_axis(self.axis, shape.len())?;
             common::split_axis(shape, axis)
         };
+        if let (Some(xs), 1, true, false) = (
+            x.as_slice::<f32>().ok(),
+            inner,
+            n > 0,
+            self.kind == SoftmaxKind::Hardmax,
+        ) {
+            return Ok(vec![
+                Tensor::from_vec(shape.to_vec(), softmax_rows_f32(self.kind, xs, n))?.into(),
+            ]);
+        }
+        let v = floats(x, 0)?;
         let mut out = vec![0.0f64; v.len()];
         let mut lane = vec![0.0f64; n];
         let mut res = vec![0.0f64; n];

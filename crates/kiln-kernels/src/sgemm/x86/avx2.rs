@@ -123,6 +123,23 @@ fn scale_pow2(y: V, n: V) -> V {
     _mm256_mul_ps(_mm256_mul_ps(y, p1), p2)
 }
 
+/// Floats per vector.
+const LANES: usize = 8;
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn load_arr(a: &[f32; LANES]) -> V {
+    // SAFETY: the array holds LANES readable floats.
+    unsafe { _mm256_loadu_ps(a.as_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn store_arr(a: &mut [f32; LANES], v: V) {
+    // SAFETY: the array holds LANES writable floats.
+    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) }
+}
+
 simd_math!("avx2,fma");
 
 /// # Safety
@@ -208,13 +225,6 @@ unsafe fn tile<const R: usize>(
 
 static TILES: [TileFn; MR] = [tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>];
 
-/// Loads 8 floats from a local array.
-#[target_feature(enable = "avx2,fma")]
-fn load8(s: &[f32; 8]) -> V {
-    // SAFETY: the array holds 8 readable floats.
-    unsafe { _mm256_loadu_ps(s.as_ptr()) }
-}
-
 #[target_feature(enable = "avx2,fma")]
 fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f32]>, a: Option<Act>) {
     // Callers pass slices of `row`'s length; the minimum keeps every access inside all three.
@@ -243,9 +253,9 @@ fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f3
             t[..w].copy_from_slice(&s[j..]);
             t
         };
-        let cbv = cb.map(|s| load8(&chunk(s)));
-        let rv = r.map(|s| load8(&chunk(s)));
-        let v = epi_vec(load8(&chunk(row)), rbv, cbv, rv, a);
+        let cbv = cb.map(|s| load_arr(&chunk(s)));
+        let rv = r.map(|s| load_arr(&chunk(s)));
+        let v = epi_vec(load_arr(&chunk(row)), rbv, cbv, rv, a);
         let mut out = [0.0f32; 8];
         // SAFETY: `out` holds 8 writable floats.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
@@ -273,4 +283,10 @@ pub(crate) fn kernels() -> Kernels {
         fused: true,
         epi,
     }
+}
+
+/// `row[i] = e^(row[i] - shift)`; returns the sum. Only for a CPU with this level.
+pub(crate) fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
+    // SAFETY: `crate::vector` calls this only for `Isa::Avx2Fma` or `Isa::Avx512`, after `is_supported()` (CPUID says AVX2 and FMA are present).
+    unsafe { exp_shift_sum_impl(row, shift) }
 }

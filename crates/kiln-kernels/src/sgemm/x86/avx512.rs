@@ -118,6 +118,23 @@ fn scale_pow2(y: V, n: V) -> V {
     _mm512_scalef_ps(y, n)
 }
 
+/// Floats per vector.
+const LANES: usize = 16;
+
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn load_arr(a: &[f32; LANES]) -> V {
+    // SAFETY: the array holds LANES readable floats.
+    unsafe { _mm512_loadu_ps(a.as_ptr()) }
+}
+
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn store_arr(a: &mut [f32; LANES], v: V) {
+    // SAFETY: the array holds LANES writable floats.
+    unsafe { _mm512_storeu_ps(a.as_mut_ptr(), v) }
+}
+
 simd_math!("avx512f,avx512vl,avx2,fma");
 
 /// Lane mask of the first `n` (clamped to 16) lanes.
@@ -327,4 +344,10 @@ pub(crate) fn kernels() -> Kernels {
         fused: true,
         epi,
     }
+}
+
+/// `row[i] = e^(row[i] - shift)`; returns the sum. Only for a CPU with this level.
+pub(crate) fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
+    // SAFETY: `crate::vector` calls this only for `Isa::Avx512`, after `is_supported()` (CPUID says AVX-512 F + VL, AVX2 and FMA are present).
+    unsafe { exp_shift_sum_impl(row, shift) }
 }

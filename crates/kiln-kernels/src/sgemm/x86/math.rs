@@ -118,6 +118,35 @@ macro_rules! simd_math {
             }
         }
 
+        /// `row[i] = e^(row[i] - shift)` for every element; returns their sum (in `LANES`
+        /// partial sums, then added in lane order). The tail runs through a local array
+        /// padded with -inf, whose exponentials are 0.
+        #[target_feature(enable = $feat)]
+        fn exp_shift_sum_impl(row: &mut [f32], shift: f32) -> f32 {
+            let s = splat(shift);
+            let mut acc = zero();
+            let mut chunks = row.chunks_exact_mut(LANES);
+            for c in &mut chunks {
+                if let Ok(a) = <&mut [f32; LANES]>::try_from(c) {
+                    let e = exp(sub(load_arr(a), s));
+                    store_arr(a, e);
+                    acc = add(acc, e);
+                }
+            }
+            let rem = chunks.into_remainder();
+            if !rem.is_empty() {
+                let mut t = [f32::NEG_INFINITY; LANES];
+                t.iter_mut().zip(rem.iter()).for_each(|(d, &x)| *d = x);
+                let e = exp(sub(load_arr(&t), s));
+                store_arr(&mut t, e);
+                rem.iter_mut().zip(t.iter()).for_each(|(d, &x)| *d = x);
+                acc = add(acc, e);
+            }
+            let mut lanes = [0.0f32; LANES];
+            store_arr(&mut lanes, acc);
+            lanes.iter().sum()
+        }
+
         /// `acc + row_bias + col_bias + resid`, then the activation, on one vector.
         #[target_feature(enable = $feat)]
         fn epi_vec(mut v: V, rb: Option<V>, cb: Option<V>, r: Option<V>, a: Option<Act>) -> V {

@@ -1,0 +1,142 @@
+//! Row kernels of the memory-bound ops: softmax over contiguous rows and the reductions that
+//! layer normalisation needs. Each SIMD path has a portable twin that the property tests
+//! (`tests/vector_props.rs`) hold it against.
+//!
+//! Only the exponential needs hand-written SIMD (the shared polynomial of `sgemm::x86::math`,
+//! ~1 ulp); the max, the sums and the scaling are plain loops over lane arrays, which the
+//! compiler vectorises for the baseline target.
+
+use crate::isa::{self, Isa};
+
+/// Lane count of the portable partial sums and maxima: as wide as an AVX-512 vector, so
+/// the compiler can keep them in registers at any level.
+const W: usize = 16;
+
+/// The largest element of `v` (NaNs skipped; -inf for an empty or all-NaN slice).
+pub fn max(v: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; W];
+    let mut chunks = v.chunks_exact(W);
+    for c in &mut chunks {
+        for (a, &x) in m.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    for (a, &x) in m.iter_mut().zip(chunks.remainder()) {
+        *a = if x > *a { x } else { *a };
+    }
+    m.into_iter().fold(f32::NEG_INFINITY, |a, x| if x > a { x } else { a })
+}
+
+/// The sum of `v` in f64 (16 partial sums, then added in order).
+pub fn sum_f64(v: &[f32]) -> f64 {
+    let mut s = [0.0f64; W];
+    let mut chunks = v.chunks_exact(W);
+    for c in &mut chunks {
+        for (a, &x) in s.iter_mut().zip(c) {
+            *a += f64::from(x);
+        }
+    }
+    for (a, &x) in s.iter_mut().zip(chunks.remainder()) {
+        *a += f64::from(x);
+    }
+    s.iter().sum()
+}
+
+/// `sum (v[i] - mean)^2` in f64 (16 partial sums).
+pub fn sq_dev_sum_f64(v: &[f32], mean: f64) -> f64 {
+    let mut s = [0.0f64; W];
+    let mut chunks = v.chunks_exact(W);
+    for c in &mut chunks {
+        for (a, &x) in s.iter_mut().zip(c) {
+            let d = f64::from(x) - mean;
+            *a += d * d;
+        }
+    }
+    for (a, &x) in s.iter_mut().zip(chunks.remainder()) {
+        let d = f64::from(x) - mean;
+        *a += d * d;
+    }
+    s.iter().sum()
+}
+
+/// `row[i] = e^(row[i] - shift)`; returns the sum of the results.
+pub fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
+    exp_shift_sum_with(isa::active(), row, shift)
+}
+
+/// [`exp_shift_sum`] on a given level (a level this CPU lacks runs the portable code).
+pub fn exp_shift_sum_with(isa: Isa, row: &mut [f32], shift: f32) -> f32 {
+    let isa = if isa.is_supported() { isa } else { Isa::Portable };
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::sgemm::x86::{avx2, avx512};
+        match isa {
+            Isa::Avx512 => return avx512::exp_shift_sum(row, shift),
+            Isa::Avx2Fma => return avx2::exp_shift_sum(row, shift),
+            Isa::Portable => {}
+        }
+    }
+    let _ = isa;
+    let mut s = [0.0f32; W];
+    let mut chunks = row.chunks_exact_mut(W);
+    for c in &mut chunks {
+        for (a, x) in s.iter_mut().zip(c) {
+            *x = (*x - shift).exp();
+            *a += *x;
+        }
+    }
+    for (a, x) in s.iter_mut().zip(chunks.into_remainder()) {
+        *x = (*x - shift).exp();
+        *a += *x;
+    }
+    s.iter().sum()
+}
+
+/// Softmax of one contiguous row in place: `e^(x - max) / sum`. A row whose maximum is
+/// infinite is shifted by 0 (as the reference op), so +inf gives NaN and an all -inf row NaN.
+pub fn softmax_row(row: &mut [f32]) {
+    softmax_row_with(isa::active(), row);
+}
+
+/// [`softmax_row`] on a given level.
+pub fn softmax_row_with(isa: Isa, row: &mut [f32]) {
+    let m = max(row);
+    let shift = if m.is_finite() { m } else { 0.0 };
+    let sum = exp_shift_sum_with(isa, row, shift);
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// LogSoftmax of one contiguous row in place: `x - max - ln(sum e^(x - max))`.
+pub fn log_softmax_row_with(isa: Isa, row: &mut [f32], scratch: &mut Vec<f32>) {
+    let m = max(row);
+    let shift = if m.is_finite() { m } else { 0.0 };
+    scratch.clear();
+    scratch.extend_from_slice(row);
+    let lse = shift + exp_shift_sum_with(isa, scratch, shift).ln();
+    row.iter_mut().for_each(|x| *x -= lse);
+}
+
+/// Layer normalisation of one contiguous row: `y = (x - mean) / sqrt(var + eps) * scale
+/// (+ bias)`, statistics in f64 (two passes, population variance). `scale` and `bias`
+/// have the row's length (shorter ones shorten the output). Returns `(mean, 1/sqrt(var+eps))`.
+pub fn layer_norm_row(x: &[f32], y: &mut [f32], scale: &[f32], bias: Option<&[f32]>, eps: f64) -> (f64, f64) {
+    let n = x.len().max(1) as f64;
+    let mean = sum_f64(x) / n;
+    let var = sq_dev_sum_f64(x, mean) / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    let (m, k) = (mean as f32, inv as f32);
+    match bias {
+        Some(b) => {
+            for (((o, &v), &s), &c) in y.iter_mut().zip(x).zip(scale).zip(b) {
+                *o = (v - m) * k * s + c;
+            }
+        }
+        None => {
+            for ((o, &v), &s) in y.iter_mut().zip(x).zip(scale) {
+                *o = (v - m) * k * s;
+            }
+        }
+    }
+    (mean, inv)
+}

@@ -1,0 +1,137 @@
+//! Property tests of the row kernels: every level the CPU has (the portable one always)
+//! against f64 oracles.
+//!
+//! Tolerances: the exponential is accepted within 4 ulp of the f64 value (the polynomial is
+//! within ~1; the input `x - shift` is rounded once more). A softmax element `e_i / S` with
+//! `S` summed in f32 over `n` terms is within `(4 + gamma_n / u + 2) ulp` relative of
+//! the exact ratio, so the test allows `(n + 8) u` relative plus `1e-30` absolute for results
+//! in the subnormal range. Layer normalisation computes statistics in f64 and rounds the
+//! mean and inverse deviation to f32 before three f32 operations: within `8 u (|y| + |z
+//! scale|)`, `z` the normalised value, whose cancellation `x - mean` the rounding of the
+//! mean can perturb.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use kiln_kernels::isa::Isa;
+use kiln_kernels::vector::{exp_shift_sum_with, layer_norm_row, log_softmax_row_with, max, softmax_row_with};
+use proptest::prelude::*;
+
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+fn levels() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+}
+
+fn row() -> impl Strategy<Value = Vec<f32>> {
+    (0usize..70, any::<u64>(), 0.1f32..30.0).prop_map(|(n, seed, mag)| {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * mag
+            })
+            .collect()
+    })
+}
+
+fn softmax_f64(x: &[f32]) -> Vec<f64> {
+    let m = x.iter().map(|&v| f64::from(v)).fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = x.iter().map(|&v| (f64::from(v) - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
+}
+
+proptest! {
+    #[test]
+    fn max_matches_fold(x in row()) {
+        let want = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        prop_assert_eq!(max(&x), want);
+    }
+
+    #[test]
+    fn exp_sum_every_level(x in row(), shift in -5.0f32..5.0) {
+        for isa in levels() {
+            let mut r = x.clone();
+            let sum = exp_shift_sum_with(isa, &mut r, shift);
+            let mut want_sum = 0.0f64;
+            for (&got, &v) in r.iter().zip(&x) {
+                let want = (f64::from(v) - f64::from(shift)).exp();
+                want_sum += want;
+                let tol = 4.0 * U * want * (1.0 + (f64::from(v) - f64::from(shift)).abs()) + 1e-30;
+                prop_assert!((f64::from(got) - want).abs() <= tol, "{isa:?}: e^({v} - {shift}) = {got}, want {want}");
+            }
+            let tol = (x.len() as f64 + 8.0) * U * want_sum * 4.0 + 1e-30;
+            prop_assert!((f64::from(sum) - want_sum).abs() <= tol, "{isa:?}: sum {sum}, want {want_sum}");
+        }
+    }
+
+    #[test]
+    fn softmax_every_level(x in row()) {
+        let want = softmax_f64(&x);
+        for isa in levels() {
+            let mut r = x.clone();
+            softmax_row_with(isa, &mut r);
+            let n = x.len() as f64;
+            for (i, (&got, &w)) in r.iter().zip(&want).enumerate() {
+                let tol = (n + 8.0) * U * w * (1.0 + f64::from(x[i].abs())) + 1e-30;
+                prop_assert!((f64::from(got) - w).abs() <= tol, "{isa:?} [{i}]: {got} vs {w}");
+            }
+            let mut l = x.clone();
+            let mut scratch = Vec::new();
+            log_softmax_row_with(isa, &mut l, &mut scratch);
+            for (i, (&got, &w)) in l.iter().zip(&want).enumerate() {
+                let w = w.ln();
+                let tol = (n + 8.0) * U * (1.0 + w.abs() + f64::from(x[i].abs()));
+                prop_assert!((f64::from(got) - w).abs() <= tol, "{isa:?} log [{i}]: {got} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_matches_f64(x in row(), seed in any::<u32>(), with_bias in any::<bool>()) {
+        let n = x.len();
+        let scale: Vec<f32> = (0..n).map(|i| 0.5 + ((i as u32 ^ seed) % 7) as f32 / 4.0).collect();
+        let bias: Vec<f32> = (0..n).map(|i| ((i as u32).wrapping_mul(seed) % 5) as f32 - 2.0).collect();
+        let mut y = vec![0.0f32; n];
+        let eps = 1e-5;
+        let (mean, inv) = layer_norm_row(&x, &mut y, &scale, with_bias.then_some(&bias[..]), eps);
+        if n == 0 {
+            return Ok(());
+        }
+        let m = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
+        let var = x.iter().map(|&v| (f64::from(v) - m).powi(2)).sum::<f64>() / n as f64;
+        let k = 1.0 / (var + eps).sqrt();
+        prop_assert!((mean - m).abs() <= 1e-12 * (1.0 + m.abs()));
+        prop_assert!((inv - k).abs() <= 1e-12 * k);
+        for i in 0..n {
+            let z = (f64::from(x[i]) - m) * k;
+            let b = if with_bias { f64::from(bias[i]) } else { 0.0 };
+            let want = z * f64::from(scale[i]) + b;
+            let tol = 8.0 * U * (want.abs() + (z * f64::from(scale[i])).abs() + k * f64::from(x[i].abs()) * f64::from(scale[i]));
+            prop_assert!((f64::from(y[i]) - want).abs() <= tol + 1e-30, "[{i}]: {} vs {want}", y[i]);
+        }
+    }
+}
+
+#[test]
+fn softmax_special_rows() {
+    for isa in levels() {
+        let mut r = vec![f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY];
+        softmax_row_with(isa, &mut r);
+        assert_eq!(r, vec![0.0, 1.0, 0.0], "{isa:?}");
+        let mut r = vec![1.0, f32::NAN, 2.0];
+        softmax_row_with(isa, &mut r);
+        assert!(r.iter().all(|v| v.is_nan()), "{isa:?}: {r:?}");
+        let mut r: Vec<f32> = vec![];
+        softmax_row_with(isa, &mut r);
+        // A row of 40 equal values: exactly 1/40 each.
+        let mut r = vec![3.5f32; 40];
+        softmax_row_with(isa, &mut r);
+        assert!(
+            r.iter().all(|&v| (v - 0.025).abs() <= 0.025 * 4.0 * U as f32),
+            "{isa:?}: {r:?}"
+        );
+    }
+}
