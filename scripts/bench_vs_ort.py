@@ -7,8 +7,8 @@ alternate (A B A B): kiln runs `kiln bench PROGRAM -n K --json` (its own warm-up
 inferences; the round's sample is their median) and ORT times K runs of the same inputs after a
 warm-up run (the round's sample is their median). The figure per runtime is the median of the R
 round samples (R x K >= 20 runs each by default). ORT uses ORT_ENABLE_ALL and
-intra_op_num_threads = T; kiln gets num_of_cores = T (it runs single-threaded until its thread
-pool lands, and says so in a warning). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
+intra_op_num_threads = T; kiln gets num_of_cores = T (its own pool: the caller plus T - 1
+workers). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
 are random. FLOPs = 2 x the MACs `kiln info` reports.
 
 usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--threads 1,2] [--rounds 5]
@@ -112,7 +112,7 @@ def main():
         rs = [r for _, tt, _, _, r, _ in rows if tt == t]
         if rs:
             print(f"geometric mean kiln/ORT, {t} thread(s): {statistics.geometric_mean(rs):.2f}")
-    print(f"(median of {a.rounds} rounds x {a.per_round} runs, interleaved; kiln runs single-threaded for now; "
+    print(f"(median of {a.rounds} rounds x {a.per_round} runs, interleaved; "
           "shared, noisy machine)")
     return 0
 

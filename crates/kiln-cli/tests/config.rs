@@ -45,7 +45,8 @@ fn list_json_has_every_option_with_aliases_and_status() {
     assert_eq!(o["allowed"], "0..=3");
     assert!(o["aliases"].as_array().is_some_and(|a| a.contains(&Value::from("O"))));
     let n = find("num_of_cores");
-    assert_eq!(n["status"], "not_yet_implemented_warning");
+    assert_eq!(n["status"], "implemented");
+    assert_eq!(find("perf_warnings")["status"], "not_yet_implemented_warning");
     assert!(
         n["aliases"]
             .as_array()
@@ -79,7 +80,7 @@ fn show_prints_values_and_where_they_came_from() {
     let f = write(
         dir.path(),
         "options.yaml",
-        "aic_num_cores: 4\nnum_activations: 1\nconvert_to_fp16: true\nonnx_define_symbol:\n  batch: 1\noutput_dir: './resnet_qpc'\n",
+        "aic_num_cores: 4\nnum_activations: 1\nconvert_to_fp16: true\nonnx_define_symbol:\n  batch: 1\noutput_dir: './resnet_qpc'\naic_perf_warnings: true\n",
     );
     let o = kiln(&[
         "config",
@@ -107,7 +108,8 @@ fn show_prints_values_and_where_they_came_from() {
     assert!(line("onnx_define_symbol").contains(r#"{"batch":1,"seq":128}"#), "{out}");
     assert!(line("enable_profiling").contains("default"), "{out}");
     let err = stderr(&o);
-    assert!(err.contains("warning: num_of_cores is not yet implemented"), "{err}");
+    assert!(err.contains("warning: perf_warnings is not yet implemented"), "{err}");
+    assert!(!err.contains("num_of_cores is not yet implemented"), "{err}");
     assert!(
         err.contains("note: compile and run would refuse this configuration"),
         "{err}"

@@ -8,7 +8,7 @@
 //! verifies after every pass; a failure names the pass.
 
 use crate::CompileError;
-use crate::passes::{attention, bn, cse, dce, fold, fuse_act, identity, matmul_add, patterns, shape};
+use crate::passes::{attention, bn, cse, dce, fold, fuse_act, identity, matmul_add, patterns, residual, shape};
 use kiln_ir::Graph;
 
 /// What one pass did.
@@ -101,6 +101,13 @@ const PIPELINE: &[Pass] = &[
         name: "matmul_add",
         level: 2,
         run: matmul_add::run,
+    },
+    // A residual Add into the Conv before activation fusion: the block's Relu follows the Add,
+    // and must fuse onto the Conv after the residual is in it (act(conv + bias + residual)).
+    Pass {
+        name: "residual",
+        level: 2,
+        run: residual::run,
     },
     // Last rewrite: every producer is in its final form, and its epilogue applies after bias.
     Pass {

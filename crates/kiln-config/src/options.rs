@@ -737,8 +737,8 @@ section! {
 section! {
     /// Options of a session running a program.
     pub struct RuntimeConfig in Runtime {
-        num_of_cores: u32 = 1, POSITIVE, nyi_warn("kiln runs single-threaded until its thread pool lands; results are the same"), [aic("num_of_cores"), qaic("aic_num_cores"), graph("num_cores")],
-            "Compute threads (AIC: NSP cores).";
+        num_of_cores: u32 = 1, POSITIVE, IMPLEMENTED, [aic("num_of_cores"), qaic("aic_num_cores"), graph("num_cores")],
+            "Compute threads of a session (AIC: NSP cores): the caller plus num_of_cores - 1 workers, which spin only during a run.";
         enable_profiling: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_profiling")],
             "Profile each run (per-step times); exclusive with enable_metrics.";
         enable_metrics: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_metrics")],

@@ -192,11 +192,15 @@ fn qaic_options_yaml_example_loads() {
         other => panic!("{other:?}"),
     }
     assert_eq!(c.source("optimization_type"), Source::Default);
+    // num_of_cores is implemented (the thread pool): nothing to warn about here.
     let w = c.warnings();
+    assert!(w.is_empty(), "{w:?}");
+    let perf = load("aic_perf_warnings: true\n", "options.yaml");
+    let w = perf.warnings();
     assert_eq!(w.len(), 1, "{w:?}");
     assert_eq!(
         (w[0].kind, w[0].option.as_str()),
-        (WarningKind::NotYetImplemented, "num_of_cores")
+        (WarningKind::NotYetImplemented, "perf_warnings")
     );
     // fp16 is refused where it would change results, naming the option and where it was set.
     let e = c.check().err().map(|e| e.to_string()).unwrap_or_default();

@@ -205,3 +205,98 @@ mod tests {
         assert_eq!(y, x);
     }
 }
+
+/// A 2-D convolution's geometry for [`im2col_panel_2d`]: `c` input channels of `ih x iw`, a
+/// `kh x kw` window with strides, dilations and leading pads, over an `oh x ow` output grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2d {
+    pub c: usize,
+    pub ih: usize,
+    pub iw: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub sh: usize,
+    pub sw: usize,
+    pub dh: usize,
+    pub dw: usize,
+    pub ph: usize,
+    pub pw: usize,
+    pub oh: usize,
+    pub ow: usize,
+}
+
+impl Conv2d {
+    /// Rows of the im2col matrix (`c * kh * kw`).
+    pub fn k(&self) -> usize {
+        self.c * self.kh * self.kw
+    }
+    /// Columns of the im2col matrix (`oh * ow`).
+    pub fn n(&self) -> usize {
+        self.oh * self.ow
+    }
+}
+
+/// Writes panel `q` of the im2col matrix of `x` (`c x ih x iw`, row-major) packed as the f32
+/// GEMM's B operand (`sgemm::BLayout` of width `nr`): columns `q*nr .. q*nr + nr` (output
+/// positions), for each of the `k()` rows (channel, window row, window column) `nr`
+/// consecutive floats, zero past the last column and in the padding. `panel` must hold
+/// `k() * nr` floats; returns false (writing nothing useful) when it or `x` is too short.
+///
+/// The im2col matrix never exists whole: each panel is built from runs of consecutive output
+/// columns in one output row, copied as slices when the stride is 1.
+pub fn im2col_panel_2d(g: &Conv2d, x: &[f32], nr: usize, q: usize, panel: &mut [f32]) -> bool {
+    let n = g.n();
+    let j0 = q * nr;
+    if panel.len() < g.k() * nr || x.len() < g.c * g.ih * g.iw || j0 >= n.max(1) || g.ow == 0 {
+        return false;
+    }
+    let w = nr.min(n - j0);
+    // Runs of columns within one output row: (offset in the panel, length, output row,
+    // first output column).
+    let mut runs: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(4);
+    let mut j = j0;
+    while j < j0 + w {
+        let (r, c0) = (j / g.ow, j % g.ow);
+        let len = (g.ow - c0).min(j0 + w - j);
+        runs.push((j - j0, len, r, c0));
+        j += len;
+    }
+    let (ih, iw) = (g.ih as isize, g.iw as isize);
+    let mut rows = panel.chunks_exact_mut(nr);
+    for ci in 0..g.c {
+        let plane = &x[ci * g.ih * g.iw..(ci + 1) * g.ih * g.iw];
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                let Some(row) = rows.next() else { return false };
+                row[w..].fill(0.0);
+                for &(s0, len, r, c0) in &runs {
+                    let dst = &mut row[s0..s0 + len];
+                    let y = (r * g.sh + ky * g.dh) as isize - g.ph as isize;
+                    if y < 0 || y >= ih {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[y as usize * g.iw..(y as usize + 1) * g.iw];
+                    let x0 = (c0 * g.sw + kx * g.dw) as isize - g.pw as isize;
+                    if g.sw == 1 {
+                        // Valid t: 0 <= x0 + t < iw.
+                        let lo = (-x0).clamp(0, len as isize) as usize;
+                        let hi = (iw - x0).clamp(lo as isize, len as isize) as usize;
+                        dst[..lo].fill(0.0);
+                        if hi > lo {
+                            let s = (x0 + lo as isize) as usize;
+                            dst[lo..hi].copy_from_slice(&src[s..s + (hi - lo)]);
+                        }
+                        dst[hi..].fill(0.0);
+                    } else {
+                        for (t, d) in dst.iter_mut().enumerate() {
+                            let xx = x0 + (t * g.sw) as isize;
+                            *d = if xx >= 0 && xx < iw { src[xx as usize] } else { 0.0 };
+                        }
+                    }
+                }
+            }
+        }
+    }
+    true
+}

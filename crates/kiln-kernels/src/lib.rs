@@ -7,6 +7,8 @@
 //!   forced to portable with `KILN_KERNELS=reference`;
 //! - `sgemm`: the f32 GEMM with our own microkernels over prepacked B panels and a fused
 //!   epilogue (bias, residual, activation), one kernel set per `isa` level;
+//! - `pool`: the compute thread pool (`parallel_for` over the current pool; workers spin
+//!   only while a run is active);
 //! - `vector`: row kernels of memory-bound ops (softmax, layer-norm statistics).
 //!
 //! This is the only crate with `unsafe` and intrinsics; every SIMD function is
@@ -15,5 +17,6 @@
 pub mod conv;
 pub mod gemm;
 pub mod isa;
+pub mod pool;
 pub mod sgemm;
 pub mod vector;

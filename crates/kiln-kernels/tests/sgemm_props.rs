@@ -379,3 +379,96 @@ fn packed_bytes_round_trip_into_sgemm() {
         }
     }
 }
+
+/// Problems big enough to be split over threads (by rows, in whole tiles, with the row bias
+/// and residual following their rows), run under 2- and 3-thread pools.
+#[test]
+fn split_over_threads_matches_oracle() {
+    for threads in [2, 3] {
+        let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap();
+        pool.install(|| {
+            for (i, &(m, n, k)) in [(17, 300, 200), (64, 100, 120), (97, 77, 513), (16, 1024, 40)]
+                .iter()
+                .enumerate()
+            {
+                for transposed in [false, true] {
+                    let p = Problem {
+                        m,
+                        n,
+                        k,
+                        transposed,
+                        lda_pad: 3,
+                        ldc_pad: 1,
+                        bias: (i % 3) as u8,
+                        residual: i % 2 == 0,
+                        act: Act::SAMPLES.get(i * 3).copied(),
+                        layout: BLayout::NR32,
+                        seed: (threads * 100 + i) as u64,
+                        wide: i == 1,
+                    };
+                    assert!(m * n * k >= 1 << 19, "{p:?} would not be split");
+                    if let Err(e) = check(&p) {
+                        panic!("{threads} threads, {p:?}: {e}");
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Packed im2col panels against the reference im2col followed by packing, over strides,
+/// dilations, pads and grids whose rows split panels anywhere.
+#[test]
+fn im2col_panels_match_reference_im2col_then_pack() {
+    use kiln_kernels::conv::{Conv2d, ConvGeometry, im2col, im2col_panel_2d};
+    use kiln_kernels::gemm::MatLayout;
+    let mut cases = 0;
+    for (c, ih, iw) in [(1, 5, 5), (3, 7, 9), (2, 1, 12)] {
+        for (kh, kw) in [(1, 1), (3, 3), (2, 5)] {
+            for (s, d, p) in [(1, 1, 0), (1, 1, 1), (2, 1, 1), (1, 2, 2), (3, 1, 2)] {
+                let span = |k: usize| (k - 1) * d + 1;
+                if ih + 2 * p < span(kh) || iw + 2 * p < span(kw) {
+                    continue;
+                }
+                let (oh, ow) = ((ih + 2 * p - span(kh)) / s + 1, (iw + 2 * p - span(kw)) / s + 1);
+                let g = Conv2d {
+                    c,
+                    ih,
+                    iw,
+                    kh,
+                    kw,
+                    sh: s,
+                    sw: s,
+                    dh: d,
+                    dw: d,
+                    ph: p,
+                    pw: p,
+                    oh,
+                    ow,
+                };
+                let x = data(c * ih * iw, (c * 100 + kh * 10 + s) as u64, false);
+                let geom = ConvGeometry {
+                    image: &[ih, iw],
+                    kernel: &[kh, kw],
+                    grid: &[oh, ow],
+                    strides: &[s, s],
+                    dilations: &[d, d],
+                    pad_begin: &[p, p],
+                };
+                let mut col = vec![0.0f32; g.k() * g.n()];
+                assert!(im2col(&geom, c, &x, &mut col));
+                for layout in [BLayout::NR16, BLayout::NR32] {
+                    let want = PackedB::pack(layout, g.k(), g.n(), &col, MatLayout::row_major(g.n())).unwrap();
+                    let nr = layout.nr();
+                    let mut got = vec![f32::NAN; layout.packed_len(g.k(), g.n()).unwrap()];
+                    for (q, panel) in got.chunks_exact_mut(g.k() * nr).enumerate() {
+                        assert!(im2col_panel_2d(&g, &x, nr, q, panel));
+                    }
+                    assert_eq!(got, want.view().data(), "{g:?} nr {nr}");
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert!(cases > 50, "{cases}");
+}

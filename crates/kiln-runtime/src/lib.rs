@@ -14,5 +14,8 @@ mod stack;
 
 pub use error::RuntimeError;
 pub use exec::{run, run_with};
+/// The compute thread pool a Session runs its programs on (kernels split over the pool
+/// installed on the running thread).
+pub use kiln_kernels::pool::ThreadPool;
 pub use profile::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};

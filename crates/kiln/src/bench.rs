@@ -260,9 +260,17 @@ impl Monitor {
 impl Session {
     /// Finishes a constructor: sets up metrics/profiling from the options and records the
     /// load time (from `started`).
-    pub(crate) fn observed(mut self, options: &SessionOptions, started: Instant) -> Session {
+    /// Also starts the compute threads the options ask for.
+    pub(crate) fn observed(mut self, options: &SessionOptions, started: Instant) -> Result<Session, Error> {
+        if options.threads > 1 {
+            let pool = kiln_runtime::ThreadPool::new(options.threads).map_err(|source| Error::Threads {
+                threads: options.threads,
+                source,
+            })?;
+            self.pool = Some(pool);
+        }
         self.monitor = Monitor::new(options, started.elapsed());
-        self
+        Ok(self)
     }
 
     /// How long opening the session took (import and compile, or mapping a program file).

@@ -25,6 +25,8 @@ pub enum Error {
     },
     #[error(transparent)]
     Write(#[from] kiln_runtime::file::FileError),
+    #[error("could not start {threads} compute threads: {source}")]
+    Threads { threads: usize, source: std::io::Error },
 }
 
 pub use kiln_runtime::file::Meta as ProgramMeta;
@@ -45,6 +47,9 @@ pub struct SessionOptions {
     pub enable_profiling: bool,
     /// The resolved configuration these options came from (stored in compiled programs).
     pub config: kiln_config::Config,
+    /// Compute threads of each run (qaic's `num_of_cores` / `aic_num_cores`): the calling
+    /// thread plus `threads - 1` pool workers. 0 and 1 both mean single-threaded.
+    pub threads: usize,
 }
 
 impl SessionOptions {
@@ -66,6 +71,7 @@ impl SessionOptions {
             enable_metrics: config.runtime.enable_metrics,
             enable_profiling: config.runtime.enable_profiling,
             config: config.clone(),
+            threads: usize::try_from(config.runtime.num_of_cores).unwrap_or(1),
         }
     }
 }
@@ -85,6 +91,8 @@ pub struct Session {
     pub(crate) monitor: crate::bench::Monitor,
     /// The program file's meta section, when opened from a `.kiln`.
     meta: Option<ProgramMeta>,
+    /// The compute threads (`None`: single-threaded).
+    pub(crate) pool: Option<kiln_runtime::ThreadPool>,
 }
 
 /// Imports an ONNX model (with symbol bindings applied) without compiling it.
@@ -175,10 +183,10 @@ impl Session {
                 path: path.display().to_string(),
                 source,
             })?;
-            return Ok(Session::with_program(file.program, Some(file.meta)).observed(options, started));
+            return Session::with_program(file.program, Some(file.meta)).observed(options, started);
         }
         let model = load_onnx(path, options)?;
-        Ok(Session::from_model(&model, options)?.observed(options, started))
+        Session::from_model(&model, options)?.observed(options, started)
     }
 
     /// The meta section of the program file this session was opened from, if any.
@@ -190,7 +198,7 @@ impl Session {
     pub fn from_model(model: &Model, options: &SessionOptions) -> Result<Session, Error> {
         let started = std::time::Instant::now();
         let compiled = kiln_compiler::compile(model.graph.clone(), &options.compile)?;
-        Ok(Session::with_program(compiled.program, None).observed(options, started))
+        Session::with_program(compiled.program, None).observed(options, started)
     }
 
     /// The one constructor every way of opening a session ends in.
@@ -199,6 +207,7 @@ impl Session {
             program,
             meta,
             monitor: crate::bench::Monitor::default(),
+            pool: None,
         }
     }
 
@@ -226,7 +235,19 @@ impl Session {
 
     /// Runs the model on named inputs; returns `(name, value)` for every output, in order.
     pub fn run(&self, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>, Error> {
-        self.monitor.run(&self.program, inputs)
+        match &self.pool {
+            None => self.monitor.run(&self.program, inputs),
+            Some(pool) => {
+                // Workers spin for this run's jobs, then go back to sleep.
+                let _active = pool.activate();
+                pool.install(|| self.monitor.run(&self.program, inputs))
+            }
+        }
+    }
+
+    /// Compute threads of each run (`num_of_cores`).
+    pub fn threads(&self) -> usize {
+        self.pool.as_ref().map_or(1, kiln_runtime::ThreadPool::threads)
     }
 }
 

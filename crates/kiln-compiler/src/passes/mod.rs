@@ -14,6 +14,7 @@ pub(crate) mod fuse_act;
 pub(crate) mod identity;
 pub(crate) mod matmul_add;
 pub(crate) mod patterns;
+pub(crate) mod residual;
 pub(crate) mod shape;
 
 #[cfg(test)]

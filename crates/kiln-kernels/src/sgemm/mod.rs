@@ -177,9 +177,49 @@ pub fn sgemm_with(
     }
     validate(m, &a, &b, c.len(), ldc, epilogue)?;
     let kernels = driver::Kernels::select(isa, b.layout());
-    driver::run(&kernels, m, &a, &b, c, ldc, epilogue);
+    let threads = crate::pool::current_threads();
+    let work = m.saturating_mul(b.n()).saturating_mul(b.k());
+    if threads < 2 || m < 2 * kernels.mr || work < PAR_MIN_WORK {
+        driver::run(&kernels, m, &a, &b, c, ldc, epilogue);
+        return Ok(());
+    }
+    // Split C by rows, in whole tiles, one block per thread: each block is a disjoint
+    // `&mut` chunk of C with the matching rows of A, the row bias and the residual; B is
+    // shared (read-only).
+    let tasks = threads.min(m / kernels.mr);
+    let rows_per = m.div_ceil(tasks).div_ceil(kernels.mr) * kernels.mr;
+    let chunk = rows_per.saturating_mul(ldc).max(1);
+    let blocks: Vec<std::sync::Mutex<&mut [f32]>> = c.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
+    crate::pool::parallel_for(blocks.len(), &|t| {
+        let i0 = t * rows_per;
+        let rows = rows_per.min(m.saturating_sub(i0));
+        let Some(block) = blocks.get(t) else { return };
+        let mut guard = block.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let a_off = if a.transposed { i0 } else { i0 * a.ld };
+        let sub_a = AMatrix {
+            data: a.data.get(a_off..).unwrap_or(&[]),
+            ..a
+        };
+        let sub_epi = Epilogue {
+            bias: match epilogue.bias {
+                Bias::Row(v) => Bias::Row(v.get(i0..).unwrap_or(&[])),
+                other => other,
+            },
+            residual: epilogue.residual.map(|r| Residual {
+                data: r.data.get(i0 * r.ld..).unwrap_or(&[]),
+                ld: r.ld,
+            }),
+            act: epilogue.act,
+        };
+        // The sub-problem satisfies `validate` because the whole did: its rows are a subset.
+        driver::run(&kernels, rows, &sub_a, &b, &mut guard, ldc, &sub_epi);
+    });
     Ok(())
 }
+
+/// Multiply-adds below which a GEMM runs on one thread (a fork-join costs about a
+/// microsecond; this is ~5 us of single-core work).
+const PAR_MIN_WORK: usize = 1 << 19;
 
 /// Applies an activation to every element with the kernels of the active level.
 pub fn act_slice(act: Act, v: &mut [f32]) {

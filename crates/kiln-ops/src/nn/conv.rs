@@ -17,6 +17,11 @@ use kiln_kernels::conv::{ConvGeometry, col2im_add, im2col};
 use kiln_kernels::gemm::{MatLayout, gemm};
 use kiln_tensor::Tensor;
 
+thread_local! {
+    /// The packed im2col panels of the f32 2-D path, reused across calls on a thread.
+    static PACKED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// `Conv`: attributes with defaults applied (empty lists mean "default for the rank").
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
 pub struct Conv {
@@ -94,7 +99,13 @@ impl Conv {
             .activation
             .filter(|_| x.dtype() == kiln_tensor::DType::F32)
             .map(|a| a.kernel_act());
+        if let Some(r) = args.opt_tensor(3)? {
+            return self.eval_residual(args, r, act);
+        }
         if let Some(y) = self.depthwise_f32(x, w, b, act)? {
+            return Ok(vec![y.into()]);
+        }
+        if let Some(y) = self.gemm2d_f32(x, w, b, act, None)? {
             return Ok(vec![y.into()]);
         }
         let (y, act_done) = float_dispatch!(x.dtype(), 0, conv_run(self, x, w, b, act))?;
@@ -102,6 +113,185 @@ impl Conv {
             return Ok(vec![y.into()]);
         }
         Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
+    }
+
+    /// `activation(conv(X, W, B) + R)`, R the residual input 3 that the compiler fuses in from
+    /// a following Add (same shape as the output). The f32 2-D path adds it in the GEMM's
+    /// epilogue; others add it after, with the Add op's own evaluation.
+    fn eval_residual(&self, args: &Args<'_>, r: &Tensor, act: Option<kiln_kernels::sgemm::Act>) -> Result<Vec<Value>> {
+        let (x, w, b) = (args.tensor(0)?, args.tensor(1)?, args.opt_tensor(2)?);
+        if let Some(y) = self.gemm2d_f32(x, w, b, act, Some(r))? {
+            return Ok(vec![y.into()]);
+        }
+        let plain = Conv {
+            activation: None,
+            ..self.clone()
+        };
+        let inputs = [args.value(0), args.value(1), args.value(2)];
+        let y = plain.eval(&Args::new(&inputs))?;
+        let y = match y.first() {
+            Some(Value::Tensor(t)) => t,
+            _ => return Err(OpError::Value("Conv produced no tensor".into())),
+        };
+        if y.shape() != r.shape() {
+            return Err(OpError::Shape(format!(
+                "Conv residual of shape {:?} does not match the output {:?}",
+                r.shape(),
+                y.shape()
+            )));
+        }
+        let add = crate::elementwise::Binary {
+            op: crate::elementwise::BinaryOp::Add,
+            legacy_axis: None,
+        };
+        let sum = add.eval(y, r)?;
+        Ok(vec![activation::apply(self.activation.as_ref(), sum)?.into()])
+    }
+
+    /// The f32 2-D path: per (image, group), the im2col matrix is built directly as packed
+    /// GEMM panels (in parallel over the current thread pool, into a reused per-thread
+    /// buffer), and the GEMM's epilogue adds the bias and applies the activation. `None` when
+    /// the call is not f32 2-D (the generic path takes it).
+    fn gemm2d_f32(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        act: Option<kiln_kernels::sgemm::Act>,
+        residual: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        use kiln_kernels::conv::{Conv2d, im2col_panel_2d};
+        use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, sgemm};
+        let (xs, ws) = (x.shape(), w.shape());
+        let f32s = |t: &Tensor| t.dtype() == kiln_tensor::DType::F32;
+        let ([batch, c, ih, iw], [m, _, kh, kw]) = (xs, ws) else {
+            return Ok(None);
+        };
+        if !f32s(x) || !f32s(w) || !b.is_none_or(f32s) || !residual.is_none_or(f32s) {
+            return Ok(None);
+        }
+        let (batch, c, ih, iw, m, kh, kw) = (*batch, *c, *ih, *iw, *m, *kh, *kw);
+        let plan = self.plan(xs, ws)?;
+        let g = self.group.max(1);
+        if c % g != 0 || m % g != 0 || ws[1] * g != c {
+            return Err(OpError::Shape(format!(
+                "Conv: X {xs:?} and W {ws:?} do not fit group {g}"
+            )));
+        }
+        let (Some(gh), Some(gw)) = (plan.geoms.first(), plan.geoms.get(1)) else {
+            return Ok(None);
+        };
+        let at = |v: &[usize], i: usize| v.get(i).copied().unwrap_or(1);
+        let geo = Conv2d {
+            c: c / g,
+            ih,
+            iw,
+            kh,
+            kw,
+            sh: at(&plan.strides, 0),
+            sw: at(&plan.strides, 1),
+            dh: at(&plan.dilations, 0),
+            dw: at(&plan.dilations, 1),
+            ph: gh.pad_begin,
+            pw: gw.pad_begin,
+            oh: gh.out,
+            ow: gw.out,
+        };
+        let (kdim, osz, mg) = (geo.k(), geo.n(), m / g);
+        let shape = vec![batch, m, geo.oh, geo.ow];
+        let rd = match residual {
+            Some(r) if r.shape() != shape.as_slice() => {
+                return Err(OpError::Shape(format!(
+                    "Conv residual of shape {:?} does not match the output {shape:?}",
+                    r.shape()
+                )));
+            }
+            Some(r) => Some(r.as_slice::<f32>()?),
+            None => None,
+        };
+        let mut y = vec![0.0f32; numel(&shape)?];
+        if y.is_empty() {
+            return Ok(Some(activation::apply(
+                self.activation.as_ref(),
+                Tensor::from_vec(shape, y)?,
+            )?));
+        }
+        let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
+        let bd = match b {
+            Some(b) if b.len() != m => {
+                return Err(OpError::Shape(format!(
+                    "bias has {} elements for {m} output channels",
+                    b.len()
+                )));
+            }
+            Some(b) => Some(b.as_slice::<f32>()?),
+            None => None,
+        };
+        let layout = BLayout::for_isa(kiln_kernels::isa::active());
+        let nr = layout.nr();
+        let packed_len = layout
+            .packed_len(kdim, osz)
+            .ok_or_else(|| OpError::Shape(format!("Conv: X {xs:?} W {ws:?} too large")))?;
+        numel(&[packed_len])?;
+        let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}"));
+        let img = geo.c * ih * iw;
+        PACKED.with(|cell| -> Result<()> {
+            let mut buf = cell.take();
+            // Every element is written by the panels below: no clearing needed.
+            buf.resize(packed_len, 0.0);
+            for n in 0..batch {
+                for gi in 0..g {
+                    let start = (n * c + gi * geo.c) * ih * iw;
+                    let xg = xd.get(start..start + img).ok_or_else(bad)?;
+                    // Panels in parallel: each task fills a disjoint group of whole panels.
+                    let panel = kdim * nr;
+                    let panels = osz.div_ceil(nr);
+                    let tasks = kiln_kernels::pool::current_threads().min(panels).max(1);
+                    let per = panels.div_ceil(tasks);
+                    let chunks: Vec<std::sync::Mutex<&mut [f32]>> = buf
+                        .chunks_mut((per * panel).max(1))
+                        .map(std::sync::Mutex::new)
+                        .collect();
+                    let ok = std::sync::atomic::AtomicBool::new(true);
+                    kiln_kernels::pool::parallel_for(chunks.len(), &|t| {
+                        let Some(chunk) = chunks.get(t) else { return };
+                        let mut chunk = chunk.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        for (i, p) in chunk.chunks_exact_mut(panel.max(1)).enumerate() {
+                            if !im2col_panel_2d(&geo, xg, nr, t * per + i, p) {
+                                ok.store(false, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                    });
+                    drop(chunks);
+                    if !ok.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Err(bad());
+                    }
+                    let packed = PackedBRef::new(layout, kdim, osz, &buf).map_err(|_| bad())?;
+                    let wg = wd.get(gi * mg * kdim..(gi + 1) * mg * kdim).ok_or_else(bad)?;
+                    let ys = (n * m + gi * mg) * osz;
+                    let yg = y.get_mut(ys..ys + mg * osz).ok_or_else(bad)?;
+                    let epi = Epilogue {
+                        bias: match bd.and_then(|v| v.get(gi * mg..(gi + 1) * mg)) {
+                            Some(v) => Bias::Row(v),
+                            None => Bias::None,
+                        },
+                        residual: match rd {
+                            Some(r) => Some(kiln_kernels::sgemm::Residual {
+                                data: r.get(ys..ys + mg * osz).ok_or_else(bad)?,
+                                ld: osz,
+                            }),
+                            None => None,
+                        },
+                        act,
+                    };
+                    sgemm(mg, AMatrix::row_major(wg, kdim), packed, yg, osz, &epi).map_err(|_| bad())?;
+                }
+            }
+            // Kept for the next call on this thread (grown, never shrunk below this size).
+            cell.set(buf);
+            Ok(())
+        })?;
+        Ok(Some(Tensor::from_vec(shape, y)?))
     }
 
     /// The direct depthwise path: f32, 2-D, one filter per channel (`group == C == M`). `None`

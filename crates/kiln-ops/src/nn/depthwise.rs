@@ -41,11 +41,33 @@ impl Depthwise {
         if x.len() != c * ip || w.len() != c * kp || y.len() != c * op || bias.is_some_and(|b| b.len() != c) {
             return false;
         }
-        for ch in 0..c {
-            let xin = &x[ch * ip..(ch + 1) * ip];
-            let wk = &w[ch * kp..(ch + 1) * kp];
-            let out = &mut y[ch * op..(ch + 1) * op];
-            out.fill(bias.map_or(0.0, |b| b[ch]));
+        if op == 0 {
+            return true;
+        }
+        // Channels in parallel over the current pool: each output plane is its own chunk.
+        kiln_kernels::pool::for_each_chunk_mut(y, op, &|ch, out| {
+            // The lengths were checked above: channel `ch < c` has its input plane, taps and bias.
+            self.channel(
+                &x[ch * ip..(ch + 1) * ip],
+                &w[ch * kp..(ch + 1) * kp],
+                bias.map_or(0.0, |b| b[ch]),
+                out,
+            );
+            if let Some(a) = act {
+                act_slice(a, out);
+            }
+        });
+        true
+    }
+
+    /// One channel: `out` (`oh x ow`) = bias + the window sums over `xin` (`ih x iw`) with
+    /// the `kh x kw` taps `wk`.
+    fn channel(&self, xin: &[f32], wk: &[f32], bias: f32, out: &mut [f32]) {
+        let [ih, iw] = self.input;
+        let [oh, ow] = self.output;
+        let [kh, kw] = self.kernel;
+        {
+            out.fill(bias);
             for ky in 0..kh {
                 let offy = (ky * self.dilations[0]) as isize - self.pad_begin[0] as isize;
                 for oy in valid(oh, ih, self.strides[0], offy) {
@@ -75,10 +97,6 @@ impl Depthwise {
                 }
             }
         }
-        if let Some(a) = act {
-            act_slice(a, y);
-        }
-        true
     }
 }
 

@@ -85,32 +85,42 @@ fn pool2d_f32(
 ) -> Vec<f32> {
     let (ih, iw) = (geo[0].0, geo[1].0);
     let (oh, ow) = (out[0], out[1]);
-    let mut y = Vec::with_capacity(planes * oh * ow);
+    let mut y = vec![0.0f32; planes * oh * ow];
     let cols: Vec<(usize, usize, usize)> = (0..ow).map(|o| taps(o, geo[1])).collect();
-    for plane in x.chunks_exact(ih * iw).take(planes) {
-        for r in 0..oh {
-            let (r0, r1, rc) = taps(r, geo[0]);
-            for &(c0, c1, cc) in &cols {
-                let v = match kind {
+    let rows: Vec<(usize, usize, usize)> = (0..oh).map(|o| taps(o, geo[0])).collect();
+    kiln_kernels::pool::for_each_chunk_mut(&mut y, (oh * ow).max(1), &|p, yp| {
+        let Some(plane) = x.get(p * ih * iw..(p + 1) * ih * iw) else {
+            return;
+        };
+        for (yrow, &(r0, r1, rc)) in yp.chunks_mut(ow.max(1)).zip(&rows) {
+            for (o, &(c0, c1, cc)) in yrow.iter_mut().zip(&cols) {
+                *o = match kind {
                     PoolKind::Max { .. } => {
-                        let mut best: Option<f32> = None;
+                        // The first tap, then any greater one (as the reference: a NaN first
+                        // tap stays, later NaNs are skipped); NaN for an empty window.
+                        let mut best = if r0 < r1 && c0 < c1 {
+                            plane.get(r0 * iw + c0).copied().unwrap_or(f32::NAN)
+                        } else {
+                            f32::NAN
+                        };
                         for row in r0..r1 {
-                            if let Some(seg) = plane.get(row * iw + c0..row * iw + c1) {
-                                for &v in seg {
-                                    if best.is_none_or(|b| v > b) {
-                                        best = Some(v);
-                                    }
+                            for &v in plane.get(row * iw + c0..row * iw + c1).unwrap_or(&[]) {
+                                if v > best {
+                                    best = v;
                                 }
                             }
                         }
-                        best.unwrap_or(f32::NAN)
+                        best
                     }
                     PoolKind::Average { count_include_pad } => {
                         let mut sum = 0.0f64;
                         for row in r0..r1 {
-                            if let Some(seg) = plane.get(row * iw + c0..row * iw + c1) {
-                                sum += seg.iter().map(|&v| f64::from(v)).sum::<f64>();
-                            }
+                            sum += plane
+                                .get(row * iw + c0..row * iw + c1)
+                                .unwrap_or(&[])
+                                .iter()
+                                .map(|&v| f64::from(v))
+                                .sum::<f64>();
                         }
                         let div = if count_include_pad {
                             rc * cc
@@ -121,10 +131,9 @@ fn pool2d_f32(
                     }
                     PoolKind::Lp { .. } => f32::NAN,
                 };
-                y.push(v);
             }
         }
-    }
+    });
     y
 }
 

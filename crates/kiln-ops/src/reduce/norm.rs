@@ -68,9 +68,18 @@ impl LayerNorm {
         }
         let bs = bias.and_then(|b| b.as_slice::<f32>().ok());
         let mut y = vec![0.0f32; xs.len()];
+        let eps = f64::from(self.epsilon);
+        if !args.output_wanted(1) && !args.output_wanted(2) {
+            // Y alone: rows in parallel over the current pool.
+            kiln_kernels::pool::for_each_chunk_mut(&mut y, cols, &|r, yr| {
+                if let Some(xr) = xs.get(r * cols..(r + 1) * cols) {
+                    kiln_kernels::vector::layer_norm_row(xr, yr, ss, bs, eps);
+                }
+            });
+            return Ok(Some(vec![kiln_tensor::Tensor::from_vec(shape.to_vec(), y)?.into()]));
+        }
         let mut means = Vec::with_capacity(rows);
         let mut invs = Vec::with_capacity(rows);
-        let eps = f64::from(self.epsilon);
         for (xr, yr) in xs.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
             let (m, k) = kiln_kernels::vector::layer_norm_row(xr, yr, ss, bs, eps);
             means.push(m as f32);

@@ -67,13 +67,10 @@ pub(crate) fn softmax_lane(kind: SoftmaxKind, lane: &[f64], out: &mut [f64]) {
 fn softmax_rows_f32(kind: SoftmaxKind, xs: &[f32], n: usize) -> Vec<f32> {
     let isa = kiln_kernels::isa::active();
     let mut out = xs.to_vec();
-    let mut scratch = Vec::new();
-    for row in out.chunks_exact_mut(n) {
-        match kind {
-            SoftmaxKind::LogSoftmax => kiln_kernels::vector::log_softmax_row_with(isa, row, &mut scratch),
-            _ => kiln_kernels::vector::softmax_row_with(isa, row),
-        }
-    }
+    kiln_kernels::pool::for_each_chunk_mut(&mut out, n, &|_, row| match kind {
+        SoftmaxKind::LogSoftmax => kiln_kernels::vector::log_softmax_row_with(isa, row, &mut Vec::new()),
+        _ => kiln_kernels::vector::softmax_row_with(isa, row),
+    });
     out
 }
 
