@@ -9,6 +9,8 @@
 //!   epilogue (bias, residual, activation), one kernel set per `isa` level;
 //! - `pool`: the compute thread pool (`parallel_for` over the current pool; workers spin
 //!   only while a run is active);
+//! - `simd`: `vectorize`, which runs a closure compiled for the active level (the ops'
+//!   memory-bound loops);
 //! - `vector`: row kernels of memory-bound ops (softmax, layer-norm statistics).
 //!
 //! This is the only crate with `unsafe` and intrinsics; every SIMD function is
@@ -19,4 +21,5 @@ pub mod gemm;
 pub mod isa;
 pub mod pool;
 pub mod sgemm;
+pub mod simd;
 pub mod vector;

@@ -45,7 +45,8 @@ struct Shared {
     /// Workers spin (rather than sleep) while set.
     active: AtomicUsize,
     sleepers: AtomicUsize,
-    panicked: AtomicBool,
+    /// The payload of a task that panicked on a worker, raised again by the caller.
+    panicked: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     shutdown: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
@@ -93,7 +94,7 @@ impl ThreadPool {
             busy: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
-            panicked: AtomicBool::new(false),
+            panicked: Mutex::new(None),
             shutdown: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -193,13 +194,11 @@ impl ThreadPool {
             }
         }
         *s.job.lock().unwrap_or_else(PoisonError::into_inner) = None;
-        let worker_panic = s.panicked.swap(false, Ordering::SeqCst);
+        let worker_panic = s.panicked.lock().unwrap_or_else(PoisonError::into_inner).take();
         s.busy.store(false, Ordering::Release);
-        if let Err(p) = mine {
+        // A task's panic continues in the caller, as if the task had run inline.
+        if let Some(p) = mine.err().or(worker_panic) {
             std::panic::resume_unwind(p);
-        }
-        if worker_panic {
-            panic!("a kiln compute thread panicked in a parallel task");
         }
     }
 }
@@ -257,8 +256,8 @@ fn worker(s: &Shared) {
             // SAFETY: see `JobRef`: the publisher keeps the function alive until `pending`
             // reaches 0, which happens only after this use.
             let f = unsafe { &*job.f };
-            if catch_unwind(AssertUnwindSafe(|| run_tasks(s, f, job.tasks))).is_err() {
-                s.panicked.store(true, Ordering::SeqCst);
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| run_tasks(s, f, job.tasks))) {
+                *s.panicked.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
             }
         }
         s.pending.fetch_sub(1, Ordering::AcqRel);

@@ -14,6 +14,11 @@ const W: usize = 16;
 
 /// The largest element of `v` (NaNs skipped; -inf for an empty or all-NaN slice).
 pub fn max(v: &[f32]) -> f32 {
+    crate::simd::vectorize(|| max_body(v))
+}
+
+#[inline(always)]
+fn max_body(v: &[f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; W];
     let mut chunks = v.chunks_exact(W);
     for c in &mut chunks {
@@ -29,6 +34,11 @@ pub fn max(v: &[f32]) -> f32 {
 
 /// The sum of `v` in f64 (16 partial sums, then added in order).
 pub fn sum_f64(v: &[f32]) -> f64 {
+    crate::simd::vectorize(|| sum_f64_body(v))
+}
+
+#[inline(always)]
+fn sum_f64_body(v: &[f32]) -> f64 {
     let mut s = [0.0f64; W];
     let mut chunks = v.chunks_exact(W);
     for c in &mut chunks {
@@ -44,6 +54,11 @@ pub fn sum_f64(v: &[f32]) -> f64 {
 
 /// `sum (v[i] - mean)^2` in f64 (16 partial sums).
 pub fn sq_dev_sum_f64(v: &[f32], mean: f64) -> f64 {
+    crate::simd::vectorize(|| sq_dev_sum_f64_body(v, mean))
+}
+
+#[inline(always)]
+fn sq_dev_sum_f64_body(v: &[f32], mean: f64) -> f64 {
     let mut s = [0.0f64; W];
     let mut chunks = v.chunks_exact(W);
     for c in &mut chunks {
@@ -104,7 +119,7 @@ pub fn softmax_row_with(isa: Isa, row: &mut [f32]) {
     let shift = if m.is_finite() { m } else { 0.0 };
     let sum = exp_shift_sum_with(isa, row, shift);
     let inv = 1.0 / sum;
-    row.iter_mut().for_each(|x| *x *= inv);
+    crate::simd::vectorize(|| row.iter_mut().for_each(|x| *x *= inv));
 }
 
 /// LogSoftmax of one contiguous row in place: `x - max - ln(sum e^(x - max))`.
@@ -126,7 +141,7 @@ pub fn layer_norm_row(x: &[f32], y: &mut [f32], scale: &[f32], bias: Option<&[f3
     let var = sq_dev_sum_f64(x, mean) / n;
     let inv = 1.0 / (var + eps).sqrt();
     let (m, k) = (mean as f32, inv as f32);
-    match bias {
+    crate::simd::vectorize(|| match bias {
         Some(b) => {
             for (((o, &v), &s), &c) in y.iter_mut().zip(x).zip(scale).zip(b) {
                 *o = (v - m) * k * s + c;
@@ -137,6 +152,6 @@ pub fn layer_norm_row(x: &[f32], y: &mut [f32], scale: &[f32], bias: Option<&[f3
                 *o = (v - m) * k * s;
             }
         }
-    }
+    });
     (mean, inv)
 }

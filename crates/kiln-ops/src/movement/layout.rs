@@ -65,6 +65,10 @@ impl Transpose {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let x = args.tensor(0)?;
         let perm = self.perm(x.rank())?;
+        let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+        if let Ok(v) = x.as_slice::<f32>() {
+            return one(Tensor::from_vec(out_shape, permute(v, x.shape(), &perm))?);
+        }
         let (shape, idx) = transpose_map(x.shape(), &perm)?;
         one(x.gather_flat(shape, &idx)?)
     }
@@ -77,6 +81,61 @@ impl Transpose {
             None => None,
         };
         Ok(vec![tensor_type(input_dtype(inputs, 0), shape)])
+    }
+}
+
+/// `x` (row-major, `shape`) with its dims permuted (`out dim i = in dim perm[i]`), as a loop
+/// nest over the output with runs of output dims that are also consecutive in the input
+/// merged, so the inner loop is a slice copy when the last dim stays last and a strided
+/// gather otherwise. `perm` is a permutation of `0..shape.len()` (checked by the caller).
+pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> {
+    let st = strides(shape);
+    // (size, input stride) per output dim, size-1 dims dropped, consecutive ones merged.
+    let mut dims: Vec<(usize, usize)> = Vec::with_capacity(perm.len());
+    for &p in perm {
+        let (n, s) = (shape.get(p).copied().unwrap_or(1), st.get(p).copied().unwrap_or(0));
+        if n == 1 {
+            continue;
+        }
+        match dims.last_mut() {
+            Some((pn, ps)) if *ps == s * n => {
+                *pn *= n;
+                *ps = s;
+            }
+            _ => dims.push((n, s)),
+        }
+    }
+    let total: usize = shape.iter().product();
+    if total == 0 {
+        return Vec::new();
+    }
+    let Some(&(inner, istride)) = dims.last() else {
+        return x.get(..total).unwrap_or(&[]).to_vec();
+    };
+    let outer = &dims[..dims.len() - 1];
+    let mut out = Vec::with_capacity(total);
+    let mut idx = vec![0usize; outer.len()];
+    let mut base = 0usize;
+    loop {
+        if istride == 1 {
+            out.extend_from_slice(x.get(base..base + inner).unwrap_or(&[]));
+        } else {
+            out.extend((0..inner).filter_map(|i| x.get(base + i * istride).copied()));
+        }
+        let mut k = outer.len();
+        loop {
+            if k == 0 {
+                return out;
+            }
+            k -= 1;
+            idx[k] += 1;
+            base += outer[k].1;
+            if idx[k] < outer[k].0 {
+                break;
+            }
+            base -= outer[k].1 * outer[k].0;
+            idx[k] = 0;
+        }
     }
 }
 

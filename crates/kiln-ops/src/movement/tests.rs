@@ -494,3 +494,28 @@ fn pad_wrap_after_crop_reads_cropped_data() {
     );
     assert_eq!(vals(&y), vec![2.0, 3.0, 4.0, 2.0, 3.0]);
 }
+
+mod permute_plan {
+    //! The merged-loop permutation against the per-element index map of `transpose_map`.
+    use super::super::layout::permute;
+    use super::super::transpose_map;
+    use proptest::prelude::*;
+
+    fn case() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
+        prop::collection::vec(0usize..=4, 0..=5).prop_flat_map(|shape| {
+            let n = shape.len();
+            (Just(shape), Just((0..n).collect::<Vec<usize>>()).prop_shuffle())
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn permute_matches_the_index_map((shape, perm) in case()) {
+            let n: usize = shape.iter().product();
+            let x: Vec<u32> = (0..n as u32).collect();
+            let (_, idx) = transpose_map(&shape, &perm).unwrap();
+            let want: Vec<u32> = idx.iter().map(|&i| x[i]).collect();
+            prop_assert_eq!(permute(&x, &shape, &perm), want);
+        }
+    }
+}
