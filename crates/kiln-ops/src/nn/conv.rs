@@ -20,6 +20,8 @@ use kiln_tensor::Tensor;
 thread_local! {
     /// The packed im2col panels of the f32 2-D path, reused across calls on a thread.
     static PACKED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The Winograd path's scratch (padded input, transforms, products), reused per thread.
+    static WINOGRAD: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// `Conv`: attributes with defaults applied (empty lists mean "default for the rank").
@@ -34,6 +36,17 @@ pub struct Conv {
     pub strides: Vec<usize>,
     /// Fused activation applied to the output (set by the compiler, never by the importer).
     pub activation: Option<Activation>,
+    /// Set by the compiler for a 3x3 stride-1 f32 convolution it chose to run as Winograd
+    /// F(4x4, 3x3): input 1 then holds the transformed, packed weights
+    /// (`kiln_kernels::winograd::pack_weights`, layout `f32/nr32/v1`) instead of W.
+    pub winograd: Option<WinogradWeights>,
+}
+
+/// What a Winograd Conv's transformed weights stand for: W of shape `[m, c, 3, 3]`.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct WinogradWeights {
+    pub m: usize,
+    pub c: usize,
 }
 
 /// Resolved geometry of a convolution call.
@@ -89,6 +102,9 @@ impl Conv {
     }
 
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        if let Some(info) = self.winograd {
+            return Ok(vec![self.eval_winograd(args, info)?.into()]);
+        }
         let x = args.tensor(0)?;
         let w = args.tensor(1)?;
         let b = args.opt_tensor(2)?;
@@ -113,6 +129,92 @@ impl Conv {
             return Ok(vec![y.into()]);
         }
         Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
+    }
+
+    /// The Winograd path (see [`Conv::winograd`]): f32 X `[N, c, H, W]`, the packed weights,
+    /// optional bias and residual; 3x3, stride 1, no dilation, group 1 by construction.
+    fn eval_winograd(&self, args: &Args<'_>, info: WinogradWeights) -> Result<Tensor> {
+        use kiln_kernels::sgemm::BLayout;
+        use kiln_kernels::winograd::{Winograd, packed_weights_len};
+        let x = args.tensor(0)?;
+        let u = args.tensor(1)?;
+        let b = args.opt_tensor(2)?;
+        let r = args.opt_tensor(3)?;
+        let WinogradWeights { m, c } = info;
+        let [batch, xc, ih, iw] = *x.shape() else {
+            return Err(OpError::Shape(format!(
+                "Winograd Conv needs X [N, C, H, W], got {:?}",
+                x.shape()
+            )));
+        };
+        if xc != c {
+            return Err(OpError::Shape(format!(
+                "Winograd Conv for {c} input channels got X {:?}",
+                x.shape()
+            )));
+        }
+        let layout = BLayout::NR32;
+        if packed_weights_len(layout, m, c) != Some(u.len()) {
+            return Err(OpError::Shape(format!(
+                "Winograd Conv weights hold {} floats, expected {:?} for {m}x{c}x3x3",
+                u.len(),
+                packed_weights_len(layout, m, c)
+            )));
+        }
+        let pads = pads_attr(&self.pads, 2)?;
+        let gh = window_geom(ih, 3, 1, 1, pads[0], pads[2], self.auto_pad, false)?;
+        let gw = window_geom(iw, 3, 1, 1, pads[1], pads[3], self.auto_pad, false)?;
+        let shape = vec![batch, m, gh.out, gw.out];
+        let mut y = vec![0.0f32; numel(&shape)?];
+        let (xd, ud) = (x.as_slice::<f32>()?, u.as_slice::<f32>()?);
+        let bd = match b {
+            Some(b) if b.len() != m => {
+                return Err(OpError::Shape(format!(
+                    "bias has {} elements for {m} output channels",
+                    b.len()
+                )));
+            }
+            Some(b) => Some(b.as_slice::<f32>()?),
+            None => None,
+        };
+        let g = Winograd {
+            c,
+            m,
+            ih,
+            iw,
+            oh: gh.out,
+            ow: gw.out,
+            ph: gh.pad_begin,
+            pw: gw.pad_begin,
+        };
+        g.scratch_len()
+            .and_then(|n| numel(&[n]).ok())
+            .ok_or_else(|| OpError::Shape(format!("Winograd Conv on X {:?} is too large", x.shape())))?;
+        let (ip, op) = (c * ih * iw, m * gh.out * gw.out);
+        let bad = || OpError::Shape(format!("Winograd Conv: inconsistent shapes X {:?}", x.shape()));
+        let mut scratch = WINOGRAD.with(std::cell::Cell::take);
+        for n in 0..batch {
+            let xi = xd.get(n * ip..(n + 1) * ip).ok_or_else(bad)?;
+            let yi = y.get_mut(n * op..(n + 1) * op).ok_or_else(bad)?;
+            if !g.run(xi, ud, layout, bd, yi, &mut scratch) {
+                return Err(bad());
+            }
+        }
+        WINOGRAD.with(|cell| cell.set(scratch));
+        if let Some(r) = r {
+            if r.shape() != shape.as_slice() {
+                return Err(OpError::Shape(format!(
+                    "Conv residual of shape {:?} does not match the output {shape:?}",
+                    r.shape()
+                )));
+            }
+            let rd = r.as_slice::<f32>()?;
+            kiln_kernels::simd::vectorize(|| y.iter_mut().zip(rd).for_each(|(a, &b)| *a += b));
+        }
+        if let Some(a) = self.activation {
+            kiln_kernels::sgemm::act_slice(a.kernel_act(), &mut y);
+        }
+        Ok(Tensor::from_vec(shape, y)?)
     }
 
     /// `activation(conv(X, W, B) + R)`, R the residual input 3 that the compiler fuses in from
@@ -363,6 +465,30 @@ impl Conv {
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = util::input_dtype(inputs, 0);
+        if let Some(info) = self.winograd {
+            // The weights input is the packed transform: the shape W had is in `info`.
+            let Some(xs) = input_shape(inputs, 0) else {
+                return Ok(vec![util::dtype_only(dtype)]);
+            };
+            if xs.len() != 4 {
+                return Err(OpError::Shape(format!(
+                    "Winograd Conv needs X of rank 4, got rank {}",
+                    xs.len()
+                )));
+            }
+            let pads = pads_attr(&self.pads, 2)?;
+            let mut shape = vec![xs[0].clone(), Dim::Fixed(info.m)];
+            shape.extend(window_dims(
+                &xs[2..],
+                &[3, 3],
+                &[1, 1],
+                &[1, 1],
+                &pads,
+                self.auto_pad,
+                false,
+            )?);
+            return Ok(vec![tensor_type(dtype, Some(shape))]);
+        }
         let (Some(xs), Some(ws)) = (input_shape(inputs, 0), input_shape(inputs, 1)) else {
             return Ok(vec![util::dtype_only(dtype)]);
         };

@@ -23,7 +23,7 @@ pub mod pool;
 pub mod resize;
 
 pub use activation::Activation;
-pub use conv::{Conv, ConvTranspose, DeformConv};
+pub use conv::{Conv, ConvTranspose, DeformConv, WinogradWeights};
 pub use grid::{AffineGrid, GridSample, GridSampleMode, GridSamplePadding, RoiAlign, RoiAlignMode};
 pub use matmul::{Einsum, Gemm, MatMul};
 pub use nms::NonMaxSuppression;
@@ -149,6 +149,8 @@ impl NnOp {
         let prod = |s: &[usize]| s.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
         match self {
             // Every output element takes (C/group) * prod(kernel) MACs = prod(W.shape[1..]).
+            // A Winograd Conv counts the direct method's MACs (its GFLOP/s are "effective").
+            NnOp::Conv(Conv { winograd: Some(w), .. }) => out.map_or(0, |y| prod(&y).saturating_mul((w.c * 9) as u64)),
             NnOp::Conv(_) | NnOp::DeformConv(_) => match (fixed(1), out) {
                 (Some(w), Some(y)) if !w.is_empty() => prod(&y).saturating_mul(prod(&w[1..])),
                 _ => 0,
