@@ -13,6 +13,11 @@ use kiln::{Session, Tensor, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// Keeps freed activation buffers for the next inference instead of returning them to the OS
+/// (which made every run page-fault them in again).
+#[global_allocator]
+static ALLOC: kiln::CachingAlloc = kiln::CachingAlloc::new();
+
 #[derive(Parser)]
 #[command(
     name = "kiln",

@@ -7,6 +7,8 @@
 //!   forced to portable with `KILN_KERNELS=reference`;
 //! - `sgemm`: the f32 GEMM with our own microkernels over prepacked B panels and a fused
 //!   epilogue (bias, residual, activation), one kernel set per `isa` level;
+//! - `alloc`: `CachingAlloc`, a global allocator that keeps freed large blocks for the next
+//!   run (installed by the kiln binary);
 //! - `pool`: the compute thread pool (`parallel_for` over the current pool; workers spin
 //!   only while a run is active);
 //! - `simd`: `vectorize`, which runs a closure compiled for the active level (the ops'
@@ -19,6 +21,7 @@
 //! This is the only crate with `unsafe` and intrinsics; every SIMD function is
 //! `#[target_feature]` and reached only after detection.
 
+pub mod alloc;
 pub mod conv;
 pub mod gemm;
 pub mod isa;

@@ -270,22 +270,22 @@ impl Kernel for InputTransform<'_> {
                 self.xpad.get(o..o + c).unwrap_or(&[])
             };
             // stage[i][q] = sum_r BT[i][r] d[r][q]
-            for i in 0..6 {
+            for (i, bt) in BT.iter().enumerate() {
                 for q in 0..6 {
                     let rows = [at(0, q), at(1, q), at(2, q), at(3, q), at(4, q), at(5, q)];
                     let o = (i * 6 + q) * c;
-                    lincomb(&mut stage[o..o + c], &BT[i], &rows);
+                    lincomb(&mut stage[o..o + c], bt, &rows);
                 }
             }
             // V[i][j] = sum_q stage[i][q] BT[j][q]
             for i in 0..6 {
                 let row = |q: usize| &stage[(i * 6 + q) * c..(i * 6 + q + 1) * c];
                 let rows = [row(0), row(1), row(2), row(3), row(4), row(5)];
-                for j in 0..6 {
+                for (j, bt) in BT.iter().enumerate() {
                     let xi = i * 6 + j;
                     let o = (xi * self.t + tile) * c;
                     if let Some(out) = self.v.get_mut(o..o + c) {
-                        lincomb(out, &BT[j], &rows);
+                        lincomb(out, bt, &rows);
                     }
                 }
             }

@@ -14,6 +14,8 @@ mod stack;
 
 pub use error::RuntimeError;
 pub use exec::{run, run_with};
+/// The allocator that keeps freed activation buffers for the next run (see its docs).
+pub use kiln_kernels::alloc::CachingAlloc;
 /// The compute thread pool a Session runs its programs on (kernels split over the pool
 /// installed on the running thread).
 pub use kiln_kernels::pool::ThreadPool;

@@ -1,0 +1,178 @@
+//! A global allocator for inference processes that keeps freed large blocks for reuse.
+//!
+//! Why: an inference allocates and frees the same large activation buffers on every run. The
+//! system allocator returns such blocks to the OS (mmap/munmap, or trimming the heap), so the
+//! next run page-faults every page again: measured on ResNet-50, about 10% of a run was page
+//! faults, zeroing and the syscalls. [`CachingAlloc`] wraps the system allocator and keeps up
+//! to [`MAX_BLOCKS`] freed blocks of at least [`MIN_BLOCK`] bytes (at most [`MAX_CACHED`]
+//! bytes in all); an allocation of exactly such a size and alignment takes one back. Smaller
+//! blocks go straight to the system allocator.
+//!
+//! The kiln binary installs it (`#[global_allocator]`); a program embedding the library
+//! chooses its own allocator. Peak memory does not grow beyond what a run needs at once plus
+//! the cache's bound; blocks in the cache are resident (they were touched by the last run).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Mutex;
+
+/// Smallest block kept for reuse (smaller ones are cheap for the system allocator).
+pub const MIN_BLOCK: usize = 256 * 1024;
+/// Most blocks kept at once.
+pub const MAX_BLOCKS: usize = 64;
+/// Most bytes kept at once.
+pub const MAX_CACHED: usize = 512 * 1024 * 1024;
+
+struct Cache {
+    /// (pointer as address, size, align) of each kept block.
+    blocks: [(usize, usize, usize); MAX_BLOCKS],
+    len: usize,
+    bytes: usize,
+}
+
+/// The caching allocator (see the module docs).
+pub struct CachingAlloc {
+    cache: Mutex<Cache>,
+}
+
+impl CachingAlloc {
+    pub const fn new() -> CachingAlloc {
+        CachingAlloc {
+            cache: Mutex::new(Cache {
+                blocks: [(0, 0, 0); MAX_BLOCKS],
+                len: 0,
+                bytes: 0,
+            }),
+        }
+    }
+
+    /// A kept block of exactly this layout, removed from the cache.
+    fn take(&self, layout: Layout) -> Option<*mut u8> {
+        if layout.size() < MIN_BLOCK {
+            return None;
+        }
+        // A poisoned lock only means a panic elsewhere while holding it: the data is plain.
+        let mut c = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let len = c.len;
+        let i = c.blocks[..len]
+            .iter()
+            .position(|&(_, s, a)| s == layout.size() && a == layout.align())?;
+        let (p, s, _) = c.blocks[i];
+        c.blocks[i] = c.blocks[len - 1];
+        c.len -= 1;
+        c.bytes -= s;
+        Some(p as *mut u8)
+    }
+
+    /// Keeps a freed block when it is large and there is room; false when the caller must
+    /// free it.
+    fn keep(&self, ptr: *mut u8, layout: Layout) -> bool {
+        if layout.size() < MIN_BLOCK {
+            return false;
+        }
+        let mut c = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if c.len == MAX_BLOCKS || c.bytes + layout.size() > MAX_CACHED {
+            return false;
+        }
+        let len = c.len;
+        c.blocks[len] = (ptr as usize, layout.size(), layout.align());
+        c.len += 1;
+        c.bytes += layout.size();
+        true
+    }
+}
+
+impl Default for CachingAlloc {
+    fn default() -> Self {
+        CachingAlloc::new()
+    }
+}
+
+// SAFETY: every block handed out is either fresh from `System` for this layout or a block
+// `System` allocated for exactly this size and alignment earlier and that the program freed
+// (so nothing else refers to it); every block returned to `System` was allocated by it with
+// the layout passed back. The cache's lock never allocates (a futex on Linux).
+unsafe impl GlobalAlloc for CachingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        match self.take(layout) {
+            Some(p) => p,
+            // SAFETY: the caller's contract (non-zero size) carries over.
+            None => unsafe { System.alloc(layout) },
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        match self.take(layout) {
+            Some(p) => {
+                // SAFETY: `p` is a block of `layout.size()` writable bytes (see above).
+                unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
+                p
+            }
+            // SAFETY: the caller's contract carries over.
+            None => unsafe { System.alloc_zeroed(layout) },
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if !self.keep(ptr, layout) {
+            // SAFETY: `ptr` came from `System` with this layout (blocks are only ever created
+            // by `System` and kept with their layout).
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if layout.size() < MIN_BLOCK && new_size < MIN_BLOCK {
+            // SAFETY: the caller's contract carries over; small blocks are always `System`'s.
+            return unsafe { System.realloc(ptr, layout, new_size) };
+        }
+        // SAFETY: the caller guarantees `new_size` and the alignment form a valid layout.
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        // SAFETY: `new_layout` has a non-zero size (the caller's contract).
+        let new = unsafe { self.alloc(new_layout) };
+        if !new.is_null() {
+            // SAFETY: both blocks hold at least the smaller size; they are distinct blocks.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+        }
+        new
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_blocks_are_reused_and_zeroed_small_ones_are_not_kept() {
+        let a = CachingAlloc::new();
+        let big = Layout::from_size_align(MIN_BLOCK * 2, 64).unwrap_or(Layout::new::<u8>());
+        // SAFETY: non-zero layouts; every block is freed with its layout exactly once.
+        unsafe {
+            let p = a.alloc(big);
+            assert!(!p.is_null());
+            std::ptr::write_bytes(p, 7, big.size());
+            a.dealloc(p, big);
+            let q = a.alloc_zeroed(big);
+            assert_eq!(p, q, "the kept block comes back");
+            assert!((0..big.size()).all(|i| *q.add(i) == 0));
+            // A different size is not served from it.
+            let other = Layout::from_size_align(MIN_BLOCK * 3, 64).unwrap_or(big);
+            a.dealloc(q, big);
+            let r = a.alloc(other);
+            assert_ne!(r, q);
+            a.dealloc(r, other);
+            let small = Layout::from_size_align(64, 8).unwrap_or(big);
+            let s = a.alloc(small);
+            a.dealloc(s, small);
+            assert_eq!(a.cache.lock().map(|c| c.len).unwrap_or(0), 2);
+            // Grow a small block into a large one: contents kept.
+            let s = a.alloc(small);
+            std::ptr::write_bytes(s, 3, 64);
+            let g = a.realloc(s, small, MIN_BLOCK * 3);
+            assert!((0..64).all(|i| *g.add(i) == 3));
+            a.dealloc(g, other);
+        }
+    }
+}
