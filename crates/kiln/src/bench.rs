@@ -480,7 +480,7 @@ impl Session {
         let mut profile = Profile::new();
         let started = Instant::now();
         for done in 1..=runs.max(1) {
-            kiln_runtime::run_with(&self.program, feed.clone(), Some(&mut profile))?;
+            self.on_pool(|| kiln_runtime::run_with(&self.program, feed.clone(), Some(&mut profile)))?;
             progress(BenchProgress {
                 warmup: false,
                 done: done as u64,

@@ -238,12 +238,17 @@ impl Session {
 
     /// Runs the model on named inputs; returns `(name, value)` for every output, in order.
     pub fn run(&self, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>, Error> {
+        self.on_pool(|| self.monitor.run(&self.program, inputs))
+    }
+
+    /// Runs `f` (one inference) on this session's compute threads: the pool is the current
+    /// one and its workers spin for jobs until `f` returns, then go back to sleep.
+    pub(crate) fn on_pool<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.pool {
-            None => self.monitor.run(&self.program, inputs),
+            None => f(),
             Some(pool) => {
-                // Workers spin for this run's jobs, then go back to sleep.
                 let _active = pool.activate();
-                pool.install(|| self.monitor.run(&self.program, inputs))
+                pool.install(f)
             }
         }
     }

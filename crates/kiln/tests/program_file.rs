@@ -85,3 +85,50 @@ fn reset_forgets_metrics() {
     s.run(input(2)).unwrap();
     assert!(s.get_metrics().is_some());
 }
+
+/// `num_of_cores = 3`: the same results as one thread (every split is by whole rows, panels or
+/// planes), and between runs the workers sleep: the process uses (almost) no CPU while idle.
+#[test]
+fn threads_give_the_same_results_and_sleep_between_runs() {
+    let one = Session::new(example(), &SessionOptions::default()).unwrap();
+    let three = Session::new(
+        example(),
+        &SessionOptions {
+            threads: 3,
+            ..SessionOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!((one.threads(), three.threads()), (1, 3));
+    for s in 0..4 {
+        assert_eq!(probs(&one.run(input(s)).unwrap()), probs(&three.run(input(s)).unwrap()));
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // utime + stime of the pool's worker threads, in clock ticks (fields 14 and 15 of
+        // /proc/self/task/TID/stat); other tests of this binary run on other threads.
+        let worker_ticks = || -> (usize, u64) {
+            let mut n = 0;
+            let mut ticks = 0;
+            for task in std::fs::read_dir("/proc/self/task").unwrap() {
+                let dir = task.unwrap().path();
+                let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+                if !comm.starts_with("kiln-worker") {
+                    continue;
+                }
+                let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+                let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+                let f: Vec<&str> = after_name.split_whitespace().collect();
+                ticks += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+                n += 1;
+            }
+            (n, ticks)
+        };
+        let (workers, before) = worker_ticks();
+        assert!(workers >= 2, "{workers} worker threads");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let idle = worker_ticks().1 - before;
+        // Two spinning workers would burn ~100 ticks (2 x 0.5 s at 100 Hz); sleeping ones none.
+        assert!(idle <= 5, "{idle} ticks of worker CPU while idle");
+    }
+}
