@@ -309,3 +309,85 @@ pub fn im2col_panel_2d(g: &Conv2d, x: &[f32], nr: usize, q: usize, panel: &mut [
     }
     true
 }
+
+/// Floats per phase row of [`split_phases`]'s output: `ceil(iw / sw)`.
+pub fn phase_len(g: &Conv2d) -> usize {
+    g.iw.div_ceil(g.sw.max(1))
+}
+
+/// Splits every input row into its `sw` column phases for [`im2col_panel_2d_phased`]:
+/// `out[((ci * ih + y) * sw + r) * plen + i] = x[ci][y][i * sw + r]` (0 past the row's end),
+/// `plen = phase_len(g)`. `out` must hold `c * ih * sw * plen` floats; false otherwise.
+pub fn split_phases(g: &Conv2d, x: &[f32], out: &mut [f32]) -> bool {
+    let sw = g.sw.max(1);
+    let plen = phase_len(g);
+    if out.len() < g.c * g.ih * sw * plen || x.len() < g.c * g.ih * g.iw || g.iw == 0 {
+        return false;
+    }
+    for (row, dst) in x
+        .chunks_exact(g.iw)
+        .take(g.c * g.ih)
+        .zip(out.chunks_exact_mut(sw * plen))
+    {
+        for (r, phase) in dst.chunks_exact_mut(plen).enumerate() {
+            phase.fill(0.0);
+            for (d, &v) in phase.iter_mut().zip(row.iter().skip(r).step_by(sw)) {
+                *d = v;
+            }
+        }
+    }
+    true
+}
+
+/// [`im2col_panel_2d`] for a strided convolution, reading the phase-split input of
+/// [`split_phases`] (`xph`): every run of output columns then reads consecutive elements of
+/// one phase row, copied as a slice. Same panel layout and result.
+pub fn im2col_panel_2d_phased(g: &Conv2d, xph: &[f32], nr: usize, q: usize, panel: &mut [f32]) -> bool {
+    let n = g.n();
+    let j0 = q * nr;
+    let sw = g.sw.max(1);
+    let plen = phase_len(g);
+    if panel.len() < g.k() * nr || xph.len() < g.c * g.ih * sw * plen || j0 >= n.max(1) || g.ow == 0 {
+        return false;
+    }
+    let w = nr.min(n - j0);
+    let mut runs: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(4);
+    let mut j = j0;
+    while j < j0 + w {
+        let (r, c0) = (j / g.ow, j % g.ow);
+        let len = (g.ow - c0).min(j0 + w - j);
+        runs.push((j - j0, len, r, c0));
+        j += len;
+    }
+    let (ih, iw) = (g.ih as isize, g.iw as isize);
+    let mut rows = panel.chunks_exact_mut(nr);
+    for ci in 0..g.c {
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                let Some(row) = rows.next() else { return false };
+                row[w..].fill(0.0);
+                for &(s0, len, r, c0) in &runs {
+                    let dst = &mut row[s0..s0 + len];
+                    let y = (r * g.sh + ky * g.dh) as isize - g.ph as isize;
+                    if y < 0 || y >= ih {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let x0 = (c0 * sw + kx * g.dw) as isize - g.pw as isize;
+                    let s = sw as isize;
+                    // Valid t: 0 <= x0 + t*sw < iw.
+                    let lo = if x0 >= 0 { 0 } else { ((-x0 + s - 1) / s) as usize }.min(len);
+                    let hi = if x0 >= iw { 0 } else { ((iw - 1 - x0) / s + 1) as usize }.clamp(lo, len);
+                    dst[..lo].fill(0.0);
+                    dst[hi..].fill(0.0);
+                    if hi > lo {
+                        let first = (x0 + (lo * sw) as isize) as usize;
+                        let base = ((ci * g.ih + y as usize) * sw + first % sw) * plen + first / sw;
+                        dst[lo..hi].copy_from_slice(&xph[base..base + (hi - lo)]);
+                    }
+                }
+            }
+        }
+    }
+    true
+}

@@ -420,7 +420,9 @@ fn split_over_threads_matches_oracle() {
 /// dilations, pads and grids whose rows split panels anywhere.
 #[test]
 fn im2col_panels_match_reference_im2col_then_pack() {
-    use kiln_kernels::conv::{Conv2d, ConvGeometry, im2col, im2col_panel_2d};
+    use kiln_kernels::conv::{
+        Conv2d, ConvGeometry, im2col, im2col_panel_2d, im2col_panel_2d_phased, phase_len, split_phases,
+    };
     use kiln_kernels::gemm::MatLayout;
     let mut cases = 0;
     for (c, ih, iw) in [(1, 5, 5), (3, 7, 9), (2, 1, 12)] {
@@ -465,6 +467,14 @@ fn im2col_panels_match_reference_im2col_then_pack() {
                         assert!(im2col_panel_2d(&g, &x, nr, q, panel));
                     }
                     assert_eq!(got, want.view().data(), "{g:?} nr {nr}");
+                    // The phase-split variant gives the same panels.
+                    let mut xph = vec![f32::NAN; c * ih * s * phase_len(&g)];
+                    assert!(split_phases(&g, &x, &mut xph));
+                    let mut got = vec![f32::NAN; layout.packed_len(g.k(), g.n()).unwrap()];
+                    for (q, panel) in got.chunks_exact_mut(g.k() * nr).enumerate() {
+                        assert!(im2col_panel_2d_phased(&g, &xph, nr, q, panel));
+                    }
+                    assert_eq!(got, want.view().data(), "phased {g:?} nr {nr}");
                     cases += 1;
                 }
             }

@@ -20,6 +20,8 @@ use kiln_tensor::Tensor;
 thread_local! {
     /// The packed im2col panels of the f32 2-D path, reused across calls on a thread.
     static PACKED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The column-phase split input of strided convolutions, reused per thread.
+    static PHASES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// The Winograd path's scratch (padded input, transforms, products), reused per thread.
     static WINOGRAD: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
@@ -262,7 +264,7 @@ impl Conv {
         act: Option<kiln_kernels::sgemm::Act>,
         residual: Option<&Tensor>,
     ) -> Result<Option<Tensor>> {
-        use kiln_kernels::conv::{Conv2d, im2col_panel_2d};
+        use kiln_kernels::conv::{Conv2d, im2col_panel_2d, im2col_panel_2d_phased, phase_len, split_phases};
         use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, sgemm};
         let (xs, ws) = (x.shape(), w.shape());
         let f32s = |t: &Tensor| t.dtype() == kiln_tensor::DType::F32;
@@ -331,68 +333,96 @@ impl Conv {
         };
         let layout = BLayout::for_isa(kiln_kernels::isa::active());
         let nr = layout.nr();
-        let packed_len = layout
-            .packed_len(kdim, osz)
-            .ok_or_else(|| OpError::Shape(format!("Conv: X {xs:?} W {ws:?} too large")))?;
-        numel(&[packed_len])?;
+        // Columns per packed block: its panels take at most 512 KiB (half of Zen 4's L2).
+        const BLOCK_FLOATS: usize = 128 * 1024;
+        let block = (BLOCK_FLOATS / kdim.max(1) / nr).max(1) * nr;
+        numel(&[kdim, block])?;
         let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}"));
         let img = geo.c * ih * iw;
+        let mut phases = PHASES.with(std::cell::Cell::take);
         PACKED.with(|cell| -> Result<()> {
             let mut buf = cell.take();
             // Every element is written by the panels below: no clearing needed.
-            buf.resize(packed_len, 0.0);
+            buf.resize(kdim * block, 0.0);
             for n in 0..batch {
                 for gi in 0..g {
                     let start = (n * c + gi * geo.c) * ih * iw;
                     let xg = xd.get(start..start + img).ok_or_else(bad)?;
-                    // Panels in parallel: each task fills a disjoint group of whole panels.
-                    let panel = kdim * nr;
-                    let panels = osz.div_ceil(nr);
-                    let tasks = kiln_kernels::pool::current_threads().min(panels).max(1);
-                    let per = panels.div_ceil(tasks);
-                    let chunks: Vec<std::sync::Mutex<&mut [f32]>> = buf
-                        .chunks_mut((per * panel).max(1))
-                        .map(std::sync::Mutex::new)
-                        .collect();
-                    let ok = std::sync::atomic::AtomicBool::new(true);
-                    kiln_kernels::pool::parallel_for(chunks.len(), &|t| {
-                        let Some(chunk) = chunks.get(t) else { return };
-                        let mut chunk = chunk.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        for (i, p) in chunk.chunks_exact_mut(panel.max(1)).enumerate() {
-                            if !im2col_panel_2d(&geo, xg, nr, t * per + i, p) {
-                                ok.store(false, std::sync::atomic::Ordering::Relaxed);
-                            }
+                    // Strided windows of several taps read the input split into column
+                    // phases, where each run of a panel row is one slice copy.
+                    let phased = geo.sw > 1 && geo.kh * geo.kw > 1;
+                    if phased {
+                        phases.resize(geo.c * ih * geo.sw * phase_len(&geo), 0.0);
+                        if !split_phases(&geo, xg, &mut phases) {
+                            return Err(bad());
                         }
-                    });
-                    drop(chunks);
-                    if !ok.load(std::sync::atomic::Ordering::Relaxed) {
-                        return Err(bad());
                     }
-                    let packed = PackedBRef::new(layout, kdim, osz, &buf).map_err(|_| bad())?;
+                    let phases: &[f32] = &phases;
                     let wg = wd.get(gi * mg * kdim..(gi + 1) * mg * kdim).ok_or_else(bad)?;
                     let ys = (n * m + gi * mg) * osz;
                     let yg = y.get_mut(ys..ys + mg * osz).ok_or_else(bad)?;
-                    let epi = Epilogue {
-                        bias: match bd.and_then(|v| v.get(gi * mg..(gi + 1) * mg)) {
-                            Some(v) => Bias::Row(v),
-                            None => Bias::None,
-                        },
-                        residual: match rd {
-                            Some(r) => Some(kiln_kernels::sgemm::Residual {
-                                data: r.get(ys..ys + mg * osz).ok_or_else(bad)?,
-                                ld: osz,
-                            }),
-                            None => None,
-                        },
-                        act,
+                    let bias = match bd.and_then(|v| v.get(gi * mg..(gi + 1) * mg)) {
+                        Some(v) => Bias::Row(v),
+                        None => Bias::None,
                     };
-                    sgemm(mg, AMatrix::row_major(wg, kdim), packed, yg, osz, &epi).map_err(|_| bad())?;
+                    let panel = kdim * nr;
+                    // Column blocks whose packed panels fit in half the L2 cache: each block is
+                    // packed, then multiplied while it is still there.
+                    for j0 in (0..osz).step_by(block) {
+                        let nb = block.min(osz - j0);
+                        let panels = nb.div_ceil(nr);
+                        let q0 = j0 / nr;
+                        let bbuf = buf.get_mut(..panels * panel).ok_or_else(bad)?;
+                        // Panels in parallel: each task fills a disjoint group of whole panels.
+                        let tasks = kiln_kernels::pool::current_threads().min(panels).max(1);
+                        let per = panels.div_ceil(tasks);
+                        let chunks: Vec<std::sync::Mutex<&mut [f32]>> = bbuf
+                            .chunks_mut((per * panel).max(1))
+                            .map(std::sync::Mutex::new)
+                            .collect();
+                        let ok = std::sync::atomic::AtomicBool::new(true);
+                        kiln_kernels::pool::parallel_for(chunks.len(), &|t| {
+                            let Some(chunk) = chunks.get(t) else { return };
+                            let mut chunk = chunk.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                            for (i, p) in chunk.chunks_exact_mut(panel.max(1)).enumerate() {
+                                let q = q0 + t * per + i;
+                                let done = if phased {
+                                    im2col_panel_2d_phased(&geo, phases, nr, q, p)
+                                } else {
+                                    im2col_panel_2d(&geo, xg, nr, q, p)
+                                };
+                                if !done {
+                                    ok.store(false, std::sync::atomic::Ordering::Relaxed);
+                                }
+                            }
+                        });
+                        drop(chunks);
+                        if !ok.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Err(bad());
+                        }
+                        let bview = buf.get(..panels * panel).ok_or_else(bad)?;
+                        let packed = PackedBRef::new(layout, kdim, nb, bview).map_err(|_| bad())?;
+                        let epi = Epilogue {
+                            bias,
+                            residual: match rd {
+                                Some(r) => Some(kiln_kernels::sgemm::Residual {
+                                    data: r.get(ys + j0..ys + mg * osz).ok_or_else(bad)?,
+                                    ld: osz,
+                                }),
+                                None => None,
+                            },
+                            act,
+                        };
+                        let yb = yg.get_mut(j0..).ok_or_else(bad)?;
+                        sgemm(mg, AMatrix::row_major(wg, kdim), packed, yb, osz, &epi).map_err(|_| bad())?;
+                    }
                 }
             }
             // Kept for the next call on this thread (grown, never shrunk below this size).
             cell.set(buf);
             Ok(())
         })?;
+        PHASES.with(|cell| cell.set(phases));
         Ok(Some(Tensor::from_vec(shape, y)?))
     }
 
