@@ -122,17 +122,22 @@ impl Depthwise {
                         dst[lo..hi].copy_from_slice(&src[..hi - lo]);
                     }
                 } else {
-                    for (k, d) in dst.iter_mut().enumerate() {
-                        let x = (k * sw + r) as isize - pw as isize;
-                        if x >= 0 && (x as usize) < iw {
-                            *d = src[x as usize];
+                    // Phase r holds padded columns k*sw + r, i.e. input columns
+                    // x = k*sw + r - pw: from the first k with x >= 0, every sw-th one.
+                    let k0 = pw.saturating_sub(r).div_ceil(sw);
+                    let x0 = (k0 * sw + r).saturating_sub(pw);
+                    if let (Some(d), Some(sv)) = (dst.get_mut(k0..), src.get(x0..)) {
+                        for (d, &v) in d.iter_mut().zip(sv.iter().step_by(sw)) {
+                            *d = v;
                         }
                     }
                 }
             }
         }
+        // The taps of one output row: (start of the phase-row run, weight).
+        let mut taps: Vec<(usize, f32)> = Vec::with_capacity(kh * kw);
         for (oy, out_row) in out.chunks_exact_mut(ow).take(oh).enumerate() {
-            acc.fill(bias);
+            taps.clear();
             for ky in 0..kh {
                 let iy = (oy * sh + ky * dh) as isize - ph as isize;
                 if iy < 0 || iy >= ih as isize {
@@ -141,9 +146,22 @@ impl Depthwise {
                 let base = iy as usize * sw * plen;
                 for kx in 0..kw {
                     let t = kx * dw;
-                    let start = base + (t % sw) * plen + t / sw;
-                    axpy(acc, wk[ky * kw + kx], &planes[start..start + owp]);
+                    taps.push((base + (t % sw) * plen + t / sw, wk[ky * kw + kx]));
                 }
+            }
+            // 16 output columns at a time, accumulated in registers over all taps.
+            for (cb, out16) in acc.chunks_exact_mut(16).enumerate().take(owp / 16) {
+                let mut t = [bias; 16];
+                for &(start, w) in &taps {
+                    let o = start + cb * 16;
+                    if let Some(Ok(v)) = planes.get(o..o + 16).map(<&[f32; 16]>::try_from) {
+                        let v = *v;
+                        for i in 0..16 {
+                            t[i] += w * v[i];
+                        }
+                    }
+                }
+                out16.copy_from_slice(&t);
             }
             out_row.copy_from_slice(&acc[..ow]);
         }
@@ -168,16 +186,6 @@ impl kiln_kernels::simd::Kernel for ChannelRows<'_> {
     fn run(self) {
         self.dw
             .channel_rows(self.xin, self.wk, self.bias, self.out, self.planes, self.acc, self.plen);
-    }
-}
-
-/// `acc += w * src`, elementwise (the slices' common length); separate so that the two
-/// slices are known not to overlap and the loop vectorises (a blocked version with inner
-/// 16-element loops measured scalar: LLVM did not vectorise it).
-#[inline(always)]
-fn axpy(acc: &mut [f32], w: f32, src: &[f32]) {
-    for (a, &v) in acc.iter_mut().zip(src) {
-        *a += w * v;
     }
 }
 
