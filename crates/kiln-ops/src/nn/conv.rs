@@ -20,6 +20,8 @@ use kiln_tensor::Tensor;
 thread_local! {
     /// The packed im2col panels of the f32 2-D path, reused across calls on a thread.
     static PACKED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// A column block's packed panels when blocks run in parallel (one per pool thread).
+    static PACKED_TASK: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// The column-phase split input of strided convolutions, reused per thread.
     static PHASES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// The Winograd path's scratch (padded input, transforms, products), reused per thread.
@@ -366,6 +368,66 @@ impl Conv {
                         None => Bias::None,
                     };
                     let panel = kdim * nr;
+                    let blocks = osz.div_ceil(block);
+                    let threads = kiln_kernels::pool::current_threads();
+                    if threads > 1 && blocks >= 2 {
+                        // Whole column blocks per thread, each packed into and multiplied from
+                        // that thread's own cache; results land in per-block buffers (column
+                        // blocks of C are not disjoint slices) copied into Y afterwards.
+                        let results: Vec<std::sync::Mutex<Vec<f32>>> =
+                            (0..blocks).map(|_| std::sync::Mutex::new(Vec::new())).collect();
+                        let failed = std::sync::atomic::AtomicBool::new(false);
+                        kiln_kernels::pool::parallel_for(blocks, &|bi| {
+                            let j0 = bi * block;
+                            let nb = block.min(osz - j0);
+                            let ok = PACKED_TASK.with(|cell| {
+                                let mut pbuf = cell.take();
+                                let panels = nb.div_ceil(nr);
+                                pbuf.resize(panels * panel, 0.0);
+                                let mut ok = true;
+                                for (i, p) in pbuf.chunks_exact_mut(panel.max(1)).enumerate() {
+                                    let q = j0 / nr + i;
+                                    ok &= if phased {
+                                        im2col_panel_2d_phased(&geo, phases, nr, q, p)
+                                    } else {
+                                        im2col_panel_2d(&geo, xg, nr, q, p)
+                                    };
+                                }
+                                let mut out = vec![0.0f32; mg * nb];
+                                let residual = rd
+                                    .and_then(|r| r.get(ys + j0..ys + mg * osz))
+                                    .map(|data| kiln_kernels::sgemm::Residual { data, ld: osz });
+                                ok &= rd.is_none() || residual.is_some();
+                                let epi = Epilogue { bias, residual, act };
+                                ok &= PackedBRef::new(layout, kdim, nb, &pbuf)
+                                    .ok()
+                                    .and_then(|packed| {
+                                        sgemm(mg, AMatrix::row_major(wg, kdim), packed, &mut out, nb, &epi).ok()
+                                    })
+                                    .is_some();
+                                cell.set(pbuf);
+                                if let Some(slot) = results.get(bi) {
+                                    *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = out;
+                                }
+                                ok
+                            });
+                            if !ok {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        });
+                        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Err(bad());
+                        }
+                        for (bi, r) in results.into_iter().enumerate() {
+                            let out = r.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+                            let j0 = bi * block;
+                            let nb = block.min(osz - j0);
+                            for (row, src) in yg.chunks_exact_mut(osz).zip(out.chunks_exact(nb.max(1))) {
+                                row.get_mut(j0..j0 + nb).ok_or_else(bad)?.copy_from_slice(src);
+                            }
+                        }
+                        continue;
+                    }
                     // Column blocks whose packed panels fit in half the L2 cache: each block is
                     // packed, then multiplied while it is still there.
                     for j0 in (0..osz).step_by(block) {
@@ -1142,5 +1204,50 @@ mod tests {
             y[0].as_tensor().unwrap().as_slice::<f32>().unwrap(),
             &[1.0, 1.0, 3.0, 2.0, 2.0]
         );
+    }
+
+    /// The f32 2-D path split over threads (column blocks per thread, strided and not, with
+    /// bias, residual and activation) computes exactly what one thread does.
+    #[test]
+    fn threaded_column_blocks_match_one_thread() {
+        let mut seed = 11u32;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            ((seed >> 8) % 2001) as f32 / 1000.0 - 1.0
+        };
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        for (stride, hw) in [(1usize, 82usize), (2, 163)] {
+            let (c, m) = (3, 5);
+            let x: Vec<f32> = (0..c * hw * hw).map(|_| rnd()).collect();
+            let w: Vec<f32> = (0..m * c * 9).map(|_| rnd()).collect();
+            let b: Vec<f32> = (0..m).map(|_| rnd()).collect();
+            let o = (hw + 2 - 3) / stride + 1;
+            let r: Vec<f32> = (0..m * o * o).map(|_| rnd()).collect();
+            let op = Conv {
+                group: 1,
+                pads: vec![1, 1, 1, 1],
+                strides: vec![stride, stride],
+                activation: Some(Activation::Relu),
+                ..Default::default()
+            };
+            let vals = [
+                Value::Tensor(Tensor::from_vec(vec![1, c, hw, hw], x).unwrap()),
+                Value::Tensor(Tensor::from_vec(vec![m, c, 3, 3], w).unwrap()),
+                Value::Tensor(Tensor::from_vec(vec![m], b).unwrap()),
+                Value::Tensor(Tensor::from_vec(vec![1, m, o, o], r).unwrap()),
+            ];
+            let ins: Vec<Option<&Value>> = vals.iter().map(Some).collect();
+            let one = op.eval(&Args::new(&ins)).unwrap();
+            let two = pool.install(|| op.eval(&Args::new(&ins)).unwrap());
+            let (a, b) = (one[0].as_tensor().unwrap(), two[0].as_tensor().unwrap());
+            assert_eq!(a.shape(), &[1, m, o, o]);
+            assert!(o * o > 131072 / 27, "needs two column blocks");
+            assert_eq!(
+                a.as_slice::<f32>().unwrap(),
+                b.as_slice::<f32>().unwrap(),
+                "stride {stride}"
+            );
+            assert!(a.as_slice::<f32>().unwrap().iter().any(|&v| v > 0.0));
+        }
     }
 }
