@@ -76,6 +76,27 @@ fn taps(o: usize, (size, k, s, pb, pe): (usize, usize, usize, usize, usize)) -> 
 /// MaxPool (Y only) or AveragePool over 2-D f32 planes without dilation: the window of each
 /// output clipped to the input, in the reference's order (Max keeps the first valid tap unless
 /// a later one is greater, so NaN handling matches; an empty window gives NaN).
+/// Whether any element is NaN (vectorised).
+fn has_nan(v: &[f32]) -> bool {
+    kiln_kernels::simd::vectorize(|| v.iter().fold(false, |a, x| a | x.is_nan()))
+}
+
+/// `out[x] = max over rows r0..r1 of plane[row][x]` (no NaNs in the plane), vectorised.
+fn max_rows(plane: &[f32], iw: usize, r0: usize, r1: usize, out: &mut [f32]) {
+    kiln_kernels::simd::vectorize(|| {
+        if let Some(first) = plane.get(r0 * iw..(r0 + 1) * iw) {
+            out.copy_from_slice(first);
+        }
+        for row in r0 + 1..r1 {
+            if let Some(src) = plane.get(row * iw..(row + 1) * iw) {
+                for (o, &v) in out.iter_mut().zip(src) {
+                    *o = if v > *o { v } else { *o };
+                }
+            }
+        }
+    });
+}
+
 fn pool2d_f32(
     kind: PoolKind,
     x: &[f32],
@@ -89,10 +110,30 @@ fn pool2d_f32(
     let cols: Vec<(usize, usize, usize)> = (0..ow).map(|o| taps(o, geo[1])).collect();
     let rows: Vec<(usize, usize, usize)> = (0..oh).map(|o| taps(o, geo[0])).collect();
     kiln_kernels::pool::for_each_chunk_mut(&mut y, (oh * ow).max(1), &|p, yp| {
+        let Some(plane) = x.get(p * ih * iw..(p + 1) * ih * iw) else {
+            return;
+        };
+        if matches!(kind, PoolKind::Max { .. }) && iw > 0 && !has_nan(plane) {
+            // Without NaNs the maximum does not depend on the order of the taps: the
+            // window's rows are first reduced column by column (vectorised), then each
+            // output takes the maximum of its columns of that row.
+            let mut colmax = vec![f32::NEG_INFINITY; iw];
+            for (yrow, &(r0, r1, _)) in yp.chunks_mut(ow.max(1)).zip(&rows) {
+                if r0 == r1 {
+                    yrow.fill(f32::NAN);
+                    continue;
+                }
+                max_rows(plane, iw, r0, r1, &mut colmax);
+                for (o, &(c0, c1, _)) in yrow.iter_mut().zip(&cols) {
+                    *o = match colmax.get(c0..c1) {
+                        Some(seg) if !seg.is_empty() => seg.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                        _ => f32::NAN,
+                    };
+                }
+            }
+            return;
+        }
         kiln_kernels::simd::vectorize(|| {
-            let Some(plane) = x.get(p * ih * iw..(p + 1) * ih * iw) else {
-                return;
-            };
             for (yrow, &(r0, r1, rc)) in yp.chunks_mut(ow.max(1)).zip(&rows) {
                 for (o, &(c0, c1, cc)) in yrow.iter_mut().zip(&cols) {
                     *o = match kind {
@@ -632,5 +673,41 @@ mod tests {
             }
         }
         assert!(cases > 60, "{cases}");
+    }
+
+    /// A plane with NaNs takes the exact tap-order loop: same NaN placement as the general path.
+    #[test]
+    fn max_pool_with_nans_keeps_the_reference_order() {
+        let mut v: Vec<f32> = (0..36).map(|i| (i * 7 % 11) as f32).collect();
+        v[7] = f32::NAN;
+        v[20] = f32::NAN;
+        let x = Tensor::from_vec(vec![1, 1, 6, 6], v).unwrap();
+        let mut p = pool(PoolKind::Max { storage_order: false });
+        p.kernel_shape = vec![3, 3];
+        p.strides = vec![2, 2];
+        p.pads = vec![1, 1, 1, 1];
+        let xv = Value::Tensor(x);
+        let ins = [Some(&xv)];
+        let general = p.eval(&Args::new(&ins)).unwrap();
+        let fast = p.eval(&Args::new(&ins).with_wanted(1)).unwrap();
+        let bits = |v: &Value| {
+            v.as_tensor()
+                .unwrap()
+                .as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .map(|f| f.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&fast[0]), bits(&general[0]));
+        assert!(
+            fast[0]
+                .as_tensor()
+                .unwrap()
+                .as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .any(|f| f.is_nan())
+        );
     }
 }
