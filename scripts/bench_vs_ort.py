@@ -9,7 +9,8 @@ warm-up run (the round's sample is their median). The figure per runtime is the 
 round samples (R x K >= 20 runs each by default). ORT uses ORT_ENABLE_ALL and
 intra_op_num_threads = T; kiln gets num_of_cores = T (its own pool: the caller plus T - 1
 workers). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
-are random. FLOPs = 2 x the MACs `kiln info` reports.
+are random. FLOPs = 2 x the MACs `kiln info` reports, i.e. the direct method's: layers kiln runs
+as Winograd do fewer, so kiln's GFLOP/s there are effective figures (and may exceed the peak).
 
 usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--threads 1,2] [--rounds 5]
        [--per-round 5] MODEL.onnx...
