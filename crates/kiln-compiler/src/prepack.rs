@@ -16,8 +16,9 @@ use kiln_tensor::{DType, Tensor};
 /// The packing used: fixed, so a program runs on every kernel level and machine.
 pub const LAYOUT: BLayout = BLayout::NR32;
 
-/// Prepacks the main program's eligible MatMul and Gemm weights; returns how many it packed.
-pub fn run(graph: &Graph, program: &mut Program) -> usize {
+/// How many steps read each slot (captures included), and the program's output slots: a
+/// constant may be replaced only when its one reader is the step rewriting it.
+fn readers(program: &Program) -> (Vec<usize>, Vec<usize>) {
     let mut reads = vec![0usize; program.num_slots()];
     for step in &program.steps {
         for s in step.inputs.iter().flatten().copied().chain(step.captured_slots()) {
@@ -26,7 +27,12 @@ pub fn run(graph: &Graph, program: &mut Program) -> usize {
             }
         }
     }
-    let outputs: Vec<usize> = program.outputs.iter().map(|o| o.slot).collect();
+    (reads, program.outputs.iter().map(|o| o.slot).collect())
+}
+
+/// Prepacks the main program's eligible MatMul and Gemm weights; returns how many it packed.
+pub fn run(graph: &Graph, program: &mut Program) -> usize {
+    let (reads, outputs) = readers(program);
     let is_f32 = |slot: usize| {
         graph.values.get(slot).is_some_and(|v| match &v.ty {
             ValueType::Tensor(t) => t.dtype == Some(DType::F32),
@@ -107,15 +113,7 @@ const WINOGRAD_MIN_CHANNELS: usize = 8;
 /// many convolutions it converted.
 pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
     use kiln_ops::nn::WinogradWeights;
-    let mut reads = vec![0usize; program.num_slots()];
-    for step in &program.steps {
-        for s in step.inputs.iter().flatten().copied().chain(step.captured_slots()) {
-            if let Some(r) = reads.get_mut(s) {
-                *r += 1;
-            }
-        }
-    }
-    let outputs: Vec<usize> = program.outputs.iter().map(|o| o.slot).collect();
+    let (reads, outputs) = readers(program);
     let fixed_f32 = |slot: usize| -> Option<Vec<usize>> {
         let v = graph.values.get(slot)?;
         match &v.ty {

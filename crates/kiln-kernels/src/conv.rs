@@ -245,9 +245,41 @@ impl Conv2d {
 /// The im2col matrix never exists whole: each panel is built from runs of consecutive output
 /// columns in one output row, copied as slices when the stride is 1.
 pub fn im2col_panel_2d(g: &Conv2d, x: &[f32], nr: usize, q: usize, panel: &mut [f32]) -> bool {
+    if x.len() < g.c * g.ih * g.iw {
+        return false;
+    }
+    fill_panel(g, nr, q, panel, &mut |ci, y, first, dst| {
+        let row = (ci * g.ih + y) * g.iw;
+        let Some(src) = x.get(row + first..row + g.iw) else {
+            return;
+        };
+        if g.sw == 1 {
+            if let Some(s) = src.get(..dst.len()) {
+                dst.copy_from_slice(s);
+            }
+        } else {
+            for (d, s) in dst.iter_mut().zip(src.iter().step_by(g.sw)) {
+                *d = *s;
+            }
+        }
+    })
+}
+
+/// The panel skeleton of both im2col writers: splits panel `q`'s columns into runs within one
+/// output row, zeroes the padding and the columns past the matrix, and calls
+/// `copy(channel, input row, first input column, dst)` for each run's valid part, `dst`
+/// taking input columns `first, first + sw, ...`. False when `panel` is too short or `q` is
+/// past the last panel.
+fn fill_panel(
+    g: &Conv2d,
+    nr: usize,
+    q: usize,
+    panel: &mut [f32],
+    copy: &mut dyn FnMut(usize, usize, usize, &mut [f32]),
+) -> bool {
     let n = g.n();
     let j0 = q * nr;
-    if panel.len() < g.k() * nr || x.len() < g.c * g.ih * g.iw || j0 >= n.max(1) || g.ow == 0 {
+    if panel.len() < g.k() * nr || j0 >= n.max(1) || g.ow == 0 {
         return false;
     }
     let w = nr.min(n - j0);
@@ -261,10 +293,9 @@ pub fn im2col_panel_2d(g: &Conv2d, x: &[f32], nr: usize, q: usize, panel: &mut [
         runs.push((j - j0, len, r, c0));
         j += len;
     }
-    let (ih, iw) = (g.ih as isize, g.iw as isize);
+    let (ih, iw, sw) = (g.ih as isize, g.iw as isize, g.sw.max(1) as isize);
     let mut rows = panel.chunks_exact_mut(nr);
     for ci in 0..g.c {
-        let plane = &x[ci * g.ih * g.iw..(ci + 1) * g.ih * g.iw];
         for ky in 0..g.kh {
             for kx in 0..g.kw {
                 let Some(row) = rows.next() else { return false };
@@ -276,32 +307,14 @@ pub fn im2col_panel_2d(g: &Conv2d, x: &[f32], nr: usize, q: usize, panel: &mut [
                         dst.fill(0.0);
                         continue;
                     }
-                    let src = &plane[y as usize * g.iw..(y as usize + 1) * g.iw];
+                    // Valid t: 0 <= x0 + t*sw < iw, a range; outside it the padding.
                     let x0 = (c0 * g.sw + kx * g.dw) as isize - g.pw as isize;
-                    if g.sw == 1 {
-                        // Valid t: 0 <= x0 + t < iw.
-                        let lo = (-x0).clamp(0, len as isize) as usize;
-                        let hi = (iw - x0).clamp(lo as isize, len as isize) as usize;
-                        dst[..lo].fill(0.0);
-                        if hi > lo {
-                            let s = (x0 + lo as isize) as usize;
-                            dst[lo..hi].copy_from_slice(&src[s..s + (hi - lo)]);
-                        }
-                        dst[hi..].fill(0.0);
-                    } else {
-                        // Valid t: 0 <= x0 + t*sw < iw, a range; outside it the padding.
-                        let sw = g.sw as isize;
-                        let lo = if x0 >= 0 { 0 } else { ((-x0 + sw - 1) / sw) as usize }.min(len);
-                        let hi = if x0 >= iw { 0 } else { ((iw - 1 - x0) / sw + 1) as usize }.clamp(lo, len);
-                        dst[..lo].fill(0.0);
-                        dst[hi..].fill(0.0);
-                        let first = x0 + (lo * g.sw) as isize;
-                        if hi > lo {
-                            let src = &src[first as usize..];
-                            for (d, s) in dst[lo..hi].iter_mut().zip(src.iter().step_by(g.sw)) {
-                                *d = *s;
-                            }
-                        }
+                    let lo = if x0 >= 0 { 0 } else { ((-x0 + sw - 1) / sw) as usize }.min(len);
+                    let hi = if x0 >= iw { 0 } else { ((iw - 1 - x0) / sw + 1) as usize }.clamp(lo, len);
+                    dst[..lo].fill(0.0);
+                    dst[hi..].fill(0.0);
+                    if hi > lo {
+                        copy(ci, y as usize, (x0 + lo as isize * sw) as usize, &mut dst[lo..hi]);
                     }
                 }
             }
@@ -343,51 +356,15 @@ pub fn split_phases(g: &Conv2d, x: &[f32], out: &mut [f32]) -> bool {
 /// [`split_phases`] (`xph`): every run of output columns then reads consecutive elements of
 /// one phase row, copied as a slice. Same panel layout and result.
 pub fn im2col_panel_2d_phased(g: &Conv2d, xph: &[f32], nr: usize, q: usize, panel: &mut [f32]) -> bool {
-    let n = g.n();
-    let j0 = q * nr;
     let sw = g.sw.max(1);
     let plen = phase_len(g);
-    if panel.len() < g.k() * nr || xph.len() < g.c * g.ih * sw * plen || j0 >= n.max(1) || g.ow == 0 {
+    if xph.len() < g.c * g.ih * sw * plen {
         return false;
     }
-    let w = nr.min(n - j0);
-    let mut runs: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(4);
-    let mut j = j0;
-    while j < j0 + w {
-        let (r, c0) = (j / g.ow, j % g.ow);
-        let len = (g.ow - c0).min(j0 + w - j);
-        runs.push((j - j0, len, r, c0));
-        j += len;
-    }
-    let (ih, iw) = (g.ih as isize, g.iw as isize);
-    let mut rows = panel.chunks_exact_mut(nr);
-    for ci in 0..g.c {
-        for ky in 0..g.kh {
-            for kx in 0..g.kw {
-                let Some(row) = rows.next() else { return false };
-                row[w..].fill(0.0);
-                for &(s0, len, r, c0) in &runs {
-                    let dst = &mut row[s0..s0 + len];
-                    let y = (r * g.sh + ky * g.dh) as isize - g.ph as isize;
-                    if y < 0 || y >= ih {
-                        dst.fill(0.0);
-                        continue;
-                    }
-                    let x0 = (c0 * sw + kx * g.dw) as isize - g.pw as isize;
-                    let s = sw as isize;
-                    // Valid t: 0 <= x0 + t*sw < iw.
-                    let lo = if x0 >= 0 { 0 } else { ((-x0 + s - 1) / s) as usize }.min(len);
-                    let hi = if x0 >= iw { 0 } else { ((iw - 1 - x0) / s + 1) as usize }.clamp(lo, len);
-                    dst[..lo].fill(0.0);
-                    dst[hi..].fill(0.0);
-                    if hi > lo {
-                        let first = (x0 + (lo * sw) as isize) as usize;
-                        let base = ((ci * g.ih + y as usize) * sw + first % sw) * plen + first / sw;
-                        dst[lo..hi].copy_from_slice(&xph[base..base + (hi - lo)]);
-                    }
-                }
-            }
+    fill_panel(g, nr, q, panel, &mut |ci, y, first, dst| {
+        let base = ((ci * g.ih + y) * sw + first % sw) * plen + first / sw;
+        if let Some(src) = xph.get(base..base + dst.len()) {
+            dst.copy_from_slice(src);
         }
-    }
-    true
+    })
 }

@@ -171,16 +171,7 @@ impl Conv {
         let shape = vec![batch, m, gh.out, gw.out];
         let mut y = vec![0.0f32; numel(&shape)?];
         let (xd, ud) = (x.as_slice::<f32>()?, u.as_slice::<f32>()?);
-        let bd = match b {
-            Some(b) if b.len() != m => {
-                return Err(OpError::Shape(format!(
-                    "bias has {} elements for {m} output channels",
-                    b.len()
-                )));
-            }
-            Some(b) => Some(b.as_slice::<f32>()?),
-            None => None,
-        };
+        let bd = f32_bias(b, m)?;
         let g = Winograd {
             c,
             m,
@@ -323,16 +314,7 @@ impl Conv {
             )?));
         }
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
-        let bd = match b {
-            Some(b) if b.len() != m => {
-                return Err(OpError::Shape(format!(
-                    "bias has {} elements for {m} output channels",
-                    b.len()
-                )));
-            }
-            Some(b) => Some(b.as_slice::<f32>()?),
-            None => None,
-        };
+        let bd = f32_bias(b, m)?;
         let layout = BLayout::for_isa(kiln_kernels::isa::active());
         let nr = layout.nr();
         // Columns per packed block: its panels take at most 512 KiB (half of Zen 4's L2).
@@ -528,16 +510,7 @@ impl Conv {
         let shape = vec![xs[0], c, gh.out, gw.out];
         let mut y = vec![0.0f32; numel(&shape)?];
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
-        let bd = match b {
-            Some(b) if b.len() != c => {
-                return Err(OpError::Shape(format!(
-                    "bias has {} elements for {c} output channels",
-                    b.len()
-                )));
-            }
-            Some(b) => Some(b.as_slice::<f32>()?),
-            None => None,
-        };
+        let bd = f32_bias(b, c)?;
         let (ip, op) = (c * xs[2] * xs[3], c * gh.out * gw.out);
         for n in 0..xs[0] {
             let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
@@ -617,6 +590,18 @@ impl Conv {
             false,
         )?);
         Ok(vec![tensor_type(dtype, Some(shape))])
+    }
+}
+
+/// The optional f32 bias of `m` output channels, checked for length.
+fn f32_bias(b: Option<&Tensor>, m: usize) -> Result<Option<&[f32]>> {
+    match b {
+        Some(b) if b.len() != m => Err(OpError::Shape(format!(
+            "bias has {} elements for {m} output channels",
+            b.len()
+        ))),
+        Some(b) => Ok(Some(b.as_slice::<f32>()?)),
+        None => Ok(None),
     }
 }
 
