@@ -3,10 +3,14 @@
 //!
 //! The crates build for the baseline x86-64 target (SSE2), so a plain loop elsewhere is
 //! vectorised 4 floats wide without FMA. Calling it through `vectorize` lets LLVM inline the
-//! closure (and the small functions it calls) into a `#[target_feature]` function and
-//! vectorise it 16 wide. Inlining is LLVM's choice: when it declines, the closure runs as it
-//! would have anyway, so the result never depends on it. Only the memory-bound loops of the
-//! ops use this (elementwise, depthwise, pooling, normalisation); the GEMM has its own
+//! closure into a `#[target_feature]` function and vectorise it 16 wide, but LLVM inlines only
+//! small closures: a closure around a loop nest (or one calling `#[inline(always)]` helpers,
+//! which makes it large) stays a call compiled for the baseline, and the wrapper then does
+//! nothing. Loop nests therefore go through [`vectorize_kernel`] with a [`Kernel`] whose `run`
+//! is `#[inline(always)]` (the depthwise rows, the Winograd transforms); `vectorize` is for
+//! one-loop bodies (softmax scaling, layer-norm rows, MaxPool row maxima, the NaN scan, the
+//! residual add). Checked on the binary: every `run_avx512` instance holds its loop, none is
+//! a bare jump. Either way the result is that of the same Rust code. The GEMM has its own
 //! hand-written kernels.
 
 use crate::isa::{self, Isa};

@@ -14,11 +14,6 @@ const W: usize = 16;
 
 /// The largest element of `v` (NaNs skipped; -inf for an empty or all-NaN slice).
 pub fn max(v: &[f32]) -> f32 {
-    crate::simd::vectorize(|| max_body(v))
-}
-
-#[inline(always)]
-fn max_body(v: &[f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; W];
     let mut chunks = v.chunks_exact(W);
     for c in &mut chunks {
@@ -34,11 +29,6 @@ fn max_body(v: &[f32]) -> f32 {
 
 /// The sum of `v` in f64 (16 partial sums, then added in order).
 pub fn sum_f64(v: &[f32]) -> f64 {
-    crate::simd::vectorize(|| sum_f64_body(v))
-}
-
-#[inline(always)]
-fn sum_f64_body(v: &[f32]) -> f64 {
     let mut s = [0.0f64; W];
     let mut chunks = v.chunks_exact(W);
     for c in &mut chunks {
@@ -54,11 +44,6 @@ fn sum_f64_body(v: &[f32]) -> f64 {
 
 /// `sum (v[i] - mean)^2` in f64 (16 partial sums).
 pub fn sq_dev_sum_f64(v: &[f32], mean: f64) -> f64 {
-    crate::simd::vectorize(|| sq_dev_sum_f64_body(v, mean))
-}
-
-#[inline(always)]
-fn sq_dev_sum_f64_body(v: &[f32], mean: f64) -> f64 {
     let mut s = [0.0f64; W];
     let mut chunks = v.chunks_exact(W);
     for c in &mut chunks {

@@ -215,31 +215,29 @@ impl Bcast {
         let n = *self.dims.last().unwrap_or(&0);
         let (ka, kb) = (*self.sa.last().unwrap_or(&0), *self.sb.last().unwrap_or(&0));
         let mut out = Vec::with_capacity(numel(&self.shape).unwrap_or(0));
-        kiln_kernels::simd::vectorize(|| {
-            self.for_each_run(|ia, ib| match (ka, kb) {
-                (1, 1) => {
-                    if let (Some(xs), Some(ys)) = (x.get(ia..ia + n), y.get(ib..ib + n)) {
-                        out.extend(xs.iter().zip(ys).map(|(&p, &q)| f(p, q)));
+        self.for_each_run(|ia, ib| match (ka, kb) {
+            (1, 1) => {
+                if let (Some(xs), Some(ys)) = (x.get(ia..ia + n), y.get(ib..ib + n)) {
+                    out.extend(xs.iter().zip(ys).map(|(&p, &q)| f(p, q)));
+                }
+            }
+            (1, 0) => {
+                if let (Some(xs), Some(&q)) = (x.get(ia..ia + n), y.get(ib)) {
+                    out.extend(xs.iter().map(|&p| f(p, q)));
+                }
+            }
+            (0, 1) => {
+                if let (Some(&p), Some(ys)) = (x.get(ia), y.get(ib..ib + n)) {
+                    out.extend(ys.iter().map(|&q| f(p, q)));
+                }
+            }
+            _ => {
+                for i in 0..n {
+                    if let (Some(&p), Some(&q)) = (x.get(ia + i * ka), y.get(ib + i * kb)) {
+                        out.push(f(p, q));
                     }
                 }
-                (1, 0) => {
-                    if let (Some(xs), Some(&q)) = (x.get(ia..ia + n), y.get(ib)) {
-                        out.extend(xs.iter().map(|&p| f(p, q)));
-                    }
-                }
-                (0, 1) => {
-                    if let (Some(&p), Some(ys)) = (x.get(ia), y.get(ib..ib + n)) {
-                        out.extend(ys.iter().map(|&q| f(p, q)));
-                    }
-                }
-                _ => {
-                    for i in 0..n {
-                        if let (Some(&p), Some(&q)) = (x.get(ia + i * ka), y.get(ib + i * kb)) {
-                            out.push(f(p, q));
-                        }
-                    }
-                }
-            })
+            }
         });
         out
     }

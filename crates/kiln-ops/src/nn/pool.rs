@@ -133,49 +133,48 @@ fn pool2d_f32(
             }
             return;
         }
-        kiln_kernels::simd::vectorize(|| {
-            for (yrow, &(r0, r1, rc)) in yp.chunks_mut(ow.max(1)).zip(&rows) {
-                for (o, &(c0, c1, cc)) in yrow.iter_mut().zip(&cols) {
-                    *o = match kind {
-                        PoolKind::Max { .. } => {
-                            // The first tap, then any greater one (as the reference: a NaN first
-                            // tap stays, later NaNs are skipped); NaN for an empty window.
-                            let mut best = if r0 < r1 && c0 < c1 {
-                                plane.get(r0 * iw + c0).copied().unwrap_or(f32::NAN)
-                            } else {
-                                f32::NAN
-                            };
-                            for row in r0..r1 {
-                                for &v in plane.get(row * iw + c0..row * iw + c1).unwrap_or(&[]) {
-                                    if v > best {
-                                        best = v;
-                                    }
+        // The exact tap-order loop (planes with NaNs, AveragePool).
+        for (yrow, &(r0, r1, rc)) in yp.chunks_mut(ow.max(1)).zip(&rows) {
+            for (o, &(c0, c1, cc)) in yrow.iter_mut().zip(&cols) {
+                *o = match kind {
+                    PoolKind::Max { .. } => {
+                        // The first tap, then any greater one (as the reference: a NaN first
+                        // tap stays, later NaNs are skipped); NaN for an empty window.
+                        let mut best = if r0 < r1 && c0 < c1 {
+                            plane.get(r0 * iw + c0).copied().unwrap_or(f32::NAN)
+                        } else {
+                            f32::NAN
+                        };
+                        for row in r0..r1 {
+                            for &v in plane.get(row * iw + c0..row * iw + c1).unwrap_or(&[]) {
+                                if v > best {
+                                    best = v;
                                 }
                             }
-                            best
                         }
-                        PoolKind::Average { count_include_pad } => {
-                            let mut sum = 0.0f64;
-                            for row in r0..r1 {
-                                sum += plane
-                                    .get(row * iw + c0..row * iw + c1)
-                                    .unwrap_or(&[])
-                                    .iter()
-                                    .map(|&v| f64::from(v))
-                                    .sum::<f64>();
-                            }
-                            let div = if count_include_pad {
-                                rc * cc
-                            } else {
-                                (r1 - r0) * (c1 - c0)
-                            };
-                            if div == 0 { f32::NAN } else { (sum / div as f64) as f32 }
+                        best
+                    }
+                    PoolKind::Average { count_include_pad } => {
+                        let mut sum = 0.0f64;
+                        for row in r0..r1 {
+                            sum += plane
+                                .get(row * iw + c0..row * iw + c1)
+                                .unwrap_or(&[])
+                                .iter()
+                                .map(|&v| f64::from(v))
+                                .sum::<f64>();
                         }
-                        PoolKind::Lp { .. } => f32::NAN,
-                    };
-                }
+                        let div = if count_include_pad {
+                            rc * cc
+                        } else {
+                            (r1 - r0) * (c1 - c0)
+                        };
+                        if div == 0 { f32::NAN } else { (sum / div as f64) as f32 }
+                    }
+                    PoolKind::Lp { .. } => f32::NAN,
+                };
             }
-        })
+        }
     });
     y
 }
