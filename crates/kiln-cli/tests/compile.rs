@@ -72,7 +72,7 @@ fn compiled_program_matches_onnxruntime_and_shows_its_sections() {
     }
     let info = ok(&["info", &p]);
     for needle in [
-        "format version: 1",
+        "format version: 2",
         "content hash (BLAKE3)",
         "meta",
         "program",

@@ -52,7 +52,7 @@ pub struct Compiled {
     pub program: Program,
     pub report: PipelineReport,
     pub memory: plan::MemoryPlan,
-    /// MatMul and Gemm weights prepacked for the GEMM kernels (layout [`prepack::LAYOUT`]).
+    /// MatMul, Gemm and channels-last Conv weights prepacked for the GEMM kernels (layout [`prepack::LAYOUT`]).
     pub prepacked: usize,
     /// 3x3 convolutions compiled to Winograd F(4x4, 3x3), their weights transformed and packed.
     pub winograd: usize,
@@ -72,7 +72,8 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     let memory = plan::plan(&graph);
     // Level 0 runs the graph as imported, weights included.
     let prepacked = if options.opt_level >= 1 {
-        prepack::run(&graph, &mut program)
+        // Channels-last convolutions exist from level 2 (the `layout` pass).
+        prepack::run(&graph, &mut program) + prepack::channels_last(&mut program)
     } else {
         0
     };

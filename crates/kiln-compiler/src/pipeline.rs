@@ -8,7 +8,7 @@
 //! verifies after every pass; a failure names the pass.
 
 use crate::CompileError;
-use crate::passes::{attention, bn, cse, dce, fold, fuse_act, identity, matmul_add, patterns, residual, shape};
+use crate::passes::{attention, bn, cse, dce, fold, fuse_act, identity, layout, matmul_add, patterns, residual, shape};
 use kiln_ir::Graph;
 
 /// What one pass did.
@@ -114,6 +114,13 @@ const PIPELINE: &[Pass] = &[
         name: "fuse_act",
         level: 2,
         run: fuse_act::run,
+    },
+    // After every fusion (a Conv's epilogue and residual are final), before the last dce, which
+    // removes the transposes between two channels-last convolutions.
+    Pass {
+        name: "layout",
+        level: 2,
+        run: layout::run,
     },
     // Removes the weights the folds replaced and anything the fusions left unread.
     Pass {

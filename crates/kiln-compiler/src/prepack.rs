@@ -95,6 +95,54 @@ pub fn run(graph: &Graph, program: &mut Program) -> usize {
     packed
 }
 
+/// Packs the weights of the main program's channels-last group-1 f32 convolutions (the
+/// `layout` pass's) as the GEMM's B, `[kh*kw*c, m]` with rows in (ky, kx, c) order: the order
+/// of a channels-last im2col row. Only constant weights of shape `[m, c, kh, kw]` read by
+/// nothing else; returns how many it packed.
+pub fn channels_last(program: &mut Program) -> usize {
+    use kiln_ops::nn::PackedConvWeights;
+    let (reads, outputs) = readers(program);
+    let mut packed = 0;
+    for i in 0..program.steps.len() {
+        let Some(step) = program.steps.get(i) else { break };
+        let StepKind::Op(Op::Nn(NnOp::Conv(conv))) = &step.kind else {
+            continue;
+        };
+        if !conv.channels_last || conv.packed.is_some() || conv.winograd.is_some() || conv.group.max(1) != 1 {
+            continue;
+        }
+        let Some(Some(w)) = step.inputs.get(1) else { continue };
+        let w = *w;
+        if reads.get(w) != Some(&1) || outputs.contains(&w) {
+            continue;
+        }
+        let Some(ci) = program.constants.iter().position(|(s, _)| *s == w) else {
+            continue;
+        };
+        let Some((_, Value::Tensor(wt))) = program.constants.get(ci) else {
+            continue;
+        };
+        let (Ok(data), &[m, c, kh, kw]) = (wt.as_slice::<f32>(), wt.shape()) else {
+            continue;
+        };
+        let pk = PackedConvWeights { m, c, kh, kw };
+        let Ok(t) = kiln_ops::nn::pack_channels_last(data, pk).and_then(|v| Ok(Tensor::from_vec(vec![v.len()], v)?))
+        else {
+            continue;
+        };
+        let Some(step) = program.steps.get_mut(i) else { break };
+        if let StepKind::Op(Op::Nn(NnOp::Conv(conv))) = &mut step.kind {
+            conv.packed = Some(pk);
+            conv.kernel_shape = vec![kh, kw];
+        }
+        if let Some(c) = program.constants.get_mut(ci) {
+            c.1 = Value::Tensor(t);
+        }
+        packed += 1;
+    }
+    packed
+}
+
 /// Smallest output, in 4x4 tiles, and channel counts for which a 3x3 convolution runs as
 /// Winograd. The transformed weights are 4x the size of W (36 vs 9 values per channel pair),
 /// paid once in file size, load time and resident memory, while the time saved grows with the

@@ -145,7 +145,7 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
         })),
         packing: (compiled.prepacked + compiled.winograd > 0).then(|| {
             format!(
-                "{}; {} MatMul/Gemm weights packed {} for the GEMM kernels; {} 3x3 Conv weights \
+                "{}; {} MatMul/Gemm/channels-last Conv weights packed {} for the GEMM kernels; {} 3x3 Conv weights \
                  Winograd F(4x4,3x3)-transformed and packed {}",
                 kiln_runtime::file::WEIGHT_PACKING,
                 compiled.prepacked,

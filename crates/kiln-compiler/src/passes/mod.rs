@@ -12,6 +12,7 @@ pub(crate) mod edit;
 pub(crate) mod fold;
 pub(crate) mod fuse_act;
 pub(crate) mod identity;
+pub(crate) mod layout;
 pub(crate) mod matmul_add;
 pub(crate) mod patterns;
 pub(crate) mod residual;

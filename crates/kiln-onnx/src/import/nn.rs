@@ -29,6 +29,8 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 strides: usizes(ctx, "strides")?,
                 activation: None,
                 winograd: None,
+                channels_last: false,
+                packed: None,
             })
         }
         "ConvTranspose" => {

@@ -44,6 +44,23 @@ pub struct Conv {
     /// F(4x4, 3x3): input 1 then holds the transformed, packed weights
     /// (`kiln_kernels::winograd::pack_weights`, layout `f32/nr32/v1`) instead of W.
     pub winograd: Option<WinogradWeights>,
+    /// Set by the compiler (`layout` pass) for a 2-D convolution it runs channels-last: X, the
+    /// residual input 3 and Y are `[N, H, W, C]` instead of ONNX's `[N, C, H, W]`. W keeps
+    /// its ONNX layout unless `packed` is set.
+    pub channels_last: bool,
+    /// Set by the compiler for a channels-last group-1 f32 convolution with constant weights:
+    /// input 1 then holds W as the GEMM's B matrix, `[kh*kw*c, m]` with rows in (ky, kx, c)
+    /// order, packed in the `f32/nr32/v1` panels.
+    pub packed: Option<PackedConvWeights>,
+}
+
+/// What a channels-last Conv's packed weights stand for: W of shape `[m, c, kh, kw]`.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct PackedConvWeights {
+    pub m: usize,
+    pub c: usize,
+    pub kh: usize,
+    pub kw: usize,
 }
 
 /// What a Winograd Conv's transformed weights stand for: W of shape `[m, c, 3, 3]`.
@@ -54,11 +71,11 @@ pub struct WinogradWeights {
 }
 
 /// Resolved geometry of a convolution call.
-struct Plan {
-    kernel: Vec<usize>,
-    strides: Vec<usize>,
-    dilations: Vec<usize>,
-    geoms: Vec<DimGeom>,
+pub(super) struct Plan {
+    pub kernel: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub dilations: Vec<usize>,
+    pub geoms: Vec<DimGeom>,
 }
 
 fn check_kernel(attr: &[usize], w_kernel: &[usize]) -> Result<()> {
@@ -71,7 +88,7 @@ fn check_kernel(attr: &[usize], w_kernel: &[usize]) -> Result<()> {
 }
 
 impl Conv {
-    fn plan(&self, x: &[usize], w: &[usize]) -> Result<Plan> {
+    pub(super) fn plan(&self, x: &[usize], w: &[usize]) -> Result<Plan> {
         if x.len() < 3 || w.len() != x.len() {
             return Err(OpError::Shape(format!(
                 "Conv needs X [N,C,spatial..] and W of the same rank, got {x:?} and {w:?}"
@@ -106,6 +123,9 @@ impl Conv {
     }
 
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        if self.channels_last {
+            return self.eval_channels_last(args);
+        }
         if let Some(info) = self.winograd {
             return Ok(vec![self.eval_winograd(args, info)?.into()]);
         }
@@ -529,6 +549,9 @@ impl Conv {
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        if self.channels_last {
+            return self.infer_channels_last(inputs);
+        }
         let dtype = util::input_dtype(inputs, 0);
         if let Some(info) = self.winograd {
             // The weights input is the packed transform: the shape W had is in `info`.
@@ -594,7 +617,7 @@ impl Conv {
 }
 
 /// The optional f32 bias of `m` output channels, checked for length.
-fn f32_bias(b: Option<&Tensor>, m: usize) -> Result<Option<&[f32]>> {
+pub(super) fn f32_bias(b: Option<&Tensor>, m: usize) -> Result<Option<&[f32]>> {
     match b {
         Some(b) if b.len() != m => Err(OpError::Shape(format!(
             "bias has {} elements for {m} output channels",

@@ -196,3 +196,130 @@ thread_local! {
 
 // Tested against the generic convolution computed in f64 over strides, dilations, asymmetric
 // pads and kernels wider than the image: `conv.rs`, `depthwise_path_matches_the_gemm_path`.
+
+impl Depthwise {
+    /// `y = act(bias + conv(x, w))` for one channels-last image: `x` is `[H, W, C]`, `taps`
+    /// is `[kh * kw, C]` (tap-major: W transposed), `y` is `[OH, OW, C]`. Output rows in
+    /// parallel over the current pool; per output pixel, the channels in register blocks of
+    /// 64, then 16, then single ones, each accumulated over the window's taps inside the
+    /// input (bias first, then the taps in kernel order). Returns `false` when a slice does
+    /// not match the shape.
+    pub fn run_nhwc(&self, x: &[f32], taps: &[f32], bias: Option<&[f32]>, act: Option<Act>, y: &mut [f32]) -> bool {
+        let [ih, iw] = self.input;
+        let [oh, ow] = self.output;
+        let [kh, kw] = self.kernel;
+        let c = self.channels;
+        if x.len() != ih * iw * c
+            || taps.len() != kh * kw * c
+            || y.len() != oh * ow * c
+            || bias.is_some_and(|b| b.len() != c)
+        {
+            return false;
+        }
+        if y.is_empty() {
+            return true;
+        }
+        kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &|oy, row| {
+            kiln_kernels::simd::vectorize_kernel(NhwcRow {
+                dw: self,
+                x,
+                taps,
+                bias,
+                oy,
+                row,
+            });
+            if let Some(a) = act {
+                act_slice(a, row);
+            }
+        });
+        true
+    }
+
+    /// One output row of [`Self::run_nhwc`], always inlined into its vectorised caller.
+    #[inline(always)]
+    fn nhwc_row(&self, x: &[f32], taps: &[f32], bias: Option<&[f32]>, oy: usize, row: &mut [f32]) {
+        let [ih, iw] = self.input;
+        let [kh, kw] = self.kernel;
+        let [sh, sw] = self.strides;
+        let [dh, dw] = self.dilations;
+        let [ph, pw] = self.pad_begin;
+        let c = self.channels;
+        // (offset of the input pixel, offset of the tap) for the window's taps inside X.
+        let mut window: Vec<(usize, usize)> = Vec::with_capacity(kh * kw);
+        for (ox, out) in row.chunks_exact_mut(c).enumerate() {
+            window.clear();
+            for ky in 0..kh {
+                let iy = (oy * sh + ky * dh) as isize - ph as isize;
+                if iy < 0 || iy as usize >= ih {
+                    continue;
+                }
+                for kx in 0..kw {
+                    let ix = (ox * sw + kx * dw) as isize - pw as isize;
+                    if ix >= 0 && (ix as usize) < iw {
+                        window.push(((iy as usize * iw + ix as usize) * c, (ky * kw + kx) * c));
+                    }
+                }
+            }
+            let mut c0 = 0;
+            while c0 + 64 <= c {
+                channel_block::<64>(x, taps, bias, &window, c0, out);
+                c0 += 64;
+            }
+            while c0 + 16 <= c {
+                channel_block::<16>(x, taps, bias, &window, c0, out);
+                c0 += 16;
+            }
+            while c0 < c {
+                channel_block::<1>(x, taps, bias, &window, c0, out);
+                c0 += 1;
+            }
+        }
+    }
+}
+
+/// Channels `c0 .. c0 + L` of one output pixel: bias plus the window's taps, accumulated in
+/// `L` registers' worth of lanes and stored once.
+#[inline(always)]
+fn channel_block<const L: usize>(
+    x: &[f32],
+    taps: &[f32],
+    bias: Option<&[f32]>,
+    window: &[(usize, usize)],
+    c0: usize,
+    out: &mut [f32],
+) {
+    let mut acc = [0.0f32; L];
+    if let Some(Ok(b)) = bias.and_then(|b| b.get(c0..c0 + L)).map(<&[f32; L]>::try_from) {
+        acc = *b;
+    }
+    for &(xo, to) in window {
+        let xv = x.get(xo + c0..xo + c0 + L).map(<&[f32; L]>::try_from);
+        let wv = taps.get(to + c0..to + c0 + L).map(<&[f32; L]>::try_from);
+        if let (Some(Ok(xv)), Some(Ok(wv))) = (xv, wv) {
+            for i in 0..L {
+                acc[i] += xv[i] * wv[i];
+            }
+        }
+    }
+    if let Some(o) = out.get_mut(c0..c0 + L) {
+        o.copy_from_slice(&acc);
+    }
+}
+
+/// The arguments of [`Depthwise::nhwc_row`], run by `vectorize_kernel`.
+struct NhwcRow<'a> {
+    dw: &'a Depthwise,
+    x: &'a [f32],
+    taps: &'a [f32],
+    bias: Option<&'a [f32]>,
+    oy: usize,
+    row: &'a mut [f32],
+}
+
+impl kiln_kernels::simd::Kernel for NhwcRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        self.dw.nhwc_row(self.x, self.taps, self.bias, self.oy, self.row);
+    }
+}

@@ -15,6 +15,8 @@ use std::borrow::Cow;
 
 pub mod activation;
 pub mod conv;
+mod conv_nhwc;
+pub use conv_nhwc::pack_channels_last;
 mod depthwise;
 pub mod grid;
 pub mod matmul;
@@ -23,7 +25,7 @@ pub mod pool;
 pub mod resize;
 
 pub use activation::Activation;
-pub use conv::{Conv, ConvTranspose, DeformConv, WinogradWeights};
+pub use conv::{Conv, ConvTranspose, DeformConv, PackedConvWeights, WinogradWeights};
 pub use grid::{AffineGrid, GridSample, GridSampleMode, GridSamplePadding, RoiAlign, RoiAlignMode};
 pub use matmul::{Einsum, Gemm, MatMul};
 pub use nms::NonMaxSuppression;
@@ -151,6 +153,9 @@ impl NnOp {
             // Every output element takes (C/group) * prod(kernel) MACs = prod(W.shape[1..]).
             // A Winograd Conv counts the direct method's MACs (its GFLOP/s are "effective").
             NnOp::Conv(Conv { winograd: Some(w), .. }) => out.map_or(0, |y| prod(&y).saturating_mul((w.c * 9) as u64)),
+            NnOp::Conv(Conv { packed: Some(w), .. }) => {
+                out.map_or(0, |y| prod(&y).saturating_mul(prod(&[w.c, w.kh, w.kw])))
+            }
             NnOp::Conv(_) | NnOp::DeformConv(_) => match (fixed(1), out) {
                 (Some(w), Some(y)) if !w.is_empty() => prod(&y).saturating_mul(prod(&w[1..])),
                 _ => 0,

@@ -1,0 +1,260 @@
+//! Channels-last layout for depthwise-separable networks: in a graph with a depthwise
+//! convolution, every eligible 2-D convolution runs on `[N, H, W, C]` data (`Conv::
+//! channels_last`), where a depthwise window is a contiguous run of channels per tap and a
+//! 1x1 convolution is a plain GEMM over X itself (no im2col copy).
+//!
+//! Eligible: an f32 Conv with fixed rank-4 shapes and constant weights, group 1 or depthwise
+//! (`group == C == M`), no Winograd or packing yet. Each converted Conv reads the channels-last
+//! twin of its X (and residual): the twin another converted Conv produced, else a new
+//! Transpose. Its result stays channels-last, and a Transpose back to the original value
+//! follows it for any other reader; the final `dce` removes the transposes no one reads, so a
+//! chain of convolutions pays one transpose in and one out.
+//!
+//! Graphs without depthwise convolutions are left alone: there, the channels-first
+//! Winograd and im2col paths are the faster ones.
+
+use super::edit::{Index, dtype_of, fixed_shape, fresh_name};
+use crate::CompileError;
+use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
+use kiln_ops::TensorType;
+use kiln_ops::movement::{MovementOp, Transpose};
+use kiln_ops::nn::{Conv, NnOp};
+use kiln_tensor::DType;
+use std::collections::HashMap;
+
+/// How a Conv qualifies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Dense,
+    Depthwise,
+}
+
+fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
+    let NodeKind::Op(Op::Nn(NnOp::Conv(conv))) = &node.kind else {
+        return None;
+    };
+    if conv.channels_last || conv.winograd.is_some() || conv.packed.is_some() || node.outputs.len() != 1 {
+        return None;
+    }
+    let (Some(Some(x)), Some(Some(w)), Some(Some(y))) = (node.inputs.first(), node.inputs.get(1), node.outputs.first())
+    else {
+        return None;
+    };
+    let f32s = [*x, *w, *y]
+        .into_iter()
+        .chain(node.inputs.iter().skip(2).flatten().copied())
+        .all(|v| dtype_of(g, v) == Some(DType::F32));
+    let (Some(xs), Some(ws), Some(ys)) = (fixed_shape(g, *x), fixed_shape(g, *w), fixed_shape(g, *y)) else {
+        return None;
+    };
+    if !f32s || index.tensor(g, *w).is_none() || xs.len() != 4 || ws.len() != 4 || ys.len() != 4 {
+        return None;
+    }
+    let (c, m, group) = (xs[1], ws[0], conv.group.max(1));
+    if group == 1 && ws[1] == c {
+        Some(Kind::Dense)
+    } else if group == c && m == c && ws[1] == 1 && c > 1 {
+        Some(Kind::Depthwise)
+    } else {
+        None
+    }
+}
+
+fn transpose_node(name: String, perm: [i64; 4], from: ValueId, to: ValueId) -> Node {
+    Node {
+        name,
+        kind: NodeKind::Op(Op::Movement(MovementOp::Transpose(Transpose {
+            perm: Some(perm.to_vec()),
+        }))),
+        inputs: vec![Some(from)],
+        outputs: vec![Some(to)],
+    }
+}
+
+/// Adds the channels-last twin of `v` (shape `[n, c, h, w]`) as a new value.
+fn twin(g: &mut Graph, v: ValueId) -> Option<ValueId> {
+    let s = fixed_shape(g, v)?;
+    let &[n, c, h, w] = s.as_slice() else { return None };
+    let name = fresh_name(g, &format!("{}_nhwc", g.value_name(v)));
+    Some(g.add_value(name, ValueType::Tensor(TensorType::fixed(DType::F32, &[n, h, w, c]))))
+}
+
+pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
+    let index = Index::new(g);
+    let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| kind(g, &index, n)).collect();
+    if !kinds.contains(&Some(Kind::Depthwise)) {
+        return Ok(0);
+    }
+    let old = std::mem::take(&mut g.nodes);
+    let mut nodes = Vec::with_capacity(old.len() + 2);
+    // Channels-first value → its channels-last twin.
+    let mut last: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut converted = 0;
+    for (mut node, k) in old.into_iter().zip(kinds) {
+        let Some(y) = node.outputs.first().copied().flatten().filter(|_| k.is_some()) else {
+            nodes.push(node);
+            continue;
+        };
+        let Some(yt) = twin(g, y) else {
+            nodes.push(node);
+            continue;
+        };
+        for slot in [0, 3] {
+            let Some(Some(v)) = node.inputs.get(slot).copied() else {
+                continue;
+            };
+            let vt = match last.get(&v) {
+                Some(&t) => t,
+                None => {
+                    let Some(t) = twin(g, v) else { continue };
+                    let name = fresh_name(g, &format!("{}_to_nhwc", g.value_name(v)));
+                    nodes.push(transpose_node(name, [0, 2, 3, 1], v, t));
+                    last.insert(v, t);
+                    t
+                }
+            };
+            if let Some(i) = node.inputs.get_mut(slot) {
+                *i = Some(vt);
+            }
+        }
+        if let NodeKind::Op(Op::Nn(NnOp::Conv(conv))) = &mut node.kind {
+            *conv = Conv {
+                channels_last: true,
+                ..conv.clone()
+            };
+        }
+        node.outputs = vec![Some(yt)];
+        let back = format!("{}_to_nchw", node.name);
+        nodes.push(node);
+        nodes.push(transpose_node(back, [0, 3, 1, 2], yt, y));
+        last.insert(y, yt);
+        converted += 1;
+    }
+    g.nodes = nodes;
+    Ok(converted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::passes::testutil::*;
+    use kiln_ops::nn::Activation;
+
+    fn conv(group: usize, pads: usize, stride: usize, act: Option<Activation>) -> Op {
+        Op::Nn(NnOp::Conv(Conv {
+            group,
+            pads: vec![pads; 4],
+            strides: vec![stride; 2],
+            activation: act,
+            ..Conv::default()
+        }))
+    }
+
+    /// x [1,8,9,9] → pointwise 8→16 (Relu) → depthwise 3x3 stride 2 → pointwise 16→8 (+x
+    /// pooled: a residual from outside the chain) → y; the depthwise output is also a graph
+    /// output, so one transpose back stays.
+    fn block() -> Graph {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 8, 9, 9]);
+        let r = b.input("r", &[1, 8, 5, 5]);
+        let w1 = b.constant("w1", noise(&[16, 8, 1, 1], 1));
+        let b1 = b.constant("b1", noise(&[16], 2));
+        let w2 = b.constant("w2", noise(&[16, 1, 3, 3], 3));
+        let b2 = b.constant("b2", noise(&[16], 4));
+        let w3 = b.constant("w3", noise(&[8, 16, 1, 1], 5));
+        let h = b.node(
+            conv(1, 0, 1, Some(Activation::Relu)),
+            &[Some(x), Some(w1), Some(b1)],
+            &[&[1, 16, 9, 9]],
+        )[0];
+        let d = b.node(conv(16, 1, 2, None), &[Some(h), Some(w2), Some(b2)], &[&[1, 16, 5, 5]])[0];
+        let y = b.node(
+            conv(1, 0, 1, None),
+            &[Some(d), Some(w3), None, Some(r)],
+            &[&[1, 8, 5, 5]],
+        )[0];
+        b.finish(&[y, d])
+    }
+
+    fn ops(g: &Graph) -> Vec<String> {
+        g.nodes
+            .iter()
+            .map(|n| match &n.kind {
+                NodeKind::Op(Op::Nn(NnOp::Conv(c))) => format!("Conv{}", if c.channels_last { "/nhwc" } else { "" }),
+                NodeKind::Op(op) => op.name().to_string(),
+                NodeKind::Control(_) => "control".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_depthwise_chain_runs_channels_last_with_one_transpose_each_way() {
+        let g = block();
+        let mut h = g.clone();
+        assert_eq!(run(&mut h).unwrap(), 3);
+        crate::passes::dce::run(&mut h).unwrap();
+        h.verify().unwrap();
+        assert_eq!(
+            ops(&h),
+            [
+                "Transpose",
+                "Conv/nhwc",
+                "Conv/nhwc",
+                "Transpose",
+                "Transpose",
+                "Conv/nhwc",
+                "Transpose"
+            ]
+        );
+        let inputs = vec![noise(&[1, 8, 9, 9], 7), noise(&[1, 8, 5, 5], 8)];
+        let (p, q) = (run_graph(&g, inputs.clone()), run_graph(&h, inputs));
+        for (a, b) in p.iter().zip(&q) {
+            assert_close(b, a, 1e-5);
+        }
+    }
+
+    #[test]
+    fn graphs_without_depthwise_convolutions_are_left_alone() {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 8, 9, 9]);
+        let w = b.constant("w", noise(&[8, 8, 3, 3], 1));
+        let y = b.node(conv(1, 1, 1, None), &[Some(x), Some(w)], &[&[1, 8, 9, 9]])[0];
+        let mut g = b.finish(&[y]);
+        assert_eq!(run(&mut g).unwrap(), 0);
+        assert_eq!(ops(&g), ["Conv"]);
+    }
+
+    #[test]
+    fn compiled_channels_last_programs_pack_their_weights_and_match_level_0() {
+        use crate::{CompileOptions, compile};
+        use kiln_runtime::StepKind;
+        let level = |opt_level| CompileOptions {
+            opt_level,
+            ..CompileOptions::default()
+        };
+        let fast = compile(block(), &level(2)).unwrap();
+        let plain = compile(block(), &level(0)).unwrap();
+        // The two dense convolutions are packed; the depthwise one reads W as it is.
+        let packed: Vec<bool> = fast
+            .program
+            .steps
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StepKind::Op(Op::Nn(NnOp::Conv(c))) => Some(c.channels_last && c.packed.is_some()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(packed, [true, false, true]);
+        assert_eq!(fast.prepacked, 2);
+        let inputs = vec![
+            ("x".to_string(), kiln_ops::Value::Tensor(noise(&[1, 8, 9, 9], 7))),
+            ("r".to_string(), kiln_ops::Value::Tensor(noise(&[1, 8, 5, 5], 8))),
+        ];
+        let a = kiln_runtime::run(&fast.program, inputs.clone()).unwrap();
+        let b = kiln_runtime::run(&plain.program, inputs).unwrap();
+        assert_eq!(a.len(), 2);
+        for ((_, p), (_, q)) in a.iter().zip(&b) {
+            assert_close(p.as_tensor().unwrap(), q.as_tensor().unwrap(), 1e-5);
+        }
+    }
+}

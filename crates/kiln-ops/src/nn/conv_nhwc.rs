@@ -1,0 +1,665 @@
+//! Channels-last 2-D convolution: `Conv` with `channels_last` set (by the compiler's `layout`
+//! pass), X `[N, H, W, C]`, residual and Y `[N, OH, OW, M]`.
+//!
+//! Three paths, chosen from the op and the operands:
+//! - **packed** (`Conv::packed`, group 1, f32): a GEMM whose A is the im2col matrix in its
+//!   natural channels-last order (one row per output pixel: the `kh x kw` windows of `C`
+//!   contiguous channels) and whose B is the weights packed at compile time. A 1x1, stride-1,
+//!   unpadded convolution reads X itself as A (no copy at all); the others copy row blocks of
+//!   A that fit in L2 (in parallel over the pool, each block multiplied by its own thread).
+//!   Bias (per column), residual and activation run in the GEMM epilogue.
+//! - **depthwise** (f32, `group == C == M`): a direct loop vectorised over channels
+//!   ([`super::depthwise::Depthwise::run_nhwc`]): contiguous channel runs, no padded copy.
+//! - everything else (other types, grouped convolutions, unpacked weights): the channels-first
+//!   evaluation between two transposes (the reference semantics, exact but not fast).
+
+use super::conv::{Conv, PackedConvWeights, f32_bias};
+use super::{input_shape, numel, tensor_type};
+use crate::error::{OpError, Result};
+use crate::movement::Transpose;
+use crate::util;
+use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use kiln_tensor::{DType, Tensor};
+
+thread_local! {
+    /// A block of im2col rows of the packed path, reused per thread.
+    static ROWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Floats of im2col rows copied per block (128 KiB: the block, the B panels it meets and its
+/// C rows stay in Zen 4's 1 MiB L2).
+const BLOCK_FLOATS: usize = 32 * 1024;
+
+/// Channels-first `[N, C, H, W]` to channels-last `[N, H, W, C]`, and back.
+const TO_LAST: [i64; 4] = [0, 2, 3, 1];
+const TO_FIRST: [i64; 4] = [0, 3, 1, 2];
+
+fn transpose(v: &Value, perm: [i64; 4]) -> Result<Value> {
+    let t = Transpose {
+        perm: Some(perm.to_vec()),
+    };
+    let inputs = [Some(v)];
+    t.eval(&Args::new(&inputs))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| OpError::Value("Transpose produced no output".into()))
+}
+
+/// W `[m, c, kh, kw]` (row-major) as a channels-last Conv's packed weights: the GEMM's B,
+/// `[kh*kw*c, m]` with rows in (ky, kx, c) order, in `f32/nr32/v1` panels.
+pub fn pack_channels_last(w: &[f32], pk: PackedConvWeights) -> Result<Vec<f32>> {
+    use kiln_kernels::gemm::MatLayout;
+    use kiln_kernels::sgemm::{BLayout, PackedB};
+    let PackedConvWeights { m, c, kh, kw } = pk;
+    let (taps, k) = (kh * kw, numel(&[kh, kw, c])?);
+    if numel(&[m, k])? != w.len() {
+        return Err(OpError::Shape(format!(
+            "{} weights do not make W [{m}, {c}, {kh}, {kw}]",
+            w.len()
+        )));
+    }
+    // B[(t * c + ci), mo] = W[mo, ci, t] for tap t = ky * kw + kx.
+    let mut b = vec![0.0f32; w.len()];
+    for (mo, filter) in w.chunks_exact(k.max(1)).enumerate() {
+        for (ci, window) in filter.chunks_exact(taps.max(1)).enumerate() {
+            for (t, &v) in window.iter().enumerate() {
+                if let Some(d) = b.get_mut((t * c + ci) * m + mo) {
+                    *d = v;
+                }
+            }
+        }
+    }
+    let p = PackedB::pack(BLayout::NR32, k, m, &b, MatLayout::row_major(m))
+        .map_err(|e| OpError::Shape(format!("packing W [{m}, {c}, {kh}, {kw}]: {e}")))?;
+    Ok(p.view().data().to_vec())
+}
+
+/// The geometry of one channels-last call, from the op's attributes and the operands.
+struct Geometry {
+    batch: usize,
+    ih: usize,
+    iw: usize,
+    c: usize,
+    m: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    ph: usize,
+    pw: usize,
+    oh: usize,
+    ow: usize,
+}
+
+impl Geometry {
+    /// Columns of A: one window of all channels.
+    fn k(&self) -> usize {
+        self.kh * self.kw * self.c
+    }
+
+    /// Output pixels (rows of A and of Y).
+    fn rows(&self) -> usize {
+        self.batch * self.oh * self.ow
+    }
+
+    /// A 1x1, stride-1, unpadded window: A is X itself.
+    fn is_pointwise(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1 && self.oh == self.ih && self.ow == self.iw
+    }
+
+    /// Writes the im2col rows `r0 .. r0 + a.len() / k` of X (`[N, H, W, C]`) into `a`:
+    /// row `(n, oy, ox)` holds, for each tap `(ky, kx)` in order, the `C` channels of input
+    /// pixel `(oy*sh + ky*dh - ph, ox*sw + kx*dw - pw)`, or zeros in the padding. With no
+    /// dilation, the taps of one kernel row that all fall inside the input are one copy.
+    /// Returns `false` if X is shorter than the geometry says.
+    fn fill_rows(&self, x: &[f32], r0: usize, a: &mut [f32]) -> bool {
+        let (k, c, plane) = (self.k(), self.c, self.oh * self.ow);
+        if k == 0 || plane == 0 || self.ow == 0 {
+            return true;
+        }
+        let run = self.kw * c;
+        for (i, row) in a.chunks_exact_mut(k).enumerate() {
+            let p = r0 + i;
+            let (n, oy, ox) = (p / plane, p % plane / self.ow, p % self.ow);
+            let x0 = (ox * self.sw) as isize - self.pw as isize;
+            let inside_x = x0 >= 0 && x0 as usize + (self.kw - 1) * self.dw < self.iw;
+            for (ky, dst) in row.chunks_exact_mut(run).enumerate() {
+                let iy = (oy * self.sh + ky * self.dh) as isize - self.ph as isize;
+                if iy < 0 || iy as usize >= self.ih {
+                    dst.fill(0.0);
+                    continue;
+                }
+                let base = (n * self.ih + iy as usize) * self.iw;
+                if inside_x && self.dw == 1 {
+                    let s = (base + x0 as usize) * c;
+                    let Some(src) = x.get(s..s + run) else { return false };
+                    dst.copy_from_slice(src);
+                    continue;
+                }
+                for (kx, d) in dst.chunks_exact_mut(c).enumerate() {
+                    let ix = x0 + (kx * self.dw) as isize;
+                    if ix < 0 || ix as usize >= self.iw {
+                        d.fill(0.0);
+                        continue;
+                    }
+                    let s = (base + ix as usize) * c;
+                    let Some(src) = x.get(s..s + c) else { return false };
+                    d.copy_from_slice(src);
+                }
+            }
+        }
+        true
+    }
+}
+
+impl Conv {
+    /// The channels-last evaluation (see the module docs).
+    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        if self.winograd.is_some() {
+            return Err(OpError::Value("a Winograd Conv cannot be channels-last".into()));
+        }
+        let x = args.tensor(0)?;
+        if x.rank() != 4 {
+            return Err(OpError::Shape(format!(
+                "channels-last Conv needs X [N, H, W, C], got {:?}",
+                x.shape()
+            )));
+        }
+        if let Some(pw) = self.packed {
+            return Ok(vec![self.packed_nhwc(args, pw)?.into()]);
+        }
+        if let Some(y) = self.depthwise_nhwc(args)? {
+            return Ok(vec![y.into()]);
+        }
+        // The reference: the channels-first evaluation between transposes.
+        let (Some(xv), Some(wv)) = (args.value(0), args.value(1)) else {
+            return Err(OpError::Value("Conv needs X and W".into()));
+        };
+        let xt = transpose(xv, TO_FIRST)?;
+        let rt = args.value(3).map(|r| transpose(r, TO_FIRST)).transpose()?;
+        let first = Conv {
+            channels_last: false,
+            ..self.clone()
+        };
+        let inputs = [Some(&xt), Some(wv), args.value(2), rt.as_ref()];
+        let y = first.eval(&Args::new(&inputs))?;
+        let y = y
+            .first()
+            .ok_or_else(|| OpError::Value("Conv produced no output".into()))?;
+        Ok(vec![transpose(y, TO_LAST)?])
+    }
+
+    /// The output type: the channels-first inference on the permuted X (and the weight shape
+    /// `packed` records), permuted back.
+    pub(super) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = util::input_dtype(inputs, 0);
+        let Some(xs) = input_shape(inputs, 0) else {
+            return Ok(vec![util::dtype_only(dtype)]);
+        };
+        let [n, h, w, c] = xs.as_slice() else {
+            return Err(OpError::Shape(format!(
+                "channels-last Conv needs X of rank 4, got rank {}",
+                xs.len()
+            )));
+        };
+        let xt = tensor_type(dtype, Some(vec![n.clone(), c.clone(), h.clone(), w.clone()]));
+        let wt = match self.packed {
+            Some(p) => tensor_type(
+                dtype,
+                Some([p.m, p.c, p.kh, p.kw].into_iter().map(Dim::Fixed).collect()),
+            ),
+            None => inputs.get(1).map_or(ValueType::Unknown, |i| i.ty.clone()),
+        };
+        let first = Conv {
+            channels_last: false,
+            packed: None,
+            ..self.clone()
+        };
+        let ins = [
+            InferInput {
+                ty: &xt,
+                konst: None,
+                present: true,
+            },
+            InferInput {
+                ty: &wt,
+                konst: None,
+                present: true,
+            },
+        ];
+        let out = first.infer(&ins)?;
+        Ok(out
+            .into_iter()
+            .map(|t| match t {
+                ValueType::Tensor(t) => {
+                    let shape = match t.shape.as_deref() {
+                        Some([n, m, oh, ow]) => Some(vec![n.clone(), oh.clone(), ow.clone(), m.clone()]),
+                        _ => None,
+                    };
+                    tensor_type(t.dtype, shape)
+                }
+                other => other,
+            })
+            .collect())
+    }
+
+    /// The geometry of a channels-last call on X `xs` with weights `[m, c_per_group, kh, kw]`.
+    fn geometry_nhwc(&self, xs: &[usize], m: usize, cg: usize, kh: usize, kw: usize) -> Result<Geometry> {
+        let &[batch, ih, iw, c] = xs else {
+            return Err(OpError::Shape(format!(
+                "channels-last Conv needs X [N, H, W, C], got {xs:?}"
+            )));
+        };
+        let plan = self.plan(&[batch, c, ih, iw], &[m, cg, kh, kw])?;
+        let (Some(gh), Some(gw)) = (plan.geoms.first(), plan.geoms.get(1)) else {
+            return Err(OpError::Shape("channels-last Conv is 2-D".into()));
+        };
+        let at = |v: &[usize], i: usize| v.get(i).copied().unwrap_or(1);
+        Ok(Geometry {
+            batch,
+            ih,
+            iw,
+            c,
+            m,
+            kh,
+            kw,
+            sh: at(&plan.strides, 0),
+            sw: at(&plan.strides, 1),
+            dh: at(&plan.dilations, 0),
+            dw: at(&plan.dilations, 1),
+            ph: gh.pad_begin,
+            pw: gw.pad_begin,
+            oh: gh.out,
+            ow: gw.out,
+        })
+    }
+
+    /// The packed GEMM path (see the module docs).
+    fn packed_nhwc(&self, args: &Args<'_>, pk: PackedConvWeights) -> Result<Tensor> {
+        use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, Residual, sgemm};
+        let (x, w, b, r) = (
+            args.tensor(0)?,
+            args.tensor(1)?,
+            args.opt_tensor(2)?,
+            args.opt_tensor(3)?,
+        );
+        let f32s = |t: &Tensor| t.dtype() == DType::F32;
+        if !f32s(x) || !f32s(w) || !b.is_none_or(f32s) || !r.is_none_or(f32s) {
+            return Err(OpError::Value(
+                "a Conv with packed weights takes f32 X, bias and residual".into(),
+            ));
+        }
+        if self.group.max(1) != 1 {
+            return Err(OpError::Value(format!(
+                "a Conv with packed weights has group 1, not {}",
+                self.group
+            )));
+        }
+        let geo = self.geometry_nhwc(x.shape(), pk.m, pk.c, pk.kh, pk.kw)?;
+        if geo.c != pk.c {
+            return Err(OpError::Shape(format!(
+                "Conv packed for {} input channels got X {:?}",
+                pk.c,
+                x.shape()
+            )));
+        }
+        let (k, m) = (geo.k(), geo.m);
+        let packed = PackedBRef::new(BLayout::NR32, k, m, w.as_slice::<f32>()?).map_err(|e| {
+            OpError::Shape(format!(
+                "Conv weights packed for [{m}, {}, {}, {}]: {e}",
+                pk.c, pk.kh, pk.kw
+            ))
+        })?;
+        let shape = vec![geo.batch, geo.oh, geo.ow, m];
+        let rd = match r {
+            Some(r) if r.shape() != shape.as_slice() => {
+                return Err(OpError::Shape(format!(
+                    "Conv residual of shape {:?} does not match the output {shape:?}",
+                    r.shape()
+                )));
+            }
+            Some(r) => Some(r.as_slice::<f32>()?),
+            None => None,
+        };
+        let mut y = vec![0.0f32; numel(&shape)?];
+        let rows = geo.rows();
+        if y.is_empty() {
+            return Ok(Tensor::from_vec(shape, y)?);
+        }
+        let bias = f32_bias(b, m)?.map_or(Bias::None, Bias::Col);
+        let act = self.activation.map(|a| a.kernel_act());
+        let xd = x.as_slice::<f32>()?;
+        let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {:?} for {pk:?}", x.shape()));
+        if geo.is_pointwise() {
+            let epi = Epilogue {
+                bias,
+                residual: rd.map(|data| Residual { data, ld: m }),
+                act,
+            };
+            sgemm(rows, AMatrix::row_major(xd, k), packed, &mut y, m, &epi).map_err(|_| bad())?;
+            return Ok(Tensor::from_vec(shape, y)?);
+        }
+        // Row blocks of A, each copied and multiplied by one thread.
+        let block = (BLOCK_FLOATS / k.max(1))
+            .next_multiple_of(8)
+            .clamp(8, rows.next_multiple_of(8));
+        numel(&[block, k])?;
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        kiln_kernels::pool::for_each_chunk_mut(&mut y, block * m, &|bi, out| {
+            let r0 = bi * block;
+            let nrows = out.len() / m.max(1);
+            let ok = ROWS.with(|cell| {
+                let mut a = cell.take();
+                a.resize(nrows * k, 0.0);
+                let mut ok = geo.fill_rows(xd, r0, &mut a);
+                let residual = match rd {
+                    Some(r) => r.get(r0 * m..).map(|data| Residual { data, ld: m }),
+                    None => None,
+                };
+                ok &= rd.is_none() || residual.is_some();
+                let epi = Epilogue { bias, residual, act };
+                ok = ok && sgemm(nrows, AMatrix::row_major(&a, k), packed, out, m, &epi).is_ok();
+                cell.set(a);
+                ok
+            });
+            if !ok {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(bad());
+        }
+        Ok(Tensor::from_vec(shape, y)?)
+    }
+
+    /// The depthwise path: f32, `group == C`, W `[C, 1, kh, kw]`. `None` when the call is not
+    /// of that kind.
+    fn depthwise_nhwc(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
+        let (x, w, b, r) = (
+            args.tensor(0)?,
+            args.tensor(1)?,
+            args.opt_tensor(2)?,
+            args.opt_tensor(3)?,
+        );
+        let f32s = |t: &Tensor| t.dtype() == DType::F32;
+        if !f32s(x) || !f32s(w) || !b.is_none_or(f32s) || r.is_some() {
+            return Ok(None);
+        }
+        let (xs, ws) = (x.shape(), w.shape());
+        let (&[_, _, _, c], &[wm, 1, kh, kw]) = (xs, ws) else {
+            return Ok(None);
+        };
+        if self.group != c || wm != c || c == 0 {
+            return Ok(None);
+        }
+        let geo = self.geometry_nhwc(xs, c, 1, kh, kw)?;
+        let dw = super::depthwise::Depthwise {
+            channels: c,
+            input: [geo.ih, geo.iw],
+            output: [geo.oh, geo.ow],
+            kernel: [kh, kw],
+            strides: [geo.sh, geo.sw],
+            dilations: [geo.dh, geo.dw],
+            pad_begin: [geo.ph, geo.pw],
+        };
+        let shape = vec![geo.batch, geo.oh, geo.ow, c];
+        let mut y = vec![0.0f32; numel(&shape)?];
+        let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
+        // The taps channels-last too: `[kh * kw, C]`.
+        let taps = kh * kw;
+        let mut wt = vec![0.0f32; numel(&[taps, c])?];
+        for (ch, src) in wd.chunks_exact(taps.max(1)).enumerate().take(c) {
+            for (t, &v) in src.iter().enumerate() {
+                if let Some(d) = wt.get_mut(t * c + ch) {
+                    *d = v;
+                }
+            }
+        }
+        let bd = f32_bias(b, c)?;
+        let act = self.activation.map(|a| a.kernel_act());
+        let (ip, op) = (geo.ih * geo.iw * c, geo.oh * geo.ow * c);
+        for n in 0..geo.batch {
+            let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
+                return Ok(None);
+            };
+            if !dw.run_nhwc(xi, &wt, bd, act, yi) {
+                return Err(OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}")));
+            }
+        }
+        Ok(Some(Tensor::from_vec(shape, y)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::Activation;
+
+    fn rng(mut seed: u32) -> impl FnMut() -> f32 {
+        move || {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            ((seed >> 8) % 2001) as f32 / 1000.0 - 1.0
+        }
+    }
+
+    fn eval(op: &Conv, vals: &[Option<Value>]) -> Tensor {
+        let ins: Vec<Option<&Value>> = vals.iter().map(Option::as_ref).collect();
+        let out = op.eval(&Args::new(&ins)).unwrap();
+        out[0].as_tensor().unwrap().clone()
+    }
+
+    fn tensor(shape: &[usize], v: &[f32]) -> Value {
+        Value::Tensor(Tensor::from_vec(shape.to_vec(), v.to_vec()).unwrap())
+    }
+
+    fn f64s(shape: &[usize], v: &[f32]) -> Value {
+        Value::Tensor(Tensor::from_vec(shape.to_vec(), v.iter().map(|&a| a as f64).collect::<Vec<_>>()).unwrap())
+    }
+
+    /// `[N, C, H, W]` data as `[N, H, W, C]`.
+    fn to_last(v: &[f32], [n, c, h, w]: [usize; 4]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(v.len());
+        for i in 0..n {
+            for y in 0..h {
+                for x in 0..w {
+                    for ch in 0..c {
+                        out.push(v[((i * c + ch) * h + y) * w + x]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// One case: the channels-last op (packed for group 1, plain W for depthwise) on 1 and 2
+    /// threads against the channels-first generic path in f64, with bias, residual and Relu.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        n: usize,
+        c: usize,
+        m: usize,
+        hw: [usize; 2],
+        k: [usize; 2],
+        stride: [usize; 2],
+        dil: [usize; 2],
+        pads: [usize; 4],
+        group: usize,
+        residual: bool,
+        seed: u32,
+    ) {
+        let mut rnd = rng(seed);
+        let xs = [n, c, hw[0], hw[1]];
+        let ws = [m, c / group, k[0], k[1]];
+        let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|_| rnd()).collect();
+        let w: Vec<f32> = (0..ws.iter().product::<usize>()).map(|_| rnd()).collect();
+        let b: Vec<f32> = (0..m).map(|_| rnd()).collect();
+        let first = Conv {
+            group,
+            strides: stride.to_vec(),
+            dilations: dil.to_vec(),
+            pads: pads.to_vec(),
+            activation: Some(Activation::Relu),
+            ..Default::default()
+        };
+        // The output shape, from the channels-first op without a residual.
+        let probe = eval(
+            &first,
+            &[Some(f64s(&xs, &x)), Some(f64s(&ws, &w)), Some(f64s(&[m], &b))],
+        );
+        let &[_, _, oh, ow] = probe.shape() else { panic!() };
+        let ys = [n, m, oh, ow];
+        let r: Vec<f32> = (0..ys.iter().product::<usize>()).map(|_| rnd()).collect();
+        let rv = residual.then(|| f64s(&ys, &r));
+        let slow = eval(
+            &first,
+            &[Some(f64s(&xs, &x)), Some(f64s(&ws, &w)), Some(f64s(&[m], &b)), rv],
+        );
+        let mut last = Conv {
+            channels_last: true,
+            ..first.clone()
+        };
+        let wv = if group == 1 {
+            let pk = PackedConvWeights {
+                m,
+                c,
+                kh: k[0],
+                kw: k[1],
+            };
+            last.packed = Some(pk);
+            let p = pack_channels_last(&w, pk).unwrap();
+            tensor(&[p.len()], &p)
+        } else {
+            tensor(&ws, &w)
+        };
+        let vals = [
+            Some(tensor(&[n, hw[0], hw[1], c], &to_last(&x, xs))),
+            Some(wv),
+            Some(tensor(&[m], &b)),
+            residual.then(|| tensor(&[n, oh, ow, m], &to_last(&r, ys))),
+        ];
+        let one = eval(&last, &vals);
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        let two = pool.install(|| eval(&last, &vals));
+        assert_eq!(one.shape(), &[n, oh, ow, m]);
+        assert_eq!(one.as_slice::<f32>().unwrap(), two.as_slice::<f32>().unwrap());
+        let want = to_last(
+            &slow.to_f64_vec().iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            [n, m, oh, ow],
+        );
+        let got = one.as_slice::<f32>().unwrap();
+        for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - s).abs() <= 1e-5 * (1.0 + s.abs()),
+                "c {c} m {m} {hw:?} k {k:?} s {stride:?} d {dil:?} p {pads:?} g {group}: [{i}] {g} vs {s}"
+            );
+        }
+        assert!(got.iter().any(|&v| v > 0.0) && got.contains(&0.0));
+        // Without packed weights a group-1 op takes the reference path: the same values.
+        if group == 1 {
+            let plain = Conv {
+                packed: None,
+                ..last.clone()
+            };
+            let mut vals = vals;
+            vals[1] = Some(tensor(&ws, &w));
+            let reference = eval(&plain, &vals);
+            for (g, s) in got.iter().zip(reference.as_slice::<f32>().unwrap()) {
+                assert!((g - s).abs() <= 1e-5 * (1.0 + s.abs()));
+            }
+        }
+    }
+
+    #[test]
+    fn packed_convolutions_match_the_channels_first_reference() {
+        // 1x1 (X read in place), 1x1 strided, 3x3 padded, the stem's 3 channels with stride
+        // 2, dilation, asymmetric pads, a kernel wider than the image; 2 images; with and
+        // without a residual; row blocks over several threads (the 3-channel stem at 41x41).
+        check(1, 16, 40, [9, 7], [1, 1], [1, 1], [1, 1], [0; 4], 1, true, 1);
+        check(2, 12, 20, [9, 9], [1, 1], [2, 2], [1, 1], [0; 4], 1, false, 2);
+        check(2, 9, 33, [8, 10], [3, 3], [1, 1], [1, 1], [1; 4], 1, true, 3);
+        check(1, 3, 32, [41, 41], [3, 3], [2, 2], [1, 1], [1; 4], 1, false, 4);
+        check(1, 5, 7, [9, 9], [3, 3], [1, 2], [2, 2], [0, 2, 1, 0], 1, true, 5);
+        check(1, 4, 6, [3, 4], [5, 3], [1, 1], [1, 1], [2, 1, 2, 1], 1, false, 6);
+    }
+
+    #[test]
+    fn depthwise_convolutions_match_the_channels_first_reference() {
+        // Channel counts covering the 64-, 16- and 1-wide blocks; strides, dilations,
+        // asymmetric pads, kernels wider than the image.
+        check(1, 83, 83, [7, 9], [3, 3], [1, 1], [1, 1], [1; 4], 83, false, 11);
+        check(2, 21, 21, [8, 8], [3, 3], [2, 2], [1, 1], [1; 4], 21, false, 12);
+        check(1, 5, 5, [9, 6], [3, 5], [2, 1], [1, 2], [0, 2, 1, 1], 5, false, 13);
+        check(1, 32, 32, [5, 5], [5, 5], [1, 1], [1, 1], [2; 4], 32, false, 14);
+        check(1, 17, 17, [3, 4], [5, 3], [1, 3], [1, 1], [2, 1, 2, 1], 17, false, 15);
+    }
+
+    #[test]
+    fn a_depthwise_residual_and_a_grouped_convolution_take_the_reference_path() {
+        check(1, 16, 16, [6, 6], [3, 3], [1, 1], [1, 1], [1; 4], 16, true, 21);
+        // Grouped (not depthwise): W keeps its ONNX layout, no packing.
+        let mut rnd = rng(22);
+        let x: Vec<f32> = (0..4 * 5 * 5).map(|_| rnd()).collect();
+        let w: Vec<f32> = (0..6 * 2 * 9).map(|_| rnd()).collect();
+        let first = Conv {
+            group: 2,
+            pads: vec![1; 4],
+            ..Default::default()
+        };
+        let last = Conv {
+            channels_last: true,
+            ..first.clone()
+        };
+        let a = eval(
+            &first,
+            &[Some(tensor(&[1, 4, 5, 5], &x)), Some(tensor(&[6, 2, 3, 3], &w))],
+        );
+        let b = eval(
+            &last,
+            &[
+                Some(tensor(&[1, 5, 5, 4], &to_last(&x, [1, 4, 5, 5]))),
+                Some(tensor(&[6, 2, 3, 3], &w)),
+            ],
+        );
+        assert_eq!(b.shape(), &[1, 5, 5, 6]);
+        assert_eq!(
+            to_last(a.as_slice::<f32>().unwrap(), [1, 6, 5, 5]),
+            b.as_slice::<f32>().unwrap()
+        );
+    }
+
+    #[test]
+    fn packed_weights_of_the_wrong_size_or_channels_are_refused() {
+        let pk = PackedConvWeights {
+            m: 4,
+            c: 3,
+            kh: 3,
+            kw: 3,
+        };
+        assert!(pack_channels_last(&[0.0; 10], pk).is_err());
+        let op = Conv {
+            channels_last: true,
+            packed: Some(pk),
+            group: 1,
+            ..Default::default()
+        };
+        let x = tensor(&[1, 5, 5, 3], &[0.5; 75]);
+        let w = pack_channels_last(&[0.25; 108], pk).unwrap();
+        let ins = [Some(&x), Some(&tensor(&[w.len() - 1], &w[1..]))];
+        assert!(op.eval(&Args::new(&ins)).is_err());
+        let x4 = tensor(&[1, 5, 5, 4], &[0.5; 100]);
+        let wv = tensor(&[w.len()], &w);
+        assert!(op.eval(&Args::new(&[Some(&x4), Some(&wv)])).is_err());
+        let y = op.eval(&Args::new(&[Some(&x), Some(&wv)])).unwrap();
+        // No padding: 3x3 windows of 27 values 0.5 * 0.25.
+        let t = y[0].as_tensor().unwrap();
+        assert_eq!(t.shape(), &[1, 3, 3, 4]);
+        assert!(
+            t.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .all(|&v| (v - 27.0 * 0.125).abs() < 1e-5)
+        );
+    }
+}
