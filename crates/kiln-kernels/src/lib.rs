@@ -26,6 +26,7 @@ pub mod conv;
 pub mod gemm;
 pub mod isa;
 pub mod pool;
+pub mod recycle;
 pub mod sgemm;
 pub mod simd;
 pub mod vector;

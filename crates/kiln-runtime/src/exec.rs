@@ -239,7 +239,13 @@ fn run_program(
         }
         for &f in &step.frees {
             if let Some(s) = env.get_mut(f) {
-                *s = Slot::Empty;
+                // A freed f32 tensor's vector goes to the kernels' recycled buffers, for a
+                // later output of about its size.
+                if let Slot::Owned(Value::Tensor(t)) = std::mem::replace(s, Slot::Empty)
+                    && let Some(v) = t.into_owned_f32()
+                {
+                    kiln_kernels::recycle::give(v);
+                }
             }
         }
     }

@@ -88,6 +88,14 @@ impl<T: Plain> Buf<T> {
         self.owned
     }
 
+    /// The owned vector, or `None` for a shared view (never copies).
+    pub fn into_owned(self) -> Option<Vec<T>> {
+        match self.shared {
+            None => Some(self.owned),
+            Some(_) => None,
+        }
+    }
+
     pub fn extend_from_slice(&mut self, other: &[T]) {
         self.make_mut().extend_from_slice(other);
     }

@@ -112,6 +112,12 @@ pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[u
     let Some(&(inner, istride)) = dims.last() else {
         return x.get(..total).unwrap_or(&[]).to_vec();
     };
+    if let [.., (p, 1), (q, sq)] = dims[..]
+        && sq == p
+        && let Some(x) = x.get(..total)
+    {
+        return batched_transpose(x, &dims[..dims.len() - 2], p, q);
+    }
     let outer = &dims[..dims.len() - 1];
     let mut out = Vec::with_capacity(total);
     let mut idx = vec![0usize; outer.len()];
@@ -137,6 +143,47 @@ pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[u
             idx[k] = 0;
         }
     }
+}
+
+/// The permutation `permute` reduces to a batch of 2-D transposes: for each block of the
+/// `outer` dims (size, input stride), the input's `[q, p]` matrix becomes the output's
+/// `[p, q]`. Done in bands of output rows, each reading contiguous runs of the input, so
+/// neither side walks memory at a large stride (NCHW <-> NHWC is this case). `x` holds exactly
+/// the tensor's elements.
+fn batched_transpose<T: Copy>(x: &[T], outer: &[(usize, usize)], p: usize, q: usize) -> Vec<T> {
+    const BAND: usize = 16;
+    let mut out = x.to_vec();
+    let mat = p * q;
+    let mut idx = vec![0usize; outer.len()];
+    let mut base = 0usize;
+    for dst in out.chunks_exact_mut(mat.max(1)) {
+        for (b, band) in dst.chunks_mut(BAND * q).enumerate() {
+            let p0 = b * BAND;
+            for j in 0..q {
+                let start = base + j * p + p0;
+                let Some(src) = x.get(start..start + band.len() / q) else {
+                    continue;
+                };
+                for (i, &v) in src.iter().enumerate() {
+                    if let Some(d) = band.get_mut(i * q + j) {
+                        *d = v;
+                    }
+                }
+            }
+        }
+        // The next block of the outer dims, odometer-style.
+        for k in (0..outer.len()).rev() {
+            let (n, st) = outer[k];
+            idx[k] += 1;
+            base += st;
+            if idx[k] < n {
+                break;
+            }
+            base -= st * n;
+            idx[k] = 0;
+        }
+    }
+    out
 }
 
 /// ONNX `Concat` (opsets 1-13) along `axis`.

@@ -517,5 +517,19 @@ mod permute_plan {
             let want: Vec<u32> = idx.iter().map(|&i| x[i]).collect();
             prop_assert_eq!(permute(&x, &shape, &perm), want);
         }
+
+        /// Larger matrices for the banded 2-D transposes (bands of 16 rows, a partial last
+        /// band): NCHW <-> NHWC and other perms swapping the last merged dims.
+        #[test]
+        fn banded_transposes_match_the_index_map(
+            (n, c, h, w) in (1usize..=3, 1usize..=40, 1usize..=20, 1usize..=20),
+            perm in prop::sample::select(vec![[0, 2, 3, 1], [0, 3, 1, 2], [1, 0, 2, 3], [0, 1, 3, 2], [2, 3, 0, 1]]),
+        ) {
+            let shape = [n, c, h, w];
+            let x: Vec<u32> = (0..(n * c * h * w) as u32).collect();
+            let (_, idx) = transpose_map(&shape, &perm).unwrap();
+            let want: Vec<u32> = idx.iter().map(|&i| x[i]).collect();
+            prop_assert_eq!(permute(&x, &shape, &perm), want);
+        }
     }
 }

@@ -189,7 +189,8 @@ impl Conv {
         let gh = window_geom(ih, 3, 1, 1, pads[0], pads[2], self.auto_pad, false)?;
         let gw = window_geom(iw, 3, 1, 1, pads[1], pads[3], self.auto_pad, false)?;
         let shape = vec![batch, m, gh.out, gw.out];
-        let mut y = vec![0.0f32; numel(&shape)?];
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let (xd, ud) = (x.as_slice::<f32>()?, u.as_slice::<f32>()?);
         let bd = f32_bias(b, m)?;
         let g = Winograd {
@@ -326,7 +327,8 @@ impl Conv {
             Some(r) => Some(r.as_slice::<f32>()?),
             None => None,
         };
-        let mut y = vec![0.0f32; numel(&shape)?];
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         if y.is_empty() {
             return Ok(Some(activation::apply(
                 self.activation.as_ref(),
@@ -528,7 +530,8 @@ impl Conv {
             pad_begin: [gh.pad_begin, gw.pad_begin],
         };
         let shape = vec![xs[0], c, gh.out, gw.out];
-        let mut y = vec![0.0f32; numel(&shape)?];
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let bd = f32_bias(b, c)?;
         let (ip, op) = (c * xs[2] * xs[3], c * gh.out * gw.out);
@@ -1245,7 +1248,10 @@ mod tests {
                 Value::Tensor(Tensor::from_vec(vec![1, m, o, o], r).unwrap()),
             ];
             let ins: Vec<Option<&Value>> = vals.iter().map(Some).collect();
+            // Recycled output buffers hold stale values: NaN ones show any element left unwritten.
+            kiln_kernels::recycle::give(vec![f32::NAN; m * o * o]);
             let one = op.eval(&Args::new(&ins)).unwrap();
+            kiln_kernels::recycle::give(vec![f32::NAN; m * o * o]);
             let two = pool.install(|| op.eval(&Args::new(&ins)).unwrap());
             let (a, b) = (one[0].as_tensor().unwrap(), two[0].as_tensor().unwrap());
             assert_eq!(a.shape(), &[1, m, o, o]);

@@ -323,7 +323,8 @@ impl Conv {
             Some(r) => Some(r.as_slice::<f32>()?),
             None => None,
         };
-        let mut y = vec![0.0f32; numel(&shape)?];
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let rows = geo.rows();
         if y.is_empty() {
             return Ok(Tensor::from_vec(shape, y)?);
@@ -405,7 +406,8 @@ impl Conv {
             pad_begin: [geo.ph, geo.pw],
         };
         let shape = vec![geo.batch, geo.oh, geo.ow, c];
-        let mut y = vec![0.0f32; numel(&shape)?];
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         // The taps channels-last too: `[kh * kw, C]`.
         let taps = kh * kw;
@@ -539,7 +541,10 @@ mod tests {
             Some(tensor(&[m], &b)),
             residual.then(|| tensor(&[n, oh, ow, m], &to_last(&r, ys))),
         ];
+        // Recycled output buffers hold stale values: NaN ones show any element left unwritten.
+        kiln_kernels::recycle::give(vec![f32::NAN; n * oh * ow * m]);
         let one = eval(&last, &vals);
+        kiln_kernels::recycle::give(vec![f32::NAN; n * oh * ow * m]);
         let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
         let two = pool.install(|| eval(&last, &vals));
         assert_eq!(one.shape(), &[n, oh, ow, m]);

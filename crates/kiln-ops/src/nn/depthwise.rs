@@ -236,6 +236,8 @@ impl Depthwise {
     }
 
     /// One output row of [`Self::run_nhwc`], always inlined into its vectorised caller.
+    /// Interior pixels (every column tap inside the input) share one window of relative
+    /// offsets; only the border pixels check their taps.
     #[inline(always)]
     fn nhwc_row(&self, x: &[f32], taps: &[f32], bias: Option<&[f32]>, oy: usize, row: &mut [f32]) {
         let [ih, iw] = self.input;
@@ -244,47 +246,73 @@ impl Depthwise {
         let [dh, dw] = self.dilations;
         let [ph, pw] = self.pad_begin;
         let c = self.channels;
-        // (offset of the input pixel, offset of the tap) for the window's taps inside X.
+        let rows: Vec<usize> = (0..kh)
+            .filter_map(|ky| {
+                let iy = (oy * sh + ky * dh) as isize - ph as isize;
+                (iy >= 0 && (iy as usize) < ih).then_some(ky)
+            })
+            .collect();
+        let in_row = |ky: usize| (oy * sh + ky * dh).saturating_sub(ph);
+        // Interior columns: ox*sw >= pw and ox*sw - pw + (kw-1)*dw < iw.
+        let span = (kw.max(1) - 1) * dw;
+        let lo = pw.div_ceil(sw.max(1));
+        let hi = if iw + pw > span {
+            (iw + pw - span - 1) / sw.max(1) + 1
+        } else {
+            0
+        };
+        let (lo, hi) = (lo.min(self.output[1]), hi.clamp(lo.min(self.output[1]), self.output[1]));
+        // Interior window: (input offset relative to the pixel's first column, tap offset).
+        let interior: Vec<(usize, usize)> = rows
+            .iter()
+            .flat_map(|&ky| (0..kw).map(move |kx| ((in_row(ky) * iw + kx * dw) * c, (ky * kw + kx) * c)))
+            .collect();
         let mut window: Vec<(usize, usize)> = Vec::with_capacity(kh * kw);
         for (ox, out) in row.chunks_exact_mut(c).enumerate() {
-            window.clear();
-            for ky in 0..kh {
-                let iy = (oy * sh + ky * dh) as isize - ph as isize;
-                if iy < 0 || iy as usize >= ih {
-                    continue;
-                }
-                for kx in 0..kw {
-                    let ix = (ox * sw + kx * dw) as isize - pw as isize;
-                    if ix >= 0 && (ix as usize) < iw {
-                        window.push(((iy as usize * iw + ix as usize) * c, (ky * kw + kx) * c));
+            let (win, base) = if (lo..hi).contains(&ox) {
+                (interior.as_slice(), (ox * sw - pw) * c)
+            } else {
+                window.clear();
+                for &ky in &rows {
+                    for kx in 0..kw {
+                        let ix = (ox * sw + kx * dw) as isize - pw as isize;
+                        if ix >= 0 && (ix as usize) < iw {
+                            window.push(((in_row(ky) * iw + ix as usize) * c, (ky * kw + kx) * c));
+                        }
                     }
                 }
-            }
+                (window.as_slice(), 0)
+            };
             let mut c0 = 0;
             while c0 + 64 <= c {
-                channel_block::<64>(x, taps, bias, &window, c0, out);
+                channel_block::<64>(x, taps, bias, win, base, c0, out);
                 c0 += 64;
             }
+            while c0 + 32 <= c {
+                channel_block::<32>(x, taps, bias, win, base, c0, out);
+                c0 += 32;
+            }
             while c0 + 16 <= c {
-                channel_block::<16>(x, taps, bias, &window, c0, out);
+                channel_block::<16>(x, taps, bias, win, base, c0, out);
                 c0 += 16;
             }
             while c0 < c {
-                channel_block::<1>(x, taps, bias, &window, c0, out);
+                channel_block::<1>(x, taps, bias, win, base, c0, out);
                 c0 += 1;
             }
         }
     }
 }
 
-/// Channels `c0 .. c0 + L` of one output pixel: bias plus the window's taps, accumulated in
-/// `L` registers' worth of lanes and stored once.
+/// Channels `c0 .. c0 + L` of one output pixel: bias plus the window's taps (input offsets
+/// relative to `base`), accumulated in `L` lanes held in registers and stored once.
 #[inline(always)]
 fn channel_block<const L: usize>(
     x: &[f32],
     taps: &[f32],
     bias: Option<&[f32]>,
     window: &[(usize, usize)],
+    base: usize,
     c0: usize,
     out: &mut [f32],
 ) {
@@ -293,7 +321,8 @@ fn channel_block<const L: usize>(
         acc = *b;
     }
     for &(xo, to) in window {
-        let xv = x.get(xo + c0..xo + c0 + L).map(<&[f32; L]>::try_from);
+        let xo = base + xo + c0;
+        let xv = x.get(xo..xo + L).map(<&[f32; L]>::try_from);
         let wv = taps.get(to + c0..to + c0 + L).map(<&[f32; L]>::try_from);
         if let (Some(Ok(xv)), Some(Ok(wv))) = (xv, wv) {
             for i in 0..L {

@@ -240,7 +240,8 @@ impl MatMul {
         }
         out.push(n);
         let nb = numel(&batch)?;
-        let mut y = vec![0.0f32; numel(&out)?];
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut y = kiln_kernels::recycle::take(numel(&out)?);
         let col_bias = bias.and_then(|t| epilogue_bias(t, n, out.len()));
         let fuse = bias.is_none() || col_bias.is_some();
         let epilogue = Epilogue {
@@ -421,7 +422,8 @@ impl Gemm {
         } else {
             AMatrix::row_major(ad, k)
         };
-        let mut y = vec![0.0f32; numel(&[m, n])?];
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut y = kiln_kernels::recycle::take(numel(&[m, n])?);
         sgemm(m, am, packed, &mut y, n, &Epilogue::NONE).map_err(|e| bad(e.to_string()))?;
         Ok((m, n, self.scale_and_add(y, c, m, n)?))
     }

@@ -96,17 +96,7 @@ macro_rules! simd_math {
         #[target_feature(enable = $feat)]
         fn act(a: Act, x: V) -> V {
             match a {
-                Act::Relu => blend(gt_or_nan(x, zero()), x, zero()),
-                Act::Clip { min: lo, max: hi } => {
-                    let mut r = x;
-                    if let Some(l) = lo {
-                        r = blend(lt(r, splat(l)), splat(l), r);
-                    }
-                    if let Some(h) = hi {
-                        r = blend(gt(r, splat(h)), splat(h), r);
-                    }
-                    r
-                }
+                Act::Relu | Act::Clip { .. } => act_cheap(a, x),
                 Act::LeakyRelu { alpha } => blend(lt(x, zero()), mul(x, splat(alpha)), x),
                 Act::Sigmoid => sigmoid(x),
                 Act::Tanh => tanh(x),
@@ -147,8 +137,39 @@ macro_rules! simd_math {
             lanes.iter().sum()
         }
 
-        /// `acc + row_bias + col_bias + resid`, then the activation, on one vector.
+        /// Relu and Clip: a compare and a blend or two, small enough to inline into the
+        /// GEMM tiles' epilogue (the others are calls).
         #[target_feature(enable = $feat)]
+        #[inline]
+        fn act_cheap(a: Act, x: V) -> V {
+            match a {
+                Act::Relu => blend(gt_or_nan(x, zero()), x, zero()),
+                Act::Clip { min: lo, max: hi } => {
+                    let mut r = x;
+                    if let Some(l) = lo {
+                        r = blend(lt(r, splat(l)), splat(l), r);
+                    }
+                    if let Some(h) = hi {
+                        r = blend(gt(r, splat(h)), splat(h), r);
+                    }
+                    r
+                }
+                _ => act_call(a, x),
+            }
+        }
+
+        /// [`act`] kept out of line, so its exp and erf code does not crowd the tiles.
+        #[target_feature(enable = $feat)]
+        #[inline(never)]
+        fn act_call(a: Act, x: V) -> V {
+            act(a, x)
+        }
+
+        /// `acc + row_bias + col_bias + resid`, then the activation, on one vector (inlined
+        /// into the tiles: no spill of the accumulators around a call for bias, residual,
+        /// Relu or Clip).
+        #[target_feature(enable = $feat)]
+        #[inline]
         fn epi_vec(mut v: V, rb: Option<V>, cb: Option<V>, r: Option<V>, a: Option<Act>) -> V {
             if let Some(b) = rb {
                 v = add(v, b);
@@ -160,7 +181,7 @@ macro_rules! simd_math {
                 v = add(v, r);
             }
             match a {
-                Some(a) => act(a, v),
+                Some(a) => act_cheap(a, v),
                 None => v,
             }
         }
