@@ -70,17 +70,18 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     let report = optimize(&mut graph, options.opt_level)?;
     let mut program = lower(&graph)?;
     let memory = plan::plan(&graph);
+    // Winograd changes rounding (within 1e-5 relative, see kiln_kernels::winograd): from the
+    // default level on, like the other fusions. Before the GEMM packing, which takes the
+    // channels-last convolutions Winograd leaves.
+    let winograd = if options.opt_level >= 2 {
+        prepack::winograd(&graph, &mut program)
+    } else {
+        0
+    };
     // Level 0 runs the graph as imported, weights included.
     let prepacked = if options.opt_level >= 1 {
         // Channels-last convolutions exist from level 2 (the `layout` pass).
         prepack::run(&graph, &mut program) + prepack::channels_last(&mut program)
-    } else {
-        0
-    };
-    // Winograd changes rounding (within 1e-5 relative, see kiln_kernels::winograd): from the
-    // default level on, like the other fusions.
-    let winograd = if options.opt_level >= 2 {
-        prepack::winograd(&graph, &mut program)
     } else {
         0
     };

@@ -176,7 +176,12 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
             continue;
         };
         let ones = |v: &[usize]| v.iter().all(|&d| d == 1);
-        if conv.winograd.is_some() || conv.group.max(1) != 1 || !ones(&conv.strides) || !ones(&conv.dilations) {
+        if conv.winograd.is_some()
+            || conv.packed.is_some()
+            || conv.group.max(1) != 1
+            || !ones(&conv.strides)
+            || !ones(&conv.dilations)
+        {
             continue;
         }
         let (Some(Some(x)), Some(Some(w)), Some(Some(y))) =
@@ -197,11 +202,13 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
         let Some((_, Value::Tensor(wt))) = program.constants.get(ci) else {
             continue;
         };
-        let (Ok(data), &[m, c, 3, 3], &[_, xc, _, _], &[_, _, oh, ow]) =
+        let (Ok(data), &[m, c, 3, 3], &[_, x1, _, x3], &[_, y1, y2, y3]) =
             (wt.as_slice::<f32>(), wt.shape(), xs.as_slice(), ys.as_slice())
         else {
             continue;
         };
+        // Channels-last X is [N, H, W, C] and Y [N, OH, OW, M].
+        let (xc, oh, ow) = if conv.channels_last { (x3, y1, y2) } else { (x1, y2, y3) };
         let tiles = oh.div_ceil(4) * ow.div_ceil(4);
         if xc != c || tiles < WINOGRAD_MIN_TILES || c < WINOGRAD_MIN_CHANNELS || m < WINOGRAD_MIN_CHANNELS {
             continue;
@@ -374,7 +381,8 @@ mod tests {
         let fast = compile(g.clone(), &level(2)).unwrap();
         let plain = compile(g, &level(0)).unwrap();
         assert_eq!((fast.winograd, plain.winograd), (1, 0));
-        assert_eq!(fast.program.steps.len(), 1);
+        // The Conv, channels-last between the transposes of the `layout` pass.
+        assert_eq!(fast.program.steps.len(), 3);
         let x = noise(&[1, 8, 18, 18], 5);
         let (a, r) = (run_program(&fast.program, x.clone()), run_program(&plain.program, x));
         let (a, r) = (a.to_f64_vec(), r.to_f64_vec());

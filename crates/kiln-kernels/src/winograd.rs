@@ -5,9 +5,11 @@
 //! pairs are 36 GEMMs: `M_xi (tiles x M) = V_xi (tiles x C) * U_xi (C x M)`, on the f32
 //! GEMM with `U` packed once at compile time ([`pack_weights`]).
 //!
-//! Layout: the input is copied to channels-last with zero padding, so each transform works
-//! on vectors over channels (compiled for the active level); `V` is `[36][tiles][C]`, the
-//! products `[36][tiles][M]`, and the output transform writes NCHW.
+//! Layout: the input (channels-first `C x H x W`, or channels-last `H x W x C`) is copied to
+//! channels-last with zero padding, so each transform works on vectors over channels
+//! (compiled for the active level); `V` is `[36][tiles][C]`, the products `[36][tiles][M]`,
+//! and the output transform writes `M x OH x OW` (in parallel over channel groups) or
+//! `OH x OW x M` (in parallel over tile rows).
 //!
 //! Accuracy: the transforms use the interpolation points 0, +-1, +-2 (entries up to 8 in
 //! `A^T`, 5 in `B^T`), which amplify rounding: the error is about 10-100 ulp of the output's
@@ -110,6 +112,8 @@ pub struct Winograd {
     pub ow: usize,
     pub ph: usize,
     pub pw: usize,
+    /// X is `ih x iw x c` and Y `oh x ow x m` (else `c x ih x iw` and `m x oh x ow`).
+    pub channels_last: bool,
 }
 
 impl Winograd {
@@ -129,7 +133,8 @@ impl Winograd {
         xpad.checked_add(v)?.checked_add(p)
     }
 
-    /// `y = conv(x) + bias` for one image (`x`: `c x ih x iw`, `y`: `m x oh x ow`), with `u`
+    /// `y = conv(x) + bias` for one image (`x`: `c x ih x iw`, `y`: `m x oh x ow`, or both
+    /// channels-last, see [`Self::channels_last`]), with `u`
     /// from [`pack_weights`] in `layout`. `scratch` is resized to [`Self::scratch_len`].
     /// Returns false (with `y` unspecified) when a slice does not fit the geometry.
     pub fn run(
@@ -165,7 +170,25 @@ impl Winograd {
         xpad.fill(0.0);
         let (v, prod) = rest.split_at_mut(POSITIONS * t * c);
         // Channels-last copy with zero padding: xpad[(y * pad_w + x) * c + ci].
-        for (ci, plane) in x.chunks_exact(self.ih * self.iw).take(c).enumerate() {
+        if self.channels_last {
+            // Whole input rows, `iw x c` contiguous on both sides (clipped to the padded width).
+            let n = (pad_w.saturating_sub(self.pw)).min(self.iw) * c;
+            for (iy, row) in x.chunks_exact((self.iw * c).max(1)).take(self.ih).enumerate() {
+                let py = iy + self.ph;
+                if py >= pad_h {
+                    break;
+                }
+                let o = (py * pad_w + self.pw) * c;
+                if let (Some(d), Some(src)) = (xpad.get_mut(o..o + n), row.get(..n)) {
+                    d.copy_from_slice(src);
+                }
+            }
+        }
+        for (ci, plane) in x
+            .chunks_exact((self.ih * self.iw).max(1))
+            .take(if self.channels_last { 0 } else { c })
+            .enumerate()
+        {
             for (iy, row) in plane.chunks_exact(self.iw.max(1)).enumerate() {
                 let py = iy + self.ph;
                 if py >= pad_h {
@@ -209,11 +232,30 @@ impl Winograd {
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return false;
         }
+        let prod: &[f32] = prod;
+        if self.channels_last {
+            // Output transform in parallel over tile rows: each task owns 4 whole rows of y.
+            pool::for_each_chunk_mut(&mut y[..self.oh * self.ow * m], TILE * self.ow * m, &|ty, ys| {
+                vectorize_kernel(OutputTransform {
+                    prod,
+                    ys,
+                    bias,
+                    m,
+                    m0: 0,
+                    m1: m,
+                    t,
+                    tw,
+                    oh: self.oh,
+                    ow: self.ow,
+                    tile_row: Some(ty),
+                });
+            });
+            return true;
+        }
         // Output transform in parallel over channel groups: each task owns whole planes of y.
         let plane = self.oh * self.ow;
         let threads = pool::current_threads().max(1);
         let per = m.div_ceil(threads).max(1);
-        let prod: &[f32] = prod;
         pool::for_each_chunk_mut(&mut y[..m * plane], per * plane, &|g, ys| {
             let m0 = g * per;
             let m1 = (m0 + per).min(m);
@@ -228,6 +270,7 @@ impl Winograd {
                 tw,
                 oh: self.oh,
                 ow: self.ow,
+                tile_row: None,
             });
         });
         true
@@ -305,6 +348,9 @@ struct OutputTransform<'a> {
     tw: usize,
     oh: usize,
     ow: usize,
+    /// Channels-last: `ys` is the 4 output rows of this tile row (`4 x ow x m`, fewer at the
+    /// bottom), and only its tiles are transformed. Channels-first: `ys` is planes `m0..m1`.
+    tile_row: Option<usize>,
 }
 
 impl Kernel for OutputTransform<'_> {
@@ -320,7 +366,11 @@ impl Kernel for OutputTransform<'_> {
         let mut res = vec![0.0f32; 16 * w];
         let bias = self.bias.and_then(|b| b.get(self.m0..self.m1));
         let plane = self.oh * self.ow;
-        for tile in 0..self.t {
+        let tiles = match self.tile_row {
+            Some(ty) => ty * self.tw..((ty + 1) * self.tw).min(self.t),
+            None => 0..self.t,
+        };
+        for tile in tiles {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
             let at = |a: usize, b: usize| {
                 let o = ((a * 6 + b) * self.t + tile) * self.m + self.m0;
@@ -356,6 +406,13 @@ impl Kernel for OutputTransform<'_> {
                         for (v, &b) in vals.iter_mut().zip(b) {
                             *v += b;
                         }
+                    }
+                    if self.tile_row.is_some() {
+                        let o = ((i * self.ow) + ox) * self.m;
+                        if let Some(d) = self.ys.get_mut(o..o + w) {
+                            d.copy_from_slice(vals);
+                        }
+                        continue;
                     }
                     for (k, &val) in vals.iter().enumerate() {
                         if let Some(d) = self.ys.get_mut(k * plane + oy * self.ow + ox) {

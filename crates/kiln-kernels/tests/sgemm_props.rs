@@ -526,25 +526,37 @@ fn winograd_matches_direct_convolution() {
         let scale = want.iter().fold(0.0f64, |a, v| a.max(v.abs()));
         for layout in [BLayout::NR32, BLayout::NR16] {
             let u = pack_weights(&w, m, c, layout).unwrap();
-            let g = Winograd {
-                c,
-                m,
-                ih,
-                iw,
-                oh,
-                ow,
-                ph: p,
-                pw: p,
-            };
-            for threads in [1, 2] {
+            for (threads, channels_last) in [(1, false), (2, false), (1, true), (2, true)] {
+                let g = Winograd {
+                    c,
+                    m,
+                    ih,
+                    iw,
+                    oh,
+                    ow,
+                    ph: p,
+                    pw: p,
+                    channels_last,
+                };
+                // Channels-last X is `ih x iw x c`; its Y comes back to `m x oh x ow` to compare.
+                let xin: Vec<f32> = if channels_last {
+                    (0..ih * iw * c).map(|i| x[(i % c) * ih * iw + i / c]).collect()
+                } else {
+                    x.clone()
+                };
                 let mut y = vec![f32::NAN; m * oh * ow];
                 let mut scratch = Vec::new();
                 let ok = if threads == 1 {
-                    g.run(&x, &u, layout, Some(&bias), &mut y, &mut scratch)
+                    g.run(&xin, &u, layout, Some(&bias), &mut y, &mut scratch)
                 } else {
-                    pool.install(|| g.run(&x, &u, layout, Some(&bias), &mut y, &mut scratch))
+                    pool.install(|| g.run(&xin, &u, layout, Some(&bias), &mut y, &mut scratch))
                 };
                 assert!(ok, "{g:?}");
+                if channels_last {
+                    y = (0..m * oh * ow)
+                        .map(|i| y[(i % (oh * ow)) * m + i / (oh * ow)])
+                        .collect();
+                }
                 for (i, (&got, &wv)) in y.iter().zip(&want).enumerate() {
                     assert!(
                         (f64::from(got) - wv).abs() <= 1e-4 * scale,
@@ -555,5 +567,5 @@ fn winograd_matches_direct_convolution() {
             }
         }
     }
-    assert_eq!(cases, 20);
+    assert_eq!(cases, 40);
 }

@@ -1,7 +1,8 @@
-//! Channels-last layout for depthwise-separable networks: in a graph with a depthwise
-//! convolution, every eligible 2-D convolution runs on `[N, H, W, C]` data (`Conv::
-//! channels_last`), where a depthwise window is a contiguous run of channels per tap and a
-//! 1x1 convolution is a plain GEMM over X itself (no im2col copy).
+//! Channels-last layout for convolutional networks: every eligible 2-D convolution runs on
+//! `[N, H, W, C]` data (`Conv::channels_last`), where a 1x1 convolution is a plain GEMM over X
+//! itself (no im2col copy), an im2col row is `kh` contiguous runs of `kw x C` values, and a
+//! depthwise window is a contiguous run of channels per tap. A MaxPool reading a
+//! channels-last value (its Indices unread) runs channels-last too (`Pool::channels_last`).
 //!
 //! Eligible: an f32 Conv with fixed rank-4 shapes and constant weights, group 1 or depthwise
 //! (`group == C == M`), no Winograd or packing yet. Each converted Conv reads the channels-last
@@ -10,15 +11,14 @@
 //! follows it for any other reader; the final `dce` removes the transposes no one reads, so a
 //! chain of convolutions pays one transpose in and one out.
 //!
-//! Graphs without depthwise convolutions are left alone: there, the channels-first
-//! Winograd and im2col paths are the faster ones.
+//! Graphs without an eligible convolution are left alone.
 
 use super::edit::{Index, dtype_of, fixed_shape, fresh_name};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
 use kiln_ops::TensorType;
 use kiln_ops::movement::{MovementOp, Transpose};
-use kiln_ops::nn::{Conv, NnOp};
+use kiln_ops::nn::{Conv, NnOp, PoolKind};
 use kiln_tensor::DType;
 use std::collections::HashMap;
 
@@ -27,9 +27,29 @@ use std::collections::HashMap;
 enum Kind {
     Dense,
     Depthwise,
+    /// A 2-D f32 MaxPool whose Indices no one reads.
+    MaxPool,
 }
 
 fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
+    if let NodeKind::Op(Op::Nn(NnOp::Pool(pool))) = &node.kind {
+        let (Some(Some(x)), Some(Some(y))) = (node.inputs.first(), node.outputs.first()) else {
+            return None;
+        };
+        let indices_unread = match node.outputs.get(1) {
+            None | Some(None) => true,
+            Some(Some(i)) => index.readers(*i).is_empty() && !index.is_output(*i),
+        };
+        let ok = matches!(pool.kind, PoolKind::Max { .. })
+            && !pool.channels_last
+            && pool.kernel_shape.len() == 2
+            && indices_unread
+            && node.outputs.len() <= 2
+            && dtype_of(g, *x) == Some(DType::F32)
+            && fixed_shape(g, *x).is_some_and(|s| s.len() == 4)
+            && fixed_shape(g, *y).is_some_and(|s| s.len() == 4);
+        return ok.then_some(Kind::MaxPool);
+    }
     let NodeKind::Op(Op::Nn(NnOp::Conv(conv))) = &node.kind else {
         return None;
     };
@@ -82,7 +102,7 @@ fn twin(g: &mut Graph, v: ValueId) -> Option<ValueId> {
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let index = Index::new(g);
     let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| kind(g, &index, n)).collect();
-    if !kinds.contains(&Some(Kind::Depthwise)) {
+    if !kinds.iter().any(|k| matches!(k, Some(Kind::Dense | Kind::Depthwise))) {
         return Ok(0);
     }
     let old = std::mem::take(&mut g.nodes);
@@ -91,7 +111,18 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let mut last: HashMap<ValueId, ValueId> = HashMap::new();
     let mut converted = 0;
     for (mut node, k) in old.into_iter().zip(kinds) {
-        let Some(y) = node.outputs.first().copied().flatten().filter(|_| k.is_some()) else {
+        // A pool converts only when its input is already channels-last.
+        let reads_twin = node
+            .inputs
+            .first()
+            .copied()
+            .flatten()
+            .is_some_and(|x| last.contains_key(&x));
+        let Some(y) =
+            node.outputs.first().copied().flatten().filter(|_| {
+                matches!(k, Some(Kind::Dense | Kind::Depthwise)) || (k == Some(Kind::MaxPool) && reads_twin)
+            })
+        else {
             nodes.push(node);
             continue;
         };
@@ -117,11 +148,15 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
                 *i = Some(vt);
             }
         }
-        if let NodeKind::Op(Op::Nn(NnOp::Conv(conv))) = &mut node.kind {
-            *conv = Conv {
-                channels_last: true,
-                ..conv.clone()
-            };
+        match &mut node.kind {
+            NodeKind::Op(Op::Nn(NnOp::Conv(conv))) => {
+                *conv = Conv {
+                    channels_last: true,
+                    ..conv.clone()
+                };
+            }
+            NodeKind::Op(Op::Nn(NnOp::Pool(pool))) => pool.channels_last = true,
+            _ => {}
         }
         node.outputs = vec![Some(yt)];
         let back = format!("{}_to_nchw", node.name);
@@ -214,10 +249,41 @@ mod tests {
     }
 
     #[test]
-    fn graphs_without_depthwise_convolutions_are_left_alone() {
+    fn a_max_pool_after_a_convolution_follows_it_and_other_graphs_are_left_alone() {
+        // x → Conv 3x3 (Relu) → MaxPool 3x3 s2 → Conv 1x1: one transpose each way.
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 4, 12, 12]);
+        let w1 = b.constant("w1", noise(&[8, 4, 3, 3], 1));
+        let w2 = b.constant("w2", noise(&[6, 8, 1, 1], 2));
+        let c = b.node(
+            conv(1, 1, 1, Some(Activation::Relu)),
+            &[Some(x), Some(w1)],
+            &[&[1, 8, 12, 12]],
+        )[0];
+        let pool = Op::Nn(NnOp::Pool(kiln_ops::nn::Pool {
+            kind: PoolKind::Max { storage_order: false },
+            auto_pad: kiln_ops::nn::AutoPad::NotSet,
+            ceil_mode: false,
+            dilations: vec![],
+            kernel_shape: vec![3, 3],
+            pads: vec![1; 4],
+            strides: vec![2, 2],
+            channels_last: false,
+        }));
+        let p = b.node(pool, &[Some(c)], &[&[1, 8, 6, 6]])[0];
+        let y = b.node(conv(1, 0, 1, None), &[Some(p), Some(w2)], &[&[1, 6, 6, 6]])[0];
+        let g = b.finish(&[y]);
+        let mut h = g.clone();
+        assert_eq!(run(&mut h).unwrap(), 3);
+        crate::passes::dce::run(&mut h).unwrap();
+        assert_eq!(ops(&h), ["Transpose", "Conv/nhwc", "MaxPool", "Conv/nhwc", "Transpose"]);
+        let inputs = vec![noise(&[1, 4, 12, 12], 3)];
+        assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
+
+        // Weights that are not constant: nothing qualifies, nothing changes.
         let mut b = Builder::new();
         let x = b.input("x", &[1, 8, 9, 9]);
-        let w = b.constant("w", noise(&[8, 8, 3, 3], 1));
+        let w = b.input("w", &[8, 8, 3, 3]);
         let y = b.node(conv(1, 1, 1, None), &[Some(x), Some(w)], &[&[1, 8, 9, 9]])[0];
         let mut g = b.finish(&[y]);
         assert_eq!(run(&mut g).unwrap(), 0);

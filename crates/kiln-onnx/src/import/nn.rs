@@ -253,6 +253,7 @@ fn pool(ctx: &NodeCtx<'_>, kind: PoolKind) -> Result<Pool> {
         kernel_shape,
         pads: usizes(ctx, "pads")?,
         strides: usizes(ctx, "strides")?,
+        channels_last: false,
     })
 }
 

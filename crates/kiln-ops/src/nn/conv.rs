@@ -155,9 +155,10 @@ impl Conv {
         Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
     }
 
-    /// The Winograd path (see [`Conv::winograd`]): f32 X `[N, c, H, W]`, the packed weights,
+    /// The Winograd path (see [`Conv::winograd`]): f32 X `[N, c, H, W]` (or `[N, H, W, c]`
+    /// channels-last), the packed weights,
     /// optional bias and residual; 3x3, stride 1, no dilation, group 1 by construction.
-    fn eval_winograd(&self, args: &Args<'_>, info: WinogradWeights) -> Result<Tensor> {
+    pub(super) fn eval_winograd(&self, args: &Args<'_>, info: WinogradWeights) -> Result<Tensor> {
         use kiln_kernels::sgemm::BLayout;
         use kiln_kernels::winograd::{Winograd, packed_weights_len};
         let x = args.tensor(0)?;
@@ -165,11 +166,15 @@ impl Conv {
         let b = args.opt_tensor(2)?;
         let r = args.opt_tensor(3)?;
         let WinogradWeights { m, c } = info;
-        let [batch, xc, ih, iw] = *x.shape() else {
-            return Err(OpError::Shape(format!(
-                "Winograd Conv needs X [N, C, H, W], got {:?}",
-                x.shape()
-            )));
+        let (batch, xc, ih, iw) = match (x.shape(), self.channels_last) {
+            (&[n, h, w, c], true) => (n, c, h, w),
+            (&[n, c, h, w], false) => (n, c, h, w),
+            _ => {
+                return Err(OpError::Shape(format!(
+                    "Winograd Conv needs X of rank 4, got {:?}",
+                    x.shape()
+                )));
+            }
         };
         if xc != c {
             return Err(OpError::Shape(format!(
@@ -188,7 +193,11 @@ impl Conv {
         let pads = pads_attr(&self.pads, 2)?;
         let gh = window_geom(ih, 3, 1, 1, pads[0], pads[2], self.auto_pad, false)?;
         let gw = window_geom(iw, 3, 1, 1, pads[1], pads[3], self.auto_pad, false)?;
-        let shape = vec![batch, m, gh.out, gw.out];
+        let shape = if self.channels_last {
+            vec![batch, gh.out, gw.out, m]
+        } else {
+            vec![batch, m, gh.out, gw.out]
+        };
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let (xd, ud) = (x.as_slice::<f32>()?, u.as_slice::<f32>()?);
@@ -202,6 +211,7 @@ impl Conv {
             ow: gw.out,
             ph: gh.pad_begin,
             pw: gw.pad_begin,
+            channels_last: self.channels_last,
         };
         g.scratch_len()
             .and_then(|n| numel(&[n]).ok())

@@ -31,10 +31,10 @@ thread_local! {
 const BLOCK_FLOATS: usize = 32 * 1024;
 
 /// Channels-first `[N, C, H, W]` to channels-last `[N, H, W, C]`, and back.
-const TO_LAST: [i64; 4] = [0, 2, 3, 1];
-const TO_FIRST: [i64; 4] = [0, 3, 1, 2];
+pub(super) const TO_LAST: [i64; 4] = [0, 2, 3, 1];
+pub(super) const TO_FIRST: [i64; 4] = [0, 3, 1, 2];
 
-fn transpose(v: &Value, perm: [i64; 4]) -> Result<Value> {
+pub(super) fn transpose(v: &Value, perm: [i64; 4]) -> Result<Value> {
     let t = Transpose {
         perm: Some(perm.to_vec()),
     };
@@ -157,8 +157,8 @@ impl Geometry {
 impl Conv {
     /// The channels-last evaluation (see the module docs).
     pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<Vec<Value>> {
-        if self.winograd.is_some() {
-            return Err(OpError::Value("a Winograd Conv cannot be channels-last".into()));
+        if let Some(info) = self.winograd {
+            return Ok(vec![self.eval_winograd(args, info)?.into()]);
         }
         let x = args.tensor(0)?;
         if x.rank() != 4 {

@@ -22,6 +22,7 @@ pub mod grid;
 pub mod matmul;
 pub mod nms;
 pub mod pool;
+mod pool_nhwc;
 pub mod resize;
 
 pub use activation::Activation;
@@ -613,6 +614,7 @@ mod tests {
             kernel_shape: vec![3, 3],
             pads: vec![1, 1, 1, 1],
             strides: vec![2, 2],
+            channels_last: false,
         });
         let x = tt(DType::F32, &[f(1), f(64), f(112), f(112)]);
         let out = op

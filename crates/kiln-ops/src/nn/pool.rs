@@ -32,6 +32,9 @@ pub struct Pool {
     pub kernel_shape: Vec<usize>,
     pub pads: Vec<usize>,
     pub strides: Vec<usize>,
+    /// Set by the compiler (`layout` pass) for a 2-D pool it runs channels-last: X and Y are
+    /// `[N, H, W, C]`, and there is no Indices output.
+    pub channels_last: bool,
 }
 
 /// Kept as a name for the LpPool flavour of [`Pool`].
@@ -181,6 +184,9 @@ fn pool2d_f32(
 
 impl Pool {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        if self.channels_last {
+            return self.eval_channels_last(args);
+        }
         let x = args.tensor(0)?;
         check_dtype(self.kind, x.dtype())?;
         let xs = x.shape();
@@ -348,6 +354,9 @@ impl Pool {
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        if self.channels_last {
+            return self.infer_channels_last(inputs);
+        }
         let dtype = util::input_dtype(inputs, 0);
         let shape = match input_shape(inputs, 0) {
             Some(xs) if xs.len() >= 3 => {
@@ -581,6 +590,7 @@ mod tests {
             kernel_shape: vec![2, 2],
             pads: vec![],
             strides: vec![],
+            channels_last: false,
         }
     }
 

@@ -1,0 +1,283 @@
+//! Channels-last 2-D pooling: `Pool` with `channels_last` set (by the compiler's `layout`
+//! pass, for a MaxPool between channels-last convolutions), X `[N, H, W, C]`, Y
+//! `[N, OH, OW, C]`, no Indices output.
+//!
+//! f32 MaxPool runs a direct loop vectorised over channels: per output pixel, the first tap
+//! inside the input, then every later tap that is greater, lane by lane. That is the reference
+//! order exactly (a NaN first tap stays, later NaNs are never greater), so no NaN check is
+//! needed; a window with no tap inside the input gives NaN. Other kinds and types run the
+//! channels-first evaluation between two transposes.
+
+use super::conv_nhwc::{TO_FIRST, TO_LAST, transpose};
+use super::pool::{Pool, PoolKind};
+use super::{input_shape, numel, pads_attr, spatial_attr, tensor_type, window_geom};
+use crate::error::{OpError, Result};
+use crate::util;
+use crate::value::{Args, InferInput, Value, ValueType};
+use kiln_tensor::{DType, Tensor};
+
+/// One dim of a window: `(input size, kernel, stride, dilation, pad_begin)`.
+type Dim1 = (usize, usize, usize, usize, usize);
+
+impl Pool {
+    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let &[n, ih, iw, c] = x.shape() else {
+            return Err(OpError::Shape(format!(
+                "channels-last pooling needs X [N, H, W, C], got {:?}",
+                x.shape()
+            )));
+        };
+        let first = Pool {
+            channels_last: false,
+            ..self.clone()
+        };
+        if let (PoolKind::Max { .. }, DType::F32, &[kh, kw]) = (self.kind, x.dtype(), self.kernel_shape.as_slice()) {
+            let strides = spatial_attr(&self.strides, 2, 1, "strides")?;
+            let dil = spatial_attr(&self.dilations, 2, 1, "dilations")?;
+            let pads = pads_attr(&self.pads, 2)?;
+            let geo = |i: usize, size: usize, k: usize| {
+                window_geom(
+                    size,
+                    k,
+                    strides[i],
+                    dil[i],
+                    pads[i],
+                    pads[i + 2],
+                    self.auto_pad,
+                    self.ceil_mode,
+                )
+            };
+            let (gh, gw) = (geo(0, ih, kh)?, geo(1, iw, kw)?);
+            let shape = vec![n, gh.out, gw.out, c];
+            // Every element is written below: a recycled buffer needs no clearing.
+            let mut y = kiln_kernels::recycle::take(numel(&shape)?);
+            let rows = [
+                (ih, kh, strides[0], dil[0], gh.pad_begin),
+                (iw, kw, strides[1], dil[1], gw.pad_begin),
+            ];
+            max_nhwc(x.as_slice::<f32>()?, [gh.out, gw.out], c, rows, &mut y);
+            return Ok(vec![Value::Tensor(Tensor::from_vec(shape, y)?)]);
+        }
+        let xv = args.value(0).ok_or(OpError::MissingInput { index: 0 })?;
+        let xt = transpose(xv, TO_FIRST)?;
+        let y = first.eval(&Args::new(&[Some(&xt)]).with_wanted(1))?;
+        let y = y
+            .first()
+            .ok_or_else(|| OpError::Value("pooling produced no output".into()))?;
+        Ok(vec![transpose(y, TO_LAST)?])
+    }
+
+    pub(super) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = util::input_dtype(inputs, 0);
+        let Some(xs) = input_shape(inputs, 0) else {
+            return Ok(vec![util::dtype_only(dtype)]);
+        };
+        let [n, h, w, c] = xs.as_slice() else {
+            return Err(OpError::Shape(format!(
+                "channels-last pooling needs X of rank 4, got rank {}",
+                xs.len()
+            )));
+        };
+        let xt = tensor_type(dtype, Some(vec![n.clone(), c.clone(), h.clone(), w.clone()]));
+        let first = Pool {
+            channels_last: false,
+            ..self.clone()
+        };
+        let out = first.infer(&[InferInput {
+            ty: &xt,
+            konst: None,
+            present: true,
+        }])?;
+        let y = out.into_iter().next().unwrap_or(ValueType::Unknown);
+        Ok(vec![match y {
+            ValueType::Tensor(t) => {
+                let shape = match t.shape.as_deref() {
+                    Some([n, c, oh, ow]) => Some(vec![n.clone(), oh.clone(), ow.clone(), c.clone()]),
+                    _ => None,
+                };
+                tensor_type(t.dtype, shape)
+            }
+            other => other,
+        }])
+    }
+}
+
+/// MaxPool of `x` (`[N, H, W, C]`) into `y` (`[N, OH, OW, C]`), output rows in parallel.
+fn max_nhwc(x: &[f32], out: [usize; 2], c: usize, dims: [Dim1; 2], y: &mut [f32]) {
+    let [oh, ow] = out;
+    let (ih, iw) = (dims[0].0, dims[1].0);
+    if c == 0 || ow == 0 || oh == 0 {
+        return;
+    }
+    kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &|r, row| {
+        let (img, oy) = (r / oh, r % oh);
+        let Some(xi) = x.get(img * ih * iw * c..(img + 1) * ih * iw * c) else {
+            row.fill(f32::NAN);
+            return;
+        };
+        kiln_kernels::simd::vectorize_kernel(MaxRow {
+            x: xi,
+            oy,
+            c,
+            dims,
+            row,
+        });
+    });
+}
+
+/// One output row of [`max_nhwc`].
+struct MaxRow<'a> {
+    x: &'a [f32],
+    oy: usize,
+    c: usize,
+    dims: [Dim1; 2],
+    row: &'a mut [f32],
+}
+
+/// The input coordinates of the taps of output `o` in one dim, inside the input.
+fn taps_in((size, k, s, d, pb): Dim1, o: usize) -> impl Iterator<Item = usize> {
+    (0..k).filter_map(move |t| {
+        let i = (o * s + t * d) as isize - pb as isize;
+        (i >= 0 && (i as usize) < size).then_some(i as usize)
+    })
+}
+
+impl kiln_kernels::simd::Kernel for MaxRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let MaxRow { x, oy, c, dims, row } = self;
+        let iw = dims[1].0;
+        let ys: Vec<usize> = taps_in(dims[0], oy).collect();
+        for (ox, out) in row.chunks_exact_mut(c).enumerate() {
+            let mut first = true;
+            for &iy in &ys {
+                for ix in taps_in(dims[1], ox) {
+                    let o = (iy * iw + ix) * c;
+                    let Some(src) = x.get(o..o + c) else { continue };
+                    if first {
+                        out.copy_from_slice(src);
+                        first = false;
+                    } else {
+                        for (m, &v) in out.iter_mut().zip(src) {
+                            *m = if v > *m { v } else { *m };
+                        }
+                    }
+                }
+            }
+            if first {
+                out.fill(f32::NAN);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::AutoPad;
+
+    fn to_last(v: &[f32], [n, c, h, w]: [usize; 4]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(v.len());
+        for i in 0..n {
+            for y in 0..h {
+                for x in 0..w {
+                    for ch in 0..c {
+                        out.push(v[((i * c + ch) * h + y) * w + x]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn eval(op: &Pool, shape: &[usize], v: Vec<f32>) -> Tensor {
+        let x = Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap());
+        let out = op.eval(&Args::new(&[Some(&x)])).unwrap();
+        out[0].as_tensor().unwrap().clone()
+    }
+
+    #[test]
+    fn channels_last_pools_match_the_channels_first_reference() {
+        let mut seed = 3u32;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            ((seed >> 8) % 2001) as f32 / 1000.0 - 1.0
+        };
+        let cases = [
+            // (kind, kernel, strides, dilations, pads, ceil_mode, [n, c, h, w])
+            (
+                PoolKind::Max { storage_order: false },
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                [1, 1, 1, 1],
+                false,
+                [2, 19, 11, 9],
+            ),
+            (
+                PoolKind::Max { storage_order: false },
+                [2, 3],
+                [1, 2],
+                [2, 1],
+                [0, 1, 1, 0],
+                true,
+                [1, 5, 7, 8],
+            ),
+            (
+                PoolKind::Max { storage_order: false },
+                [3, 3],
+                [3, 3],
+                [1, 1],
+                [0, 0, 0, 0],
+                true,
+                [1, 3, 7, 7],
+            ),
+            (
+                PoolKind::Average {
+                    count_include_pad: true,
+                },
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                [1, 1, 1, 1],
+                false,
+                [1, 4, 6, 6],
+            ),
+        ];
+        for (kind, k, s, d, p, ceil, xs) in cases {
+            let first = Pool {
+                kind,
+                auto_pad: AutoPad::NotSet,
+                ceil_mode: ceil,
+                dilations: d.to_vec(),
+                kernel_shape: k.to_vec(),
+                pads: p.to_vec(),
+                strides: s.to_vec(),
+                channels_last: false,
+            };
+            let last = Pool {
+                channels_last: true,
+                ..first.clone()
+            };
+            let total = xs.iter().product();
+            let mut x: Vec<f32> = (0..total).map(|_| rnd()).collect();
+            // A NaN first tap and a later NaN tap, as the reference orders them.
+            x[0] = f32::NAN;
+            x[total / 2] = f32::NAN;
+            let want = eval(&first, &xs, x.clone());
+            let &[n, c, oh, ow] = want.shape() else { panic!() };
+            let got = eval(&last, &[xs[0], xs[2], xs[3], xs[1]], to_last(&x, xs));
+            assert_eq!(got.shape(), &[n, oh, ow, c]);
+            let want = to_last(want.as_slice::<f32>().unwrap(), [n, c, oh, ow]);
+            for (g, w) in got.as_slice::<f32>().unwrap().iter().zip(&want) {
+                assert!(
+                    g.to_bits() == w.to_bits() || (g - w).abs() < 1e-6,
+                    "{kind:?}: {g} vs {w}"
+                );
+            }
+            assert!(want.iter().any(|v| v.is_nan()) || !matches!(kind, PoolKind::Max { .. }) || ceil);
+        }
+    }
+}
