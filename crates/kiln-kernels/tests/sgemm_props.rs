@@ -380,16 +380,26 @@ fn packed_bytes_round_trip_into_sgemm() {
     }
 }
 
-/// Problems big enough to be split over threads (by rows, in whole tiles, with the row bias
-/// and residual following their rows), run under 2- and 3-thread pools.
+/// Problems big enough to be split over threads (by rows in whole tiles, with the row bias
+/// and residual following their rows; or, for few rows, by whole B panels, with the column
+/// bias and residual following their columns), run under 2- and 3-thread pools. Every bias
+/// kind meets both splits (`i % 3`).
 #[test]
 fn split_over_threads_matches_oracle() {
     for threads in [2, 3] {
         let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap();
         pool.install(|| {
-            for (i, &(m, n, k)) in [(17, 300, 200), (64, 100, 120), (97, 77, 513), (16, 1024, 40)]
-                .iter()
-                .enumerate()
+            for (i, &(m, n, k)) in [
+                (17, 300, 200),
+                (64, 100, 120),
+                (97, 77, 513),
+                (16, 1024, 40),
+                (5, 700, 160),
+                (3, 1000, 200),
+                (9, 650, 100),
+            ]
+            .iter()
+            .enumerate()
             {
                 for transposed in [false, true] {
                     let p = Problem {

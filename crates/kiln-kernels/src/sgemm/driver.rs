@@ -77,6 +77,39 @@ impl Kernels {
     }
 }
 
+/// C as the loop nest writes it: a pointer to element (0, 0) and the leading dimension. Each
+/// call writes exactly its `m x n` elements `(i, j)` at `ptr + i*ldc + j` and nothing else, so
+/// calls on disjoint column ranges of one matrix may run at once.
+#[derive(Clone, Copy)]
+pub(crate) struct CMut {
+    pub ptr: *mut f32,
+    pub ldc: usize,
+}
+
+// SAFETY: a CMut is only handed to tasks writing disjoint elements (see `run_raw`'s callers).
+unsafe impl Send for CMut {}
+// SAFETY: as above; the pointer itself is never used to read another task's elements.
+unsafe impl Sync for CMut {}
+
+impl CMut {
+    /// The same matrix from column `j` on (no access is made: the pointer is only offset).
+    pub fn from_column(self, j: usize) -> CMut {
+        CMut {
+            ptr: self.ptr.wrapping_add(j),
+            ldc: self.ldc,
+        }
+    }
+
+    /// Row `i`, columns `j .. j + w`, as a slice.
+    ///
+    /// # Safety
+    /// The elements exist and are written by no one else while the slice lives.
+    unsafe fn row<'a>(self, i: usize, j: usize, w: usize) -> &'a mut [f32] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.ldc + j), w) }
+    }
+}
+
 /// Runs the loop nest. The caller has validated every shape against the slices (`validate`),
 /// and chosen `kernels` for `b`'s layout.
 pub(crate) fn run(
@@ -88,13 +121,34 @@ pub(crate) fn run(
     ldc: usize,
     epi: &Epilogue<'_>,
 ) {
+    // SAFETY: `validate` checked that `c` holds the `m x n` elements with `ldc`, and the
+    // exclusive borrow means no one else writes them.
+    unsafe { run_raw(kernels, m, a, b, CMut { ptr: c.as_mut_ptr(), ldc }, epi) }
+}
+
+/// [`run`] on a raw C.
+///
+/// # Safety
+/// Elements `(i, j)`, `i < m`, `j < b.n()`, at `c.ptr + i*c.ldc + j` are valid for writes and
+/// nobody else reads or writes them during the call; the other operands passed `validate`
+/// for this `m`, `b` and `c.ldc`.
+pub(crate) unsafe fn run_raw(
+    kernels: &Kernels,
+    m: usize,
+    a: &AMatrix<'_>,
+    b: &PackedBRef<'_>,
+    c: CMut,
+    epi: &Epilogue<'_>,
+) {
+    let ldc = c.ldc;
     let (k, n) = (b.k(), b.n());
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
         for i in 0..m {
-            let row = &mut c[i * ldc..i * ldc + n];
+            // SAFETY: row `i < m`, columns `0..n`: this call's elements (the contract).
+            let row = unsafe { c.row(i, 0, n) };
             row.fill(0.0);
             finish_row(kernels, epi, i, 0, row);
         }
@@ -143,7 +197,8 @@ pub(crate) fn run(
                         // floats; rows `pc..pc+kc` exist and `jr % pnr + kn <= pnr` as `kn`
                         // divides `pnr` and `jr` is a multiple of `kn`; the last panel is
                         // zero-padded, so all `kn` columns are readable. C: validate checked
-                        // `(m-1)*ldc + n <= c.len()`; rows `ic+ir .. ic+ir+rows <= m`, columns
+                        // `(m-1)*ldc + n` elements from `c.ptr` (run_raw's contract); rows
+                        // `ic+ir .. ic+ir+rows <= m`, columns
                         // `jr .. jr+nr <= n`, and `first` is false only after a previous depth
                         // block stored these elements. Epilogue: `tile_epi` points into operands
                         // whose lengths validate checked (see there).
@@ -157,7 +212,7 @@ pub(crate) fn run(
                                 acs,
                                 bdata.as_ptr().add(boff),
                                 pnr,
-                                c.as_mut_ptr().add(coff),
+                                c.ptr.add(coff),
                                 ldc,
                                 nr,
                                 first,
@@ -166,7 +221,8 @@ pub(crate) fn run(
                         }
                         if last && !epi.is_empty() && !kernels.fused {
                             for i in ic + ir..ic + ir + rows {
-                                let row = &mut c[i * ldc + jr..i * ldc + jr + nr];
+                                // SAFETY: row `i < m`, columns `jr .. jr+nr <= n`: this call's.
+                                let row = unsafe { c.row(i, jr, nr) };
                                 finish_row(kernels, epi, i, jr, row);
                             }
                         }

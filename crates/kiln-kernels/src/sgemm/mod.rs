@@ -179,7 +179,19 @@ pub fn sgemm_with(
     let kernels = driver::Kernels::select(isa, b.layout());
     let threads = crate::pool::current_threads();
     let work = m.saturating_mul(b.n()).saturating_mul(b.k());
-    if threads < 2 || m < 2 * kernels.mr || work < PAR_MIN_WORK {
+    if threads < 2 || work < PAR_MIN_WORK {
+        driver::run(&kernels, m, &a, &b, c, ldc, epilogue);
+        return Ok(());
+    }
+    // Whole row tiles or whole B panels per thread, whichever splits more evenly (few rows,
+    // such as a deep convolution's 49 pixels, split badly into 8-row tiles).
+    let (row_tiles, panels) = (m.div_ceil(kernels.mr), b.n().div_ceil(b.layout().nr()));
+    let balance = |units: usize| units as f64 / (threads * units.div_ceil(threads)) as f64;
+    if panels >= 2 && (row_tiles < 2 || balance(panels) > balance(row_tiles) + 0.05) {
+        split_columns(&kernels, threads, m, &a, &b, c, ldc, epilogue);
+        return Ok(());
+    }
+    if m < 2 * kernels.mr {
         driver::run(&kernels, m, &a, &b, c, ldc, epilogue);
         return Ok(());
     }
@@ -215,6 +227,53 @@ pub fn sgemm_with(
         driver::run(&kernels, rows, &sub_a, &b, &mut guard, ldc, &sub_epi);
     });
     Ok(())
+}
+
+/// [`sgemm_with`]'s column split: each task computes all rows of whole B panels, writing its
+/// own columns of C (disjoint element sets of one matrix) through a raw pointer.
+#[allow(clippy::too_many_arguments)]
+fn split_columns(
+    kernels: &driver::Kernels,
+    threads: usize,
+    m: usize,
+    a: &AMatrix<'_>,
+    b: &PackedBRef<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    epilogue: &Epilogue<'_>,
+) {
+    let nr = b.layout().nr();
+    let panels = b.n().div_ceil(nr);
+    let tasks = threads.min(panels);
+    let per = panels.div_ceil(tasks);
+    let cm = driver::CMut {
+        ptr: c.as_mut_ptr(),
+        ldc,
+    };
+    crate::pool::parallel_for(tasks, &|t| {
+        let (p0, p1) = (t * per, ((t + 1) * per).min(panels));
+        let Some(sub_b) = b.panels(p0, p1) else { return };
+        let j0 = p0 * nr;
+        let sub_epi = Epilogue {
+            bias: match epilogue.bias {
+                Bias::Col(v) => Bias::Col(v.get(j0..j0 + sub_b.n()).unwrap_or(&[])),
+                other => other,
+            },
+            residual: epilogue.residual.map(|r| Residual {
+                data: r.data.get(j0..).unwrap_or(&[]),
+                ld: r.ld,
+            }),
+            act: epilogue.act,
+        };
+        let sub_c = cm.from_column(j0);
+        // SAFETY: `validate` checked C's `m x n` elements with `ldc` for the whole product;
+        // this task writes rows `< m`, columns `j0 .. j0 + sub_b.n() <= n` only, and the
+        // tasks' column ranges are disjoint (whole panels `p0..p1` each), while the caller's
+        // exclusive borrow of `c` keeps everyone else out. The sub-operands are the whole's
+        // restricted to those columns (bias and residual offset by `j0`), so they pass
+        // `validate` too.
+        unsafe { driver::run_raw(kernels, m, a, &sub_b, sub_c, &sub_epi) };
+    });
 }
 
 /// Multiply-adds below which a GEMM runs on one thread (a fork-join costs about a

@@ -154,6 +154,21 @@ impl<'a> PackedBRef<'a> {
     pub fn data(&self) -> &'a [f32] {
         self.data
     }
+
+    /// Panels `p0..p1` (columns `p0*nr .. min(p1*nr, n)`) as a packed matrix of their own:
+    /// whole panels are contiguous, so this is a sub-slice. `None` for an empty or
+    /// out-of-range panel range.
+    pub fn panels(&self, p0: usize, p1: usize) -> Option<PackedBRef<'a>> {
+        let nr = self.layout.nr();
+        let j0 = p0.checked_mul(nr)?;
+        let j1 = p1.checked_mul(nr)?.min(self.n);
+        if j0 >= j1 {
+            return None;
+        }
+        let per = self.k.checked_mul(nr)?;
+        let data = self.data.get(p0.checked_mul(per)?..p1.checked_mul(per)?.min(self.data.len()))?;
+        PackedBRef::new(self.layout, self.k, j1 - j0, data).ok()
+    }
 }
 
 /// An owned packed B in a 64-byte aligned buffer.

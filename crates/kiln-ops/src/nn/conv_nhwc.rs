@@ -29,6 +29,10 @@ thread_local! {
 /// Floats of im2col rows copied per block (128 KiB: the block, the B panels it meets and its
 /// C rows stay in Zen 4's 1 MiB L2).
 const BLOCK_FLOATS: usize = 32 * 1024;
+/// Weights (B) larger than this many floats (1 MiB) do not stay in L2 between row blocks.
+const B_L2_FLOATS: usize = 256 * 1024;
+/// Smallest row block when B does not stay in L2.
+const B_ROWS: usize = 256;
 
 /// Channels-first `[N, C, H, W]` to channels-last `[N, H, W, C]`, and back.
 pub(super) const TO_LAST: [i64; 4] = [0, 2, 3, 1];
@@ -342,11 +346,34 @@ impl Conv {
             sgemm(rows, AMatrix::row_major(xd, k), packed, &mut y, m, &epi).map_err(|_| bad())?;
             return Ok(Tensor::from_vec(shape, y)?);
         }
-        // Row blocks of A, each copied and multiplied by one thread.
-        let block = (BLOCK_FLOATS / k.max(1))
-            .next_multiple_of(8)
-            .clamp(8, rows.next_multiple_of(8));
+        // Row blocks of A, each copied and multiplied by one thread. Every block streams all
+        // of B: when B outgrows the L2 cache, blocks get at least B_ROWS rows, so B's traffic
+        // is paid over many rows (deep layers have few rows and large weights).
+        let mut block = (BLOCK_FLOATS / k.max(1)).next_multiple_of(8).max(8);
+        if k * m > B_L2_FLOATS {
+            block = block.max(B_ROWS);
+        }
+        let block = block.min(rows.next_multiple_of(8));
         numel(&[block, k])?;
+        if rows <= block {
+            // One block: the GEMM itself splits its rows over the pool.
+            return ROWS.with(|cell| {
+                let mut a = cell.take();
+                a.resize(rows * k, 0.0);
+                let ok = geo.fill_rows(xd, 0, &mut a);
+                let epi = Epilogue {
+                    bias,
+                    residual: rd.map(|data| Residual { data, ld: m }),
+                    act,
+                };
+                let ok = ok && sgemm(rows, AMatrix::row_major(&a, k), packed, &mut y, m, &epi).is_ok();
+                cell.set(a);
+                if !ok {
+                    return Err(bad());
+                }
+                Ok(Tensor::from_vec(shape, y)?)
+            });
+        }
         let failed = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::for_each_chunk_mut(&mut y, block * m, &|bi, out| {
             let r0 = bi * block;
