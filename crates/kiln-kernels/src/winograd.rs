@@ -203,14 +203,27 @@ impl Winograd {
                 }
             }
         }
-        vectorize_kernel(InputTransform {
-            xpad,
-            v,
-            c,
-            t,
-            tw,
-            pad_w,
+        // The input transform in parallel over tile ranges: each task writes its tiles' rows
+        // of every position.
+        let vout = VOut {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+        };
+        let tasks = pool::current_threads().clamp(1, t);
+        let per = t.div_ceil(tasks);
+        let xpad: &[f32] = xpad;
+        pool::parallel_for(tasks, &|i| {
+            vectorize_kernel(InputTransform {
+                xpad,
+                v: vout,
+                c,
+                t,
+                tiles: i * per..((i + 1) * per).min(t),
+                tw,
+                pad_w,
+            });
         });
+        let v: &[f32] = v;
         // The 36 products, one GEMM each, in parallel over positions.
         let failed = std::sync::atomic::AtomicBool::new(false);
         pool::for_each_chunk_mut(prod, t * m, &|xi, out| {
@@ -290,11 +303,41 @@ fn lincomb(out: &mut [f32], coefs: &[f32; 6], rows: &[&[f32]; 6]) {
     }
 }
 
+/// `V` as the parallel input transform writes it: each task writes the rows of its own tiles
+/// (disjoint element ranges of one buffer, which `run` borrows mutably throughout).
+#[derive(Clone, Copy)]
+struct VOut {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: tasks sharing a VOut write disjoint ranges (`InputTransform::tiles` partitions the
+// tiles) and nobody reads V until they are all done.
+unsafe impl Send for VOut {}
+// SAFETY: as above.
+unsafe impl Sync for VOut {}
+
+impl VOut {
+    /// Copies `vals` to `ptr[o .. o + vals.len()]`; nothing when that is out of range.
+    ///
+    /// # Safety
+    /// No one else reads or writes that range during the call.
+    unsafe fn write(self, o: usize, vals: &[f32]) {
+        if o.checked_add(vals.len()).is_some_and(|end| end <= self.len) {
+            // SAFETY: the range is inside the buffer (checked), which outlives every task; the
+            // caller guarantees exclusive access to it; `vals` is a different (local) buffer.
+            unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.ptr.add(o), vals.len()) }
+        }
+    }
+}
+
 struct InputTransform<'a> {
     xpad: &'a [f32],
-    v: &'a mut [f32],
+    v: VOut,
     c: usize,
     t: usize,
+    /// The tiles this task transforms.
+    tiles: std::ops::Range<usize>,
     tw: usize,
     pad_w: usize,
 }
@@ -306,7 +349,8 @@ impl Kernel for InputTransform<'_> {
     fn run(self) {
         let c = self.c;
         let mut stage = vec![0.0f32; 36 * c];
-        for tile in 0..self.t {
+        let mut out = vec![0.0f32; c];
+        for tile in self.tiles.clone() {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
             let at = |r: usize, q: usize| {
                 let o = ((ty * TILE + r) * self.pad_w + tx * TILE + q) * c;
@@ -326,10 +370,10 @@ impl Kernel for InputTransform<'_> {
                 let rows = [row(0), row(1), row(2), row(3), row(4), row(5)];
                 for (j, bt) in BT.iter().enumerate() {
                     let xi = i * 6 + j;
-                    let o = (xi * self.t + tile) * c;
-                    if let Some(out) = self.v.get_mut(o..o + c) {
-                        lincomb(out, bt, &rows);
-                    }
+                    lincomb(&mut out, bt, &rows);
+                    // SAFETY: row (xi, tile) belongs to this task alone: tasks own disjoint
+                    // tile ranges.
+                    unsafe { self.v.write((xi * self.t + tile) * c, &out) };
                 }
             }
         }

@@ -123,7 +123,19 @@ pub(crate) fn run(
 ) {
     // SAFETY: `validate` checked that `c` holds the `m x n` elements with `ldc`, and the
     // exclusive borrow means no one else writes them.
-    unsafe { run_raw(kernels, m, a, b, CMut { ptr: c.as_mut_ptr(), ldc }, epi) }
+    unsafe {
+        run_raw(
+            kernels,
+            m,
+            a,
+            b,
+            CMut {
+                ptr: c.as_mut_ptr(),
+                ldc,
+            },
+            epi,
+        )
+    }
 }
 
 /// [`run`] on a raw C.

@@ -166,7 +166,9 @@ impl<'a> PackedBRef<'a> {
             return None;
         }
         let per = self.k.checked_mul(nr)?;
-        let data = self.data.get(p0.checked_mul(per)?..p1.checked_mul(per)?.min(self.data.len()))?;
+        let data = self
+            .data
+            .get(p0.checked_mul(per)?..p1.checked_mul(per)?.min(self.data.len()))?;
         PackedBRef::new(self.layout, self.k, j1 - j0, data).ok()
     }
 }
