@@ -52,6 +52,20 @@ macro_rules! each_family {
 }
 
 impl Op {
+    /// For ops whose single output is input 0's elements under another shape (Reshape,
+    /// Flatten, Squeeze, Unsqueeze): that shape, so a caller owning input 0 can move it
+    /// instead of copying. `None` for every other op.
+    pub fn view_shape(&self, args: &Args<'_>) -> Option<Result<Vec<usize>, OpError>> {
+        use movement::MovementOp;
+        match self {
+            Op::Movement(MovementOp::Reshape(r)) => Some(r.view_shape(args)),
+            Op::Movement(MovementOp::Flatten(f)) => Some(f.view_shape(args)),
+            Op::Movement(MovementOp::Squeeze(q)) => Some(q.view_shape(args)),
+            Op::Movement(MovementOp::Unsqueeze(u)) => Some(u.view_shape(args)),
+            _ => None,
+        }
+    }
+
     /// Short name of the op kind, as shown in dumps and errors (e.g. `Conv`, `Add`).
     pub fn name(&self) -> &'static str {
         each_family!(self, op => op.name())

@@ -200,22 +200,19 @@ fn run_program(
     }
     for (index, step) in p.steps.iter().enumerate() {
         let results = match rec.as_deref_mut() {
-            None => run_step(step, &env)?,
+            None => run_step_moving(step, &mut env)?,
             Some(rec) => {
-                let started = Instant::now();
-                let results = run_step(step, &env)?;
-                let duration = started.elapsed();
-                let seen: Vec<InputSeen<'_>> = step
+                let seen: Vec<InputSeen> = step
                     .inputs
                     .iter()
                     .map(|s| {
                         let slot = s.and_then(|s| env.get(s));
-                        InputSeen {
-                            value: slot.and_then(Slot::get),
-                            constant: matches!(slot, Some(Slot::Shared(_))),
-                        }
+                        InputSeen::of(slot.and_then(Slot::get), matches!(slot, Some(Slot::Shared(_))))
                     })
                     .collect();
+                let started = Instant::now();
+                let results = run_step_moving(step, &mut env)?;
+                let duration = started.elapsed();
                 rec.record(index, step, started, duration, &seen, &results);
                 results
             }
@@ -259,6 +256,35 @@ fn run_program(
         outs.push(v.ok_or_else(|| bad(format!("output '{}' was not computed", o.name)))?);
     }
     Ok(outs)
+}
+
+/// [`run_step`], except that a view op (`Op::view_shape`: Reshape, Flatten, Squeeze,
+/// Unsqueeze) whose input 0 is owned and dies at this step takes that value and relabels its
+/// shape instead of copying it.
+fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Vec<Value>> {
+    if let (StepKind::Op(op), Some(Some(x))) = (&step.kind, step.inputs.first())
+        && step.frees.contains(x)
+        && step.inputs.iter().skip(1).all(|s| s.as_ref() != Some(x))
+        && matches!(env.get(*x), Some(Slot::Owned(Value::Tensor(_))))
+    {
+        let shape = {
+            let args: Vec<Option<&Value>> = step.inputs.iter().map(|s| s.and_then(|s| env.get(s)?.get())).collect();
+            op.view_shape(&Args::new(&args))
+        };
+        if let Some(Ok(shape)) = shape
+            && let Some(slot) = env.get_mut(*x)
+            && let Slot::Owned(Value::Tensor(t)) = std::mem::replace(slot, Slot::Empty)
+        {
+            let node_err = |source: OpError| RuntimeError::Node {
+                node: step.name.clone(),
+                op: step.kind.name().to_string(),
+                source,
+            };
+            let t = t.reshape(shape).map_err(|e| node_err(OpError::from(e)))?;
+            return Ok(vec![Value::Tensor(t)]);
+        }
+    }
+    run_step(step, env)
 }
 
 fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {

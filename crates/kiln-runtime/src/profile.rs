@@ -228,9 +228,24 @@ pub(crate) struct Recorder {
 }
 
 /// Where a step input came from, for splitting parameter and activation bytes.
-pub(crate) struct InputSeen<'a> {
-    pub(crate) value: Option<&'a Value>,
+pub(crate) struct InputSeen {
+    /// The input's type and shape (`Unknown` / `Absent` for an absent input), taken before the
+    /// step ran (it may consume its input).
+    pub(crate) ty: ValueType,
+    pub(crate) shape: ValueShape,
+    pub(crate) present: bool,
     pub(crate) constant: bool,
+}
+
+impl InputSeen {
+    pub(crate) fn of(value: Option<&Value>, constant: bool) -> InputSeen {
+        InputSeen {
+            ty: value.map_or(ValueType::Unknown, Value::value_type),
+            shape: value.map_or(ValueShape::Absent, ValueShape::of),
+            present: value.is_some(),
+            constant,
+        }
+    }
 }
 
 impl Recorder {
@@ -240,7 +255,7 @@ impl Recorder {
         step: &crate::program::Step,
         started: Instant,
         duration: Duration,
-        inputs: &[InputSeen<'_>],
+        inputs: &[InputSeen],
         outputs: &[Value],
     ) {
         let mut param_bytes = 0u64;
@@ -248,7 +263,7 @@ impl Recorder {
         let in_shapes: Vec<ValueShape> = inputs
             .iter()
             .map(|i| {
-                let shape = i.value.map_or(ValueShape::Absent, ValueShape::of);
+                let shape = i.shape.clone();
                 if i.constant {
                     param_bytes = param_bytes.saturating_add(shape.bytes());
                 } else {
@@ -282,18 +297,13 @@ impl Recorder {
     }
 }
 
-fn macs_of(op: &Op, inputs: &[InputSeen<'_>], outputs: &[Value]) -> u64 {
-    let in_types: Vec<ValueType> = inputs
-        .iter()
-        .map(|i| i.value.map_or(ValueType::Unknown, Value::value_type))
-        .collect();
+fn macs_of(op: &Op, inputs: &[InputSeen], outputs: &[Value]) -> u64 {
     let infer: Vec<InferInput<'_>> = inputs
         .iter()
-        .zip(&in_types)
-        .map(|(i, ty)| InferInput {
-            ty,
+        .map(|i| InferInput {
+            ty: &i.ty,
             konst: None,
-            present: i.value.is_some(),
+            present: i.present,
         })
         .collect();
     let out_types: Vec<ValueType> = outputs.iter().map(Value::value_type).collect();

@@ -107,15 +107,18 @@ pub(crate) fn fixed_of(d: &[Dim]) -> Option<Vec<usize>> {
 
 impl Reshape {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        one(args.tensor(0)?.clone().reshape(self.view_shape(args)?)?)
+    }
+    /// The output's shape (the output is input 0's elements under it).
+    pub fn view_shape(&self, args: &Args<'_>) -> Result<Vec<usize>> {
         let x = args.tensor(0)?;
         let spec = match &self.shape {
             Some(s) => s.clone(),
             None => read_i64s(args.tensor(1)?, "shape")?,
         };
-        let dims = reshape_dims(&fixed_dims(x.shape()), &spec, self.allowzero)?
+        reshape_dims(&fixed_dims(x.shape()), &spec, self.allowzero)?
             .and_then(|d| fixed_of(&d))
-            .ok_or_else(|| OpError::Shape(format!("reshape: cannot reshape {:?} to {spec:?}", x.shape())))?;
-        one(x.clone().reshape(dims)?)
+            .ok_or_else(|| OpError::Shape(format!("reshape: cannot reshape {:?} to {spec:?}", x.shape())))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -218,11 +221,15 @@ impl Flatten {
         Ok(a as usize)
     }
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        one(args.tensor(0)?.clone().reshape(self.view_shape(args)?)?)
+    }
+    /// The output's shape (the output is input 0's elements under it).
+    pub fn view_shape(&self, args: &Args<'_>) -> Result<Vec<usize>> {
         let x = args.tensor(0)?;
         let a = self.split(x.rank())?;
         let outer: usize = x.shape()[..a].iter().product();
         let inner: usize = x.shape()[a..].iter().product();
-        one(x.clone().reshape(vec![outer, inner])?)
+        Ok(vec![outer, inner])
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -278,11 +285,14 @@ fn squeeze_dims(shape: &[Dim], axes: Option<&[i64]>) -> Result<Option<Vec<Dim>>>
 
 impl Squeeze {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        one(args.tensor(0)?.clone().reshape(self.view_shape(args)?)?)
+    }
+    /// The output's shape (the output is input 0's elements under it).
+    pub fn view_shape(&self, args: &Args<'_>) -> Result<Vec<usize>> {
         let x = args.tensor(0)?;
         let axes = ints_from(&self.axes, args, 1, "axes")?;
         let dims = squeeze_dims(&fixed_dims(x.shape()), axes.as_deref())?.and_then(|d| fixed_of(&d));
-        let dims = dims.ok_or_else(|| OpError::Shape("squeeze".into()))?;
-        one(x.clone().reshape(dims)?)
+        dims.ok_or_else(|| OpError::Shape("squeeze".into()))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -318,10 +328,13 @@ fn unsqueeze_dims(shape: &[Dim], axes: &[i64]) -> Result<Vec<Dim>> {
 
 impl Unsqueeze {
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        one(args.tensor(0)?.clone().reshape(self.view_shape(args)?)?)
+    }
+    /// The output's shape (the output is input 0's elements under it).
+    pub fn view_shape(&self, args: &Args<'_>) -> Result<Vec<usize>> {
         let x = args.tensor(0)?;
         let axes = ints_from(&self.axes, args, 1, "axes")?.ok_or(OpError::MissingInput { index: 1 })?;
-        let dims = fixed_of(&unsqueeze_dims(&fixed_dims(x.shape()), &axes)?).unwrap_or_default();
-        one(x.clone().reshape(dims)?)
+        Ok(fixed_of(&unsqueeze_dims(&fixed_dims(x.shape()), &axes)?).unwrap_or_default())
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);

@@ -223,10 +223,10 @@ unsafe fn tile<const R: usize>(
                 let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(i)));
                 let rp = e.resid.wrapping_add(i * e.resid_ld);
                 let r0 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m0, rp));
-                v0 = epi_vec(v0, rb, cb0, r0, e.act);
+                v0 = epi_vec(v0, rb, cb0, r0, cheap_act(e.act));
                 if m1 != 0 {
                     let r1 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m1, rp.add(16)));
-                    v1 = epi_vec(v1, rb, cb1, r1, e.act);
+                    v1 = epi_vec(v1, rb, cb1, r1, cheap_act(e.act));
                 }
             }
             _mm512_mask_storeu_ps(cp, m0, v0);
@@ -235,6 +235,23 @@ unsafe fn tile<const R: usize>(
             }
         }
     }
+    // Costly activations (exp, erf, tanh) run over the stored rows, still in L1: one call per
+    // row rather than per vector with every accumulator live across it.
+    if let Some(a) = epi.and_then(|e| e.act).filter(|&a| cheap_act(Some(a)).is_none()) {
+        for i in 0..R {
+            // SAFETY: the TileFn contract gives `nr` writable, now initialised floats at
+            // `c + i*ldc` for `i < R`, used by no one else during the call.
+            let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), nr) };
+            epi_impl(row, None, None, None, Some(a));
+        }
+    }
+}
+
+/// The activation when the tiles apply it in registers (Relu, Clip), else `None` (applied
+/// to the stored rows afterwards).
+#[inline]
+fn cheap_act(a: Option<Act>) -> Option<Act> {
+    a.filter(|a| matches!(a, Act::Relu | Act::Clip { .. }))
 }
 
 static TILES: [TileFn; MR] = [
@@ -290,9 +307,18 @@ unsafe fn half_tile<const R: usize>(
             if let Some(e) = epi {
                 let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(i)));
                 let r = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m0, e.resid.wrapping_add(i * e.resid_ld)));
-                v = epi_vec(v, rb, cb, r, e.act);
+                v = epi_vec(v, rb, cb, r, cheap_act(e.act));
             }
             _mm512_mask_storeu_ps(cp, m0, v);
+        }
+    }
+    // Costly activations over the stored rows (see `tile`).
+    if let Some(a) = epi.and_then(|e| e.act).filter(|&a| cheap_act(Some(a)).is_none()) {
+        for i in 0..R {
+            // SAFETY: the TileFn contract gives `nr` writable, now initialised floats at
+            // `c + i*ldc` for `i < R`, used by no one else during the call.
+            let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), nr) };
+            epi_impl(row, None, None, None, Some(a));
         }
     }
 }
