@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::value::{Args, InferInput, Value, ValueType};
 
 pub mod attention;
+mod attention_f32;
 pub mod extra;
 pub(crate) mod num;
 pub mod rnn;

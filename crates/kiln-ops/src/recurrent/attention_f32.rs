@@ -1,0 +1,302 @@
+//! The fast path of `Attention` for the case the compiler's `attention` pass produces: f32,
+//! 3-D `[B, S, H*D]` Q, K and V with `H` heads each, an optional f32 additive mask whose last
+//! dim is the kv length, no cache, no causal or window masking, no softcap, and only Y read.
+//!
+//! Per (batch, head), in parallel over the pool: the scores `Q_h K_h^T` come from the GEMM with A read in place from Q
+//! (leading dimension `H*D`, no head-split copy) and `K_h^T` packed straight from K's rows;
+//! each score row is scaled, masked and soft-maxed in place (vectorised); then `P V_h` is a
+//! second GEMM with `V_h` packed from V's rows, copied into Y's head columns, so Y comes out
+//! as `[B, S, H*Dv]` with no transposes.
+//! Rounding differs from the f64 reference by f32 accumulation only (the reference rounds the
+//! scaled Q and K; this path scales the f32 scores), well within 1e-5 relative.
+
+use super::attention::Attention;
+use crate::error::{OpError, Result};
+use crate::value::{Args, Value};
+use kiln_kernels::gemm::MatLayout;
+use kiln_kernels::sgemm::{AMatrix, BLayout, Epilogue, PackedB, sgemm};
+use kiln_tensor::{DType, Tensor};
+
+impl Attention {
+    /// Y for the fast case (see the module docs), `None` when the call is not of that kind.
+    pub(super) fn eval_f32(&self, args: &Args<'_>) -> Result<Option<Vec<Value>>> {
+        let (q, k, v) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
+        let mask = args.opt_tensor(3)?;
+        let f32s = |t: &Tensor| t.dtype() == DType::F32;
+        let simple = !self.is_causal
+            && self.softcap == 0.0
+            && self.left_window_size < 0
+            && self.right_window_size < 0
+            && self.softmax_precision.is_none_or(|d| d == DType::F32)
+            && (4..8).all(|i| args.value(i).is_none())
+            && (1..4).all(|i| !args.output_wanted(i))
+            && f32s(q)
+            && f32s(k)
+            && f32s(v)
+            && mask.is_none_or(f32s);
+        let (Some(h), Some(hkv)) = (self.q_num_heads, self.kv_num_heads) else {
+            return Ok(None);
+        };
+        let (&[b, sq, qw], &[kb, skv, kw], &[vb, vs, vw]) = (q.shape(), k.shape(), v.shape()) else {
+            return Ok(None);
+        };
+        if !simple || h == 0 || hkv != h || kb != b || vb != b || vs != skv || qw % h != 0 || vw % h != 0 || kw != qw {
+            return Ok(None);
+        }
+        let (d, dv) = (qw / h, vw / h);
+        // Mask strides over [B, H, S_q] (0 where broadcast); its last dim must be S_kv.
+        let mstr = match mask {
+            None => None,
+            Some(m) => {
+                let ms = m.shape();
+                if ms.is_empty() || ms.len() > 4 || ms.last() != Some(&skv) {
+                    return Ok(None);
+                }
+                let target = [b, h, sq];
+                let off = 4 - ms.len();
+                let mut str3 = [0usize; 3];
+                let mut acc = skv;
+                for i in (0..ms.len() - 1).rev() {
+                    let t = i + off;
+                    let dim = ms[i];
+                    if dim != 1 && target.get(t) != Some(&dim) {
+                        return Ok(None);
+                    }
+                    if dim != 1
+                        && let Some(s) = str3.get_mut(t)
+                    {
+                        *s = acc;
+                    }
+                    acc *= dim;
+                }
+                Some((m.as_slice::<f32>()?, str3))
+            }
+        };
+        let scale = self.scale.unwrap_or(1.0 / (d as f32).sqrt());
+        let (qd, kd, vd) = (q.as_slice::<f32>()?, k.as_slice::<f32>()?, v.as_slice::<f32>()?);
+        let out_len = crate::util::checked_numel(&[b, sq, vw])?;
+        crate::util::checked_numel(&[sq, skv])?;
+        // Every element of Y is written (each head's columns of every row): no clearing.
+        let mut y = kiln_kernels::recycle::take(out_len);
+        let layout = BLayout::for_isa(kiln_kernels::isa::active());
+        let (mdata, ms) = match mstr {
+            Some((m, s)) => (Some(m), s),
+            None => (None, [0; 3]),
+        };
+        // One task per (batch, head), over the pool: its scores and its `sq x dv` result in
+        // buffers of its own, copied into Y's head columns afterwards.
+        let heads: Vec<std::sync::Mutex<Vec<f32>>> = (0..b * h).map(|_| std::sync::Mutex::new(Vec::new())).collect();
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        kiln_kernels::pool::parallel_for(b * h, &|task| {
+            let (bi, hi) = (task / h, task % h);
+            let (qo, ko, vo) = (bi * sq * qw + hi * d, bi * skv * kw + hi * d, bi * skv * vw + hi * dv);
+            let (Some(qs), Some(ks), Some(vs_)) = (qd.get(qo..), kd.get(ko..), vd.get(vo..)) else {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            };
+            let mut scores = vec![0.0f32; sq * skv];
+            let mut out = vec![0.0f32; sq * dv];
+            // K_h^T: element (e, j) at ks[j * kw + e]; V_h: element (j, e) at vs_[j * vw + e].
+            let ok = PackedB::pack(layout, d, skv, ks, MatLayout::transposed(kw))
+                .and_then(|kt| {
+                    sgemm(
+                        sq,
+                        AMatrix::row_major(qs, qw),
+                        kt.view(),
+                        &mut scores,
+                        skv,
+                        &Epilogue::NONE,
+                    )
+                })
+                .is_ok();
+            for (i, row) in scores.chunks_exact_mut(skv.max(1)).enumerate() {
+                let mrow = mdata.and_then(|m| {
+                    let o = bi * ms[0] + hi * ms[1] + i * ms[2];
+                    m.get(o..o + skv)
+                });
+                kiln_kernels::simd::vectorize(|| match mrow {
+                    Some(mr) => row.iter_mut().zip(mr).for_each(|(s, &mv)| *s = *s * scale + mv),
+                    None => row.iter_mut().for_each(|s| *s *= scale),
+                });
+                // A row masked everywhere gives zeros, as the reference does.
+                if kiln_kernels::vector::max(row) == f32::NEG_INFINITY {
+                    row.fill(0.0);
+                } else {
+                    kiln_kernels::vector::softmax_row(row);
+                }
+            }
+            let ok = ok
+                && PackedB::pack(layout, skv, dv, vs_, MatLayout::row_major(vw))
+                    .and_then(|vp| {
+                        sgemm(
+                            sq,
+                            AMatrix::row_major(&scores, skv),
+                            vp.view(),
+                            &mut out,
+                            dv,
+                            &Epilogue::NONE,
+                        )
+                    })
+                    .is_ok();
+            if !ok {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if let Some(slot) = heads.get(task) {
+                *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = out;
+            }
+        });
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(OpError::Shape(format!(
+                "Attention: Q {:?}, K {:?}, V {:?} do not fit {h} heads",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            )));
+        }
+        for (task, r) in heads.into_iter().enumerate() {
+            let out = r.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (bi, hi) = (task / h, task % h);
+            for (i, src) in out.chunks_exact(dv.max(1)).enumerate() {
+                let o = (bi * sq + i) * vw + hi * dv;
+                if let Some(dst) = y.get_mut(o..o + dv) {
+                    dst.copy_from_slice(src);
+                }
+            }
+        }
+        Ok(Some(vec![Value::Tensor(Tensor::from_vec(vec![b, sq, vw], y)?)]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attention(h: usize, scale: Option<f32>) -> Attention {
+        Attention {
+            is_causal: false,
+            q_num_heads: Some(h),
+            kv_num_heads: Some(h),
+            scale,
+            softcap: 0.0,
+            qk_matmul_output_mode: 0,
+            softmax_precision: None,
+            left_window_size: -1,
+            right_window_size: -1,
+        }
+    }
+
+    fn values(shape: &[usize], seed: u32, f64s: bool) -> Value {
+        let mut s = seed;
+        let v: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|_| {
+                s = s.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                ((s >> 8) % 2001) as f32 / 500.0 - 2.0
+            })
+            .collect();
+        let t = if f64s {
+            Tensor::from_vec(shape.to_vec(), v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())
+        } else {
+            Tensor::from_vec(shape.to_vec(), v)
+        };
+        Value::Tensor(t.unwrap())
+    }
+
+    /// The f32 path (on 1 and 2 threads) against the f64 reference: no mask, and additive
+    /// masks broadcast over batch, heads or query rows, one of them masking a row entirely.
+    #[test]
+    fn the_f32_path_matches_the_reference() {
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        let (b, sq, skv, h, d, dv) = (2, 5, 7, 3, 4, 6);
+        for (case, mask_shape) in [
+            None,
+            Some(vec![skv]),
+            Some(vec![b, 1, sq, skv]),
+            Some(vec![1, h, 1, skv]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let op = attention(h, (case % 2 == 0).then_some(0.3));
+            let shapes = [vec![b, sq, h * d], vec![b, skv, h * d], vec![b, skv, h * dv]];
+            let run = |f64s: bool| -> Vec<f64> {
+                let mut vals: Vec<Option<Value>> = shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| Some(values(s, 10 * case as u32 + i as u32, f64s)))
+                    .collect();
+                if let Some(ms) = &mask_shape {
+                    let mut m = values(ms, 99, false).as_tensor().unwrap().to_f64_vec();
+                    if ms.len() == 4 && ms[0] == b {
+                        // Batch 1, query row 2: every key masked.
+                        for j in 0..skv {
+                            m[(sq + 2) * skv + j] = f64::NEG_INFINITY;
+                        }
+                    }
+                    let t = if f64s {
+                        Tensor::from_vec(ms.clone(), m).unwrap()
+                    } else {
+                        Tensor::from_vec(ms.clone(), m.iter().map(|&x| x as f32).collect::<Vec<_>>()).unwrap()
+                    };
+                    vals.push(Some(Value::Tensor(t)));
+                }
+                let ins: Vec<Option<&Value>> = vals.iter().map(Option::as_ref).collect();
+                let args = Args::new(&ins).with_wanted(1);
+                if !f64s {
+                    assert!(op.eval_f32(&args).unwrap().is_some(), "case {case} takes the f32 path");
+                    let two = pool.install(|| op.eval(&args).unwrap());
+                    let one = op.eval(&args).unwrap();
+                    assert_eq!(
+                        one[0].as_tensor().unwrap().as_slice::<f32>().unwrap(),
+                        two[0].as_tensor().unwrap().as_slice::<f32>().unwrap()
+                    );
+                }
+                let y = op.eval(&args).unwrap();
+                let t = y[0].as_tensor().unwrap();
+                assert_eq!(t.shape(), &[b, sq, h * dv]);
+                t.to_f64_vec()
+            };
+            let (fast, slow) = (run(false), run(true));
+            for (i, (f, s)) in fast.iter().zip(&slow).enumerate() {
+                assert!((f - s).abs() <= 1e-5 * (1.0 + s.abs()), "case {case} [{i}]: {f} vs {s}");
+            }
+            if case == 2 {
+                let row = (sq + 2) * h * dv;
+                assert!(fast[row..row + h * dv].iter().all(|&v| v == 0.0));
+            }
+        }
+    }
+
+    #[test]
+    fn other_calls_take_the_reference_path() {
+        let h = 2;
+        let (q, k, v) = (
+            values(&[1, 3, 8], 1, false),
+            values(&[1, 4, 8], 2, false),
+            values(&[1, 4, 8], 3, false),
+        );
+        let ins = [Some(&q), Some(&k), Some(&v)];
+        // Causal masking, a wanted present_key output, or a softcap: not the f32 path.
+        let causal = Attention {
+            is_causal: true,
+            ..attention(h, None)
+        };
+        assert!(causal.eval_f32(&Args::new(&ins).with_wanted(1)).unwrap().is_none());
+        assert!(
+            attention(h, None)
+                .eval_f32(&Args::new(&ins).with_wanted(3))
+                .unwrap()
+                .is_none()
+        );
+        let capped = Attention {
+            softcap: 5.0,
+            ..attention(h, None)
+        };
+        assert!(capped.eval_f32(&Args::new(&ins).with_wanted(1)).unwrap().is_none());
+        assert!(
+            attention(h, None)
+                .eval_f32(&Args::new(&ins).with_wanted(1))
+                .unwrap()
+                .is_some()
+        );
+    }
+}
