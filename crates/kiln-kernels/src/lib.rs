@@ -23,6 +23,7 @@
 
 pub mod alloc;
 pub mod conv;
+pub mod dwconv;
 pub mod gemm;
 pub mod isa;
 pub mod pool;

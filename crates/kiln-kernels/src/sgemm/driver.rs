@@ -93,7 +93,7 @@ unsafe impl Sync for CMut {}
 
 impl CMut {
     /// The same matrix from column `j` on (no access is made: the pointer is only offset).
-    pub fn from_column(self, j: usize) -> CMut {
+    pub fn at_column(self, j: usize) -> CMut {
         CMut {
             ptr: self.ptr.wrapping_add(j),
             ldc: self.ldc,

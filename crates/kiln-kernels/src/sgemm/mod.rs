@@ -265,7 +265,7 @@ fn split_columns(
             }),
             act: epilogue.act,
         };
-        let sub_c = cm.from_column(j0);
+        let sub_c = cm.at_column(j0);
         // SAFETY: `validate` checked C's `m x n` elements with `ldc` for the whole product;
         // this task writes rows `< m`, columns `j0 .. j0 + sub_b.n() <= n` only, and the
         // tasks' column ranges are disjoint (whole panels `p0..p1` each), while the caller's

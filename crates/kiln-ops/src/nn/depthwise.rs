@@ -200,10 +200,9 @@ thread_local! {
 impl Depthwise {
     /// `y = act(bias + conv(x, w))` for one channels-last image: `x` is `[H, W, C]`, `taps`
     /// is `[kh * kw, C]` (tap-major: W transposed), `y` is `[OH, OW, C]`. Output rows in
-    /// parallel over the current pool; per output pixel, the channels in register blocks of
-    /// 64, then 16, then single ones, each accumulated over the window's taps inside the
-    /// input (bias first, then the taps in kernel order). Returns `false` when a slice does
-    /// not match the shape.
+    /// parallel over the current pool; each pixel's channels from `kiln_kernels::dwconv`
+    /// (bias, then the window's taps inside the input in kernel order). Returns `false` when
+    /// a slice does not match the shape.
     pub fn run_nhwc(&self, x: &[f32], taps: &[f32], bias: Option<&[f32]>, act: Option<Act>, y: &mut [f32]) -> bool {
         let [ih, iw] = self.input;
         let [oh, ow] = self.output;
@@ -219,27 +218,23 @@ impl Depthwise {
         if y.is_empty() {
             return true;
         }
+        let failed = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &|oy, row| {
-            kiln_kernels::simd::vectorize_kernel(NhwcRow {
-                dw: self,
-                x,
-                taps,
-                bias,
-                oy,
-                row,
-            });
+            if !self.nhwc_row(x, taps, bias, oy, row) {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             if let Some(a) = act {
                 act_slice(a, row);
             }
         });
-        true
+        !failed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// One output row of [`Self::run_nhwc`], always inlined into its vectorised caller.
-    /// Interior pixels (every column tap inside the input) share one window of relative
-    /// offsets; only the border pixels check their taps.
-    #[inline(always)]
-    fn nhwc_row(&self, x: &[f32], taps: &[f32], bias: Option<&[f32]>, oy: usize, row: &mut [f32]) {
+    /// One output row of [`Self::run_nhwc`]: per pixel, the window's (input, tap) offsets for
+    /// `kiln_kernels::dwconv::pixel`. Interior pixels (every column tap inside the input)
+    /// share one window of offsets relative to the pixel; border pixels list their taps inside
+    /// the input. `false` when the kernel refused an offset (shapes inconsistent).
+    fn nhwc_row(&self, x: &[f32], taps: &[f32], bias: Option<&[f32]>, oy: usize, row: &mut [f32]) -> bool {
         let [ih, iw] = self.input;
         let [kh, kw] = self.kernel;
         let [sh, sw] = self.strides;
@@ -247,9 +242,9 @@ impl Depthwise {
         let [ph, pw] = self.pad_begin;
         let c = self.channels;
         let rows: Vec<usize> = (0..kh)
-            .filter_map(|ky| {
+            .filter(|&ky| {
                 let iy = (oy * sh + ky * dh) as isize - ph as isize;
-                (iy >= 0 && (iy as usize) < ih).then_some(ky)
+                iy >= 0 && (iy as usize) < ih
             })
             .collect();
         let in_row = |ky: usize| (oy * sh + ky * dh).saturating_sub(ph);
@@ -268,87 +263,28 @@ impl Depthwise {
             .flat_map(|&ky| (0..kw).map(move |kx| ((in_row(ky) * iw + kx * dw) * c, (ky * kw + kx) * c)))
             .collect();
         let mut window: Vec<(usize, usize)> = Vec::with_capacity(kh * kw);
-        for (ox, out) in row.chunks_exact_mut(c).enumerate() {
-            let (win, base) = if (lo..hi).contains(&ox) {
-                (interior.as_slice(), (ox * sw - pw) * c)
-            } else {
-                window.clear();
-                for &ky in &rows {
-                    for kx in 0..kw {
-                        let ix = (ox * sw + kx * dw) as isize - pw as isize;
-                        if ix >= 0 && (ix as usize) < iw {
-                            window.push(((in_row(ky) * iw + ix as usize) * c, (ky * kw + kx) * c));
-                        }
+        let mut ok = true;
+        let ow = self.output[1];
+        // The interior pixels in one call: bases `(ox*sw - pw) * c` step `sw * c`.
+        if let Some(out) = row.get_mut(lo * c..hi * c)
+            && hi > lo
+        {
+            ok &= kiln_kernels::dwconv::pixels(x, taps, bias, &interior, (lo * sw - pw) * c, sw * c, c, out);
+        }
+        for ox in (0..lo).chain(hi.max(lo)..ow) {
+            window.clear();
+            for &ky in &rows {
+                for kx in 0..kw {
+                    let ix = (ox * sw + kx * dw) as isize - pw as isize;
+                    if ix >= 0 && (ix as usize) < iw {
+                        window.push(((in_row(ky) * iw + ix as usize) * c, (ky * kw + kx) * c));
                     }
                 }
-                (window.as_slice(), 0)
-            };
-            let mut c0 = 0;
-            while c0 + 64 <= c {
-                channel_block::<64>(x, taps, bias, win, base, c0, out);
-                c0 += 64;
             }
-            while c0 + 32 <= c {
-                channel_block::<32>(x, taps, bias, win, base, c0, out);
-                c0 += 32;
-            }
-            while c0 + 16 <= c {
-                channel_block::<16>(x, taps, bias, win, base, c0, out);
-                c0 += 16;
-            }
-            while c0 < c {
-                channel_block::<1>(x, taps, bias, win, base, c0, out);
-                c0 += 1;
+            if let Some(out) = row.get_mut(ox * c..(ox + 1) * c) {
+                ok &= kiln_kernels::dwconv::pixels(x, taps, bias, &window, 0, 0, c, out);
             }
         }
-    }
-}
-
-/// Channels `c0 .. c0 + L` of one output pixel: bias plus the window's taps (input offsets
-/// relative to `base`), accumulated in `L` lanes held in registers and stored once.
-#[inline(always)]
-fn channel_block<const L: usize>(
-    x: &[f32],
-    taps: &[f32],
-    bias: Option<&[f32]>,
-    window: &[(usize, usize)],
-    base: usize,
-    c0: usize,
-    out: &mut [f32],
-) {
-    let mut acc = [0.0f32; L];
-    if let Some(Ok(b)) = bias.and_then(|b| b.get(c0..c0 + L)).map(<&[f32; L]>::try_from) {
-        acc = *b;
-    }
-    for &(xo, to) in window {
-        let xo = base + xo + c0;
-        let xv = x.get(xo..xo + L).map(<&[f32; L]>::try_from);
-        let wv = taps.get(to + c0..to + c0 + L).map(<&[f32; L]>::try_from);
-        if let (Some(Ok(xv)), Some(Ok(wv))) = (xv, wv) {
-            for i in 0..L {
-                acc[i] += xv[i] * wv[i];
-            }
-        }
-    }
-    if let Some(o) = out.get_mut(c0..c0 + L) {
-        o.copy_from_slice(&acc);
-    }
-}
-
-/// The arguments of [`Depthwise::nhwc_row`], run by `vectorize_kernel`.
-struct NhwcRow<'a> {
-    dw: &'a Depthwise,
-    x: &'a [f32],
-    taps: &'a [f32],
-    bias: Option<&'a [f32]>,
-    oy: usize,
-    row: &'a mut [f32],
-}
-
-impl kiln_kernels::simd::Kernel for NhwcRow<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn run(self) {
-        self.dw.nhwc_row(self.x, self.taps, self.bias, self.oy, self.row);
+        ok
     }
 }

@@ -1,0 +1,51 @@
+//! The depthwise pixel kernel on every level against its scalar twin (the portable path),
+//! over channel counts that exercise the 64-wide blocks and the masked tail, windows of
+//! any shape and offset, with and without a bias.
+
+use kiln_kernels::dwconv::pixels_with;
+use kiln_kernels::isa::Isa;
+use proptest::prelude::*;
+
+fn case() -> impl Strategy<Value = (usize, Vec<(usize, usize)>, usize, bool, u64)> {
+    (1usize..=150, 0usize..=12, 0usize..=5, any::<bool>(), any::<u64>()).prop_flat_map(|(c, taps, base, bias, seed)| {
+        let window = prop::collection::vec((0usize..=40, 0usize..=12), taps);
+        (Just(c), window, Just(base), Just(bias), Just(seed))
+    })
+}
+
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+proptest! {
+    #[test]
+    fn every_level_matches_the_scalar_twin((c, window, base, with_bias, seed) in case()) {
+        // Offsets are in units of whole pixels (`c` floats), as the convolution uses them.
+        let window: Vec<(usize, usize)> = window.iter().map(|&(x, w)| (x * c, w * c)).collect();
+        let x = data((base + 42) * c + 3, seed);
+        let w = data(13 * c, seed ^ 7);
+        let bias = data(c, seed ^ 11);
+        let b = with_bias.then_some(bias.as_slice());
+        // Two pixels one input pixel apart.
+        let mut want = vec![f32::NAN; 2 * c];
+        prop_assert!(pixels_with(Isa::Portable, &x, &w, b, &window, base * c, c, c, &mut want));
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            let mut got = vec![f32::NAN; 2 * c];
+            prop_assert!(pixels_with(isa, &x, &w, b, &window, base * c, c, c, &mut got));
+            for (i, (g, t)) in got.iter().zip(&want).enumerate() {
+                // The FMA rounds once where the twin rounds twice: a few ulp of the terms.
+                let (p, ch) = (i / c, i % c);
+                let scale: f32 = window.iter().map(|&(xo, wo)| (x[(base + p) * c + xo + ch] * w[wo + ch]).abs()).sum::<f32>() + 1.0;
+                prop_assert!((g - t).abs() <= 1e-6 * scale, "{isa:?} [{i}]: {g} vs {t}");
+            }
+        }
+    }
+}
