@@ -30,6 +30,24 @@ fn readers(program: &Program) -> (Vec<usize>, Vec<usize>) {
     (reads, program.outputs.iter().map(|o| o.slot).collect())
 }
 
+/// The f32 tensor constant in `slot` and its position in the program's constants, when the
+/// step rewriting it is its only reader and it is not a program output.
+fn sole_constant<'p>(
+    program: &'p Program,
+    reads: &[usize],
+    outputs: &[usize],
+    slot: usize,
+) -> Option<(usize, &'p Tensor)> {
+    if reads.get(slot) != Some(&1) || outputs.contains(&slot) {
+        return None;
+    }
+    let ci = program.constants.iter().position(|(s, _)| *s == slot)?;
+    match program.constants.get(ci) {
+        Some((_, Value::Tensor(t))) => Some((ci, t)),
+        _ => None,
+    }
+}
+
 /// Prepacks the main program's eligible MatMul and Gemm weights; returns how many it packed.
 pub fn run(graph: &Graph, program: &mut Program) -> usize {
     let (reads, outputs) = readers(program);
@@ -52,13 +70,10 @@ pub fn run(graph: &Graph, program: &mut Program) -> usize {
             continue;
         };
         let (a, b) = (*a, *b);
-        if !is_f32(a) || reads.get(b) != Some(&1) || outputs.contains(&b) {
+        if !is_f32(a) {
             continue;
         }
-        let Some(ci) = program.constants.iter().position(|(s, _)| *s == b) else {
-            continue;
-        };
-        let Some((_, Value::Tensor(w))) = program.constants.get(ci) else {
+        let Some((ci, w)) = sole_constant(program, &reads, &outputs, b) else {
             continue;
         };
         let (Ok(data), [r, c]) = (w.as_slice::<f32>(), w.shape()) else {
@@ -112,14 +127,7 @@ pub fn channels_last(program: &mut Program) -> usize {
             continue;
         }
         let Some(Some(w)) = step.inputs.get(1) else { continue };
-        let w = *w;
-        if reads.get(w) != Some(&1) || outputs.contains(&w) {
-            continue;
-        }
-        let Some(ci) = program.constants.iter().position(|(s, _)| *s == w) else {
-            continue;
-        };
-        let Some((_, Value::Tensor(wt))) = program.constants.get(ci) else {
+        let Some((ci, wt)) = sole_constant(program, &reads, &outputs, *w) else {
             continue;
         };
         let (Ok(data), &[m, c, kh, kw]) = (wt.as_slice::<f32>(), wt.shape()) else {
@@ -193,13 +201,7 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
         let (Some(xs), Some(ys)) = (fixed_f32(x), fixed_f32(*y)) else {
             continue;
         };
-        if reads.get(w) != Some(&1) || outputs.contains(&w) {
-            continue;
-        }
-        let Some(ci) = program.constants.iter().position(|(s, _)| *s == w) else {
-            continue;
-        };
-        let Some((_, Value::Tensor(wt))) = program.constants.get(ci) else {
+        let Some((ci, wt)) = sole_constant(program, &reads, &outputs, w) else {
             continue;
         };
         let (Ok(data), &[m, c, 3, 3], &[_, x1, _, x3], &[_, y1, y2, y3]) =

@@ -78,6 +78,63 @@ pub fn pack_channels_last(w: &[f32], pk: PackedConvWeights) -> Result<Vec<f32>> 
     Ok(p.view().data().to_vec())
 }
 
+/// X's type made channels-first (`[N, H, W, C]` to `[N, C, H, W]`) for the channels-first
+/// inference; `Ok(None)` when its shape is unknown, an error unless it has rank 4.
+pub(super) fn x_type_first(inputs: &[InferInput<'_>], what: &str) -> Result<Option<ValueType>> {
+    let dtype = util::input_dtype(inputs, 0);
+    let Some(xs) = input_shape(inputs, 0) else {
+        return Ok(None);
+    };
+    let [n, h, w, c] = xs.as_slice() else {
+        return Err(OpError::Shape(format!(
+            "channels-last {what} needs X of rank 4, got rank {}",
+            xs.len()
+        )));
+    };
+    Ok(Some(tensor_type(
+        dtype,
+        Some(vec![n.clone(), c.clone(), h.clone(), w.clone()]),
+    )))
+}
+
+/// A channels-first output type (`[N, C, H, W]`) made channels-last.
+pub(super) fn type_to_last(t: ValueType) -> ValueType {
+    match t {
+        ValueType::Tensor(t) => {
+            let shape = match t.shape.as_deref() {
+                Some([n, c, h, w]) => Some(vec![n.clone(), h.clone(), w.clone(), c.clone()]),
+                _ => None,
+            };
+            tensor_type(t.dtype, shape)
+        }
+        other => other,
+    }
+}
+
+/// The first output of a channels-first evaluation, transposed to channels-last.
+pub(super) fn output_to_last(y: Vec<Value>, what: &str) -> Result<Vec<Value>> {
+    let y = y
+        .first()
+        .ok_or_else(|| OpError::Value(format!("{what} produced no output")))?;
+    Ok(vec![transpose(y, TO_LAST)?])
+}
+
+/// X, W, the bias and the residual, and whether all present ones are f32.
+fn operands<'a>(args: &Args<'a>) -> Result<([&'a Tensor; 2], [Option<&'a Tensor>; 2], bool)> {
+    let (x, w, b, r) = (
+        args.tensor(0)?,
+        args.tensor(1)?,
+        args.opt_tensor(2)?,
+        args.opt_tensor(3)?,
+    );
+    let f32s = |t: &Tensor| t.dtype() == DType::F32;
+    Ok((
+        [x, w],
+        [b, r],
+        f32s(x) && f32s(w) && b.is_none_or(f32s) && r.is_none_or(f32s),
+    ))
+}
+
 /// The geometry of one channels-last call, from the op's attributes and the operands.
 struct Geometry {
     batch: usize,
@@ -188,27 +245,16 @@ impl Conv {
             ..self.clone()
         };
         let inputs = [Some(&xt), Some(wv), args.value(2), rt.as_ref()];
-        let y = first.eval(&Args::new(&inputs))?;
-        let y = y
-            .first()
-            .ok_or_else(|| OpError::Value("Conv produced no output".into()))?;
-        Ok(vec![transpose(y, TO_LAST)?])
+        output_to_last(first.eval(&Args::new(&inputs))?, "Conv")
     }
 
     /// The output type: the channels-first inference on the permuted X (and the weight shape
     /// `packed` records), permuted back.
     pub(super) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = util::input_dtype(inputs, 0);
-        let Some(xs) = input_shape(inputs, 0) else {
+        let Some(xt) = x_type_first(inputs, "Conv")? else {
             return Ok(vec![util::dtype_only(dtype)]);
         };
-        let [n, h, w, c] = xs.as_slice() else {
-            return Err(OpError::Shape(format!(
-                "channels-last Conv needs X of rank 4, got rank {}",
-                xs.len()
-            )));
-        };
-        let xt = tensor_type(dtype, Some(vec![n.clone(), c.clone(), h.clone(), w.clone()]));
         let wt = match self.packed {
             Some(p) => tensor_type(
                 dtype,
@@ -221,32 +267,12 @@ impl Conv {
             packed: None,
             ..self.clone()
         };
-        let ins = [
-            InferInput {
-                ty: &xt,
-                konst: None,
-                present: true,
-            },
-            InferInput {
-                ty: &wt,
-                konst: None,
-                present: true,
-            },
-        ];
-        let out = first.infer(&ins)?;
-        Ok(out
-            .into_iter()
-            .map(|t| match t {
-                ValueType::Tensor(t) => {
-                    let shape = match t.shape.as_deref() {
-                        Some([n, m, oh, ow]) => Some(vec![n.clone(), oh.clone(), ow.clone(), m.clone()]),
-                        _ => None,
-                    };
-                    tensor_type(t.dtype, shape)
-                }
-                other => other,
-            })
-            .collect())
+        let ins = [&xt, &wt].map(|ty| InferInput {
+            ty,
+            konst: None,
+            present: true,
+        });
+        Ok(first.infer(&ins)?.into_iter().map(type_to_last).collect())
     }
 
     /// The geometry of a channels-last call on X `xs` with weights `[m, c_per_group, kh, kw]`.
@@ -283,14 +309,8 @@ impl Conv {
     /// The packed GEMM path (see the module docs).
     fn packed_nhwc(&self, args: &Args<'_>, pk: PackedConvWeights) -> Result<Tensor> {
         use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, Residual, sgemm};
-        let (x, w, b, r) = (
-            args.tensor(0)?,
-            args.tensor(1)?,
-            args.opt_tensor(2)?,
-            args.opt_tensor(3)?,
-        );
-        let f32s = |t: &Tensor| t.dtype() == DType::F32;
-        if !f32s(x) || !f32s(w) || !b.is_none_or(f32s) || !r.is_none_or(f32s) {
+        let ([x, w], [b, r], f32s) = operands(args)?;
+        if !f32s {
             return Err(OpError::Value(
                 "a Conv with packed weights takes f32 X, bias and residual".into(),
             ));
@@ -405,14 +425,8 @@ impl Conv {
     /// The depthwise path: f32, `group == C`, W `[C, 1, kh, kw]`. `None` when the call is not
     /// of that kind.
     fn depthwise_nhwc(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
-        let (x, w, b, r) = (
-            args.tensor(0)?,
-            args.tensor(1)?,
-            args.opt_tensor(2)?,
-            args.opt_tensor(3)?,
-        );
-        let f32s = |t: &Tensor| t.dtype() == DType::F32;
-        if !f32s(x) || !f32s(w) || !b.is_none_or(f32s) || r.is_some() {
+        let ([x, w], [b, r], f32s) = operands(args)?;
+        if !f32s || r.is_some() {
             return Ok(None);
         }
         let (xs, ws) = (x.shape(), w.shape());
@@ -462,7 +476,7 @@ impl Conv {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::nn::Activation;
 
@@ -488,7 +502,7 @@ mod tests {
     }
 
     /// `[N, C, H, W]` data as `[N, H, W, C]`.
-    fn to_last(v: &[f32], [n, c, h, w]: [usize; 4]) -> Vec<f32> {
+    pub(in crate::nn) fn to_last(v: &[f32], [n, c, h, w]: [usize; 4]) -> Vec<f32> {
         let mut out = Vec::with_capacity(v.len());
         for i in 0..n {
             for y in 0..h {

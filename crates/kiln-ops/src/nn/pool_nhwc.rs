@@ -8,9 +8,9 @@
 //! needed; a window with no tap inside the input gives NaN. Other kinds and types run the
 //! channels-first evaluation between two transposes.
 
-use super::conv_nhwc::{TO_FIRST, TO_LAST, transpose};
+use super::conv_nhwc::{TO_FIRST, output_to_last, transpose, type_to_last, x_type_first};
 use super::pool::{Pool, PoolKind};
-use super::{input_shape, numel, pads_attr, spatial_attr, tensor_type, window_geom};
+use super::{numel, pads_attr, spatial_attr, window_geom};
 use crate::error::{OpError, Result};
 use crate::util;
 use crate::value::{Args, InferInput, Value, ValueType};
@@ -61,25 +61,13 @@ impl Pool {
         }
         let xv = args.value(0).ok_or(OpError::MissingInput { index: 0 })?;
         let xt = transpose(xv, TO_FIRST)?;
-        let y = first.eval(&Args::new(&[Some(&xt)]).with_wanted(1))?;
-        let y = y
-            .first()
-            .ok_or_else(|| OpError::Value("pooling produced no output".into()))?;
-        Ok(vec![transpose(y, TO_LAST)?])
+        output_to_last(first.eval(&Args::new(&[Some(&xt)]).with_wanted(1))?, "pooling")
     }
 
     pub(super) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        let dtype = util::input_dtype(inputs, 0);
-        let Some(xs) = input_shape(inputs, 0) else {
-            return Ok(vec![util::dtype_only(dtype)]);
+        let Some(xt) = x_type_first(inputs, "pooling")? else {
+            return Ok(vec![util::dtype_only(util::input_dtype(inputs, 0))]);
         };
-        let [n, h, w, c] = xs.as_slice() else {
-            return Err(OpError::Shape(format!(
-                "channels-last pooling needs X of rank 4, got rank {}",
-                xs.len()
-            )));
-        };
-        let xt = tensor_type(dtype, Some(vec![n.clone(), c.clone(), h.clone(), w.clone()]));
         let first = Pool {
             channels_last: false,
             ..self.clone()
@@ -89,17 +77,8 @@ impl Pool {
             konst: None,
             present: true,
         }])?;
-        let y = out.into_iter().next().unwrap_or(ValueType::Unknown);
-        Ok(vec![match y {
-            ValueType::Tensor(t) => {
-                let shape = match t.shape.as_deref() {
-                    Some([n, c, oh, ow]) => Some(vec![n.clone(), oh.clone(), ow.clone(), c.clone()]),
-                    _ => None,
-                };
-                tensor_type(t.dtype, shape)
-            }
-            other => other,
-        }])
+        // Y only: a channels-last pool has no Indices output.
+        Ok(vec![type_to_last(out.into_iter().next().unwrap_or(ValueType::Unknown))])
     }
 }
 
@@ -177,20 +156,7 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
 mod tests {
     use super::*;
     use crate::nn::AutoPad;
-
-    fn to_last(v: &[f32], [n, c, h, w]: [usize; 4]) -> Vec<f32> {
-        let mut out = Vec::with_capacity(v.len());
-        for i in 0..n {
-            for y in 0..h {
-                for x in 0..w {
-                    for ch in 0..c {
-                        out.push(v[((i * c + ch) * h + y) * w + x]);
-                    }
-                }
-            }
-        }
-        out
-    }
+    use crate::nn::conv_nhwc::tests::to_last;
 
     fn eval(op: &Pool, shape: &[usize], v: Vec<f32>) -> Tensor {
         let x = Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap());
