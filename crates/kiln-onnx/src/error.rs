@@ -6,8 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ImportError {
-    #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    /// The cause is part of the message (not a `source()`), so chain-printing callers show it once.
+    #[error("cannot read {path}: {cause}")]
+    Io { path: PathBuf, cause: std::io::Error },
     #[error("not a valid ONNX protobuf: {0}")]
     Decode(String),
     #[error("{}", unsupported_message(.0))]

@@ -43,9 +43,9 @@ pub struct Model {
 
 /// Memory-maps and imports an .onnx file. External data is looked up in the file's folder.
 pub fn load_model(path: &Path, options: &ImportOptions) -> Result<Model> {
-    let io = |source| ImportError::Io {
+    let io = |cause| ImportError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     let file = std::fs::File::open(path).map_err(io)?;
     let map = crate::mmap::map_file(&file).map_err(io)?;

@@ -263,9 +263,9 @@ impl Session {
     /// Also starts the compute threads the options ask for.
     pub(crate) fn observed(mut self, options: &SessionOptions, started: Instant) -> Result<Session, Error> {
         if options.threads > 1 {
-            let pool = kiln_runtime::ThreadPool::new(options.threads).map_err(|source| Error::Threads {
+            let pool = kiln_runtime::ThreadPool::new(options.threads).map_err(|cause| Error::Threads {
                 threads: options.threads,
-                source,
+                cause,
             })?;
             self.pool = Some(pool);
         }

@@ -18,15 +18,16 @@ pub enum Error {
     Run(#[from] kiln_runtime::RuntimeError),
     #[error("{path}: {reason}")]
     Unsupported { path: String, reason: String },
-    #[error("{path}: {source}")]
+    /// The cause is part of the message (not a `source()`), so chain-printing callers show it once.
+    #[error("{path}: {cause}")]
     Program {
         path: String,
-        source: kiln_runtime::file::FileError,
+        cause: kiln_runtime::file::FileError,
     },
     #[error(transparent)]
     Write(#[from] kiln_runtime::file::FileError),
-    #[error("could not start {threads} compute threads: {source}")]
-    Threads { threads: usize, source: std::io::Error },
+    #[error("could not start {threads} compute threads: {cause}")]
+    Threads { threads: usize, cause: std::io::Error },
 }
 
 pub use kiln_runtime::file::Meta as ProgramMeta;
@@ -182,9 +183,9 @@ impl Session {
         let started = std::time::Instant::now();
         let path = path.as_ref();
         if is_program_file(path) {
-            let file = kiln_runtime::file::read(path).map_err(|source| Error::Program {
+            let file = kiln_runtime::file::read(path).map_err(|cause| Error::Program {
                 path: path.display().to_string(),
-                source,
+                cause,
             })?;
             return Session::with_program(file.program, Some(file.meta)).observed(options, started);
         }

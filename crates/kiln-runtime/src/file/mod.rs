@@ -44,8 +44,9 @@ pub const WEIGHT_PACKING: &str = "row-major/v1 (dense, unpacked)";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FileError {
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    /// The cause is part of the message (not a `source()`), so chain-printing callers show it once.
+    #[error("{path}: {cause}")]
+    Io { path: String, cause: std::io::Error },
     #[error("not a kiln program file (the first bytes are not the KILNPROG magic)")]
     NotAProgram,
     #[error(
@@ -211,9 +212,9 @@ fn assemble(bodies: &[&[u8]; 3]) -> Vec<u8> {
 /// Writes a program file (through a temporary file renamed into place).
 pub fn write(path: &Path, program: &Program, input: MetaInput) -> Result<Meta, FileError> {
     let (bytes, meta) = to_bytes(program, input)?;
-    let io = |source| FileError::Io {
+    let io = |cause| FileError::Io {
         path: path.display().to_string(),
-        source,
+        cause,
     };
     let tmp = path.with_extension("kiln.partial");
     std::fs::write(&tmp, &bytes).map_err(io)?;
@@ -223,9 +224,9 @@ pub fn write(path: &Path, program: &Program, input: MetaInput) -> Result<Meta, F
 
 /// Opens and memory-maps a program file; weights are used in place from the map.
 pub fn read(path: &Path) -> Result<ProgramFile, FileError> {
-    let io = |source| FileError::Io {
+    let io = |cause| FileError::Io {
         path: path.display().to_string(),
-        source,
+        cause,
     };
     let file = std::fs::File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
