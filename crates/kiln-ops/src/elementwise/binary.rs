@@ -114,6 +114,7 @@ impl BinaryOp {
 /// runs of dims that both inputs read contiguously (or both repeat) merged, so the innermost
 /// loop is one long run in which each input either advances by one or stays on one element.
 /// Elementwise ops run that inner loop with the op inlined (no per-element index maps).
+#[derive(Clone)]
 pub(crate) struct Bcast {
     pub shape: Vec<usize>,
     /// Merged dims, outermost first (at least one; `[1]` for a scalar output).
@@ -242,6 +243,103 @@ impl Bcast {
         out
     }
 
+    /// [`Self::zip`] over the current thread pool, for large outputs: whole steps of the
+    /// outermost merged dim (or blocks of a single one) per task, each written into its own
+    /// part of the output. `None` (nothing done) below [`PAR_MIN`] elements or on one thread.
+    pub fn zip_parallel<T, U, R>(&self, x: &[T], y: &[U], f: impl Fn(T, U) -> R + Sync) -> Option<Vec<R>>
+    where
+        T: Copy + Sync,
+        U: Copy + Sync,
+        R: Copy + Send + Default,
+    {
+        let total = numel(&self.shape)?;
+        if total < PAR_MIN || kiln_kernels::pool::current_threads() < 2 || self.dims.contains(&0) {
+            return None;
+        }
+        // One "row": a step of the outermost dim, with the plan of the dims inside it.
+        let (rows, sub, (sa0, sb0)) = if self.dims.len() >= 2 {
+            let sub = Bcast {
+                shape: Vec::new(),
+                dims: self.dims[1..].to_vec(),
+                sa: self.sa[1..].to_vec(),
+                sb: self.sb[1..].to_vec(),
+            };
+            (self.dims[0], sub, (self.sa[0], self.sb[0]))
+        } else {
+            // A single dim: blocks of PAR_BLOCK elements.
+            let (ka, kb) = (*self.sa.first()?, *self.sb.first()?);
+            let sub = Bcast {
+                shape: Vec::new(),
+                dims: vec![PAR_BLOCK],
+                sa: vec![ka],
+                sb: vec![kb],
+            };
+            (total.div_ceil(PAR_BLOCK), sub, (ka * PAR_BLOCK, kb * PAR_BLOCK))
+        };
+        let row_len = if self.dims.len() >= 2 {
+            total / rows.max(1)
+        } else {
+            PAR_BLOCK
+        };
+        let mut out = vec![R::default(); total];
+        kiln_kernels::pool::for_each_chunk_mut(&mut out, row_len.max(1), &|r, dst| {
+            let (xs, ys) = (x.get(r * sa0..).unwrap_or(&[]), y.get(r * sb0..).unwrap_or(&[]));
+            if dst.len() == row_len {
+                sub.zip_into(xs, ys, &f, dst);
+            } else {
+                // The last, shorter block of a single dim.
+                let tail = Bcast {
+                    dims: vec![dst.len()],
+                    ..sub.clone()
+                };
+                tail.zip_into(xs, ys, &f, dst);
+            }
+        });
+        Some(out)
+    }
+
+    /// [`Self::zip`] into `out` (which has the plan's element count; a short input leaves
+    /// the rest of `out` as it was).
+    fn zip_into<T: Copy, U: Copy, R>(&self, x: &[T], y: &[U], f: &impl Fn(T, U) -> R, out: &mut [R]) {
+        let n = *self.dims.last().unwrap_or(&0);
+        let (ka, kb) = (*self.sa.last().unwrap_or(&0), *self.sb.last().unwrap_or(&0));
+        let mut pos = 0usize;
+        self.for_each_run(|ia, ib| {
+            let Some(dst) = out.get_mut(pos..pos + n) else { return };
+            pos += n;
+            match (ka, kb) {
+                (1, 1) => {
+                    if let (Some(xs), Some(ys)) = (x.get(ia..ia + n), y.get(ib..ib + n)) {
+                        for ((d, &p), &q) in dst.iter_mut().zip(xs).zip(ys) {
+                            *d = f(p, q);
+                        }
+                    }
+                }
+                (1, 0) => {
+                    if let (Some(xs), Some(&q)) = (x.get(ia..ia + n), y.get(ib)) {
+                        for (d, &p) in dst.iter_mut().zip(xs) {
+                            *d = f(p, q);
+                        }
+                    }
+                }
+                (0, 1) => {
+                    if let (Some(&p), Some(ys)) = (x.get(ia), y.get(ib..ib + n)) {
+                        for (d, &q) in dst.iter_mut().zip(ys) {
+                            *d = f(p, q);
+                        }
+                    }
+                }
+                _ => {
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        if let (Some(&p), Some(&q)) = (x.get(ia + i * ka), y.get(ib + i * kb)) {
+                            *d = f(p, q);
+                        }
+                    }
+                }
+            }
+        });
+    }
+
     pub fn zip_ref<T, U, R>(&self, x: &[T], y: &[U], f: impl Fn(&T, &U) -> R) -> Vec<R> {
         let n = *self.dims.last().unwrap_or(&0);
         let (ka, kb) = (*self.sa.last().unwrap_or(&0), *self.sb.last().unwrap_or(&0));
@@ -281,7 +379,23 @@ pub(crate) fn legacy_shape(b: &[usize], rank_a: usize, axis: i64) -> Result<Vec<
 
 // Each arm passes its own function item, so the inner loop is monomorphised with the op
 // inlined (and vectorised where the type allows).
-fn arith<T: Num>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
+/// Output elements from which binary ops split over the thread pool (256 KiB of f32).
+const PAR_MIN: usize = 1 << 16;
+/// Elements per task when the broadcast plan has a single dim.
+const PAR_BLOCK: usize = 1 << 14;
+
+fn arith<T: Num + Send + Sync + Default>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
+    let f: fn(T, T) -> T = match op {
+        BinaryOp::Sub => T::sub,
+        BinaryOp::Mul => T::mul,
+        BinaryOp::Div => T::div,
+        BinaryOp::Mod { fmod: true } => T::fmod,
+        BinaryOp::Mod { fmod: false } => T::pymod,
+        _ => T::add,
+    };
+    if let Some(v) = m.zip_parallel(x, y, f) {
+        return v;
+    }
     match op {
         BinaryOp::Sub => m.zip(x, y, T::sub),
         BinaryOp::Mul => m.zip(x, y, T::mul),

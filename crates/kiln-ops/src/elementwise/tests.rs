@@ -429,6 +429,33 @@ mod bcast_plan {
         }
     }
 
+    /// Large outputs split over a 2-thread pool read what the sequential plan reads: same
+    /// shapes (one merged dim, blocks with a short last one), row and column broadcasts, a
+    /// scalar, and broadcasts in the middle.
+    #[test]
+    fn parallel_zip_matches_the_sequential_plan() {
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        for (a, b) in [
+            (vec![3, 40_001], vec![3, 40_001]),
+            (vec![1, 197, 768], vec![768]),
+            (vec![300, 1], vec![300, 700]),
+            (vec![70_000], vec![]),
+            (vec![5, 1, 130, 200], vec![5, 7, 1, 200]),
+        ] {
+            let m = Bcast::new(&a, &b).unwrap();
+            let na: usize = a.iter().product();
+            let nb: usize = b.iter().product();
+            let xs: Vec<u32> = (0..na as u32).collect();
+            let ys: Vec<u32> = (0..nb as u32).map(|v| v * 3 + 1).collect();
+            let want = m.zip(&xs, &ys, |p, q| p.wrapping_mul(7) ^ q);
+            let got = pool.install(|| m.zip_parallel(&xs, &ys, |p, q| p.wrapping_mul(7) ^ q));
+            let got = got.expect("large enough to split");
+            assert_eq!(got, want, "{a:?} with {b:?}");
+            // One thread: not split.
+            assert!(m.zip_parallel(&xs, &ys, |p: u32, q: u32| p ^ q).is_none());
+        }
+    }
+
     #[test]
     fn empty_and_scalar_outputs() {
         let m = Bcast::new(&[2, 0, 3], &[3]).unwrap();
