@@ -12,8 +12,25 @@ use crate::isa::{self, Isa};
 /// the compiler can keep them in registers at any level.
 const W: usize = 16;
 
-/// The largest element of `v` (NaNs skipped; -inf for an empty or all-NaN slice).
+/// The largest element of `v` (NaNs skipped; -inf for an empty or all-NaN slice), compiled
+/// for the active level (16 lanes with AVX-512).
 pub fn max(v: &[f32]) -> f32 {
+    crate::simd::vectorize_kernel(Max(v))
+}
+
+/// [`max`]'s loop, always inlined into its vectorised caller.
+struct Max<'a>(&'a [f32]);
+
+impl crate::simd::Kernel for Max<'_> {
+    type Output = f32;
+    #[inline(always)]
+    fn run(self) -> f32 {
+        max_lanes(self.0)
+    }
+}
+
+#[inline(always)]
+fn max_lanes(v: &[f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; W];
     let mut chunks = v.chunks_exact(W);
     for c in &mut chunks {

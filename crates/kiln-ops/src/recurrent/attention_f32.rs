@@ -119,7 +119,7 @@ impl Attention {
                     None => row.iter_mut().for_each(|s| *s *= scale),
                 });
                 // A row masked everywhere gives zeros, as the reference does.
-                if kiln_kernels::vector::max(row) == f32::NEG_INFINITY {
+                if mrow.is_some() && kiln_kernels::vector::max(row) == f32::NEG_INFINITY {
                     row.fill(0.0);
                 } else {
                     kiln_kernels::vector::softmax_row(row);
