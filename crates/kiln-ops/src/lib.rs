@@ -52,6 +52,17 @@ macro_rules! each_family {
 }
 
 impl Op {
+    /// Whether [`Self::view_shape`] applies (a match on the op kind, no work).
+    pub fn is_view(&self) -> bool {
+        use movement::MovementOp;
+        matches!(
+            self,
+            Op::Movement(
+                MovementOp::Reshape(_) | MovementOp::Flatten(_) | MovementOp::Squeeze(_) | MovementOp::Unsqueeze(_)
+            )
+        )
+    }
+
     /// For ops whose single output is input 0's elements under another shape (Reshape,
     /// Flatten, Squeeze, Unsqueeze): that shape, so a caller owning input 0 can move it
     /// instead of copying. `None` for every other op.

@@ -263,6 +263,7 @@ fn run_program(
 /// shape instead of copying it.
 fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Vec<Value>> {
     if let (StepKind::Op(op), Some(Some(x))) = (&step.kind, step.inputs.first())
+        && op.is_view()
         && step.frees.contains(x)
         && step.inputs.iter().skip(1).all(|s| s.as_ref() != Some(x))
         && matches!(env.get(*x), Some(Slot::Owned(Value::Tensor(_))))

@@ -87,6 +87,30 @@ fn check_kernel(attr: &[usize], w_kernel: &[usize]) -> Result<()> {
     Ok(())
 }
 
+impl Plan {
+    /// The 2-D window of this plan over an image of `c` channels of `ih x iw`; `None` unless
+    /// the plan is 2-D.
+    pub(super) fn conv2d(&self, c: usize, ih: usize, iw: usize) -> Option<kiln_kernels::conv::Conv2d> {
+        let (gh, gw) = (self.geoms.first()?, self.geoms.get(1)?);
+        let at = |v: &[usize], i: usize| v.get(i).copied().unwrap_or(1);
+        Some(kiln_kernels::conv::Conv2d {
+            c,
+            ih,
+            iw,
+            kh: at(&self.kernel, 0),
+            kw: at(&self.kernel, 1),
+            sh: at(&self.strides, 0),
+            sw: at(&self.strides, 1),
+            dh: at(&self.dilations, 0),
+            dw: at(&self.dilations, 1),
+            ph: gh.pad_begin,
+            pw: gw.pad_begin,
+            oh: gh.out,
+            ow: gw.out,
+        })
+    }
+}
+
 impl Conv {
     pub(super) fn plan(&self, x: &[usize], w: &[usize]) -> Result<Plan> {
         if x.len() < 3 || w.len() != x.len() {
@@ -227,14 +251,7 @@ impl Conv {
             }
         }
         WINOGRAD.with(|cell| cell.set(scratch));
-        if let Some(r) = r {
-            if r.shape() != shape.as_slice() {
-                return Err(OpError::Shape(format!(
-                    "Conv residual of shape {:?} does not match the output {shape:?}",
-                    r.shape()
-                )));
-            }
-            let rd = r.as_slice::<f32>()?;
+        if let Some(rd) = f32_residual(r, &shape)? {
             kiln_kernels::simd::vectorize(|| y.iter_mut().zip(rd).for_each(|(a, &b)| *a += b));
         }
         if let Some(a) = self.activation {
@@ -288,17 +305,17 @@ impl Conv {
         act: Option<kiln_kernels::sgemm::Act>,
         residual: Option<&Tensor>,
     ) -> Result<Option<Tensor>> {
-        use kiln_kernels::conv::{Conv2d, im2col_panel_2d, im2col_panel_2d_phased, phase_len, split_phases};
+        use kiln_kernels::conv::{im2col_panel_2d, im2col_panel_2d_phased, phase_len, split_phases};
         use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, sgemm};
         let (xs, ws) = (x.shape(), w.shape());
         let f32s = |t: &Tensor| t.dtype() == kiln_tensor::DType::F32;
-        let ([batch, c, ih, iw], [m, _, kh, kw]) = (xs, ws) else {
+        let ([batch, c, ih, iw], [m, _, _, _]) = (xs, ws) else {
             return Ok(None);
         };
         if !f32s(x) || !f32s(w) || !b.is_none_or(f32s) || !residual.is_none_or(f32s) {
             return Ok(None);
         }
-        let (batch, c, ih, iw, m, kh, kw) = (*batch, *c, *ih, *iw, *m, *kh, *kw);
+        let (batch, c, ih, iw, m) = (*batch, *c, *ih, *iw, *m);
         let plan = self.plan(xs, ws)?;
         let g = self.group.max(1);
         if c % g != 0 || m % g != 0 || ws[1] * g != c {
@@ -306,37 +323,12 @@ impl Conv {
                 "Conv: X {xs:?} and W {ws:?} do not fit group {g}"
             )));
         }
-        let (Some(gh), Some(gw)) = (plan.geoms.first(), plan.geoms.get(1)) else {
+        let Some(geo) = plan.conv2d(c / g, ih, iw) else {
             return Ok(None);
-        };
-        let at = |v: &[usize], i: usize| v.get(i).copied().unwrap_or(1);
-        let geo = Conv2d {
-            c: c / g,
-            ih,
-            iw,
-            kh,
-            kw,
-            sh: at(&plan.strides, 0),
-            sw: at(&plan.strides, 1),
-            dh: at(&plan.dilations, 0),
-            dw: at(&plan.dilations, 1),
-            ph: gh.pad_begin,
-            pw: gw.pad_begin,
-            oh: gh.out,
-            ow: gw.out,
         };
         let (kdim, osz, mg) = (geo.k(), geo.n(), m / g);
         let shape = vec![batch, m, geo.oh, geo.ow];
-        let rd = match residual {
-            Some(r) if r.shape() != shape.as_slice() => {
-                return Err(OpError::Shape(format!(
-                    "Conv residual of shape {:?} does not match the output {shape:?}",
-                    r.shape()
-                )));
-            }
-            Some(r) => Some(r.as_slice::<f32>()?),
-            None => None,
-        };
+        let rd = f32_residual(residual, &shape)?;
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         if y.is_empty() {
@@ -626,6 +618,18 @@ impl Conv {
             false,
         )?);
         Ok(vec![tensor_type(dtype, Some(shape))])
+    }
+}
+
+/// The optional f32 residual input's elements, checked against the output's shape.
+pub(super) fn f32_residual<'a>(r: Option<&'a Tensor>, shape: &[usize]) -> Result<Option<&'a [f32]>> {
+    match r {
+        Some(r) if r.shape() != shape => Err(OpError::Shape(format!(
+            "Conv residual of shape {:?} does not match the output {shape:?}",
+            r.shape()
+        ))),
+        Some(r) => Ok(Some(r.as_slice::<f32>()?)),
+        None => Ok(None),
     }
 }
 

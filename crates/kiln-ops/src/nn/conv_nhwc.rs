@@ -13,12 +13,13 @@
 //! - everything else (other types, grouped convolutions, unpacked weights): the channels-first
 //!   evaluation between two transposes (the reference semantics, exact but not fast).
 
-use super::conv::{Conv, PackedConvWeights, f32_bias};
+use super::conv::{Conv, PackedConvWeights, f32_bias, f32_residual};
 use super::{input_shape, numel, tensor_type};
 use crate::error::{OpError, Result};
 use crate::movement::Transpose;
 use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use kiln_kernels::conv::Conv2d;
 use kiln_tensor::{DType, Tensor};
 
 thread_local! {
@@ -135,31 +136,23 @@ fn operands<'a>(args: &Args<'a>) -> Result<([&'a Tensor; 2], [Option<&'a Tensor>
     ))
 }
 
-/// The geometry of one channels-last call, from the op's attributes and the operands.
+/// The geometry of one channels-last call, from the op's attributes and the operands: the
+/// image count, output channels and the 2-D window (`Conv2d`, whose `k()` is also a
+/// channels-last im2col row: `kh * kw * c` values).
 struct Geometry {
     batch: usize,
-    ih: usize,
-    iw: usize,
-    c: usize,
     m: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    dh: usize,
-    dw: usize,
-    ph: usize,
-    pw: usize,
-    oh: usize,
-    ow: usize,
+    conv: Conv2d,
+}
+
+impl std::ops::Deref for Geometry {
+    type Target = Conv2d;
+    fn deref(&self) -> &Conv2d {
+        &self.conv
+    }
 }
 
 impl Geometry {
-    /// Columns of A: one window of all channels.
-    fn k(&self) -> usize {
-        self.kh * self.kw * self.c
-    }
-
     /// Output pixels (rows of A and of Y).
     fn rows(&self) -> usize {
         self.batch * self.oh * self.ow
@@ -282,28 +275,11 @@ impl Conv {
                 "channels-last Conv needs X [N, H, W, C], got {xs:?}"
             )));
         };
-        let plan = self.plan(&[batch, c, ih, iw], &[m, cg, kh, kw])?;
-        let (Some(gh), Some(gw)) = (plan.geoms.first(), plan.geoms.get(1)) else {
-            return Err(OpError::Shape("channels-last Conv is 2-D".into()));
-        };
-        let at = |v: &[usize], i: usize| v.get(i).copied().unwrap_or(1);
-        Ok(Geometry {
-            batch,
-            ih,
-            iw,
-            c,
-            m,
-            kh,
-            kw,
-            sh: at(&plan.strides, 0),
-            sw: at(&plan.strides, 1),
-            dh: at(&plan.dilations, 0),
-            dw: at(&plan.dilations, 1),
-            ph: gh.pad_begin,
-            pw: gw.pad_begin,
-            oh: gh.out,
-            ow: gw.out,
-        })
+        let conv = self
+            .plan(&[batch, c, ih, iw], &[m, cg, kh, kw])?
+            .conv2d(c, ih, iw)
+            .ok_or_else(|| OpError::Shape("channels-last Conv is 2-D".into()))?;
+        Ok(Geometry { batch, m, conv })
     }
 
     /// The packed GEMM path (see the module docs).
@@ -337,16 +313,7 @@ impl Conv {
             ))
         })?;
         let shape = vec![geo.batch, geo.oh, geo.ow, m];
-        let rd = match r {
-            Some(r) if r.shape() != shape.as_slice() => {
-                return Err(OpError::Shape(format!(
-                    "Conv residual of shape {:?} does not match the output {shape:?}",
-                    r.shape()
-                )));
-            }
-            Some(r) => Some(r.as_slice::<f32>()?),
-            None => None,
-        };
+        let rd = f32_residual(r, &shape)?;
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let rows = geo.rows();

@@ -17,6 +17,11 @@ use kiln_kernels::gemm::MatLayout;
 use kiln_kernels::sgemm::{AMatrix, BLayout, Epilogue, PackedB, sgemm};
 use kiln_tensor::{DType, Tensor};
 
+thread_local! {
+    /// One (batch, head) score matrix, reused per thread.
+    static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 impl Attention {
     /// Y for the fast case (see the module docs), `None` when the call is not of that kind.
     pub(super) fn eval_f32(&self, args: &Args<'_>) -> Result<Option<Vec<Value>>> {
@@ -94,7 +99,9 @@ impl Attention {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 return;
             };
-            let mut scores = vec![0.0f32; sq * skv];
+            // The scores are overwritten whole by the GEMM: a reused per-thread buffer.
+            let mut scores = SCORES.with(std::cell::Cell::take);
+            scores.resize(sq * skv, 0.0);
             let mut out = vec![0.0f32; sq * dv];
             // K_h^T: element (e, j) at ks[j * kw + e]; V_h: element (j, e) at vs_[j * vw + e].
             let ok = PackedB::pack(layout, d, skv, ks, MatLayout::transposed(kw))
@@ -138,6 +145,7 @@ impl Attention {
                         )
                     })
                     .is_ok();
+            SCORES.with(|cell| cell.set(scores));
             if !ok {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
