@@ -110,10 +110,10 @@ pub fn run(graph: &Graph, program: &mut Program) -> usize {
     packed
 }
 
-/// Packs the weights of the main program's channels-last group-1 f32 convolutions (the
-/// `layout` pass's) as the GEMM's B, `[kh*kw*c, m]` with rows in (ky, kx, c) order: the order
-/// of a channels-last im2col row. Only constant weights of shape `[m, c, kh, kw]` read by
-/// nothing else; returns how many it packed.
+/// Packs the weights of the main program's channels-last f32 convolutions (the `layout`
+/// pass's): group 1 as the GEMM's B, `[kh*kw*c, m]` with rows in (ky, kx, c) order, the order
+/// of a channels-last im2col row; depthwise as taps `[kh*kw, m]`. Only constant weights of
+/// shape `[m, c, kh, kw]` read by nothing else; returns how many it packed.
 pub fn channels_last(program: &mut Program) -> usize {
     use kiln_ops::nn::PackedConvWeights;
     let (reads, outputs) = readers(program);
@@ -123,9 +123,10 @@ pub fn channels_last(program: &mut Program) -> usize {
         let StepKind::Op(Op::Nn(NnOp::Conv(conv))) = &step.kind else {
             continue;
         };
-        if !conv.channels_last || conv.packed.is_some() || conv.winograd.is_some() || conv.group.max(1) != 1 {
+        if !conv.channels_last || conv.packed.is_some() || conv.winograd.is_some() {
             continue;
         }
+        let group = conv.group.max(1);
         let Some(Some(w)) = step.inputs.get(1) else { continue };
         let Some((ci, wt)) = sole_constant(program, &reads, &outputs, *w) else {
             continue;
@@ -134,8 +135,15 @@ pub fn channels_last(program: &mut Program) -> usize {
             continue;
         };
         let pk = PackedConvWeights { m, c, kh, kw };
-        let Ok(t) = kiln_ops::nn::pack_channels_last(data, pk).and_then(|v| Ok(Tensor::from_vec(vec![v.len()], v)?))
-        else {
+        let weights = match (group, c) {
+            (1, _) => kiln_ops::nn::pack_channels_last(data, pk),
+            // Depthwise: the taps in the order the channels-last kernel reads them.
+            (g, 1) if g == m && !matches!(step.inputs.get(3), Some(Some(_))) => {
+                kiln_ops::nn::pack_depthwise_taps(data, m, kh, kw)
+            }
+            _ => continue,
+        };
+        let Ok(t) = weights.and_then(|v| Ok(Tensor::from_vec(vec![v.len()], v)?)) else {
             continue;
         };
         let Some(step) = program.steps.get_mut(i) else { break };

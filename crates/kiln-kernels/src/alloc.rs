@@ -140,6 +140,99 @@ unsafe impl GlobalAlloc for CachingAlloc {
     }
 }
 
+/// A global allocator that forwards to the system allocator and counts what it hands out:
+/// for tests and tools that check how much a piece of work allocates (a steady-state run
+/// should take nothing but its outputs). Install with `#[global_allocator]`, read with
+/// [`CountingAlloc::counts`].
+pub struct CountingAlloc {
+    calls: std::sync::atomic::AtomicUsize,
+    bytes: std::sync::atomic::AtomicUsize,
+    largest: std::sync::atomic::AtomicUsize,
+}
+
+/// Allocation calls, bytes requested and the largest single request, since some start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AllocCounts {
+    pub calls: usize,
+    pub bytes: usize,
+    pub largest: usize,
+}
+
+impl CountingAlloc {
+    pub const fn new() -> CountingAlloc {
+        CountingAlloc {
+            calls: std::sync::atomic::AtomicUsize::new(0),
+            bytes: std::sync::atomic::AtomicUsize::new(0),
+            largest: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The totals so far (`largest` since the last [`CountingAlloc::reset_largest`]).
+    pub fn counts(&self) -> AllocCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        AllocCounts {
+            calls: self.calls.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            largest: self.largest.load(Relaxed),
+        }
+    }
+
+    pub fn reset_largest(&self) {
+        self.largest.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// What `f` allocated on any thread meanwhile (the counters are global).
+    pub fn measure<R>(&self, f: impl FnOnce() -> R) -> (R, AllocCounts) {
+        let before = self.counts();
+        self.reset_largest();
+        let r = f();
+        let after = self.counts();
+        let taken = AllocCounts {
+            calls: after.calls - before.calls,
+            bytes: after.bytes - before.bytes,
+            largest: after.largest,
+        };
+        (r, taken)
+    }
+
+    fn note(&self, size: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.calls.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(size, Relaxed);
+        self.largest.fetch_max(size, Relaxed);
+    }
+}
+
+impl Default for CountingAlloc {
+    fn default() -> Self {
+        CountingAlloc::new()
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to `System`; the counters are atomics and never
+// allocate.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.note(layout.size());
+        // SAFETY: the caller's contract carries over.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        self.note(layout.size());
+        // SAFETY: the caller's contract carries over.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` (through this wrapper) with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        self.note(new_size);
+        // SAFETY: the caller's contract carries over.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +267,25 @@ mod tests {
             assert!((0..64).all(|i| *g.add(i) == 3));
             a.dealloc(g, other);
         }
+    }
+
+    #[test]
+    fn counting_counts_every_request() {
+        let a = CountingAlloc::new();
+        let l = Layout::from_size_align(1000, 8).unwrap_or(Layout::new::<u8>());
+        // SAFETY: a non-zero layout, freed once with the layout it was made with.
+        let ((), c) = a.measure(|| unsafe {
+            let p = a.alloc(l);
+            let q = a.realloc(p, l, 3000);
+            a.dealloc(q, Layout::from_size_align(3000, 8).unwrap_or(l));
+        });
+        assert_eq!(
+            c,
+            AllocCounts {
+                calls: 2,
+                bytes: 4000,
+                largest: 3000
+            }
+        );
     }
 }

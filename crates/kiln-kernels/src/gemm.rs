@@ -26,8 +26,18 @@ impl MatLayout {
 }
 
 /// Scalar element the reference GEMM runs on.
-pub trait GemmScalar: Copy + Default + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> {}
-impl GemmScalar for f32 {}
+pub trait GemmScalar: Copy + Default + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> {
+    /// A vector of `n` elements for a C that a product overwrites whole (f32: a recycled
+    /// buffer with stale contents, see [`crate::recycle`]).
+    fn out_buffer(n: usize) -> Vec<Self> {
+        vec![Self::default(); n]
+    }
+}
+impl GemmScalar for f32 {
+    fn out_buffer(n: usize) -> Vec<f32> {
+        crate::recycle::take(n)
+    }
+}
 impl GemmScalar for f64 {}
 impl GemmScalar for i32 {}
 impl GemmScalar for i64 {}

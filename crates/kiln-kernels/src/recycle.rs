@@ -1,68 +1,190 @@
-//! Recycled f32 buffers for kernel outputs. The runtime gives back the vectors of the f32
-//! tensors it frees ([`give`]); an op whose kernel writes every element of its output takes
-//! one ([`take`]) instead of allocating a zeroed vector, so a run in steady state neither
-//! allocates nor clears its large intermediates: the buffers of the previous layers are reused
-//! while they are still warm in cache.
+//! Recycled f32 buffers for kernel outputs and scratch: the run state's arena.
+//!
+//! The runtime gives back the vectors of the f32 tensors it frees ([`give`]); an op whose
+//! kernel writes every element of its output takes one ([`take`]) instead of allocating a
+//! zeroed vector. Kernels take their scratch the same way and give it back when done. So a run
+//! in steady state neither allocates nor clears its intermediates: the buffers of the previous
+//! layers (and of the previous run) are reused while they are still warm in cache.
+//!
+//! The buffers live in an [`Arena`], current per thread; a Session owns one arena per
+//! concurrent run and makes it current for the run ([`Arena::enter`]), so sessions sharing a
+//! thread do not evict each other's buffers. At the end of every run the runtime calls
+//! [`finish_run`]: the current arena then keeps only its *working set*, the vectors that some
+//! [`take`] of this run handed out (hits and fresh ones alike). Vectors given back that no take
+//! asked for (the caller's inputs, outputs of ops that allocate their own) are dropped then, so
+//! what an arena holds between runs is bounded by what one run takes, and it does not grow run
+//! after run.
 //!
 //! A taken vector holds stale values from its previous use (never uninitialised memory: this
-//! is plain safe Rust), so only callers that overwrite all of it may use it. The pool is per
-//! thread (a run frees and allocates on its own thread) and bounded in count; vectors smaller
-//! than [`MIN_FLOATS`] are not kept (zeroing them is cheap).
+//! is plain safe Rust), so only callers that overwrite all of it may use it; [`take_zeroed`]
+//! is for the others. Vectors smaller than [`MIN_FLOATS`] are not kept (allocating them is
+//! cheap), and an arena never keeps more than [`MAX_BYTES`].
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 
-/// Smallest vector kept: 16 KiB.
-pub const MIN_FLOATS: usize = 4096;
-/// Vectors kept per thread; the oldest go first.
-const MAX_KEPT: usize = 32;
+/// Smallest vector kept: 4 KiB.
+pub const MIN_FLOATS: usize = 1024;
+/// Most bytes an arena keeps at once; the oldest vectors go first.
+pub const MAX_BYTES: usize = 1 << 30;
 
-thread_local! {
-    static FREE: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+/// Kept vectors plus the identities of those handed out in the current run.
+#[derive(Default)]
+pub struct Arena {
+    /// Free vectors, oldest first.
+    kept: Vec<Vec<f32>>,
+    /// Capacity bytes of `kept`.
+    bytes: usize,
+    /// Addresses of the vectors [`take`] handed out since the last [`finish_run`].
+    taken: HashSet<usize>,
 }
 
-/// Keeps `v` for a later [`take`] on this thread (or drops it when too small or the pool is
-/// full).
-pub fn give(v: Vec<f32>) {
-    if v.len() < MIN_FLOATS {
-        return;
+/// Most addresses remembered between two [`finish_run`] calls (takes outside any run, such as
+/// compile-time folding, never finish one); past it the record starts again.
+const MAX_TAKEN: usize = 1 << 16;
+
+thread_local! {
+    static CURRENT: RefCell<Arena> = RefCell::new(Arena::default());
+}
+
+fn bytes_of(v: &Vec<f32>) -> usize {
+    v.capacity() * std::mem::size_of::<f32>()
+}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("kept", &self.kept.len())
+            .field("bytes", &self.bytes)
+            .finish()
     }
-    FREE.with(|f| {
-        if let Ok(mut f) = f.try_borrow_mut() {
-            if f.len() >= MAX_KEPT {
-                f.remove(0);
+}
+
+impl Arena {
+    pub fn new() -> Arena {
+        Arena::default()
+    }
+
+    /// Bytes of the vectors kept now.
+    pub fn kept_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Makes this arena the thread's current one until the guard drops, then restores the
+    /// previous one.
+    pub fn enter(&mut self) -> Entered<'_> {
+        let previous = CURRENT.with(|c| c.replace(std::mem::take(self)));
+        Entered { home: self, previous }
+    }
+
+    fn put(&mut self, v: Vec<f32>) {
+        let b = bytes_of(&v);
+        if v.capacity() < MIN_FLOATS || b > MAX_BYTES {
+            return;
+        }
+        while self.bytes + b > MAX_BYTES && !self.kept.is_empty() {
+            let old = self.kept.remove(0);
+            self.bytes -= bytes_of(&old);
+        }
+        self.bytes += b;
+        self.kept.push(v);
+    }
+
+    /// The smallest kept vector with room for `n` floats but not more than twice that.
+    fn best_fit(&mut self, n: usize) -> Option<Vec<f32>> {
+        let best = self
+            .kept
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n.max(MIN_FLOATS))
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i)?;
+        let v = self.kept.remove(best);
+        self.bytes -= bytes_of(&v);
+        Some(v)
+    }
+
+    fn note_taken(&mut self, v: &Vec<f32>) {
+        if v.capacity() >= MIN_FLOATS {
+            if self.taken.len() >= MAX_TAKEN {
+                self.taken.clear();
             }
-            f.push(v);
+            self.taken.insert(v.as_ptr() as usize);
+        }
+    }
+
+    /// Drops every kept vector no take of this run handed out.
+    fn keep_working_set(&mut self) {
+        let taken = std::mem::take(&mut self.taken);
+        self.kept.retain(|v| taken.contains(&(v.as_ptr() as usize)));
+        self.bytes = self.kept.iter().map(bytes_of).sum();
+    }
+}
+
+/// The guard of [`Arena::enter`].
+pub struct Entered<'a> {
+    home: &'a mut Arena,
+    previous: Arena,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        *self.home = CURRENT.with(|c| c.replace(std::mem::take(&mut self.previous)));
+    }
+}
+
+/// Keeps `v` in the current arena for a later [`take`] (or drops it when too small).
+pub fn give(v: Vec<f32>) {
+    CURRENT.with(|c| {
+        if let Ok(mut a) = c.try_borrow_mut() {
+            a.put(v);
         }
     });
 }
 
 /// A vector of `n` floats with unspecified (stale, but initialised) contents: the smallest
-/// kept vector of at least `n` and at most `2n` floats, cut to `n`, else a new zeroed one.
+/// kept vector with room for `n` and at most twice that, else a new zeroed one.
 pub fn take(n: usize) -> Vec<f32> {
-    if n >= MIN_FLOATS {
-        let found = FREE.with(|f| {
-            let mut f = f.try_borrow_mut().ok()?;
-            let best = f
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| v.len() >= n && v.len() / 2 <= n)
-                .min_by_key(|(_, v)| v.len())
-                .map(|(i, _)| i)?;
-            Some(f.swap_remove(best))
-        });
-        if let Some(mut v) = found {
-            v.truncate(n);
-            return v;
-        }
-    }
-    vec![0.0; n]
+    CURRENT.with(|c| {
+        let Ok(mut a) = c.try_borrow_mut() else {
+            return vec![0.0; n];
+        };
+        let v = match a.best_fit(n) {
+            Some(mut v) => {
+                // Within capacity: never reallocates; only a tail beyond the old length is
+                // written (with zeros).
+                v.resize(n, 0.0);
+                v
+            }
+            None => vec![0.0; n],
+        };
+        a.note_taken(&v);
+        v
+    })
 }
 
-/// Drops every kept vector of this thread.
+/// [`take`] with every element zero.
+pub fn take_zeroed(n: usize) -> Vec<f32> {
+    let mut v = take(n);
+    v.fill(0.0);
+    v
+}
+
+/// Ends a run: the current arena keeps only the vectors taken since the last call.
+pub fn finish_run() {
+    CURRENT.with(|c| {
+        if let Ok(mut a) = c.try_borrow_mut() {
+            a.keep_working_set();
+        }
+    });
+}
+
+/// Drops every vector kept by the current arena.
 pub fn clear() {
-    FREE.with(|f| {
-        if let Ok(mut f) = f.try_borrow_mut() {
-            f.clear();
+    CURRENT.with(|c| {
+        if let Ok(mut a) = c.try_borrow_mut() {
+            a.kept.clear();
+            a.bytes = 0;
         }
     });
 }
@@ -89,24 +211,54 @@ mod tests {
         // A vector more than twice the request is not handed out.
         give(vec![4.0; 20_000]);
         assert_eq!(take(5_000), vec![0.0; 5_000]);
+        // A vector cut short earlier grows back within its capacity, the tail zeroed.
+        let mut c = vec![5.0f32; 8_000];
+        c.truncate(6_000);
+        let cap = c.capacity();
+        give(c);
+        let d = take(7_000);
+        assert_eq!(d.capacity(), cap, "the kept vector, not a new one");
+        assert_eq!((d[5_999], d[6_000]), (5.0, 0.0));
+        assert_eq!(take_zeroed(20_000), vec![0.0; 20_000]);
         clear();
     }
 
     #[test]
-    fn the_pool_is_bounded() {
+    fn an_arena_keeps_only_the_working_set_of_its_last_run() {
+        let mut arena = Arena::new();
+        {
+            let _run = arena.enter();
+            let a = take(5_000); // fresh: part of the working set
+            give(vec![7.0; 6_000]); // never taken: an input, say
+            give(a);
+            finish_run();
+        }
+        assert_eq!(arena.kept_bytes(), 5_000 * 4, "only the taken vector is kept");
+        {
+            let _run = arena.enter();
+            let b = take(5_000);
+            assert_eq!(b.capacity(), 5_000, "the kept vector comes back");
+            let c = take(5_000); // a miss: a new vector
+            give(b);
+            give(c);
+            finish_run();
+        }
+        assert_eq!(arena.kept_bytes(), 2 * 5_000 * 4);
+        {
+            let _run = arena.enter();
+            let b = take(5_000);
+            give(b);
+            finish_run();
+        }
+        assert_eq!(arena.kept_bytes(), 5_000 * 4, "the vector no take asked for is dropped");
+        // Outside a run, the thread's own arena is untouched by the session's.
         clear();
-        for i in 0..(MAX_KEPT + 5) {
-            give(vec![i as f32; MIN_FLOATS]);
+        give(vec![1.0; 4_096]);
+        {
+            let _run = arena.enter();
+            assert_eq!(take(4_096), vec![0.0; 4_096], "the thread's vector is not visible");
         }
-        let mut seen = Vec::new();
-        for _ in 0..(MAX_KEPT + 5) {
-            let v = take(MIN_FLOATS);
-            seen.push(v[0]);
-        }
-        // The oldest five were dropped; the rest come back, then zeroed ones.
-        let kept: Vec<f32> = seen.iter().copied().filter(|&v| v >= 5.0).collect();
-        assert_eq!(kept.len(), MAX_KEPT);
-        assert_eq!(seen.iter().filter(|&&v| v == 0.0).count(), 5);
+        assert_eq!(take(4_096), vec![1.0; 4_096], "and it is there again afterwards");
         clear();
     }
 }

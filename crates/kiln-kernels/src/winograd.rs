@@ -290,6 +290,27 @@ impl Winograd {
     }
 }
 
+thread_local! {
+    /// The transforms' per-task scratch, reused per thread (every use overwrites it).
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// This thread's scratch, at least `n` floats long (contents stale); give it back with
+/// [`put_scratch`].
+#[inline(always)]
+fn take_scratch(n: usize) -> Vec<f32> {
+    let mut v = SCRATCH.with(std::cell::Cell::take);
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    v
+}
+
+#[inline(always)]
+fn put_scratch(v: Vec<f32>) {
+    SCRATCH.with(|c| c.set(v));
+}
+
 /// `out = sum_k coefs[k] * rows[k]` over the rows' common length, zero coefficients skipped.
 #[inline(always)]
 fn lincomb(out: &mut [f32], coefs: &[f32; 6], rows: &[&[f32]; 6]) {
@@ -348,8 +369,18 @@ impl Kernel for InputTransform<'_> {
     #[inline(always)]
     fn run(self) {
         let c = self.c;
-        let mut stage = vec![0.0f32; 36 * c];
-        let mut out = vec![0.0f32; c];
+        let mut scratch = take_scratch(37 * c);
+        let (stage, rest) = scratch.split_at_mut(36 * c);
+        self.tiles_into(stage, &mut rest[..c]);
+        put_scratch(scratch);
+    }
+}
+
+impl InputTransform<'_> {
+    /// The tiles, with `stage` (`36 c`) and `out` (`c`) as scratch (`lincomb` overwrites).
+    #[inline(always)]
+    fn tiles_into(&self, stage: &mut [f32], out: &mut [f32]) {
+        let c = self.c;
         for tile in self.tiles.clone() {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
             let at = |r: usize, q: usize| {
@@ -370,10 +401,10 @@ impl Kernel for InputTransform<'_> {
                 let rows = [row(0), row(1), row(2), row(3), row(4), row(5)];
                 for (j, bt) in BT.iter().enumerate() {
                     let xi = i * 6 + j;
-                    lincomb(&mut out, bt, &rows);
+                    lincomb(out, bt, &rows);
                     // SAFETY: row (xi, tile) belongs to this task alone: tasks own disjoint
                     // tile ranges.
-                    unsafe { self.v.write((xi * self.t + tile) * c, &out) };
+                    unsafe { self.v.write((xi * self.t + tile) * c, out) };
                 }
             }
         }
@@ -406,8 +437,9 @@ impl Kernel for OutputTransform<'_> {
         if w == 0 {
             return;
         }
-        let mut stage = vec![0.0f32; 24 * w];
-        let mut res = vec![0.0f32; 16 * w];
+        let mut scratch = take_scratch(40 * w);
+        let (stage, rest) = scratch.split_at_mut(24 * w);
+        let res = &mut rest[..16 * w];
         let bias = self.bias.and_then(|b| b.get(self.m0..self.m1));
         let plane = self.oh * self.ow;
         let tiles = match self.tile_row {
@@ -466,5 +498,6 @@ impl Kernel for OutputTransform<'_> {
                 }
             }
         }
+        put_scratch(scratch);
     }
 }

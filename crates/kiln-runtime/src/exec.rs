@@ -91,7 +91,10 @@ fn run_inner(
         let v = check_input(spec, v, &mut symbols)?;
         formal.push(v);
     }
-    let outputs = run_program(program, &[], formal, rec)?;
+    let outputs = run_program(program, &[], formal, rec);
+    // The run's buffers stay with its arena for the next run; the rest are let go.
+    kiln_kernels::recycle::finish_run();
+    let outputs = outputs?;
     Ok(program.outputs.iter().map(|o| o.name.clone()).zip(outputs).collect())
 }
 

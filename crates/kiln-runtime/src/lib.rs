@@ -15,9 +15,10 @@ mod stack;
 pub use error::RuntimeError;
 pub use exec::{run, run_with};
 /// The allocator that keeps freed activation buffers for the next run (see its docs).
-pub use kiln_kernels::alloc::CachingAlloc;
+pub use kiln_kernels::alloc::{AllocCounts, CachingAlloc, CountingAlloc};
 /// The compute thread pool a Session runs its programs on (kernels split over the pool
 /// installed on the running thread).
 pub use kiln_kernels::pool::ThreadPool;
+pub use kiln_kernels::recycle::Arena;
 pub use profile::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};

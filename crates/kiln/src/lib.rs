@@ -21,7 +21,7 @@ pub use kiln_ir::Graph;
 pub use kiln_onnx::{ImportError, Model, UnsupportedOp};
 pub use kiln_ops::{Dim, Sequence, TensorType, Value, ValueType};
 pub use kiln_runtime::RuntimeError;
-pub use kiln_runtime::{CachingAlloc, ThreadPool};
+pub use kiln_runtime::{AllocCounts, CachingAlloc, CountingAlloc, ThreadPool};
 pub use kiln_runtime::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use kiln_tensor::{DType, Data, Mismatch, Tensor, TensorError, bf16, compare, f16};
 pub use session::{

@@ -94,6 +94,8 @@ pub struct Session {
     meta: Option<ProgramMeta>,
     /// The compute threads (`None`: single-threaded).
     pub(crate) pool: Option<kiln_runtime::ThreadPool>,
+    /// Run states: the recycled buffers of each concurrent run (one arena per run at once).
+    arenas: std::sync::Mutex<Vec<kiln_runtime::Arena>>,
 }
 
 /// Imports an ONNX model (with symbol bindings applied) without compiling it.
@@ -212,6 +214,7 @@ impl Session {
             meta,
             monitor: crate::bench::Monitor::default(),
             pool: None,
+            arenas: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -244,14 +247,23 @@ impl Session {
 
     /// Runs `f` (one inference) on this session's compute threads: the pool is the current
     /// one and its workers spin for jobs until `f` returns, then go back to sleep.
+    /// The run uses one of the session's arenas, so its intermediates reuse the buffers of
+    /// earlier runs (`kiln_kernels::recycle`); runs at once each have their own.
     pub(crate) fn on_pool<R>(&self, f: impl FnOnce() -> R) -> R {
-        match &self.pool {
-            None => f(),
-            Some(pool) => {
-                let _active = pool.activate();
-                pool.install(f)
+        let lock = || self.arenas.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut arena = lock().pop().unwrap_or_default();
+        let r = {
+            let _entered = arena.enter();
+            match &self.pool {
+                None => f(),
+                Some(pool) => {
+                    let _active = pool.activate();
+                    pool.install(f)
+                }
             }
-        }
+        };
+        lock().push(arena);
+        r
     }
 
     /// Compute threads of each run (`num_of_cores`).

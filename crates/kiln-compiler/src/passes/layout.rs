@@ -300,7 +300,7 @@ mod tests {
         };
         let fast = compile(block(), &level(2)).unwrap();
         let plain = compile(block(), &level(0)).unwrap();
-        // The two dense convolutions are packed; the depthwise one reads W as it is.
+        // The two dense convolutions are packed as GEMM panels, the depthwise one as taps.
         let packed: Vec<bool> = fast
             .program
             .steps
@@ -310,8 +310,8 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(packed, [true, false, true]);
-        assert_eq!(fast.prepacked, 2);
+        assert_eq!(packed, [true, true, true]);
+        assert_eq!(fast.prepacked, 3);
         let inputs = vec![
             ("x".to_string(), kiln_ops::Value::Tensor(noise(&[1, 8, 9, 9], 7))),
             ("r".to_string(), kiln_ops::Value::Tensor(noise(&[1, 8, 5, 5], 8))),

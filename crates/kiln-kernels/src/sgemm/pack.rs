@@ -27,12 +27,40 @@ pub(crate) struct AlignedVec {
     len: usize,
 }
 
+/// Line vectors of dropped [`AlignedVec`]s, per thread, for the next ones: B panels packed at
+/// run time (attention heads, MatMul with two computed inputs) then reuse their storage.
+const KEEP_LINES: usize = 8;
+/// Largest line vector kept (8 MiB) and most kept in all (32 MiB), so the weights of a dropped
+/// program are not held.
+const KEEP_MAX_LINES: usize = (8 << 20) / 64;
+const KEEP_TOTAL_LINES: usize = (32 << 20) / 64;
+
+thread_local! {
+    static SPARE_LINES: std::cell::RefCell<Vec<Vec<Line>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl AlignedVec {
     pub(crate) fn zeroed(len: usize) -> AlignedVec {
-        AlignedVec {
-            lines: vec![Line([0.0; 16]); len.div_ceil(16)],
-            len,
-        }
+        let n = len.div_ceil(16);
+        let reused = SPARE_LINES.try_with(|s| {
+            let mut s = s.try_borrow_mut().ok()?;
+            let i = s
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n)
+                .min_by_key(|(_, v)| v.capacity())
+                .map(|(i, _)| i)?;
+            Some(s.swap_remove(i))
+        });
+        let lines = match reused.ok().flatten() {
+            Some(mut v) => {
+                v.clear();
+                v.resize(n, Line([0.0; 16]));
+                v
+            }
+            None => vec![Line([0.0; 16]); n],
+        };
+        AlignedVec { lines, len }
     }
 
     pub(crate) fn as_slice(&self) -> &[f32] {
@@ -44,6 +72,24 @@ impl AlignedVec {
     pub(crate) fn as_mut_slice(&mut self) -> &mut [f32] {
         // SAFETY: as in `as_slice`; the unique borrow of `self` makes the slice unique.
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), self.len) }
+    }
+}
+
+impl Drop for AlignedVec {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.lines);
+        if v.capacity() == 0 || v.capacity() > KEEP_MAX_LINES {
+            return;
+        }
+        // `try_with`: a vector dropped while the thread exits is simply freed.
+        let _ = SPARE_LINES.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                let total: usize = s.iter().map(Vec::capacity).sum();
+                if s.len() < KEEP_LINES && total + v.capacity() <= KEEP_TOTAL_LINES {
+                    s.push(v);
+                }
+            }
+        });
     }
 }
 

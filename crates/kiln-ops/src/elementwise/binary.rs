@@ -246,15 +246,33 @@ impl Bcast {
     /// [`Self::zip`] over the current thread pool, for large outputs: whole steps of the
     /// outermost merged dim (or blocks of a single one) per task, each written into its own
     /// part of the output. `None` (nothing done) below [`PAR_MIN`] elements or on one thread.
+    #[cfg(test)]
     pub fn zip_parallel<T, U, R>(&self, x: &[T], y: &[U], f: impl Fn(T, U) -> R + Sync) -> Option<Vec<R>>
     where
         T: Copy + Sync,
         U: Copy + Sync,
         R: Copy + Send + Default,
     {
-        let total = numel(&self.shape)?;
-        if total < PAR_MIN || kiln_kernels::pool::current_threads() < 2 || self.dims.contains(&0) {
-            return None;
+        let mut out = vec![R::default(); numel(&self.shape)?];
+        self.zip_parallel_into(x, y, f, &mut out).then_some(out)
+    }
+
+    /// [`Self::zip_parallel`] into `out` (the plan's element count); false (nothing done)
+    /// when it does not apply.
+    fn zip_parallel_into<T, U, R>(&self, x: &[T], y: &[U], f: impl Fn(T, U) -> R + Sync, out: &mut [R]) -> bool
+    where
+        T: Copy + Sync,
+        U: Copy + Sync,
+        R: Copy + Send,
+    {
+        let Some(total) = numel(&self.shape) else { return false };
+        if total < PAR_MIN
+            || out.len() != total
+            || kiln_kernels::pool::current_threads() < 2
+            || self.dims.contains(&0)
+            || self.sa.is_empty()
+        {
+            return false;
         }
         // One "row": a step of the outermost dim, with the plan of the dims inside it.
         let (rows, sub, (sa0, sb0)) = if self.dims.len() >= 2 {
@@ -267,7 +285,7 @@ impl Bcast {
             (self.dims[0], sub, (self.sa[0], self.sb[0]))
         } else {
             // A single dim: blocks of PAR_BLOCK elements.
-            let (ka, kb) = (*self.sa.first()?, *self.sb.first()?);
+            let (ka, kb) = (self.sa[0], self.sb[0]);
             let sub = Bcast {
                 shape: Vec::new(),
                 dims: vec![PAR_BLOCK],
@@ -281,8 +299,7 @@ impl Bcast {
         } else {
             PAR_BLOCK
         };
-        let mut out = vec![R::default(); total];
-        kiln_kernels::pool::for_each_chunk_mut(&mut out, row_len.max(1), &|r, dst| {
+        kiln_kernels::pool::for_each_chunk_mut(out, row_len.max(1), &|r, dst| {
             let (xs, ys) = (x.get(r * sa0..).unwrap_or(&[]), y.get(r * sb0..).unwrap_or(&[]));
             if dst.len() == row_len {
                 sub.zip_into(xs, ys, &f, dst);
@@ -295,7 +312,21 @@ impl Bcast {
                 tail.zip_into(xs, ys, &f, dst);
             }
         });
-        Some(out)
+        true
+    }
+
+    /// Whether every element the plan reads lies within `x.len()` and `y.len()` elements.
+    fn reads_within(&self, x_len: usize, y_len: usize) -> bool {
+        if self.dims.contains(&0) {
+            return true;
+        }
+        let last = |st: &[usize]| -> Option<usize> {
+            self.dims
+                .iter()
+                .zip(st)
+                .try_fold(0usize, |acc, (&d, &s)| acc.checked_add((d - 1).checked_mul(s)?))
+        };
+        matches!((last(&self.sa), last(&self.sb)), (Some(a), Some(b)) if a < x_len && b < y_len)
     }
 
     /// [`Self::zip`] into `out` (which has the plan's element count; a short input leaves
@@ -393,17 +424,25 @@ fn arith<T: Num + Send + Sync + Default>(op: BinaryOp, x: &[T], y: &[T], m: &Bca
         BinaryOp::Mod { fmod: false } => T::pymod,
         _ => T::add,
     };
-    if let Some(v) = m.zip_parallel(x, y, f) {
-        return v;
+    let total = numel(&m.shape).unwrap_or(0);
+    if !m.reads_within(x.len(), y.len()) {
+        // Inputs shorter than their shapes: a short result, which `Tensor::new` refuses.
+        return m.zip(x, y, f);
+    }
+    // Written whole below (every element the plan reads exists).
+    let mut out = T::buffer(total);
+    if m.zip_parallel_into(x, y, f, &mut out) {
+        return out;
     }
     match op {
-        BinaryOp::Sub => m.zip(x, y, T::sub),
-        BinaryOp::Mul => m.zip(x, y, T::mul),
-        BinaryOp::Div => m.zip(x, y, T::div),
-        BinaryOp::Mod { fmod: true } => m.zip(x, y, T::fmod),
-        BinaryOp::Mod { fmod: false } => m.zip(x, y, T::pymod),
-        _ => m.zip(x, y, T::add),
+        BinaryOp::Sub => m.zip_into(x, y, &T::sub, &mut out),
+        BinaryOp::Mul => m.zip_into(x, y, &T::mul, &mut out),
+        BinaryOp::Div => m.zip_into(x, y, &T::div, &mut out),
+        BinaryOp::Mod { fmod: true } => m.zip_into(x, y, &T::fmod, &mut out),
+        BinaryOp::Mod { fmod: false } => m.zip_into(x, y, &T::pymod, &mut out),
+        _ => m.zip_into(x, y, &T::add, &mut out),
     }
+    out
 }
 
 fn bits<T: Int>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {

@@ -28,6 +28,11 @@ pub(crate) trait Num: Copy + PartialOrd + Element {
     fn neg(self) -> Self;
     fn abs(self) -> Self;
     fn is_nan(self) -> bool;
+    /// A vector of `n` elements for an output the caller writes whole (f32: a recycled
+    /// buffer with stale contents, see `kiln_kernels::recycle`; others: zeros).
+    fn buffer(n: usize) -> Vec<Self> {
+        vec![Self::zero(); n]
+    }
 }
 
 /// numpy's `npy_divmod` remainder for floats.
@@ -56,8 +61,11 @@ fn float_pymod32(a: f32, b: f32) -> f32 {
 }
 
 macro_rules! float_num {
-    ($t:ty, $pymod:ident) => {
+    ($t:ty, $pymod:ident $(, $buffer:path)?) => {
         impl Num for $t {
+            $(fn buffer(n: usize) -> Vec<Self> {
+                $buffer(n)
+            })?
             const FLOAT: bool = true;
             fn to_f64(self) -> f64 {
                 self as f64
@@ -98,7 +106,7 @@ macro_rules! float_num {
         }
     };
 }
-float_num!(f32, float_pymod32);
+float_num!(f32, float_pymod32, kiln_kernels::recycle::take);
 float_num!(f64, float_pymod);
 
 macro_rules! half_num {

@@ -31,6 +31,21 @@ impl Gather {
         shape.extend_from_slice(ind.shape());
         shape.extend_from_slice(&x.shape()[axis + 1..]);
         let total = checked_numel(&shape)?;
+        if let Ok(xs) = x.as_slice::<f32>() {
+            // Whole rows of `inner` elements copied into a recycled buffer, written whole.
+            let mut out = kiln_kernels::recycle::take(total);
+            let rows = (0..outer).flat_map(|o| idx.iter().map(move |&i| (o * n + i) * inner));
+            for (dst, base) in out.chunks_exact_mut(inner.max(1)).zip(rows) {
+                let src = xs.get(base..base + inner).ok_or_else(|| {
+                    OpError::Shape(format!(
+                        "Gather: data of {} elements is shorter than its shape",
+                        xs.len()
+                    ))
+                })?;
+                dst.copy_from_slice(src);
+            }
+            return one(Tensor::from_vec(shape, out)?);
+        }
         let mut src = Vec::with_capacity(total);
         for o in 0..outer {
             for &i in &idx {

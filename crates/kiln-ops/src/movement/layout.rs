@@ -67,7 +67,8 @@ impl Transpose {
         let perm = self.perm(x.rank())?;
         let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
         if let Ok(v) = x.as_slice::<f32>() {
-            return one(Tensor::from_vec(out_shape, permute(v, x.shape(), &perm))?);
+            let out = kiln_kernels::recycle::take(v.len());
+            return one(Tensor::from_vec(out_shape, permute_into(v, x.shape(), &perm, out))?);
         }
         let (shape, idx) = transpose_map(x.shape(), &perm)?;
         one(x.gather_flat(shape, &idx)?)
@@ -88,7 +89,14 @@ impl Transpose {
 /// nest over the output with runs of output dims that are also consecutive in the input
 /// merged, so the inner loop is a slice copy when the last dim stays last and a strided
 /// gather otherwise. `perm` is a permutation of `0..shape.len()` (checked by the caller).
+#[cfg(test)]
 pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> {
+    permute_into(x, shape, perm, Vec::new())
+}
+
+/// [`permute`] into the storage of `out` (whatever it holds is overwritten; a vector of the
+/// output's length is written in place, any other is resized).
+pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize], mut out: Vec<T>) -> Vec<T> {
     let st = strides(shape);
     // (size, input stride) per output dim, size-1 dims dropped, consecutive ones merged.
     let mut dims: Vec<(usize, usize)> = Vec::with_capacity(perm.len());
@@ -110,16 +118,26 @@ pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[u
         return Vec::new();
     }
     let Some(&(inner, istride)) = dims.last() else {
-        return x.get(..total).unwrap_or(&[]).to_vec();
+        out.clear();
+        out.extend_from_slice(x.get(..total).unwrap_or(&[]));
+        return out;
     };
     if let [.., (p, 1), (q, sq)] = dims[..]
         && sq == p
         && let Some(x) = x.get(..total)
     {
-        return batched_transpose(x, &dims[..dims.len() - 2], p, q);
+        if out.len() != total
+            && let Some(&first) = x.first()
+        {
+            // Every element is written below; the fill only sets the length.
+            out.clear();
+            out.resize(total, first);
+        }
+        return batched_transpose(x, &dims[..dims.len() - 2], p, q, out);
     }
     let outer = &dims[..dims.len() - 1];
-    let mut out = Vec::with_capacity(total);
+    out.clear();
+    out.reserve(total);
     let mut idx = vec![0usize; outer.len()];
     let mut base = 0usize;
     loop {
@@ -150,9 +168,8 @@ pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[u
 /// `[p, q]`. Done in bands of output rows, each reading contiguous runs of the input, so
 /// neither side walks memory at a large stride (NCHW <-> NHWC is this case). `x` holds exactly
 /// the tensor's elements.
-fn batched_transpose<T: Copy>(x: &[T], outer: &[(usize, usize)], p: usize, q: usize) -> Vec<T> {
+fn batched_transpose<T: Copy>(x: &[T], outer: &[(usize, usize)], p: usize, q: usize, mut out: Vec<T>) -> Vec<T> {
     const BAND: usize = 16;
-    let mut out = x.to_vec();
     let mat = p * q;
     let mut idx = vec![0usize; outer.len()];
     let mut base = 0usize;
@@ -211,10 +228,31 @@ impl Concat {
             }
             out_shape[axis] += s[axis];
         }
-        let all = concat_flat(&xs)?;
         let outer: usize = out_shape[..axis].iter().product();
         let inner: usize = out_shape[axis + 1..].iter().product();
         let n = checked_numel(&out_shape)?;
+        let f32s: Option<Vec<&[f32]>> = xs.iter().map(|x| x.as_slice::<f32>().ok()).collect();
+        if let Some(parts) = f32s {
+            // Per step of the outer dims, each input's run of `axis` rows, copied in order into
+            // a recycled buffer; a copy that does not fit (a short input) leaves the result
+            // short, which `Tensor::from_vec` refuses.
+            let mut out = kiln_kernels::recycle::take(n);
+            let mut pos = 0usize;
+            for o in 0..outer {
+                for (x, part) in xs.iter().zip(&parts) {
+                    let chunk = x.shape()[axis] * inner;
+                    let (Some(src), Some(dst)) = (part.get(o * chunk..(o + 1) * chunk), out.get_mut(pos..pos + chunk))
+                    else {
+                        out.truncate(pos);
+                        return one(Tensor::from_vec(out_shape, out)?);
+                    };
+                    dst.copy_from_slice(src);
+                    pos += chunk;
+                }
+            }
+            return one(Tensor::from_vec(out_shape, out)?);
+        }
+        let all = concat_flat(&xs)?;
         let mut idx = Vec::with_capacity(n);
         // Offset of each input in the flat concatenation.
         let mut base = Vec::with_capacity(xs.len());

@@ -54,7 +54,9 @@ pub struct Conv {
     pub packed: Option<PackedConvWeights>,
 }
 
-/// What a channels-last Conv's packed weights stand for: W of shape `[m, c, kh, kw]`.
+/// What a channels-last Conv's packed weights stand for: W of shape `[m, c, kh, kw]`. With
+/// group 1, packed GEMM panels (`pack_channels_last`); on a depthwise Conv (group = m, c = 1),
+/// the taps in tap-major order `[kh * kw, m]` (`pack_depthwise_taps`).
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct PackedConvWeights {
     pub m: usize,

@@ -50,6 +50,29 @@ pub(super) fn transpose(v: &Value, perm: [i64; 4]) -> Result<Value> {
         .ok_or_else(|| OpError::Value("Transpose produced no output".into()))
 }
 
+/// A depthwise W `[c, 1, kh, kw]` tap-major, `[kh * kw, c]`: the order the channels-last
+/// depthwise kernel reads (`PackedConvWeights { m: c, c: 1, kh, kw }` on a Conv with
+/// `group == c`).
+pub fn pack_depthwise_taps(w: &[f32], c: usize, kh: usize, kw: usize) -> Result<Vec<f32>> {
+    let taps = kh * kw;
+    let n = numel(&[taps, c])?;
+    if w.len() != n {
+        return Err(OpError::Shape(format!(
+            "{} weights do not make a depthwise W [{c}, 1, {kh}, {kw}]",
+            w.len()
+        )));
+    }
+    let mut wt = vec![0.0f32; n];
+    for (ch, src) in w.chunks_exact(taps.max(1)).enumerate() {
+        for (t, &v) in src.iter().enumerate() {
+            if let Some(d) = wt.get_mut(t * c + ch) {
+                *d = v;
+            }
+        }
+    }
+    Ok(wt)
+}
+
 /// W `[m, c, kh, kw]` (row-major) as a channels-last Conv's packed weights: the GEMM's B,
 /// `[kh*kw*c, m]` with rows in (ky, kx, c) order, in `f32/nr32/v1` panels.
 pub fn pack_channels_last(w: &[f32], pk: PackedConvWeights) -> Result<Vec<f32>> {
@@ -221,7 +244,9 @@ impl Conv {
                 x.shape()
             )));
         }
-        if let Some(pw) = self.packed {
+        if let Some(pw) = self.packed
+            && self.group.max(1) == 1
+        {
             return Ok(vec![self.packed_nhwc(args, pw)?.into()]);
         }
         if let Some(y) = self.depthwise_nhwc(args)? {
@@ -389,18 +414,38 @@ impl Conv {
         Ok(Tensor::from_vec(shape, y)?)
     }
 
-    /// The depthwise path: f32, `group == C`, W `[C, 1, kh, kw]`. `None` when the call is not
-    /// of that kind.
+    /// The depthwise path: f32, `group == C`, W `[C, 1, kh, kw]`, or W already tap-major
+    /// `[kh * kw * C]` when `packed` says so (see [`pack_depthwise_taps`]). `None` when the
+    /// call is not of that kind.
     fn depthwise_nhwc(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
         let ([x, w], [b, r], f32s) = operands(args)?;
         if !f32s || r.is_some() {
+            if self.packed.is_some() {
+                return Err(OpError::Value(
+                    "a depthwise Conv with tap-major weights takes f32 X and bias, no residual".into(),
+                ));
+            }
             return Ok(None);
         }
         let (xs, ws) = (x.shape(), w.shape());
-        let (&[_, _, _, c], &[wm, 1, kh, kw]) = (xs, ws) else {
-            return Ok(None);
+        let (c, kh, kw) = match (xs, ws, self.packed) {
+            (&[_, _, _, c], _, Some(pk)) if pk.m == c && pk.c == 1 && ws == [pk.kh * pk.kw * c] => (c, pk.kh, pk.kw),
+            (&[_, _, _, c], &[wm, 1, kh, kw], None) if wm == c => (c, kh, kw),
+            (_, _, Some(pk)) => {
+                return Err(OpError::Shape(format!(
+                    "depthwise Conv with tap-major weights [{}x{}x{}]: X {xs:?}, W {ws:?}",
+                    pk.kh, pk.kw, pk.m
+                )));
+            }
+            _ => return Ok(None),
         };
-        if self.group != c || wm != c || c == 0 {
+        if self.group != c || c == 0 {
+            if self.packed.is_some() {
+                return Err(OpError::Shape(format!(
+                    "depthwise Conv with tap-major weights: group {} but X {xs:?}",
+                    self.group
+                )));
+            }
             return Ok(None);
         }
         let geo = self.geometry_nhwc(xs, c, 1, kh, kw)?;
@@ -417,16 +462,11 @@ impl Conv {
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
-        // The taps channels-last too: `[kh * kw, C]`.
-        let taps = kh * kw;
-        let mut wt = vec![0.0f32; numel(&[taps, c])?];
-        for (ch, src) in wd.chunks_exact(taps.max(1)).enumerate().take(c) {
-            for (t, &v) in src.iter().enumerate() {
-                if let Some(d) = wt.get_mut(t * c + ch) {
-                    *d = v;
-                }
-            }
-        }
+        // The taps channels-last too: `[kh * kw, C]` (packed at compile time, or here).
+        let wt = match self.packed {
+            Some(_) => std::borrow::Cow::Borrowed(wd),
+            None => std::borrow::Cow::Owned(pack_depthwise_taps(wd, c, kh, kw)?),
+        };
         let bd = f32_bias(b, c)?;
         let act = self.activation.map(|a| a.kernel_act());
         let (ip, op) = (geo.ih * geo.iw * c, geo.oh * geo.ow * c);

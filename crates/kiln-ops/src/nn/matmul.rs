@@ -117,7 +117,8 @@ fn matmul_core<T: GemmScalar>(
     let amap = util::broadcast_map(&p.a_batch, &p.batch)?;
     let bmap = util::broadcast_map(&p.b_batch, &p.batch)?;
     let (m, k, n) = (p.m, p.k, p.n);
-    let mut out = vec![T::default(); numel(&[nb, m, n])?];
+    // Every matrix is overwritten whole (or the call fails).
+    let mut out = T::out_buffer(numel(&[nb, m, n])?);
     let mut all_fast = nb > 0;
     for bi in 0..nb {
         let ao = amap[bi] * m * k;

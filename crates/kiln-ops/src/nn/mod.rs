@@ -16,7 +16,7 @@ use std::borrow::Cow;
 pub mod activation;
 pub mod conv;
 mod conv_nhwc;
-pub use conv_nhwc::pack_channels_last;
+pub use conv_nhwc::{pack_channels_last, pack_depthwise_taps};
 mod depthwise;
 pub mod grid;
 pub mod matmul;

@@ -436,21 +436,24 @@ impl GlobalPool {
         let isz = numel(&xs[2..])?;
         let mut yshape = xs[..2].to_vec();
         yshape.extend(std::iter::repeat_n(1, xs.len() - 2));
-        let y: Vec<f64> = {
-            {
-                let xd = x.to_f64_vec();
-                (0..planes)
-                    .map(|p| {
-                        let s = &xd[p * isz..(p + 1) * isz];
-                        match self {
-                            GlobalPool::Average => s.iter().sum::<f64>() / isz as f64,
-                            GlobalPool::Max => s.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                            GlobalPool::Lp { p } => s.iter().map(|v| v.abs().powf(*p)).sum::<f64>().powf(1.0 / p),
-                        }
-                    })
-                    .collect()
-            }
+        // Each plane reduced in f64; f32 is read in place (no widened copy of X).
+        let reduce = |s: &mut dyn Iterator<Item = f64>| match self {
+            GlobalPool::Average => s.sum::<f64>() / isz as f64,
+            GlobalPool::Max => s.fold(f64::NEG_INFINITY, f64::max),
+            GlobalPool::Lp { p } => s.map(|v| v.abs().powf(*p)).sum::<f64>().powf(1.0 / p),
         };
+        if let Ok(xd) = x.as_slice::<f32>() {
+            let y: Vec<f32> = (0..planes)
+                .map(|p| xd.get(p * isz..(p + 1) * isz).unwrap_or(&[]))
+                .map(|s| reduce(&mut s.iter().map(|&v| f64::from(v))) as f32)
+                .collect();
+            return Ok(vec![Value::Tensor(Tensor::from_vec(yshape, y)?)]);
+        }
+        let xd = x.to_f64_vec();
+        let y: Vec<f64> = (0..planes)
+            .map(|p| xd.get(p * isz..(p + 1) * isz).unwrap_or(&[]))
+            .map(|s| reduce(&mut s.iter().copied()))
+            .collect();
         Ok(vec![Value::Tensor(from_f64s(x.dtype(), yshape, &y)?)])
     }
 

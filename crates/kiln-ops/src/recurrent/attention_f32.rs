@@ -20,6 +20,8 @@ use kiln_tensor::{DType, Tensor};
 thread_local! {
     /// One (batch, head) score matrix, reused per thread.
     static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// A head's `sq x dv` result before it is copied into Y.
+    static HEAD_OUT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 impl Attention {
@@ -89,8 +91,8 @@ impl Attention {
             None => (None, [0; 3]),
         };
         // One task per (batch, head), over the pool: its scores and its `sq x dv` result in
-        // buffers of its own, copied into Y's head columns afterwards.
-        let heads: Vec<std::sync::Mutex<Vec<f32>>> = (0..b * h).map(|_| std::sync::Mutex::new(Vec::new())).collect();
+        // per-thread buffers, the result copied into Y's head columns under a lock.
+        let y_cols = std::sync::Mutex::new(&mut y);
         let failed = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::parallel_for(b * h, &|task| {
             let (bi, hi) = (task / h, task % h);
@@ -102,7 +104,8 @@ impl Attention {
             // The scores are overwritten whole by the GEMM: a reused per-thread buffer.
             let mut scores = SCORES.with(std::cell::Cell::take);
             scores.resize(sq * skv, 0.0);
-            let mut out = vec![0.0f32; sq * dv];
+            let mut out = HEAD_OUT.with(std::cell::Cell::take);
+            out.resize(sq * dv, 0.0);
             // K_h^T: element (e, j) at ks[j * kw + e]; V_h: element (j, e) at vs_[j * vw + e].
             let ok = PackedB::pack(layout, d, skv, ks, MatLayout::transposed(kw))
                 .and_then(|kt| {
@@ -148,10 +151,16 @@ impl Attention {
             SCORES.with(|cell| cell.set(scores));
             if !ok {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                let mut y = y_cols.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                for (i, src) in out.chunks_exact(dv.max(1)).enumerate() {
+                    let o = (bi * sq + i) * vw + hi * dv;
+                    if let Some(dst) = y.get_mut(o..o + dv) {
+                        dst.copy_from_slice(src);
+                    }
+                }
             }
-            if let Some(slot) = heads.get(task) {
-                *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = out;
-            }
+            HEAD_OUT.with(|cell| cell.set(out));
         });
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(OpError::Shape(format!(
@@ -160,16 +169,6 @@ impl Attention {
                 k.shape(),
                 v.shape()
             )));
-        }
-        for (task, r) in heads.into_iter().enumerate() {
-            let out = r.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let (bi, hi) = (task / h, task % h);
-            for (i, src) in out.chunks_exact(dv.max(1)).enumerate() {
-                let o = (bi * sq + i) * vw + hi * dv;
-                if let Some(dst) = y.get_mut(o..o + dv) {
-                    dst.copy_from_slice(src);
-                }
-            }
         }
         Ok(Some(vec![Value::Tensor(Tensor::from_vec(vec![b, sq, vw], y)?)]))
     }

@@ -67,7 +67,8 @@ impl LayerNorm {
             return Ok(None);
         }
         let bs = bias.and_then(|b| b.as_slice::<f32>().ok());
-        let mut y = vec![0.0f32; xs.len()];
+        // Every row of Y is written whole.
+        let mut y = kiln_kernels::recycle::take(xs.len());
         let eps = f64::from(self.epsilon);
         if !args.output_wanted(1) && !args.output_wanted(2) {
             // Y alone: rows in parallel over the current pool.

@@ -66,7 +66,8 @@ pub(crate) fn softmax_lane(kind: SoftmaxKind, lane: &[f64], out: &mut [f64]) {
 /// kernels (exponentials within a few ulp of the f64 path; sums in f32).
 fn softmax_rows_f32(kind: SoftmaxKind, xs: &[f32], n: usize) -> Vec<f32> {
     let isa = kiln_kernels::isa::active();
-    let mut out = xs.to_vec();
+    let mut out = kiln_kernels::recycle::take(xs.len());
+    out.copy_from_slice(xs);
     kiln_kernels::pool::for_each_chunk_mut(&mut out, n, &|_, row| match kind {
         SoftmaxKind::LogSoftmax => kiln_kernels::vector::log_softmax_row_with(isa, row, &mut Vec::new()),
         _ => kiln_kernels::vector::softmax_row_with(isa, row),

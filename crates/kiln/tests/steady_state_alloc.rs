@@ -1,0 +1,284 @@
+//! Memory in steady state: after its first run, a Session takes no new tensor storage from the
+//! system allocator. Every intermediate comes from the buffers the earlier runs freed (the
+//! run state's arena), so what a later run allocates is bounded by its outputs (handed to the
+//! caller) plus a little bookkeeping, whatever the size of the model's activations.
+//!
+//! The test binary counts every allocation (`kiln::CountingAlloc`). The models are
+//! built in code: a residual CNN block (Winograd, depthwise and 1x1 convolutions, pooling,
+//! Gemm) and an attention-like block (LayerNorm, MatMul, Transpose, Softmax, Concat, Gather).
+//! `KILN_ALLOC_PROBE=model.onnx` runs the same measurement on another model and prints it.
+
+use kiln::raw::onnx::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
+    ValueInfoProto, attribute_proto::AttributeType, tensor_shape_proto::Dimension, tensor_shape_proto::dimension,
+    type_proto,
+};
+use kiln::raw::onnx::{ImportOptions, load_model_bytes};
+use kiln::{AllocCounts, CountingAlloc, DType, Dim, Session, SessionOptions, Tensor, Value, ValueType};
+use prost::Message;
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc::new();
+
+/// Inputs of the declared shapes (symbols bound to 1), a deterministic pattern in [-1, 1) for
+/// floats and small non-negative integers (valid token ids and masks) otherwise.
+fn inputs_for(s: &Session) -> Vec<(String, Value)> {
+    s.inputs()
+        .into_iter()
+        .map(|io| {
+            let ValueType::Tensor(tt) = &io.ty else {
+                panic!("input {} is not a tensor", io.name)
+            };
+            let shape: Vec<usize> = tt
+                .shape
+                .as_deref()
+                .unwrap_or(&[])
+                .iter()
+                .map(|d| match d {
+                    Dim::Fixed(n) => *n,
+                    Dim::Sym(_) => 1,
+                })
+                .collect();
+            let n: usize = shape.iter().product();
+            let pattern = |i: usize| (i.wrapping_mul(2654435761) >> 8) % 2000;
+            let t = match tt.dtype.unwrap_or(DType::F32) {
+                DType::F32 => Tensor::from_vec(shape, (0..n).map(|i| pattern(i) as f32 / 1000.0 - 1.0).collect()),
+                DType::I64 => Tensor::from_vec(shape, (0..n).map(|i| (pattern(i) % 2) as i64).collect()),
+                DType::I32 => Tensor::from_vec(shape, (0..n).map(|i| (pattern(i) % 2) as i32).collect()),
+                d => panic!("input {}: no pattern for dtype {d}", io.name),
+            };
+            (io.name, Value::Tensor(t.unwrap()))
+        })
+        .collect()
+}
+
+fn output_bytes(out: &[(String, Value)]) -> usize {
+    out.iter()
+        .map(|(_, v)| v.as_tensor().map_or(0, |t| t.len() * t.dtype().size_of().max(1)))
+        .sum()
+}
+
+/// Runs `s` three times; returns what the first and the third run took, and the third's
+/// output bytes.
+fn steady_state(s: &Session) -> (AllocCounts, AllocCounts, usize) {
+    let feeds = inputs_for(s);
+    let (_, first) = ALLOC.measure(|| s.run(feeds.clone()).unwrap());
+    s.run(feeds.clone()).unwrap();
+    let again = feeds.clone();
+    let (out, third) = ALLOC.measure(|| s.run(again).unwrap());
+    (first, third, output_bytes(&out))
+}
+
+/// Bookkeeping a run may allocate beyond its outputs: op argument lists, shape vectors, small
+/// scalars. Well under one activation of these models, so a tensor taken fresh from the
+/// system allocator shows.
+const BOOKKEEPING: usize = 64 * 1024;
+
+fn value_info(name: &str, shape: &[i64]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(TensorShapeProto {
+                    dim: shape
+                        .iter()
+                        .map(|&n| Dimension {
+                            value: Some(dimension::Value::DimValue(n)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(v),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(output.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+/// A constant of `dims` with small deterministic values.
+fn weight(name: &str, dims: &[i64], scale: f32) -> TensorProto {
+    let n: i64 = dims.iter().product();
+    TensorProto {
+        name: Some(name.into()),
+        data_type: Some(1),
+        dims: dims.to_vec(),
+        float_data: (0..n).map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * scale).collect(),
+        ..Default::default()
+    }
+}
+
+fn indices(name: &str, vals: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        data_type: Some(7),
+        dims: vec![vals.len() as i64],
+        int64_data: vals.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn session(
+    nodes: Vec<NodeProto>,
+    input: ValueInfoProto,
+    output: ValueInfoProto,
+    inits: Vec<TensorProto>,
+    threads: usize,
+) -> Session {
+    let m = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(GraphProto {
+            name: Some("g".into()),
+            node: nodes,
+            input: vec![input],
+            output: vec![output],
+            initializer: inits,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let model = load_model_bytes(m.encode_to_vec().into(), &ImportOptions::default()).unwrap();
+    let mut options = SessionOptions::default();
+    options.threads = threads;
+    Session::from_model(&model, &options).unwrap()
+}
+
+/// x [1, 16, 64, 64] -> 3x3 conv (Winograd) -> Relu -> depthwise 3x3 -> 1x1 conv, plus the
+/// Relu output -> MaxPool 2x2 -> GlobalAveragePool -> Flatten -> Gemm -> Softmax.
+fn cnn(threads: usize) -> Session {
+    let nodes = vec![
+        node("Conv", &["x", "w1", "b1"], "c1", vec![ints("pads", &[1, 1, 1, 1])]),
+        node("Relu", &["c1"], "r1", vec![]),
+        node(
+            "Conv",
+            &["r1", "w2"],
+            "dw",
+            vec![ints("pads", &[1, 1, 1, 1]), int("group", 32)],
+        ),
+        node("Conv", &["dw", "w3"], "pw", vec![]),
+        node("Add", &["pw", "r1"], "res", vec![]),
+        node(
+            "MaxPool",
+            &["res"],
+            "mp",
+            vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])],
+        ),
+        node("GlobalAveragePool", &["mp"], "gap", vec![]),
+        node("Flatten", &["gap"], "flat", vec![]),
+        node("Gemm", &["flat", "w4"], "logits", vec![]),
+        node("Softmax", &["logits"], "probs", vec![]),
+    ];
+    let inits = vec![
+        weight("w1", &[32, 16, 3, 3], 0.2),
+        weight("b1", &[32], 0.1),
+        weight("w2", &[32, 1, 3, 3], 0.5),
+        weight("w3", &[32, 32, 1, 1], 0.3),
+        weight("w4", &[32, 10], 1.0),
+    ];
+    session(
+        nodes,
+        value_info("x", &[1, 16, 64, 64]),
+        value_info("probs", &[1, 10]),
+        inits,
+        threads,
+    )
+}
+
+/// x [1, 128, 256] -> LayerNorm -> q, k projections -> softmax(q k^T) q, plus x -> Concat
+/// with x -> Gather of 32 rows.
+fn attention_like(threads: usize) -> Session {
+    let nodes = vec![
+        node("LayerNormalization", &["x", "g", "b"], "ln", vec![int("axis", -1)]),
+        node("MatMul", &["ln", "wq"], "q", vec![]),
+        node("MatMul", &["ln", "wk"], "k", vec![]),
+        node("Transpose", &["k"], "kt", vec![ints("perm", &[0, 2, 1])]),
+        node("MatMul", &["q", "kt"], "s", vec![]),
+        node("Softmax", &["s"], "p", vec![int("axis", -1)]),
+        node("MatMul", &["p", "q"], "o", vec![]),
+        node("Add", &["o", "x"], "y", vec![]),
+        node("Concat", &["y", "x"], "cat", vec![int("axis", 2)]),
+        node("Gather", &["cat", "rows"], "out", vec![int("axis", 1)]),
+    ];
+    let rows: Vec<i64> = (0..32).map(|i| i * 4).collect();
+    let inits = vec![
+        weight("g", &[256], 1.0),
+        weight("b", &[256], 0.1),
+        weight("wq", &[256, 256], 0.1),
+        weight("wk", &[256, 256], 0.1),
+        indices("rows", &rows),
+    ];
+    session(
+        nodes,
+        value_info("x", &[1, 128, 256]),
+        value_info("out", &[1, 32, 512]),
+        inits,
+        threads,
+    )
+}
+
+#[test]
+fn later_runs_take_no_tensor_storage_from_the_system() {
+    for threads in [1, 2] {
+        for (name, s) in [("cnn", cnn(threads)), ("attention", attention_like(threads))] {
+            let (first, third, out) = steady_state(&s);
+            assert!(
+                first.bytes > 4 * BOOKKEEPING,
+                "{name}, {threads} threads: the first run allocates its activations ({first:?})"
+            );
+            assert!(
+                third.bytes <= out + BOOKKEEPING,
+                "{name}, {threads} threads: the third run took {third:?}, more than its {out} output \
+                 bytes plus {BOOKKEEPING} of bookkeeping (first run: {first:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn probe_a_model_given_in_the_environment() {
+    let Ok(path) = std::env::var("KILN_ALLOC_PROBE") else {
+        return;
+    };
+    let threads = std::env::var("KILN_ALLOC_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1);
+    let mut options = SessionOptions::default();
+    options.threads = threads;
+    let s = Session::new(&path, &options).unwrap();
+    let (first, third, out) = steady_state(&s);
+    println!("{path}: first run {first:?}; third run {third:?}; outputs {out} bytes");
+}
