@@ -10,9 +10,29 @@
 
 use crate::isa::{self, Isa};
 
-/// `out = bias + window sums` for `count = out.len() / c` pixels of `c` channels each (see
-/// the module docs), pixel `p` at input offset `base + p * step`, written to `out[p*c ..]`.
-/// Returns `false`, writing nothing, when an offset or the bias does not fit.
+/// Bounds applied to each output after the sums, `min(max(v, lo), hi)` with NaN kept: ReLU is
+/// `lo = 0`, Clip its bounds, none `(-inf, inf)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Clamp {
+    pub lo: f32,
+    pub hi: f32,
+}
+
+impl Clamp {
+    pub const NONE: Clamp = Clamp {
+        lo: f32::NEG_INFINITY,
+        hi: f32::INFINITY,
+    };
+
+    /// `v` within the bounds (`hi` wins when `lo > hi`); NaN stays NaN.
+    pub fn apply(self, v: f32) -> f32 {
+        if v.is_nan() { v } else { v.max(self.lo).min(self.hi) }
+    }
+}
+
+/// `out = clamp(bias + window sums)` for `count = out.len() / c` pixels of `c` channels each
+/// (see the module docs), pixel `p` at input offset `base + p * step`, written to
+/// `out[p*c ..]`. Returns `false`, writing nothing, when an offset or the bias does not fit.
 #[allow(clippy::too_many_arguments)]
 pub fn pixels(
     x: &[f32],
@@ -22,9 +42,10 @@ pub fn pixels(
     base: usize,
     step: usize,
     c: usize,
+    clamp: Clamp,
     out: &mut [f32],
 ) -> bool {
-    pixels_with(isa::active(), x, w, bias, window, base, step, c, out)
+    pixels_with(isa::active(), x, w, bias, window, base, step, c, clamp, out)
 }
 
 /// [`pixels`] on a given level (tests compare the levels).
@@ -38,6 +59,7 @@ pub fn pixels_with(
     base: usize,
     step: usize,
     c: usize,
+    clamp: Clamp,
     out: &mut [f32],
 ) -> bool {
     if c == 0 || !out.len().is_multiple_of(c) {
@@ -56,12 +78,10 @@ pub fn pixels_with(
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && isa.is_supported() {
-        for (p, o) in out.chunks_exact_mut(c).enumerate() {
-            // SAFETY: AVX-512 F is present (checked just above), and every offset was checked
-            // for the last (largest) pixel: `base + p*step + xo + c <= x.len()` for `p < count`,
-            // `wo + c <= w.len()`, `bias.len() == c == o.len()`.
-            unsafe { avx512::pixel(x, w, bias, window, base + p * step, o) };
-        }
+        // SAFETY: AVX-512 F is present (checked just above), and every offset was checked for
+        // the last (largest) pixel: `base + p*step + xo + c <= x.len()` for `p < count`,
+        // `wo + c <= w.len()`, `bias.len() == c`, `out.len() == count * c`.
+        unsafe { avx512::pixels(x, w, bias, window, base, step, c, clamp, out) };
         return true;
     }
     let _ = isa;
@@ -79,34 +99,260 @@ pub fn pixels_with(
                 *o += a * b;
             }
         }
+        for v in o.iter_mut() {
+            *v = clamp.apply(*v);
+        }
     }
     true
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::Clamp;
     use std::arch::x86_64::*;
 
+    /// Pixels computed together in the 3x3 path: independent accumulator chains sharing each
+    /// weight load.
+    const P: usize = 4;
+
     /// # Safety
-    /// AVX-512 F is present; for every `(xo, wo)` in `window`, `base + xo + out.len() <=
-    /// x.len()` and `wo + out.len() <= w.len()`; a bias has `out.len()` floats.
+    /// AVX-512 F is present; `out.len()` is a multiple of `c > 0`, `count = out.len() / c`;
+    /// for every `(xo, wo)` in `window` and `p < count`, `base + p * step + xo + c <=
+    /// x.len()` and `wo + c <= w.len()`; a bias has `c` floats.
     #[target_feature(enable = "avx512f")]
-    #[inline]
-    pub(super) unsafe fn pixel(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn pixels(
         x: &[f32],
         w: &[f32],
         bias: Option<&[f32]>,
         window: &[(usize, usize)],
         base: usize,
+        step: usize,
+        c: usize,
+        clamp: Clamp,
         out: &mut [f32],
     ) {
-        let c = out.len();
+        let count = out.len() / c;
         let (xp, wp, op) = (x.as_ptr(), w.as_ptr(), out.as_mut_ptr());
         let bp = bias.map(<[f32]>::as_ptr);
+        let (lo, hi) = (_mm512_set1_ps(clamp.lo), _mm512_set1_ps(clamp.hi));
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            // The window lengths of 3x3 (inside, and along the top and bottom edges) and 5x5
+            // kernels, unrolled; any other goes pixel by pixel.
+            macro_rules! unrolled {
+                ($($t:literal),*) => {$(
+                    if let Ok(win) = <&[(usize, usize); $t]>::try_from(window) {
+                        taps_in_registers(xp, wp, bp, win, base, step, count, c, lo, hi, op);
+                        return;
+                    }
+                )*};
+            }
+            unrolled!(9, 6, 25, 20, 15);
+            for p in 0..count {
+                pixel(xp, wp, bp, window, base + p * step, c, lo, hi, op.add(p * c));
+            }
+        }
+    }
+
+    /// `min(hi, max(lo, v))`: with the bound first, a NaN `v` comes through as it is.
+    ///
+    /// # Safety
+    /// AVX-512 F is present.
+    #[inline(always)]
+    unsafe fn bound(v: __m512, lo: __m512, hi: __m512) -> __m512 {
+        // SAFETY: register-only instructions of AVX-512 F, present by the contract.
+        unsafe { _mm512_min_ps(hi, _mm512_max_ps(lo, v)) }
+    }
+
+    #[inline(always)]
+    fn mask(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    /// A window of `T` taps, `P` pixels at a time (independent FMA chains): for each
+    /// 16-channel block, the `T` tap weights are loaded once for the group's `P` pixels. The
+    /// group's input stays in L1 across its blocks.
+    ///
+    /// # Safety
+    /// As for [`pixels`], with `xp`, `wp`, `bp`, `op` the slices' pointers.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn taps_in_registers<const T: usize>(
+        xp: *const f32,
+        wp: *const f32,
+        bp: Option<*const f32>,
+        window: &[(usize, usize); T],
+        base: usize,
+        step: usize,
+        count: usize,
+        c: usize,
+        lo: __m512,
+        hi: __m512,
+        op: *mut f32,
+    ) {
+        // SAFETY (every load and store): channels `c0 .. c0 + 16` (masked to `c`) are below
+        // `c`, pixels below `count`: within the slices by the caller's contract.
+        unsafe {
+            let mut p = 0;
+            while p < count {
+                let group = (count - p).min(P);
+                let at = base + p * step;
+                let mut c0 = 0;
+                // Whole 16-channel blocks with plain loads and stores, then a masked tail.
+                while c0 + 16 <= c {
+                    block::<T, false>(
+                        xp,
+                        wp,
+                        bp,
+                        window,
+                        at,
+                        step,
+                        group,
+                        c0,
+                        0xFFFF,
+                        lo,
+                        hi,
+                        op.add(p * c),
+                        c,
+                    );
+                    c0 += 16;
+                }
+                if c0 < c {
+                    block::<T, true>(
+                        xp,
+                        wp,
+                        bp,
+                        window,
+                        at,
+                        step,
+                        group,
+                        c0,
+                        mask(c - c0),
+                        lo,
+                        hi,
+                        op.add(p * c),
+                        c,
+                    );
+                }
+                p += group;
+            }
+        }
+    }
+
+    /// Lanes `m` at `p` (all 16 without `MASKED`).
+    ///
+    /// # Safety
+    /// AVX-512 F is present; those lanes are readable.
+    #[inline(always)]
+    unsafe fn ld<const MASKED: bool>(m: __mmask16, p: *const f32) -> __m512 {
+        // SAFETY: the contract.
+        unsafe {
+            if MASKED {
+                _mm512_maskz_loadu_ps(m, p)
+            } else {
+                _mm512_loadu_ps(p)
+            }
+        }
+    }
+
+    /// Stores lanes `m` of `v` at `p` (all 16 without `MASKED`).
+    ///
+    /// # Safety
+    /// AVX-512 F is present; those lanes are writable.
+    #[inline(always)]
+    unsafe fn st<const MASKED: bool>(m: __mmask16, p: *mut f32, v: __m512) {
+        // SAFETY: the contract.
+        unsafe {
+            if MASKED {
+                _mm512_mask_storeu_ps(p, m, v)
+            } else {
+                _mm512_storeu_ps(p, v)
+            }
+        }
+    }
+
+    /// One 16-channel block (lanes `m`) of `group <= P` pixels, written at `op + q*c + c0`.
+    ///
+    /// # Safety
+    /// As for [`taps_in_registers`]; without `MASKED`, all 16 lanes are in range.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block<const T: usize, const MASKED: bool>(
+        xp: *const f32,
+        wp: *const f32,
+        bp: Option<*const f32>,
+        window: &[(usize, usize); T],
+        at: usize,
+        step: usize,
+        group: usize,
+        c0: usize,
+        m: __mmask16,
+        lo: __m512,
+        hi: __m512,
+        op: *mut f32,
+        c: usize,
+    ) {
+        // SAFETY: lanes `m` of channels `c0 ..` are in range for every pointer (the contract).
+        unsafe {
+            let bv = match bp {
+                Some(b) => ld::<MASKED>(m, b.add(c0)),
+                None => _mm512_setzero_ps(),
+            };
+            if group == P {
+                let mut acc = [bv; P];
+                for &(xo, wo) in window {
+                    let wv = ld::<MASKED>(m, wp.add(wo + c0));
+                    let xs = xp.add(at + xo + c0);
+                    for (q, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(ld::<MASKED>(m, xs.add(q * step)), wv, *a);
+                    }
+                }
+                for (q, a) in acc.iter().enumerate() {
+                    st::<MASKED>(m, op.add(q * c + c0), bound(*a, lo, hi));
+                }
+            } else {
+                for q in 0..group {
+                    let mut a = bv;
+                    for &(xo, wo) in window {
+                        a = _mm512_fmadd_ps(
+                            ld::<MASKED>(m, xp.add(at + q * step + xo + c0)),
+                            ld::<MASKED>(m, wp.add(wo + c0)),
+                            a,
+                        );
+                    }
+                    st::<MASKED>(m, op.add(q * c + c0), bound(a, lo, hi));
+                }
+            }
+        }
+    }
+
+    /// One pixel over any window: blocks of 64 channels in four registers, then a masked
+    /// tail.
+    ///
+    /// # Safety
+    /// As for [`pixels`], for the pixel at input offset `base`, written at `op`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pixel(
+        xp: *const f32,
+        wp: *const f32,
+        bp: Option<*const f32>,
+        window: &[(usize, usize)],
+        base: usize,
+        c: usize,
+        lo: __m512,
+        hi: __m512,
+        op: *mut f32,
+    ) {
         let mut c0 = 0;
         // SAFETY (for every load and store below): channels `c0 .. c0 + 64` (or the masked
         // `c0 .. c`) are below `c`, so `base + xo + ch < x.len()`, `wo + ch < w.len()`,
-        // `ch < out.len()` and `ch < bias.len()` by the caller's contract.
+        // `ch < c` for the output and the bias, by the caller's contract.
         unsafe {
             while c0 + 64 <= c {
                 let mut acc = match bp {
@@ -120,17 +366,13 @@ mod avx512 {
                     }
                 }
                 for (k, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(op.add(c0 + 16 * k), *a);
+                    _mm512_storeu_ps(op.add(c0 + 16 * k), bound(*a, lo, hi));
                 }
                 c0 += 64;
             }
             while c0 < c {
                 let n = (c - c0).min(16);
-                let m: __mmask16 = if n >= 16 {
-                    0xFFFF
-                } else {
-                    ((1u32 << n) - 1) as __mmask16
-                };
+                let m = mask(n);
                 let mut acc = match bp {
                     Some(b) => _mm512_maskz_loadu_ps(m, b.add(c0)),
                     None => _mm512_setzero_ps(),
@@ -140,7 +382,7 @@ mod avx512 {
                     let wv = _mm512_maskz_loadu_ps(m, wp.add(wo + c0));
                     acc = _mm512_fmadd_ps(xv, wv, acc);
                 }
-                _mm512_mask_storeu_ps(op.add(c0), m, acc);
+                _mm512_mask_storeu_ps(op.add(c0), m, bound(acc, lo, hi));
                 c0 += n;
             }
         }
@@ -156,18 +398,95 @@ mod tests {
         let (x, w) = (vec![1.0f32; 40], vec![2.0f32; 18]);
         let mut out = vec![0.0f32; 8];
         for isa in Isa::ALL {
-            assert!(pixels_with(isa, &x, &w, None, &[(0, 0), (32, 10)], 0, 0, 8, &mut out));
+            assert!(pixels_with(
+                isa,
+                &x,
+                &w,
+                None,
+                &[(0, 0), (32, 10)],
+                0,
+                0,
+                8,
+                Clamp::NONE,
+                &mut out
+            ));
             assert_eq!(out, vec![4.0; 8]);
-            assert!(!pixels_with(isa, &x, &w, None, &[(33, 0)], 0, 0, 8, &mut out));
-            assert!(!pixels_with(isa, &x, &w, None, &[(0, 11)], 0, 0, 8, &mut out));
-            assert!(!pixels_with(isa, &x, &w, None, &[(0, 0)], usize::MAX, 0, 8, &mut out));
-            assert!(!pixels_with(isa, &x, &w, Some(&[1.0; 7]), &[(0, 0)], 0, 0, 8, &mut out));
+            assert!(!pixels_with(
+                isa,
+                &x,
+                &w,
+                None,
+                &[(33, 0)],
+                0,
+                0,
+                8,
+                Clamp::NONE,
+                &mut out
+            ));
+            assert!(!pixels_with(
+                isa,
+                &x,
+                &w,
+                None,
+                &[(0, 11)],
+                0,
+                0,
+                8,
+                Clamp::NONE,
+                &mut out
+            ));
+            assert!(!pixels_with(
+                isa,
+                &x,
+                &w,
+                None,
+                &[(0, 0)],
+                usize::MAX,
+                0,
+                8,
+                Clamp::NONE,
+                &mut out
+            ));
+            assert!(!pixels_with(
+                isa,
+                &x,
+                &w,
+                Some(&[1.0; 7]),
+                &[(0, 0)],
+                0,
+                0,
+                8,
+                Clamp::NONE,
+                &mut out
+            ));
             // Two pixels of 4 channels, 30 floats apart: the second reads x[30..34] (ones).
             let mut two = vec![0.0f32; 8];
-            assert!(pixels_with(isa, &x, &w, None, &[(2, 0)], 0, 30, 4, &mut two));
+            assert!(pixels_with(
+                isa,
+                &x,
+                &w,
+                None,
+                &[(2, 0)],
+                0,
+                30,
+                4,
+                Clamp::NONE,
+                &mut two
+            ));
             assert_eq!(two, vec![2.0; 8]);
             // A step that takes the last pixel past the end is refused.
-            assert!(!pixels_with(isa, &x, &w, None, &[(2, 0)], 0, 36, 4, &mut two));
+            assert!(!pixels_with(
+                isa,
+                &x,
+                &w,
+                None,
+                &[(2, 0)],
+                0,
+                36,
+                4,
+                Clamp::NONE,
+                &mut two
+            ));
         }
     }
 }

@@ -1,16 +1,43 @@
 //! The depthwise pixel kernel on every level against its scalar twin (the portable path),
 //! over channel counts that exercise the 64-wide blocks and the masked tail, windows of
-//! any shape and offset, with and without a bias.
+//! any shape and offset (9 taps often: the register path), runs of 1-9 pixels (the 4-pixel
+//! groups and their remainder), with and without a bias and bounds.
 
-use kiln_kernels::dwconv::pixels_with;
+use kiln_kernels::dwconv::{Clamp, pixels_with};
 use kiln_kernels::isa::Isa;
 use proptest::prelude::*;
 
-fn case() -> impl Strategy<Value = (usize, Vec<(usize, usize)>, usize, bool, u64)> {
-    (1usize..=150, 0usize..=12, 0usize..=5, any::<bool>(), any::<u64>()).prop_flat_map(|(c, taps, base, bias, seed)| {
-        let window = prop::collection::vec((0usize..=40, 0usize..=12), taps);
-        (Just(c), window, Just(base), Just(bias), Just(seed))
-    })
+type Case = (usize, Vec<(usize, usize)>, usize, bool, u64, usize, Option<(f32, f32)>);
+
+fn case() -> impl Strategy<Value = Case> {
+    let taps = prop_oneof![Just(9usize), 0usize..=12];
+    let clamp = prop_oneof![
+        Just(None),
+        Just(Some((0.0, f32::INFINITY))),
+        Just(Some((-0.25, 0.5))),
+        Just(Some((0.5, -0.5)))
+    ];
+    (
+        1usize..=150,
+        taps,
+        0usize..=5,
+        any::<bool>(),
+        any::<u64>(),
+        1usize..=9,
+        clamp,
+    )
+        .prop_flat_map(|(c, taps, base, bias, seed, count, clamp)| {
+            let window = prop::collection::vec((0usize..=40, 0usize..=12), taps);
+            (
+                Just(c),
+                window,
+                Just(base),
+                Just(bias),
+                Just(seed),
+                Just(count),
+                Just(clamp),
+            )
+        })
 }
 
 fn data(n: usize, seed: u64) -> Vec<f32> {
@@ -27,19 +54,23 @@ fn data(n: usize, seed: u64) -> Vec<f32> {
 
 proptest! {
     #[test]
-    fn every_level_matches_the_scalar_twin((c, window, base, with_bias, seed) in case()) {
+    fn every_level_matches_the_scalar_twin((c, window, base, with_bias, seed, count, bounds) in case()) {
         // Offsets are in units of whole pixels (`c` floats), as the convolution uses them.
         let window: Vec<(usize, usize)> = window.iter().map(|&(x, w)| (x * c, w * c)).collect();
-        let x = data((base + 42) * c + 3, seed);
+        let x = data((base + 50) * c + 3, seed);
         let w = data(13 * c, seed ^ 7);
         let bias = data(c, seed ^ 11);
         let b = with_bias.then_some(bias.as_slice());
-        // Two pixels one input pixel apart.
-        let mut want = vec![f32::NAN; 2 * c];
-        prop_assert!(pixels_with(Isa::Portable, &x, &w, b, &window, base * c, c, c, &mut want));
+        let clamp = bounds.map_or(Clamp::NONE, |(lo, hi)| Clamp { lo, hi });
+        // `count` pixels one input pixel apart.
+        let mut want = vec![f32::NAN; count * c];
+        prop_assert!(pixels_with(Isa::Portable, &x, &w, b, &window, base * c, c, c, clamp, &mut want));
+        if let Some((lo, hi)) = bounds {
+            prop_assert!(want.iter().all(|&v| v <= hi && (v >= lo || lo > hi)));
+        }
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
-            let mut got = vec![f32::NAN; 2 * c];
-            prop_assert!(pixels_with(isa, &x, &w, b, &window, base * c, c, c, &mut got));
+            let mut got = vec![f32::NAN; count * c];
+            prop_assert!(pixels_with(isa, &x, &w, b, &window, base * c, c, c, clamp, &mut got));
             for (i, (g, t)) in got.iter().zip(&want).enumerate() {
                 // The FMA rounds once where the twin rounds twice: a few ulp of the terms.
                 let (p, ch) = (i / c, i % c);

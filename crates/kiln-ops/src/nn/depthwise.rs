@@ -4,6 +4,7 @@
 //! the compiler vectorises, instead of a GEMM of one row per group. Bias first, then the taps
 //! in kernel order, then the activation on the SIMD kernels (`act_slice`).
 
+use kiln_kernels::dwconv::Clamp;
 use kiln_kernels::sgemm::{Act, act_slice};
 
 /// Shape of one depthwise call (all spatial values per axis: height, width).
@@ -218,12 +219,31 @@ impl Depthwise {
         if y.is_empty() {
             return true;
         }
+        // ReLU and Clip are bounds the kernel applies before its stores; others run after.
+        let (clamp, after) = match act {
+            None => (Clamp::NONE, None),
+            Some(Act::Relu) => (
+                Clamp {
+                    lo: 0.0,
+                    hi: f32::INFINITY,
+                },
+                None,
+            ),
+            Some(Act::Clip { min, max }) => (
+                Clamp {
+                    lo: min.unwrap_or(f32::NEG_INFINITY),
+                    hi: max.unwrap_or(f32::INFINITY),
+                },
+                None,
+            ),
+            Some(a) => (Clamp::NONE, Some(a)),
+        };
         let failed = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &|oy, row| {
-            if !self.nhwc_row(x, taps, bias, oy, row) {
+            if !self.nhwc_row(x, taps, bias, clamp, oy, row) {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
-            if let Some(a) = act {
+            if let Some(a) = after {
                 act_slice(a, row);
             }
         });
@@ -234,7 +254,15 @@ impl Depthwise {
     /// `kiln_kernels::dwconv::pixel`. Interior pixels (every column tap inside the input)
     /// share one window of offsets relative to the pixel; border pixels list their taps inside
     /// the input. `false` when the kernel refused an offset (shapes inconsistent).
-    fn nhwc_row(&self, x: &[f32], taps: &[f32], bias: Option<&[f32]>, oy: usize, row: &mut [f32]) -> bool {
+    fn nhwc_row(
+        &self,
+        x: &[f32],
+        taps: &[f32],
+        bias: Option<&[f32]>,
+        clamp: Clamp,
+        oy: usize,
+        row: &mut [f32],
+    ) -> bool {
         let [ih, iw] = self.input;
         let [kh, kw] = self.kernel;
         let [sh, sw] = self.strides;
@@ -269,7 +297,7 @@ impl Depthwise {
         if let Some(out) = row.get_mut(lo * c..hi * c)
             && hi > lo
         {
-            ok &= kiln_kernels::dwconv::pixels(x, taps, bias, &interior, (lo * sw - pw) * c, sw * c, c, out);
+            ok &= kiln_kernels::dwconv::pixels(x, taps, bias, &interior, (lo * sw - pw) * c, sw * c, c, clamp, out);
         }
         for ox in (0..lo).chain(hi.max(lo)..ow) {
             window.clear();
@@ -282,7 +310,7 @@ impl Depthwise {
                 }
             }
             if let Some(out) = row.get_mut(ox * c..(ox + 1) * c) {
-                ok &= kiln_kernels::dwconv::pixels(x, taps, bias, &window, 0, 0, c, out);
+                ok &= kiln_kernels::dwconv::pixels(x, taps, bias, &window, 0, 0, c, clamp, out);
             }
         }
         ok
