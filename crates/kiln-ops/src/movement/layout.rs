@@ -168,25 +168,38 @@ pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm
 /// `[p, q]`. Done in bands of output rows, each reading contiguous runs of the input, so
 /// neither side walks memory at a large stride (NCHW <-> NHWC is this case). `x` holds exactly
 /// the tensor's elements.
-fn batched_transpose<T: Copy>(x: &[T], outer: &[(usize, usize)], p: usize, q: usize, mut out: Vec<T>) -> Vec<T> {
+fn batched_transpose<T: Copy + Send + Sync>(x: &[T], outer: &[(usize, usize)], p: usize, q: usize, mut out: Vec<T>) -> Vec<T> {
     const BAND: usize = 16;
+    // Output rows per task when a matrix is split over the thread pool: at least 64 Ki
+    // elements each, in whole bands.
+    const PAR_ELEMS: usize = 1 << 16;
     let mat = p * q;
+    let rows_per_task = (PAR_ELEMS / q.max(1)).div_ceil(BAND).max(1) * BAND;
     let mut idx = vec![0usize; outer.len()];
     let mut base = 0usize;
     for dst in out.chunks_exact_mut(mat.max(1)) {
-        for (b, band) in dst.chunks_mut(BAND * q).enumerate() {
-            let p0 = b * BAND;
-            for j in 0..q {
-                let start = base + j * p + p0;
-                let Some(src) = x.get(start..start + band.len() / q) else {
-                    continue;
-                };
-                for (i, &v) in src.iter().enumerate() {
-                    if let Some(d) = band.get_mut(i * q + j) {
-                        *d = v;
+        // Rows `r0..` of this matrix: output row `i` (of `q` elements) gathers input column
+        // `i` of the `[q, p]` input, read in contiguous runs a band of rows at a time.
+        let rows = |r0: usize, part: &mut [T]| {
+            for (b, band) in part.chunks_mut(BAND * q).enumerate() {
+                let p0 = r0 + b * BAND;
+                for j in 0..q {
+                    let start = base + j * p + p0;
+                    let Some(src) = x.get(start..start + band.len() / q) else {
+                        continue;
+                    };
+                    for (i, &v) in src.iter().enumerate() {
+                        if let Some(d) = band.get_mut(i * q + j) {
+                            *d = v;
+                        }
                     }
                 }
             }
+        };
+        if mat >= 2 * PAR_ELEMS && q > 0 {
+            kiln_kernels::pool::for_each_chunk_mut(dst, rows_per_task * q, &|t, part| rows(t * rows_per_task, part));
+        } else {
+            rows(0, dst);
         }
         // The next block of the outer dims, odometer-style.
         for k in (0..outer.len()).rev() {

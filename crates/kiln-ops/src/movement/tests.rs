@@ -532,4 +532,25 @@ mod permute_plan {
             prop_assert_eq!(permute(&x, &shape, &perm), want);
         }
     }
+
+    /// Matrices of at least 128 Ki elements split over 2 and 3 threads (whole tasks of
+    /// bands plus a partial last one): the same result as the index map.
+    #[test]
+    fn large_transposes_split_over_threads_match_the_index_map() {
+        for (shape, perm) in [
+            ([1, 3, 224, 224], [0, 2, 3, 1]),
+            ([1, 224, 224, 3], [0, 3, 1, 2]),
+            ([2, 37, 61, 67], [0, 2, 3, 1]),
+            ([1, 1000, 7, 19], [0, 2, 3, 1]),
+        ] {
+            let x: Vec<u32> = (0..shape.iter().product::<usize>() as u32).collect();
+            let (_, idx) = transpose_map(&shape, &perm).unwrap();
+            let want: Vec<u32> = idx.iter().map(|&i| x[i]).collect();
+            for threads in [2, 3] {
+                let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap();
+                let got = pool.install(|| permute(&x, &shape, &perm));
+                assert_eq!(got, want, "{shape:?} {perm:?} on {threads} threads");
+            }
+        }
+    }
 }
