@@ -297,6 +297,9 @@ mod avx512 {
         op: *mut f32,
         c: usize,
     ) {
+        // Opaque to the optimiser: otherwise it hoists all `T x P` input addresses out of the
+        // caller's loop over blocks and spills them, reloading one per multiply-add.
+        let c0 = std::hint::black_box(c0);
         // SAFETY: lanes `m` of channels `c0 ..` are in range for every pointer (the contract).
         unsafe {
             let bv = match bp {

@@ -168,7 +168,13 @@ pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm
 /// `[p, q]`. Done in bands of output rows, each reading contiguous runs of the input, so
 /// neither side walks memory at a large stride (NCHW <-> NHWC is this case). `x` holds exactly
 /// the tensor's elements.
-fn batched_transpose<T: Copy + Send + Sync>(x: &[T], outer: &[(usize, usize)], p: usize, q: usize, mut out: Vec<T>) -> Vec<T> {
+fn batched_transpose<T: Copy + Send + Sync>(
+    x: &[T],
+    outer: &[(usize, usize)],
+    p: usize,
+    q: usize,
+    mut out: Vec<T>,
+) -> Vec<T> {
     const BAND: usize = 16;
     // Output rows per task when a matrix is split over the thread pool: at least 64 Ki
     // elements each, in whole bands.
