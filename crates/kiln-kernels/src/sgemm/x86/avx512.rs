@@ -242,7 +242,7 @@ unsafe fn tile<const R: usize>(
             // SAFETY: the TileFn contract gives `nr` writable, now initialised floats at
             // `c + i*ldc` for `i < R`, used by no one else during the call.
             let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), nr) };
-            epi_impl(row, None, None, None, Some(a));
+            act_row(a, row);
         }
     }
 }
@@ -318,7 +318,7 @@ unsafe fn half_tile<const R: usize>(
             // SAFETY: the TileFn contract gives `nr` writable, now initialised floats at
             // `c + i*ldc` for `i < R`, used by no one else during the call.
             let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), nr) };
-            epi_impl(row, None, None, None, Some(a));
+            act_row(a, row);
         }
     }
 }
@@ -352,6 +352,11 @@ fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f3
         .min(cb.map_or(usize::MAX, <[f32]>::len))
         .min(r.map_or(usize::MAX, <[f32]>::len));
     let row = &mut row[..n];
+    if let (None, None, None, Some(a)) = (rb, cb, r, a.filter(|&a| cheap_act(Some(a)).is_none())) {
+        // A costly activation alone (the tiles' second pass, `act_slice`): one loop.
+        act_row(a, row);
+        return;
+    }
     let rbv = rb.map(|b| splat(b));
     let mut j = 0;
     while j < n {

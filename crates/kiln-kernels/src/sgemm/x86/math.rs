@@ -158,6 +158,40 @@ macro_rules! simd_math {
             }
         }
 
+        /// `act` over a whole row, the activation chosen once: the costly activations' code
+        /// runs in one loop per row instead of one out-of-line call per vector.
+        #[target_feature(enable = $feat)]
+        #[inline(never)]
+        fn act_row(a: Act, row: &mut [f32]) {
+            macro_rules! each {
+                ($x:ident => $e:expr) => {{
+                    let mut chunks = row.chunks_exact_mut(LANES);
+                    for c in &mut chunks {
+                        if let Ok(c) = <&mut [f32; LANES]>::try_from(c) {
+                            let $x = load_arr(c);
+                            store_arr(c, $e);
+                        }
+                    }
+                    let rem = chunks.into_remainder();
+                    if !rem.is_empty() {
+                        let mut t = [0.0f32; LANES];
+                        t.iter_mut().zip(rem.iter()).for_each(|(d, &v)| *d = v);
+                        let $x = load_arr(&t);
+                        store_arr(&mut t, $e);
+                        rem.iter_mut().zip(t.iter()).for_each(|(d, &v)| *d = v);
+                    }
+                }};
+            }
+            match a {
+                Act::Gelu { tanh: false } => each!(x => gelu_erf(x)),
+                Act::Gelu { tanh: true } => each!(x => gelu_tanh(x)),
+                Act::Sigmoid => each!(x => sigmoid(x)),
+                Act::Tanh => each!(x => tanh(x)),
+                Act::Silu => each!(x => mul(x, sigmoid(x))),
+                _ => each!(x => act(a, x)),
+            }
+        }
+
         /// [`act`] kept out of line, so its exp and erf code does not crowd the tiles.
         #[target_feature(enable = $feat)]
         #[inline(never)]
