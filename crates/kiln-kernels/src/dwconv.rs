@@ -111,9 +111,23 @@ mod avx512 {
     use super::Clamp;
     use std::arch::x86_64::*;
 
-    /// Pixels computed together in the 3x3 path: independent accumulator chains sharing each
-    /// weight load.
+    /// Pixels computed together in the unrolled path: independent accumulator chains sharing
+    /// each weight load.
     const P: usize = 4;
+
+    /// One call's operands: the slices' pointers, the channel count, the input offset between
+    /// pixels and the bounds.
+    #[derive(Clone, Copy)]
+    struct Io {
+        x: *const f32,
+        w: *const f32,
+        bias: Option<*const f32>,
+        out: *mut f32,
+        c: usize,
+        step: usize,
+        lo: __m512,
+        hi: __m512,
+    }
 
     /// # Safety
     /// AVX-512 F is present; `out.len()` is a multiple of `c > 0`, `count = out.len() / c`;
@@ -133,9 +147,16 @@ mod avx512 {
         out: &mut [f32],
     ) {
         let count = out.len() / c;
-        let (xp, wp, op) = (x.as_ptr(), w.as_ptr(), out.as_mut_ptr());
-        let bp = bias.map(<[f32]>::as_ptr);
-        let (lo, hi) = (_mm512_set1_ps(clamp.lo), _mm512_set1_ps(clamp.hi));
+        let io = Io {
+            x: x.as_ptr(),
+            w: w.as_ptr(),
+            bias: bias.map(<[f32]>::as_ptr),
+            out: out.as_mut_ptr(),
+            c,
+            step,
+            lo: _mm512_set1_ps(clamp.lo),
+            hi: _mm512_set1_ps(clamp.hi),
+        };
         // SAFETY: the caller's contract, passed on.
         unsafe {
             // The window lengths of 3x3 (inside, and along the top and bottom edges) and 5x5
@@ -143,14 +164,14 @@ mod avx512 {
             macro_rules! unrolled {
                 ($($t:literal),*) => {$(
                     if let Ok(win) = <&[(usize, usize); $t]>::try_from(window) {
-                        taps_in_registers(xp, wp, bp, win, base, step, count, c, lo, hi, op);
+                        unrolled(io, win, base, count);
                         return;
                     }
                 )*};
             }
             unrolled!(9, 6, 25, 20, 15);
             for p in 0..count {
-                pixel(xp, wp, bp, window, base + p * step, c, lo, hi, op.add(p * c));
+                pixel(io, window, base + p * step, p * c);
             }
         }
     }
@@ -160,9 +181,9 @@ mod avx512 {
     /// # Safety
     /// AVX-512 F is present.
     #[inline(always)]
-    unsafe fn bound(v: __m512, lo: __m512, hi: __m512) -> __m512 {
+    unsafe fn bound(v: __m512, io: Io) -> __m512 {
         // SAFETY: register-only instructions of AVX-512 F, present by the contract.
-        unsafe { _mm512_min_ps(hi, _mm512_max_ps(lo, v)) }
+        unsafe { _mm512_min_ps(io.hi, _mm512_max_ps(io.lo, v)) }
     }
 
     #[inline(always)]
@@ -179,65 +200,24 @@ mod avx512 {
     /// group's input stays in L1 across its blocks.
     ///
     /// # Safety
-    /// As for [`pixels`], with `xp`, `wp`, `bp`, `op` the slices' pointers.
+    /// As for [`pixels`].
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn taps_in_registers<const T: usize>(
-        xp: *const f32,
-        wp: *const f32,
-        bp: Option<*const f32>,
-        window: &[(usize, usize); T],
-        base: usize,
-        step: usize,
-        count: usize,
-        c: usize,
-        lo: __m512,
-        hi: __m512,
-        op: *mut f32,
-    ) {
-        // SAFETY (every load and store): channels `c0 .. c0 + 16` (masked to `c`) are below
-        // `c`, pixels below `count`: within the slices by the caller's contract.
+    unsafe fn unrolled<const T: usize>(io: Io, window: &[(usize, usize); T], base: usize, count: usize) {
+        // SAFETY: every block's channels are below `c` and its pixels below `count`: within
+        // the slices by the caller's contract.
         unsafe {
             let mut p = 0;
             while p < count {
                 let group = (count - p).min(P);
-                let at = base + p * step;
+                let (at, o) = (base + p * io.step, p * io.c);
                 let mut c0 = 0;
                 // Whole 16-channel blocks with plain loads and stores, then a masked tail.
-                while c0 + 16 <= c {
-                    block::<T, false>(
-                        xp,
-                        wp,
-                        bp,
-                        window,
-                        at,
-                        step,
-                        group,
-                        c0,
-                        0xFFFF,
-                        lo,
-                        hi,
-                        op.add(p * c),
-                        c,
-                    );
+                while c0 + 16 <= io.c {
+                    block::<T, false>(io, window, at, o, group, c0, 0xFFFF);
                     c0 += 16;
                 }
-                if c0 < c {
-                    block::<T, true>(
-                        xp,
-                        wp,
-                        bp,
-                        window,
-                        at,
-                        step,
-                        group,
-                        c0,
-                        mask(c - c0),
-                        lo,
-                        hi,
-                        op.add(p * c),
-                        c,
-                    );
+                if c0 < io.c {
+                    block::<T, true>(io, window, at, o, group, c0, mask(io.c - c0));
                 }
                 p += group;
             }
@@ -276,116 +256,101 @@ mod avx512 {
         }
     }
 
-    /// One 16-channel block (lanes `m`) of `group <= P` pixels, written at `op + q*c + c0`.
+    /// One 16-channel block (lanes `m`, from channel `c0`) of `group <= P` pixels: pixel `q`
+    /// reads the input at `at + q * step` and writes the output at `o + q * c`.
     ///
     /// # Safety
-    /// As for [`taps_in_registers`]; without `MASKED`, all 16 lanes are in range.
+    /// As for [`unrolled`]; without `MASKED`, all 16 lanes are in range.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn block<const T: usize, const MASKED: bool>(
-        xp: *const f32,
-        wp: *const f32,
-        bp: Option<*const f32>,
+        io: Io,
         window: &[(usize, usize); T],
         at: usize,
-        step: usize,
+        o: usize,
         group: usize,
         c0: usize,
         m: __mmask16,
-        lo: __m512,
-        hi: __m512,
-        op: *mut f32,
-        c: usize,
     ) {
         // Opaque to the optimiser: otherwise it hoists all `T x P` input addresses out of the
         // caller's loop over blocks and spills them, reloading one per multiply-add.
         let c0 = std::hint::black_box(c0);
+        let (step, c) = (io.step, io.c);
         // SAFETY: lanes `m` of channels `c0 ..` are in range for every pointer (the contract).
         unsafe {
-            let bv = match bp {
+            let bv = match io.bias {
                 Some(b) => ld::<MASKED>(m, b.add(c0)),
                 None => _mm512_setzero_ps(),
             };
+            let out = io.out.add(o + c0);
             if group == P {
                 let mut acc = [bv; P];
                 for &(xo, wo) in window {
-                    let wv = ld::<MASKED>(m, wp.add(wo + c0));
-                    let xs = xp.add(at + xo + c0);
+                    let wv = ld::<MASKED>(m, io.w.add(wo + c0));
+                    let xs = io.x.add(at + xo + c0);
                     for (q, a) in acc.iter_mut().enumerate() {
                         *a = _mm512_fmadd_ps(ld::<MASKED>(m, xs.add(q * step)), wv, *a);
                     }
                 }
                 for (q, a) in acc.iter().enumerate() {
-                    st::<MASKED>(m, op.add(q * c + c0), bound(*a, lo, hi));
+                    st::<MASKED>(m, out.add(q * c), bound(*a, io));
                 }
             } else {
                 for q in 0..group {
                     let mut a = bv;
                     for &(xo, wo) in window {
-                        a = _mm512_fmadd_ps(
-                            ld::<MASKED>(m, xp.add(at + q * step + xo + c0)),
-                            ld::<MASKED>(m, wp.add(wo + c0)),
-                            a,
-                        );
+                        let xv = ld::<MASKED>(m, io.x.add(at + q * step + xo + c0));
+                        a = _mm512_fmadd_ps(xv, ld::<MASKED>(m, io.w.add(wo + c0)), a);
                     }
-                    st::<MASKED>(m, op.add(q * c + c0), bound(a, lo, hi));
+                    st::<MASKED>(m, out.add(q * c), bound(a, io));
                 }
             }
         }
     }
 
-    /// One pixel over any window: blocks of 64 channels in four registers, then a masked
-    /// tail.
+    /// One pixel over any window, reading the input at `base` and writing the output at `o`:
+    /// blocks of 64 channels in four registers, then a masked tail.
     ///
     /// # Safety
-    /// As for [`pixels`], for the pixel at input offset `base`, written at `op`.
+    /// As for [`pixels`], for one of its pixels.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn pixel(
-        xp: *const f32,
-        wp: *const f32,
-        bp: Option<*const f32>,
-        window: &[(usize, usize)],
-        base: usize,
-        c: usize,
-        lo: __m512,
-        hi: __m512,
-        op: *mut f32,
-    ) {
+    unsafe fn pixel(io: Io, window: &[(usize, usize)], base: usize, o: usize) {
+        let c = io.c;
         let mut c0 = 0;
         // SAFETY (for every load and store below): channels `c0 .. c0 + 64` (or the masked
         // `c0 .. c`) are below `c`, so `base + xo + ch < x.len()`, `wo + ch < w.len()`,
-        // `ch < c` for the output and the bias, by the caller's contract.
+        // `o + ch < out.len()` and `ch < c` for the bias, by the caller's contract.
         unsafe {
+            let out = io.out.add(o);
             while c0 + 64 <= c {
-                let mut acc = match bp {
+                let mut acc = match io.bias {
                     Some(b) => [0, 16, 32, 48].map(|k| _mm512_loadu_ps(b.add(c0 + k))),
                     None => [_mm512_setzero_ps(); 4],
                 };
                 for &(xo, wo) in window {
-                    let (xs, ws) = (xp.add(base + xo + c0), wp.add(wo + c0));
+                    let (xs, ws) = (io.x.add(base + xo + c0), io.w.add(wo + c0));
                     for (k, a) in acc.iter_mut().enumerate() {
                         *a = _mm512_fmadd_ps(_mm512_loadu_ps(xs.add(16 * k)), _mm512_loadu_ps(ws.add(16 * k)), *a);
                     }
                 }
                 for (k, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(op.add(c0 + 16 * k), bound(*a, lo, hi));
+                    _mm512_storeu_ps(out.add(c0 + 16 * k), bound(*a, io));
                 }
                 c0 += 64;
             }
             while c0 < c {
                 let n = (c - c0).min(16);
                 let m = mask(n);
-                let mut acc = match bp {
+                let mut acc = match io.bias {
                     Some(b) => _mm512_maskz_loadu_ps(m, b.add(c0)),
                     None => _mm512_setzero_ps(),
                 };
                 for &(xo, wo) in window {
-                    let xv = _mm512_maskz_loadu_ps(m, xp.add(base + xo + c0));
-                    let wv = _mm512_maskz_loadu_ps(m, wp.add(wo + c0));
+                    let xv = _mm512_maskz_loadu_ps(m, io.x.add(base + xo + c0));
+                    let wv = _mm512_maskz_loadu_ps(m, io.w.add(wo + c0));
                     acc = _mm512_fmadd_ps(xv, wv, acc);
                 }
-                _mm512_mask_storeu_ps(op.add(c0), m, bound(acc, lo, hi));
+                _mm512_mask_storeu_ps(out.add(c0), m, bound(acc, io));
                 c0 += n;
             }
         }
@@ -399,97 +364,24 @@ mod tests {
     #[test]
     fn offsets_out_of_range_are_refused() {
         let (x, w) = (vec![1.0f32; 40], vec![2.0f32; 18]);
-        let mut out = vec![0.0f32; 8];
         for isa in Isa::ALL {
-            assert!(pixels_with(
-                isa,
-                &x,
-                &w,
-                None,
-                &[(0, 0), (32, 10)],
-                0,
-                0,
-                8,
-                Clamp::NONE,
-                &mut out
-            ));
+            // (window, base, step, channels, bias) on `out`, no bounds.
+            let run = |window: &[(usize, usize)], base, step, c, bias: Option<&[f32]>, out: &mut [f32]| {
+                pixels_with(isa, &x, &w, bias, window, base, step, c, Clamp::NONE, out)
+            };
+            let mut out = vec![0.0f32; 8];
+            assert!(run(&[(0, 0), (32, 10)], 0, 0, 8, None, &mut out));
             assert_eq!(out, vec![4.0; 8]);
-            assert!(!pixels_with(
-                isa,
-                &x,
-                &w,
-                None,
-                &[(33, 0)],
-                0,
-                0,
-                8,
-                Clamp::NONE,
-                &mut out
-            ));
-            assert!(!pixels_with(
-                isa,
-                &x,
-                &w,
-                None,
-                &[(0, 11)],
-                0,
-                0,
-                8,
-                Clamp::NONE,
-                &mut out
-            ));
-            assert!(!pixels_with(
-                isa,
-                &x,
-                &w,
-                None,
-                &[(0, 0)],
-                usize::MAX,
-                0,
-                8,
-                Clamp::NONE,
-                &mut out
-            ));
-            assert!(!pixels_with(
-                isa,
-                &x,
-                &w,
-                Some(&[1.0; 7]),
-                &[(0, 0)],
-                0,
-                0,
-                8,
-                Clamp::NONE,
-                &mut out
-            ));
+            assert!(!run(&[(33, 0)], 0, 0, 8, None, &mut out));
+            assert!(!run(&[(0, 11)], 0, 0, 8, None, &mut out));
+            assert!(!run(&[(0, 0)], usize::MAX, 0, 8, None, &mut out));
+            assert!(!run(&[(0, 0)], 0, 0, 8, Some(&[1.0; 7]), &mut out));
             // Two pixels of 4 channels, 30 floats apart: the second reads x[30..34] (ones).
             let mut two = vec![0.0f32; 8];
-            assert!(pixels_with(
-                isa,
-                &x,
-                &w,
-                None,
-                &[(2, 0)],
-                0,
-                30,
-                4,
-                Clamp::NONE,
-                &mut two
-            ));
+            assert!(run(&[(2, 0)], 0, 30, 4, None, &mut two));
             assert_eq!(two, vec![2.0; 8]);
             // A step that takes the last pixel past the end is refused.
-            assert!(!pixels_with(
-                isa,
-                &x,
-                &w,
-                None,
-                &[(2, 0)],
-                0,
-                36,
-                4,
-                Clamp::NONE,
-                &mut two
-            ));
+            assert!(!run(&[(2, 0)], 0, 36, 4, None, &mut two));
         }
     }
 }
