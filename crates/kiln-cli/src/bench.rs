@@ -2,7 +2,7 @@
 //! on given or random inputs; throughput, load time and latency percentiles as text or JSON.
 
 use crate::{emit, read_feed};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln::{BenchLimit, BenchOptions, BenchProgress, Session, Value};
 use std::io::IsTerminal;
@@ -62,7 +62,7 @@ impl FeedArgs {
     pub fn open(&self, model: &std::path::Path) -> Result<(Session, Vec<(String, Value)>, usize)> {
         crate::compile::check_flags_for(model, &self.flags)?;
         let options = self.flags.session_options()?;
-        let session = Session::new(model, &options).with_context(|| format!("cannot load {}", model.display()))?;
+        let session = crate::loading(Session::new(model, &options), model)?;
         let given = read_feed(self.npz.as_deref(), &self.inputs)?;
         let n_given = given.len();
         let feed = session.with_random_inputs(given, self.seed)?;

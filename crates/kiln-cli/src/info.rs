@@ -129,8 +129,8 @@ fn info_text(out: &mut String, path: &Path, symbols: &[(String, usize)], print_g
             symbols: symbols.to_vec(),
             ..SessionOptions::default()
         },
-    )
-    .with_context(|| format!("cannot load {}", path.display()))?;
+    );
+    let model = crate::loading(model, path)?;
     let g = &model.graph;
     outln!(out, "model     {}", path.display());
     outln!(

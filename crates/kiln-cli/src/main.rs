@@ -180,7 +180,7 @@ fn run(mut a: RunArgs) -> Result<()> {
     compile::check_flags_for(&a.model, &a.flags)?;
     let options = a.flags.session_options()?;
     let t0 = std::time::Instant::now();
-    let session = Session::new(&a.model, &options).with_context(|| format!("cannot load {}", a.model.display()))?;
+    let session = loading(Session::new(&a.model, &options), &a.model)?;
     let load = t0.elapsed();
     let feed = read_feed(a.npz.as_deref(), &a.inputs)?;
     let t1 = std::time::Instant::now();
@@ -271,6 +271,20 @@ fn summary(t: &Tensor) -> String {
         s.push_str(&format!(" non-finite={nonfinite}"));
     }
     s
+}
+
+/// `r` with "cannot load PATH" before its error, or "cannot load the model" when the error
+/// already names the path (a program file's errors do), so the path is printed once.
+pub(crate) fn loading<T>(r: std::result::Result<T, kiln::Error>, path: &Path) -> Result<T> {
+    r.map_err(|e| {
+        let shown = path.display().to_string();
+        let what = if e.to_string().contains(&shown) {
+            "cannot load the model".to_string()
+        } else {
+            format!("cannot load {shown}")
+        };
+        anyhow::Error::new(e).context(what)
+    })
 }
 
 #[cfg(test)]

@@ -118,6 +118,8 @@ fn a_flipped_byte_is_refused_naming_the_section() {
         std::fs::write(&bad, &c).unwrap();
         let e = err(&["run", &bad.display().to_string(), "--input", &input]);
         assert!(e.contains(expect), "byte {at}: {e}");
+        let shown = bad.display().to_string();
+        assert_eq!(e.matches(&shown).count(), 1, "the path once: {e}");
     }
     let cut = dir.path().join("cut.kiln");
     std::fs::write(&cut, &bytes[..bytes.len() - 64]).unwrap();
