@@ -198,6 +198,19 @@ thread_local! {
 // Tested against the generic convolution computed in f64 over strides, dilations, asymmetric
 // pads and kernels wider than the image: `conv.rs`, `depthwise_path_matches_the_gemm_path`.
 
+/// The window lists of [`Depthwise::nhwc_row`]: kernel rows inside the input, the interior
+/// window, one border pixel's window.
+#[derive(Default)]
+struct RowWindows {
+    rows: Vec<usize>,
+    interior: Vec<(usize, usize)>,
+    window: Vec<(usize, usize)>,
+}
+
+thread_local! {
+    static ROW_WINDOWS: std::cell::Cell<RowWindows> = std::cell::Cell::new(RowWindows::default());
+}
+
 impl Depthwise {
     /// `y = act(bias + conv(x, w))` for one channels-last image: `x` is `[H, W, C]`, `taps`
     /// is `[kh * kw, C]` (tap-major: W transposed), `y` is `[OH, OW, C]`. Output rows in
@@ -269,12 +282,14 @@ impl Depthwise {
         let [dh, dw] = self.dilations;
         let [ph, pw] = self.pad_begin;
         let c = self.channels;
-        let rows: Vec<usize> = (0..kh)
-            .filter(|&ky| {
-                let iy = (oy * sh + ky * dh) as isize - ph as isize;
-                iy >= 0 && (iy as usize) < ih
-            })
-            .collect();
+        // The window lists live in per-thread buffers, reused row after row.
+        let mut scratch = ROW_WINDOWS.with(std::cell::Cell::take);
+        let RowWindows { rows, interior, window } = &mut scratch;
+        rows.clear();
+        rows.extend((0..kh).filter(|&ky| {
+            let iy = (oy * sh + ky * dh) as isize - ph as isize;
+            iy >= 0 && (iy as usize) < ih
+        }));
         let in_row = |ky: usize| (oy * sh + ky * dh).saturating_sub(ph);
         // Interior columns: ox*sw >= pw and ox*sw - pw + (kw-1)*dw < iw.
         let span = (kw.max(1) - 1) * dw;
@@ -286,22 +301,22 @@ impl Depthwise {
         };
         let (lo, hi) = (lo.min(self.output[1]), hi.clamp(lo.min(self.output[1]), self.output[1]));
         // Interior window: (input offset relative to the pixel's first column, tap offset).
-        let interior: Vec<(usize, usize)> = rows
-            .iter()
-            .flat_map(|&ky| (0..kw).map(move |kx| ((in_row(ky) * iw + kx * dw) * c, (ky * kw + kx) * c)))
-            .collect();
-        let mut window: Vec<(usize, usize)> = Vec::with_capacity(kh * kw);
+        interior.clear();
+        interior.extend(
+            rows.iter()
+                .flat_map(|&ky| (0..kw).map(move |kx| ((in_row(ky) * iw + kx * dw) * c, (ky * kw + kx) * c))),
+        );
         let mut ok = true;
         let ow = self.output[1];
         // The interior pixels in one call: bases `(ox*sw - pw) * c` step `sw * c`.
         if let Some(out) = row.get_mut(lo * c..hi * c)
             && hi > lo
         {
-            ok &= kiln_kernels::dwconv::pixels(x, taps, bias, &interior, (lo * sw - pw) * c, sw * c, c, clamp, out);
+            ok &= kiln_kernels::dwconv::pixels(x, taps, bias, interior, (lo * sw - pw) * c, sw * c, c, clamp, out);
         }
         for ox in (0..lo).chain(hi.max(lo)..ow) {
             window.clear();
-            for &ky in &rows {
+            for &ky in rows.iter() {
                 for kx in 0..kw {
                     let ix = (ox * sw + kx * dw) as isize - pw as isize;
                     if ix >= 0 && (ix as usize) < iw {
@@ -310,9 +325,10 @@ impl Depthwise {
                 }
             }
             if let Some(out) = row.get_mut(ox * c..(ox + 1) * c) {
-                ok &= kiln_kernels::dwconv::pixels(x, taps, bias, &window, 0, 0, c, clamp, out);
+                ok &= kiln_kernels::dwconv::pixels(x, taps, bias, window, 0, 0, c, clamp, out);
             }
         }
+        ROW_WINDOWS.with(|cell| cell.set(scratch));
         ok
     }
 }
