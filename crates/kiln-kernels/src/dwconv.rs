@@ -30,85 +30,89 @@ impl Clamp {
     }
 }
 
-/// `out = clamp(bias + window sums)` for `count = out.len() / c` pixels of `c` channels each
-/// (see the module docs), pixel `p` at input offset `base + p * step`, written to
-/// `out[p*c ..]`. Returns `false`, writing nothing, when an offset or the bias does not fit.
-#[allow(clippy::too_many_arguments)]
-pub fn pixels(
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    window: &[(usize, usize)],
-    base: usize,
-    step: usize,
-    c: usize,
-    clamp: Clamp,
-    out: &mut [f32],
-) -> bool {
-    pixels_with(isa::active(), x, w, bias, window, base, step, c, clamp, out)
+/// One call's operands: `count = out.len() / c` pixels of `c` channels each (see the module
+/// docs), pixel `p` read at input offset `base + p * step` through the `window` of (input,
+/// tap) offsets, then `clamp`ed.
+#[derive(Debug, Clone, Copy)]
+pub struct Pixels<'a> {
+    pub x: &'a [f32],
+    /// The taps, `[kh * kw, c]`.
+    pub w: &'a [f32],
+    pub bias: Option<&'a [f32]>,
+    pub window: &'a [(usize, usize)],
+    pub base: usize,
+    pub step: usize,
+    pub c: usize,
+    pub clamp: Clamp,
 }
 
-/// [`pixels`] on a given level (tests compare the levels).
-#[allow(clippy::too_many_arguments)]
-pub fn pixels_with(
-    isa: Isa,
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    window: &[(usize, usize)],
-    base: usize,
-    step: usize,
-    c: usize,
-    clamp: Clamp,
-    out: &mut [f32],
-) -> bool {
-    if c == 0 || !out.len().is_multiple_of(c) {
-        return out.is_empty();
+impl Pixels<'_> {
+    /// `out = clamp(bias + window sums)`, pixel `p` written to `out[p*c ..]`. Returns
+    /// `false`, writing nothing, when an offset or the bias does not fit.
+    pub fn run(&self, out: &mut [f32]) -> bool {
+        self.run_with(isa::active(), out)
     }
-    let count = out.len() / c;
-    // The last pixel's input offset: every pixel's reads lie below it plus the window.
-    let last = (count.max(1) - 1).checked_mul(step).and_then(|v| v.checked_add(base));
-    let fits = |o: Option<usize>, len: usize| o.and_then(|o| o.checked_add(c)).is_some_and(|e| e <= len);
-    if bias.is_some_and(|b| b.len() != c)
-        || !window
-            .iter()
-            .all(|&(xo, wo)| fits(last.and_then(|l| l.checked_add(xo)), x.len()) && fits(Some(wo), w.len()))
-    {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && isa.is_supported() {
-        // SAFETY: AVX-512 F is present (checked just above), and every offset was checked for
-        // the last (largest) pixel: `base + p*step + xo + c <= x.len()` for `p < count`,
-        // `wo + c <= w.len()`, `bias.len() == c`, `out.len() == count * c`.
-        unsafe { avx512::pixels(x, w, bias, window, base, step, c, clamp, out) };
-        return true;
-    }
-    let _ = isa;
-    for (p, o) in out.chunks_exact_mut(c).enumerate() {
-        match bias {
-            Some(b) => o.copy_from_slice(b),
-            None => o.fill(0.0),
+
+    /// [`Pixels::run`] on a given level (tests compare the levels).
+    pub fn run_with(&self, isa: Isa, out: &mut [f32]) -> bool {
+        let &Pixels {
+            x,
+            w,
+            bias,
+            window,
+            base,
+            step,
+            c,
+            clamp,
+        } = self;
+        if c == 0 || !out.len().is_multiple_of(c) {
+            return out.is_empty();
         }
-        let at = base + p * step;
-        for &(xo, wo) in window {
-            let (Some(xs), Some(ws)) = (x.get(at + xo..at + xo + c), w.get(wo..wo + c)) else {
-                continue;
-            };
-            for ((o, &a), &b) in o.iter_mut().zip(xs).zip(ws) {
-                *o += a * b;
+        let count = out.len() / c;
+        // The last pixel's input offset: every pixel's reads lie below it plus the window.
+        let last = (count.max(1) - 1).checked_mul(step).and_then(|v| v.checked_add(base));
+        let fits = |o: Option<usize>, len: usize| o.and_then(|o| o.checked_add(c)).is_some_and(|e| e <= len);
+        if bias.is_some_and(|b| b.len() != c)
+            || !window
+                .iter()
+                .all(|&(xo, wo)| fits(last.and_then(|l| l.checked_add(xo)), x.len()) && fits(Some(wo), w.len()))
+        {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && isa.is_supported() {
+            // SAFETY: AVX-512 F is present (checked just above), and every offset was checked
+            // for the last (largest) pixel: `base + p*step + xo + c <= x.len()` for
+            // `p < count`, `wo + c <= w.len()`, `bias.len() == c`, `out.len() == count * c`.
+            unsafe { avx512::pixels(self, out) };
+            return true;
+        }
+        let _ = isa;
+        for (p, o) in out.chunks_exact_mut(c).enumerate() {
+            match bias {
+                Some(b) => o.copy_from_slice(b),
+                None => o.fill(0.0),
+            }
+            let at = base + p * step;
+            for &(xo, wo) in window {
+                let (Some(xs), Some(ws)) = (x.get(at + xo..at + xo + c), w.get(wo..wo + c)) else {
+                    continue;
+                };
+                for ((o, &a), &b) in o.iter_mut().zip(xs).zip(ws) {
+                    *o += a * b;
+                }
+            }
+            for v in o.iter_mut() {
+                *v = clamp.apply(*v);
             }
         }
-        for v in o.iter_mut() {
-            *v = clamp.apply(*v);
-        }
+        true
     }
-    true
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::Clamp;
+    use super::Pixels;
     use std::arch::x86_64::*;
 
     /// Pixels computed together in the unrolled path: independent accumulator chains sharing
@@ -134,28 +138,18 @@ mod avx512 {
     /// for every `(xo, wo)` in `window` and `p < count`, `base + p * step + xo + c <=
     /// x.len()` and `wo + c <= w.len()`; a bias has `c` floats.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn pixels(
-        x: &[f32],
-        w: &[f32],
-        bias: Option<&[f32]>,
-        window: &[(usize, usize)],
-        base: usize,
-        step: usize,
-        c: usize,
-        clamp: Clamp,
-        out: &mut [f32],
-    ) {
+    pub(super) unsafe fn pixels(call: &Pixels<'_>, out: &mut [f32]) {
+        let (c, step, base, window) = (call.c, call.step, call.base, call.window);
         let count = out.len() / c;
         let io = Io {
-            x: x.as_ptr(),
-            w: w.as_ptr(),
-            bias: bias.map(<[f32]>::as_ptr),
+            x: call.x.as_ptr(),
+            w: call.w.as_ptr(),
+            bias: call.bias.map(<[f32]>::as_ptr),
             out: out.as_mut_ptr(),
             c,
             step,
-            lo: _mm512_set1_ps(clamp.lo),
-            hi: _mm512_set1_ps(clamp.hi),
+            lo: _mm512_set1_ps(call.clamp.lo),
+            hi: _mm512_set1_ps(call.clamp.hi),
         };
         // SAFETY: the caller's contract, passed on.
         unsafe {
@@ -367,7 +361,17 @@ mod tests {
         for isa in Isa::ALL {
             // (window, base, step, channels, bias) on `out`, no bounds.
             let run = |window: &[(usize, usize)], base, step, c, bias: Option<&[f32]>, out: &mut [f32]| {
-                pixels_with(isa, &x, &w, bias, window, base, step, c, Clamp::NONE, out)
+                let call = Pixels {
+                    x: &x,
+                    w: &w,
+                    bias,
+                    window,
+                    base,
+                    step,
+                    c,
+                    clamp: Clamp::NONE,
+                };
+                call.run_with(isa, out)
             };
             let mut out = vec![0.0f32; 8];
             assert!(run(&[(0, 0), (32, 10)], 0, 0, 8, None, &mut out));

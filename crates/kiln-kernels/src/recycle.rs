@@ -16,8 +16,7 @@
 //! after run.
 //!
 //! A taken vector holds stale values from its previous use (never uninitialised memory: this
-//! is plain safe Rust), so only callers that overwrite all of it may use it; [`take_zeroed`]
-//! is for the others. Vectors smaller than [`MIN_FLOATS`] are not kept (allocating them is
+//! is plain safe Rust), so only callers that overwrite all of it may use it. Vectors smaller than [`MIN_FLOATS`] are not kept (allocating them is
 //! cheap), and an arena never keeps more than [`MAX_BYTES`].
 
 use std::cell::RefCell;
@@ -117,8 +116,10 @@ impl Arena {
 
     /// Drops every kept vector no take of this run handed out.
     fn keep_working_set(&mut self) {
-        let taken = std::mem::take(&mut self.taken);
+        let taken = &self.taken;
         self.kept.retain(|v| taken.contains(&(v.as_ptr() as usize)));
+        // Cleared, not dropped: the set's storage serves the next run.
+        self.taken.clear();
         self.bytes = self.kept.iter().map(bytes_of).sum();
     }
 }
@@ -163,13 +164,6 @@ pub fn take(n: usize) -> Vec<f32> {
         a.note_taken(&v);
         v
     })
-}
-
-/// [`take`] with every element zero.
-pub fn take_zeroed(n: usize) -> Vec<f32> {
-    let mut v = take(n);
-    v.fill(0.0);
-    v
 }
 
 /// Ends a run: the current arena keeps only the vectors taken since the last call.
@@ -221,7 +215,6 @@ mod tests {
         let d = take(7_000);
         assert_eq!(d.capacity(), cap, "the kept vector, not a new one");
         assert_eq!((d[5_999], d[6_000]), (5.0, 0.0));
-        assert_eq!(take_zeroed(20_000), vec![0.0; 20_000]);
         clear();
     }
 

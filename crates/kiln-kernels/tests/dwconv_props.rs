@@ -3,7 +3,7 @@
 //! any shape and offset (9 taps often: the register path), runs of 1-9 pixels (the 4-pixel
 //! groups and their remainder), with and without a bias and bounds.
 
-use kiln_kernels::dwconv::{Clamp, pixels_with};
+use kiln_kernels::dwconv::{Clamp, Pixels};
 use kiln_kernels::isa::Isa;
 use proptest::prelude::*;
 
@@ -64,13 +64,14 @@ proptest! {
         let clamp = bounds.map_or(Clamp::NONE, |(lo, hi)| Clamp { lo, hi });
         // `count` pixels one input pixel apart.
         let mut want = vec![f32::NAN; count * c];
-        prop_assert!(pixels_with(Isa::Portable, &x, &w, b, &window, base * c, c, c, clamp, &mut want));
+        let call = Pixels { x: &x, w: &w, bias: b, window: &window, base: base * c, step: c, c, clamp };
+        prop_assert!(call.run_with(Isa::Portable, &mut want));
         if let Some((lo, hi)) = bounds {
             prop_assert!(want.iter().all(|&v| v <= hi && (v >= lo || lo > hi)));
         }
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
             let mut got = vec![f32::NAN; count * c];
-            prop_assert!(pixels_with(isa, &x, &w, b, &window, base * c, c, c, clamp, &mut got));
+            prop_assert!(call.run_with(isa, &mut got));
             for (i, (g, t)) in got.iter().zip(&want).enumerate() {
                 // The FMA rounds once where the twin rounds twice: a few ulp of the terms.
                 let (p, ch) = (i / c, i % c);

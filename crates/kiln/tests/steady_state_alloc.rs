@@ -6,7 +6,8 @@
 //! The test binary counts every allocation (`kiln::CountingAlloc`). The models are
 //! built in code: a residual CNN block (Winograd, depthwise and 1x1 convolutions, pooling,
 //! Gemm) and an attention-like block (LayerNorm, MatMul, Transpose, Softmax, Concat, Gather).
-//! `KILN_ALLOC_PROBE=model.onnx` runs the same measurement on another model and prints it.
+//! `cargo run --release -p kiln --example alloc_probe -- model.onnx` makes the same
+//! measurement on any model and prints it.
 
 use kiln::raw::onnx::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
@@ -14,43 +15,11 @@ use kiln::raw::onnx::proto::{
     type_proto,
 };
 use kiln::raw::onnx::{ImportOptions, load_model_bytes};
-use kiln::{AllocCounts, CountingAlloc, DType, Dim, Session, SessionOptions, Tensor, Value, ValueType};
+use kiln::{AllocCounts, CountingAlloc, Session, SessionOptions, Value};
 use prost::Message;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
-
-/// Inputs of the declared shapes (symbols bound to 1), a deterministic pattern in [-1, 1) for
-/// floats and small non-negative integers (valid token ids and masks) otherwise.
-fn inputs_for(s: &Session) -> Vec<(String, Value)> {
-    s.inputs()
-        .into_iter()
-        .map(|io| {
-            let ValueType::Tensor(tt) = &io.ty else {
-                panic!("input {} is not a tensor", io.name)
-            };
-            let shape: Vec<usize> = tt
-                .shape
-                .as_deref()
-                .unwrap_or(&[])
-                .iter()
-                .map(|d| match d {
-                    Dim::Fixed(n) => *n,
-                    Dim::Sym(_) => 1,
-                })
-                .collect();
-            let n: usize = shape.iter().product();
-            let pattern = |i: usize| (i.wrapping_mul(2654435761) >> 8) % 2000;
-            let t = match tt.dtype.unwrap_or(DType::F32) {
-                DType::F32 => Tensor::from_vec(shape, (0..n).map(|i| pattern(i) as f32 / 1000.0 - 1.0).collect()),
-                DType::I64 => Tensor::from_vec(shape, (0..n).map(|i| (pattern(i) % 2) as i64).collect()),
-                DType::I32 => Tensor::from_vec(shape, (0..n).map(|i| (pattern(i) % 2) as i32).collect()),
-                d => panic!("input {}: no pattern for dtype {d}", io.name),
-            };
-            (io.name, Value::Tensor(t.unwrap()))
-        })
-        .collect()
-}
 
 fn output_bytes(out: &[(String, Value)]) -> usize {
     out.iter()
@@ -61,7 +30,7 @@ fn output_bytes(out: &[(String, Value)]) -> usize {
 /// Runs `s` three times; returns what the first and the third run took, and the third's
 /// output bytes.
 fn steady_state(s: &Session) -> (AllocCounts, AllocCounts, usize) {
-    let feeds = inputs_for(s);
+    let feeds = s.with_random_inputs(Vec::new(), 7).unwrap();
     let (_, first) = ALLOC.measure(|| s.run(feeds.clone()).unwrap());
     s.run(feeds.clone()).unwrap();
     let again = feeds.clone();
@@ -265,20 +234,4 @@ fn later_runs_take_no_tensor_storage_from_the_system() {
             );
         }
     }
-}
-
-#[test]
-fn probe_a_model_given_in_the_environment() {
-    let Ok(path) = std::env::var("KILN_ALLOC_PROBE") else {
-        return;
-    };
-    let threads = std::env::var("KILN_ALLOC_THREADS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(1);
-    let mut options = SessionOptions::default();
-    options.threads = threads;
-    let s = Session::new(&path, &options).unwrap();
-    let (first, third, out) = steady_state(&s);
-    println!("{path}: first run {first:?}; third run {third:?}; outputs {out} bytes");
 }

@@ -30,6 +30,12 @@ pub enum Act {
 }
 
 impl Act {
+    /// Relu and Clip: a compare and a blend, applied in registers with the tile's other
+    /// epilogue terms; the others (exp, erf, tanh) run in a loop over the stored rows.
+    pub fn is_cheap(self) -> bool {
+        matches!(self, Act::Relu | Act::Clip { .. })
+    }
+
     /// Every activation kind with representative parameters (tests and benchmarks).
     pub const SAMPLES: [Act; 13] = [
         Act::Relu,

@@ -4,7 +4,7 @@
 //! the compiler vectorises, instead of a GEMM of one row per group. Bias first, then the taps
 //! in kernel order, then the activation on the SIMD kernels (`act_slice`).
 
-use kiln_kernels::dwconv::Clamp;
+use kiln_kernels::dwconv::{Clamp, Pixels};
 use kiln_kernels::sgemm::{Act, act_slice};
 
 /// Shape of one depthwise call (all spatial values per axis: height, width).
@@ -264,7 +264,7 @@ impl Depthwise {
     }
 
     /// One output row of [`Self::run_nhwc`]: per pixel, the window's (input, tap) offsets for
-    /// `kiln_kernels::dwconv::pixel`. Interior pixels (every column tap inside the input)
+    /// `kiln_kernels::dwconv::Pixels`. Interior pixels (every column tap inside the input)
     /// share one window of offsets relative to the pixel; border pixels list their taps inside
     /// the input. `false` when the kernel refused an offset (shapes inconsistent).
     fn nhwc_row(
@@ -308,11 +308,28 @@ impl Depthwise {
         );
         let mut ok = true;
         let ow = self.output[1];
+        // One border pixel: its own window, offsets from the input's start.
+        let pixel = Pixels {
+            x,
+            w: taps,
+            bias,
+            window: &[],
+            base: 0,
+            step: 0,
+            c,
+            clamp,
+        };
         // The interior pixels in one call: bases `(ox*sw - pw) * c` step `sw * c`.
         if let Some(out) = row.get_mut(lo * c..hi * c)
             && hi > lo
         {
-            ok &= kiln_kernels::dwconv::pixels(x, taps, bias, interior, (lo * sw - pw) * c, sw * c, c, clamp, out);
+            let call = Pixels {
+                window: interior,
+                base: (lo * sw - pw) * c,
+                step: sw * c,
+                ..pixel
+            };
+            ok &= call.run(out);
         }
         for ox in (0..lo).chain(hi.max(lo)..ow) {
             window.clear();
@@ -325,7 +342,7 @@ impl Depthwise {
                 }
             }
             if let Some(out) = row.get_mut(ox * c..(ox + 1) * c) {
-                ok &= kiln_kernels::dwconv::pixels(x, taps, bias, window, 0, 0, c, clamp, out);
+                ok &= Pixels { window, ..pixel }.run(out);
             }
         }
         ROW_WINDOWS.with(|cell| cell.set(scratch));

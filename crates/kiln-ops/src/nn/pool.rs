@@ -422,6 +422,15 @@ impl GlobalPool {
         }
     }
 
+    /// One plane's `n` values reduced.
+    fn reduce(&self, s: impl Iterator<Item = f64>, n: usize) -> f64 {
+        match self {
+            GlobalPool::Average => s.sum::<f64>() / n as f64,
+            GlobalPool::Max => s.fold(f64::NEG_INFINITY, f64::max),
+            GlobalPool::Lp { p } => s.map(|v| v.abs().powf(*p)).sum::<f64>().powf(1.0 / p),
+        }
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let x = args.tensor(0)?;
         match x.dtype() {
@@ -437,22 +446,17 @@ impl GlobalPool {
         let mut yshape = xs[..2].to_vec();
         yshape.extend(std::iter::repeat_n(1, xs.len() - 2));
         // Each plane reduced in f64; f32 is read in place (no widened copy of X).
-        let reduce = |s: &mut dyn Iterator<Item = f64>| match self {
-            GlobalPool::Average => s.sum::<f64>() / isz as f64,
-            GlobalPool::Max => s.fold(f64::NEG_INFINITY, f64::max),
-            GlobalPool::Lp { p } => s.map(|v| v.abs().powf(*p)).sum::<f64>().powf(1.0 / p),
-        };
         if let Ok(xd) = x.as_slice::<f32>() {
             let y: Vec<f32> = (0..planes)
                 .map(|p| xd.get(p * isz..(p + 1) * isz).unwrap_or(&[]))
-                .map(|s| reduce(&mut s.iter().map(|&v| f64::from(v))) as f32)
+                .map(|s| self.reduce(s.iter().map(|&v| f64::from(v)), isz) as f32)
                 .collect();
             return Ok(vec![Value::Tensor(Tensor::from_vec(yshape, y)?)]);
         }
         let xd = x.to_f64_vec();
         let y: Vec<f64> = (0..planes)
             .map(|p| xd.get(p * isz..(p + 1) * isz).unwrap_or(&[]))
-            .map(|s| reduce(&mut s.iter().copied()))
+            .map(|s| self.reduce(s.iter().copied(), isz))
             .collect();
         Ok(vec![Value::Tensor(from_f64s(x.dtype(), yshape, &y)?)])
     }

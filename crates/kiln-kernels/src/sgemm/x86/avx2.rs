@@ -233,7 +233,7 @@ fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f3
         .min(cb.map_or(usize::MAX, <[f32]>::len))
         .min(r.map_or(usize::MAX, <[f32]>::len));
     let row = &mut row[..n];
-    if let (None, None, None, Some(a)) = (rb, cb, r, a.filter(|a| !matches!(a, Act::Relu | Act::Clip { .. }))) {
+    if let (None, None, None, Some(a)) = (rb, cb, r, a.filter(|a| !a.is_cheap())) {
         // A costly activation alone (`act_slice`): one loop.
         act_row(a, row);
         return;

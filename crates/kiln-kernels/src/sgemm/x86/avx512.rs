@@ -237,7 +237,7 @@ unsafe fn tile<const R: usize>(
     }
     // Costly activations (exp, erf, tanh) run over the stored rows, still in L1: one call per
     // row rather than per vector with every accumulator live across it.
-    if let Some(a) = epi.and_then(|e| e.act).filter(|&a| cheap_act(Some(a)).is_none()) {
+    if let Some(a) = epi.and_then(|e| e.act).filter(|a| !a.is_cheap()) {
         for i in 0..R {
             // SAFETY: the TileFn contract gives `nr` writable, now initialised floats at
             // `c + i*ldc` for `i < R`, used by no one else during the call.
@@ -247,11 +247,11 @@ unsafe fn tile<const R: usize>(
     }
 }
 
-/// The activation when the tiles apply it in registers (Relu, Clip), else `None` (applied
-/// to the stored rows afterwards).
+/// The activation when the tiles apply it in registers, else `None` (applied to the stored
+/// rows afterwards).
 #[inline]
 fn cheap_act(a: Option<Act>) -> Option<Act> {
-    a.filter(|a| matches!(a, Act::Relu | Act::Clip { .. }))
+    a.filter(|a| a.is_cheap())
 }
 
 static TILES: [TileFn; MR] = [
@@ -313,7 +313,7 @@ unsafe fn half_tile<const R: usize>(
         }
     }
     // Costly activations over the stored rows (see `tile`).
-    if let Some(a) = epi.and_then(|e| e.act).filter(|&a| cheap_act(Some(a)).is_none()) {
+    if let Some(a) = epi.and_then(|e| e.act).filter(|a| !a.is_cheap()) {
         for i in 0..R {
             // SAFETY: the TileFn contract gives `nr` writable, now initialised floats at
             // `c + i*ldc` for `i < R`, used by no one else during the call.
@@ -352,7 +352,7 @@ fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f3
         .min(cb.map_or(usize::MAX, <[f32]>::len))
         .min(r.map_or(usize::MAX, <[f32]>::len));
     let row = &mut row[..n];
-    if let (None, None, None, Some(a)) = (rb, cb, r, a.filter(|&a| cheap_act(Some(a)).is_none())) {
+    if let (None, None, None, Some(a)) = (rb, cb, r, a.filter(|a| !a.is_cheap())) {
         // A costly activation alone (the tiles' second pass, `act_slice`): one loop.
         act_row(a, row);
         return;
