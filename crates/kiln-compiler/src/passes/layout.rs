@@ -2,7 +2,9 @@
 //! `[N, H, W, C]` data (`Conv::channels_last`), where a 1x1 convolution is a plain GEMM over X
 //! itself (no im2col copy), an im2col row is `kh` contiguous runs of `kw x C` values, and a
 //! depthwise window is a contiguous run of channels per tap. A MaxPool reading a
-//! channels-last value (its Indices unread) runs channels-last too (`Pool::channels_last`).
+//! channels-last value (its Indices unread) runs channels-last too (`Pool::channels_last`),
+//! and so does a GlobalAveragePool or GlobalMaxPool (`GlobalPool::channels_last`), whose
+//! `[N, 1, 1, C]` result turns back to `[N, C, 1, 1]` for next to nothing.
 //!
 //! Eligible: an f32 Conv with fixed rank-4 shapes and constant weights, group 1 or depthwise
 //! (`group == C == M`), no Winograd or packing yet. Each converted Conv reads the channels-last
@@ -18,7 +20,7 @@ use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
 use kiln_ops::TensorType;
 use kiln_ops::movement::{MovementOp, Transpose};
-use kiln_ops::nn::{Conv, NnOp, PoolKind};
+use kiln_ops::nn::{Conv, GlobalPoolKind, NnOp, PoolKind};
 use kiln_tensor::DType;
 use std::collections::HashMap;
 
@@ -29,6 +31,8 @@ enum Kind {
     Depthwise,
     /// A 2-D f32 MaxPool whose Indices no one reads.
     MaxPool,
+    /// An f32 GlobalAveragePool or GlobalMaxPool of a rank-4 value.
+    GlobalPool,
 }
 
 fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
@@ -49,6 +53,18 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             && fixed_shape(g, *x).is_some_and(|s| s.len() == 4)
             && fixed_shape(g, *y).is_some_and(|s| s.len() == 4);
         return ok.then_some(Kind::MaxPool);
+    }
+    if let NodeKind::Op(Op::Nn(NnOp::GlobalPool(pool))) = &node.kind {
+        let (Some(Some(x)), Some(Some(y))) = (node.inputs.first(), node.outputs.first()) else {
+            return None;
+        };
+        let ok = matches!(pool.kind, GlobalPoolKind::Average | GlobalPoolKind::Max)
+            && !pool.channels_last
+            && node.outputs.len() == 1
+            && dtype_of(g, *x) == Some(DType::F32)
+            && fixed_shape(g, *x).is_some_and(|s| s.len() == 4)
+            && fixed_shape(g, *y).is_some_and(|s| s.len() == 4);
+        return ok.then_some(Kind::GlobalPool);
     }
     let NodeKind::Op(Op::Nn(NnOp::Conv(conv))) = &node.kind else {
         return None;
@@ -118,11 +134,10 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             .copied()
             .flatten()
             .is_some_and(|x| last.contains_key(&x));
-        let Some(y) =
-            node.outputs.first().copied().flatten().filter(|_| {
-                matches!(k, Some(Kind::Dense | Kind::Depthwise)) || (k == Some(Kind::MaxPool) && reads_twin)
-            })
-        else {
+        let Some(y) = node.outputs.first().copied().flatten().filter(|_| {
+            matches!(k, Some(Kind::Dense | Kind::Depthwise))
+                || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool)) && reads_twin)
+        }) else {
             nodes.push(node);
             continue;
         };
@@ -156,6 +171,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
                 };
             }
             NodeKind::Op(Op::Nn(NnOp::Pool(pool))) => pool.channels_last = true,
+            NodeKind::Op(Op::Nn(NnOp::GlobalPool(pool))) => pool.channels_last = true,
             _ => {}
         }
         node.outputs = vec![Some(yt)];
@@ -272,11 +288,27 @@ mod tests {
         }));
         let p = b.node(pool, &[Some(c)], &[&[1, 8, 6, 6]])[0];
         let y = b.node(conv(1, 0, 1, None), &[Some(p), Some(w2)], &[&[1, 6, 6, 6]])[0];
-        let g = b.finish(&[y]);
+        // A global average of the last convolution follows it too: the transpose back is of
+        // the pooled [1, 1, 1, 6] value.
+        let gap = Op::Nn(NnOp::GlobalPool(kiln_ops::nn::GlobalPool::new(GlobalPoolKind::Average)));
+        let m = b.node(gap, &[Some(y)], &[&[1, 6, 1, 1]])[0];
+        let g = b.finish(&[m]);
         let mut h = g.clone();
-        assert_eq!(run(&mut h).unwrap(), 3);
+        assert_eq!(run(&mut h).unwrap(), 4);
         crate::passes::dce::run(&mut h).unwrap();
-        assert_eq!(ops(&h), ["Transpose", "Conv/nhwc", "MaxPool", "Conv/nhwc", "Transpose"]);
+        assert_eq!(
+            ops(&h),
+            [
+                "Transpose",
+                "Conv/nhwc",
+                "MaxPool",
+                "Conv/nhwc",
+                "GlobalAveragePool",
+                "Transpose"
+            ]
+        );
+        let back = h.nodes.last().and_then(|n| n.inputs.first().copied().flatten());
+        assert_eq!(back.and_then(|v| fixed_shape(&h, v)), Some(vec![1, 1, 1, 6]));
         let inputs = vec![noise(&[1, 4, 12, 12], 3)];
         assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
 

@@ -7,9 +7,9 @@
 use crate::attrs::{NodeCtx, Result};
 use kiln_ops::Op;
 use kiln_ops::nn::{
-    AffineGrid, AutoPad, Conv, ConvTranspose, CoordMode, DeformConv, Einsum, Gemm, GlobalPool, GridSample,
-    GridSampleMode, GridSamplePadding, KeepAspect, MatMul, MaxUnpool, NearestMode, NnOp, NonMaxSuppression, Pool,
-    PoolKind, Resize, ResizeMode, RoiAlign, RoiAlignMode,
+    AffineGrid, AutoPad, Conv, ConvTranspose, CoordMode, DeformConv, Einsum, Gemm, GlobalPool, GlobalPoolKind,
+    GridSample, GridSampleMode, GridSamplePadding, KeepAspect, MatMul, MaxUnpool, NearestMode, NnOp, NonMaxSuppression,
+    Pool, PoolKind, Resize, ResizeMode, RoiAlign, RoiAlignMode,
 };
 
 /// Returns the typed op when `ctx.op_type` belongs to this family, `None` otherwise.
@@ -73,15 +73,15 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         }
         "GlobalAveragePool" => {
             ctx.check_inputs(1, 1)?;
-            NnOp::GlobalPool(GlobalPool::Average)
+            NnOp::GlobalPool(GlobalPool::new(GlobalPoolKind::Average))
         }
         "GlobalMaxPool" => {
             ctx.check_inputs(1, 1)?;
-            NnOp::GlobalPool(GlobalPool::Max)
+            NnOp::GlobalPool(GlobalPool::new(GlobalPoolKind::Max))
         }
         "GlobalLpPool" => {
             ctx.check_inputs(1, 1)?;
-            NnOp::GlobalPool(GlobalPool::Lp { p: lp_p(ctx)? })
+            NnOp::GlobalPool(GlobalPool::new(GlobalPoolKind::Lp { p: lp_p(ctx)? }))
         }
         "MaxUnpool" => {
             ctx.check_inputs(2, 3)?;

@@ -30,7 +30,7 @@ pub use conv::{Conv, ConvTranspose, DeformConv, PackedConvWeights, WinogradWeigh
 pub use grid::{AffineGrid, GridSample, GridSampleMode, GridSamplePadding, RoiAlign, RoiAlignMode};
 pub use matmul::{Einsum, Gemm, MatMul};
 pub use nms::NonMaxSuppression;
-pub use pool::{GlobalPool, LpPool, MaxUnpool, Pool, PoolKind};
+pub use pool::{GlobalPool, GlobalPoolKind, LpPool, MaxUnpool, Pool, PoolKind};
 pub use resize::{CoordMode, KeepAspect, NearestMode, Resize, ResizeMode};
 
 /// How the spatial padding of a windowed op is chosen.
@@ -626,7 +626,7 @@ mod tests {
             .unwrap();
         assert_eq!(out[0], tt(DType::F32, &[f(1), f(64), f(56), f(56)]));
         assert_eq!(out[1], tt(DType::I64, &[f(1), f(64), f(56), f(56)]));
-        let g = NnOp::GlobalPool(GlobalPool::Average);
+        let g = NnOp::GlobalPool(GlobalPool::new(GlobalPoolKind::Average));
         let out = g
             .infer(&[InferInput {
                 ty: &x,

@@ -405,33 +405,56 @@ pub(crate) fn step(idx: &mut [usize], dims: &[usize]) -> bool {
     false
 }
 
-/// GlobalAveragePool / GlobalMaxPool / GlobalLpPool: one value per (N, C) plane.
+/// What a global pooling computes over each (N, C) plane.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
-pub enum GlobalPool {
+pub enum GlobalPoolKind {
     Average,
     Max,
     Lp { p: f64 },
 }
 
-impl GlobalPool {
-    pub fn name(&self) -> &'static str {
+impl GlobalPoolKind {
+    /// One plane's `n` values reduced.
+    pub(super) fn reduce(&self, s: impl Iterator<Item = f64>, n: usize) -> f64 {
         match self {
-            GlobalPool::Average => "GlobalAveragePool",
-            GlobalPool::Max => "GlobalMaxPool",
-            GlobalPool::Lp { .. } => "GlobalLpPool",
+            GlobalPoolKind::Average => s.sum::<f64>() / n as f64,
+            GlobalPoolKind::Max => s.fold(f64::NEG_INFINITY, f64::max),
+            GlobalPoolKind::Lp { p } => s.map(|v| v.abs().powf(*p)).sum::<f64>().powf(1.0 / p),
+        }
+    }
+}
+
+/// GlobalAveragePool / GlobalMaxPool / GlobalLpPool: one value per (N, C) plane. With
+/// `channels_last` (set by the compiler's `layout` pass after channels-last convolutions), X is
+/// `[N, H, W, C]` and Y `[N, 1, 1, C]` (see `pool_nhwc`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
+pub struct GlobalPool {
+    pub kind: GlobalPoolKind,
+    #[serde(default)]
+    pub channels_last: bool,
+}
+
+impl GlobalPool {
+    /// The channels-first pooling of this kind (as imported from ONNX).
+    pub fn new(kind: GlobalPoolKind) -> GlobalPool {
+        GlobalPool {
+            kind,
+            channels_last: false,
         }
     }
 
-    /// One plane's `n` values reduced.
-    fn reduce(&self, s: impl Iterator<Item = f64>, n: usize) -> f64 {
-        match self {
-            GlobalPool::Average => s.sum::<f64>() / n as f64,
-            GlobalPool::Max => s.fold(f64::NEG_INFINITY, f64::max),
-            GlobalPool::Lp { p } => s.map(|v| v.abs().powf(*p)).sum::<f64>().powf(1.0 / p),
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            GlobalPoolKind::Average => "GlobalAveragePool",
+            GlobalPoolKind::Max => "GlobalMaxPool",
+            GlobalPoolKind::Lp { .. } => "GlobalLpPool",
         }
     }
 
     pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        if self.channels_last {
+            return self.eval_channels_last(args);
+        }
         let x = args.tensor(0)?;
         match x.dtype() {
             DType::F32 | DType::F64 | DType::F16 | DType::BF16 => {}
@@ -449,20 +472,34 @@ impl GlobalPool {
         if let Ok(xd) = x.as_slice::<f32>() {
             let y: Vec<f32> = (0..planes)
                 .map(|p| xd.get(p * isz..(p + 1) * isz).unwrap_or(&[]))
-                .map(|s| self.reduce(s.iter().map(|&v| f64::from(v)), isz) as f32)
+                .map(|s| match self.kind {
+                    // The common case: a vectorised sum (16 partial f64 sums).
+                    GlobalPoolKind::Average => (kiln_kernels::vector::sum_f64(s) / isz as f64) as f32,
+                    kind => kind.reduce(s.iter().map(|&v| f64::from(v)), isz) as f32,
+                })
                 .collect();
             return Ok(vec![Value::Tensor(Tensor::from_vec(yshape, y)?)]);
         }
         let xd = x.to_f64_vec();
         let y: Vec<f64> = (0..planes)
             .map(|p| xd.get(p * isz..(p + 1) * isz).unwrap_or(&[]))
-            .map(|s| self.reduce(s.iter().copied(), isz))
+            .map(|s| self.kind.reduce(s.iter().copied(), isz))
             .collect();
         Ok(vec![Value::Tensor(from_f64s(x.dtype(), yshape, &y)?)])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = util::input_dtype(inputs, 0);
+        if self.channels_last {
+            // [N, H, W, C] -> [N, 1, 1, C].
+            let shape = input_shape(inputs, 0).filter(|s| s.len() >= 2).map(|s| {
+                let mut o = s.to_vec();
+                let last = o.len() - 1;
+                o[1..last].iter_mut().for_each(|d| *d = Dim::Fixed(1));
+                o
+            });
+            return Ok(vec![tensor_type(dtype, shape)]);
+        }
         let shape = input_shape(inputs, 0).filter(|s| s.len() >= 2).map(|s| {
             let mut o = s[..2].to_vec();
             o.extend(std::iter::repeat_n(Dim::Fixed(1), s.len() - 2));

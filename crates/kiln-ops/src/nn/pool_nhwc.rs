@@ -9,7 +9,7 @@
 //! channels-first evaluation between two transposes.
 
 use super::conv_nhwc::{TO_FIRST, output_to_last, transpose, type_to_last, x_type_first};
-use super::pool::{Pool, PoolKind};
+use super::pool::{GlobalPool, GlobalPoolKind, Pool, PoolKind};
 use super::{numel, pads_attr, spatial_attr, window_geom};
 use crate::error::{OpError, Result};
 use crate::util;
@@ -79,6 +79,71 @@ impl Pool {
         }])?;
         // Y only: a channels-last pool has no Indices output.
         Ok(vec![type_to_last(out.into_iter().next().unwrap_or(ValueType::Unknown))])
+    }
+}
+
+impl GlobalPool {
+    /// X `[N, H, W, C]` (any rank >= 2: the dims between N and C are the plane) into Y
+    /// `[N, 1, .., 1, C]`. f32 Average and Max read X once, row by row, vectorised over the
+    /// channels (Average accumulates in f32 lanes, then scales); other kinds and types reduce
+    /// each channel's strided plane in f64, as the channels-first evaluation does.
+    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        let x = args.tensor(0)?;
+        let xs = x.shape();
+        let (Some(&n), Some(&c)) = (xs.first(), xs.last()) else {
+            return Err(OpError::Shape(format!(
+                "channels-last global pooling needs X [N, .., C], got {xs:?}"
+            )));
+        };
+        if xs.len() < 2 {
+            return Err(OpError::Shape(format!(
+                "channels-last global pooling needs X [N, .., C], got {xs:?}"
+            )));
+        }
+        let plane = numel(&xs[1..xs.len() - 1])?;
+        let mut shape = vec![1; xs.len()];
+        shape[0] = n;
+        shape[xs.len() - 1] = c;
+        let fast = match self.kind {
+            GlobalPoolKind::Average => Some(false),
+            GlobalPoolKind::Max => Some(true),
+            GlobalPoolKind::Lp { .. } => None,
+        };
+        if let (Some(max), Ok(xd)) = (fast, x.as_slice::<f32>()) {
+            // Max skips NaN (as the channels-first f64 fold with `f64::max` does); an empty
+            // plane averages to NaN (0 / 0) and maxes to -inf, as channels-first.
+            let init = if max { f32::NEG_INFINITY } else { 0.0 };
+            let mut y = vec![init; n * c];
+            for (img, out) in y.chunks_exact_mut(c.max(1)).enumerate() {
+                let rows = xd.get(img * plane * c..(img + 1) * plane * c).unwrap_or(&[]);
+                kiln_kernels::simd::vectorize(|| {
+                    for row in rows.chunks_exact(c.max(1)) {
+                        if max {
+                            out.iter_mut()
+                                .zip(row)
+                                .for_each(|(o, &v)| *o = if v > *o { v } else { *o });
+                        } else {
+                            out.iter_mut().zip(row).for_each(|(o, &v)| *o += v);
+                        }
+                    }
+                });
+                if !max {
+                    let scale = 1.0 / plane as f32;
+                    out.iter_mut().for_each(|o| *o *= scale);
+                }
+            }
+            return Ok(vec![Value::Tensor(Tensor::from_vec(shape, y)?)]);
+        }
+        let xd = x.to_f64_vec();
+        let y: Vec<f64> = (0..n * c)
+            .map(|i| {
+                let (img, ch) = (i / c.max(1), i % c.max(1));
+                let base = img * plane * c + ch;
+                let vals = (0..plane).filter_map(|p| xd.get(base + p * c).copied());
+                self.kind.reduce(vals, plane)
+            })
+            .collect();
+        Ok(vec![Value::Tensor(super::from_f64s(x.dtype(), shape, &y)?)])
     }
 }
 
@@ -244,6 +309,65 @@ mod tests {
                 );
             }
             assert!(want.iter().any(|v| v.is_nan()) || !matches!(kind, PoolKind::Max { .. }) || ceil);
+        }
+    }
+
+    /// Global pooling channels-last (f32 Average and Max on the row loop, Lp and f64 on the
+    /// strided fallback) against the channels-first evaluation, with a NaN in one plane.
+    #[test]
+    fn channels_last_global_pools_match_channels_first() {
+        let mut seed = 5u32;
+        let xs = [2, 21, 3, 5];
+        let total: usize = xs.iter().product();
+        let mut x: Vec<f32> = (0..total)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                ((seed >> 8) % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect();
+        x[17] = f32::NAN;
+        for kind in [
+            GlobalPoolKind::Average,
+            GlobalPoolKind::Max,
+            GlobalPoolKind::Lp { p: 3.0 },
+        ] {
+            let first = GlobalPool::new(kind);
+            let last = GlobalPool {
+                channels_last: true,
+                ..first
+            };
+            let run = |op: &GlobalPool, shape: &[usize], v: Vec<f32>| {
+                let x = Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap());
+                op.eval(&Args::new(&[Some(&x)])).unwrap()[0]
+                    .as_tensor()
+                    .unwrap()
+                    .clone()
+            };
+            let want = run(&first, &xs, x.clone());
+            let got = run(&last, &[xs[0], xs[2], xs[3], xs[1]], to_last(&x, xs));
+            assert_eq!(got.shape(), &[2, 1, 1, 21]);
+            let (g, w) = (got.as_slice::<f32>().unwrap(), want.as_slice::<f32>().unwrap());
+            assert_eq!(g.len(), w.len());
+            for (i, (g, w)) in g.iter().zip(w).enumerate() {
+                assert!(
+                    (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                    "{kind:?} [{i}]: {g} vs {w}"
+                );
+            }
+            // X[0, 1, 0, 2] (flat 17 = 1 * 15 + 2) is NaN: channel 1's average is NaN, its
+            // max skips it (Lp's f64 powers carry it).
+            assert_eq!(g[1].is_nan(), kind != GlobalPoolKind::Max);
+            let inferred = last
+                .infer(&[InferInput {
+                    ty: &ValueType::Tensor(crate::value::TensorType::fixed(DType::F32, &[2, 3, 5, 21])),
+                    konst: None,
+                    present: true,
+                }])
+                .unwrap();
+            assert_eq!(
+                inferred[0],
+                ValueType::Tensor(crate::value::TensorType::fixed(DType::F32, &[2, 1, 1, 21]))
+            );
         }
     }
 }
