@@ -194,6 +194,7 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
         let ones = |v: &[usize]| v.iter().all(|&d| d == 1);
         if conv.winograd.is_some()
             || conv.packed.is_some()
+            || conv.x_channels_first
             || conv.group.max(1) != 1
             || !ones(&conv.strides)
             || !ones(&conv.dilations)

@@ -30,6 +30,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 activation: None,
                 winograd: None,
                 channels_last: false,
+                x_channels_first: false,
                 packed: None,
             })
         }

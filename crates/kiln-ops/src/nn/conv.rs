@@ -48,6 +48,13 @@ pub struct Conv {
     /// residual input 3 and Y are `[N, H, W, C]` instead of ONNX's `[N, C, H, W]`. W keeps
     /// its ONNX layout unless `packed` is set.
     pub channels_last: bool,
+    /// With `channels_last`: X alone keeps ONNX's `[N, C, H, W]` layout (Y and the residual
+    /// are channels-last). Set by the `layout` pass on a convolution of a few-channel input
+    /// (an image) that no channels-last producer provides: the packed path gathers the
+    /// windows straight from it, instead of a transpose of X followed by an im2col of
+    /// `C`-float runs.
+    #[serde(default)]
+    pub x_channels_first: bool,
     /// Set by the compiler for a channels-last group-1 f32 convolution with constant weights:
     /// input 1 then holds W as the GEMM's B matrix, `[kh*kw*c, m]` with rows in (ky, kx, c)
     /// order, packed in the `f32/nr32/v1` panels.

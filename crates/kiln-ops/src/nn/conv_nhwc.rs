@@ -7,7 +7,10 @@
 //!   contiguous channels) and whose B is the weights packed at compile time. A 1x1, stride-1,
 //!   unpadded convolution reads X itself as A (no copy at all); the others copy row blocks of
 //!   A that fit in L2 (in parallel over the pool, each block multiplied by its own thread).
-//!   Bias (per column), residual and activation run in the GEMM epilogue.
+//!   Bias (per column), residual and activation run in the GEMM epilogue. With
+//!   `x_channels_first` (an image stem), X is `[N, C, H, W]` and each block is gathered
+//!   transposed instead, one row per tap (a strided walk along an input row), which the GEMM
+//!   reads as a transposed A.
 //! - **depthwise** (f32, `group == C == M`): a direct loop vectorised over channels
 //!   ([`super::depthwise::Depthwise::run_nhwc`]): contiguous channel runs, no padded copy.
 //! - everything else (other types, grouped convolutions, unpacked weights): the channels-first
@@ -231,6 +234,97 @@ impl Geometry {
     }
 }
 
+/// `dst[j] = src[j * step]` for every `j` (false if `src` is too short): a copy for step 1,
+/// pairs for step 2 (which the compiler vectorises as a deinterleave), else a strided walk.
+fn gather(src: &[f32], step: usize, dst: &mut [f32]) -> bool {
+    let n = dst.len();
+    if n == 0 {
+        return true;
+    }
+    if src.len() <= (n - 1) * step {
+        return false;
+    }
+    match step {
+        1 => match src.get(..n) {
+            Some(s) => dst.copy_from_slice(s),
+            None => return false,
+        },
+        2 => {
+            let pairs = (src.len() / 2).min(n);
+            dst.iter_mut().zip(src.chunks_exact(2)).for_each(|(d, p)| *d = p[0]);
+            if let (Some(d), Some(&v)) = (dst.get_mut(pairs), src.get(pairs * 2)) {
+                *d = v;
+            }
+        }
+        _ => dst.iter_mut().zip(src.iter().step_by(step)).for_each(|(d, &v)| *d = v),
+    }
+    true
+}
+
+impl Geometry {
+    /// Writes the transposed im2col block for output pixels `r0 .. r0 + n` of a channels-first
+    /// X (`[N, C, H, W]`) into `a` (`k x n`, row `p` = tap `(ky, kx)` and channel `ci` in the
+    /// packed weights' (ky, kx, c) order, so `a[p * n + i]` is that tap's input value for
+    /// pixel `r0 + i`, or zero in the padding). Each row is gathered a run of output pixels of
+    /// one output row at a time: a strided walk along one input row. Returns `false` if X is
+    /// shorter than the geometry says.
+    fn fill_columns(&self, x: &[f32], r0: usize, n: usize, a: &mut [f32]) -> bool {
+        let (c, plane, ow) = (self.c, self.oh * self.ow, self.ow);
+        if plane == 0 || ow == 0 || c == 0 || n == 0 {
+            return true;
+        }
+        for (p, dst) in a.chunks_exact_mut(n).enumerate() {
+            let (tap, ci) = (p / c, p % c);
+            let (ky, kx) = (tap / self.kw, tap % self.kw);
+            let mut i = 0;
+            while i < n {
+                let pix = r0 + i;
+                let (img, oy, ox0) = (pix / plane, pix % plane / ow, pix % ow);
+                let len = (ow - ox0).min(n - i);
+                let Some(seg) = dst.get_mut(i..i + len) else {
+                    return false;
+                };
+                i += len;
+                let iy = (oy * self.sh + ky * self.dh) as isize - self.ph as isize;
+                if iy < 0 || iy as usize >= self.ih {
+                    seg.fill(0.0);
+                    continue;
+                }
+                let start = ((img * c + ci) * self.ih + iy as usize) * self.iw;
+                let Some(row) = x.get(start..start + self.iw) else {
+                    return false;
+                };
+                // Output column `ox` reads input column `ox * sw + kx * dw - pw`: zero before
+                // column `lo` and from `hi` on, a strided run in between.
+                let (sw, iw) = (self.sw.max(1), self.iw as isize);
+                let off = (kx * self.dw) as isize - self.pw as isize;
+                let end = ox0 + len;
+                let lo = if off >= 0 {
+                    0
+                } else {
+                    (-off).unsigned_abs().div_ceil(sw)
+                }
+                .clamp(ox0, end);
+                let hi = if iw <= off {
+                    0
+                } else {
+                    (iw - off).unsigned_abs().div_ceil(sw)
+                }
+                .clamp(lo, end);
+                let (head, rest) = seg.split_at_mut(lo - ox0);
+                let (mid, tail) = rest.split_at_mut(hi - lo);
+                head.fill(0.0);
+                tail.fill(0.0);
+                let from = ((lo * sw) as isize + off).max(0).unsigned_abs();
+                if !gather(row.get(from..).unwrap_or(&[]), sw, mid) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
 impl Conv {
     /// The channels-last evaluation (see the module docs).
     pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<Vec<Value>> {
@@ -249,17 +343,24 @@ impl Conv {
         {
             return Ok(vec![self.packed_nhwc(args, pw)?.into()]);
         }
-        if let Some(y) = self.depthwise_nhwc(args)? {
+        if !self.x_channels_first
+            && let Some(y) = self.depthwise_nhwc(args)?
+        {
             return Ok(vec![y.into()]);
         }
         // The reference: the channels-first evaluation between transposes.
         let (Some(xv), Some(wv)) = (args.value(0), args.value(1)) else {
             return Err(OpError::Value("Conv needs X and W".into()));
         };
-        let xt = transpose(xv, TO_FIRST)?;
+        let xt = if self.x_channels_first {
+            xv.clone()
+        } else {
+            transpose(xv, TO_FIRST)?
+        };
         let rt = args.value(3).map(|r| transpose(r, TO_FIRST)).transpose()?;
         let first = Conv {
             channels_last: false,
+            x_channels_first: false,
             ..self.clone()
         };
         let inputs = [Some(&xt), Some(wv), args.value(2), rt.as_ref()];
@@ -270,7 +371,12 @@ impl Conv {
     /// `packed` records), permuted back.
     pub(super) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = util::input_dtype(inputs, 0);
-        let Some(xt) = x_type_first(inputs, "Conv")? else {
+        let xt = if self.x_channels_first {
+            inputs.first().map(|i| i.ty.clone())
+        } else {
+            x_type_first(inputs, "Conv")?
+        };
+        let Some(xt) = xt else {
             return Ok(vec![util::dtype_only(dtype)]);
         };
         let wt = match self.packed {
@@ -282,6 +388,7 @@ impl Conv {
         };
         let first = Conv {
             channels_last: false,
+            x_channels_first: false,
             packed: None,
             ..self.clone()
         };
@@ -322,7 +429,13 @@ impl Conv {
                 self.group
             )));
         }
-        let geo = self.geometry_nhwc(x.shape(), pk.m, pk.c, pk.kh, pk.kw)?;
+        let geo = match (self.x_channels_first, x.shape()) {
+            (true, &[n, c, h, w]) => self.geometry_nhwc(&[n, h, w, c], pk.m, pk.c, pk.kh, pk.kw)?,
+            (true, xs) => {
+                return Err(OpError::Shape(format!("Conv needs X [N, C, H, W], got {xs:?}")));
+            }
+            (false, xs) => self.geometry_nhwc(xs, pk.m, pk.c, pk.kh, pk.kw)?,
+        };
         if geo.c != pk.c {
             return Err(OpError::Shape(format!(
                 "Conv packed for {} input channels got X {:?}",
@@ -349,7 +462,7 @@ impl Conv {
         let act = self.activation.map(|a| a.kernel_act());
         let xd = x.as_slice::<f32>()?;
         let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {:?} for {pk:?}", x.shape()));
-        if geo.is_pointwise() {
+        if geo.is_pointwise() && !self.x_channels_first {
             let epi = Epilogue {
                 bias,
                 residual: rd.map(|data| Residual { data, ld: m }),
@@ -367,18 +480,35 @@ impl Conv {
         }
         let block = block.min(rows.next_multiple_of(8));
         numel(&[block, k])?;
+        // A block of A: im2col rows from channels-last X, or the transposed block (one row
+        // per tap, one column per pixel) gathered from channels-first X.
+        let fill = |xd: &[f32], r0: usize, n: usize, a: &mut [f32]| {
+            if self.x_channels_first {
+                geo.fill_columns(xd, r0, n, a)
+            } else {
+                geo.fill_rows(xd, r0, a)
+            }
+        };
+        fn a_block(a: &[f32], n: usize, k: usize, columns: bool) -> AMatrix<'_> {
+            if columns {
+                AMatrix::transposed(a, n)
+            } else {
+                AMatrix::row_major(a, k)
+            }
+        }
+        let columns = self.x_channels_first;
         if rows <= block {
             // One block: the GEMM itself splits its rows over the pool.
             return ROWS.with(|cell| {
                 let mut a = cell.take();
                 a.resize(rows * k, 0.0);
-                let ok = geo.fill_rows(xd, 0, &mut a);
+                let ok = fill(xd, 0, rows, &mut a);
                 let epi = Epilogue {
                     bias,
                     residual: rd.map(|data| Residual { data, ld: m }),
                     act,
                 };
-                let ok = ok && sgemm(rows, AMatrix::row_major(&a, k), packed, &mut y, m, &epi).is_ok();
+                let ok = ok && sgemm(rows, a_block(&a, rows, k, columns), packed, &mut y, m, &epi).is_ok();
                 cell.set(a);
                 if !ok {
                     return Err(bad());
@@ -393,14 +523,14 @@ impl Conv {
             let ok = ROWS.with(|cell| {
                 let mut a = cell.take();
                 a.resize(nrows * k, 0.0);
-                let mut ok = geo.fill_rows(xd, r0, &mut a);
+                let mut ok = fill(xd, r0, nrows, &mut a);
                 let residual = match rd {
                     Some(r) => r.get(r0 * m..).map(|data| Residual { data, ld: m }),
                     None => None,
                 };
                 ok &= rd.is_none() || residual.is_some();
                 let epi = Epilogue { bias, residual, act };
-                ok = ok && sgemm(nrows, AMatrix::row_major(&a, k), packed, out, m, &epi).is_ok();
+                ok = ok && sgemm(nrows, a_block(&a, nrows, k, columns), packed, out, m, &epi).is_ok();
                 cell.set(a);
                 ok
             });
@@ -615,11 +745,41 @@ pub(super) mod tests {
                 packed: None,
                 ..last.clone()
             };
-            let mut vals = vals;
-            vals[1] = Some(tensor(&ws, &w));
-            let reference = eval(&plain, &vals);
+            let mut plain_vals = vals.clone();
+            plain_vals[1] = Some(tensor(&ws, &w));
+            let reference = eval(&plain, &plain_vals);
             for (g, s) in got.iter().zip(reference.as_slice::<f32>().unwrap()) {
                 assert!((g - s).abs() <= 1e-5 * (1.0 + s.abs()));
+            }
+            // X kept channels-first (`x_channels_first`): the windows gathered from it, packed
+            // and plain, on 1 and 2 threads, give the same values.
+            let mut first_vals = vals;
+            first_vals[0] = Some(tensor(&xs, &x));
+            let gathered = Conv {
+                x_channels_first: true,
+                ..last.clone()
+            };
+            kiln_kernels::recycle::give(vec![f32::NAN; n * oh * ow * m]);
+            let one = eval(&gathered, &first_vals);
+            kiln_kernels::recycle::give(vec![f32::NAN; n * oh * ow * m]);
+            let two = pool.install(|| eval(&gathered, &first_vals));
+            assert_eq!(one.as_slice::<f32>().unwrap(), two.as_slice::<f32>().unwrap());
+            first_vals[1] = Some(tensor(&ws, &w));
+            let slow_first = eval(
+                &Conv {
+                    packed: None,
+                    ..gathered.clone()
+                },
+                &first_vals,
+            );
+            for out in [&one, &slow_first] {
+                assert_eq!(out.shape(), &[n, oh, ow, m]);
+                for (i, (g, s)) in out.as_slice::<f32>().unwrap().iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - s).abs() <= 1e-5 * (1.0 + s.abs()),
+                        "X first, c {c} {hw:?} k {k:?} s {stride:?} p {pads:?}: [{i}] {g} vs {s}"
+                    );
+                }
             }
         }
     }
@@ -635,6 +795,8 @@ pub(super) mod tests {
         check(1, 3, 32, [41, 41], [3, 3], [2, 2], [1, 1], [1; 4], 1, false, 4);
         check(1, 5, 7, [9, 9], [3, 3], [1, 2], [2, 2], [0, 2, 1, 0], 1, true, 5);
         check(1, 4, 6, [3, 4], [5, 3], [1, 1], [1, 1], [2, 1, 2, 1], 1, false, 6);
+        // A ResNet-like 7x7 stride-2 stem: 400 output pixels in blocks of 224 rows (K = 147).
+        check(2, 3, 16, [40, 39], [7, 7], [2, 2], [1, 1], [3; 4], 1, true, 7);
     }
 
     #[test]

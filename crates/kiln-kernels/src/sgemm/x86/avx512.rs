@@ -142,6 +142,22 @@ fn lanes(n: usize) -> M {
     if n >= 16 { 0xFFFF } else { ((1u32 << n) - 1) as M }
 }
 
+/// `$body` once for each `$i` in `0..$r` (`$r <= MR`), `$i` a constant in each copy: a row
+/// loop over the accumulator array, not unrolled, made the compiler keep the array on the
+/// stack (16 stores after the depth loop and a load per row), a fixed cost per tile that
+/// short depths (K = 16..32 in MobileNet's expansions) felt.
+macro_rules! unrolled {
+    ($r:expr, $i:ident => $body:block) => {
+        unrolled!(@ $r, $i, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $r:expr, $i:ident, $body:block, $($n:literal)*) => {
+        $({
+            const $i: usize = $n;
+            if $i < $r $body
+        })*
+    };
+}
+
 /// # Safety
 /// The [`TileFn`] contract with `MR = 8`, `NR = 32`; the CPU has AVX-512 F + VL, AVX2, FMA.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
@@ -205,37 +221,42 @@ unsafe fn tile<const R: usize>(
         },
         _ => (None, None),
     };
-    for (i, acc) in acc.iter().enumerate() {
-        // SAFETY: the TileFn contract gives `nr` writable (initialised unless `first`) floats
-        // at `c + i*ldc` for `i < R`, and TileEpi's gives `R` row-bias floats and `nr` residual
-        // floats at `resid + i*resid_ld`; the masks cover exactly lanes `< nr` (masked-off lanes
-        // are neither read nor written), and `+ 16` is only formed when `nr > 16`.
-        unsafe {
-            let cp = c.add(i * ldc);
-            let mut v0 = acc[0];
-            let mut v1 = acc[1];
-            if !first {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cp));
-                if m1 != 0 {
-                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+    // One copy of the row epilogue per row (see `unrolled!`): the accumulators stay in
+    // registers instead of going through the stack.
+    unrolled!(R, I => {
+        if let Some(&[a0, a1]) = acc.get(I) {
+            // SAFETY: the TileFn contract gives `nr` writable (initialised unless `first`)
+            // floats at `c + I*ldc` for `I < R`, and TileEpi's gives `R` row-bias floats and
+            // `nr` residual floats at `resid + I*resid_ld`; the masks cover exactly lanes
+            // `< nr` (masked-off lanes are neither read nor written), and `+ 16` is only
+            // formed when `nr > 16`.
+            unsafe {
+                let cp = c.add(I * ldc);
+                let mut v0 = a0;
+                let mut v1 = a1;
+                if !first {
+                    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cp));
+                    if m1 != 0 {
+                        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+                    }
                 }
-            }
-            if let Some(e) = epi {
-                let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(i)));
-                let rp = e.resid.wrapping_add(i * e.resid_ld);
-                let r0 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m0, rp));
-                v0 = epi_vec(v0, rb, cb0, r0, cheap_act(e.act));
-                if m1 != 0 {
-                    let r1 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m1, rp.add(16)));
-                    v1 = epi_vec(v1, rb, cb1, r1, cheap_act(e.act));
+                if let Some(e) = epi {
+                    let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(I)));
+                    let rp = e.resid.wrapping_add(I * e.resid_ld);
+                    let r0 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m0, rp));
+                    v0 = epi_vec(v0, rb, cb0, r0, cheap_act(e.act));
+                    if m1 != 0 {
+                        let r1 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m1, rp.add(16)));
+                        v1 = epi_vec(v1, rb, cb1, r1, cheap_act(e.act));
+                    }
                 }
-            }
-            _mm512_mask_storeu_ps(cp, m0, v0);
-            if m1 != 0 {
-                _mm512_mask_storeu_ps(cp.add(16), m1, v1);
+                _mm512_mask_storeu_ps(cp, m0, v0);
+                if m1 != 0 {
+                    _mm512_mask_storeu_ps(cp.add(16), m1, v1);
+                }
             }
         }
-    }
+    });
     // Costly activations (exp, erf, tanh) run over the stored rows, still in L1: one call per
     // row rather than per vector with every accumulator live across it.
     if let Some(a) = epi.and_then(|e| e.act).filter(|a| !a.is_cheap()) {
@@ -294,25 +315,29 @@ unsafe fn half_tile<const R: usize>(
         Some(e) if !e.col_bias.is_null() => Some(unsafe { _mm512_maskz_loadu_ps(m0, e.col_bias) }),
         _ => None,
     };
-    for (i, &acc) in acc.iter().enumerate() {
-        // SAFETY: `nr <= 16` writable (initialised unless `first`) floats at `c + i*ldc` for
-        // `i < R`, `R` row-bias floats and `nr` residual floats at `resid + i*resid_ld` (TileFn
-        // and TileEpi contracts); the mask covers exactly lanes `< nr`.
-        unsafe {
-            let cp = c.add(i * ldc);
-            let mut v = if first {
-                acc
-            } else {
-                _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m0, cp))
-            };
-            if let Some(e) = epi {
-                let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(i)));
-                let r = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m0, e.resid.wrapping_add(i * e.resid_ld)));
-                v = epi_vec(v, rb, cb, r, cheap_act(e.act));
+    unrolled!(R, I => {
+        if let Some(&acc) = acc.get(I) {
+            // SAFETY: `nr <= 16` writable (initialised unless `first`) floats at `c + I*ldc`
+            // for `I < R`, `R` row-bias floats and `nr` residual floats at
+            // `resid + I*resid_ld` (TileFn and TileEpi contracts); the mask covers exactly
+            // lanes `< nr`.
+            unsafe {
+                let cp = c.add(I * ldc);
+                let mut v = if first {
+                    acc
+                } else {
+                    _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m0, cp))
+                };
+                if let Some(e) = epi {
+                    let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(I)));
+                    let r = (!e.resid.is_null())
+                        .then(|| _mm512_maskz_loadu_ps(m0, e.resid.wrapping_add(I * e.resid_ld)));
+                    v = epi_vec(v, rb, cb, r, cheap_act(e.act));
+                }
+                _mm512_mask_storeu_ps(cp, m0, v);
             }
-            _mm512_mask_storeu_ps(cp, m0, v);
         }
-    }
+    });
     // Costly activations over the stored rows (see `tile`).
     if let Some(a) = epi.and_then(|e| e.act).filter(|a| !a.is_cheap()) {
         for i in 0..R {
