@@ -45,6 +45,12 @@ fn mul(a: V, b: V) -> V {
 fn div(a: V, b: V) -> V {
     _mm256_div_ps(a, b)
 }
+/// `1 / b` (a divide: AVX2's 12-bit estimate would need two Newton steps).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn recip(b: V) -> V {
+    _mm256_div_ps(_mm256_set1_ps(1.0), b)
+}
 /// `a * b + c`, one rounding.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
