@@ -90,38 +90,67 @@ impl Attention {
             Some((m, s)) => (Some(m), s),
             None => (None, [0; 3]),
         };
-        // One task per (batch, head), over the pool: its scores and its `sq x dv` result in
-        // per-thread buffers, the result copied into Y's head columns under a lock.
+        // One task per (batch, head, block of query rows), over the pool: its scores and its
+        // `rows x dv` result in per-thread buffers, the result copied into Y's head columns
+        // under a lock. Query rows are split only when there are fewer heads than twice the
+        // threads (ViT-tiny's 3 heads on 2 threads would leave one thread idle a third of the
+        // time); the blocks of one head share its packed K^T and V, packed once by whichever
+        // task gets there first.
+        let heads = b * h;
+        let threads = kiln_kernels::pool::current_threads().max(1);
+        let qblocks = if heads >= 2 * threads {
+            1
+        } else {
+            (2 * threads).div_ceil(heads.max(1)).min(sq.div_ceil(8)).max(1)
+        };
+        let qb = sq.div_ceil(qblocks).next_multiple_of(8).max(1);
+        let qblocks = sq.div_ceil(qb).max(1);
+        let packs: Vec<std::sync::OnceLock<Option<(PackedB, PackedB)>>> =
+            (0..heads).map(|_| std::sync::OnceLock::new()).collect();
         let y_cols = std::sync::Mutex::new(&mut y);
         let failed = std::sync::atomic::AtomicBool::new(false);
-        kiln_kernels::pool::parallel_for(b * h, &|task| {
-            let (bi, hi) = (task / h, task % h);
-            let (qo, ko, vo) = (bi * sq * qw + hi * d, bi * skv * kw + hi * d, bi * skv * vw + hi * dv);
-            let (Some(qs), Some(ks), Some(vs_)) = (qd.get(qo..), kd.get(ko..), vd.get(vo..)) else {
+        kiln_kernels::pool::parallel_for(heads * qblocks, &|task| {
+            let (head, blk) = (task / qblocks, task % qblocks);
+            let (bi, hi) = (head / h, head % h);
+            let (q0, rows) = (blk * qb, qb.min(sq.saturating_sub(blk * qb)));
+            let (qo, ko, vo) = (
+                (bi * sq + q0) * qw + hi * d,
+                bi * skv * kw + hi * d,
+                bi * skv * vw + hi * dv,
+            );
+            let (Some(qs), Some(ks), Some(vs_), Some(pack)) =
+                (qd.get(qo..), kd.get(ko..), vd.get(vo..), packs.get(head))
+            else {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            };
+            // K_h^T: element (e, j) at ks[j * kw + e]; V_h: element (j, e) at vs_[j * vw + e].
+            let packed = pack.get_or_init(|| {
+                let kt = PackedB::pack(layout, d, skv, ks, MatLayout::transposed(kw)).ok()?;
+                let vp = PackedB::pack(layout, skv, dv, vs_, MatLayout::row_major(vw)).ok()?;
+                Some((kt, vp))
+            });
+            let Some((kt, vp)) = packed else {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 return;
             };
             // The scores are overwritten whole by the GEMM: a reused per-thread buffer.
             let mut scores = SCORES.with(std::cell::Cell::take);
-            scores.resize(sq * skv, 0.0);
+            scores.resize(rows * skv, 0.0);
             let mut out = HEAD_OUT.with(std::cell::Cell::take);
-            out.resize(sq * dv, 0.0);
-            // K_h^T: element (e, j) at ks[j * kw + e]; V_h: element (j, e) at vs_[j * vw + e].
-            let ok = PackedB::pack(layout, d, skv, ks, MatLayout::transposed(kw))
-                .and_then(|kt| {
-                    sgemm(
-                        sq,
-                        AMatrix::row_major(qs, qw),
-                        kt.view(),
-                        &mut scores,
-                        skv,
-                        &Epilogue::NONE,
-                    )
-                })
-                .is_ok();
+            out.resize(rows * dv, 0.0);
+            let ok = sgemm(
+                rows,
+                AMatrix::row_major(qs, qw),
+                kt.view(),
+                &mut scores,
+                skv,
+                &Epilogue::NONE,
+            )
+            .is_ok();
             for (i, row) in scores.chunks_exact_mut(skv.max(1)).enumerate() {
                 let mrow = mdata.and_then(|m| {
-                    let o = bi * ms[0] + hi * ms[1] + i * ms[2];
+                    let o = bi * ms[0] + hi * ms[1] + (q0 + i) * ms[2];
                     m.get(o..o + skv)
                 });
                 kiln_kernels::simd::vectorize(|| match mrow {
@@ -136,25 +165,22 @@ impl Attention {
                 }
             }
             let ok = ok
-                && PackedB::pack(layout, skv, dv, vs_, MatLayout::row_major(vw))
-                    .and_then(|vp| {
-                        sgemm(
-                            sq,
-                            AMatrix::row_major(&scores, skv),
-                            vp.view(),
-                            &mut out,
-                            dv,
-                            &Epilogue::NONE,
-                        )
-                    })
-                    .is_ok();
+                && sgemm(
+                    rows,
+                    AMatrix::row_major(&scores, skv),
+                    vp.view(),
+                    &mut out,
+                    dv,
+                    &Epilogue::NONE,
+                )
+                .is_ok();
             SCORES.with(|cell| cell.set(scores));
             if !ok {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             } else {
                 let mut y = y_cols.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 for (i, src) in out.chunks_exact(dv.max(1)).enumerate() {
-                    let o = (bi * sq + i) * vw + hi * dv;
+                    let o = (bi * sq + q0 + i) * vw + hi * dv;
                     if let Some(dst) = y.get_mut(o..o + dv) {
                         dst.copy_from_slice(src);
                     }
@@ -270,6 +296,40 @@ mod tests {
                 let row = (sq + 2) * h * dv;
                 assert!(fast[row..row + h * dv].iter().all(|&v| v == 0.0));
             }
+        }
+    }
+
+    /// One head on 2 threads: the query rows split into blocks that share the head's packed
+    /// K^T and V; the same values as on one thread and as the f64 reference, with a mask per
+    /// query row (so each block must read its own mask rows).
+    #[test]
+    fn query_blocks_of_one_head_match_one_thread_and_the_reference() {
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        let (sq, skv, d, dv) = (37, 29, 8, 5);
+        let op = attention(1, None);
+        let run = |f64s: bool| -> Vec<Value> {
+            vec![
+                values(&[1, sq, d], 1, f64s),
+                values(&[1, skv, d], 2, f64s),
+                values(&[1, skv, dv], 3, f64s),
+                values(&[1, 1, sq, skv], 4, f64s),
+            ]
+        };
+        let (fast, slow) = (run(false), run(true));
+        let fa: Vec<Option<&Value>> = fast.iter().map(Some).collect();
+        assert!(op.eval_f32(&Args::new(&fa).with_wanted(1)).unwrap().is_some());
+        let one = op.eval(&Args::new(&fa).with_wanted(1)).unwrap();
+        let two = pool.install(|| op.eval(&Args::new(&fa).with_wanted(1)).unwrap());
+        let sa: Vec<Option<&Value>> = slow.iter().map(Some).collect();
+        let want = op.eval(&Args::new(&sa).with_wanted(1)).unwrap()[0]
+            .as_tensor()
+            .unwrap()
+            .to_f64_vec();
+        let (one, two) = (one[0].as_tensor().unwrap(), two[0].as_tensor().unwrap());
+        assert_eq!(one.shape(), &[1, sq, dv]);
+        assert_eq!(one.as_slice::<f32>().unwrap(), two.as_slice::<f32>().unwrap());
+        for (i, (f, s)) in one.to_f64_vec().iter().zip(&want).enumerate() {
+            assert!((f - s).abs() <= 1e-5 * (1.0 + s.abs()), "[{i}]: {f} vs {s}");
         }
     }
 
