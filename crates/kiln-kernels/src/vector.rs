@@ -44,36 +44,60 @@ fn max_lanes(v: &[f32]) -> f32 {
     m.into_iter().fold(f32::NEG_INFINITY, |a, x| if x > a { x } else { a })
 }
 
-/// The sum of `v` in f64 (16 partial sums, then added in order).
+/// The sum of `v` in f64 (16 partial sums, then added in order), compiled for the active
+/// level (the same sums at every level: the lanes are explicit).
 pub fn sum_f64(v: &[f32]) -> f64 {
-    let mut s = [0.0f64; W];
-    let mut chunks = v.chunks_exact(W);
-    for c in &mut chunks {
-        for (a, &x) in s.iter_mut().zip(c) {
-            *a += f64::from(x);
-        }
-    }
-    for (a, &x) in s.iter_mut().zip(chunks.remainder()) {
-        *a += f64::from(x);
-    }
-    s.iter().sum()
+    crate::simd::vectorize_kernel(SumF64(v))
 }
 
-/// `sum (v[i] - mean)^2` in f64 (16 partial sums).
+/// `sum (v[i] - mean)^2` in f64 (16 partial sums), compiled for the active level.
 pub fn sq_dev_sum_f64(v: &[f32], mean: f64) -> f64 {
-    let mut s = [0.0f64; W];
-    let mut chunks = v.chunks_exact(W);
-    for c in &mut chunks {
-        for (a, &x) in s.iter_mut().zip(c) {
+    crate::simd::vectorize_kernel(SqDevSumF64(v, mean))
+}
+
+/// [`sum_f64`]'s loop.
+struct SumF64<'a>(&'a [f32]);
+
+impl crate::simd::Kernel for SumF64<'_> {
+    type Output = f64;
+    #[inline(always)]
+    fn run(self) -> f64 {
+        let mut s = [0.0f64; W];
+        let mut chunks = self.0.chunks_exact(W);
+        for c in &mut chunks {
+            for (a, &x) in s.iter_mut().zip(c) {
+                *a += f64::from(x);
+            }
+        }
+        for (a, &x) in s.iter_mut().zip(chunks.remainder()) {
+            *a += f64::from(x);
+        }
+        s.iter().sum()
+    }
+}
+
+/// [`sq_dev_sum_f64`]'s loop.
+struct SqDevSumF64<'a>(&'a [f32], f64);
+
+impl crate::simd::Kernel for SqDevSumF64<'_> {
+    type Output = f64;
+    #[inline(always)]
+    fn run(self) -> f64 {
+        let SqDevSumF64(v, mean) = self;
+        let mut s = [0.0f64; W];
+        let mut chunks = v.chunks_exact(W);
+        for c in &mut chunks {
+            for (a, &x) in s.iter_mut().zip(c) {
+                let d = f64::from(x) - mean;
+                *a += d * d;
+            }
+        }
+        for (a, &x) in s.iter_mut().zip(chunks.remainder()) {
             let d = f64::from(x) - mean;
             *a += d * d;
         }
+        s.iter().sum()
     }
-    for (a, &x) in s.iter_mut().zip(chunks.remainder()) {
-        let d = f64::from(x) - mean;
-        *a += d * d;
-    }
-    s.iter().sum()
 }
 
 /// `row[i] = e^(row[i] - shift)`; returns the sum of the results.
