@@ -3,8 +3,10 @@
 //! The formulas are those of kiln-ops' standalone operators (`elementwise/unary.rs`,
 //! `elementwise/nary.rs` for Clip, `nn/activation.rs` for Silu): the float value is computed
 //! in f64 and rounded once to f32, so the portable path is bit for bit what the unfused
-//! operator gives. The SIMD paths evaluate the same formulas in f32 (exp, erfc and tanh by
-//! polynomial approximations) and are tested against these within a few ulp.
+//! operator gives. The SIMD paths evaluate the same formulas in f32 (exp and tanh by
+//! polynomial approximations, erf by a rational one) and are tested against these within
+//! `4u (|y| + L |x|)` (`L` the slope bound, [`Act::lipschitz`]): a few ulp, and for erf-Gelu
+//! an absolute error of about `2e-7 |x|` where `1 + erf` cancels.
 
 /// An activation fused after the product (and after bias and residual).
 #[derive(Debug, Clone, Copy, PartialEq)]
