@@ -291,6 +291,9 @@ fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Vec<Value>> {
     run_step(step, env)
 }
 
+/// Inputs a step gathers without allocating (more go to a vector).
+const INLINE_ARGS: usize = 8;
+
 fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
     let node_err = |source: OpError| RuntimeError::Node {
         node: step.name.clone(),
@@ -302,17 +305,28 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
         op: step.kind.name().to_string(),
         reason,
     };
-    let mut args: Vec<Option<&Value>> = Vec::with_capacity(step.inputs.len());
-    for s in &step.inputs {
-        args.push(match s {
-            None => None,
-            Some(s) => Some(
-                env.get(*s)
-                    .and_then(Slot::get)
-                    .ok_or_else(|| ctl_err(format!("input slot {s} holds no value (program error)")))?,
-            ),
-        });
-    }
+    let input = |s: &Option<usize>| -> Result<Option<&Value>> {
+        match s {
+            None => Ok(None),
+            Some(s) => env
+                .get(*s)
+                .and_then(Slot::get)
+                .map(Some)
+                .ok_or_else(|| ctl_err(format!("input slot {s} holds no value (program error)"))),
+        }
+    };
+    // The usual few inputs are gathered on the stack: no allocation per step.
+    let mut inline: [Option<&Value>; INLINE_ARGS] = [None; INLINE_ARGS];
+    let heap: Vec<Option<&Value>>;
+    let args: &[Option<&Value>] = if step.inputs.len() <= INLINE_ARGS {
+        for (d, s) in inline.iter_mut().zip(&step.inputs) {
+            *d = input(s)?;
+        }
+        inline.get(..step.inputs.len()).unwrap_or(&[])
+    } else {
+        heap = step.inputs.iter().map(input).collect::<Result<_>>()?;
+        &heap
+    };
     match &step.kind {
         StepKind::Op(op) => {
             // Outputs whose slot is freed by this very step are read by no one.

@@ -105,8 +105,11 @@ impl Attention {
         };
         let qb = sq.div_ceil(qblocks).next_multiple_of(8).max(1);
         let qblocks = sq.div_ceil(qb).max(1);
+        // Shared packs only when a head is split (otherwise each task packs its own, and the
+        // panels go back to the thread's spare lines for the next head).
+        let shared = if qblocks > 1 { heads } else { 0 };
         let packs: Vec<std::sync::OnceLock<Option<(PackedB, PackedB)>>> =
-            (0..heads).map(|_| std::sync::OnceLock::new()).collect();
+            (0..shared).map(|_| std::sync::OnceLock::new()).collect();
         let y_cols = std::sync::Mutex::new(&mut y);
         let failed = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::parallel_for(heads * qblocks, &|task| {
@@ -118,18 +121,24 @@ impl Attention {
                 bi * skv * kw + hi * d,
                 bi * skv * vw + hi * dv,
             );
-            let (Some(qs), Some(ks), Some(vs_), Some(pack)) =
-                (qd.get(qo..), kd.get(ko..), vd.get(vo..), packs.get(head))
-            else {
+            let (Some(qs), Some(ks), Some(vs_)) = (qd.get(qo..), kd.get(ko..), vd.get(vo..)) else {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 return;
             };
             // K_h^T: element (e, j) at ks[j * kw + e]; V_h: element (j, e) at vs_[j * vw + e].
-            let packed = pack.get_or_init(|| {
+            let pack = || {
                 let kt = PackedB::pack(layout, d, skv, ks, MatLayout::transposed(kw)).ok()?;
                 let vp = PackedB::pack(layout, skv, dv, vs_, MatLayout::row_major(vw)).ok()?;
                 Some((kt, vp))
-            });
+            };
+            let own;
+            let packed = match packs.get(head) {
+                Some(cell) => cell.get_or_init(pack),
+                None => {
+                    own = pack();
+                    &own
+                }
+            };
             let Some((kt, vp)) = packed else {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 return;
