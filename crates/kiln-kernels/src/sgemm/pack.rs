@@ -245,7 +245,21 @@ impl PackedB {
         let mut data = AlignedVec::zeroed(len);
         let nr = layout.nr;
         let out = data.as_mut_slice();
-        if k > 0 {
+        if k > 0 && lb.row_stride == 1 && lb.col_stride != 1 {
+            // B's columns are contiguous (a transposed source, such as attention's K rows as
+            // K^T): read each column once, contiguously, and scatter it down the panel (in L1),
+            // rather than gather every element from a different line of B.
+            for (q, panel) in out.chunks_exact_mut(k * nr).enumerate() {
+                let j0 = q * nr;
+                for j in 0..nr.min(n - j0) {
+                    let start = (j0 + j) * lb.col_stride;
+                    let col = &b[start..start + k];
+                    for (d, &v) in panel.iter_mut().skip(j).step_by(nr).zip(col) {
+                        *d = v;
+                    }
+                }
+            }
+        } else if k > 0 {
             for (q, panel) in out.chunks_exact_mut(k * nr).enumerate() {
                 let j0 = q * nr;
                 let w = nr.min(n - j0);
@@ -386,5 +400,26 @@ mod tests {
         assert_eq!(BLayout::from_tag("f32/avx512/nr32/v1"), Some(BLayout::NR32));
         assert_eq!(BLayout::from_tag("f32/nr16/v1"), Some(BLayout::NR16));
         assert_eq!(BLayout::from_tag("f32/nr8/v1"), None);
+    }
+
+    /// Packing from the transposed storage (columns contiguous, with a padded leading
+    /// dimension) gives the same panels as from row-major B, edge panel included.
+    #[test]
+    fn transposed_sources_pack_like_row_major_ones() {
+        for layout in [BLayout::NR16, BLayout::NR32] {
+            for (k, n) in [(1, 1), (5, 17), (64, 197), (33, 40)] {
+                let b: Vec<f32> = (0..k * n).map(|i| i as f32 * 0.5 - 3.0).collect();
+                let ld = k + 3;
+                let mut bt = vec![f32::NAN; n * ld];
+                for p in 0..k {
+                    for j in 0..n {
+                        bt[j * ld + p] = b[p * n + j];
+                    }
+                }
+                let rows = PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).unwrap();
+                let cols = PackedB::pack(layout, k, n, &bt, MatLayout::transposed(ld)).unwrap();
+                assert_eq!(rows, cols, "{layout:?} k {k} n {n}");
+            }
+        }
     }
 }
