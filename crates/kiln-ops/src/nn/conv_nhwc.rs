@@ -236,6 +236,7 @@ impl Geometry {
 
 /// `dst[j] = src[j * step]` for every `j` (false if `src` is too short): a copy for step 1,
 /// pairs for step 2 (which the compiler vectorises as a deinterleave), else a strided walk.
+#[inline(always)]
 fn gather(src: &[f32], step: usize, dst: &mut [f32]) -> bool {
     let n = dst.len();
     if n == 0 {
@@ -268,6 +269,7 @@ impl Geometry {
     /// pixel `r0 + i`, or zero in the padding). Each row is gathered a run of output pixels of
     /// one output row at a time: a strided walk along one input row. Returns `false` if X is
     /// shorter than the geometry says.
+    #[inline(always)]
     fn fill_columns(&self, x: &[f32], r0: usize, n: usize, a: &mut [f32]) -> bool {
         let (c, plane, ow) = (self.c, self.oh * self.ow, self.ow);
         if plane == 0 || ow == 0 || c == 0 || n == 0 {
@@ -484,7 +486,7 @@ impl Conv {
         // per tap, one column per pixel) gathered from channels-first X.
         let fill = |xd: &[f32], r0: usize, n: usize, a: &mut [f32]| {
             if self.x_channels_first {
-                geo.fill_columns(xd, r0, n, a)
+                kiln_kernels::simd::vectorize(|| geo.fill_columns(xd, r0, n, a))
             } else {
                 geo.fill_rows(xd, r0, a)
             }
