@@ -113,7 +113,9 @@ impl Attention {
         let y_cols = std::sync::Mutex::new(&mut y);
         let failed = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::parallel_for(heads * qblocks, &|task| {
-            let (head, blk) = (task / qblocks, task % qblocks);
+            // Block-major: tasks running at the same time take different heads, so one does
+            // not wait for another to finish packing the head they share.
+            let (blk, head) = (task / heads.max(1), task % heads.max(1));
             let (bi, hi) = (head / h, head % h);
             let (q0, rows) = (blk * qb, qb.min(sq.saturating_sub(blk * qb)));
             let (qo, ko, vo) = (
