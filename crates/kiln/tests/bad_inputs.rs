@@ -2,99 +2,15 @@
 //! culprit, never a panic or an unbounded allocation. Models are built in code.
 
 use kiln::raw::onnx::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto, attribute_proto::AttributeType, tensor_proto::DataLocation,
-    tensor_shape_proto::Dimension, tensor_shape_proto::dimension, type_proto,
+    AttributeProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto, ValueInfoProto,
+    attribute_proto::AttributeType, tensor_proto::DataLocation,
 };
 use kiln::raw::onnx::{ImportOptions, load_model, load_model_bytes};
 use kiln::{Error, ImportError, Session, SessionOptions, Tensor, Value};
 use prost::Message;
 
-fn dims(shape: &[Dim]) -> Option<TensorShapeProto> {
-    Some(TensorShapeProto {
-        dim: shape
-            .iter()
-            .map(|d| Dimension {
-                value: Some(match d {
-                    Dim::N(n) => dimension::Value::DimValue(*n),
-                    Dim::S(s) => dimension::Value::DimParam(s.to_string()),
-                }),
-                ..Default::default()
-            })
-            .collect(),
-    })
-}
-
-enum Dim {
-    N(i64),
-    S(&'static str),
-}
-
-fn value_info(name: &str, elem: i32, shape: &[Dim]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem),
-                shape: dims(shape),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.into()),
-        name: Some(name.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        attribute: attrs,
-        ..Default::default()
-    }
-}
-
-fn model(
-    nodes: Vec<NodeProto>,
-    inputs: Vec<ValueInfoProto>,
-    outputs: Vec<ValueInfoProto>,
-    inits: Vec<TensorProto>,
-) -> ModelProto {
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(GraphProto {
-            name: Some("g".into()),
-            node: nodes,
-            input: inputs,
-            output: outputs,
-            initializer: inits,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn import(m: &ModelProto) -> Result<kiln::Model, ImportError> {
-    load_model_bytes(m.encode_to_vec().into(), &ImportOptions::default())
-}
-
-const F32: i32 = 1;
-const I64: i32 = 7;
-
-fn i64_tensor(name: &str, dims: &[i64], vals: &[i64]) -> TensorProto {
-    TensorProto {
-        name: Some(name.into()),
-        data_type: Some(I64),
-        dims: dims.to_vec(),
-        int64_data: vals.to_vec(),
-        ..Default::default()
-    }
-}
+mod common;
+use common::{Dim, F32, I64, i64_tensor, import, model, node, value_info};
 
 #[test]
 fn every_unsupported_op_is_listed_in_one_error() {

@@ -9,14 +9,11 @@
 //! `cargo run --release -p kiln --example alloc_probe -- model.onnx` makes the same
 //! measurement on any model and prints it.
 
-use kiln::raw::onnx::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
-    ValueInfoProto, attribute_proto::AttributeType, tensor_shape_proto::Dimension, tensor_shape_proto::dimension,
-    type_proto,
-};
-use kiln::raw::onnx::{ImportOptions, load_model_bytes};
+use kiln::raw::onnx::proto::{AttributeProto, NodeProto, TensorProto, ValueInfoProto};
 use kiln::{AllocCounts, CountingAlloc, Session, SessionOptions, Value};
-use prost::Message;
+
+mod common;
+use common::{f32_info, i64_tensor, import, int, ints, model};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
@@ -43,55 +40,9 @@ fn steady_state(s: &Session) -> (AllocCounts, AllocCounts, usize) {
 /// system allocator shows.
 const BOOKKEEPING: usize = 64 * 1024;
 
-fn value_info(name: &str, shape: &[i64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(TensorShapeProto {
-                    dim: shape
-                        .iter()
-                        .map(|&n| Dimension {
-                            value: Some(dimension::Value::DimValue(n)),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(AttributeType::Ints as i32),
-        ints: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(AttributeType::Int as i32),
-        i: Some(v),
-        ..Default::default()
-    }
-}
-
+/// A node named after its one output.
 fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.into()),
-        name: Some(output.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: vec![output.into()],
-        attribute: attrs,
-        ..Default::default()
-    }
+    common::node(op, output, inputs, &[output], attrs)
 }
 
 /// A constant of `dims` with small deterministic values.
@@ -107,13 +58,7 @@ fn weight(name: &str, dims: &[i64], scale: f32) -> TensorProto {
 }
 
 fn indices(name: &str, vals: &[i64]) -> TensorProto {
-    TensorProto {
-        name: Some(name.into()),
-        data_type: Some(7),
-        dims: vec![vals.len() as i64],
-        int64_data: vals.to_vec(),
-        ..Default::default()
-    }
+    i64_tensor(name, &[vals.len() as i64], vals)
 }
 
 fn session(
@@ -123,23 +68,7 @@ fn session(
     inits: Vec<TensorProto>,
     threads: usize,
 ) -> Session {
-    let m = ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(GraphProto {
-            name: Some("g".into()),
-            node: nodes,
-            input: vec![input],
-            output: vec![output],
-            initializer: inits,
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let model = load_model_bytes(m.encode_to_vec().into(), &ImportOptions::default()).unwrap();
+    let model = import(&model(nodes, vec![input], vec![output], inits)).unwrap();
     let mut options = SessionOptions::default();
     options.threads = threads;
     Session::from_model(&model, &options).unwrap()
@@ -179,8 +108,8 @@ fn cnn(threads: usize) -> Session {
     ];
     session(
         nodes,
-        value_info("x", &[1, 16, 64, 64]),
-        value_info("probs", &[1, 10]),
+        f32_info("x", &[1, 16, 64, 64]),
+        f32_info("probs", &[1, 10]),
         inits,
         threads,
     )
@@ -211,8 +140,8 @@ fn attention_like(threads: usize) -> Session {
     ];
     session(
         nodes,
-        value_info("x", &[1, 128, 256]),
-        value_info("out", &[1, 32, 512]),
+        f32_info("x", &[1, 128, 256]),
+        f32_info("out", &[1, 32, 512]),
         inits,
         threads,
     )

@@ -158,22 +158,11 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         };
         // A dense convolution of a few-channel value no channels-last producer provides (an
         // image) reads it as it is: see `Conv::x_channels_first`.
+        let input_shape = |slot: usize| node.inputs.get(slot).copied().flatten().and_then(|v| fixed_shape(g, v));
         let gather_x = k == Some(Kind::Dense)
             && !reads_twin
-            && node
-                .inputs
-                .first()
-                .copied()
-                .flatten()
-                .and_then(|x| fixed_shape(g, x))
-                .is_some_and(|s| s.get(1).is_some_and(|&c| c <= GATHER_MAX_CHANNELS))
-            && node
-                .inputs
-                .get(1)
-                .copied()
-                .flatten()
-                .and_then(|w| fixed_shape(g, w))
-                .is_some_and(|ws| ws.iter().skip(1).product::<usize>() <= GATHER_MAX_DEPTH);
+            && input_shape(0).is_some_and(|xs| xs.get(1).is_some_and(|&c| c <= GATHER_MAX_CHANNELS))
+            && input_shape(1).is_some_and(|ws| ws.iter().skip(1).product::<usize>() <= GATHER_MAX_DEPTH);
         for slot in [0, 3] {
             let Some(Some(v)) = node.inputs.get(slot).copied() else {
                 continue;

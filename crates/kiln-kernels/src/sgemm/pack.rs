@@ -245,21 +245,7 @@ impl PackedB {
         let mut data = AlignedVec::zeroed(len);
         let nr = layout.nr;
         let out = data.as_mut_slice();
-        if k > 0 && lb.row_stride == 1 && lb.col_stride != 1 {
-            // B's columns are contiguous (a transposed source, such as attention's K rows as
-            // K^T): read each column once, contiguously, and scatter it down the panel (in L1),
-            // rather than gather every element from a different line of B.
-            for (q, panel) in out.chunks_exact_mut(k * nr).enumerate() {
-                let j0 = q * nr;
-                for j in 0..nr.min(n - j0) {
-                    let start = (j0 + j) * lb.col_stride;
-                    let col = &b[start..start + k];
-                    for (d, &v) in panel.iter_mut().skip(j).step_by(nr).zip(col) {
-                        *d = v;
-                    }
-                }
-            }
-        } else if k > 0 {
+        if k > 0 {
             for (q, panel) in out.chunks_exact_mut(k * nr).enumerate() {
                 let j0 = q * nr;
                 let w = nr.min(n - j0);

@@ -354,18 +354,16 @@ impl Conv {
         let (Some(xv), Some(wv)) = (args.value(0), args.value(1)) else {
             return Err(OpError::Value("Conv needs X and W".into()));
         };
-        let xt = if self.x_channels_first {
-            xv.clone()
-        } else {
-            transpose(xv, TO_FIRST)?
-        };
+        // X as it is when it already is channels-first, else its transpose.
+        let transposed = (!self.x_channels_first).then(|| transpose(xv, TO_FIRST)).transpose()?;
+        let xt = transposed.as_ref().unwrap_or(xv);
         let rt = args.value(3).map(|r| transpose(r, TO_FIRST)).transpose()?;
         let first = Conv {
             channels_last: false,
             x_channels_first: false,
             ..self.clone()
         };
-        let inputs = [Some(&xt), Some(wv), args.value(2), rt.as_ref()];
+        let inputs = [Some(xt), Some(wv), args.value(2), rt.as_ref()];
         output_to_last(first.eval(&Args::new(&inputs))?, "Conv")
     }
 

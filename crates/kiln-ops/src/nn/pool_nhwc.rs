@@ -90,20 +90,16 @@ impl GlobalPool {
     pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<Vec<Value>> {
         let x = args.tensor(0)?;
         let xs = x.shape();
-        let (Some(&n), Some(&c)) = (xs.first(), xs.last()) else {
+        let &[n, ref mid @ .., c] = xs else {
             return Err(OpError::Shape(format!(
                 "channels-last global pooling needs X [N, .., C], got {xs:?}"
             )));
         };
-        if xs.len() < 2 {
-            return Err(OpError::Shape(format!(
-                "channels-last global pooling needs X [N, .., C], got {xs:?}"
-            )));
-        }
-        let plane = numel(&xs[1..xs.len() - 1])?;
-        let mut shape = vec![1; xs.len()];
-        shape[0] = n;
-        shape[xs.len() - 1] = c;
+        let plane = numel(mid)?;
+        let shape: Vec<usize> = std::iter::once(n)
+            .chain(mid.iter().map(|_| 1))
+            .chain(std::iter::once(c))
+            .collect();
         let fast = match self.kind {
             GlobalPoolKind::Average => Some(false),
             GlobalPoolKind::Max => Some(true),
@@ -113,7 +109,8 @@ impl GlobalPool {
             // Max skips NaN (as the channels-first f64 fold with `f64::max` does); an empty
             // plane averages to NaN (0 / 0) and maxes to -inf, as channels-first.
             let init = if max { f32::NEG_INFINITY } else { 0.0 };
-            let mut y = vec![init; n * c];
+            let mut y = kiln_kernels::recycle::take(n * c);
+            y.fill(init);
             for (img, out) in y.chunks_exact_mut(c.max(1)).enumerate() {
                 let rows = xd.get(img * plane * c..(img + 1) * plane * c).unwrap_or(&[]);
                 kiln_kernels::simd::vectorize(|| {

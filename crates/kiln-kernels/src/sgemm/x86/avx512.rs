@@ -192,23 +192,21 @@ unsafe fn tile<const R: usize>(
     // never fault.
     let mut lines = [std::ptr::null::<i8>(); 4 * MR];
     let mut n = 0;
-    for i in 0..R {
-        let cp = c.wrapping_add(i * ldc).cast::<i8>();
-        if let Some(pair) = lines.get_mut(n..n + 2) {
-            pair.copy_from_slice(&[cp, cp.wrapping_add(64)]);
-            n += 2;
-        }
-    }
-    if let Some(e) = epi
-        && !e.resid.is_null()
-    {
+    // The two lines of each of the tile's `R` rows of a matrix at `base` with stride `ld`.
+    let mut add_rows = |base: *const f32, ld: usize| {
         for i in 0..R {
-            let rp = e.resid.wrapping_add(i * e.resid_ld).cast::<i8>();
+            let p = base.wrapping_add(i * ld).cast::<i8>();
             if let Some(pair) = lines.get_mut(n..n + 2) {
-                pair.copy_from_slice(&[rp, rp.wrapping_add(64)]);
+                pair.copy_from_slice(&[p, p.wrapping_add(64)]);
                 n += 2;
             }
         }
+    };
+    add_rows(c, ldc);
+    if let Some(e) = epi
+        && !e.resid.is_null()
+    {
+        add_rows(e.resid, e.resid_ld);
     }
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     macro_rules! step {
