@@ -1,7 +1,8 @@
 //! The depthwise pixel kernel on every level against its scalar twin (the portable path),
 //! over channel counts that exercise the 64-wide blocks and the masked tail, windows of
 //! any shape and offset (9 taps often: the register path), runs of 1-9 pixels (the 4-pixel
-//! groups and their remainder), with and without a bias and bounds.
+//! groups and their remainder), with and without a bias and bounds; and windows of rows of
+//! three adjacent taps, pixels one or two columns apart (the 8-pixel register path).
 
 use kiln_kernels::dwconv::{Clamp, Pixels};
 use kiln_kernels::isa::Isa;
@@ -76,6 +77,60 @@ proptest! {
                 // The FMA rounds once where the twin rounds twice: a few ulp of the terms.
                 let (p, ch) = (i / c, i % c);
                 let scale: f32 = window.iter().map(|&(xo, wo)| (x[(base + p) * c + xo + ch] * w[wo + ch]).abs()).sum::<f32>() + 1.0;
+                prop_assert!((g - t).abs() <= 1e-6 * scale, "{isa:?} [{i}]: {g} vs {t}");
+            }
+        }
+    }
+}
+
+/// Windows of `rows` kernel rows of three adjacent taps (each row at a random input pixel and
+/// tap row), pixels `stride` apart: the shape of 3x3 interiors and their edge rows, which the
+/// AVX-512 path runs with each input column loaded once for all the pixels that use it.
+fn rows_case() -> impl Strategy<Value = (usize, Vec<(usize, usize)>, usize, usize, u64, usize, bool)> {
+    (
+        1usize..=70,
+        1usize..=3,
+        1usize..=2,
+        any::<u64>(),
+        1usize..=20,
+        any::<bool>(),
+    )
+        .prop_flat_map(|(c, rows, stride, seed, count, bias)| {
+            let row = (0usize..=30, 0usize..=2);
+            (
+                Just(c),
+                prop::collection::vec(row, rows),
+                Just(stride),
+                0usize..=3,
+                Just(seed),
+                Just(count),
+                Just(bias),
+            )
+        })
+}
+
+proptest! {
+    #[test]
+    fn rows_of_three_taps_match_the_scalar_twin((c, rows, stride, base, seed, count, with_bias) in rows_case()) {
+        let window: Vec<(usize, usize)> = rows
+            .iter()
+            .flat_map(|&(xr, wr)| (0..3).map(move |k| ((xr + k) * c, (3 * wr + k) * c)))
+            .collect();
+        let x = data((base + (count - 1) * stride + 33) * c, seed);
+        let w = data(9 * c, seed ^ 5);
+        let bias = data(c, seed ^ 3);
+        let b = with_bias.then_some(bias.as_slice());
+        let clamp = Clamp { lo: -0.5, hi: 0.75 };
+        let call = Pixels { x: &x, w: &w, bias: b, window: &window, base: base * c, step: stride * c, c, clamp };
+        let mut want = vec![f32::NAN; count * c];
+        prop_assert!(call.run_with(Isa::Portable, &mut want));
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            let mut got = vec![f32::NAN; count * c];
+            prop_assert!(call.run_with(isa, &mut got));
+            for (i, (g, t)) in got.iter().zip(&want).enumerate() {
+                let (p, ch) = (i / c, i % c);
+                let at = (base + p * stride) * c;
+                let scale: f32 = window.iter().map(|&(xo, wo)| (x[at + xo + ch] * w[wo + ch]).abs()).sum::<f32>() + 1.0;
                 prop_assert!((g - t).abs() <= 1e-6 * scale, "{isa:?} [{i}]: {g} vs {t}");
             }
         }
