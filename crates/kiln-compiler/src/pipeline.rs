@@ -8,7 +8,10 @@
 //! graph verifies after every pass; a failure names the pass.
 
 use crate::CompileError;
-use crate::passes::{attention, bn, cse, dce, fold, fuse_act, identity, layout, matmul_add, patterns, residual, shape};
+use crate::passes::{
+    attention, bn, cse, dce, fold, fuse_act, identity, layout, matmul_add, patterns, pointwise_depthwise, residual,
+    shape,
+};
 use kiln_ir::Graph;
 
 /// What one pass did.
@@ -127,6 +130,14 @@ const PIPELINE: &[Pass] = &[
         name: "dce",
         level: 2,
         run: dce::run,
+    },
+    // Last: both convolutions must be channels-last (the `layout` pass) and the 1x1's output
+    // read by the depthwise one alone, which it is only once dce has removed the transposes
+    // the layout pass left unread. It leaves nothing unread itself.
+    Pass {
+        name: "pointwise_depthwise",
+        level: 2,
+        run: pointwise_depthwise::run,
     },
 ];
 

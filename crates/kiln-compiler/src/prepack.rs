@@ -110,51 +110,73 @@ pub fn run(graph: &Graph, program: &mut Program) -> usize {
     packed
 }
 
+/// The `which`-th convolution of a step (its weights are input [`conv_weight_input`]): a Conv
+/// itself (`which` 0), or a PointwiseDepthwise's 1x1 (0) and depthwise (1) convolutions.
+fn conv_of(kind: &mut StepKind, which: usize) -> Option<&mut kiln_ops::nn::Conv> {
+    match (kind, which) {
+        (StepKind::Op(Op::Nn(NnOp::Conv(c))), 0) => Some(c),
+        (StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(f))), 0) => Some(&mut f.pointwise),
+        (StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(f))), 1) => Some(&mut f.depthwise),
+        _ => None,
+    }
+}
+
+/// The input holding the weights of [`conv_of`]`(which)`, and whether that convolution
+/// has a residual input.
+fn conv_weight_input(kind: &StepKind, inputs: &[Option<usize>], which: usize) -> (usize, bool) {
+    match kind {
+        StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(_))) => ([1, 3].get(which).copied().unwrap_or(1), false),
+        _ => (1, matches!(inputs.get(3), Some(Some(_)))),
+    }
+}
+
 /// Packs the weights of the main program's channels-last f32 convolutions (the `layout`
-/// pass's): group 1 as the GEMM's B, `[kh*kw*c, m]` with rows in (ky, kx, c) order, the order
-/// of a channels-last im2col row; depthwise as taps `[kh*kw, m]`. Only constant weights of
-/// shape `[m, c, kh, kw]` read by nothing else; returns how many it packed.
+/// pass's, also inside PointwiseDepthwise steps): group 1 as the GEMM's B, `[kh*kw*c, m]`
+/// with rows in (ky, kx, c) order, the order of a channels-last im2col row; depthwise as taps
+/// `[kh*kw, m]`. Only constant weights of shape `[m, c, kh, kw]` read by nothing else;
+/// returns how many it packed.
 pub fn channels_last(program: &mut Program) -> usize {
     use kiln_ops::nn::PackedConvWeights;
     let (reads, outputs) = readers(program);
     let mut packed = 0;
     for i in 0..program.steps.len() {
-        let Some(step) = program.steps.get(i) else { break };
-        let StepKind::Op(Op::Nn(NnOp::Conv(conv))) = &step.kind else {
-            continue;
-        };
-        if !conv.channels_last || conv.packed.is_some() || conv.winograd.is_some() {
-            continue;
-        }
-        let group = conv.group.max(1);
-        let Some(Some(w)) = step.inputs.get(1) else { continue };
-        let Some((ci, wt)) = sole_constant(program, &reads, &outputs, *w) else {
-            continue;
-        };
-        let (Ok(data), &[m, c, kh, kw]) = (wt.as_slice::<f32>(), wt.shape()) else {
-            continue;
-        };
-        let pk = PackedConvWeights { m, c, kh, kw };
-        let weights = match (group, c) {
-            (1, _) => kiln_ops::nn::pack_channels_last(data, pk),
-            // Depthwise: the taps in the order the channels-last kernel reads them.
-            (g, 1) if g == m && !matches!(step.inputs.get(3), Some(Some(_))) => {
-                kiln_ops::nn::pack_depthwise_taps(data, m, kh, kw)
+        for which in 0..2 {
+            let Some(step) = program.steps.get_mut(i) else { break };
+            let (wi, residual) = conv_weight_input(&step.kind, &step.inputs, which);
+            let Some(conv) = conv_of(&mut step.kind, which) else {
+                continue;
+            };
+            if !conv.channels_last || conv.packed.is_some() || conv.winograd.is_some() {
+                continue;
             }
-            _ => continue,
-        };
-        let Ok(t) = weights.and_then(|v| Ok(Tensor::from_vec(vec![v.len()], v)?)) else {
-            continue;
-        };
-        let Some(step) = program.steps.get_mut(i) else { break };
-        if let StepKind::Op(Op::Nn(NnOp::Conv(conv))) = &mut step.kind {
+            let group = conv.group.max(1);
+            let Some(&Some(w)) = step.inputs.get(wi) else { continue };
+            let Some((ci, wt)) = sole_constant(program, &reads, &outputs, w) else {
+                continue;
+            };
+            let (Ok(data), &[m, c, kh, kw]) = (wt.as_slice::<f32>(), wt.shape()) else {
+                continue;
+            };
+            let pk = PackedConvWeights { m, c, kh, kw };
+            let weights = match (group, c) {
+                (1, _) => kiln_ops::nn::pack_channels_last(data, pk),
+                // Depthwise: the taps in the order the channels-last kernel reads them.
+                (g, 1) if g == m && !residual => kiln_ops::nn::pack_depthwise_taps(data, m, kh, kw),
+                _ => continue,
+            };
+            let Ok(t) = weights.and_then(|v| Ok(Tensor::from_vec(vec![v.len()], v)?)) else {
+                continue;
+            };
+            let Some(conv) = program.steps.get_mut(i).and_then(|s| conv_of(&mut s.kind, which)) else {
+                break;
+            };
             conv.packed = Some(pk);
             conv.kernel_shape = vec![kh, kw];
+            if let Some(c) = program.constants.get_mut(ci) {
+                c.1 = Value::Tensor(t);
+            }
+            packed += 1;
         }
-        if let Some(c) = program.constants.get_mut(ci) {
-            c.1 = Value::Tensor(t);
-        }
-        packed += 1;
     }
     packed
 }

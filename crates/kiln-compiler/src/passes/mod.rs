@@ -15,6 +15,7 @@ pub(crate) mod identity;
 pub(crate) mod layout;
 pub(crate) mod matmul_add;
 pub(crate) mod patterns;
+pub(crate) mod pointwise_depthwise;
 pub(crate) mod residual;
 pub(crate) mod shape;
 

@@ -147,7 +147,7 @@ pub(super) fn output_to_last(y: Vec<Value>, what: &str) -> Result<Vec<Value>> {
 }
 
 /// X, W, the bias and the residual, and whether all present ones are f32.
-fn operands<'a>(args: &Args<'a>) -> Result<([&'a Tensor; 2], [Option<&'a Tensor>; 2], bool)> {
+pub(super) fn operands<'a>(args: &Args<'a>) -> Result<([&'a Tensor; 2], [Option<&'a Tensor>; 2], bool)> {
     let (x, w, b, r) = (
         args.tensor(0)?,
         args.tensor(1)?,
@@ -165,10 +165,10 @@ fn operands<'a>(args: &Args<'a>) -> Result<([&'a Tensor; 2], [Option<&'a Tensor>
 /// The geometry of one channels-last call, from the op's attributes and the operands: the
 /// image count, output channels and the 2-D window (`Conv2d`, whose `k()` is also a
 /// channels-last im2col row: `kh * kw * c` values).
-struct Geometry {
-    batch: usize,
-    m: usize,
-    conv: Conv2d,
+pub(super) struct Geometry {
+    pub batch: usize,
+    pub m: usize,
+    pub conv: Conv2d,
 }
 
 impl std::ops::Deref for Geometry {
@@ -182,6 +182,19 @@ impl Geometry {
     /// Output pixels (rows of A and of Y).
     fn rows(&self) -> usize {
         self.batch * self.oh * self.ow
+    }
+
+    /// The depthwise window of this geometry (its `c` channels each their own group).
+    pub(super) fn depthwise(&self) -> super::depthwise::Depthwise {
+        super::depthwise::Depthwise {
+            channels: self.c,
+            input: [self.ih, self.iw],
+            output: [self.oh, self.ow],
+            kernel: [self.kh, self.kw],
+            strides: [self.sh, self.sw],
+            dilations: [self.dh, self.dw],
+            pad_begin: [self.ph, self.pw],
+        }
     }
 
     /// A 1x1, stride-1, unpadded window: A is X itself.
@@ -401,7 +414,7 @@ impl Conv {
     }
 
     /// The geometry of a channels-last call on X `xs` with weights `[m, c_per_group, kh, kw]`.
-    fn geometry_nhwc(&self, xs: &[usize], m: usize, cg: usize, kh: usize, kw: usize) -> Result<Geometry> {
+    pub(super) fn geometry_nhwc(&self, xs: &[usize], m: usize, cg: usize, kh: usize, kw: usize) -> Result<Geometry> {
         let &[batch, ih, iw, c] = xs else {
             return Err(OpError::Shape(format!(
                 "channels-last Conv needs X [N, H, W, C], got {xs:?}"
@@ -579,15 +592,7 @@ impl Conv {
             return Ok(None);
         }
         let geo = self.geometry_nhwc(xs, c, 1, kh, kw)?;
-        let dw = super::depthwise::Depthwise {
-            channels: c,
-            input: [geo.ih, geo.iw],
-            output: [geo.oh, geo.ow],
-            kernel: [kh, kw],
-            strides: [geo.sh, geo.sw],
-            dilations: [geo.dh, geo.dw],
-            pad_begin: [geo.ph, geo.pw],
-        };
+        let dw = geo.depthwise();
         let shape = vec![geo.batch, geo.oh, geo.ow, c];
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);

@@ -195,6 +195,29 @@ thread_local! {
     static PLANE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
+/// ReLU and Clip as the bounds the depthwise kernel applies before its stores; any other
+/// activation is returned to run over the output after.
+pub(super) fn split_act(act: Option<Act>) -> (Clamp, Option<Act>) {
+    match act {
+        None => (Clamp::NONE, None),
+        Some(Act::Relu) => (
+            Clamp {
+                lo: 0.0,
+                hi: f32::INFINITY,
+            },
+            None,
+        ),
+        Some(Act::Clip { min, max }) => (
+            Clamp {
+                lo: min.unwrap_or(f32::NEG_INFINITY),
+                hi: max.unwrap_or(f32::INFINITY),
+            },
+            None,
+        ),
+        Some(a) => (Clamp::NONE, Some(a)),
+    }
+}
+
 // Tested against the generic convolution computed in f64 over strides, dilations, asymmetric
 // pads and kernels wider than the image: `conv.rs`, `depthwise_path_matches_the_gemm_path`.
 
@@ -232,28 +255,10 @@ impl Depthwise {
         if y.is_empty() {
             return true;
         }
-        // ReLU and Clip are bounds the kernel applies before its stores; others run after.
-        let (clamp, after) = match act {
-            None => (Clamp::NONE, None),
-            Some(Act::Relu) => (
-                Clamp {
-                    lo: 0.0,
-                    hi: f32::INFINITY,
-                },
-                None,
-            ),
-            Some(Act::Clip { min, max }) => (
-                Clamp {
-                    lo: min.unwrap_or(f32::NEG_INFINITY),
-                    hi: max.unwrap_or(f32::INFINITY),
-                },
-                None,
-            ),
-            Some(a) => (Clamp::NONE, Some(a)),
-        };
+        let (clamp, after) = split_act(act);
         let failed = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &|oy, row| {
-            if !self.nhwc_row(x, taps, bias, clamp, oy, row) {
+            if !self.nhwc_row(x, |iy| iy, taps, bias, clamp, oy, row) {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
             if let Some(a) = after {
@@ -266,10 +271,14 @@ impl Depthwise {
     /// One output row of [`Self::run_nhwc`]: per pixel, the window's (input, tap) offsets for
     /// `kiln_kernels::dwconv::Pixels`. Interior pixels (every column tap inside the input)
     /// share one window of offsets relative to the pixel; border pixels list their taps inside
-    /// the input. `false` when the kernel refused an offset (shapes inconsistent).
-    fn nhwc_row(
+    /// the input. Input row `iy` is row `row_of(iy)` of `x` (`[rows, W, C]`): the image
+    /// itself, or a ring of its rows. `false` when the kernel refused an offset (shapes
+    /// inconsistent).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn nhwc_row(
         &self,
         x: &[f32],
+        row_of: impl Fn(usize) -> usize,
         taps: &[f32],
         bias: Option<&[f32]>,
         clamp: Clamp,
@@ -290,7 +299,7 @@ impl Depthwise {
             let iy = (oy * sh + ky * dh) as isize - ph as isize;
             iy >= 0 && (iy as usize) < ih
         }));
-        let in_row = |ky: usize| (oy * sh + ky * dh).saturating_sub(ph);
+        let in_row = |ky: usize| row_of((oy * sh + ky * dh).saturating_sub(ph));
         // Interior columns: ox*sw >= pw and ox*sw - pw + (kw-1)*dw < iw.
         let span = (kw.max(1) - 1) * dw;
         let lo = pw.div_ceil(sw.max(1));

@@ -21,7 +21,9 @@ mod depthwise;
 pub mod grid;
 pub mod matmul;
 pub mod nms;
+mod pointwise_depthwise;
 pub mod pool;
+pub use pointwise_depthwise::PointwiseDepthwise;
 mod pool_nhwc;
 pub mod resize;
 
@@ -66,6 +68,8 @@ pub enum NnOp {
     AffineGrid(AffineGrid),
     RoiAlign(RoiAlign),
     NonMaxSuppression(NonMaxSuppression),
+    /// A 1x1 Conv and the depthwise Conv reading it, fused by the compiler.
+    PointwiseDepthwise(PointwiseDepthwise),
 }
 
 impl NnOp {
@@ -95,6 +99,7 @@ impl NnOp {
             NnOp::AffineGrid(_) => "AffineGrid",
             NnOp::RoiAlign(_) => "RoiAlign",
             NnOp::NonMaxSuppression(_) => "NonMaxSuppression",
+            NnOp::PointwiseDepthwise(_) => "PointwiseDepthwise",
         }
     }
 
@@ -114,6 +119,7 @@ impl NnOp {
             NnOp::AffineGrid(op) => op.eval(args),
             NnOp::RoiAlign(op) => op.eval(args),
             NnOp::NonMaxSuppression(op) => op.eval(args),
+            NnOp::PointwiseDepthwise(op) => op.eval(args),
         }
     }
 
@@ -133,6 +139,7 @@ impl NnOp {
             NnOp::AffineGrid(op) => op.infer(inputs),
             NnOp::RoiAlign(op) => op.infer(inputs),
             NnOp::NonMaxSuppression(op) => op.infer(inputs),
+            NnOp::PointwiseDepthwise(op) => op.infer(inputs),
         }
     }
 }
@@ -175,6 +182,16 @@ impl NnOp {
                     let k = if g.trans_a { a[0] } else { a[1] };
                     prod(&y).saturating_mul(k as u64)
                 }
+                _ => 0,
+            },
+            // The expansion's MACs (X's pixels times C*E) plus the depthwise ones.
+            NnOp::PointwiseDepthwise(PointwiseDepthwise {
+                pointwise: Conv { packed: Some(p1), .. },
+                depthwise: Conv { packed: Some(p2), .. },
+            }) => match (fixed(0), out) {
+                (Some(x), Some(y)) => prod(&x)
+                    .saturating_mul(p1.m as u64)
+                    .saturating_add(prod(&y).saturating_mul((p2.kh * p2.kw) as u64)),
                 _ => 0,
             },
             NnOp::Einsum(e) => {

@@ -1,0 +1,267 @@
+//! Depth-first fusion of an inverted residual block's expansion: a channels-last 1x1
+//! convolution whose output only a channels-last depthwise convolution reads becomes one
+//! `PointwiseDepthwise` node, which expands the input a few rows at a time just ahead of the
+//! depthwise window (see `kiln_ops::nn::PointwiseDepthwise`), so the expanded tensor never
+//! goes out to memory.
+//!
+//! Only when: both are f32 with constant weights (packed later by `prepack`); the 1x1 has
+//! stride 1, no padding, group 1, no residual, a channels-last X; the depthwise has
+//! `group` = its channels, a 2-D window and no residual; and the expanded image is at least
+//! [`MIN_BYTES`]: a smaller one stays in L2 between the two layers anyway, and the rows of its
+//! narrow images make GEMMs too small to run well one at a time. The fused node takes the
+//! depthwise node's place (its inputs all exist there) and its name.
+
+use super::edit::{Index, dtype_of, fixed_shape, remove_nodes};
+use crate::CompileError;
+use kiln_ir::{Graph, NodeKind, Op};
+use kiln_ops::nn::{AutoPad, Conv, NnOp, PointwiseDepthwise};
+use kiln_tensor::DType;
+
+/// Smallest expanded image (one image of the 1x1's output) fused: Zen 4's L2 holds 1 MiB.
+pub(crate) const MIN_BYTES: usize = 1 << 18;
+
+fn ones(v: &[usize]) -> bool {
+    v.iter().all(|&d| d == 1)
+}
+
+/// A channels-last f32 1x1 convolution of the kind fused (see the module docs).
+fn is_pointwise(op: &Conv) -> bool {
+    op.channels_last
+        && !op.x_channels_first
+        && op.winograd.is_none()
+        && op.packed.is_none()
+        && op.group.max(1) == 1
+        && ones(&op.strides)
+        && ones(&op.dilations)
+        // A 1x1 stride-1 window pads nothing under any auto_pad but explicit pads.
+        && (op.auto_pad != AutoPad::NotSet || op.pads.iter().all(|&p| p == 0))
+}
+
+pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
+    let index = Index::new(g);
+    // (the depthwise node's position, the 1x1's position)
+    let mut plans: Vec<(usize, usize)> = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let NodeKind::Op(Op::Nn(NnOp::Conv(dw))) = &node.kind else {
+            continue;
+        };
+        let (Some(Some(mid)), Some(Some(w2))) = (node.inputs.first(), node.inputs.get(1)) else {
+            continue;
+        };
+        if !dw.channels_last
+            || dw.x_channels_first
+            || dw.winograd.is_some()
+            || dw.packed.is_some()
+            || node.inputs.len() > 3
+            || node.outputs.len() != 1
+            || !index.sole_use(*mid, i)
+        {
+            continue;
+        }
+        let Some(p) = index.producer(*mid) else { continue };
+        let Some(pw_node) = g.nodes.get(p) else { continue };
+        let NodeKind::Op(Op::Nn(NnOp::Conv(pw))) = &pw_node.kind else {
+            continue;
+        };
+        let Some(Some(w1)) = pw_node.inputs.get(1) else {
+            continue;
+        };
+        if !is_pointwise(pw) || pw_node.inputs.len() > 3 || pw_node.outputs.len() != 1 {
+            continue;
+        }
+        let (Some(t1), Some(t2), Some(ms)) = (index.tensor(g, *w1), index.tensor(g, *w2), fixed_shape(g, *mid)) else {
+            continue;
+        };
+        let (&[e, _, 1, 1], &[e2, 1, _, _], &[_, h, w, c]) = (t1.shape(), t2.shape(), ms.as_slice()) else {
+            continue;
+        };
+        let f32s = [Some(*mid), pw_node.inputs.first().copied().flatten()]
+            .into_iter()
+            .flatten()
+            .all(|v| dtype_of(g, v) == Some(DType::F32))
+            && t1.dtype() == DType::F32
+            && t2.dtype() == DType::F32;
+        let big = h.saturating_mul(w).saturating_mul(c).saturating_mul(4) >= MIN_BYTES;
+        if !f32s || !big || e != c || e2 != c || dw.group != c {
+            continue;
+        }
+        plans.push((i, p));
+    }
+    let mut dead = vec![false; g.nodes.len()];
+    for &(i, p) in &plans {
+        let Some(pw_node) = g.nodes.get(p).cloned() else {
+            continue;
+        };
+        let Some(node) = g.nodes.get_mut(i) else { continue };
+        let (NodeKind::Op(Op::Nn(NnOp::Conv(pw))), NodeKind::Op(Op::Nn(NnOp::Conv(dw)))) = (&pw_node.kind, &node.kind)
+        else {
+            continue;
+        };
+        let fused = PointwiseDepthwise {
+            pointwise: pw.clone(),
+            depthwise: dw.clone(),
+        };
+        let mut inputs = pw_node.inputs;
+        inputs.resize(3, None);
+        inputs.extend(node.inputs.iter().skip(1).copied());
+        inputs.resize(5, None);
+        node.kind = NodeKind::Op(Op::Nn(NnOp::PointwiseDepthwise(fused)));
+        node.inputs = inputs;
+        if let Some(d) = dead.get_mut(p) {
+            *d = true;
+        }
+    }
+    remove_nodes(g, &dead);
+    Ok(plans.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::passes::testutil::*;
+    use crate::{CompileOptions, compile};
+    use kiln_ops::Value;
+    use kiln_ops::nn::Activation;
+    use kiln_runtime::StepKind;
+    use kiln_tensor::Tensor;
+
+    /// The depthwise window of one case.
+    struct Window {
+        stride: usize,
+        dilation: usize,
+        pads: [usize; 4],
+        act: Option<Activation>,
+        biases: bool,
+    }
+
+    /// x [n, 8, s, s] -> 1x1 8->48 (Clip 0..6) -> depthwise 3x3 `window` -> y.
+    fn block(n: usize, s: usize, win: &Window) -> Graph {
+        let mut b = Builder::new();
+        let x = b.input("x", &[n, 8, s, s]);
+        let w1 = b.constant("w1", noise(&[48, 8, 1, 1], 1));
+        let b1 = win.biases.then(|| b.constant("b1", noise(&[48], 2)));
+        let w2 = b.constant("w2", noise(&[48, 1, 3, 3], 3));
+        let b2 = win.biases.then(|| b.constant("b2", noise(&[48], 4)));
+        let pw = Op::Nn(NnOp::Conv(Conv {
+            group: 1,
+            activation: Some(Activation::Clip {
+                min: Some(0.0),
+                max: Some(6.0),
+            }),
+            ..Conv::default()
+        }));
+        let h = b.node(pw, &[Some(x), Some(w1), b1], &[&[n, 48, s, s]])[0];
+        let [pt, pl, pb, pr] = win.pads;
+        let out = |pad: usize| (s + pad - 2 * win.dilation - 1) / win.stride + 1;
+        let (oh, ow) = (out(pt + pb), out(pl + pr));
+        let dw = Op::Nn(NnOp::Conv(Conv {
+            group: 48,
+            pads: win.pads.to_vec(),
+            strides: vec![win.stride; 2],
+            dilations: vec![win.dilation; 2],
+            activation: win.act,
+            ..Conv::default()
+        }));
+        let y = b.node(dw, &[Some(h), Some(w2), b2], &[&[n, 48, oh, ow]])[0];
+        b.finish(&[y])
+    }
+
+    fn level(opt_level: u8) -> CompileOptions {
+        CompileOptions {
+            opt_level,
+            ..CompileOptions::default()
+        }
+    }
+
+    fn run_on(program: &kiln_runtime::Program, x: Tensor, threads: usize) -> Tensor {
+        let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap();
+        let out = pool.install(|| kiln_runtime::run(program, vec![("x".into(), Value::Tensor(x))]).unwrap());
+        out[0].1.as_tensor().unwrap().clone()
+    }
+
+    #[test]
+    fn an_expansion_and_its_depthwise_convolution_run_fused_as_computed_apart() {
+        let windows = [
+            Window {
+                stride: 1,
+                dilation: 1,
+                pads: [1; 4],
+                act: Some(Activation::Clip {
+                    min: Some(0.0),
+                    max: Some(6.0),
+                }),
+                biases: true,
+            },
+            // Stride 2, uneven pads, an activation applied after the depthwise kernel.
+            Window {
+                stride: 2,
+                dilation: 1,
+                pads: [0, 1, 1, 0],
+                act: Some(Activation::HardSwish),
+                biases: true,
+            },
+            // Dilation 2 (a ring of five rows), no biases, no activation.
+            Window {
+                stride: 1,
+                dilation: 2,
+                pads: [2; 4],
+                act: None,
+                biases: false,
+            },
+        ];
+        for (i, win) in windows.iter().enumerate() {
+            for n in [1, 2] {
+                // 48 x 48 x 48 floats: 432 KiB per expanded image, over MIN_BYTES.
+                let g = block(n, 48, win);
+                let fast = compile(g.clone(), &level(2)).unwrap();
+                let plain = compile(g.clone(), &level(0)).unwrap();
+                let fused: Vec<_> = fast
+                    .program
+                    .steps
+                    .iter()
+                    .filter_map(|s| match &s.kind {
+                        StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(f))) => Some(f),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(fused.len(), 1, "case {i}");
+                assert!(fused[0].pointwise.packed.is_some() && fused[0].depthwise.packed.is_some());
+                let x = noise(&[n, 8, 48, 48], 10 + i as u64);
+                let want = run_on(&plain.program, x.clone(), 1);
+                for threads in [1, 2] {
+                    assert_close(&run_on(&fast.program, x.clone(), threads), &want, 1e-5);
+                }
+                // The graph-level node without packed weights runs the two convolutions.
+                let mut h = g.clone();
+                crate::passes::layout::run(&mut h).unwrap();
+                crate::passes::dce::run(&mut h).unwrap();
+                assert_eq!(run(&mut h).unwrap(), 1);
+                h.verify().unwrap();
+                assert_close(&run_graph(&h, vec![x])[0], &want, 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn small_images_and_shared_expansions_stay_apart() {
+        let win = Window {
+            stride: 1,
+            dilation: 1,
+            pads: [1; 4],
+            act: None,
+            biases: true,
+        };
+        // 16 x 16 x 48 floats: 48 KiB, which stays in L2 between the layers.
+        let mut g = block(1, 16, &win);
+        crate::passes::layout::run(&mut g).unwrap();
+        crate::passes::dce::run(&mut g).unwrap();
+        assert_eq!(run(&mut g).unwrap(), 0);
+        // The expansion is also a graph output: it must be written out, so nothing fuses.
+        let mut g = block(1, 48, &win);
+        let mid = g.nodes[0].outputs[0].unwrap();
+        g.outputs.push(mid);
+        crate::passes::layout::run(&mut g).unwrap();
+        crate::passes::dce::run(&mut g).unwrap();
+        assert_eq!(run(&mut g).unwrap(), 0);
+    }
+}

@@ -1,0 +1,199 @@
+//! `PointwiseDepthwise`: a channels-last 1x1 convolution and the depthwise convolution that
+//! alone reads its output, as one op: the expansion and depthwise layers of an inverted
+//! residual block (MobileNet-v2/v3, EfficientNet, MnasNet). Set by the compiler's
+//! `pointwise_depthwise` pass, never by the importer.
+//!
+//! Inputs: X `[N, H, W, C]`, the pointwise W and optional bias, the depthwise W and optional
+//! bias (each as its own Conv takes it: packed panels and tap-major taps after prepacking).
+//! Output: the depthwise convolution's `[N, OH, OW, E]`.
+//!
+//! Run separately, the expansion writes `E/C` times its input (MobileNet-v2's first one a
+//! 4.8 MB tensor), out of the L2 cache, and the depthwise layer reads it back. Fused, each
+//! thread walks its band of output rows and keeps only the expanded input rows the window
+//! needs, in a ring of `(kh - 1) * dh + 1` rows that stays in L2: before an output row, the
+//! input rows it needs that the ring lacks are expanded into it (one small GEMM per row, with
+//! the pointwise bias and activation in its epilogue), then the depthwise kernel reads the
+//! ring in place of the image. A thread's rows are contiguous, so only the rows at the edge
+//! between two threads' bands are expanded twice.
+//!
+//! Without packed weights (or another dtype) the two convolutions run one after the other:
+//! the reference semantics.
+
+use super::conv::{Conv, f32_bias};
+use super::depthwise::split_act;
+use super::numel;
+use crate::error::{OpError, Result};
+use crate::value::{Args, InferInput, Value, ValueType};
+use kiln_kernels::sgemm::{AMatrix, act_slice};
+use kiln_tensor::{DType, Tensor};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The fused op: `depthwise(pointwise(X))`, both channels-last Convs.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct PointwiseDepthwise {
+    /// 1x1, stride 1, no padding, group 1, no residual.
+    pub pointwise: Conv,
+    /// `group` = its channels, no residual.
+    pub depthwise: Conv,
+}
+
+/// The expanded input rows one thread holds: row `iy` of the image in slot `iy % slots`,
+/// tagged with the call it belongs to.
+#[derive(Default)]
+struct Ring {
+    rows: Vec<f32>,
+    /// Per slot: `(call, iy)` of the row it holds.
+    tags: Vec<(u64, usize)>,
+}
+
+thread_local! {
+    static RING: std::cell::Cell<Ring> = std::cell::Cell::new(Ring::default());
+}
+
+/// Identifies one (call, image): a ring's rows from an earlier one are stale.
+static CALLS: AtomicU64 = AtomicU64::new(1);
+
+impl PointwiseDepthwise {
+    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+        if let Some(y) = self.fused(args)? {
+            return Ok(vec![y.into()]);
+        }
+        let pw = [args.value(0), args.value(1), args.value(2)];
+        let mid = self
+            .pointwise
+            .eval(&Args::new(&pw))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| OpError::Value("PointwiseDepthwise: the pointwise Conv produced no output".into()))?;
+        let dw = [Some(&mid), args.value(3), args.value(4)];
+        self.depthwise.eval(&Args::new(&dw))
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        const ABSENT: InferInput<'static> = InferInput {
+            ty: &ValueType::Unknown,
+            konst: None,
+            present: false,
+        };
+        let at = |i: usize| inputs.get(i).copied().unwrap_or(ABSENT);
+        let mid = self.pointwise.infer(&[at(0), at(1), at(2)])?;
+        let mid = mid.first().cloned().unwrap_or(ValueType::Unknown);
+        let x = InferInput {
+            ty: &mid,
+            konst: None,
+            present: true,
+        };
+        self.depthwise.infer(&[x, at(3), at(4)])
+    }
+
+    /// The fused evaluation (see the module docs); `None` when the operands are not f32 or
+    /// the weights not packed.
+    fn fused(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
+        use kiln_kernels::sgemm::{BLayout, Bias, Epilogue, PackedBRef, sgemm};
+        let (Some(p1), Some(p2)) = (self.pointwise.packed, self.depthwise.packed) else {
+            return Ok(None);
+        };
+        let ts = [0, 1, 2, 3, 4].map(|i| args.opt_tensor(i));
+        let [Ok(Some(x)), Ok(Some(w1)), Ok(b1), Ok(Some(w2)), Ok(b2)] = ts else {
+            return Ok(None);
+        };
+        let f32s = [Some(x), Some(w1), b1, Some(w2), b2]
+            .iter()
+            .flatten()
+            .all(|t| t.dtype() == DType::F32);
+        if !f32s {
+            return Ok(None);
+        }
+        let bad = |what: String| OpError::Shape(format!("PointwiseDepthwise: {what}"));
+        let &[batch, ih, iw, c] = x.shape() else {
+            return Err(bad(format!("X must be [N, H, W, C], got {:?}", x.shape())));
+        };
+        let e = p1.m;
+        if (p1.c, p1.kh, p1.kw) != (c, 1, 1) || (p2.m, p2.c) != (e, 1) || self.depthwise.group != e {
+            return Err(bad(format!(
+                "weights packed for {p1:?} then {p2:?} (group {}) do not chain from X {:?}",
+                self.depthwise.group,
+                x.shape()
+            )));
+        }
+        let geo = self.depthwise.geometry_nhwc(&[batch, ih, iw, e], e, 1, p2.kh, p2.kw)?;
+        let packed = PackedBRef::new(BLayout::NR32, c, e, w1.as_slice::<f32>()?)
+            .map_err(|err| bad(format!("pointwise weights packed for [{e}, {c}, 1, 1]: {err}")))?;
+        let taps = w2.as_slice::<f32>()?;
+        if taps.len() != p2.kh * p2.kw * e {
+            return Err(bad(format!(
+                "depthwise taps have {} values for {}x{}x{e}",
+                taps.len(),
+                p2.kh,
+                p2.kw
+            )));
+        }
+        let bias1 = f32_bias(b1, e)?.map_or(Bias::None, Bias::Col);
+        let bias2 = f32_bias(b2, e)?;
+        let epi = Epilogue {
+            bias: bias1,
+            residual: None,
+            act: self.pointwise.activation.map(|a| a.kernel_act()),
+        };
+        let (clamp, after) = split_act(self.depthwise.activation.map(|a| a.kernel_act()));
+        let dw = geo.depthwise();
+        // The ring: the window's rows; each `iw * e` floats.
+        let slots = (geo.kh.max(1) - 1) * geo.dh + 1;
+        let row_len = iw * e;
+        numel(&[slots, row_len])?;
+        let shape = vec![batch, geo.oh, geo.ow, e];
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
+        let xd = x.as_slice::<f32>()?;
+        let (ip, op) = (ih * iw * c, geo.oh * geo.ow * e);
+        for n in 0..batch {
+            let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
+                return Err(bad(format!("X {:?} is shorter than its shape", x.shape())));
+            };
+            let call = CALLS.fetch_add(1, Ordering::Relaxed);
+            let failed = std::sync::atomic::AtomicBool::new(false);
+            kiln_kernels::pool::for_each_chunk_mut(yi, geo.ow * e, &|oy, out| {
+                let mut ring = RING.with(std::cell::Cell::take);
+                ring.rows.resize(slots * row_len, 0.0);
+                ring.tags.resize(slots, (0, 0));
+                // The input rows of output row `oy`'s window that the ring lacks, expanded.
+                let mut ok = true;
+                for ky in 0..geo.kh {
+                    let Some(iy) = (oy * geo.sh + ky * geo.dh).checked_sub(geo.ph).filter(|&iy| iy < ih) else {
+                        continue;
+                    };
+                    let slot = iy % slots;
+                    if ring.tags.get(slot) == Some(&(call, iy)) {
+                        continue;
+                    }
+                    let (Some(a), Some(dst)) = (
+                        xi.get(iy * iw * c..(iy + 1) * iw * c),
+                        ring.rows.get_mut(slot * row_len..(slot + 1) * row_len),
+                    ) else {
+                        ok = false;
+                        break;
+                    };
+                    ok &= sgemm(iw, AMatrix::row_major(a, c), packed, dst, e, &epi).is_ok();
+                    if let Some(t) = ring.tags.get_mut(slot) {
+                        *t = (call, iy);
+                    }
+                }
+                ok = ok && dw.nhwc_row(&ring.rows, |iy| iy % slots, taps, bias2, clamp, oy, out);
+                RING.with(|cell| cell.set(ring));
+                if let Some(a) = after {
+                    act_slice(a, out);
+                }
+                if !ok {
+                    failed.store(true, Ordering::Relaxed);
+                }
+            });
+            if failed.load(Ordering::Relaxed) {
+                return Err(bad(format!(
+                    "inconsistent shapes: X {:?}, weights {p1:?} and {p2:?}",
+                    x.shape()
+                )));
+            }
+        }
+        Ok(Some(Tensor::from_vec(shape, y)?))
+    }
+}
