@@ -18,7 +18,7 @@
 //! 1e-4); the bar for Winograd layers is 1e-3 relative.
 
 use crate::pool;
-use crate::sgemm::{AMatrix, BLayout, Epilogue, PackedB, PackedBRef, SgemmError, sgemm};
+use crate::sgemm::{AMatrix, Act, BLayout, Epilogue, PackedB, PackedBRef, SgemmError, residual_act, sgemm};
 use crate::simd::{Kernel, vectorize_kernel};
 
 /// Output tile side (F(4x4, 3x3)).
@@ -133,16 +133,21 @@ impl Winograd {
         xpad.checked_add(v)?.checked_add(p)
     }
 
-    /// `y = conv(x) + bias` for one image (`x`: `c x ih x iw`, `y`: `m x oh x ow`, or both
-    /// channels-last, see [`Self::channels_last`]), with `u`
-    /// from [`pack_weights`] in `layout`. `scratch` is resized to [`Self::scratch_len`].
-    /// Returns false (with `y` unspecified) when a slice does not fit the geometry.
+    /// `y = act(conv(x) + bias + residual)` for one image (`x`: `c x ih x iw`, `y` and the
+    /// residual: `m x oh x ow`, or all channels-last, see [`Self::channels_last`]), with `u`
+    /// from [`pack_weights`] in `layout`. The residual and the activation are applied by each
+    /// output-transform task to the rows it just wrote. `scratch` is resized to
+    /// [`Self::scratch_len`]. Returns false (with `y` unspecified) when a slice does not fit
+    /// the geometry.
+    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         x: &[f32],
         u: &[f32],
         layout: BLayout,
         bias: Option<&[f32]>,
+        residual: Option<&[f32]>,
+        act: Option<Act>,
         y: &mut [f32],
         scratch: &mut Vec<f32>,
     ) -> bool {
@@ -157,6 +162,7 @@ impl Winograd {
             || y.len() < m * self.oh * self.ow
             || u.len() < upacked * POSITIONS
             || bias.is_some_and(|b| b.len() < m)
+            || residual.is_some_and(|r| r.len() < m * self.oh * self.ow)
             || c == 0
             || m == 0
             || t == 0
@@ -167,22 +173,29 @@ impl Winograd {
         scratch.resize(len, 0.0);
         let (pad_h, pad_w) = (th * TILE + 2, tw * TILE + 2);
         let (xpad, rest) = scratch.split_at_mut(pad_h * pad_w * c);
-        xpad.fill(0.0);
         let (v, prod) = rest.split_at_mut(POSITIONS * t * c);
         // Channels-last copy with zero padding: xpad[(y * pad_w + x) * c + ci].
         if self.channels_last {
-            // Whole input rows, `iw x c` contiguous on both sides (clipped to the padded width).
+            // Whole input rows, `iw x c` contiguous on both sides (clipped to the padded
+            // width), in parallel over padded rows, each zeroed around its copy.
             let n = (pad_w.saturating_sub(self.pw)).min(self.iw) * c;
-            for (iy, row) in x.chunks_exact((self.iw * c).max(1)).take(self.ih).enumerate() {
-                let py = iy + self.ph;
-                if py >= pad_h {
-                    break;
+            let (ih, iw, ph, pw) = (self.ih, self.iw, self.ph, self.pw);
+            pool::for_each_chunk_mut(xpad, pad_w * c, &|py, row| {
+                let src = py
+                    .checked_sub(ph)
+                    .filter(|&iy| iy < ih)
+                    .and_then(|iy| x.get(iy * iw * c..iy * iw * c + n));
+                match (src, row.get_mut(pw * c..pw * c + n)) {
+                    (Some(src), Some(d)) => {
+                        d.copy_from_slice(src);
+                        row.get_mut(..pw * c).into_iter().for_each(|z| z.fill(0.0));
+                        row.get_mut(pw * c + n..).into_iter().for_each(|z| z.fill(0.0));
+                    }
+                    _ => row.fill(0.0),
                 }
-                let o = (py * pad_w + self.pw) * c;
-                if let (Some(d), Some(src)) = (xpad.get_mut(o..o + n), row.get(..n)) {
-                    d.copy_from_slice(src);
-                }
-            }
+            });
+        } else {
+            xpad.fill(0.0);
         }
         for (ci, plane) in x
             .chunks_exact((self.ih * self.iw).max(1))
@@ -248,7 +261,8 @@ impl Winograd {
         let prod: &[f32] = prod;
         if self.channels_last {
             // Output transform in parallel over tile rows: each task owns 4 whole rows of y.
-            pool::for_each_chunk_mut(&mut y[..self.oh * self.ow * m], TILE * self.ow * m, &|ty, ys| {
+            let rows = TILE * self.ow * m;
+            pool::for_each_chunk_mut(&mut y[..self.oh * self.ow * m], rows, &|ty, ys| {
                 vectorize_kernel(OutputTransform {
                     prod,
                     ys,
@@ -262,6 +276,7 @@ impl Winograd {
                     ow: self.ow,
                     tile_row: Some(ty),
                 });
+                residual_act(ys, residual.and_then(|r| r.get(ty * rows..ty * rows + ys.len())), act);
             });
             return true;
         }
@@ -285,6 +300,8 @@ impl Winograd {
                 ow: self.ow,
                 tile_row: None,
             });
+            let at = g * per * plane;
+            residual_act(ys, residual.and_then(|r| r.get(at..at + ys.len())), act);
         });
         true
     }

@@ -494,8 +494,8 @@ fn im2col_panels_match_reference_im2col_then_pack() {
 }
 
 /// Winograd F(4x4, 3x3) against the direct convolution (im2col + reference GEMM in f64) over
-/// channel counts, odd sizes (partial edge tiles), pads 0-2 and with or without bias, under
-/// 1 and 2 threads. Bound: 1e-4 of the output's largest magnitude (measured: < 1e-5).
+/// channel counts, odd sizes (partial edge tiles), pads 0-2, under 1 and 2 threads, with and
+/// without a residual and ReLU after the bias. Bound: 1e-4 of the output's largest magnitude (measured: < 1e-5).
 #[test]
 fn winograd_matches_direct_convolution() {
     use kiln_kernels::conv::{ConvGeometry, im2col};
@@ -536,7 +536,21 @@ fn winograd_matches_direct_convolution() {
         let scale = want.iter().fold(0.0f64, |a, v| a.max(v.abs()));
         for layout in [BLayout::NR32, BLayout::NR16] {
             let u = pack_weights(&w, m, c, layout).unwrap();
-            for (threads, channels_last) in [(1, false), (2, false), (1, true), (2, true)] {
+            // The residual and ReLU applied by the output-transform tasks.
+            let residual = data(m * oh * ow, (m + c) as u64, false);
+            let with_post: Vec<f64> = want
+                .iter()
+                .zip(&residual)
+                .map(|(&v, &r)| (v + f64::from(r)).max(0.0))
+                .collect();
+            for (threads, channels_last, post) in [
+                (1, false, false),
+                (2, false, false),
+                (1, true, false),
+                (2, true, false),
+                (2, false, true),
+                (2, true, true),
+            ] {
                 let g = Winograd {
                     c,
                     m,
@@ -554,12 +568,22 @@ fn winograd_matches_direct_convolution() {
                 } else {
                     x.clone()
                 };
+                let rin: Vec<f32> = if channels_last {
+                    (0..m * oh * ow).map(|i| residual[(i % m) * oh * ow + i / m]).collect()
+                } else {
+                    residual.clone()
+                };
+                let (r, act, want) = if post {
+                    (Some(rin.as_slice()), Some(Act::Relu), &with_post)
+                } else {
+                    (None, None, &want)
+                };
                 let mut y = vec![f32::NAN; m * oh * ow];
                 let mut scratch = Vec::new();
                 let ok = if threads == 1 {
-                    g.run(&xin, &u, layout, Some(&bias), &mut y, &mut scratch)
+                    g.run(&xin, &u, layout, Some(&bias), r, act, &mut y, &mut scratch)
                 } else {
-                    pool.install(|| g.run(&xin, &u, layout, Some(&bias), &mut y, &mut scratch))
+                    pool.install(|| g.run(&xin, &u, layout, Some(&bias), r, act, &mut y, &mut scratch))
                 };
                 assert!(ok, "{g:?}");
                 if channels_last {
@@ -567,7 +591,7 @@ fn winograd_matches_direct_convolution() {
                         .map(|i| y[(i % (oh * ow)) * m + i / (oh * ow)])
                         .collect();
                 }
-                for (i, (&got, &wv)) in y.iter().zip(&want).enumerate() {
+                for (i, (&got, &wv)) in y.iter().zip(want).enumerate() {
                     assert!(
                         (f64::from(got) - wv).abs() <= 1e-4 * scale,
                         "{g:?} [{i}]: {got} vs {wv}"
@@ -577,5 +601,5 @@ fn winograd_matches_direct_convolution() {
             }
         }
     }
-    assert_eq!(cases, 40);
+    assert_eq!(cases, 60);
 }

@@ -285,6 +285,17 @@ pub fn act_slice(act: Act, v: &mut [f32]) {
     act_slice_with_isa(isa::active(), act, v);
 }
 
+/// `v += residual` (when given, of `v`'s length), then the activation, in one pass on the
+/// active level: the epilogue a convolution applies after its own output stage.
+pub fn residual_act(v: &mut [f32], residual: Option<&[f32]>, act: Option<Act>) {
+    if residual.is_none() && act.is_none() {
+        return;
+    }
+    let isa = isa::active();
+    let epi = driver::Kernels::select(isa, BLayout::for_isa(isa)).epi;
+    epi(v, None, None, residual, act);
+}
+
 /// [`act_slice`] on a given level; a level this CPU lacks runs the portable code.
 pub fn act_slice_with_isa(isa: Isa, act: Act, v: &mut [f32]) {
     let isa = if isa.is_supported() { isa } else { Isa::Portable };

@@ -251,21 +251,21 @@ impl Conv {
             .ok_or_else(|| OpError::Shape(format!("Winograd Conv on X {:?} is too large", x.shape())))?;
         let (ip, op) = (c * ih * iw, m * gh.out * gw.out);
         let bad = || OpError::Shape(format!("Winograd Conv: inconsistent shapes X {:?}", x.shape()));
+        let rd = f32_residual(r, &shape)?;
+        let act = self.activation.map(|a| a.kernel_act());
         let mut scratch = WINOGRAD.with(std::cell::Cell::take);
         for n in 0..batch {
             let xi = xd.get(n * ip..(n + 1) * ip).ok_or_else(bad)?;
             let yi = y.get_mut(n * op..(n + 1) * op).ok_or_else(bad)?;
-            if !g.run(xi, ud, layout, bd, yi, &mut scratch) {
+            let ri = match rd {
+                Some(rd) => Some(rd.get(n * op..(n + 1) * op).ok_or_else(bad)?),
+                None => None,
+            };
+            if !g.run(xi, ud, layout, bd, ri, act, yi, &mut scratch) {
                 return Err(bad());
             }
         }
         WINOGRAD.with(|cell| cell.set(scratch));
-        if let Some(rd) = f32_residual(r, &shape)? {
-            kiln_kernels::simd::vectorize(|| y.iter_mut().zip(rd).for_each(|(a, &b)| *a += b));
-        }
-        if let Some(a) = self.activation {
-            kiln_kernels::sgemm::act_slice(a.kernel_act(), &mut y);
-        }
         Ok(Tensor::from_vec(shape, y)?)
     }
 
