@@ -279,64 +279,89 @@ impl Geometry {
     /// Writes the transposed im2col block for output pixels `r0 .. r0 + n` of a channels-first
     /// X (`[N, C, H, W]`) into `a` (`k x n`, row `p` = tap `(ky, kx)` and channel `ci` in the
     /// packed weights' (ky, kx, c) order, so `a[p * n + i]` is that tap's input value for
-    /// pixel `r0 + i`, or zero in the padding). Each row is gathered a run of output pixels of
-    /// one output row at a time: a strided walk along one input row. Returns `false` if X is
-    /// shorter than the geometry says.
+    /// pixel `r0 + i`, or zero in the padding). The block is cut into runs of output pixels of
+    /// one output row; for each run (its position computed once) every row `p` gets a strided
+    /// walk along one input row. Returns `false` if X is shorter than the geometry says.
     #[inline(always)]
     fn fill_columns(&self, x: &[f32], r0: usize, n: usize, a: &mut [f32]) -> bool {
         let (c, plane, ow) = (self.c, self.oh * self.ow, self.ow);
         if plane == 0 || ow == 0 || c == 0 || n == 0 {
             return true;
         }
-        for (p, dst) in a.chunks_exact_mut(n).enumerate() {
-            let (tap, ci) = (p / c, p % c);
-            let (ky, kx) = (tap / self.kw, tap % self.kw);
-            let mut i = 0;
-            while i < n {
-                let pix = r0 + i;
-                let (img, oy, ox0) = (pix / plane, pix % plane / ow, pix % ow);
-                let len = (ow - ox0).min(n - i);
-                let Some(seg) = dst.get_mut(i..i + len) else {
-                    return false;
-                };
-                i += len;
+        if a.len() != self.k() * n {
+            return false;
+        }
+        let (sw, iw) = (self.sw.max(1), self.iw as isize);
+        let mut i = 0;
+        while i < n {
+            let pix = r0 + i;
+            let (img, oy, ox0) = (pix / plane, pix % plane / ow, pix % ow);
+            let len = (ow - ox0).min(n - i);
+            let end = ox0 + len;
+            for ky in 0..self.kh {
                 let iy = (oy * self.sh + ky * self.dh) as isize - self.ph as isize;
-                if iy < 0 || iy as usize >= self.ih {
-                    seg.fill(0.0);
-                    continue;
-                }
-                let start = ((img * c + ci) * self.ih + iy as usize) * self.iw;
-                let Some(row) = x.get(start..start + self.iw) else {
-                    return false;
-                };
-                // Output column `ox` reads input column `ox * sw + kx * dw - pw`: zero before
-                // column `lo` and from `hi` on, a strided run in between.
-                let (sw, iw) = (self.sw.max(1), self.iw as isize);
-                let off = (kx * self.dw) as isize - self.pw as isize;
-                let end = ox0 + len;
-                let lo = if off >= 0 {
-                    0
-                } else {
-                    (-off).unsigned_abs().div_ceil(sw)
-                }
-                .clamp(ox0, end);
-                let hi = if iw <= off {
-                    0
-                } else {
-                    (iw - off).unsigned_abs().div_ceil(sw)
-                }
-                .clamp(lo, end);
-                let (head, rest) = seg.split_at_mut(lo - ox0);
-                let (mid, tail) = rest.split_at_mut(hi - lo);
-                head.fill(0.0);
-                tail.fill(0.0);
-                let from = ((lo * sw) as isize + off).max(0).unsigned_abs();
-                if !gather(row.get(from..).unwrap_or(&[]), sw, mid) {
-                    return false;
+                let inside = iy >= 0 && (iy as usize) < self.ih;
+                for kx in 0..self.kw {
+                    // Output column `ox` reads input column `ox * sw + kx * dw - pw`: zero
+                    // before column `lo` and from `hi` on, a strided run in between.
+                    let off = (kx * self.dw) as isize - self.pw as isize;
+                    let lo = if off >= 0 {
+                        0
+                    } else {
+                        (-off).unsigned_abs().div_ceil(sw)
+                    }
+                    .clamp(ox0, end);
+                    let hi = if iw <= off {
+                        0
+                    } else {
+                        (iw - off).unsigned_abs().div_ceil(sw)
+                    }
+                    .clamp(lo, end);
+                    let from = ((lo * sw) as isize + off).max(0).unsigned_abs();
+                    for ci in 0..c {
+                        let p = (ky * self.kw + kx) * c + ci;
+                        let Some(seg) = a.get_mut(p * n + i..p * n + i + len) else {
+                            return false;
+                        };
+                        if !inside {
+                            seg.fill(0.0);
+                            continue;
+                        }
+                        let start = ((img * c + ci) * self.ih + iy as usize) * self.iw;
+                        let Some(row) = x.get(start..start + self.iw) else {
+                            return false;
+                        };
+                        let (head, rest) = seg.split_at_mut(lo - ox0);
+                        let (mid, tail) = rest.split_at_mut(hi - lo);
+                        head.fill(0.0);
+                        tail.fill(0.0);
+                        if !gather(row.get(from..).unwrap_or(&[]), sw, mid) {
+                            return false;
+                        }
+                    }
                 }
             }
+            i += len;
         }
         true
+    }
+}
+
+/// [`Geometry::fill_columns`] as a kernel compiled for the active level (as a closure it was
+/// left as a call compiled for the baseline: SSE shuffles for the stride-2 walk).
+struct FillColumns<'a> {
+    geo: &'a Geometry,
+    x: &'a [f32],
+    r0: usize,
+    n: usize,
+    a: &'a mut [f32],
+}
+
+impl kiln_kernels::simd::Kernel for FillColumns<'_> {
+    type Output = bool;
+    #[inline(always)]
+    fn run(self) -> bool {
+        self.geo.fill_columns(self.x, self.r0, self.n, self.a)
     }
 }
 
@@ -497,7 +522,13 @@ impl Conv {
         // per tap, one column per pixel) gathered from channels-first X.
         let fill = |xd: &[f32], r0: usize, n: usize, a: &mut [f32]| {
             if self.x_channels_first {
-                kiln_kernels::simd::vectorize(|| geo.fill_columns(xd, r0, n, a))
+                kiln_kernels::simd::vectorize_kernel(FillColumns {
+                    geo: &geo,
+                    x: xd,
+                    r0,
+                    n,
+                    a,
+                })
             } else {
                 geo.fill_rows(xd, r0, a)
             }
