@@ -134,14 +134,14 @@ mod tests {
         biases: bool,
     }
 
-    /// x [n, 8, s, s] -> 1x1 8->48 (Clip 0..6) -> depthwise 3x3 `window` -> y.
-    fn block(n: usize, s: usize, win: &Window) -> Graph {
+    /// x [n, 8, s, s] -> 1x1 8->e (Clip 0..6) -> depthwise 3x3 `window` -> y.
+    fn block(n: usize, s: usize, e: usize, win: &Window) -> Graph {
         let mut b = Builder::new();
         let x = b.input("x", &[n, 8, s, s]);
-        let w1 = b.constant("w1", noise(&[48, 8, 1, 1], 1));
-        let b1 = win.biases.then(|| b.constant("b1", noise(&[48], 2)));
-        let w2 = b.constant("w2", noise(&[48, 1, 3, 3], 3));
-        let b2 = win.biases.then(|| b.constant("b2", noise(&[48], 4)));
+        let w1 = b.constant("w1", noise(&[e, 8, 1, 1], 1));
+        let b1 = win.biases.then(|| b.constant("b1", noise(&[e], 2)));
+        let w2 = b.constant("w2", noise(&[e, 1, 3, 3], 3));
+        let b2 = win.biases.then(|| b.constant("b2", noise(&[e], 4)));
         let pw = Op::Nn(NnOp::Conv(Conv {
             group: 1,
             activation: Some(Activation::Clip {
@@ -150,19 +150,19 @@ mod tests {
             }),
             ..Conv::default()
         }));
-        let h = b.node(pw, &[Some(x), Some(w1), b1], &[&[n, 48, s, s]])[0];
+        let h = b.node(pw, &[Some(x), Some(w1), b1], &[&[n, e, s, s]])[0];
         let [pt, pl, pb, pr] = win.pads;
         let out = |pad: usize| (s + pad - 2 * win.dilation - 1) / win.stride + 1;
         let (oh, ow) = (out(pt + pb), out(pl + pr));
         let dw = Op::Nn(NnOp::Conv(Conv {
-            group: 48,
+            group: e,
             pads: win.pads.to_vec(),
             strides: vec![win.stride; 2],
             dilations: vec![win.dilation; 2],
             activation: win.act,
             ..Conv::default()
         }));
-        let y = b.node(dw, &[Some(h), Some(w2), b2], &[&[n, 48, oh, ow]])[0];
+        let y = b.node(dw, &[Some(h), Some(w2), b2], &[&[n, e, oh, ow]])[0];
         b.finish(&[y])
     }
 
@@ -209,10 +209,12 @@ mod tests {
                 biases: false,
             },
         ];
+        // 48 x 48 x 48 floats (432 KiB per expanded image) runs fused on 1 and 2 threads;
+        // 16 x 16 x 256 (256 KiB) too on 1, but on 2 the rows expanded twice would be an eighth
+        // of the image: the expansion then runs whole.
         for (i, win) in windows.iter().enumerate() {
-            for n in [1, 2] {
-                // 48 x 48 x 48 floats: 432 KiB per expanded image, over MIN_BYTES.
-                let g = block(n, 48, win);
+            for (n, s, e) in [(1, 48, 48), (2, 48, 48), (1, 16, 256), (2, 16, 256)] {
+                let g = block(n, s, e, win);
                 let fast = compile(g.clone(), &level(2)).unwrap();
                 let plain = compile(g.clone(), &level(0)).unwrap();
                 let fused: Vec<_> = fast
@@ -226,7 +228,7 @@ mod tests {
                     .collect();
                 assert_eq!(fused.len(), 1, "case {i}");
                 assert!(fused[0].pointwise.packed.is_some() && fused[0].depthwise.packed.is_some());
-                let x = noise(&[n, 8, 48, 48], 10 + i as u64);
+                let x = noise(&[n, 8, s, s], 10 + i as u64);
                 let want = run_on(&plain.program, x.clone(), 1);
                 for threads in [1, 2] {
                     assert_close(&run_on(&fast.program, x.clone(), threads), &want, 1e-5);
@@ -252,12 +254,12 @@ mod tests {
             biases: true,
         };
         // 16 x 16 x 48 floats: 48 KiB, which stays in L2 between the layers.
-        let mut g = block(1, 16, &win);
+        let mut g = block(1, 16, 48, &win);
         crate::passes::layout::run(&mut g).unwrap();
         crate::passes::dce::run(&mut g).unwrap();
         assert_eq!(run(&mut g).unwrap(), 0);
         // The expansion is also a graph output: it must be written out, so nothing fuses.
-        let mut g = block(1, 48, &win);
+        let mut g = block(1, 48, 48, &win);
         let mid = g.nodes[0].outputs[0].unwrap();
         g.outputs.push(mid);
         crate::passes::layout::run(&mut g).unwrap();
