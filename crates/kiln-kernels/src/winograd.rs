@@ -6,10 +6,17 @@
 //! GEMM with `U` packed once at compile time ([`pack_weights`]).
 //!
 //! Layout: the input (channels-first `C x H x W`, or channels-last `H x W x C`) is copied to
-//! channels-last with zero padding, so each transform works on vectors over channels
-//! (compiled for the active level); `V` is `[36][tiles][C]`, the products `[36][tiles][M]`,
-//! and the output transform writes `M x OH x OW` (in parallel over channel groups) or
-//! `OH x OW x M` (in parallel over tile rows).
+//! channels-last with zero padding, so each transform works on blocks of 16 channels (one
+//! vector; compiled for the active level) with its rows spelled out, the zero coefficients
+//! left out, and a tile's values kept in small fixed arrays; `V` is `[36][tiles][C]`, the
+//! products `[36][tiles][M]`, and the output transform writes `M x OH x OW` (in parallel over
+//! channel groups) or `OH x OW x M` (in parallel over tile rows), the residual and activation
+//! applied by each task to the rows it wrote.
+//!
+//! Channels-last, when V and the products outweigh the weights (many tiles, few channels),
+//! each thread instead takes a band of tile rows through every phase, in chunks whose V and
+//! products stay in L2: no data crosses cores between the phases. Otherwise the 36 GEMMs
+//! split by positions, so the weights are read once in all.
 //!
 //! Accuracy: the transforms use the interpolation points 0, +-1, +-2 (entries up to 8 in
 //! `A^T`, 5 in `B^T`), which amplify rounding: the error is about 10-100 ulp of the output's
@@ -21,6 +28,10 @@ use crate::pool;
 use crate::sgemm::{AMatrix, Act, BLayout, Epilogue, PackedB, PackedBRef, SgemmError, residual_act, sgemm};
 use crate::simd::{Kernel, vectorize_kernel};
 
+/// Most bytes of V and products one chunk of tile rows of [`Winograd::run_by_tiles`] holds,
+/// so they stay in Zen 4's 1 MiB L2 between the transforms and the GEMMs.
+const CHUNK_BYTES: usize = 640 * 1024;
+
 /// Output tile side (F(4x4, 3x3)).
 pub const TILE: usize = 4;
 /// Input tile side: `TILE + 3 - 1`.
@@ -28,6 +39,8 @@ pub const ALPHA: usize = 6;
 /// Transform positions (`ALPHA^2`): the number of GEMMs.
 pub const POSITIONS: usize = ALPHA * ALPHA;
 
+/// The input transform `B^T`; [`bt6`] spells out its rows (the test checks them).
+#[cfg_attr(not(test), allow(dead_code))]
 const BT: [[f32; 6]; 6] = [
     [4.0, 0.0, -5.0, 0.0, 1.0, 0.0],
     [0.0, -4.0, -4.0, 1.0, 1.0, 0.0],
@@ -46,6 +59,8 @@ const G: [[f64; 3]; 6] = [
     [0.0, 0.0, 1.0],
 ];
 
+/// The output transform `A^T`; [`at4`] spells out its rows (the test checks them).
+#[cfg_attr(not(test), allow(dead_code))]
 const AT: [[f32; 6]; 4] = [
     [1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
     [0.0, 1.0, -1.0, 2.0, -2.0, 0.0],
@@ -216,13 +231,22 @@ impl Winograd {
                 }
             }
         }
+        let tasks = pool::current_threads().clamp(1, th);
+        // When V and the products outweigh the weights (many tiles, few channels: ResNet's
+        // 56x56x64 layers), each thread runs every phase on its own band of tile rows, so no
+        // data crosses cores between the phases; otherwise the GEMMs split by positions, so
+        // the weights are read once in all.
+        if self.channels_last && t * (c + m) > c * m {
+            let out = &mut y[..self.oh * self.ow * m];
+            return self.run_by_tiles(xpad, v, prod, u, upacked, layout, bias, residual, act, out, tasks);
+        }
         // The input transform in parallel over tile ranges: each task writes its tiles' rows
         // of every position.
         let vout = VOut {
             ptr: v.as_mut_ptr(),
             len: v.len(),
         };
-        let tasks = pool::current_threads().clamp(1, t);
+        let tasks = tasks.clamp(1, t);
         let per = t.div_ceil(tasks);
         let xpad: &[f32] = xpad;
         pool::parallel_for(tasks, &|i| {
@@ -231,6 +255,7 @@ impl Winograd {
                 v: vout,
                 c,
                 t,
+                tile0: 0,
                 tiles: i * per..((i + 1) * per).min(t),
                 tw,
                 pad_w,
@@ -271,6 +296,7 @@ impl Winograd {
                     m0: 0,
                     m1: m,
                     t,
+                    tile0: 0,
                     tw,
                     oh: self.oh,
                     ow: self.ow,
@@ -295,6 +321,7 @@ impl Winograd {
                 m0,
                 m1,
                 t,
+                tile0: 0,
                 tw,
                 oh: self.oh,
                 ow: self.ow,
@@ -307,37 +334,150 @@ impl Winograd {
     }
 }
 
-thread_local! {
-    /// The transforms' per-task scratch, reused per thread (every use overwrites it).
-    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// This thread's scratch, at least `n` floats long (contents stale); give it back with
-/// [`put_scratch`].
-#[inline(always)]
-fn take_scratch(n: usize) -> Vec<f32> {
-    let mut v = SCRATCH.with(std::cell::Cell::take);
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-    v
-}
-
-#[inline(always)]
-fn put_scratch(v: Vec<f32>) {
-    SCRATCH.with(|c| c.set(v));
-}
-
-/// `out = sum_k coefs[k] * rows[k]` over the rows' common length, zero coefficients skipped.
-#[inline(always)]
-fn lincomb(out: &mut [f32], coefs: &[f32; 6], rows: &[&[f32]; 6]) {
-    out.fill(0.0);
-    for (&k, row) in coefs.iter().zip(rows) {
-        if k != 0.0 {
-            for (o, &r) in out.iter_mut().zip(row.iter()) {
-                *o += k * r;
+impl Winograd {
+    /// [`Self::run`] channels-last with every phase split by bands of tile rows, one per
+    /// task: a task transforms its tiles' input into its own part of `v` (task-major: its
+    /// tiles of each position together), multiplies them into its part of `prod` (36 GEMMs
+    /// of its tiles' rows), then writes its output rows, residual and activation included.
+    #[allow(clippy::too_many_arguments)]
+    fn run_by_tiles(
+        &self,
+        xpad: &[f32],
+        v: &mut [f32],
+        prod: &mut [f32],
+        u: &[f32],
+        upacked: usize,
+        layout: BLayout,
+        bias: Option<&[f32]>,
+        residual: Option<&[f32]>,
+        act: Option<Act>,
+        y: &mut [f32],
+        tasks: usize,
+    ) -> bool {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Mutex, PoisonError};
+        let (c, m) = (self.c, self.m);
+        let (th, tw) = self.tiles();
+        let pad_w = tw * TILE + 2;
+        let band = th.div_ceil(tasks.max(1));
+        let yrows = TILE * self.ow * m;
+        // Tile rows per chunk: V and the products of a chunk in at most CHUNK_BYTES.
+        let chunk = (CHUNK_BYTES / (POSITIONS * tw * (c + m) * 4).max(1)).clamp(1, band);
+        type Part<'p> = Mutex<(&'p mut [f32], &'p mut [f32], &'p mut [f32])>;
+        let parts: Vec<Part<'_>> = y
+            .chunks_mut((band * yrows).max(1))
+            .zip(v.chunks_mut((POSITIONS * band * tw * c).max(1)))
+            .zip(prod.chunks_mut((POSITIONS * band * tw * m).max(1)))
+            .map(|((ys, vs), ps)| Mutex::new((ys, vs, ps)))
+            .collect();
+        let failed = AtomicBool::new(false);
+        pool::parallel_for(parts.len(), &|i| {
+            let Some(part) = parts.get(i) else { return };
+            let mut guard = part.lock().unwrap_or_else(PoisonError::into_inner);
+            let (ys, vs, ps) = &mut *guard;
+            let ty0 = i * band;
+            let (t0, nt) = (ty0 * tw, th.saturating_sub(ty0).min(band) * tw);
+            if vs.len() != POSITIONS * nt * c || ps.len() != POSITIONS * nt * m {
+                failed.store(true, Ordering::Relaxed);
+                return;
             }
-        }
+            // The band in chunks of tile rows whose V and products stay in L2.
+            for (k, yc) in ys.chunks_mut((chunk * yrows).max(1)).enumerate() {
+                let (j0, j1) = (k * chunk * tw, ((k + 1) * chunk * tw).min(nt));
+                vectorize_kernel(InputTransform {
+                    xpad,
+                    v: VOut {
+                        ptr: vs.as_mut_ptr(),
+                        len: vs.len(),
+                    },
+                    c,
+                    t: nt,
+                    tile0: t0,
+                    tiles: t0 + j0..t0 + j1,
+                    tw,
+                    pad_w,
+                });
+                for (xi, (a, out)) in vs.chunks_exact(nt * c).zip(ps.chunks_exact_mut(nt * m)).enumerate() {
+                    let ok = match (
+                        u.get(xi * upacked..(xi + 1) * upacked),
+                        a.get(j0 * c..j1 * c),
+                        out.get_mut(j0 * m..j1 * m),
+                    ) {
+                        (Some(b), Some(a), Some(out)) => PackedBRef::new(layout, c, m, b).is_ok_and(|b| {
+                            sgemm(j1 - j0, AMatrix::row_major(a, c), b, out, m, &Epilogue::NONE).is_ok()
+                        }),
+                        _ => false,
+                    };
+                    if !ok {
+                        failed.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+                let pr: &[f32] = ps;
+                for (r, yr) in yc.chunks_mut(yrows.max(1)).enumerate() {
+                    vectorize_kernel(OutputTransform {
+                        prod: pr,
+                        ys: yr,
+                        bias,
+                        m,
+                        m0: 0,
+                        m1: m,
+                        t: nt,
+                        tile0: t0,
+                        tw,
+                        oh: self.oh,
+                        ow: self.ow,
+                        tile_row: Some(ty0 + k * chunk + r),
+                    });
+                }
+                let at = (ty0 + k * chunk) * yrows;
+                residual_act(yc, residual.and_then(|r| r.get(at..at + yc.len())), act);
+            }
+        });
+        !failed.load(Ordering::Relaxed)
+    }
+}
+
+/// Channels per block of the transforms: one 512-bit vector. A block's values live in small
+/// fixed arrays the compiler keeps in registers or L1, instead of passes over whole channel
+/// rows (a load, multiply, add and store per coefficient, which had made the transforms a
+/// third of a 56x56x64 layer's time).
+const L: usize = 16;
+
+type Block = [f32; L];
+
+/// `out[i] = sum_r BT[i][r] d[r]` lane by lane, the zero coefficients left out.
+#[inline(always)]
+fn bt6(d: &[Block; 6], out: &mut [Block; 6]) {
+    for k in 0..L {
+        let [d0, d1, d2, d3, d4, d5] = [d[0][k], d[1][k], d[2][k], d[3][k], d[4][k], d[5][k]];
+        out[0][k] = 4.0 * d0 - 5.0 * d2 + d4;
+        out[1][k] = -4.0 * d1 - 4.0 * d2 + d3 + d4;
+        out[2][k] = 4.0 * d1 - 4.0 * d2 - d3 + d4;
+        out[3][k] = -2.0 * d1 - d2 + 2.0 * d3 + d4;
+        out[4][k] = 2.0 * d1 - d2 - 2.0 * d3 + d4;
+        out[5][k] = 4.0 * d1 - 5.0 * d3 + d5;
+    }
+}
+
+/// `out[i] = sum_a AT[i][a] m[a]` lane by lane, the zero coefficients left out.
+#[inline(always)]
+fn at4(m: &[Block; 6], out: &mut [Block; 4]) {
+    for k in 0..L {
+        let [m0, m1, m2, m3, m4, m5] = [m[0][k], m[1][k], m[2][k], m[3][k], m[4][k], m[5][k]];
+        out[0][k] = m0 + m1 + m2 + m3 + m4;
+        out[1][k] = m1 - m2 + 2.0 * m3 - 2.0 * m4;
+        out[2][k] = m1 + m2 + 4.0 * m3 + 4.0 * m4;
+        out[3][k] = m1 - m2 + 8.0 * m3 - 8.0 * m4 + m5;
+    }
+}
+
+/// `dst[..n] = src[..n]`, zeros after (a block from a channel run of `n <= L` values).
+#[inline(always)]
+fn load(src: &[f32], n: usize, dst: &mut Block) {
+    *dst = [0.0; L];
+    if let (Some(d), Some(s)) = (dst.get_mut(..n), src.get(..n)) {
+        d.copy_from_slice(s);
     }
 }
 
@@ -373,7 +513,9 @@ struct InputTransform<'a> {
     xpad: &'a [f32],
     v: VOut,
     c: usize,
+    /// Tiles in V (its row count per position), the first being tile `tile0`.
     t: usize,
+    tile0: usize,
     /// The tiles this task transforms.
     tiles: std::ops::Range<usize>,
     tw: usize,
@@ -382,47 +524,38 @@ struct InputTransform<'a> {
 
 impl Kernel for InputTransform<'_> {
     type Output = ();
-    /// For each tile: `B^T d B` with vectors over channels, written to `V[xi][tile]`.
+    /// For each tile: `B^T d B` over channel blocks, written to `V[xi][tile]`.
     #[inline(always)]
     fn run(self) {
         let c = self.c;
-        let mut scratch = take_scratch(37 * c);
-        let (stage, rest) = scratch.split_at_mut(36 * c);
-        self.tiles_into(stage, &mut rest[..c]);
-        put_scratch(scratch);
-    }
-}
-
-impl InputTransform<'_> {
-    /// The tiles, with `stage` (`36 c`) and `out` (`c`) as scratch (`lincomb` overwrites).
-    #[inline(always)]
-    fn tiles_into(&self, stage: &mut [f32], out: &mut [f32]) {
-        let c = self.c;
         for tile in self.tiles.clone() {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
-            let at = |r: usize, q: usize| {
-                let o = ((ty * TILE + r) * self.pad_w + tx * TILE + q) * c;
-                self.xpad.get(o..o + c).unwrap_or(&[])
-            };
-            // stage[i][q] = sum_r BT[i][r] d[r][q]
-            for (i, bt) in BT.iter().enumerate() {
-                for q in 0..6 {
-                    let rows = [at(0, q), at(1, q), at(2, q), at(3, q), at(4, q), at(5, q)];
-                    let o = (i * 6 + q) * c;
-                    lincomb(&mut stage[o..o + c], bt, &rows);
+            let at = |r: usize, q: usize| ((ty * TILE + r) * self.pad_w + tx * TILE + q) * c;
+            let mut c0 = 0;
+            while c0 < c {
+                let n = (c - c0).min(L);
+                // s[q][i] = sum_r BT[i][r] d[r][q]
+                let mut s = [[[0.0f32; L]; 6]; 6];
+                for (q, sq) in s.iter_mut().enumerate() {
+                    let mut d = [[0.0f32; L]; 6];
+                    for (r, dr) in d.iter_mut().enumerate() {
+                        load(self.xpad.get(at(r, q) + c0..).unwrap_or(&[]), n, dr);
+                    }
+                    bt6(&d, sq);
                 }
-            }
-            // V[i][j] = sum_q stage[i][q] BT[j][q]
-            for i in 0..6 {
-                let row = |q: usize| &stage[(i * 6 + q) * c..(i * 6 + q + 1) * c];
-                let rows = [row(0), row(1), row(2), row(3), row(4), row(5)];
-                for (j, bt) in BT.iter().enumerate() {
-                    let xi = i * 6 + j;
-                    lincomb(out, bt, &rows);
-                    // SAFETY: row (xi, tile) belongs to this task alone: tasks own disjoint
-                    // tile ranges.
-                    unsafe { self.v.write((xi * self.t + tile) * c, out) };
+                // V[i][j] = sum_q s[q][i] BT[j][q]
+                for i in 0..6 {
+                    let row = [s[0][i], s[1][i], s[2][i], s[3][i], s[4][i], s[5][i]];
+                    let mut v = [[0.0f32; L]; 6];
+                    bt6(&row, &mut v);
+                    for (j, vj) in v.iter().enumerate() {
+                        let xi = i * 6 + j;
+                        // SAFETY: row (xi, tile) belongs to this task alone: tasks own
+                        // disjoint tile ranges.
+                        unsafe { self.v.write((xi * self.t + tile - self.tile0) * c + c0, &vj[..n]) };
+                    }
                 }
+                c0 += n;
             }
         }
     }
@@ -436,7 +569,9 @@ struct OutputTransform<'a> {
     m: usize,
     m0: usize,
     m1: usize,
+    /// Tiles in the products (their row count per position), the first being tile `tile0`.
     t: usize,
+    tile0: usize,
     tw: usize,
     oh: usize,
     ow: usize,
@@ -447,74 +582,98 @@ struct OutputTransform<'a> {
 
 impl Kernel for OutputTransform<'_> {
     type Output = ();
-    /// For each tile: `A^T M A` over channels `m0..m1`, plus the bias, scattered to NCHW.
+    /// For each tile: `A^T M A` over blocks of channels `m0..m1`, plus the bias, written
+    /// channels-last or scattered to the planes.
     #[inline(always)]
     fn run(self) {
-        let w = self.m1.saturating_sub(self.m0);
-        if w == 0 {
-            return;
-        }
-        let mut scratch = take_scratch(40 * w);
-        let (stage, rest) = scratch.split_at_mut(24 * w);
-        let res = &mut rest[..16 * w];
-        let bias = self.bias.and_then(|b| b.get(self.m0..self.m1));
         let plane = self.oh * self.ow;
+        let end = self.tile0 + self.t;
         let tiles = match self.tile_row {
-            Some(ty) => ty * self.tw..((ty + 1) * self.tw).min(self.t),
-            None => 0..self.t,
+            Some(ty) => (ty * self.tw).max(self.tile0)..((ty + 1) * self.tw).min(end),
+            None => self.tile0..end,
         };
         for tile in tiles {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
-            let at = |a: usize, b: usize| {
-                let o = ((a * 6 + b) * self.t + tile) * self.m + self.m0;
-                self.prod.get(o..o + w).unwrap_or(&[])
-            };
-            // stage[i][b] = sum_a AT[i][a] M[a][b]
-            for i in 0..4 {
-                for b in 0..6 {
-                    let rows = [at(0, b), at(1, b), at(2, b), at(3, b), at(4, b), at(5, b)];
-                    lincomb(&mut stage[(i * 6 + b) * w..(i * 6 + b + 1) * w], &AT[i], &rows);
+            let at = |a: usize, b: usize| ((a * 6 + b) * self.t + tile - self.tile0) * self.m;
+            let mut c0 = self.m0;
+            while c0 < self.m1 {
+                let n = (self.m1 - c0).min(L);
+                // stage[b][i] = sum_a AT[i][a] M[a][b]
+                let mut stage = [[[0.0f32; L]; 4]; 6];
+                for (b, sb) in stage.iter_mut().enumerate() {
+                    let mut mb = [[0.0f32; L]; 6];
+                    for (a, ma) in mb.iter_mut().enumerate() {
+                        load(self.prod.get(at(a, b) + c0..).unwrap_or(&[]), n, ma);
+                    }
+                    at4(&mb, sb);
                 }
-            }
-            // res[i][j] = sum_b stage[i][b] AT[j][b]
-            for i in 0..4 {
-                let row = |b: usize| &stage[(i * 6 + b) * w..(i * 6 + b + 1) * w];
-                let rows = [row(0), row(1), row(2), row(3), row(4), row(5)];
-                for j in 0..4 {
-                    lincomb(&mut res[(i * 4 + j) * w..(i * 4 + j + 1) * w], &AT[j], &rows);
-                }
-            }
-            for i in 0..4 {
-                let oy = ty * TILE + i;
-                if oy >= self.oh {
-                    break;
-                }
-                for j in 0..4 {
-                    let ox = tx * TILE + j;
-                    if ox >= self.ow {
+                let mut bias = [0.0f32; L];
+                load(self.bias.and_then(|b| b.get(c0..)).unwrap_or(&[]), n, &mut bias);
+                for i in 0..4 {
+                    let oy = ty * TILE + i;
+                    if oy >= self.oh {
                         break;
                     }
-                    let vals = &mut res[(i * 4 + j) * w..(i * 4 + j + 1) * w];
-                    if let Some(b) = bias {
-                        for (v, &b) in vals.iter_mut().zip(b) {
+                    // res[j] = sum_b stage[b][i] AT[j][b]
+                    let row = [
+                        stage[0][i],
+                        stage[1][i],
+                        stage[2][i],
+                        stage[3][i],
+                        stage[4][i],
+                        stage[5][i],
+                    ];
+                    let mut res = [[0.0f32; L]; 4];
+                    at4(&row, &mut res);
+                    for (j, rj) in res.iter_mut().enumerate() {
+                        let ox = tx * TILE + j;
+                        if ox >= self.ow {
+                            break;
+                        }
+                        for (v, &b) in rj.iter_mut().zip(&bias) {
                             *v += b;
                         }
-                    }
-                    if self.tile_row.is_some() {
-                        let o = ((i * self.ow) + ox) * self.m;
-                        if let Some(d) = self.ys.get_mut(o..o + w) {
-                            d.copy_from_slice(vals);
+                        if self.tile_row.is_some() {
+                            let o = ((i * self.ow) + ox) * self.m + c0;
+                            if let Some(d) = self.ys.get_mut(o..o + n) {
+                                d.copy_from_slice(&rj[..n]);
+                            }
+                            continue;
                         }
-                        continue;
-                    }
-                    for (k, &val) in vals.iter().enumerate() {
-                        if let Some(d) = self.ys.get_mut(k * plane + oy * self.ow + ox) {
-                            *d = val;
+                        for (k, &val) in rj[..n].iter().enumerate() {
+                            if let Some(d) = self.ys.get_mut((c0 - self.m0 + k) * plane + oy * self.ow + ox) {
+                                *d = val;
+                            }
                         }
                     }
                 }
+                c0 += n;
             }
         }
-        put_scratch(scratch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spelled-out transforms are the matrices: each applied to the unit vectors gives
+    /// the matrix's columns, in every lane.
+    #[test]
+    fn the_spelled_out_transforms_are_bt_and_at() {
+        for r in 0..6 {
+            let mut unit = [[0.0f32; L]; 6];
+            unit[r] = [1.0; L];
+            let mut b = [[0.0f32; L]; 6];
+            bt6(&unit, &mut b);
+            let mut a = [[0.0f32; L]; 4];
+            at4(&unit, &mut a);
+            for (i, row) in BT.iter().enumerate() {
+                assert_eq!(b[i], [row[r]; L], "BT[{i}][{r}]");
+            }
+            for (i, row) in AT.iter().enumerate() {
+                assert_eq!(a[i], [row[r]; L], "AT[{i}][{r}]");
+            }
+        }
     }
 }
