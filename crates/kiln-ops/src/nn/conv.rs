@@ -7,7 +7,7 @@
 
 use super::activation::{self, Activation};
 use super::{
-    AutoPad, DimGeom, FastEpilogue, Real, check_float, float_dispatch, floats, from_floats, input_shape, numel,
+    AutoPad, DimGeom, Dims, FastEpilogue, Real, check_float, float_dispatch, floats, from_floats, input_shape, numel,
     pads_attr, spatial_attr, tensor_type, window_dims, window_geom,
 };
 use crate::error::{OpError, Result};
@@ -81,10 +81,10 @@ pub struct WinogradWeights {
 
 /// Resolved geometry of a convolution call.
 pub(super) struct Plan {
-    pub kernel: Vec<usize>,
-    pub strides: Vec<usize>,
-    pub dilations: Vec<usize>,
-    pub geoms: Vec<DimGeom>,
+    pub kernel: Dims,
+    pub strides: Dims,
+    pub dilations: Dims,
+    pub geoms: smallvec::SmallVec<[DimGeom; 3]>,
 }
 
 fn check_kernel(attr: &[usize], w_kernel: &[usize]) -> Result<()> {
@@ -128,7 +128,7 @@ impl Conv {
             )));
         }
         let n = x.len() - 2;
-        let kernel = w[2..].to_vec();
+        let kernel = Dims::from_slice(w.get(2..).unwrap_or(&[]));
         check_kernel(&self.kernel_shape, &kernel)?;
         let strides = spatial_attr(&self.strides, n, 1, "strides")?;
         let dilations = spatial_attr(&self.dilations, n, 1, "dilations")?;
@@ -146,7 +146,7 @@ impl Conv {
                     false,
                 )
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<smallvec::SmallVec<_>>>()?;
         Ok(Plan {
             kernel,
             strides,

@@ -227,20 +227,21 @@ impl MatMul {
         let packed = PackedBRef::new(layout, k, n, b.as_slice::<f32>()?).map_err(|e| bad(e.to_string()))?;
         let ad = a.as_slice::<f32>()?;
         let ashape = a.shape();
-        let (batch, m) = match ashape {
+        let (batch, m): (&[usize], usize) = match ashape {
             [] => return Err(OpError::Shape("MatMul operands must have rank >= 1".into())),
-            [kk] => (Vec::new(), if *kk == k { 1 } else { 0 }),
-            [lead @ .., mm, kk] => (lead.to_vec(), if *kk == k { *mm } else { usize::MAX }),
+            [kk] => (&[], if *kk == k { 1 } else { 0 }),
+            [lead @ .., mm, kk] => (lead, if *kk == k { *mm } else { usize::MAX }),
         };
         if m == usize::MAX || (ashape.len() == 1 && ashape != [k]) {
             return Err(OpError::Shape(format!("MatMul: A {ashape:?} against a {k}x{n} weight")));
         }
-        let mut out = batch.clone();
+        let mut out = Vec::with_capacity(ashape.len().max(1));
+        out.extend_from_slice(batch);
         if ashape.len() >= 2 {
             out.push(m);
         }
         out.push(n);
-        let nb = numel(&batch)?;
+        let nb = numel(batch)?;
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&out)?);
         let col_bias = bias.and_then(|t| epilogue_bias(t, n, out.len()));

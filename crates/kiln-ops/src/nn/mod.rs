@@ -534,9 +534,13 @@ pub(crate) fn window_dims(
 }
 
 /// Validates per-spatial-dim attribute lists: empty means the default `fill`.
-pub(crate) fn spatial_attr(v: &[usize], n: usize, fill: usize, what: &str) -> Result<Vec<usize>> {
+/// Per-spatial-dim values (kernel, strides, pads, ...): inline for up to 3 spatial dims (6
+/// pads), so resolving a call's geometry allocates nothing.
+pub(crate) type Dims = smallvec::SmallVec<[usize; 6]>;
+
+pub(crate) fn spatial_attr(v: &[usize], n: usize, fill: usize, what: &str) -> Result<Dims> {
     if v.is_empty() {
-        return Ok(vec![fill; n]);
+        return Ok(smallvec::smallvec![fill; n]);
     }
     if v.len() != n {
         return Err(OpError::Value(format!(
@@ -544,13 +548,13 @@ pub(crate) fn spatial_attr(v: &[usize], n: usize, fill: usize, what: &str) -> Re
             v.len()
         )));
     }
-    Ok(v.to_vec())
+    Ok(Dims::from_slice(v))
 }
 
 /// Validates the `pads` attribute (2 values per spatial dim, empty for none).
-pub(crate) fn pads_attr(v: &[usize], n: usize) -> Result<Vec<usize>> {
+pub(crate) fn pads_attr(v: &[usize], n: usize) -> Result<Dims> {
     if v.is_empty() {
-        return Ok(vec![0; 2 * n]);
+        return Ok(smallvec::smallvec![0; 2 * n]);
     }
     if v.len() != 2 * n {
         return Err(OpError::Value(format!(
@@ -558,7 +562,7 @@ pub(crate) fn pads_attr(v: &[usize], n: usize) -> Result<Vec<usize>> {
             v.len()
         )));
     }
-    Ok(v.to_vec())
+    Ok(Dims::from_slice(v))
 }
 
 /// Product of dims with overflow and allocation-bound checks.
