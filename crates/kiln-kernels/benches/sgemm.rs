@@ -18,7 +18,7 @@ use std::time::Instant;
 const PEAK_GFLOPS: f64 = 117.0;
 
 /// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed.
-const SHAPES: [(&str, usize, usize, usize); 15] = [
+const SHAPES: [(&str, usize, usize, usize); 18] = [
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),
     ("resnet50 conv3_x 3x3", 256, 784, 1152),
@@ -34,6 +34,9 @@ const SHAPES: [(&str, usize, usize, usize); 15] = [
     ("mobilenet expand 1x1 56x56", 3136, 144, 24),
     ("mobilenet expand 1x1 in L2", 256, 144, 24),
     ("mobilenet project 1x1 56x56", 3136, 24, 144),
+    ("vit qkv proj", 197, 192, 192),
+    ("vit ffn up", 197, 768, 192),
+    ("vit ffn down", 197, 192, 768),
 ];
 
 /// Deterministic values in [-1, 1).
