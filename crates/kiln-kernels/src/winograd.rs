@@ -472,6 +472,24 @@ fn at4(m: &[Block; 6], out: &mut [Block; 4]) {
     }
 }
 
+/// The first pass of a tile's transform: for each of the 6 columns `q`, `f` over the column's
+/// 6 blocks (row `r` read by `read(r, q, ..)`).
+#[inline(always)]
+fn columns<const N: usize>(
+    read: impl Fn(usize, usize, &mut Block),
+    f: fn(&[Block; 6], &mut [Block; N]),
+) -> [[Block; N]; 6] {
+    let mut out = [[[0.0f32; L]; N]; 6];
+    for (q, oq) in out.iter_mut().enumerate() {
+        let mut col = [[0.0f32; L]; 6];
+        for (r, cr) in col.iter_mut().enumerate() {
+            read(r, q, cr);
+        }
+        f(&col, oq);
+    }
+    out
+}
+
 /// `dst[..n] = src[..n]`, zeros after (a block from a channel run of `n <= L` values).
 #[inline(always)]
 fn load(src: &[f32], n: usize, dst: &mut Block) {
@@ -535,14 +553,7 @@ impl Kernel for InputTransform<'_> {
             while c0 < c {
                 let n = (c - c0).min(L);
                 // s[q][i] = sum_r BT[i][r] d[r][q]
-                let mut s = [[[0.0f32; L]; 6]; 6];
-                for (q, sq) in s.iter_mut().enumerate() {
-                    let mut d = [[0.0f32; L]; 6];
-                    for (r, dr) in d.iter_mut().enumerate() {
-                        load(self.xpad.get(at(r, q) + c0..).unwrap_or(&[]), n, dr);
-                    }
-                    bt6(&d, sq);
-                }
+                let s = columns(|r, q, d| load(self.xpad.get(at(r, q) + c0..).unwrap_or(&[]), n, d), bt6);
                 // V[i][j] = sum_q s[q][i] BT[j][q]
                 for i in 0..6 {
                     let row = [s[0][i], s[1][i], s[2][i], s[3][i], s[4][i], s[5][i]];
@@ -599,14 +610,7 @@ impl Kernel for OutputTransform<'_> {
             while c0 < self.m1 {
                 let n = (self.m1 - c0).min(L);
                 // stage[b][i] = sum_a AT[i][a] M[a][b]
-                let mut stage = [[[0.0f32; L]; 4]; 6];
-                for (b, sb) in stage.iter_mut().enumerate() {
-                    let mut mb = [[0.0f32; L]; 6];
-                    for (a, ma) in mb.iter_mut().enumerate() {
-                        load(self.prod.get(at(a, b) + c0..).unwrap_or(&[]), n, ma);
-                    }
-                    at4(&mb, sb);
-                }
+                let stage = columns(|a, b, m| load(self.prod.get(at(a, b) + c0..).unwrap_or(&[]), n, m), at4);
                 let mut bias = [0.0f32; L];
                 load(self.bias.and_then(|b| b.get(c0..)).unwrap_or(&[]), n, &mut bias);
                 for i in 0..4 {
