@@ -167,6 +167,9 @@ fn max_nhwc(x: &[f32], out: [usize; 2], c: usize, dims: [Dim1; 2], y: &mut [f32]
     });
 }
 
+/// Channels per block of [`MaxRow`]'s register path.
+const L: usize = 16;
+
 /// One output row of [`max_nhwc`].
 struct MaxRow<'a> {
     x: &'a [f32],
@@ -190,7 +193,38 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
     fn run(self) {
         let MaxRow { x, oy, c, dims, row } = self;
         let iw = dims[1].0;
-        let ys: Vec<usize> = taps_in(dims[0], oy).collect();
+        let ys: smallvec::SmallVec<[usize; 8]> = taps_in(dims[0], oy).collect();
+        if c.is_multiple_of(L) {
+            // Whole 16-channel blocks: the running maximum of a block stays in a register
+            // across the window's taps, instead of a pass over the output row per tap.
+            for (ox, out) in row.chunks_exact_mut(c).enumerate() {
+                let xs: smallvec::SmallVec<[usize; 8]> = taps_in(dims[1], ox).collect();
+                for (b, dst) in out.chunks_exact_mut(L).enumerate() {
+                    let mut acc = [f32::NAN; L];
+                    let mut first = true;
+                    for &iy in &ys {
+                        for &ix in &xs {
+                            let o = (iy * iw + ix) * c + b * L;
+                            let Some(src) = x.get(o..o + L).and_then(|s| <&[f32; L]>::try_from(s).ok()) else {
+                                continue;
+                            };
+                            if first {
+                                acc = *src;
+                                first = false;
+                            } else {
+                                for (m, &v) in acc.iter_mut().zip(src) {
+                                    *m = if v > *m { v } else { *m };
+                                }
+                            }
+                        }
+                    }
+                    if let Ok(d) = <&mut [f32; L]>::try_from(dst) {
+                        *d = acc;
+                    }
+                }
+            }
+            return;
+        }
         for (ox, out) in row.chunks_exact_mut(c).enumerate() {
             let mut first = true;
             for &iy in &ys {
@@ -243,6 +277,16 @@ mod tests {
                 [1, 1, 1, 1],
                 false,
                 [2, 19, 11, 9],
+            ),
+            // Whole 16-channel blocks: the register path.
+            (
+                PoolKind::Max { storage_order: false },
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                [1, 1, 1, 1],
+                false,
+                [2, 32, 9, 10],
             ),
             (
                 PoolKind::Max { storage_order: false },
