@@ -195,6 +195,9 @@ thread_local! {
     static PLANE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
+/// Multiply-adds below which a channels-last depthwise layer runs on one thread.
+const DW_PAR_MIN_MACS: usize = 1 << 19;
+
 /// ReLU and Clip as the bounds the depthwise kernel applies before its stores; any other
 /// activation is returned to run over the output after.
 pub(super) fn split_act(act: Option<Act>) -> (Clamp, Option<Act>) {
@@ -257,14 +260,22 @@ impl Depthwise {
         }
         let (clamp, after) = split_act(act);
         let failed = std::sync::atomic::AtomicBool::new(false);
-        kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &|oy, row| {
+        let row = |oy: usize, row: &mut [f32]| {
             if !self.nhwc_row(x, |iy| iy, taps, bias, clamp, oy, row) {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
             if let Some(a) = after {
                 act_slice(a, row);
             }
-        });
+        };
+        // A small layer runs on the calling thread: split, it ran slower than alone
+        // (MobileNet-v2's 7x7x960 layers, 27 -> 40 us on 2 threads: the fork-join, and half
+        // of an input the previous GEMM wrote split by columns coming from the other core).
+        if oh * ow * c * kh * kw < DW_PAR_MIN_MACS {
+            y.chunks_mut(ow * c).enumerate().for_each(|(oy, r)| row(oy, r));
+        } else {
+            kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &row);
+        }
         !failed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
