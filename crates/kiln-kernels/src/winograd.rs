@@ -12,11 +12,7 @@
 //! products `[36][tiles][M]`, and the output transform writes `M x OH x OW` (in parallel over
 //! channel groups) or `OH x OW x M` (in parallel over tile rows), the residual and activation
 //! applied by each task to the rows it wrote.
-//!
-//! Channels-last, when V and the products outweigh the weights (many tiles, few channels),
-//! each thread instead takes a band of tile rows through every phase, in chunks whose V and
-//! products stay in L2: no data crosses cores between the phases. Otherwise the 36 GEMMs
-//! split by positions, so the weights are read once in all.
+
 //!
 //! Accuracy: the transforms use the interpolation points 0, +-1, +-2 (entries up to 8 in
 //! `A^T`, 5 in `B^T`), which amplify rounding: the error is about 10-100 ulp of the output's
@@ -27,10 +23,6 @@
 use crate::pool;
 use crate::sgemm::{AMatrix, Act, BLayout, Epilogue, PackedB, PackedBRef, SgemmError, residual_act, sgemm};
 use crate::simd::{Kernel, vectorize_kernel};
-
-/// Most bytes of V and products one chunk of tile rows of [`Winograd::run_by_tiles`] holds,
-/// so they stay in Zen 4's 1 MiB L2 between the transforms and the GEMMs.
-const CHUNK_BYTES: usize = 640 * 1024;
 
 /// Output tile side (F(4x4, 3x3)).
 pub const TILE: usize = 4;
@@ -231,22 +223,13 @@ impl Winograd {
                 }
             }
         }
-        let tasks = pool::current_threads().clamp(1, th);
-        // When V and the products outweigh the weights (many tiles, few channels: ResNet's
-        // 56x56x64 layers), each thread runs every phase on its own band of tile rows, so no
-        // data crosses cores between the phases; otherwise the GEMMs split by positions, so
-        // the weights are read once in all.
-        if self.channels_last && t * (c + m) > c * m {
-            let out = &mut y[..self.oh * self.ow * m];
-            return self.run_by_tiles(xpad, v, prod, u, upacked, layout, bias, residual, act, out, tasks);
-        }
         // The input transform in parallel over tile ranges: each task writes its tiles' rows
         // of every position.
         let vout = VOut {
             ptr: v.as_mut_ptr(),
             len: v.len(),
         };
-        let tasks = tasks.clamp(1, t);
+        let tasks = pool::current_threads().clamp(1, t);
         let per = t.div_ceil(tasks);
         let xpad: &[f32] = xpad;
         pool::parallel_for(tasks, &|i| {
@@ -255,7 +238,6 @@ impl Winograd {
                 v: vout,
                 c,
                 t,
-                tile0: 0,
                 tiles: i * per..((i + 1) * per).min(t),
                 tw,
                 pad_w,
@@ -296,7 +278,6 @@ impl Winograd {
                     m0: 0,
                     m1: m,
                     t,
-                    tile0: 0,
                     tw,
                     oh: self.oh,
                     ow: self.ow,
@@ -321,7 +302,6 @@ impl Winograd {
                 m0,
                 m1,
                 t,
-                tile0: 0,
                 tw,
                 oh: self.oh,
                 ow: self.ow,
@@ -331,110 +311,6 @@ impl Winograd {
             residual_act(ys, residual.and_then(|r| r.get(at..at + ys.len())), act);
         });
         true
-    }
-}
-
-impl Winograd {
-    /// [`Self::run`] channels-last with every phase split by bands of tile rows, one per
-    /// task: a task transforms its tiles' input into its own part of `v` (task-major: its
-    /// tiles of each position together), multiplies them into its part of `prod` (36 GEMMs
-    /// of its tiles' rows), then writes its output rows, residual and activation included.
-    #[allow(clippy::too_many_arguments)]
-    fn run_by_tiles(
-        &self,
-        xpad: &[f32],
-        v: &mut [f32],
-        prod: &mut [f32],
-        u: &[f32],
-        upacked: usize,
-        layout: BLayout,
-        bias: Option<&[f32]>,
-        residual: Option<&[f32]>,
-        act: Option<Act>,
-        y: &mut [f32],
-        tasks: usize,
-    ) -> bool {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        use std::sync::{Mutex, PoisonError};
-        let (c, m) = (self.c, self.m);
-        let (th, tw) = self.tiles();
-        let pad_w = tw * TILE + 2;
-        let band = th.div_ceil(tasks.max(1));
-        let yrows = TILE * self.ow * m;
-        // Tile rows per chunk: V and the products of a chunk in at most CHUNK_BYTES.
-        let chunk = (CHUNK_BYTES / (POSITIONS * tw * (c + m) * 4).max(1)).clamp(1, band);
-        type Part<'p> = Mutex<(&'p mut [f32], &'p mut [f32], &'p mut [f32])>;
-        let parts: Vec<Part<'_>> = y
-            .chunks_mut((band * yrows).max(1))
-            .zip(v.chunks_mut((POSITIONS * band * tw * c).max(1)))
-            .zip(prod.chunks_mut((POSITIONS * band * tw * m).max(1)))
-            .map(|((ys, vs), ps)| Mutex::new((ys, vs, ps)))
-            .collect();
-        let failed = AtomicBool::new(false);
-        pool::parallel_for(parts.len(), &|i| {
-            let Some(part) = parts.get(i) else { return };
-            let mut guard = part.lock().unwrap_or_else(PoisonError::into_inner);
-            let (ys, vs, ps) = &mut *guard;
-            let ty0 = i * band;
-            let (t0, nt) = (ty0 * tw, th.saturating_sub(ty0).min(band) * tw);
-            if vs.len() != POSITIONS * nt * c || ps.len() != POSITIONS * nt * m {
-                failed.store(true, Ordering::Relaxed);
-                return;
-            }
-            // The band in chunks of tile rows whose V and products stay in L2.
-            for (k, yc) in ys.chunks_mut((chunk * yrows).max(1)).enumerate() {
-                let (j0, j1) = (k * chunk * tw, ((k + 1) * chunk * tw).min(nt));
-                vectorize_kernel(InputTransform {
-                    xpad,
-                    v: VOut {
-                        ptr: vs.as_mut_ptr(),
-                        len: vs.len(),
-                    },
-                    c,
-                    t: nt,
-                    tile0: t0,
-                    tiles: t0 + j0..t0 + j1,
-                    tw,
-                    pad_w,
-                });
-                for (xi, (a, out)) in vs.chunks_exact(nt * c).zip(ps.chunks_exact_mut(nt * m)).enumerate() {
-                    let ok = match (
-                        u.get(xi * upacked..(xi + 1) * upacked),
-                        a.get(j0 * c..j1 * c),
-                        out.get_mut(j0 * m..j1 * m),
-                    ) {
-                        (Some(b), Some(a), Some(out)) => PackedBRef::new(layout, c, m, b).is_ok_and(|b| {
-                            sgemm(j1 - j0, AMatrix::row_major(a, c), b, out, m, &Epilogue::NONE).is_ok()
-                        }),
-                        _ => false,
-                    };
-                    if !ok {
-                        failed.store(true, Ordering::Relaxed);
-                        return;
-                    }
-                }
-                let pr: &[f32] = ps;
-                for (r, yr) in yc.chunks_mut(yrows.max(1)).enumerate() {
-                    vectorize_kernel(OutputTransform {
-                        prod: pr,
-                        ys: yr,
-                        bias,
-                        m,
-                        m0: 0,
-                        m1: m,
-                        t: nt,
-                        tile0: t0,
-                        tw,
-                        oh: self.oh,
-                        ow: self.ow,
-                        tile_row: Some(ty0 + k * chunk + r),
-                    });
-                }
-                let at = (ty0 + k * chunk) * yrows;
-                residual_act(yc, residual.and_then(|r| r.get(at..at + yc.len())), act);
-            }
-        });
-        !failed.load(Ordering::Relaxed)
     }
 }
 
@@ -531,9 +407,8 @@ struct InputTransform<'a> {
     xpad: &'a [f32],
     v: VOut,
     c: usize,
-    /// Tiles in V (its row count per position), the first being tile `tile0`.
+    /// Tiles in V (its row count per position).
     t: usize,
-    tile0: usize,
     /// The tiles this task transforms.
     tiles: std::ops::Range<usize>,
     tw: usize,
@@ -563,7 +438,7 @@ impl Kernel for InputTransform<'_> {
                         let xi = i * 6 + j;
                         // SAFETY: row (xi, tile) belongs to this task alone: tasks own
                         // disjoint tile ranges.
-                        unsafe { self.v.write((xi * self.t + tile - self.tile0) * c + c0, &vj[..n]) };
+                        unsafe { self.v.write((xi * self.t + tile) * c + c0, &vj[..n]) };
                     }
                 }
                 c0 += n;
@@ -580,9 +455,8 @@ struct OutputTransform<'a> {
     m: usize,
     m0: usize,
     m1: usize,
-    /// Tiles in the products (their row count per position), the first being tile `tile0`.
+    /// Tiles in the products (their row count per position).
     t: usize,
-    tile0: usize,
     tw: usize,
     oh: usize,
     ow: usize,
@@ -598,14 +472,13 @@ impl Kernel for OutputTransform<'_> {
     #[inline(always)]
     fn run(self) {
         let plane = self.oh * self.ow;
-        let end = self.tile0 + self.t;
         let tiles = match self.tile_row {
-            Some(ty) => (ty * self.tw).max(self.tile0)..((ty + 1) * self.tw).min(end),
-            None => self.tile0..end,
+            Some(ty) => ty * self.tw..((ty + 1) * self.tw).min(self.t),
+            None => 0..self.t,
         };
         for tile in tiles {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
-            let at = |a: usize, b: usize| ((a * 6 + b) * self.t + tile - self.tile0) * self.m;
+            let at = |a: usize, b: usize| ((a * 6 + b) * self.t + tile) * self.m;
             let mut c0 = self.m0;
             while c0 < self.m1 {
                 let n = (self.m1 - c0).min(L);
