@@ -174,11 +174,11 @@ mod avx512 {
                 ($($r:literal),*) => {$(
                     if let Some(rows) = rows_of_three::<$r>(window, c) {
                         if step == c {
-                            rows3::<$r, 1>(io, &rows, base, count);
+                            rows3::<$r, 1>(io, &rows, window, base, count);
                             return;
                         }
                         if step == 2 * c {
-                            rows3::<$r, 2>(io, &rows, base, count);
+                            rows3::<$r, 2>(io, &rows, window, base, count);
                             return;
                         }
                     }
@@ -267,12 +267,18 @@ mod avx512 {
     /// pixels at a time, per 16-channel block, with the block's `3R` tap weights in registers
     /// and each of the `(G-1)S + 3` input columns of a row loaded once and used by every
     /// pixel whose window covers it. Each pixel's taps are summed in window order, as
-    /// [`unrolled`] does. The pixels left over go through [`unrolled`].
+    /// [`pixel`] does. The pixels left over (fewer than `G`) go through [`pixel`].
     ///
     /// # Safety
     /// As for [`pixels`], with `window` the flattened `rows` and `io.step == S * io.c`.
     #[inline(always)]
-    unsafe fn rows3<const R: usize, const S: usize>(io: Io, rows: &[(usize, usize); R], base: usize, count: usize) {
+    unsafe fn rows3<const R: usize, const S: usize>(
+        io: Io,
+        rows: &[(usize, usize); R],
+        window: &[(usize, usize)],
+        base: usize,
+        count: usize,
+    ) {
         // SAFETY: pixel `q` of a group at `p` reads tap `(r, k)` at `base + (p+q)*step +
         // xo_r + k*c` and the weights at `wo_r + k*c`: the window's own offsets, in range for
         // every pixel below `count` by the caller's contract, as are the blocks' channels.
@@ -291,21 +297,8 @@ mod avx512 {
                 }
                 p += G;
             }
-            if p < count {
-                let window: [[(usize, usize); 3]; R] = rows.map(|(x0, w0)| [0, 1, 2].map(|k| (x0 + k * c, w0 + k * c)));
-                let rest = Io {
-                    out: io.out.add(p * c),
-                    ..io
-                };
-                // The flattened rows are the caller's window, 3R taps long.
-                macro_rules! rest {
-                    ($($t:literal),*) => {$(
-                        if let Ok(win) = <&[(usize, usize); $t]>::try_from(window.as_flattened()) {
-                            unrolled(rest, win, base + p * io.step, count - p);
-                        }
-                    )*};
-                }
-                rest!(3, 6, 9);
+            for q in p..count {
+                pixel(io, window, base + q * io.step, q * c);
             }
         }
     }

@@ -12,7 +12,6 @@
 //! products `[36][tiles][M]`, and the output transform writes `M x OH x OW` (in parallel over
 //! channel groups) or `OH x OW x M` (in parallel over tile rows), the residual and activation
 //! applied by each task to the rows it wrote.
-
 //!
 //! Accuracy: the transforms use the interpolation points 0, +-1, +-2 (entries up to 8 in
 //! `A^T`, 5 in `B^T`), which amplify rounding: the error is about 10-100 ulp of the output's
@@ -353,7 +352,7 @@ fn at4(m: &[Block; 6], out: &mut [Block; 4]) {
 #[inline(always)]
 fn columns<const N: usize>(
     read: impl Fn(usize, usize, &mut Block),
-    f: fn(&[Block; 6], &mut [Block; N]),
+    f: impl Fn(&[Block; 6], &mut [Block; N]),
 ) -> [[Block; N]; 6] {
     let mut out = [[[0.0f32; L]; N]; 6];
     for (q, oq) in out.iter_mut().enumerate() {
@@ -431,7 +430,7 @@ impl Kernel for InputTransform<'_> {
                 let s = columns(|r, q, d| load(self.xpad.get(at(r, q) + c0..).unwrap_or(&[]), n, d), bt6);
                 // V[i][j] = sum_q s[q][i] BT[j][q]
                 for i in 0..6 {
-                    let row = [s[0][i], s[1][i], s[2][i], s[3][i], s[4][i], s[5][i]];
+                    let row: [Block; 6] = std::array::from_fn(|q| s[q][i]);
                     let mut v = [[0.0f32; L]; 6];
                     bt6(&row, &mut v);
                     for (j, vj) in v.iter().enumerate() {
@@ -492,14 +491,7 @@ impl Kernel for OutputTransform<'_> {
                         break;
                     }
                     // res[j] = sum_b stage[b][i] AT[j][b]
-                    let row = [
-                        stage[0][i],
-                        stage[1][i],
-                        stage[2][i],
-                        stage[3][i],
-                        stage[4][i],
-                        stage[5][i],
-                    ];
+                    let row: [Block; 6] = std::array::from_fn(|b| stage[b][i]);
                     let mut res = [[0.0f32; L]; 4];
                     at4(&row, &mut res);
                     for (j, rj) in res.iter_mut().enumerate() {

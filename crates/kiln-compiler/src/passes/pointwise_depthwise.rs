@@ -39,8 +39,8 @@ fn is_pointwise(op: &Conv) -> bool {
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let index = Index::new(g);
-    // (the depthwise node's position, the 1x1's position)
-    let mut plans: Vec<(usize, usize)> = Vec::new();
+    // (the depthwise node's position, the 1x1's position, the fused op)
+    let mut plans: Vec<(usize, usize, PointwiseDepthwise)> = Vec::new();
     for (i, node) in g.nodes.iter().enumerate() {
         let NodeKind::Op(Op::Nn(NnOp::Conv(dw))) = &node.kind else {
             continue;
@@ -85,23 +85,19 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         if !f32s || !big || e != c || e2 != c || dw.group != c {
             continue;
         }
-        plans.push((i, p));
-    }
-    let mut dead = vec![false; g.nodes.len()];
-    for &(i, p) in &plans {
-        let Some(pw_node) = g.nodes.get(p).cloned() else {
-            continue;
-        };
-        let Some(node) = g.nodes.get_mut(i) else { continue };
-        let (NodeKind::Op(Op::Nn(NnOp::Conv(pw))), NodeKind::Op(Op::Nn(NnOp::Conv(dw)))) = (&pw_node.kind, &node.kind)
-        else {
-            continue;
-        };
         let fused = PointwiseDepthwise {
             pointwise: pw.clone(),
             depthwise: dw.clone(),
         };
-        let mut inputs = pw_node.inputs;
+        plans.push((i, p, fused));
+    }
+    let count = plans.len();
+    let mut dead = vec![false; g.nodes.len()];
+    for (i, p, fused) in plans {
+        let Some(mut inputs) = g.nodes.get(p).map(|n| n.inputs.clone()) else {
+            continue;
+        };
+        let Some(node) = g.nodes.get_mut(i) else { continue };
         inputs.resize(3, None);
         inputs.extend(node.inputs.iter().skip(1).copied());
         inputs.resize(5, None);
@@ -112,7 +108,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         }
     }
     remove_nodes(g, &dead);
-    Ok(plans.len())
+    Ok(count)
 }
 
 #[cfg(test)]

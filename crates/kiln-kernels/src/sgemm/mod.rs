@@ -288,19 +288,22 @@ pub fn act_slice(act: Act, v: &mut [f32]) {
 /// `v += residual` (when given, of `v`'s length), then the activation, in one pass on the
 /// active level: the epilogue a convolution applies after its own output stage.
 pub fn residual_act(v: &mut [f32], residual: Option<&[f32]>, act: Option<Act>) {
-    if residual.is_none() && act.is_none() {
-        return;
+    if residual.is_some() || act.is_some() {
+        epilogue_pass(isa::active(), v, residual, act);
     }
-    let isa = isa::active();
-    let epi = driver::Kernels::select(isa, BLayout::for_isa(isa)).epi;
-    epi(v, None, None, residual, act);
 }
 
 /// [`act_slice`] on a given level; a level this CPU lacks runs the portable code.
 pub fn act_slice_with_isa(isa: Isa, act: Act, v: &mut [f32]) {
+    epilogue_pass(isa, v, None, Some(act));
+}
+
+/// The GEMM epilogue of `isa` (portable when the CPU lacks it) over `v` as one row: the
+/// residual added, then the activation.
+fn epilogue_pass(isa: Isa, v: &mut [f32], residual: Option<&[f32]>, act: Option<Act>) {
     let isa = if isa.is_supported() { isa } else { Isa::Portable };
     let epi = driver::Kernels::select(isa, BLayout::for_isa(isa)).epi;
-    epi(v, None, None, None, Some(act));
+    epi(v, None, None, residual, act);
 }
 
 fn need(what: &'static str, got: usize, need: Option<usize>) -> Result<(), SgemmError> {

@@ -416,45 +416,36 @@ const PAR_MIN: usize = 1 << 16;
 const PAR_BLOCK: usize = 1 << 14;
 
 fn arith<T: Num + Send + Sync + Default>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
-    let total = numel(&m.shape).unwrap_or(0);
-    if !m.reads_within(x.len(), y.len()) {
-        // Inputs shorter than their shapes: a short result, which `Tensor::new` refuses.
-        let f: fn(T, T) -> T = match op {
-            BinaryOp::Sub => T::sub,
-            BinaryOp::Mul => T::mul,
-            BinaryOp::Div => T::div,
-            BinaryOp::Mod { fmod: true } => T::fmod,
-            BinaryOp::Mod { fmod: false } => T::pymod,
-            _ => T::add,
-        };
-        return m.zip(x, y, f);
-    }
-    // Written whole below (every element the plan reads exists).
-    let mut out = T::buffer(total);
     match op {
-        BinaryOp::Sub => m.arith_into(x, y, T::sub, &mut out),
-        BinaryOp::Mul => m.arith_into(x, y, T::mul, &mut out),
-        BinaryOp::Div => m.arith_into(x, y, T::div, &mut out),
-        BinaryOp::Mod { fmod: true } => m.arith_into(x, y, T::fmod, &mut out),
-        BinaryOp::Mod { fmod: false } => m.arith_into(x, y, T::pymod, &mut out),
-        _ => m.arith_into(x, y, T::add, &mut out),
+        BinaryOp::Sub => m.arith(x, y, T::sub),
+        BinaryOp::Mul => m.arith(x, y, T::mul),
+        BinaryOp::Div => m.arith(x, y, T::div),
+        BinaryOp::Mod { fmod: true } => m.arith(x, y, T::fmod),
+        BinaryOp::Mod { fmod: false } => m.arith(x, y, T::pymod),
+        _ => m.arith(x, y, T::add),
     }
-    out
 }
 
 impl Bcast {
-    /// `out = f(x, y)` over the plan, split over the pool when large. `f` is a function item
-    /// (its own type), so each op's loop is compiled with the op inlined: as a `fn` pointer
-    /// the parallel path made one indirect call per element (BERT's residual Adds on 2
-    /// threads took 5x their 1-thread time).
-    fn arith_into<T, F>(&self, x: &[T], y: &[T], f: F, out: &mut [T])
+    /// `f(x, y)` over the plan, split over the pool when large. `f` is a function item (its
+    /// own type), so each op's loop is compiled with the op inlined: as a `fn` pointer the
+    /// parallel path made one indirect call per element (BERT's residual Adds on 2 threads
+    /// took 5x their 1-thread time).
+    fn arith<T, F>(&self, x: &[T], y: &[T], f: F) -> Vec<T>
     where
-        T: Copy + Send + Sync,
+        T: Num + Send + Sync,
         F: Fn(T, T) -> T + Sync,
     {
-        if !self.zip_parallel_into(x, y, &f, out) {
-            self.zip_into(x, y, &f, out);
+        if !self.reads_within(x.len(), y.len()) {
+            // Inputs shorter than their shapes: a short result, which `Tensor::new` refuses.
+            return self.zip(x, y, f);
         }
+        // Written whole below (every element the plan reads exists).
+        let mut out = T::buffer(numel(&self.shape).unwrap_or(0));
+        if !self.zip_parallel_into(x, y, &f, &mut out) {
+            self.zip_into(x, y, &f, &mut out);
+        }
+        out
     }
 }
 

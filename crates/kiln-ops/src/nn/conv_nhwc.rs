@@ -147,7 +147,7 @@ pub(super) fn output_to_last(y: Vec<Value>, what: &str) -> Result<Vec<Value>> {
 }
 
 /// X, W, the bias and the residual, and whether all present ones are f32.
-pub(super) fn operands<'a>(args: &Args<'a>) -> Result<([&'a Tensor; 2], [Option<&'a Tensor>; 2], bool)> {
+fn operands<'a>(args: &Args<'a>) -> Result<([&'a Tensor; 2], [Option<&'a Tensor>; 2], bool)> {
     let (x, w, b, r) = (
         args.tensor(0)?,
         args.tensor(1)?,
@@ -166,9 +166,9 @@ pub(super) fn operands<'a>(args: &Args<'a>) -> Result<([&'a Tensor; 2], [Option<
 /// image count, output channels and the 2-D window (`Conv2d`, whose `k()` is also a
 /// channels-last im2col row: `kh * kw * c` values).
 pub(super) struct Geometry {
-    pub batch: usize,
-    pub m: usize,
-    pub conv: Conv2d,
+    batch: usize,
+    m: usize,
+    conv: Conv2d,
 }
 
 impl std::ops::Deref for Geometry {

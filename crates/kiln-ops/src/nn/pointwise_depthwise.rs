@@ -137,7 +137,8 @@ impl PointwiseDepthwise {
             residual: None,
             act: self.pointwise.activation.map(|a| a.kernel_act()),
         };
-        let (clamp, after) = split_act(self.depthwise.activation.map(|a| a.kernel_act()));
+        let dw_act = self.depthwise.activation.map(|a| a.kernel_act());
+        let (clamp, after) = split_act(dw_act);
         let dw = geo.depthwise();
         // The ring: the window's rows; each `iw * e` floats.
         let slots = (geo.kh.max(1) - 1) * geo.dh + 1;
@@ -155,6 +156,12 @@ impl PointwiseDepthwise {
         let threads = kiln_kernels::pool::current_threads().min(geo.oh);
         let twice = (threads.max(1) - 1) * slots.saturating_sub(geo.sh);
         let apart = twice * 10 > ih;
+        let inconsistent = || {
+            bad(format!(
+                "inconsistent shapes: X {:?}, weights {p1:?} and {p2:?}",
+                x.shape()
+            ))
+        };
         for n in 0..batch {
             let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
                 return Err(bad(format!("X {:?} is shorter than its shape", x.shape())));
@@ -162,13 +169,10 @@ impl PointwiseDepthwise {
             if apart {
                 let mut mid = kiln_kernels::recycle::take(numel(&[ih, iw, e])?);
                 let ok = sgemm(ih * iw, AMatrix::row_major(xi, c), packed, &mut mid, e, &epi).is_ok()
-                    && dw.run_nhwc(&mid, taps, bias2, self.depthwise.activation.map(|a| a.kernel_act()), yi);
+                    && dw.run_nhwc(&mid, taps, bias2, dw_act, yi);
                 kiln_kernels::recycle::give(mid);
                 if !ok {
-                    return Err(bad(format!(
-                        "inconsistent shapes: X {:?}, weights {p1:?} and {p2:?}",
-                        x.shape()
-                    )));
+                    return Err(inconsistent());
                 }
                 continue;
             }
@@ -210,10 +214,7 @@ impl PointwiseDepthwise {
                 }
             });
             if failed.load(Ordering::Relaxed) {
-                return Err(bad(format!(
-                    "inconsistent shapes: X {:?}, weights {p1:?} and {p2:?}",
-                    x.shape()
-                )));
+                return Err(inconsistent());
             }
         }
         Ok(Some(Tensor::from_vec(shape, y)?))
