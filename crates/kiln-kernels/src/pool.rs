@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-/// A job as the workers see it: the task function with its lifetime erased. Valid from the
-/// generation increment that publishes it until the last worker has reported done.
+/// A job as the workers see it: the task function with its lifetime erased. Valid while a
+/// worker is inside the job (see `Shared::inside`).
 #[derive(Clone, Copy)]
 struct JobRef {
     f: *const (dyn Fn(usize) + Sync),
@@ -38,8 +38,11 @@ struct Shared {
     /// `generation`, and read by workers after they see the new generation.
     job: Mutex<Option<JobRef>>,
     next: AtomicUsize,
-    /// Workers that have not yet finished the current job.
-    pending: AtomicUsize,
+    /// The workers inside the current job, plus [`CLOSED`] once its caller stops admitting
+    /// them. A worker enters only while the bit is clear and leaves after its last task, so
+    /// the caller waits for workers that took tasks, never for one that is not running: a
+    /// worker the OS has descheduled when a job is published simply misses it.
+    inside: AtomicUsize,
     /// Held by the one caller using the pool.
     busy: AtomicBool,
     /// Workers spin (rather than sleep) while set.
@@ -51,6 +54,9 @@ struct Shared {
     lock: Mutex<()>,
     wake: Condvar,
 }
+
+/// The bit of `Shared::inside` that says the current job admits no more workers.
+const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// A fixed set of compute threads (see the module docs).
 pub struct ThreadPool {
@@ -90,7 +96,7 @@ impl ThreadPool {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
             next: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            inside: AtomicUsize::new(CLOSED),
             busy: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
@@ -172,20 +178,22 @@ impl ThreadPool {
             return;
         }
         // SAFETY (lifetime erasure): the pointer is published below and workers use it only
-        // between seeing the new generation and decrementing `pending`; this function does
-        // not return (nor unwind: the caller's own tasks run under catch_unwind) before
-        // `pending` is 0, so `f` outlives every use.
+        // between entering the job (`inside`, while not CLOSED) and leaving it; this function
+        // does not return (nor unwind: the caller's own tasks run under catch_unwind) before
+        // it has closed the job and seen every entered worker leave, so `f` outlives every use.
         let erased: *const (dyn Fn(usize) + Sync + '_) = f;
         #[allow(clippy::missing_transmute_annotations)]
         let erased: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(erased) };
         *s.job.lock().unwrap_or_else(PoisonError::into_inner) = Some(JobRef { f: erased, tasks });
         s.next.store(0, Ordering::SeqCst);
-        s.pending.store(self.workers.len(), Ordering::SeqCst);
+        s.inside.store(0, Ordering::SeqCst);
         s.generation.fetch_add(1, Ordering::SeqCst);
         self.wake_sleepers();
         let mine = catch_unwind(AssertUnwindSafe(|| run_tasks(s, f, tasks)));
+        // Every task has been claimed: admit no more workers, and wait for those that took one.
+        s.inside.fetch_or(CLOSED, Ordering::AcqRel);
         let mut spins = 0u32;
-        while s.pending.load(Ordering::Acquire) != 0 {
+        while s.inside.load(Ordering::Acquire) != CLOSED {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1 << 12) {
                 std::thread::yield_now();
@@ -251,16 +259,37 @@ fn worker(s: &Shared) {
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
             drop(guard);
         }
+        if !enter(s) {
+            continue;
+        }
         let job = *s.job.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(job) = job {
-            // SAFETY: see `JobRef`: the publisher keeps the function alive until `pending`
-            // reaches 0, which happens only after this use.
+            // SAFETY: see `JobRef`: the publisher keeps the function alive until every worker
+            // that entered the job has left it, which happens only after this use.
             let f = unsafe { &*job.f };
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| run_tasks(s, f, job.tasks))) {
                 *s.panicked.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
             }
         }
-        s.pending.fetch_sub(1, Ordering::AcqRel);
+        s.inside.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Joins the current job unless its caller has closed it (then the worker has nothing to do:
+/// every task is taken).
+fn enter(s: &Shared) -> bool {
+    let mut cur = s.inside.load(Ordering::Acquire);
+    loop {
+        if cur & CLOSED != 0 {
+            return false;
+        }
+        match s
+            .inside
+            .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return true,
+            Err(now) => cur = now,
+        }
     }
 }
 
@@ -346,6 +375,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn back_to_back_jobs_never_lose_or_repeat_a_task() {
+        // Many short jobs: workers often arrive after the caller has taken every task and
+        // closed the job, or enter the next job with a stale generation.
+        let pool = ThreadPool::new(3).unwrap();
+        let _active = pool.activate();
+        let hits: Vec<AtomicU32> = (0..3).map(|_| AtomicU32::new(0)).collect();
+        let jobs = 20_000u32;
+        for _ in 0..jobs {
+            pool.parallel_for(3, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == jobs));
     }
 
     #[test]
