@@ -13,4 +13,5 @@ pub use buf::{Buf, Plain, SharedBytes};
 pub use compare::{Mismatch, compare};
 pub use dtype::DType;
 pub use half::{bf16, f16};
-pub use tensor::{Data, Element, MAX_ELEMENTS, Tensor, TensorError, broadcast_shapes, numel, strides_of};
+pub use smallvec;
+pub use tensor::{Data, Element, MAX_ELEMENTS, Shape, Tensor, TensorError, broadcast_shapes, numel, strides_of};

@@ -290,9 +290,13 @@ pub fn numel(shape: &[usize]) -> Option<usize> {
     (n <= MAX_ELEMENTS).then_some(n)
 }
 
+/// A tensor's dimensions: kept inline up to rank 6 (every tensor of the bench models), so
+/// making a tensor of such a shape allocates only its elements.
+pub type Shape = smallvec::SmallVec<[usize; 6]>;
+
 /// Row-major strides (in elements) of a shape.
-pub fn strides_of(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
+pub fn strides_of(shape: &[usize]) -> Shape {
+    let mut strides: Shape = smallvec::smallvec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1];
     }
@@ -326,7 +330,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, TensorEr
 #[serde(try_from = "TensorRepr")]
 pub struct Tensor {
     dtype: DType,
-    shape: Vec<usize>,
+    shape: Shape,
     data: Data,
 }
 
@@ -334,7 +338,7 @@ pub struct Tensor {
 #[derive(serde::Deserialize)]
 struct TensorRepr {
     dtype: DType,
-    shape: Vec<usize>,
+    shape: Shape,
     data: Data,
 }
 
@@ -348,14 +352,15 @@ impl TryFrom<TensorRepr> for Tensor {
 impl Tensor {
     /// Builds a tensor, checking the element count against the shape and the storage variant
     /// against the dtype.
-    pub fn new(dtype: DType, shape: Vec<usize>, data: Data) -> Result<Tensor, TensorError> {
+    pub fn new(dtype: DType, shape: impl Into<Shape>, data: Data) -> Result<Tensor, TensorError> {
+        let shape = shape.into();
         let len = numel(&shape).ok_or_else(|| TensorError::TooLarge {
-            shape: shape.clone(),
+            shape: shape.to_vec(),
             max: MAX_ELEMENTS,
         })?;
         if data.len() != len {
             return Err(TensorError::LengthMismatch {
-                shape,
+                shape: shape.to_vec(),
                 len,
                 got: data.len(),
             });
@@ -369,22 +374,23 @@ impl Tensor {
         Ok(Tensor { dtype, shape, data })
     }
 
-    pub fn from_vec<T: Element>(shape: Vec<usize>, v: Vec<T>) -> Result<Tensor, TensorError> {
+    pub fn from_vec<T: Element>(shape: impl Into<Shape>, v: Vec<T>) -> Result<Tensor, TensorError> {
         Tensor::new(T::DTYPE, shape, T::wrap(v))
     }
 
     pub fn scalar<T: Element>(v: T) -> Tensor {
         Tensor {
             dtype: T::DTYPE,
-            shape: vec![],
+            shape: Shape::new(),
             data: T::wrap(vec![v]),
         }
     }
 
     /// A tensor of zeros; refuses shapes beyond [`MAX_ELEMENTS`] before allocating.
-    pub fn zeros(dtype: DType, shape: Vec<usize>) -> Result<Tensor, TensorError> {
+    pub fn zeros(dtype: DType, shape: impl Into<Shape>) -> Result<Tensor, TensorError> {
+        let shape = shape.into();
         let n = numel(&shape).ok_or_else(|| TensorError::TooLarge {
-            shape: shape.clone(),
+            shape: shape.to_vec(),
             max: MAX_ELEMENTS,
         })?;
         Ok(Tensor {
@@ -395,7 +401,7 @@ impl Tensor {
     }
 
     /// A byte-coded tensor (float8, fp4, int4, int2, e8m0) from one code per element.
-    pub fn from_codes(dtype: DType, shape: Vec<usize>, codes: Vec<u8>) -> Result<Tensor, TensorError> {
+    pub fn from_codes(dtype: DType, shape: impl Into<Shape>, codes: Vec<u8>) -> Result<Tensor, TensorError> {
         Tensor::new(dtype, shape, Data::Coded(codes.into()))
     }
 
@@ -420,7 +426,7 @@ impl Tensor {
     pub fn into_data(self) -> Data {
         self.data
     }
-    pub fn into_parts(self) -> (DType, Vec<usize>, Data) {
+    pub fn into_parts(self) -> (DType, Shape, Data) {
         (self.dtype, self.shape, self.data)
     }
 
@@ -458,13 +464,13 @@ impl Tensor {
     }
 
     /// Same elements, another shape with the same element count.
-    pub fn reshape(self, shape: Vec<usize>) -> Result<Tensor, TensorError> {
+    pub fn reshape(self, shape: impl Into<Shape>) -> Result<Tensor, TensorError> {
         Tensor::new(self.dtype, shape, self.data)
     }
 
     /// New tensor whose element `i` is this tensor's element `idx[i]` (all indices must be in
     /// range; callers compute them from shapes they checked).
-    pub fn gather_flat(&self, shape: Vec<usize>, idx: &[usize]) -> Result<Tensor, TensorError> {
+    pub fn gather_flat(&self, shape: impl Into<Shape>, idx: &[usize]) -> Result<Tensor, TensorError> {
         let data = map_data!(&self.data, v => idx.iter().map(|&i| v[i].clone()).collect());
         Tensor::new(self.dtype, shape, data)
     }
@@ -495,7 +501,7 @@ impl Tensor {
     /// A tensor of `dtype` from f64 values: floats (incl. float8/fp4/e8m0, saturating) rounded
     /// to nearest, integers truncated toward zero and saturated (Rust's `as`), bool as
     /// non-zero. Strings are refused. Ops whose integer semantics differ convert themselves.
-    pub fn from_f64(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tensor, TensorError> {
+    pub fn from_f64(dtype: DType, shape: impl Into<Shape>, v: &[f64]) -> Result<Tensor, TensorError> {
         let data = match dtype {
             DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
             DType::F64 => Data::F64(v.to_vec().into()),
@@ -647,7 +653,7 @@ mod tests {
 
     #[test]
     fn strides_are_row_major() {
-        assert_eq!(strides_of(&[2, 3, 4]), vec![12, 4, 1]);
-        assert_eq!(strides_of(&[]), Vec::<usize>::new());
+        assert_eq!(strides_of(&[2, 3, 4]).as_slice(), [12, 4, 1]);
+        assert!(strides_of(&[]).is_empty());
     }
 }

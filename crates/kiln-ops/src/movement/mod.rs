@@ -311,7 +311,7 @@ pub(crate) fn unravel(mut flat: usize, shape: &[usize], out: &mut [usize]) {
 }
 
 /// Row-major strides of `shape`.
-pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
+pub(crate) fn strides(shape: &[usize]) -> kiln_tensor::Shape {
     kiln_tensor::strides_of(shape)
 }
 
