@@ -343,7 +343,9 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usi
         return;
     }
     let per = pieces.div_ceil(threads);
-    let groups: Vec<Mutex<&mut [T]>> = data.chunks_mut(per.saturating_mul(chunk)).map(Mutex::new).collect();
+    // One group per thread: inline for the usual few threads, so a call allocates nothing.
+    let groups: smallvec::SmallVec<[Mutex<&mut [T]>; 4]> =
+        data.chunks_mut(per.saturating_mul(chunk)).map(Mutex::new).collect();
     parallel_for(groups.len(), &|g| {
         if let Some(group) = groups.get(g) {
             let mut group = group.lock().unwrap_or_else(PoisonError::into_inner);

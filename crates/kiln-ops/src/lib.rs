@@ -22,6 +22,10 @@ pub mod sequence;
 pub use error::{OpError, Result};
 pub use value::{Args, Dim, InferInput, Sequence, TensorType, Value, ValueType};
 
+/// What an op evaluation returns: its output values, inline when there is one (most ops), so
+/// evaluating an op allocates no list.
+pub type Outputs = smallvec::SmallVec<[Value; 1]>;
+
 /// Every operator kiln executes, grouped by family. Control flow (If, Loop, Scan, SequenceMap)
 /// holds subgraphs and lives in the IR and runtime instead.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -66,7 +70,7 @@ impl Op {
     /// For ops whose single output is input 0's elements under another shape (Reshape,
     /// Flatten, Squeeze, Unsqueeze): that shape, so a caller owning input 0 can move it
     /// instead of copying. `None` for every other op.
-    pub fn view_shape(&self, args: &Args<'_>) -> Option<Result<Vec<usize>, OpError>> {
+    pub fn view_shape(&self, args: &Args<'_>) -> Option<Result<kiln_tensor::Shape, OpError>> {
         use movement::MovementOp;
         match self {
             Op::Movement(MovementOp::Reshape(r)) => Some(r.view_shape(args)),
@@ -83,7 +87,7 @@ impl Op {
     }
 
     /// Reference evaluation: computes every output from the inputs.
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         each_family!(self, op => op.eval(args))
     }
 

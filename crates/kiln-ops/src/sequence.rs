@@ -78,7 +78,7 @@ impl SequenceOp {
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let out = match self {
             SequenceOp::SequenceEmpty { dtype } => Value::Sequence(Sequence {
                 dtype: Some(*dtype),
@@ -150,7 +150,7 @@ impl SequenceOp {
                 None => return Err(OpError::MissingInput { index: 0 }),
             },
         };
-        Ok(vec![out])
+        Ok(smallvec::smallvec![out])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -384,7 +384,7 @@ mod tests {
     use super::*;
 
     fn t(shape: &[usize], v: Vec<f32>) -> Tensor {
-        Tensor::from_vec(shape.to_vec(), v).unwrap()
+        Tensor::from_vec(shape, v).unwrap()
     }
     fn eval(op: &SequenceOp, inputs: &[Option<&Value>]) -> Value {
         op.eval(&Args::new(inputs)).unwrap().remove(0)

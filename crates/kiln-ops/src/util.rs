@@ -15,8 +15,8 @@ pub fn norm_axis(axis: i64, rank: usize) -> Result<usize> {
 }
 
 /// Normalises a list of axes; duplicates are an error.
-pub fn norm_axes(axes: &[i64], rank: usize) -> Result<Vec<usize>> {
-    let mut out = Vec::with_capacity(axes.len());
+pub fn norm_axes(axes: &[i64], rank: usize) -> Result<kiln_tensor::Shape> {
+    let mut out = kiln_tensor::Shape::with_capacity(axes.len());
     for &a in axes {
         let n = norm_axis(a, rank)?;
         if out.contains(&n) {
@@ -84,6 +84,14 @@ pub fn read_i64s(t: &Tensor, what: &str) -> Result<Vec<i64>> {
     }
     t.to_i64_vec()
         .ok_or_else(|| OpError::Value(format!("{what} must be an integer tensor, got {}", t.dtype())))
+}
+
+/// [`read_i64s`], borrowing the elements of an i64 tensor instead of copying them.
+pub fn read_i64s_cow<'a>(t: &'a Tensor, what: &str) -> Result<std::borrow::Cow<'a, [i64]>> {
+    match t.as_slice::<i64>() {
+        Ok(v) if t.rank() <= 1 => Ok(std::borrow::Cow::Borrowed(v)),
+        _ => read_i64s(t, what).map(std::borrow::Cow::Owned),
+    }
 }
 
 /// Reads a scalar (or one-element) integer tensor.

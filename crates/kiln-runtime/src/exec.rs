@@ -4,7 +4,7 @@ use crate::error::RuntimeError;
 use crate::profile::{InputSeen, Profile, Recorder, RunRecord};
 use crate::program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};
 use crate::stack::{stack, take_along};
-use kiln_ops::{Args, Dim, OpError, Sequence, Value, ValueType, util::norm_axis};
+use kiln_ops::{Args, Dim, OpError, Outputs, Sequence, Value, ValueType, util::norm_axis};
 use kiln_tensor::Tensor;
 use std::time::Instant;
 
@@ -264,7 +264,7 @@ fn run_program(
 /// [`run_step`], except that a view op (`Op::view_shape`: Reshape, Flatten, Squeeze,
 /// Unsqueeze) whose input 0 is owned and dies at this step takes that value and relabels its
 /// shape instead of copying it.
-fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Vec<Value>> {
+fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Outputs> {
     if let (StepKind::Op(op), Some(Some(x))) = (&step.kind, step.inputs.first())
         && op.is_view()
         && step.frees.contains(x)
@@ -272,7 +272,8 @@ fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Vec<Value>> {
         && matches!(env.get(*x), Some(Slot::Owned(Value::Tensor(_))))
     {
         let shape = {
-            let args: Vec<Option<&Value>> = step.inputs.iter().map(|s| s.and_then(|s| env.get(s)?.get())).collect();
+            let args: smallvec::SmallVec<[Option<&Value>; INLINE_ARGS]> =
+                step.inputs.iter().map(|s| s.and_then(|s| env.get(s)?.get())).collect();
             op.view_shape(&Args::new(&args))
         };
         if let Some(Ok(shape)) = shape
@@ -285,7 +286,7 @@ fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Vec<Value>> {
                 source,
             };
             let t = t.reshape(shape).map_err(|e| node_err(OpError::from(e)))?;
-            return Ok(vec![Value::Tensor(t)]);
+            return Ok(smallvec::smallvec![Value::Tensor(t)]);
         }
     }
     run_step(step, env)
@@ -294,7 +295,7 @@ fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Vec<Value>> {
 /// Inputs a step gathers without allocating (more go to a vector).
 const INLINE_ARGS: usize = 8;
 
-fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
+fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
     let node_err = |source: OpError| RuntimeError::Node {
         node: step.name.clone(),
         op: step.kind.name().to_string(),
@@ -353,10 +354,10 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
                 .copied()
                 .ok_or_else(|| ctl_err(format!("condition is empty (shape {:?})", cond.shape())))?;
             let branch = if c != 0.0 { then_branch } else { else_branch };
-            run_program(branch, env, Vec::new(), None)
+            run_program(branch, env, Vec::new(), None).map(Outputs::from)
         }
-        StepKind::Loop(l) => run_loop(l, &args, env).map_err(|e| wrap(e, step)),
-        StepKind::Scan(s) => run_scan(s, &args, env).map_err(|e| wrap(e, step)),
+        StepKind::Loop(l) => run_loop(l, &args, env).map(Outputs::from).map_err(|e| wrap(e, step)),
+        StepKind::Scan(s) => run_scan(s, &args, env).map(Outputs::from).map_err(|e| wrap(e, step)),
         StepKind::FlexAttention {
             op,
             score_mod,
@@ -375,9 +376,9 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Vec<Value>> {
             let mut pmod = |t: Tensor| call(prob_mod, t);
             op.eval_with(&Args::new(&args), &mut smod, &mut pmod).map_err(node_err)
         }
-        StepKind::SequenceMap { body } => {
-            run_sequence_map(body, &args, env, step.outputs.len()).map_err(|e| wrap(e, step))
-        }
+        StepKind::SequenceMap { body } => run_sequence_map(body, &args, env, step.outputs.len())
+            .map(Outputs::from)
+            .map_err(|e| wrap(e, step)),
     }
 }
 

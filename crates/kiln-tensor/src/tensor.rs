@@ -304,9 +304,9 @@ pub fn strides_of(shape: &[usize]) -> Shape {
 }
 
 /// Numpy-style multidirectional broadcast of two shapes.
-pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, TensorError> {
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Shape, TensorError> {
     let rank = a.len().max(b.len());
-    let mut out = vec![0; rank];
+    let mut out: Shape = smallvec::smallvec![0; rank];
     for i in 0..rank {
         let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
         let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
@@ -601,9 +601,9 @@ mod tests {
 
     #[test]
     fn broadcast_follows_numpy() {
-        assert_eq!(broadcast_shapes(&[2, 1, 3], &[4, 1]).unwrap(), vec![2, 4, 3]);
-        assert_eq!(broadcast_shapes(&[], &[5]).unwrap(), vec![5]);
-        assert_eq!(broadcast_shapes(&[0, 1], &[1, 3]).unwrap(), vec![0, 3]);
+        assert_eq!(broadcast_shapes(&[2, 1, 3], &[4, 1]).unwrap().as_slice(), [2, 4, 3]);
+        assert_eq!(broadcast_shapes(&[], &[5]).unwrap().as_slice(), [5]);
+        assert_eq!(broadcast_shapes(&[0, 1], &[1, 3]).unwrap().as_slice(), [0, 3]);
         assert!(broadcast_shapes(&[2, 3], &[3, 2]).is_err());
     }
 

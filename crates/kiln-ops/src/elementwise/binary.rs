@@ -9,7 +9,7 @@
 use super::scalar::{Int, Num, with_float, with_int, with_int2, with_num2};
 use crate::error::{OpError, Result};
 use crate::util::{checked_numel, norm_axis};
-use kiln_tensor::{DType, Data, Element, Tensor, broadcast_shapes, numel};
+use kiln_tensor::{DType, Data, Element, Shape, Tensor, broadcast_shapes, numel};
 
 /// Which two-input op.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
@@ -116,19 +116,19 @@ impl BinaryOp {
 /// Elementwise ops run that inner loop with the op inlined (no per-element index maps).
 #[derive(Clone)]
 pub(crate) struct Bcast {
-    pub shape: Vec<usize>,
+    pub shape: Shape,
     /// Merged dims, outermost first (at least one; `[1]` for a scalar output).
-    dims: Vec<usize>,
+    dims: Shape,
     /// Element strides of `a` and `b` per merged dim (0 where broadcast).
-    sa: Vec<usize>,
-    sb: Vec<usize>,
+    sa: Shape,
+    sb: Shape,
 }
 
 /// Strides of `in_shape` read as `out_shape` under numpy broadcasting (0 on broadcast dims).
-fn bcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>> {
+fn bcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Result<Shape> {
     let bad = || OpError::Shape(format!("{in_shape:?} does not broadcast to {out_shape:?}"));
     let off = out_shape.len().checked_sub(in_shape.len()).ok_or_else(bad)?;
-    let mut strides = vec![0usize; out_shape.len()];
+    let mut strides: Shape = smallvec::smallvec![0usize; out_shape.len()];
     let mut step = 1usize;
     for (i, &d) in in_shape.iter().enumerate().rev() {
         let o = out_shape.get(i + off).copied().ok_or_else(bad)?;
@@ -149,7 +149,7 @@ impl Bcast {
         let shape = broadcast_shapes(a, b)?;
         checked_numel(&shape)?;
         let (fa, fb) = (bcast_strides(a, &shape)?, bcast_strides(b, &shape)?);
-        let (mut dims, mut sa, mut sb) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut dims, mut sa, mut sb) = (Shape::new(), Shape::new(), Shape::new());
         for ((&d, &x), &y) in shape.iter().zip(&fa).zip(&fb) {
             if d == 1 {
                 continue;
@@ -185,7 +185,7 @@ impl Bcast {
         if self.dims.iter().any(|&d| d == 0) {
             return;
         }
-        let mut idx = vec![0usize; outer.len()];
+        let mut idx: Shape = smallvec::smallvec![0usize; outer.len()];
         let (mut ia, mut ib) = (0usize, 0usize);
         loop {
             run(ia, ib);
@@ -277,20 +277,20 @@ impl Bcast {
         // One "row": a step of the outermost dim, with the plan of the dims inside it.
         let (rows, sub, (sa0, sb0)) = if self.dims.len() >= 2 {
             let sub = Bcast {
-                shape: Vec::new(),
-                dims: self.dims[1..].to_vec(),
-                sa: self.sa[1..].to_vec(),
-                sb: self.sb[1..].to_vec(),
+                shape: Shape::new(),
+                dims: Shape::from_slice(&self.dims[1..]),
+                sa: Shape::from_slice(&self.sa[1..]),
+                sb: Shape::from_slice(&self.sb[1..]),
             };
             (self.dims[0], sub, (self.sa[0], self.sb[0]))
         } else {
             // A single dim: blocks of PAR_BLOCK elements.
             let (ka, kb) = (self.sa[0], self.sb[0]);
             let sub = Bcast {
-                shape: Vec::new(),
-                dims: vec![PAR_BLOCK],
-                sa: vec![ka],
-                sb: vec![kb],
+                shape: Shape::new(),
+                dims: smallvec::smallvec![PAR_BLOCK],
+                sa: smallvec::smallvec![ka],
+                sb: smallvec::smallvec![kb],
             };
             (total.div_ceil(PAR_BLOCK), sub, (ka * PAR_BLOCK, kb * PAR_BLOCK))
         };
@@ -306,7 +306,7 @@ impl Bcast {
             } else {
                 // The last, shorter block of a single dim.
                 let tail = Bcast {
-                    dims: vec![dst.len()],
+                    dims: smallvec::smallvec![dst.len()],
                     ..sub.clone()
                 };
                 tail.zip_into(xs, ys, &f, dst);
@@ -486,8 +486,8 @@ impl Binary {
         use BinaryOp::*;
         let out_dt = self.op.out_dtype(a.dtype(), b.dtype())?;
         let b_shape = match self.legacy_axis {
-            Some(axis) => legacy_shape(b.shape(), a.rank(), axis)?,
-            None => b.shape().to_vec(),
+            Some(axis) => Shape::from(legacy_shape(b.shape(), a.rank(), axis)?),
+            None => Shape::from_slice(b.shape()),
         };
         let m = Bcast::new(a.shape(), &b_shape)?;
         let unsupported = || OpError::UnsupportedDType {

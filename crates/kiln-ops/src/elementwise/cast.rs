@@ -173,7 +173,7 @@ impl Cast {
             ),
             _ => return Err(OpError::Unsupported(format!("Cast to {to}"))),
         };
-        Ok(Tensor::new(to, x.shape().to_vec(), data)?)
+        Ok(Tensor::new(to, x.shape(), data)?)
     }
 }
 
@@ -254,7 +254,7 @@ impl BitCast {
                 Data::Coded(bits.iter().map(|&b| (b & mask) as u8).collect())
             }
         };
-        Ok(Tensor::new(to, x.shape().to_vec(), data)?)
+        Ok(Tensor::new(to, x.shape(), data)?)
     }
 }
 

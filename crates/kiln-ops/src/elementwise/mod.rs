@@ -54,7 +54,7 @@ impl ElementwiseOp {
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let out = match self {
             ElementwiseOp::Unary(op) => op.eval(args.tensor(0)?)?,
             ElementwiseOp::Binary(op) => op.eval(args.tensor(0)?, args.tensor(1)?)?,
@@ -66,7 +66,7 @@ impl ElementwiseOp {
             ElementwiseOp::CastLike(op) => op.eval(args.tensor(0)?, args.tensor(1)?)?,
             ElementwiseOp::BitCast(op) => op.eval(args.tensor(0)?)?,
         };
-        Ok(vec![Value::Tensor(out)])
+        Ok(smallvec::smallvec![Value::Tensor(out)])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

@@ -101,7 +101,7 @@ impl Clip {
         }
         let data = with_num!(x.data(), v => Element::wrap(clip_typed(v, lo, hi, self.min, self.max)),
             else return Err(OpError::UnsupportedDType { index: 0, got: dt }));
-        Ok(Tensor::new(dt, x.shape().to_vec(), data)?)
+        Ok(Tensor::new(dt, x.shape(), data)?)
     }
 }
 

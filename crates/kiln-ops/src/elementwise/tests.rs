@@ -5,7 +5,7 @@ use super::*;
 use kiln_tensor::{DType, Tensor, f16};
 
 fn t<T: kiln_tensor::Element>(shape: &[usize], v: Vec<T>) -> Tensor {
-    Tensor::from_vec(shape.to_vec(), v).unwrap()
+    Tensor::from_vec(shape, v).unwrap()
 }
 
 fn run(op: ElementwiseOp, inputs: &[Tensor]) -> Tensor {

@@ -7,7 +7,7 @@
 use super::{Kernel, rank_only};
 use crate::error::{OpError, Result};
 use crate::util::checked_numel;
-use crate::value::{Args, InferInput, Value, ValueType};
+use crate::value::{Args, InferInput, ValueType};
 use kiln_tensor::{DType, Tensor};
 
 /// Channel layout of ImageDecoder's output.
@@ -32,7 +32,7 @@ impl Kernel for ImageDecoder {
     fn name(&self) -> &'static str {
         "ImageDecoder"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let bytes = x.as_slice::<u8>().map_err(|_| OpError::UnsupportedDType {
             index: 0,
@@ -53,7 +53,7 @@ impl Kernel for ImageDecoder {
             PixelFormat::Rgb => img.to_rgb8().into_raw(),
             PixelFormat::Bgr => img.to_rgb8().pixels().flat_map(|p| [p[2], p[1], p[0]]).collect(),
         };
-        Ok(vec![Tensor::from_vec(shape, data)?.into()])
+        Ok(smallvec::smallvec![Tensor::from_vec(shape, data)?.into()])
     }
     fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let mut t = rank_only(Some(DType::U8), 3);
@@ -73,6 +73,7 @@ impl Kernel for ImageDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
     #[test]
     fn pillow_luma() {

@@ -10,7 +10,7 @@
 use super::{Kernel, input_shape, tensor_from_f64};
 use crate::error::{OpError, Result};
 use crate::util::{checked_numel, dtype_only, input_dtype};
-use crate::value::{Args, Dim, InferInput, TensorType, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, TensorType, ValueType};
 use kiln_tensor::{DType, Data, Tensor};
 use std::collections::HashMap;
 
@@ -69,7 +69,7 @@ impl Kernel for LabelEncoder {
     fn name(&self) -> &'static str {
         "LabelEncoder"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let n = self.keys.len();
         if self.values.len() != n || self.default.len() != 1 || self.default.dtype() != self.values.dtype() {
@@ -94,7 +94,7 @@ impl Kernel for LabelEncoder {
             .map(|k| table.get(k).copied().unwrap_or(n))
             .collect();
         let all = join(&self.values, &self.default)?;
-        Ok(vec![all.gather_flat(x.shape().to_vec(), &idx)?.into()])
+        Ok(smallvec::smallvec![all.gather_flat(x.shape().to_vec(), &idx)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![ValueType::Tensor(TensorType {
@@ -344,7 +344,7 @@ impl Kernel for TreeEnsemble {
     fn name(&self) -> &'static str {
         "TreeEnsemble"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         super::require_float(x, 0)?;
         let (rows, feats) = match *x.shape() {
@@ -390,7 +390,7 @@ impl Kernel for TreeEnsemble {
             }
             post_transform(self.post_transform, acc);
         }
-        Ok(vec![tensor_from_f64(x.dtype(), shape, &out)?.into()])
+        Ok(smallvec::smallvec![tensor_from_f64(x.dtype(), shape, &out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -417,7 +417,7 @@ impl Kernel for ArrayFeatureExtractor {
     fn name(&self) -> &'static str {
         "ArrayFeatureExtractor"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let ind = args.tensor(1)?;
         let ind = ind.to_i64_vec().ok_or(OpError::UnsupportedDType {
@@ -448,7 +448,7 @@ impl Kernel for ArrayFeatureExtractor {
         let idx: Vec<usize> = (0..outer)
             .flat_map(|o| cols.iter().map(move |&c| o * last + c))
             .collect();
-        Ok(vec![x.gather_flat(out_shape, &idx)?.into()])
+        Ok(smallvec::smallvec![x.gather_flat(out_shape, &idx)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -476,7 +476,7 @@ impl Kernel for Binarizer {
     fn name(&self) -> &'static str {
         "Binarizer"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         if !(x.dtype().is_float() || x.dtype().is_int()) {
             return Err(OpError::UnsupportedDType {
@@ -490,7 +490,9 @@ impl Kernel for Binarizer {
             .into_iter()
             .map(|v| if v > th { 1.0 } else { 0.0 })
             .collect();
-        Ok(vec![tensor_from_f64(x.dtype(), x.shape().to_vec(), &v)?.into()])
+        Ok(smallvec::smallvec![
+            tensor_from_f64(x.dtype(), x.shape().to_vec(), &v)?.into()
+        ])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![ValueType::Tensor(TensorType {

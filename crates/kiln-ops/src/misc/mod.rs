@@ -29,13 +29,13 @@ pub use strings::{
 };
 
 use crate::error::{OpError, Result};
-use crate::value::{Args, InferInput, Value, ValueType};
+use crate::value::{Args, InferInput, ValueType};
 use kiln_tensor::{DType, Tensor};
 
 /// What every misc op provides; the family enum dispatches to it.
 trait Kernel {
     fn name(&self) -> &'static str;
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>>;
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs>;
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>>;
 }
 
@@ -53,7 +53,7 @@ macro_rules! misc_ops {
                     $(MiscOp::$var(op) => Kernel::name(op)),*
                 }
             }
-            pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+            pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
                 match self {
                     $(MiscOp::$var(op) => Kernel::eval(op, args)),*
                 }
@@ -137,7 +137,7 @@ pub(crate) mod test_util {
     use kiln_tensor::{Element, Tensor};
 
     pub fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Value {
-        Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap())
+        Value::Tensor(Tensor::from_vec(shape, v).unwrap())
     }
 
     pub fn strs(shape: &[usize], v: &[&str]) -> Value {
@@ -147,9 +147,9 @@ pub(crate) mod test_util {
     /// Runs `f` on the given inputs (None = absent).
     pub fn run<F>(inputs: &[Option<&Value>], f: F) -> Vec<Value>
     where
-        F: FnOnce(&Args<'_>) -> crate::Result<Vec<Value>>,
+        F: FnOnce(&Args<'_>) -> crate::Result<crate::Outputs>,
     {
-        f(&Args::new(inputs)).unwrap()
+        f(&Args::new(inputs)).unwrap().into_vec()
     }
 
     pub fn out<T: Element>(v: &Value) -> (Vec<usize>, Vec<T>) {

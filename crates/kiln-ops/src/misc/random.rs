@@ -100,12 +100,17 @@ impl Kernel for RandomUniform {
     fn name(&self) -> &'static str {
         "RandomUniform"
     }
-    fn eval(&self, _args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, _args: &Args<'_>) -> Result<crate::Outputs> {
         let dist = Dist::Uniform {
             low: self.low,
             high: self.high,
         };
-        Ok(vec![sample(dist, self.seed, self.dtype, shape_of(&self.shape)?)?])
+        Ok(smallvec::smallvec![sample(
+            dist,
+            self.seed,
+            self.dtype,
+            shape_of(&self.shape)?
+        )?])
     }
     fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![fixed(self.dtype, &self.shape)])
@@ -126,12 +131,17 @@ impl Kernel for RandomNormal {
     fn name(&self) -> &'static str {
         "RandomNormal"
     }
-    fn eval(&self, _args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, _args: &Args<'_>) -> Result<crate::Outputs> {
         let dist = Dist::Normal {
             mean: self.mean,
             scale: self.scale,
         };
-        Ok(vec![sample(dist, self.seed, self.dtype, shape_of(&self.shape)?)?])
+        Ok(smallvec::smallvec![sample(
+            dist,
+            self.seed,
+            self.dtype,
+            shape_of(&self.shape)?
+        )?])
     }
     fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![fixed(self.dtype, &self.shape)])
@@ -158,7 +168,7 @@ impl Kernel for RandomLike {
             "RandomUniformLike"
         }
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let dist = if self.normal {
             Dist::Normal {
@@ -171,7 +181,7 @@ impl Kernel for RandomLike {
                 high: self.b,
             }
         };
-        Ok(vec![sample(
+        Ok(smallvec::smallvec![sample(
             dist,
             self.seed,
             self.dtype.unwrap_or(x.dtype()),
@@ -199,7 +209,7 @@ impl Kernel for Bernoulli {
     fn name(&self) -> &'static str {
         "Bernoulli"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         super::require_float(x, 0)?;
         let mut rng = Rng::new(self.seed);
@@ -208,7 +218,7 @@ impl Kernel for Bernoulli {
             .into_iter()
             .map(|p| if rng.uniform() < p { 1.0 } else { 0.0 })
             .collect();
-        Ok(vec![
+        Ok(smallvec::smallvec![
             tensor_from_f64(self.dtype.unwrap_or(x.dtype()), x.shape().to_vec(), &v)?.into(),
         ])
     }
@@ -233,7 +243,7 @@ impl Kernel for Multinomial {
     fn name(&self) -> &'static str {
         "Multinomial"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         super::require_float(x, 0)?;
         if !matches!(self.dtype, DType::I32 | DType::I64) {
@@ -269,7 +279,7 @@ impl Kernel for Multinomial {
                 out.push(k as f64);
             }
         }
-        Ok(vec![tensor_from_f64(self.dtype, shape, &out)?.into()])
+        Ok(smallvec::smallvec![tensor_from_f64(self.dtype, shape, &out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![match input_shape(inputs, 0) {

@@ -12,7 +12,7 @@
 use super::{Kernel, input_shape, present, require_float, tensor_from_f64};
 use crate::error::{OpError, Result};
 use crate::util::{checked_numel, const_tensor, dtype_only, input_dtype, norm_axis, read_i64};
-use crate::value::{Args, Dim, InferInput, TensorType, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, TensorType, ValueType};
 use kiln_tensor::{DType, Tensor};
 use std::f64::consts::PI;
 
@@ -85,7 +85,7 @@ impl Kernel for Dft {
     fn name(&self) -> &'static str {
         "DFT"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         require_float(x, 0)?;
         let shape = x.shape();
@@ -151,7 +151,7 @@ impl Kernel for Dft {
                 }
             }
         }
-        Ok(vec![tensor_from_f64(x.dtype(), out_shape, &out)?.into()])
+        Ok(smallvec::smallvec![tensor_from_f64(x.dtype(), out_shape, &out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -204,7 +204,7 @@ impl Kernel for Stft {
     fn name(&self) -> &'static str {
         "STFT"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         require_float(x, 0)?;
         let (batch, len, comps) = match *x.shape() {
@@ -272,7 +272,7 @@ impl Kernel for Stft {
                 }
             }
         }
-        Ok(vec![tensor_from_f64(x.dtype(), out_shape, &out)?.into()])
+        Ok(smallvec::smallvec![tensor_from_f64(x.dtype(), out_shape, &out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -353,11 +353,11 @@ impl Kernel for Window {
             WindowKind::Blackman => "BlackmanWindow",
         }
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let size = read_i64(args.tensor(0)?, "window size")?;
         let size = crate::util::dim(size, "window size")?;
         checked_numel(&[size])?;
-        Ok(vec![
+        Ok(smallvec::smallvec![
             tensor_from_f64(self.dtype, vec![size], &self.values(size))?.into(),
         ])
     }
@@ -379,7 +379,7 @@ impl Kernel for MelWeightMatrix {
     fn name(&self) -> &'static str {
         "MelWeightMatrix"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let mel = crate::util::dim(read_i64(args.tensor(0)?, "num_mel_bins")?, "num_mel_bins")?;
         let dft_len = read_i64(args.tensor(1)?, "dft_length")?;
         let rate = read_i64(args.tensor(2)?, "sample_rate")?;
@@ -434,7 +434,7 @@ impl Kernel for MelWeightMatrix {
                 }
             }
         }
-        Ok(vec![tensor_from_f64(self.dtype, shape, &out)?.into()])
+        Ok(smallvec::smallvec![tensor_from_f64(self.dtype, shape, &out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let k = |i: usize| {

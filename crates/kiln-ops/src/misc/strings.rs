@@ -10,7 +10,7 @@
 use super::{Kernel, input_shape};
 use crate::error::{OpError, Result};
 use crate::util::{broadcast_dims, broadcast_map, checked_numel, dtype_only};
-use crate::value::{Args, Dim, InferInput, TensorType, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, TensorType, ValueType};
 use kiln_tensor::{DType, Data, Tensor, broadcast_shapes};
 use std::collections::{HashMap, HashSet};
 
@@ -41,7 +41,7 @@ impl Kernel for StringNormalizer {
     fn name(&self) -> &'static str {
         "StringNormalizer"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = strings_of(x, 0)?;
         let two_d = match x.shape() {
@@ -77,7 +77,7 @@ impl Kernel for StringNormalizer {
             out.push(String::new());
         }
         let shape = if two_d { vec![1, out.len()] } else { vec![out.len()] };
-        Ok(vec![Tensor::from_vec(shape, out)?.into()])
+        Ok(smallvec::smallvec![Tensor::from_vec(shape, out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let shape = input_shape(inputs, 0).map(|s| {
@@ -102,7 +102,7 @@ impl Kernel for StringConcat {
     fn name(&self) -> &'static str {
         "StringConcat"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (a, b) = (args.tensor(0)?, args.tensor(1)?);
         let (va, vb) = (strings_of(a, 0)?, strings_of(b, 1)?);
         let shape = broadcast_shapes(a.shape(), b.shape())?;
@@ -113,7 +113,7 @@ impl Kernel for StringConcat {
             .zip(&ib)
             .map(|(&i, &j)| format!("{}{}", va[i], vb[j]))
             .collect();
-        Ok(vec![Tensor::from_vec(shape, out)?.into()])
+        Ok(smallvec::smallvec![Tensor::from_vec(shape, out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let shape = match (input_shape(inputs, 0), input_shape(inputs, 1)) {
@@ -175,7 +175,7 @@ impl Kernel for StringSplit {
     fn name(&self) -> &'static str {
         "StringSplit"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let parts: Vec<Vec<String>> = strings_of(x, 0)?.iter().map(|s| self.split(s)).collect();
         let width = parts.iter().map(Vec::len).max().unwrap_or(0);
@@ -188,9 +188,9 @@ impl Kernel for StringSplit {
             p.resize(width, String::new());
             flat.extend(p);
         }
-        Ok(vec![
+        Ok(smallvec::smallvec![
             Tensor::from_vec(shape, flat)?.into(),
-            Tensor::from_vec(x.shape().to_vec(), lengths)?.into(),
+            Tensor::from_vec(x.shape(), lengths)?.into(),
         ])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -235,11 +235,11 @@ impl Kernel for RegexFullMatch {
     fn name(&self) -> &'static str {
         "RegexFullMatch"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let re = self.compile()?;
         let out: Vec<bool> = strings_of(x, 0)?.iter().map(|s| re.is_match(s)).collect();
-        Ok(vec![Tensor::from_vec(x.shape().to_vec(), out)?.into()])
+        Ok(smallvec::smallvec![Tensor::from_vec(x.shape(), out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![ValueType::Tensor(TensorType {
@@ -351,7 +351,7 @@ impl Kernel for TfIdfVectorizer {
     fn name(&self) -> &'static str {
         "TfIdfVectorizer"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let keys: Vec<Key<'_>> = match (x.data(), &self.pool) {
             (Data::Str(v), NgramPool::Strings(_)) => v.iter().map(|s| Key::S(s)).collect(),
@@ -446,7 +446,7 @@ impl Kernel for TfIdfVectorizer {
                 }
             })
             .collect();
-        Ok(vec![Tensor::from_vec(shape, out)?.into()])
+        Ok(smallvec::smallvec![Tensor::from_vec(shape, out)?.into()])
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let size = Dim::Fixed(self.output_size());

@@ -83,7 +83,7 @@ impl Kernel for Adagrad {
     fn name(&self) -> &'static str {
         "Adagrad"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (r, t, g) = read_groups(args, 3)?;
         let (decay, eps, norm) = (
             self.decay_factor as f64,
@@ -106,7 +106,7 @@ impl Kernel for Adagrad {
             hs.push(output(ht, &h_new)?);
         }
         xs.extend(hs);
-        Ok(xs)
+        Ok(xs.into())
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let mut v = infer_groups(inputs);
@@ -130,7 +130,7 @@ impl Kernel for Adam {
     fn name(&self) -> &'static str {
         "Adam"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (r, t, g) = read_groups(args, 4)?;
         let (a, b, eps) = (self.alpha as f64, self.beta as f64, self.epsilon as f64);
         let (norm, post) = (self.norm_coefficient as f64, self.norm_coefficient_post as f64);
@@ -159,7 +159,7 @@ impl Kernel for Adam {
         }
         xs.extend(vs);
         xs.extend(hs);
-        Ok(xs)
+        Ok(xs.into())
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let mut v = infer_groups(inputs);
@@ -182,7 +182,7 @@ impl Kernel for Momentum {
     fn name(&self) -> &'static str {
         "Momentum"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (r, t, g) = read_groups(args, 3)?;
         let (a, norm) = (self.alpha as f64, self.norm_coefficient as f64);
         let b = if t > 0 { self.beta as f64 } else { 1.0 };
@@ -204,7 +204,7 @@ impl Kernel for Momentum {
             vs.push(output(vt, &vn)?);
         }
         xs.extend(vs);
-        Ok(xs)
+        Ok(xs.into())
     }
     fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let mut v = infer_groups(inputs);

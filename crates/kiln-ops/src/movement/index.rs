@@ -17,7 +17,7 @@ pub struct Gather {
 }
 
 impl Gather {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, ind) = (args.tensor(0)?, args.tensor(1)?);
         let axis = norm_axis(self.axis, x.rank())?;
         let n = x.shape()[axis];
@@ -104,7 +104,7 @@ fn along_axis_targets(data_shape: &[usize], ind_shape: &[usize], idx: &[i64], ax
 }
 
 impl GatherElements {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, ind) = (args.tensor(0)?, args.tensor(1)?);
         let axis = norm_axis(self.axis, x.rank())?;
         let src = along_axis_targets(x.shape(), ind.shape(), &indices_of(ind, "indices")?, axis)?;
@@ -123,7 +123,7 @@ pub struct GatherND {
 }
 
 impl GatherND {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, ind) = (args.tensor(0)?, args.tensor(1)?);
         let b = self.batch_dims;
         let (ds, is) = (x.shape(), ind.shape());
@@ -244,7 +244,7 @@ pub struct ScatterElements {
 }
 
 impl ScatterElements {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, ind, upd) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let axis = norm_axis(self.axis, x.rank())?;
         if ind.shape() != upd.shape() {
@@ -270,7 +270,7 @@ pub struct ScatterND {
 }
 
 impl ScatterND {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, ind, upd) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let (ds, is) = (x.shape(), ind.shape());
         let Some(&k) = is.last() else {
@@ -318,7 +318,7 @@ pub struct TensorScatter {
 }
 
 impl TensorScatter {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (past, upd) = (args.tensor(0)?, args.tensor(1)?);
         let r = past.rank();
         let axis = norm_axis(self.axis, r)?;
@@ -388,7 +388,7 @@ impl OneHot {
             ))),
         }
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (ind, depth, values) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let depth = Self::depth(depth)?;
         if values.len() != 2 {
@@ -437,7 +437,7 @@ pub struct Compress {
 }
 
 impl Compress {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, cond) = (args.tensor(0)?, args.tensor(1)?);
         let c = cond.to_f64_vec();
         if cond.rank() != 1 {
@@ -497,7 +497,7 @@ impl Compress {
 pub struct NonZero;
 
 impl NonZero {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let nz: Vec<bool> = match x.data() {
             Data::Str(v) => v.iter().map(|s| !s.is_empty()).collect(),

@@ -51,7 +51,7 @@ pub struct Transpose {
 }
 
 impl Transpose {
-    fn perm(&self, rank: usize) -> Result<Vec<usize>> {
+    fn perm(&self, rank: usize) -> Result<kiln_tensor::Shape> {
         match &self.perm {
             Some(p) => {
                 if p.len() != rank {
@@ -62,10 +62,10 @@ impl Transpose {
             None => Ok((0..rank).rev().collect()),
         }
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let perm = self.perm(x.rank())?;
-        let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+        let out_shape: kiln_tensor::Shape = perm.iter().map(|&p| x.shape()[p]).collect();
         if let Ok(v) = x.as_slice::<f32>() {
             let out = kiln_kernels::recycle::take(v.len());
             return one(Tensor::from_vec(out_shape, permute_into(v, x.shape(), &perm, out))?);
@@ -99,7 +99,7 @@ pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[u
 pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize], mut out: Vec<T>) -> Vec<T> {
     let st = strides(shape);
     // (size, input stride) per output dim, size-1 dims dropped, consecutive ones merged.
-    let mut dims: Vec<(usize, usize)> = Vec::with_capacity(perm.len());
+    let mut dims: smallvec::SmallVec<[(usize, usize); 6]> = smallvec::SmallVec::new();
     for &p in perm {
         let (n, s) = (shape.get(p).copied().unwrap_or(1), st.get(p).copied().unwrap_or(0));
         if n == 1 {
@@ -138,7 +138,7 @@ pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm
     let outer = &dims[..dims.len() - 1];
     out.clear();
     out.reserve(total);
-    let mut idx = vec![0usize; outer.len()];
+    let mut idx: smallvec::SmallVec<[usize; 6]> = smallvec::smallvec![0usize; outer.len()];
     let mut base = 0usize;
     loop {
         if istride == 1 {
@@ -229,7 +229,7 @@ pub struct Concat {
 }
 
 impl Concat {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let xs = args.tensors()?;
         let first = xs.first().ok_or(OpError::MissingInput { index: 0 })?;
         let rank = first.rank();
@@ -336,7 +336,7 @@ pub struct Split {
 }
 
 impl Split {
-    fn sizes(&self, n: usize, split: Option<Vec<i64>>) -> Result<Vec<usize>> {
+    fn sizes(&self, n: usize, split: Option<std::borrow::Cow<'_, [i64]>>) -> Result<Vec<usize>> {
         if let Some(s) = split {
             let s: Vec<usize> = s.iter().map(|&v| dim(v, "split")).collect::<Result<_>>()?;
             if s.iter().sum::<usize>() != n {
@@ -361,7 +361,7 @@ impl Split {
             })
             .collect())
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let axis = norm_axis(self.axis, x.rank())?;
         let split = ints_from(&self.split, args, 1, "split")?;
@@ -374,7 +374,7 @@ impl Split {
             start += s;
             out.push(Value::Tensor(gather_axes(x, &maps, None)?));
         }
-        Ok(out)
+        Ok(out.into())
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -388,7 +388,7 @@ impl Split {
             return Ok(unknown);
         };
         let sizes = match (&s[axis], split) {
-            (Dim::Fixed(n), split) => self.sizes(*n, split)?,
+            (Dim::Fixed(n), split) => self.sizes(*n, split.map(std::borrow::Cow::Owned))?,
             (Dim::Sym(_), Some(split)) => split.iter().map(|&v| dim(v, "split")).collect::<Result<_>>()?,
             _ => return Ok(unknown),
         };
@@ -500,7 +500,7 @@ impl Slice {
             }
         }
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let spec = self.read(args, x.rank())?;
         let mut maps = identity_maps(x.shape());
@@ -543,7 +543,7 @@ impl Slice {
 pub struct Tile;
 
 impl Tile {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let reps = read_i64s(args.tensor(1)?, "repeats")?;
         if reps.len() != x.rank() {
@@ -661,7 +661,7 @@ impl Pad {
         }
         Ok(out)
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let pads = self.pads(args, x.rank())?;
         let fill = match (&self.pads, args.opt_tensor(2)?) {
@@ -755,7 +755,7 @@ fn dims4(x: &Tensor, op: &str) -> Result<[usize; 4]> {
 }
 
 impl DepthToSpace {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let [b, c, h, w] = dims4(x, "DepthToSpace")?;
         let bs = self.blocksize;
@@ -797,7 +797,7 @@ pub struct SpaceToDepth {
 }
 
 impl SpaceToDepth {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let [b, c, h, w] = dims4(x, "SpaceToDepth")?;
         let bs = self.blocksize;
@@ -838,7 +838,7 @@ pub struct CenterCropPad {
 }
 
 impl CenterCropPad {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let target = read_i64s(args.tensor(1)?, "shape")?;
         let axes = match &self.axes {
@@ -900,7 +900,7 @@ pub struct Trilu {
 }
 
 impl Trilu {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let k = match args.opt_tensor(1)? {
             Some(t) => read_i64(t, "k")?,
@@ -935,7 +935,7 @@ pub struct ReverseSequence {
 }
 
 impl ReverseSequence {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let lens = read_i64s(args.tensor(1)?, "sequence_lens")?;
         let ba = norm_axis(self.batch_axis, x.rank())?;

@@ -34,7 +34,7 @@ macro_rules! movement_ops {
                     $(MovementOp::$v(_) => stringify!($v)),*
                 }
             }
-            pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+            pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
                 match self {
                     $(MovementOp::$v(op) => op.eval(args)),*
                 }
@@ -385,12 +385,17 @@ pub(crate) fn dim_product(dims: &[Dim]) -> Option<Dim> {
 }
 
 /// Reads an optional integer-list input, or the attribute form when the op holds one.
-pub(crate) fn ints_from(attr: &Option<Vec<i64>>, args: &Args<'_>, i: usize, what: &str) -> Result<Option<Vec<i64>>> {
+pub(crate) fn ints_from<'a>(
+    attr: &'a Option<Vec<i64>>,
+    args: &Args<'a>,
+    i: usize,
+    what: &str,
+) -> Result<Option<std::borrow::Cow<'a, [i64]>>> {
     if let Some(a) = attr {
-        return Ok(Some(a.clone()));
+        return Ok(Some(std::borrow::Cow::Borrowed(a)));
     }
     match args.opt_tensor(i)? {
-        Some(t) => Ok(Some(crate::util::read_i64s(t, what)?)),
+        Some(t) => Ok(Some(crate::util::read_i64s_cow(t, what)?)),
         None => Ok(None),
     }
 }
@@ -413,6 +418,6 @@ pub(crate) fn const_ints(
     }
 }
 
-pub(crate) fn one(v: Tensor) -> Result<Vec<Value>> {
-    Ok(vec![Value::Tensor(v)])
+pub(crate) fn one(v: Tensor) -> Result<crate::Outputs> {
+    Ok(smallvec::smallvec![Value::Tensor(v)])
 }

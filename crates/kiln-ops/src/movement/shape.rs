@@ -105,19 +105,53 @@ pub(crate) fn fixed_of(d: &[Dim]) -> Option<Vec<usize>> {
         .collect()
 }
 
+/// [`reshape_dims`] for a known input shape, without the symbolic bookkeeping; `None` for
+/// every spec it refuses (the caller then asks `reshape_dims` for the error).
+fn reshape_fixed(input: &[usize], spec: &[i64], allowzero: bool) -> Option<kiln_tensor::Shape> {
+    use kiln_tensor::numel;
+    let mut out = kiln_tensor::Shape::with_capacity(spec.len());
+    let mut infer_at = None;
+    for (i, &s) in spec.iter().enumerate() {
+        match s {
+            0 if !allowzero => out.push(*input.get(i)?),
+            -1 if infer_at.is_none() && !(allowzero && spec.contains(&0)) => {
+                infer_at = Some(i);
+                out.push(1);
+            }
+            s if s < 0 => return None,
+            s => out.push(usize::try_from(s).ok()?),
+        }
+    }
+    let in_n = numel(input)?;
+    if let Some(at) = infer_at {
+        let rest = numel(&out)?;
+        let d = match (in_n, rest) {
+            (_, 0) => return None,
+            (n, r) if n % r == 0 => n / r,
+            _ => return None,
+        };
+        *out.get_mut(at)? = d;
+    }
+    (numel(&out)? == in_n).then_some(out)
+}
+
 impl Reshape {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         one(args.tensor(0)?.clone().reshape(self.view_shape(args)?)?)
     }
     /// The output's shape (the output is input 0's elements under it).
-    pub fn view_shape(&self, args: &Args<'_>) -> Result<Vec<usize>> {
+    pub fn view_shape(&self, args: &Args<'_>) -> Result<kiln_tensor::Shape> {
         let x = args.tensor(0)?;
         let spec = match &self.shape {
-            Some(s) => s.clone(),
-            None => read_i64s(args.tensor(1)?, "shape")?,
+            Some(s) => std::borrow::Cow::Borrowed(s.as_slice()),
+            None => crate::util::read_i64s_cow(args.tensor(1)?, "shape")?,
         };
+        if let Some(shape) = reshape_fixed(x.shape(), &spec, self.allowzero) {
+            return Ok(shape);
+        }
         reshape_dims(&fixed_dims(x.shape()), &spec, self.allowzero)?
             .and_then(|d| fixed_of(&d))
+            .map(kiln_tensor::Shape::from)
             .ok_or_else(|| OpError::Shape(format!("reshape: cannot reshape {:?} to {spec:?}", x.shape())))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -153,7 +187,7 @@ impl Shape {
         let e = self.end.map_or(rank, clamp);
         (s, e.max(s))
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let (s, e) = self.range(x.rank());
         let v: Vec<i64> = x.shape()[s..e].iter().map(|&d| d as i64).collect();
@@ -186,7 +220,7 @@ impl Shape {
 pub struct Size;
 
 impl Size {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         one(Tensor::scalar(args.tensor(0)?.len() as i64))
     }
     pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -220,16 +254,16 @@ impl Flatten {
         }
         Ok(a as usize)
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         one(args.tensor(0)?.clone().reshape(self.view_shape(args)?)?)
     }
     /// The output's shape (the output is input 0's elements under it).
-    pub fn view_shape(&self, args: &Args<'_>) -> Result<Vec<usize>> {
+    pub fn view_shape(&self, args: &Args<'_>) -> Result<kiln_tensor::Shape> {
         let x = args.tensor(0)?;
         let a = self.split(x.rank())?;
         let outer: usize = x.shape()[..a].iter().product();
         let inner: usize = x.shape()[a..].iter().product();
-        Ok(vec![outer, inner])
+        Ok(kiln_tensor::smallvec::smallvec![outer, inner])
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -284,15 +318,30 @@ fn squeeze_dims(shape: &[Dim], axes: Option<&[i64]>) -> Result<Option<Vec<Dim>>>
 }
 
 impl Squeeze {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         one(args.tensor(0)?.clone().reshape(self.view_shape(args)?)?)
     }
     /// The output's shape (the output is input 0's elements under it).
-    pub fn view_shape(&self, args: &Args<'_>) -> Result<Vec<usize>> {
+    pub fn view_shape(&self, args: &Args<'_>) -> Result<kiln_tensor::Shape> {
         let x = args.tensor(0)?;
         let axes = ints_from(&self.axes, args, 1, "axes")?;
-        let dims = squeeze_dims(&fixed_dims(x.shape()), axes.as_deref())?.and_then(|d| fixed_of(&d));
-        dims.ok_or_else(|| OpError::Shape("squeeze".into()))
+        let shape = x.shape();
+        match axes.as_deref() {
+            Some(axes) => {
+                let ax = norm_axes(axes, shape.len())?;
+                if let Some(&a) = ax.iter().find(|&&a| shape.get(a) != Some(&1)) {
+                    let n = shape.get(a).copied().unwrap_or(0);
+                    return Err(OpError::Shape(format!("squeeze: axis {a} has size {n}, not 1")));
+                }
+                Ok(shape
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !ax.contains(i))
+                    .map(|(_, &d)| d)
+                    .collect())
+            }
+            None => Ok(shape.iter().copied().filter(|&d| d != 1).collect()),
+        }
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -327,14 +376,20 @@ fn unsqueeze_dims(shape: &[Dim], axes: &[i64]) -> Result<Vec<Dim>> {
 }
 
 impl Unsqueeze {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         one(args.tensor(0)?.clone().reshape(self.view_shape(args)?)?)
     }
     /// The output's shape (the output is input 0's elements under it).
-    pub fn view_shape(&self, args: &Args<'_>) -> Result<Vec<usize>> {
+    pub fn view_shape(&self, args: &Args<'_>) -> Result<kiln_tensor::Shape> {
         let x = args.tensor(0)?;
         let axes = ints_from(&self.axes, args, 1, "axes")?.ok_or(OpError::MissingInput { index: 1 })?;
-        Ok(fixed_of(&unsqueeze_dims(&fixed_dims(x.shape()), &axes)?).unwrap_or_default())
+        let rank = x.rank() + axes.len();
+        let ax = norm_axes(&axes, rank)?;
+        let mut src = x.shape().iter();
+        (0..rank)
+            .map(|i| if ax.contains(&i) { Some(1) } else { src.next().copied() })
+            .collect::<Option<kiln_tensor::Shape>>()
+            .ok_or_else(|| OpError::Shape("unsqueeze".into()))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -351,7 +406,7 @@ impl Unsqueeze {
 pub struct Expand;
 
 impl Expand {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let spec = read_i64s(args.tensor(1)?, "shape")?;
         let spec: Vec<usize> = spec
@@ -397,7 +452,7 @@ impl ConstantOfShape {
             None => Ok(Tensor::scalar(0f32)),
         }
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let spec = read_i64s(args.tensor(0)?, "shape")?;
         let shape: Vec<usize> = spec
             .iter()
@@ -448,7 +503,7 @@ fn range_len(start: f64, limit: f64, delta: f64) -> Result<usize> {
 }
 
 impl Range {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (s, l, d) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let dtype = s.dtype();
         for t in [l, d] {
@@ -532,7 +587,7 @@ fn cast_i64(t: &Tensor, dtype: DType) -> Result<Tensor> {
         DType::U64 => Data::U64(v.iter().map(|&x| x as u64).collect()),
         d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
     };
-    Ok(Tensor::new(dtype, t.shape().to_vec(), data)?)
+    Ok(Tensor::new(dtype, t.shape(), data)?)
 }
 
 /// ONNX `Identity` (opsets 1-25): passes any value (tensor, sequence, optional) through.
@@ -540,9 +595,9 @@ fn cast_i64(t: &Tensor, dtype: DType) -> Result<Tensor> {
 pub struct Identity;
 
 impl Identity {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let v = args.value(0).ok_or(OpError::MissingInput { index: 0 })?;
-        Ok(vec![v.clone()])
+        Ok(smallvec::smallvec![v.clone()])
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![crate::util::input_type(inputs, 0)])
@@ -558,7 +613,7 @@ pub struct EyeLike {
 }
 
 impl EyeLike {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let dtype = self.dtype.unwrap_or(x.dtype());
         let (r, c) = match *x.shape() {

@@ -64,7 +64,7 @@ fn topk_perm<T: PartialOrd>(v: &[T], outer: usize, n: usize, inner: usize, k: us
 }
 
 impl TopK {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let k = match self.k {
             Some(k) => k,
@@ -88,7 +88,7 @@ impl TopK {
         let mut shape = x.shape().to_vec();
         shape[axis] = k;
         let ind: Vec<i64> = src.iter().map(|&f| ((f / inner) % n.max(1)) as i64).collect();
-        Ok(vec![
+        Ok(smallvec::smallvec![
             Value::Tensor(x.gather_flat(shape.clone(), &src)?),
             Value::Tensor(Tensor::from_vec(shape, ind)?),
         ])
@@ -167,7 +167,7 @@ fn unique_groups<T: PartialOrd>(
 }
 
 impl Unique {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let (shape, axis) = match self.axis {
             Some(a) => (x.shape().to_vec(), norm_axis(a, x.rank())?),
@@ -191,7 +191,7 @@ impl Unique {
             counts[g] += 1;
         }
         let k = firsts.len();
-        Ok(vec![
+        Ok(smallvec::smallvec![
             Value::Tensor(x.gather_flat(out_shape, &src)?),
             Value::Tensor(Tensor::from_vec(
                 vec![k],
@@ -266,7 +266,7 @@ fn cumulate<T: Num>(
     Ok(out)
 }
 
-fn cum_eval(args: &Args<'_>, prod: bool, exclusive: bool, reverse: bool) -> Result<Vec<Value>> {
+fn cum_eval(args: &Args<'_>, prod: bool, exclusive: bool, reverse: bool) -> Result<crate::Outputs> {
     let x = args.tensor(0)?;
     let axis = norm_axis(read_i64(args.tensor(1)?, "axis")?, x.rank())?;
     let n = x.shape()[axis];
@@ -277,7 +277,7 @@ fn cum_eval(args: &Args<'_>, prod: bool, exclusive: bool, reverse: bool) -> Resu
 }
 
 impl CumSum {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         cum_eval(args, false, self.exclusive, self.reverse)
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -286,7 +286,7 @@ impl CumSum {
 }
 
 impl CumProd {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         cum_eval(args, true, self.exclusive, self.reverse)
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -407,7 +407,7 @@ impl Col2Im {
             pad_begin: pads[..nd].to_vec(),
         })
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let image = read_i64s(args.tensor(1)?, "image_shape")?;
         let block = read_i64s(args.tensor(2)?, "block_shape")?;

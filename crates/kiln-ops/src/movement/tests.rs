@@ -3,10 +3,10 @@
 use super::*;
 
 fn f32t(shape: &[usize], v: &[f32]) -> Tensor {
-    Tensor::from_vec(shape.to_vec(), v.to_vec()).unwrap()
+    Tensor::from_vec(shape, v.to_vec()).unwrap()
 }
 fn i64t(shape: &[usize], v: &[i64]) -> Tensor {
-    Tensor::from_vec(shape.to_vec(), v.to_vec()).unwrap()
+    Tensor::from_vec(shape, v.to_vec()).unwrap()
 }
 
 /// Evaluates `op` on tensor inputs (`None` = absent).

@@ -155,12 +155,12 @@ impl Conv {
         })
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         if self.channels_last {
             return self.eval_channels_last(args);
         }
         if let Some(info) = self.winograd {
-            return Ok(vec![self.eval_winograd(args, info)?.into()]);
+            return Ok(smallvec::smallvec![self.eval_winograd(args, info)?.into()]);
         }
         let x = args.tensor(0)?;
         let w = args.tensor(1)?;
@@ -176,16 +176,18 @@ impl Conv {
             return self.eval_residual(args, r, act);
         }
         if let Some(y) = self.depthwise_f32(x, w, b, act)? {
-            return Ok(vec![y.into()]);
+            return Ok(smallvec::smallvec![y.into()]);
         }
         if let Some(y) = self.gemm2d_f32(x, w, b, act, None)? {
-            return Ok(vec![y.into()]);
+            return Ok(smallvec::smallvec![y.into()]);
         }
         let (y, act_done) = float_dispatch!(x.dtype(), 0, conv_run(self, x, w, b, act))?;
         if act_done {
-            return Ok(vec![y.into()]);
+            return Ok(smallvec::smallvec![y.into()]);
         }
-        Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
+        Ok(smallvec::smallvec![
+            activation::apply(self.activation.as_ref(), y)?.into()
+        ])
     }
 
     /// The Winograd path (see [`Conv::winograd`]): f32 X `[N, c, H, W]` (or `[N, H, W, c]`
@@ -226,10 +228,10 @@ impl Conv {
         let pads = pads_attr(&self.pads, 2)?;
         let gh = window_geom(ih, 3, 1, 1, pads[0], pads[2], self.auto_pad, false)?;
         let gw = window_geom(iw, 3, 1, 1, pads[1], pads[3], self.auto_pad, false)?;
-        let shape = if self.channels_last {
-            vec![batch, gh.out, gw.out, m]
+        let shape: kiln_tensor::Shape = if self.channels_last {
+            kiln_tensor::smallvec::smallvec![batch, gh.out, gw.out, m]
         } else {
-            vec![batch, m, gh.out, gw.out]
+            kiln_tensor::smallvec::smallvec![batch, m, gh.out, gw.out]
         };
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
@@ -272,10 +274,15 @@ impl Conv {
     /// `activation(conv(X, W, B) + R)`, R the residual input 3 that the compiler fuses in from
     /// a following Add (same shape as the output). The f32 2-D path adds it in the GEMM's
     /// epilogue; others add it after, with the Add op's own evaluation.
-    fn eval_residual(&self, args: &Args<'_>, r: &Tensor, act: Option<kiln_kernels::sgemm::Act>) -> Result<Vec<Value>> {
+    fn eval_residual(
+        &self,
+        args: &Args<'_>,
+        r: &Tensor,
+        act: Option<kiln_kernels::sgemm::Act>,
+    ) -> Result<crate::Outputs> {
         let (x, w, b) = (args.tensor(0)?, args.tensor(1)?, args.opt_tensor(2)?);
         if let Some(y) = self.gemm2d_f32(x, w, b, act, Some(r))? {
-            return Ok(vec![y.into()]);
+            return Ok(smallvec::smallvec![y.into()]);
         }
         let plain = Conv {
             activation: None,
@@ -299,7 +306,9 @@ impl Conv {
             legacy_axis: None,
         };
         let sum = add.eval(y, r)?;
-        Ok(vec![activation::apply(self.activation.as_ref(), sum)?.into()])
+        Ok(smallvec::smallvec![
+            activation::apply(self.activation.as_ref(), sum)?.into()
+        ])
     }
 
     /// The f32 2-D path: per (image, group), the im2col matrix is built directly as packed
@@ -336,7 +345,7 @@ impl Conv {
             return Ok(None);
         };
         let (kdim, osz, mg) = (geo.k(), geo.n(), m / g);
-        let shape = vec![batch, m, geo.oh, geo.ow];
+        let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![batch, m, geo.oh, geo.ow];
         let rd = f32_residual(residual, &shape)?;
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
@@ -540,7 +549,7 @@ impl Conv {
             dilations,
             pad_begin: [gh.pad_begin, gw.pad_begin],
         };
-        let shape = vec![xs[0], c, gh.out, gw.out];
+        let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![xs[0], c, gh.out, gw.out];
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
@@ -867,13 +876,13 @@ impl ConvTranspose {
         Ok((out, pad_begin))
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let w = args.tensor(1)?;
         let b = args.opt_tensor(2)?;
         check_float(x, 0)?;
         let y = float_dispatch!(x.dtype(), 0, conv_transpose_run(self, x, w, b))?;
-        Ok(vec![y.into()])
+        Ok(smallvec::smallvec![y.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -987,11 +996,11 @@ pub struct DeformConv {
 }
 
 impl DeformConv {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         check_float(x, 0)?;
         let y = float_dispatch!(x.dtype(), 0, deform_run(self, args))?;
-        Ok(vec![y.into()])
+        Ok(smallvec::smallvec![y.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

@@ -139,11 +139,11 @@ pub(super) fn type_to_last(t: ValueType) -> ValueType {
 }
 
 /// The first output of a channels-first evaluation, transposed to channels-last.
-pub(super) fn output_to_last(y: Vec<Value>, what: &str) -> Result<Vec<Value>> {
+pub(super) fn output_to_last(y: crate::Outputs, what: &str) -> Result<crate::Outputs> {
     let y = y
         .first()
         .ok_or_else(|| OpError::Value(format!("{what} produced no output")))?;
-    Ok(vec![transpose(y, TO_LAST)?])
+    Ok(smallvec::smallvec![transpose(y, TO_LAST)?])
 }
 
 /// X, W, the bias and the residual, and whether all present ones are f32.
@@ -367,9 +367,9 @@ impl kiln_kernels::simd::Kernel for FillColumns<'_> {
 
 impl Conv {
     /// The channels-last evaluation (see the module docs).
-    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         if let Some(info) = self.winograd {
-            return Ok(vec![self.eval_winograd(args, info)?.into()]);
+            return Ok(smallvec::smallvec![self.eval_winograd(args, info)?.into()]);
         }
         let x = args.tensor(0)?;
         if x.rank() != 4 {
@@ -381,12 +381,12 @@ impl Conv {
         if let Some(pw) = self.packed
             && self.group.max(1) == 1
         {
-            return Ok(vec![self.packed_nhwc(args, pw)?.into()]);
+            return Ok(smallvec::smallvec![self.packed_nhwc(args, pw)?.into()]);
         }
         if !self.x_channels_first
             && let Some(y) = self.depthwise_nhwc(args)?
         {
-            return Ok(vec![y.into()]);
+            return Ok(smallvec::smallvec![y.into()]);
         }
         // The reference: the channels-first evaluation between transposes.
         let (Some(xv), Some(wv)) = (args.value(0), args.value(1)) else {
@@ -488,7 +488,7 @@ impl Conv {
                 pk.c, pk.kh, pk.kw
             ))
         })?;
-        let shape = vec![geo.batch, geo.oh, geo.ow, m];
+        let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![geo.batch, geo.oh, geo.ow, m];
         let rd = f32_residual(r, &shape)?;
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
@@ -635,7 +635,7 @@ impl Conv {
         }
         let geo = self.geometry_nhwc(xs, c, 1, kh, kw)?;
         let dw = geo.depthwise();
-        let shape = vec![geo.batch, geo.oh, geo.ow, c];
+        let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![geo.batch, geo.oh, geo.ow, c];
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
@@ -678,11 +678,11 @@ pub(super) mod tests {
     }
 
     fn tensor(shape: &[usize], v: &[f32]) -> Value {
-        Value::Tensor(Tensor::from_vec(shape.to_vec(), v.to_vec()).unwrap())
+        Value::Tensor(Tensor::from_vec(shape, v.to_vec()).unwrap())
     }
 
     fn f64s(shape: &[usize], v: &[f32]) -> Value {
-        Value::Tensor(Tensor::from_vec(shape.to_vec(), v.iter().map(|&a| a as f64).collect::<Vec<_>>()).unwrap())
+        Value::Tensor(Tensor::from_vec(shape, v.iter().map(|&a| a as f64).collect::<Vec<_>>()).unwrap())
     }
 
     /// `[N, C, H, W]` data as `[N, H, W, C]`.

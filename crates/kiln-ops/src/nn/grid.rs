@@ -78,7 +78,7 @@ impl GridSample {
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let grid = args.tensor(1)?;
         check_float(grid, 1)?;
@@ -172,7 +172,7 @@ impl GridSample {
                 }
             }
         }
-        Ok(vec![Value::Tensor(from_f64s(x.dtype(), yshape, &y)?)])
+        Ok(smallvec::smallvec![Value::Tensor(from_f64s(x.dtype(), yshape, &y)?)])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -218,7 +218,7 @@ pub struct AffineGrid {
 }
 
 impl AffineGrid {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let theta = args.tensor(0)?;
         check_float(theta, 0)?;
         let size = util::read_i64s(args.tensor(1)?, "size")?;
@@ -263,7 +263,11 @@ impl AffineGrid {
                 super::pool::step(&mut idx, sp);
             }
         }
-        Ok(vec![Value::Tensor(from_f64s(theta.dtype(), yshape, &y)?)])
+        Ok(smallvec::smallvec![Value::Tensor(from_f64s(
+            theta.dtype(),
+            yshape,
+            &y
+        )?)])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -302,7 +306,7 @@ pub struct RoiAlign {
 }
 
 impl RoiAlign {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let rois = args.tensor(1)?;
         let bi = args.tensor(2)?;
@@ -415,7 +419,7 @@ impl RoiAlign {
                 }
             }
         }
-        Ok(vec![Value::Tensor(from_f64s(x.dtype(), yshape, &y)?)])
+        Ok(smallvec::smallvec![Value::Tensor(from_f64s(x.dtype(), yshape, &y)?)])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

@@ -11,7 +11,7 @@ use crate::error::{OpError, Result};
 use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
 use kiln_kernels::gemm::{GemmScalar, MatLayout, gemm};
-use kiln_tensor::{DType, Element, Tensor};
+use kiln_tensor::{DType, Element, Shape, Tensor};
 
 /// `MatMul`: numpy `matmul` (batch broadcasting; 1-D operands are promoted and the added dim
 /// removed).
@@ -39,21 +39,21 @@ pub struct PackedWeight {
 
 /// The shapes of a matmul: promoted operand shapes, batch shape, (m, k, n), output shape.
 struct MatMulPlan {
-    a_batch: Vec<usize>,
-    b_batch: Vec<usize>,
-    batch: Vec<usize>,
+    a_batch: Shape,
+    b_batch: Shape,
+    batch: Shape,
     m: usize,
     k: usize,
     n: usize,
-    out: Vec<usize>,
+    out: Shape,
 }
 
 fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatMulPlan> {
     if a.is_empty() || b.is_empty() {
         return Err(OpError::Shape("MatMul operands must have rank >= 1".into()));
     }
-    let mut pa = a.to_vec();
-    let mut pb = b.to_vec();
+    let mut pa = Shape::from_slice(a);
+    let mut pb = Shape::from_slice(b);
     if pa.len() == 1 {
         pa.insert(0, 1);
     }
@@ -65,8 +65,8 @@ fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatMulPlan> {
     if k != k2 {
         return Err(OpError::Shape(format!("MatMul inner dims differ: {a:?} x {b:?}")));
     }
-    let a_batch = pa[..pa.len() - 2].to_vec();
-    let b_batch = pb[..pb.len() - 2].to_vec();
+    let a_batch = Shape::from_slice(&pa[..pa.len() - 2]);
+    let b_batch = Shape::from_slice(&pb[..pb.len() - 2]);
     let batch = kiln_tensor::broadcast_shapes(&a_batch, &b_batch)?;
     let mut out = batch.clone();
     if a.len() > 1 {
@@ -172,7 +172,7 @@ fn epilogue_bias(t: &Tensor, n: usize, out_rank: usize) -> Option<&[f32]> {
 }
 
 impl MatMul {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let a = args.tensor(0)?;
         let b = args.tensor(1)?;
         if a.dtype() != b.dtype() {
@@ -200,7 +200,7 @@ impl MatMul {
                 };
                 let (y, fused) = matmul_float::<f32>(&p, a, b, ep)?;
                 if fused {
-                    return Ok(vec![y.into()]);
+                    return Ok(smallvec::smallvec![y.into()]);
                 }
                 return self.finish(y, bias);
             }
@@ -219,7 +219,7 @@ impl MatMul {
 
     /// The product with a prepacked B (f32 only): every matrix of A's batch against the same
     /// panels, a bias along the last axis and the activation in the kernels' epilogue.
-    fn eval_packed(&self, pk: &PackedWeight, a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Vec<Value>> {
+    fn eval_packed(&self, pk: &PackedWeight, a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<crate::Outputs> {
         use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, sgemm};
         let bad = |what: String| OpError::Value(format!("MatMul with a packed weight: {what}"));
         let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| bad(format!("unknown packing '{}'", pk.layout)))?;
@@ -235,8 +235,7 @@ impl MatMul {
         if m == usize::MAX || (ashape.len() == 1 && ashape != [k]) {
             return Err(OpError::Shape(format!("MatMul: A {ashape:?} against a {k}x{n} weight")));
         }
-        let mut out = Vec::with_capacity(ashape.len().max(1));
-        out.extend_from_slice(batch);
+        let mut out = Shape::from_slice(batch);
         if ashape.len() >= 2 {
             out.push(m);
         }
@@ -266,13 +265,13 @@ impl MatMul {
         }
         let y = Tensor::from_vec(out, y)?;
         if fuse {
-            return Ok(vec![y.into()]);
+            return Ok(smallvec::smallvec![y.into()]);
         }
         self.finish(y, bias)
     }
 
     /// The bias and activation after a plain product.
-    fn finish(&self, y: Tensor, bias: Option<&Tensor>) -> Result<Vec<Value>> {
+    fn finish(&self, y: Tensor, bias: Option<&Tensor>) -> Result<crate::Outputs> {
         let y = match bias {
             Some(bias) => Binary {
                 op: BinaryOp::Add,
@@ -281,7 +280,9 @@ impl MatMul {
             .eval(&y, bias)?,
             None => y,
         };
-        Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
+        Ok(smallvec::smallvec![
+            activation::apply(self.activation.as_ref(), y)?.into()
+        ])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -384,11 +385,25 @@ impl Gemm {
         if let Some(c) = c
             && self.beta != 0.0
         {
-            let map = util::broadcast_map(c.shape(), &[m, n])?;
             let cd = super::floats::<T>(c, 2)?;
             let beta = T::from_f64(self.beta as f64);
-            for (v, &i) in y.iter_mut().zip(&map) {
-                *v += beta * cd[i];
+            // The usual C, a row of n biases or a full [m, n], is added in place; other
+            // broadcasts go through an index map.
+            match c.shape() {
+                [cn] | [1, cn] if *cn == n && n > 0 => {
+                    for row in y.chunks_exact_mut(n) {
+                        row.iter_mut().zip(cd.iter()).for_each(|(v, &b)| *v += beta * b);
+                    }
+                }
+                [cm, cn] if (*cm, *cn) == (m, n) => {
+                    y.iter_mut().zip(cd.iter()).for_each(|(v, &b)| *v += beta * b);
+                }
+                _ => {
+                    let map = util::broadcast_map(c.shape(), &[m, n])?;
+                    for (v, &i) in y.iter_mut().zip(&map) {
+                        *v += beta * cd[i];
+                    }
+                }
             }
         }
         Ok(y)
@@ -430,14 +445,16 @@ impl Gemm {
         Ok((m, n, self.scale_and_add(y, c, m, n)?))
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let a = args.tensor(0)?;
         let b = args.tensor(1)?;
         let c = args.opt_tensor(2)?;
         if let Some(pk) = &self.packed_b {
             let (m, n, y) = self.run_packed(pk, a, b, c)?;
-            let y = Tensor::from_vec(vec![m, n], y)?;
-            return Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()]);
+            let y = Tensor::from_vec([m, n].as_slice(), y)?;
+            return Ok(smallvec::smallvec![
+                activation::apply(self.activation.as_ref(), y)?.into()
+            ]);
         }
         let (m, _, n) = self.dims(a.shape(), b.shape())?;
         let y = match a.dtype() {
@@ -445,14 +462,16 @@ impl Gemm {
             DType::F64 => from_floats(a.dtype(), vec![m, n], self.run::<f64>(a, b, c)?)?,
             DType::I32 | DType::I64 | DType::U32 | DType::U64 => {
                 // Integer Gemm: exact for the magnitudes f64 holds.
-                let conv = |t: &Tensor| Tensor::from_vec(t.shape().to_vec(), t.to_f64_vec());
+                let conv = |t: &Tensor| Tensor::from_vec(t.shape(), t.to_f64_vec());
                 let (af, bf) = (conv(a)?, conv(b)?);
                 let cf = c.map(conv).transpose()?;
                 from_f64s(a.dtype(), vec![m, n], &self.run::<f64>(&af, &bf, cf.as_ref())?)?
             }
             d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
         };
-        Ok(vec![activation::apply(self.activation.as_ref(), y)?.into()])
+        Ok(smallvec::smallvec![
+            activation::apply(self.activation.as_ref(), y)?.into()
+        ])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -631,7 +650,7 @@ impl Einsum {
         )
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let ts = args.tensors()?;
         let Some(first) = ts.first() else {
             return Err(OpError::MissingInput { index: 0 });
@@ -688,7 +707,7 @@ impl Einsum {
             *yv = acc;
             super::pool::step(&mut oi, &out_shape);
         }
-        Ok(vec![Value::Tensor(from_f64s(dtype, out_shape, &y)?)])
+        Ok(smallvec::smallvec![Value::Tensor(from_f64s(dtype, out_shape, &y)?)])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -711,7 +730,7 @@ mod tests {
     use super::*;
 
     fn t(shape: &[usize], v: Vec<f32>) -> Value {
-        Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap())
+        Value::Tensor(Tensor::from_vec(shape, v).unwrap())
     }
 
     #[test]

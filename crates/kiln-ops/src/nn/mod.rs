@@ -7,7 +7,7 @@
 
 use crate::error::{OpError, Result};
 use crate::util;
-use crate::value::{Args, Dim, InferInput, TensorType, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, TensorType, ValueType};
 use kiln_kernels::gemm::GemmScalar;
 use kiln_kernels::gemm::MatLayout;
 use kiln_tensor::{DType, Element, Tensor, bf16, f16};
@@ -103,7 +103,7 @@ impl NnOp {
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         match self {
             NnOp::Conv(op) => op.eval(args),
             NnOp::ConvTranspose(op) => op.eval(args),
@@ -340,7 +340,8 @@ pub(crate) fn floats<T: Real>(t: &Tensor, index: usize) -> Result<Cow<'_, [T]>> 
 }
 
 /// Builds a float tensor of `dtype` from values computed in `T`.
-pub(crate) fn from_floats<T: Real>(dtype: DType, shape: Vec<usize>, v: Vec<T>) -> Result<Tensor> {
+pub(crate) fn from_floats<T: Real>(dtype: DType, shape: impl Into<kiln_tensor::Shape>, v: Vec<T>) -> Result<Tensor> {
+    let shape: kiln_tensor::Shape = shape.into();
     if dtype == T::DTYPE {
         return Ok(Tensor::from_vec(shape, v)?);
     }
@@ -360,7 +361,8 @@ pub(crate) fn from_floats<T: Real>(dtype: DType, shape: Vec<usize>, v: Vec<T>) -
 }
 
 /// Builds a tensor of any numeric `dtype` from f64 values (integers saturate, NaN gives 0).
-pub(crate) fn from_f64s(dtype: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tensor> {
+pub(crate) fn from_f64s(dtype: DType, shape: impl Into<kiln_tensor::Shape>, v: &[f64]) -> Result<Tensor> {
+    let shape: kiln_tensor::Shape = shape.into();
     macro_rules! ints {
         ($t:ty) => {
             Tensor::from_vec(

@@ -44,7 +44,7 @@ fn suppress(a: &[f64], b: &[f64], center: bool, iou_threshold: f64) -> bool {
 }
 
 impl NonMaxSuppression {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let boxes = args.tensor(0)?;
         let scores = args.tensor(1)?;
         check_float(boxes, 0)?;
@@ -97,7 +97,10 @@ impl NonMaxSuppression {
             }
         }
         let rows = out.len() / 3;
-        Ok(vec![Value::Tensor(Tensor::from_vec(vec![rows, 3], out)?)])
+        Ok(smallvec::smallvec![Value::Tensor(Tensor::from_vec(
+            vec![rows, 3],
+            out
+        )?)])
     }
 
     pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

@@ -25,7 +25,7 @@ use super::conv::{Conv, f32_bias};
 use super::depthwise::split_act;
 use super::numel;
 use crate::error::{OpError, Result};
-use crate::value::{Args, InferInput, Value, ValueType};
+use crate::value::{Args, InferInput, ValueType};
 use kiln_kernels::sgemm::{AMatrix, act_slice};
 use kiln_tensor::{DType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,9 +56,9 @@ thread_local! {
 static CALLS: AtomicU64 = AtomicU64::new(1);
 
 impl PointwiseDepthwise {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         if let Some(y) = self.fused(args)? {
-            return Ok(vec![y.into()]);
+            return Ok(smallvec::smallvec![y.into()]);
         }
         let pw = [args.value(0), args.value(1), args.value(2)];
         let mid = self
@@ -144,7 +144,7 @@ impl PointwiseDepthwise {
         let slots = (geo.kh.max(1) - 1) * geo.dh + 1;
         let row_len = iw * e;
         numel(&[slots, row_len])?;
-        let shape = vec![batch, geo.oh, geo.ow, e];
+        let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![batch, geo.oh, geo.ow, e];
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&shape)?);
         let xd = x.as_slice::<f32>()?;

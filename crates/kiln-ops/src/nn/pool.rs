@@ -183,7 +183,7 @@ fn pool2d_f32(
 }
 
 impl Pool {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         if self.channels_last {
             return self.eval_channels_last(args);
         }
@@ -251,7 +251,7 @@ impl Pool {
             yshape.extend(&out);
             numel(&yshape)?;
             let y = pool2d_f32(self.kind, xv, planes, [geo[0], geo[1]], [out[0], out[1]]);
-            return Ok(vec![Value::Tensor(Tensor::from_vec(yshape, y)?)]);
+            return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_vec(yshape, y)?)]);
         }
         let isz = numel(spatial)?;
         let osz = numel(&out)?;
@@ -350,7 +350,7 @@ impl Pool {
         if matches!(self.kind, PoolKind::Max { .. }) {
             res.push(Value::Tensor(Tensor::from_vec(yshape, idx_out)?));
         }
-        Ok(res)
+        Ok(res.into())
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -451,7 +451,7 @@ impl GlobalPool {
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         if self.channels_last {
             return self.eval_channels_last(args);
         }
@@ -466,7 +466,7 @@ impl GlobalPool {
         }
         let planes = xs[0] * xs[1];
         let isz = numel(&xs[2..])?;
-        let mut yshape = xs[..2].to_vec();
+        let mut yshape = kiln_tensor::Shape::from_slice(&xs[..2]);
         yshape.extend(std::iter::repeat_n(1, xs.len() - 2));
         // Each plane reduced in f64; f32 is read in place (no widened copy of X).
         if let Ok(xd) = x.as_slice::<f32>() {
@@ -478,14 +478,14 @@ impl GlobalPool {
                     kind => kind.reduce(s.iter().map(|&v| f64::from(v)), isz) as f32,
                 })
                 .collect();
-            return Ok(vec![Value::Tensor(Tensor::from_vec(yshape, y)?)]);
+            return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_vec(yshape, y)?)]);
         }
         let xd = x.to_f64_vec();
         let y: Vec<f64> = (0..planes)
             .map(|p| xd.get(p * isz..(p + 1) * isz).unwrap_or(&[]))
             .map(|s| self.kind.reduce(s.iter().copied(), isz))
             .collect();
-        Ok(vec![Value::Tensor(from_f64s(x.dtype(), yshape, &y)?)])
+        Ok(smallvec::smallvec![Value::Tensor(from_f64s(x.dtype(), yshape, &y)?)])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -539,7 +539,7 @@ impl MaxUnpool {
         Ok(s)
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let ind = args.tensor(1)?;
         let xs = x.shape();
@@ -589,7 +589,7 @@ impl MaxUnpool {
             y[off] = v;
             step(&mut mi, &inferred);
         }
-        Ok(vec![Value::Tensor(from_f64s(x.dtype(), out_shape, &y)?)])
+        Ok(smallvec::smallvec![Value::Tensor(from_f64s(x.dtype(), out_shape, &y)?)])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -618,11 +618,12 @@ impl MaxUnpool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
     fn run(op: &Pool, x: Tensor) -> Vec<Value> {
         let xv = Value::Tensor(x);
         let ins = [Some(&xv)];
-        op.eval(&Args::new(&ins)).unwrap()
+        op.eval(&Args::new(&ins)).unwrap().into_vec()
     }
 
     fn pool(kind: PoolKind) -> Pool {

@@ -20,17 +20,13 @@ use kiln_tensor::{DType, Tensor};
 type Dim1 = (usize, usize, usize, usize, usize);
 
 impl Pool {
-    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let &[n, ih, iw, c] = x.shape() else {
             return Err(OpError::Shape(format!(
                 "channels-last pooling needs X [N, H, W, C], got {:?}",
                 x.shape()
             )));
-        };
-        let first = Pool {
-            channels_last: false,
-            ..self.clone()
         };
         if let (PoolKind::Max { .. }, DType::F32, &[kh, kw]) = (self.kind, x.dtype(), self.kernel_shape.as_slice()) {
             let strides = spatial_attr(&self.strides, 2, 1, "strides")?;
@@ -49,7 +45,7 @@ impl Pool {
                 )
             };
             let (gh, gw) = (geo(0, ih, kh)?, geo(1, iw, kw)?);
-            let shape = vec![n, gh.out, gw.out, c];
+            let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![n, gh.out, gw.out, c];
             // Every element is written below: a recycled buffer needs no clearing.
             let mut y = kiln_kernels::recycle::take(numel(&shape)?);
             let rows = [
@@ -57,8 +53,12 @@ impl Pool {
                 (iw, kw, strides[1], dil[1], gw.pad_begin),
             ];
             max_nhwc(x.as_slice::<f32>()?, [gh.out, gw.out], c, rows, &mut y);
-            return Ok(vec![Value::Tensor(Tensor::from_vec(shape, y)?)]);
+            return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_vec(shape, y)?)]);
         }
+        let first = Pool {
+            channels_last: false,
+            ..self.clone()
+        };
         let xv = args.value(0).ok_or(OpError::MissingInput { index: 0 })?;
         let xt = transpose(xv, TO_FIRST)?;
         output_to_last(first.eval(&Args::new(&[Some(&xt)]).with_wanted(1))?, "pooling")
@@ -87,7 +87,7 @@ impl GlobalPool {
     /// `[N, 1, .., 1, C]`. f32 Average and Max read X once, row by row, vectorised over the
     /// channels (Average accumulates in f32 lanes, then scales); other kinds and types reduce
     /// each channel's strided plane in f64, as the channels-first evaluation does.
-    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let xs = x.shape();
         let &[n, ref mid @ .., c] = xs else {
@@ -96,7 +96,7 @@ impl GlobalPool {
             )));
         };
         let plane = numel(mid)?;
-        let shape: Vec<usize> = std::iter::once(n)
+        let shape: kiln_tensor::Shape = std::iter::once(n)
             .chain(mid.iter().map(|_| 1))
             .chain(std::iter::once(c))
             .collect();
@@ -129,7 +129,7 @@ impl GlobalPool {
                     out.iter_mut().for_each(|o| *o *= scale);
                 }
             }
-            return Ok(vec![Value::Tensor(Tensor::from_vec(shape, y)?)]);
+            return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_vec(shape, y)?)]);
         }
         let xd = x.to_f64_vec();
         let y: Vec<f64> = (0..n * c)
@@ -140,7 +140,11 @@ impl GlobalPool {
                 self.kind.reduce(vals, plane)
             })
             .collect();
-        Ok(vec![Value::Tensor(super::from_f64s(x.dtype(), shape, &y)?)])
+        Ok(smallvec::smallvec![Value::Tensor(super::from_f64s(
+            x.dtype(),
+            shape,
+            &y
+        )?)])
     }
 }
 
@@ -255,7 +259,7 @@ mod tests {
     use crate::nn::conv_nhwc::tests::to_last;
 
     fn eval(op: &Pool, shape: &[usize], v: Vec<f32>) -> Tensor {
-        let x = Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap());
+        let x = Value::Tensor(Tensor::from_vec(shape, v).unwrap());
         let out = op.eval(&Args::new(&[Some(&x)])).unwrap();
         out[0].as_tensor().unwrap().clone()
     }
@@ -378,7 +382,7 @@ mod tests {
                 ..first
             };
             let run = |op: &GlobalPool, shape: &[usize], v: Vec<f32>| {
-                let x = Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap());
+                let x = Value::Tensor(Tensor::from_vec(shape, v).unwrap());
                 op.eval(&Args::new(&[Some(&x)])).unwrap()[0]
                     .as_tensor()
                     .unwrap()

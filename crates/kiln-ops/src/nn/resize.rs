@@ -114,7 +114,7 @@ impl Resize {
         if self.axes.is_empty() {
             Ok((0..rank).collect())
         } else {
-            util::norm_axes(&self.axes, rank)
+            util::norm_axes(&self.axes, rank).map(|a| a.to_vec())
         }
     }
 
@@ -208,7 +208,7 @@ impl Resize {
         Ok(Geometry { scales, out, roi })
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         match x.dtype() {
             DType::String | DType::Bool => {
@@ -241,7 +241,7 @@ impl Resize {
             data = self.resize_axis(&data, &shape, a, g.scales[a], g.out[a], g.roi.as_ref().map(|r| r[a]))?;
             shape[a] = g.out[a];
         }
-        Ok(vec![Value::Tensor(from_f64s(x.dtype(), shape, &data)?)])
+        Ok(smallvec::smallvec![Value::Tensor(from_f64s(x.dtype(), shape, &data)?)])
     }
 
     /// Source coordinate of output index `y` along an axis.

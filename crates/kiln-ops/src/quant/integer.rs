@@ -12,7 +12,7 @@ use super::linear::{int_range, int_tensor};
 use crate::error::{OpError, Result};
 use crate::recurrent::num::{in_shape, round_to, tt};
 use crate::util::{broadcast_map, checked_numel};
-use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, ValueType};
 use kiln_tensor::{DType, Data, Tensor, broadcast_shapes, formats};
 
 /// Values of an 8-bit integer (or other quantized) tensor, with a dtype check.
@@ -76,7 +76,7 @@ fn matmul(a: &[f64], ashape: &[usize], b: &[f64], bshape: &[usize]) -> Result<(V
     if bshape.len() > 1 {
         shape.push(n);
     }
-    Ok((out, shape))
+    Ok((out, shape.to_vec()))
 }
 
 /// Static shape of numpy matmul.
@@ -127,14 +127,14 @@ fn sub_zero_point(v: &mut [f64], shape: &[usize], zp: Option<&Tensor>, vec_axis_
 pub struct MatMulInteger;
 
 impl MatMulInteger {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (a, b) = (args.tensor(0)?, args.tensor(1)?);
         let mut av = quant_values(a, 0, false)?;
         let mut bv = quant_values(b, 1, false)?;
         sub_zero_point(&mut av, a.shape(), args.opt_tensor(2)?, 2)?;
         sub_zero_point(&mut bv, b.shape(), args.opt_tensor(3)?, 1)?;
         let (y, shape) = matmul(&av, a.shape(), &bv, b.shape())?;
-        Ok(vec![
+        Ok(smallvec::smallvec![
             Tensor::from_vec(shape, y.iter().map(|&x| x as i32).collect::<Vec<i32>>())?.into(),
         ])
     }
@@ -180,7 +180,7 @@ fn pick(p: &[f64], i: usize, what: &str) -> Result<f64> {
 pub struct QLinearMatMul;
 
 impl QLinearMatMul {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (a, b) = (args.tensor(0)?, args.tensor(3)?);
         let (sa, sb, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
         let (za, zb, zy) = (args.opt_tensor(2)?, args.opt_tensor(5)?, args.opt_tensor(7)?);
@@ -218,7 +218,7 @@ impl QLinearMatMul {
             );
             y.push(cv * mult + pick(&zyv, 0, "y_zero_point")?);
         }
-        Ok(vec![requantize(odt, shape, y)?.into()])
+        Ok(smallvec::smallvec![requantize(odt, shape, y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -428,7 +428,7 @@ pub struct ConvInteger {
 }
 
 impl ConvInteger {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(1)?);
         let mut xv = quant_values(x, 0, false)?;
         let mut wv = quant_values(w, 1, false)?;
@@ -441,7 +441,7 @@ impl ConvInteger {
         }
         sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(3)?, "w_zero_point")?;
         let (y, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape())?;
-        Ok(vec![
+        Ok(smallvec::smallvec![
             Tensor::new(DType::I32, shape, Data::I32(y.iter().map(|&v| v as i32).collect()))?.into(),
         ])
     }
@@ -462,7 +462,7 @@ pub struct QLinearConv {
 }
 
 impl QLinearConv {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(3)?);
         let (sx, sw, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
         let mut xv = quant_values(x, 0, false)?;
@@ -505,7 +505,7 @@ impl QLinearConv {
             let mult = round_to(DType::F32, round_to(DType::F32, sx0 * pick(&swv, ch, "w_scale")?) / sy0);
             y.push(a * mult + zy0);
         }
-        Ok(vec![requantize(odt, shape, y)?.into()])
+        Ok(smallvec::smallvec![requantize(odt, shape, y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -520,6 +520,7 @@ impl QLinearConv {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
     #[test]
     fn matmul_integer_with_zero_points() {

@@ -8,7 +8,7 @@
 use crate::error::{OpError, Result};
 use crate::recurrent::num::{self, in_shape, is_ieee_float, round_to, tt};
 use crate::util::{input_dtype, norm_axis};
-use crate::value::{Args, InferInput, TensorType, Value, ValueType};
+use crate::value::{Args, InferInput, TensorType, ValueType};
 use kiln_tensor::{DType, Data, Tensor, formats};
 
 /// Integer range of an integer quantized type.
@@ -123,7 +123,7 @@ impl QuantizeLinear {
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, s) = (args.tensor(0)?, args.tensor(1)?);
         let zp = args.opt_tensor(2)?;
         let sdt = num::need_float(s, 1)?;
@@ -184,7 +184,7 @@ impl QuantizeLinear {
         } else {
             return Err(OpError::UnsupportedDType { index: 2, got: odt });
         };
-        Ok(vec![out.into()])
+        Ok(smallvec::smallvec![out.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -207,7 +207,7 @@ pub struct DequantizeLinear {
 }
 
 impl DequantizeLinear {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, s) = (args.tensor(0)?, args.tensor(1)?);
         let zp = args.opt_tensor(2)?;
         let sdt = num::need_float(s, 1)?;
@@ -247,7 +247,9 @@ impl DequantizeLinear {
                 round_to(odt, round_to(DType::F32, round_to(DType::F32, d) * sv[sidx[i]]))
             })
             .collect();
-        Ok(vec![num::float_tensor(odt, x.shape().to_vec(), y)?.into()])
+        Ok(smallvec::smallvec![
+            num::float_tensor(odt, x.shape().to_vec(), y)?.into()
+        ])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -262,7 +264,7 @@ impl DequantizeLinear {
 pub struct DynamicQuantizeLinear;
 
 impl DynamicQuantizeLinear {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let xv = x.as_slice::<f32>().map_err(|_| OpError::UnsupportedDType {
             index: 0,
@@ -276,8 +278,8 @@ impl DynamicQuantizeLinear {
             .iter()
             .map(|&v| ((v / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8)
             .collect();
-        Ok(vec![
-            Tensor::from_vec(x.shape().to_vec(), y)?.into(),
+        Ok(smallvec::smallvec![
+            Tensor::from_vec(x.shape(), y)?.into(),
             Tensor::scalar(scale).into(),
             Tensor::scalar(zp as u8).into(),
         ])
@@ -295,8 +297,9 @@ impl DynamicQuantizeLinear {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
-    fn run1(outs: Result<Vec<Value>>) -> Tensor {
+    fn run1(outs: Result<crate::Outputs>) -> Tensor {
         outs.unwrap().remove(0).as_tensor().unwrap().clone()
     }
 

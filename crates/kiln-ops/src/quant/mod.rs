@@ -2,7 +2,7 @@
 //! `DynamicQuantizeLinear`, `MatMulInteger`, `ConvInteger`, `QLinearMatMul`, `QLinearConv`.
 
 use crate::error::Result;
-use crate::value::{Args, InferInput, Value, ValueType};
+use crate::value::{Args, InferInput, ValueType};
 
 pub mod integer;
 pub mod linear;
@@ -47,7 +47,7 @@ impl QuantOp {
             QuantOp::QLinearConv(_) => "QLinearConv",
         }
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         each_op!(self, op => op.eval(args))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

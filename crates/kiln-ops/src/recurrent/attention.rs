@@ -11,7 +11,7 @@
 use super::num::{self, dim_add, dim_div, dim_mul, in_shape, round_to, tt};
 use crate::error::{OpError, Result};
 use crate::util::checked_numel;
-use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, ValueType};
 use kiln_tensor::{DType, Tensor};
 
 /// `Attention` with its attributes (ONNX defaults applied).
@@ -288,9 +288,9 @@ impl Attention {
         Ok(bias)
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         if let Some(y) = self.eval_f32(args)? {
-            return Ok(y);
+            return Ok(y.into());
         }
         let q_t = args.tensor(0)?;
         let dt = num::need_float(q_t, 0)?;
@@ -400,7 +400,7 @@ impl Attention {
         let pk = num::float_tensor(kdt, vec![b, hkv, t, d], h.k)?;
         let pv = num::float_tensor(vdt, vec![b, hkv, t, dv], h.v)?;
         let qk = num::float_tensor(dt, vec![b, hq, sq, t], qk_out)?;
-        Ok(vec![y_t.into(), pk.into(), pv.into(), qk.into()])
+        Ok(smallvec::smallvec![y_t.into(), pk.into(), pv.into(), qk.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -478,6 +478,7 @@ fn num_dtype(inputs: &[InferInput<'_>], i: usize) -> Option<DType> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
     fn att() -> Attention {
         Attention {

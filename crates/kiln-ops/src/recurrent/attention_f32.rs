@@ -26,7 +26,7 @@ thread_local! {
 
 impl Attention {
     /// Y for the fast case (see the module docs), `None` when the call is not of that kind.
-    pub(super) fn eval_f32(&self, args: &Args<'_>) -> Result<Option<Vec<Value>>> {
+    pub(super) fn eval_f32(&self, args: &Args<'_>) -> Result<Option<crate::Outputs>> {
         let (q, k, v) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let mask = args.opt_tensor(3)?;
         let f32s = |t: &Tensor| t.dtype() == DType::F32;
@@ -207,7 +207,10 @@ impl Attention {
                 v.shape()
             )));
         }
-        Ok(Some(vec![Value::Tensor(Tensor::from_vec(vec![b, sq, vw], y)?)]))
+        Ok(Some(smallvec::smallvec![Value::Tensor(Tensor::from_vec(
+            smallvec::smallvec![b, sq, vw],
+            y
+        )?)]))
     }
 }
 
@@ -238,9 +241,9 @@ mod tests {
             })
             .collect();
         let t = if f64s {
-            Tensor::from_vec(shape.to_vec(), v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())
+            Tensor::from_vec(shape, v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())
         } else {
-            Tensor::from_vec(shape.to_vec(), v)
+            Tensor::from_vec(shape, v)
         };
         Value::Tensor(t.unwrap())
     }

@@ -11,7 +11,7 @@
 use super::num::{self, dim_mul, in_shape, round_to, tt};
 use crate::error::{OpError, Result};
 use crate::util::checked_numel;
-use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, ValueType};
 use kiln_tensor::{DType, Tensor};
 
 fn sigmoid(x: f64) -> f64 {
@@ -29,7 +29,7 @@ pub struct RotaryEmbedding {
 }
 
 impl RotaryEmbedding {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let dt = num::need_float(x, 0)?;
         let (cos, sin) = (args.tensor(1)?, args.tensor(2)?);
@@ -138,7 +138,7 @@ impl RotaryEmbedding {
                 }
             }
         }
-        Ok(vec![num::float_tensor(dt, s.to_vec(), out)?.into()])
+        Ok(smallvec::smallvec![num::float_tensor(dt, s.to_vec(), out)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -153,7 +153,7 @@ pub struct SwiGlu {
 }
 
 impl SwiGlu {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (a, b) = (args.tensor(0)?, args.tensor(1)?);
         let dt = num::need_float(a, 0)?;
         if b.dtype() != dt {
@@ -176,7 +176,9 @@ impl SwiGlu {
                 round_to(dt, round_to(dt, x * sg) * y)
             })
             .collect();
-        Ok(vec![num::float_tensor(dt, a.shape().to_vec(), y)?.into()])
+        Ok(smallvec::smallvec![
+            num::float_tensor(dt, a.shape().to_vec(), y)?.into()
+        ])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -192,7 +194,7 @@ pub struct CausalConvWithState {
 }
 
 impl CausalConvWithState {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(1)?);
         let dt = num::need_float(x, 0)?;
         num::need_rank(x, 3, "input")?;
@@ -246,7 +248,7 @@ impl CausalConvWithState {
                 present[row * (k - 1)..(row + 1) * (k - 1)].copy_from_slice(&padded[pl - (k - 1)..]);
             }
         }
-        Ok(vec![
+        Ok(smallvec::smallvec![
             num::float_tensor(dt, vec![b, c, l], y)?.into(),
             num::float_tensor(dt, vec![b, c, k - 1], present)?.into(),
         ])
@@ -291,7 +293,7 @@ fn unpack(v: &[f64], t: usize, h: usize, d: usize) -> impl Fn(usize, usize, usiz
 }
 
 impl LinearAttention {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (q, k, v) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let dt = num::need_float(q, 0)?;
         for (t, n) in [(q, "query"), (k, "key"), (v, "value")] {
@@ -438,7 +440,7 @@ impl LinearAttention {
                 }
             }
         }
-        Ok(vec![
+        Ok(smallvec::smallvec![
             num::float_tensor(dt, vec![b, t, hq * dv], out)?.into(),
             num::float_tensor(sdt, state_shape.to_vec(), state)?.into(),
         ])
@@ -489,7 +491,7 @@ pub struct FlexAttention {
 }
 
 impl FlexAttention {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         self.eval_with(args, &mut |t| Ok(t), &mut |t| Ok(t))
     }
 
@@ -501,7 +503,7 @@ impl FlexAttention {
         args: &Args<'_>,
         score_mod: &mut dyn FnMut(Tensor) -> Result<Tensor>,
         prob_mod: &mut dyn FnMut(Tensor) -> Result<Tensor>,
-    ) -> Result<Vec<Value>> {
+    ) -> Result<crate::Outputs> {
         let (q, k, v) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let dt = num::need_float(q, 0)?;
         for (t, n) in [(q, "Q"), (k, "K"), (v, "V")] {
@@ -585,7 +587,9 @@ impl FlexAttention {
                 }
             }
         }
-        Ok(vec![num::float_tensor(v.dtype(), vec![b, hq, l, ev], y)?.into()])
+        Ok(smallvec::smallvec![
+            num::float_tensor(v.dtype(), vec![b, hq, l, ev], y)?.into()
+        ])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -602,9 +606,10 @@ impl FlexAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Value;
     use kiln_tensor::Tensor;
 
-    fn eval1(out: Result<Vec<Value>>) -> Vec<f64> {
+    fn eval1(out: Result<crate::Outputs>) -> Vec<f64> {
         out.unwrap()[0].as_tensor().unwrap().to_f64_vec()
     }
 

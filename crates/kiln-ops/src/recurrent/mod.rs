@@ -3,7 +3,7 @@
 //! `LinearAttention`, `CausalConvWithState` and `SwiGLU`.
 
 use crate::error::Result;
-use crate::value::{Args, InferInput, Value, ValueType};
+use crate::value::{Args, InferInput, ValueType};
 
 pub mod attention;
 mod attention_f32;
@@ -54,7 +54,7 @@ impl RecurrentOp {
             RecurrentOp::FlexAttention(_) => "FlexAttention",
         }
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         each_op!(self, op => op.eval(args))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

@@ -10,7 +10,7 @@
 use super::num::{self, in_shape, tt};
 use crate::error::{OpError, Result};
 use crate::util::checked_numel;
-use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, ValueType};
 use kiln_tensor::Tensor;
 
 /// An activation function of the recurrent ops, parameters resolved.
@@ -160,7 +160,7 @@ impl Recurrent {
         self.cell.name()
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x_t = args.tensor(0)?;
         let dt = num::need_float(x_t, 0)?;
         let (w_t, r_t) = (args.tensor(1)?, args.tensor(2)?);
@@ -423,7 +423,7 @@ impl Recurrent {
         if is_lstm {
             outs.push(state_out(yc)?.into());
         }
-        Ok(outs)
+        Ok(outs.into())
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -475,6 +475,7 @@ impl Recurrent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
     fn run(op: &Recurrent, inputs: Vec<Option<Tensor>>) -> Vec<Vec<f64>> {
         let vals: Vec<Option<Value>> = inputs.into_iter().map(|t| t.map(Value::Tensor)).collect();

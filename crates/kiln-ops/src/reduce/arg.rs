@@ -7,7 +7,7 @@
 use super::common::{self, is_ieee_float, is_plain_int};
 use crate::error::{OpError, Result};
 use crate::util;
-use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, ValueType};
 use kiln_tensor::{DType, Data, Tensor};
 
 /// ArgMax (`max`) or ArgMin.
@@ -44,7 +44,7 @@ impl ArgReduce {
         if self.max { "ArgMax" } else { "ArgMin" }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let shape = x.shape();
         let axis = util::norm_axis(self.axis, shape.len())?;
@@ -98,7 +98,9 @@ impl ArgReduce {
         } else {
             return Err(OpError::UnsupportedDType { index: 0, got: dtype });
         }
-        Ok(vec![Tensor::new(DType::I64, out_shape, Data::I64(out.into()))?.into()])
+        Ok(smallvec::smallvec![
+            Tensor::new(DType::I64, out_shape, Data::I64(out.into()))?.into()
+        ])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -123,6 +125,7 @@ impl ArgReduce {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
     fn run(op: &ArgReduce, x: Tensor) -> Tensor {
         let v = Value::Tensor(x);

@@ -11,7 +11,7 @@
 
 use super::common::{self, floats, from_f64};
 use crate::error::{OpError, Result};
-use crate::value::{Args, InferInput, Value, ValueType};
+use crate::value::{Args, InferInput, ValueType};
 use kiln_tensor::{DType, Data, Tensor};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -78,11 +78,11 @@ impl Dropout {
             let ones: Vec<f64> = keep.iter().map(|&k| if k { 1.0 } else { 0.0 }).collect();
             from_f64(x.dtype(), x.shape().to_vec(), &ones)
         } else {
-            Ok(Tensor::new(DType::Bool, x.shape().to_vec(), Data::Bool(keep.into()))?)
+            Ok(Tensor::new(DType::Bool, x.shape(), Data::Bool(keep.into()))?)
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let ratio = match self.ratio {
             Some(r) => r as f64,
@@ -114,7 +114,7 @@ impl Dropout {
         };
         if !training || ratio == 0.0 {
             let mask = self.mask_tensor(x, vec![true; x.len()])?;
-            return Ok(vec![x.clone().into(), mask.into()]);
+            return Ok(smallvec::smallvec![x.clone().into(), mask.into()]);
         }
         if !(0.0..1.0).contains(&ratio) {
             return Err(OpError::Value(format!("dropout ratio must be in [0, 1), got {ratio}")));
@@ -129,7 +129,7 @@ impl Dropout {
             .map(|(&a, &k)| if k { a * scale } else { 0.0 })
             .collect();
         let y = from_f64(x.dtype(), x.shape().to_vec(), &y)?;
-        Ok(vec![y.into(), self.mask_tensor(x, keep)?.into()])
+        Ok(smallvec::smallvec![y.into(), self.mask_tensor(x, keep)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -181,7 +181,7 @@ fn det(mut a: Vec<f64>, m: usize) -> f64 {
 }
 
 impl Det {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
         let shape = x.shape();
@@ -193,7 +193,9 @@ impl Det {
         let mm = m * m;
         let batch: usize = shape[..r - 2].iter().product();
         let out: Vec<f64> = (0..batch).map(|b| det(v[b * mm..(b + 1) * mm].to_vec(), m)).collect();
-        Ok(vec![from_f64(x.dtype(), shape[..r - 2].to_vec(), &out)?.into()])
+        Ok(smallvec::smallvec![
+            from_f64(x.dtype(), shape[..r - 2].to_vec(), &out)?.into()
+        ])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -214,6 +216,7 @@ impl Det {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
     #[test]
     fn mt19937_matches_numpy() {

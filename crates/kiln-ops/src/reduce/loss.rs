@@ -12,7 +12,7 @@
 use super::common::{self, floats, from_f64};
 use super::softmax::{SoftmaxKind, softmax_lane};
 use crate::error::{OpError, Result};
-use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, ValueType};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
 pub enum LossReduction {
@@ -38,7 +38,7 @@ impl Loss {
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let mut inp = floats(x, 0)?;
         let shape = x.shape();
@@ -118,7 +118,7 @@ impl Loss {
         if self.softmax {
             out.push(from_f64(dtype, shape.to_vec(), &inp)?.into());
         }
-        Ok(out)
+        Ok(out.into())
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -149,6 +149,7 @@ impl Loss {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::value::Value;
     use kiln_tensor::Tensor;
 
     fn run(op: &Loss, x: Tensor, t: Tensor, w: Option<Tensor>) -> Vec<Tensor> {

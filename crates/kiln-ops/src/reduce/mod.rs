@@ -19,7 +19,7 @@ pub use reduction::{Reduce, ReduceAxes, ReduceKind};
 pub use softmax::{Softmax, SoftmaxKind};
 
 use crate::error::Result;
-use crate::value::{Args, InferInput, Value, ValueType};
+use crate::value::{Args, InferInput, ValueType};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub enum ReduceOp {
@@ -63,7 +63,7 @@ impl ReduceOp {
             ReduceOp::Det(_) => "Det",
         }
     }
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         match self {
             ReduceOp::Reduce(op) => op.eval(args),
             ReduceOp::ArgReduce(op) => op.eval(args),

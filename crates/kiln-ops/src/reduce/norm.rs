@@ -8,7 +8,7 @@ use super::common::{self, floats, from_f64, is_ieee_float};
 use super::reduction::reduce_map;
 use crate::error::{OpError, Result};
 use crate::util;
-use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use crate::value::{Args, Dim, InferInput, ValueType};
 use kiln_tensor::DType;
 
 /// Reads input `i` (a float tensor) broadcast unidirectionally to `shape`: the values and,
@@ -53,7 +53,7 @@ pub struct LayerNorm {
 impl LayerNorm {
     /// The f32 path with the vectorised row kernel, when X is f32 and Scale (and B, if given)
     /// are f32 with exactly the normalised dims (no broadcasting within a row); `None` otherwise.
-    fn eval_f32_rows(&self, args: &Args<'_>, rows: usize, cols: usize, axis: usize) -> Result<Option<Vec<Value>>> {
+    fn eval_f32_rows(&self, args: &Args<'_>, rows: usize, cols: usize, axis: usize) -> Result<Option<crate::Outputs>> {
         let x = args.tensor(0)?;
         let shape = x.shape();
         let scale = args.tensor(1)?;
@@ -77,7 +77,9 @@ impl LayerNorm {
                     kiln_kernels::vector::layer_norm_row(xr, yr, ss, bs, eps);
                 }
             });
-            return Ok(Some(vec![kiln_tensor::Tensor::from_vec(shape.to_vec(), y)?.into()]));
+            return Ok(Some(smallvec::smallvec![
+                kiln_tensor::Tensor::from_vec(shape, y)?.into()
+            ]));
         }
         let mut means = Vec::with_capacity(rows);
         let mut invs = Vec::with_capacity(rows);
@@ -88,20 +90,20 @@ impl LayerNorm {
         }
         let mut stat_shape = shape.get(..axis).unwrap_or(&[]).to_vec();
         stat_shape.resize(shape.len(), 1);
-        Ok(Some(vec![
-            kiln_tensor::Tensor::from_vec(shape.to_vec(), y)?.into(),
+        Ok(Some(smallvec::smallvec![
+            kiln_tensor::Tensor::from_vec(shape, y)?.into(),
             kiln_tensor::Tensor::from_vec(stat_shape.clone(), means)?.into(),
             kiln_tensor::Tensor::from_vec(stat_shape, invs)?.into(),
         ]))
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let shape = x.shape();
         let axis = util::norm_axis(self.axis, shape.len())?;
         let (rows, cols) = common::split_2d(shape, axis);
         if let Some(out) = self.eval_f32_rows(args, rows, cols, axis)? {
-            return Ok(out);
+            return Ok(out.into());
         }
         let v = floats(x, 0)?;
         let scale = broadcast_param(args, 1, shape)?.ok_or(OpError::MissingInput { index: 1 })?;
@@ -122,7 +124,7 @@ impl LayerNorm {
         let sd = stat_dtype(self.stash_type, x.dtype());
         let means: Vec<f64> = stats.iter().map(|s| s.0).collect();
         let inv: Vec<f64> = stats.iter().map(|s| 1.0 / (s.1 + eps).sqrt()).collect();
-        Ok(vec![
+        Ok(smallvec::smallvec![
             from_f64(x.dtype(), shape.to_vec(), &y)?.into(),
             from_f64(sd, stat_shape.clone(), &means)?.into(),
             from_f64(sd, stat_shape, &inv)?.into(),
@@ -159,7 +161,7 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let shape = x.shape();
         let axis = util::norm_axis(self.axis, shape.len())?;
@@ -176,7 +178,7 @@ impl RmsNorm {
         let y: Vec<f64> = (0..v.len())
             .map(|i| v[i] * inv[i / cols] * scale.0[scale.1[i]])
             .collect();
-        Ok(vec![from_f64(x.dtype(), shape.to_vec(), &y)?.into()])
+        Ok(smallvec::smallvec![from_f64(x.dtype(), shape.to_vec(), &y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -223,7 +225,7 @@ pub struct GroupNorm {
 }
 
 impl GroupNorm {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
         let (n, c, sp) = nc_spatial(x.shape(), "GroupNormalization")?;
@@ -248,7 +250,7 @@ impl GroupNorm {
                 (v[i] - mean) / (var + eps).sqrt() * scale[p] + bias[p]
             })
             .collect();
-        Ok(vec![from_f64(x.dtype(), x.shape().to_vec(), &y)?.into()])
+        Ok(smallvec::smallvec![from_f64(x.dtype(), x.shape().to_vec(), &y)?.into()])
     }
 }
 
@@ -260,7 +262,7 @@ pub struct InstanceNorm {
 }
 
 impl InstanceNorm {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
         let (n, c, sp) = nc_spatial(x.shape(), "InstanceNormalization")?;
@@ -275,7 +277,7 @@ impl InstanceNorm {
                 (v[i] - mean) / (var + eps).sqrt() * scale[ch] + bias[ch]
             })
             .collect();
-        Ok(vec![from_f64(x.dtype(), x.shape().to_vec(), &y)?.into()])
+        Ok(smallvec::smallvec![from_f64(x.dtype(), x.shape().to_vec(), &y)?.into()])
     }
 }
 
@@ -295,7 +297,7 @@ pub struct BatchNorm {
 }
 
 impl BatchNorm {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
         let shape = x.shape();
@@ -330,7 +332,7 @@ impl BatchNorm {
                 out.push(t(&mean)?.into());
                 out.push(t(&var)?.into());
             }
-            return Ok(out);
+            return Ok(out.into());
         }
         // Batch statistics per parameter slot.
         let np = scale.len();
@@ -366,7 +368,7 @@ impl BatchNorm {
             out.push(t(&bmean)?.into());
             out.push(t(&bvar)?.into());
         }
-        Ok(out)
+        Ok(out.into())
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -391,7 +393,7 @@ pub struct LpNorm {
 }
 
 impl LpNorm {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
         let shape = x.shape();
@@ -422,7 +424,7 @@ impl LpNorm {
                 }
             }
         }
-        Ok(vec![from_f64(x.dtype(), shape.to_vec(), &y)?.into()])
+        Ok(smallvec::smallvec![from_f64(x.dtype(), shape.to_vec(), &y)?.into()])
     }
 }
 
@@ -434,7 +436,7 @@ pub struct MeanVarianceNorm {
 }
 
 impl MeanVarianceNorm {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
         let shape = x.shape();
@@ -459,7 +461,7 @@ impl MeanVarianceNorm {
             .zip(&v)
             .map(|(&o, &xv)| (xv - mean[o]) / (std[o] + 1e-9))
             .collect();
-        Ok(vec![from_f64(x.dtype(), shape.to_vec(), &y)?.into()])
+        Ok(smallvec::smallvec![from_f64(x.dtype(), shape.to_vec(), &y)?.into()])
     }
 }
 
@@ -474,7 +476,7 @@ pub struct Lrn {
 }
 
 impl Lrn {
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
         let (n, c, sp) = nc_spatial(x.shape(), "LRN")?;
@@ -497,7 +499,7 @@ impl Lrn {
                 }
             }
         }
-        Ok(vec![from_f64(x.dtype(), x.shape().to_vec(), &y)?.into()])
+        Ok(smallvec::smallvec![from_f64(x.dtype(), x.shape().to_vec(), &y)?.into()])
     }
 }
 
@@ -511,9 +513,10 @@ pub(crate) fn infer_same_float(inputs: &[InferInput<'_>]) -> Result<Vec<ValueTyp
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::value::Value;
     use kiln_tensor::Tensor;
 
-    fn eval(f: impl Fn(&Args<'_>) -> Result<Vec<Value>>, ins: Vec<Tensor>) -> Vec<Tensor> {
+    fn eval(f: impl Fn(&Args<'_>) -> Result<crate::Outputs>, ins: Vec<Tensor>) -> Vec<Tensor> {
         let vals: Vec<Value> = ins.into_iter().map(Value::Tensor).collect();
         let inputs: Vec<Option<&Value>> = vals.iter().map(Some).collect();
         f(&Args::new(&inputs))
@@ -524,7 +527,7 @@ mod tests {
     }
 
     fn t(shape: &[usize], v: &[f64]) -> Tensor {
-        Tensor::from_vec(shape.to_vec(), v.to_vec()).unwrap()
+        Tensor::from_vec(shape, v.to_vec()).unwrap()
     }
 
     fn close(a: &Tensor, b: &[f64]) {

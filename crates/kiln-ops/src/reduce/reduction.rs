@@ -76,7 +76,7 @@ fn resolve_axes(list: &[i64], rank: usize, noop: bool) -> Result<Vec<usize>> {
     }
     let mut axes = util::norm_axes(list, rank)?;
     axes.sort_unstable();
-    Ok(axes)
+    Ok(axes.to_vec())
 }
 
 /// Output shapes of a reduction: with reduced dims kept as 1, and the final one.
@@ -213,7 +213,7 @@ impl Reduce {
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<crate::Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let list = self.axes_list(args)?;
         let shape = x.shape();
@@ -235,7 +235,7 @@ impl Reduce {
         } else {
             return Err(OpError::UnsupportedDType { index: 0, got: dtype });
         };
-        Ok(vec![out.into()])
+        Ok(smallvec::smallvec![out.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {

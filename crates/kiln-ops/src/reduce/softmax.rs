@@ -7,7 +7,7 @@
 use super::common::{self, floats, from_f64};
 use crate::error::Result;
 use crate::util;
-use crate::value::{Args, InferInput, Value, ValueType};
+use crate::value::{Args, InferInput, ValueType};
 use kiln_tensor::Tensor;
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
@@ -84,7 +84,7 @@ impl Softmax {
         }
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Vec<Value>> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let shape = x.shape();
         let (outer, n, inner) = if self.coerce_2d {
@@ -101,8 +101,8 @@ impl Softmax {
             n > 0,
             self.kind == SoftmaxKind::Hardmax,
         ) {
-            return Ok(vec![
-                Tensor::from_vec(shape.to_vec(), softmax_rows_f32(self.kind, xs, n))?.into(),
+            return Ok(smallvec::smallvec![
+                Tensor::from_vec(shape, softmax_rows_f32(self.kind, xs, n))?.into(),
             ]);
         }
         let v = floats(x, 0)?;
@@ -121,7 +121,7 @@ impl Softmax {
                 }
             }
         }
-        Ok(vec![from_f64(x.dtype(), shape.to_vec(), &out)?.into()])
+        Ok(smallvec::smallvec![from_f64(x.dtype(), shape.to_vec(), &out)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -142,6 +142,7 @@ impl Softmax {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::value::Value;
     use kiln_tensor::Tensor;
 
     fn run(op: &Softmax, x: Tensor) -> Vec<f32> {
