@@ -274,7 +274,7 @@ impl<'a> Args<'a> {
         }
     }
     /// All present tensor inputs (for variadic ops).
-    pub fn tensors(&self) -> Result<Vec<&'a Tensor>, OpError> {
+    pub fn tensors(&self) -> Result<smallvec::SmallVec<[&'a Tensor; 8]>, OpError> {
         (0..self.len())
             .filter(|&i| self.value(i).is_some())
             .map(|i| self.tensor(i))

@@ -35,6 +35,46 @@ impl Slot<'_> {
     }
 }
 
+/// A run's slots. The vector comes from the calling thread's spares (those of finished runs)
+/// and goes back to them, emptied, when the run ends, so a run in steady state allocates no
+/// slot table.
+struct Env<'a>(Vec<Slot<'a>>);
+
+thread_local! {
+    /// Emptied slot vectors of finished runs (their capacity is what is kept).
+    static SPARE_ENVS: std::cell::RefCell<Vec<Vec<Slot<'static>>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Most spare slot vectors a thread keeps (one per nesting level of control flow in use).
+const SPARE_ENVS_MAX: usize = 8;
+
+impl<'a> Env<'a> {
+    fn new(slots: usize) -> Env<'a> {
+        let spare = SPARE_ENVS.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+        // The spare is empty; collecting it with the identity map only relabels the slots'
+        // lifetime, and `collect` keeps the allocation (in-place iteration: same layout).
+        let mut env: Vec<Slot<'a>> = spare.into_iter().collect();
+        env.resize_with(slots, || Slot::Empty);
+        Env(env)
+    }
+}
+
+impl Drop for Env<'_> {
+    fn drop(&mut self) {
+        let mut env = std::mem::take(&mut self.0);
+        env.clear();
+        let env: Vec<Slot<'static>> = env.into_iter().map(|_| Slot::Empty).collect();
+        if env.capacity() > 0 {
+            SPARE_ENVS.with(|s| {
+                let mut s = s.borrow_mut();
+                if s.len() < SPARE_ENVS_MAX {
+                    s.push(env);
+                }
+            });
+        }
+    }
+}
+
 /// Runs a program on named inputs; returns its outputs in signature order.
 pub fn run(program: &Program, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>> {
     run_with(program, inputs, None)
@@ -70,7 +110,7 @@ fn run_inner(
     inputs: Vec<(String, Value)>,
     rec: Option<&mut Recorder>,
 ) -> Result<Vec<(String, Value)>> {
-    let mut bound: Vec<Option<Value>> = vec![None; program.inputs.len()];
+    let mut bound: smallvec::SmallVec<[Option<Value>; 4]> = smallvec::smallvec![None; program.inputs.len()];
     for (name, value) in inputs {
         let Some(pos) = program.inputs.iter().position(|s| s.name == name) else {
             let known: Vec<&str> = program.inputs.iter().map(|s| s.name.as_str()).collect();
@@ -82,7 +122,7 @@ fn run_inner(
         bound[pos] = Some(value);
     }
     let mut symbols: Vec<(String, usize)> = Vec::new();
-    let mut formal = Vec::with_capacity(bound.len());
+    let mut formal: smallvec::SmallVec<[Value; 4]> = smallvec::SmallVec::with_capacity(bound.len());
     for (spec, v) in program.inputs.iter().zip(bound) {
         let v = v.ok_or_else(|| RuntimeError::MissingInput {
             name: spec.name.clone(),
@@ -174,11 +214,12 @@ fn check_input(spec: &IoSpec, v: Value, symbols: &mut Vec<(String, usize)>) -> R
 fn run_program(
     p: &Program,
     outer: &[Slot<'_>],
-    formal: Vec<Value>,
+    formal: impl IntoIterator<Item = Value, IntoIter: ExactSizeIterator>,
     mut rec: Option<&mut Recorder>,
-) -> Result<Vec<Value>> {
-    let mut env: Vec<Slot<'_>> = Vec::with_capacity(p.num_slots());
-    env.resize_with(p.num_slots(), || Slot::Empty);
+) -> Result<Outputs> {
+    let formal = formal.into_iter();
+    let mut slots = Env::new(p.num_slots());
+    let env = &mut slots.0;
     let bad = |what: String| RuntimeError::Program(format!("'{}': {what}", p.name));
     for (slot, v) in &p.constants {
         *env.get_mut(*slot)
@@ -203,7 +244,7 @@ fn run_program(
     }
     for (index, step) in p.steps.iter().enumerate() {
         let results = match rec.as_deref_mut() {
-            None => run_step_moving(step, &mut env)?,
+            None => run_step_moving(step, env)?,
             Some(rec) => {
                 let seen: Vec<InputSeen> = step
                     .inputs
@@ -214,7 +255,7 @@ fn run_program(
                     })
                     .collect();
                 let started = Instant::now();
-                let results = run_step_moving(step, &mut env)?;
+                let results = run_step_moving(step, env)?;
                 let duration = started.elapsed();
                 rec.record(index, step, started, duration, &seen, &results);
                 results
@@ -249,7 +290,7 @@ fn run_program(
             }
         }
     }
-    let mut outs = Vec::with_capacity(p.outputs.len());
+    let mut outs = Outputs::with_capacity(p.outputs.len());
     for (k, o) in p.outputs.iter().enumerate() {
         let used_later = p.outputs[k + 1..].iter().any(|x| x.slot == o.slot);
         let slot = env
@@ -354,7 +395,7 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
                 .copied()
                 .ok_or_else(|| ctl_err(format!("condition is empty (shape {:?})", cond.shape())))?;
             let branch = if c != 0.0 { then_branch } else { else_branch };
-            run_program(branch, env, Vec::new(), None).map(Outputs::from)
+            run_program(branch, env, [], None)
         }
         StepKind::Loop(l) => run_loop(l, &args, env).map(Outputs::from).map_err(|e| wrap(e, step)),
         StepKind::Scan(s) => run_scan(s, &args, env).map(Outputs::from).map_err(|e| wrap(e, step)),
@@ -365,7 +406,7 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
         } => {
             let call = |p: &Option<Box<Program>>, t: Tensor| -> std::result::Result<Tensor, OpError> {
                 let Some(p) = p else { return Ok(t) };
-                let outs = run_program(p, env, vec![Value::Tensor(t)], None)
+                let outs = run_program(p, env, [Value::Tensor(t)], None)
                     .map_err(|e| OpError::Value(format!("modifier subgraph: {e}")))?;
                 match outs.into_iter().next() {
                     Some(Value::Tensor(t)) => Ok(t),

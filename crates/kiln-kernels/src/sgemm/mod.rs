@@ -201,7 +201,8 @@ pub fn sgemm_with(
     let tasks = threads.min(m / kernels.mr);
     let rows_per = m.div_ceil(tasks).div_ceil(kernels.mr) * kernels.mr;
     let chunk = rows_per.saturating_mul(ldc).max(1);
-    let blocks: Vec<std::sync::Mutex<&mut [f32]>> = c.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
+    let blocks: smallvec::SmallVec<[std::sync::Mutex<&mut [f32]>; 4]> =
+        c.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
     crate::pool::parallel_for(blocks.len(), &|t| {
         let i0 = t * rows_per;
         let rows = rows_per.min(m.saturating_sub(i0));

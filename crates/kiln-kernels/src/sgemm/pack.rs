@@ -27,32 +27,31 @@ pub(crate) struct AlignedVec {
     len: usize,
 }
 
-/// Line vectors of dropped [`AlignedVec`]s, per thread, for the next ones: B panels packed at
-/// run time (attention heads, MatMul with two computed inputs) then reuse their storage.
-const KEEP_LINES: usize = 8;
+/// Line vectors of dropped [`AlignedVec`]s, shared by all threads, for the next ones: B panels
+/// packed at run time (attention heads, MatMul with two computed inputs) then reuse their
+/// storage, also when one thread packs what another drops (a head's panels shared by the
+/// tasks of its query blocks are dropped by the caller).
+const KEEP_LINES: usize = 16;
 /// Largest line vector kept (8 MiB) and most kept in all (32 MiB), so the weights of a dropped
 /// program are not held.
 const KEEP_MAX_LINES: usize = (8 << 20) / 64;
 const KEEP_TOTAL_LINES: usize = (32 << 20) / 64;
 
-thread_local! {
-    static SPARE_LINES: std::cell::RefCell<Vec<Vec<Line>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
+static SPARE_LINES: std::sync::Mutex<Vec<Vec<Line>>> = std::sync::Mutex::new(Vec::new());
 
 impl AlignedVec {
     pub(crate) fn zeroed(len: usize) -> AlignedVec {
         let n = len.div_ceil(16);
-        let reused = SPARE_LINES.try_with(|s| {
-            let mut s = s.try_borrow_mut().ok()?;
-            let i = s
-                .iter()
+        let reused = {
+            let mut s = SPARE_LINES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            s.iter()
                 .enumerate()
                 .filter(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n)
                 .min_by_key(|(_, v)| v.capacity())
-                .map(|(i, _)| i)?;
-            Some(s.swap_remove(i))
-        });
-        let lines = match reused.ok().flatten() {
+                .map(|(i, _)| i)
+                .map(|i| s.swap_remove(i))
+        };
+        let lines = match reused {
             Some(mut v) => {
                 v.clear();
                 v.resize(n, Line([0.0; 16]));
@@ -81,15 +80,11 @@ impl Drop for AlignedVec {
         if v.capacity() == 0 || v.capacity() > KEEP_MAX_LINES {
             return;
         }
-        // `try_with`: a vector dropped while the thread exits is simply freed.
-        let _ = SPARE_LINES.try_with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut() {
-                let total: usize = s.iter().map(Vec::capacity).sum();
-                if s.len() < KEEP_LINES && total + v.capacity() <= KEEP_TOTAL_LINES {
-                    s.push(v);
-                }
-            }
-        });
+        let mut s = SPARE_LINES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let total: usize = s.iter().map(Vec::capacity).sum();
+        if s.len() < KEEP_LINES && total + v.capacity() <= KEEP_TOTAL_LINES {
+            s.push(v);
+        }
     }
 }
 

@@ -21,20 +21,32 @@ impl Gather {
         let (x, ind) = (args.tensor(0)?, args.tensor(1)?);
         let axis = norm_axis(self.axis, x.rank())?;
         let n = x.shape()[axis];
-        let idx: Vec<usize> = indices_of(ind, "indices")?
-            .into_iter()
-            .map(|i| norm_index(i, n))
-            .collect::<Result<_>>()?;
         let outer: usize = x.shape()[..axis].iter().product();
         let inner: usize = x.shape()[axis + 1..].iter().product();
-        let mut shape = x.shape()[..axis].to_vec();
+        let mut shape = kiln_tensor::Shape::from_slice(&x.shape()[..axis]);
         shape.extend_from_slice(ind.shape());
         shape.extend_from_slice(&x.shape()[axis + 1..]);
         let total = checked_numel(&shape)?;
+        // i64 indices are read in place (embedding lookups take no copy of them); all are
+        // checked before any is used.
+        let owned;
+        let raw: &[i64] = match ind.as_slice::<i64>() {
+            Ok(r) => r,
+            Err(_) => {
+                owned = indices_of(ind, "indices")?;
+                &owned
+            }
+        };
+        for &i in raw {
+            norm_index(i, n)?;
+        }
+        let rows = (0..outer).flat_map(|o| {
+            raw.iter()
+                .map(move |&i| (o * n + norm_index(i, n).unwrap_or(0)) * inner)
+        });
         if let Ok(xs) = x.as_slice::<f32>() {
             // Whole rows of `inner` elements copied into a recycled buffer, written whole.
             let mut out = kiln_kernels::recycle::take(total);
-            let rows = (0..outer).flat_map(|o| idx.iter().map(move |&i| (o * n + i) * inner));
             for (dst, base) in out.chunks_exact_mut(inner.max(1)).zip(rows) {
                 let src = xs.get(base..base + inner).ok_or_else(|| {
                     OpError::Shape(format!(
@@ -47,11 +59,8 @@ impl Gather {
             return one(Tensor::from_vec(shape, out)?);
         }
         let mut src = Vec::with_capacity(total);
-        for o in 0..outer {
-            for &i in &idx {
-                let base = (o * n + i) * inner;
-                src.extend(base..base + inner);
-            }
+        for base in rows {
+            src.extend(base..base + inner);
         }
         one(x.gather_flat(shape, &src)?)
     }

@@ -234,7 +234,7 @@ impl Concat {
         let first = xs.first().ok_or(OpError::MissingInput { index: 0 })?;
         let rank = first.rank();
         let axis = norm_axis(self.axis, rank)?;
-        let mut out_shape = first.shape().to_vec();
+        let mut out_shape = kiln_tensor::Shape::from_slice(first.shape());
         out_shape[axis] = 0;
         for x in &xs {
             let s = x.shape();
@@ -250,7 +250,7 @@ impl Concat {
         let outer: usize = out_shape[..axis].iter().product();
         let inner: usize = out_shape[axis + 1..].iter().product();
         let n = checked_numel(&out_shape)?;
-        let f32s: Option<Vec<&[f32]>> = xs.iter().map(|x| x.as_slice::<f32>().ok()).collect();
+        let f32s: Option<smallvec::SmallVec<[&[f32]; 8]>> = xs.iter().map(|x| x.as_slice::<f32>().ok()).collect();
         if let Some(parts) = f32s {
             // Per step of the outer dims, each input's run of `axis` rows, copied in order into
             // a recycled buffer; a copy that does not fit (a short input) leaves the result

@@ -108,7 +108,7 @@ impl Attention {
         // Shared packs only when a head is split (otherwise each task packs its own, and the
         // panels go back to the thread's spare lines for the next head).
         let shared = if qblocks > 1 { heads } else { 0 };
-        let packs: Vec<std::sync::OnceLock<Option<(PackedB, PackedB)>>> =
+        let packs: smallvec::SmallVec<[std::sync::OnceLock<Option<(PackedB, PackedB)>>; 16]> =
             (0..shared).map(|_| std::sync::OnceLock::new()).collect();
         let y_cols = std::sync::Mutex::new(&mut y);
         let failed = std::sync::atomic::AtomicBool::new(false);
