@@ -22,8 +22,8 @@
 use std::cell::RefCell;
 use std::collections::HashSet;
 
-/// Smallest vector kept: 4 KiB.
-pub const MIN_FLOATS: usize = 1024;
+/// Smallest vector kept: 64 bytes (a run's small intermediates, such as pooled features, recycle too).
+pub const MIN_FLOATS: usize = 16;
 /// Most bytes an arena keeps at once; the oldest vectors go first.
 pub const MAX_BYTES: usize = 1 << 30;
 
@@ -190,20 +190,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn vectors_come_back_best_fit_and_small_ones_are_not_kept() {
+    fn vectors_come_back_best_fit_and_tiny_ones_are_not_kept() {
         clear();
         give(vec![1.0; 10_000]);
         give(vec![2.0; 5_000]);
-        give(vec![3.0; 100]);
-        // 4 500 fits both kept vectors; the smaller one is chosen, cut to length.
+        give(vec![3.0; 8]);
+        give(vec![6.0; 100]);
+        // 4 500 fits both large kept vectors; the smaller one is chosen, cut to length.
         let a = take(4_500);
         assert_eq!((a.len(), a[0]), (4_500, 2.0));
         // 6 000 fits only the 10 000 one (within 2x).
         let b = take(6_000);
         assert_eq!((b.len(), b[0]), (6_000, 1.0));
-        // Nothing left: a fresh zeroed vector; small requests always are.
+        // Nothing left: a fresh zeroed vector. A small vector (pooled features) is kept too,
+        // but not one under MIN_FLOATS.
         assert_eq!(take(4_200), vec![0.0; 4_200]);
-        assert_eq!(take(100), vec![0.0; 100]);
+        assert_eq!(take(100), vec![6.0; 100]);
+        assert_eq!(take(8), vec![0.0; 8]);
         // A vector more than twice the request is not handed out.
         give(vec![4.0; 20_000]);
         assert_eq!(take(5_000), vec![0.0; 5_000]);

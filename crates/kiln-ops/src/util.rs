@@ -34,6 +34,29 @@ pub fn checked_numel(shape: &[usize]) -> Result<usize> {
 
 /// For each element of `out_shape` (row-major), the flat index of the element of a tensor of
 /// `in_shape` that numpy broadcasting reads. `in_shape` must broadcast to `out_shape`.
+/// Element strides of `in_shape` read as `out_shape` under numpy broadcasting: per output dim,
+/// the input's stride, 0 where the input has no such dim or a broadcast 1.
+pub fn broadcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Result<kiln_tensor::Shape> {
+    let bad = || OpError::Shape(format!("{in_shape:?} does not broadcast to {out_shape:?}"));
+    let off = out_shape.len().checked_sub(in_shape.len()).ok_or_else(bad)?;
+    let mut strides: kiln_tensor::Shape = smallvec::smallvec![0; out_shape.len()];
+    let mut step = 1usize;
+    for (i, &d) in in_shape.iter().enumerate().rev() {
+        let o = out_shape.get(i + off).copied().ok_or_else(bad)?;
+        if d == o {
+            if d != 1
+                && let Some(s) = strides.get_mut(i + off)
+            {
+                *s = step;
+            }
+        } else if d != 1 {
+            return Err(bad());
+        }
+        step = step.saturating_mul(d);
+    }
+    Ok(strides)
+}
+
 pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>> {
     let n = checked_numel(out_shape)?;
     let rank = out_shape.len();

@@ -7,8 +7,8 @@
 use super::binary::Bcast;
 use super::scalar::{Num, map_same2, nan_max, nan_min, with_num, with_num2};
 use crate::error::{OpError, Result};
-use crate::util::{broadcast_map, checked_numel};
-use kiln_tensor::{Data, Element, Tensor, broadcast_shapes};
+use crate::util::checked_numel;
+use kiln_tensor::{Data, Element, Tensor, broadcast_shapes, numel};
 
 /// Sum, Mean, Max or Min of one or more broadcast inputs.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq, Eq)]
@@ -151,20 +151,83 @@ pub fn eval_where(c: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
         });
     }
     let shape = broadcast_shapes(&broadcast_shapes(c.shape(), x.shape())?, y.shape())?;
-    checked_numel(&shape)?;
-    let ic = broadcast_map(c.shape(), &shape)?;
-    let ix = broadcast_map(x.shape(), &shape)?;
-    let iy = broadcast_map(y.shape(), &shape)?;
-    let data = map_same2!(x.data(), y.data(), (xv, yv) => select(cv, xv, yv, &ic, &ix, &iy),
+    let n = checked_numel(&shape)?;
+    let strides = [
+        crate::util::broadcast_strides(c.shape(), &shape)?,
+        crate::util::broadcast_strides(x.shape(), &shape)?,
+        crate::util::broadcast_strides(y.shape(), &shape)?,
+    ];
+    if let (Ok(xv), Ok(yv)) = (x.as_slice::<f32>(), y.as_slice::<f32>()) {
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut out = kiln_kernels::recycle::take(n);
+        let mut dst = out.iter_mut();
+        walk3(&shape, &strides, |k, i, j| {
+            if let Some(d) = dst.next() {
+                *d = if cv.get(k).copied().unwrap_or(false) {
+                    xv.get(i)
+                } else {
+                    yv.get(j)
+                }
+                .copied()
+                .unwrap_or(0.0);
+            }
+        });
+        return Ok(Tensor::from_vec(shape, out)?);
+    }
+    let data = map_same2!(x.data(), y.data(), (xv, yv) => select(cv, xv, yv, &shape, &strides),
         else return Err(OpError::DTypeMismatch { a: x.dtype(), b: y.dtype() }));
     Ok(Tensor::new(x.dtype(), shape, data)?)
 }
 
-fn select<T: Clone>(c: &[bool], x: &[T], y: &[T], ic: &[usize], ix: &[usize], iy: &[usize]) -> Vec<T> {
-    ic.iter()
-        .zip(ix.iter().zip(iy))
-        .map(|(&k, (&i, &j))| if c[k] { x[i].clone() } else { y[j].clone() })
-        .collect()
+/// Calls `f(c, x, y)` with the three inputs' offsets for every output element in order: an
+/// odometer over `shape` with each input's broadcast strides (0 on broadcast dims).
+fn walk3(shape: &[usize], strides: &[kiln_tensor::Shape; 3], mut f: impl FnMut(usize, usize, usize)) {
+    if shape.contains(&0) {
+        return;
+    }
+    let rank = shape.len();
+    let mut idx: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![0; rank];
+    let mut off = [0usize; 3];
+    loop {
+        f(off[0], off[1], off[2]);
+        let mut d = rank;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            for (o, s) in off.iter_mut().zip(strides) {
+                *o += s[d];
+            }
+            if idx[d] < shape[d] {
+                break;
+            }
+            for (o, s) in off.iter_mut().zip(strides) {
+                *o -= s[d] * shape[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+fn select<T: Clone + Default>(
+    c: &[bool],
+    x: &[T],
+    y: &[T],
+    shape: &[usize],
+    strides: &[kiln_tensor::Shape; 3],
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(numel(shape).unwrap_or(0));
+    walk3(shape, strides, |k, i, j| {
+        let v = if c.get(k).copied().unwrap_or(false) {
+            x.get(i)
+        } else {
+            y.get(j)
+        };
+        out.push(v.cloned().unwrap_or_default());
+    });
+    out
 }
 
 /// PRelu(X, slope): `x < 0 ? slope * x : x`, slope broadcast to X. A 1-D slope that does not
@@ -202,4 +265,30 @@ pub fn eval_prelu(x: &Tensor, slope: &Tensor) -> Result<Tensor> {
 fn prelu_typed<T: Num>(x: &[T], s: &[T], m: &Bcast) -> Vec<T> {
     let zero = T::zero();
     m.zip(x, s, |a, b| if a < zero { a.mul(b) } else { a })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn where_broadcasts_all_three_inputs_in_every_element_type() {
+        // cond [2, 1, 3], x [1, 2, 1], y scalar -> [2, 2, 3]; the value at (i, j, k) is
+        // x[j] when cond[i][k] else y, written out by hand.
+        let c = Tensor::from_vec(vec![2, 1, 3], vec![true, false, true, false, false, true]).unwrap();
+        let want = [1.0, -5.0, 1.0, 2.0, -5.0, 2.0, -5.0, -5.0, 1.0, -5.0, -5.0, 2.0];
+        let x32 = Tensor::from_vec(vec![1, 2, 1], vec![1.0f32, 2.0]).unwrap();
+        let y32 = Tensor::scalar(-5.0f32);
+        let r = eval_where(&c, &x32, &y32).unwrap();
+        assert_eq!(r.shape(), [2, 2, 3]);
+        assert_eq!(r.as_slice::<f32>().unwrap(), want.map(|v| v as f32));
+        // The generic path (i64) gives the same selection.
+        let x64 = Tensor::from_vec(vec![1, 2, 1], vec![1i64, 2]).unwrap();
+        let r = eval_where(&c, &x64, &Tensor::scalar(-5i64)).unwrap();
+        assert_eq!(r.as_slice::<i64>().unwrap(), want.map(|v| v as i64));
+        // Shapes that do not broadcast are refused.
+        let bad = Tensor::from_vec(vec![4], vec![0.0f32; 4]).unwrap();
+        assert!(eval_where(&c, &bad, &y32).is_err());
+    }
 }

@@ -104,6 +104,36 @@ fn no_fast_gemm<T>(
     None
 }
 
+/// Which matrix of an operand each matrix of the batch reads: the same index when the operand
+/// has the whole batch (every dim matches: equal counts under broadcasting), the one matrix
+/// when it has one, else an index map. Only a true broadcast allocates.
+enum BatchMap {
+    Same,
+    One,
+    Map(Vec<usize>),
+}
+
+impl BatchMap {
+    fn new(operand: &[usize], batch: &[usize]) -> Result<BatchMap> {
+        let (n, total) = (numel(operand)?, numel(batch)?);
+        Ok(if n == total && operand.len() <= batch.len() {
+            BatchMap::Same
+        } else if n == 1 {
+            BatchMap::One
+        } else {
+            BatchMap::Map(util::broadcast_map(operand, batch)?)
+        })
+    }
+
+    fn get(&self, i: usize) -> usize {
+        match self {
+            BatchMap::Same => i,
+            BatchMap::One => 0,
+            BatchMap::Map(m) => m.get(i).copied().unwrap_or(0),
+        }
+    }
+}
+
 /// The batched product, and whether every matrix went through `fast` (which then applied
 /// `ep`); otherwise nothing of `ep` was applied.
 fn matmul_core<T: GemmScalar>(
@@ -114,15 +144,17 @@ fn matmul_core<T: GemmScalar>(
     ep: FastEpilogue<'_, T>,
 ) -> Result<(Vec<T>, bool)> {
     let nb = numel(&p.batch)?;
-    let amap = util::broadcast_map(&p.a_batch, &p.batch)?;
-    let bmap = util::broadcast_map(&p.b_batch, &p.batch)?;
+    let (amap, bmap) = (
+        BatchMap::new(&p.a_batch, &p.batch)?,
+        BatchMap::new(&p.b_batch, &p.batch)?,
+    );
     let (m, k, n) = (p.m, p.k, p.n);
     // Every matrix is overwritten whole (or the call fails).
     let mut out = T::out_buffer(numel(&[nb, m, n])?);
     let mut all_fast = nb > 0;
     for bi in 0..nb {
-        let ao = amap[bi] * m * k;
-        let bo = bmap[bi] * k * n;
+        let ao = amap.get(bi) * m * k;
+        let bo = bmap.get(bi) * k * n;
         let (a_i, b_i, out_i) = (
             &a[ao..ao + m * k],
             &b[bo..bo + k * n],
