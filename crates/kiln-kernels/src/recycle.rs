@@ -27,12 +27,43 @@ pub const MIN_FLOATS: usize = 16;
 /// Most bytes an arena keeps at once; the oldest vectors go first.
 pub const MAX_BYTES: usize = 1 << 30;
 
+/// Kept vectors of one element type, oldest first.
+#[derive(Default)]
+pub struct Pool<T> {
+    kept: Vec<Vec<T>>,
+}
+
+/// Element types whose vectors an [`Arena`] recycles: f32 (activations) and the int64 and
+/// bool tensors of transformers' attention-mask arithmetic.
+pub trait Recycled: Copy + Default + 'static {
+    fn pool(arena: &mut Arena) -> &mut Pool<Self>;
+}
+
+impl Recycled for f32 {
+    fn pool(arena: &mut Arena) -> &mut Pool<f32> {
+        &mut arena.f32s
+    }
+}
+
+impl Recycled for i64 {
+    fn pool(arena: &mut Arena) -> &mut Pool<i64> {
+        &mut arena.i64s
+    }
+}
+
+impl Recycled for bool {
+    fn pool(arena: &mut Arena) -> &mut Pool<bool> {
+        &mut arena.bools
+    }
+}
+
 /// Kept vectors plus the identities of those handed out in the current run.
 #[derive(Default)]
 pub struct Arena {
-    /// Free vectors, oldest first.
-    kept: Vec<Vec<f32>>,
-    /// Capacity bytes of `kept`.
+    f32s: Pool<f32>,
+    i64s: Pool<i64>,
+    bools: Pool<bool>,
+    /// Capacity bytes of the kept vectors.
     bytes: usize,
     /// Addresses of the vectors [`take`] handed out since the last [`finish_run`].
     taken: HashSet<usize>,
@@ -46,14 +77,17 @@ thread_local! {
     static CURRENT: RefCell<Arena> = RefCell::new(Arena::default());
 }
 
-fn bytes_of(v: &Vec<f32>) -> usize {
-    v.capacity() * std::mem::size_of::<f32>()
+fn bytes_of<T>(v: &Vec<T>) -> usize {
+    v.capacity() * std::mem::size_of::<T>()
 }
 
 impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Arena")
-            .field("kept", &self.kept.len())
+            .field(
+                "kept",
+                &(self.f32s.kept.len() + self.i64s.kept.len() + self.bools.kept.len()),
+            )
             .field("bytes", &self.bytes)
             .finish()
     }
@@ -76,36 +110,39 @@ impl Arena {
         Entered { home: self, previous }
     }
 
-    fn put(&mut self, v: Vec<f32>) {
+    fn put<T: Recycled>(&mut self, v: Vec<T>) {
         let b = bytes_of(&v);
         if v.capacity() < MIN_FLOATS || b > MAX_BYTES {
             return;
         }
-        while self.bytes + b > MAX_BYTES && !self.kept.is_empty() {
-            let old = self.kept.remove(0);
-            self.bytes -= bytes_of(&old);
+        let mut bytes = self.bytes;
+        let pool = T::pool(self);
+        while bytes + b > MAX_BYTES && !pool.kept.is_empty() {
+            let old = pool.kept.remove(0);
+            bytes -= bytes_of(&old);
         }
-        self.bytes += b;
-        self.kept.push(v);
+        pool.kept.push(v);
+        self.bytes = bytes + b;
     }
 
-    /// The most recently kept vector with room for `n` floats but not more than twice that: the
-    /// one likeliest still in cache, so the kernel writing it does not first fetch its lines
+    /// The most recently kept vector with room for `n` elements but not more than twice that:
+    /// the one likeliest still in cache, so the kernel writing it does not first fetch its lines
     /// from memory (measured: MobileNet-v2 9.6 -> 8.9 ms against smallest-first).
-    fn best_fit(&mut self, n: usize) -> Option<Vec<f32>> {
-        let best = self
+    fn best_fit<T: Recycled>(&mut self, n: usize) -> Option<Vec<T>> {
+        let pool = T::pool(self);
+        let best = pool
             .kept
             .iter()
             .enumerate()
             .rev()
             .find(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n.max(MIN_FLOATS))
             .map(|(i, _)| i)?;
-        let v = self.kept.remove(best);
+        let v = pool.kept.remove(best);
         self.bytes -= bytes_of(&v);
         Some(v)
     }
 
-    fn note_taken(&mut self, v: &Vec<f32>) {
+    fn note_taken<T>(&mut self, v: &Vec<T>) {
         if v.capacity() >= MIN_FLOATS {
             if self.taken.len() >= MAX_TAKEN {
                 self.taken.clear();
@@ -116,11 +153,14 @@ impl Arena {
 
     /// Drops every kept vector no take of this run handed out.
     fn keep_working_set(&mut self) {
+        fn retain<T>(pool: &mut Pool<T>, taken: &HashSet<usize>) -> usize {
+            pool.kept.retain(|v| taken.contains(&(v.as_ptr() as usize)));
+            pool.kept.iter().map(bytes_of).sum()
+        }
         let taken = &self.taken;
-        self.kept.retain(|v| taken.contains(&(v.as_ptr() as usize)));
+        self.bytes = retain(&mut self.f32s, taken) + retain(&mut self.i64s, taken) + retain(&mut self.bools, taken);
         // Cleared, not dropped: the set's storage serves the next run.
         self.taken.clear();
-        self.bytes = self.kept.iter().map(bytes_of).sum();
     }
 }
 
@@ -138,6 +178,11 @@ impl Drop for Entered<'_> {
 
 /// Keeps `v` in the current arena for a later [`take`] (or drops it when too small).
 pub fn give(v: Vec<f32>) {
+    give_of(v)
+}
+
+/// [`give`] for any recycled element type.
+pub fn give_of<T: Recycled>(v: Vec<T>) {
     CURRENT.with(|c| {
         if let Ok(mut a) = c.try_borrow_mut() {
             a.put(v);
@@ -148,18 +193,23 @@ pub fn give(v: Vec<f32>) {
 /// A vector of `n` floats with unspecified (stale, but initialised) contents: the smallest
 /// most recently kept vector with room for `n` and at most twice that, else a new zeroed one.
 pub fn take(n: usize) -> Vec<f32> {
+    take_of(n)
+}
+
+/// [`take`] for any recycled element type (new or grown elements are `T::default()`).
+pub fn take_of<T: Recycled>(n: usize) -> Vec<T> {
     CURRENT.with(|c| {
         let Ok(mut a) = c.try_borrow_mut() else {
-            return vec![0.0; n];
+            return vec![T::default(); n];
         };
-        let v = match a.best_fit(n) {
+        let v = match a.best_fit::<T>(n) {
             Some(mut v) => {
                 // Within capacity: never reallocates; only a tail beyond the old length is
                 // written (with zeros).
-                v.resize(n, 0.0);
+                v.resize(n, T::default());
                 v
             }
-            None => vec![0.0; n],
+            None => vec![T::default(); n],
         };
         a.note_taken(&v);
         v
@@ -179,7 +229,9 @@ pub fn finish_run() {
 pub fn clear() {
     CURRENT.with(|c| {
         if let Ok(mut a) = c.try_borrow_mut() {
-            a.kept.clear();
+            a.f32s.kept.clear();
+            a.i64s.kept.clear();
+            a.bools.kept.clear();
             a.bytes = 0;
         }
     });

@@ -5,7 +5,7 @@ use crate::profile::{InputSeen, Profile, Recorder, RunRecord};
 use crate::program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};
 use crate::stack::{stack, take_along};
 use kiln_ops::{Args, Dim, OpError, Outputs, Sequence, Value, ValueType, util::norm_axis};
-use kiln_tensor::Tensor;
+use kiln_tensor::{Data, Tensor};
 use std::time::Instant;
 
 type Result<T> = std::result::Result<T, RuntimeError>;
@@ -280,12 +280,16 @@ fn run_program(
         }
         for &f in &step.frees {
             if let Some(s) = env.get_mut(f) {
-                // A freed f32 tensor's vector goes to the kernels' recycled buffers, for a
-                // later output of about its size.
-                if let Slot::Owned(Value::Tensor(t)) = std::mem::replace(s, Slot::Empty)
-                    && let Some(v) = t.into_owned_f32()
-                {
-                    kiln_kernels::recycle::give(v);
+                // A freed f32, int64 or bool tensor's vector goes to the kernels' recycled
+                // buffers, for a later output of about its size.
+                if let Slot::Owned(Value::Tensor(t)) = std::mem::replace(s, Slot::Empty) {
+                    use kiln_kernels::recycle::give_of;
+                    match t.into_data() {
+                        Data::F32(b) => b.into_owned().map(give_of),
+                        Data::I64(b) => b.into_owned().map(give_of),
+                        Data::Bool(b) => b.into_owned().map(give_of),
+                        _ => None,
+                    };
                 }
             }
         }

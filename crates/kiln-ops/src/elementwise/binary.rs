@@ -371,6 +371,22 @@ impl Bcast {
         });
     }
 
+    /// [`Bcast::zip`] into a recycled buffer (every element written) when every read is in
+    /// bounds, as it is for operands of the planned shapes.
+    pub fn zip_recycled<T: Copy, U: Copy, R: kiln_kernels::recycle::Recycled>(
+        &self,
+        x: &[T],
+        y: &[U],
+        f: impl Fn(T, U) -> R,
+    ) -> Vec<R> {
+        if !self.reads_within(x.len(), y.len()) {
+            return self.zip(x, y, f);
+        }
+        let mut out = kiln_kernels::recycle::take_of::<R>(numel(&self.shape).unwrap_or(0));
+        self.zip_into(x, y, &f, &mut out);
+        out
+    }
+
     pub fn zip_ref<T, U, R>(&self, x: &[T], y: &[U], f: impl Fn(&T, &U) -> R) -> Vec<R> {
         let n = *self.dims.last().unwrap_or(&0);
         let (ka, kb) = (*self.sa.last().unwrap_or(&0), *self.sb.last().unwrap_or(&0));
@@ -517,9 +533,9 @@ impl Binary {
             And | Or | Xor => match (a.data(), b.data()) {
                 (Data::Bool(x), Data::Bool(y)) => Data::Bool(
                     match self.op {
-                        And => m.zip(x, y, |p, q| p && q),
-                        Or => m.zip(x, y, |p, q| p || q),
-                        _ => m.zip(x, y, |p, q| p != q),
+                        And => m.zip_recycled(x, y, |p, q| p && q),
+                        Or => m.zip_recycled(x, y, |p, q| p || q),
+                        _ => m.zip_recycled(x, y, |p, q| p != q),
                     }
                     .into(),
                 ),

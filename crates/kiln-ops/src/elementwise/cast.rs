@@ -142,6 +142,29 @@ impl Cast {
         if x.dtype() == to {
             return Ok(x.clone());
         }
+        // The mask casts of transformer exporters, into recycled buffers (every element
+        // written): int64 -> bool (nonzero), int64 -> f32 (through f64, as the general path
+        // rounds), bool -> f32.
+        match (x.data(), to) {
+            (Data::I64(v), DType::Bool) => {
+                let mut out = kiln_kernels::recycle::take_of::<bool>(v.len());
+                out.iter_mut().zip(v.iter()).for_each(|(o, &a)| *o = a != 0);
+                return Ok(Tensor::from_vec(x.shape(), out)?);
+            }
+            (Data::I64(v), DType::F32) => {
+                let mut out = kiln_kernels::recycle::take(v.len());
+                out.iter_mut().zip(v.iter()).for_each(|(o, &a)| *o = a as f64 as f32);
+                return Ok(Tensor::from_vec(x.shape(), out)?);
+            }
+            (Data::Bool(v), DType::F32) => {
+                let mut out = kiln_kernels::recycle::take(v.len());
+                out.iter_mut()
+                    .zip(v.iter())
+                    .for_each(|(o, &a)| *o = if a { 1.0 } else { 0.0 });
+                return Ok(Tensor::from_vec(x.shape(), out)?);
+            }
+            _ => {}
+        }
         let src = source(x);
         let ints = || src.ints();
         let data = match to {
@@ -271,6 +294,25 @@ mod tests {
         }
         .eval(&x)
         .unwrap()
+    }
+
+    #[test]
+    fn mask_casts_agree_with_the_general_path() {
+        // int64 -> bool and -> f32 (2^53 + 1 and a large value round through f64 as the
+        // general path does), bool -> f32, each against the same conversion reached from an
+        // equivalent source the fast paths do not take (int32, f64).
+        let v = vec![0i64, 3, -2, (1 << 53) + 1, i64::MAX, 0];
+        let x = Tensor::from_vec(vec![2, 3], v.clone()).unwrap();
+        let b = cast(x.clone(), DType::Bool);
+        assert_eq!(b.shape(), [2, 3]);
+        assert_eq!(b.as_slice::<bool>().unwrap(), &[false, true, true, true, true, false]);
+        let via_f64 = cast(cast(x.clone(), DType::F64), DType::F32);
+        assert_eq!(
+            cast(x, DType::F32).as_slice::<f32>().unwrap(),
+            via_f64.as_slice::<f32>().unwrap()
+        );
+        let m = Tensor::from_vec(vec![3], vec![true, false, true]).unwrap();
+        assert_eq!(cast(m, DType::F32).as_slice::<f32>().unwrap(), &[1.0, 0.0, 1.0]);
     }
 
     #[test]

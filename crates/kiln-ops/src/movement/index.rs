@@ -9,6 +9,27 @@ fn indices_of(t: &Tensor, what: &str) -> Result<Vec<i64>> {
         .ok_or_else(|| OpError::Value(format!("{what} must be integers, got {}", t.dtype())))
 }
 
+/// Gather's output for element types the arena recycles: the rows of `inner` elements starting
+/// at `rows`, one after the other, in a recycled buffer of `total` elements.
+fn gather_rows<T: kiln_kernels::recycle::Recycled>(
+    xs: &[T],
+    rows: impl Iterator<Item = usize>,
+    total: usize,
+    inner: usize,
+) -> Result<Vec<T>> {
+    let mut out = kiln_kernels::recycle::take_of::<T>(total);
+    for (dst, base) in out.chunks_exact_mut(inner.max(1)).zip(rows) {
+        let src = xs.get(base..base + inner).ok_or_else(|| {
+            OpError::Shape(format!(
+                "Gather: data of {} elements is shorter than its shape",
+                xs.len()
+            ))
+        })?;
+        dst.copy_from_slice(src);
+    }
+    Ok(out)
+}
+
 /// ONNX `Gather` (opsets 1-13): `out[i.., j.., k..] = data[i.., indices[j..], k..]` along
 /// `axis`; negative indices count from the end.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -44,19 +65,12 @@ impl Gather {
             raw.iter()
                 .map(move |&i| (o * n + norm_index(i, n).unwrap_or(0)) * inner)
         });
-        if let Ok(xs) = x.as_slice::<f32>() {
-            // Whole rows of `inner` elements copied into a recycled buffer, written whole.
-            let mut out = kiln_kernels::recycle::take(total);
-            for (dst, base) in out.chunks_exact_mut(inner.max(1)).zip(rows) {
-                let src = xs.get(base..base + inner).ok_or_else(|| {
-                    OpError::Shape(format!(
-                        "Gather: data of {} elements is shorter than its shape",
-                        xs.len()
-                    ))
-                })?;
-                dst.copy_from_slice(src);
-            }
-            return one(Tensor::from_vec(shape, out)?);
+        // Whole rows of `inner` elements copied into a recycled buffer, written whole.
+        match x.data() {
+            Data::F32(xs) => return one(Tensor::from_vec(shape, gather_rows(xs, rows, total, inner)?)?),
+            Data::I64(xs) => return one(Tensor::from_vec(shape, gather_rows(xs, rows, total, inner)?)?),
+            Data::Bool(xs) => return one(Tensor::from_vec(shape, gather_rows(xs, rows, total, inner)?)?),
+            _ => {}
         }
         let mut src = Vec::with_capacity(total);
         for base in rows {

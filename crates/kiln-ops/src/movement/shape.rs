@@ -405,15 +405,63 @@ impl Unsqueeze {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Expand;
 
+/// The elements of `x` read with `strides` (0 on broadcast dims) over `shape`, in order, in a
+/// recycled buffer of `n` elements: runs along the last dim are copied (or filled, when that
+/// dim is broadcast).
+fn expand_into<T: kiln_kernels::recycle::Recycled>(x: &[T], shape: &[usize], strides: &[usize], n: usize) -> Vec<T> {
+    let mut out = kiln_kernels::recycle::take_of::<T>(n);
+    let (Some(&inner), Some(&step)) = (shape.last(), strides.last()) else {
+        // A scalar output.
+        if let (Some(o), Some(&v)) = (out.first_mut(), x.first()) {
+            *o = v;
+        }
+        return out;
+    };
+    if n == 0 || inner == 0 {
+        return out;
+    }
+    let outer = &shape[..shape.len() - 1];
+    let mut idx: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![0; outer.len()];
+    let mut base = 0usize;
+    for dst in out.chunks_exact_mut(inner) {
+        if step == 0 {
+            dst.fill(x.get(base).copied().unwrap_or_default());
+        } else if let Some(src) = x.get(base..base + inner) {
+            dst.copy_from_slice(src);
+        }
+        // Odometer over the outer dims, innermost first.
+        for d in (0..outer.len()).rev() {
+            idx[d] += 1;
+            base += strides[d];
+            if idx[d] < outer[d] {
+                break;
+            }
+            base -= strides[d] * outer[d];
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
 impl Expand {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        let spec = read_i64s(args.tensor(1)?, "shape")?;
-        let spec: Vec<usize> = spec
+        let spec = crate::util::read_i64s_cow(args.tensor(1)?, "shape")?;
+        let spec: kiln_tensor::Shape = spec
             .iter()
             .map(|&d| crate::util::dim(d, "shape"))
             .collect::<Result<_>>()?;
         let out = kiln_tensor::broadcast_shapes(x.shape(), &spec)?;
+        let n = checked_numel(&out)?;
+        // Element types the arena recycles: a walk over the output with the input's broadcast
+        // strides, into a recycled buffer. Others: through an index map.
+        let strides = crate::util::broadcast_strides(x.shape(), &out)?;
+        match x.data() {
+            Data::F32(v) => return one(Tensor::from_vec(out.clone(), expand_into(v, &out, &strides, n))?),
+            Data::I64(v) => return one(Tensor::from_vec(out.clone(), expand_into(v, &out, &strides, n))?),
+            Data::Bool(v) => return one(Tensor::from_vec(out.clone(), expand_into(v, &out, &strides, n))?),
+            _ => {}
+        }
         let idx = crate::util::broadcast_map(x.shape(), &out)?;
         one(x.gather_flat(out, &idx)?)
     }
