@@ -16,14 +16,14 @@
 //! after run.
 //!
 //! A taken vector holds stale values from its previous use (never uninitialised memory: this
-//! is plain safe Rust), so only callers that overwrite all of it may use it. Vectors smaller than [`MIN_FLOATS`] are not kept (allocating them is
+//! is plain safe Rust), so only callers that overwrite all of it may use it. Vectors smaller than [`MIN_LEN`] are not kept (allocating them is
 //! cheap), and an arena never keeps more than [`MAX_BYTES`].
 
 use std::cell::RefCell;
 use std::collections::HashSet;
 
-/// Smallest vector kept: 64 bytes (a run's small intermediates, such as pooled features, recycle too).
-pub const MIN_FLOATS: usize = 16;
+/// Fewest elements a kept vector has (64 bytes of f32: pooled features and logits recycle too).
+pub const MIN_LEN: usize = 16;
 /// Most bytes an arena keeps at once; the oldest vectors go first.
 pub const MAX_BYTES: usize = 1 << 30;
 
@@ -112,7 +112,7 @@ impl Arena {
 
     fn put<T: Recycled>(&mut self, v: Vec<T>) {
         let b = bytes_of(&v);
-        if v.capacity() < MIN_FLOATS || b > MAX_BYTES {
+        if v.capacity() < MIN_LEN || b > MAX_BYTES {
             return;
         }
         let mut bytes = self.bytes;
@@ -135,7 +135,7 @@ impl Arena {
             .iter()
             .enumerate()
             .rev()
-            .find(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n.max(MIN_FLOATS))
+            .find(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n.max(MIN_LEN))
             .map(|(i, _)| i)?;
         let v = pool.kept.remove(best);
         self.bytes -= bytes_of(&v);
@@ -143,7 +143,7 @@ impl Arena {
     }
 
     fn note_taken<T>(&mut self, v: &Vec<T>) {
-        if v.capacity() >= MIN_FLOATS {
+        if v.capacity() >= MIN_LEN {
             if self.taken.len() >= MAX_TAKEN {
                 self.taken.clear();
             }
@@ -255,7 +255,7 @@ mod tests {
         let b = take(6_000);
         assert_eq!((b.len(), b[0]), (6_000, 1.0));
         // Nothing left: a fresh zeroed vector. A small vector (pooled features) is kept too,
-        // but not one under MIN_FLOATS.
+        // but not one under MIN_LEN.
         assert_eq!(take(4_200), vec![0.0; 4_200]);
         assert_eq!(take(100), vec![6.0; 100]);
         assert_eq!(take(8), vec![0.0; 8]);

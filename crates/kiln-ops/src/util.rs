@@ -2,7 +2,7 @@
 //! shape-like inputs, size checks before allocation.
 
 use crate::error::{OpError, Result};
-use kiln_tensor::{MAX_ELEMENTS, Tensor, numel, strides_of};
+use kiln_tensor::{MAX_ELEMENTS, Tensor, numel};
 
 /// Turns a possibly negative ONNX axis into an index below `rank`.
 pub fn norm_axis(axis: i64, rank: usize) -> Result<usize> {
@@ -32,8 +32,6 @@ pub fn checked_numel(shape: &[usize]) -> Result<usize> {
     numel(shape).ok_or_else(|| OpError::Shape(format!("shape {shape:?} exceeds {MAX_ELEMENTS} elements")))
 }
 
-/// For each element of `out_shape` (row-major), the flat index of the element of a tensor of
-/// `in_shape` that numpy broadcasting reads. `in_shape` must broadcast to `out_shape`.
 /// Element strides of `in_shape` read as `out_shape` under numpy broadcasting: per output dim,
 /// the input's stride, 0 where the input has no such dim or a broadcast 1.
 pub fn broadcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Result<kiln_tensor::Shape> {
@@ -57,46 +55,49 @@ pub fn broadcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Result<kiln
     Ok(strides)
 }
 
-pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>> {
-    let n = checked_numel(out_shape)?;
-    let rank = out_shape.len();
-    if in_shape.len() > rank {
-        return Err(OpError::Shape(format!(
-            "{in_shape:?} does not broadcast to {out_shape:?}"
-        )));
+/// Calls `f` for every element of `shape`, in row-major order, with its offset in each of `K`
+/// operands read with the given per-dim strides (0 on broadcast dims): the one odometer behind
+/// the ops' strided walks (broadcast and transpose maps, Where, Expand).
+pub fn for_each_offset<const K: usize>(shape: &[usize], strides: [&[usize]; K], mut f: impl FnMut([usize; K])) {
+    if shape.contains(&0) {
+        return;
     }
-    let off = rank - in_shape.len();
-    let in_strides = strides_of(in_shape);
-    // Stride per output dim in the input (0 where broadcast).
-    let mut strides = vec![0usize; rank];
-    for i in 0..in_shape.len() {
-        let (d, o) = (in_shape[i], out_shape[i + off]);
-        if d == o {
-            strides[i + off] = in_strides[i];
-        } else if d != 1 {
-            return Err(OpError::Shape(format!(
-                "{in_shape:?} does not broadcast to {out_shape:?}"
-            )));
+    let rank = shape.len();
+    let mut idx: kiln_tensor::Shape = smallvec::smallvec![0; rank];
+    let mut off = [0usize; K];
+    loop {
+        f(off);
+        let mut d = rank;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            for (o, s) in off.iter_mut().zip(strides) {
+                *o += s.get(d).copied().unwrap_or(0);
+            }
+            if idx[d] < shape[d] {
+                break;
+            }
+            for (o, s) in off.iter_mut().zip(strides) {
+                *o -= s.get(d).copied().unwrap_or(0) * shape[d];
+            }
+            idx[d] = 0;
         }
     }
+}
+
+/// For each element of `out_shape` (row-major), the flat index of the element of a tensor of
+/// `in_shape` that numpy broadcasting reads. `in_shape` must broadcast to `out_shape`.
+pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>> {
+    let n = checked_numel(out_shape)?;
+    let strides = broadcast_strides(in_shape, out_shape)?;
     if in_shape == out_shape {
         return Ok((0..n).collect());
     }
     let mut out = Vec::with_capacity(n);
-    let mut idx = vec![0usize; rank];
-    let mut flat = 0usize;
-    for _ in 0..n {
-        out.push(flat);
-        for d in (0..rank).rev() {
-            idx[d] += 1;
-            flat += strides[d];
-            if idx[d] < out_shape[d] {
-                break;
-            }
-            flat -= strides[d] * idx[d];
-            idx[d] = 0;
-        }
-    }
+    for_each_offset(out_shape, [&strides], |[i]| out.push(i));
     Ok(out)
 }
 

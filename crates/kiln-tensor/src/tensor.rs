@@ -438,15 +438,6 @@ impl Tensor {
         })
     }
 
-    /// The f32 elements' vector when the tensor owns it (`None` for other types and for views
-    /// of shared bytes): how a freed tensor's storage is handed on without a copy.
-    pub fn into_owned_f32(self) -> Option<Vec<f32>> {
-        match self.data {
-            Data::F32(b) => b.into_owned(),
-            _ => None,
-        }
-    }
-
     pub fn into_vec<T: Element>(self) -> Result<Vec<T>, TensorError> {
         let got = self.dtype;
         T::into_vec(self.data).ok_or(TensorError::DType {

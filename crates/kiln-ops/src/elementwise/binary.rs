@@ -124,31 +124,14 @@ pub(crate) struct Bcast {
     sb: Shape,
 }
 
-/// Strides of `in_shape` read as `out_shape` under numpy broadcasting (0 on broadcast dims).
-fn bcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Result<Shape> {
-    let bad = || OpError::Shape(format!("{in_shape:?} does not broadcast to {out_shape:?}"));
-    let off = out_shape.len().checked_sub(in_shape.len()).ok_or_else(bad)?;
-    let mut strides: Shape = smallvec::smallvec![0usize; out_shape.len()];
-    let mut step = 1usize;
-    for (i, &d) in in_shape.iter().enumerate().rev() {
-        let o = out_shape.get(i + off).copied().ok_or_else(bad)?;
-        if d == o {
-            if let Some(s) = strides.get_mut(i + off) {
-                *s = if d == 1 { 0 } else { step };
-            }
-        } else if d != 1 {
-            return Err(bad());
-        }
-        step = step.saturating_mul(d);
-    }
-    Ok(strides)
-}
-
 impl Bcast {
     pub fn new(a: &[usize], b: &[usize]) -> Result<Bcast> {
         let shape = broadcast_shapes(a, b)?;
         checked_numel(&shape)?;
-        let (fa, fb) = (bcast_strides(a, &shape)?, bcast_strides(b, &shape)?);
+        let (fa, fb) = (
+            crate::util::broadcast_strides(a, &shape)?,
+            crate::util::broadcast_strides(b, &shape)?,
+        );
         let (mut dims, mut sa, mut sb) = (Shape::new(), Shape::new(), Shape::new());
         for ((&d, &x), &y) in shape.iter().zip(&fa).zip(&fb) {
             if d == 1 {

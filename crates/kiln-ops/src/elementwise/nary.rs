@@ -7,7 +7,7 @@
 use super::binary::Bcast;
 use super::scalar::{Num, map_same2, nan_max, nan_min, with_num, with_num2};
 use crate::error::{OpError, Result};
-use crate::util::checked_numel;
+use crate::util::{checked_numel, for_each_offset};
 use kiln_tensor::{Data, Element, Tensor, broadcast_shapes, numel};
 
 /// Sum, Mean, Max or Min of one or more broadcast inputs.
@@ -161,7 +161,7 @@ pub fn eval_where(c: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
         // Every element is written below: a recycled buffer needs no clearing.
         let mut out = kiln_kernels::recycle::take(n);
         let mut dst = out.iter_mut();
-        walk3(&shape, &strides, |k, i, j| {
+        for_each_offset(&shape, strides.each_ref().map(|s| s.as_slice()), |[k, i, j]| {
             if let Some(d) = dst.next() {
                 *d = if cv.get(k).copied().unwrap_or(false) {
                     xv.get(i)
@@ -179,38 +179,6 @@ pub fn eval_where(c: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
     Ok(Tensor::new(x.dtype(), shape, data)?)
 }
 
-/// Calls `f(c, x, y)` with the three inputs' offsets for every output element in order: an
-/// odometer over `shape` with each input's broadcast strides (0 on broadcast dims).
-fn walk3(shape: &[usize], strides: &[kiln_tensor::Shape; 3], mut f: impl FnMut(usize, usize, usize)) {
-    if shape.contains(&0) {
-        return;
-    }
-    let rank = shape.len();
-    let mut idx: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![0; rank];
-    let mut off = [0usize; 3];
-    loop {
-        f(off[0], off[1], off[2]);
-        let mut d = rank;
-        loop {
-            if d == 0 {
-                return;
-            }
-            d -= 1;
-            idx[d] += 1;
-            for (o, s) in off.iter_mut().zip(strides) {
-                *o += s[d];
-            }
-            if idx[d] < shape[d] {
-                break;
-            }
-            for (o, s) in off.iter_mut().zip(strides) {
-                *o -= s[d] * shape[d];
-            }
-            idx[d] = 0;
-        }
-    }
-}
-
 fn select<T: Clone + Default>(
     c: &[bool],
     x: &[T],
@@ -219,7 +187,7 @@ fn select<T: Clone + Default>(
     strides: &[kiln_tensor::Shape; 3],
 ) -> Vec<T> {
     let mut out = Vec::with_capacity(numel(shape).unwrap_or(0));
-    walk3(shape, strides, |k, i, j| {
+    for_each_offset(shape, strides.each_ref().map(|s| s.as_slice()), |[k, i, j]| {
         let v = if c.get(k).copied().unwrap_or(false) {
             x.get(i)
         } else {

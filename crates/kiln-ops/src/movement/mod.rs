@@ -322,22 +322,8 @@ pub(crate) fn transpose_map(shape: &[usize], perm: &[usize]) -> Result<(Vec<usiz
     let n = crate::util::checked_numel(&out_shape)?;
     let in_strides = strides(shape);
     let st: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
-    let rank = out_shape.len();
     let mut idx = Vec::with_capacity(n);
-    let mut pos = vec![0usize; rank];
-    let mut flat = 0usize;
-    for _ in 0..n {
-        idx.push(flat);
-        for d in (0..rank).rev() {
-            pos[d] += 1;
-            flat += st[d];
-            if pos[d] < out_shape[d] {
-                break;
-            }
-            flat -= st[d] * pos[d];
-            pos[d] = 0;
-        }
-    }
+    crate::util::for_each_offset(&out_shape, [&st], |[i]| idx.push(i));
     Ok((out_shape, idx))
 }
 
@@ -351,7 +337,11 @@ pub(crate) fn norm_index(i: i64, size: usize) -> Result<usize> {
     Ok(j as usize)
 }
 
-pub(crate) fn fixed_dims(s: &[usize]) -> Vec<Dim> {
+/// Dims of a shape, inline to rank 6 (`Dim::Fixed` owns nothing, so a run-time shape
+/// converts without allocating).
+pub(crate) type DimVec = smallvec::SmallVec<[Dim; 6]>;
+
+pub(crate) fn fixed_dims(s: &[usize]) -> DimVec {
     s.iter().map(|&d| Dim::Fixed(d)).collect()
 }
 

@@ -12,9 +12,10 @@ pub struct Reshape {
     pub allowzero: bool,
 }
 
-/// The target shape of a Reshape of `input` (dims possibly symbolic) to `spec`.
-fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<Vec<Dim>>> {
-    let mut out: Vec<Option<Dim>> = Vec::with_capacity(spec.len());
+/// The target shape of a Reshape of `input` (dims possibly symbolic) to `spec`. Inline
+/// vectors throughout: at run time (all dims fixed) it allocates nothing.
+fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<DimVec>> {
+    let mut out: smallvec::SmallVec<[Option<Dim>; 6]> = smallvec::SmallVec::with_capacity(spec.len());
     let mut infer_at = None;
     for (i, &s) in spec.iter().enumerate() {
         match s {
@@ -47,7 +48,7 @@ fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<V
             )));
         }
         // Cancel symbols present on both sides, then divide the fixed parts.
-        let mut in_syms: Vec<&Dim> = Vec::new();
+        let mut in_syms: smallvec::SmallVec<[&Dim; 6]> = smallvec::SmallVec::new();
         let mut in_fixed: usize = 1;
         for d in input {
             match d {
@@ -90,7 +91,7 @@ fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<V
         };
         out[at] = Some(d);
     }
-    let out: Vec<Dim> = out.into_iter().flatten().collect();
+    let out: DimVec = out.into_iter().flatten().collect();
     if let (Some(a), Some(b)) = (fixed_of(input), fixed_of(&out))
         && checked_numel(&a)? != checked_numel(&b)?
     {
@@ -99,40 +100,10 @@ fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<V
     Ok(Some(out))
 }
 
-pub(crate) fn fixed_of(d: &[Dim]) -> Option<Vec<usize>> {
+pub(crate) fn fixed_of(d: &[Dim]) -> Option<kiln_tensor::Shape> {
     d.iter()
         .map(|d| if let Dim::Fixed(n) = d { Some(*n) } else { None })
         .collect()
-}
-
-/// [`reshape_dims`] for a known input shape, without the symbolic bookkeeping; `None` for
-/// every spec it refuses (the caller then asks `reshape_dims` for the error).
-fn reshape_fixed(input: &[usize], spec: &[i64], allowzero: bool) -> Option<kiln_tensor::Shape> {
-    use kiln_tensor::numel;
-    let mut out = kiln_tensor::Shape::with_capacity(spec.len());
-    let mut infer_at = None;
-    for (i, &s) in spec.iter().enumerate() {
-        match s {
-            0 if !allowzero => out.push(*input.get(i)?),
-            -1 if infer_at.is_none() && !(allowzero && spec.contains(&0)) => {
-                infer_at = Some(i);
-                out.push(1);
-            }
-            s if s < 0 => return None,
-            s => out.push(usize::try_from(s).ok()?),
-        }
-    }
-    let in_n = numel(input)?;
-    if let Some(at) = infer_at {
-        let rest = numel(&out)?;
-        let d = match (in_n, rest) {
-            (_, 0) => return None,
-            (n, r) if n % r == 0 => n / r,
-            _ => return None,
-        };
-        *out.get_mut(at)? = d;
-    }
-    (numel(&out)? == in_n).then_some(out)
 }
 
 impl Reshape {
@@ -146,12 +117,8 @@ impl Reshape {
             Some(s) => std::borrow::Cow::Borrowed(s.as_slice()),
             None => crate::util::read_i64s_cow(args.tensor(1)?, "shape")?,
         };
-        if let Some(shape) = reshape_fixed(x.shape(), &spec, self.allowzero) {
-            return Ok(shape);
-        }
         reshape_dims(&fixed_dims(x.shape()), &spec, self.allowzero)?
             .and_then(|d| fixed_of(&d))
-            .map(kiln_tensor::Shape::from)
             .ok_or_else(|| OpError::Shape(format!("reshape: cannot reshape {:?} to {spec:?}", x.shape())))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -161,7 +128,7 @@ impl Reshape {
             None => const_tensor(inputs, 1).map(|t| read_i64s(t, "shape")).transpose()?,
         };
         let shape = match (spec, in_shape(inputs, 0)) {
-            (Some(spec), Some(input)) => reshape_dims(&input, &spec, self.allowzero)?,
+            (Some(spec), Some(input)) => reshape_dims(&input, &spec, self.allowzero)?.map(DimVec::into_vec),
             // Without the input shape, only a spec free of 0 and -1 decides the output.
             (Some(spec), None) if spec.iter().all(|&s| s > 0 || (s == 0 && self.allowzero)) => {
                 Some(spec.iter().map(|&s| Dim::Fixed(s as usize)).collect())
@@ -288,7 +255,7 @@ pub struct Squeeze {
     pub axes: Option<Vec<i64>>,
 }
 
-fn squeeze_dims(shape: &[Dim], axes: Option<&[i64]>) -> Result<Option<Vec<Dim>>> {
+fn squeeze_dims(shape: &[Dim], axes: Option<&[i64]>) -> Result<Option<DimVec>> {
     match axes {
         Some(axes) => {
             let ax = norm_axes(axes, shape.len())?;
@@ -325,28 +292,13 @@ impl Squeeze {
     pub fn view_shape(&self, args: &Args<'_>) -> Result<kiln_tensor::Shape> {
         let x = args.tensor(0)?;
         let axes = ints_from(&self.axes, args, 1, "axes")?;
-        let shape = x.shape();
-        match axes.as_deref() {
-            Some(axes) => {
-                let ax = norm_axes(axes, shape.len())?;
-                if let Some(&a) = ax.iter().find(|&&a| shape.get(a) != Some(&1)) {
-                    let n = shape.get(a).copied().unwrap_or(0);
-                    return Err(OpError::Shape(format!("squeeze: axis {a} has size {n}, not 1")));
-                }
-                Ok(shape
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| !ax.contains(i))
-                    .map(|(_, &d)| d)
-                    .collect())
-            }
-            None => Ok(shape.iter().copied().filter(|&d| d != 1).collect()),
-        }
+        let dims = squeeze_dims(&fixed_dims(x.shape()), axes.as_deref())?.and_then(|d| fixed_of(&d));
+        dims.ok_or_else(|| OpError::Shape("squeeze".into()))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
         let shape = match (const_ints(&self.axes, inputs, 1), in_shape(inputs, 0)) {
-            (Ok(axes), Some(s)) => squeeze_dims(&s, axes.as_deref())?,
+            (Ok(axes), Some(s)) => squeeze_dims(&s, axes.as_deref())?.map(DimVec::into_vec),
             _ => None,
         };
         Ok(vec![tensor_type(dtype, shape)])
@@ -360,11 +312,11 @@ pub struct Unsqueeze {
     pub axes: Option<Vec<i64>>,
 }
 
-fn unsqueeze_dims(shape: &[Dim], axes: &[i64]) -> Result<Vec<Dim>> {
+fn unsqueeze_dims(shape: &[Dim], axes: &[i64]) -> Result<DimVec> {
     let rank = shape.len() + axes.len();
     let ax = norm_axes(axes, rank)?;
     let mut src = shape.iter();
-    let mut out = Vec::with_capacity(rank);
+    let mut out = DimVec::with_capacity(rank);
     for i in 0..rank {
         if ax.contains(&i) {
             out.push(Dim::Fixed(1));
@@ -383,18 +335,12 @@ impl Unsqueeze {
     pub fn view_shape(&self, args: &Args<'_>) -> Result<kiln_tensor::Shape> {
         let x = args.tensor(0)?;
         let axes = ints_from(&self.axes, args, 1, "axes")?.ok_or(OpError::MissingInput { index: 1 })?;
-        let rank = x.rank() + axes.len();
-        let ax = norm_axes(&axes, rank)?;
-        let mut src = x.shape().iter();
-        (0..rank)
-            .map(|i| if ax.contains(&i) { Some(1) } else { src.next().copied() })
-            .collect::<Option<kiln_tensor::Shape>>()
-            .ok_or_else(|| OpError::Shape("unsqueeze".into()))
+        Ok(fixed_of(&unsqueeze_dims(&fixed_dims(x.shape()), &axes)?).unwrap_or_default())
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
         let shape = match (const_ints(&self.axes, inputs, 1), in_shape(inputs, 0)) {
-            (Ok(Some(axes)), Some(s)) => Some(unsqueeze_dims(&s, &axes)?),
+            (Ok(Some(axes)), Some(s)) => Some(unsqueeze_dims(&s, &axes)?.into_vec()),
             _ => None,
         };
         Ok(vec![tensor_type(dtype, shape)])
@@ -410,7 +356,7 @@ pub struct Expand;
 /// dim is broadcast).
 fn expand_into<T: kiln_kernels::recycle::Recycled>(x: &[T], shape: &[usize], strides: &[usize], n: usize) -> Vec<T> {
     let mut out = kiln_kernels::recycle::take_of::<T>(n);
-    let (Some(&inner), Some(&step)) = (shape.last(), strides.last()) else {
+    let (Some((&inner, outer)), Some((&step, outer_strides))) = (shape.split_last(), strides.split_last()) else {
         // A scalar output.
         if let (Some(o), Some(&v)) = (out.first_mut(), x.first()) {
             *o = v;
@@ -420,26 +366,15 @@ fn expand_into<T: kiln_kernels::recycle::Recycled>(x: &[T], shape: &[usize], str
     if n == 0 || inner == 0 {
         return out;
     }
-    let outer = &shape[..shape.len() - 1];
-    let mut idx: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![0; outer.len()];
-    let mut base = 0usize;
-    for dst in out.chunks_exact_mut(inner) {
+    let mut dst = out.chunks_exact_mut(inner);
+    crate::util::for_each_offset(outer, [outer_strides], |[base]| {
+        let Some(dst) = dst.next() else { return };
         if step == 0 {
             dst.fill(x.get(base).copied().unwrap_or_default());
         } else if let Some(src) = x.get(base..base + inner) {
             dst.copy_from_slice(src);
         }
-        // Odometer over the outer dims, innermost first.
-        for d in (0..outer.len()).rev() {
-            idx[d] += 1;
-            base += strides[d];
-            if idx[d] < outer[d] {
-                break;
-            }
-            base -= strides[d] * outer[d];
-            idx[d] = 0;
-        }
-    }
+    });
     out
 }
 
@@ -613,7 +548,9 @@ impl Range {
                 ];
                 let refs: Vec<Option<&Value>> = args.iter().map(Some).collect();
                 let out = self.eval(&Args::new(&refs))?;
-                out.first().and_then(|v| v.as_tensor()).map(|t| fixed_dims(t.shape()))
+                out.first()
+                    .and_then(|v| v.as_tensor())
+                    .map(|t| fixed_dims(t.shape()).into_vec())
             }
             _ => None,
         };

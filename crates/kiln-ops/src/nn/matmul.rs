@@ -104,36 +104,6 @@ fn no_fast_gemm<T>(
     None
 }
 
-/// Which matrix of an operand each matrix of the batch reads: the same index when the operand
-/// has the whole batch (every dim matches: equal counts under broadcasting), the one matrix
-/// when it has one, else an index map. Only a true broadcast allocates.
-enum BatchMap {
-    Same,
-    One,
-    Map(Vec<usize>),
-}
-
-impl BatchMap {
-    fn new(operand: &[usize], batch: &[usize]) -> Result<BatchMap> {
-        let (n, total) = (numel(operand)?, numel(batch)?);
-        Ok(if n == total && operand.len() <= batch.len() {
-            BatchMap::Same
-        } else if n == 1 {
-            BatchMap::One
-        } else {
-            BatchMap::Map(util::broadcast_map(operand, batch)?)
-        })
-    }
-
-    fn get(&self, i: usize) -> usize {
-        match self {
-            BatchMap::Same => i,
-            BatchMap::One => 0,
-            BatchMap::Map(m) => m.get(i).copied().unwrap_or(0),
-        }
-    }
-}
-
 /// The batched product, and whether every matrix went through `fast` (which then applied
 /// `ep`); otherwise nothing of `ep` was applied.
 fn matmul_core<T: GemmScalar>(
@@ -144,33 +114,42 @@ fn matmul_core<T: GemmScalar>(
     ep: FastEpilogue<'_, T>,
 ) -> Result<(Vec<T>, bool)> {
     let nb = numel(&p.batch)?;
-    let (amap, bmap) = (
-        BatchMap::new(&p.a_batch, &p.batch)?,
-        BatchMap::new(&p.b_batch, &p.batch)?,
+    // Each operand's matrix for every matrix of the batch: its offset under broadcasting.
+    let (sa, sb) = (
+        util::broadcast_strides(&p.a_batch, &p.batch)?,
+        util::broadcast_strides(&p.b_batch, &p.batch)?,
     );
     let (m, k, n) = (p.m, p.k, p.n);
     // Every matrix is overwritten whole (or the call fails).
     let mut out = T::out_buffer(numel(&[nb, m, n])?);
     let mut all_fast = nb > 0;
-    for bi in 0..nb {
-        let ao = amap.get(bi) * m * k;
-        let bo = bmap.get(bi) * k * n;
-        let (a_i, b_i, out_i) = (
-            &a[ao..ao + m * k],
-            &b[bo..bo + k * n],
-            &mut out[bi * m * n..(bi + 1) * m * n],
-        );
+    let mut ok = true;
+    let mut outs = out.chunks_exact_mut((m * n).max(1));
+    util::for_each_offset(&p.batch, [&sa, &sb], |[ai, bi]| {
+        if !ok {
+            return;
+        }
+        // An empty product (m or n is 0) has empty matrices, which `chunks_exact_mut` skips.
+        let out_i = if m * n == 0 { Some(&mut [][..]) } else { outs.next() };
+        let (Some(a_i), Some(b_i), Some(out_i)) = (
+            a.get(ai * m * k..(ai + 1) * m * k),
+            b.get(bi * k * n..(bi + 1) * k * n),
+            out_i,
+        ) else {
+            ok = false;
+            return;
+        };
         let (la, lb) = (MatLayout::row_major(k), MatLayout::row_major(n));
-        let ok = match fast(m, n, k, a_i, la, b_i, lb, out_i, ep) {
+        ok &= match fast(m, n, k, a_i, la, b_i, lb, out_i, ep) {
             Some(done) => done,
             None => {
                 all_fast = false;
                 gemm(m, n, k, a_i, la, b_i, lb, out_i)
             }
         };
-        if !ok {
-            return Err(OpError::Shape("MatMul: operand sizes do not match their shapes".into()));
-        }
+    });
+    if !ok {
+        return Err(OpError::Shape("MatMul: operand sizes do not match their shapes".into()));
     }
     Ok((out, all_fast))
 }
@@ -419,22 +398,17 @@ impl Gemm {
         {
             let cd = super::floats::<T>(c, 2)?;
             let beta = T::from_f64(self.beta as f64);
-            // The usual C, a row of n biases or a full [m, n], is added in place; other
-            // broadcasts go through an index map.
-            match c.shape() {
-                [cn] | [1, cn] if *cn == n && n > 0 => {
-                    for row in y.chunks_exact_mut(n) {
-                        row.iter_mut().zip(cd.iter()).for_each(|(v, &b)| *v += beta * b);
-                    }
-                }
-                [cm, cn] if (*cm, *cn) == (m, n) => {
-                    y.iter_mut().zip(cd.iter()).for_each(|(v, &b)| *v += beta * b);
-                }
-                _ => {
-                    let map = util::broadcast_map(c.shape(), &[m, n])?;
-                    for (v, &i) in y.iter_mut().zip(&map) {
-                        *v += beta * cd[i];
-                    }
+            // C broadcasts to [m, n] (rank <= 2): per row of Y, its row of C, or the one value
+            // of a row broadcast along the columns.
+            let st = util::broadcast_strides(c.shape(), &[m, n])?;
+            let (sm, sn) = (st.first().copied().unwrap_or(0), st.get(1).copied().unwrap_or(0));
+            for (r, row) in y.chunks_exact_mut(n.max(1)).enumerate() {
+                let base = r * sm;
+                if sn == 0 {
+                    let b = beta * cd.get(base).copied().unwrap_or_else(T::zero);
+                    row.iter_mut().for_each(|v| *v += b);
+                } else if let Some(cr) = cd.get(base..base + n) {
+                    row.iter_mut().zip(cr).for_each(|(v, &b)| *v += beta * b);
                 }
             }
         }
