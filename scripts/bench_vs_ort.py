@@ -3,8 +3,9 @@ kiln ms, ORT ms, kiln/ORT, kiln's GFLOP/s and its share of the 117 GFLOP/s singl
 the geometric mean of the ratios.
 
 Method: each model is compiled to a .kiln once (default options). Then, for R rounds, kiln and ORT
-alternate (A B A B): kiln runs `kiln bench PROGRAM -n K --json` (its own warm-up, then K timed
-inferences; the round's sample is their median) and ORT times K runs of the same inputs after a
+alternate (A B A B): kiln runs `kiln bench PROGRAM -n K --json` (a warm-up of about WARMUP_S
+seconds, as ORT's session is warm from the earlier rounds, then K timed inferences; the round's
+sample is their median) and ORT times K runs of the same inputs after a
 warm-up run (the round's sample is their median). The figure per runtime is the median of the R
 round samples (R x K >= 20 runs each by default). ORT uses ORT_ENABLE_ALL and
 intra_op_num_threads = T; kiln gets num_of_cores = T (its own pool: the caller plus T - 1
@@ -53,11 +54,23 @@ def macs(kiln, model):
     return int(m.group(1).replace(",", "")) if m else None
 
 
-def kiln_round(kiln, program, npz, k, threads):
-    out = subprocess.run([kiln, "bench", program, "--inputs", npz, "-n", str(k), "--warmup", "1", "--json",
+def kiln_round(kiln, program, npz, k, threads, warmup=1):
+    out = subprocess.run([kiln, "bench", program, "--inputs", npz, "-n", str(k), "--warmup", str(warmup), "--json",
                           "--quiet", "-O", f"num_of_cores={threads}"],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out)["latency_ms"]["p50"]
+
+
+# A fresh process runs its first ~0.2 s slowly (measured: MobileNet-v2 on 2 threads, p50 of
+# runs 2-6 at 8-9 ms, of runs 2-81 at 4.6-5.4 ms; on 1 thread 9-10 against 7.7 ms) while the
+# OS settles its threads, and ORT's session stays warm across rounds. So each kiln round
+# first warms up for about this long, as a count of runs from a probe of the model's latency.
+WARMUP_S = 0.5
+
+
+def kiln_warmup(kiln, program, npz, threads):
+    probe = kiln_round(kiln, program, npz, 3, threads)
+    return max(1, min(500, int(WARMUP_S * 1e3 / max(probe, 1e-3)) + 1))
 
 
 def ort_round(sess, feeds, k):
@@ -96,8 +109,9 @@ def main():
                 npz = os.path.join(tmp, name + ".in.npz")
                 np.savez(npz, **feeds)
                 ks, os_ = [], []
+                warmup = kiln_warmup(a.kiln, program, npz, t)
                 for _ in range(a.rounds):
-                    ks.append(kiln_round(a.kiln, program, npz, a.per_round, t))
+                    ks.append(kiln_round(a.kiln, program, npz, a.per_round, t, warmup))
                     os_.append(ort_round(sess, feeds, a.per_round))
                 k, o = statistics.median(ks), statistics.median(os_)
                 gflops = flops / (k * 1e-3) / 1e9 if flops else float("nan")
