@@ -380,7 +380,8 @@ fn packed_bytes_round_trip_into_sgemm() {
     }
 }
 
-/// Problems big enough to be split over threads (by rows in whole tiles, with the row bias
+/// Problems big enough to be split over threads (by rows, blocks not rounded to whole tiles
+/// (49 rows: 25 + 24 on 2 threads, 17 + 16 + 16 on 3), with the row bias
 /// and residual following their rows; or, for few rows, by whole B panels, with the column
 /// bias and residual following their columns), run under 2- and 3-thread pools. Every bias
 /// kind meets both splits (`i % 3`).
@@ -397,6 +398,7 @@ fn split_over_threads_matches_oracle() {
                 (5, 700, 160),
                 (3, 1000, 200),
                 (9, 650, 100),
+                (49, 160, 240),
             ]
             .iter()
             .enumerate()

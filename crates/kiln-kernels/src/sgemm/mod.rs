@@ -183,23 +183,25 @@ pub fn sgemm_with(
         driver::run(&kernels, m, &a, &b, c, ldc, epilogue);
         return Ok(());
     }
-    // Whole row tiles or whole B panels per thread, whichever splits more evenly (few rows,
-    // such as a deep convolution's 49 pixels, split badly into 8-row tiles).
-    let (row_tiles, panels) = (m.div_ceil(kernels.mr), b.n().div_ceil(b.layout().nr()));
-    let balance = |units: usize| units as f64 / (threads * units.div_ceil(threads)) as f64;
-    if panels >= 2 && (row_tiles < 2 || balance(panels) > balance(row_tiles) + 0.05) {
+    // Rows or whole B panels per thread, whichever splits more evenly (few rows, such as a
+    // deep convolution's 49 pixels, split badly).
+    let panels = b.n().div_ceil(b.layout().nr());
+    let tasks = threads.min(m / kernels.mr);
+    let rows_per = m.div_ceil(tasks.max(1));
+    let panel_balance = panels as f64 / (threads * panels.div_ceil(threads)) as f64;
+    let row_balance = m as f64 / (threads as f64 * row_cost(rows_per, kernels.mr));
+    if panels >= 2 && (tasks < 2 || panel_balance > row_balance + 0.05) {
         split_columns(&kernels, threads, m, &a, &b, c, ldc, epilogue);
         return Ok(());
     }
-    if m < 2 * kernels.mr {
+    if tasks < 2 {
         driver::run(&kernels, m, &a, &b, c, ldc, epilogue);
         return Ok(());
     }
-    // Split C by rows, in whole tiles, one block per thread: each block is a disjoint
-    // `&mut` chunk of C with the matching rows of A, the row bias and the residual; B is
-    // shared (read-only).
-    let tasks = threads.min(m / kernels.mr);
-    let rows_per = m.div_ceil(tasks).div_ceil(kernels.mr) * kernels.mr;
+    // Split C by rows, one block of `ceil(m / tasks)` rows per thread (not rounded to whole
+    // tiles: 49 rows run as 25 + 24, a 1-row tile more on one side, where whole tiles gave
+    // 32 + 17): each block is a disjoint `&mut` chunk of C with the matching rows of A, the
+    // row bias and the residual; B is shared (read-only).
     let chunk = rows_per.saturating_mul(ldc).max(1);
     let blocks: smallvec::SmallVec<[std::sync::Mutex<&mut [f32]>; 4]> =
         c.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
@@ -275,6 +277,14 @@ fn split_columns(
         // `validate` too.
         unsafe { driver::run_raw(kernels, m, a, &sub_b, sub_c, &sub_epi) };
     });
+}
+
+/// What `rows` rows of C cost in rows of full `mr`-row tiles: a partial tile of `q` rows
+/// costs at least a quarter of a full one (its few accumulators wait on the FMA latency).
+fn row_cost(rows: usize, mr: usize) -> f64 {
+    let q = rows % mr;
+    let partial = if q == 0 { 0.0 } else { q.max(mr.div_ceil(4)) as f64 };
+    (rows - q) as f64 + partial
 }
 
 /// Multiply-adds below which a GEMM runs on one thread (a fork-join costs about a

@@ -156,11 +156,14 @@ macro_rules! simd_math {
                 Act::Relu => blend(gt_or_nan(x, zero()), x, zero()),
                 Act::Clip { min: lo, max: hi } => {
                     let mut r = x;
+                    // `max(l, r)` is `l > r ? l : r` and `min(h, r)` is `h < r ? h : r`
+                    // (x86's rule: the second operand when unordered), so a NaN stays and
+                    // signed zeros pass as with a compare and blend, in one instruction.
                     if let Some(l) = lo {
-                        r = blend(lt(r, splat(l)), splat(l), r);
+                        r = max(splat(l), r);
                     }
                     if let Some(h) = hi {
-                        r = blend(gt(r, splat(h)), splat(h), r);
+                        r = min(splat(h), r);
                     }
                     r
                 }
