@@ -46,6 +46,9 @@ pub(crate) struct Kernels {
     pub tiles: &'static [TileFn],
     /// Tiles of half the width for edge columns (`nr <= NR / 2`), or empty.
     pub half: &'static [TileFn],
+    /// Tiles for edge columns `NR / 2 < nr <= 3 NR / 4` that spend no multiplies on the
+    /// panel's last quarter, or empty.
+    pub narrow: &'static [TileFn],
     /// Whether the tiles apply the epilogue themselves (else `epi` runs after each tile).
     pub fused: bool,
     pub epi: EpiFn,
@@ -189,6 +192,8 @@ pub(crate) unsafe fn run_raw(
                         let rows = mr.min(mc - ir);
                         let table = if nr <= kn / 2 && !kernels.half.is_empty() {
                             kernels.half
+                        } else if nr <= kn / 4 * 3 && !kernels.narrow.is_empty() {
+                            kernels.narrow
                         } else {
                             tiles
                         };

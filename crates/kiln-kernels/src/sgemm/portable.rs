@@ -75,6 +75,7 @@ pub(crate) fn kernels() -> Kernels {
         nr: NR,
         tiles: &TILES,
         half: &[],
+        narrow: &[],
         fused: false,
         epi,
     }

@@ -291,6 +291,7 @@ pub(crate) fn kernels() -> Kernels {
         nr: NR,
         tiles: &TILES,
         half: &[],
+        narrow: &[],
         fused: true,
         epi,
     }

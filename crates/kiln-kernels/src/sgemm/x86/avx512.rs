@@ -166,11 +166,17 @@ macro_rules! unrolled {
     };
 }
 
+/// The full-width tile, and (`NARROW`) its twin for edge panels of 17 to 24 columns: that
+/// one multiplies the second half in ymm (8 lanes, half an FMA slot of Zen 4's 256-bit pipes)
+/// rather than zmm, so a 24-column C (MobileNet's 24-channel projections) spends no FMAs on
+/// the panel's 8 zero columns.
+///
 /// # Safety
-/// The [`TileFn`] contract with `MR = 8`, `NR = 32`; the CPU has AVX-512 F + VL, AVX2, FMA.
+/// The [`TileFn`] contract with `MR = 8`, `NR = 32` (`NARROW`: `16 < nr <= 24`); the CPU
+/// has AVX-512 F + VL, AVX2, FMA.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const R: usize>(
+unsafe fn tile<const R: usize, const NARROW: bool>(
     kc: usize,
     a: *const f32,
     ars: usize,
@@ -212,16 +218,33 @@ unsafe fn tile<const R: usize>(
     macro_rules! step {
         ($p:expr) => {{
             let p = $p;
-            // SAFETY: the TileFn contract gives 32 readable floats at `b + p*bs` for `p < kc`.
-            let (b0, b1) = unsafe {
-                let bp = b.add(p * bs);
-                (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)))
-            };
-            for (i, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
-                let av = _mm512_set1_ps(unsafe { *a.add(i * ars + p * acs) });
-                acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
-                acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+            if NARROW {
+                // SAFETY: the TileFn contract gives 32 readable floats at `b + p*bs` for
+                // `p < kc` (the narrow tile reads 24 of them).
+                let (b0, b1) = unsafe {
+                    let bp = b.add(p * bs);
+                    (_mm512_loadu_ps(bp), _mm256_loadu_ps(bp.add(16)))
+                };
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
+                    let av = _mm512_set1_ps(unsafe { *a.add(i * ars + p * acs) });
+                    acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
+                    // The low 8 lanes only: the rest are masked off at the store.
+                    let lo = _mm256_fmadd_ps(_mm512_castps512_ps256(av), b1, _mm512_castps512_ps256(acc[1]));
+                    acc[1] = _mm512_castps256_ps512(lo);
+                }
+            } else {
+                // SAFETY: the TileFn contract gives 32 readable floats at `b + p*bs` for `p < kc`.
+                let (b0, b1) = unsafe {
+                    let bp = b.add(p * bs);
+                    (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)))
+                };
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
+                    let av = _mm512_set1_ps(unsafe { *a.add(i * ars + p * acs) });
+                    acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+                }
             }
         }};
     }
@@ -301,7 +324,25 @@ fn cheap_act(a: Option<Act>) -> Option<Act> {
 }
 
 static TILES: [TileFn; MR] = [
-    tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>, tile::<7>, tile::<8>,
+    tile::<1, false>,
+    tile::<2, false>,
+    tile::<3, false>,
+    tile::<4, false>,
+    tile::<5, false>,
+    tile::<6, false>,
+    tile::<7, false>,
+    tile::<8, false>,
+];
+
+static NARROW_TILES: [TileFn; MR] = [
+    tile::<1, true>,
+    tile::<2, true>,
+    tile::<3, true>,
+    tile::<4, true>,
+    tile::<5, true>,
+    tile::<6, true>,
+    tile::<7, true>,
+    tile::<8, true>,
 ];
 
 /// # Safety
@@ -438,6 +479,7 @@ pub(crate) fn kernels() -> Kernels {
         nr: NR,
         tiles: &TILES,
         half: &HALF_TILES,
+        narrow: &NARROW_TILES,
         fused: true,
         epi,
     }
