@@ -1,11 +1,13 @@
-//! Residual fusion: `Add(Conv(...), R)` (either operand order) becomes one Conv with R as its
-//! residual input (input 3), added in the GEMM epilogue after the bias and before any
-//! activation, so the sum never makes its own pass over memory. A later activation (the
-//! ResNet block's Relu) then fuses onto that Conv as usual.
+//! Residual fusion: `Add(Conv(...), R)` or `Add(MatMul(...), R)` (either operand order)
+//! becomes one Conv or MatMul with R as its residual input (input 3), added in the GEMM
+//! epilogue after the bias and before any activation, so the sum never makes its own pass over
+//! memory. A later activation (the ResNet block's Relu) then fuses onto that node as usual;
+//! a transformer block's skip connections (after the attention's output projection and the
+//! MLP's second layer) go into those MatMuls.
 //!
-//! Only when the Conv is f32, has no epilogue yet, is read by the Add alone, and R has the
-//! Conv output's static shape exactly (no broadcasting). The fused node takes the Add's place
-//! in the node order (both operands exist there) and the Conv's name.
+//! Only when the producer is f32, has no activation yet, is read by the Add alone, and R has
+//! its output's static shape exactly (no broadcasting). The fused node takes the Add's place
+//! in the node order (both operands exist there) and the producer's name.
 
 use super::edit::{Index, binary, dtype_of, fixed_shape, remove_nodes};
 use crate::CompileError;
@@ -32,11 +34,13 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             }
             let Some(p) = index.producer(c) else { continue };
             let Some(conv) = g.nodes.get(p) else { continue };
-            let NodeKind::Op(Op::Nn(NnOp::Conv(op))) = &conv.kind else {
-                continue;
+            let activation = match &conv.kind {
+                NodeKind::Op(Op::Nn(NnOp::Conv(op))) => op.activation,
+                NodeKind::Op(Op::Nn(NnOp::MatMul(op))) => op.activation,
+                _ => continue,
             };
             let shape = fixed_shape(g, c);
-            let ok = op.activation.is_none()
+            let ok = activation.is_none()
                 && conv.inputs.len() <= 3
                 && conv.outputs.len() == 1
                 && dtype_of(g, c) == Some(DType::F32)
@@ -143,6 +147,58 @@ mod tests {
                 }
                 same(&g, &before);
             }
+        }
+    }
+
+    /// x [2, 5, 8] -> MatMul(W [8, 8]) -> Add(bias) -> Add(x) (the skip connection on either
+    /// side), at level 2 (bias and residual in the prepacked MatMul's epilogue) against level 0.
+    #[test]
+    fn skip_connection_after_a_matmul_becomes_its_residual() {
+        use crate::{CompileOptions, compile};
+        use kiln_ops::Value;
+        use kiln_ops::nn::MatMul;
+        use kiln_runtime::StepKind;
+        for mm_first in [true, false] {
+            let mut b = Builder::new();
+            let x = b.input("x", &[2, 5, 8]);
+            let w = b.constant("w", noise(&[8, 8], 1));
+            let bias = b.constant("b", noise(&[8], 2));
+            let mm = b.node(
+                Op::Nn(NnOp::MatMul(MatMul::default())),
+                &[Some(x), Some(w)],
+                &[&[2, 5, 8]],
+            )[0];
+            let h = b.node(add(), &[Some(mm), Some(bias)], &[&[2, 5, 8]])[0];
+            let ins = if mm_first {
+                [Some(h), Some(x)]
+            } else {
+                [Some(x), Some(h)]
+            };
+            let y = b.node(add(), &ins, &[&[2, 5, 8]])[0];
+            let g = b.finish(&[y]);
+            let level = |opt_level| CompileOptions {
+                opt_level,
+                ..CompileOptions::default()
+            };
+            let fast = compile(g.clone(), &level(2)).unwrap().program;
+            let plain = compile(g, &level(0)).unwrap().program;
+            let kinds: Vec<&str> = fast.steps.iter().map(|s| s.kind.name()).collect();
+            assert_eq!(kinds, ["MatMul"], "mm_first {mm_first}");
+            let step = &fast.steps[0];
+            assert_eq!(step.inputs.len(), 4);
+            match &step.kind {
+                StepKind::Op(Op::Nn(NnOp::MatMul(m))) => assert!(m.packed_b.is_some()),
+                k => panic!("unexpected {}", k.name()),
+            }
+            let input = noise(&[2, 5, 8], 7);
+            let run = |p: &kiln_runtime::Program| {
+                let out = kiln_runtime::run(p, vec![("x".into(), Value::Tensor(input.clone()))]).unwrap();
+                out[0].1.as_tensor().unwrap().clone()
+            };
+            let (got, want) = (run(&fast), run(&plain));
+            assert_eq!(got.shape(), want.shape());
+            // Same additions in the same order, each rounded: the same floats.
+            assert_eq!(got.as_slice::<f32>().unwrap(), want.as_slice::<f32>().unwrap());
         }
     }
 

@@ -17,8 +17,9 @@ use kiln_tensor::{DType, Element, Shape, Tensor};
 /// removed).
 ///
 /// The compiler may give it a third input, a bias added to the product exactly as the `Add`
-/// node it replaces did (`Y = A·B + bias`, numpy broadcasting, the product rounded first), and
-/// an activation applied after that.
+/// node it replaces did (`Y = A·B + bias`, numpy broadcasting, the product rounded first), a
+/// fourth, a residual of the output's shape added after the bias (a transformer block's skip
+/// connection: `Y = A·B + bias + R`, each sum rounded), and an activation applied after that.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
 pub struct MatMul {
     /// Fused activation applied to the output (set by the compiler, never by the importer).
@@ -193,12 +194,13 @@ impl MatMul {
             });
         }
         let bias = args.opt_tensor(2)?;
+        let resid = args.opt_tensor(3)?;
         if let Some(pk) = &self.packed_b {
-            return self.eval_packed(pk, a, b, bias);
+            return self.eval_packed(pk, a, b, bias, resid);
         }
         let p = matmul_plan(a.shape(), b.shape())?;
         // f32: a bias along the last axis and the activation go into the kernels' epilogue.
-        if a.dtype() == DType::F32 && p.out.last() == Some(&p.n) {
+        if a.dtype() == DType::F32 && p.out.last() == Some(&p.n) && resid.is_none() {
             let col_bias = match bias {
                 None => Some(None),
                 Some(t) => epilogue_bias(t, p.n, p.out.len()).map(Some),
@@ -213,7 +215,7 @@ impl MatMul {
                 if fused {
                     return Ok(smallvec::smallvec![y.into()]);
                 }
-                return self.finish(y, bias);
+                return self.finish(y, bias, None);
             }
         }
         let y = match a.dtype() {
@@ -225,13 +227,21 @@ impl MatMul {
             DType::U64 => matmul_int::<u64>(&p, a, b)?,
             d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
         };
-        self.finish(y, bias)
+        self.finish(y, bias, resid)
     }
 
     /// The product with a prepacked B (f32 only): every matrix of A's batch against the same
-    /// panels, a bias along the last axis and the activation in the kernels' epilogue.
-    fn eval_packed(&self, pk: &PackedWeight, a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<crate::Outputs> {
-        use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, sgemm};
+    /// panels, a bias along the last axis, a residual of the output's shape and the
+    /// activation in the kernels' epilogue.
+    fn eval_packed(
+        &self,
+        pk: &PackedWeight,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        resid: Option<&Tensor>,
+    ) -> Result<crate::Outputs> {
+        use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, Residual, sgemm};
         let bad = |what: String| OpError::Value(format!("MatMul with a packed weight: {what}"));
         let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| bad(format!("unknown packing '{}'", pk.layout)))?;
         let (k, n) = (pk.k, pk.n);
@@ -255,16 +265,15 @@ impl MatMul {
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = kiln_kernels::recycle::take(numel(&out)?);
         let col_bias = bias.and_then(|t| epilogue_bias(t, n, out.len()));
-        let fuse = bias.is_none() || col_bias.is_some();
-        let epilogue = Epilogue {
-            bias: col_bias.map_or(Bias::None, Bias::Col),
-            residual: None,
-            act: if fuse {
-                self.activation.map(|a| a.kernel_act())
-            } else {
-                None
-            },
+        // A residual goes into the epilogue when it is f32 of exactly the output's shape;
+        // otherwise bias, residual and activation all follow the plain product.
+        let resid_data = match resid {
+            Some(r) if r.dtype() == DType::F32 && r.shape() == out.as_slice() => Some(Some(r.as_slice::<f32>()?)),
+            Some(_) => None,
+            None => Some(None),
         };
+        let fuse = (bias.is_none() || col_bias.is_some()) && resid_data.is_some();
+        let resid_data = resid_data.flatten();
         for bi in 0..nb {
             let (Some(ai), Some(yi)) = (
                 ad.get(bi * m * k..(bi + 1) * m * k),
@@ -272,23 +281,45 @@ impl MatMul {
             ) else {
                 return Err(bad("operand sizes do not match their shapes".into()));
             };
+            let residual = match resid_data {
+                Some(r) => Some(Residual {
+                    data: r
+                        .get(bi * m * n..(bi + 1) * m * n)
+                        .ok_or_else(|| bad("the residual is shorter than its shape".into()))?,
+                    ld: n,
+                }),
+                None => None,
+            };
+            let epilogue = if fuse {
+                Epilogue {
+                    bias: col_bias.map_or(Bias::None, Bias::Col),
+                    residual,
+                    act: self.activation.map(|a| a.kernel_act()),
+                }
+            } else {
+                Epilogue::NONE
+            };
             sgemm(m, AMatrix::row_major(ai, k), packed, yi, n, &epilogue).map_err(|e| bad(e.to_string()))?;
         }
         let y = Tensor::from_vec(out, y)?;
         if fuse {
             return Ok(smallvec::smallvec![y.into()]);
         }
-        self.finish(y, bias)
+        self.finish(y, bias, resid)
     }
 
-    /// The bias and activation after a plain product.
-    fn finish(&self, y: Tensor, bias: Option<&Tensor>) -> Result<crate::Outputs> {
+    /// The bias, the residual and the activation after a plain product.
+    fn finish(&self, y: Tensor, bias: Option<&Tensor>, resid: Option<&Tensor>) -> Result<crate::Outputs> {
+        let add = Binary {
+            op: BinaryOp::Add,
+            legacy_axis: None,
+        };
         let y = match bias {
-            Some(bias) => Binary {
-                op: BinaryOp::Add,
-                legacy_axis: None,
-            }
-            .eval(&y, bias)?,
+            Some(bias) => add.eval(&y, bias)?,
+            None => y,
+        };
+        let y = match resid {
+            Some(r) => add.eval(&y, r)?,
             None => y,
         };
         Ok(smallvec::smallvec![
