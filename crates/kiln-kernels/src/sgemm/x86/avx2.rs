@@ -189,6 +189,9 @@ unsafe fn tile<const R: usize>(
         },
         _ => (None, None),
     };
+    // The cheap activation's decisions once per tile (see `Cheap`); a costly one per vector.
+    let cheap = cheap_of(epi.and_then(|e| e.act.filter(|a| a.is_cheap())));
+    let costly = epi.and_then(|e| e.act.filter(|a| !a.is_cheap()));
     for (i, acc) in acc.iter().enumerate() {
         // SAFETY: the TileFn contract gives `nr <= 16` writable (initialised unless `first`)
         // floats at `c + i*ldc` for `i < R`, TileEpi's gives `R` row-bias floats and `nr`
@@ -204,10 +207,13 @@ unsafe fn tile<const R: usize>(
                     v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cp));
                     v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cp.add(8)));
                 }
-                if let Some(e) = epi {
+                if epi.is_some() {
                     let rbv = rb.map(|b| _mm256_set1_ps(b));
-                    v0 = epi_vec(v0, rbv, cb0, rp.map(|r| _mm256_loadu_ps(r)), e.act);
-                    v1 = epi_vec(v1, rbv, cb1, rp.map(|r| _mm256_loadu_ps(r.add(8))), e.act);
+                    v0 = apply_cheap(cheap, epi_vec(v0, rbv, cb0, rp.map(|r| _mm256_loadu_ps(r)), costly));
+                    v1 = apply_cheap(
+                        cheap,
+                        epi_vec(v1, rbv, cb1, rp.map(|r| _mm256_loadu_ps(r.add(8))), costly),
+                    );
                 }
                 _mm256_storeu_ps(cp, v0);
                 _mm256_storeu_ps(cp.add(8), v1);

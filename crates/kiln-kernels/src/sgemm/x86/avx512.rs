@@ -259,6 +259,12 @@ unsafe fn tile<const R: usize, const NARROW: bool>(
     for &line in lines.iter().take(n).skip(head) {
         _mm_prefetch::<_MM_HINT_ET0>(line);
     }
+    if NARROW {
+        // Lanes 8..16 of the second half were never computed: zeros, not undefined values.
+        for acc in acc.iter_mut() {
+            acc[1] = _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[1]));
+        }
+    }
     let (m0, m1) = (lanes(nr), lanes(nr.saturating_sub(16)));
     // SAFETY: TileEpi's contract: a non-null column bias has `nr` readable floats; the masks
     // cover exactly lanes `< nr`, and `+ 16` is only formed when `nr > 16`.
@@ -271,6 +277,10 @@ unsafe fn tile<const R: usize, const NARROW: bool>(
         },
         _ => (None, None),
     };
+    // The epilogue's decisions, once per tile (see `Cheap`).
+    let null = std::ptr::null::<f32>();
+    let (row_bias, resid, resid_ld) = epi.map_or((null, null, 0), |e| (e.row_bias, e.resid, e.resid_ld));
+    let cheap = cheap_of(epi.and_then(|e| cheap_act(e.act)));
     // One copy of the row epilogue per row (see `unrolled!`): the accumulators stay in
     // registers instead of going through the stack.
     unrolled!(R, I => {
@@ -290,18 +300,35 @@ unsafe fn tile<const R: usize, const NARROW: bool>(
                         v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
                     }
                 }
-                if let Some(e) = epi {
-                    let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(I)));
-                    let rp = e.resid.wrapping_add(I * e.resid_ld);
-                    let r0 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m0, rp));
-                    v0 = epi_vec(v0, rb, cb0, r0, cheap_act(e.act));
+                // The order of the unfused ops: row bias, column bias, residual, activation.
+                if !row_bias.is_null() {
+                    let rb = _mm512_set1_ps(*row_bias.add(I));
+                    v0 = _mm512_add_ps(v0, rb);
+                    v1 = _mm512_add_ps(v1, rb);
+                }
+                if let Some(cb) = cb0 {
+                    v0 = _mm512_add_ps(v0, cb);
+                }
+                if let Some(cb) = cb1 {
+                    v1 = _mm512_add_ps(v1, cb);
+                }
+                if !resid.is_null() {
+                    let rp = resid.add(I * resid_ld);
+                    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, rp));
                     if m1 != 0 {
-                        let r1 = (!e.resid.is_null()).then(|| _mm512_maskz_loadu_ps(m1, rp.add(16)));
-                        v1 = epi_vec(v1, rb, cb1, r1, cheap_act(e.act));
+                        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, rp.add(16)));
                     }
                 }
-                _mm512_mask_storeu_ps(cp, m0, v0);
-                if m1 != 0 {
+                v0 = apply_cheap(cheap, v0);
+                v1 = apply_cheap(cheap, v1);
+                if m0 == 0xFFFF {
+                    _mm512_storeu_ps(cp, v0);
+                } else {
+                    _mm512_mask_storeu_ps(cp, m0, v0);
+                }
+                if m1 == 0xFFFF {
+                    _mm512_storeu_ps(cp.add(16), v1);
+                } else if m1 != 0 {
                     _mm512_mask_storeu_ps(cp.add(16), m1, v1);
                 }
             }
@@ -380,6 +407,10 @@ unsafe fn half_tile<const R: usize>(
         Some(e) if !e.col_bias.is_null() => Some(unsafe { _mm512_maskz_loadu_ps(m0, e.col_bias) }),
         _ => None,
     };
+    // The epilogue's decisions, once per tile (see `Cheap`).
+    let null = std::ptr::null::<f32>();
+    let (row_bias, resid, resid_ld) = epi.map_or((null, null, 0), |e| (e.row_bias, e.resid, e.resid_ld));
+    let cheap = cheap_of(epi.and_then(|e| cheap_act(e.act)));
     unrolled!(R, I => {
         if let Some(&acc) = acc.get(I) {
             // SAFETY: `nr <= 16` writable (initialised unless `first`) floats at `c + I*ldc`
@@ -393,12 +424,17 @@ unsafe fn half_tile<const R: usize>(
                 } else {
                     _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m0, cp))
                 };
-                if let Some(e) = epi {
-                    let rb = (!e.row_bias.is_null()).then(|| _mm512_set1_ps(*e.row_bias.add(I)));
-                    let r = (!e.resid.is_null())
-                        .then(|| _mm512_maskz_loadu_ps(m0, e.resid.wrapping_add(I * e.resid_ld)));
-                    v = epi_vec(v, rb, cb, r, cheap_act(e.act));
+                // The order of the unfused ops: row bias, column bias, residual, activation.
+                if !row_bias.is_null() {
+                    v = _mm512_add_ps(v, _mm512_set1_ps(*row_bias.add(I)));
                 }
+                if let Some(cb) = cb {
+                    v = _mm512_add_ps(v, cb);
+                }
+                if !resid.is_null() {
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m0, resid.add(I * resid_ld)));
+                }
+                v = apply_cheap(cheap, v);
                 _mm512_mask_storeu_ps(cp, m0, v);
             }
         }

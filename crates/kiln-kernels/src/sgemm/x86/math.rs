@@ -229,6 +229,49 @@ macro_rules! simd_math {
             act(a, x)
         }
 
+        /// A tile's cheap activation with its decisions taken once per tile: Relu, a clamp
+        /// (Clip, an absent bound at infinity: `max(-inf, x)` and `min(inf, x)` are `x`, NaN
+        /// and signed zeros included), or nothing. Matching `Act` per vector instead had the
+        /// compiler branch on its discriminant and spill it for every row of every tile
+        /// (K = 16: the epilogue was a fifth of the tile).
+        #[derive(Clone, Copy)]
+        struct Cheap {
+            relu: bool,
+            clamp: bool,
+            lo: V,
+            hi: V,
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn cheap_of(a: Option<Act>) -> Cheap {
+            let (relu, clamp, lo, hi) = match a {
+                Some(Act::Relu) => (true, false, zero(), zero()),
+                Some(Act::Clip { min: lo, max: hi }) => (
+                    false,
+                    true,
+                    splat(lo.unwrap_or(f32::NEG_INFINITY)),
+                    splat(hi.unwrap_or(f32::INFINITY)),
+                ),
+                _ => (false, false, zero(), zero()),
+            };
+            Cheap { relu, clamp, lo, hi }
+        }
+
+        /// [`Cheap`] on one vector; the same results as `act_cheap`.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn apply_cheap(c: Cheap, v: V) -> V {
+            let mut v = v;
+            if c.relu {
+                v = blend(gt_or_nan(v, zero()), v, zero());
+            }
+            if c.clamp {
+                v = min(c.hi, max(c.lo, v));
+            }
+            v
+        }
+
         /// `acc + row_bias + col_bias + resid`, then the activation, on one vector (inlined
         /// into the tiles: no spill of the accumulators around a call for bias, residual,
         /// Relu or Clip).
