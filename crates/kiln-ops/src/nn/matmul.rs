@@ -314,14 +314,17 @@ impl MatMul {
             op: BinaryOp::Add,
             legacy_axis: None,
         };
-        let y = match bias {
-            Some(bias) => add.eval(&y, bias)?,
-            None => y,
+        // Each sum is a new tensor; the one it replaces goes back to the run's arena, as the
+        // runtime gives back the values it frees.
+        let plus = |y: Tensor, other: Option<&Tensor>| -> Result<Tensor> {
+            let Some(other) = other else { return Ok(y) };
+            let z = add.eval(&y, other)?;
+            if let Ok(v) = y.into_vec::<f32>() {
+                kiln_kernels::recycle::give(v);
+            }
+            Ok(z)
         };
-        let y = match resid {
-            Some(r) => add.eval(&y, r)?,
-            None => y,
-        };
+        let y = plus(plus(y, bias)?, resid)?;
         Ok(smallvec::smallvec![
             activation::apply(self.activation.as_ref(), y)?.into()
         ])
