@@ -175,7 +175,14 @@ pub(crate) unsafe fn run_raw(
     // Few rows: one depth block (the A panel, `m x k`, is small and C is stored once).
     // Few rows: one depth block (C is stored once; the A rows are small).
     let kc_max = if m <= mr { k } else { KC.min(k) };
-    let mc_max = if m <= mr { mr } else { MC / mr * mr };
+    // Rows per block: MC x KC floats of A (192 KiB) in L2, more rows when the depth block is
+    // shorter (a transformer's 197 x 192 A in one block: B is then streamed once instead of
+    // once per 96 rows).
+    let mc_max = if m <= mr {
+        mr
+    } else {
+        (MC * KC / kc_max.max(1)).max(MC) / mr * mr
+    };
     let tiles = kernels.tiles;
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
