@@ -6,15 +6,16 @@ Method: each model is compiled to a .kiln once (default options). Then, for R ro
 alternate (A B A B): kiln runs `kiln bench PROGRAM -n K --json` (a warm-up of about WARMUP_S
 seconds, as ORT's session is warm from the earlier rounds, then K timed inferences; the round's
 sample is their median) and ORT times K runs of the same inputs after a
-warm-up run (the round's sample is their median). The figure per runtime is the median of the R
-round samples (R x K >= 20 runs each by default). ORT uses ORT_ENABLE_ALL and
+warm-up run (the round's sample is their median). K is about ROUND_S seconds of runs (at least
+5, from a probe of kiln's latency; the same K for both). The figure per runtime is the median of
+the R round samples (R x K >= 35 runs each by default). ORT uses ORT_ENABLE_ALL and
 intra_op_num_threads = T; kiln gets num_of_cores = T (its own pool: the caller plus T - 1
 workers). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
 are random. FLOPs = 2 x the MACs `kiln info` reports, i.e. the direct method's: layers kiln runs
 as Winograd do fewer, so kiln's GFLOP/s there are effective figures (and may exceed the peak).
 
-usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--threads 1,2] [--rounds 5]
-       [--per-round 5] MODEL.onnx...
+usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--threads 1,2] [--rounds 7]
+       [--per-round K] MODEL.onnx...
 The machine may be shared and noisy: compare ratios from one run, not figures across runs.
 """
 import argparse
@@ -68,9 +69,18 @@ def kiln_round(kiln, program, npz, k, threads, warmup=1):
 WARMUP_S = 0.5
 
 
-def kiln_warmup(kiln, program, npz, threads):
-    probe = kiln_round(kiln, program, npz, 3, threads)
-    return max(1, min(500, int(WARMUP_S * 1e3 / max(probe, 1e-3)) + 1))
+# Each round times both runtimes for about this long (at least 5 runs each): a burst of load
+# from other tenants then moves one round's median, not the result (5 runs of MobileNet-v2
+# were 35 ms, which one burst could cover whole).
+ROUND_S = 0.3
+
+
+def probe_ms(kiln, program, npz, threads):
+    return max(kiln_round(kiln, program, npz, 3, threads), 1e-3)
+
+
+def runs_for(seconds, probe):
+    return max(1, min(500, int(seconds * 1e3 / probe) + 1))
 
 
 def ort_round(sess, feeds, k):
@@ -87,12 +97,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", default="target/release/kiln")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--per-round", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--per-round", type=int, default=0,
+                    help="timed runs per round and runtime (default: about ROUND_S seconds' worth, at least 5)")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
     rows = []
+    per_rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in a.models:
             name = os.path.basename(model).removesuffix(".onnx")
@@ -109,10 +121,13 @@ def main():
                 npz = os.path.join(tmp, name + ".in.npz")
                 np.savez(npz, **feeds)
                 ks, os_ = [], []
-                warmup = kiln_warmup(a.kiln, program, npz, t)
+                probe = probe_ms(a.kiln, program, npz, t)
+                warmup = runs_for(WARMUP_S, probe)
+                per_round = a.per_round or max(5, runs_for(ROUND_S, probe))
                 for _ in range(a.rounds):
-                    ks.append(kiln_round(a.kiln, program, npz, a.per_round, t, warmup))
-                    os_.append(ort_round(sess, feeds, a.per_round))
+                    ks.append(kiln_round(a.kiln, program, npz, per_round, t, warmup))
+                    os_.append(ort_round(sess, feeds, per_round))
+                per_rounds.append(per_round)
                 k, o = statistics.median(ks), statistics.median(os_)
                 gflops = flops / (k * 1e-3) / 1e9 if flops else float("nan")
                 rows.append((name, t, k, o, k / o, gflops))
@@ -127,8 +142,8 @@ def main():
         rs = [r for _, tt, _, _, r, _ in rows if tt == t]
         if rs:
             print(f"geometric mean kiln/ORT, {t} thread(s): {statistics.geometric_mean(rs):.2f}")
-    print(f"(median of {a.rounds} rounds x {a.per_round} runs, interleaved; "
-          "shared, noisy machine)")
+    print(f"(median of {a.rounds} rounds x {min(per_rounds, default=0)}-{max(per_rounds, default=0)} runs "
+          "per runtime, interleaved; shared, noisy machine)")
     return 0
 
 

@@ -333,6 +333,20 @@ pub fn parallel_for(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
 /// its index, spread over the current pool in contiguous groups of pieces (one group per
 /// thread). Inline without a pool, for one piece, or with `chunk == 0` (then nothing runs).
 pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+    chunks_in_groups(data, chunk, 1, f);
+}
+
+/// Groups per thread of [`for_each_chunk_balanced`].
+pub const BALANCED_GROUPS: usize = 8;
+
+/// [`for_each_chunk_mut`] in up to [`BALANCED_GROUPS`] groups per thread, which the threads
+/// claim as they go: for big independent pieces (Winograd's 36 products), so a thread that
+/// the host slows down (a shared machine) does fewer of them instead of holding up the rest.
+pub fn for_each_chunk_balanced<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+    chunks_in_groups(data, chunk, BALANCED_GROUPS, f);
+}
+
+fn chunks_in_groups<T: Send>(data: &mut [T], chunk: usize, per_thread: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
     if chunk == 0 {
         return;
     }
@@ -342,9 +356,9 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usi
         data.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
         return;
     }
-    let per = pieces.div_ceil(threads);
-    // One group per thread: inline for the usual few threads, so a call allocates nothing.
-    let groups: smallvec::SmallVec<[Mutex<&mut [T]>; 4]> =
+    let per = pieces.div_ceil(threads.saturating_mul(per_thread).min(pieces));
+    // Inline for the usual few threads, so a call allocates nothing.
+    let groups: smallvec::SmallVec<[Mutex<&mut [T]>; 16]> =
         data.chunks_mut(per.saturating_mul(chunk)).map(Mutex::new).collect();
     parallel_for(groups.len(), &|g| {
         if let Some(group) = groups.get(g) {
@@ -447,17 +461,25 @@ mod tests {
     #[test]
     fn chunks_are_visited_once_with_their_index() {
         let pool = ThreadPool::new(3).unwrap();
-        for (len, chunk) in [(0, 4), (10, 3), (64, 8), (5, 10)] {
-            let mut v = vec![0usize; len];
-            pool.install(|| {
-                for_each_chunk_mut(&mut v, chunk, &|i, c| {
+        // 36 x 5: Winograd's positions, more pieces than balanced groups.
+        for (len, chunk) in [(0, 4), (10, 3), (64, 8), (5, 10), (180, 5), (1000, 7)] {
+            for balanced in [false, true] {
+                let mut v = vec![0usize; len];
+                let f = |i: usize, c: &mut [usize]| {
                     for (j, x) in c.iter_mut().enumerate() {
                         *x += i * chunk + j + 1;
                     }
-                })
-            });
-            let want: Vec<usize> = (1..=len).collect();
-            assert_eq!(v, want, "{len} / {chunk}");
+                };
+                pool.install(|| {
+                    if balanced {
+                        for_each_chunk_balanced(&mut v, chunk, &f)
+                    } else {
+                        for_each_chunk_mut(&mut v, chunk, &f)
+                    }
+                });
+                let want: Vec<usize> = (1..=len).collect();
+                assert_eq!(v, want, "{len} / {chunk}, balanced {balanced}");
+            }
         }
     }
 

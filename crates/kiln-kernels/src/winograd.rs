@@ -243,9 +243,10 @@ impl Winograd {
             });
         });
         let v: &[f32] = v;
-        // The 36 products, one GEMM each, in parallel over positions.
+        // The 36 products, one GEMM each, in parallel over positions, claimed a few at a time
+        // (a thread slowed by the host does fewer).
         let failed = std::sync::atomic::AtomicBool::new(false);
-        pool::for_each_chunk_mut(prod, t * m, &|xi, out| {
+        pool::for_each_chunk_balanced(prod, t * m, &|xi, out| {
             let (Some(a), Some(b)) = (
                 v.get(xi * t * c..(xi + 1) * t * c),
                 u.get(xi * upacked..(xi + 1) * upacked),
