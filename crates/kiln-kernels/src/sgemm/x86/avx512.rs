@@ -195,25 +195,18 @@ unsafe fn tile<const R: usize, const NARROW: bool>(
     // then may have left L2 (a 128 x 3072 C is 1.5 MiB; 86% -> 92% of peak on 128x3072x768).
     // The prefetches are spread over the first depth steps, one per step, rather than issued
     // all at once (up to 32 lines, more than the core tracks). Prefetches are hints: they
-    // never fault.
-    let mut lines = [std::ptr::null::<i8>(); 4 * MR];
-    let mut n = 0;
-    // The two lines of each of the tile's `R` rows of a matrix at `base` with stride `ld`.
-    let mut add_rows = |base: *const f32, ld: usize| {
-        for i in 0..R {
-            let p = base.wrapping_add(i * ld).cast::<i8>();
-            if let Some(pair) = lines.get_mut(n..n + 2) {
-                pair.copy_from_slice(&[p, p.wrapping_add(64)]);
-                n += 2;
-            }
-        }
+    // never fault. Line `q` is C's (then the residual's) row `q / 2`, half `q % 2`: computed
+    // per step, not listed in an array first (its 32 stores were a fixed cost per tile).
+    let (resid, resid_ld) = epi.map_or((std::ptr::null(), 0), |e| (e.resid, e.resid_ld));
+    let n = if resid.is_null() { 2 * R } else { 4 * R };
+    let line = |q: usize| -> *const i8 {
+        let (base, ld, q) = if q < 2 * R {
+            (c.cast_const(), ldc, q)
+        } else {
+            (resid, resid_ld, q - 2 * R)
+        };
+        base.wrapping_add((q >> 1) * ld + (q & 1) * 16).cast::<i8>()
     };
-    add_rows(c, ldc);
-    if let Some(e) = epi
-        && !e.resid.is_null()
-    {
-        add_rows(e.resid, e.resid_ld);
-    }
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     macro_rules! step {
         ($p:expr) => {{
@@ -249,15 +242,15 @@ unsafe fn tile<const R: usize, const NARROW: bool>(
         }};
     }
     let head = kc.min(n);
-    for (p, &line) in lines.iter().take(head).enumerate() {
+    for p in 0..head {
         step!(p);
-        _mm_prefetch::<_MM_HINT_ET0>(line);
+        _mm_prefetch::<_MM_HINT_ET0>(line(p));
     }
     for p in head..kc {
         step!(p);
     }
-    for &line in lines.iter().take(n).skip(head) {
-        _mm_prefetch::<_MM_HINT_ET0>(line);
+    for q in head..n {
+        _mm_prefetch::<_MM_HINT_ET0>(line(q));
     }
     if NARROW {
         // Lanes 8..16 of the second half were never computed: zeros, not undefined values.
