@@ -337,7 +337,7 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usi
 }
 
 /// Groups per thread of [`for_each_chunk_balanced`].
-pub const BALANCED_GROUPS: usize = 8;
+const BALANCED_GROUPS: usize = 8;
 
 /// [`for_each_chunk_mut`] in up to [`BALANCED_GROUPS`] groups per thread, which the threads
 /// claim as they go: for big independent pieces (Winograd's 36 products), so a thread that

@@ -19,7 +19,7 @@ use kiln_tensor::DType;
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let index = Index::new(g);
     let mut taken = vec![false; g.nodes.len()];
-    // (the Add's position, the Conv's position, the residual)
+    // (the Add's position, the producer's position, the residual)
     let mut plans: Vec<(usize, usize, ValueId)> = Vec::new();
     for (i, node) in g.nodes.iter().enumerate() {
         let Some((BinaryOp::Add, a, b)) = binary(node) else {
@@ -33,16 +33,16 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
                 continue;
             }
             let Some(p) = index.producer(c) else { continue };
-            let Some(conv) = g.nodes.get(p) else { continue };
-            let activation = match &conv.kind {
+            let Some(producer) = g.nodes.get(p) else { continue };
+            let activation = match &producer.kind {
                 NodeKind::Op(Op::Nn(NnOp::Conv(op))) => op.activation,
                 NodeKind::Op(Op::Nn(NnOp::MatMul(op))) => op.activation,
                 _ => continue,
             };
             let shape = fixed_shape(g, c);
             let ok = activation.is_none()
-                && conv.inputs.len() <= 3
-                && conv.outputs.len() == 1
+                && producer.inputs.len() <= 3
+                && producer.outputs.len() == 1
                 && dtype_of(g, c) == Some(DType::F32)
                 && dtype_of(g, r) == Some(DType::F32)
                 && shape.is_some()
@@ -61,13 +61,15 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     }
     let mut dead = vec![false; g.nodes.len()];
     for &(i, p, r) in &plans {
-        let Some(conv) = g.nodes.get(p).cloned() else { continue };
+        let Some(producer) = g.nodes.get(p).cloned() else {
+            continue;
+        };
         let Some(add) = g.nodes.get_mut(i) else { continue };
-        let mut inputs = conv.inputs;
+        let mut inputs = producer.inputs;
         inputs.resize(3, None);
         inputs.push(Some(r));
-        add.name = conv.name;
-        add.kind = conv.kind;
+        add.name = producer.name;
+        add.kind = producer.kind;
         add.inputs = inputs;
         if let Some(d) = dead.get_mut(p) {
             *d = true;

@@ -105,12 +105,8 @@ impl Kernel for RandomUniform {
             low: self.low,
             high: self.high,
         };
-        Ok(smallvec::smallvec![sample(
-            dist,
-            self.seed,
-            self.dtype,
-            shape_of(&self.shape)?
-        )?])
+        let y = sample(dist, self.seed, self.dtype, shape_of(&self.shape)?)?;
+        Ok(smallvec::smallvec![y])
     }
     fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![fixed(self.dtype, &self.shape)])
@@ -136,12 +132,8 @@ impl Kernel for RandomNormal {
             mean: self.mean,
             scale: self.scale,
         };
-        Ok(smallvec::smallvec![sample(
-            dist,
-            self.seed,
-            self.dtype,
-            shape_of(&self.shape)?
-        )?])
+        let y = sample(dist, self.seed, self.dtype, shape_of(&self.shape)?)?;
+        Ok(smallvec::smallvec![y])
     }
     fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![fixed(self.dtype, &self.shape)])

@@ -290,7 +290,7 @@ impl Attention {
 
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         if let Some(y) = self.eval_f32(args)? {
-            return Ok(y.into());
+            return Ok(y);
         }
         let q_t = args.tensor(0)?;
         let dt = num::need_float(q_t, 0)?;

@@ -103,7 +103,7 @@ impl LayerNorm {
         let axis = util::norm_axis(self.axis, shape.len())?;
         let (rows, cols) = common::split_2d(shape, axis);
         if let Some(out) = self.eval_f32_rows(args, rows, cols, axis)? {
-            return Ok(out.into());
+            return Ok(out);
         }
         let v = floats(x, 0)?;
         let scale = broadcast_param(args, 1, shape)?.ok_or(OpError::MissingInput { index: 1 })?;

@@ -190,7 +190,7 @@ unsafe fn tile<const R: usize>(
         _ => (None, None),
     };
     // The cheap activation's decisions once per tile (see `Cheap`); a costly one per vector.
-    let cheap = cheap_of(epi.and_then(|e| e.act.filter(|a| a.is_cheap())));
+    let cheap = cheap_of(epi.and_then(|e| e.act));
     let costly = epi.and_then(|e| e.act.filter(|a| !a.is_cheap()));
     for (i, acc) in acc.iter().enumerate() {
         // SAFETY: the TileFn contract gives `nr <= 16` writable (initialised unless `first`)

@@ -273,7 +273,7 @@ unsafe fn tile<const R: usize, const NARROW: bool>(
     // The epilogue's decisions, once per tile (see `Cheap`).
     let null = std::ptr::null::<f32>();
     let (row_bias, resid, resid_ld) = epi.map_or((null, null, 0), |e| (e.row_bias, e.resid, e.resid_ld));
-    let cheap = cheap_of(epi.and_then(|e| cheap_act(e.act)));
+    let cheap = cheap_of(epi.and_then(|e| e.act));
     // One copy of the row epilogue per row (see `unrolled!`): the accumulators stay in
     // registers instead of going through the stack.
     unrolled!(R, I => {
@@ -336,13 +336,6 @@ unsafe fn tile<const R: usize, const NARROW: bool>(
     }
 }
 
-/// The activation when the tiles apply it in registers, else `None` (applied to the stored
-/// rows afterwards).
-#[inline]
-fn cheap_act(a: Option<Act>) -> Option<Act> {
-    a.filter(|a| a.is_cheap())
-}
-
 static TILES: [TileFn; MR] = [
     tile::<1, false>,
     tile::<2, false>,
@@ -403,7 +396,7 @@ unsafe fn half_tile<const R: usize>(
     // The epilogue's decisions, once per tile (see `Cheap`).
     let null = std::ptr::null::<f32>();
     let (row_bias, resid, resid_ld) = epi.map_or((null, null, 0), |e| (e.row_bias, e.resid, e.resid_ld));
-    let cheap = cheap_of(epi.and_then(|e| cheap_act(e.act)));
+    let cheap = cheap_of(epi.and_then(|e| e.act));
     unrolled!(R, I => {
         if let Some(&acc) = acc.get(I) {
             // SAFETY: `nr <= 16` writable (initialised unless `first`) floats at `c + I*ldc`

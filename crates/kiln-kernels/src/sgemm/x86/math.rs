@@ -147,26 +147,13 @@ macro_rules! simd_math {
             lanes.iter().sum()
         }
 
-        /// Relu and Clip: a compare and a blend or two, small enough to inline into the
-        /// GEMM tiles' epilogue (the others are calls).
+        /// Relu and Clip on one vector, as the tiles apply them ([`apply_cheap`]); the others
+        /// are calls.
         #[target_feature(enable = $feat)]
         #[inline]
         fn act_cheap(a: Act, x: V) -> V {
             match a {
-                Act::Relu => blend(gt_or_nan(x, zero()), x, zero()),
-                Act::Clip { min: lo, max: hi } => {
-                    let mut r = x;
-                    // `max(l, r)` is `l > r ? l : r` and `min(h, r)` is `h < r ? h : r`
-                    // (x86's rule: the second operand when unordered), so a NaN stays and
-                    // signed zeros pass as with a compare and blend, in one instruction.
-                    if let Some(l) = lo {
-                        r = max(splat(l), r);
-                    }
-                    if let Some(h) = hi {
-                        r = min(splat(h), r);
-                    }
-                    r
-                }
+                Act::Relu | Act::Clip { .. } => apply_cheap(cheap_of(Some(a)), x),
                 _ => act_call(a, x),
             }
         }
@@ -231,7 +218,8 @@ macro_rules! simd_math {
 
         /// A tile's cheap activation with its decisions taken once per tile: Relu, a clamp
         /// (Clip, an absent bound at infinity: `max(-inf, x)` and `min(inf, x)` are `x`, NaN
-        /// and signed zeros included), or nothing. Matching `Act` per vector instead had the
+        /// and signed zeros included), or nothing (no activation, or a costly one, which the
+        /// caller applies itself). Matching `Act` per vector instead had the
         /// compiler branch on its discriminant and spill it for every row of every tile
         /// (K = 16: the epilogue was a fifth of the tile).
         #[derive(Clone, Copy)]
@@ -258,7 +246,9 @@ macro_rules! simd_math {
             Cheap { relu, clamp, lo, hi }
         }
 
-        /// [`Cheap`] on one vector; the same results as `act_cheap`.
+        /// [`Cheap`] on one vector. `max(lo, v)` is `lo > v ? lo : v` and `min(hi, v)` is
+        /// `hi < v ? hi : v` (x86's rule: the second operand when unordered), so a NaN stays
+        /// and signed zeros pass as with a compare and blend, in one instruction each.
         #[target_feature(enable = $feat)]
         #[inline]
         fn apply_cheap(c: Cheap, v: V) -> V {
