@@ -47,7 +47,7 @@ use crate::isa::{self, Isa};
 pub const KC: usize = 512;
 /// Rows of A swept per B micro-panel (a multiple of every MR): MC x KC floats = 192 KiB in
 /// L2. 48 lost 5-10%; 96 and 192 measured the same. A shorter depth block sweeps more rows
-/// in the same bytes (ViT-tiny's 197-row products in one block: its MatMuls 21.3-21.9 ->
+/// in the same bytes (ViT-tiny's 197-row products in one block: in `kiln profile` its MatMuls 21.3-21.9 ->
 /// 20.6-20.9 ms, B read once per product instead of three times).
 pub const MC: usize = 96;
 /// Columns of B per outer block (a multiple of every panel width); 1024 and 4096 measured
