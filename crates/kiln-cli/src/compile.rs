@@ -161,7 +161,7 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         out.push_str(&format!("    {:<28} {:>6} rewrites\n", p.pass, p.rewrites));
     }
     out.push_str(&format!(
-        "  memory plan: {}\n    (recorded in the program; runs take their buffers from a per-session arena of\n    recycled buffers, so later runs allocate only their outputs)\n",
+        "  memory plan: {}\n    (recorded in the program; each run places its planned tensors at these offsets in one\n    block per run state, so later runs allocate only their outputs)\n",
         s.memory.summary()
     ));
     out.push_str(&format!(

@@ -70,6 +70,7 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     let report = optimize(&mut graph, options.opt_level)?;
     let mut program = lower(&graph)?;
     let memory = plan::plan(&graph);
+    program.arena = memory.arena_plan();
     // Winograd changes rounding (within 1e-5 relative, see kiln_kernels::winograd): from the
     // default level on, like the other fusions. Before the GEMM packing, which takes the
     // channels-last convolutions Winograd leaves.

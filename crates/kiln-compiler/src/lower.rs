@@ -40,6 +40,7 @@ fn lower_graph(g: &Graph) -> Program {
                 frees: Vec::new(),
             })
             .collect(),
+        arena: kiln_runtime::ArenaPlan::default(),
     }
 }
 

@@ -2,16 +2,21 @@
 //! one arena, from liveness.
 //!
 //! Each value a node computes lives from the step that writes it to the last step that reads
-//! it (graph outputs to the end of the run; values captured by a subgraph until the control-flow
-//! step). Where an elementwise step's input dies at that step and has the output's size, the
-//! output takes the input's place (in-place reuse). Buffers are then placed greedily, largest
-//! first, at the lowest 64-byte aligned offset free for their whole lifetime. Values whose size
-//! is not static (symbolic dims, sequences, values inside subgraphs) are left to the allocator and
-//! counted as dynamic.
+//! it (values captured by a subgraph until the control-flow step). Where a view step's
+//! (Reshape, Flatten, Squeeze, Unsqueeze) input 0 dies at that step, the output keeps the
+//! input's place: the runtime relabels that tensor instead of copying it (in-place reuse).
+//! Buffers are then placed greedily, largest first, at the lowest 64-byte aligned offset free
+//! for their whole lifetime. Graph outputs leave the run, so they are not placed; values whose
+//! size is not static (symbolic dims, sequences, values inside subgraphs) are left to the
+//! allocator and counted as dynamic.
+//!
+//! The runtime executes the plan ([`MemoryPlan::arena_plan`] goes into the program): each
+//! step's output takes its planned range of the run state's arena when the op asks for an
+//! output buffer of exactly the planned size.
 
 use kiln_ir::{Graph, NodeKind, ValueId};
-use kiln_ops::elementwise::ElementwiseOp;
-use kiln_ops::{Dim, Op, ValueType};
+use kiln_ops::{Dim, ValueType};
+use kiln_runtime::ArenaPlan;
 
 /// Alignment of every arena offset.
 pub const ARENA_ALIGN: u64 = 64;
@@ -25,15 +30,25 @@ pub struct MemoryPlan {
     pub naive_bytes: u64,
     /// Values placed in the arena.
     pub planned: usize,
-    /// Of those, values sharing their input's buffer.
+    /// Of those, values sharing their input's buffer (views of a dying input).
     pub in_place: usize,
     /// Intermediate values whose size is only known at run time.
     pub dynamic: usize,
     /// Arena offset of each slot (value id), `None` when not planned.
     pub offsets: Vec<Option<u64>>,
+    /// Byte size of each planned slot.
+    pub sizes: Vec<Option<u64>>,
 }
 
 impl MemoryPlan {
+    /// The plan as the runtime executes it: the arena size and each planned slot's range.
+    pub fn arena_plan(&self) -> ArenaPlan {
+        ArenaPlan {
+            bytes: self.arena_bytes,
+            places: self.offsets.iter().zip(&self.sizes).map(|(o, s)| o.zip(*s)).collect(),
+        }
+    }
+
     /// One-line summary for reports.
     pub fn summary(&self) -> String {
         format!(
@@ -65,14 +80,10 @@ fn static_bytes(ty: &ValueType) -> Option<u64> {
     n.checked_mul(dtype.size_of().max(1) as u64)
 }
 
-/// Whether a step may write its output over its first input (same element count, elementwise).
-fn may_run_in_place(kind: &NodeKind) -> bool {
-    matches!(
-        kind,
-        NodeKind::Op(Op::Elementwise(
-            ElementwiseOp::Unary(_) | ElementwiseOp::Binary(_) | ElementwiseOp::Clip(_)
-        ))
-    )
+/// Whether a step's output is its input 0's buffer under another shape when that input dies
+/// there (the runtime moves it: `Op::is_view`).
+fn reuses_input_buffer(kind: &NodeKind) -> bool {
+    matches!(kind, NodeKind::Op(op) if op.is_view())
 }
 
 /// Plans the main graph's intermediate values.
@@ -107,10 +118,15 @@ pub fn plan(g: &Graph) -> MemoryPlan {
     let mut size: Vec<Option<u64>> = vec![None; nv];
     let mut plan = MemoryPlan {
         offsets: vec![None; nv],
+        sizes: vec![None; nv],
         ..MemoryPlan::default()
     };
+    let is_output = |v: usize| g.outputs.iter().any(|o| o.index() == v);
     for (v, d) in def.iter().enumerate() {
         let Some(d) = d else { continue };
+        if is_output(v) {
+            continue;
+        }
         match g.values.get(v).and_then(|vi| static_bytes(&vi.ty)) {
             Some(b) => {
                 size[v] = Some(b);
@@ -123,32 +139,24 @@ pub fn plan(g: &Graph) -> MemoryPlan {
             None => plan.dynamic += 1,
         }
     }
-    // Buffer groups: a value joins its input's group when it may be computed in place.
+    // Buffer groups: a view's output joins its input's group when that input dies there
+    // (and is read by no other input of the step, as the runtime requires to move it).
     let mut group: Vec<usize> = (0..nv).collect();
-    let mut taken = vec![false; nv];
-    let is_output = |v: usize| g.outputs.iter().any(|o| o.index() == v);
     for (i, node) in g.nodes.iter().enumerate() {
-        if !may_run_in_place(&node.kind) {
+        if !reuses_input_buffer(&node.kind) {
             continue;
         }
-        let Some(Some(out)) = node.outputs.first() else {
+        let (Some(Some(out)), Some(Some(inp))) = (node.outputs.first(), node.inputs.first()) else {
             continue;
         };
-        let out = out.index();
-        for inp in node.inputs.iter().flatten() {
-            let v = inp.index();
-            let fits = size.get(v).copied().flatten().is_some()
-                && size.get(v) == size.get(out)
-                && def.get(v).copied().flatten().is_some()
-                && last.get(v).copied().flatten() == Some(i)
-                && !is_output(v)
-                && !taken[v];
-            if fits {
-                taken[v] = true;
-                group[out] = group[v];
-                plan.in_place += 1;
-                break;
-            }
+        let (out, v) = (out.index(), inp.index());
+        let fits = size.get(v).copied().flatten().is_some()
+            && size.get(v) == size.get(out)
+            && last.get(v).copied().flatten() == Some(i)
+            && node.inputs.iter().skip(1).all(|x| *x != Some(*inp));
+        if fits {
+            group[out] = group[v];
+            plan.in_place += 1;
         }
     }
     // Each group: lifetime and size.
@@ -189,6 +197,7 @@ pub fn plan(g: &Graph) -> MemoryPlan {
     for v in 0..nv {
         if size[v].is_some() && def[v].is_some() {
             plan.offsets[v] = offset_of[group[v]];
+            plan.sizes[v] = size[v];
         }
     }
     plan
@@ -198,7 +207,9 @@ pub fn plan(g: &Graph) -> MemoryPlan {
 mod tests {
     use super::*;
     use kiln_ir::Node;
+    use kiln_ops::Op;
     use kiln_ops::TensorType;
+    use kiln_ops::elementwise::ElementwiseOp;
     use kiln_ops::elementwise::{Binary, BinaryOp, UnaryOp};
     use kiln_tensor::DType;
 
@@ -232,60 +243,92 @@ mod tests {
         Op::Movement(kiln_ops::movement::MovementOp::Identity(kiln_ops::movement::Identity))
     }
 
+    fn flatten() -> Op {
+        Op::Movement(kiln_ops::movement::MovementOp::Flatten(kiln_ops::movement::Flatten {
+            axis: 0,
+        }))
+    }
+
     #[test]
-    fn chain_of_elementwise_ops_runs_in_one_buffer() {
-        // x -> relu -> a -> relu -> b -> relu -> y (output)
+    fn a_view_of_a_dying_input_shares_its_range_and_outputs_are_not_placed() {
+        // x -> relu -> a -> flatten -> b -> relu -> y (output)
         let mut g = Graph::default();
         let x = g.add_value("x", f32s(1000));
         let a = g.add_value("a", f32s(1000));
         let b = g.add_value("b", f32s(1000));
         let y = g.add_value("y", f32s(1000));
         node(&mut g, relu(), &[x], a);
-        node(&mut g, relu(), &[a], b);
+        node(&mut g, flatten(), &[a], b);
         node(&mut g, relu(), &[b], y);
         g.inputs = vec![x];
         g.outputs = vec![y];
         let p = plan(&g);
-        assert_eq!(p.planned, 3);
-        assert_eq!(p.in_place, 2);
-        assert_eq!(p.naive_bytes, 12_000);
+        assert_eq!((p.planned, p.in_place, p.dynamic), (2, 1, 0));
+        assert_eq!(p.naive_bytes, 8000);
         assert_eq!(p.arena_bytes, 4000);
-        assert_eq!(p.offsets, vec![None, Some(0), Some(0), Some(0)]);
+        assert_eq!(p.offsets, vec![None, Some(0), Some(0), None]);
+        let arena = p.arena_plan();
+        assert_eq!(arena.bytes, 4000);
+        assert_eq!(arena.place(a.index()), Some((0, 4000)));
+        assert_eq!(arena.place(y.index()), None, "the output leaves the run");
+    }
+
+    #[test]
+    fn a_view_whose_input_lives_on_gets_its_own_range() {
+        // a = relu(x); b = flatten(a); c = a + b (a still alive at the view)
+        let mut g = Graph::default();
+        let x = g.add_value("x", f32s(100));
+        let a = g.add_value("a", f32s(100));
+        let b = g.add_value("b", f32s(100));
+        let c = g.add_value("c", f32s(100));
+        let y = g.add_value("y", f32s(100));
+        node(&mut g, relu(), &[x], a);
+        node(&mut g, flatten(), &[a], b);
+        node(&mut g, add(), &[a, b], c);
+        node(&mut g, relu(), &[c], y);
+        g.inputs = vec![x];
+        g.outputs = vec![y];
+        let p = plan(&g);
+        assert_eq!(p.in_place, 0);
+        assert_ne!(p.offsets[a.index()], p.offsets[b.index()]);
     }
 
     #[test]
     fn overlapping_lifetimes_get_disjoint_ranges_and_dead_ones_are_reused() {
-        // a = id(x); b = id(x); c = a + b; d = id(c); e = id(d)  (e output)
+        // a = id(x); b = id(x); c = a + b; d = id(c); e = id(d); f = id(e)  (f output)
         let mut g = Graph::default();
         let x = g.add_value("x", f32s(100));
-        let ids: Vec<ValueId> = ["a", "b", "c", "d", "e"]
+        let ids: Vec<ValueId> = ["a", "b", "c", "d", "e", "f"]
             .iter()
             .map(|n| g.add_value(*n, f32s(100)))
             .collect();
-        let (a, b, c, d, e) = (ids[0], ids[1], ids[2], ids[3], ids[4]);
+        let (a, b, c, d, e, f) = (ids[0], ids[1], ids[2], ids[3], ids[4], ids[5]);
         node(&mut g, softmax_like(), &[x], a);
         node(&mut g, softmax_like(), &[x], b);
         node(&mut g, add(), &[a, b], c);
         node(&mut g, softmax_like(), &[c], d);
         node(&mut g, softmax_like(), &[d], e);
+        node(&mut g, softmax_like(), &[e], f);
         g.inputs = vec![x];
-        g.outputs = vec![e];
+        g.outputs = vec![f];
         let p = plan(&g);
         let off = |v: ValueId| p.offsets[v.index()].unwrap();
-        // a and b are alive together: disjoint. c reuses a (in place). d must not overlap c;
-        // e must not overlap d.
         let range = |v: ValueId| off(v)..off(v) + 400;
         let disjoint = |u: ValueId, v: ValueId| range(u).end <= range(v).start || range(v).end <= range(u).start;
-        assert!(disjoint(a, b));
-        assert_eq!(off(c), off(a));
+        // a, b and c are alive together at c's step; d with c, e with d.
+        assert!(disjoint(a, b) && disjoint(a, c) && disjoint(b, c));
         assert!(disjoint(c, d));
         assert!(disjoint(d, e));
-        assert_eq!(p.in_place, 1);
+        // e starts after c died: it reuses a dead range.
+        assert!([a, b, c].iter().any(|&v| off(v) == off(e)), "e reuses a, b or c");
+        assert_eq!(p.offsets[f.index()], None);
+        assert_eq!(p.in_place, 0);
         assert_eq!(p.naive_bytes, 2000);
-        // Two 400-byte buffers (each rounded to 448 by alignment) suffice at every step.
-        assert!(p.arena_bytes <= 448 + 400, "arena {}", p.arena_bytes);
-        assert_eq!(off(a) % ARENA_ALIGN, 0);
-        assert_eq!(off(b) % ARENA_ALIGN, 0);
+        // Three 400-byte buffers (two rounded to 448 by alignment) suffice at every step.
+        assert!(p.arena_bytes <= 2 * 448 + 400, "arena {}", p.arena_bytes);
+        for v in [a, b, c, d, e] {
+            assert_eq!(off(v) % ARENA_ALIGN, 0);
+        }
     }
 
     #[test]
@@ -296,10 +339,12 @@ mod tests {
             shape: Some(vec![Dim::Sym("batch".into())]),
         });
         let x = g.add_value("x", sym.clone());
-        let y = g.add_value("y", sym);
+        let y = g.add_value("y", sym.clone());
+        let z = g.add_value("z", sym);
         node(&mut g, relu(), &[x], y);
+        node(&mut g, relu(), &[y], z);
         g.inputs = vec![x];
-        g.outputs = vec![y];
+        g.outputs = vec![z];
         let p = plan(&g);
         assert_eq!((p.planned, p.dynamic, p.arena_bytes), (0, 1, 0));
     }

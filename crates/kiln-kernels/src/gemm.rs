@@ -32,10 +32,18 @@ pub trait GemmScalar: Copy + Default + std::ops::Add<Output = Self> + std::ops::
     fn out_buffer(n: usize) -> Vec<Self> {
         vec![Self::default(); n]
     }
+    /// The running step's planned output range of `n` elements (f32 only; see
+    /// [`crate::recycle::take_planned`]).
+    fn planned_out(_n: usize) -> Option<crate::slab::Region<Self>> {
+        None
+    }
 }
 impl GemmScalar for f32 {
     fn out_buffer(n: usize) -> Vec<f32> {
         crate::recycle::take(n)
+    }
+    fn planned_out(n: usize) -> Option<crate::slab::Region<f32>> {
+        crate::recycle::take_planned(n)
     }
 }
 impl GemmScalar for f64 {}

@@ -13,6 +13,8 @@
 //!   only while a run is active);
 //! - `simd`: `vectorize`, which runs a closure compiled for the active level (the ops'
 //!   memory-bound loops);
+//! - `slab`: the block of the memory plan's tensors per run state, handed out as claimed,
+//!   never-overlapping regions;
 //! - `vector`: row kernels of memory-bound ops (softmax, layer-norm statistics).
 //!
 //! - `winograd`: F(4x4, 3x3) convolution over 36 GEMMs (weights transformed and packed at
@@ -30,5 +32,6 @@ pub mod pool;
 pub mod recycle;
 pub mod sgemm;
 pub mod simd;
+pub mod slab;
 pub mod vector;
 pub mod winograd;

@@ -19,6 +19,7 @@
 //! is plain safe Rust), so only callers that overwrite all of it may use it. Vectors smaller than [`MIN_LEN`] are not kept (allocating them is
 //! cheap), and an arena never keeps more than [`MAX_BYTES`].
 
+use crate::slab::{Region, Slab, SlabElem};
 use std::cell::RefCell;
 use std::collections::HashSet;
 
@@ -37,17 +38,27 @@ pub struct Pool<T> {
 /// bool tensors of transformers' attention-mask arithmetic.
 pub trait Recycled: Copy + Default + 'static {
     fn pool(arena: &mut Arena) -> &mut Pool<Self>;
+    /// [`take_planned`] for the types a slab region can hold; `None` for the others.
+    fn take_planned(_n: usize) -> Option<Region<Self>> {
+        None
+    }
 }
 
 impl Recycled for f32 {
     fn pool(arena: &mut Arena) -> &mut Pool<f32> {
         &mut arena.f32s
     }
+    fn take_planned(n: usize) -> Option<Region<f32>> {
+        take_planned(n)
+    }
 }
 
 impl Recycled for i64 {
     fn pool(arena: &mut Arena) -> &mut Pool<i64> {
         &mut arena.i64s
+    }
+    fn take_planned(n: usize) -> Option<Region<i64>> {
+        take_planned(n)
     }
 }
 
@@ -67,6 +78,13 @@ pub struct Arena {
     bytes: usize,
     /// Addresses of the vectors [`take`] handed out since the last [`finish_run`].
     taken: HashSet<usize>,
+    /// The block of the memory plan's tensors, once a run asked for one ([`use_slab`]).
+    slab: Option<Slab>,
+    /// Byte offset and size the compiler planned for the running step's output.
+    planned: Option<(usize, usize)>,
+    /// Outputs placed at their planned ranges in this run, and in the last finished one.
+    placed: usize,
+    placed_last_run: usize,
 }
 
 /// Most addresses remembered between two [`finish_run`] calls (takes outside any run, such as
@@ -89,6 +107,7 @@ impl std::fmt::Debug for Arena {
                 &(self.f32s.kept.len() + self.i64s.kept.len() + self.bools.kept.len()),
             )
             .field("bytes", &self.bytes)
+            .field("slab", &self.slab)
             .finish()
     }
 }
@@ -101,6 +120,33 @@ impl Arena {
     /// Bytes of the vectors kept now.
     pub fn kept_bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// How many step outputs the last finished run placed at their planned ranges.
+    pub fn placed_last_run(&self) -> usize {
+        self.placed_last_run
+    }
+
+    /// Gives this arena a [`Slab`] of `bytes` bytes (keeping the one it has when its size
+    /// matches) with every page written, so a run that uses it takes no page faults; false
+    /// when the block cannot be allocated.
+    pub fn prepare_slab(&mut self, bytes: usize) -> bool {
+        self.ensure_slab(bytes);
+        if let Some(s) = &self.slab {
+            s.prefault();
+        }
+        self.slab.is_some()
+    }
+
+    fn ensure_slab(&mut self, bytes: usize) {
+        if self.slab.as_ref().is_none_or(|s| s.bytes() != bytes) {
+            self.slab = Slab::new(bytes);
+        }
+    }
+
+    /// The arena's block of planned tensors, if a run has made one.
+    pub fn slab(&self) -> Option<&Slab> {
+        self.slab.as_ref()
     }
 
     /// Makes this arena the thread's current one until the guard drops, then restores the
@@ -216,11 +262,51 @@ pub fn take_of<T: Recycled>(n: usize) -> Vec<T> {
     })
 }
 
+/// Gives the current arena a [`Slab`] of `bytes` bytes for the memory plan (keeping the one
+/// it has when its size matches); false when there is no current arena or the block cannot
+/// be allocated, and then [`take_planned`] finds nothing.
+pub fn use_slab(bytes: usize) -> bool {
+    CURRENT.with(|c| {
+        let Ok(mut a) = c.try_borrow_mut() else { return false };
+        a.ensure_slab(bytes);
+        a.slab.is_some()
+    })
+}
+
+/// Sets (`Some((offset, bytes))`) or clears the planned place of the next step's output.
+pub fn plan_output(planned: Option<(usize, usize)>) {
+    CURRENT.with(|c| {
+        if let Ok(mut a) = c.try_borrow_mut() {
+            a.planned = planned;
+        }
+    });
+}
+
+/// The planned place of the running step's output as a region of `n` elements, when a
+/// place of exactly that size is planned and free (it is then used up); else `None`, and
+/// the caller takes an ordinary vector.
+pub fn take_planned<T: SlabElem>(n: usize) -> Option<Region<T>> {
+    CURRENT.with(|c| {
+        let mut a = c.try_borrow_mut().ok()?;
+        let (offset, bytes) = a.planned?;
+        if n.checked_mul(std::mem::size_of::<T>()) != Some(bytes) {
+            return None;
+        }
+
+        a.planned = None;
+        let r = a.slab.as_ref()?.claim(offset, n)?;
+        a.placed += 1;
+        Some(r)
+    })
+}
+
 /// Ends a run: the current arena keeps only the vectors taken since the last call.
 pub fn finish_run() {
     CURRENT.with(|c| {
         if let Ok(mut a) = c.try_borrow_mut() {
             a.keep_working_set();
+            a.planned = None;
+            a.placed_last_run = std::mem::take(&mut a.placed);
         }
     });
 }

@@ -5,6 +5,22 @@ use crate::error::{OpError, Result};
 use kiln_tensor::{MAX_ELEMENTS, Tensor, numel};
 
 /// Turns a possibly negative ONNX axis into an index below `rank`.
+/// The buffer of an op's output of `n` elements, which the op then writes whole: the running
+/// step's planned range of the run arena when the compiler planned one of exactly this size
+/// (f32 and int64), else a recycled vector; stale contents either way. An op takes at most
+/// one output buffer this way; scratch comes from `kiln_kernels::recycle::take`.
+pub fn out_buf<T: kiln_kernels::recycle::Recycled>(n: usize) -> kiln_tensor::Buf<T> {
+    match T::take_planned(n) {
+        Some(r) => kiln_tensor::Buf::from_region(r),
+        None => kiln_tensor::Buf::from_vec(kiln_kernels::recycle::take_of(n)),
+    }
+}
+
+/// [`out_buf`] for f32.
+pub fn out_f32(n: usize) -> kiln_tensor::Buf<f32> {
+    out_buf(n)
+}
+
 pub fn norm_axis(axis: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
     let a = if axis < 0 { axis + r } else { axis };

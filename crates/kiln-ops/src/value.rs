@@ -25,6 +25,17 @@ pub struct Sequence {
 }
 
 impl Value {
+    /// Copies every tensor held in a region of the run arena into owned storage: for values
+    /// that leave the run (its outputs), whose arena the next run reuses.
+    pub fn detach(&mut self) {
+        match self {
+            Value::Tensor(t) => t.detach(),
+            Value::Sequence(s) => s.items.iter_mut().for_each(Tensor::detach),
+            Value::Optional(Some(v), _) => v.detach(),
+            Value::Optional(None, _) => {}
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Value::Tensor(_) => "tensor",

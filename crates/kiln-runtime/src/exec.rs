@@ -131,10 +131,16 @@ fn run_inner(
         let v = check_input(spec, v, &mut symbols)?;
         formal.push(v);
     }
-    let outputs = run_program(program, &[], formal, rec);
+    // The planned tensors take their ranges of the run state's arena (one block per arena,
+    // allocated by the first run).
+    let planned =
+        program.arena.bytes > 0 && usize::try_from(program.arena.bytes).is_ok_and(kiln_kernels::recycle::use_slab);
+    let outputs = run_program(program, &[], formal, rec, planned);
     // The run's buffers stay with its arena for the next run; the rest are let go.
     kiln_kernels::recycle::finish_run();
-    let outputs = outputs?;
+    let mut outputs = outputs?;
+    // An output that is a view of a planned tensor leaves the arena (the next run reuses it).
+    outputs.iter_mut().for_each(Value::detach);
     Ok(program.outputs.iter().map(|o| o.name.clone()).zip(outputs).collect())
 }
 
@@ -216,6 +222,7 @@ fn run_program(
     outer: &[Slot<'_>],
     formal: impl IntoIterator<Item = Value, IntoIter: ExactSizeIterator>,
     mut rec: Option<&mut Recorder>,
+    planned: bool,
 ) -> Result<Outputs> {
     let formal = formal.into_iter();
     let mut slots = Env::new(p.num_slots());
@@ -243,6 +250,13 @@ fn run_program(
             .ok_or_else(|| bad(format!("input slot {} out of range", spec.slot)))? = Slot::Owned(v);
     }
     for (index, step) in p.steps.iter().enumerate() {
+        // The op's output buffer (when it asks for one of the planned size) is the step's
+        // planned range; control-flow steps and sub-programs have none.
+        let place = match (&step.kind, step.outputs.first()) {
+            (StepKind::Op(_), Some(Some(slot))) if planned => p.arena.place(*slot),
+            _ => None,
+        };
+        kiln_kernels::recycle::plan_output(place);
         let results = match rec.as_deref_mut() {
             None => run_step_moving(step, env)?,
             Some(rec) => {
@@ -294,6 +308,7 @@ fn run_program(
             }
         }
     }
+    kiln_kernels::recycle::plan_output(None);
     let mut outs = Outputs::with_capacity(p.outputs.len());
     for (k, o) in p.outputs.iter().enumerate() {
         let used_later = p.outputs[k + 1..].iter().any(|x| x.slot == o.slot);
@@ -399,7 +414,7 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
                 .copied()
                 .ok_or_else(|| ctl_err(format!("condition is empty (shape {:?})", cond.shape())))?;
             let branch = if c != 0.0 { then_branch } else { else_branch };
-            run_program(branch, env, [], None)
+            run_program(branch, env, [], None, false)
         }
         StepKind::Loop(l) => run_loop(l, &args, env).map(Outputs::from).map_err(|e| wrap(e, step)),
         StepKind::Scan(s) => run_scan(s, &args, env).map(Outputs::from).map_err(|e| wrap(e, step)),
@@ -410,7 +425,7 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
         } => {
             let call = |p: &Option<Box<Program>>, t: Tensor| -> std::result::Result<Tensor, OpError> {
                 let Some(p) = p else { return Ok(t) };
-                let outs = run_program(p, env, [Value::Tensor(t)], None)
+                let outs = run_program(p, env, [Value::Tensor(t)], None, false)
                     .map_err(|e| OpError::Value(format!("modifier subgraph: {e}")))?;
                 match outs.into_iter().next() {
                     Some(Value::Tensor(t)) => Ok(t),
@@ -469,7 +484,7 @@ fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
         formal.push(Value::Tensor(Tensor::scalar(iter)));
         formal.push(Value::Tensor(Tensor::scalar(cond)));
         formal.append(&mut carried);
-        let outs = run_program(&l.body, env, formal, None)?;
+        let outs = run_program(&l.body, env, formal, None, false)?;
         let mut outs = outs.into_iter();
         let c = outs
             .next()
@@ -588,7 +603,7 @@ fn run_scan_once(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Res
             let idx = if *rev { len - 1 - it } else { it };
             formal.push(Value::Tensor(take_along(t, *axis, idx).map_err(op_err)?));
         }
-        let outs = run_program(&s.body, env, formal, None)?;
+        let outs = run_program(&s.body, env, formal, None, false)?;
         let mut outs = outs.into_iter();
         state = outs.by_ref().take(n_state).collect();
         for (k, v) in outs.enumerate() {
@@ -637,7 +652,7 @@ fn run_sequence_map(body: &Program, args: &[Option<&Value>], env: &[Slot<'_>], n
                 None => return Err(RuntimeError::Program(format!("input {k} is absent"))),
             }
         }
-        for (k, v) in run_program(body, env, formal, None)?.into_iter().enumerate() {
+        for (k, v) in run_program(body, env, formal, None, false)?.into_iter().enumerate() {
             match (v, outs.get_mut(k)) {
                 (Value::Tensor(t), Some(acc)) => acc.push(t),
                 _ => return Err(RuntimeError::Program(format!("body output {k} must be a tensor"))),

@@ -21,4 +21,4 @@ pub use kiln_kernels::alloc::{AllocCounts, CachingAlloc, CountingAlloc};
 pub use kiln_kernels::pool::ThreadPool;
 pub use kiln_kernels::recycle::Arena;
 pub use profile::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
-pub use program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};
+pub use program::{ArenaPlan, IoSpec, LoopStep, Program, ScanStep, Step, StepKind};

@@ -27,6 +27,27 @@ pub struct Program {
     /// program's state when it starts.
     pub captures: Vec<(usize, usize)>,
     pub steps: Vec<Step>,
+    /// The memory plan of a main program (empty for sub-programs and unplanned programs).
+    pub arena: ArenaPlan,
+}
+
+/// Where a program's planned tensors live in the run arena: its size and, per slot, the byte
+/// offset and size of the slot's tensor. A step whose op asks for an output buffer of exactly
+/// the planned size gets that range ([`kiln_kernels::recycle::take_planned`]); the slab's claim
+/// check keeps ranges from aliasing whatever the plan says, so a wrong or hostile plan only
+/// costs fallbacks to ordinary vectors.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ArenaPlan {
+    pub bytes: u64,
+    pub places: Vec<Option<(u64, u64)>>,
+}
+
+impl ArenaPlan {
+    /// The planned `(offset, bytes)` of `slot`'s tensor, when it fits the address space.
+    pub fn place(&self, slot: usize) -> Option<(usize, usize)> {
+        let (o, b) = (*self.places.get(slot)?)?;
+        Some((usize::try_from(o).ok()?, usize::try_from(b).ok()?))
+    }
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]

@@ -4,7 +4,12 @@
 //! A shared view is created only through [`Buf::shared`], which checks alignment and length once;
 //! reads then see `&[T]` like a vector. Writing through a shared view first copies it (copy on
 //! write), so mapped bytes are never written.
+//!
+//! The third form is a [`Region`] of the run's planned arena (the memory plan's place for a
+//! step's output): read and written in place like a vector of fixed length; growing it,
+//! cloning it or taking it as a vector copies it out into an owned vector.
 
+use kiln_kernels::slab::Region;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -41,12 +46,14 @@ macro_rules! plain_never {
 }
 plain_never!(bool, String);
 
-/// Owned or shared element storage; derefs to `[T]`.
+/// Owned, shared or arena element storage; derefs to `[T]`.
 pub struct Buf<T> {
-    /// The elements when owned; empty while `shared` is set.
+    /// The elements when owned; empty while `shared` or `region` is set.
     owned: Vec<T>,
     /// A checked byte range of shared bytes holding the elements.
     shared: Option<Shared>,
+    /// The elements' claimed place in the run arena.
+    region: Option<Region<T>>,
 }
 
 #[derive(Clone)]
@@ -65,7 +72,13 @@ impl<T: Plain> Buf<T> {
         Some(Buf {
             owned: Vec::new(),
             shared: Some(Shared { bytes, start, end }),
+            region: None,
         })
+    }
+
+    /// Whether the elements live in a region of the run arena.
+    pub fn is_region(&self) -> bool {
+        self.region.is_some()
     }
 
     /// Whether the elements live in shared bytes (a memory map) rather than an owned vector.
@@ -75,11 +88,23 @@ impl<T: Plain> Buf<T> {
 
     /// The owned vector, copying a shared view first.
     pub fn make_mut(&mut self) -> &mut Vec<T> {
-        if self.shared.is_some() {
+        if self.shared.is_some() || self.region.is_some() {
             self.owned = self.as_slice().to_vec();
             self.shared = None;
+            self.region = None;
         }
         &mut self.owned
+    }
+
+    /// The elements, writable in place (a shared view is copied first; a region is not).
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        if self.region.is_none() {
+            return self.make_mut();
+        }
+        match &mut self.region {
+            Some(r) => r.as_mut_slice(),
+            None => &mut [],
+        }
     }
 
     /// The elements as an owned vector (no copy when already owned).
@@ -88,11 +113,11 @@ impl<T: Plain> Buf<T> {
         self.owned
     }
 
-    /// The owned vector, or `None` for a shared view (never copies).
+    /// The owned vector, or `None` for a shared view or a region (never copies).
     pub fn into_owned(self) -> Option<Vec<T>> {
-        match self.shared {
-            None => Some(self.owned),
-            Some(_) => None,
+        match (self.shared, self.region) {
+            (None, None) => Some(self.owned),
+            _ => None,
         }
     }
 
@@ -105,6 +130,9 @@ impl<T: Plain> Buf<T> {
     }
 
     pub fn as_slice(&self) -> &[T] {
+        if let Some(r) = &self.region {
+            return r.as_slice();
+        }
         match &self.shared {
             None => &self.owned,
             // `shared` checked the range and the cast; the bytes are immutable, so this holds.
@@ -119,7 +147,20 @@ impl<T: Plain> Buf<T> {
 impl<T> Buf<T> {
     /// Owned storage (a plain function, so `collect()` into it infers `Vec<T>`).
     pub fn from_vec(v: Vec<T>) -> Buf<T> {
-        Buf { owned: v, shared: None }
+        Buf {
+            owned: v,
+            shared: None,
+            region: None,
+        }
+    }
+
+    /// Storage in a claimed region of the run arena.
+    pub fn from_region(r: Region<T>) -> Buf<T> {
+        Buf {
+            owned: Vec::new(),
+            shared: None,
+            region: Some(r),
+        }
     }
 }
 
@@ -152,15 +193,20 @@ impl<T: Plain> Deref for Buf<T> {
 
 impl<T: Plain> DerefMut for Buf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        self.make_mut()
+        self.as_mut_slice()
     }
 }
 
+/// A region is copied out into an owned vector (a claim has one owner).
 impl<T: Plain> Clone for Buf<T> {
     fn clone(&self) -> Buf<T> {
-        Buf {
-            owned: self.owned.clone(),
-            shared: self.shared.clone(),
+        match &self.region {
+            Some(r) => Buf::from_vec(r.as_slice().to_vec()),
+            None => Buf {
+                owned: self.owned.clone(),
+                shared: self.shared.clone(),
+                region: None,
+            },
         }
     }
 }

@@ -118,6 +118,29 @@ impl Data {
         self.len() == 0
     }
 
+    /// Whether the elements live in a region of a run arena (only f32 and int64 can).
+    pub fn is_region(&self) -> bool {
+        match self {
+            Data::F32(b) => b.is_region(),
+            Data::I64(b) => b.is_region(),
+            _ => false,
+        }
+    }
+
+    /// Copies elements held in a region of a run arena into an owned vector: for values that
+    /// leave the run.
+    pub fn detach(&mut self) {
+        match self {
+            Data::F32(b) if b.is_region() => {
+                b.make_mut();
+            }
+            Data::I64(b) if b.is_region() => {
+                b.make_mut();
+            }
+            _ => {}
+        }
+    }
+
     /// Appends the elements of `other` (same variant) to `self`.
     pub fn append(&mut self, other: &Data) -> Result<(), TensorError> {
         match (self, other) {
@@ -235,7 +258,10 @@ impl Data {
 /// A Rust element type with a fixed tensor dtype and storage variant.
 pub trait Element: crate::buf::Plain {
     const DTYPE: DType;
-    fn wrap(v: Vec<Self>) -> Data;
+    fn wrap(v: Vec<Self>) -> Data {
+        Self::wrap_buf(Buf::from_vec(v))
+    }
+    fn wrap_buf(b: Buf<Self>) -> Data;
     fn slice(d: &Data) -> Option<&[Self]>;
     fn into_vec(d: Data) -> Option<Vec<Self>>;
 }
@@ -244,8 +270,8 @@ macro_rules! element {
     ($t:ty, $dt:ident, $var:ident) => {
         impl Element for $t {
             const DTYPE: DType = DType::$dt;
-            fn wrap(v: Vec<Self>) -> Data {
-                Data::$var(Buf::from(v))
+            fn wrap_buf(b: Buf<Self>) -> Data {
+                Data::$var(b)
             }
             fn slice(d: &Data) -> Option<&[Self]> {
                 match d {
@@ -376,6 +402,16 @@ impl Tensor {
 
     pub fn from_vec<T: Element>(shape: impl Into<Shape>, v: Vec<T>) -> Result<Tensor, TensorError> {
         Tensor::new(T::DTYPE, shape, T::wrap(v))
+    }
+
+    /// [`Tensor::from_vec`] over any storage (an arena region, for a planned output).
+    pub fn from_buf<T: Element>(shape: impl Into<Shape>, b: Buf<T>) -> Result<Tensor, TensorError> {
+        Tensor::new(T::DTYPE, shape, T::wrap_buf(b))
+    }
+
+    /// Copies elements held in a run arena's region into an owned vector (see [`Data::detach`]).
+    pub fn detach(&mut self) {
+        self.data.detach();
     }
 
     pub fn scalar<T: Element>(v: T) -> Tensor {

@@ -94,8 +94,9 @@ pub struct Session {
     meta: Option<ProgramMeta>,
     /// The compute threads (`None`: single-threaded).
     pub(crate) pool: Option<kiln_runtime::ThreadPool>,
-    /// Run states: the recycled buffers of each concurrent run (one arena per run at once).
-    arenas: std::sync::Mutex<Vec<kiln_runtime::Arena>>,
+    /// Run states: the planned block and recycled buffers of each concurrent run (one arena
+    /// per run at once).
+    pub(crate) arenas: std::sync::Mutex<Vec<kiln_runtime::Arena>>,
 }
 
 /// Imports an ONNX model (with symbol bindings applied) without compiling it.
@@ -144,7 +145,7 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
             "in_place": compiled.memory.in_place,
             "dynamic_tensors": compiled.memory.dynamic,
             "summary": compiled.memory.summary(),
-            "used_by_runtime": false,
+            "used_by_runtime": true,
         })),
         packing: (compiled.prepacked + compiled.winograd > 0).then(|| {
             format!(

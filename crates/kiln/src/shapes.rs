@@ -45,10 +45,24 @@ impl Session {
     }
 
     /// Makes the session ready to run now rather than on the first run (qaic's `setup()`):
-    /// touches every page of the weights, so a memory-mapped program is read from disk here
-    /// and the first inference pays no page faults. Returns the bytes touched.
+    /// touches every page of the weights, so a memory-mapped program is read from disk here,
+    /// and allocates and touches a run state's block for the memory plan, so the first
+    /// inference pays no page faults. Returns the bytes touched.
     pub fn setup(&self) -> u64 {
         let mut touched = 0u64;
+        if let Ok(bytes) = usize::try_from(self.program.arena.bytes)
+            && bytes > 0
+        {
+            let mut arenas = self.arenas.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if arenas.is_empty() {
+                arenas.push(kiln_runtime::Arena::new());
+            }
+            if let Some(a) = arenas.first_mut()
+                && a.prepare_slab(bytes)
+            {
+                touched += bytes as u64;
+            }
+        }
         let mut sink = 0u8;
         for (_, v) in &self.program.constants {
             if let Value::Tensor(t) = v

@@ -10,14 +10,19 @@
 //! `cargo run --release -p kiln --example alloc_probe -- model.onnx` makes the same
 //! measurement on any model and prints it.
 
-use kiln::raw::onnx::proto::{AttributeProto, NodeProto, TensorProto, ValueInfoProto};
-use kiln::{AllocCounts, CountingAlloc, Session, SessionOptions, Value};
+use kiln::raw::compiler::compile;
+use kiln::raw::onnx::proto::{AttributeProto, NodeProto, TensorProto};
+use kiln::raw::runtime::{Arena, run};
+use kiln::{AllocCounts, CompileOptions, CountingAlloc, Dim, Model, Session, SessionOptions, Tensor, Value, ValueType};
 
 mod common;
 use common::{f32_info, i64_tensor, import, int, ints, model};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
+
+/// The count is process-wide: the tests of this file take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn output_bytes(out: &[(String, Value)]) -> usize {
     out.iter()
@@ -76,22 +81,15 @@ fn indices(name: &str, vals: &[i64]) -> TensorProto {
     i64_tensor(name, &[vals.len() as i64], vals)
 }
 
-fn session(
-    nodes: Vec<NodeProto>,
-    input: ValueInfoProto,
-    output: ValueInfoProto,
-    inits: Vec<TensorProto>,
-    threads: usize,
-) -> Session {
-    let model = import(&model(nodes, vec![input], vec![output], inits)).unwrap();
+fn session(model: &Model, threads: usize) -> Session {
     let mut options = SessionOptions::default();
     options.threads = threads;
-    Session::from_model(&model, &options).unwrap()
+    Session::from_model(model, &options).unwrap()
 }
 
 /// x [1, 16, 64, 64] -> 3x3 conv (Winograd) -> Relu -> depthwise 3x3 -> 1x1 conv, plus the
 /// Relu output -> MaxPool 2x2 -> GlobalAveragePool -> Flatten -> Gemm -> Softmax.
-fn cnn(threads: usize) -> Session {
+fn cnn() -> Model {
     let nodes = vec![
         node("Conv", &["x", "w1", "b1"], "c1", vec![ints("pads", &[1, 1, 1, 1])]),
         node("Relu", &["c1"], "r1", vec![]),
@@ -121,18 +119,13 @@ fn cnn(threads: usize) -> Session {
         weight("w3", &[32, 32, 1, 1], 0.3),
         weight("w4", &[32, 10], 1.0),
     ];
-    session(
-        nodes,
-        f32_info("x", &[1, 16, 64, 64]),
-        f32_info("probs", &[1, 10]),
-        inits,
-        threads,
-    )
+    let (x, probs) = (f32_info("x", &[1, 16, 64, 64]), f32_info("probs", &[1, 10]));
+    import(&model(nodes, vec![x], vec![probs], inits)).unwrap()
 }
 
 /// x [1, 128, 256] -> LayerNorm -> q, k projections -> softmax(q k^T) q, plus x -> Concat
 /// with x -> Gather of 32 rows.
-fn attention_like(threads: usize) -> Session {
+fn attention_like() -> Model {
     let nodes = vec![
         node("LayerNormalization", &["x", "g", "b"], "ln", vec![int("axis", -1)]),
         node("MatMul", &["ln", "wq"], "q", vec![]),
@@ -153,19 +146,16 @@ fn attention_like(threads: usize) -> Session {
         weight("wk", &[256, 256], 0.1),
         indices("rows", &rows),
     ];
-    session(
-        nodes,
-        f32_info("x", &[1, 128, 256]),
-        f32_info("out", &[1, 32, 512]),
-        inits,
-        threads,
-    )
+    let (x, out) = (f32_info("x", &[1, 128, 256]), f32_info("out", &[1, 32, 512]));
+    import(&model(nodes, vec![x], vec![out], inits)).unwrap()
 }
 
 #[test]
 fn later_runs_take_no_tensor_storage_from_the_system() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for threads in [1, 2] {
-        for (name, s) in [("cnn", cnn(threads)), ("attention", attention_like(threads))] {
+        for (name, m) in [("cnn", cnn()), ("attention", attention_like())] {
+            let s = session(&m, threads);
             let (first, later, outputs, out) = steady_state(&s);
             assert!(
                 first.bytes > 64 * BOOKKEEPING,
@@ -184,4 +174,96 @@ fn later_runs_take_no_tensor_storage_from_the_system() {
             );
         }
     }
+}
+
+/// The memory plan is executed: a run places every planned tensor at its offset in its
+/// arena's block (the CNN's Flatten, a view, keeps its input's range instead), and runs that
+/// reuse the block (stale values from the run before) compute exactly what the first did,
+/// and what level 0 (no fusion) computes within rounding.
+#[test]
+fn planned_tensors_are_placed_at_their_offsets_and_later_runs_agree() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (name, m, unplaced) in [("cnn", cnn(), 1), ("attention", attention_like(), 0)] {
+        let program = compile(m.graph.clone(), &CompileOptions::default()).unwrap().program;
+        let planned = program.arena.places.iter().flatten().count();
+        assert!(
+            program.arena.bytes > 0 && planned >= 4,
+            "{name}: {planned} planned tensors"
+        );
+        let reference = compile(
+            m.graph.clone(),
+            &CompileOptions {
+                opt_level: 0,
+                ..CompileOptions::default()
+            },
+        )
+        .unwrap()
+        .program;
+        let spec = &program.inputs[0];
+        let shape: Vec<usize> = match &spec.ty {
+            ValueType::Tensor(t) => t
+                .shape
+                .iter()
+                .flatten()
+                .map(|d| match d {
+                    Dim::Fixed(k) => *k,
+                    _ => 1,
+                })
+                .collect(),
+            _ => unreachable!("tensor input"),
+        };
+        let n: usize = shape.iter().product();
+        let x: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
+        let inputs = vec![(spec.name.clone(), Value::Tensor(Tensor::from_vec(shape, x).unwrap()))];
+        let mut arena = Arena::new();
+        let mut outs = Vec::new();
+        for _ in 0..3 {
+            let _entered = arena.enter();
+            outs.push(run(&program, inputs.clone()).unwrap());
+            drop(_entered);
+            assert_eq!(
+                arena.placed_last_run(),
+                planned - unplaced,
+                "{name}: planned tensors placed in the arena ({planned} planned)"
+            );
+        }
+        assert!(
+            outs[1] == outs[0] && outs[2] == outs[0],
+            "{name}: later runs differ from the first"
+        );
+        let want = run(&reference, inputs).unwrap();
+        let (got, want) = (outs[0][0].1.as_tensor().unwrap(), want[0].1.as_tensor().unwrap());
+        let (got, want) = (got.as_slice::<f32>().unwrap(), want.as_slice::<f32>().unwrap());
+        assert_eq!(got.len(), want.len());
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-4 * scale, "{name}: {g} vs level 0 {w}");
+        }
+    }
+}
+
+/// `setup()` allocates (and touches) the planned block of a run state, so the first run
+/// no longer does.
+#[test]
+fn setup_allocates_the_planned_block_before_the_first_run() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let m = cnn();
+    let block = compile(m.graph.clone(), &CompileOptions::default())
+        .unwrap()
+        .program
+        .arena
+        .bytes as usize;
+    assert!(block > 0);
+    let (plain, ready) = (session(&m, 1), session(&m, 1));
+    assert!(
+        ready.setup() as usize >= block,
+        "setup reports the block among the bytes it touched"
+    );
+    let feeds = plain.with_random_inputs(Vec::new(), 7).unwrap();
+    let (_, cold) = ALLOC.measure(|| plain.run(feeds.clone()).unwrap());
+    let (_, warm) = ALLOC.measure(|| ready.run(feeds).unwrap());
+    assert!(
+        cold.bytes >= warm.bytes + block,
+        "the first run after setup allocates {warm:?}, without setup {cold:?}: the {block}-byte block moved to setup"
+    );
 }

@@ -414,7 +414,7 @@ const PAR_MIN: usize = 1 << 16;
 /// Elements per task when the broadcast plan has a single dim.
 const PAR_BLOCK: usize = 1 << 14;
 
-fn arith<T: Num + Send + Sync + Default>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
+fn arith<T: Num + Send + Sync + Default>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> kiln_tensor::Buf<T> {
     match op {
         BinaryOp::Sub => m.arith(x, y, T::sub),
         BinaryOp::Mul => m.arith(x, y, T::mul),
@@ -430,14 +430,14 @@ impl Bcast {
     /// own type), so each op's loop is compiled with the op inlined: as a `fn` pointer the
     /// parallel path made one indirect call per element (BERT's residual Adds on 2 threads
     /// took 5x their 1-thread time).
-    fn arith<T, F>(&self, x: &[T], y: &[T], f: F) -> Vec<T>
+    fn arith<T, F>(&self, x: &[T], y: &[T], f: F) -> kiln_tensor::Buf<T>
     where
         T: Num + Send + Sync,
         F: Fn(T, T) -> T + Sync,
     {
         if !self.reads_within(x.len(), y.len()) {
             // Inputs shorter than their shapes: a short result, which `Tensor::new` refuses.
-            return self.zip(x, y, f);
+            return kiln_tensor::Buf::from_vec(self.zip(x, y, f));
         }
         // Written whole below (every element the plan reads exists).
         let mut out = T::buffer(numel(&self.shape).unwrap_or(0));
@@ -495,7 +495,7 @@ impl Binary {
         };
         let data = match self.op {
             Add | Sub | Mul | Div | Mod { .. } => {
-                with_num2!(a.data(), b.data(), (x, y) => Element::wrap(arith(self.op, x, y, &m)), else return Err(unsupported()))
+                with_num2!(a.data(), b.data(), (x, y) => Element::wrap_buf(arith(self.op, x, y, &m)), else return Err(unsupported()))
             }
             BitShift { .. } | BitwiseAnd | BitwiseOr | BitwiseXor => {
                 with_int2!(a.data(), b.data(), (x, y) => Element::wrap(bits(self.op, x, y, &m)), else return Err(unsupported()))

@@ -159,7 +159,7 @@ pub fn eval_where(c: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
     ];
     if let (Ok(xv), Ok(yv)) = (x.as_slice::<f32>(), y.as_slice::<f32>()) {
         // Every element is written below: a recycled buffer needs no clearing.
-        let mut out = kiln_kernels::recycle::take(n);
+        let mut out = crate::util::out_f32(n);
         let mut dst = out.iter_mut();
         for_each_offset(&shape, strides.each_ref().map(|s| s.as_slice()), |[k, i, j]| {
             if let Some(d) = dst.next() {
@@ -172,7 +172,7 @@ pub fn eval_where(c: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
                 .unwrap_or(0.0);
             }
         });
-        return Ok(Tensor::from_vec(shape, out)?);
+        return Ok(Tensor::from_buf(shape, out)?);
     }
     let data = map_same2!(x.data(), y.data(), (xv, yv) => select(cv, xv, yv, &shape, &strides),
         else return Err(OpError::DTypeMismatch { a: x.dtype(), b: y.dtype() }));

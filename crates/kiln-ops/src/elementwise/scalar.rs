@@ -28,10 +28,11 @@ pub(crate) trait Num: Copy + PartialOrd + Element {
     fn neg(self) -> Self;
     fn abs(self) -> Self;
     fn is_nan(self) -> bool;
-    /// A vector of `n` elements for an output the caller writes whole (f32: a recycled
-    /// buffer with stale contents, see `kiln_kernels::recycle`; others: zeros).
-    fn buffer(n: usize) -> Vec<Self> {
-        vec![Self::zero(); n]
+    /// Storage of `n` elements for an output the caller writes whole (f32: the step's
+    /// planned range or a recycled buffer, stale contents, see `crate::util::out_buf`;
+    /// others: zeros).
+    fn buffer(n: usize) -> kiln_tensor::Buf<Self> {
+        kiln_tensor::Buf::from_vec(vec![Self::zero(); n])
     }
 }
 
@@ -63,7 +64,7 @@ fn float_pymod32(a: f32, b: f32) -> f32 {
 macro_rules! float_num {
     ($t:ty, $pymod:ident $(, $buffer:path)?) => {
         impl Num for $t {
-            $(fn buffer(n: usize) -> Vec<Self> {
+            $(fn buffer(n: usize) -> kiln_tensor::Buf<Self> {
                 $buffer(n)
             })?
             const FLOAT: bool = true;
@@ -106,7 +107,7 @@ macro_rules! float_num {
         }
     };
 }
-float_num!(f32, float_pymod32, kiln_kernels::recycle::take);
+float_num!(f32, float_pymod32, crate::util::out_f32);
 float_num!(f64, float_pymod);
 
 macro_rules! half_num {

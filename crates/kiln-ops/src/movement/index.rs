@@ -11,13 +11,13 @@ fn indices_of(t: &Tensor, what: &str) -> Result<Vec<i64>> {
 
 /// Gather's output for element types the arena recycles: the rows of `inner` elements starting
 /// at `rows`, one after the other, in a recycled buffer of `total` elements.
-fn gather_rows<T: kiln_kernels::recycle::Recycled>(
+fn gather_rows<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
     xs: &[T],
     rows: impl Iterator<Item = usize>,
     total: usize,
     inner: usize,
-) -> Result<Vec<T>> {
-    let mut out = kiln_kernels::recycle::take_of::<T>(total);
+) -> Result<kiln_tensor::Buf<T>> {
+    let mut out = crate::util::out_buf::<T>(total);
     for (dst, base) in out.chunks_exact_mut(inner.max(1)).zip(rows) {
         let src = xs.get(base..base + inner).ok_or_else(|| {
             OpError::Shape(format!(
@@ -67,9 +67,9 @@ impl Gather {
         });
         // Whole rows of `inner` elements copied into a recycled buffer, written whole.
         match x.data() {
-            Data::F32(xs) => return one(Tensor::from_vec(shape, gather_rows(xs, rows, total, inner)?)?),
-            Data::I64(xs) => return one(Tensor::from_vec(shape, gather_rows(xs, rows, total, inner)?)?),
-            Data::Bool(xs) => return one(Tensor::from_vec(shape, gather_rows(xs, rows, total, inner)?)?),
+            Data::F32(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, rows, total, inner)?)?),
+            Data::I64(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, rows, total, inner)?)?),
+            Data::Bool(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, rows, total, inner)?)?),
             _ => {}
         }
         let mut src = Vec::with_capacity(total);

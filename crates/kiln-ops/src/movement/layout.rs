@@ -67,8 +67,15 @@ impl Transpose {
         let perm = self.perm(x.rank())?;
         let out_shape: kiln_tensor::Shape = perm.iter().map(|&p| x.shape()[p]).collect();
         if let Ok(v) = x.as_slice::<f32>() {
-            let out = kiln_kernels::recycle::take(v.len());
-            return one(Tensor::from_vec(out_shape, permute_into(v, x.shape(), &perm, out))?);
+            let mut out = crate::util::out_f32(v.len());
+            if !permute_into(v, x.shape(), &perm, &mut out) {
+                return Err(OpError::Shape(format!(
+                    "Transpose: data of {} elements does not fill shape {:?}",
+                    v.len(),
+                    x.shape()
+                )));
+            }
+            return one(Tensor::from_buf(out_shape, out)?);
         }
         let (shape, idx) = transpose_map(x.shape(), &perm)?;
         one(x.gather_flat(shape, &idx)?)
@@ -91,12 +98,14 @@ impl Transpose {
 /// gather otherwise. `perm` is a permutation of `0..shape.len()` (checked by the caller).
 #[cfg(test)]
 pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> {
-    permute_into(x, shape, perm, Vec::new())
+    let mut out = x.to_vec();
+    assert!(permute_into(x, shape, perm, &mut out), "x fills its shape");
+    out
 }
 
-/// [`permute`] into the storage of `out` (whatever it holds is overwritten; a vector of the
-/// output's length is written in place, any other is resized).
-pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize], mut out: Vec<T>) -> Vec<T> {
+/// [`permute`] into `out` (whatever it holds is overwritten), which has the tensor's element
+/// count; `false` (and `out` unspecified) when `x` or `out` does not have `shape`'s count.
+pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize], out: &mut [T]) -> bool {
     let st = strides(shape);
     // (size, input stride) per output dim, size-1 dims dropped, consecutive ones merged.
     let mut dims: smallvec::SmallVec<[(usize, usize); 6]> = smallvec::SmallVec::new();
@@ -114,44 +123,41 @@ pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm
         }
     }
     let total: usize = shape.iter().product();
+    let Some(x) = x.get(..total) else { return false };
+    if out.len() != total || x.len() != total {
+        return false;
+    }
     if total == 0 {
-        return Vec::new();
+        return true;
     }
     let Some(&(inner, istride)) = dims.last() else {
-        out.clear();
-        out.extend_from_slice(x.get(..total).unwrap_or(&[]));
-        return out;
+        out.copy_from_slice(x);
+        return true;
     };
     if let [.., (p, 1), (q, sq)] = dims[..]
         && sq == p
-        && let Some(x) = x.get(..total)
     {
-        if out.len() != total
-            && let Some(&first) = x.first()
-        {
-            // Every element is written below; the fill only sets the length.
-            out.clear();
-            out.resize(total, first);
-        }
-        return batched_transpose(x, &dims[..dims.len() - 2], p, q, out);
+        batched_transpose(x, &dims[..dims.len() - 2], p, q, out);
+        return true;
     }
     let outer = &dims[..dims.len() - 1];
-    out.clear();
-    out.reserve(total);
     let mut idx: smallvec::SmallVec<[usize; 6]> = smallvec::smallvec![0usize; outer.len()];
     let mut base = 0usize;
-    loop {
+    for dst in out.chunks_exact_mut(inner) {
         if istride == 1 {
-            out.extend_from_slice(x.get(base..base + inner).unwrap_or(&[]));
+            let Some(src) = x.get(base..base + inner) else {
+                return false;
+            };
+            dst.copy_from_slice(src);
         } else {
-            out.extend((0..inner).filter_map(|i| x.get(base + i * istride).copied()));
-        }
-        let mut k = outer.len();
-        loop {
-            if k == 0 {
-                return out;
+            for (i, d) in dst.iter_mut().enumerate() {
+                let Some(&v) = x.get(base + i * istride) else {
+                    return false;
+                };
+                *d = v;
             }
-            k -= 1;
+        }
+        for k in (0..outer.len()).rev() {
             idx[k] += 1;
             base += outer[k].1;
             if idx[k] < outer[k].0 {
@@ -161,6 +167,7 @@ pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm
             idx[k] = 0;
         }
     }
+    true
 }
 
 /// The permutation `permute` reduces to a batch of 2-D transposes: for each block of the
@@ -168,20 +175,14 @@ pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm
 /// `[p, q]`. Done in bands of output rows, each reading contiguous runs of the input, so
 /// neither side walks memory at a large stride (NCHW <-> NHWC is this case). `x` holds exactly
 /// the tensor's elements.
-fn batched_transpose<T: Copy + Send + Sync>(
-    x: &[T],
-    outer: &[(usize, usize)],
-    p: usize,
-    q: usize,
-    mut out: Vec<T>,
-) -> Vec<T> {
+fn batched_transpose<T: Copy + Send + Sync>(x: &[T], outer: &[(usize, usize)], p: usize, q: usize, out: &mut [T]) {
     const BAND: usize = 16;
     // Output rows per task when a matrix is split over the thread pool: at least 64 Ki
     // elements each, in whole bands.
     const PAR_ELEMS: usize = 1 << 16;
     let mat = p * q;
     let rows_per_task = (PAR_ELEMS / q.max(1)).div_ceil(BAND).max(1) * BAND;
-    let mut idx = vec![0usize; outer.len()];
+    let mut idx: smallvec::SmallVec<[usize; 6]> = smallvec::smallvec![0usize; outer.len()];
     let mut base = 0usize;
     for dst in out.chunks_exact_mut(mat.max(1)) {
         // Rows `r0..` of this matrix: output row `i` (of `q` elements) gathers input column
@@ -219,7 +220,6 @@ fn batched_transpose<T: Copy + Send + Sync>(
             idx[k] = 0;
         }
     }
-    out
 }
 
 /// ONNX `Concat` (opsets 1-13) along `axis`.
@@ -255,21 +255,21 @@ impl Concat {
             // Per step of the outer dims, each input's run of `axis` rows, copied in order into
             // a recycled buffer; a copy that does not fit (a short input) leaves the result
             // short, which `Tensor::from_vec` refuses.
-            let mut out = kiln_kernels::recycle::take(n);
+            let mut out = crate::util::out_f32(n);
             let mut pos = 0usize;
             for o in 0..outer {
                 for (x, part) in xs.iter().zip(&parts) {
                     let chunk = x.shape()[axis] * inner;
                     let (Some(src), Some(dst)) = (part.get(o * chunk..(o + 1) * chunk), out.get_mut(pos..pos + chunk))
                     else {
-                        out.truncate(pos);
-                        return one(Tensor::from_vec(out_shape, out)?);
+                        out.make_mut().truncate(pos);
+                        return one(Tensor::from_buf(out_shape, out)?);
                     };
                     dst.copy_from_slice(src);
                     pos += chunk;
                 }
             }
-            return one(Tensor::from_vec(out_shape, out)?);
+            return one(Tensor::from_buf(out_shape, out)?);
         }
         let all = concat_flat(&xs)?;
         let mut idx = Vec::with_capacity(n);

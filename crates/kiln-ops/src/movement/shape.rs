@@ -354,8 +354,13 @@ pub struct Expand;
 /// The elements of `x` read with `strides` (0 on broadcast dims) over `shape`, in order, in a
 /// recycled buffer of `n` elements: runs along the last dim are copied (or filled, when that
 /// dim is broadcast).
-fn expand_into<T: kiln_kernels::recycle::Recycled>(x: &[T], shape: &[usize], strides: &[usize], n: usize) -> Vec<T> {
-    let mut out = kiln_kernels::recycle::take_of::<T>(n);
+fn expand_into<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
+    x: &[T],
+    shape: &[usize],
+    strides: &[usize],
+    n: usize,
+) -> kiln_tensor::Buf<T> {
+    let mut out = crate::util::out_buf::<T>(n);
     let (Some((&inner, outer)), Some((&step, outer_strides))) = (shape.split_last(), strides.split_last()) else {
         // A scalar output.
         if let (Some(o), Some(&v)) = (out.first_mut(), x.first()) {
@@ -392,9 +397,9 @@ impl Expand {
         // strides, into a recycled buffer. Others: through an index map.
         let strides = crate::util::broadcast_strides(x.shape(), &out)?;
         match x.data() {
-            Data::F32(v) => return one(Tensor::from_vec(out.clone(), expand_into(v, &out, &strides, n))?),
-            Data::I64(v) => return one(Tensor::from_vec(out.clone(), expand_into(v, &out, &strides, n))?),
-            Data::Bool(v) => return one(Tensor::from_vec(out.clone(), expand_into(v, &out, &strides, n))?),
+            Data::F32(v) => return one(Tensor::from_buf(out.clone(), expand_into(v, &out, &strides, n))?),
+            Data::I64(v) => return one(Tensor::from_buf(out.clone(), expand_into(v, &out, &strides, n))?),
+            Data::Bool(v) => return one(Tensor::from_buf(out.clone(), expand_into(v, &out, &strides, n))?),
             _ => {}
         }
         let idx = crate::util::broadcast_map(x.shape(), &out)?;

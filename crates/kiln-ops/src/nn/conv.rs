@@ -234,7 +234,7 @@ impl Conv {
             kiln_tensor::smallvec::smallvec![batch, m, gh.out, gw.out]
         };
         // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
+        let mut y = crate::util::out_f32(numel(&shape)?);
         let (xd, ud) = (x.as_slice::<f32>()?, u.as_slice::<f32>()?);
         let bd = f32_bias(b, m)?;
         let g = Winograd {
@@ -268,7 +268,7 @@ impl Conv {
             }
         }
         WINOGRAD.with(|cell| cell.set(scratch));
-        Ok(Tensor::from_vec(shape, y)?)
+        Ok(Tensor::from_buf(shape, y)?)
     }
 
     /// `activation(conv(X, W, B) + R)`, R the residual input 3 that the compiler fuses in from
@@ -348,11 +348,11 @@ impl Conv {
         let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![batch, m, geo.oh, geo.ow];
         let rd = f32_residual(residual, &shape)?;
         // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
+        let mut y = crate::util::out_f32(numel(&shape)?);
         if y.is_empty() {
             return Ok(Some(activation::apply(
                 self.activation.as_ref(),
-                Tensor::from_vec(shape, y)?,
+                Tensor::from_buf(shape, y)?,
             )?));
         }
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
@@ -509,7 +509,7 @@ impl Conv {
             Ok(())
         })?;
         PHASES.with(|cell| cell.set(phases));
-        Ok(Some(Tensor::from_vec(shape, y)?))
+        Ok(Some(Tensor::from_buf(shape, y)?))
     }
 
     /// The direct depthwise path: f32, 2-D, one filter per channel (`group == C == M`). `None`
@@ -551,7 +551,7 @@ impl Conv {
         };
         let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![xs[0], c, gh.out, gw.out];
         // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
+        let mut y = crate::util::out_f32(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let bd = f32_bias(b, c)?;
         let (ip, op) = (c * xs[2] * xs[3], c * gh.out * gw.out);
@@ -563,7 +563,7 @@ impl Conv {
                 return Err(OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}")));
             }
         }
-        let y = Tensor::from_vec(shape, y)?;
+        let y = Tensor::from_buf(shape, y)?;
         // Without a fused activation to apply here, the caller's epilogue would run none either.
         Ok(Some(match (act, self.activation.as_ref()) {
             (None, Some(a)) => activation::apply(Some(a), y)?,

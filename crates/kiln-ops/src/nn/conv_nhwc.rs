@@ -491,10 +491,10 @@ impl Conv {
         let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![geo.batch, geo.oh, geo.ow, m];
         let rd = f32_residual(r, &shape)?;
         // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
+        let mut y = crate::util::out_f32(numel(&shape)?);
         let rows = geo.rows();
         if y.is_empty() {
-            return Ok(Tensor::from_vec(shape, y)?);
+            return Ok(Tensor::from_buf(shape, y)?);
         }
         let bias = f32_bias(b, m)?.map_or(Bias::None, Bias::Col);
         let act = self.activation.map(|a| a.kernel_act());
@@ -507,7 +507,7 @@ impl Conv {
                 act,
             };
             sgemm(rows, AMatrix::row_major(xd, k), packed, &mut y, m, &epi).map_err(|_| bad())?;
-            return Ok(Tensor::from_vec(shape, y)?);
+            return Ok(Tensor::from_buf(shape, y)?);
         }
         // Row blocks of A, each copied and multiplied by one thread. Every block streams all
         // of B: when B outgrows the L2 cache, blocks get at least B_ROWS rows, so B's traffic
@@ -568,7 +568,7 @@ impl Conv {
                 if !ok {
                     return Err(bad());
                 }
-                Ok(Tensor::from_vec(shape, y)?)
+                Ok(Tensor::from_buf(shape, y)?)
             });
         }
         let failed = std::sync::atomic::AtomicBool::new(false);
@@ -596,7 +596,7 @@ impl Conv {
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(bad());
         }
-        Ok(Tensor::from_vec(shape, y)?)
+        Ok(Tensor::from_buf(shape, y)?)
     }
 
     /// The depthwise path: f32, `group == C`, W `[C, 1, kh, kw]`, or W already tap-major
@@ -637,7 +637,7 @@ impl Conv {
         let dw = geo.depthwise();
         let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![geo.batch, geo.oh, geo.ow, c];
         // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
+        let mut y = crate::util::out_f32(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         // The taps channels-last too: `[kh * kw, C]` (packed at compile time, or here).
         let wt = match self.packed {
@@ -655,7 +655,7 @@ impl Conv {
                 return Err(OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}")));
             }
         }
-        Ok(Some(Tensor::from_vec(shape, y)?))
+        Ok(Some(Tensor::from_buf(shape, y)?))
     }
 }
 

@@ -107,13 +107,13 @@ fn no_fast_gemm<T>(
 
 /// The batched product, and whether every matrix went through `fast` (which then applied
 /// `ep`); otherwise nothing of `ep` was applied.
-fn matmul_core<T: GemmScalar>(
+fn matmul_core<T: GemmScalar + kiln_tensor::Plain>(
     p: &MatMulPlan,
     a: &[T],
     b: &[T],
     fast: FastGemm<T>,
     ep: FastEpilogue<'_, T>,
-) -> Result<(Vec<T>, bool)> {
+) -> Result<(kiln_tensor::Buf<T>, bool)> {
     let nb = numel(&p.batch)?;
     // Each operand's matrix for every matrix of the batch: its offset under broadcasting.
     let (sa, sb) = (
@@ -122,7 +122,11 @@ fn matmul_core<T: GemmScalar>(
     );
     let (m, k, n) = (p.m, p.k, p.n);
     // Every matrix is overwritten whole (or the call fails).
-    let mut out = T::out_buffer(numel(&[nb, m, n])?);
+    let len = numel(&[nb, m, n])?;
+    let mut out = match T::planned_out(len) {
+        Some(r) => kiln_tensor::Buf::from_region(r),
+        None => kiln_tensor::Buf::from_vec(T::out_buffer(len)),
+    };
     let mut all_fast = nb > 0;
     let mut ok = true;
     let mut outs = out.chunks_exact_mut((m * n).max(1));
@@ -172,7 +176,7 @@ fn matmul_int<T: GemmScalar + Element>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -
         no_fast_gemm::<T>,
         FastEpilogue::none(),
     )?;
-    Ok(Tensor::from_vec(p.out.clone(), y)?)
+    Ok(Tensor::from_buf(p.out.clone(), y)?)
 }
 
 /// The bias as a per-column slice the GEMM epilogue can add, when it is one: f32, `n` values
@@ -263,7 +267,7 @@ impl MatMul {
         out.push(n);
         let nb = numel(batch)?;
         // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = kiln_kernels::recycle::take(numel(&out)?);
+        let mut y = crate::util::out_f32(numel(&out)?);
         let col_bias = bias.and_then(|t| epilogue_bias(t, n, out.len()));
         // A residual goes into the epilogue when it is f32 of exactly the output's shape;
         // otherwise bias, residual and activation all follow the plain product.
@@ -301,7 +305,7 @@ impl MatMul {
             };
             sgemm(m, AMatrix::row_major(ai, k), packed, yi, n, &epilogue).map_err(|e| bad(e.to_string()))?;
         }
-        let y = Tensor::from_vec(out, y)?;
+        let y = Tensor::from_buf(out, y)?;
         if fuse {
             return Ok(smallvec::smallvec![y.into()]);
         }
@@ -319,7 +323,10 @@ impl MatMul {
         let plus = |y: Tensor, other: Option<&Tensor>| -> Result<Tensor> {
             let Some(other) = other else { return Ok(y) };
             let z = add.eval(&y, other)?;
-            if let Ok(v) = y.into_vec::<f32>() {
+            // (A planned range of the run arena is released by dropping it.)
+            if !y.data().is_region()
+                && let Ok(v) = y.into_vec::<f32>()
+            {
                 kiln_kernels::recycle::give(v);
             }
             Ok(z)
@@ -418,11 +425,12 @@ impl Gemm {
         if !ok {
             return Err(OpError::Shape("Gemm: operand sizes do not match their shapes".into()));
         }
-        self.scale_and_add(y, c, m, n)
+        self.scale_and_add(&mut y, c, m, n)?;
+        Ok(y)
     }
 
     /// `alpha * y + beta * C` on the product `y`.
-    fn scale_and_add<T: Real>(&self, mut y: Vec<T>, c: Option<&Tensor>, m: usize, n: usize) -> Result<Vec<T>> {
+    fn scale_and_add<T: Real>(&self, y: &mut [T], c: Option<&Tensor>, m: usize, n: usize) -> Result<()> {
         let alpha = T::from_f64(self.alpha as f64);
         if self.alpha != 1.0 {
             y.iter_mut().for_each(|v| *v = *v * alpha);
@@ -446,7 +454,7 @@ impl Gemm {
                 }
             }
         }
-        Ok(y)
+        Ok(())
     }
 
     /// The product with a prepacked `op(B)` (f32 only).
@@ -456,7 +464,7 @@ impl Gemm {
         a: &Tensor,
         b: &Tensor,
         c: Option<&Tensor>,
-    ) -> Result<(usize, usize, Vec<f32>)> {
+    ) -> Result<(usize, usize, kiln_tensor::Buf<f32>)> {
         use kiln_kernels::sgemm::{AMatrix, BLayout, Epilogue, PackedBRef, sgemm};
         let bad = |what: String| OpError::Value(format!("Gemm with a packed weight: {what}"));
         let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| bad(format!("unknown packing '{}'", pk.layout)))?;
@@ -480,9 +488,10 @@ impl Gemm {
             AMatrix::row_major(ad, k)
         };
         // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = kiln_kernels::recycle::take(numel(&[m, n])?);
+        let mut y = crate::util::out_f32(numel(&[m, n])?);
         sgemm(m, am, packed, &mut y, n, &Epilogue::NONE).map_err(|e| bad(e.to_string()))?;
-        Ok((m, n, self.scale_and_add(y, c, m, n)?))
+        self.scale_and_add(&mut y, c, m, n)?;
+        Ok((m, n, y))
     }
 
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
@@ -491,7 +500,7 @@ impl Gemm {
         let c = args.opt_tensor(2)?;
         if let Some(pk) = &self.packed_b {
             let (m, n, y) = self.run_packed(pk, a, b, c)?;
-            let y = Tensor::from_vec([m, n].as_slice(), y)?;
+            let y = Tensor::from_buf([m, n].as_slice(), y)?;
             return Ok(smallvec::smallvec![
                 activation::apply(self.activation.as_ref(), y)?.into()
             ]);

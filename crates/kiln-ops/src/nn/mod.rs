@@ -339,23 +339,23 @@ pub(crate) fn floats<T: Real>(t: &Tensor, index: usize) -> Result<Cow<'_, [T]>> 
     }
 }
 
-/// Builds a float tensor of `dtype` from values computed in `T`.
-pub(crate) fn from_floats<T: Real>(dtype: DType, shape: impl Into<kiln_tensor::Shape>, v: Vec<T>) -> Result<Tensor> {
+/// Builds a float tensor of `dtype` from values computed in `T` (a vector or an arena region,
+/// used as is when `dtype` is `T`'s).
+pub(crate) fn from_floats<T: Real>(
+    dtype: DType,
+    shape: impl Into<kiln_tensor::Shape>,
+    v: impl Into<kiln_tensor::Buf<T>>,
+) -> Result<Tensor> {
     let shape: kiln_tensor::Shape = shape.into();
+    let v: kiln_tensor::Buf<T> = v.into();
     if dtype == T::DTYPE {
-        return Ok(Tensor::from_vec(shape, v)?);
+        return Ok(Tensor::from_buf(shape, v)?);
     }
     Ok(match dtype {
-        DType::F32 => Tensor::from_vec(shape, v.into_iter().map(|x| x.to_f64() as f32).collect::<Vec<_>>())?,
-        DType::F64 => Tensor::from_vec(shape, v.into_iter().map(|x| x.to_f64()).collect::<Vec<_>>())?,
-        DType::F16 => Tensor::from_vec(
-            shape,
-            v.into_iter().map(|x| f16::from_f64(x.to_f64())).collect::<Vec<_>>(),
-        )?,
-        DType::BF16 => Tensor::from_vec(
-            shape,
-            v.into_iter().map(|x| bf16::from_f64(x.to_f64())).collect::<Vec<_>>(),
-        )?,
+        DType::F32 => Tensor::from_vec(shape, v.iter().map(|x| x.to_f64() as f32).collect::<Vec<_>>())?,
+        DType::F64 => Tensor::from_vec(shape, v.iter().map(|x| x.to_f64()).collect::<Vec<_>>())?,
+        DType::F16 => Tensor::from_vec(shape, v.iter().map(|x| f16::from_f64(x.to_f64())).collect::<Vec<_>>())?,
+        DType::BF16 => Tensor::from_vec(shape, v.iter().map(|x| bf16::from_f64(x.to_f64())).collect::<Vec<_>>())?,
         d => return Err(OpError::Unsupported(format!("cannot produce a {d} tensor from floats"))),
     })
 }

@@ -146,7 +146,7 @@ impl PointwiseDepthwise {
         numel(&[slots, row_len])?;
         let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![batch, geo.oh, geo.ow, e];
         // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = kiln_kernels::recycle::take(numel(&shape)?);
+        let mut y = crate::util::out_f32(numel(&shape)?);
         let xd = x.as_slice::<f32>()?;
         let (ip, op) = (ih * iw * c, geo.oh * geo.ow * e);
         // Where two threads' bands meet, the rows both windows need are expanded twice: when
@@ -217,6 +217,6 @@ impl PointwiseDepthwise {
                 return Err(inconsistent());
             }
         }
-        Ok(Some(Tensor::from_vec(shape, y)?))
+        Ok(Some(Tensor::from_buf(shape, y)?))
     }
 }

@@ -47,13 +47,13 @@ impl Pool {
             let (gh, gw) = (geo(0, ih, kh)?, geo(1, iw, kw)?);
             let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![n, gh.out, gw.out, c];
             // Every element is written below: a recycled buffer needs no clearing.
-            let mut y = kiln_kernels::recycle::take(numel(&shape)?);
+            let mut y = crate::util::out_f32(numel(&shape)?);
             let rows = [
                 (ih, kh, strides[0], dil[0], gh.pad_begin),
                 (iw, kw, strides[1], dil[1], gw.pad_begin),
             ];
             max_nhwc(x.as_slice::<f32>()?, [gh.out, gw.out], c, rows, &mut y);
-            return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_vec(shape, y)?)]);
+            return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_buf(shape, y)?)]);
         }
         let first = Pool {
             channels_last: false,
@@ -109,7 +109,7 @@ impl GlobalPool {
             // Max skips NaN (as the channels-first f64 fold with `f64::max` does); an empty
             // plane averages to NaN (0 / 0) and maxes to -inf, as channels-first.
             let init = if max { f32::NEG_INFINITY } else { 0.0 };
-            let mut y = kiln_kernels::recycle::take(n * c);
+            let mut y = crate::util::out_f32(n * c);
             y.fill(init);
             for (img, out) in y.chunks_exact_mut(c.max(1)).enumerate() {
                 let rows = xd.get(img * plane * c..(img + 1) * plane * c).unwrap_or(&[]);
@@ -129,7 +129,7 @@ impl GlobalPool {
                     out.iter_mut().for_each(|o| *o *= scale);
                 }
             }
-            return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_vec(shape, y)?)]);
+            return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_buf(shape, y)?)]);
         }
         let xd = x.to_f64_vec();
         let y: Vec<f64> = (0..n * c)

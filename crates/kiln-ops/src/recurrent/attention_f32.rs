@@ -84,7 +84,7 @@ impl Attention {
         let out_len = crate::util::checked_numel(&[b, sq, vw])?;
         crate::util::checked_numel(&[sq, skv])?;
         // Every element of Y is written (each head's columns of every row): no clearing.
-        let mut y = kiln_kernels::recycle::take(out_len);
+        let mut y = crate::util::out_f32(out_len);
         let layout = BLayout::for_isa(kiln_kernels::isa::active());
         let (mdata, ms) = match mstr {
             Some((m, s)) => (Some(m), s),
@@ -207,7 +207,7 @@ impl Attention {
                 v.shape()
             )));
         }
-        Ok(Some(smallvec::smallvec![Value::Tensor(Tensor::from_vec(
+        Ok(Some(smallvec::smallvec![Value::Tensor(Tensor::from_buf(
             smallvec::smallvec![b, sq, vw],
             y
         )?)]))

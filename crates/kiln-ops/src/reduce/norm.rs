@@ -68,7 +68,7 @@ impl LayerNorm {
         }
         let bs = bias.and_then(|b| b.as_slice::<f32>().ok());
         // Every row of Y is written whole.
-        let mut y = kiln_kernels::recycle::take(xs.len());
+        let mut y = crate::util::out_f32(xs.len());
         let eps = f64::from(self.epsilon);
         if !args.output_wanted(1) && !args.output_wanted(2) {
             // Y alone: rows in parallel over the current pool.
@@ -78,7 +78,7 @@ impl LayerNorm {
                 }
             });
             return Ok(Some(smallvec::smallvec![
-                kiln_tensor::Tensor::from_vec(shape, y)?.into()
+                kiln_tensor::Tensor::from_buf(shape, y)?.into()
             ]));
         }
         let mut means = Vec::with_capacity(rows);
@@ -91,7 +91,7 @@ impl LayerNorm {
         let mut stat_shape = shape.get(..axis).unwrap_or(&[]).to_vec();
         stat_shape.resize(shape.len(), 1);
         Ok(Some(smallvec::smallvec![
-            kiln_tensor::Tensor::from_vec(shape, y)?.into(),
+            kiln_tensor::Tensor::from_buf(shape, y)?.into(),
             kiln_tensor::Tensor::from_vec(stat_shape.clone(), means)?.into(),
             kiln_tensor::Tensor::from_vec(stat_shape, invs)?.into(),
         ]))

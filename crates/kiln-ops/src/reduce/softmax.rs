@@ -64,9 +64,9 @@ pub(crate) fn softmax_lane(kind: SoftmaxKind, lane: &[f64], out: &mut [f64]) {
 
 /// Softmax or LogSoftmax of f32 rows of `n > 0` contiguous values, with the vectorised row
 /// kernels (exponentials within a few ulp of the f64 path; sums in f32).
-fn softmax_rows_f32(kind: SoftmaxKind, xs: &[f32], n: usize) -> Vec<f32> {
+fn softmax_rows_f32(kind: SoftmaxKind, xs: &[f32], n: usize) -> kiln_tensor::Buf<f32> {
     let isa = kiln_kernels::isa::active();
-    let mut out = kiln_kernels::recycle::take(xs.len());
+    let mut out = crate::util::out_f32(xs.len());
     out.copy_from_slice(xs);
     kiln_kernels::pool::for_each_chunk_mut(&mut out, n, &|_, row| match kind {
         SoftmaxKind::LogSoftmax => kiln_kernels::vector::log_softmax_row_with(isa, row, &mut Vec::new()),
@@ -102,7 +102,7 @@ impl Softmax {
             self.kind == SoftmaxKind::Hardmax,
         ) {
             return Ok(smallvec::smallvec![
-                Tensor::from_vec(shape, softmax_rows_f32(self.kind, xs, n))?.into(),
+                Tensor::from_buf(shape, softmax_rows_f32(self.kind, xs, n))?.into(),
             ]);
         }
         let v = floats(x, 0)?;

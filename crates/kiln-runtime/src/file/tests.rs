@@ -26,6 +26,7 @@ fn program() -> Program {
         }],
         constants: vec![(1, Value::Tensor(Tensor::from_vec(vec![64], w).unwrap()))],
         captures: vec![],
+        arena: Default::default(),
         steps: vec![Step {
             name: "add0".into(),
             kind: StepKind::Op(Op::Elementwise(ElementwiseOp::Binary(Binary {
