@@ -209,5 +209,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         ));
     }
     out.push_str(&report.to_string());
+    if let Some(m) = session.memory_placement() {
+        out.push_str(&format!("memory plan    {m}\n"));
+    }
     emit(&out)
 }

@@ -27,7 +27,7 @@ pub use kiln_tensor::{DType, Data, Mismatch, Tensor, TensorError, bf16, compare,
 pub use session::{
     CompileSummary, Error, IoInfo, ProgramMeta, Session, SessionOptions, compile_file, is_program_file, load_onnx,
 };
-pub use shapes::ShapeInfo;
+pub use shapes::{MemoryPlacement, ShapeInfo};
 
 /// Lower-level crates, for tools (CLI, conformance, benchmarks) that need them.
 pub mod raw {

@@ -78,10 +78,53 @@ impl Session {
         touched
     }
 
+    /// The memory plan as the runs execute it, once a run has finished: its block size, the
+    /// run states holding one, the planned tensors and how many of them the latest finished
+    /// run placed at their offsets (a view shares its input's range instead of taking one).
+    pub fn memory_placement(&self) -> Option<MemoryPlacement> {
+        if self.program.arena.bytes == 0 {
+            return None;
+        }
+        let arenas = self.arenas.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Some(MemoryPlacement {
+            block_bytes: self.program.arena.bytes,
+            run_states: arenas.iter().filter(|a| a.slab().is_some()).count(),
+            planned: self.program.arena.places.iter().flatten().count(),
+            placed: arenas
+                .iter()
+                .map(kiln_runtime::Arena::placed_last_run)
+                .max()
+                .unwrap_or(0),
+        })
+    }
+
     /// Returns the session to its state after creation (qaic's `reset()`): recorded metrics and
     /// profiles are forgotten. Runs keep no other state between calls (each run has its own
     /// slots), so nothing else needs resetting.
     pub fn reset(&self) {
         self.reset_metrics();
+    }
+}
+
+/// See [`Session::memory_placement`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryPlacement {
+    pub block_bytes: u64,
+    pub run_states: usize,
+    pub planned: usize,
+    pub placed: usize,
+}
+
+impl std::fmt::Display for MemoryPlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} planned tensors placed at their offsets, in a {:.2} MiB block per run state ({} run state{})",
+            self.placed,
+            self.planned,
+            self.block_bytes as f64 / (1024.0 * 1024.0),
+            self.run_states,
+            if self.run_states == 1 { "" } else { "s" }
+        )
     }
 }
