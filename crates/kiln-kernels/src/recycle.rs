@@ -127,14 +127,12 @@ impl Arena {
         self.placed_last_run
     }
 
-    /// Gives this arena a [`Slab`] of `bytes` bytes (keeping the one it has when its size
-    /// matches) with every page written, so a run that uses it takes no page faults; false
-    /// when the block cannot be allocated.
+    /// Gives this arena a [`Slab`] of `bytes` bytes, keeping the one it has when its size
+    /// matches; false when the block cannot be allocated. Its pages stay untouched (the
+    /// system zeroes them on first write), so a block larger than any run needs costs address
+    /// space only.
     pub fn prepare_slab(&mut self, bytes: usize) -> bool {
         self.ensure_slab(bytes);
-        if let Some(s) = &self.slab {
-            s.prefault();
-        }
         self.slab.is_some()
     }
 

@@ -27,7 +27,6 @@ pub const MAX_SLAB_BYTES: usize = 1 << 33;
 pub trait SlabElem: Copy + Send + Sync + 'static {}
 impl SlabElem for f32 {}
 impl SlabElem for i64 {}
-impl SlabElem for u8 {}
 
 struct Block {
     ptr: NonNull<u8>,
@@ -115,14 +114,6 @@ impl Slab {
             len,
             _elem: PhantomData,
         })
-    }
-
-    /// Writes every page of the block (zeros), so later writes take no page faults; does
-    /// nothing while a region is alive.
-    pub fn prefault(&self) {
-        if let Some(mut all) = self.claim::<u8>(0, self.bytes()) {
-            all.as_mut_slice().fill(0);
-        }
     }
 
     /// Whether `region` lies in this slab.
@@ -233,22 +224,8 @@ mod tests {
         assert!(slab.claim::<f32>(0, usize::MAX).is_none(), "size overflow");
         assert!(slab.claim::<i64>(4, 2).is_none(), "4 is not 8-aligned");
         assert!(slab.claim::<f32>(0, 0).is_none(), "empty");
-        let mut fresh = slab.claim::<i64>(192, 8).unwrap();
+        let fresh = slab.claim::<i64>(192, 8).unwrap();
         assert_eq!(fresh.as_slice(), &[0i64; 8][..], "a new block is zeroed");
-        fresh.as_mut_slice()[0] = -1;
-        slab.prefault();
-        assert_eq!(
-            fresh.as_slice()[0],
-            -1,
-            "prefault leaves a block with live regions alone"
-        );
-        drop(fresh);
-        slab.prefault();
-        assert_eq!(
-            slab.claim::<i64>(192, 1).unwrap().as_slice(),
-            &[0],
-            "prefault zeroes a free block"
-        );
         assert!(Slab::new(0).is_none());
         assert!(Slab::new(MAX_SLAB_BYTES + 1).is_none());
     }

@@ -45,9 +45,9 @@ impl Session {
     }
 
     /// Makes the session ready to run now rather than on the first run (qaic's `setup()`):
-    /// touches every page of the weights, so a memory-mapped program is read from disk here,
-    /// and allocates and touches a run state's block for the memory plan, so the first
-    /// inference pays no page faults. Returns the bytes touched.
+    /// touches every page of the weights, so a memory-mapped program is read from disk here
+    /// and the first inference pays no page faults, and allocates a run state's block for
+    /// the memory plan. Returns the weight bytes touched.
     pub fn setup(&self) -> u64 {
         let mut touched = 0u64;
         if let Ok(bytes) = usize::try_from(self.program.arena.bytes)
@@ -57,10 +57,8 @@ impl Session {
             if arenas.is_empty() {
                 arenas.push(kiln_runtime::Arena::new());
             }
-            if let Some(a) = arenas.first_mut()
-                && a.prepare_slab(bytes)
-            {
-                touched += bytes as u64;
+            if let Some(a) = arenas.first_mut() {
+                a.prepare_slab(bytes);
             }
         }
         let mut sink = 0u8;

@@ -242,8 +242,7 @@ fn planned_tensors_are_placed_at_their_offsets_and_later_runs_agree() {
     }
 }
 
-/// `setup()` allocates (and touches) the planned block of a run state, so the first run
-/// no longer does.
+/// `setup()` allocates the planned block of a run state, so the first run no longer does.
 #[test]
 fn setup_allocates_the_planned_block_before_the_first_run() {
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -255,10 +254,7 @@ fn setup_allocates_the_planned_block_before_the_first_run() {
         .bytes as usize;
     assert!(block > 0);
     let (plain, ready) = (session(&m, 1), session(&m, 1));
-    assert!(
-        ready.setup() as usize >= block,
-        "setup reports the block among the bytes it touched"
-    );
+    ready.setup();
     let feeds = plain.with_random_inputs(Vec::new(), 7).unwrap();
     let (_, cold) = ALLOC.measure(|| plain.run(feeds.clone()).unwrap());
     let (_, warm) = ALLOC.measure(|| ready.run(feeds).unwrap());
