@@ -132,14 +132,10 @@ impl Arena {
     /// system zeroes them on first write), so a block larger than any run needs costs address
     /// space only.
     pub fn prepare_slab(&mut self, bytes: usize) -> bool {
-        self.ensure_slab(bytes);
-        self.slab.is_some()
-    }
-
-    fn ensure_slab(&mut self, bytes: usize) {
         if self.slab.as_ref().is_none_or(|s| s.bytes() != bytes) {
             self.slab = Slab::new(bytes);
         }
+        self.slab.is_some()
     }
 
     /// The arena's block of planned tensors, if a run has made one.
@@ -260,15 +256,10 @@ pub fn take_of<T: Recycled>(n: usize) -> Vec<T> {
     })
 }
 
-/// Gives the current arena a [`Slab`] of `bytes` bytes for the memory plan (keeping the one
-/// it has when its size matches); false when there is no current arena or the block cannot
-/// be allocated, and then [`take_planned`] finds nothing.
+/// [`Arena::prepare_slab`] on the current arena; false also when there is none, and then
+/// [`take_planned`] finds nothing.
 pub fn use_slab(bytes: usize) -> bool {
-    CURRENT.with(|c| {
-        let Ok(mut a) = c.try_borrow_mut() else { return false };
-        a.ensure_slab(bytes);
-        a.slab.is_some()
-    })
+    CURRENT.with(|c| c.try_borrow_mut().is_ok_and(|mut a| a.prepare_slab(bytes)))
 }
 
 /// Sets (`Some((offset, bytes))`) or clears the planned place of the next step's output.
@@ -290,7 +281,6 @@ pub fn take_planned<T: SlabElem>(n: usize) -> Option<Region<T>> {
         if n.checked_mul(std::mem::size_of::<T>()) != Some(bytes) {
             return None;
         }
-
         a.planned = None;
         let r = a.slab.as_ref()?.claim(offset, n)?;
         a.placed += 1;

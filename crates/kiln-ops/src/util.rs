@@ -4,7 +4,6 @@
 use crate::error::{OpError, Result};
 use kiln_tensor::{MAX_ELEMENTS, Tensor, numel};
 
-/// Turns a possibly negative ONNX axis into an index below `rank`.
 /// The buffer of an op's output of `n` elements, which the op then writes whole: the running
 /// step's planned range of the run arena when the compiler planned one of exactly this size
 /// (f32 and int64), else a recycled vector; stale contents either way. An op takes at most
@@ -21,6 +20,7 @@ pub fn out_f32(n: usize) -> kiln_tensor::Buf<f32> {
     out_buf(n)
 }
 
+/// Turns a possibly negative ONNX axis into an index below `rank`.
 pub fn norm_axis(axis: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
     let a = if axis < 0 { axis + r } else { axis };

@@ -145,7 +145,6 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
             "in_place": compiled.memory.in_place,
             "dynamic_tensors": compiled.memory.dynamic,
             "summary": compiled.memory.summary(),
-            "used_by_runtime": true,
         })),
         packing: (compiled.prepacked + compiled.winograd > 0).then(|| {
             format!(

@@ -258,6 +258,17 @@ fn setup_allocates_the_planned_block_before_the_first_run() {
     let feeds = plain.with_random_inputs(Vec::new(), 7).unwrap();
     let (_, cold) = ALLOC.measure(|| plain.run(feeds.clone()).unwrap());
     let (_, warm) = ALLOC.measure(|| ready.run(feeds).unwrap());
+    // What `kiln bench` reports: the CNN's 9 planned tensors, all placed but the Flatten view.
+    let placement = ready.memory_placement().unwrap();
+    assert_eq!(
+        (
+            placement.block_bytes as usize,
+            placement.run_states,
+            placement.planned,
+            placement.placed
+        ),
+        (block, 1, 9, 8)
+    );
     assert!(
         cold.bytes >= warm.bytes + block,
         "the first run after setup allocates {warm:?}, without setup {cold:?}: the {block}-byte block moved to setup"

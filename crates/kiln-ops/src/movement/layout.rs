@@ -124,7 +124,7 @@ pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm
     }
     let total: usize = shape.iter().product();
     let Some(x) = x.get(..total) else { return false };
-    if out.len() != total || x.len() != total {
+    if out.len() != total {
         return false;
     }
     if total == 0 {
