@@ -9,8 +9,8 @@
 
 use crate::CompileError;
 use crate::passes::{
-    attention, bn, cse, dce, fold, fuse_act, identity, layout, matmul_add, patterns, pointwise_depthwise, residual,
-    shape,
+    attention, bn, chain, cse, dce, fold, fuse_act, identity, layout, matmul_add, patterns, pointwise_depthwise,
+    residual, shape,
 };
 use kiln_ir::Graph;
 
@@ -138,6 +138,14 @@ const PIPELINE: &[Pass] = &[
         name: "pointwise_depthwise",
         level: 2,
         run: pointwise_depthwise::run,
+    },
+    // After every fusion into a producer (an activation or residual a Conv or MatMul applies
+    // in its epilogue costs no pass at all) and after the layout is final: what elementwise
+    // runs are left go in one pass each.
+    Pass {
+        name: "chain",
+        level: 2,
+        run: chain::run,
     },
 ];
 

@@ -4,7 +4,8 @@
 //!   IsNaN, IsInf, Not, BitwiseNot;
 //! - [`binary`]: arithmetic, Pow, Mod, bit shifts and bitwise ops, logic and comparisons;
 //! - [`nary`]: Sum/Mean/Max/Min, Clip, Where, PRelu;
-//! - [`cast`]: Cast, CastLike, BitCast.
+//! - [`cast`]: Cast, CastLike, BitCast;
+//! - [`chain`]: `ElementwiseChain`, f32 unary and arithmetic ops fused into one pass (compiler-made).
 //!
 //! Semantics follow the ONNX operator specs (<https://onnx.ai/onnx/operators/>) and ONNX's
 //! numpy reference implementation; each submodule lists the opsets it covers.
@@ -14,11 +15,13 @@ mod scalar;
 
 pub mod binary;
 pub mod cast;
+pub mod chain;
 pub mod nary;
 pub mod unary;
 
 pub use binary::{Binary, BinaryOp};
 pub use cast::{BitCast, Cast, CastLike};
+pub use chain::{ChainBinary, ChainStep, ElementwiseChain};
 pub use nary::{Clip, VariadicOp};
 pub use unary::UnaryOp;
 
@@ -37,6 +40,8 @@ pub enum ElementwiseOp {
     Cast(Cast),
     CastLike(CastLike),
     BitCast(BitCast),
+    /// A run of f32 elementwise ops in one pass (made by the compiler, never imported).
+    Chain(ElementwiseChain),
 }
 
 impl ElementwiseOp {
@@ -51,6 +56,7 @@ impl ElementwiseOp {
             ElementwiseOp::Cast(_) => "Cast",
             ElementwiseOp::CastLike(_) => "CastLike",
             ElementwiseOp::BitCast(_) => "BitCast",
+            ElementwiseOp::Chain(op) => op.name(),
         }
     }
 
@@ -65,6 +71,7 @@ impl ElementwiseOp {
             ElementwiseOp::Cast(op) => op.eval(args.tensor(0)?)?,
             ElementwiseOp::CastLike(op) => op.eval(args.tensor(0)?, args.tensor(1)?)?,
             ElementwiseOp::BitCast(op) => op.eval(args.tensor(0)?)?,
+            ElementwiseOp::Chain(op) => op.eval(args)?,
         };
         Ok(smallvec::smallvec![Value::Tensor(out)])
     }
@@ -76,6 +83,7 @@ impl ElementwiseOp {
             ValueType::Tensor(TensorType { dtype, shape })
         };
         let ty = match self {
+            ElementwiseOp::Chain(op) => return op.infer(inputs),
             ElementwiseOp::Unary(op) => {
                 let d = dt(0).map(|d| op.out_dtype(d)).transpose()?;
                 same_shape(0, d)

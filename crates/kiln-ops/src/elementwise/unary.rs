@@ -306,6 +306,24 @@ impl UnaryOp {
         })
     }
 
+    /// Whether the op maps f32 to f32 (so [`Self::apply_f32`] computes it).
+    pub fn is_f32_map(&self) -> bool {
+        !matches!(
+            self,
+            UnaryOp::IsNaN | UnaryOp::IsInf { .. } | UnaryOp::Not | UnaryOp::BitwiseNot
+        ) && self.out_dtype(DType::F32).is_ok_and(|d| d == DType::F32)
+    }
+
+    /// The op on f32 values in place, exactly as [`Self::eval`] computes each element of an
+    /// f32 tensor (the vector kernel for the activations, else through f64); only for ops
+    /// where [`Self::is_f32_map`] holds.
+    pub fn apply_f32(&self, v: &mut [f32]) {
+        match self.kernel_act() {
+            Some(act) => kiln_kernels::sgemm::act_slice(act, v),
+            None => v.iter_mut().for_each(|x| *x = self.f(f64::from(*x)) as f32),
+        }
+    }
+
     pub fn eval(&self, x: &Tensor) -> Result<Tensor> {
         use UnaryOp::*;
         let dt = x.dtype();
@@ -329,10 +347,10 @@ impl UnaryOp {
                 with_int!(x.data(), v => Element::wrap(int_native(*self, v)),
                     else return Err(OpError::UnsupportedDType { index: 0, got: dt }))
             }
-            _ if dt == DType::F32 && self.kernel_act().is_some() => match (x.data(), self.kernel_act()) {
-                (Data::F32(v), Some(act)) => {
+            _ if dt == DType::F32 && self.is_f32_map() => match x.data() {
+                Data::F32(v) => {
                     let mut out = v.to_vec();
-                    kiln_kernels::sgemm::act_slice(act, &mut out);
+                    self.apply_f32(&mut out);
                     Data::F32(out.into())
                 }
                 _ => return Err(OpError::UnsupportedDType { index: 0, got: dt }),
