@@ -9,12 +9,14 @@ sample is their median) and ORT times K runs of the same inputs after a
 warm-up run (the round's sample is their median). K is about ROUND_S seconds of runs (at least
 5, from a probe of kiln's latency; the same K for both). The figure per runtime is the median of
 the R round samples (R x K >= 45 runs each by default), and the ratio is the median of the R
-per-round ratios (each round's kiln sample over the ORT sample taken right after it). Pairing
-matters here: this shared VM has epochs of one to a few seconds in which both runtimes run
-1.5-1.8x slower on 2 threads (measured on ResNet-18: kiln 24 against 15 ms, ORT 33 against 19 ms,
-every layer slowed alike; the host, not either runtime), and a ratio of the two medians moves
-with how many slow epochs happened to fall on each runtime's rounds. Each row also shows the
-spread of the per-round ratios (their lower and upper quartile). ORT uses ORT_ENABLE_ALL and
+per-round ratios (each round's kiln sample over the ORT sample taken right after it): the load
+from other tenants of this shared VM varies over seconds, and pairing compares the two runtimes
+under the same conditions instead of letting a few loaded rounds move one runtime's median.
+It does not hide kiln's own 2-thread slow epochs: when the host places the VM's two vCPUs far
+apart (a cache-line round trip between two threads of ~320 ns instead of ~70 ns), kiln's
+threads, which read much of each other's output, run about 1.6x slower (ResNet-18: 23-24 ms
+instead of 15) while ONNX Runtime is barely affected; rounds in such an epoch raise the ratio,
+as they should. Each row also shows the spread of the per-round ratios (their lower and upper quartile). ORT uses ORT_ENABLE_ALL and
 intra_op_num_threads = T; kiln gets num_of_cores = T (its own pool: the caller plus T - 1
 workers). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
 are random. FLOPs = 2 x the MACs `kiln info` reports, i.e. the direct method's: layers kiln runs
