@@ -13,10 +13,11 @@ per-round ratios (each round's kiln sample over the ORT sample taken right after
 from other tenants of this shared VM varies over seconds, and pairing compares the two runtimes
 under the same conditions instead of letting a few loaded rounds move one runtime's median.
 It does not hide kiln's own 2-thread slow epochs: when the host places the VM's two vCPUs far
-apart (a cache-line round trip between two threads of ~320 ns instead of ~70 ns), kiln's
-threads, which read much of each other's output, run about 1.6x slower (ResNet-18: 23-24 ms
-instead of 15) while ONNX Runtime is barely affected; rounds in such an epoch raise the ratio,
-as they should. Each row also shows the spread of the per-round ratios (their lower and upper quartile). ORT uses ORT_ENABLE_ALL and
+apart (a cache-line round trip between two threads of ~320 ns instead of ~70 ns), kiln runs
+about 1.6x slower (ResNet-18: 23-24 ms instead of 15; both threads' task times grow alike, and
+cross-thread reads of each other's output are the suspected reason, not yet shown) while ONNX
+Runtime is barely affected; rounds in such an epoch raise the ratio, as they should. Each row
+also shows the spread of the per-round ratios (their lower and upper quartile). ORT uses ORT_ENABLE_ALL and
 intra_op_num_threads = T; kiln gets num_of_cores = T (its own pool: the caller plus T - 1
 workers). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
 are random. FLOPs = 2 x the MACs `kiln info` reports, i.e. the direct method's: layers kiln runs
