@@ -10,36 +10,16 @@
 //! levels where the kernel takes one (depthwise, softmax, activations), down to the portable
 //! reference.
 
+mod common;
+
+use common::{data, levels};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use kiln_kernels::dwconv::{Clamp, Pixels};
-use kiln_kernels::isa::{self, Isa};
+use kiln_kernels::isa;
 use kiln_kernels::sgemm::{Act, BLayout, act_slice_with_isa};
 use kiln_kernels::vector::{layer_norm_row, softmax_row_with};
 use kiln_kernels::winograd::{Winograd, pack_weights};
 use std::hint::black_box;
-
-/// Deterministic values in [-1, 1).
-fn data(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn levels() -> Vec<Isa> {
-    let all = std::env::var("KILN_BENCH_ALL_ISAS").is_ok_and(|v| v == "1");
-    let best = isa::active();
-    Isa::ALL
-        .into_iter()
-        .rev()
-        .filter(|&i| i.is_supported() && (i == best || all))
-        .collect()
-}
 
 fn fail(what: &str) -> ! {
     eprintln!("{what}");

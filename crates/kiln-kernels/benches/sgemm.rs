@@ -8,6 +8,9 @@
 //! which B's bytes are read: the bound that matters for M = 1, where B is read once). Set
 //! `KILN_BENCH_ALL_ISAS=1` to also run the AVX2 and portable kernels on an AVX-512 machine.
 
+mod common;
+
+use common::{data, levels};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use kiln_kernels::gemm::MatLayout;
 use kiln_kernels::isa::{self, Isa};
@@ -38,19 +41,6 @@ const SHAPES: [(&str, usize, usize, usize); 18] = [
     ("vit ffn up", 197, 768, 192),
     ("vit ffn down", 197, 192, 768),
 ];
-
-/// Deterministic values in [-1, 1).
-fn data(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 struct Case {
     a: Vec<f32>,
@@ -105,16 +95,6 @@ impl Case {
     fn flops(&self) -> f64 {
         2.0 * (self.m * self.n * self.k) as f64
     }
-}
-
-fn levels() -> Vec<Isa> {
-    let all = std::env::var("KILN_BENCH_ALL_ISAS").is_ok_and(|v| v == "1");
-    let best = isa::active();
-    Isa::ALL
-        .into_iter()
-        .rev()
-        .filter(|&i| i.is_supported() && (i == best || all))
-        .collect()
 }
 
 fn bench(c: &mut Criterion) {

@@ -26,7 +26,7 @@
 //! everywhere gives zeros from Attention and NaN from the Softmax (exporters' masks use the
 //! type's lowest finite value, which both treat alike).
 
-use super::edit::{Index, binary, dtype_of, is_float, op, remove_nodes, shape_of};
+use super::edit::{Index, binary, dtype_of, is_float, mark, op, remove_nodes, shape_of};
 use crate::CompileError;
 use kiln_ir::{Dim, Graph, Node, NodeKind, Op, ValueId};
 use kiln_ops::elementwise::BinaryOp;
@@ -46,11 +46,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         if p.nodes.iter().any(|&k| taken.get(k).copied().unwrap_or(true)) {
             continue;
         }
-        for &k in &p.nodes {
-            if let Some(t) = taken.get_mut(k) {
-                *t = true;
-            }
-        }
+        mark(&mut taken, p.nodes.iter().copied());
         plans.push(p);
     }
     let mut dead = vec![false; g.nodes.len()];

@@ -8,7 +8,7 @@
 //! output's. The fused node takes the last node's place (every operand is computed by then)
 //! and keeps its name and output.
 
-use super::edit::{Index, binary, dtype_of, fixed_shape, op, remove_nodes};
+use super::edit::{Index, binary, dtype_of, fixed_shape, mark, op, remove_nodes};
 use crate::CompileError;
 use kiln_ir::{Graph, NodeKind, Op, ValueId};
 use kiln_ops::elementwise::{BinaryOp, ChainBinary, ChainStep, ElementwiseChain, ElementwiseOp};
@@ -32,7 +32,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         let mut cur = chain_output(g, i);
         while let Some(v) = cur {
             let [j] = index.readers(v) else { break };
-            if index.is_output(v) || taken.get(*j).copied().unwrap_or(true) || chain.nodes.contains(j) {
+            if index.is_output(v) || taken.get(*j).copied().unwrap_or(true) {
                 break;
             }
             let Some(l) = link(g, *j, Some(v)) else { break };
@@ -43,11 +43,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         if chain.nodes.len() < 2 {
             continue;
         }
-        for &k in &chain.nodes {
-            if let Some(t) = taken.get_mut(k) {
-                *t = true;
-            }
-        }
+        mark(&mut taken, chain.nodes.iter().copied());
         chains.push(chain);
     }
     let mut dead = vec![false; g.nodes.len()];
@@ -61,11 +57,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             })));
             node.inputs = c.inputs.iter().map(|&v| Some(v)).collect();
         }
-        for &k in rest {
-            if let Some(d) = dead.get_mut(k) {
-                *d = true;
-            }
-        }
+        mark(&mut dead, rest.iter().copied());
     }
     remove_nodes(g, &dead);
     Ok(chains.len())

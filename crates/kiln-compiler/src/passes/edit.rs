@@ -97,6 +97,16 @@ impl Index {
     }
 }
 
+/// Sets `flags[k]` for every node index `k` (a pass's taken or dead nodes); indices past the
+/// end are ignored.
+pub(crate) fn mark(flags: &mut [bool], nodes: impl IntoIterator<Item = usize>) {
+    for k in nodes {
+        if let Some(f) = flags.get_mut(k) {
+            *f = true;
+        }
+    }
+}
+
 pub(crate) fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
 }

@@ -4,7 +4,7 @@
 //! the product, so results are bit-identical. Only when the product is float, has no
 //! epilogue yet, and is read by the activation alone (SiLU: by its Sigmoid and Mul alone).
 
-use super::edit::{Index, binary, dtype_of, is_float, remove_nodes, unary_io};
+use super::edit::{Index, binary, dtype_of, is_float, mark, remove_nodes, unary_io};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
 use kiln_ops::elementwise::{BinaryOp, ElementwiseOp, UnaryOp};
@@ -23,11 +23,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         {
             continue;
         }
-        for &k in p.remove.iter().chain([&p.producer]) {
-            if let Some(t) = taken.get_mut(k) {
-                *t = true;
-            }
-        }
+        mark(&mut taken, p.remove.iter().copied().chain([p.producer]));
         plans.push(p);
     }
     let mut dead = vec![false; g.nodes.len()];
@@ -42,11 +38,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
                 _ => continue,
             }
             node.outputs = vec![Some(p.output)];
-            for &k in &p.remove {
-                if let Some(d) = dead.get_mut(k) {
-                    *d = true;
-                }
-            }
+            mark(&mut dead, p.remove.iter().copied());
         }
     }
     remove_nodes(g, &dead);

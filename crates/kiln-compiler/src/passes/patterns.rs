@@ -14,7 +14,7 @@
 //!
 //! Attention (`MatMul(Q, Kᵀ)`, scale, mask, Softmax, `MatMul(·, V)`) is recognised by `attention.rs`.
 
-use super::edit::{Index, binary, dtype_of, is_float, remove_nodes, shape_of};
+use super::edit::{Index, binary, dtype_of, is_float, mark, remove_nodes, shape_of};
 use crate::CompileError;
 use kiln_ir::{Dim, Graph, Node, NodeKind, Op, ValueId};
 use kiln_ops::elementwise::{BinaryOp, ElementwiseOp, UnaryOp};
@@ -35,11 +35,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         if p.nodes.iter().any(|&k| taken.get(k).copied().unwrap_or(true)) {
             continue;
         }
-        for &k in &p.nodes {
-            if let Some(t) = taken.get_mut(k) {
-                *t = true;
-            }
-        }
+        mark(&mut taken, p.nodes.iter().copied());
         plans.push(p);
     }
     let mut dead = vec![false; g.nodes.len()];

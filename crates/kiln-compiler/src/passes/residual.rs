@@ -9,7 +9,7 @@
 //! its output's static shape exactly (no broadcasting). The fused node takes the Add's place
 //! in the node order (both operands exist there) and the producer's name.
 
-use super::edit::{Index, binary, dtype_of, fixed_shape, remove_nodes};
+use super::edit::{Index, binary, dtype_of, fixed_shape, mark, remove_nodes};
 use crate::CompileError;
 use kiln_ir::{Graph, NodeKind, Op, ValueId};
 use kiln_ops::elementwise::BinaryOp;
@@ -50,11 +50,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             if !ok || taken.get(p).copied().unwrap_or(true) || taken.get(i).copied().unwrap_or(true) {
                 continue;
             }
-            for k in [p, i] {
-                if let Some(t) = taken.get_mut(k) {
-                    *t = true;
-                }
-            }
+            mark(&mut taken, [p, i]);
             plans.push((i, p, r));
             break;
         }

@@ -57,6 +57,9 @@ pub struct ElementwiseChain {
     pub steps: Vec<ChainStep>,
 }
 
+/// Inputs a chain gathers without allocating (GELU spelled out with tanh has six).
+const INLINE_INPUTS: usize = 8;
+
 /// Elements per block: 16 KiB of f32, which every step then reads from L1.
 const BLOCK: usize = 4096;
 /// Elements from which the blocks are spread over the pool.
@@ -74,7 +77,7 @@ impl ElementwiseChain {
         "ElementwiseChain"
     }
 
-    fn check_step(&self, inputs: usize) -> Result<()> {
+    fn check_steps(&self, inputs: usize) -> Result<()> {
         for s in &self.steps {
             match s {
                 ChainStep::Unary(op) if !op.is_f32_map() => {
@@ -95,7 +98,7 @@ impl ElementwiseChain {
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        self.check_step(inputs.len())?;
+        self.check_steps(inputs.len())?;
         let x = inputs.first().ok_or(OpError::MissingInput { index: 0 })?;
         if let Some(d) = x.ty.tensor().and_then(|t| t.dtype)
             && d != DType::F32
@@ -108,7 +111,7 @@ impl ElementwiseChain {
     pub fn eval(&self, args: &Args<'_>) -> Result<Tensor> {
         let x = args.tensor(0)?;
         let n_inputs = args.len();
-        self.check_step(n_inputs)?;
+        self.check_steps(n_inputs)?;
         let f32_of = |i: usize, t: &Tensor| -> Result<()> {
             if t.dtype() == DType::F32 {
                 Ok(())
@@ -121,7 +124,7 @@ impl ElementwiseChain {
         };
         f32_of(0, x)?;
         let xd = x.as_slice::<f32>()?;
-        let mut operands: smallvec::SmallVec<[Operand<'_>; 4]> = smallvec::SmallVec::new();
+        let mut operands: smallvec::SmallVec<[Operand<'_>; INLINE_INPUTS]> = smallvec::SmallVec::new();
         for i in 0..n_inputs {
             let t = args.tensor(i)?;
             f32_of(i, t)?;

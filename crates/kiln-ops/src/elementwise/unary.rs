@@ -308,10 +308,7 @@ impl UnaryOp {
 
     /// Whether the op maps f32 to f32 (so [`Self::apply_f32`] computes it).
     pub fn is_f32_map(&self) -> bool {
-        !matches!(
-            self,
-            UnaryOp::IsNaN | UnaryOp::IsInf { .. } | UnaryOp::Not | UnaryOp::BitwiseNot
-        ) && self.out_dtype(DType::F32).is_ok_and(|d| d == DType::F32)
+        self.out_dtype(DType::F32).is_ok_and(|d| d == DType::F32)
     }
 
     /// The op on f32 values in place, exactly as [`Self::eval`] computes each element of an
