@@ -76,6 +76,22 @@ fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatMulPlan> {
     if b.len() > 1 {
         out.push(n);
     }
+    // One B for every matrix of an unbroadcast A: the batch is one product of `batch * m` rows
+    // (the row-major output is laid out the same), so B streams once, not once per matrix.
+    if b_batch.iter().all(|&d| d == 1) && a_batch == batch {
+        let rows = numel(&batch)?
+            .checked_mul(m)
+            .ok_or_else(|| OpError::Shape(format!("MatMul: A {a:?} is too large")))?;
+        return Ok(MatMulPlan {
+            a_batch: Shape::new(),
+            b_batch: Shape::new(),
+            batch: Shape::new(),
+            m: rows,
+            k,
+            n,
+            out,
+        });
+    }
     Ok(MatMulPlan {
         a_batch,
         b_batch,
@@ -265,7 +281,12 @@ impl MatMul {
             out.push(m);
         }
         out.push(n);
-        let nb = numel(batch)?;
+        // A is row-major and every matrix of its batch meets the same B, so the batch is one
+        // product of `batch * m` rows: B's panels stream once, not once per matrix (a
+        // `[197, 1, k]` A would otherwise be 197 one-row products).
+        let rows = numel(batch)?
+            .checked_mul(m)
+            .ok_or_else(|| bad("A is too large".into()))?;
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = crate::util::out_f32(numel(&out)?);
         let col_bias = bias.and_then(|t| epilogue_bias(t, n, out.len()));
@@ -277,34 +298,22 @@ impl MatMul {
             None => Some(None),
         };
         let fuse = (bias.is_none() || col_bias.is_some()) && resid_data.is_some();
-        let resid_data = resid_data.flatten();
-        for bi in 0..nb {
-            let (Some(ai), Some(yi)) = (
-                ad.get(bi * m * k..(bi + 1) * m * k),
-                y.get_mut(bi * m * n..(bi + 1) * m * n),
-            ) else {
-                return Err(bad("operand sizes do not match their shapes".into()));
-            };
-            let residual = match resid_data {
-                Some(r) => Some(Residual {
-                    data: r
-                        .get(bi * m * n..(bi + 1) * m * n)
-                        .ok_or_else(|| bad("the residual is shorter than its shape".into()))?,
-                    ld: n,
-                }),
-                None => None,
-            };
-            let epilogue = if fuse {
-                Epilogue {
-                    bias: col_bias.map_or(Bias::None, Bias::Col),
-                    residual,
-                    act: self.activation.map(|a| a.kernel_act()),
-                }
-            } else {
-                Epilogue::NONE
-            };
-            sgemm(m, AMatrix::row_major(ai, k), packed, yi, n, &epilogue).map_err(|e| bad(e.to_string()))?;
-        }
+        let short = || bad("operand sizes do not match their shapes".into());
+        let a_rows = ad.get(..rows.saturating_mul(k)).ok_or_else(short)?;
+        let residual = match resid_data.flatten() {
+            Some(r) => Some(r.get(..rows.saturating_mul(n)).ok_or_else(short)?),
+            None => None,
+        };
+        let epilogue = if fuse {
+            Epilogue {
+                bias: col_bias.map_or(Bias::None, Bias::Col),
+                residual: residual.map(|data| Residual { data, ld: n }),
+                act: self.activation.map(|a| a.kernel_act()),
+            }
+        } else {
+            Epilogue::NONE
+        };
+        sgemm(rows, AMatrix::row_major(a_rows, k), packed, &mut y, n, &epilogue).map_err(|e| bad(e.to_string()))?;
         let y = Tensor::from_buf(out, y)?;
         if fuse {
             return Ok(smallvec::smallvec![y.into()]);
@@ -809,6 +818,51 @@ mod tests {
             .eval(&Args::new(&[Some(&a), Some(&b), Some(&bias)]))
             .unwrap();
         assert_eq!(y[0].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[1.5, -1.0]);
+    }
+
+    /// A batch of one-row matrices against one B (a seq-first `[S, 1, E]` projection) runs
+    /// as one product; plain and prepacked B, with bias and residual, give the per-matrix sums.
+    #[test]
+    fn matmul_batch_of_rows_against_one_b() {
+        let (s, k, n) = (5usize, 3usize, 4usize);
+        let av: Vec<f32> = (0..s * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let bv: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.61).cos()).collect();
+        let biasv: Vec<f32> = (0..n).map(|j| j as f32 - 1.5).collect();
+        let rv: Vec<f32> = (0..s * n).map(|i| i as f32 * 0.25).collect();
+        // Expected, one row at a time: sum_p a[r,p] b[p,j] + bias[j] + resid[r,j].
+        let mut want = vec![0f32; s * n];
+        for r in 0..s {
+            for j in 0..n {
+                let dot: f32 = (0..k).map(|p| av[r * k + p] * bv[p * n + j]).sum();
+                want[r * n + j] = dot + biasv[j] + rv[r * n + j];
+            }
+        }
+        let a = t(&[s, 1, k], av);
+        let bias = t(&[n], biasv);
+        let resid = t(&[s, 1, n], rv);
+        let plain = t(&[k, n], bv.clone());
+        let packed =
+            kiln_kernels::sgemm::PackedB::pack(kiln_kernels::sgemm::BLayout::NR16, k, n, &bv, MatLayout::row_major(n))
+                .unwrap();
+        let packed_t = t(&[packed.view().data().len()], packed.view().data().to_vec());
+        let packed_op = MatMul {
+            activation: None,
+            packed_b: Some(PackedWeight {
+                k,
+                n,
+                layout: kiln_kernels::sgemm::BLayout::NR16.tag().to_string(),
+            }),
+        };
+        for (op, b) in [(MatMul::default(), &plain), (packed_op, &packed_t)] {
+            let y = op
+                .eval(&Args::new(&[Some(&a), Some(b), Some(&bias), Some(&resid)]))
+                .unwrap();
+            let y = y[0].as_tensor().unwrap();
+            assert_eq!(y.shape(), &[s, 1, n]);
+            for (got, want) in y.as_slice::<f32>().unwrap().iter().zip(&want) {
+                assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{got} vs {want}");
+            }
+        }
     }
 
     #[test]
