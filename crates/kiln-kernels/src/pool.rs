@@ -146,14 +146,7 @@ impl ThreadPool {
 
     /// Runs `f` with this pool as the calling thread's current pool (restored afterwards).
     pub fn install<R>(&self, f: impl FnOnce() -> R) -> R {
-        struct Restore(*const ThreadPool);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                CURRENT.with(|c| c.set(self.0));
-            }
-        }
-        let _restore = Restore(CURRENT.with(|c| c.replace(self as *const ThreadPool)));
-        f()
+        with_current(self, f)
     }
 
     fn wake_sleepers(&self) {
@@ -189,7 +182,10 @@ impl ThreadPool {
         s.inside.store(0, Ordering::SeqCst);
         s.generation.fetch_add(1, Ordering::SeqCst);
         self.wake_sleepers();
-        let mine = catch_unwind(AssertUnwindSafe(|| run_tasks(s, f, tasks)));
+        // The caller's own tasks see no current pool, as the workers' do: a nested kernel
+        // runs its single-thread path on either side (rather than planning a split for this
+        // pool that would then run inline, the pool being busy).
+        let mine = catch_unwind(AssertUnwindSafe(|| without_pool(|| run_tasks(s, f, tasks))));
         // Every task has been claimed: admit no more workers, and wait for those that took one.
         s.inside.fetch_or(CLOSED, Ordering::AcqRel);
         let mut spins = 0u32;
@@ -305,6 +301,24 @@ impl Drop for ThreadPool {
             let _ = h.join();
         }
     }
+}
+
+/// Runs `f` with `pool` (null: none) as this thread's current pool, restoring the previous
+/// one afterwards, also when `f` unwinds.
+fn with_current<R>(pool: *const ThreadPool, f: impl FnOnce() -> R) -> R {
+    struct Restore(*const ThreadPool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(CURRENT.with(|c| c.replace(pool)));
+    f()
+}
+
+/// Runs `f` with no current pool on this thread (restored afterwards).
+fn without_pool<R>(f: impl FnOnce() -> R) -> R {
+    with_current(std::ptr::null(), f)
 }
 
 /// Threads of the calling thread's current pool (1 when none is installed).

@@ -9,9 +9,14 @@
 //! channels-last with zero padding, so each transform works on blocks of 16 channels (one
 //! vector; compiled for the active level) with its rows spelled out, the zero coefficients
 //! left out, and a tile's values kept in small fixed arrays; `V` is `[36][tiles][C]`, the
-//! products `[36][tiles][M]`, and the output transform writes `M x OH x OW` (in parallel over
-//! channel groups) or `OH x OW x M` (in parallel over tile rows), the residual and activation
-//! applied by each task to the rows it wrote.
+//! products `[36][tiles][M]`, and the output transform writes `M x OH x OW` or `OH x OW x M`,
+//! the residual and activation applied by each task to the pixels it wrote.
+//!
+//! Threads: channels-last layers whose weights are small against their data split by tiles,
+//! each thread taking a contiguous range of tiles through every phase, so that it reads only
+//! what it wrote; the others split each phase (input transform by tiles, the 36 products by
+//! position, output transform by tile rows or channel groups). See
+//! `Winograd::split_by_tiles` for the trade and its measurements.
 //!
 //! Accuracy: the transforms use the interpolation points 0, +-1, +-2 (entries up to 8 in
 //! `A^T`, 5 in `B^T`), which amplify rounding: the error is about 10-100 ulp of the output's
@@ -22,6 +27,8 @@
 use crate::pool;
 use crate::sgemm::{AMatrix, Act, BLayout, Epilogue, PackedB, PackedBRef, SgemmError, residual_act, sgemm};
 use crate::simd::{Kernel, vectorize_kernel};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 /// Output tile side (F(4x4, 3x3)).
 pub const TILE: usize = 4;
@@ -222,21 +229,38 @@ impl Winograd {
                 }
             }
         }
+        let xpad: &[f32] = xpad;
+        let threads = pool::current_threads().clamp(1, t);
+        let ctx = Ctx {
+            conv: self,
+            u,
+            upacked,
+            layout,
+            bias,
+            residual,
+            act,
+            y: RawOut {
+                ptr: y.as_mut_ptr(),
+                len: m * self.oh * self.ow,
+            },
+        };
+        if self.channels_last && (threads == 1 || self.split_by_tiles(threads)) {
+            return ctx.by_tiles(xpad, v, prod, threads);
+        }
         // The input transform in parallel over tile ranges: each task writes its tiles' rows
         // of every position.
-        let vout = VOut {
+        let vout = RawOut {
             ptr: v.as_mut_ptr(),
             len: v.len(),
         };
-        let tasks = pool::current_threads().clamp(1, t);
-        let per = t.div_ceil(tasks);
-        let xpad: &[f32] = xpad;
-        pool::parallel_for(tasks, &|i| {
+        let per = t.div_ceil(threads);
+        pool::parallel_for(threads, &|i| {
             vectorize_kernel(InputTransform {
                 xpad,
                 v: vout,
                 c,
-                t,
+                rows: t,
+                first: 0,
                 tiles: i * per..((i + 1) * per).min(t),
                 tw,
                 pad_w,
@@ -247,18 +271,7 @@ impl Winograd {
         // (a thread slowed by the host does fewer).
         let failed = std::sync::atomic::AtomicBool::new(false);
         pool::for_each_chunk_balanced(prod, t * m, &|xi, out| {
-            let (Some(a), Some(b)) = (
-                v.get(xi * t * c..(xi + 1) * t * c),
-                u.get(xi * upacked..(xi + 1) * upacked),
-            ) else {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                return;
-            };
-            let Ok(b) = PackedBRef::new(layout, c, m, b) else {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                return;
-            };
-            if sgemm(t, AMatrix::row_major(a, c), b, out, m, &Epilogue::NONE).is_err() {
+            if !ctx.product(xi, v, t, out) {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         });
@@ -268,49 +281,188 @@ impl Winograd {
         let prod: &[f32] = prod;
         if self.channels_last {
             // Output transform in parallel over tile rows: each task owns 4 whole rows of y.
-            let rows = TILE * self.ow * m;
-            pool::for_each_chunk_mut(&mut y[..self.oh * self.ow * m], rows, &|ty, ys| {
-                vectorize_kernel(OutputTransform {
-                    prod,
-                    ys,
-                    bias,
-                    m,
-                    m0: 0,
-                    m1: m,
-                    t,
-                    tw,
-                    oh: self.oh,
-                    ow: self.ow,
-                    tile_row: Some(ty),
-                });
-                residual_act(ys, residual.and_then(|r| r.get(ty * rows..ty * rows + ys.len())), act);
+            pool::parallel_for(th, &|ty| {
+                // SAFETY: task `ty` alone writes the pixels of tile row `ty`.
+                unsafe { ctx.output_tiles(prod, t, 0, ty * tw..((ty + 1) * tw).min(t)) };
             });
             return true;
         }
         // Output transform in parallel over channel groups: each task owns whole planes of y.
         let plane = self.oh * self.ow;
-        let threads = pool::current_threads().max(1);
         let per = m.div_ceil(threads).max(1);
         pool::for_each_chunk_mut(&mut y[..m * plane], per * plane, &|g, ys| {
             let m0 = g * per;
             let m1 = (m0 + per).min(m);
             vectorize_kernel(OutputTransform {
                 prod,
-                ys,
+                dst: Dst::Planes(ys),
                 bias,
                 m,
                 m0,
                 m1,
-                t,
+                rows: t,
+                first: 0,
+                tiles: 0..t,
                 tw,
                 oh: self.oh,
                 ow: self.ow,
-                tile_row: None,
             });
             let at = g * per * plane;
             residual_act(ys, residual.and_then(|r| r.get(at..at + ys.len())), act);
         });
         true
+    }
+
+    /// Whether channels-last on `threads` threads splits by tiles ([`Ctx::by_tiles`]) rather
+    /// than by phases. By phases, each thread reads about half of what the other wrote (V,
+    /// then the products); by tiles, each thread reads all 36 packed weight matrices instead
+    /// of its share. Data another core wrote costs far more to read than weights both cores
+    /// only read: on this 2-vCPU VM, splitting 56x56x64 and 28x28x128 layers by tiles was
+    /// faster both when the two vCPUs shared a cache and (much faster, ~1.4x) when the host
+    /// placed them apart; 14x14x256 layers (16 tiles, 256 KB of weights per position) were ~7%
+    /// slower by tiles in the first case. Hence by tiles when the data a thread would exchange
+    /// (`tiles / threads x (c + m)` per position) is at least a quarter of the weights it
+    /// would read in addition (`c x m` per position).
+    fn split_by_tiles(&self, threads: usize) -> bool {
+        let (th, tw) = self.tiles();
+        let exchanged = (th * tw / threads.max(1)).saturating_mul(self.c + self.m);
+        exchanged.saturating_mul(4) >= self.c.saturating_mul(self.m)
+    }
+}
+
+/// What the phases of one [`Winograd::run`] share: the geometry, the packed weights, the
+/// epilogue and the output.
+struct Ctx<'a> {
+    conv: &'a Winograd,
+    u: &'a [f32],
+    /// Floats of one position's packed weights.
+    upacked: usize,
+    layout: BLayout,
+    bias: Option<&'a [f32]>,
+    residual: Option<&'a [f32]>,
+    act: Option<Act>,
+    /// The whole output (`m x oh x ow` floats); tasks write the pixels of their own tiles.
+    y: RawOut,
+}
+
+impl Ctx<'_> {
+    /// Product `xi`: `out (rows x m) = V_xi (rows x c) * U_xi`, `v` holding `rows` tiles per
+    /// position. False when a slice does not fit.
+    fn product(&self, xi: usize, v: &[f32], rows: usize, out: &mut [f32]) -> bool {
+        let (c, m) = (self.conv.c, self.conv.m);
+        let (Some(a), Some(b)) = (
+            v.get(xi * rows * c..(xi + 1) * rows * c),
+            self.u.get(xi * self.upacked..(xi + 1) * self.upacked),
+        ) else {
+            return false;
+        };
+        let Ok(b) = PackedBRef::new(self.layout, c, m, b) else {
+            return false;
+        };
+        sgemm(rows, AMatrix::row_major(a, c), b, out, m, &Epilogue::NONE).is_ok()
+    }
+
+    /// Channels-last, with each of `groups` threads taking a contiguous range of tiles
+    /// through every phase: input transform into its part of `v`, the 36 products into its
+    /// part of `prod`, output transform, residual and activation. A thread reads only what
+    /// it wrote, besides the padded input rows at the edge of its range (see
+    /// [`Winograd::split_by_tiles`]). One group runs inline.
+    fn by_tiles(&self, xpad: &[f32], v: &mut [f32], prod: &mut [f32], groups: usize) -> bool {
+        let w = self.conv;
+        let (c, m) = (w.c, w.m);
+        let (th, tw) = w.tiles();
+        let t = th * tw;
+        let bound = |g: usize| g * t / groups.max(1);
+        let mut parts: smallvec::SmallVec<[Mutex<(&mut [f32], &mut [f32])>; 4]> = smallvec::SmallVec::new();
+        let (mut v_rest, mut p_rest) = (v, prod);
+        for g in 0..groups {
+            let n = bound(g + 1) - bound(g);
+            let (Some((vg, vr)), Some((pg, pr))) = (
+                v_rest.split_at_mut_checked(POSITIONS * n * c),
+                p_rest.split_at_mut_checked(POSITIONS * n * m),
+            ) else {
+                return false;
+            };
+            parts.push(Mutex::new((vg, pg)));
+            (v_rest, p_rest) = (vr, pr);
+        }
+        let failed = AtomicBool::new(false);
+        pool::parallel_for(groups, &|g| {
+            let Some(part) = parts.get(g) else { return };
+            let mut guard = part.lock().unwrap_or_else(PoisonError::into_inner);
+            let (vg, pg) = &mut *guard;
+            let (first, n) = (bound(g), bound(g + 1) - bound(g));
+            vectorize_kernel(InputTransform {
+                xpad,
+                v: RawOut {
+                    ptr: vg.as_mut_ptr(),
+                    len: vg.len(),
+                },
+                c,
+                rows: n,
+                first,
+                tiles: first..first + n,
+                tw,
+                pad_w: tw * TILE + 2,
+            });
+            for (xi, out) in pg.chunks_exact_mut((n * m).max(1)).take(POSITIONS).enumerate() {
+                if !self.product(xi, vg, n, out) {
+                    failed.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+            // Tile row by tile row, so each row's pixels get their residual while in cache.
+            let mut tile = first;
+            while tile < first + n {
+                let end = ((tile / tw + 1) * tw).min(first + n);
+                // SAFETY: group `g` alone owns tiles `first .. first + n`, hence their pixels.
+                unsafe { self.output_tiles(pg, n, first, tile..end) };
+                tile = end;
+            }
+        });
+        !failed.load(Ordering::Relaxed)
+    }
+
+    /// Channels-last output transform of `tiles` (within one tile row), from the products
+    /// `prod` (`rows` tiles per position, starting at tile `first`), then the residual and
+    /// activation over the pixels written.
+    ///
+    /// # Safety
+    /// No one else reads or writes the output pixels of `tiles` during the call.
+    unsafe fn output_tiles(&self, prod: &[f32], rows: usize, first: usize, tiles: std::ops::Range<usize>) {
+        let w = self.conv;
+        let (m, tw) = (w.m, w.tiles().1);
+        let Some(ty) = (tiles.start < tiles.end).then(|| tiles.start / tw) else {
+            return;
+        };
+        vectorize_kernel(OutputTransform {
+            prod,
+            dst: Dst::Pixels(self.y),
+            bias: self.bias,
+            m,
+            m0: 0,
+            m1: m,
+            rows,
+            first,
+            tiles: tiles.clone(),
+            tw,
+            oh: w.oh,
+            ow: w.ow,
+        });
+        if self.residual.is_none() && self.act.is_none() {
+            return;
+        }
+        let x0 = (tiles.start - ty * tw) * TILE;
+        let x1 = ((tiles.end - ty * tw) * TILE).min(w.ow);
+        for oy in ty * TILE..((ty + 1) * TILE).min(w.oh) {
+            let (o0, o1) = ((oy * w.ow + x0) * m, (oy * w.ow + x1) * m);
+            // SAFETY: these pixels belong to `tiles` (the caller's alone); `slice` checks
+            // the range against the buffer.
+            let Some(seg) = (unsafe { self.y.slice(o0..o1) }) else {
+                return;
+            };
+            residual_act(seg, self.residual.and_then(|r| r.get(o0..o1)), self.act);
+        }
     }
 }
 
@@ -375,21 +527,22 @@ fn load(src: &[f32], n: usize, dst: &mut Block) {
     }
 }
 
-/// `V` as the parallel input transform writes it: each task writes the rows of its own tiles
-/// (disjoint element ranges of one buffer, which `run` borrows mutably throughout).
+/// A buffer tasks write disjoint parts of through a shared pointer: `V` in the parallel input
+/// transform (each task its tiles' rows), the output in the output transform (each task its
+/// tiles' pixels). The buffer is borrowed mutably by [`Winograd::run`] throughout.
 #[derive(Clone, Copy)]
-struct VOut {
+struct RawOut {
     ptr: *mut f32,
     len: usize,
 }
 
-// SAFETY: tasks sharing a VOut write disjoint ranges (`InputTransform::tiles` partitions the
-// tiles) and nobody reads V until they are all done.
-unsafe impl Send for VOut {}
+// SAFETY: tasks sharing a RawOut write disjoint ranges (they own disjoint tiles) and nobody
+// reads what another task writes until all are done.
+unsafe impl Send for RawOut {}
 // SAFETY: as above.
-unsafe impl Sync for VOut {}
+unsafe impl Sync for RawOut {}
 
-impl VOut {
+impl RawOut {
     /// Copies `vals` to `ptr[o .. o + vals.len()]`; nothing when that is out of range.
     ///
     /// # Safety
@@ -401,14 +554,28 @@ impl VOut {
             unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.ptr.add(o), vals.len()) }
         }
     }
+
+    /// `ptr[r]` as a slice; `None` when out of range.
+    ///
+    /// # Safety
+    /// No one else reads or writes that range while the slice lives.
+    unsafe fn slice<'a>(self, r: std::ops::Range<usize>) -> Option<&'a mut [f32]> {
+        (r.start <= r.end && r.end <= self.len).then(|| {
+            // SAFETY: the range is inside the buffer (checked), which outlives every task, and
+            // the caller guarantees exclusive access to it.
+            unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.end - r.start) }
+        })
+    }
 }
 
 struct InputTransform<'a> {
     xpad: &'a [f32],
-    v: VOut,
+    v: RawOut,
     c: usize,
     /// Tiles in V (its row count per position).
-    t: usize,
+    rows: usize,
+    /// The tile in V's first row (V holds tiles `first .. first + rows`).
+    first: usize,
     /// The tiles this task transforms.
     tiles: std::ops::Range<usize>,
     tw: usize,
@@ -417,12 +584,15 @@ struct InputTransform<'a> {
 
 impl Kernel for InputTransform<'_> {
     type Output = ();
-    /// For each tile: `B^T d B` over channel blocks, written to `V[xi][tile]`.
+    /// For each tile: `B^T d B` over channel blocks, written to `V[xi][tile - first]`.
     #[inline(always)]
     fn run(self) {
         let c = self.c;
         for tile in self.tiles.clone() {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
+            let Some(row_of) = tile.checked_sub(self.first) else {
+                continue;
+            };
             let at = |r: usize, q: usize| ((ty * TILE + r) * self.pad_w + tx * TILE + q) * c;
             let mut c0 = 0;
             while c0 < c {
@@ -438,7 +608,7 @@ impl Kernel for InputTransform<'_> {
                         let xi = i * 6 + j;
                         // SAFETY: row (xi, tile) belongs to this task alone: tasks own
                         // disjoint tile ranges.
-                        unsafe { self.v.write((xi * self.t + tile) * c + c0, &vj[..n]) };
+                        unsafe { self.v.write((xi * self.rows + row_of) * c + c0, &vj[..n]) };
                     }
                 }
                 c0 += n;
@@ -447,22 +617,30 @@ impl Kernel for InputTransform<'_> {
     }
 }
 
+/// Where the output transform writes.
+enum Dst<'a> {
+    /// Channels-last: the whole output, of which the task owns its tiles' pixels.
+    Pixels(RawOut),
+    /// Channels-first: planes `m0..m1` of the output, the task's own.
+    Planes(&'a mut [f32]),
+}
+
 struct OutputTransform<'a> {
     prod: &'a [f32],
-    /// Planes `m0..m1` of the output.
-    ys: &'a mut [f32],
+    dst: Dst<'a>,
     bias: Option<&'a [f32]>,
     m: usize,
     m0: usize,
     m1: usize,
     /// Tiles in the products (their row count per position).
-    t: usize,
+    rows: usize,
+    /// The tile in the products' first row (they hold tiles `first .. first + rows`).
+    first: usize,
+    /// The tiles to transform.
+    tiles: std::ops::Range<usize>,
     tw: usize,
     oh: usize,
     ow: usize,
-    /// Channels-last: `ys` is the 4 output rows of this tile row (`4 x ow x m`, fewer at the
-    /// bottom), and only its tiles are transformed. Channels-first: `ys` is planes `m0..m1`.
-    tile_row: Option<usize>,
 }
 
 impl Kernel for OutputTransform<'_> {
@@ -470,15 +648,14 @@ impl Kernel for OutputTransform<'_> {
     /// For each tile: `A^T M A` over blocks of channels `m0..m1`, plus the bias, written
     /// channels-last or scattered to the planes.
     #[inline(always)]
-    fn run(self) {
+    fn run(mut self) {
         let plane = self.oh * self.ow;
-        let tiles = match self.tile_row {
-            Some(ty) => ty * self.tw..((ty + 1) * self.tw).min(self.t),
-            None => 0..self.t,
-        };
-        for tile in tiles {
+        for tile in self.tiles.clone() {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
-            let at = |a: usize, b: usize| ((a * 6 + b) * self.t + tile) * self.m;
+            let Some(row_of) = tile.checked_sub(self.first) else {
+                continue;
+            };
+            let at = |a: usize, b: usize| ((a * 6 + b) * self.rows + row_of) * self.m;
             let mut c0 = self.m0;
             while c0 < self.m1 {
                 let n = (self.m1 - c0).min(L);
@@ -503,16 +680,17 @@ impl Kernel for OutputTransform<'_> {
                         for (v, &b) in rj.iter_mut().zip(&bias) {
                             *v += b;
                         }
-                        if self.tile_row.is_some() {
-                            let o = ((i * self.ow) + ox) * self.m + c0;
-                            if let Some(d) = self.ys.get_mut(o..o + n) {
-                                d.copy_from_slice(&rj[..n]);
+                        match &mut self.dst {
+                            Dst::Pixels(y) => {
+                                // SAFETY: pixel (oy, ox) is in this task's tile.
+                                unsafe { y.write((oy * self.ow + ox) * self.m + c0, &rj[..n]) };
                             }
-                            continue;
-                        }
-                        for (k, &val) in rj[..n].iter().enumerate() {
-                            if let Some(d) = self.ys.get_mut((c0 - self.m0 + k) * plane + oy * self.ow + ox) {
-                                *d = val;
+                            Dst::Planes(ys) => {
+                                for (k, &val) in rj[..n].iter().enumerate() {
+                                    if let Some(d) = ys.get_mut((c0 - self.m0 + k) * plane + oy * self.ow + ox) {
+                                        *d = val;
+                                    }
+                                }
                             }
                         }
                     }

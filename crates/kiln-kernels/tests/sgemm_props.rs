@@ -499,6 +499,8 @@ fn im2col_panels_match_reference_im2col_then_pack() {
 /// Winograd F(4x4, 3x3) against the direct convolution (im2col + reference GEMM in f64) over
 /// channel counts, odd sizes (partial edge tiles), pads 0-2, under 1 and 2 threads, with and
 /// without a residual and ReLU after the bias. Bound: 1e-4 of the output's largest magnitude (measured: < 1e-5).
+/// On 2 threads channels-last, (3, 5, ..), (8, 40, ..) (9 tiles: 4 + 5, splitting a tile row)
+/// and (33, 17, ..) split by tiles, (16, 8, ..) by phases (`Winograd::split_by_tiles`).
 #[test]
 fn winograd_matches_direct_convolution() {
     use kiln_kernels::conv::{ConvGeometry, im2col};
