@@ -14,9 +14,11 @@ from other tenants of this shared VM varies over seconds, and pairing compares t
 under the same conditions instead of letting a few loaded rounds move one runtime's median.
 It does not hide kiln's own 2-thread slow epochs: when the host places the VM's two vCPUs far
 apart (a cache-line round trip between two threads of ~320 ns instead of ~70 ns), kiln runs
-about 1.6x slower (ResNet-18: 23-24 ms instead of 15; both threads' task times grow alike, and
-cross-thread reads of each other's output are the suspected reason, not yet shown) while ONNX
-Runtime is barely affected; rounds in such an epoch raise the ratio, as they should. Each row
+slower (ResNet-18's per-layer profile: 21 ms instead of 13-16 since Winograd keeps each thread on
+its own tiles, 24 before; data one core wrote and the other reads costs that round trip) while
+ONNX Runtime is barely affected; rounds in such an epoch raise the ratio, as they should. `kiln bench`
+measures that round trip before and after each round (`thread_round_trip_ns`), and each
+multi-thread row says how many of its rounds ran far apart (over FAR_NS). Each row
 also shows the spread of the per-round ratios (their lower and upper quartile). ORT uses ORT_ENABLE_ALL and
 intra_op_num_threads = T; kiln gets num_of_cores = T (its own pool: the caller plus T - 1
 workers). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
@@ -68,7 +70,18 @@ def kiln_round(kiln, program, npz, k, threads, warmup=1):
     out = subprocess.run([kiln, "bench", program, "--inputs", npz, "-n", str(k), "--warmup", str(warmup), "--json",
                           "--quiet", "-O", f"num_of_cores={threads}"],
                          check=True, capture_output=True, text=True).stdout
-    return json.loads(out)["latency_ms"]["p50"]
+    return json.loads(out)
+
+
+def trip_ns(report):
+    """The larger of the threads' round trips before and after a kiln round (None on 1 thread)."""
+    rt = report.get("thread_round_trip_ns") or {}
+    sides = [v for v in (rt.get("before"), rt.get("after")) if isinstance(v, (int, float))]
+    return max(sides) if sides else None
+
+
+# Rounds whose threads' round trip exceeds this many ns ran with the two vCPUs placed far apart.
+FAR_NS = 250
 
 
 # A fresh process runs its first ~0.2 s slowly (measured: MobileNet-v2 on 2 threads, p50 of
@@ -85,7 +98,7 @@ ROUND_S = 0.3
 
 
 def probe_ms(kiln, program, npz, threads):
-    return max(kiln_round(kiln, program, npz, 3, threads), 1e-3)
+    return max(kiln_round(kiln, program, npz, 3, threads)["latency_ms"]["p50"], 1e-3)
 
 
 def runs_for(seconds, probe):
@@ -129,12 +142,14 @@ def main():
                 feeds = feeds_for(model, sess)
                 npz = os.path.join(tmp, name + ".in.npz")
                 np.savez(npz, **feeds)
-                ks, os_ = [], []
+                ks, os_, trips = [], [], []
                 probe = probe_ms(a.kiln, program, npz, t)
                 warmup = runs_for(WARMUP_S, probe)
                 per_round = a.per_round or max(5, runs_for(ROUND_S, probe))
                 for _ in range(a.rounds):
-                    ks.append(kiln_round(a.kiln, program, npz, per_round, t, warmup))
+                    rep = kiln_round(a.kiln, program, npz, per_round, t, warmup)
+                    ks.append(rep["latency_ms"]["p50"])
+                    trips.append(trip_ns(rep))
                     os_.append(ort_round(sess, feeds, per_round))
                 per_rounds.append(per_round)
                 k, o = statistics.median(ks), statistics.median(os_)
@@ -142,24 +157,28 @@ def main():
                 r = statistics.median(paired)
                 q = statistics.quantiles(paired, n=4) if len(paired) > 1 else [r, r, r]
                 gflops = flops / (k * 1e-3) / 1e9 if flops else float("nan")
-                rows.append((name, t, k, o, r, (q[0], q[2]), gflops))
+                measured = [x for x in trips if x is not None]
+                far = f"{sum(x > FAR_NS for x in measured)}/{len(measured)}" if measured else "-"
+                rows.append((name, t, k, o, r, (q[0], q[2]), gflops, far))
                 print(f"{name:<14} T={t}  kiln {k:9.2f} ms  ORT {o:9.2f} ms  kiln/ORT {r:6.2f} "
                       f"({q[0]:.2f}-{q[2]:.2f})  "
-                      f"kiln {gflops:6.1f} GFLOP/s = {100 * gflops / (PEAK_GFLOPS * t):5.1f}% of peak",
+                      f"kiln {gflops:6.1f} GFLOP/s = {100 * gflops / (PEAK_GFLOPS * t):5.1f}% of peak  "
+                      f"far rounds {far}  trips {' '.join('-' if x is None else f'{x:.0f}' for x in trips)} ns",
                       flush=True)
     print()
     print(f"{'model':<14} {'threads':>7} {'kiln ms':>9} {'ORT ms':>9} {'kiln/ORT':>9} {'IQR':>11} "
-          f"{'GFLOP/s':>8} {'% peak':>7}")
-    for name, t, k, o, r, (lo, hi), g in rows:
+          f"{'GFLOP/s':>8} {'% peak':>7} {'far':>5}")
+    for name, t, k, o, r, (lo, hi), g, far in rows:
         print(f"{name:<14} {t:>7} {k:>9.2f} {o:>9.2f} {r:>9.2f} {f'{lo:.2f}-{hi:.2f}':>11} {g:>8.1f} "
-              f"{100 * g / (PEAK_GFLOPS * t):>6.1f}%")
+              f"{100 * g / (PEAK_GFLOPS * t):>6.1f}% {far:>5}")
     for t in threads:
-        rs = [r for _, tt, _, _, r, _, _ in rows if tt == t]
+        rs = [r for _, tt, _, _, r, _, _, _ in rows if tt == t]
         if rs:
             print(f"geometric mean kiln/ORT, {t} thread(s): {statistics.geometric_mean(rs):.2f}")
     print(f"(ms: median of {a.rounds} rounds x {min(per_rounds, default=0)}-{max(per_rounds, default=0)} runs "
           "per runtime, interleaved; kiln/ORT: median of the per-round ratios, IQR their quartiles; "
-          "shared, noisy machine)")
+          f"far: kiln rounds whose threads' cache-line round trip exceeded {FAR_NS} ns, i.e. the host "
+          "had placed the two vCPUs far apart; shared, noisy machine)")
     return 0
 
 

@@ -28,8 +28,9 @@ pub struct BenchArgs {
     #[arg(long, visible_alias = "num-activations", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=256))]
     pub activations: Option<u32>,
-    /// Print one JSON object: inferences, inf_per_s, total_s, batch_size, load_s and
-    /// latency_ms {min, max, avg, p25, p50, p75, p90, p99, p999}.
+    /// Print one JSON object: inferences, inf_per_s, total_s, batch_size, load_s,
+    /// latency_ms {min, max, avg, p25, p50, p75, p90, p99, p999} and thread_round_trip_ns
+    /// {before, after} (null on one thread).
     #[arg(long)]
     pub json: bool,
     /// No progress bar (there is none either when stderr is not a terminal).

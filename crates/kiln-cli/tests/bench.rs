@@ -44,6 +44,7 @@ fn bench_json_carries_every_key_with_sane_values() {
         "batch_size",
         "load_s",
         "latency_ms",
+        "thread_round_trip_ns",
     ];
     want.sort_unstable();
     let mut got = keys.clone();
@@ -66,6 +67,20 @@ fn bench_json_carries_every_key_with_sane_values() {
     assert!(num(l, "min") > 0.0 && num(l, "min") <= num(l, "avg") && num(l, "avg") <= num(l, "max"));
     // The measured loop takes at least the sum of its latencies.
     assert!(total * 1e3 >= num(l, "avg") * 20.0 * (1.0 - 1e-9));
+    // One thread: no round trip between threads.
+    assert!(v["thread_round_trip_ns"].is_null(), "{v}");
+}
+
+#[test]
+fn bench_on_two_threads_reports_the_threads_round_trip() {
+    let out = kiln(&["bench", &tiny_cnn(), "-n", "5", "--json", "-O", "num_of_cores=2"]);
+    let v: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let rt = &v["thread_round_trip_ns"];
+    // Measured on each side unless a thread was descheduled for 20 ms (then NaN, serialised
+    // as null); a measured trip is a positive time well under a millisecond.
+    let sides: Vec<f64> = ["before", "after"].iter().filter_map(|k| rt[k].as_f64()).collect();
+    assert!(rt.is_object() && !sides.is_empty(), "{v}");
+    assert!(sides.iter().all(|&ns| ns > 0.0 && ns < 1e6), "{v}");
 }
 
 #[test]

@@ -330,6 +330,9 @@ impl Winograd {
     }
 }
 
+/// One tile group's part of V and of the products ([`Ctx::by_tiles`]).
+type GroupScratch<'a> = (&'a mut [f32], &'a mut [f32]);
+
 /// What the phases of one [`Winograd::run`] share: the geometry, the packed weights, the
 /// epilogue and the output.
 struct Ctx<'a> {
@@ -373,7 +376,7 @@ impl Ctx<'_> {
         let (th, tw) = w.tiles();
         let t = th * tw;
         let bound = |g: usize| g * t / groups.max(1);
-        let mut parts: smallvec::SmallVec<[Mutex<(&mut [f32], &mut [f32])>; 4]> = smallvec::SmallVec::new();
+        let mut parts: smallvec::SmallVec<[Mutex<GroupScratch<'_>>; 4]> = smallvec::SmallVec::new();
         let (mut v_rest, mut p_rest) = (v, prod);
         for g in 0..groups {
             let n = bound(g + 1) - bound(g);

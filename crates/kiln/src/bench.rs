@@ -138,6 +138,18 @@ pub struct BenchReport {
     /// Time to open the session (import and compile, or map the program file).
     pub load_s: f64,
     pub latency_ms: LatencyStats,
+    /// On several threads, the cache-line round trip between two compute threads before and
+    /// after the measured inferences ([`Session::thread_round_trip_ns`]): where the host put
+    /// the cores while the figures above were taken. `null` on one thread.
+    pub thread_round_trip_ns: Option<RoundTrip>,
+}
+
+/// A cache-line round trip between two compute threads, in ns, before and after a
+/// measurement (`NaN` for a side that could not be measured).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct RoundTrip {
+    pub before: f64,
+    pub after: f64,
 }
 
 impl fmt::Display for BenchReport {
@@ -161,7 +173,16 @@ impl fmt::Display for BenchReport {
         writeln!(
             f,
             "               (percentiles: linear interpolation between closest ranks, numpy's default)"
-        )
+        )?;
+        if let Some(rt) = self.thread_round_trip_ns {
+            writeln!(
+                f,
+                "thread trip    {:.0} ns before, {:.0} ns after (a cache line between two compute threads; \
+                 ~70-140 ns on cores that share a cache, ~300+ when the host placed them far apart)",
+                rt.before, rt.after
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -355,8 +376,9 @@ impl Session {
                 elapsed: warm_start.elapsed(),
             });
         }
+        let before = self.thread_round_trip_ns();
         if options.activations > 1 {
-            return self.run_concurrent(options, &feed, batch_size, progress);
+            return self.run_concurrent(options, &feed, batch_size, before, progress);
         }
         let mut latencies: Vec<Duration> = Vec::new();
         let started = Instant::now();
@@ -378,11 +400,23 @@ impl Session {
                 elapsed: started.elapsed(),
             });
         }
-        self.bench_report(&latencies, started.elapsed(), batch_size)
+        self.bench_report(&latencies, started.elapsed(), batch_size, before)
     }
 
-    /// The report of a measured phase: its latencies, wall time and batch size.
-    fn bench_report(&self, latencies: &[Duration], total: Duration, batch_size: usize) -> Result<BenchReport, Error> {
+    /// The report of a measured phase: its latencies, wall time and batch size, with the
+    /// threads' round trip measured before it and now, after it.
+    fn bench_report(
+        &self,
+        latencies: &[Duration],
+        total: Duration,
+        batch_size: usize,
+        before: Option<f64>,
+    ) -> Result<BenchReport, Error> {
+        let after = self.thread_round_trip_ns();
+        let thread_round_trip_ns = (before.is_some() || after.is_some()).then(|| RoundTrip {
+            before: before.unwrap_or(f64::NAN),
+            after: after.unwrap_or(f64::NAN),
+        });
         let total_s = total.as_secs_f64();
         let inferences = latencies.len() as u64;
         let latency_ms = LatencyStats::from_durations(latencies)
@@ -398,6 +432,7 @@ impl Session {
             batch_size,
             load_s: self.monitor.load.as_secs_f64(),
             latency_ms,
+            thread_round_trip_ns,
         })
     }
 
@@ -409,6 +444,7 @@ impl Session {
         options: &BenchOptions,
         feed: &[(String, Value)],
         batch_size: usize,
+        before: Option<f64>,
         progress: &mut dyn FnMut(BenchProgress),
     ) -> Result<BenchReport, Error> {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -459,7 +495,7 @@ impl Session {
         for r in results {
             latencies.extend(r?);
         }
-        self.bench_report(&latencies, total, batch_size)
+        self.bench_report(&latencies, total, batch_size, before)
     }
 
     /// Runs the model `runs` times (at least once) timing every step; inputs as in
@@ -845,6 +881,10 @@ mod tests {
             batch_size: 1,
             load_s: 0.0,
             latency_ms: l,
+            thread_round_trip_ns: Some(RoundTrip {
+                before: 70.0,
+                after: 330.0,
+            }),
         };
         let v = serde_json::to_value(&r).unwrap_or_default();
         let mut keys: Vec<&str> = v
@@ -860,9 +900,12 @@ mod tests {
                 "inferences",
                 "latency_ms",
                 "load_s",
+                "thread_round_trip_ns",
                 "total_s"
             ]
         );
+        assert_eq!(v["thread_round_trip_ns"]["before"], 70.0);
+        assert_eq!(v["thread_round_trip_ns"]["after"], 330.0);
         let lat: Vec<&str> = v["latency_ms"]
             .as_object()
             .map(|o| o.keys().map(String::as_str).collect())

@@ -14,7 +14,7 @@ mod shapes;
 
 pub use bench::{
     BenchLimit, BenchOptions, BenchProgress, BenchReport, LatencyStats, MAX_PROFILE_RECORDS, Metrics, ProfileReport,
-    percentile,
+    RoundTrip, percentile,
 };
 pub use kiln_compiler::CompileOptions;
 pub use kiln_ir::Graph;

@@ -270,6 +270,13 @@ impl Session {
     pub fn threads(&self) -> usize {
         self.pool.as_ref().map_or(1, kiln_runtime::ThreadPool::threads)
     }
+
+    /// The round trip of a cache line between two of this session's compute threads, in ns:
+    /// how far apart the host placed their cores (see `ThreadPool::round_trip_ns`). `None` on
+    /// one thread or when it could not be measured.
+    pub fn thread_round_trip_ns(&self) -> Option<f64> {
+        self.pool.as_ref()?.round_trip_ns()
+    }
 }
 
 #[cfg(test)]
