@@ -424,10 +424,106 @@ pub fn parallel_for(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
 }
 
 /// Calls `f(i, chunk)` for every `chunk`-long piece of `data` (the last may be shorter), `i`
-/// its index, spread over the current pool in contiguous groups of pieces (one group per
-/// thread). Inline without a pool, for one piece, or with `chunk == 0` (then nothing runs).
+/// its index, spread over the current pool: thread `t` (the caller is thread 0) owns the
+/// `t`-th contiguous range of `ceil(pieces / threads)` pieces and runs them front to back,
+/// then takes the pieces left in the other ranges from their back ends. Balanced threads each
+/// run exactly their own range (the same rows every op that splits alike, so data stays in
+/// the core that wrote it); a thread the host slows down (a busy sibling, a far placement:
+/// on this VM one vCPU alone sometimes ran 20-40% slower) leaves its last pieces to the
+/// others instead of holding up the join. Inline without a pool, for one piece, or with
+/// `chunk == 0` (then nothing runs).
 pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
-    chunks_in_groups(data, chunk, 1, f);
+    if chunk == 0 {
+        return;
+    }
+    let pieces = data.len().div_ceil(chunk);
+    let threads = current_threads().min(pieces);
+    // (Range bounds are packed in 32 bits: more pieces than that go in fixed groups.)
+    if u32::try_from(pieces).is_err() {
+        return chunks_in_groups(data, chunk, 1, f);
+    }
+    if threads < 2 {
+        data.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        return;
+    }
+    let per = pieces.div_ceil(threads);
+    let ranges = pieces.div_ceil(per);
+    // Per range: its unclaimed pieces `front .. back`, packed as `back << 32 | front`.
+    let cursors: smallvec::SmallVec<[AtomicU64; 8]> = (0..ranges)
+        .map(|r| {
+            let (lo, hi) = ((r * per) as u64, ((r + 1) * per).min(pieces) as u64);
+            AtomicU64::new(hi << 32 | lo)
+        })
+        .collect();
+    let raw = RawChunks {
+        ptr: data.as_mut_ptr(),
+        len: data.len(),
+        chunk,
+    };
+    let run = |i: usize| {
+        // SAFETY: every piece index is claimed exactly once (`claim` moves a range's front
+        // or back past it with a compare-exchange), so no two calls get the same piece, and
+        // the pieces are disjoint parts of `data`, which this function borrows mutably
+        // throughout.
+        if let Some(c) = unsafe { raw.piece(i) } {
+            f(i, c);
+        }
+    };
+    parallel_for(ranges, &|t| {
+        while let Some(i) = claim(cursors.get(t), true) {
+            run(i);
+        }
+        for k in 1..ranges {
+            while let Some(i) = claim(cursors.get((t + k) % ranges), false) {
+                run(i);
+            }
+        }
+    });
+}
+
+/// Takes the next piece of a range of [`for_each_chunk_mut`]: its front (the owner) or its
+/// back (another thread). `None` when the range is empty (or absent).
+fn claim(cursor: Option<&AtomicU64>, front: bool) -> Option<usize> {
+    let cursor = cursor?;
+    let mut cur = cursor.load(Ordering::Acquire);
+    loop {
+        let (lo, hi) = (cur & 0xFFFF_FFFF, cur >> 32);
+        if lo >= hi {
+            return None;
+        }
+        let (next, got) = if front {
+            (hi << 32 | (lo + 1), lo)
+        } else {
+            ((hi - 1) << 32 | lo, hi - 1)
+        };
+        match cursor.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return usize::try_from(got).ok(),
+            Err(now) => cur = now,
+        }
+    }
+}
+
+/// `data` of [`for_each_chunk_mut`] cut into pieces handed out by index.
+struct RawChunks<T> {
+    ptr: *mut T,
+    len: usize,
+    chunk: usize,
+}
+
+// SAFETY: the pieces go to different threads, each piece to one (see `piece`); `T: Send`.
+unsafe impl<T: Send> Sync for RawChunks<T> {}
+
+impl<T> RawChunks<T> {
+    /// Piece `i`: elements `i * chunk .. min((i + 1) * chunk, len)`; `None` past the end.
+    ///
+    /// # Safety
+    /// No other reference to piece `i` exists while the returned one lives.
+    unsafe fn piece<'a>(&self, i: usize) -> Option<&'a mut [T]> {
+        let start = i.checked_mul(self.chunk).filter(|&s| s < self.len)?;
+        let n = self.chunk.min(self.len - start);
+        // SAFETY: `start + n <= len` elements of the borrowed slice; exclusive by the caller.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), n) })
+    }
 }
 
 /// Groups per thread of [`for_each_chunk_balanced`].
@@ -617,6 +713,40 @@ mod tests {
                 assert_eq!(v, want, "{len} / {chunk}, balanced {balanced}");
             }
         }
+    }
+
+    /// A thread held up in its own range leaves the rest of that range to the others, who
+    /// take it from the back; balanced threads run exactly their own ranges.
+    #[test]
+    fn a_held_up_threads_pieces_are_taken_from_the_back() {
+        let pool = ThreadPool::new(2).unwrap();
+        let _active = pool.activate();
+        let caller = std::thread::current().id();
+        // 8 pieces: the caller owns 0..4, the worker 4..8. The caller's first piece waits
+        // until pieces 1, 2 and 3 have run (at most 5 s, so a failure ends).
+        let mut v = vec![0u8; 8];
+        let ran_elsewhere = Mutex::new(Vec::new());
+        let done = AtomicUsize::new(0);
+        pool.install(|| {
+            for_each_chunk_mut(&mut v, 1, &|i, c| {
+                c[0] += 1;
+                if i == 0 {
+                    let t = std::time::Instant::now();
+                    while done.load(Ordering::Acquire) < 3 && t.elapsed() < std::time::Duration::from_secs(5) {
+                        std::hint::spin_loop();
+                    }
+                } else if i < 4 {
+                    if std::thread::current().id() != caller {
+                        ran_elsewhere.lock().unwrap().push(i);
+                    }
+                    done.fetch_add(1, Ordering::Release);
+                }
+            });
+        });
+        assert_eq!(v, [1; 8]);
+        let mut stolen = ran_elsewhere.into_inner().unwrap();
+        stolen.sort_unstable();
+        assert_eq!(stolen, [1, 2, 3]);
     }
 
     #[test]
