@@ -175,11 +175,19 @@ impl fmt::Display for BenchReport {
             "               (percentiles: linear interpolation between closest ranks, numpy's default)"
         )?;
         if let Some(rt) = self.thread_round_trip_ns {
+            let ns = |v: f64| {
+                if v.is_nan() {
+                    "n/a".to_string()
+                } else {
+                    format!("{v:.0} ns")
+                }
+            };
             writeln!(
                 f,
-                "thread trip    {:.0} ns before, {:.0} ns after (a cache line between two compute threads; \
+                "thread trip    {} before, {} after (a cache line between two compute threads; \
                  ~70-140 ns on cores that share a cache, ~300+ when the host placed them far apart)",
-                rt.before, rt.after
+                ns(rt.before),
+                ns(rt.after)
             )?;
         }
         Ok(())
