@@ -10,7 +10,7 @@
 use crate::CompileError;
 use crate::passes::{
     attention, bn, chain, cse, dce, fold, fuse_act, identity, layout, matmul_add, patterns, pointwise_depthwise,
-    residual, shape,
+    residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -124,6 +124,13 @@ const PIPELINE: &[Pass] = &[
         name: "layout",
         level: 2,
         run: layout::run,
+    },
+    // After layout, whose way back to channels-first after a global pooling is such a
+    // transpose; after attention, whose patterns are spelled with Transposes.
+    Pass {
+        name: "unit_transpose",
+        level: 2,
+        run: unit_transpose::run,
     },
     // Removes the weights the folds replaced and anything the fusions left unread.
     Pass {

@@ -19,6 +19,7 @@ pub(crate) mod patterns;
 pub(crate) mod pointwise_depthwise;
 pub(crate) mod residual;
 pub(crate) mod shape;
+pub(crate) mod unit_transpose;
 
 #[cfg(test)]
 pub(crate) mod testutil;
