@@ -138,20 +138,29 @@ impl ThreadPool {
     }
 
     /// The round trip of a cache line between the calling thread and a worker, in ns (the
-    /// least of three series of ~1000 bounces of one atomic): how far apart the host placed the
+    /// least of three series of 1000 bounces of one atomic): how far apart the host placed the
     /// two cores. On this 2-vCPU VM it is ~30 ns for SMT siblings, ~70-140 ns for cores
     /// sharing a cache, and ~320-390 ns when they are far apart, where every line one thread
-    /// reads from the other's writes costs that much. `None` on one thread, when the pool is
-    /// busy, or when no worker joined within 20 ms (descheduled).
+    /// reads from the other's writes costs that much. A series gives up when a side waits
+    /// 20 ms (the other thread descheduled: a loaded machine, or a worker slow to wake); up to
+    /// ten are tried. `None` on one thread, when the pool is busy, or when no series completed.
     pub fn round_trip_ns(&self) -> Option<f64> {
         if self.workers.is_empty() {
             return None;
         }
         let _active = self.activate();
-        let mut best: Option<f64> = None;
-        for _ in 0..3 {
-            let ns = self.bounce(1000)?;
-            best = Some(best.map_or(ns, |b: f64| b.min(ns)));
+        let (mut best, mut done) = (None::<f64>, 0);
+        for _ in 0..10 {
+            if let Some(ns) = self.bounce(1000) {
+                best = Some(best.map_or(ns, |b| b.min(ns)));
+                done += 1;
+                if done == 3 {
+                    break;
+                }
+            } else if self.shared.busy.load(Ordering::Relaxed) {
+                // Called from inside a job: every series would run inline and time out.
+                break;
+            }
         }
         best
     }
