@@ -133,7 +133,7 @@ fn conv_weight_input(kind: &StepKind, inputs: &[Option<usize>], which: usize) ->
 /// Packs the weights of the main program's channels-last f32 convolutions (the `layout`
 /// pass's, also inside PointwiseDepthwise steps): group 1 as the GEMM's B, `[kh*kw*c, m]`
 /// with rows in (ky, kx, c) order, the order of a channels-last im2col row; depthwise as taps
-/// `[kh*kw, m]`. Only constant weights of shape `[m, c, kh, kw]` read by nothing else;
+/// `[kh*kw, m]`; other groups as taps `[kh*kw, c, m]` (`c` per group). Only constant weights of shape `[m, c, kh, kw]` read by nothing else;
 /// returns how many it packed.
 pub fn channels_last(program: &mut Program) -> usize {
     use kiln_ops::nn::PackedConvWeights;
@@ -162,6 +162,11 @@ pub fn channels_last(program: &mut Program) -> usize {
                 (1, _) => kiln_ops::nn::pack_channels_last(data, pk),
                 // Depthwise: the taps in the order the channels-last kernel reads them.
                 (g, 1) if g == m && !residual => kiln_ops::nn::pack_depthwise_taps(data, m, kh, kw),
+                // Grouped: the taps `[kh*kw, c, m]`, for the grouped kernel.
+                (g, _) if g > 1 && m.is_multiple_of(g) && !residual => {
+                    kiln_kernels::grouped::pack_taps(data, m, c, kh, kw)
+                        .ok_or_else(|| kiln_ops::OpError::Shape(format!("grouped W [{m}, {c}, {kh}, {kw}]")))
+                }
                 _ => continue,
             };
             let Ok(t) = weights.and_then(|v| Ok(Tensor::from_vec(vec![v.len()], v)?)) else {

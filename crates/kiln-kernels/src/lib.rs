@@ -27,6 +27,7 @@ pub mod alloc;
 pub mod conv;
 pub mod dwconv;
 pub mod gemm;
+pub mod grouped;
 pub mod isa;
 pub mod pool;
 pub mod recycle;

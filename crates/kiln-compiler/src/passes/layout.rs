@@ -6,8 +6,9 @@
 //! and so does a GlobalAveragePool or GlobalMaxPool (`GlobalPool::channels_last`), whose
 //! `[N, 1, 1, C]` result turns back to `[N, C, 1, 1]` for next to nothing.
 //!
-//! Eligible: an f32 Conv with fixed rank-4 shapes and constant weights, group 1 or depthwise
-//! (`group == C == M`), no Winograd or packing yet. Each converted Conv reads the channels-last
+//! Eligible: an f32 Conv with fixed rank-4 shapes and constant weights, group 1, depthwise
+//! (`group == C == M`), or grouped with no residual and a group shape the grouped kernel
+//! vectorises (`kiln_kernels::grouped::lanes`); no Winograd or packing yet. Each converted Conv reads the channels-last
 //! twin of its X (and residual): the twin another converted Conv produced, else a new
 //! Transpose. Its result stays channels-last, and a Transpose back to the original value
 //! follows it for any other reader; the final `dce` removes the transposes no one reads, so a
@@ -40,6 +41,7 @@ const GATHER_MAX_DEPTH: usize = 256;
 enum Kind {
     Dense,
     Depthwise,
+    Grouped,
     /// A 2-D f32 MaxPool whose Indices no one reads.
     MaxPool,
     /// An f32 GlobalAveragePool or GlobalMaxPool of a rank-4 value.
@@ -102,6 +104,13 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
         Some(Kind::Dense)
     } else if group == c && m == c && ws[1] == 1 && c > 1 {
         Some(Kind::Depthwise)
+    } else if group > 1
+        && ws[1] * group == c
+        && m.is_multiple_of(group)
+        && kiln_kernels::grouped::lanes(ws[1], m / group).is_some()
+        && node.inputs.get(3).is_none_or(Option::is_none)
+    {
+        Some(Kind::Grouped)
     } else {
         None
     }
@@ -129,7 +138,10 @@ fn twin(g: &mut Graph, v: ValueId) -> Option<ValueId> {
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let index = Index::new(g);
     let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| kind(g, &index, n)).collect();
-    if !kinds.iter().any(|k| matches!(k, Some(Kind::Dense | Kind::Depthwise))) {
+    if !kinds
+        .iter()
+        .any(|k| matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped)))
+    {
         return Ok(0);
     }
     let old = std::mem::take(&mut g.nodes);
@@ -146,7 +158,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             .flatten()
             .is_some_and(|x| last.contains_key(&x));
         let Some(y) = node.outputs.first().copied().flatten().filter(|_| {
-            matches!(k, Some(Kind::Dense | Kind::Depthwise))
+            matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped))
                 || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool)) && reads_twin)
         }) else {
             nodes.push(node);
@@ -374,5 +386,63 @@ mod tests {
         for ((_, p), (_, q)) in a.iter().zip(&b) {
             assert_close(p.as_tensor().unwrap(), q.as_tensor().unwrap(), 1e-5);
         }
+    }
+
+    /// x [1,32,10,10] → 1x1 32→32 (Relu) → 3x3 in 8 groups of 4 (Relu) → 1x1 32→16 → a 3x3
+    /// in 2 groups of 8 inputs to 3 outputs (no vector form) → y.
+    fn grouped_block() -> Graph {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 32, 10, 10]);
+        let w1 = b.constant("w1", noise(&[32, 32, 1, 1], 1));
+        let w2 = b.constant("w2", noise(&[32, 4, 3, 3], 2));
+        let b2 = b.constant("b2", noise(&[32], 3));
+        let w3 = b.constant("w3", noise(&[16, 32, 1, 1], 4));
+        let w4 = b.constant("w4", noise(&[6, 8, 3, 3], 5));
+        let h = b.node(
+            conv(1, 0, 1, Some(Activation::Relu)),
+            &[Some(x), Some(w1)],
+            &[&[1, 32, 10, 10]],
+        )[0];
+        let d = b.node(
+            conv(8, 1, 1, Some(Activation::Relu)),
+            &[Some(h), Some(w2), Some(b2)],
+            &[&[1, 32, 10, 10]],
+        )[0];
+        let e = b.node(conv(1, 0, 1, None), &[Some(d), Some(w3)], &[&[1, 16, 10, 10]])[0];
+        let y = b.node(conv(2, 1, 1, None), &[Some(e), Some(w4)], &[&[1, 6, 10, 10]])[0];
+        b.finish(&[y])
+    }
+
+    #[test]
+    fn grouped_convolutions_with_a_vector_form_run_channels_last_packed_as_taps() {
+        use crate::{CompileOptions, compile};
+        use kiln_runtime::StepKind;
+        let mut h = grouped_block();
+        assert_eq!(run(&mut h).unwrap(), 3);
+        crate::passes::dce::run(&mut h).unwrap();
+        assert_eq!(
+            ops(&h),
+            ["Transpose", "Conv/nhwc", "Conv/nhwc", "Conv/nhwc", "Transpose", "Conv"]
+        );
+        let level = |opt_level| CompileOptions {
+            opt_level,
+            ..CompileOptions::default()
+        };
+        let fast = compile(grouped_block(), &level(2)).unwrap();
+        let plain = compile(grouped_block(), &level(0)).unwrap();
+        let packed: Vec<Option<[usize; 3]>> = fast
+            .program
+            .steps
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StepKind::Op(Op::Nn(NnOp::Conv(c))) => Some(c.packed.map(|p| [c.group, p.c, p.m])),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(packed, [Some([1, 32, 32]), Some([8, 4, 32]), Some([1, 32, 16]), None]);
+        let inputs = vec![("x".to_string(), kiln_ops::Value::Tensor(noise(&[1, 32, 10, 10], 7)))];
+        let a = kiln_runtime::run(&fast.program, inputs.clone()).unwrap();
+        let b = kiln_runtime::run(&plain.program, inputs).unwrap();
+        assert_close(a[0].1.as_tensor().unwrap(), b[0].1.as_tensor().unwrap(), 1e-5);
     }
 }

@@ -13,7 +13,10 @@
 //!   reads as a transposed A.
 //! - **depthwise** (f32, `group == C == M`): a direct loop vectorised over channels
 //!   ([`super::depthwise::Depthwise::run_nhwc`]): contiguous channel runs, no padded copy.
-//! - everything else (other types, grouped convolutions, unpacked weights): the channels-first
+//! - **grouped** (f32, `1 < group`, not depthwise, no residual): per output pixel and block of
+//!   16 outputs, a direct loop over the taps and the group's input channels
+//!   (`kiln_kernels::grouped`), W tap-major `[kh * kw, cg, M]` (packed at compile time).
+//! - everything else (other types, group shapes without a vector form, unpacked weights): the channels-first
 //!   evaluation between two transposes (the reference semantics, exact but not fast).
 
 use super::conv::{Conv, PackedConvWeights, f32_bias, f32_residual};
@@ -26,6 +29,8 @@ use kiln_kernels::conv::Conv2d;
 use kiln_tensor::{DType, Tensor};
 
 thread_local! {
+    /// The zero-padded image of the grouped path, reused per thread.
+    static GROUPED_PAD: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// A block of im2col rows of the packed path, reused per thread.
     static ROWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
@@ -35,6 +40,9 @@ thread_local! {
 const BLOCK_FLOATS: usize = 32 * 1024;
 /// Weights (B) larger than this many floats (1 MiB) do not stay in L2 between row blocks.
 const B_L2_FLOATS: usize = 256 * 1024;
+/// Weights of the output channels a grouped convolution computes per sweep of its rows
+/// (256 KiB, a quarter of Zen 4's L2).
+const GROUPED_L2_FLOATS: usize = 64 * 1024;
 /// Smallest row block when B does not stay in L2.
 const B_ROWS: usize = 256;
 
@@ -388,6 +396,11 @@ impl Conv {
         {
             return Ok(smallvec::smallvec![y.into()]);
         }
+        if !self.x_channels_first
+            && let Some(y) = self.grouped_nhwc(args)?
+        {
+            return Ok(smallvec::smallvec![y.into()]);
+        }
         // The reference: the channels-first evaluation between transposes.
         let (Some(xv), Some(wv)) = (args.value(0), args.value(1)) else {
             return Err(OpError::Value("Conv needs X and W".into()));
@@ -604,6 +617,10 @@ impl Conv {
     /// call is not of that kind.
     fn depthwise_nhwc(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
         let ([x, w], [b, r], f32s) = operands(args)?;
+        if self.packed.is_some_and(|pk| pk.c > 1 || self.group != pk.m) {
+            // Grouped weights, tap-major: the grouped path's.
+            return Ok(None);
+        }
         if !f32s || r.is_some() {
             if self.packed.is_some() {
                 return Err(OpError::Value(
@@ -654,6 +671,166 @@ impl Conv {
             if !dw.run_nhwc(xi, &wt, bd, act, yi) {
                 return Err(OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}")));
             }
+        }
+        Ok(Some(Tensor::from_buf(shape, y)?))
+    }
+}
+
+impl Conv {
+    /// The grouped path (see the module docs): f32, `group > 1` and not depthwise (`C` groups
+    /// of one channel to one output each, which has its own kernel), no residual; W `[m,
+    /// cg, kh, kw]`, or tap-major `[kh * kw * cg * m]` when `packed` says so
+    /// ([`kiln_kernels::grouped::pack_taps`]). `None` when the call is not of that kind, or
+    /// its group shape has no vector form and W is not packed (the reference is then as
+    /// fast).
+    fn grouped_nhwc(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
+        use kiln_kernels::grouped::{self, Pixels as GroupPixels};
+        let ([x, w], [b, r], f32s) = operands(args)?;
+        let (xs, ws) = (x.shape(), w.shape());
+        let g = self.group.max(1);
+        let (m, cg, kh, kw) = match (ws, self.packed) {
+            (_, Some(pk)) => (pk.m, pk.c, pk.kh, pk.kw),
+            (&[m, cg, kh, kw], None) => (m, cg, kh, kw),
+            _ => return Ok(None),
+        };
+        let c = xs.get(3).copied().unwrap_or(0);
+        let depthwise = cg == 1 && m == c;
+        let fits = f32s && r.is_none() && g > 1 && !depthwise && cg * g == c && m.is_multiple_of(g);
+        if !fits || (self.packed.is_none() && grouped::lanes(cg, m / g).is_none()) {
+            if let Some(pk) = self.packed
+                && !(pk.c == 1 && pk.m == c)
+            {
+                return Err(OpError::Value(format!(
+                    "a grouped Conv with tap-major weights [{}x{}x{}x{}] takes f32 X [N, H, W, {}] and \
+                     bias, no residual: got X {xs:?}, group {g}",
+                    pk.kh,
+                    pk.kw,
+                    pk.c,
+                    pk.m,
+                    pk.c * g
+                )));
+            }
+            return Ok(None);
+        }
+        let mg = m / g;
+        let geo = self.geometry_nhwc(xs, m, cg, kh, kw)?;
+        let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![geo.batch, geo.oh, geo.ow, m];
+        // Every element is written below: a recycled buffer needs no clearing.
+        let mut y = crate::util::out_f32(numel(&shape)?);
+        let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
+        let bad = || OpError::Shape(format!("grouped Conv: inconsistent shapes X {xs:?} W {ws:?} group {g}"));
+        let wt = match self.packed {
+            Some(_) => std::borrow::Cow::Borrowed(wd),
+            None => std::borrow::Cow::Owned(grouped::pack_taps(wd, m, cg, kh, kw).ok_or_else(bad)?),
+        };
+        if wt.len() != kh * kw * cg * m {
+            return Err(bad());
+        }
+        let bd = f32_bias(b, m)?;
+        let (clamp, after) = super::depthwise::split_act(self.activation.map(|a| a.kernel_act()));
+        if y.is_empty() {
+            return Ok(Some(Tensor::from_buf(shape, y)?));
+        }
+        // Every pixel gets its whole window from a zero-padded copy of the image (rows of
+        // `piw` pixels), unless the window never leaves the image.
+        let (pih, piw) = (
+            (geo.oh - 1) * geo.sh + (kh - 1) * geo.dh + 1,
+            (geo.ow - 1) * geo.sw + (kw - 1) * geo.dw + 1,
+        );
+        let inside = geo.ph == 0 && geo.pw == 0 && pih <= geo.ih && piw <= geo.iw;
+        let pitch = if inside { geo.iw * c } else { piw * c };
+        let (dh, dw, sh, sw, ow) = (geo.dh, geo.dw, geo.sh, geo.sw, geo.ow);
+        let window: Vec<(usize, usize)> = (0..kh)
+            .flat_map(|ky| (0..kw).map(move |kx| (ky * dh * pitch + kx * dw * c, (ky * kw + kx) * cg * m)))
+            .collect();
+        let bases: Vec<usize> = (0..geo.oh)
+            .flat_map(|oy| (0..ow).map(move |ox| oy * sh * pitch + ox * sw * c))
+            .collect();
+        let pixel = GroupPixels {
+            x: &[],
+            w: &wt,
+            bias: bd,
+            window: &window,
+            bases: &[],
+            cg,
+            mg,
+            m,
+            outs: [0, m],
+            clamp,
+        };
+        // Outputs in ranges whose weights (`kh*kw*cg` floats each) stay in L2 while a band of
+        // pixels is swept (ResNeXt's 14x14 -> 7x7 layer has 1.2 MB of weights), in multiples
+        // of 64 (the kernel's 4-block tiles).
+        let per_out = (kh * kw * cg).max(1);
+        let span = (GROUPED_L2_FLOATS / per_out / 64 * 64).max(64);
+        let (ip, op, row_len) = (geo.ih * geo.iw * c, geo.oh * geo.ow * m, geo.ow * m);
+        // Bands of rows, one per thread (each thread sweeps its own pixels through every
+        // range); a small layer is one band on the calling thread, as a depthwise one is.
+        let threads = kiln_kernels::pool::current_threads().max(1);
+        let bands = if op * cg * kh * kw < super::depthwise::DW_PAR_MIN_MACS {
+            1
+        } else {
+            threads.min(geo.oh)
+        };
+        let band_rows = geo.oh.div_ceil(bands.max(1)).max(1);
+        let padded_len = if inside { 0 } else { numel(&[pih, piw, c])? };
+        let mut padded = GROUPED_PAD.with(std::cell::Cell::take);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        for n in 0..geo.batch {
+            let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
+                return Err(bad());
+            };
+            let xi: &[f32] = if inside {
+                xi
+            } else {
+                // Rows of the padding zero, the image's rows copied in at column `pw`.
+                padded.clear();
+                padded.resize(padded_len, 0.0);
+                let cols = geo.iw.min(piw.saturating_sub(geo.pw));
+                for (r, dst) in padded.chunks_exact_mut(pitch).enumerate() {
+                    let Some(iy) = r.checked_sub(geo.ph).filter(|&iy| iy < geo.ih) else {
+                        continue;
+                    };
+                    let (Some(src), Some(d)) = (
+                        xi.get(iy * geo.iw * c..(iy * geo.iw + cols) * c),
+                        dst.get_mut(geo.pw * c..(geo.pw + cols) * c),
+                    ) else {
+                        return Err(bad());
+                    };
+                    d.copy_from_slice(src);
+                }
+                &padded
+            };
+            let band = |bi: usize, band: &mut [f32]| {
+                let p0 = bi * band_rows * geo.ow;
+                let Some(bases) = bases.get(p0..p0 + band.len() / m) else {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                };
+                for o in (0..m).step_by(span) {
+                    let call = GroupPixels {
+                        x: xi,
+                        bases,
+                        outs: [o, (o + span).min(m)],
+                        ..pixel
+                    };
+                    if !call.run(band) {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                if let Some(a) = after {
+                    kiln_kernels::sgemm::act_slice(a, band);
+                }
+            };
+            if bands <= 1 {
+                band(0, yi);
+            } else {
+                kiln_kernels::pool::for_each_chunk_mut(yi, band_rows * row_len, &band);
+            }
+        }
+        GROUPED_PAD.with(|cell| cell.set(padded));
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(bad());
         }
         Ok(Some(Tensor::from_buf(shape, y)?))
     }
@@ -757,6 +934,17 @@ pub(super) mod tests {
             last.packed = Some(pk);
             let p = pack_channels_last(&w, pk).unwrap();
             tensor(&[p.len()], &p)
+        } else if c / group > 1 || m != c {
+            // Grouped: the taps packed as the compiler packs them.
+            let pk = PackedConvWeights {
+                m,
+                c: c / group,
+                kh: k[0],
+                kw: k[1],
+            };
+            last.packed = Some(pk);
+            let p = kiln_kernels::grouped::pack_taps(&w, m, c / group, k[0], k[1]).unwrap();
+            tensor(&[p.len()], &p)
         } else {
             tensor(&ws, &w)
         };
@@ -786,6 +974,20 @@ pub(super) mod tests {
             );
         }
         assert!(got.iter().any(|&v| v > 0.0) && got.contains(&0.0));
+        // Grouped with W as ONNX has it: packed at run time (or the reference path when the
+        // group shape has no vector form), the same values.
+        if group > 1 && last.packed.is_some() {
+            let plain = Conv {
+                packed: None,
+                ..last.clone()
+            };
+            let mut plain_vals = vals.clone();
+            plain_vals[1] = Some(tensor(&ws, &w));
+            let reference = eval(&plain, &plain_vals);
+            for (g, s) in got.iter().zip(reference.as_slice::<f32>().unwrap()) {
+                assert!((g - s).abs() <= 1e-5 * (1.0 + s.abs()));
+            }
+        }
         // Without packed weights a group-1 op takes the reference path: the same values.
         if group == 1 {
             let plain = Conv {
@@ -858,9 +1060,25 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_depthwise_residual_and_a_grouped_convolution_take_the_reference_path() {
+    fn grouped_convolutions_match_the_channels_first_reference() {
+        // Groups of 4 in 4 (the in-lane shuffle), 8 in 8 strided, 16 in 16 (broadcast) with
+        // dilation and asymmetric pads, 3 in 32 (broadcast, two blocks a group), 1 in 2 (a
+        // channel multiplier: permuted), 2 in 3 (no vector form: the scalar twin); odd widths
+        // leave pixels and blocks over; the last is large enough to split over 2 threads.
+        check(2, 32, 32, [9, 7], [3, 3], [1, 1], [1, 1], [1; 4], 8, false, 31);
+        check(1, 48, 48, [11, 10], [3, 3], [2, 2], [1, 1], [1; 4], 6, false, 32);
+        check(1, 64, 64, [10, 9], [3, 3], [1, 1], [2, 2], [0, 2, 1, 1], 4, false, 33);
+        check(1, 6, 64, [7, 8], [5, 3], [1, 2], [1, 1], [2, 1, 2, 1], 2, false, 34);
+        check(1, 8, 16, [6, 9], [3, 3], [1, 1], [1, 1], [1; 4], 8, false, 35);
+        check(1, 10, 15, [5, 6], [3, 3], [1, 1], [1, 1], [1; 4], 5, false, 36);
+        check(1, 64, 64, [18, 17], [3, 3], [1, 1], [1, 1], [1; 4], 4, false, 37);
+    }
+
+    #[test]
+    fn a_depthwise_residual_and_an_unpacked_grouped_convolution_take_the_reference_path() {
         check(1, 16, 16, [6, 6], [3, 3], [1, 1], [1, 1], [1; 4], 16, true, 21);
-        // Grouped (not depthwise): W keeps its ONNX layout, no packing.
+        // Grouped (not depthwise) with no vector form (2 inputs to 3 outputs a group): W keeps
+        // its ONNX layout, no packing.
         let mut rnd = rng(22);
         let x: Vec<f32> = (0..4 * 5 * 5).map(|_| rnd()).collect();
         let w: Vec<f32> = (0..6 * 2 * 9).map(|_| rnd()).collect();
@@ -923,5 +1141,39 @@ pub(super) mod tests {
                 .iter()
                 .all(|&v| (v - 27.0 * 0.125).abs() < 1e-5)
         );
+        // Grouped tap-major weights (2 groups of 4 channels to 8 outputs): the wrong size, X
+        // of other channels, or a residual are refused, never read as another layout.
+        let gk = PackedConvWeights {
+            m: 16,
+            c: 4,
+            kh: 3,
+            kw: 3,
+        };
+        let grouped = Conv {
+            channels_last: true,
+            packed: Some(gk),
+            group: 2,
+            ..Default::default()
+        };
+        let gw = tensor(&[9 * 4 * 16], &[0.25; 9 * 4 * 16]);
+        let x8 = tensor(&[1, 5, 5, 8], &[0.5; 200]);
+        let y = grouped.eval(&Args::new(&[Some(&x8), Some(&gw)])).unwrap();
+        let t = y[0].as_tensor().unwrap();
+        assert_eq!(t.shape(), &[1, 3, 3, 16]);
+        assert!(
+            t.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .all(|&v| (v - 36.0 * 0.125).abs() < 1e-5)
+        );
+        let short = tensor(&[9 * 4 * 16 - 1], &[0.25; 9 * 4 * 16 - 1]);
+        assert!(grouped.eval(&Args::new(&[Some(&x8), Some(&short)])).is_err());
+        assert!(grouped.eval(&Args::new(&[Some(&x4), Some(&gw)])).is_err());
+        let r = tensor(&[1, 3, 3, 16], &[1.0; 144]);
+        let err = grouped
+            .eval(&Args::new(&[Some(&x8), Some(&gw), None, Some(&r)]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("grouped Conv with tap-major weights"), "{err}");
     }
 }

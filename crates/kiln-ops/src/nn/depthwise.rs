@@ -196,7 +196,7 @@ thread_local! {
 }
 
 /// Multiply-adds below which a channels-last depthwise layer runs on one thread.
-const DW_PAR_MIN_MACS: usize = 1 << 19;
+pub(super) const DW_PAR_MIN_MACS: usize = 1 << 19;
 
 /// ReLU and Clip as the bounds the depthwise kernel applies before its stores; any other
 /// activation is returned to run over the output after.

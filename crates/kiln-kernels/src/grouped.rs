@@ -1,0 +1,607 @@
+//! The inner kernel of channels-last grouped convolution: a set of output pixels, each with
+//! `m` channels in groups of `mg`; output `o` of group `g = o / mg` reads the `cg` input
+//! channels `g * cg ..` of each tap's input pixel:
+//! `out[p][o] = bias[o] + sum over taps t, ci < cg of x[base_p + xo_t + g * cg + ci] * w[wo_t + ci * m + o]`,
+//! where pixel `p`'s window starts at input offset `base_p` and the window lists `(xo_t,
+//! wo_t)`: the offset of the tap's input pixel (a row of `m / mg * cg` contiguous channels)
+//! and of its weights, `[cg, m]` per tap (so W packed tap-major is `[kh * kw, cg, m]`,
+//! [`pack_taps`]). Every pixel has the whole window: the caller pads the input.
+//!
+//! The AVX-512 path computes 16 outputs (a block) for 8 pixels at a time, the accumulators in
+//! registers, each weight vector loaded once for the 8 pixels; the pixels left over, 4 blocks
+//! at a time. How a block gets its inputs ([`Lanes`]):
+//! - **broadcast** (`mg` a multiple of 16: a block lies inside one group): each input value
+//!   is broadcast to the 16 lanes (ResNeXt's and RegNet's 16- and 32-wide groups);
+//! - **permute** (`mg` divides 16 and `cg <= mg`: a block's `16 / mg` groups read at most 16
+//!   contiguous input channels): each tap loads that vector once per pixel, and a permute
+//!   per input channel of the group gives each lane its group's value (ResNeXt's 4- and
+//!   8-wide groups, depthwise with a channel multiplier).
+//!
+//! No FLOP is spent on other groups' zeros, and no im2col copy is made, where the GEMM of a
+//! grouped convolution multiplies matrices of `mg` rows by a packed copy of the input per
+//! group. Other group shapes take the scalar twin (compiled for the active level), which the
+//! AVX-512 path is tested against; the two differ by the FMA's single rounding only.
+
+use crate::dwconv::Clamp;
+use crate::isa::{self, Isa};
+
+/// How the AVX-512 path forms the inputs of a block of 16 outputs (see the module docs);
+/// `None` from [`lanes`] means the scalar twin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lanes {
+    Broadcast,
+    Permute,
+}
+
+/// The vector form for groups of `cg` inputs and `mg` outputs, if there is one.
+pub fn lanes(cg: usize, mg: usize) -> Option<Lanes> {
+    if cg == 0 || mg == 0 {
+        None
+    } else if mg.is_multiple_of(16) {
+        Some(Lanes::Broadcast)
+    } else if 16 % mg == 0 && cg <= mg {
+        Some(Lanes::Permute)
+    } else {
+        None
+    }
+}
+
+/// W `[m, cg, kh, kw]` (row-major, ONNX's grouped layout) tap-major as this kernel reads it:
+/// `[kh * kw, cg, m]`. `None` when `w` does not have that many values.
+pub fn pack_taps(w: &[f32], m: usize, cg: usize, kh: usize, kw: usize) -> Option<Vec<f32>> {
+    let taps = kh.checked_mul(kw)?;
+    let n = taps.checked_mul(cg)?.checked_mul(m)?;
+    if w.len() != n {
+        return None;
+    }
+    let mut out = vec![0.0f32; n];
+    for (o, filter) in w.chunks_exact((cg * taps).max(1)).enumerate() {
+        for (ci, channel) in filter.chunks_exact(taps.max(1)).enumerate() {
+            for (t, &v) in channel.iter().enumerate() {
+                if let Some(d) = out.get_mut((t * cg + ci) * m + o) {
+                    *d = v;
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// One call's operands: `bases.len()` pixels of `m` outputs each (see the module docs), pixel
+/// `p` read at input offset `bases[p]` through the `window` of (input, tap) offsets, then
+/// `clamp`ed.
+#[derive(Debug, Clone, Copy)]
+pub struct Pixels<'a> {
+    pub x: &'a [f32],
+    /// The taps, `[kh * kw, cg, m]`.
+    pub w: &'a [f32],
+    pub bias: Option<&'a [f32]>,
+    pub window: &'a [(usize, usize)],
+    pub bases: &'a [usize],
+    /// Input channels per group.
+    pub cg: usize,
+    /// Outputs per group.
+    pub mg: usize,
+    /// Outputs per pixel, a multiple of `mg`.
+    pub m: usize,
+    /// The outputs of each pixel this call computes, `[o0, o1)` with `o0` a multiple of 16
+    /// (the others are left as they are): a caller walks the outputs in ranges whose weights
+    /// stay in cache while it sweeps the pixels.
+    pub outs: [usize; 2],
+    pub clamp: Clamp,
+}
+
+impl Pixels<'_> {
+    /// `out = clamp(bias + window sums)` for outputs `outs` of pixel `p`, written to
+    /// `out[p*m + o]` (`out` holds `bases.len() * m` floats). Returns `false`, writing
+    /// nothing, when the groups do not divide `m`, `outs` is not a range of them starting at
+    /// a multiple of 16, or a length, an offset or the bias does not fit.
+    pub fn run(&self, out: &mut [f32]) -> bool {
+        self.run_with(isa::active(), out)
+    }
+
+    /// [`Pixels::run`] on a given level (tests compare the levels).
+    pub fn run_with(&self, isa: Isa, out: &mut [f32]) -> bool {
+        let &Pixels {
+            x,
+            w,
+            bias,
+            window,
+            bases,
+            cg,
+            mg,
+            m,
+            outs: [o0, o1],
+            ..
+        } = self;
+        if m == 0 || mg == 0 || cg == 0 || !m.is_multiple_of(mg) || bases.len().checked_mul(m) != Some(out.len()) {
+            return false;
+        }
+        if o0 > o1 || o1 > m || !o0.is_multiple_of(16) {
+            return false;
+        }
+        // Input channels per pixel, and weights per tap.
+        let (Some(cin), Some(per_tap)) = ((m / mg).checked_mul(cg), cg.checked_mul(m)) else {
+            return false;
+        };
+        // The largest pixel offset: every pixel's reads lie below it plus the window.
+        let last = bases.iter().max().copied();
+        let fits = |o: Option<usize>, n: usize, len: usize| o.and_then(|o| o.checked_add(n)).is_some_and(|e| e <= len);
+        if bias.is_some_and(|b| b.len() != m)
+            || !window.iter().all(|&(xo, wo)| {
+                fits(last.and_then(|l| l.checked_add(xo)), cin, x.len()) && fits(Some(wo), per_tap, w.len())
+            })
+        {
+            return false;
+        }
+        if bases.is_empty() || o0 == o1 {
+            return true;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512
+            && isa.is_supported()
+            && let Some(lanes) = lanes(cg, mg)
+        {
+            // SAFETY: AVX-512 F is present (checked just above); `m = (m / mg) * mg`,
+            // `outs` lies in `0..=m` from a multiple of 16, and every offset was checked for
+            // the largest pixel offset: `bases[p] + xo + cin <= x.len()` for every pixel with
+            // `cin = m / mg * cg`, `wo + cg*m <= w.len()`, `bias.len() == m`, `out.len() ==
+            // bases.len() * m`.
+            unsafe { avx512::pixels(self, lanes, out) };
+            return true;
+        }
+        let _ = isa;
+        crate::simd::vectorize_kernel(Scalar { call: self, out })
+    }
+}
+
+/// The scalar twin as a kernel compiled for the active level (auto-vectorised along each
+/// group's outputs).
+struct Scalar<'a, 'b> {
+    call: &'a Pixels<'b>,
+    out: &'a mut [f32],
+}
+
+impl crate::simd::Kernel for Scalar<'_, '_> {
+    type Output = bool;
+    #[inline(always)]
+    fn run(self) -> bool {
+        let Pixels {
+            x,
+            w,
+            bias,
+            window,
+            bases,
+            cg,
+            mg,
+            m,
+            outs: [o0, o1],
+            clamp,
+        } = *self.call;
+        // Groups `g0 .. g1` hold the outputs (the range's ends rounded out to whole groups).
+        let (g0, g1) = (o0 / mg, o1.div_ceil(mg));
+        let mut acc = vec![0.0f32; (g1 - g0) * mg];
+        for (o, &at) in self.out.chunks_exact_mut(m).zip(bases) {
+            match bias.and_then(|b| b.get(g0 * mg..g1 * mg)) {
+                Some(b) => acc.copy_from_slice(b),
+                None => acc.fill(0.0),
+            }
+            for &(xo, wo) in window {
+                for ci in 0..cg {
+                    let Some(ws) = w.get(wo + ci * m + g0 * mg..wo + ci * m + g1 * mg) else {
+                        continue;
+                    };
+                    for (g, (og, wg)) in acc.chunks_exact_mut(mg).zip(ws.chunks_exact(mg)).enumerate() {
+                        let Some(&a) = x.get(at + xo + (g0 + g) * cg + ci) else {
+                            continue;
+                        };
+                        for (o, &b) in og.iter_mut().zip(wg) {
+                            *o += a * b;
+                        }
+                    }
+                }
+            }
+            let skip = o0 - g0 * mg;
+            for (d, &v) in o.iter_mut().take(o1).skip(o0).zip(acc.iter().skip(skip)) {
+                *d = clamp.apply(v);
+            }
+        }
+        true
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Lanes, Pixels};
+    use std::arch::x86_64::*;
+
+    /// Pixels computed together per block: independent accumulator chains sharing each
+    /// weight load.
+    const P: usize = 8;
+
+    /// One block's operands: pointers at the block's first input channel, weight and
+    /// output, and its masks.
+    #[derive(Clone, Copy)]
+    struct Block {
+        /// X at the block's first input channel.
+        x: *const f32,
+        /// W at the block's first output.
+        w: *const f32,
+        out: *mut f32,
+        bias: __m512,
+        /// The block's outputs (at most 16).
+        omask: __mmask16,
+        /// The input lanes a permuted block loads.
+        xmask: __mmask16,
+    }
+
+    /// The call's shape and bounds.
+    #[derive(Clone, Copy)]
+    struct Shape {
+        m: usize,
+        cg: usize,
+        lanes: Lanes,
+        /// Permute mode with groups of 4 inputs to 4 outputs.
+        quads: bool,
+        lo: __m512,
+        hi: __m512,
+    }
+
+    /// # Safety
+    /// AVX-512 F is present; `m` is a multiple of `mg`, `lanes == super::lanes(cg, mg)`;
+    /// `out.len() == bases.len() * m`; `outs` is a range of `0..=m` starting at a multiple
+    /// of 16; for every `(xo, wo)` in the window and every base, `base + xo + m / mg * cg <=
+    /// x.len()` and `wo + cg * m <= w.len()`; a bias has `m` floats.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pixels(call: &Pixels<'_>, lanes: Lanes, out: &mut [f32]) {
+        let (m, mg, cg) = (call.m, call.mg, call.cg);
+        let [o0, o1] = call.outs;
+        let count = call.bases.len();
+        let cin = m / mg * cg;
+        // Permute mode: lane `l` takes input lane `(l / mg) * cg + ci` of the loaded vector.
+        let mut idx = [_mm512_setzero_si512(); 16];
+        if lanes == Lanes::Permute {
+            for (ci, v) in idx.iter_mut().enumerate().take(cg) {
+                let mut lane = [0i32; 16];
+                for (l, d) in lane.iter_mut().enumerate() {
+                    *d = ((l / mg) * cg + ci) as i32;
+                }
+                // SAFETY: `lane` is 16 i32s.
+                *v = unsafe { _mm512_loadu_si512(lane.as_ptr().cast()) };
+            }
+        }
+        let shape = Shape {
+            m,
+            cg,
+            lanes,
+            quads: lanes == Lanes::Permute && cg == 4 && mg == 4,
+            lo: _mm512_set1_ps(call.clamp.lo),
+            hi: _mm512_set1_ps(call.clamp.hi),
+        };
+        let out = out.as_mut_ptr();
+        let mask = |n: usize| -> __mmask16 { if n >= 16 { 0xffff } else { (1u16 << n) - 1 } };
+        // SAFETY (of `block`'s pointers): the caller's contract: `o + n <= o1 <= m` outputs,
+        // a bias of `m` floats, every pixel's input row holds `cin > xoff` channels.
+        let block = |o: usize| unsafe {
+            let n = o1 - o;
+            let xoff = o / mg * cg;
+            Block {
+                x: call.x.as_ptr().add(xoff),
+                w: call.w.as_ptr().add(o),
+                out: out.add(o),
+                bias: match call.bias {
+                    Some(b) => _mm512_maskz_loadu_ps(mask(n), b.as_ptr().add(o)),
+                    None => _mm512_setzero_ps(),
+                },
+                omask: mask(n),
+                xmask: mask(cin - xoff),
+            }
+        };
+        let full = count - count % P;
+        let (win, bases) = (call.window, call.bases);
+        // SAFETY: the caller's contract, passed on: pixels below `count`, blocks inside `outs`.
+        unsafe {
+            for o in (o0..o1).step_by(16) {
+                let blk = [block(o)];
+                for p in (0..full).step_by(P) {
+                    tile::<P, 1>(shape, blk, &idx, win, bases, p);
+                }
+            }
+            // The pixels left over: 4 at a time 2 blocks at a time, then 1 at a time 4
+            // blocks at a time (independent chains where a weight load serves few pixels).
+            let mut p = full;
+            macro_rules! rest {
+                ($t:literal, $($b:literal),+) => {
+                    while p + $t <= count {
+                        let mut o = o0;
+                        $(
+                            while o + 16 * ($b - 1) < o1 {
+                                tile::<$t, $b>(shape, std::array::from_fn(|i| block(o + 16 * i)), &idx, win, bases, p);
+                                o += 16 * $b;
+                            }
+                        )+
+                        p += $t;
+                    }
+                };
+            }
+            rest!(4, 2, 1);
+            rest!(1, 4, 2, 1);
+        }
+    }
+
+    /// Pixels `p0 .. p0 + T` of blocks `blk`: bias, the window's taps, bounds, masked stores.
+    /// Broadcast: each input value of a tap's group channel broadcast to the lanes. Permute:
+    /// each tap's input vector loaded once per pixel, permuted per input channel of the
+    /// groups.
+    ///
+    /// # Safety
+    /// As [`pixels`], with `p0 + T <= bases.len()` and every block inside `outs`.
+    #[inline(always)]
+    unsafe fn tile<const T: usize, const NB: usize>(
+        s: Shape,
+        blk: [Block; NB],
+        idx: &[__m512i; 16],
+        window: &[(usize, usize)],
+        bases: &[usize],
+        p0: usize,
+    ) {
+        // SAFETY: the offsets were checked for every pixel (see `pixels`); the permuted input
+        // loads are masked to the channels a pixel holds, the weight loads to the block's
+        // outputs.
+        unsafe {
+            let at: [usize; T] = std::array::from_fn(|q| *bases.get_unchecked(p0 + q));
+            let mut acc = [[_mm512_setzero_ps(); T]; NB];
+            for (a, b) in acc.iter_mut().zip(&blk) {
+                *a = [b.bias; T];
+            }
+            for &(xo, wo) in window {
+                match s.lanes {
+                    Lanes::Broadcast => {
+                        for ci in 0..s.cg {
+                            for (a, b) in acc.iter_mut().zip(&blk) {
+                                let wv = _mm512_maskz_loadu_ps(b.omask, b.w.add(wo + ci * s.m));
+                                let xp = b.x.add(xo + ci);
+                                for (a, &at) in a.iter_mut().zip(&at) {
+                                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(at)), wv, *a);
+                                }
+                            }
+                        }
+                    }
+                    Lanes::Permute => {
+                        let mut xv = [[_mm512_setzero_ps(); T]; NB];
+                        for (v, b) in xv.iter_mut().zip(&blk) {
+                            for (v, &at) in v.iter_mut().zip(&at) {
+                                *v = _mm512_maskz_loadu_ps(b.xmask, b.x.add(at + xo));
+                            }
+                        }
+                        if s.quads {
+                            // Groups of 4 in 4: the in-lane shuffle broadcasting element `ci`
+                            // of each 128-bit lane.
+                            macro_rules! quad {
+                                ($($ci:literal => $imm:literal),+) => {$(
+                                    for ((a, b), v) in acc.iter_mut().zip(&blk).zip(&xv) {
+                                        let wv = _mm512_maskz_loadu_ps(b.omask, b.w.add(wo + $ci * s.m));
+                                        for (a, &v) in a.iter_mut().zip(v) {
+                                            *a = _mm512_fmadd_ps(_mm512_permute_ps::<$imm>(v), wv, *a);
+                                        }
+                                    }
+                                )+};
+                            }
+                            quad!(0 => 0x00, 1 => 0x55, 2 => 0xaa, 3 => 0xff);
+                            continue;
+                        }
+                        for (ci, ix) in idx.iter().enumerate().take(s.cg) {
+                            for ((a, b), v) in acc.iter_mut().zip(&blk).zip(&xv) {
+                                let wv = _mm512_maskz_loadu_ps(b.omask, b.w.add(wo + ci * s.m));
+                                for (a, &v) in a.iter_mut().zip(v) {
+                                    *a = _mm512_fmadd_ps(_mm512_permutexvar_ps(*ix, v), wv, *a);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            for (a, b) in acc.iter().zip(&blk) {
+                for (q, &v) in a.iter().enumerate() {
+                    // With the bound first, a NaN `v` comes through as it is.
+                    let v = _mm512_min_ps(s.hi, _mm512_max_ps(s.lo, v));
+                    _mm512_mask_storeu_ps(b.out.add((p0 + q) * s.m), b.omask, v);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The f64 sum of the module docs' formula, for one pixel's output `o`.
+    fn oracle(call: &Pixels<'_>, p: usize, o: usize) -> f64 {
+        let g = o / call.mg;
+        let mut s = call.bias.map_or(0.0, |b| f64::from(b[o]));
+        for &(xo, wo) in call.window {
+            for ci in 0..call.cg {
+                let a = call.x[call.bases[p] + xo + g * call.cg + ci];
+                s += f64::from(a) * f64::from(call.w[wo + ci * call.m + o]);
+            }
+        }
+        s
+    }
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn vector_forms() {
+        assert_eq!(lanes(16, 16), Some(Lanes::Broadcast));
+        assert_eq!(lanes(3, 32), Some(Lanes::Broadcast));
+        assert_eq!(lanes(4, 4), Some(Lanes::Permute));
+        assert_eq!(lanes(1, 8), Some(Lanes::Permute));
+        assert_eq!(lanes(8, 4), None);
+        assert_eq!(lanes(24, 24), None);
+        assert_eq!(lanes(0, 16), None);
+    }
+
+    #[test]
+    fn packing_is_tap_major() {
+        // W [m=2, cg=3, 1, 2]: value 100*o + 10*ci + t.
+        let w: Vec<f32> = (0..2)
+            .flat_map(|o| (0..3).flat_map(move |ci| (0..2).map(move |t| (100 * o + 10 * ci + t) as f32)))
+            .collect();
+        let p = pack_taps(&w, 2, 3, 1, 2).unwrap();
+        for t in 0..2 {
+            for ci in 0..3 {
+                for o in 0..2 {
+                    assert_eq!(p[(t * 3 + ci) * 2 + o], (100 * o + 10 * ci + t) as f32);
+                }
+            }
+        }
+        assert!(pack_taps(&w[1..], 2, 3, 1, 2).is_none());
+    }
+
+    #[test]
+    fn offsets_out_of_range_are_refused() {
+        let x = vec![1.0f32; 40];
+        let w = vec![1.0f32; 2 * 4 * 8];
+        let call = Pixels {
+            x: &x,
+            w: &w,
+            bias: None,
+            window: &[(0, 0), (8, 32)],
+            bases: &[0, 8, 16, 24],
+            cg: 4,
+            mg: 4,
+            m: 8,
+            outs: [0, 8],
+            clamp: Clamp::NONE,
+        };
+        let mut out = vec![0.0f32; 8 * 4];
+        assert!(call.run(&mut out));
+        // An output of another length; a pixel at 32 would read x[32 + 8 .. 48] past the end.
+        assert!(!call.run(&mut [0.0f32; 8 * 5]));
+        assert!(
+            !Pixels {
+                bases: &[0, 32, 8, 16],
+                ..call
+            }
+            .run(&mut out)
+        );
+        // Groups that do not divide m, and a tap past the weights.
+        assert!(!Pixels { mg: 3, ..call }.run(&mut [0.0; 8]));
+        assert!(
+            !Pixels {
+                window: &[(0, 33)],
+                ..call
+            }
+            .run(&mut [0.0; 8])
+        );
+        assert!(
+            !Pixels {
+                bias: Some(&[0.0; 7]),
+                ..call
+            }
+            .run(&mut [0.0; 8])
+        );
+        // Output ranges past m, reversed, or not starting at a multiple of 16.
+        assert!(!Pixels { outs: [0, 9], ..call }.run(&mut [0.0; 8]));
+        assert!(!Pixels { outs: [4, 8], ..call }.run(&mut [0.0; 8]));
+    }
+
+    /// The (cg, mg) shapes of both vector forms and of the scalar-only one, with tails.
+    fn shapes() -> impl Strategy<Value = (usize, usize, usize)> {
+        prop_oneof![
+            Just((16, 16)),
+            Just((3, 32)),
+            Just((4, 4)),
+            Just((8, 8)),
+            Just((2, 8)),
+            Just((1, 2)),
+            Just((1, 1)),
+            Just((5, 6)),
+        ]
+        .prop_flat_map(|(cg, mg)| (Just(cg), Just(mg), 1usize..=(48 / mg).max(1)))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        /// Every level against the scalar twin and an f64 oracle: random group shapes, group
+        /// counts (so output tails of any width), windows, steps, pixel counts around the
+        /// 8-pixel blocks, bias and clamp.
+        #[test]
+        fn levels_match_the_scalar_twin(
+            (cg, mg, groups) in shapes(),
+            taps in 1usize..=9,
+            count in 1usize..=19,
+            stride in 1usize..=2,
+            with_bias: bool,
+            relu: bool,
+            range in (0usize..4, 0usize..64),
+            seed in 0u64..1000,
+        ) {
+            let m = mg * groups;
+            let cin = cg * groups;
+            let step = stride * cin;
+            // Outputs [o0, o1): o0 a multiple of 16 up to m, any end after it (often m).
+            let o0 = (range.0 * 16).min(m / 16 * 16);
+            let o1 = if range.1 < 32 { m } else { o0 + range.1 % (m - o0 + 1) };
+            // Taps at scattered pixels of a row, one pixel of `cin` channels each.
+            let window: Vec<(usize, usize)> = (0..taps).map(|t| ((t * 5 % 7) * cin, t * cg * m)).collect();
+            let xlen = (count - 1) * step + 7 * cin + cin;
+            // Pixel p at p * step, but in shuffled order (callers pass pixels of several rows).
+            let bases: Vec<usize> = (0..count).map(|p| (p * 7 % count) * step).collect();
+            let x = values(xlen, seed);
+            let w = values(taps * cg * m, seed + 1);
+            let bias = values(m, seed + 2);
+            let call = Pixels {
+                x: &x,
+                w: &w,
+                bias: with_bias.then_some(bias.as_slice()),
+                window: &window,
+                bases: &bases,
+                cg,
+                mg,
+                m,
+                outs: [o0, o1],
+                clamp: if relu { Clamp { lo: 0.0, hi: f32::INFINITY } } else { Clamp::NONE },
+            };
+            let mut scalar = vec![f32::NAN; count * m];
+            prop_assert!(call.run_with(Isa::Portable, &mut scalar));
+            for p in 0..count {
+                for o in 0..m {
+                    let got = f64::from(scalar[p * m + o]);
+                    if !(o0..o1).contains(&o) {
+                        prop_assert!(got.is_nan(), "p{p} o{o} outside {o0}..{o1} was written");
+                        continue;
+                    }
+                    let mut want = oracle(&call, p, o);
+                    if relu {
+                        want = want.max(0.0);
+                    }
+                    prop_assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "scalar p{p} o{o}: {got} vs {want}");
+                }
+            }
+            for isa in [Isa::Avx2Fma, Isa::Avx512] {
+                if !isa.is_supported() {
+                    continue;
+                }
+                let mut fast = vec![f32::NAN; count * m];
+                prop_assert!(call.run_with(isa, &mut fast));
+                for (i, (a, b)) in fast.iter().zip(&scalar).enumerate() {
+                    let same = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+                    prop_assert!(same, "{isa:?} at {i}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}
