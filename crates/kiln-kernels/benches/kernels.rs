@@ -1,5 +1,5 @@
 //! Throughput of the kernel families besides the GEMM (which `sgemm.rs` covers): Winograd
-//! F(4x4, 3x3) convolution, depthwise convolution, the row kernels of softmax and LayerNorm,
+//! F(4x4, 3x3) convolution, depthwise and grouped convolution, the row kernels of softmax and LayerNorm,
 //! and the costly activations, on the shapes of the benchmark models.
 //!
 //! `cargo bench -p kiln-kernels --bench kernels -- --warm-up-time 1 --measurement-time 3`.
@@ -7,7 +7,7 @@
 //! the direct method it replaces, so its rate is an effective one and may exceed the 117
 //! GFLOP/s single-core peak), and values processed for the row kernels and activations. Each
 //! family runs on the best kernel level of this CPU; `KILN_BENCH_ALL_ISAS=1` adds the lower
-//! levels where the kernel takes one (depthwise, softmax, activations), down to the portable
+//! levels where the kernel takes one (depthwise, grouped, softmax, activations), down to the portable
 //! reference.
 
 mod common;
@@ -113,6 +113,58 @@ fn depthwise(c: &mut Criterion) {
     }
 }
 
+/// (name, output size, channels, channels per group): 3x3, stride 1, as ResNeXt-50's and
+/// RegNet-Y's grouped layers (the permuted 4- and 8-wide groups, the broadcast 16- and
+/// 32-wide ones).
+const GROUPED: [(&str, usize, usize, usize); 4] = [
+    ("resnext layer1 56x56x128 g4", 56, 128, 4),
+    ("resnext layer2 28x28x256 g8", 28, 256, 8),
+    ("regnet block2 28x28x144 g16", 28, 144, 16),
+    ("resnext layer4 7x7x1024 g32", 7, 1024, 32),
+];
+
+fn grouped(c: &mut Criterion) {
+    for isa in levels() {
+        let mut g = c.benchmark_group(format!("grouped/{}", isa.name()));
+        for (name, o, ch, cg) in GROUPED {
+            // The input already padded by one pixel each side, every pixel in one call, as
+            // the op passes them.
+            let iw = o + 2;
+            let x = data(iw * iw * ch, 4);
+            let w = data(9 * cg * ch, 5);
+            let bias = data(ch, 6);
+            let window: Vec<(usize, usize)> = (0..9).map(|t| (((t / 3) * iw + t % 3) * ch, t * cg * ch)).collect();
+            let bases: Vec<usize> = (0..o * o).map(|p| ((p / o) * iw + p % o) * ch).collect();
+            let mut y = vec![0.0; o * o * ch];
+            g.throughput(Throughput::Elements((2 * 9 * cg * o * o * ch) as u64));
+            g.bench_function(BenchmarkId::new(name, "bias+relu"), |b| {
+                b.iter(|| {
+                    let px = kiln_kernels::grouped::Pixels {
+                        x: &x,
+                        w: &w,
+                        bias: Some(&bias),
+                        window: &window,
+                        bases: &bases,
+                        cg,
+                        mg: cg,
+                        m: ch,
+                        outs: [0, ch],
+                        clamp: Clamp {
+                            lo: 0.0,
+                            hi: f32::INFINITY,
+                        },
+                    };
+                    if !px.run_with(isa, &mut y) {
+                        fail("grouped: offsets refused");
+                    }
+                    black_box(&y);
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
 /// (name, rows, row length): attention score rows (softmax) and hidden states (LayerNorm,
 /// activations).
 const ROWS: [(&str, usize, usize); 2] = [("vit-tiny 197x197", 197, 197), ("bert 128x128", 128, 128)];
@@ -174,6 +226,7 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     winograd(&mut c);
     depthwise(&mut c);
+    grouped(&mut c);
     rows(&mut c);
     c.final_summary();
 }

@@ -3,6 +3,8 @@
 //! - `gemm`: the scalar reference GEMM (any strides, any numeric type) that MatMul, Gemm and
 //!   convolution lower to today, and the oracle the fast paths are tested against;
 //! - `conv`: im2col/col2im layout helpers of convolution;
+//! - `dwconv`, `grouped`: the inner kernels of channels-last depthwise and grouped
+//!   convolution;
 //! - `isa`: the dispatch choice (AVX-512, AVX2+FMA or portable), detected once per process,
 //!   forced to portable with `KILN_KERNELS=reference`;
 //! - `sgemm`: the f32 GEMM with our own microkernels over prepacked B panels and a fused
