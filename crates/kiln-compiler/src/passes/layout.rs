@@ -4,7 +4,10 @@
 //! depthwise window is a contiguous run of channels per tap. A MaxPool reading a
 //! channels-last value (its Indices unread) runs channels-last too (`Pool::channels_last`),
 //! and so does a GlobalAveragePool or GlobalMaxPool (`GlobalPool::channels_last`), whose
-//! `[N, 1, 1, C]` result turns back to `[N, C, 1, 1]` for next to nothing.
+//! `[N, 1, 1, C]` result turns back to `[N, C, 1, 1]` for next to nothing. An f32 Add, Sub,
+//! Mul or Div with a channels-last input follows it when its other input is full-sized, one
+//! value, or varies along channels alone (a squeeze-excitation scale `[N, C, 1, 1]`, whose
+//! transpose the `unit_transpose` pass makes a view).
 //!
 //! Eligible: an f32 Conv with fixed rank-4 shapes and constant weights, group 1, depthwise
 //! (`group == C == M`), or grouped with no residual and a group shape the grouped kernel
@@ -16,7 +19,7 @@
 //!
 //! Graphs without an eligible convolution are left alone.
 
-use super::edit::{Index, dtype_of, fixed_shape, fresh_name};
+use super::edit::{Index, binary, dtype_of, fixed_shape, fresh_name};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
 use kiln_ops::TensorType;
@@ -46,9 +49,32 @@ enum Kind {
     MaxPool,
     /// An f32 GlobalAveragePool or GlobalMaxPool of a rank-4 value.
     GlobalPool,
+    /// An f32 Add, Sub, Mul or Div of rank-4 values broadcasting to a rank-4 output, every
+    /// input either full-sized or varying along channels alone (a squeeze-excitation scale
+    /// `[N, C, 1, 1]`), or one element of any rank.
+    Binary,
 }
 
 fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
+    if let Some((op, a, b)) = binary(node) {
+        use kiln_ops::elementwise::BinaryOp::{Add, Div, Mul, Sub};
+        let ys = node
+            .outputs
+            .first()
+            .copied()
+            .flatten()
+            .and_then(|y| fixed_shape(g, y))?;
+        let fits = |v: ValueId| {
+            let Some(s) = fixed_shape(g, v) else { return false };
+            let n: usize = s.iter().product();
+            dtype_of(g, v) == Some(DType::F32)
+                && (n == 1
+                    || s == ys
+                    || (s.len() == 4 && s.iter().zip(&ys).all(|(&d, &y)| d == 1 || d == y) && Some(&n) == s.get(1)))
+        };
+        let ok = matches!(op, Add | Sub | Mul | Div) && ys.len() == 4 && node.outputs.len() == 1 && fits(a) && fits(b);
+        return ok.then_some(Kind::Binary);
+    }
     if let NodeKind::Op(Op::Nn(NnOp::Pool(pool))) = &node.kind {
         let (Some(Some(x)), Some(Some(y))) = (node.inputs.first(), node.outputs.first()) else {
             return None;
@@ -150,16 +176,20 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let mut last: HashMap<ValueId, ValueId> = HashMap::new();
     let mut converted = 0;
     for (mut node, k) in old.into_iter().zip(kinds) {
-        // A pool converts only when its input is already channels-last.
-        let reads_twin = node
-            .inputs
-            .first()
-            .copied()
-            .flatten()
-            .is_some_and(|x| last.contains_key(&x));
+        // A pool converts only when its input is already channels-last, an elementwise node
+        // when one of its inputs is.
+        let twin_in = |slot: usize| {
+            node.inputs
+                .get(slot)
+                .copied()
+                .flatten()
+                .is_some_and(|x| last.contains_key(&x))
+        };
+        let reads_twin = twin_in(0);
         let Some(y) = node.outputs.first().copied().flatten().filter(|_| {
             matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped))
                 || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool)) && reads_twin)
+                || (k == Some(Kind::Binary) && (twin_in(0) || twin_in(1)))
         }) else {
             nodes.push(node);
             continue;
@@ -175,11 +205,16 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             && !reads_twin
             && input_shape(0).is_some_and(|xs| xs.get(1).is_some_and(|&c| c <= GATHER_MAX_CHANNELS))
             && input_shape(1).is_some_and(|ws| ws.iter().skip(1).product::<usize>() <= GATHER_MAX_DEPTH);
-        for slot in [0, 3] {
+        let slots: &[usize] = if k == Some(Kind::Binary) { &[0, 1] } else { &[0, 3] };
+        for &slot in slots {
             let Some(Some(v)) = node.inputs.get(slot).copied() else {
                 continue;
             };
             if slot == 0 && gather_x {
+                continue;
+            }
+            // One element broadcasts the same way in either layout.
+            if k == Some(Kind::Binary) && fixed_shape(g, v).is_none_or(|s| s.len() != 4) {
                 continue;
             }
             let vt = match last.get(&v) {
@@ -386,6 +421,68 @@ mod tests {
         for ((_, p), (_, q)) in a.iter().zip(&b) {
             assert_close(p.as_tensor().unwrap(), q.as_tensor().unwrap(), 1e-5);
         }
+    }
+
+    #[test]
+    fn a_channel_scale_and_a_scalar_add_follow_a_channels_last_convolution() {
+        use kiln_ops::elementwise::BinaryOp;
+        // x → Conv 3x3 (Relu) → × s [1,8,1,1] (a squeeze-excitation scale) → + 0.5 → Conv 1x1
+        // → × t [1,1,6,6] (varies along H and W: stays channels-first) → y.
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 8, 6, 6]);
+        let s = b.input("s", &[1, 8, 1, 1]);
+        let t = b.input("t", &[1, 1, 6, 6]);
+        let w1 = b.constant("w1", noise(&[8, 8, 3, 3], 1));
+        let w2 = b.constant("w2", noise(&[4, 8, 1, 1], 2));
+        let half = b.constant("half", noise(&[1], 3));
+        let h = b.node(
+            conv(1, 1, 1, Some(Activation::Relu)),
+            &[Some(x), Some(w1)],
+            &[&[1, 8, 6, 6]],
+        )[0];
+        let m = b.node(
+            crate::passes::testutil::binary(BinaryOp::Mul),
+            &[Some(h), Some(s)],
+            &[&[1, 8, 6, 6]],
+        )[0];
+        let a = b.node(
+            crate::passes::testutil::binary(BinaryOp::Add),
+            &[Some(half), Some(m)],
+            &[&[1, 8, 6, 6]],
+        )[0];
+        let c = b.node(conv(1, 0, 1, None), &[Some(a), Some(w2)], &[&[1, 4, 6, 6]])[0];
+        let y = b.node(
+            crate::passes::testutil::binary(BinaryOp::Mul),
+            &[Some(c), Some(t)],
+            &[&[1, 4, 6, 6]],
+        )[0];
+        let g = b.finish(&[y]);
+        let mut h = g.clone();
+        assert_eq!(run(&mut h).unwrap(), 4);
+        crate::passes::dce::run(&mut h).unwrap();
+        h.verify().unwrap();
+        assert_eq!(
+            ops(&h),
+            [
+                "Transpose",
+                "Conv/nhwc",
+                "Transpose",
+                "Mul",
+                "Add",
+                "Conv/nhwc",
+                "Transpose",
+                "Mul"
+            ]
+        );
+        // The scale's transpose moves only unit dims: [1, 8, 1, 1] → [1, 1, 1, 8].
+        let scale = h.nodes[2].outputs[0].and_then(|v| fixed_shape(&h, v));
+        assert_eq!(scale, Some(vec![1, 1, 1, 8]));
+        let inputs = vec![
+            noise(&[1, 8, 6, 6], 4),
+            noise(&[1, 8, 1, 1], 5),
+            noise(&[1, 1, 6, 6], 6),
+        ];
+        assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
     }
 
     /// x [1,32,10,10] → 1x1 32→32 (Relu) → 3x3 in 8 groups of 4 (Relu) → 1x1 32→16 → a 3x3
