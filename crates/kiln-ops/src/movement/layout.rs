@@ -503,6 +503,26 @@ impl Slice {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let spec = self.read(args, x.rank())?;
+        // Unit steps: a box of the input, copied in contiguous runs.
+        if spec.iter().all(|&(_, _, _, step)| step == 1) {
+            let mut starts = vec![0usize; x.rank()];
+            let mut lens = x.shape().to_vec();
+            for &(axis, start, end, step) in &spec {
+                let (Some(s), Some(l)) = (starts.get_mut(axis), lens.get_mut(axis)) else {
+                    return Err(OpError::Value(format!("slice: axis {axis} of rank {}", x.rank())));
+                };
+                let (first, len) = slice_positions(x.shape()[axis], start, end, step)?;
+                (*s, *l) = (first.max(0) as usize, len);
+            }
+            let boxed = match x.dtype() {
+                DType::F32 => Some(box_of(x.as_slice::<f32>()?, x.shape(), &starts, &lens)?),
+                DType::I64 => Some(box_of(x.as_slice::<i64>()?, x.shape(), &starts, &lens)?),
+                _ => None,
+            };
+            if let Some(t) = boxed {
+                return one(t);
+            }
+        }
         let mut maps = identity_maps(x.shape());
         for (axis, start, end, step) in spec {
             let (s, len) = slice_positions(x.shape()[axis], start, end, step)?;
@@ -536,6 +556,45 @@ impl Slice {
         }
         Ok(vec![tensor_type(dtype, Some(s))])
     }
+}
+
+/// The box `starts[d] .. starts[d] + lens[d]` (per dim) of `x` (row-major, `shape`) as a
+/// tensor, copied in runs: the box's last dims that it spans whole, and the one before them
+/// that it cuts, are contiguous in the input as in the output.
+fn box_of<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
+    x: &[T],
+    shape: &[usize],
+    starts: &[usize],
+    lens: &[usize],
+) -> Result<Tensor> {
+    let n = checked_numel(lens)?;
+    let mut out = crate::util::out_buf::<T>(n);
+    let bad = || OpError::Value(format!("slice: box {starts:?} + {lens:?} outside {shape:?}"));
+    if starts.iter().zip(lens).zip(shape).any(|((&s, &l), &d)| s.checked_add(l).is_none_or(|e| e > d)) {
+        return Err(bad());
+    }
+    if n > 0 {
+        // Dims `k..` form the runs: every dim after `k` is whole.
+        let k = (0..shape.len())
+            .rev()
+            .find(|&d| starts[d] != 0 || lens[d] != shape[d])
+            .unwrap_or(0);
+        let st = strides(shape);
+        let run: usize = lens.iter().skip(k).product();
+        let mut pos = vec![0usize; k];
+        for dst in out.chunks_exact_mut(run.max(1)) {
+            let from = (0..k).map(|d| (starts[d] + pos[d]) * st[d]).sum::<usize>() + starts.get(k).map_or(0, |&s| s * st[k]);
+            dst.copy_from_slice(x.get(from..from + run).ok_or_else(bad)?);
+            for d in (0..k).rev() {
+                pos[d] += 1;
+                if pos[d] < lens[d] {
+                    break;
+                }
+                pos[d] = 0;
+            }
+        }
+    }
+    Ok(Tensor::from_buf(lens.to_vec(), out)?)
 }
 
 /// ONNX `Tile` (opsets 1-13): input 1 gives the repeat count of each dim.
