@@ -570,7 +570,12 @@ fn box_of<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
     let n = checked_numel(lens)?;
     let mut out = crate::util::out_buf::<T>(n);
     let bad = || OpError::Value(format!("slice: box {starts:?} + {lens:?} outside {shape:?}"));
-    if starts.iter().zip(lens).zip(shape).any(|((&s, &l), &d)| s.checked_add(l).is_none_or(|e| e > d)) {
+    if starts
+        .iter()
+        .zip(lens)
+        .zip(shape)
+        .any(|((&s, &l), &d)| s.checked_add(l).is_none_or(|e| e > d))
+    {
         return Err(bad());
     }
     if n > 0 {
@@ -583,7 +588,8 @@ fn box_of<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
         let run: usize = lens.iter().skip(k).product();
         let mut pos = vec![0usize; k];
         for dst in out.chunks_exact_mut(run.max(1)) {
-            let from = (0..k).map(|d| (starts[d] + pos[d]) * st[d]).sum::<usize>() + starts.get(k).map_or(0, |&s| s * st[k]);
+            let from =
+                (0..k).map(|d| (starts[d] + pos[d]) * st[d]).sum::<usize>() + starts.get(k).map_or(0, |&s| s * st[k]);
             dst.copy_from_slice(x.get(from..from + run).ok_or_else(bad)?);
             for d in (0..k).rev() {
                 pos[d] += 1;

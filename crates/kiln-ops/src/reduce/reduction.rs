@@ -219,8 +219,29 @@ impl Reduce {
         let shape = x.shape();
         let axes = resolve_axes(&list, shape.len(), self.noop_with_empty_axes)?;
         let (_, out_shape) = reduced_shapes(shape, &axes, self.keepdims);
-        let (map, out_n, group) = reduce_map(shape, &axes)?;
         let dtype = x.dtype();
+        // f32 Sum or Mean over trailing dims: rows of contiguous values, summed in f64 lanes.
+        let trailing = !axes.is_empty() && axes.iter().enumerate().all(|(i, &a)| a + axes.len() == shape.len() + i);
+        if dtype == kiln_tensor::DType::F32 && trailing && matches!(self.kind, ReduceKind::Sum | ReduceKind::Mean) {
+            let cols: usize = shape.iter().skip(shape.len() - axes.len()).product();
+            let rows: usize = shape.iter().take(shape.len() - axes.len()).product();
+            let mut out = util::out_f32(rows);
+            if cols > 0 {
+                let scale = if self.kind == ReduceKind::Mean {
+                    1.0 / cols as f64
+                } else {
+                    1.0
+                };
+                for (o, row) in out.iter_mut().zip(x.as_slice::<f32>()?.chunks_exact(cols)) {
+                    *o = (kiln_kernels::vector::sum_f64(row) * scale) as f32;
+                }
+            } else {
+                // Sums of nothing: 0; means of nothing: NaN (0 / 0), as the reference gives.
+                out.fill(if self.kind == ReduceKind::Mean { f32::NAN } else { 0.0 });
+            }
+            return Ok(smallvec::smallvec![Tensor::from_buf(out_shape, out)?.into()]);
+        }
+        let (map, out_n, group) = reduce_map(shape, &axes)?;
         let out = if is_ieee_float(dtype) {
             let vals = x.to_f64_vec();
             from_f64(dtype, out_shape, &reduce_f64(self.kind, &vals, &map, out_n, group))?
@@ -293,6 +314,33 @@ mod tests {
             vec![5f32, 1., 20., 2., 30., 1., 40., 2., 55., 1., 60., 2.],
         )
         .unwrap()
+    }
+
+    /// The f32 rows path (trailing axes, Sum and Mean) against the general path on the
+    /// same values in f64.
+    #[test]
+    fn trailing_f32_sums_and_means_match_the_f64_path() {
+        let shape = vec![2, 3, 4, 5];
+        let v: Vec<f32> = (0..120).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.37).collect();
+        let x32 = Tensor::from_vec(shape.clone(), v.clone()).unwrap();
+        let x64 = Tensor::from_vec(shape, v.iter().map(|&a| f64::from(a)).collect::<Vec<f64>>()).unwrap();
+        for (kind, axes, keep) in [
+            (ReduceKind::Sum, vec![2, 3], false),
+            (ReduceKind::Mean, vec![-1], true),
+            (ReduceKind::Mean, vec![1, 2, 3], true),
+            (ReduceKind::Sum, vec![3, 2], false),
+        ] {
+            let fast = run(kind, axes.clone(), keep, x32.clone());
+            let slow = run(kind, axes.clone(), keep, x64.clone());
+            assert_eq!(fast.shape(), slow.shape(), "{kind:?} {axes:?}");
+            for (a, b) in fast.to_f64_vec().iter().zip(slow.to_f64_vec()) {
+                assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{kind:?} {axes:?}: {a} vs {b}");
+            }
+        }
+        // Mean over an empty axis: NaN, as 0 / 0.
+        let empty = Tensor::from_vec(vec![2, 0], Vec::<f32>::new()).unwrap();
+        let m = run(ReduceKind::Mean, vec![1], false, empty);
+        assert!(m.as_slice::<f32>().unwrap().iter().all(|v| v.is_nan()));
     }
 
     #[test]
