@@ -1,14 +1,16 @@
 //! BatchNormalization folded into the Conv or Gemm producing its input (inference mode, all
 //! parameters constant): `W' = W * s`, `b' = (b - mean) * s + B` with
 //! `s = scale / sqrt(var + eps)` per output channel, computed in f64 and rounded once to the
-//! weights' type. The producer then writes the BatchNorm's output directly.
+//! weights' type. The producer then writes the BatchNorm's output directly. An inference
+//! BatchNorm no producer takes (a pre-activation one, as in DenseNet) becomes a
+//! `ChannelAffine` with that scale and shift rounded to f32.
 
-use super::edit::{Index, add_constant, is_float, remove_nodes};
+use super::edit::{Index, add_constant, dtype_of, fixed_shape, is_float, remove_nodes};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
-use kiln_ops::nn::NnOp;
+use kiln_ops::nn::{ChannelAffine, NnOp};
 use kiln_ops::reduce::{BatchNorm, ReduceOp};
-use kiln_tensor::Tensor;
+use kiln_tensor::{DType, Tensor};
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let index = Index::new(g);
@@ -38,7 +40,54 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         }
     }
     remove_nodes(g, &dead);
-    Ok(count)
+    Ok(count + standalone(g))
+}
+
+/// Every inference BatchNorm left (no producer took it) on an f32 X of known channel count,
+/// with constant parameters, becomes a `ChannelAffine`: one scale and shift per channel
+/// instead of four parameters and a square root per element.
+fn standalone(g: &mut Graph) -> usize {
+    let index = Index::new(g);
+    let mut plans = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let NodeKind::Op(Op::Reduce(ReduceOp::BatchNormalization(bn))) = &node.kind else {
+            continue;
+        };
+        let (Some(Some(x)), Some(Some(y))) = (node.inputs.first(), node.outputs.first()) else {
+            continue;
+        };
+        let extra_read = node
+            .outputs
+            .iter()
+            .skip(1)
+            .flatten()
+            .any(|v| !index.readers(*v).is_empty() || index.is_output(*v));
+        let channels = fixed_shape(g, *x).and_then(|s| s.get(1).copied());
+        if bn.training_mode || extra_read || dtype_of(g, *x) != Some(DType::F32) {
+            continue;
+        }
+        let Some(aff) = channels.and_then(|c| channel_affine(g, &index, bn, node, c)) else {
+            continue;
+        };
+        let c = aff.len();
+        let (scale, shift): (Vec<f32>, Vec<f32>) = aff.iter().map(|&(s, t)| (s as f32, t as f32)).unzip();
+        let (Ok(scale), Ok(shift)) = (Tensor::from_vec(vec![c], scale), Tensor::from_vec(vec![c], shift)) else {
+            continue;
+        };
+        plans.push((i, *x, *y, scale, shift));
+    }
+    let count = plans.len();
+    for (i, x, y, scale, shift) in plans {
+        let base = g.nodes.get(i).map_or_else(String::new, |n| n.name.clone());
+        let s = add_constant(g, &format!("{base}.scale"), scale);
+        let t = add_constant(g, &format!("{base}.shift"), shift);
+        if let Some(node) = g.nodes.get_mut(i) {
+            node.kind = NodeKind::Op(Op::Nn(NnOp::ChannelAffine(ChannelAffine::default())));
+            node.inputs = vec![Some(x), Some(s), Some(t)];
+            node.outputs = vec![Some(y)];
+        }
+    }
+    count
 }
 
 struct Plan {
@@ -248,9 +297,23 @@ mod tests {
             &run_graph(&before, vec![xin])[0],
             1e-6,
         );
-        // The Gemm's output is also a graph output: no fold.
+        // The Gemm's output is also a graph output: no fold. The BatchNorm becomes a
+        // ChannelAffine of the same values instead.
         let mut g = before.clone();
         g.outputs.push(g.nodes[0].outputs[0].unwrap());
+        let shared = g.clone();
+        assert_eq!(run(&mut g).unwrap(), 1);
+        assert_eq!(op_names(&g), ["Gemm", "ChannelAffine"]);
+        let xin = noise(&[2, 3], 7);
+        let (a, b) = (run_graph(&g, vec![xin.clone()]), run_graph(&shared, vec![xin]));
+        for (p, q) in a.iter().zip(&b) {
+            assert_close(p, q, 1e-6);
+        }
+        // In training mode, or with X of another type, the BatchNorm stays.
+        let mut g = shared.clone();
+        if let NodeKind::Op(Op::Reduce(ReduceOp::BatchNormalization(bn))) = &mut g.nodes[1].kind {
+            bn.training_mode = true;
+        }
         assert_eq!(run(&mut g).unwrap(), 0);
     }
 }

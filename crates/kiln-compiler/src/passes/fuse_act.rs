@@ -1,5 +1,6 @@
 //! Activation fusion: Relu, Clip (constant bounds), Sigmoid, HardSigmoid, HardSwish, Gelu,
-//! LeakyRelu, Tanh and SiLU (`Mul(x, Sigmoid(x))`) following a Conv, Gemm or MatMul become
+//! LeakyRelu, Tanh and SiLU (`Mul(x, Sigmoid(x))`) following a Conv, Gemm, MatMul or
+//! ChannelAffine become
 //! the producer's epilogue (`activation`), which applies the standalone op's own evaluation to
 //! the product, so results are bit-identical. Only when the product is float, has no
 //! epilogue yet, and is read by the activation alone (SiLU: by its Sigmoid and Mul alone).
@@ -35,6 +36,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
                 NnOp::Conv(c) => c.activation = Some(p.act),
                 NnOp::Gemm(c) => c.activation = Some(p.act),
                 NnOp::MatMul(c) => c.activation = Some(p.act),
+                NnOp::ChannelAffine(c) => c.activation = Some(p.act),
                 _ => continue,
             }
             node.outputs = vec![Some(p.output)];
@@ -62,6 +64,7 @@ fn fusable_producer(g: &Graph, index: &Index, v: ValueId) -> Option<usize> {
         NodeKind::Op(Op::Nn(NnOp::Conv(c))) => c.activation.is_none(),
         NodeKind::Op(Op::Nn(NnOp::Gemm(c))) => c.activation.is_none(),
         NodeKind::Op(Op::Nn(NnOp::MatMul(c))) => c.activation.is_none(),
+        NodeKind::Op(Op::Nn(NnOp::ChannelAffine(c))) => c.activation.is_none(),
         _ => false,
     };
     (free && node.outputs.len() == 1 && dtype_of(g, v).is_some_and(is_float)).then_some(p)

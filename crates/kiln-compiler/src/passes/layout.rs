@@ -7,7 +7,9 @@
 //! `[N, 1, 1, C]` result turns back to `[N, C, 1, 1]` for next to nothing. An f32 Add, Sub,
 //! Mul or Div with a channels-last input follows it when its other input is full-sized, one
 //! value, or varies along channels alone (a squeeze-excitation scale `[N, C, 1, 1]`, whose
-//! transpose the `unit_transpose` pass makes a view).
+//! transpose the `unit_transpose` pass makes a view), and so does a `ChannelAffine` (an
+//! unfolded BatchNorm), and a Concat along channels with a channels-last input (DenseNet's
+//! growing feature maps), which then joins along the last dim.
 //!
 //! Eligible: an f32 Conv with fixed rank-4 shapes and constant weights, group 1, depthwise
 //! (`group == C == M`), or grouped with no residual and a group shape the grouped kernel
@@ -49,6 +51,10 @@ enum Kind {
     MaxPool,
     /// An f32 GlobalAveragePool or GlobalMaxPool of a rank-4 value.
     GlobalPool,
+    /// A `ChannelAffine` (an unfolded BatchNorm) of a rank-4 value.
+    Affine,
+    /// An f32 Concat of rank-4 values along channels.
+    Concat,
     /// An f32 Add, Sub, Mul or Div of rank-4 values broadcasting to a rank-4 output, every
     /// input either full-sized or varying along channels alone (a squeeze-excitation scale
     /// `[N, C, 1, 1]`), or one element of any rank.
@@ -56,6 +62,23 @@ enum Kind {
 }
 
 fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
+    if let NodeKind::Op(Op::Movement(MovementOp::Concat(c))) = &node.kind {
+        let y = node.outputs.first().copied().flatten()?;
+        let rank4 = |v: &Option<ValueId>| {
+            v.is_some_and(|v| dtype_of(g, v) == Some(DType::F32) && fixed_shape(g, v).is_some_and(|s| s.len() == 4))
+        };
+        let ok = (c.axis == 1 || c.axis == -3)
+            && node.outputs.len() == 1
+            && !node.inputs.is_empty()
+            && node.inputs.iter().all(rank4)
+            && rank4(&Some(y));
+        return ok.then_some(Kind::Concat);
+    }
+    if let NodeKind::Op(Op::Nn(NnOp::ChannelAffine(a))) = &node.kind {
+        let x = node.inputs.first().copied().flatten()?;
+        let ok = !a.channels_last && node.outputs.len() == 1 && fixed_shape(g, x).is_some_and(|s| s.len() == 4);
+        return ok.then_some(Kind::Affine);
+    }
     if let Some((op, a, b)) = binary(node) {
         use kiln_ops::elementwise::BinaryOp::{Add, Div, Mul, Sub};
         let ys = node
@@ -188,8 +211,9 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         let reads_twin = twin_in(0);
         let Some(y) = node.outputs.first().copied().flatten().filter(|_| {
             matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped))
-                || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool)) && reads_twin)
+                || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool | Kind::Affine)) && reads_twin)
                 || (k == Some(Kind::Binary) && (twin_in(0) || twin_in(1)))
+                || (k == Some(Kind::Concat) && (0..node.inputs.len()).any(twin_in))
         }) else {
             nodes.push(node);
             continue;
@@ -205,8 +229,12 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             && !reads_twin
             && input_shape(0).is_some_and(|xs| xs.get(1).is_some_and(|&c| c <= GATHER_MAX_CHANNELS))
             && input_shape(1).is_some_and(|ws| ws.iter().skip(1).product::<usize>() <= GATHER_MAX_DEPTH);
-        let slots: &[usize] = if k == Some(Kind::Binary) { &[0, 1] } else { &[0, 3] };
-        for &slot in slots {
+        let slots: Vec<usize> = match k {
+            Some(Kind::Binary) => vec![0, 1],
+            Some(Kind::Concat) => (0..node.inputs.len()).collect(),
+            _ => vec![0, 3],
+        };
+        for slot in slots {
             let Some(Some(v)) = node.inputs.get(slot).copied() else {
                 continue;
             };
@@ -241,6 +269,8 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             }
             NodeKind::Op(Op::Nn(NnOp::Pool(pool))) => pool.channels_last = true,
             NodeKind::Op(Op::Nn(NnOp::GlobalPool(pool))) => pool.channels_last = true,
+            NodeKind::Op(Op::Nn(NnOp::ChannelAffine(a))) => a.channels_last = true,
+            NodeKind::Op(Op::Movement(MovementOp::Concat(c))) => c.axis = 3,
             _ => {}
         }
         node.outputs = vec![Some(yt)];
@@ -483,6 +513,95 @@ mod tests {
             noise(&[1, 1, 6, 6], 6),
         ];
         assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
+    }
+
+    /// DenseNet's pattern: x → [Conv 3x3 (8), Conv 1x1 (4)] → Concat → BatchNorm (constant
+    /// parameters, no producer to fold into) → Relu → Conv 1x1 → y.
+    #[test]
+    fn a_dense_block_runs_channels_last_through_its_concat_and_batchnorm() {
+        use crate::{CompileOptions, compile};
+        use kiln_ops::elementwise::{ElementwiseOp, UnaryOp};
+        use kiln_ops::reduce::{BatchNorm, ReduceOp};
+        use kiln_runtime::StepKind;
+        let graph = || {
+            let mut b = Builder::new();
+            let x = b.input("x", &[1, 4, 6, 6]);
+            let w1 = b.constant("w1", noise(&[8, 4, 3, 3], 1));
+            let w2 = b.constant("w2", noise(&[4, 4, 1, 1], 2));
+            let w3 = b.constant("w3", noise(&[6, 12, 1, 1], 3));
+            let c1 = b.node(conv(1, 1, 1, None), &[Some(x), Some(w1)], &[&[1, 8, 6, 6]])[0];
+            let c2 = b.node(conv(1, 0, 1, None), &[Some(x), Some(w2)], &[&[1, 4, 6, 6]])[0];
+            let concat = Op::Movement(MovementOp::Concat(kiln_ops::movement::Concat { axis: 1 }));
+            let cat = b.node(concat, &[Some(c1), Some(c2)], &[&[1, 12, 6, 6]])[0];
+            let params: Vec<_> = (0..4)
+                .map(|i| {
+                    let t = noise(&[12], 10 + i);
+                    // A positive variance.
+                    let t = if i == 3 {
+                        f32s(
+                            &[12],
+                            &t.as_slice::<f32>()
+                                .unwrap()
+                                .iter()
+                                .map(|v| v.abs() + 0.5)
+                                .collect::<Vec<_>>(),
+                        )
+                    } else {
+                        t
+                    };
+                    Some(b.constant(&format!("bn{i}"), t))
+                })
+                .collect();
+            let bn = Op::Reduce(ReduceOp::BatchNormalization(BatchNorm {
+                epsilon: 1e-5,
+                momentum: 0.9,
+                training_mode: false,
+                saved_outputs: false,
+            }));
+            let mut ins = vec![Some(cat)];
+            ins.extend(params);
+            let n = b.node(bn, &ins, &[&[1, 12, 6, 6]])[0];
+            let relu = Op::Elementwise(ElementwiseOp::Unary(UnaryOp::Relu));
+            let r = b.node(relu, &[Some(n)], &[&[1, 12, 6, 6]])[0];
+            let y = b.node(conv(1, 0, 1, None), &[Some(r), Some(w3)], &[&[1, 6, 6, 6]])[0];
+            b.finish(&[y])
+        };
+        let level = |opt_level| CompileOptions {
+            opt_level,
+            ..CompileOptions::default()
+        };
+        let fast = compile(graph(), &level(2)).unwrap();
+        let plain = compile(graph(), &level(0)).unwrap();
+        let kinds: Vec<String> = fast
+            .program
+            .steps
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StepKind::Op(Op::Nn(NnOp::Conv(c))) => Some(format!("Conv last={}", c.channels_last)),
+                StepKind::Op(Op::Nn(NnOp::ChannelAffine(a))) => {
+                    Some(format!("ChannelAffine last={} act={:?}", a.channels_last, a.activation))
+                }
+                StepKind::Op(Op::Movement(MovementOp::Concat(c))) => Some(format!("Concat axis={}", c.axis)),
+                StepKind::Op(op) => Some(op.name().to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            // The 4-channel X is read as it is (no transpose in).
+            [
+                "Conv last=true",
+                "Conv last=true",
+                "Concat axis=3",
+                "ChannelAffine last=true act=Some(Relu)",
+                "Conv last=true",
+                "Transpose"
+            ]
+        );
+        let inputs = vec![("x".to_string(), kiln_ops::Value::Tensor(noise(&[1, 4, 6, 6], 7)))];
+        let a = kiln_runtime::run(&fast.program, inputs.clone()).unwrap();
+        let b = kiln_runtime::run(&plain.program, inputs).unwrap();
+        assert_close(a[0].1.as_tensor().unwrap(), b[0].1.as_tensor().unwrap(), 1e-5);
     }
 
     /// x [1,32,10,10] → 1x1 32→32 (Relu) → 3x3 in 8 groups of 4 (Relu) → 1x1 32→16 → a 3x3

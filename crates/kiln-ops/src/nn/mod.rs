@@ -14,6 +14,7 @@ use kiln_tensor::{DType, Element, Tensor, bf16, f16};
 use std::borrow::Cow;
 
 pub mod activation;
+mod affine;
 pub mod conv;
 mod conv_nhwc;
 pub use conv_nhwc::{pack_channels_last, pack_depthwise_taps};
@@ -23,6 +24,7 @@ pub mod matmul;
 pub mod nms;
 mod pointwise_depthwise;
 pub mod pool;
+pub use affine::ChannelAffine;
 pub use pointwise_depthwise::PointwiseDepthwise;
 mod pool_nhwc;
 pub mod resize;
@@ -70,6 +72,8 @@ pub enum NnOp {
     NonMaxSuppression(NonMaxSuppression),
     /// A 1x1 Conv and the depthwise Conv reading it, fused by the compiler.
     PointwiseDepthwise(PointwiseDepthwise),
+    /// A per-channel scale and shift (an unfolded inference BatchNorm), made by the compiler.
+    ChannelAffine(ChannelAffine),
 }
 
 impl NnOp {
@@ -100,6 +104,7 @@ impl NnOp {
             NnOp::RoiAlign(_) => "RoiAlign",
             NnOp::NonMaxSuppression(_) => "NonMaxSuppression",
             NnOp::PointwiseDepthwise(_) => "PointwiseDepthwise",
+            NnOp::ChannelAffine(_) => "ChannelAffine",
         }
     }
 
@@ -120,6 +125,7 @@ impl NnOp {
             NnOp::RoiAlign(op) => op.eval(args),
             NnOp::NonMaxSuppression(op) => op.eval(args),
             NnOp::PointwiseDepthwise(op) => op.eval(args),
+            NnOp::ChannelAffine(op) => op.eval(args),
         }
     }
 
@@ -140,6 +146,7 @@ impl NnOp {
             NnOp::RoiAlign(op) => op.infer(inputs),
             NnOp::NonMaxSuppression(op) => op.infer(inputs),
             NnOp::PointwiseDepthwise(op) => op.infer(inputs),
+            NnOp::ChannelAffine(op) => op.infer(inputs),
         }
     }
 }
