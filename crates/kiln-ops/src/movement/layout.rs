@@ -369,10 +369,23 @@ impl Split {
         let mut out = Vec::with_capacity(sizes.len());
         let mut start = 0;
         for s in sizes {
-            let mut maps = identity_maps(x.shape());
-            maps[axis] = (start..start + s).map(Some).collect();
+            // Each part is a box of X: f32 and int64 copied in contiguous runs.
+            let mut starts = vec![0usize; x.rank()];
+            let mut lens = x.shape().to_vec();
+            if let (Some(b), Some(l)) = (starts.get_mut(axis), lens.get_mut(axis)) {
+                (*b, *l) = (start, s);
+            }
+            let part = match x.dtype() {
+                DType::F32 => box_of(x.as_slice::<f32>()?, x.shape(), &starts, &lens)?,
+                DType::I64 => box_of(x.as_slice::<i64>()?, x.shape(), &starts, &lens)?,
+                _ => {
+                    let mut maps = identity_maps(x.shape());
+                    maps[axis] = (start..start + s).map(Some).collect();
+                    gather_axes(x, &maps, None)?
+                }
+            };
             start += s;
-            out.push(Value::Tensor(gather_axes(x, &maps, None)?));
+            out.push(Value::Tensor(part));
         }
         Ok(out.into())
     }
