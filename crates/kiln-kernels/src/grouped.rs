@@ -102,18 +102,8 @@ impl Pixels<'_> {
 
     /// [`Pixels::run`] on a given level (tests compare the levels).
     pub fn run_with(&self, isa: Isa, out: &mut [f32]) -> bool {
-        let &Pixels {
-            x,
-            w,
-            bias,
-            window,
-            bases,
-            cg,
-            mg,
-            m,
-            outs: [o0, o1],
-            ..
-        } = self;
+        let (x, w, bias, window, bases) = (self.x, self.w, self.bias, self.window, self.bases);
+        let (cg, mg, m, [o0, o1]) = (self.cg, self.mg, self.m, self.outs);
         if m == 0 || mg == 0 || cg == 0 || !m.is_multiple_of(mg) || bases.len().checked_mul(m) != Some(out.len()) {
             return false;
         }

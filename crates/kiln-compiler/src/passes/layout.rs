@@ -337,13 +337,45 @@ mod tests {
             .collect()
     }
 
+    /// `g` after the layout pass and the dce that follows it (verified), and the count of
+    /// nodes the pass converted.
+    fn laid_out(g: &Graph) -> (usize, Graph) {
+        let mut h = g.clone();
+        let n = run(&mut h).unwrap();
+        crate::passes::dce::run(&mut h).unwrap();
+        h.verify().unwrap();
+        (n, h)
+    }
+
+    /// `graph()` compiled at level 2 and at level 0.
+    fn at_levels_2_and_0(graph: impl Fn() -> Graph) -> (crate::Compiled, crate::Compiled) {
+        let level = |opt_level| crate::CompileOptions {
+            opt_level,
+            ..crate::CompileOptions::default()
+        };
+        (
+            crate::compile(graph(), &level(2)).unwrap(),
+            crate::compile(graph(), &level(0)).unwrap(),
+        )
+    }
+
+    /// What `f` says of each step of `c`'s main program that it says something of.
+    fn steps<T>(c: &crate::Compiled, f: impl Fn(&Op) -> Option<T>) -> Vec<T> {
+        c.program
+            .steps
+            .iter()
+            .filter_map(|s| match &s.kind {
+                kiln_runtime::StepKind::Op(op) => f(op),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn a_depthwise_chain_runs_channels_last_with_one_transpose_each_way() {
         let g = block();
-        let mut h = g.clone();
-        assert_eq!(run(&mut h).unwrap(), 3);
-        crate::passes::dce::run(&mut h).unwrap();
-        h.verify().unwrap();
+        let (n, h) = laid_out(&g);
+        assert_eq!(n, 3);
         assert_eq!(
             ops(&h),
             [
@@ -392,9 +424,8 @@ mod tests {
         let gap = Op::Nn(NnOp::GlobalPool(kiln_ops::nn::GlobalPool::new(GlobalPoolKind::Average)));
         let m = b.node(gap, &[Some(y)], &[&[1, 6, 1, 1]])[0];
         let g = b.finish(&[m]);
-        let mut h = g.clone();
-        assert_eq!(run(&mut h).unwrap(), 4);
-        crate::passes::dce::run(&mut h).unwrap();
+        let (n, h) = laid_out(&g);
+        assert_eq!(n, 4);
         // The 4-channel X is read as it is (no transpose in).
         assert_eq!(
             ops(&h),
@@ -421,24 +452,12 @@ mod tests {
 
     #[test]
     fn compiled_channels_last_programs_pack_their_weights_and_match_level_0() {
-        use crate::{CompileOptions, compile};
-        use kiln_runtime::StepKind;
-        let level = |opt_level| CompileOptions {
-            opt_level,
-            ..CompileOptions::default()
-        };
-        let fast = compile(block(), &level(2)).unwrap();
-        let plain = compile(block(), &level(0)).unwrap();
+        let (fast, plain) = at_levels_2_and_0(block);
         // The two dense convolutions are packed as GEMM panels, the depthwise one as taps.
-        let packed: Vec<bool> = fast
-            .program
-            .steps
-            .iter()
-            .filter_map(|s| match &s.kind {
-                StepKind::Op(Op::Nn(NnOp::Conv(c))) => Some(c.channels_last && c.packed.is_some()),
-                _ => None,
-            })
-            .collect();
+        let packed = steps(&fast, |op| match op {
+            Op::Nn(NnOp::Conv(c)) => Some(c.channels_last && c.packed.is_some()),
+            _ => None,
+        });
         assert_eq!(packed, [true, true, true]);
         assert_eq!(fast.prepacked, 3);
         let inputs = vec![
@@ -487,10 +506,8 @@ mod tests {
             &[&[1, 4, 6, 6]],
         )[0];
         let g = b.finish(&[y]);
-        let mut h = g.clone();
-        assert_eq!(run(&mut h).unwrap(), 4);
-        crate::passes::dce::run(&mut h).unwrap();
-        h.verify().unwrap();
+        let (n, h) = laid_out(&g);
+        assert_eq!(n, 4);
         assert_eq!(
             ops(&h),
             [
@@ -519,10 +536,8 @@ mod tests {
     /// parameters, no producer to fold into) → Relu → Conv 1x1 → y.
     #[test]
     fn a_dense_block_runs_channels_last_through_its_concat_and_batchnorm() {
-        use crate::{CompileOptions, compile};
         use kiln_ops::elementwise::{ElementwiseOp, UnaryOp};
         use kiln_ops::reduce::{BatchNorm, ReduceOp};
-        use kiln_runtime::StepKind;
         let graph = || {
             let mut b = Builder::new();
             let x = b.input("x", &[1, 4, 6, 6]);
@@ -566,26 +581,17 @@ mod tests {
             let y = b.node(conv(1, 0, 1, None), &[Some(r), Some(w3)], &[&[1, 6, 6, 6]])[0];
             b.finish(&[y])
         };
-        let level = |opt_level| CompileOptions {
-            opt_level,
-            ..CompileOptions::default()
-        };
-        let fast = compile(graph(), &level(2)).unwrap();
-        let plain = compile(graph(), &level(0)).unwrap();
-        let kinds: Vec<String> = fast
-            .program
-            .steps
-            .iter()
-            .filter_map(|s| match &s.kind {
-                StepKind::Op(Op::Nn(NnOp::Conv(c))) => Some(format!("Conv last={}", c.channels_last)),
-                StepKind::Op(Op::Nn(NnOp::ChannelAffine(a))) => {
-                    Some(format!("ChannelAffine last={} act={:?}", a.channels_last, a.activation))
+        let (fast, plain) = at_levels_2_and_0(graph);
+        let kinds = steps(&fast, |op| {
+            Some(match op {
+                Op::Nn(NnOp::Conv(c)) => format!("Conv last={}", c.channels_last),
+                Op::Nn(NnOp::ChannelAffine(a)) => {
+                    format!("ChannelAffine last={} act={:?}", a.channels_last, a.activation)
                 }
-                StepKind::Op(Op::Movement(MovementOp::Concat(c))) => Some(format!("Concat axis={}", c.axis)),
-                StepKind::Op(op) => Some(op.name().to_string()),
-                _ => None,
+                Op::Movement(MovementOp::Concat(c)) => format!("Concat axis={}", c.axis),
+                op => op.name().to_string(),
             })
-            .collect();
+        });
         assert_eq!(
             kinds,
             // The 4-channel X is read as it is (no transpose in).
@@ -631,30 +637,17 @@ mod tests {
 
     #[test]
     fn grouped_convolutions_with_a_vector_form_run_channels_last_packed_as_taps() {
-        use crate::{CompileOptions, compile};
-        use kiln_runtime::StepKind;
-        let mut h = grouped_block();
-        assert_eq!(run(&mut h).unwrap(), 3);
-        crate::passes::dce::run(&mut h).unwrap();
+        let (n, h) = laid_out(&grouped_block());
+        assert_eq!(n, 3);
         assert_eq!(
             ops(&h),
             ["Transpose", "Conv/nhwc", "Conv/nhwc", "Conv/nhwc", "Transpose", "Conv"]
         );
-        let level = |opt_level| CompileOptions {
-            opt_level,
-            ..CompileOptions::default()
-        };
-        let fast = compile(grouped_block(), &level(2)).unwrap();
-        let plain = compile(grouped_block(), &level(0)).unwrap();
-        let packed: Vec<Option<[usize; 3]>> = fast
-            .program
-            .steps
-            .iter()
-            .filter_map(|s| match &s.kind {
-                StepKind::Op(Op::Nn(NnOp::Conv(c))) => Some(c.packed.map(|p| [c.group, p.c, p.m])),
-                _ => None,
-            })
-            .collect();
+        let (fast, plain) = at_levels_2_and_0(grouped_block);
+        let packed = steps(&fast, |op| match op {
+            Op::Nn(NnOp::Conv(c)) => Some(c.packed.map(|p| [c.group, p.c, p.m])),
+            _ => None,
+        });
         assert_eq!(packed, [Some([1, 32, 32]), Some([8, 4, 32]), Some([1, 32, 16]), None]);
         let inputs = vec![("x".to_string(), kiln_ops::Value::Tensor(noise(&[1, 32, 10, 10], 7)))];
         let a = kiln_runtime::run(&fast.program, inputs.clone()).unwrap();
