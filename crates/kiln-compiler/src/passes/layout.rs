@@ -47,7 +47,7 @@ enum Kind {
     Dense,
     Depthwise,
     Grouped,
-    /// A 2-D f32 MaxPool whose Indices no one reads.
+    /// A 2-D f32 MaxPool whose Indices no one reads, or AveragePool.
     MaxPool,
     /// An f32 GlobalAveragePool or GlobalMaxPool of a rank-4 value.
     GlobalPool,
@@ -106,7 +106,7 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             None | Some(None) => true,
             Some(Some(i)) => index.readers(*i).is_empty() && !index.is_output(*i),
         };
-        let ok = matches!(pool.kind, PoolKind::Max { .. })
+        let ok = matches!(pool.kind, PoolKind::Max { .. } | PoolKind::Average { .. })
             && !pool.channels_last
             && pool.kernel_shape.len() == 2
             && indices_unread

@@ -2,7 +2,9 @@
 //! pass, for a MaxPool between channels-last convolutions), X `[N, H, W, C]`, Y
 //! `[N, OH, OW, C]`, no Indices output.
 //!
-//! f32 MaxPool runs a direct loop vectorised over channels: per output pixel, the first tap
+//! f32 AveragePool sums each output pixel's taps inside the input, vectorised over channels,
+//! and divides by their count (or the padded window's, with `count_include_pad`). f32 MaxPool
+//! runs a direct loop vectorised over channels: per output pixel, the first tap
 //! inside the input, then every later tap that is greater, lane by lane. That is the reference
 //! order exactly (a NaN first tap stays, later NaNs are never greater), so no NaN check is
 //! needed; a window with no tap inside the input gives NaN. Other kinds and types run the
@@ -28,7 +30,8 @@ impl Pool {
                 x.shape()
             )));
         };
-        if let (PoolKind::Max { .. }, DType::F32, &[kh, kw]) = (self.kind, x.dtype(), self.kernel_shape.as_slice()) {
+        let fast = matches!(self.kind, PoolKind::Max { .. } | PoolKind::Average { .. });
+        if let (true, DType::F32, &[kh, kw]) = (fast, x.dtype(), self.kernel_shape.as_slice()) {
             let strides = spatial_attr(&self.strides, 2, 1, "strides")?;
             let dil = spatial_attr(&self.dilations, 2, 1, "dilations")?;
             let pads = pads_attr(&self.pads, 2)?;
@@ -52,7 +55,13 @@ impl Pool {
                 (ih, kh, strides[0], dil[0], gh.pad_begin),
                 (iw, kw, strides[1], dil[1], gw.pad_begin),
             ];
-            max_nhwc(x.as_slice::<f32>()?, [gh.out, gw.out], c, rows, &mut y);
+            match self.kind {
+                PoolKind::Average { count_include_pad } => {
+                    let ends = count_include_pad.then_some([gh.pad_end, gw.pad_end]);
+                    avg_nhwc(x.as_slice::<f32>()?, [gh.out, gw.out], c, rows, ends, &mut y);
+                }
+                _ => max_nhwc(x.as_slice::<f32>()?, [gh.out, gw.out], c, rows, &mut y),
+            }
             return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_buf(shape, y)?)]);
         }
         let first = Pool {
@@ -252,6 +261,54 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
     }
 }
 
+/// AveragePool of f32 X `[N, H, W, C]`: per output pixel, the sum of its taps inside the input
+/// (vectorised over the channels, in f32), divided by their count, or with `pad_ends` (for
+/// `count_include_pad`) by the count of taps inside the padded extent; NaN for an empty
+/// window. Output rows in parallel.
+fn avg_nhwc(x: &[f32], out: [usize; 2], c: usize, dims: [Dim1; 2], pad_ends: Option<[usize; 2]>, y: &mut [f32]) {
+    let [oh, ow] = out;
+    let (ih, iw) = (dims[0].0, dims[1].0);
+    if c == 0 || ow == 0 || oh == 0 {
+        return;
+    }
+    // Taps of output `o` inside the padded extent of one dim (`size + pad_begin + pad_end`).
+    let counted =
+        |(size, k, s, d, pb): Dim1, pe: usize, o: usize| (0..k).filter(|&t| o * s + t * d < pb + size + pe).count();
+    kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &|r, row| {
+        let (img, oy) = (r / oh, r % oh);
+        let Some(xi) = x.get(img * ih * iw * c..(img + 1) * ih * iw * c) else {
+            row.fill(f32::NAN);
+            return;
+        };
+        let ys: smallvec::SmallVec<[usize; 8]> = taps_in(dims[0], oy).collect();
+        let rc = pad_ends.map(|[pe, _]| counted(dims[0], pe, oy));
+        for (ox, out) in row.chunks_exact_mut(c).enumerate() {
+            let xs: smallvec::SmallVec<[usize; 8]> = taps_in(dims[1], ox).collect();
+            let div = match (rc, pad_ends) {
+                (Some(rc), Some([_, pe])) => rc * counted(dims[1], pe, ox),
+                _ => ys.len() * xs.len(),
+            };
+            kiln_kernels::simd::vectorize(|| {
+                out.fill(0.0);
+                for &iy in &ys {
+                    for &ix in &xs {
+                        let o = (iy * iw + ix) * c;
+                        if let Some(src) = xi.get(o..o + c) {
+                            for (a, &v) in out.iter_mut().zip(src) {
+                                *a += v;
+                            }
+                        }
+                    }
+                }
+                let d = div as f32;
+                for a in out.iter_mut() {
+                    *a = if div == 0 { f32::NAN } else { *a / d };
+                }
+            });
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,6 +378,30 @@ mod tests {
                 false,
                 [1, 4, 6, 6],
             ),
+            // Inception's 3x3 stride-1 average, padded, both divisor rules; a ceil-mode
+            // window past the padding.
+            (
+                PoolKind::Average {
+                    count_include_pad: false,
+                },
+                [3, 3],
+                [1, 1],
+                [1, 1],
+                [1, 1, 1, 1],
+                false,
+                [2, 19, 7, 8],
+            ),
+            (
+                PoolKind::Average {
+                    count_include_pad: true,
+                },
+                [3, 2],
+                [2, 2],
+                [1, 1],
+                [1, 0, 0, 1],
+                true,
+                [1, 5, 8, 7],
+            ),
         ];
         for (kind, k, s, d, p, ceil, xs) in cases {
             let first = Pool {
@@ -354,6 +435,19 @@ mod tests {
                 );
             }
             assert!(want.iter().any(|v| v.is_nan()) || !matches!(kind, PoolKind::Max { .. }) || ceil);
+            // Both f32 paths against the f64 reference evaluation of the same values.
+            let x64 = Value::Tensor(
+                Tensor::from_vec(&xs[..], x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>()).unwrap(),
+            );
+            let reference = first.eval(&Args::new(&[Some(&x64)])).unwrap();
+            let reference = reference[0].as_tensor().unwrap().to_f64_vec();
+            let reference: Vec<f32> = to_last(&reference.iter().map(|&v| v as f32).collect::<Vec<_>>(), [n, c, oh, ow]);
+            for (g, r) in got.as_slice::<f32>().unwrap().iter().zip(&reference) {
+                assert!(
+                    g.to_bits() == r.to_bits() || (g - r).abs() <= 1e-6 * (1.0 + r.abs()),
+                    "{kind:?} against f64: {g} vs {r}"
+                );
+            }
         }
     }
 
