@@ -375,9 +375,10 @@ impl Split {
             if let (Some(b), Some(l)) = (starts.get_mut(axis), lens.get_mut(axis)) {
                 (*b, *l) = (start, s);
             }
+            let ones = vec![1usize; x.rank()];
             let part = match x.dtype() {
-                DType::F32 => box_of(x.as_slice::<f32>()?, x.shape(), &starts, &lens)?,
-                DType::I64 => box_of(x.as_slice::<i64>()?, x.shape(), &starts, &lens)?,
+                DType::F32 => box_of(x.as_slice::<f32>()?, x.shape(), &starts, &lens, &ones)?,
+                DType::I64 => box_of(x.as_slice::<i64>()?, x.shape(), &starts, &lens, &ones)?,
                 _ => {
                     let mut maps = identity_maps(x.shape());
                     maps[axis] = (start..start + s).map(Some).collect();
@@ -516,20 +517,22 @@ impl Slice {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let spec = self.read(args, x.rank())?;
-        // Unit steps: a box of the input, copied in contiguous runs.
-        if spec.iter().all(|&(_, _, _, step)| step == 1) {
+        // Positive steps: a box of the input, copied in contiguous runs.
+        if spec.iter().all(|&(_, _, _, step)| step >= 1) {
             let mut starts = vec![0usize; x.rank()];
             let mut lens = x.shape().to_vec();
+            let mut steps = vec![1usize; x.rank()];
             for &(axis, start, end, step) in &spec {
-                let (Some(s), Some(l)) = (starts.get_mut(axis), lens.get_mut(axis)) else {
+                let (Some(s), Some(l), Some(t)) = (starts.get_mut(axis), lens.get_mut(axis), steps.get_mut(axis))
+                else {
                     return Err(OpError::Value(format!("slice: axis {axis} of rank {}", x.rank())));
                 };
                 let (first, len) = slice_positions(x.shape()[axis], start, end, step)?;
-                (*s, *l) = (first.max(0) as usize, len);
+                (*s, *l, *t) = (first.max(0) as usize, len, step as usize);
             }
             let boxed = match x.dtype() {
-                DType::F32 => Some(box_of(x.as_slice::<f32>()?, x.shape(), &starts, &lens)?),
-                DType::I64 => Some(box_of(x.as_slice::<i64>()?, x.shape(), &starts, &lens)?),
+                DType::F32 => Some(box_of(x.as_slice::<f32>()?, x.shape(), &starts, &lens, &steps)?),
+                DType::I64 => Some(box_of(x.as_slice::<i64>()?, x.shape(), &starts, &lens, &steps)?),
                 _ => None,
             };
             if let Some(t) = boxed {
@@ -571,49 +574,122 @@ impl Slice {
     }
 }
 
-/// The box `starts[d] .. starts[d] + lens[d]` (per dim) of `x` (row-major, `shape`) as a
-/// tensor, copied in runs: the box's last dims that it spans whole, and the one before them
-/// that it cuts, are contiguous in the input as in the output.
+/// The contiguous runs of a box of a row-major tensor of `shape`: per dim, `lens[d]` positions
+/// from `starts[d]` every `steps[d] >= 1`. Calls `f(offset in the tensor, offset in the box
+/// laid out densely, run length)` for each run, in order, and stops at the first `false`;
+/// `false` when the box does not fit the shape. The box's trailing dims that it spans whole
+/// with step 1, and the one before them when its step is 1, form each run.
+fn box_runs(
+    shape: &[usize],
+    starts: &[usize],
+    lens: &[usize],
+    steps: &[usize],
+    mut f: impl FnMut(usize, usize, usize) -> bool,
+) -> bool {
+    let rank = shape.len();
+    let fits = starts.len() == rank
+        && lens.len() == rank
+        && steps.len() == rank
+        && (0..rank).all(|d| {
+            steps[d] >= 1
+                && (lens[d] == 0
+                    || (lens[d] - 1)
+                        .checked_mul(steps[d])
+                        .and_then(|v| v.checked_add(starts[d]))
+                        .is_some_and(|last| last < shape[d]))
+        });
+    if !fits {
+        return false;
+    }
+    if lens.contains(&0) {
+        return true;
+    }
+    // Dims `inner..` are whole with step 1: one contiguous block per position of the others.
+    let inner = (0..rank)
+        .rev()
+        .find(|&d| starts[d] != 0 || lens[d] != shape[d] || steps[d] != 1)
+        .map_or(0, |d| d + 1);
+    let st = strides(shape);
+    let block: usize = shape.iter().skip(inner).product();
+    // The last iterated dim joins the run when its step is 1.
+    let (outer, run) = match inner.checked_sub(1) {
+        Some(k) if steps[k] == 1 => (k, lens[k] * block),
+        _ => (inner, block),
+    };
+    let mut pos = vec![0usize; outer];
+    let count: usize = lens.iter().take(outer).product();
+    for i in 0..count {
+        let mut from: usize = (0..outer).map(|d| (starts[d] + pos[d] * steps[d]) * st[d]).sum();
+        if outer < rank && outer < inner {
+            from += starts[outer] * st[outer];
+        }
+        if !f(from, i * run, run) {
+            return false;
+        }
+        for d in (0..outer).rev() {
+            pos[d] += 1;
+            if pos[d] < lens[d] {
+                break;
+            }
+            pos[d] = 0;
+        }
+    }
+    true
+}
+
+/// The box of `x` (row-major, `shape`; see [`box_runs`]) as a tensor.
 fn box_of<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
     x: &[T],
     shape: &[usize],
     starts: &[usize],
     lens: &[usize],
+    steps: &[usize],
 ) -> Result<Tensor> {
     let n = checked_numel(lens)?;
     let mut out = crate::util::out_buf::<T>(n);
-    let bad = || OpError::Value(format!("slice: box {starts:?} + {lens:?} outside {shape:?}"));
-    if starts
-        .iter()
-        .zip(lens)
-        .zip(shape)
-        .any(|((&s, &l), &d)| s.checked_add(l).is_none_or(|e| e > d))
-    {
-        return Err(bad());
-    }
-    if n > 0 {
-        // Dims `k..` form the runs: every dim after `k` is whole.
-        let k = (0..shape.len())
-            .rev()
-            .find(|&d| starts[d] != 0 || lens[d] != shape[d])
-            .unwrap_or(0);
-        let st = strides(shape);
-        let run: usize = lens.iter().skip(k).product();
-        let mut pos = vec![0usize; k];
-        for dst in out.chunks_exact_mut(run.max(1)) {
-            let from =
-                (0..k).map(|d| (starts[d] + pos[d]) * st[d]).sum::<usize>() + starts.get(k).map_or(0, |&s| s * st[k]);
-            dst.copy_from_slice(x.get(from..from + run).ok_or_else(bad)?);
-            for d in (0..k).rev() {
-                pos[d] += 1;
-                if pos[d] < lens[d] {
-                    break;
-                }
-                pos[d] = 0;
+    let ok = box_runs(shape, starts, lens, steps, |from, to, run| {
+        match (x.get(from..from + run), out.get_mut(to..to + run)) {
+            (Some(src), Some(dst)) => {
+                dst.copy_from_slice(src);
+                true
             }
+            _ => false,
         }
+    });
+    if !ok {
+        return Err(OpError::Value(format!(
+            "slice: box {starts:?} + {lens:?} step {steps:?} outside {shape:?}"
+        )));
     }
     Ok(Tensor::from_buf(lens.to_vec(), out)?)
+}
+
+/// `x` (shape `lens`) placed at `starts` in a tensor of `shape` filled with `fill`: constant
+/// padding by non-negative amounts.
+fn padded<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
+    x: &[T],
+    shape: &[usize],
+    starts: &[usize],
+    lens: &[usize],
+    fill: T,
+) -> Result<Tensor> {
+    let n = checked_numel(shape)?;
+    let mut out = crate::util::out_buf::<T>(n);
+    out.fill(fill);
+    let ones = vec![1usize; shape.len()];
+    let ok = box_runs(shape, starts, lens, &ones, |to, from, run| {
+        match (x.get(from..from + run), out.get_mut(to..to + run)) {
+            (Some(src), Some(dst)) => {
+                dst.copy_from_slice(src);
+                true
+            }
+            _ => false,
+        }
+    });
+    if !ok {
+        return Err(OpError::Value(format!("pad: {lens:?} at {starts:?} outside {shape:?}")));
+    }
+    Ok(Tensor::from_buf(shape.to_vec(), out)?)
 }
 
 /// ONNX `Tile` (opsets 1-13): input 1 gives the repeat count of each dim.
@@ -753,6 +829,37 @@ impl Pad {
                 a: x.dtype(),
                 b: fill.dtype(),
             });
+        }
+        // Constant padding by non-negative amounts: X copied in runs into the filled output.
+        if self.mode == PadMode::Constant && pads.iter().all(|&(b, e)| b >= 0 && e >= 0) {
+            let starts: Vec<usize> = pads.iter().map(|&(b, _)| b as usize).collect();
+            let shape: Option<Vec<usize>> = x
+                .shape()
+                .iter()
+                .zip(&pads)
+                .map(|(&n, &(b, e))| n.checked_add(b as usize)?.checked_add(e as usize))
+                .collect();
+            let shape = shape.ok_or_else(|| OpError::Value("pad: output too large".into()))?;
+            let out = match x.dtype() {
+                DType::F32 => Some(padded(
+                    x.as_slice::<f32>()?,
+                    &shape,
+                    &starts,
+                    x.shape(),
+                    fill.as_slice::<f32>()?.first().copied().unwrap_or(0.0),
+                )?),
+                DType::I64 => Some(padded(
+                    x.as_slice::<i64>()?,
+                    &shape,
+                    &starts,
+                    x.shape(),
+                    fill.as_slice::<i64>()?.first().copied().unwrap_or(0),
+                )?),
+                _ => None,
+            };
+            if let Some(t) = out {
+                return one(t);
+            }
         }
         let mut maps = Vec::with_capacity(x.rank());
         for (&n, &(b, e)) in x.shape().iter().zip(&pads) {
@@ -1051,5 +1158,89 @@ impl ReverseSequence {
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![tensor_type(input_dtype(inputs, 0), in_shape(inputs, 0))])
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod box_tests {
+    use super::*;
+
+    /// Runs `op` on `x` (f32, the box-copy paths) and on the same values in f64 (the reference
+    /// gather paths); the results must be equal.
+    fn same_as_reference(eval: impl Fn(&Args<'_>) -> Result<crate::Outputs>, shape: &[usize], extra: &[Tensor]) {
+        let v: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|i| i as f32 * 0.5 - 7.0)
+            .collect();
+        let run = |x: Tensor| {
+            let vals: Vec<Value> = std::iter::once(x)
+                .chain(extra.iter().cloned())
+                .map(Value::Tensor)
+                .collect();
+            let ins: Vec<Option<&Value>> = vals.iter().map(Some).collect();
+            eval(&Args::new(&ins))
+                .unwrap()
+                .into_iter()
+                .map(|v| v.as_tensor().unwrap().clone())
+                .collect::<Vec<_>>()
+        };
+        let fast = run(Tensor::from_vec(shape.to_vec(), v.clone()).unwrap());
+        let slow =
+            run(Tensor::from_vec(shape.to_vec(), v.iter().map(|&a| f64::from(a)).collect::<Vec<f64>>()).unwrap());
+        assert_eq!(fast.len(), slow.len());
+        for (f, s) in fast.iter().zip(&slow) {
+            assert_eq!(f.dtype(), DType::F32);
+            assert_eq!(f.shape(), s.shape());
+            assert_eq!(f.to_f64_vec(), s.to_f64_vec());
+        }
+    }
+
+    fn i64s(v: &[i64]) -> Tensor {
+        Tensor::from_vec(vec![v.len()], v.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn strided_slices_splits_and_constant_pads_match_the_gather_paths() {
+        let slice = Slice { attrs: None };
+        // Steps of 2 and 3 (Swin's patch merging), negative starts and clamped ends, whole
+        // trailing dims, an empty result, and unit steps on inner dims only.
+        for (starts, ends, axes, steps) in [
+            (vec![0, 1], vec![i64::MAX, i64::MAX], vec![1, 2], vec![2, 2]),
+            (vec![-4, 0, 1], vec![100, 5, 3], vec![0, 1, 3], vec![3, 1, 1]),
+            (vec![2], vec![2], vec![1], vec![1]),
+            (vec![1], vec![-1], vec![3], vec![2]),
+        ] {
+            let extra = [i64s(&starts), i64s(&ends), i64s(&axes), i64s(&steps)];
+            same_as_reference(|a| slice.eval(a), &[5, 6, 4, 3], &extra);
+        }
+        let split = Split {
+            axis: 2,
+            split: Some(vec![1, 3]),
+            num_outputs: None,
+            outputs: 2,
+        };
+        same_as_reference(|a| split.eval(a), &[2, 3, 4, 5], &[]);
+        let pad = Pad {
+            mode: PadMode::Constant,
+            pads: Some(vec![0, 1, 0, 2, 0, 0, 3, 1]),
+            value: 1.5,
+        };
+        same_as_reference(|a| pad.eval(a), &[2, 3, 4, 5], &[]);
+        let none = Pad {
+            pads: Some(vec![0; 8]),
+            ..pad
+        };
+        same_as_reference(|a| none.eval(a), &[2, 3, 4, 5], &[]);
+    }
+
+    #[test]
+    fn boxes_outside_the_shape_are_refused() {
+        let ok =
+            |starts: &[usize], lens: &[usize], steps: &[usize]| box_runs(&[4, 5], starts, lens, steps, |_, _, _| true);
+        assert!(ok(&[0, 1], &[4, 2], &[1, 2]));
+        assert!(!ok(&[0, 1], &[4, 3], &[1, 2]));
+        assert!(!ok(&[1, 0], &[4, 5], &[1, 1]));
+        assert!(!ok(&[0, 0], &[1, 1], &[0, 1]));
+        assert!(!ok(&[0], &[1], &[1]));
     }
 }
