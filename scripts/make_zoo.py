@@ -1,7 +1,7 @@
-"""More ONNX models to measure kiln on, beyond ../shared/bench: model families whose operators
+"""Fourteen more ONNX models to measure kiln on, beyond ../shared/bench: model families whose operators
 the benchmark set does not exercise (grouped convolution, squeeze-excitation, pre-activation
-BatchNorm with channel Concats, channel shuffles with Slice, fire modules, GPT-2's QKV Split,
-...). Random weights (no download: torchvision's and transformers' constructors only), batch 1,
+BatchNorm with channel Concats, channel shuffles with Slice, fire modules, Inception's average
+pools, Swin's shifted windows (strided Slice, Pad), GPT-2's QKV Split, ...). Random weights (no download: torchvision's and transformers' constructors only), batch 1,
 opset 17, legacy exporter, like the benchmark set.
 
 usage: python scripts/make_zoo.py --out DIR [NAME...]
@@ -26,7 +26,13 @@ VISION = {
     "mobilenet_v3_large": M.mobilenet_v3_large,
     "convnext_tiny": M.convnext_tiny,
     "squeezenet1_1": M.squeezenet1_1,
+    "inception_v3": lambda: M.inception_v3(aux_logits=False, init_weights=True),
+    "googlenet": lambda: M.googlenet(aux_logits=False, init_weights=True),
+    "mnasnet1_0": M.mnasnet1_0,
+    "swin_t": M.swin_t,
 }
+# Input sizes other than 224.
+SIZE = {"inception_v3": 299}
 TEXT = {
     "gpt2": (transformers.GPT2Config, transformers.GPT2Model),
     "distilbert": (transformers.DistilBertConfig, transformers.DistilBertModel),
@@ -54,7 +60,8 @@ def main():
         path = os.path.join(a.out, name + ".onnx")
         if name in VISION:
             m = VISION[name]().eval()
-            x = torch.randn(1, 3, 224, 224)
+            size = SIZE.get(name, 224)
+            x = torch.randn(1, 3, size, size)
             torch.onnx.export(m, x, path, opset_version=17, input_names=["x"], output_names=["y"], dynamo=False)
         elif name in TEXT:
             cfg, cls = TEXT[name]
