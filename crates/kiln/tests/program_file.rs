@@ -124,6 +124,14 @@ fn threads_give_the_same_results_and_sleep_between_runs() {
             }
             (n, ticks)
         };
+        // A new thread names itself when it first runs: on a loaded machine the workers may
+        // not have been scheduled yet (the caller can run every task of a small model itself).
+        // Wait for their names, up to 10 s.
+        let mut waited = 0;
+        while worker_ticks().0 < 2 && waited < 1000 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            waited += 1;
+        }
         let (workers, before) = worker_ticks();
         assert!(workers >= 2, "{workers} worker threads");
         std::thread::sleep(std::time::Duration::from_millis(500));
