@@ -637,6 +637,17 @@ fn box_runs(
     true
 }
 
+/// `dst[to..to + run] = src[from..from + run]`; `false` when either range is out of bounds.
+fn copy_run<T: Copy>(src: &[T], from: usize, dst: &mut [T], to: usize, run: usize) -> bool {
+    match (src.get(from..from + run), dst.get_mut(to..to + run)) {
+        (Some(s), Some(d)) => {
+            d.copy_from_slice(s);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// The box of `x` (row-major, `shape`; see [`box_runs`]) as a tensor.
 fn box_of<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
     x: &[T],
@@ -648,13 +659,7 @@ fn box_of<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
     let n = checked_numel(lens)?;
     let mut out = crate::util::out_buf::<T>(n);
     let ok = box_runs(shape, starts, lens, steps, |from, to, run| {
-        match (x.get(from..from + run), out.get_mut(to..to + run)) {
-            (Some(src), Some(dst)) => {
-                dst.copy_from_slice(src);
-                true
-            }
-            _ => false,
-        }
+        copy_run(x, from, &mut out, to, run)
     });
     if !ok {
         return Err(OpError::Value(format!(
@@ -678,13 +683,7 @@ fn padded<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
     out.fill(fill);
     let ones = vec![1usize; shape.len()];
     let ok = box_runs(shape, starts, lens, &ones, |to, from, run| {
-        match (x.get(from..from + run), out.get_mut(to..to + run)) {
-            (Some(src), Some(dst)) => {
-                dst.copy_from_slice(src);
-                true
-            }
-            _ => false,
-        }
+        copy_run(x, from, &mut out, to, run)
     });
     if !ok {
         return Err(OpError::Value(format!("pad: {lens:?} at {starts:?} outside {shape:?}")));
