@@ -1,6 +1,8 @@
 //! The GEMM loop nest over a per-level kernel table: cache blocking, the tile calls (A read
 //! in place, B from its packed panels) and the epilogue after each finished tile.
 
+#[cfg(doc)]
+use super::KC_AVX2;
 use super::pack::{AMatrix, BLayout, PackedBRef};
 use super::{Act, Bias, Epilogue, KC, MC, NC, portable};
 use crate::isa::Isa;
@@ -42,6 +44,9 @@ pub(crate) struct Kernels {
     pub mr: usize,
     /// Columns of a tile; divides the packed panel width.
     pub nr: usize,
+    /// Depth of a block ([`KC`] or [`KC_AVX2`]: what keeps the B micro-panel where the
+    /// tiles want it).
+    pub kc: usize,
     /// `tiles[r - 1]` computes `r` rows.
     pub tiles: &'static [TileFn],
     /// Tiles of half the width for edge columns (`nr <= NR / 2`), or empty.
@@ -64,7 +69,7 @@ impl Kernels {
             match isa {
                 Isa::Avx512 if layout.nr().is_multiple_of(avx512::NR) => return avx512::kernels(),
                 // AVX-512 machines have AVX2+FMA (detection checks both): 16-wide tiles for
-                // 16-column panels, with the AVX-512 epilogue.
+                // 16-column panels (and their depth block), with the AVX-512 epilogue.
                 Isa::Avx512 => {
                     return Kernels {
                         epi: avx512::kernels().epi,
@@ -173,8 +178,7 @@ pub(crate) unsafe fn run_raw(
     let pnr = b.layout().nr();
     let bdata = b.data();
     // Few rows: one depth block (the A panel, `m x k`, is small and C is stored once).
-    // Few rows: one depth block (C is stored once; the A rows are small).
-    let kc_max = if m <= mr { k } else { KC.min(k) };
+    let kc_max = if m <= mr { k } else { kernels.kc.min(k) };
     // Rows per block: MC x KC floats of A (192 KiB) in L2, more rows when the depth block is
     // shorter (a transformer's 197 x 192 A in one block: B is then streamed once instead of
     // once per 96 rows).

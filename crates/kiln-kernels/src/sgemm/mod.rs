@@ -18,7 +18,8 @@
 //! for jc in 0..n step NC            B columns
 //!   for pc in 0..k step KC          depth block: C is stored after each (first: overwritten)
 //!     for ic in 0..m step MC        an MC x KC block of A (192 KiB) stays in L2
-//!       for jr in jc.. step NR      one B micro-panel (KC x NR, 64 KiB), streamed from L2
+//!       for jr in jc.. step NR      one B micro-panel (KC x NR: 64 KiB for AVX-512, streamed
+//!                                   from L2; 16 KiB for AVX2, held in L1: see KC_AVX2)
 //!         for ir in ic.. step MR    the microkernel: an MR x NR tile of C in registers
 //!           (last pc: the epilogue, in registers)
 //! ```
@@ -45,6 +46,13 @@ use crate::isa::{self, Isa};
 /// and 256 by 2-5% on the resnet50 shapes and matched 768; the tile's A rows (8 x 512 floats,
 /// 16 KiB) stay in L1 while its B micro-panel streams from L2.
 pub const KC: usize = 512;
+/// Depth of a block for the 16-column AVX2 tiles. Measured on Zen 3 (AVX2 only, 32 KiB L1d,
+/// 512 KiB L2 per core; the sgemm bench, single core, shared machine): 256 against 512 took
+/// ResNet-50's conv2_x 3x3 product 54 -> 79 GFLOP/s, BERT's FFN-up 45 -> 72, a 4 KiB-stride
+/// A 49 -> 82, and left in-cache shapes (MiniLM's projections, ~82-85) where they were: the
+/// 16 KiB B micro-panel (256 x 16 floats) now stays in L1 across the tiles that sweep it,
+/// where a 32 KiB one shared L1 with the tile's A rows and was re-read from L2 by each tile.
+pub const KC_AVX2: usize = 256;
 /// Rows of A swept per B micro-panel (a multiple of every MR): MC x KC floats = 192 KiB in
 /// L2. 48 lost 5-10%; 96 and 192 measured the same. A shorter depth block sweeps more rows
 /// in the same bytes (ViT-tiny's 197-row products in one block: in `kiln profile` its MatMuls 21.3-21.9 ->

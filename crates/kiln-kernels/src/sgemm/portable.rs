@@ -73,6 +73,7 @@ pub(crate) fn kernels() -> Kernels {
     Kernels {
         mr: MR,
         nr: NR,
+        kc: super::KC,
         tiles: &TILES,
         half: &[],
         narrow: &[],

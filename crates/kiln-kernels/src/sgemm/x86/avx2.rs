@@ -295,6 +295,7 @@ pub(crate) fn kernels() -> Kernels {
     Kernels {
         mr: MR,
         nr: NR,
+        kc: super::super::KC_AVX2,
         tiles: &TILES,
         half: &[],
         narrow: &[],

@@ -499,6 +499,7 @@ pub(crate) fn kernels() -> Kernels {
     Kernels {
         mr: MR,
         nr: NR,
+        kc: super::super::KC,
         tiles: &TILES,
         half: &HALF_TILES,
         narrow: &NARROW_TILES,
