@@ -6,7 +6,9 @@
 //! each case's throughput (elements = FLOPs, so Gelem/s = GFLOP/s); a summary table with the
 //! median of our own timing loop and the % of peak is printed at the end (with the rate at
 //! which B's bytes are read: the bound that matters for M = 1, where B is read once). Set
-//! `KILN_BENCH_ALL_ISAS=1` to also run the AVX2 and portable kernels on an AVX-512 machine.
+//! `KILN_BENCH_ALL_ISAS=1` to also run the AVX2 and portable kernels on an AVX-512 machine, and
+//! `KILN_BENCH_SHAPES=text` to run only the shapes whose name contains `text` (and skip the
+//! epilogue cases unless it matches `epilogue`).
 
 mod common;
 
@@ -21,9 +23,11 @@ use std::time::Instant;
 const PEAK_GFLOPS: f64 = 117.0;
 
 /// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed.
-const SHAPES: [(&str, usize, usize, usize); 18] = [
+const SHAPES: [(&str, usize, usize, usize); 20] = [
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),
+    ("resnet50 1x1 NHWC 56x56", 3136, 256, 64),
+    ("resnet50 1x1 NHWC 28x28", 784, 512, 128),
     ("resnet50 conv3_x 3x3", 256, 784, 1152),
     ("resnet50 conv5_x 3x3", 512, 49, 4608),
     ("minilm qkv proj", 128, 384, 384),
@@ -97,10 +101,15 @@ impl Case {
     }
 }
 
+/// Whether `KILN_BENCH_SHAPES` (unset: every shape) selects this name.
+fn selected(name: &str) -> bool {
+    std::env::var("KILN_BENCH_SHAPES").map_or(true, |f| name.contains(f.as_str()))
+}
+
 fn bench(c: &mut Criterion) {
     for isa in levels() {
         let mut g = c.benchmark_group(format!("sgemm/{}", isa.name()));
-        for &(name, m, n, k) in &SHAPES {
+        for &(name, m, n, k) in SHAPES.iter().filter(|s| selected(s.0)) {
             let mut case = Case::new(isa, name, m, n, k);
             g.throughput(Throughput::Elements(case.flops() as u64));
             g.bench_function(BenchmarkId::new(name, format!("m{m}n{n}k{k}")), |bch| {
@@ -108,6 +117,10 @@ fn bench(c: &mut Criterion) {
             });
         }
         // Epilogue cost on a transformer FFN: bias + Gelu (erf) fused.
+        if !selected("epilogue") {
+            g.finish();
+            continue;
+        }
         let mut case = Case::new(isa, "", 128, 1536, 384);
         let bias = case.bias.clone();
         for (label, act) in [("bias+relu", Act::Relu), ("bias+gelu", Act::Gelu { tanh: false })] {
@@ -198,7 +211,7 @@ fn summary() {
         "isa", "shape", "M", "N", "K", "median us", "GFLOP/s", "% peak", "B GB/s"
     );
     for isa in levels() {
-        for &(name, m, n, k) in &SHAPES {
+        for &(name, m, n, k) in SHAPES.iter().filter(|s| selected(s.0)) {
             let mut case = Case::new(isa, name, m, n, k);
             let t = median_time(&mut case, isa, 15);
             let gf = case.flops() / t / 1e9;
@@ -215,7 +228,9 @@ fn summary() {
                 (4 * k * n) as f64 / t / 1e9
             );
         }
-        epilogue_cost(isa);
+        if selected("epilogue") {
+            epilogue_cost(isa);
+        }
     }
 }
 

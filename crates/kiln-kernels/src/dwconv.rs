@@ -3,8 +3,9 @@
 //! window lists `(xo_t, wo_t)`: the offsets of the input pixel and of the tap's weights (both
 //! rows of `C` contiguous channels).
 //!
-//! All offsets are checked once per call; the AVX-512 path then runs without per-tap bounds
-//! checks, in 16-channel blocks (fused multiply-adds, masked tail). A window made of rows of
+//! All offsets are checked once per call; the AVX-512 and AVX2 paths (one source, written
+//! over the vector type: [`depthwise_kernels`]) then run without per-tap bounds checks, in
+//! 16- or 8-channel blocks (fused multiply-adds, masked tail). A window made of rows of
 //! three adjacent taps with pixels one or two columns apart (3x3 interiors and their top and
 //! bottom edges) runs 8 pixels at a time with the block's weights in registers, each input
 //! column loaded once for every pixel that uses it: 3x3 stride 1 needs 30 loads per 72
@@ -84,12 +85,18 @@ impl Pixels<'_> {
         {
             return false;
         }
+        // SAFETY (both levels): the level's features are present (checked just above), and
+        // every offset was checked for the last (largest) pixel: `base + p*step + xo + c <=
+        // x.len()` for `p < count`, `wo + c <= w.len()`, `bias.len() == c`, `out.len() ==
+        // count * c`.
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 && isa.is_supported() {
-            // SAFETY: AVX-512 F is present (checked just above), and every offset was checked
-            // for the last (largest) pixel: `base + p*step + xo + c <= x.len()` for
-            // `p < count`, `wo + c <= w.len()`, `bias.len() == c`, `out.len() == count * c`.
             unsafe { avx512::pixels(self, out) };
+            return true;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx2Fma && isa.is_supported() {
+            unsafe { avx2::pixels(self, out) };
             return true;
         }
         let _ = isa;
@@ -115,366 +122,506 @@ impl Pixels<'_> {
     }
 }
 
+/// The x86 kernels, written once over a vector type: the invoking module (one per level)
+/// defines `V` (a vector of `LANES` floats), `Mask` (which of its lanes a masked access
+/// touches), and the register operations `zero`, `splat`, `fmadd`, `vmin`, `vmax`, `load`,
+/// `store`, `load_masked` (masked-off lanes read as 0 and never touched), `store_masked`,
+/// `full` and `mask(n)` (the first `min(n, LANES)` lanes), each `#[inline(always)]`; `$feat`
+/// is the level's target features, which the entry point [`pixels`] is compiled for.
+#[cfg(target_arch = "x86_64")]
+macro_rules! depthwise_kernels {
+    ($feat:literal) => {
+        /// Pixels computed together in the unrolled path: independent accumulator chains sharing
+        /// each weight load.
+        const P: usize = 4;
+
+        /// One call's operands: the slices' pointers, the channel count, the input offset between
+        /// pixels and the bounds.
+        #[derive(Clone, Copy)]
+        struct Io {
+            x: *const f32,
+            w: *const f32,
+            bias: Option<*const f32>,
+            out: *mut f32,
+            c: usize,
+            step: usize,
+            lo: V,
+            hi: V,
+        }
+
+        /// # Safety
+        /// the CPU has the level's features; `out.len()` is a multiple of `c > 0`, `count = out.len() / c`;
+        /// for every `(xo, wo)` in `window` and `p < count`, `base + p * step + xo + c <=
+        /// x.len()` and `wo + c <= w.len()`; a bias has `c` floats.
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn pixels(call: &Pixels<'_>, out: &mut [f32]) {
+            let (c, step, base, window) = (call.c, call.step, call.base, call.window);
+            let count = out.len() / c;
+            let io = Io {
+                x: call.x.as_ptr(),
+                w: call.w.as_ptr(),
+                bias: call.bias.map(<[f32]>::as_ptr),
+                out: out.as_mut_ptr(),
+                c,
+                step,
+                // SAFETY: this function is compiled for the level's features (the contract).
+                lo: unsafe { splat(call.clamp.lo) },
+                // SAFETY: as above.
+                hi: unsafe { splat(call.clamp.hi) },
+            };
+            // SAFETY: the caller's contract, passed on.
+            unsafe {
+                //             // Rows of three adjacent taps (3x3 interiors and their top and bottom edges) one or
+                // two pixels apart: each input column is loaded once for the pixels that use it.
+                if try_rows3::<3>(io, window, base, count)
+                    || try_rows3::<2>(io, window, base, count)
+                    || try_rows3::<1>(io, window, base, count)
+                    || try_unrolled::<9>(io, window, base, count)
+                    || try_unrolled::<6>(io, window, base, count)
+                    || try_unrolled::<25>(io, window, base, count)
+                    || try_unrolled::<20>(io, window, base, count)
+                    || try_unrolled::<15>(io, window, base, count)
+                {
+                    return;
+                }
+                for p in 0..count {
+                    pixel(io, window, base + p * step, p * c);
+                }
+            }
+        }
+
+        /// [`rows3`] when `window` is `R` rows of three adjacent taps and pixels are one or two
+        /// columns apart; `false`, doing nothing, otherwise.
+        ///
+        /// # Safety
+        /// As for [`pixels`].
+        #[inline(always)]
+        unsafe fn try_rows3<const R: usize>(io: Io, window: &[(usize, usize)], base: usize, count: usize) -> bool {
+            let Some(rows) = rows_of_three::<R>(window, io.c) else {
+                return false;
+            };
+            // SAFETY: the caller's contract, with `io.step` checked against `S * c`.
+            unsafe {
+                if io.step == io.c {
+                    rows3::<R, 1>(io, &rows, window, base, count);
+                    return true;
+                }
+                if io.step == 2 * io.c {
+                    rows3::<R, 2>(io, &rows, window, base, count);
+                    return true;
+                }
+            }
+            false
+        }
+
+        /// [`unrolled`] when `window` has `T` taps; `false`, doing nothing, otherwise.
+        ///
+        /// # Safety
+        /// As for [`pixels`].
+        #[inline(always)]
+        unsafe fn try_unrolled<const T: usize>(io: Io, window: &[(usize, usize)], base: usize, count: usize) -> bool {
+            let Ok(win) = <&[(usize, usize); T]>::try_from(window) else {
+                return false;
+            };
+            // SAFETY: the caller's contract.
+            unsafe { unrolled(io, win, base, count) };
+            true
+        }
+
+        /// `min(hi, max(lo, v))`: with the bound first, a NaN `v` comes through as it is.
+        ///
+        /// # Safety
+        /// the CPU has the level's features.
+        #[inline(always)]
+        unsafe fn bound(v: V, io: Io) -> V {
+            // SAFETY: register-only instructions of the level, present by the contract.
+            unsafe { vmin(io.hi, vmax(io.lo, v)) }
+        }
+
+        /// A window of `T` taps, `P` pixels at a time (independent FMA chains): for each
+        /// `LANES`-channel block, the `T` tap weights are loaded once for the group's `P` pixels. The
+        /// group's input stays in L1 across its blocks.
+        ///
+        /// # Safety
+        /// As for [`pixels`].
+        #[inline(always)]
+        unsafe fn unrolled<const T: usize>(io: Io, window: &[(usize, usize); T], base: usize, count: usize) {
+            // SAFETY: every block's channels are below `c` and its pixels below `count`: within
+            // the slices by the caller's contract.
+            unsafe {
+                let mut p = 0;
+                while p < count {
+                    let group = (count - p).min(P);
+                    let (at, o) = (base + p * io.step, p * io.c);
+                    let mut c0 = 0;
+                    // Whole `LANES`-channel blocks with plain loads and stores, then a masked tail.
+                    while c0 + LANES <= io.c {
+                        block::<T, false>(io, window, at, o, group, c0, full());
+                        c0 += LANES;
+                    }
+                    if c0 < io.c {
+                        block::<T, true>(io, window, at, o, group, c0, mask(io.c - c0));
+                    }
+                    p += group;
+                }
+            }
+        }
+
+        /// `window` as `R` kernel rows of three adjacent taps, `(xo, wo)` of each row's first tap,
+        /// when that is its shape: taps `3r + k` at `(xo_r + k*c, wo_r + k*c)`.
+        fn rows_of_three<const R: usize>(window: &[(usize, usize)], c: usize) -> Option<[(usize, usize); R]> {
+            if window.len() != 3 * R {
+                return None;
+            }
+            let mut rows = [(0, 0); R];
+            for (row, taps) in rows.iter_mut().zip(window.chunks_exact(3)) {
+                let &[(x0, w0), (x1, w1), (x2, w2)] = taps else {
+                    return None;
+                };
+                let next = |a: usize, b: usize| a.checked_add(c) == Some(b);
+                if !(next(x0, x1) && next(x1, x2) && next(w0, w1) && next(w1, w2)) {
+                    return None;
+                }
+                *row = (x0, w0);
+            }
+            Some(rows)
+        }
+
+        /// Output pixels computed together by [`rows3`].
+        const G: usize = 8;
+
+        /// A window of `R` rows of three adjacent taps, pixels `S` input columns apart: `G`
+        /// pixels at a time, per `LANES`-channel block, with the block's `3R` tap weights in registers
+        /// and each of the `(G-1)S + 3` input columns of a row loaded once and used by every
+        /// pixel whose window covers it. Each pixel's taps are summed in window order, as
+        /// [`pixel`] does. The pixels left over (fewer than `G`) go through [`pixel`].
+        ///
+        /// # Safety
+        /// As for [`pixels`], with `window` the flattened `rows` and `io.step == S * io.c`.
+        #[inline(always)]
+        unsafe fn rows3<const R: usize, const S: usize>(
+            io: Io,
+            rows: &[(usize, usize); R],
+            window: &[(usize, usize)],
+            base: usize,
+            count: usize,
+        ) {
+            // SAFETY: pixel `q` of a group at `p` reads tap `(r, k)` at `base + (p+q)*step +
+            // xo_r + k*c` and the weights at `wo_r + k*c`: the window's own offsets, in range for
+            // every pixel below `count` by the caller's contract, as are the blocks' channels.
+            unsafe {
+                let c = io.c;
+                let mut p = 0;
+                while p + G <= count {
+                    let (at, o) = (base + p * io.step, p * c);
+                    let mut c0 = 0;
+                    while c0 + LANES <= c {
+                        group3::<R, S, false>(io, rows, at, o, c0, full());
+                        c0 += LANES;
+                    }
+                    if c0 < c {
+                        group3::<R, S, true>(io, rows, at, o, c0, mask(c - c0));
+                    }
+                    p += G;
+                }
+                for q in p..count {
+                    pixel(io, window, base + q * io.step, q * c);
+                }
+            }
+        }
+
+        /// One `LANES`-channel block (lanes `m`, from channel `c0`) of `G` pixels of [`rows3`]: pixel
+        /// `q` reads the input at `at + q * step` and writes the output at `o + q * c`.
+        ///
+        /// # Safety
+        /// As for [`rows3`]; without `MASKED`, all `LANES` lanes are in range.
+        #[inline(always)]
+        unsafe fn group3<const R: usize, const S: usize, const MASKED: bool>(
+            io: Io,
+            rows: &[(usize, usize); R],
+            at: usize,
+            o: usize,
+            c0: usize,
+            m: Mask,
+        ) {
+            let c = io.c;
+            // SAFETY: lanes `m` of channels `c0 ..` are in range for every pointer (the contract).
+            unsafe {
+                let bv = match io.bias {
+                    Some(b) => ld::<MASKED>(m, b.add(c0)),
+                    None => zero(),
+                };
+                let mut acc = [bv; G];
+                for &(xo, wo) in rows {
+                    let ws = io.w.add(wo + c0);
+                    let wv = [0, 1, 2].map(|k| ld::<MASKED>(m, ws.add(k * c)));
+                    let xs = io.x.add(at + xo + c0);
+                    // Tap `k` of pixel `q` is input column `q*S + k`. Fully unrolled, the loads of
+                    // a column shared by several pixels are one load (no store comes between).
+                    for (q, a) in acc.iter_mut().enumerate() {
+                        for (k, &w) in wv.iter().enumerate() {
+                            *a = fmadd(ld::<MASKED>(m, xs.add((q * S + k) * c)), w, *a);
+                        }
+                    }
+                }
+                let out = io.out.add(o + c0);
+                for (q, a) in acc.iter().enumerate() {
+                    st::<MASKED>(m, out.add(q * c), bound(*a, io));
+                }
+            }
+        }
+
+        /// Lanes `m` at `p` (all `LANES` without `MASKED`).
+        ///
+        /// # Safety
+        /// the CPU has the level's features; those lanes are readable.
+        #[inline(always)]
+        unsafe fn ld<const MASKED: bool>(m: Mask, p: *const f32) -> V {
+            // SAFETY: the contract.
+            unsafe { if MASKED { load_masked(m, p) } else { load(p) } }
+        }
+
+        /// Stores lanes `m` of `v` at `p` (all `LANES` without `MASKED`).
+        ///
+        /// # Safety
+        /// the CPU has the level's features; those lanes are writable.
+        #[inline(always)]
+        unsafe fn st<const MASKED: bool>(m: Mask, p: *mut f32, v: V) {
+            // SAFETY: the contract.
+            unsafe {
+                if MASKED {
+                    store_masked(p, m, v)
+                } else {
+                    store(p, v)
+                }
+            }
+        }
+
+        /// One `LANES`-channel block (lanes `m`, from channel `c0`) of `group <= P` pixels: pixel `q`
+        /// reads the input at `at + q * step` and writes the output at `o + q * c`.
+        ///
+        /// # Safety
+        /// As for [`unrolled`]; without `MASKED`, all `LANES` lanes are in range.
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn block<const T: usize, const MASKED: bool>(
+            io: Io,
+            window: &[(usize, usize); T],
+            at: usize,
+            o: usize,
+            group: usize,
+            c0: usize,
+            m: Mask,
+        ) {
+            // Opaque to the optimiser: otherwise it hoists all `T x P` input addresses out of the
+            // caller's loop over blocks and spills them, reloading one per multiply-add.
+            let c0 = std::hint::black_box(c0);
+            let (step, c) = (io.step, io.c);
+            // SAFETY: lanes `m` of channels `c0 ..` are in range for every pointer (the contract).
+            unsafe {
+                let bv = match io.bias {
+                    Some(b) => ld::<MASKED>(m, b.add(c0)),
+                    None => zero(),
+                };
+                let out = io.out.add(o + c0);
+                if group == P {
+                    let mut acc = [bv; P];
+                    for &(xo, wo) in window {
+                        let wv = ld::<MASKED>(m, io.w.add(wo + c0));
+                        let xs = io.x.add(at + xo + c0);
+                        for (q, a) in acc.iter_mut().enumerate() {
+                            *a = fmadd(ld::<MASKED>(m, xs.add(q * step)), wv, *a);
+                        }
+                    }
+                    for (q, a) in acc.iter().enumerate() {
+                        st::<MASKED>(m, out.add(q * c), bound(*a, io));
+                    }
+                } else {
+                    for q in 0..group {
+                        let mut a = bv;
+                        for &(xo, wo) in window {
+                            let xv = ld::<MASKED>(m, io.x.add(at + q * step + xo + c0));
+                            a = fmadd(xv, ld::<MASKED>(m, io.w.add(wo + c0)), a);
+                        }
+                        st::<MASKED>(m, out.add(q * c), bound(a, io));
+                    }
+                }
+            }
+        }
+
+        /// One pixel over any window, reading the input at `base` and writing the output at `o`:
+        /// blocks of `4 * LANES` channels in four registers, then a masked tail.
+        ///
+        /// # Safety
+        /// As for [`pixels`], for one of its pixels.
+        #[inline(always)]
+        unsafe fn pixel(io: Io, window: &[(usize, usize)], base: usize, o: usize) {
+            let c = io.c;
+            let mut c0 = 0;
+            // SAFETY (for every load and store below): channels `c0 .. c0 + 4 * LANES` (or the masked
+            // `c0 .. c`) are below `c`, so `base + xo + ch < x.len()`, `wo + ch < w.len()`,
+            // `o + ch < out.len()` and `ch < c` for the bias, by the caller's contract.
+            unsafe {
+                let out = io.out.add(o);
+                while c0 + 4 * LANES <= c {
+                    let mut acc = match io.bias {
+                        Some(b) => [0, 1, 2, 3].map(|k| load(b.add(c0 + k * LANES))),
+                        None => [zero(); 4],
+                    };
+                    for &(xo, wo) in window {
+                        let (xs, ws) = (io.x.add(base + xo + c0), io.w.add(wo + c0));
+                        for (k, a) in acc.iter_mut().enumerate() {
+                            *a = fmadd(load(xs.add(LANES * k)), load(ws.add(LANES * k)), *a);
+                        }
+                    }
+                    for (k, a) in acc.iter().enumerate() {
+                        store(out.add(c0 + LANES * k), bound(*a, io));
+                    }
+                    c0 += 4 * LANES;
+                }
+                while c0 < c {
+                    let n = (c - c0).min(LANES);
+                    let m = mask(n);
+                    let mut acc = match io.bias {
+                        Some(b) => load_masked(m, b.add(c0)),
+                        None => zero(),
+                    };
+                    for &(xo, wo) in window {
+                        let xv = load_masked(m, io.x.add(base + xo + c0));
+                        let wv = load_masked(m, io.w.add(wo + c0));
+                        acc = fmadd(xv, wv, acc);
+                    }
+                    store_masked(out.add(c0), m, bound(acc, io));
+                    c0 += n;
+                }
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::Pixels;
     use std::arch::x86_64::*;
 
-    /// Pixels computed together in the unrolled path: independent accumulator chains sharing
-    /// each weight load.
-    const P: usize = 4;
+    type V = __m512;
+    type Mask = __mmask16;
+    const LANES: usize = 16;
 
-    /// One call's operands: the slices' pointers, the channel count, the input offset between
-    /// pixels and the bounds.
-    #[derive(Clone, Copy)]
-    struct Io {
-        x: *const f32,
-        w: *const f32,
-        bias: Option<*const f32>,
-        out: *mut f32,
-        c: usize,
-        step: usize,
-        lo: __m512,
-        hi: __m512,
-    }
-
-    /// # Safety
-    /// AVX-512 F is present; `out.len()` is a multiple of `c > 0`, `count = out.len() / c`;
-    /// for every `(xo, wo)` in `window` and `p < count`, `base + p * step + xo + c <=
-    /// x.len()` and `wo + c <= w.len()`; a bias has `c` floats.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pixels(call: &Pixels<'_>, out: &mut [f32]) {
-        let (c, step, base, window) = (call.c, call.step, call.base, call.window);
-        let count = out.len() / c;
-        let io = Io {
-            x: call.x.as_ptr(),
-            w: call.w.as_ptr(),
-            bias: call.bias.map(<[f32]>::as_ptr),
-            out: out.as_mut_ptr(),
-            c,
-            step,
-            lo: _mm512_set1_ps(call.clamp.lo),
-            hi: _mm512_set1_ps(call.clamp.hi),
-        };
-        // SAFETY: the caller's contract, passed on.
-        unsafe {
-            // The window lengths of 3x3 (inside, and along the top and bottom edges) and 5x5
-            // kernels, unrolled; any other goes pixel by pixel.
-            macro_rules! unrolled {
-                ($($t:literal),*) => {$(
-                    if let Ok(win) = <&[(usize, usize); $t]>::try_from(window) {
-                        unrolled(io, win, base, count);
-                        return;
-                    }
-                )*};
-            }
-            // Rows of three adjacent taps (3x3 interiors and their top and bottom edges) one or
-            // two pixels apart: each input column is loaded once for the pixels that use it.
-            macro_rules! rows3 {
-                ($($r:literal),*) => {$(
-                    if let Some(rows) = rows_of_three::<$r>(window, c) {
-                        if step == c {
-                            rows3::<$r, 1>(io, &rows, window, base, count);
-                            return;
-                        }
-                        if step == 2 * c {
-                            rows3::<$r, 2>(io, &rows, window, base, count);
-                            return;
-                        }
-                    }
-                )*};
-            }
-            rows3!(3, 2, 1);
-            unrolled!(9, 6, 25, 20, 15);
-            for p in 0..count {
-                pixel(io, window, base + p * step, p * c);
-            }
-        }
-    }
-
-    /// `min(hi, max(lo, v))`: with the bound first, a NaN `v` comes through as it is.
-    ///
-    /// # Safety
-    /// AVX-512 F is present.
+    // SAFETY (every function below): callers run with AVX-512 F present (the `pixels` entry
+    // is compiled for it and reached only after detection), and pass pointers valid for the
+    // lanes accessed.
     #[inline(always)]
-    unsafe fn bound(v: __m512, io: Io) -> __m512 {
-        // SAFETY: register-only instructions of AVX-512 F, present by the contract.
-        unsafe { _mm512_min_ps(io.hi, _mm512_max_ps(io.lo, v)) }
+    unsafe fn zero() -> V {
+        unsafe { _mm512_setzero_ps() }
     }
-
     #[inline(always)]
-    fn mask(n: usize) -> __mmask16 {
-        if n >= 16 {
-            0xFFFF
-        } else {
-            ((1u32 << n) - 1) as __mmask16
-        }
+    unsafe fn splat(v: f32) -> V {
+        unsafe { _mm512_set1_ps(v) }
     }
-
-    /// A window of `T` taps, `P` pixels at a time (independent FMA chains): for each
-    /// 16-channel block, the `T` tap weights are loaded once for the group's `P` pixels. The
-    /// group's input stays in L1 across its blocks.
-    ///
-    /// # Safety
-    /// As for [`pixels`].
     #[inline(always)]
-    unsafe fn unrolled<const T: usize>(io: Io, window: &[(usize, usize); T], base: usize, count: usize) {
-        // SAFETY: every block's channels are below `c` and its pixels below `count`: within
-        // the slices by the caller's contract.
-        unsafe {
-            let mut p = 0;
-            while p < count {
-                let group = (count - p).min(P);
-                let (at, o) = (base + p * io.step, p * io.c);
-                let mut c0 = 0;
-                // Whole 16-channel blocks with plain loads and stores, then a masked tail.
-                while c0 + 16 <= io.c {
-                    block::<T, false>(io, window, at, o, group, c0, 0xFFFF);
-                    c0 += 16;
-                }
-                if c0 < io.c {
-                    block::<T, true>(io, window, at, o, group, c0, mask(io.c - c0));
-                }
-                p += group;
-            }
-        }
+    unsafe fn fmadd(a: V, b: V, c: V) -> V {
+        unsafe { _mm512_fmadd_ps(a, b, c) }
     }
-
-    /// `window` as `R` kernel rows of three adjacent taps, `(xo, wo)` of each row's first tap,
-    /// when that is its shape: taps `3r + k` at `(xo_r + k*c, wo_r + k*c)`.
-    fn rows_of_three<const R: usize>(window: &[(usize, usize)], c: usize) -> Option<[(usize, usize); R]> {
-        if window.len() != 3 * R {
-            return None;
-        }
-        let mut rows = [(0, 0); R];
-        for (row, taps) in rows.iter_mut().zip(window.chunks_exact(3)) {
-            let &[(x0, w0), (x1, w1), (x2, w2)] = taps else {
-                return None;
-            };
-            let next = |a: usize, b: usize| a.checked_add(c) == Some(b);
-            if !(next(x0, x1) && next(x1, x2) && next(w0, w1) && next(w1, w2)) {
-                return None;
-            }
-            *row = (x0, w0);
-        }
-        Some(rows)
-    }
-
-    /// Output pixels computed together by [`rows3`].
-    const G: usize = 8;
-
-    /// A window of `R` rows of three adjacent taps, pixels `S` input columns apart: `G`
-    /// pixels at a time, per 16-channel block, with the block's `3R` tap weights in registers
-    /// and each of the `(G-1)S + 3` input columns of a row loaded once and used by every
-    /// pixel whose window covers it. Each pixel's taps are summed in window order, as
-    /// [`pixel`] does. The pixels left over (fewer than `G`) go through [`pixel`].
-    ///
-    /// # Safety
-    /// As for [`pixels`], with `window` the flattened `rows` and `io.step == S * io.c`.
     #[inline(always)]
-    unsafe fn rows3<const R: usize, const S: usize>(
-        io: Io,
-        rows: &[(usize, usize); R],
-        window: &[(usize, usize)],
-        base: usize,
-        count: usize,
-    ) {
-        // SAFETY: pixel `q` of a group at `p` reads tap `(r, k)` at `base + (p+q)*step +
-        // xo_r + k*c` and the weights at `wo_r + k*c`: the window's own offsets, in range for
-        // every pixel below `count` by the caller's contract, as are the blocks' channels.
-        unsafe {
-            let c = io.c;
-            let mut p = 0;
-            while p + G <= count {
-                let (at, o) = (base + p * io.step, p * c);
-                let mut c0 = 0;
-                while c0 + 16 <= c {
-                    group3::<R, S, false>(io, rows, at, o, c0, 0xFFFF);
-                    c0 += 16;
-                }
-                if c0 < c {
-                    group3::<R, S, true>(io, rows, at, o, c0, mask(c - c0));
-                }
-                p += G;
-            }
-            for q in p..count {
-                pixel(io, window, base + q * io.step, q * c);
-            }
-        }
+    unsafe fn vmin(a: V, b: V) -> V {
+        unsafe { _mm512_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn vmax(a: V, b: V) -> V {
+        unsafe { _mm512_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> V {
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: V) {
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_masked(m: Mask, p: *const f32) -> V {
+        unsafe { _mm512_maskz_loadu_ps(m, p) }
+    }
+    #[inline(always)]
+    unsafe fn store_masked(p: *mut f32, m: Mask, v: V) {
+        unsafe { _mm512_mask_storeu_ps(p, m, v) }
+    }
+    #[inline(always)]
+    fn full() -> Mask {
+        0xFFFF
+    }
+    #[inline(always)]
+    fn mask(n: usize) -> Mask {
+        if n >= LANES { 0xFFFF } else { ((1u32 << n) - 1) as Mask }
     }
 
-    /// One 16-channel block (lanes `m`, from channel `c0`) of `G` pixels of [`rows3`]: pixel
-    /// `q` reads the input at `at + q * step` and writes the output at `o + q * c`.
-    ///
-    /// # Safety
-    /// As for [`rows3`]; without `MASKED`, all 16 lanes are in range.
+    depthwise_kernels!("avx512f");
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Pixels;
+    use std::arch::x86_64::*;
+
+    type V = __m256;
+    /// A lane is touched when its 32 bits have the top bit set (`vmaskmovps`).
+    type Mask = __m256i;
+    const LANES: usize = 8;
+
+    // SAFETY (every function below): callers run with AVX2 and FMA present (the `pixels`
+    // entry is compiled for them and reached only after detection), and pass pointers valid
+    // for the lanes accessed.
     #[inline(always)]
-    unsafe fn group3<const R: usize, const S: usize, const MASKED: bool>(
-        io: Io,
-        rows: &[(usize, usize); R],
-        at: usize,
-        o: usize,
-        c0: usize,
-        m: __mmask16,
-    ) {
-        let c = io.c;
-        // SAFETY: lanes `m` of channels `c0 ..` are in range for every pointer (the contract).
-        unsafe {
-            let bv = match io.bias {
-                Some(b) => ld::<MASKED>(m, b.add(c0)),
-                None => _mm512_setzero_ps(),
-            };
-            let mut acc = [bv; G];
-            for &(xo, wo) in rows {
-                let ws = io.w.add(wo + c0);
-                let wv = [0, 1, 2].map(|k| ld::<MASKED>(m, ws.add(k * c)));
-                let xs = io.x.add(at + xo + c0);
-                // Tap `k` of pixel `q` is input column `q*S + k`. Fully unrolled, the loads of
-                // a column shared by several pixels are one load (no store comes between).
-                for (q, a) in acc.iter_mut().enumerate() {
-                    for (k, &w) in wv.iter().enumerate() {
-                        *a = _mm512_fmadd_ps(ld::<MASKED>(m, xs.add((q * S + k) * c)), w, *a);
-                    }
-                }
-            }
-            let out = io.out.add(o + c0);
-            for (q, a) in acc.iter().enumerate() {
-                st::<MASKED>(m, out.add(q * c), bound(*a, io));
-            }
-        }
+    unsafe fn zero() -> V {
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> V {
+        unsafe { _mm256_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: V, b: V, c: V) -> V {
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn vmin(a: V, b: V) -> V {
+        unsafe { _mm256_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn vmax(a: V, b: V) -> V {
+        unsafe { _mm256_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> V {
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: V) {
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_masked(m: Mask, p: *const f32) -> V {
+        unsafe { _mm256_maskload_ps(p, m) }
+    }
+    #[inline(always)]
+    unsafe fn store_masked(p: *mut f32, m: Mask, v: V) {
+        unsafe { _mm256_maskstore_ps(p, m, v) }
+    }
+    #[inline(always)]
+    fn full() -> Mask {
+        // SAFETY: AVX is present (the contract above); a register-only instruction.
+        unsafe { _mm256_set1_epi32(-1) }
+    }
+    #[inline(always)]
+    fn mask(n: usize) -> Mask {
+        let n = n.min(LANES) as i32;
+        // SAFETY: AVX2 is present (the contract above); register-only instructions. Lane `i`
+        // is set when `i < n`.
+        unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
     }
 
-    /// Lanes `m` at `p` (all 16 without `MASKED`).
-    ///
-    /// # Safety
-    /// AVX-512 F is present; those lanes are readable.
-    #[inline(always)]
-    unsafe fn ld<const MASKED: bool>(m: __mmask16, p: *const f32) -> __m512 {
-        // SAFETY: the contract.
-        unsafe {
-            if MASKED {
-                _mm512_maskz_loadu_ps(m, p)
-            } else {
-                _mm512_loadu_ps(p)
-            }
-        }
-    }
-
-    /// Stores lanes `m` of `v` at `p` (all 16 without `MASKED`).
-    ///
-    /// # Safety
-    /// AVX-512 F is present; those lanes are writable.
-    #[inline(always)]
-    unsafe fn st<const MASKED: bool>(m: __mmask16, p: *mut f32, v: __m512) {
-        // SAFETY: the contract.
-        unsafe {
-            if MASKED {
-                _mm512_mask_storeu_ps(p, m, v)
-            } else {
-                _mm512_storeu_ps(p, v)
-            }
-        }
-    }
-
-    /// One 16-channel block (lanes `m`, from channel `c0`) of `group <= P` pixels: pixel `q`
-    /// reads the input at `at + q * step` and writes the output at `o + q * c`.
-    ///
-    /// # Safety
-    /// As for [`unrolled`]; without `MASKED`, all 16 lanes are in range.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn block<const T: usize, const MASKED: bool>(
-        io: Io,
-        window: &[(usize, usize); T],
-        at: usize,
-        o: usize,
-        group: usize,
-        c0: usize,
-        m: __mmask16,
-    ) {
-        // Opaque to the optimiser: otherwise it hoists all `T x P` input addresses out of the
-        // caller's loop over blocks and spills them, reloading one per multiply-add.
-        let c0 = std::hint::black_box(c0);
-        let (step, c) = (io.step, io.c);
-        // SAFETY: lanes `m` of channels `c0 ..` are in range for every pointer (the contract).
-        unsafe {
-            let bv = match io.bias {
-                Some(b) => ld::<MASKED>(m, b.add(c0)),
-                None => _mm512_setzero_ps(),
-            };
-            let out = io.out.add(o + c0);
-            if group == P {
-                let mut acc = [bv; P];
-                for &(xo, wo) in window {
-                    let wv = ld::<MASKED>(m, io.w.add(wo + c0));
-                    let xs = io.x.add(at + xo + c0);
-                    for (q, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(ld::<MASKED>(m, xs.add(q * step)), wv, *a);
-                    }
-                }
-                for (q, a) in acc.iter().enumerate() {
-                    st::<MASKED>(m, out.add(q * c), bound(*a, io));
-                }
-            } else {
-                for q in 0..group {
-                    let mut a = bv;
-                    for &(xo, wo) in window {
-                        let xv = ld::<MASKED>(m, io.x.add(at + q * step + xo + c0));
-                        a = _mm512_fmadd_ps(xv, ld::<MASKED>(m, io.w.add(wo + c0)), a);
-                    }
-                    st::<MASKED>(m, out.add(q * c), bound(a, io));
-                }
-            }
-        }
-    }
-
-    /// One pixel over any window, reading the input at `base` and writing the output at `o`:
-    /// blocks of 64 channels in four registers, then a masked tail.
-    ///
-    /// # Safety
-    /// As for [`pixels`], for one of its pixels.
-    #[inline(always)]
-    unsafe fn pixel(io: Io, window: &[(usize, usize)], base: usize, o: usize) {
-        let c = io.c;
-        let mut c0 = 0;
-        // SAFETY (for every load and store below): channels `c0 .. c0 + 64` (or the masked
-        // `c0 .. c`) are below `c`, so `base + xo + ch < x.len()`, `wo + ch < w.len()`,
-        // `o + ch < out.len()` and `ch < c` for the bias, by the caller's contract.
-        unsafe {
-            let out = io.out.add(o);
-            while c0 + 64 <= c {
-                let mut acc = match io.bias {
-                    Some(b) => [0, 16, 32, 48].map(|k| _mm512_loadu_ps(b.add(c0 + k))),
-                    None => [_mm512_setzero_ps(); 4],
-                };
-                for &(xo, wo) in window {
-                    let (xs, ws) = (io.x.add(base + xo + c0), io.w.add(wo + c0));
-                    for (k, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(_mm512_loadu_ps(xs.add(16 * k)), _mm512_loadu_ps(ws.add(16 * k)), *a);
-                    }
-                }
-                for (k, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(out.add(c0 + 16 * k), bound(*a, io));
-                }
-                c0 += 64;
-            }
-            while c0 < c {
-                let n = (c - c0).min(16);
-                let m = mask(n);
-                let mut acc = match io.bias {
-                    Some(b) => _mm512_maskz_loadu_ps(m, b.add(c0)),
-                    None => _mm512_setzero_ps(),
-                };
-                for &(xo, wo) in window {
-                    let xv = _mm512_maskz_loadu_ps(m, io.x.add(base + xo + c0));
-                    let wv = _mm512_maskz_loadu_ps(m, io.w.add(wo + c0));
-                    acc = _mm512_fmadd_ps(xv, wv, acc);
-                }
-                _mm512_mask_storeu_ps(out.add(c0), m, bound(acc, io));
-                c0 += n;
-            }
-        }
-    }
+    depthwise_kernels!("avx2,fma");
 }
 
 #[cfg(test)]
