@@ -22,12 +22,16 @@ use std::time::Instant;
 
 const PEAK_GFLOPS: f64 = 117.0;
 
-/// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed.
-const SHAPES: [(&str, usize, usize, usize); 20] = [
+/// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed,
+/// one ending in `NR32` packs B in 32-column panels (what the compiler stores, for every
+/// level) where the others take the level's own layout.
+const SHAPES: [(&str, usize, usize, usize); 22] = [
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),
     ("resnet50 1x1 NHWC 56x56", 3136, 256, 64),
     ("resnet50 1x1 NHWC 28x28", 784, 512, 128),
+    ("resnet50 1x1 NHWC 56x56 NR32", 3136, 256, 64),
+    ("bert ffn up NR32", 128, 3072, 768),
     ("resnet50 conv3_x 3x3", 256, 784, 1152),
     ("resnet50 conv5_x 3x3", 512, 49, 4608),
     ("minilm qkv proj", 128, 384, 384),
@@ -60,9 +64,14 @@ struct Case {
 impl Case {
     fn new(isa: Isa, name: &str, m: usize, n: usize, k: usize) -> Case {
         let b = data(k * n, 2);
+        let layout = if name.ends_with("NR32") {
+            BLayout::NR32
+        } else {
+            BLayout::for_isa(isa)
+        };
         Case {
             a: data(m * k, 1),
-            b: PackedB::pack(BLayout::for_isa(isa), k, n, &b, MatLayout::row_major(n)).unwrap_or_else(|e| {
+            b: PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).unwrap_or_else(|e| {
                 eprintln!("pack: {e}");
                 std::process::exit(1)
             }),
