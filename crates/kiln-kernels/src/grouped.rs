@@ -17,10 +17,14 @@
 //!   per input channel of the group gives each lane its group's value (ResNeXt's 4- and
 //!   8-wide groups, depthwise with a channel multiplier).
 //!
+//! The AVX2 path is the same with 8-output blocks: broadcast for `mg` a multiple of 8, 8
+//! pixels a tile; permute (`vpermps`) for `mg` dividing 8, 4 pixels a tile (the loaded
+//! input vectors take registers too); leftover pixels one at a time, two blocks at a time.
+//!
 //! No FLOP is spent on other groups' zeros, and no im2col copy is made, where the GEMM of a
 //! grouped convolution multiplies matrices of `mg` rows by a packed copy of the input per
 //! group. Other group shapes take the scalar twin (compiled for the active level), which the
-//! AVX-512 path is tested against; the two differ by the FMA's single rounding only.
+//! SIMD paths are tested against; the two differ by the FMA's single rounding only.
 
 use crate::dwconv::Clamp;
 use crate::isa::{self, Isa};
@@ -138,6 +142,20 @@ impl Pixels<'_> {
             // `cin = m / mg * cg`, `wo + cg*m <= w.len()`, `bias.len() == m`, `out.len() ==
             // bases.len() * m`.
             unsafe { avx512::pixels(self, lanes, out) };
+            return true;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx2Fma
+            && isa.is_supported()
+            && let Some(l) = lanes(cg, mg)
+        {
+            // Eight lanes: groups of 8k outputs broadcast; the others have a 16-lane form,
+            // so `mg` divides 16 with `cg <= mg` and, not a multiple of 8, divides 8.
+            let l = if mg.is_multiple_of(8) { Lanes::Broadcast } else { l };
+            // SAFETY: AVX2 and FMA are present (checked just above); `l` is Broadcast only
+            // for `mg` a multiple of 8 and Permute only for `mg` dividing 8 with `cg <= mg`
+            // (see above); the offsets as for AVX-512, with `outs` from a multiple of 16.
+            unsafe { avx2::pixels(self, l, out) };
             return true;
         }
         let _ = isa;
@@ -396,6 +414,223 @@ mod avx512 {
                     // With the bound first, a NaN `v` comes through as it is.
                     let v = _mm512_min_ps(s.hi, _mm512_max_ps(s.lo, v));
                     _mm512_mask_storeu_ps(b.out.add((p0 + q) * s.m), b.omask, v);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Lanes, Pixels};
+    use std::arch::x86_64::*;
+
+    /// One 8-output block's operands: pointers at the block's first input channel, weight and
+    /// output, and its masks (a lane is touched when its top bit is set, `vmaskmovps`).
+    #[derive(Clone, Copy)]
+    struct Block {
+        x: *const f32,
+        w: *const f32,
+        out: *mut f32,
+        bias: __m256,
+        /// The block's outputs (at most 8).
+        omask: __m256i,
+        /// The input lanes a permuted block loads.
+        xmask: __m256i,
+    }
+
+    /// The call's shape and bounds.
+    #[derive(Clone, Copy)]
+    struct Shape {
+        m: usize,
+        cg: usize,
+        lanes: Lanes,
+        /// Permute mode with groups of 4 inputs to 4 outputs.
+        quads: bool,
+        lo: __m256,
+        hi: __m256,
+    }
+
+    /// The first `min(n, 8)` lanes.
+    ///
+    /// # Safety
+    /// AVX2 is present.
+    #[inline(always)]
+    unsafe fn mask(n: usize) -> __m256i {
+        let n = n.min(8) as i32;
+        // SAFETY: register-only AVX2 instructions (the contract).
+        unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
+    }
+
+    /// # Safety
+    /// AVX2 and FMA are present; `m` is a multiple of `mg`; `lanes` is `Broadcast` only when
+    /// `mg` is a multiple of 8 and `Permute` only when `mg` divides 8 and `cg <= mg`;
+    /// `out.len() == bases.len() * m`; `outs` is a range of `0..=m` starting at a multiple
+    /// of 8; for every `(xo, wo)` in the window and every base, `base + xo + m / mg * cg <=
+    /// x.len()` and `wo + cg * m <= w.len()`; a bias has `m` floats.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pixels(call: &Pixels<'_>, lanes: Lanes, out: &mut [f32]) {
+        let (m, mg, cg) = (call.m, call.mg, call.cg);
+        let [o0, o1] = call.outs;
+        let count = call.bases.len();
+        let cin = m / mg * cg;
+        // Permute mode: lane `l` takes input lane `(l / mg) * cg + ci` of the loaded vector.
+        let mut idx = [_mm256_setzero_si256(); 8];
+        if lanes == Lanes::Permute {
+            for (ci, v) in idx.iter_mut().enumerate().take(cg) {
+                let lane: [i32; 8] = std::array::from_fn(|l| ((l / mg) * cg + ci) as i32);
+                // SAFETY: `lane` is 8 i32s.
+                *v = unsafe { _mm256_loadu_si256(lane.as_ptr().cast()) };
+            }
+        }
+        let shape = Shape {
+            m,
+            cg,
+            lanes,
+            quads: lanes == Lanes::Permute && cg == 4 && mg == 4,
+            lo: _mm256_set1_ps(call.clamp.lo),
+            hi: _mm256_set1_ps(call.clamp.hi),
+        };
+        let out = out.as_mut_ptr();
+        // SAFETY (of `block`'s pointers): the caller's contract: `o + n <= o1 <= m` outputs,
+        // a bias of `m` floats, every pixel's input row holds `cin > xoff` channels.
+        let block = |o: usize| unsafe {
+            let n = o1 - o;
+            let xoff = o / mg * cg;
+            Block {
+                x: call.x.as_ptr().add(xoff),
+                w: call.w.as_ptr().add(o),
+                out: out.add(o),
+                bias: match call.bias {
+                    Some(b) => _mm256_maskload_ps(b.as_ptr().add(o), mask(n)),
+                    None => _mm256_setzero_ps(),
+                },
+                omask: mask(n),
+                xmask: mask(cin - xoff),
+            }
+        };
+        let (win, bases) = (call.window, call.bases);
+        // SAFETY: the caller's contract, passed on: pixels below `count`, blocks inside `outs`.
+        unsafe {
+            // 8 pixels a tile when broadcasting (8 accumulators, a weight, a broadcast); 4
+            // when permuting, whose loaded input vectors also take registers (16 in all).
+            let main = if lanes == Lanes::Broadcast { 8 } else { 4 };
+            let full = count - count % main;
+            for o in (o0..o1).step_by(8) {
+                let blk = [block(o)];
+                for p in (0..full).step_by(main) {
+                    if main == 8 {
+                        tile::<8, 1>(shape, blk, &idx, win, bases, p);
+                    } else {
+                        tile::<4, 1>(shape, blk, &idx, win, bases, p);
+                    }
+                }
+            }
+            // The pixels left over one at a time, 2 blocks at a time (independent chains).
+            for p in full..count {
+                let mut o = o0;
+                while o + 8 < o1 {
+                    tile::<1, 2>(shape, [block(o), block(o + 8)], &idx, win, bases, p);
+                    o += 16;
+                }
+                if o < o1 {
+                    tile::<1, 1>(shape, [block(o)], &idx, win, bases, p);
+                }
+            }
+        }
+    }
+
+    /// Pixels `p0 .. p0 + T` of blocks `blk`: bias, the window's taps, bounds, masked stores
+    /// (as the AVX-512 tile, 8 lanes wide).
+    ///
+    /// # Safety
+    /// As [`pixels`], with `p0 + T <= bases.len()` and every block inside `outs`.
+    #[inline(always)]
+    unsafe fn tile<const T: usize, const NB: usize>(
+        s: Shape,
+        blk: [Block; NB],
+        idx: &[__m256i; 8],
+        window: &[(usize, usize)],
+        bases: &[usize],
+        p0: usize,
+    ) {
+        // SAFETY: the offsets were checked for every pixel (see `pixels`); the permuted input
+        // loads are masked to the channels a pixel holds, the weight loads to the block's
+        // outputs.
+        unsafe {
+            let at: [usize; T] = std::array::from_fn(|q| *bases.get_unchecked(p0 + q));
+            let mut acc = [[_mm256_setzero_ps(); T]; NB];
+            for (a, b) in acc.iter_mut().zip(&blk) {
+                *a = [b.bias; T];
+            }
+            for &(xo, wo) in window {
+                match s.lanes {
+                    Lanes::Broadcast => {
+                        for ci in 0..s.cg {
+                            for (a, b) in acc.iter_mut().zip(&blk) {
+                                let wv = _mm256_maskload_ps(b.w.add(wo + ci * s.m), b.omask);
+                                let xp = b.x.add(xo + ci);
+                                for (a, &at) in a.iter_mut().zip(&at) {
+                                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*xp.add(at)), wv, *a);
+                                }
+                            }
+                        }
+                    }
+                    Lanes::Permute => {
+                        let mut xv = [[_mm256_setzero_ps(); T]; NB];
+                        for (v, b) in xv.iter_mut().zip(&blk) {
+                            for (v, &at) in v.iter_mut().zip(&at) {
+                                *v = _mm256_maskload_ps(b.x.add(at + xo), b.xmask);
+                            }
+                        }
+                        if s.quads {
+                            // Groups of 4 in 4: the in-lane shuffle broadcasting element `ci`
+                            // of each 128-bit lane (one cycle, where `vpermps` takes three).
+                            quad::<0x00, T, NB>(&mut acc, &blk, &xv, wo);
+                            quad::<0x55, T, NB>(&mut acc, &blk, &xv, wo + s.m);
+                            quad::<0xaa, T, NB>(&mut acc, &blk, &xv, wo + 2 * s.m);
+                            quad::<0xff, T, NB>(&mut acc, &blk, &xv, wo + 3 * s.m);
+                            continue;
+                        }
+                        for (ci, ix) in idx.iter().enumerate().take(s.cg) {
+                            for ((a, b), v) in acc.iter_mut().zip(&blk).zip(&xv) {
+                                let wv = _mm256_maskload_ps(b.w.add(wo + ci * s.m), b.omask);
+                                for (a, &v) in a.iter_mut().zip(v) {
+                                    *a = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(v, *ix), wv, *a);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            for (a, b) in acc.iter().zip(&blk) {
+                for (q, &v) in a.iter().enumerate() {
+                    // With the bound first, a NaN `v` comes through as it is.
+                    let v = _mm256_min_ps(s.hi, _mm256_max_ps(s.lo, v));
+                    _mm256_maskstore_ps(b.out.add((p0 + q) * s.m), b.omask, v);
+                }
+            }
+        }
+    }
+
+    /// One input channel of groups of 4 in 4: `acc += shuffle::<IMM>(x) * w[wo ..]` for each
+    /// block and pixel, `IMM` picking the channel within each 128-bit lane.
+    ///
+    /// # Safety
+    /// As [`tile`]: the weights at `wo` are those of one input channel of the blocks' groups.
+    #[inline(always)]
+    unsafe fn quad<const IMM: i32, const T: usize, const NB: usize>(
+        acc: &mut [[__m256; T]; NB],
+        blk: &[Block; NB],
+        xv: &[[__m256; T]; NB],
+        wo: usize,
+    ) {
+        // SAFETY: the weight loads are masked to the blocks' outputs (the caller's contract).
+        unsafe {
+            for ((a, b), v) in acc.iter_mut().zip(blk).zip(xv) {
+                let wv = _mm256_maskload_ps(b.w.add(wo), b.omask);
+                for (a, &v) in a.iter_mut().zip(v) {
+                    *a = _mm256_fmadd_ps(_mm256_permute_ps::<IMM>(v), wv, *a);
                 }
             }
         }
