@@ -1,5 +1,6 @@
 //! AVX2+FMA kernels: a 6 x 16 f32 tile (12 ymm accumulators, two B vectors and a broadcast:
-//! 15 of the 16 registers), edge columns through a stack tile, and the vectorised epilogue.
+//! 15 of the 16 registers) and its 6 x 8 half for edges of at most 8 columns, partial edge
+//! columns through a stack tile, and the vectorised epilogue.
 //! Every function here requires AVX2 and FMA; they are reached only through [`kernels`],
 //! which the dispatcher hands out after detection.
 
@@ -149,10 +150,11 @@ fn store_arr(a: &mut [f32; LANES], v: V) {
 simd_math!("avx2,fma");
 
 /// # Safety
-/// The [`TileFn`] contract with `MR = 6`, `NR = 16`; the CPU has AVX2 and FMA.
+/// The [`TileFn`] contract with `MR = 6` and a width of `8 * NV` columns (`NR = 16` for the
+/// full tiles, 8 for the half ones); the CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const R: usize>(
+unsafe fn tile<const R: usize, const NV: usize>(
     kc: usize,
     a: *const f32,
     ars: usize,
@@ -165,62 +167,60 @@ unsafe fn tile<const R: usize>(
     first: bool,
     epi: Option<&TileEpi>,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let width = LANES * NV;
+    let mut acc = [[_mm256_setzero_ps(); NV]; R];
     for p in 0..kc {
-        // SAFETY: the TileFn contract gives 16 readable floats at `b + p*bs` for `p < kc`.
-        let (b0, b1) = unsafe {
+        // SAFETY: the TileFn contract gives `width` readable floats at `b + p*bs` for `p < kc`.
+        let bv: [V; NV] = unsafe {
             let bp = b.add(p * bs);
-            (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
+            std::array::from_fn(|v| _mm256_loadu_ps(bp.add(LANES * v)))
         };
         for (i, acc) in acc.iter_mut().enumerate() {
             // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
             let av = _mm256_set1_ps(unsafe { *a.add(i * ars + p * acs) });
-            acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
-            acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+            for (acc, &bv) in acc.iter_mut().zip(&bv) {
+                *acc = _mm256_fmadd_ps(av, bv, *acc);
+            }
         }
     }
-    // SAFETY: TileEpi's contract: a non-null column bias has `nr` readable floats, here 16.
-    let (cb0, cb1) = match epi {
-        Some(e) if nr == NR && !e.col_bias.is_null() => unsafe {
-            (
-                Some(_mm256_loadu_ps(e.col_bias)),
-                Some(_mm256_loadu_ps(e.col_bias.add(8))),
-            )
-        },
-        _ => (None, None),
+    // SAFETY: TileEpi's contract: a non-null column bias has `nr` readable floats, here `width`.
+    let cb: Option<[V; NV]> = match epi {
+        Some(e) if nr == width && !e.col_bias.is_null() => Some(std::array::from_fn(|v| unsafe {
+            _mm256_loadu_ps(e.col_bias.add(LANES * v))
+        })),
+        _ => None,
     };
     // The cheap activation's decisions once per tile (see `Cheap`); a costly one per vector.
     let cheap = cheap_of(epi.and_then(|e| e.act));
     let costly = epi.and_then(|e| e.act.filter(|a| !a.is_cheap()));
     for (i, acc) in acc.iter().enumerate() {
-        // SAFETY: the TileFn contract gives `nr <= 16` writable (initialised unless `first`)
-        // floats at `c + i*ldc` for `i < R`, TileEpi's gives `R` row-bias floats and `nr`
-        // residual floats at `resid + i*resid_ld`; full-width accesses only when `nr == 16`,
-        // the edge goes through a local array and slices of exactly `nr` floats.
+        // SAFETY: the TileFn contract gives `nr <= width` writable (initialised unless
+        // `first`) floats at `c + i*ldc` for `i < R`, TileEpi's gives `R` row-bias floats and
+        // `nr` residual floats at `resid + i*resid_ld`; full-width accesses only when `nr ==
+        // width`, the edge goes through a local array and slices of exactly `nr` floats.
         unsafe {
             let cp = c.add(i * ldc);
             let rb = epi.and_then(|e| (!e.row_bias.is_null()).then(|| *e.row_bias.add(i)));
             let rp = epi.and_then(|e| (!e.resid.is_null()).then(|| e.resid.add(i * e.resid_ld)));
-            if nr == NR {
-                let (mut v0, mut v1) = (acc[0], acc[1]);
-                if !first {
-                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cp));
-                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cp.add(8)));
+            if nr == width {
+                let rbv = rb.map(|b| _mm256_set1_ps(b));
+                for (v, &acc) in acc.iter().enumerate() {
+                    let mut x = acc;
+                    if !first {
+                        x = _mm256_add_ps(x, _mm256_loadu_ps(cp.add(LANES * v)));
+                    }
+                    if epi.is_some() {
+                        let cbv = cb.map(|cb| cb[v]);
+                        let rv = rp.map(|r| _mm256_loadu_ps(r.add(LANES * v)));
+                        x = apply_cheap(cheap, epi_vec(x, rbv, cbv, rv, costly));
+                    }
+                    _mm256_storeu_ps(cp.add(LANES * v), x);
                 }
-                if epi.is_some() {
-                    let rbv = rb.map(|b| _mm256_set1_ps(b));
-                    v0 = apply_cheap(cheap, epi_vec(v0, rbv, cb0, rp.map(|r| _mm256_loadu_ps(r)), costly));
-                    v1 = apply_cheap(
-                        cheap,
-                        epi_vec(v1, rbv, cb1, rp.map(|r| _mm256_loadu_ps(r.add(8))), costly),
-                    );
-                }
-                _mm256_storeu_ps(cp, v0);
-                _mm256_storeu_ps(cp.add(8), v1);
             } else {
                 let mut t = [0.0f32; NR];
-                _mm256_storeu_ps(t.as_mut_ptr(), acc[0]);
-                _mm256_storeu_ps(t.as_mut_ptr().add(8), acc[1]);
+                for (v, &acc) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(t.as_mut_ptr().add(LANES * v), acc);
+                }
                 let out = std::slice::from_raw_parts_mut(cp, nr);
                 for (o, &s) in out.iter_mut().zip(&t) {
                     *o = if first { s } else { *o + s };
@@ -235,7 +235,24 @@ unsafe fn tile<const R: usize>(
     }
 }
 
-static TILES: [TileFn; MR] = [tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>];
+static TILES: [TileFn; MR] = [
+    tile::<1, 2>,
+    tile::<2, 2>,
+    tile::<3, 2>,
+    tile::<4, 2>,
+    tile::<5, 2>,
+    tile::<6, 2>,
+];
+/// Tiles of 8 columns for edges of at most 8 (MobileNet's and EfficientNet's 24- and
+/// 40-channel layers: 16 + 8 columns instead of two full tiles, a third fewer multiplies).
+static HALF_TILES: [TileFn; MR] = [
+    tile::<1, 1>,
+    tile::<2, 1>,
+    tile::<3, 1>,
+    tile::<4, 1>,
+    tile::<5, 1>,
+    tile::<6, 1>,
+];
 
 #[target_feature(enable = "avx2,fma")]
 fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f32]>, a: Option<Act>) {
@@ -297,7 +314,7 @@ pub(crate) fn kernels() -> Kernels {
         nr: NR,
         kc: super::super::KC_AVX2,
         tiles: &TILES,
-        half: &[],
+        half: &HALF_TILES,
         narrow: &[],
         fused: true,
         epi,
