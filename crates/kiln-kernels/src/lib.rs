@@ -17,6 +17,7 @@
 //!   memory-bound loops);
 //! - `slab`: the block of the memory plan's tensors per run state, handed out as claimed,
 //!   never-overlapping regions;
+//! - `transpose`: the f32 matrix transpose (8 x 8 register blocks on x86);
 //! - `vector`: row kernels of memory-bound ops (softmax, layer-norm statistics).
 //!
 //! - `winograd`: F(4x4, 3x3) convolution over 36 GEMMs (weights transformed and packed at
@@ -36,5 +37,6 @@ pub mod recycle;
 pub mod sgemm;
 pub mod simd;
 pub mod slab;
+pub mod transpose;
 pub mod vector;
 pub mod winograd;

@@ -68,7 +68,13 @@ impl Transpose {
         let out_shape: kiln_tensor::Shape = perm.iter().map(|&p| x.shape()[p]).collect();
         if let Ok(v) = x.as_slice::<f32>() {
             let mut out = crate::util::out_f32(v.len());
-            if !permute_into(v, x.shape(), &perm, &mut out) {
+            if !permute_into_with(
+                v,
+                x.shape(),
+                &perm,
+                &mut out,
+                Some(&kiln_kernels::transpose::transpose_f32),
+            ) {
                 return Err(OpError::Shape(format!(
                     "Transpose: data of {} elements does not fill shape {:?}",
                     v.len(),
@@ -103,9 +109,40 @@ pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[u
     out
 }
 
+/// [`permute`] on f32 as Transpose runs it (the batched-matrix case through the SIMD
+/// transpose).
+#[cfg(test)]
+pub(crate) fn permute_f32(x: &[f32], shape: &[usize], perm: &[usize]) -> Vec<f32> {
+    let mut out = x.to_vec();
+    let block: BlockFn<'_, f32> = &kiln_kernels::transpose::transpose_f32;
+    assert!(
+        permute_into_with(x, shape, perm, &mut out, Some(block)),
+        "x fills its shape"
+    );
+    out
+}
+
 /// [`permute`] into `out` (whatever it holds is overwritten), which has the tensor's element
 /// count; `false` (and `out` unspecified) when `x` or `out` does not have `shape`'s count.
+#[cfg(test)]
 pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize], out: &mut [T]) -> bool {
+    permute_into_with(x, shape, perm, out, None)
+}
+
+/// A matrix transpose as [`kiln_kernels::transpose::transpose_f32`] takes it: `(src, lds,
+/// rows, cols, dst, ldd)`, `false` when the slices do not fit.
+type BlockFn<'a, T> = &'a (dyn Fn(&[T], usize, usize, usize, &mut [T], usize) -> bool + Sync);
+
+/// `x` (row-major, `shape`) permuted into `out` (see [`permute`]), the batched-matrix case
+/// through `block` when given (f32: the SIMD transpose), else through the generic bands;
+/// `false` (and `out` unspecified) when `x` or `out` does not have `shape`'s count.
+fn permute_into_with<T: Copy + Send + Sync>(
+    x: &[T],
+    shape: &[usize],
+    perm: &[usize],
+    out: &mut [T],
+    block: Option<BlockFn<'_, T>>,
+) -> bool {
     let st = strides(shape);
     // (size, input stride) per output dim, size-1 dims dropped, consecutive ones merged.
     let mut dims: smallvec::SmallVec<[(usize, usize); 6]> = smallvec::SmallVec::new();
@@ -137,8 +174,7 @@ pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm
     if let [.., (p, 1), (q, sq)] = dims[..]
         && sq == p
     {
-        batched_transpose(x, &dims[..dims.len() - 2], p, q, out);
-        return true;
+        return batched_transpose(x, &dims[..dims.len() - 2], p, q, out, block);
     }
     let outer = &dims[..dims.len() - 1];
     let mut idx: smallvec::SmallVec<[usize; 6]> = smallvec::smallvec![0usize; outer.len()];
@@ -173,9 +209,16 @@ pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm
 /// The permutation `permute` reduces to a batch of 2-D transposes: for each block of the
 /// `outer` dims (size, input stride), the input's `[q, p]` matrix becomes the output's
 /// `[p, q]`. Done in bands of output rows, each reading contiguous runs of the input, so
-/// neither side walks memory at a large stride (NCHW <-> NHWC is this case). `x` holds exactly
-/// the tensor's elements.
-fn batched_transpose<T: Copy + Send + Sync>(x: &[T], outer: &[(usize, usize)], p: usize, q: usize, out: &mut [T]) {
+/// neither side walks memory at a large stride (NCHW <-> NHWC is this case), or by `block`
+/// when given. `x` holds exactly the tensor's elements; `false` if `block` refused a matrix.
+fn batched_transpose<T: Copy + Send + Sync>(
+    x: &[T],
+    outer: &[(usize, usize)],
+    p: usize,
+    q: usize,
+    out: &mut [T],
+    block: Option<BlockFn<'_, T>>,
+) -> bool {
     const BAND: usize = 16;
     // Output rows per task when a matrix is split over the thread pool: at least 64 Ki
     // elements each, in whole bands.
@@ -187,7 +230,18 @@ fn batched_transpose<T: Copy + Send + Sync>(x: &[T], outer: &[(usize, usize)], p
     for dst in out.chunks_exact_mut(mat.max(1)) {
         // Rows `r0..` of this matrix: output row `i` (of `q` elements) gathers input column
         // `i` of the `[q, p]` input, read in contiguous runs a band of rows at a time.
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let rows = |r0: usize, part: &mut [T]| {
+            if let Some(f) = block {
+                // Input rows `0..q` (stride `p`) from column `r0`, `part.len() / q` columns.
+                let ok = x
+                    .get(base + r0..)
+                    .is_some_and(|src| f(src, p, q, part.len() / q.max(1), part, q));
+                if !ok {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                return;
+            }
             for (b, band) in part.chunks_mut(BAND * q).enumerate() {
                 let p0 = r0 + b * BAND;
                 for j in 0..q {
@@ -219,7 +273,11 @@ fn batched_transpose<T: Copy + Send + Sync>(x: &[T], outer: &[(usize, usize)], p
             base -= st * n;
             idx[k] = 0;
         }
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
     }
+    true
 }
 
 /// ONNX `Concat` (opsets 1-13) along `axis`.

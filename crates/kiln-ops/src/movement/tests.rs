@@ -497,8 +497,15 @@ fn pad_wrap_after_crop_reads_cropped_data() {
 
 mod permute_plan {
     //! The merged-loop permutation against the per-element index map of `transpose_map`.
-    use super::super::layout::permute;
+    use super::super::layout::{permute, permute_f32};
     use super::super::transpose_map;
+
+    /// The f32 path (SIMD block transposes) on the same values, compared exactly.
+    fn f32_matches(x: &[u32], shape: &[usize], perm: &[usize], want: &[u32]) -> bool {
+        let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let wf: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+        permute_f32(&xf, shape, perm) == wf
+    }
     use proptest::prelude::*;
 
     fn case() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
@@ -529,6 +536,7 @@ mod permute_plan {
             let x: Vec<u32> = (0..(n * c * h * w) as u32).collect();
             let (_, idx) = transpose_map(&shape, &perm).unwrap();
             let want: Vec<u32> = idx.iter().map(|&i| x[i]).collect();
+            prop_assert!(f32_matches(&x, &shape, &perm, &want));
             prop_assert_eq!(permute(&x, &shape, &perm), want);
         }
     }
@@ -550,6 +558,8 @@ mod permute_plan {
                 let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap();
                 let got = pool.install(|| permute(&x, &shape, &perm));
                 assert_eq!(got, want, "{shape:?} {perm:?} on {threads} threads");
+                let ok = pool.install(|| f32_matches(&x, &shape, &perm, &want));
+                assert!(ok, "f32 {shape:?} {perm:?} on {threads} threads");
             }
         }
     }

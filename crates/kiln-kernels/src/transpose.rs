@@ -1,0 +1,174 @@
+//! f32 matrix transpose: `dst[j * ldd + i] = src[i * lds + j]` for `i < rows`, `j < cols`,
+//! the copy behind Transpose's batched-matrix case (NCHW <-> NHWC at a channels-last
+//! region's edges, ShuffleNet's channel shuffles, attention's head splits).
+//!
+//! The x86 path (AVX2, also on AVX-512 machines) moves 8 x 8 blocks through registers: eight
+//! row loads, the unpack / shuffle / lane-swap network, eight column stores; the edges (rows
+//! or columns past the last whole block) go element by element. The portable path is the
+//! scalar twin it is tested against (a copy: the results are equal bit for bit).
+
+use crate::isa::{self, Isa};
+
+/// Transposes the `rows x cols` matrix at `src` (row stride `lds`) into `dst` (row stride
+/// `ldd`, `cols` rows of `rows`). Returns `false`, writing nothing, when a slice is too short
+/// for those strides (or a stride is below the row it holds).
+pub fn transpose_f32(src: &[f32], lds: usize, rows: usize, cols: usize, dst: &mut [f32], ldd: usize) -> bool {
+    transpose_f32_with(isa::active(), src, lds, rows, cols, dst, ldd)
+}
+
+/// [`transpose_f32`] on a given level (tests compare the levels).
+pub fn transpose_f32_with(
+    isa: Isa,
+    src: &[f32],
+    lds: usize,
+    rows: usize,
+    cols: usize,
+    dst: &mut [f32],
+    ldd: usize,
+) -> bool {
+    if rows == 0 || cols == 0 {
+        return true;
+    }
+    let span = |n: usize, ld: usize, w: usize| (n - 1).checked_mul(ld).and_then(|v| v.checked_add(w));
+    let fits = |len: usize, n: usize, ld: usize, w: usize| ld >= w && span(n, ld, w).is_some_and(|e| e <= len);
+    if !fits(src.len(), rows, lds, cols) || !fits(dst.len(), cols, ldd, rows) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2Fma && isa.is_supported() {
+        // SAFETY: AVX2 is present (checked just above; AVX-512 machines have it too) and the
+        // spans were checked: row `i < rows` of `src` holds `cols` floats at `i * lds`, row
+        // `j < cols` of `dst` holds `rows` floats at `j * ldd`.
+        unsafe { avx2::transpose(src, lds, rows, cols, dst, ldd) };
+        return true;
+    }
+    let _ = isa;
+    scalar(src, lds, 0..rows, 0..cols, dst, ldd);
+    true
+}
+
+/// The element-by-element copy of rows `ri` and columns `cj` (in range: checked by the
+/// caller).
+fn scalar(
+    src: &[f32],
+    lds: usize,
+    ri: std::ops::Range<usize>,
+    cj: std::ops::Range<usize>,
+    dst: &mut [f32],
+    ldd: usize,
+) {
+    for j in cj {
+        for i in ri.clone() {
+            if let (Some(&v), Some(d)) = (src.get(i * lds + j), dst.get_mut(j * ldd + i)) {
+                *d = v;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX2 is present; `(rows - 1) * lds + cols <= src.len()`, `(cols - 1) * ldd + rows <=
+    /// dst.len()`, `lds >= cols`, `ldd >= rows`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn transpose(src: &[f32], lds: usize, rows: usize, cols: usize, dst: &mut [f32], ldd: usize) {
+        let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        for i0 in (0..r8).step_by(8) {
+            for j0 in (0..c8).step_by(8) {
+                // SAFETY: rows `i0 .. i0 + 8 <= rows`, columns `j0 .. j0 + 8 <= cols` of src;
+                // rows `j0 ..+8` and columns `i0 ..+8` of dst: inside the checked spans.
+                unsafe {
+                    let r: [__m256; 8] = std::array::from_fn(|k| _mm256_loadu_ps(s.add((i0 + k) * lds + j0)));
+                    let t = [
+                        _mm256_unpacklo_ps(r[0], r[1]),
+                        _mm256_unpackhi_ps(r[0], r[1]),
+                        _mm256_unpacklo_ps(r[2], r[3]),
+                        _mm256_unpackhi_ps(r[2], r[3]),
+                        _mm256_unpacklo_ps(r[4], r[5]),
+                        _mm256_unpackhi_ps(r[4], r[5]),
+                        _mm256_unpacklo_ps(r[6], r[7]),
+                        _mm256_unpackhi_ps(r[6], r[7]),
+                    ];
+                    let u = [
+                        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                        _mm256_shuffle_ps::<0xee>(t[0], t[2]),
+                        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                        _mm256_shuffle_ps::<0xee>(t[1], t[3]),
+                        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                        _mm256_shuffle_ps::<0xee>(t[4], t[6]),
+                        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                        _mm256_shuffle_ps::<0xee>(t[5], t[7]),
+                    ];
+                    // Column k of the block: the low 128-bit halves give columns 0-3, the
+                    // high ones 4-7.
+                    let cols8 = [
+                        _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
+                        _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
+                        _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
+                        _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
+                        _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
+                        _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
+                        _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
+                        _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
+                    ];
+                    for (k, &v) in cols8.iter().enumerate() {
+                        _mm256_storeu_ps(d.add((j0 + k) * ldd + i0), v);
+                    }
+                }
+            }
+        }
+        // The edges: columns past the last whole block for the block rows, then every
+        // column of the rows past them.
+        super::scalar(src, lds, 0..r8, c8..cols, dst, ldd);
+        super::scalar(src, lds, r8..rows, 0..cols, dst, ldd);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn every_level_matches_the_definition(
+            rows in 1usize..40,
+            cols in 1usize..40,
+            pad_s in 0usize..5,
+            pad_d in 0usize..5,
+        ) {
+            let (lds, ldd) = (cols + pad_s, rows + pad_d);
+            let src: Vec<f32> = (0..rows * lds).map(|v| v as f32 * 0.5 - 3.0).collect();
+            for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+                let mut dst = vec![f32::NAN; cols * ldd];
+                prop_assert!(transpose_f32_with(isa, &src, lds, rows, cols, &mut dst, ldd));
+                for j in 0..cols {
+                    for i in 0..ldd {
+                        let got = dst[j * ldd + i];
+                        if i < rows {
+                            prop_assert_eq!(got, src[i * lds + j], "{:?} ({}, {})", isa, i, j);
+                        } else {
+                            prop_assert!(got.is_nan(), "{:?} wrote the padding at ({}, {})", isa, j, i);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn short_slices_and_strides_are_refused() {
+        let src = vec![1.0f32; 12];
+        let mut dst = vec![0.0f32; 12];
+        assert!(transpose_f32(&src, 4, 3, 4, &mut dst, 3));
+        assert!(!transpose_f32(&src, 4, 4, 4, &mut dst, 4));
+        assert!(!transpose_f32(&src, 3, 3, 4, &mut dst, 3));
+        assert!(!transpose_f32(&src, 4, 3, 4, &mut dst, 2));
+        assert!(!transpose_f32(&src, 4, 3, 4, &mut dst[..8], 3));
+        assert!(transpose_f32(&src, 4, 0, 4, &mut dst, 0));
+    }
+}
