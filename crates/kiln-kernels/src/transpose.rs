@@ -4,8 +4,10 @@
 //!
 //! The x86 path (AVX2, also on AVX-512 machines) moves 8 x 8 blocks through registers: eight
 //! row loads, the unpack / shuffle / lane-swap network, eight column stores; the edges (rows
-//! or columns past the last whole block) go element by element. The portable path is the
-//! scalar twin it is tested against (a copy: the results are equal bit for bit).
+//! or columns past the last whole block) go through the scalar path. The scalar path
+//! ([`transpose`], any element type) is the twin the x86 one is tested against (a copy: the
+//! results are equal bit for bit); it reads bands of 16 columns, so each input row is read in
+//! contiguous runs and the band's output rows stay in L1.
 
 use crate::isa::{self, Isa};
 
@@ -26,16 +28,11 @@ pub fn transpose_f32_with(
     dst: &mut [f32],
     ldd: usize,
 ) -> bool {
-    if rows == 0 || cols == 0 {
-        return true;
-    }
-    let span = |n: usize, ld: usize, w: usize| (n - 1).checked_mul(ld).and_then(|v| v.checked_add(w));
-    let fits = |len: usize, n: usize, ld: usize, w: usize| ld >= w && span(n, ld, w).is_some_and(|e| e <= len);
-    if !fits(src.len(), rows, lds, cols) || !fits(dst.len(), cols, ldd, rows) {
+    if !fits(src.len(), lds, rows, cols, dst.len(), ldd) {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2Fma && isa.is_supported() {
+    if rows > 0 && cols > 0 && isa >= Isa::Avx2Fma && isa.is_supported() {
         // SAFETY: AVX2 is present (checked just above; AVX-512 machines have it too) and the
         // spans were checked: row `i < rows` of `src` holds `cols` floats at `i * lds`, row
         // `j < cols` of `dst` holds `rows` floats at `j * ldd`.
@@ -43,24 +40,56 @@ pub fn transpose_f32_with(
         return true;
     }
     let _ = isa;
-    scalar(src, lds, 0..rows, 0..cols, dst, ldd);
+    bands(src, lds, 0..rows, 0..cols, dst, ldd);
     true
 }
 
+/// [`transpose_f32`]'s scalar path for any element type (no SIMD): the same contract.
+pub fn transpose<T: Copy>(src: &[T], lds: usize, rows: usize, cols: usize, dst: &mut [T], ldd: usize) -> bool {
+    if !fits(src.len(), lds, rows, cols, dst.len(), ldd) {
+        return false;
+    }
+    bands(src, lds, 0..rows, 0..cols, dst, ldd);
+    true
+}
+
+/// Whether a `rows x cols` matrix with row stride `lds` fits in `src_len` elements and its
+/// transpose with row stride `ldd` in `dst_len` (an empty matrix always fits).
+fn fits(src_len: usize, lds: usize, rows: usize, cols: usize, dst_len: usize, ldd: usize) -> bool {
+    let fit = |len: usize, n: usize, ld: usize, w: usize| {
+        ld >= w
+            && (n - 1)
+                .checked_mul(ld)
+                .and_then(|v| v.checked_add(w))
+                .is_some_and(|e| e <= len)
+    };
+    rows == 0 || cols == 0 || (fit(src_len, rows, lds, cols) && fit(dst_len, cols, ldd, rows))
+}
+
+/// Columns per band of [`bands`].
+const BAND: usize = 16;
+
 /// The element-by-element copy of rows `ri` and columns `cj` (in range: checked by the
-/// caller).
-fn scalar(
-    src: &[f32],
+/// caller), `BAND` columns at a time: each input row gives a contiguous run, the band's
+/// `BAND` output rows are written across.
+fn bands<T: Copy>(
+    src: &[T],
     lds: usize,
     ri: std::ops::Range<usize>,
     cj: std::ops::Range<usize>,
-    dst: &mut [f32],
+    dst: &mut [T],
     ldd: usize,
 ) {
-    for j in cj {
+    for j0 in cj.clone().step_by(BAND) {
+        let j1 = (j0 + BAND).min(cj.end);
         for i in ri.clone() {
-            if let (Some(&v), Some(d)) = (src.get(i * lds + j), dst.get_mut(j * ldd + i)) {
-                *d = v;
+            let Some(run) = src.get(i * lds + j0..i * lds + j1) else {
+                continue;
+            };
+            for (j, &v) in (j0..j1).zip(run) {
+                if let Some(d) = dst.get_mut(j * ldd + i) {
+                    *d = v;
+                }
             }
         }
     }
@@ -123,8 +152,8 @@ mod avx2 {
         }
         // The edges: columns past the last whole block for the block rows, then every
         // column of the rows past them.
-        super::scalar(src, lds, 0..r8, c8..cols, dst, ldd);
-        super::scalar(src, lds, r8..rows, 0..cols, dst, ldd);
+        super::bands(src, lds, 0..r8, c8..cols, dst, ldd);
+        super::bands(src, lds, r8..rows, 0..cols, dst, ldd);
     }
 }
 
@@ -143,9 +172,14 @@ mod tests {
         ) {
             let (lds, ldd) = (cols + pad_s, rows + pad_d);
             let src: Vec<f32> = (0..rows * lds).map(|v| v as f32 * 0.5 - 3.0).collect();
-            for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            // Each level's f32 path, then the generic path (`None`).
+            for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()).map(Some).chain([None]) {
                 let mut dst = vec![f32::NAN; cols * ldd];
-                prop_assert!(transpose_f32_with(isa, &src, lds, rows, cols, &mut dst, ldd));
+                let ok = match isa {
+                    Some(isa) => transpose_f32_with(isa, &src, lds, rows, cols, &mut dst, ldd),
+                    None => transpose(&src, lds, rows, cols, &mut dst, ldd),
+                };
+                prop_assert!(ok);
                 for j in 0..cols {
                     for i in 0..ldd {
                         let got = dst[j * ldd + i];
@@ -170,5 +204,7 @@ mod tests {
         assert!(!transpose_f32(&src, 4, 3, 4, &mut dst, 2));
         assert!(!transpose_f32(&src, 4, 3, 4, &mut dst[..8], 3));
         assert!(transpose_f32(&src, 4, 0, 4, &mut dst, 0));
+        assert!(!transpose(&src, 4, 4, 4, &mut dst, 4));
+        assert!(!transpose(&src, 4, 3, 4, &mut dst, 2));
     }
 }

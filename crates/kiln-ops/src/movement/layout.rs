@@ -68,13 +68,7 @@ impl Transpose {
         let out_shape: kiln_tensor::Shape = perm.iter().map(|&p| x.shape()[p]).collect();
         if let Ok(v) = x.as_slice::<f32>() {
             let mut out = crate::util::out_f32(v.len());
-            if !permute_into_with(
-                v,
-                x.shape(),
-                &perm,
-                &mut out,
-                Some(&kiln_kernels::transpose::transpose_f32),
-            ) {
+            if !permute_into(v, x.shape(), &perm, &mut out, &kiln_kernels::transpose::transpose_f32) {
                 return Err(OpError::Shape(format!(
                     "Transpose: data of {} elements does not fill shape {:?}",
                     v.len(),
@@ -100,48 +94,39 @@ impl Transpose {
 
 /// `x` (row-major, `shape`) with its dims permuted (`out dim i = in dim perm[i]`), as a loop
 /// nest over the output with runs of output dims that are also consecutive in the input
-/// merged, so the inner loop is a slice copy when the last dim stays last and a strided
-/// gather otherwise. `perm` is a permutation of `0..shape.len()` (checked by the caller).
+/// merged, so the inner loop is a slice copy when the last dim stays last, a batch of matrix
+/// transposes when the last two merged dims swap, and a strided gather otherwise. `perm` is a
+/// permutation of `0..shape.len()` (checked by the caller).
 #[cfg(test)]
 pub(crate) fn permute<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> {
     let mut out = x.to_vec();
-    assert!(permute_into(x, shape, perm, &mut out), "x fills its shape");
+    let block: BlockFn<'_, T> = &kiln_kernels::transpose::transpose::<T>;
+    assert!(permute_into(x, shape, perm, &mut out, block), "x fills its shape");
     out
 }
 
-/// [`permute`] on f32 as Transpose runs it (the batched-matrix case through the SIMD
-/// transpose).
+/// [`permute`] on f32 as Transpose runs it (the matrix transposes on the SIMD kernel).
 #[cfg(test)]
 pub(crate) fn permute_f32(x: &[f32], shape: &[usize], perm: &[usize]) -> Vec<f32> {
     let mut out = x.to_vec();
     let block: BlockFn<'_, f32> = &kiln_kernels::transpose::transpose_f32;
-    assert!(
-        permute_into_with(x, shape, perm, &mut out, Some(block)),
-        "x fills its shape"
-    );
+    assert!(permute_into(x, shape, perm, &mut out, block), "x fills its shape");
     out
-}
-
-/// [`permute`] into `out` (whatever it holds is overwritten), which has the tensor's element
-/// count; `false` (and `out` unspecified) when `x` or `out` does not have `shape`'s count.
-#[cfg(test)]
-pub(crate) fn permute_into<T: Copy + Send + Sync>(x: &[T], shape: &[usize], perm: &[usize], out: &mut [T]) -> bool {
-    permute_into_with(x, shape, perm, out, None)
 }
 
 /// A matrix transpose as [`kiln_kernels::transpose::transpose_f32`] takes it: `(src, lds,
 /// rows, cols, dst, ldd)`, `false` when the slices do not fit.
 type BlockFn<'a, T> = &'a (dyn Fn(&[T], usize, usize, usize, &mut [T], usize) -> bool + Sync);
 
-/// `x` (row-major, `shape`) permuted into `out` (see [`permute`]), the batched-matrix case
-/// through `block` when given (f32: the SIMD transpose), else through the generic bands;
-/// `false` (and `out` unspecified) when `x` or `out` does not have `shape`'s count.
-fn permute_into_with<T: Copy + Send + Sync>(
+/// [`permute`] into `out` (whatever it holds is overwritten), which has the tensor's element
+/// count, its matrix transposes through `block`; `false` (and `out` unspecified) when `x` or
+/// `out` does not have `shape`'s count.
+pub(crate) fn permute_into<T: Copy + Send + Sync>(
     x: &[T],
     shape: &[usize],
     perm: &[usize],
     out: &mut [T],
-    block: Option<BlockFn<'_, T>>,
+    block: BlockFn<'_, T>,
 ) -> bool {
     let st = strides(shape);
     // (size, input stride) per output dim, size-1 dims dropped, consecutive ones merged.
@@ -208,53 +193,33 @@ fn permute_into_with<T: Copy + Send + Sync>(
 
 /// The permutation `permute` reduces to a batch of 2-D transposes: for each block of the
 /// `outer` dims (size, input stride), the input's `[q, p]` matrix becomes the output's
-/// `[p, q]`. Done in bands of output rows, each reading contiguous runs of the input, so
-/// neither side walks memory at a large stride (NCHW <-> NHWC is this case), or by `block`
-/// when given. `x` holds exactly the tensor's elements; `false` if `block` refused a matrix.
+/// `[p, q]`, by `block` (NCHW <-> NHWC is this case); a large matrix is split over the thread
+/// pool by output rows. `x` holds exactly the tensor's elements; `false` if `block` refused a
+/// matrix.
 fn batched_transpose<T: Copy + Send + Sync>(
     x: &[T],
     outer: &[(usize, usize)],
     p: usize,
     q: usize,
     out: &mut [T],
-    block: Option<BlockFn<'_, T>>,
+    block: BlockFn<'_, T>,
 ) -> bool {
-    const BAND: usize = 16;
     // Output rows per task when a matrix is split over the thread pool: at least 64 Ki
-    // elements each, in whole bands.
+    // elements each, in multiples of 16.
     const PAR_ELEMS: usize = 1 << 16;
     let mat = p * q;
-    let rows_per_task = (PAR_ELEMS / q.max(1)).div_ceil(BAND).max(1) * BAND;
+    let rows_per_task = (PAR_ELEMS / q.max(1)).next_multiple_of(16).max(16);
     let mut idx: smallvec::SmallVec<[usize; 6]> = smallvec::smallvec![0usize; outer.len()];
     let mut base = 0usize;
     for dst in out.chunks_exact_mut(mat.max(1)) {
-        // Rows `r0..` of this matrix: output row `i` (of `q` elements) gathers input column
-        // `i` of the `[q, p]` input, read in contiguous runs a band of rows at a time.
+        // Output rows `r0..` of this matrix: input columns `r0..` of its `q` rows (stride `p`).
         let failed = std::sync::atomic::AtomicBool::new(false);
         let rows = |r0: usize, part: &mut [T]| {
-            if let Some(f) = block {
-                // Input rows `0..q` (stride `p`) from column `r0`, `part.len() / q` columns.
-                let ok = x
-                    .get(base + r0..)
-                    .is_some_and(|src| f(src, p, q, part.len() / q.max(1), part, q));
-                if !ok {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                return;
-            }
-            for (b, band) in part.chunks_mut(BAND * q).enumerate() {
-                let p0 = r0 + b * BAND;
-                for j in 0..q {
-                    let start = base + j * p + p0;
-                    let Some(src) = x.get(start..start + band.len() / q) else {
-                        continue;
-                    };
-                    for (i, &v) in src.iter().enumerate() {
-                        if let Some(d) = band.get_mut(i * q + j) {
-                            *d = v;
-                        }
-                    }
-                }
+            let ok = x
+                .get(base + r0..)
+                .is_some_and(|src| block(src, p, q, part.len() / q.max(1), part, q));
+            if !ok {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         };
         if mat >= 2 * PAR_ELEMS && q > 0 {
