@@ -8,7 +8,10 @@
 //! which B's bytes are read: the bound that matters for M = 1, where B is read once). Set
 //! `KILN_BENCH_ALL_ISAS=1` to also run the AVX2 and portable kernels on an AVX-512 machine, and
 //! `KILN_BENCH_SHAPES=text` to run only the shapes whose name contains `text` (and skip the
-//! epilogue cases unless it matches `epilogue`).
+//! epilogue cases unless it matches `epilogue`). `KILN_BENCH_COLD=b` (or `a`, or `ab`) makes
+//! each call use the next of several copies of B (the packed weights; of A) spanning 96 MiB,
+//! as in a model whose weights outgrow the caches: every call then starts with its operands,
+//! and C, evicted, where the plain run keeps them cached between calls.
 
 mod common;
 
@@ -51,8 +54,10 @@ const SHAPES: [(&str, usize, usize, usize); 22] = [
 ];
 
 struct Case {
-    a: Vec<f32>,
-    b: PackedB,
+    /// Copies of A and B, used in turn (one each unless `KILN_BENCH_COLD` is set).
+    a: Vec<Vec<f32>>,
+    b: Vec<PackedB>,
+    turn: usize,
     c: Vec<f32>,
     bias: Vec<f32>,
     m: usize,
@@ -69,12 +74,19 @@ impl Case {
         } else {
             BLayout::for_isa(isa)
         };
+        let packed = PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).unwrap_or_else(|e| {
+            eprintln!("pack: {e}");
+            std::process::exit(1)
+        });
+        let copies = if std::env::var_os("KILN_BENCH_COLD").is_some() {
+            (96 << 20) / (4 * (k * n + m * k)).max(1) + 1
+        } else {
+            1
+        };
         Case {
-            a: data(m * k, 1),
-            b: PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).unwrap_or_else(|e| {
-                eprintln!("pack: {e}");
-                std::process::exit(1)
-            }),
+            a: vec![data(m * k, 1); copies],
+            b: vec![packed; copies],
+            turn: 0,
             c: vec![0.0; m * n],
             bias: data(n, 3),
             m,
@@ -85,15 +97,19 @@ impl Case {
     }
 
     fn run(&mut self, isa: Isa, epi: &Epilogue<'_>) {
+        self.turn = (self.turn + 1) % self.b.len();
+        let cold = std::env::var("KILN_BENCH_COLD").unwrap_or_default();
+        let a = &self.a[if cold.contains('a') { self.turn } else { 0 }];
+        let b = &self.b[if cold.contains('b') { self.turn } else { 0 }];
         let r = sgemm_with(
             isa,
             self.m,
             if self.transposed {
-                AMatrix::transposed(&self.a, self.m)
+                AMatrix::transposed(a, self.m)
             } else {
-                AMatrix::row_major(&self.a, self.k)
+                AMatrix::row_major(a, self.k)
             },
-            self.b.view(),
+            b.view(),
             &mut self.c,
             self.n,
             epi,

@@ -195,11 +195,32 @@ pub(crate) unsafe fn run_raw(
             let (first, last) = (pc == 0, pc + kc == k);
             for ic in (0..m).step_by(mc_max) {
                 let mc = mc_max.min(m - ic);
+                let tiles_per_panel = mc.div_ceil(mr);
                 for jr in (jc..jc + nc).step_by(kn) {
                     let nr = kn.min(n - jr);
                     // Panel `jr / pnr`, rows from `pc`, columns from `jr % pnr` (kn divides pnr).
-                    let boff = (jr / pnr) * k * pnr + pc * pnr + jr % pnr;
+                    let panel_at = |jr: usize, pc: usize| (jr / pnr) * k * pnr + pc * pnr + jr % pnr;
+                    let boff = panel_at(jr, pc);
+                    // The micro-panel the loop reads next, fetched into L2 a slice per tile
+                    // while this one's tiles run (weights stream from memory: the hardware
+                    // prefetchers restart on every micro-panel and the first tile stalls).
+                    let next = if jr + kn < jc + nc {
+                        Some((panel_at(jr + kn, pc), kc))
+                    } else if ic + mc < m {
+                        Some((panel_at(jc, pc), kc))
+                    } else if pc + kc < k {
+                        Some((panel_at(jc, pc + kc), kc_max.min(k - pc - kc)))
+                    } else if jc + nc < n {
+                        Some((panel_at(jc + nc, 0), kc_max.min(k)))
+                    } else {
+                        None
+                    };
                     for ir in (0..mc).step_by(mr) {
+                        if let Some((off, rows)) = next {
+                            let chunk = rows.div_ceil(tiles_per_panel);
+                            let p0 = ir / mr * chunk;
+                            prefetch_rows(bdata, off, p0..rows.min(p0 + chunk), pnr, kn);
+                        }
                         let rows = mr.min(mc - ir);
                         let table = if nr <= kn / 2 && !kernels.half.is_empty() {
                             kernels.half
@@ -259,6 +280,28 @@ pub(crate) unsafe fn run_raw(
             }
         }
     }
+}
+
+/// Asks for rows `rows` of a micro-panel (`width` floats from `data[off + p*stride]`) to be
+/// fetched into L2. Only a hint: addresses outside `data` are skipped, and nothing is read.
+#[inline]
+fn prefetch_rows(data: &[f32], off: usize, rows: std::ops::Range<usize>, stride: usize, width: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+        const LINE: usize = 16;
+        for p in rows {
+            let start = off + p * stride;
+            for o in (start..start + width).step_by(LINE) {
+                if let Some(x) = data.get(o) {
+                    // SAFETY: a prefetch reads nothing and cannot fault; the pointer is in `data`.
+                    unsafe { _mm_prefetch::<_MM_HINT_T1>((x as *const f32).cast::<i8>()) };
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, off, rows, stride, width);
 }
 
 /// Pointers into the epilogue's operands at row `i0`, column `j0` of C. The caller has
