@@ -187,20 +187,71 @@ pub(crate) unsafe fn run_raw(
     } else {
         (MC * KC / kc_max.max(1)).max(MC) / mr * mr
     };
-    let tiles = kernels.tiles;
+    let panel_at = |jr: usize, pc: usize| (jr / pnr) * k * pnr + pc * pnr + jr % pnr;
+    let run_tile = |row: usize, rows: usize, jr: usize, pc: usize, kc: usize| {
+        let nr = kn.min(n - jr);
+        let table = if nr <= kn / 2 && !kernels.half.is_empty() {
+            kernels.half
+        } else if nr <= kn / 4 * 3 && !kernels.narrow.is_empty() {
+            kernels.narrow
+        } else {
+            kernels.tiles
+        };
+        let Some(&tile) = table.get(rows - 1) else {
+            return;
+        };
+        let (first, last) = (pc == 0, pc + kc == k);
+        let coff = row * ldc + jr;
+        let (aoff, ars, acs) = if a.transposed {
+            (pc * a.ld + row, 1, a.ld)
+        } else {
+            (row * a.ld + pc, a.ld, 1)
+        };
+        let fuse = kernels.fused && last && !epi.is_empty();
+        let tile_epi = fuse.then(|| tile_epi(epi, row, jr));
+        // SAFETY: the kernel table was chosen for a level the CPU supports (`sgemm_with`
+        // checked `is_supported`, `select` only returns its kernels). The callers below pass
+        // `row + rows <= m`, `jr < n` a multiple of `kn`, `pc + kc <= k`. A: validate checked
+        // the span of the `m x k` matrix (row-major or transposed with `ld`); the tile reads
+        // rows `row .. row+rows`, depths `pc .. pc+kc`, each at `aoff + i*ars + p*acs`. B:
+        // panel `jr / pnr` has `k` rows of `pnr` floats; rows `pc..pc+kc` exist and
+        // `jr % pnr + kn <= pnr` as `kn` divides `pnr`; the last panel is zero-padded, so all
+        // `kn` columns are readable. C: validate checked `(m-1)*ldc + n` elements from `c.ptr`
+        // (run_raw's contract); rows `row .. row+rows`, columns `jr .. jr+nr <= n`, and
+        // `first` is false only after an earlier depth block stored these elements (both loop
+        // orders run depth blocks in order). Epilogue: `tile_epi` points into operands whose
+        // lengths validate checked (see there).
+        unsafe {
+            tile(
+                kc,
+                a.data.as_ptr().add(aoff),
+                ars,
+                acs,
+                bdata.as_ptr().add(panel_at(jr, pc)),
+                pnr,
+                c.ptr.add(coff),
+                ldc,
+                nr,
+                first,
+                tile_epi.as_ref(),
+            );
+        }
+        if last && !epi.is_empty() && !kernels.fused {
+            for i in row..row + rows {
+                // SAFETY: row `i < m`, columns `jr .. jr+nr <= n`: this call's.
+                let r = unsafe { c.row(i, jr, nr) };
+                finish_row(kernels, epi, i, jr, r);
+            }
+        }
+    };
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(kc_max) {
             let kc = kc_max.min(k - pc);
-            let (first, last) = (pc == 0, pc + kc == k);
             for ic in (0..m).step_by(mc_max) {
                 let mc = mc_max.min(m - ic);
                 let tiles_per_panel = mc.div_ceil(mr);
                 for jr in (jc..jc + nc).step_by(kn) {
-                    let nr = kn.min(n - jr);
-                    // Panel `jr / pnr`, rows from `pc`, columns from `jr % pnr` (kn divides pnr).
-                    let panel_at = |jr: usize, pc: usize| (jr / pnr) * k * pnr + pc * pnr + jr % pnr;
-                    let boff = panel_at(jr, pc);
                     // The micro-panel the loop reads next, fetched into L2 a slice per tile
                     // while this one's tiles run (weights stream from memory: the hardware
                     // prefetchers restart on every micro-panel and the first tile stalls).
@@ -221,65 +272,47 @@ pub(crate) unsafe fn run_raw(
                             let p0 = ir / mr * chunk;
                             prefetch_rows(bdata, off, p0..rows.min(p0 + chunk), pnr, kn);
                         }
-                        let rows = mr.min(mc - ir);
-                        let table = if nr <= kn / 2 && !kernels.half.is_empty() {
-                            kernels.half
-                        } else if nr <= kn / 4 * 3 && !kernels.narrow.is_empty() {
-                            kernels.narrow
-                        } else {
-                            tiles
-                        };
-                        let Some(&tile) = table.get(rows - 1) else {
-                            return;
-                        };
-                        let coff = (ic + ir) * ldc + jr;
-                        let (aoff, ars, acs) = if a.transposed {
-                            (pc * a.ld + ic + ir, 1, a.ld)
-                        } else {
-                            ((ic + ir) * a.ld + pc, a.ld, 1)
-                        };
-                        // SAFETY: the kernel table was chosen for a level the CPU supports
-                        // (`sgemm_with` checked `is_supported`, `select` only returns its kernels).
-                        // A: validate checked the span of the `m x k` matrix (row-major or
-                        // transposed with `ld`); the tile reads rows `ic+ir .. ic+ir+rows <= m`,
-                        // depths `pc .. pc+kc <= k`, each at `aoff + i*ars + p*acs`. B: panel `jr / pnr` has `k` rows of `pnr`
-                        // floats; rows `pc..pc+kc` exist and `jr % pnr + kn <= pnr` as `kn`
-                        // divides `pnr` and `jr` is a multiple of `kn`; the last panel is
-                        // zero-padded, so all `kn` columns are readable. C: validate checked
-                        // `(m-1)*ldc + n` elements from `c.ptr` (run_raw's contract); rows
-                        // `ic+ir .. ic+ir+rows <= m`, columns
-                        // `jr .. jr+nr <= n`, and `first` is false only after a previous depth
-                        // block stored these elements. Epilogue: `tile_epi` points into operands
-                        // whose lengths validate checked (see there).
-                        let fuse = kernels.fused && last && !epi.is_empty();
-                        let tile_epi = fuse.then(|| tile_epi(epi, ic + ir, jr));
-                        unsafe {
-                            tile(
-                                kc,
-                                a.data.as_ptr().add(aoff),
-                                ars,
-                                acs,
-                                bdata.as_ptr().add(boff),
-                                pnr,
-                                c.ptr.add(coff),
-                                ldc,
-                                nr,
-                                first,
-                                tile_epi.as_ref(),
-                            );
-                        }
-                        if last && !epi.is_empty() && !kernels.fused {
-                            for i in ic + ir..ic + ir + rows {
-                                // SAFETY: row `i < m`, columns `jr .. jr+nr <= n`: this call's.
-                                let row = unsafe { c.row(i, jr, nr) };
-                                finish_row(kernels, epi, i, jr, row);
+                        // The rows of C (and, on the last depth block, of the residual) that
+                        // the tile AHEAD tiles down reads and writes: the tiles walk down C a
+                        // line per row, which the hardware prefetchers follow poorly, and a
+                        // short tile (k = 64: a 1x1 convolution's) is over before memory
+                        // answers the epilogue's loads.
+                        let ahead = ic + ir + AHEAD * mr;
+                        if ahead < ic + mc {
+                            let rows = ahead..(ahead + mr).min(ic + mc);
+                            prefetch_c(c, rows.clone(), jr, kn.min(n - jr));
+                            if let (true, Some(r)) = (pc + kc == k, epi.residual) {
+                                prefetch_rows(r.data, jr, rows, r.ld, kn.min(n - jr));
                             }
                         }
+                        run_tile(ic + ir, mr.min(mc - ir), jr, pc, kc);
                     }
                 }
             }
         }
     }
+}
+
+/// How many tiles ahead of the running one C's and the residual's rows are fetched.
+const AHEAD: usize = 2;
+
+/// Asks for C's rows `rows`, columns `j .. j + width`, to be fetched into L1. Only a hint: the
+/// addresses are formed with wrapping arithmetic and nothing is read or written.
+#[inline]
+fn prefetch_c(c: CMut, rows: std::ops::Range<usize>, j: usize, width: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        for i in rows {
+            let row = c.ptr.wrapping_add(i * c.ldc + j);
+            for o in (0..width).step_by(16).chain(std::iter::once(width - 1)) {
+                // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(o).cast::<i8>()) };
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (c, rows, j, width);
 }
 
 /// Asks for rows `rows` of a micro-panel (`width` floats from `data[off + p*stride]`) to be
