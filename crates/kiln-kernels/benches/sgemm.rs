@@ -28,7 +28,7 @@ const PEAK_GFLOPS: f64 = 117.0;
 /// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed,
 /// one ending in `NR32` packs B in 32-column panels (what the compiler stores, for every
 /// level) where the others take the level's own layout.
-const SHAPES: [(&str, usize, usize, usize); 22] = [
+const SHAPES: [(&str, usize, usize, usize); 24] = [
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),
     ("resnet50 1x1 NHWC 56x56", 3136, 256, 64),
@@ -47,6 +47,8 @@ const SHAPES: [(&str, usize, usize, usize); 22] = [
     ("minilm ffn up A^T", 128, 1536, 384),
     ("mobilenet expand 1x1 56x56", 3136, 144, 24),
     ("mobilenet expand 1x1 in L2", 256, 144, 24),
+    ("mobilenet expand 112x112 k16", 12544, 96, 16),
+    ("mobilenet expand one row k16", 112, 96, 16),
     ("mobilenet project 1x1 56x56", 3136, 24, 144),
     ("vit qkv proj", 197, 192, 192),
     ("vit ffn up", 197, 768, 192),

@@ -183,16 +183,43 @@ unsafe fn tile<const R: usize, const NV: usize>(
             }
         }
     }
+    // What follows makes no calls on the common paths: a call would spill every accumulator
+    // (all ymm registers are the caller's to save), which on a short depth (a 1x1
+    // convolution's 16-64 channels) cost as much as the products.
+    if nr == width && epi.is_none() {
+        for (i, acc) in acc.iter().enumerate() {
+            // SAFETY: the TileFn contract gives `width` writable (initialised unless `first`)
+            // floats at `c + i*ldc` for `i < R`.
+            unsafe {
+                let cp = c.add(i * ldc);
+                for (v, &x) in acc.iter().enumerate() {
+                    let p = cp.add(LANES * v);
+                    let x = if first { x } else { _mm256_add_ps(x, _mm256_loadu_ps(p)) };
+                    _mm256_storeu_ps(p, x);
+                }
+            }
+        }
+        return;
+    }
+    let null = std::ptr::null::<f32>();
+    let (row_bias, col_bias, resid, resid_ld, act) = match epi {
+        Some(e) => (e.row_bias, e.col_bias, e.resid, e.resid_ld, e.act),
+        None => (null, null, null, 0, None),
+    };
     // SAFETY: TileEpi's contract: a non-null column bias has `nr` readable floats, here `width`.
-    let cb: Option<[V; NV]> = match epi {
-        Some(e) if nr == width && !e.col_bias.is_null() => Some(std::array::from_fn(|v| unsafe {
-            _mm256_loadu_ps(e.col_bias.add(LANES * v))
-        })),
-        _ => None,
+    let cb: Option<[V; NV]> = if nr == width && !col_bias.is_null() {
+        Some(std::array::from_fn(|v| unsafe {
+            _mm256_loadu_ps(col_bias.add(LANES * v))
+        }))
+    } else {
+        None
     };
     // The cheap activation's decisions once per tile (see `Cheap`); a costly one per vector.
-    let cheap = cheap_of(epi.and_then(|e| e.act));
-    let costly = epi.and_then(|e| e.act.filter(|a| !a.is_cheap()));
+    let cheap = cheap_of(act);
+    let costly = match act {
+        Some(a) if !a.is_cheap() => Some(a),
+        _ => None,
+    };
     for (i, acc) in acc.iter().enumerate() {
         // SAFETY: the TileFn contract gives `nr <= width` writable (initialised unless
         // `first`) floats at `c + i*ldc` for `i < R`, TileEpi's gives `R` row-bias floats and
@@ -200,20 +227,35 @@ unsafe fn tile<const R: usize, const NV: usize>(
         // width`, the edge goes through a local array and slices of exactly `nr` floats.
         unsafe {
             let cp = c.add(i * ldc);
-            let rb = epi.and_then(|e| (!e.row_bias.is_null()).then(|| *e.row_bias.add(i)));
-            let rp = epi.and_then(|e| (!e.resid.is_null()).then(|| e.resid.add(i * e.resid_ld)));
+            let rb = if row_bias.is_null() {
+                None
+            } else {
+                Some(*row_bias.add(i))
+            };
+            let rp = if resid.is_null() {
+                None
+            } else {
+                Some(resid.add(i * resid_ld))
+            };
             if nr == width {
-                let rbv = rb.map(|b| _mm256_set1_ps(b));
+                let rbv = match rb {
+                    Some(b) => Some(_mm256_set1_ps(b)),
+                    None => None,
+                };
                 for (v, &acc) in acc.iter().enumerate() {
                     let mut x = acc;
                     if !first {
                         x = _mm256_add_ps(x, _mm256_loadu_ps(cp.add(LANES * v)));
                     }
-                    if epi.is_some() {
-                        let cbv = cb.map(|cb| cb[v]);
-                        let rv = rp.map(|r| _mm256_loadu_ps(r.add(LANES * v)));
-                        x = apply_cheap(cheap, epi_vec(x, rbv, cbv, rv, costly));
-                    }
+                    let cbv = match cb {
+                        Some(cb) => Some(cb[v]),
+                        None => None,
+                    };
+                    let rv = match rp {
+                        Some(r) => Some(_mm256_loadu_ps(r.add(LANES * v))),
+                        None => None,
+                    };
+                    x = apply_cheap(cheap, epi_vec(x, rbv, cbv, rv, costly));
                     _mm256_storeu_ps(cp.add(LANES * v), x);
                 }
             } else {
@@ -225,10 +267,10 @@ unsafe fn tile<const R: usize, const NV: usize>(
                 for (o, &s) in out.iter_mut().zip(&t) {
                     *o = if first { s } else { *o + s };
                 }
-                if let Some(e) = epi {
-                    let cb = (!e.col_bias.is_null()).then(|| std::slice::from_raw_parts(e.col_bias, nr));
+                if epi.is_some() {
+                    let cb = (!col_bias.is_null()).then(|| std::slice::from_raw_parts(col_bias, nr));
                     let r = rp.map(|r| std::slice::from_raw_parts(r, nr));
-                    epi_impl(out, rb, cb, r, e.act);
+                    epi_impl(out, rb, cb, r, act);
                 }
             }
         }
