@@ -188,70 +188,30 @@ pub(crate) unsafe fn run_raw(
         (MC * KC / kc_max.max(1)).max(MC) / mr * mr
     };
     let panel_at = |jr: usize, pc: usize| (jr / pnr) * k * pnr + pc * pnr + jr % pnr;
-    let run_tile = |row: usize, rows: usize, jr: usize, pc: usize, kc: usize| {
-        let nr = kn.min(n - jr);
-        let table = if nr <= kn / 2 && !kernels.half.is_empty() {
-            kernels.half
-        } else if nr <= kn / 4 * 3 && !kernels.narrow.is_empty() {
-            kernels.narrow
-        } else {
-            kernels.tiles
-        };
-        let Some(&tile) = table.get(rows - 1) else {
-            return;
-        };
-        let (first, last) = (pc == 0, pc + kc == k);
-        let coff = row * ldc + jr;
-        let (aoff, ars, acs) = if a.transposed {
-            (pc * a.ld + row, 1, a.ld)
-        } else {
-            (row * a.ld + pc, a.ld, 1)
-        };
-        let fuse = kernels.fused && last && !epi.is_empty();
-        let tile_epi = fuse.then(|| tile_epi(epi, row, jr));
-        // SAFETY: the kernel table was chosen for a level the CPU supports (`sgemm_with`
-        // checked `is_supported`, `select` only returns its kernels). The callers below pass
-        // `row + rows <= m`, `jr < n` a multiple of `kn`, `pc + kc <= k`. A: validate checked
-        // the span of the `m x k` matrix (row-major or transposed with `ld`); the tile reads
-        // rows `row .. row+rows`, depths `pc .. pc+kc`, each at `aoff + i*ars + p*acs`. B:
-        // panel `jr / pnr` has `k` rows of `pnr` floats; rows `pc..pc+kc` exist and
-        // `jr % pnr + kn <= pnr` as `kn` divides `pnr`; the last panel is zero-padded, so all
-        // `kn` columns are readable. C: validate checked `(m-1)*ldc + n` elements from `c.ptr`
-        // (run_raw's contract); rows `row .. row+rows`, columns `jr .. jr+nr <= n`, and
-        // `first` is false only after an earlier depth block stored these elements (both loop
-        // orders run depth blocks in order). Epilogue: `tile_epi` points into operands whose
-        // lengths validate checked (see there).
-        unsafe {
-            tile(
-                kc,
-                a.data.as_ptr().add(aoff),
-                ars,
-                acs,
-                bdata.as_ptr().add(panel_at(jr, pc)),
-                pnr,
-                c.ptr.add(coff),
-                ldc,
-                nr,
-                first,
-                tile_epi.as_ref(),
-            );
-        }
-        if last && !epi.is_empty() && !kernels.fused {
-            for i in row..row + rows {
-                // SAFETY: row `i < m`, columns `jr .. jr+nr <= n`: this call's.
-                let r = unsafe { c.row(i, jr, nr) };
-                finish_row(kernels, epi, i, jr, r);
-            }
-        }
-    };
+    let resid = epi.residual.map(|r| (r.data.as_ptr(), r.ld));
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(kc_max) {
             let kc = kc_max.min(k - pc);
+            let (first, last) = (pc == 0, pc + kc == k);
+            let fuse = kernels.fused && last && !epi.is_empty();
+            let unfused = last && !epi.is_empty() && !kernels.fused;
             for ic in (0..m).step_by(mc_max) {
                 let mc = mc_max.min(m - ic);
                 let tiles_per_panel = mc.div_ceil(mr);
                 for jr in (jc..jc + nc).step_by(kn) {
+                    // Everything below that does not change down the panel is settled here:
+                    // on a short depth (a 1x1 convolution's 16-64 channels) a tile is ~100-400
+                    // cycles, and per-tile bookkeeping showed (k = 16: 46 -> 60 GFLOP/s).
+                    let nr = kn.min(n - jr);
+                    let table = if nr <= kn / 2 && !kernels.half.is_empty() {
+                        kernels.half
+                    } else if nr <= kn / 4 * 3 && !kernels.narrow.is_empty() {
+                        kernels.narrow
+                    } else {
+                        kernels.tiles
+                    };
+                    let boff = panel_at(jr, pc);
                     // The micro-panel the loop reads next, fetched into L2 a slice per tile
                     // while this one's tiles run (weights stream from memory: the hardware
                     // prefetchers restart on every micro-panel and the first tile stalls).
@@ -266,26 +226,71 @@ pub(crate) unsafe fn run_raw(
                     } else {
                         None
                     };
-                    for ir in (0..mc).step_by(mr) {
-                        if let Some((off, rows)) = next {
-                            let chunk = rows.div_ceil(tiles_per_panel);
-                            let p0 = ir / mr * chunk;
-                            prefetch_rows(bdata, off, p0..rows.min(p0 + chunk), pnr, kn);
-                        }
+                    let (next_off, next_rows) = next.unwrap_or((0, 0));
+                    let chunk = next_rows.div_ceil(tiles_per_panel);
+                    for (t, ir) in (0..mc).step_by(mr).enumerate() {
+                        let row = ic + ir;
+                        let rows = mr.min(mc - ir);
+                        let p0 = t * chunk;
+                        prefetch_rows(bdata, next_off, p0..next_rows.min(p0 + chunk), pnr, kn);
                         // The rows of C (and, on the last depth block, of the residual) that
                         // the tile AHEAD tiles down reads and writes: the tiles walk down C a
                         // line per row, which the hardware prefetchers follow poorly, and a
                         // short tile (k = 64: a 1x1 convolution's) is over before memory
                         // answers the epilogue's loads.
-                        let ahead = ic + ir + AHEAD * mr;
+                        let ahead = row + AHEAD * mr;
                         if ahead < ic + mc {
-                            let rows = ahead..(ahead + mr).min(ic + mc);
-                            prefetch_c(c, rows.clone(), jr, kn.min(n - jr));
-                            if let (true, Some(r)) = (pc + kc == k, epi.residual) {
-                                prefetch_rows(r.data, jr, rows, r.ld, kn.min(n - jr));
+                            let till = (ahead + mr).min(ic + mc);
+                            prefetch_lines(c.ptr, c.ldc, ahead..till, jr, nr);
+                            if let (true, Some((r, ld))) = (last, resid) {
+                                prefetch_lines(r, ld, ahead..till, jr, nr);
                             }
                         }
-                        run_tile(ic + ir, mr.min(mc - ir), jr, pc, kc);
+                        let Some(&tile) = table.get(rows - 1) else {
+                            return;
+                        };
+                        let (aoff, ars, acs) = if a.transposed {
+                            (pc * a.ld + row, 1, a.ld)
+                        } else {
+                            (row * a.ld + pc, a.ld, 1)
+                        };
+                        let tile_epi = fuse.then(|| tile_epi(epi, row, jr));
+                        // SAFETY: the kernel table was chosen for a level the CPU supports
+                        // (`sgemm_with` checked `is_supported`, `select` only returns its
+                        // kernels). Here `row + rows <= m`, `jr < n` is a multiple of `kn`,
+                        // `pc + kc <= k`. A: validate checked the span of the `m x k` matrix
+                        // (row-major or transposed with `ld`); the tile reads rows `row ..
+                        // row+rows`, depths `pc .. pc+kc`, each at `aoff + i*ars + p*acs`. B:
+                        // panel `jr / pnr` has `k` rows of `pnr` floats; rows `pc..pc+kc`
+                        // exist and `jr % pnr + kn <= pnr` as `kn` divides `pnr`; the last
+                        // panel is zero-padded, so all `kn` columns are readable. C: validate
+                        // checked `(m-1)*ldc + n` elements from `c.ptr` (run_raw's contract);
+                        // rows `row .. row+rows`, columns `jr .. jr+nr <= n`, and `first` is
+                        // false only after the previous depth block stored these elements.
+                        // Epilogue: `tile_epi` points into operands whose lengths validate
+                        // checked (see there).
+                        unsafe {
+                            tile(
+                                kc,
+                                a.data.as_ptr().add(aoff),
+                                ars,
+                                acs,
+                                bdata.as_ptr().add(boff),
+                                pnr,
+                                c.ptr.add(row * ldc + jr),
+                                ldc,
+                                nr,
+                                first,
+                                tile_epi.as_ref(),
+                            );
+                        }
+                        if unfused {
+                            for i in row..row + rows {
+                                // SAFETY: row `i < m`, columns `jr .. jr+nr <= n`: this call's.
+                                let r = unsafe { c.row(i, jr, nr) };
+                                finish_row(kernels, epi, i, jr, r);
+                            }
+                        }
                     }
                 }
             }
@@ -296,23 +301,25 @@ pub(crate) unsafe fn run_raw(
 /// How many tiles ahead of the running one C's and the residual's rows are fetched.
 const AHEAD: usize = 2;
 
-/// Asks for C's rows `rows`, columns `j .. j + width`, to be fetched into L1. Only a hint: the
+/// Asks for rows `rows`, columns `j .. j + width` (at most 16 floats: one or two lines) of
+/// the matrix at `base` with leading dimension `ld` to be fetched into L1. Only a hint: the
 /// addresses are formed with wrapping arithmetic and nothing is read or written.
 #[inline]
-fn prefetch_c(c: CMut, rows: std::ops::Range<usize>, j: usize, width: usize) {
+fn prefetch_lines(base: *const f32, ld: usize, rows: std::ops::Range<usize>, j: usize, width: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         for i in rows {
-            let row = c.ptr.wrapping_add(i * c.ldc + j);
-            for o in (0..width).step_by(16).chain(std::iter::once(width - 1)) {
-                // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(o).cast::<i8>()) };
+            let row = base.wrapping_add(i * ld + j);
+            // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(row.cast::<i8>());
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(width.saturating_sub(1)).cast::<i8>());
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (c, rows, j, width);
+    let _ = (base, ld, rows, j, width);
 }
 
 /// Asks for rows `rows` of a micro-panel (`width` floats from `data[off + p*stride]`) to be
