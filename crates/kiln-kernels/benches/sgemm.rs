@@ -28,7 +28,7 @@ const PEAK_GFLOPS: f64 = 117.0;
 /// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed,
 /// one ending in `NR32` packs B in 32-column panels (what the compiler stores, for every
 /// level) where the others take the level's own layout.
-const SHAPES: [(&str, usize, usize, usize); 24] = [
+const SHAPES: [(&str, usize, usize, usize); 26] = [
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),
     ("resnet50 1x1 NHWC 56x56", 3136, 256, 64),
@@ -40,6 +40,8 @@ const SHAPES: [(&str, usize, usize, usize); 24] = [
     ("minilm qkv proj", 128, 384, 384),
     ("minilm ffn up", 128, 1536, 384),
     ("bert gemv m=1", 1, 768, 768),
+    ("bert gemv m=1 NR32", 1, 768, 768),
+    ("resnet50 classifier gemv NR32", 1, 1000, 2048),
     ("bert ffn up", 128, 3072, 768),
     ("bert ffn down", 128, 768, 3072),
     ("lda 4 KiB", 128, 1024, 1024),

@@ -61,8 +61,8 @@ pub(crate) struct Kernels {
 
 impl Kernels {
     /// The fastest kernels of `isa` (which the caller has checked the CPU supports) that read
-    /// panels of `layout`.
-    pub(crate) fn select(isa: Isa, layout: BLayout) -> Kernels {
+    /// panels of `layout`, for `m` rows of A.
+    pub(crate) fn select(isa: Isa, layout: BLayout, m: usize) -> Kernels {
         #[cfg(target_arch = "x86_64")]
         {
             use super::x86::{avx2, avx512};
@@ -76,11 +76,12 @@ impl Kernels {
                         ..avx2::kernels()
                     };
                 }
+                Isa::Avx2Fma if m == 1 && layout.nr() == 32 => return avx2::gemv_kernels(),
                 Isa::Avx2Fma => return avx2::kernels(),
                 Isa::Portable => {}
             }
         }
-        let _ = (isa, layout);
+        let _ = (isa, layout, m);
         portable::kernels()
     }
 }
@@ -226,7 +227,10 @@ pub(crate) unsafe fn run_raw(
                     } else {
                         None
                     };
-                    let (next_off, next_rows) = next.unwrap_or((0, 0));
+                    // One tile per panel (a GEMV): B is read once, front to back, which the
+                    // hardware prefetchers follow; the whole next panel at once would only
+                    // flood the miss queues.
+                    let (next_off, next_rows) = next.filter(|_| tiles_per_panel > 1).unwrap_or((0, 0));
                     let chunk = next_rows.div_ceil(tiles_per_panel);
                     for (t, ir) in (0..mc).step_by(mr).enumerate() {
                         let row = ic + ir;

@@ -186,7 +186,7 @@ pub fn sgemm_with(
         return Err(SgemmError::Unsupported(isa));
     }
     validate(m, &a, &b, c.len(), ldc, epilogue)?;
-    let kernels = driver::Kernels::select(isa, b.layout());
+    let kernels = driver::Kernels::select(isa, b.layout(), m);
     let threads = crate::pool::current_threads();
     let work = m.saturating_mul(b.n()).saturating_mul(b.k());
     if threads < 2 || work < PAR_MIN_WORK {
@@ -330,7 +330,7 @@ pub fn act_slice_with_isa(isa: Isa, act: Act, v: &mut [f32]) {
 /// residual added, then the activation.
 fn epilogue_pass(isa: Isa, v: &mut [f32], residual: Option<&[f32]>, act: Option<Act>) {
     let isa = if isa.is_supported() { isa } else { Isa::Portable };
-    let epi = driver::Kernels::select(isa, BLayout::for_isa(isa)).epi;
+    let epi = driver::Kernels::select(isa, BLayout::for_isa(isa), 0).epi;
     epi(v, None, None, residual, act);
 }
 

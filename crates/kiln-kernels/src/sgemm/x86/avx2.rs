@@ -150,8 +150,9 @@ fn store_arr(a: &mut [f32; LANES], v: V) {
 simd_math!("avx2,fma");
 
 /// # Safety
-/// The [`TileFn`] contract with `MR = 6` and a width of `8 * NV` columns (`NR = 16` for the
-/// full tiles, 8 for the half ones); the CPU has AVX2 and FMA.
+/// The [`TileFn`] contract with `R <= MR = 6` rows and a width of `8 * NV` columns (`NR =
+/// 16` for the full tiles, 8 for the half ones, 32 for the GEMV tile); the CPU has AVX2 and
+/// FMA.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<const R: usize, const NV: usize>(
@@ -259,7 +260,7 @@ unsafe fn tile<const R: usize, const NV: usize>(
                     _mm256_storeu_ps(cp.add(LANES * v), x);
                 }
             } else {
-                let mut t = [0.0f32; NR];
+                let mut t = [0.0f32; 4 * LANES];
                 for (v, &acc) in acc.iter().enumerate() {
                     _mm256_storeu_ps(t.as_mut_ptr().add(LANES * v), acc);
                 }
@@ -343,10 +344,30 @@ fn epi(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f32]>, 
     if cb.is_some_and(|s| s.len() != row.len()) || r.is_some_and(|s| s.len() != row.len()) {
         return super::super::portable::epi(row, rb, cb, r, a);
     }
-    // SAFETY: this function is only reachable through `kernels()`, which `Kernels::select`
-    // returns only for `Isa::Avx2Fma` or `Isa::Avx512`, which callers pass only after
+    // SAFETY: this function is only reachable through `kernels()` and `gemv_kernels()`, which
+    // `Kernels::select` returns only for `Isa::Avx2Fma` or `Isa::Avx512`, which callers pass only after
     // `is_supported()` (CPUID says AVX2 and FMA are present).
     unsafe { epi_impl(row, rb, cb, r, a) }
+}
+
+/// One row by 32 columns (four vectors): a GEMV (a batch-1 classifier or decoder step) reads
+/// each 32-column panel of B front to back in one pass, where 16-column tiles read every other
+/// 64-byte line in two passes.
+static GEMV_TILES: [TileFn; 1] = [tile::<1, 4>];
+
+/// The AVX2 kernel table for one row of A and B in 32-column panels. Only for a CPU with
+/// AVX2 and FMA.
+pub(crate) fn gemv_kernels() -> Kernels {
+    Kernels {
+        mr: 1,
+        nr: 4 * LANES,
+        kc: super::super::KC_AVX2,
+        tiles: &GEMV_TILES,
+        half: &[],
+        narrow: &[],
+        fused: true,
+        epi,
+    }
 }
 
 /// The AVX2 kernel table. Only for a CPU with AVX2 and FMA.
