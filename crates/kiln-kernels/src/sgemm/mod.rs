@@ -17,7 +17,8 @@
 //! ```text
 //! for jc in 0..n step NC            B columns
 //!   for pc in 0..k step KC          depth block: C is stored after each (first: overwritten)
-//!     for ic in 0..m step MC        an MC x KC block of A (192 KiB) stays in L2
+//!     for ic in 0..m step ~MC       an MC x KC block of A (192 KiB) stays in L2 (equal
+//!                                   blocks, a short remainder folded in: B is read once a block)
 //!       for jr in jc.. step NR      one B micro-panel (KC x NR: 64 KiB for AVX-512, streamed
 //!                                   from L2; 16 KiB for AVX2, held in L1: see KC_AVX2)
 //!         for ir in ic.. step MR    the microkernel: an MR x NR tile of C in registers
@@ -426,6 +427,28 @@ mod tests {
                 };
                 sgemm_with(isa, 2, AMatrix::transposed(&a, 2), pb.view(), &mut c, 2, &epi).unwrap();
                 assert_eq!(c, [27.0, 0.0, 39.0, 46.0], "{isa:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn row_blocks_are_even_and_never_more_than_the_plain_split() {
+        // 196 rows (a 14 x 14 layer) around a 192-row target: one block, not 192 + 4.
+        assert_eq!(driver::row_block(196, 192, 6), 198);
+        // 784 rows: four blocks of 198 (the last 190), not 4 x 192 + 16.
+        assert_eq!(driver::row_block(784, 192, 6), 198);
+        for mr in [4, 6, 8] {
+            for target in [96, 192, 3072] {
+                for m in mr + 1..2000 {
+                    let mc = driver::row_block(m, target, mr);
+                    assert_eq!(mc % mr, 0, "m {m} target {target} mr {mr}");
+                    let blocks = m.div_ceil(mc);
+                    assert!(blocks <= m.div_ceil(target), "m {m} target {target}: {blocks} blocks");
+                    assert!(mc <= target + target / 4 + mr, "m {m} target {target}: {mc} rows");
+                    // Equal blocks: the last is short by less than one tile per block.
+                    let last = m - (blocks - 1) * mc;
+                    assert!(last + blocks * mr > mc, "m {m} target {target}: last {last} of {mc}");
+                }
             }
         }
     }
