@@ -236,6 +236,18 @@ pub fn take(n: usize) -> Vec<f32> {
     take_of(n)
 }
 
+/// The first `len` elements of a scratch vector whose contents the caller overwrites before
+/// reading: the vector only ever grows (zero-filling just the new tail). A thread-local
+/// scratch shared by layers of different sizes is then not truncated by a small layer and
+/// zero-filled again by the next large one: ResNet-50's first 56x56 Winograd layer re-zeroed
+/// its 4 MiB of transforms every run that way (2.9 ms against 1.9 for its two twins).
+pub fn scratch<T: Clone + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    v.get_mut(..len).unwrap_or_default()
+}
+
 /// [`take`] for any recycled element type (new or grown elements are `T::default()`).
 pub fn take_of<T: Recycled>(n: usize) -> Vec<T> {
     CURRENT.with(|c| {

@@ -149,8 +149,8 @@ impl Winograd {
     /// `y = act(conv(x) + bias + residual)` for one image (`x`: `c x ih x iw`, `y` and the
     /// residual: `m x oh x ow`, or all channels-last, see [`Self::channels_last`]), with `u`
     /// from [`pack_weights`] in `layout`. The residual and the activation are applied by each
-    /// output-transform task to the rows it just wrote. `scratch` is resized to
-    /// [`Self::scratch_len`]. Returns false (with `y` unspecified) when a slice does not fit
+    /// output-transform task to the rows it just wrote. `scratch` is grown to at least
+    /// [`Self::scratch_len`] (never shrunk). Returns false (with `y` unspecified) when a slice does not fit
     /// the geometry.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
@@ -182,8 +182,8 @@ impl Winograd {
         {
             return false;
         }
-        // V and the products are overwritten whole; only the padded input must start at zero.
-        scratch.resize(len, 0.0);
+        // V and the products are overwritten whole, and the padded input is zeroed below.
+        let scratch = crate::recycle::scratch(scratch, len);
         let (pad_h, pad_w) = (th * TILE + 2, tw * TILE + 2);
         let (xpad, rest) = scratch.split_at_mut(pad_h * pad_w * c);
         let (v, prod) = rest.split_at_mut(POSITIONS * t * c);

@@ -584,7 +584,9 @@ fn winograd_matches_direct_convolution() {
                     (None, None, &want)
                 };
                 let mut y = vec![f32::NAN; m * oh * ow];
-                let mut scratch = Vec::new();
+                // A scratch left by a larger layer (longer, and NaN wherever the run would
+                // read an element it did not write first): kept as it is, never re-zeroed.
+                let mut scratch = vec![f32::NAN; g.scratch_len().unwrap() + 1000];
                 let ok = if threads == 1 {
                     g.run(&xin, &u, layout, Some(&bias), r, act, &mut y, &mut scratch)
                 } else {
