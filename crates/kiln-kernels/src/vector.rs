@@ -107,13 +107,20 @@ pub fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
 
 /// [`exp_shift_sum`] on a given level (a level this CPU lacks runs the portable code).
 pub fn exp_shift_sum_with(isa: Isa, row: &mut [f32], shift: f32) -> f32 {
+    exp_scale_shift_sum_with(isa, row, 1.0, shift)
+}
+
+/// `row[i] = e^(scale row[i] - shift)` on a given level (the SIMD levels round
+/// `scale row[i] - shift` once, the portable one twice; with `scale` 1 both are exact
+/// subtractions); returns the sum of the results.
+fn exp_scale_shift_sum_with(isa: Isa, row: &mut [f32], scale: f32, shift: f32) -> f32 {
     let isa = if isa.is_supported() { isa } else { Isa::Portable };
     #[cfg(target_arch = "x86_64")]
     {
         use crate::sgemm::x86::{avx2, avx512};
         match isa {
-            Isa::Avx512 => return avx512::exp_shift_sum(row, shift),
-            Isa::Avx2Fma => return avx2::exp_shift_sum(row, shift),
+            Isa::Avx512 => return avx512::exp_shift_sum(row, scale, shift),
+            Isa::Avx2Fma => return avx2::exp_shift_sum(row, scale, shift),
             Isa::Portable => {}
         }
     }
@@ -122,15 +129,98 @@ pub fn exp_shift_sum_with(isa: Isa, row: &mut [f32], shift: f32) -> f32 {
     let mut chunks = row.chunks_exact_mut(W);
     for c in &mut chunks {
         for (a, x) in s.iter_mut().zip(c) {
-            *x = (*x - shift).exp();
+            *x = (*x * scale - shift).exp();
             *a += *x;
         }
     }
     for (a, x) in s.iter_mut().zip(chunks.into_remainder()) {
-        *x = (*x - shift).exp();
+        *x = (*x * scale - shift).exp();
         *a += *x;
     }
     s.iter().sum()
+}
+
+/// The softmax of a row of attention scores, left unnormalised: `row[i] = e^(z[i] - max z)`
+/// with `z = scale row + mask` (`mask`, when given, of the row's length; elements past a
+/// shorter one get none), and returns `1 / sum`, the factor by which the caller scales what
+/// it computes from the row (`P V`: `dv` values per row instead of the row's length). Two
+/// passes over the row where [`softmax_row`] after a scaling pass makes four: without a
+/// mask and with `scale > 0` the maximum is taken over the raw scores and the scale goes into
+/// the exponential's argument (one rounding); with a mask, scaling, masking and the maximum
+/// are one pass. A row masked everywhere (maximum -inf) becomes zeros and returns 0, as the
+/// reference attention gives zeros; an infinite maximum otherwise shifts by 0 (as
+/// [`softmax_row`]), so an unmasked all -inf row gives `1 / 0`.
+pub fn softmax_unnormalized_row(row: &mut [f32], scale: f32, mask: Option<&[f32]>) -> f32 {
+    softmax_unnormalized_row_with(isa::active(), row, scale, mask)
+}
+
+/// [`softmax_unnormalized_row`] on a given level.
+pub fn softmax_unnormalized_row_with(isa: Isa, row: &mut [f32], scale: f32, mask: Option<&[f32]>) -> f32 {
+    let finite = |m: f32| if m.is_finite() { m } else { 0.0 };
+    match mask {
+        Some(add) => {
+            let m = crate::simd::vectorize_kernel(ScaleAddMax { row, scale, add });
+            if m == f32::NEG_INFINITY {
+                row.fill(0.0);
+                return 0.0;
+            }
+            1.0 / exp_scale_shift_sum_with(isa, row, 1.0, finite(m))
+        }
+        None if scale > 0.0 && scale.is_finite() => {
+            // Rounding is monotonic, so the largest scaled score is the largest score scaled.
+            let shift = finite(max(row) * scale);
+            1.0 / exp_scale_shift_sum_with(isa, row, scale, shift)
+        }
+        None => {
+            crate::simd::vectorize(|| row.iter_mut().for_each(|x| *x *= scale));
+            let shift = finite(max(row));
+            1.0 / exp_scale_shift_sum_with(isa, row, 1.0, shift)
+        }
+    }
+}
+
+/// [`softmax_unnormalized_row`]'s masked pass: `row = row * scale + add`, returning the
+/// maximum (NaNs skipped, as [`max`]).
+struct ScaleAddMax<'a> {
+    row: &'a mut [f32],
+    scale: f32,
+    add: &'a [f32],
+}
+
+impl crate::simd::Kernel for ScaleAddMax<'_> {
+    type Output = f32;
+    #[inline(always)]
+    fn run(self) -> f32 {
+        let k = self.scale;
+        let mut m = [f32::NEG_INFINITY; W];
+        let n = self.row.len().min(self.add.len());
+        let (head, tail) = self.row.split_at_mut(n);
+        let mut rows = head.chunks_exact_mut(W);
+        let mut adds = self.add.chunks_exact(W);
+        for (r, a) in (&mut rows).zip(&mut adds) {
+            // Whole lanes copied in and out: the compiler cannot tell that the row and the mask
+            // do not overlap, and element by element it kept this loop scalar.
+            let (Ok(r), Ok(a)) = (<&mut [f32; W]>::try_from(r), <&[f32; W]>::try_from(a)) else {
+                continue;
+            };
+            let (mut v, a) = (*r, *a);
+            for ((x, &b), mx) in v.iter_mut().zip(&a).zip(m.iter_mut()) {
+                *x = *x * k + b;
+                *mx = if *x > *mx { *x } else { *mx };
+            }
+            *r = v;
+        }
+        for ((x, &b), mx) in rows.into_remainder().iter_mut().zip(adds.remainder()).zip(m.iter_mut()) {
+            *x = *x * k + b;
+            *mx = if *x > *mx { *x } else { *mx };
+        }
+        let mut tm = f32::NEG_INFINITY;
+        for x in tail.iter_mut() {
+            *x *= k;
+            tm = if *x > tm { *x } else { tm };
+        }
+        m.into_iter().fold(tm, |a, x| if x > a { x } else { a })
+    }
 }
 
 /// Softmax of one contiguous row in place: `e^(x - max) / sum`. A row whose maximum is

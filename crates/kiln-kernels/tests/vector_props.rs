@@ -13,7 +13,9 @@
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 use kiln_kernels::isa::Isa;
-use kiln_kernels::vector::{exp_shift_sum_with, layer_norm_row, log_softmax_row_with, max, softmax_row_with};
+use kiln_kernels::vector::{
+    exp_shift_sum_with, layer_norm_row, log_softmax_row_with, max, softmax_row_with, softmax_unnormalized_row_with,
+};
 use proptest::prelude::*;
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
@@ -88,6 +90,56 @@ proptest! {
                 let w = w.ln();
                 let tol = (n + 8.0) * U * (1.0 + w.abs() + f64::from(x[i].abs()));
                 prop_assert!((f64::from(got) - w).abs() <= tol, "{isa:?} log [{i}]: {got} vs {w}");
+            }
+        }
+    }
+
+    /// The attention softmax left unnormalised, times the `1 / sum` it returns, against the
+    /// f64 softmax of `scale x + mask`: positive scales (folded into the exponential),
+    /// non-positive ones (a scaling pass first), with and without an additive mask (some
+    /// entries -inf, or a mask shorter than the row). The same bound as `softmax_every_level`
+    /// on the values `z = scale x + mask`, plus the rounding of the product by `1 / sum`.
+    #[test]
+    fn unnormalized_softmax_every_level(
+        x in row(),
+        scale in prop_oneof![0.01f32..2.0, -1.0f32..=0.0],
+        mask_kind in 0u8..3,
+        seed in any::<u32>(),
+    ) {
+        let mask: Option<Vec<f32>> = match mask_kind {
+            0 => None,
+            1 => Some((0..x.len()).map(|i| {
+                let h = (i as u32).wrapping_mul(2_654_435_761) ^ seed;
+                if h.is_multiple_of(5) { f32::NEG_INFINITY } else { (h % 7) as f32 - 3.0 }
+            }).collect()),
+            _ => Some((0..x.len() / 2).map(|i| ((i as u32 ^ seed) % 3) as f32).collect()),
+        };
+        // z = scale x + mask, rounded as the kernel's masked pass rounds it (it is the input
+        // of the softmax, not part of its error).
+        let z: Vec<f32> = x.iter().enumerate().map(|(i, &v)| {
+            let s = v * scale;
+            match mask.as_ref().and_then(|m| m.get(i)) {
+                Some(&b) => s + b,
+                None => s,
+            }
+        }).collect();
+        let all_masked = mask_kind == 1 && !z.is_empty() && z.iter().all(|&v| v == f32::NEG_INFINITY);
+        let want = softmax_f64(&z);
+        for isa in levels() {
+            let mut r = x.clone();
+            let inv = softmax_unnormalized_row_with(isa, &mut r, scale, mask.as_deref());
+            if all_masked {
+                prop_assert_eq!(inv, 0.0);
+                prop_assert!(r.iter().all(|&v| v == 0.0), "{:?}: {:?}", isa, r);
+                continue;
+            }
+            let n = x.len() as f64;
+            let m = z.iter().filter(|v| v.is_finite()).fold(0.0f64, |a, &v| a.max(f64::from(v).abs()));
+            for (i, (&got, &w)) in r.iter().zip(&want).enumerate() {
+                let got = f64::from(got * inv);
+                let zi = if z[i].is_finite() { f64::from(z[i].abs()) } else { 0.0 };
+                let tol = (n + 10.0) * U * w * (1.0 + zi + m) + 1e-30;
+                prop_assert!((got - w).abs() <= tol, "{isa:?} [{i}]: {got} vs {w} (scale {scale})");
             }
         }
     }

@@ -78,6 +78,7 @@ pub(crate) fn kernels() -> Kernels {
         half: &[],
         narrow: &[],
         fused: false,
+        prefetch: true,
         epi,
     }
 }

@@ -4,9 +4,10 @@
 //!
 //! Per (batch, head), in parallel over the pool: the scores `Q_h K_h^T` come from the GEMM with A read in place from Q
 //! (leading dimension `H*D`, no head-split copy) and `K_h^T` packed straight from K's rows;
-//! each score row is scaled, masked and soft-maxed in place (vectorised); then `P V_h` is a
-//! second GEMM with `V_h` packed from V's rows, copied into Y's head columns, so Y comes out
-//! as `[B, S, H*Dv]` with no transposes.
+//! each score row is scaled, masked and exponentiated in place, left unnormalised (two
+//! vectorised passes, `kiln_kernels::vector::softmax_unnormalized_row`); then `E V_h` is a
+//! second GEMM with `V_h` packed from V's rows, each row scaled by its `1 / sum` as it is
+//! copied into Y's head columns, so Y comes out as `[B, S, H*Dv]` with no transposes.
 //! Rounding differs from the f64 reference by f32 accumulation only (the reference rounds the
 //! scaled Q and K; this path scales the f32 scores), well within 1e-5 relative.
 
@@ -22,6 +23,8 @@ thread_local! {
     static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// A head's `sq x dv` result before it is copied into Y.
     static HEAD_OUT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// `1 / sum` of each unnormalised probability row of the task's block.
+    static INV_SUMS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 impl Attention {
@@ -159,21 +162,17 @@ impl Attention {
                 &Epilogue::NONE,
             )
             .is_ok();
+            // Unnormalised probabilities (scale and mask folded into their two passes); each
+            // row's `1 / sum` scales its `dv` outputs on the copy into Y instead of its `skv`
+            // probabilities. A row masked everywhere gives zeros (factor 0), as the reference.
+            let mut inv = INV_SUMS.with(std::cell::Cell::take);
+            inv.clear();
             for (i, row) in scores.chunks_exact_mut(skv.max(1)).enumerate() {
                 let mrow = mdata.and_then(|m| {
                     let o = bi * ms[0] + hi * ms[1] + (q0 + i) * ms[2];
                     m.get(o..o + skv)
                 });
-                kiln_kernels::simd::vectorize(|| match mrow {
-                    Some(mr) => row.iter_mut().zip(mr).for_each(|(s, &mv)| *s = *s * scale + mv),
-                    None => row.iter_mut().for_each(|s| *s *= scale),
-                });
-                // A row masked everywhere gives zeros, as the reference does.
-                if mrow.is_some() && kiln_kernels::vector::max(row) == f32::NEG_INFINITY {
-                    row.fill(0.0);
-                } else {
-                    kiln_kernels::vector::softmax_row(row);
-                }
+                inv.push(kiln_kernels::vector::softmax_unnormalized_row(row, scale, mrow));
             }
             let ok = ok
                 && sgemm(
@@ -190,14 +189,17 @@ impl Attention {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             } else {
                 let mut y = y_cols.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                for (i, src) in out.chunks_exact(dv.max(1)).enumerate() {
-                    let o = (bi * sq + q0 + i) * vw + hi * dv;
-                    if let Some(dst) = y.get_mut(o..o + dv) {
-                        dst.copy_from_slice(src);
+                kiln_kernels::simd::vectorize(|| {
+                    for ((i, src), &f) in out.chunks_exact(dv.max(1)).enumerate().zip(&inv) {
+                        let o = (bi * sq + q0 + i) * vw + hi * dv;
+                        if let Some(dst) = y.get_mut(o..o + dv) {
+                            dst.iter_mut().zip(src).for_each(|(d, &v)| *d = v * f);
+                        }
                     }
-                }
+                });
             }
             HEAD_OUT.with(|cell| cell.set(out));
+            INV_SUMS.with(|cell| cell.set(inv));
         });
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(OpError::Shape(format!(

@@ -504,12 +504,13 @@ pub(crate) fn kernels() -> Kernels {
         half: &HALF_TILES,
         narrow: &NARROW_TILES,
         fused: true,
+        prefetch: false,
         epi,
     }
 }
 
-/// `row[i] = e^(row[i] - shift)`; returns the sum. Only for a CPU with this level.
-pub(crate) fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
+/// `row[i] = e^(scale row[i] - shift)`; returns the sum. Only for a CPU with this level.
+pub(crate) fn exp_shift_sum(row: &mut [f32], scale: f32, shift: f32) -> f32 {
     // SAFETY: `crate::vector` calls this only for `Isa::Avx512`, after `is_supported()` (CPUID says AVX-512 F + VL, AVX2 and FMA are present).
-    unsafe { exp_shift_sum_impl(row, shift) }
+    unsafe { exp_shift_sum_impl(row, scale, shift) }
 }

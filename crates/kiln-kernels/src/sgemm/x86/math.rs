@@ -118,17 +118,18 @@ macro_rules! simd_math {
             }
         }
 
-        /// `row[i] = e^(row[i] - shift)` for every element; returns their sum (in `LANES`
-        /// partial sums, then added in lane order). The tail runs through a local array
-        /// padded with -inf, whose exponentials are 0.
+        /// `row[i] = e^(scale row[i] - shift)` for every element (one rounding before the
+        /// exponential: with `scale` 1 that is `row[i] - shift`); returns their sum (in
+        /// `LANES` partial sums, then added in lane order). The tail runs through a local
+        /// array padded with -inf, whose exponentials are 0 (for `scale > 0`).
         #[target_feature(enable = $feat)]
-        fn exp_shift_sum_impl(row: &mut [f32], shift: f32) -> f32 {
-            let s = splat(shift);
+        fn exp_shift_sum_impl(row: &mut [f32], scale: f32, shift: f32) -> f32 {
+            let (k, s) = (splat(scale), splat(-shift));
             let mut acc = zero();
             let mut chunks = row.chunks_exact_mut(LANES);
             for c in &mut chunks {
                 if let Ok(a) = <&mut [f32; LANES]>::try_from(c) {
-                    let e = exp(sub(load_arr(a), s));
+                    let e = exp(fmadd(load_arr(a), k, s));
                     store_arr(a, e);
                     acc = add(acc, e);
                 }
@@ -137,7 +138,7 @@ macro_rules! simd_math {
             if !rem.is_empty() {
                 let mut t = [f32::NEG_INFINITY; LANES];
                 t.iter_mut().zip(rem.iter()).for_each(|(d, &x)| *d = x);
-                let e = exp(sub(load_arr(&t), s));
+                let e = exp(fmadd(load_arr(&t), k, s));
                 store_arr(&mut t, e);
                 rem.iter_mut().zip(t.iter()).for_each(|(d, &x)| *d = x);
                 acc = add(acc, e);
