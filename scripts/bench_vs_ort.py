@@ -45,6 +45,16 @@ import onnxruntime as ort
 PEAK_GFLOPS = 117.0
 
 
+def ort_session(model, threads):
+    """An ONNX Runtime session as the comparison runs it: ORT_ENABLE_ALL, `threads` intra-op
+    threads, one inter-op thread, the CPU provider."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
 def feeds_for(model, sess):
     base = os.path.basename(model).split(".")[0]
     io = os.path.join(os.path.dirname(model), base + ".io.npz")
@@ -134,11 +144,7 @@ def main():
             subprocess.run([a.kiln, "compile", model, "-o", program, "--quiet"], check=True)
             flops = (macs(a.kiln, model) or 0) * 2
             for t in threads:
-                so = ort.SessionOptions()
-                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                so.intra_op_num_threads = t
-                so.inter_op_num_threads = 1
-                sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+                sess = ort_session(model, t)
                 feeds = feeds_for(model, sess)
                 npz = os.path.join(tmp, name + ".in.npz")
                 np.savez(npz, **feeds)

@@ -1,10 +1,10 @@
-"""Peak resident memory of kiln against ONNX Runtime on the same models: per model and thread
-count, the peak RSS of `kiln bench PROGRAM -n N` (the compiled .kiln, as a user runs it) and of
-a Python process that creates an ONNX Runtime session (ORT_ENABLE_ALL, intra_op_num_threads = T)
-and runs the same N inferences. Each figure is the whole process's high-water mark
-(getrusage(RUSAGE_CHILDREN).ru_maxrss of a fresh wrapper process), so the ORT side includes
-the Python interpreter with numpy and onnxruntime imported; that baseline is printed too
-(`python+ort` below) so it can be subtracted by eye.
+"""Peak resident memory of kiln against ONNX Runtime on the same models: per model and thread count,
+the peak RSS of `kiln bench PROGRAM -n N` (the compiled .kiln, as a user runs it) and of a Python
+process that creates an ONNX Runtime session (as `bench_vs_ort.py` does: ORT_ENABLE_ALL,
+intra_op_num_threads = T) and runs the same N inferences on the same inputs (`bench_vs_ort.py`'s
+`feeds_for`). Each figure is the whole process's high-water mark (getrusage(RUSAGE_CHILDREN).ru_maxrss
+of a fresh wrapper process), so the ORT side includes the Python interpreter with numpy and
+onnxruntime imported; that baseline is printed too (`python+ort` below) so it can be subtracted by eye.
 
 usage: python scripts/peak_memory.py [--kiln target/release/kiln] [--threads 1,2] [-n 20]
        MODEL.onnx...
@@ -17,37 +17,14 @@ import tempfile
 
 import numpy as np
 
+from bench_vs_ort import feeds_for, ort_session
+
 WRAP = (
     "import resource, subprocess, sys\n"
     "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)\n"
     "if r.returncode != 0:\n"
     "    sys.exit('failed: ' + ' '.join(sys.argv[1:]) + '\\n' + r.stderr[-2000:])\n"
     "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
-)
-
-ORT_RUN = (
-    "import os, sys\n"
-    "import numpy as np, onnxruntime as ort\n"
-    "model, threads, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
-    "if n == 0:\n"
-    "    sys.exit(0)\n"
-    "so = ort.SessionOptions()\n"
-    "so.intra_op_num_threads = threads\n"
-    "so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL\n"
-    "s = ort.InferenceSession(model, so, providers=['CPUExecutionProvider'])\n"
-    "io = os.path.join(os.path.dirname(model), os.path.basename(model).split('.')[0] + '.io.npz')\n"
-    "d = np.load(io) if os.path.exists(io) else None\n"
-    "rng = np.random.default_rng(0)\n"
-    "feeds = {}\n"
-    "for i in s.get_inputs():\n"
-    "    if d is not None and 'in_' + i.name in d:\n"
-    "        feeds[i.name] = d['in_' + i.name]\n"
-    "    else:\n"
-    "        shape = [x if isinstance(x, int) else 1 for x in i.shape]\n"
-    "        feeds[i.name] = (rng.integers(0, 2, size=shape).astype(np.int64) if 'int' in i.type\n"
-    "                         else rng.standard_normal(shape).astype(np.float32))\n"
-    "for _ in range(n):\n"
-    "    s.run(None, feeds)\n"
 )
 
 
@@ -58,7 +35,20 @@ def peak_kib(cmd):
     return int(out.stdout.strip())
 
 
+def ort_child(model, threads, n):
+    """The measured ONNX Runtime process: `n` inferences (none: the import baseline)."""
+    if n == 0:
+        return
+    sess = ort_session(model, threads)
+    feeds = feeds_for(model, sess)
+    for _ in range(n):
+        sess.run(None, feeds)
+
+
 def main():
+    if sys.argv[1:2] == ["--ort-child"]:
+        model, threads, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        return ort_child(model, threads, n)
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", default="target/release/kiln")
     ap.add_argument("--threads", default="1,2")
@@ -66,7 +56,8 @@ def main():
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
-    base = peak_kib([sys.executable, "-c", ORT_RUN, "-", "1", "0"])
+    me = os.path.abspath(__file__)
+    base = peak_kib([sys.executable, me, "--ort-child", "-", "1", "0"])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in a.models:
@@ -74,18 +65,13 @@ def main():
             prog = os.path.join(tmp, name + ".kiln")
             subprocess.run([a.kiln, "compile", model, "-o", prog, "-q"], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            # `<model>.io.npz` keys its inputs `in_<name>`: kiln takes them by their own
-            # names, from a scratch archive (without it both sides use random inputs).
-            io = os.path.join(os.path.dirname(model), name + ".io.npz")
-            feeds = []
-            if os.path.exists(io):
-                d = np.load(io)
-                scratch = os.path.join(tmp, name + ".in.npz")
-                np.savez(scratch, **{k[3:]: d[k] for k in d.files if k.startswith("in_")})
-                feeds = ["--inputs", scratch]
+            # The inputs ORT gets, written for kiln under their own names.
+            npz = os.path.join(tmp, name + ".in.npz")
+            np.savez(npz, **feeds_for(model, ort_session(model, 1)))
             for t in threads:
-                k = peak_kib([a.kiln, "bench", prog, "-n", str(a.n), "-q", "-O", f"num_of_cores={t}"] + feeds)
-                o = peak_kib([sys.executable, "-c", ORT_RUN, model, str(t), str(a.n)])
+                k = peak_kib([a.kiln, "bench", prog, "-n", str(a.n), "-q", "-O", f"num_of_cores={t}",
+                              "--inputs", npz])
+                o = peak_kib([sys.executable, me, "--ort-child", model, str(t), str(a.n)])
                 rows.append((name, t, k, o))
                 print(f"{name:14} T={t}  kiln {k / 1024:8.1f} MiB  ORT {o / 1024:8.1f} MiB  "
                       f"kiln/ORT {k / o:5.2f}", flush=True)
