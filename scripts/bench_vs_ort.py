@@ -25,8 +25,12 @@ workers). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
 are random. FLOPs = 2 x the MACs `kiln info` reports, i.e. the direct method's: layers kiln runs
 as Winograd do fewer, so kiln's GFLOP/s there are effective figures (and may exceed the peak).
 
+With --openvino, OpenVINO (the `openvino` pip package, CPU plugin, LATENCY hint,
+INFERENCE_NUM_THREADS = T and INFERENCE_PRECISION_HINT f32, so no BF16 on AVX-512 BF16 hardware)
+joins each round after ORT (A B C A B C), with its ms and kiln/OV ratio, paired the same way.
+
 usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--threads 1,2] [--rounds 9]
-       [--per-round K] MODEL.onnx...
+       [--per-round K] [--openvino] MODEL.onnx...
 The machine may be shared and noisy: compare ratios from one run, not figures across runs.
 """
 import argparse
@@ -115,14 +119,35 @@ def runs_for(seconds, probe):
     return max(1, min(500, int(seconds * 1e3 / probe) + 1))
 
 
-def ort_round(sess, feeds, k):
-    sess.run(None, feeds)
+def timed_round(run, k):
+    """The median ms of k calls of run() after one untimed call."""
+    run()
     times = []
     for _ in range(k):
         t = time.perf_counter()
-        sess.run(None, feeds)
+        run()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def openvino_runner(model, threads, feeds):
+    """A callable running one OpenVINO CPU inference of `model` on `feeds` (fp32, `threads`
+    inference threads, the LATENCY hint)."""
+    import openvino as ov
+    compiled = ov.Core().compile_model(model, "CPU", {
+        "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": "f32"})
+    req = compiled.create_infer_request()
+    ov_feeds = {i.get_any_name(): feeds[i.get_any_name()] for i in compiled.inputs}
+    return lambda: req.infer(ov_feeds)
+
+
+def paired(ks, others):
+    """The median of the per-round ratios and their lower and upper quartile."""
+    rs = sorted(k / o for k, o in zip(ks, others))
+    r = statistics.median(rs)
+    q = statistics.quantiles(rs, n=4) if len(rs) > 1 else [r, r, r]
+    return r, (q[0], q[2])
 
 
 def main():
@@ -132,6 +157,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--per-round", type=int, default=0,
                     help="timed runs per round and runtime (default: about ROUND_S seconds' worth, at least 5)")
+    ap.add_argument("--openvino", action="store_true",
+                    help="also time OpenVINO (fp32, CPU plugin) in each round")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
@@ -148,7 +175,8 @@ def main():
                 feeds = feeds_for(model, sess)
                 npz = os.path.join(tmp, name + ".in.npz")
                 np.savez(npz, **feeds)
-                ks, os_, trips = [], [], []
+                ov_run = openvino_runner(model, t, feeds) if a.openvino else None
+                ks, os_, vs, trips = [], [], [], []
                 probe = probe_ms(a.kiln, program, npz, t)
                 warmup = runs_for(WARMUP_S, probe)
                 per_round = a.per_round or max(5, runs_for(ROUND_S, probe))
@@ -156,31 +184,36 @@ def main():
                     rep = kiln_round(a.kiln, program, npz, per_round, t, warmup)
                     ks.append(rep["latency_ms"]["p50"])
                     trips.append(trip_ns(rep))
-                    os_.append(ort_round(sess, feeds, per_round))
+                    os_.append(timed_round(lambda: sess.run(None, feeds), per_round))
+                    if ov_run:
+                        vs.append(timed_round(ov_run, per_round))
                 per_rounds.append(per_round)
                 k, o = statistics.median(ks), statistics.median(os_)
-                paired = sorted(kr / orr for kr, orr in zip(ks, os_))
-                r = statistics.median(paired)
-                q = statistics.quantiles(paired, n=4) if len(paired) > 1 else [r, r, r]
+                r, iqr = paired(ks, os_)
+                v, rv = (statistics.median(vs), paired(ks, vs)[0]) if vs else (None, None)
                 gflops = flops / (k * 1e-3) / 1e9 if flops else float("nan")
                 measured = [x for x in trips if x is not None]
                 far = f"{sum(x > FAR_NS for x in measured)}/{len(measured)}" if measured else "-"
-                rows.append((name, t, k, o, r, (q[0], q[2]), gflops, far))
+                rows.append((name, t, k, o, r, iqr, gflops, far, v, rv))
+                ov_text = f"OV {v:9.2f} ms  kiln/OV {rv:6.2f}  " if vs else ""
                 print(f"{name:<14} T={t}  kiln {k:9.2f} ms  ORT {o:9.2f} ms  kiln/ORT {r:6.2f} "
-                      f"({q[0]:.2f}-{q[2]:.2f})  "
+                      f"({iqr[0]:.2f}-{iqr[1]:.2f})  {ov_text}"
                       f"kiln {gflops:6.1f} GFLOP/s = {100 * gflops / (PEAK_GFLOPS * t):5.1f}% of peak  "
                       f"far rounds {far}  trips {' '.join('-' if x is None else f'{x:.0f}' for x in trips)} ns",
                       flush=True)
     print()
     print(f"{'model':<14} {'threads':>7} {'kiln ms':>9} {'ORT ms':>9} {'kiln/ORT':>9} {'IQR':>11} "
-          f"{'GFLOP/s':>8} {'% peak':>7} {'far':>5}")
-    for name, t, k, o, r, (lo, hi), g, far in rows:
+          f"{'GFLOP/s':>8} {'% peak':>7} {'far':>5}" + (f" {'OV ms':>9} {'kiln/OV':>8}" if a.openvino else ""))
+    for name, t, k, o, r, (lo, hi), g, far, v, rv in rows:
         print(f"{name:<14} {t:>7} {k:>9.2f} {o:>9.2f} {r:>9.2f} {f'{lo:.2f}-{hi:.2f}':>11} {g:>8.1f} "
-              f"{100 * g / (PEAK_GFLOPS * t):>6.1f}% {far:>5}")
+              f"{100 * g / (PEAK_GFLOPS * t):>6.1f}% {far:>5}" + (f" {v:>9.2f} {rv:>8.2f}" if v else ""))
     for t in threads:
-        rs = [r for _, tt, _, _, r, _, _, _ in rows if tt == t]
+        rs = [row[4] for row in rows if row[1] == t]
         if rs:
             print(f"geometric mean kiln/ORT, {t} thread(s): {statistics.geometric_mean(rs):.2f}")
+        rvs = [row[9] for row in rows if row[1] == t and row[9]]
+        if rvs:
+            print(f"geometric mean kiln/OV, {t} thread(s): {statistics.geometric_mean(rvs):.2f}")
     print(f"(ms: median of {a.rounds} rounds x {min(per_rounds, default=0)}-{max(per_rounds, default=0)} runs "
           "per runtime, interleaved; kiln/ORT: median of the per-round ratios, IQR their quartiles; "
           f"far: kiln rounds whose threads' cache-line round trip exceeded {FAR_NS} ns, i.e. the host "
