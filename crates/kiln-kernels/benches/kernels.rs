@@ -17,7 +17,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use kiln_kernels::dwconv::{Clamp, Pixels};
 use kiln_kernels::isa;
 use kiln_kernels::sgemm::{Act, BLayout, act_slice_with_isa};
-use kiln_kernels::vector::{layer_norm_row, softmax_row_with};
+use kiln_kernels::vector::{layer_norm_row, softmax_row_with, softmax_unnormalized_row_with};
 use kiln_kernels::winograd::{Winograd, pack_weights};
 use std::hint::black_box;
 
@@ -182,6 +182,17 @@ fn rows(c: &mut Criterion) {
                 b.iter(|| {
                     buf.copy_from_slice(&src);
                     buf.chunks_exact_mut(len).for_each(|r| softmax_row_with(isa, r));
+                    black_box(&buf);
+                })
+            });
+            // Attention's rows: scaled, masked (an additive mask row), left unnormalised.
+            let mask = data(len, 12);
+            g.bench_function(BenchmarkId::new(name, "attention rows"), |b| {
+                b.iter(|| {
+                    buf.copy_from_slice(&src);
+                    for r in buf.chunks_exact_mut(len) {
+                        black_box(softmax_unnormalized_row_with(isa, r, 0.125, Some(&mask)));
+                    }
                     black_box(&buf);
                 })
             });

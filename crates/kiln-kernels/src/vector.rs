@@ -12,6 +12,30 @@ use crate::isa::{self, Isa};
 /// the compiler can keep them in registers at any level.
 const W: usize = 16;
 
+/// `a`'s lanes combined pairwise (`op(a[i], a[i + h])` halving the width each step): about
+/// log2(N) dependent steps where a fold makes N. A row of 128-197 scores or LayerNorm's 192
+/// features is only 8-13 vectors, and the fold of a 16-lane partial sum took as long as the
+/// pass it ended.
+#[inline(always)]
+pub(crate) fn tree<T: Copy, const N: usize>(mut a: [T; N], op: impl Fn(T, T) -> T) -> Option<T> {
+    let mut w = N;
+    while w > 1 {
+        let h = w.div_ceil(2);
+        let (lo, hi) = a.split_at_mut(h);
+        lo.iter_mut()
+            .zip(hi.iter().take(w - h))
+            .for_each(|(x, &y)| *x = op(*x, y));
+        w = h;
+    }
+    a.first().copied()
+}
+
+/// The sum of `a`'s lanes, added pairwise ([`tree`]).
+#[inline(always)]
+pub(crate) fn tree_sum<T: Copy + Default + std::ops::Add<Output = T>, const N: usize>(a: [T; N]) -> T {
+    tree(a, |x, y| x + y).unwrap_or_default()
+}
+
 /// The largest element of `v` (NaNs skipped; -inf for an empty or all-NaN slice), compiled
 /// for the active level (16 lanes with AVX-512).
 pub fn max(v: &[f32]) -> f32 {
@@ -41,10 +65,11 @@ fn max_lanes(v: &[f32]) -> f32 {
     for (a, &x) in m.iter_mut().zip(chunks.remainder()) {
         *a = if x > *a { x } else { *a };
     }
-    m.into_iter().fold(f32::NEG_INFINITY, |a, x| if x > a { x } else { a })
+    // The lanes hold no NaN (a NaN never replaces a lane), so pairwise is the same maximum.
+    tree(m, |a, x| if x > a { x } else { a }).unwrap_or(f32::NEG_INFINITY)
 }
 
-/// The sum of `v` in f64 (16 partial sums, then added in order), compiled for the active
+/// The sum of `v` in f64 (16 partial sums, then added pairwise), compiled for the active
 /// level (the same sums at every level: the lanes are explicit).
 pub fn sum_f64(v: &[f32]) -> f64 {
     crate::simd::vectorize_kernel(SumF64(v))
@@ -72,7 +97,7 @@ impl crate::simd::Kernel for SumF64<'_> {
         for (a, &x) in s.iter_mut().zip(chunks.remainder()) {
             *a += f64::from(x);
         }
-        s.iter().sum()
+        tree_sum(s)
     }
 }
 
@@ -96,7 +121,7 @@ impl crate::simd::Kernel for SqDevSumF64<'_> {
             let d = f64::from(x) - mean;
             *a += d * d;
         }
-        s.iter().sum()
+        tree_sum(s)
     }
 }
 
@@ -137,7 +162,7 @@ fn exp_scale_shift_sum_with(isa: Isa, row: &mut [f32], scale: f32, shift: f32) -
         *x = (*x * scale - shift).exp();
         *a += *x;
     }
-    s.iter().sum()
+    tree_sum(s)
 }
 
 /// The softmax of a row of attention scores, left unnormalised: `row[i] = e^(z[i] - max z)`
@@ -219,7 +244,8 @@ impl crate::simd::Kernel for ScaleAddMax<'_> {
             *x *= k;
             tm = if *x > tm { *x } else { tm };
         }
-        m.into_iter().fold(tm, |a, x| if x > a { x } else { a })
+        let lanes = tree(m, |a, x| if x > a { x } else { a }).unwrap_or(f32::NEG_INFINITY);
+        if tm > lanes { tm } else { lanes }
     }
 }
 
@@ -252,22 +278,42 @@ pub fn log_softmax_row_with(isa: Isa, row: &mut [f32], scratch: &mut Vec<f32>) {
 /// (+ bias)`, statistics in f64 (two passes, population variance). `scale` and `bias`
 /// have the row's length (shorter ones shorten the output). Returns `(mean, 1/sqrt(var+eps))`.
 pub fn layer_norm_row(x: &[f32], y: &mut [f32], scale: &[f32], bias: Option<&[f32]>, eps: f64) -> (f64, f64) {
-    let n = x.len().max(1) as f64;
-    let mean = sum_f64(x) / n;
-    let var = sq_dev_sum_f64(x, mean) / n;
-    let inv = 1.0 / (var + eps).sqrt();
-    let (m, k) = (mean as f32, inv as f32);
-    crate::simd::vectorize(|| match bias {
-        Some(b) => {
-            for (((o, &v), &s), &c) in y.iter_mut().zip(x).zip(scale).zip(b) {
-                *o = (v - m) * k * s + c;
+    crate::simd::vectorize_kernel(LayerNormRow { x, y, scale, bias, eps })
+}
+
+/// [`layer_norm_row`] whole, statistics and output, in one function compiled for the active
+/// level: three calls through the dispatch per row (and the divisions between them) had
+/// cost as much as the passes on a 192-feature row.
+struct LayerNormRow<'a> {
+    x: &'a [f32],
+    y: &'a mut [f32],
+    scale: &'a [f32],
+    bias: Option<&'a [f32]>,
+    eps: f64,
+}
+
+impl crate::simd::Kernel for LayerNormRow<'_> {
+    type Output = (f64, f64);
+    #[inline(always)]
+    fn run(self) -> (f64, f64) {
+        let LayerNormRow { x, y, scale, bias, eps } = self;
+        let n = x.len().max(1) as f64;
+        let mean = SumF64(x).run() / n;
+        let var = SqDevSumF64(x, mean).run() / n;
+        let inv = 1.0 / (var + eps).sqrt();
+        let (m, k) = (mean as f32, inv as f32);
+        match bias {
+            Some(b) => {
+                for (((o, &v), &s), &c) in y.iter_mut().zip(x).zip(scale).zip(b) {
+                    *o = (v - m) * k * s + c;
+                }
+            }
+            None => {
+                for ((o, &v), &s) in y.iter_mut().zip(x).zip(scale) {
+                    *o = (v - m) * k * s;
+                }
             }
         }
-        None => {
-            for ((o, &v), &s) in y.iter_mut().zip(x).zip(scale) {
-                *o = (v - m) * k * s;
-            }
-        }
-    });
-    (mean, inv)
+        (mean, inv)
+    }
 }

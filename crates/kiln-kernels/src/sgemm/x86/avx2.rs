@@ -147,6 +147,34 @@ fn store_arr(a: &mut [f32; LANES], v: V) {
     unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) }
 }
 
+/// Lane `i` all ones for `i < n`: the mask of `_mm256_maskload_ps` / `_mm256_maskstore_ps`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn part_mask(n: usize) -> __m256i {
+    let n = n.min(LANES) as i32;
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+}
+
+/// The first `s.len()` (< LANES) lanes from `s`, the others `fill`: a masked load, which
+/// reads nothing past the slice.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn load_part(s: &[f32], fill: f32) -> V {
+    let m = part_mask(s.len());
+    // SAFETY: the mask enables only the first `s.len()` lanes, all inside the slice; masked
+    // lanes are not accessed (no fault, no read).
+    let v = unsafe { _mm256_maskload_ps(s.as_ptr(), m) };
+    _mm256_blendv_ps(splat(fill), v, _mm256_castsi256_ps(m))
+}
+
+/// `v`'s first `s.len()` (< LANES) lanes into `s`: a masked store, touching nothing else.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn store_part(s: &mut [f32], v: V) {
+    // SAFETY: as in `load_part`, for writes into the exclusively borrowed slice.
+    unsafe { _mm256_maskstore_ps(s.as_mut_ptr(), part_mask(s.len()), v) }
+}
+
 simd_math!("avx2,fma");
 
 /// # Safety

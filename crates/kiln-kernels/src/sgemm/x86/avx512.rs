@@ -143,6 +143,24 @@ fn store_arr(a: &mut [f32; LANES], v: V) {
     unsafe { _mm512_storeu_ps(a.as_mut_ptr(), v) }
 }
 
+/// The first `s.len()` (< LANES) lanes from `s`, the others `fill`: a masked load, which
+/// reads nothing past the slice.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn load_part(s: &[f32], fill: f32) -> V {
+    // SAFETY: the mask enables only the first `s.len()` lanes, all inside the slice; masked
+    // lanes are not accessed (no fault, no read).
+    unsafe { _mm512_mask_loadu_ps(splat(fill), lanes(s.len()), s.as_ptr()) }
+}
+
+/// `v`'s first `s.len()` (< LANES) lanes into `s`: a masked store, touching nothing else.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn store_part(s: &mut [f32], v: V) {
+    // SAFETY: as in `load_part`, for writes into the exclusively borrowed slice.
+    unsafe { _mm512_mask_storeu_ps(s.as_mut_ptr(), lanes(s.len()), v) }
+}
+
 simd_math!("avx512f,avx512vl,avx2,fma");
 
 /// Lane mask of the first `n` (clamped to 16) lanes.
