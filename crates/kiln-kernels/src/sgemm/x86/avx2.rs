@@ -90,11 +90,6 @@ fn gt(a: V, b: V) -> M {
 fn gt_or_nan(a: V, b: V) -> M {
     _mm256_cmp_ps::<_CMP_NLE_UQ>(a, b)
 }
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn isnan(a: V) -> M {
-    _mm256_cmp_ps::<_CMP_UNORD_Q>(a, a)
-}
 /// `m ? t : f` per lane.
 #[target_feature(enable = "avx2,fma")]
 #[inline]

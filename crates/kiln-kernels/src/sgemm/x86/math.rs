@@ -11,12 +11,15 @@
 
 macro_rules! simd_math {
     ($feat:literal) => {
-        /// `e^x`: 0 below the normal range (x < -87.34), +inf above 88.72, NaN kept.
+        /// `e^x`: 0 below the normal range (x < -87.34), +inf above 88.72, NaN kept: the
+        /// clamps take `x` as their second operand, which x86's min and max return when
+        /// either is NaN, so a NaN runs through the polynomial (a NaN at every step) with no
+        /// compare and blend of its own.
         #[target_feature(enable = $feat)]
         fn exp(x: V) -> V {
             let lo = splat(-87.336_55);
             let hi = splat(88.722_83);
-            let xc = min(max(x, lo), hi);
+            let xc = min(hi, max(lo, x));
             let n = round(mul(xc, splat(std::f32::consts::LOG2_E)));
             // x - n ln2 in two steps (ln2 = 0.693359375 - 2.12194440e-4).
             let r = fnmadd(n, splat(0.693_359_375), xc);
@@ -30,8 +33,7 @@ macro_rules! simd_math {
             let y = fmadd(p, mul(r, r), add(r, splat(1.0)));
             let y = scale_pow2(y, n);
             let y = blend(lt(x, lo), zero(), y);
-            let y = blend(gt(x, hi), splat(f32::INFINITY), y);
-            blend(isnan(x), x, y)
+            blend(gt(x, hi), splat(f32::INFINITY), y)
         }
 
         #[target_feature(enable = $feat)]
