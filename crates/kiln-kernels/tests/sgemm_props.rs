@@ -322,12 +322,14 @@ fn activation_special_values() {
 
 /// Fixed edge shapes on every level: tile edges around MR in {4, 6, 8} and NR in {16, 32}
 /// (edge panels of up to 16 columns for the half tiles, 17 to 24 for AVX-512's narrow ones),
-/// depth around KC = 256, M = 1 (GEMV), k = 0, rows over one row block (197 against 192).
+/// depths around the AVX2 block (256), past AVX-512's longest one (769 = two blocks of 385
+/// and 384; three of 257, 256, 256 on AVX2), M = 1 (GEMV), k = 0, rows over one row block
+/// (197 against 192).
 #[test]
 fn edge_shapes() {
     let ms = [1, 3, 4, 5, 6, 7, 8, 9, 13, 17, 97, 197];
     let ns = [1, 15, 16, 17, 24, 31, 32, 33, 49, 56];
-    let ks = [0, 1, 255, 256, 257, 513];
+    let ks = [0, 1, 255, 256, 257, 513, 769];
     for &m in &ms {
         for &n in &ns {
             for &k in &ks {

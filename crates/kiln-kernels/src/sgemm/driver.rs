@@ -44,8 +44,10 @@ pub(crate) struct Kernels {
     pub mr: usize,
     /// Columns of a tile; divides the packed panel width.
     pub nr: usize,
-    /// Depth of a block ([`KC`] or [`KC_AVX2`]: what keeps the B micro-panel where the
-    /// tiles want it).
+    /// Longest depth block: a depth is cut into `ceil(k / kc)` blocks of equal length
+    /// (within one), so no block is a short remainder whose pass reads and writes all of C
+    /// again. [`super::KC_MAX`] for AVX-512; [`KC`] or [`super::KC_AVX2`] for the others,
+    /// whose block keeps the B micro-panel where the tiles want it.
     pub kc: usize,
     /// `tiles[r - 1]` computes `r` rows.
     pub tiles: &'static [TileFn],
@@ -201,7 +203,11 @@ pub(crate) unsafe fn run_raw(
     let pnr = b.layout().nr();
     let bdata = b.data();
     // Few rows: one depth block (the A panel, `m x k`, is small and C is stored once).
-    let kc_max = if m <= mr { k } else { kernels.kc.min(k) };
+    let kc_max = if m <= mr {
+        k
+    } else {
+        k.div_ceil(k.div_ceil(kernels.kc.max(1)))
+    };
     // Rows per block: MC x KC floats of A (192 KiB) in L2, more rows when the depth block is
     // shorter (a transformer's 197 x 192 A in one block: B is then streamed once instead of
     // once per 96 rows).

@@ -47,6 +47,13 @@ use crate::isa::{self, Isa};
 /// and 256 by 2-5% on the resnet50 shapes and matched 768; the tile's A rows (8 x 512 floats,
 /// 16 KiB) stay in L1 while its B micro-panel streams from L2.
 pub const KC: usize = 512;
+/// Longest depth block of the AVX-512 tiles: depths up to 768 run as one block, longer ones
+/// as equal blocks of at most 768 (576 had run as 512 + 64, 4608 as nine blocks of 512 with
+/// C read and written back after each). Measured on Zen 4, 5 alternating `kiln bench`
+/// rounds, 1 thread p50: ResNet-50 67.8 -> 66.8 ms, ResNet-18 24.5 -> 24.2, ViT-tiny 25.8
+/// -> 25.4, MiniLM 28.1 -> 27.9; BERT-base lower in 4 of 4 pairs; sgemm bench (cold B)
+/// BERT FFN-up 106.5 -> 108.4 GFLOP/s, ResNet-50 conv5_x 3x3 86 -> 94.
+pub const KC_MAX: usize = 768;
 /// Depth of a block for the 16-column AVX2 tiles. Measured on Zen 3 (AVX2 only, 32 KiB L1d,
 /// 512 KiB L2 per core; the sgemm bench, single core, shared machine): 256 against 512 took
 /// ResNet-50's conv2_x 3x3 product 54 -> 79 GFLOP/s, BERT's FFN-up 45 -> 72, a 4 KiB-stride

@@ -512,7 +512,7 @@ pub(crate) fn kernels() -> Kernels {
     Kernels {
         mr: MR,
         nr: NR,
-        kc: super::super::KC,
+        kc: super::super::KC_MAX,
         tiles: &TILES,
         half: &HALF_TILES,
         narrow: &NARROW_TILES,
