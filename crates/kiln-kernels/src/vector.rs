@@ -36,6 +36,13 @@ pub(crate) fn tree_sum<T: Copy + Default + std::ops::Add<Output = T>, const N: u
     tree(a, |x, y| x + y).unwrap_or_default()
 }
 
+/// The largest of `a`'s lanes (-inf for none), combined pairwise; `a` holds no NaN (the
+/// lane maxima below never take one), so this is the same maximum as a fold.
+#[inline(always)]
+fn tree_max<const N: usize>(a: [f32; N]) -> f32 {
+    tree(a, |a, x| if x > a { x } else { a }).unwrap_or(f32::NEG_INFINITY)
+}
+
 /// The largest element of `v` (NaNs skipped; -inf for an empty or all-NaN slice), compiled
 /// for the active level (16 lanes with AVX-512).
 pub fn max(v: &[f32]) -> f32 {
@@ -65,19 +72,13 @@ fn max_lanes(v: &[f32]) -> f32 {
     for (a, &x) in m.iter_mut().zip(chunks.remainder()) {
         *a = if x > *a { x } else { *a };
     }
-    // The lanes hold no NaN (a NaN never replaces a lane), so pairwise is the same maximum.
-    tree(m, |a, x| if x > a { x } else { a }).unwrap_or(f32::NEG_INFINITY)
+    tree_max(m)
 }
 
 /// The sum of `v` in f64 (16 partial sums, then added pairwise), compiled for the active
 /// level (the same sums at every level: the lanes are explicit).
 pub fn sum_f64(v: &[f32]) -> f64 {
     crate::simd::vectorize_kernel(SumF64(v))
-}
-
-/// `sum (v[i] - mean)^2` in f64 (16 partial sums), compiled for the active level.
-pub fn sq_dev_sum_f64(v: &[f32], mean: f64) -> f64 {
-    crate::simd::vectorize_kernel(SqDevSumF64(v, mean))
 }
 
 /// [`sum_f64`]'s loop.
@@ -101,7 +102,8 @@ impl crate::simd::Kernel for SumF64<'_> {
     }
 }
 
-/// [`sq_dev_sum_f64`]'s loop.
+/// `sum (v[i] - mean)^2` in f64 (16 partial sums, added pairwise): [`layer_norm_row`]'s
+/// second pass, inlined into its caller's vectorised function.
 struct SqDevSumF64<'a>(&'a [f32], f64);
 
 impl crate::simd::Kernel for SqDevSumF64<'_> {
@@ -244,7 +246,7 @@ impl crate::simd::Kernel for ScaleAddMax<'_> {
             *x *= k;
             tm = if *x > tm { *x } else { tm };
         }
-        let lanes = tree(m, |a, x| if x > a { x } else { a }).unwrap_or(f32::NEG_INFINITY);
+        let lanes = tree_max(m);
         if tm > lanes { tm } else { lanes }
     }
 }
