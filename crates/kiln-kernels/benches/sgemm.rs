@@ -28,7 +28,7 @@ const PEAK_GFLOPS: f64 = 117.0;
 /// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed,
 /// one ending in `NR32` packs B in 32-column panels (what the compiler stores, for every
 /// level) where the others take the level's own layout.
-const SHAPES: [(&str, usize, usize, usize); 30] = [
+const SHAPES: [(&str, usize, usize, usize); 37] = [
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),
     ("resnet50 1x1 NHWC 56x56", 3136, 256, 64),
@@ -59,6 +59,13 @@ const SHAPES: [(&str, usize, usize, usize); 30] = [
     ("vit qkv proj", 197, 192, 192),
     ("vit ffn up", 197, 768, 192),
     ("vit ffn down", 197, 192, 768),
+    ("vit attention scores", 197, 197, 64),
+    ("vit attention pv", 197, 64, 197),
+    ("minilm attention scores", 128, 128, 32),
+    ("minilm attention pv", 128, 32, 128),
+    ("vit qkv fused", 197, 576, 192),
+    ("minilm qkv fused", 128, 1152, 384),
+    ("bert qkv fused", 128, 2304, 768),
 ];
 
 struct Case {
