@@ -540,13 +540,15 @@ fn at4(m: &[Block; 6], out: &mut [Block; 4]) {
 }
 
 /// The first pass of a tile's transform: for each of the 6 columns `q`, `f` over the column's
-/// 6 blocks (row `r` read by `read(r, q, ..)`).
+/// 6 blocks (row `r` read by `read(r, q, ..)`), into `out[q]`. `out` is the caller's, made
+/// once per task: a 1-2 KiB array made (zeroed) and returned per block had compiled to a
+/// `memset` and a `memmove` call per channel block.
 #[inline(always)]
 fn columns<const N: usize>(
     read: impl Fn(usize, usize, &mut Block),
     f: impl Fn(&[Block; 6], &mut [Block; N]),
-) -> [[Block; N]; 6] {
-    let mut out = [[[0.0f32; L]; N]; 6];
+    out: &mut [[Block; N]; 6],
+) {
     for (q, oq) in out.iter_mut().enumerate() {
         let mut col = [[0.0f32; L]; 6];
         for (r, cr) in col.iter_mut().enumerate() {
@@ -554,12 +556,19 @@ fn columns<const N: usize>(
         }
         f(&col, oq);
     }
-    out
 }
 
 /// `dst[..n] = src[..n]`, zeros after (a block from a channel run of `n <= L` values).
 #[inline(always)]
 fn load(src: &[f32], n: usize, dst: &mut Block) {
+    // A whole block as one fixed-size copy: a slice copy of a run-time length `n` compiled
+    // to a `memmove` call per block (the transforms spent a third of their time there).
+    if n == L
+        && let Some(Ok(s)) = src.get(..L).map(<&Block>::try_from)
+    {
+        *dst = *s;
+        return;
+    }
     *dst = [0.0; L];
     if let (Some(d), Some(s)) = (dst.get_mut(..n), src.get(..n)) {
         d.copy_from_slice(s);
@@ -590,7 +599,13 @@ impl RawOut {
         if o.checked_add(vals.len()).is_some_and(|end| end <= self.len) {
             // SAFETY: the range is inside the buffer (checked), which outlives every task; the
             // caller guarantees exclusive access to it; `vals` is a different (local) buffer.
-            unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.ptr.add(o), vals.len()) }
+            // A whole block is one fixed-size (unaligned) store rather than a `memmove` call.
+            unsafe {
+                match <&Block>::try_from(vals) {
+                    Ok(block) => self.ptr.add(o).cast::<Block>().write_unaligned(*block),
+                    Err(_) => std::ptr::copy_nonoverlapping(vals.as_ptr(), self.ptr.add(o), vals.len()),
+                }
+            }
         }
     }
 
@@ -627,6 +642,7 @@ impl Kernel for InputTransform<'_> {
     #[inline(always)]
     fn run(self) {
         let c = self.c;
+        let mut s = [[[0.0f32; L]; 6]; 6];
         for tile in self.tiles.clone() {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
             let Some(row_of) = tile.checked_sub(self.first) else {
@@ -637,7 +653,11 @@ impl Kernel for InputTransform<'_> {
             while c0 < c {
                 let n = (c - c0).min(L);
                 // s[q][i] = sum_r BT[i][r] d[r][q]
-                let s = columns(|r, q, d| load(self.xpad.get(at(r, q) + c0..).unwrap_or(&[]), n, d), bt6);
+                columns(
+                    |r, q, d| load(self.xpad.get(at(r, q) + c0..).unwrap_or(&[]), n, d),
+                    bt6,
+                    &mut s,
+                );
                 // V[i][j] = sum_q s[q][i] BT[j][q]
                 for i in 0..6 {
                     let row: [Block; 6] = std::array::from_fn(|q| s[q][i]);
@@ -689,6 +709,7 @@ impl Kernel for OutputTransform<'_> {
     #[inline(always)]
     fn run(mut self) {
         let plane = self.oh * self.ow;
+        let mut stage = [[[0.0f32; L]; 4]; 6];
         for tile in self.tiles.clone() {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
             let Some(row_of) = tile.checked_sub(self.first) else {
@@ -699,7 +720,11 @@ impl Kernel for OutputTransform<'_> {
             while c0 < self.m1 {
                 let n = (self.m1 - c0).min(L);
                 // stage[b][i] = sum_a AT[i][a] M[a][b]
-                let stage = columns(|a, b, m| load(self.prod.get(at(a, b) + c0..).unwrap_or(&[]), n, m), at4);
+                columns(
+                    |a, b, m| load(self.prod.get(at(a, b) + c0..).unwrap_or(&[]), n, m),
+                    at4,
+                    &mut stage,
+                );
                 let mut bias = [0.0f32; L];
                 load(self.bias.and_then(|b| b.get(c0..)).unwrap_or(&[]), n, &mut bias);
                 for i in 0..4 {
