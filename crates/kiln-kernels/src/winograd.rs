@@ -643,31 +643,59 @@ impl Kernel for InputTransform<'_> {
     fn run(self) {
         let c = self.c;
         let mut s = [[[0.0f32; L]; 6]; 6];
+        // V's rows of one position are `pos` floats apart.
+        let pos = self.rows * c;
         for tile in self.tiles.clone() {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
             let Some(row_of) = tile.checked_sub(self.first) else {
                 continue;
             };
             let at = |r: usize, q: usize| ((ty * TILE + r) * self.pad_w + tx * TILE + q) * c;
+            // The tile's 6x6 window and its 36 rows of V, checked once for all its blocks.
+            let (first_in, first_out) = (at(0, 0), row_of * c);
+            if at(5, 5) + c > self.xpad.len() || (POSITIONS - 1) * pos + first_out + c > self.v.len {
+                continue;
+            }
             let mut c0 = 0;
             while c0 < c {
                 let n = (c - c0).min(L);
                 // s[q][i] = sum_r BT[i][r] d[r][q]
-                columns(
-                    |r, q, d| load(self.xpad.get(at(r, q) + c0..).unwrap_or(&[]), n, d),
-                    bt6,
-                    &mut s,
-                );
+                if n == L {
+                    let src = self.xpad.as_ptr().wrapping_add(first_in + c0);
+                    let step = self.pad_w * c;
+                    columns(
+                        // SAFETY: `at(r, q) + c0 + L <= at(5, 5) + c <= xpad.len()` (checked
+                        // above, `c0 + L <= c`), and `at(r, q) - at(0, 0) = r step + q c`.
+                        |r, q, d| *d = unsafe { src.add(r * step + q * c).cast::<Block>().read_unaligned() },
+                        bt6,
+                        &mut s,
+                    );
+                } else {
+                    columns(
+                        |r, q, d| load(self.xpad.get(at(r, q) + c0..).unwrap_or(&[]), n, d),
+                        bt6,
+                        &mut s,
+                    );
+                }
                 // V[i][j] = sum_q s[q][i] BT[j][q]
+                let dst = self.v.ptr.wrapping_add(first_out + c0);
                 for i in 0..6 {
                     let row: [Block; 6] = std::array::from_fn(|q| s[q][i]);
                     let mut v = [[0.0f32; L]; 6];
                     bt6(&row, &mut v);
                     for (j, vj) in v.iter().enumerate() {
                         let xi = i * 6 + j;
-                        // SAFETY: row (xi, tile) belongs to this task alone: tasks own
-                        // disjoint tile ranges.
-                        unsafe { self.v.write((xi * self.rows + row_of) * c + c0, &vj[..n]) };
+                        // SAFETY: row (xi, tile) belongs to this task alone (tasks own
+                        // disjoint tile ranges), and `xi pos + first_out + c0 + n <= 35 pos +
+                        // first_out + c <= v.len` (checked above).
+                        unsafe {
+                            let d = dst.add(xi * pos);
+                            if n == L {
+                                d.cast::<Block>().write_unaligned(*vj);
+                            } else {
+                                std::ptr::copy_nonoverlapping(vj.as_ptr(), d, n);
+                            }
+                        }
                     }
                 }
                 c0 += n;
@@ -716,15 +744,29 @@ impl Kernel for OutputTransform<'_> {
                 continue;
             };
             let at = |a: usize, b: usize| ((a * 6 + b) * self.rows + row_of) * self.m;
+            // The tile's 36 product rows, checked once for all its blocks.
+            let whole = at(5, 5) + self.m <= self.prod.len();
             let mut c0 = self.m0;
             while c0 < self.m1 {
                 let n = (self.m1 - c0).min(L);
                 // stage[b][i] = sum_a AT[i][a] M[a][b]
-                columns(
-                    |a, b, m| load(self.prod.get(at(a, b) + c0..).unwrap_or(&[]), n, m),
-                    at4,
-                    &mut stage,
-                );
+                if whole && n == L && c0 + L <= self.m {
+                    let src = self.prod.as_ptr().wrapping_add(at(0, 0) + c0);
+                    let step = self.rows * self.m;
+                    columns(
+                        // SAFETY: `at(a, b) + c0 + L <= at(5, 5) + m <= prod.len()` (checked
+                        // above), and `at(a, b) - at(0, 0) = (6a + b) step`.
+                        |a, b, m| *m = unsafe { src.add((a * 6 + b) * step).cast::<Block>().read_unaligned() },
+                        at4,
+                        &mut stage,
+                    );
+                } else {
+                    columns(
+                        |a, b, m| load(self.prod.get(at(a, b) + c0..).unwrap_or(&[]), n, m),
+                        at4,
+                        &mut stage,
+                    );
+                }
                 let mut bias = [0.0f32; L];
                 load(self.bias.and_then(|b| b.get(c0..)).unwrap_or(&[]), n, &mut bias);
                 for i in 0..4 {
