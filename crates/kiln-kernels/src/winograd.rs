@@ -558,6 +558,33 @@ fn columns<const N: usize>(
     }
 }
 
+/// [`columns`] over the blocks of `n` values at `src[base + off(r, q) ..]`, `off` growing
+/// with `r` and `q`. When all 36 blocks are whole and inside `src` (one check, at the
+/// largest offset), each is one unaligned vector load; otherwise each goes through [`load`]
+/// (zeros past `n` or past the end). Per block, the checks and index arithmetic had
+/// spilled to the stack in the transforms' inner loops.
+#[inline(always)]
+fn columns_at<const N: usize>(
+    src: &[f32],
+    base: usize,
+    off: impl Fn(usize, usize) -> usize,
+    n: usize,
+    f: impl Fn(&[Block; 6], &mut [Block; N]),
+    out: &mut [[Block; N]; 6],
+) {
+    if n == L && base + off(5, 5) + L <= src.len() {
+        let p = src.as_ptr().wrapping_add(base);
+        // SAFETY: `base + off(r, q) + L <= base + off(5, 5) + L <= src.len()` (checked).
+        columns(
+            |r, q, d| *d = unsafe { p.add(off(r, q)).cast::<Block>().read_unaligned() },
+            f,
+            out,
+        );
+    } else {
+        columns(|r, q, d| load(src.get(base + off(r, q)..).unwrap_or(&[]), n, d), f, out);
+    }
+}
+
 /// `dst[..n] = src[..n]`, zeros after (a block from a channel run of `n <= L` values).
 #[inline(always)]
 fn load(src: &[f32], n: usize, dst: &mut Block) {
@@ -651,32 +678,17 @@ impl Kernel for InputTransform<'_> {
                 continue;
             };
             let at = |r: usize, q: usize| ((ty * TILE + r) * self.pad_w + tx * TILE + q) * c;
-            // The tile's 6x6 window and its 36 rows of V, checked once for all its blocks.
+            // The tile's 36 rows of V, checked once for all its blocks.
             let (first_in, first_out) = (at(0, 0), row_of * c);
-            if at(5, 5) + c > self.xpad.len() || (POSITIONS - 1) * pos + first_out + c > self.v.len {
+            if (POSITIONS - 1) * pos + first_out + c > self.v.len {
                 continue;
             }
             let mut c0 = 0;
             while c0 < c {
                 let n = (c - c0).min(L);
                 // s[q][i] = sum_r BT[i][r] d[r][q]
-                if n == L {
-                    let src = self.xpad.as_ptr().wrapping_add(first_in + c0);
-                    let step = self.pad_w * c;
-                    columns(
-                        // SAFETY: `at(r, q) + c0 + L <= at(5, 5) + c <= xpad.len()` (checked
-                        // above, `c0 + L <= c`), and `at(r, q) - at(0, 0) = r step + q c`.
-                        |r, q, d| *d = unsafe { src.add(r * step + q * c).cast::<Block>().read_unaligned() },
-                        bt6,
-                        &mut s,
-                    );
-                } else {
-                    columns(
-                        |r, q, d| load(self.xpad.get(at(r, q) + c0..).unwrap_or(&[]), n, d),
-                        bt6,
-                        &mut s,
-                    );
-                }
+                let step = self.pad_w * c;
+                columns_at(self.xpad, first_in + c0, |r, q| r * step + q * c, n, bt6, &mut s);
                 // V[i][j] = sum_q s[q][i] BT[j][q]
                 let dst = self.v.ptr.wrapping_add(first_out + c0);
                 for i in 0..6 {
@@ -744,29 +756,12 @@ impl Kernel for OutputTransform<'_> {
                 continue;
             };
             let at = |a: usize, b: usize| ((a * 6 + b) * self.rows + row_of) * self.m;
-            // The tile's 36 product rows, checked once for all its blocks.
-            let whole = at(5, 5) + self.m <= self.prod.len();
             let mut c0 = self.m0;
             while c0 < self.m1 {
                 let n = (self.m1 - c0).min(L);
                 // stage[b][i] = sum_a AT[i][a] M[a][b]
-                if whole && n == L && c0 + L <= self.m {
-                    let src = self.prod.as_ptr().wrapping_add(at(0, 0) + c0);
-                    let step = self.rows * self.m;
-                    columns(
-                        // SAFETY: `at(a, b) + c0 + L <= at(5, 5) + m <= prod.len()` (checked
-                        // above), and `at(a, b) - at(0, 0) = (6a + b) step`.
-                        |a, b, m| *m = unsafe { src.add((a * 6 + b) * step).cast::<Block>().read_unaligned() },
-                        at4,
-                        &mut stage,
-                    );
-                } else {
-                    columns(
-                        |a, b, m| load(self.prod.get(at(a, b) + c0..).unwrap_or(&[]), n, m),
-                        at4,
-                        &mut stage,
-                    );
-                }
+                let step = self.rows * self.m;
+                columns_at(self.prod, at(0, 0) + c0, |a, b| (a * 6 + b) * step, n, at4, &mut stage);
                 let mut bias = [0.0f32; L];
                 load(self.bias.and_then(|b| b.get(c0..)).unwrap_or(&[]), n, &mut bias);
                 for i in 0..4 {
