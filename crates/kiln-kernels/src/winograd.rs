@@ -381,8 +381,8 @@ impl Ctx<'_> {
         let (th, tw) = w.tiles();
         let t = th * tw;
         let pad_w = tw * TILE + 2;
-        let bound = |g: usize| g * t / groups.max(1);
         let groups = groups.max(1);
+        let bound = |g: usize| g * t / groups;
         // The largest group's padded rows, V and products (tile rows spanned: at most its
         // tiles' worth plus the two it starts and ends in).
         let most = (0..groups).map(|g| bound(g + 1) - bound(g)).max().unwrap_or(0);
@@ -602,6 +602,23 @@ fn load(src: &[f32], n: usize, dst: &mut Block) {
     }
 }
 
+/// Copies `vals` to `dst`: a whole block as one fixed-size (unaligned) store, where a copy of
+/// a run-time length compiled to a `memmove` call per block.
+///
+/// # Safety
+/// `dst .. dst + vals.len()` is writable and no one else reads or writes it during the call;
+/// `vals` does not overlap it.
+#[inline(always)]
+unsafe fn put(dst: *mut f32, vals: &[f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match <&Block>::try_from(vals) {
+            Ok(block) => dst.cast::<Block>().write_unaligned(*block),
+            Err(_) => std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, vals.len()),
+        }
+    }
+}
+
 /// A buffer tasks write disjoint parts of through a shared pointer: `V` in the parallel input
 /// transform (each task its tiles' rows), the output in the output transform (each task its
 /// tiles' pixels). The buffer is borrowed mutably by [`Winograd::run`] throughout.
@@ -625,14 +642,8 @@ impl RawOut {
     unsafe fn write(self, o: usize, vals: &[f32]) {
         if o.checked_add(vals.len()).is_some_and(|end| end <= self.len) {
             // SAFETY: the range is inside the buffer (checked), which outlives every task; the
-            // caller guarantees exclusive access to it; `vals` is a different (local) buffer.
-            // A whole block is one fixed-size (unaligned) store rather than a `memmove` call.
-            unsafe {
-                match <&Block>::try_from(vals) {
-                    Ok(block) => self.ptr.add(o).cast::<Block>().write_unaligned(*block),
-                    Err(_) => std::ptr::copy_nonoverlapping(vals.as_ptr(), self.ptr.add(o), vals.len()),
-                }
-            }
+            // caller guarantees exclusive access to it.
+            unsafe { put(self.ptr.add(o), vals) }
         }
     }
 
@@ -699,15 +710,8 @@ impl Kernel for InputTransform<'_> {
                         let xi = i * 6 + j;
                         // SAFETY: row (xi, tile) belongs to this task alone (tasks own
                         // disjoint tile ranges), and `xi pos + first_out + c0 + n <= 35 pos +
-                        // first_out + c <= v.len` (checked above).
-                        unsafe {
-                            let d = dst.add(xi * pos);
-                            if n == L {
-                                d.cast::<Block>().write_unaligned(*vj);
-                            } else {
-                                std::ptr::copy_nonoverlapping(vj.as_ptr(), d, n);
-                            }
-                        }
+                        // first_out + c <= v.len` (checked above); `vj` is local.
+                        unsafe { put(dst.add(xi * pos), vj.get(..n).unwrap_or(vj)) };
                     }
                 }
                 c0 += n;
