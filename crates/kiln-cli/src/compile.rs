@@ -86,7 +86,8 @@ pub fn check_flags_for(model: &Path, flags: &CompileFlags) -> Result<()> {
     if flags.changes_compilation() {
         bail!(
             "{} is a compiled .kiln program: --define-symbol, --opt-level, --output-tensors and --all-outputs \
-             apply when compiling; pass them to `kiln compile` (or run the .onnx)",
+             (--outputs all) apply when compiling, and its outputs were fixed then; pass them to `kiln compile` \
+             (or run the .onnx)",
             model.display()
         );
     }

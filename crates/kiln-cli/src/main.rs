@@ -173,8 +173,8 @@ fn file_name_for(name: &str) -> String {
 fn run(mut a: RunArgs) -> Result<()> {
     match a.outputs.as_deref() {
         None => {}
-        // A .kiln program outputs what it was compiled with (`kiln compile --all-outputs`).
-        Some("all") => a.flags.all_outputs = !kiln::is_program_file(&a.model),
+        // Same as --all-outputs: refused on a .kiln program, whose outputs are fixed when compiling.
+        Some("all") => a.flags.all_outputs = true,
         Some(other) => anyhow::bail!("--outputs {other}: expected 'all' (use --output-tensors to pick names)"),
     }
     compile::check_flags_for(&a.model, &a.flags)?;

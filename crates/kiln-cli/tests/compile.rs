@@ -148,6 +148,14 @@ fn intermediate_outputs_are_exposed_and_checked() {
         e.contains("output tensor 'probz' is not a value of the model (similar: probs)"),
         "{e}"
     );
+    // A program's outputs are fixed when compiling: `--outputs all` on one is refused, not ignored.
+    let program = dir.path().join("tiny.kiln").display().to_string();
+    ok(&["compile", &model, "-o", &program]);
+    let e = err(&["run", &program, "--input", &input, "--outputs", "all"]);
+    assert!(
+        e.contains("compiled .kiln program") && e.contains("--outputs all"),
+        "{e}"
+    );
 }
 
 #[test]

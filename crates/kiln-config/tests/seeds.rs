@@ -1,16 +1,13 @@
-//! The seed documents against the registry: every option name they define is known (as a name or
-//! an alias) with a status, and each of their own examples loads with the values it says.
+//! The seed documents against the registry: every option name they define (checked-in test
+//! data, `tests/data/seed-option-names.txt`) is known (as a name or an alias) with a status,
+//! and each of their own examples loads with the values it says.
 
 #![allow(clippy::panic)]
 
 use kiln_config::{Config, ConfigError, Source, WarningKind};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-
-fn seeds_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/seeds")
-}
+use std::path::Path;
 
 fn load(text: &str, name: &str) -> Config {
     let mut c = Config::default();
@@ -33,72 +30,47 @@ fn listed() -> BTreeSet<String> {
     out
 }
 
-fn unescape(s: &str) -> String {
-    s.replace('\\', "")
-}
-
-/// Option names of a seed document, read from its markup.
-fn seed_names(file: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(seeds_dir().join(file)).unwrap_or_default();
-    let mut names = Vec::new();
-    for line in text.lines() {
-        let t = line.trim_start();
-        // pydantic fields: "- *field* buffer\_dealloc\_delay*: int*"
-        if let Some(rest) = t.strip_prefix("- *field* ") {
-            if let Some(end) = rest.find('*') {
-                names.push(unescape(&rest[..end]));
-            }
-        // qaic keyword table: "| `dev_id` | int | ..."
-        } else if let Some(rest) = t.strip_prefix("| `") {
-            if let Some(end) = rest.find('`') {
-                let name = rest[..end].split_whitespace().next().unwrap_or_default().to_string();
-                if name != "model_path" && !name.starts_with("**") {
-                    names.push(name);
-                }
-            }
-        // Axelera properties: "- **`apply_pword_padding`** *(boolean)*"
-        } else if let Some(rest) = t.strip_prefix("- **`") {
-            if let Some(end) = rest.find('`') {
-                names.push(rest[..end].to_string());
-            }
-        // CompileConfig attributes: "- backend\_binary\_path*: Optional[str]*"
-        } else if let Some(rest) = t.strip_prefix("- ")
-            && let Some(end) = rest.find("*:")
-        {
-            let name = unescape(&rest[..end]);
-            if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                names.push(name);
-            }
+/// The option names of each seed document (`tests/data/seed-option-names.txt`, written from
+/// `../shared/seeds` by `scripts/seed_option_names.py`): `(document, declared count, names)`.
+fn seed_names() -> Vec<(String, usize, Vec<String>)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/seed-option-names.txt");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut docs: Vec<(String, usize, Vec<String>)> = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        if let Some(head) = line.strip_prefix('[') {
+            let (file, rest) = head.split_once(']').unwrap_or_else(|| panic!("bad header {line:?}"));
+            let count = rest.rsplit(": ").next().and_then(|n| n.trim().parse().ok());
+            let count = count.unwrap_or_else(|| panic!("no count in {line:?}"));
+            docs.push((file.to_string(), count, Vec::new()));
+        } else if let Some(doc) = docs.last_mut() {
+            doc.2.push(line.trim().to_string());
+        } else {
+            panic!("a name before the first document header: {line:?}");
         }
     }
-    names
+    docs
 }
 
 #[test]
 fn every_option_name_of_the_seed_documents_is_known() {
     let known = listed();
-    let dir = seeds_dir();
-    if !dir.exists() {
-        eprintln!("skipping the parse of the seed documents: {} not found", dir.display());
-        return;
-    }
+    let docs = seed_names();
+    let files: Vec<&str> = docs.iter().map(|d| d.0.as_str()).collect();
+    assert_eq!(
+        files,
+        [
+            "000_e6bbef448403fff0.txt", // AicCompilerConfig 37 + AicRuntimeConfig 5
+            "001_087bbcb7e8fe419d.txt", // CompileConfig attributes
+            "002_2363c1b869467d47.txt", // HTP context / device / core / graph / group / memory
+            "003_d65661a908b58012.txt", // qaic keyword arguments
+            "004_e306b2e5cbb1ee9e.txt", // Axelera CompilerConfig
+        ]
+    );
     let mut total = 0;
-    for (file, min) in [
-        ("000_e6bbef448403fff0.txt", 42), // AicCompilerConfig 37 + AicRuntimeConfig 5
-        ("001_087bbcb7e8fe419d.txt", 16), // CompileConfig attributes
-        ("002_2363c1b869467d47.txt", 43), // HTP context / device / core / graph / group / memory
-        ("003_d65661a908b58012.txt", 61), // qaic keyword arguments
-        ("004_e306b2e5cbb1ee9e.txt", 93), // Axelera CompilerConfig
-    ] {
-        let names = seed_names(file);
-        assert!(
-            names.len() >= min,
-            "{file}: parsed only {} names: {names:?}",
-            names.len()
-        );
+    for (file, count, names) in &docs {
+        assert_eq!(names.len(), *count, "{file}: {names:?}");
         let missing: Vec<&String> = names.iter().filter(|n| !known.contains(n.as_str())).collect();
         assert!(missing.is_empty(), "{file}: unknown to `kiln config list`: {missing:?}");
-        eprintln!("{file}: {} names", names.len());
         total += names.len();
     }
     assert_eq!(total, 255, "the seed documents define 255 option names (with repeats)");

@@ -96,6 +96,7 @@ impl Pixels<'_> {
         }
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx2Fma && isa.is_supported() {
+            // SAFETY: as for the AVX-512 call above.
             unsafe { avx2::pixels(self, out) };
             return true;
         }
@@ -513,38 +514,47 @@ mod avx512 {
     // lanes accessed.
     #[inline(always)]
     unsafe fn zero() -> V {
+        // SAFETY: AVX-512 F present (the note above).
         unsafe { _mm512_setzero_ps() }
     }
     #[inline(always)]
     unsafe fn splat(v: f32) -> V {
+        // SAFETY: AVX-512 F present (the note above).
         unsafe { _mm512_set1_ps(v) }
     }
     #[inline(always)]
     unsafe fn fmadd(a: V, b: V, c: V) -> V {
+        // SAFETY: AVX-512 F present (the note above).
         unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
     unsafe fn vmin(a: V, b: V) -> V {
+        // SAFETY: AVX-512 F present (the note above).
         unsafe { _mm512_min_ps(a, b) }
     }
     #[inline(always)]
     unsafe fn vmax(a: V, b: V) -> V {
+        // SAFETY: AVX-512 F present (the note above).
         unsafe { _mm512_max_ps(a, b) }
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> V {
+        // SAFETY: AVX-512 F present (the note above); the caller passes a pointer valid for the lanes.
         unsafe { _mm512_loadu_ps(p) }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: V) {
+        // SAFETY: AVX-512 F present (the note above); the caller passes a pointer valid for the lanes.
         unsafe { _mm512_storeu_ps(p, v) }
     }
     #[inline(always)]
     unsafe fn load_masked(m: Mask, p: *const f32) -> V {
+        // SAFETY: AVX-512 F present (the note above); the caller passes a pointer valid for the lanes.
         unsafe { _mm512_maskz_loadu_ps(m, p) }
     }
     #[inline(always)]
     unsafe fn store_masked(p: *mut f32, m: Mask, v: V) {
+        // SAFETY: AVX-512 F present (the note above); the caller passes a pointer valid for the lanes.
         unsafe { _mm512_mask_storeu_ps(p, m, v) }
     }
     #[inline(always)]
@@ -574,43 +584,53 @@ mod avx2 {
     // for the lanes accessed.
     #[inline(always)]
     unsafe fn zero() -> V {
+        // SAFETY: AVX2 and FMA present (the note above).
         unsafe { _mm256_setzero_ps() }
     }
     #[inline(always)]
     unsafe fn splat(v: f32) -> V {
+        // SAFETY: AVX2 and FMA present (the note above).
         unsafe { _mm256_set1_ps(v) }
     }
     #[inline(always)]
     unsafe fn fmadd(a: V, b: V, c: V) -> V {
+        // SAFETY: AVX2 and FMA present (the note above).
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
     unsafe fn vmin(a: V, b: V) -> V {
+        // SAFETY: AVX2 and FMA present (the note above).
         unsafe { _mm256_min_ps(a, b) }
     }
     #[inline(always)]
     unsafe fn vmax(a: V, b: V) -> V {
+        // SAFETY: AVX2 and FMA present (the note above).
         unsafe { _mm256_max_ps(a, b) }
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> V {
+        // SAFETY: AVX2 and FMA present (the note above); the caller passes a pointer valid for the lanes.
         unsafe { _mm256_loadu_ps(p) }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: V) {
+        // SAFETY: AVX2 and FMA present (the note above); the caller passes a pointer valid for the lanes.
         unsafe { _mm256_storeu_ps(p, v) }
     }
     #[inline(always)]
     unsafe fn load_masked(m: Mask, p: *const f32) -> V {
+        // SAFETY: AVX2 and FMA present (the note above); the caller passes a pointer valid for the lanes.
         unsafe { _mm256_maskload_ps(p, m) }
     }
     #[inline(always)]
     unsafe fn store_masked(p: *mut f32, m: Mask, v: V) {
+        // SAFETY: AVX2 and FMA present (the note above); the caller passes a pointer valid for the lanes.
         unsafe { _mm256_maskstore_ps(p, m, v) }
     }
     #[inline(always)]
     fn full() -> Mask {
         // SAFETY: AVX is present (the contract above); a register-only instruction.
+        // SAFETY: AVX2 and FMA present (the note above).
         unsafe { _mm256_set1_epi32(-1) }
     }
     #[inline(always)]
@@ -618,6 +638,7 @@ mod avx2 {
         let n = n.min(LANES) as i32;
         // SAFETY: AVX2 is present (the contract above); register-only instructions. Lane `i`
         // is set when `i < n`.
+        // SAFETY: AVX2 and FMA present (the note above).
         unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
     }
 

@@ -9,13 +9,13 @@
 //! ```
 
 mod bench;
+mod monitor;
+mod profile;
 mod session;
 mod shapes;
+mod trace;
 
-pub use bench::{
-    BenchLimit, BenchOptions, BenchProgress, BenchReport, LatencyStats, MAX_PROFILE_RECORDS, Metrics, ProfileReport,
-    RoundTrip, percentile,
-};
+pub use bench::{BenchLimit, BenchOptions, BenchProgress, BenchReport, RoundTrip};
 pub use kiln_compiler::CompileOptions;
 pub use kiln_ir::Graph;
 pub use kiln_onnx::{ImportError, Model, UnsupportedOp};
@@ -24,6 +24,8 @@ pub use kiln_runtime::RuntimeError;
 pub use kiln_runtime::{AllocCounts, CachingAlloc, CountingAlloc, ThreadPool};
 pub use kiln_runtime::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use kiln_tensor::{DType, Data, Mismatch, Tensor, TensorError, bf16, compare, f16};
+pub use monitor::{LatencyStats, MAX_PROFILE_RECORDS, Metrics, percentile};
+pub use profile::ProfileReport;
 pub use session::{
     CompileSummary, Error, IoInfo, ProgramMeta, Session, SessionOptions, compile_file, is_program_file, load_onnx,
 };

@@ -1,5 +1,7 @@
 //! Session: a loaded, compiled model ready to run; immutable and shareable across threads.
 
+use crate::monitor::{Metrics, Monitor};
+use crate::profile::ProfileReport;
 use kiln_compiler::CompileOptions;
 use kiln_onnx::{ImportOptions, Model};
 use kiln_ops::{Value, ValueType};
@@ -88,8 +90,8 @@ pub struct IoInfo {
 #[derive(Debug)]
 pub struct Session {
     pub(crate) program: Program,
-    /// Load time, metrics and profiles (`bench.rs`).
-    pub(crate) monitor: crate::bench::Monitor,
+    /// Load time, metrics and profiles (`monitor.rs`).
+    pub(crate) monitor: Monitor,
     /// The program file's meta section, when opened from a `.kiln`.
     meta: Option<ProgramMeta>,
     /// The compute threads (`None`: single-threaded).
@@ -192,7 +194,7 @@ impl Session {
             return Session::with_program(file.program, Some(file.meta)).observed(options, started);
         }
         let model = load_onnx(path, options)?;
-        Session::from_model(&model, options)?.observed(options, started)
+        Session::compiled(&model, options, started)
     }
 
     /// The meta section of the program file this session was opened from, if any.
@@ -202,7 +204,11 @@ impl Session {
 
     /// Compiles an already imported model.
     pub fn from_model(model: &Model, options: &SessionOptions) -> Result<Session, Error> {
-        let started = std::time::Instant::now();
+        Session::compiled(model, options, std::time::Instant::now())
+    }
+
+    /// Compiles `model`, counting the load time from `started`.
+    fn compiled(model: &Model, options: &SessionOptions, started: std::time::Instant) -> Result<Session, Error> {
         let compiled = kiln_compiler::compile(model.graph.clone(), &options.compile)?;
         Session::with_program(compiled.program, None).observed(options, started)
     }
@@ -212,10 +218,50 @@ impl Session {
         Session {
             program,
             meta,
-            monitor: crate::bench::Monitor::default(),
+            monitor: Monitor::default(),
             pool: None,
             arenas: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Finishes a constructor: starts the compute threads the options ask for and sets up
+    /// metrics/profiling, recording the load time (from `started`).
+    fn observed(mut self, options: &SessionOptions, started: std::time::Instant) -> Result<Session, Error> {
+        if options.threads > 1 {
+            let pool = kiln_runtime::ThreadPool::new(options.threads).map_err(|cause| Error::Threads {
+                threads: options.threads,
+                cause,
+            })?;
+            self.pool = Some(pool);
+        }
+        self.monitor = Monitor::new(options.enable_metrics, options.enable_profiling, started.elapsed());
+        Ok(self)
+    }
+
+    /// How long opening the session took (import and compile, or mapping a program file).
+    pub fn load_time(&self) -> std::time::Duration {
+        self.monitor.load()
+    }
+
+    /// Latency statistics of every successful `run` so far; `None` unless
+    /// `enable_metrics` (or `enable_profiling`) was set, or before the first run.
+    pub fn get_metrics(&self) -> Option<Metrics> {
+        self.monitor.metrics()
+    }
+
+    /// Prints [`Session::get_metrics`] to stdout in qaic's wording (or why there are none).
+    pub fn print_metrics(&self) {
+        print!("{}", self.monitor.metrics_text());
+    }
+
+    /// Forgets the recorded latencies and step timings.
+    pub fn reset_metrics(&self) {
+        self.monitor.reset();
+    }
+
+    /// Per-step timings of the runs so far; `None` unless `enable_profiling` was set.
+    pub fn get_profile(&self) -> Option<ProfileReport> {
+        self.monitor.profile()
     }
 
     pub fn inputs(&self) -> Vec<IoInfo> {
@@ -242,7 +288,7 @@ impl Session {
 
     /// Runs the model on named inputs; returns `(name, value)` for every output, in order.
     pub fn run(&self, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>, Error> {
-        self.on_pool(|| self.monitor.run(&self.program, inputs))
+        Ok(self.on_pool(|| self.monitor.run(&self.program, inputs))?)
     }
 
     /// Runs `f` (one inference) on this session's compute threads: the pool is the current

@@ -134,7 +134,9 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Every source file opens with a `//!` line; `unsafe` appears only where allowed.
+/// Every source file opens with a `//!` line; `unsafe` appears only where allowed, and every
+/// `unsafe` block or impl says why it is sound in a `// SAFETY` comment (see
+/// [`unjustified_unsafe`]).
 pub fn check_sources(root: &Path) -> Vec<String> {
     let mut problems = Vec::new();
     let mut files = Vec::new();
@@ -163,8 +165,52 @@ pub fn check_sources(root: &Path) -> Vec<String> {
                 "{rel}: uses unsafe outside the kernels crate and the mmap loader"
             ));
         }
+        for line in unjustified_unsafe(&text) {
+            problems.push(format!(
+                "{rel}:{line}: an unsafe block without a `// SAFETY:` comment saying why it is sound"
+            ));
+        }
     }
     problems
+}
+
+/// How far above an `unsafe` block its `SAFETY` comment may stand when code lies between
+/// (a comment covering a short group of calls).
+const SAFETY_REACH: usize = 6;
+
+/// The 1-based lines of `text` that open an `unsafe` block (`unsafe {`) or `unsafe impl`
+/// with no `SAFETY` comment on the line itself, in the unbroken run of comment and attribute
+/// lines directly above it, or within [`SAFETY_REACH`] lines above it.
+pub fn unjustified_unsafe(text: &str) -> Vec<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = strip_strings(line.split("//").next().unwrap_or(""));
+        let opens = code.match_indices("unsafe").any(|(at, _)| {
+            let before = code[..at]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+            let rest = code[at + 6..].trim_start();
+            before && (rest.starts_with('{') || rest.starts_with("impl"))
+        });
+        if !opens || line.contains("SAFETY") {
+            continue;
+        }
+        let near = lines[i.saturating_sub(SAFETY_REACH)..i]
+            .iter()
+            .any(|l| l.contains("SAFETY"));
+        let above = lines[..i]
+            .iter()
+            .rev()
+            .map(|l| l.trim_start())
+            .take_while(|l| l.starts_with("//") || l.starts_with("#["))
+            .any(|l| l.contains("SAFETY"));
+        if !(near || above) {
+            out.push(i + 1);
+        }
+    }
+    out
 }
 
 /// The line with the contents of its string literals removed.
@@ -197,6 +243,25 @@ mod tests {
     fn sources_have_headers_and_fenced_unsafe() {
         let problems = check_sources(&workspace_root());
         assert!(problems.is_empty(), "{problems:#?}");
+    }
+
+    #[test]
+    fn unsafe_blocks_need_a_safety_comment() {
+        let text = "//! x\nfn f(p: *const u8) -> u8 {\n    unsafe { *p }\n}\n";
+        assert_eq!(unjustified_unsafe(text), [3]);
+        let ok = "//! x\nfn f(p: *const u8) -> u8 {\n    // SAFETY: p is valid.\n    unsafe { *p }\n}\n";
+        assert!(unjustified_unsafe(ok).is_empty());
+        let long = format!(
+            "// SAFETY: the run of comments above the block\n{}unsafe impl Send for X {{}}\n",
+            "// more\n".repeat(10)
+        );
+        assert!(unjustified_unsafe(&long).is_empty());
+        let far = format!(
+            "// SAFETY: too far, with code between\n{}unsafe {{ g() }}\n",
+            "x();\n".repeat(7)
+        );
+        assert_eq!(unjustified_unsafe(&far), [9]);
+        assert!(unjustified_unsafe("unsafe fn g() {}\nlet s = \"unsafe {\";\n").is_empty());
     }
 
     #[test]
