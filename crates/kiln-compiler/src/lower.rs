@@ -38,6 +38,7 @@ fn lower_graph(g: &Graph) -> Program {
                 inputs: n.inputs.iter().map(|i| i.map(|i| i.index())).collect(),
                 outputs: n.outputs.iter().map(|o| o.map(|o| o.index())).collect(),
                 frees: Vec::new(),
+                plan: n.plan.clone(),
             })
             .collect(),
         arena: kiln_runtime::ArenaPlan::default(),

@@ -79,6 +79,7 @@ mod tests {
                 kind: NodeKind::Op(op),
                 inputs: vec![Some(i)],
                 outputs: vec![Some(o)],
+                plan: None,
             });
         }
         g.inputs = vec![x];

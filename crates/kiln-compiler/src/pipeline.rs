@@ -252,11 +252,12 @@ mod tests {
             // (no transpose in), then one transpose back.
             assert_eq!((r.nodes_before, r.nodes_after), (5, 2));
             assert_eq!(op_names(&g), ["Conv", "Transpose"]);
-            let NodeKind::Op(Op::Nn(NnOp::Conv(conv))) = &g.nodes[0].kind else {
+            let NodeKind::Op(Op::Nn(NnOp::Conv(_))) = &g.nodes[0].kind else {
                 panic!("not a Conv");
             };
-            assert_eq!(conv.activation, Some(Activation::Relu));
-            assert!(conv.channels_last && conv.x_channels_first);
+            let plan = g.nodes[0].conv_plan();
+            assert_eq!(plan.activation, Some(Activation::Relu));
+            assert!(plan.channels_last && plan.x_channels_first);
             // BatchNorm folding rounds the new weights once: equal to float precision.
             assert_close(&run_graph(&g, vec![xin.clone()])[0], &reference[0], 1e-6);
         }

@@ -226,6 +226,7 @@ mod tests {
             kind: NodeKind::Op(op),
             inputs: ins.iter().map(|&i| Some(i)).collect(),
             outputs: vec![Some(out)],
+            plan: None,
         });
     }
 

@@ -7,8 +7,8 @@
 use kiln_ir::Graph;
 use kiln_kernels::gemm::MatLayout;
 use kiln_kernels::sgemm::{BLayout, PackedB};
+use kiln_ops::fast::{ConvPlan, PackedConvWeights, PackedWeight, Plan, WinogradWeights};
 use kiln_ops::nn::NnOp;
-use kiln_ops::nn::matmul::PackedWeight;
 use kiln_ops::{Op, Value, ValueType};
 use kiln_runtime::{Program, StepKind};
 use kiln_tensor::{DType, Tensor};
@@ -62,10 +62,13 @@ pub fn run(graph: &Graph, program: &mut Program) -> usize {
         let Some(step) = program.steps.get(i) else { break };
         // Which op, and whether its B is stored transposed (`n x k`).
         let trans_b = match &step.kind {
-            StepKind::Op(Op::Nn(NnOp::MatMul(mm))) if mm.packed_b.is_none() => false,
-            StepKind::Op(Op::Nn(NnOp::Gemm(g))) if g.packed_b.is_none() => g.trans_b,
+            StepKind::Op(Op::Nn(NnOp::MatMul(_))) => false,
+            StepKind::Op(Op::Nn(NnOp::Gemm(g))) => g.trans_b,
             _ => continue,
         };
+        if matches!(&step.plan, Some(Plan::Gemm(p)) if p.packed_b.is_some()) {
+            continue;
+        }
         let (Some(Some(a)), Some(Some(b))) = (step.inputs.first(), step.inputs.get(1)) else {
             continue;
         };
@@ -97,11 +100,9 @@ pub fn run(graph: &Graph, program: &mut Program) -> usize {
             layout: LAYOUT.tag().to_string(),
         });
         let Some(step) = program.steps.get_mut(i) else { break };
-        match &mut step.kind {
-            StepKind::Op(Op::Nn(NnOp::MatMul(mm))) => mm.packed_b = record,
-            StepKind::Op(Op::Nn(NnOp::Gemm(g))) => g.packed_b = record,
-            _ => continue,
-        }
+        let plan = step.plan.get_or_insert_with(|| Plan::Gemm(Default::default()));
+        let Some(plan) = plan.gemm_mut() else { continue };
+        plan.packed_b = record;
         if let Some(c) = program.constants.get_mut(ci) {
             c.1 = Value::Tensor(t);
         }
@@ -112,11 +113,19 @@ pub fn run(graph: &Graph, program: &mut Program) -> usize {
 
 /// The `which`-th convolution of a step (its weights are input [`conv_weight_input`]): a Conv
 /// itself (`which` 0), or a PointwiseDepthwise's 1x1 (0) and depthwise (1) convolutions.
-fn conv_of(kind: &mut StepKind, which: usize) -> Option<&mut kiln_ops::nn::Conv> {
+/// With the plan it runs under (a Conv step's own, made when absent).
+fn conv_of<'a>(
+    kind: &'a mut StepKind,
+    plan: &'a mut Option<Plan>,
+    which: usize,
+) -> Option<(&'a mut kiln_ops::nn::Conv, &'a mut ConvPlan)> {
     match (kind, which) {
-        (StepKind::Op(Op::Nn(NnOp::Conv(c))), 0) => Some(c),
-        (StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(f))), 0) => Some(&mut f.pointwise),
-        (StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(f))), 1) => Some(&mut f.depthwise),
+        (StepKind::Op(Op::Nn(NnOp::Conv(c))), 0) => {
+            let plan = plan.get_or_insert_with(|| Plan::Conv(ConvPlan::default()));
+            Some((c, plan.conv_mut()?))
+        }
+        (StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(f))), 0) => Some((&mut f.pointwise.conv, &mut f.pointwise.plan)),
+        (StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(f))), 1) => Some((&mut f.depthwise.conv, &mut f.depthwise.plan)),
         _ => None,
     }
 }
@@ -136,17 +145,16 @@ fn conv_weight_input(kind: &StepKind, inputs: &[Option<usize>], which: usize) ->
 /// `[kh*kw, m]`; other groups as taps `[kh*kw, c, m]` (`c` per group). Only constant weights of shape `[m, c, kh, kw]` read by nothing else;
 /// returns how many it packed.
 pub fn channels_last(program: &mut Program) -> usize {
-    use kiln_ops::nn::PackedConvWeights;
     let (reads, outputs) = readers(program);
     let mut packed = 0;
     for i in 0..program.steps.len() {
         for which in 0..2 {
             let Some(step) = program.steps.get_mut(i) else { break };
             let (wi, residual) = conv_weight_input(&step.kind, &step.inputs, which);
-            let Some(conv) = conv_of(&mut step.kind, which) else {
+            let Some((conv, plan)) = conv_of(&mut step.kind, &mut step.plan, which) else {
                 continue;
             };
-            if !conv.channels_last || conv.packed.is_some() || conv.winograd.is_some() {
+            if !plan.channels_last || plan.packed.is_some() || plan.winograd.is_some() {
                 continue;
             }
             let group = conv.group.max(1);
@@ -159,9 +167,9 @@ pub fn channels_last(program: &mut Program) -> usize {
             };
             let pk = PackedConvWeights { m, c, kh, kw };
             let weights = match (group, c) {
-                (1, _) => kiln_ops::nn::pack_channels_last(data, pk),
+                (1, _) => kiln_ops::fast::pack_channels_last(data, pk),
                 // Depthwise: the taps in the order the channels-last kernel reads them.
-                (g, 1) if g == m && !residual => kiln_ops::nn::pack_depthwise_taps(data, m, kh, kw),
+                (g, 1) if g == m && !residual => kiln_ops::fast::pack_depthwise_taps(data, m, kh, kw),
                 // Grouped: the taps `[kh*kw, c, m]`, for the grouped kernel.
                 (g, _) if g > 1 && m.is_multiple_of(g) && !residual => {
                     kiln_kernels::grouped::pack_taps(data, m, c, kh, kw)
@@ -172,10 +180,14 @@ pub fn channels_last(program: &mut Program) -> usize {
             let Ok(t) = weights.and_then(|v| Ok(Tensor::from_vec(vec![v.len()], v)?)) else {
                 continue;
             };
-            let Some(conv) = program.steps.get_mut(i).and_then(|s| conv_of(&mut s.kind, which)) else {
+            let Some((conv, plan)) = program
+                .steps
+                .get_mut(i)
+                .and_then(|s| conv_of(&mut s.kind, &mut s.plan, which))
+            else {
                 break;
             };
-            conv.packed = Some(pk);
+            plan.packed = Some(pk);
             conv.kernel_shape = vec![kh, kw];
             if let Some(c) = program.constants.get_mut(ci) {
                 c.1 = Value::Tensor(t);
@@ -203,7 +215,6 @@ const WINOGRAD_MIN_CHANNELS: usize = 8;
 /// transform, packed (`kiln_kernels::winograd::pack_weights`, layout [`LAYOUT`]); returns how
 /// many convolutions it converted.
 pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
-    use kiln_ops::nn::WinogradWeights;
     let (reads, outputs) = readers(program);
     let fixed_f32 = |slot: usize| -> Option<Vec<usize>> {
         let v = graph.values.get(slot)?;
@@ -219,9 +230,13 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
             continue;
         };
         let ones = |v: &[usize]| v.iter().all(|&d| d == 1);
-        if conv.winograd.is_some()
-            || conv.packed.is_some()
-            || conv.x_channels_first
+        let plan = match &step.plan {
+            Some(Plan::Conv(p)) => *p,
+            _ => ConvPlan::default(),
+        };
+        if plan.winograd.is_some()
+            || plan.packed.is_some()
+            || plan.x_channels_first
             || conv.group.max(1) != 1
             || !ones(&conv.strides)
             || !ones(&conv.dilations)
@@ -246,7 +261,7 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
             continue;
         };
         // Channels-last X is [N, H, W, C] and Y [N, OH, OW, M].
-        let (xc, oh, ow) = if conv.channels_last { (x3, y1, y2) } else { (x1, y2, y3) };
+        let (xc, oh, ow) = if plan.channels_last { (x3, y1, y2) } else { (x1, y2, y3) };
         let tiles = oh.div_ceil(4) * ow.div_ceil(4);
         if xc != c || tiles < WINOGRAD_MIN_TILES || c < WINOGRAD_MIN_CHANNELS || m < WINOGRAD_MIN_CHANNELS {
             continue;
@@ -258,8 +273,8 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
             continue;
         };
         let Some(step) = program.steps.get_mut(i) else { break };
-        if let StepKind::Op(Op::Nn(NnOp::Conv(conv))) = &mut step.kind {
-            conv.winograd = Some(WinogradWeights { m, c });
+        if let Some((conv, plan)) = conv_of(&mut step.kind, &mut step.plan, 0) {
+            plan.winograd = Some(WinogradWeights { m, c });
             conv.kernel_shape = vec![3, 3];
         }
         if let Some(c) = program.constants.get_mut(ci) {
@@ -308,7 +323,10 @@ mod tests {
             .steps
             .iter()
             .filter_map(|s| match &s.kind {
-                StepKind::Op(Op::Nn(NnOp::MatMul(m))) => Some(m.packed_b.clone()),
+                StepKind::Op(Op::Nn(NnOp::MatMul(_))) => Some(match &s.plan {
+                    Some(Plan::Gemm(p)) => p.packed_b.clone(),
+                    _ => None,
+                }),
                 _ => None,
             })
             .collect();

@@ -1,5 +1,7 @@
 //! Graph, node and value types.
 
+use kiln_ops::fast::{ConvPlan, GemmPlan, Plan, PoolPlan};
+use kiln_ops::nn::{Activation, NnOp};
 use kiln_ops::{Op, Value, ValueType};
 
 /// Index of a value in its graph's `values`.
@@ -49,6 +51,53 @@ pub struct Node {
     pub inputs: Vec<Option<ValueId>>,
     /// `None` for an output the model does not use.
     pub outputs: Vec<Option<ValueId>>,
+    /// How the compiler chose to run an op node (layout, kernel, packed weights, fused
+    /// activation); `None` as imported. Never changes what the node computes.
+    pub plan: Option<kiln_ops::fast::Plan>,
+}
+
+impl Node {
+    /// The node's plan, made as the default of its op's kind when it has none; `None` for a
+    /// node whose op takes no plan.
+    pub fn plan_mut(&mut self) -> Option<&mut Plan> {
+        if self.plan.is_none() {
+            let NodeKind::Op(op) = &self.kind else { return None };
+            self.plan = Some(Plan::default_for(op)?);
+        }
+        self.plan.as_mut()
+    }
+
+    /// The Conv plan (the default when the node has none or is no Conv).
+    pub fn conv_plan(&self) -> ConvPlan {
+        match &self.plan {
+            Some(Plan::Conv(p)) => *p,
+            _ => ConvPlan::default(),
+        }
+    }
+
+    /// The MatMul / Gemm plan (the default when the node has none).
+    pub fn gemm_plan(&self) -> GemmPlan {
+        match &self.plan {
+            Some(Plan::Gemm(p)) => p.clone(),
+            _ => GemmPlan::default(),
+        }
+    }
+
+    /// The pool plan (the default when the node has none).
+    pub fn pool_plan(&self) -> PoolPlan {
+        match &self.plan {
+            Some(Plan::Pool(p)) => *p,
+            _ => PoolPlan::default(),
+        }
+    }
+
+    /// The activation fused into the node: its plan's, or a compiler-made op's own.
+    pub fn activation(&self) -> Option<Activation> {
+        match &self.kind {
+            NodeKind::Op(Op::Nn(NnOp::ChannelAffine(a))) => a.activation,
+            _ => self.plan.as_ref().and_then(Plan::activation),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -46,11 +46,12 @@ pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
                             present: v.is_some(),
                         })
                         .collect();
-                    let types = op.infer(&inputs).map_err(|source| InferError {
-                        node: node.name.clone(),
-                        op: op.name().to_string(),
-                        source,
-                    })?;
+                    let types =
+                        kiln_ops::fast::infer(op, node.plan.as_ref(), &inputs).map_err(|source| InferError {
+                            node: node.name.clone(),
+                            op: op.name().to_string(),
+                            source,
+                        })?;
                     let folded = fold(op, &inputs);
                     drop(inputs);
                     for (out, v) in node.outputs.iter().zip(folded) {

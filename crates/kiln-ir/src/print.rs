@@ -82,11 +82,15 @@ impl Graph {
                 NodeKind::Op(op) => {
                     writeln!(
                         out,
-                        "{pad}  {} = {}({}){}  # '{}'",
+                        "{pad}  {} = {}({}){}{}  # '{}'",
                         outs.join(", "),
                         op.name(),
                         ins.join(", "),
                         attrs_text(op),
+                        node.plan
+                            .as_ref()
+                            .map(|p| format!(" plan[{}]", p.summary()))
+                            .unwrap_or_default(),
                         node.name
                     )?;
                 }

@@ -409,6 +409,7 @@ impl Builder<'_> {
             kind,
             inputs,
             outputs,
+            plan: None,
         });
         Ok(())
     }

@@ -11,6 +11,7 @@ pub mod util;
 pub mod value;
 
 pub mod elementwise;
+pub mod fast;
 pub mod misc;
 pub mod movement;
 pub mod nn;

@@ -401,7 +401,7 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
                     _ => m,
                 })
                 | 1;
-            op.eval(&Args::new(&args).with_wanted(wanted)).map_err(node_err)
+            kiln_ops::fast::eval(op, step.plan.as_ref(), &Args::new(&args).with_wanted(wanted)).map_err(node_err)
         }
         StepKind::If {
             then_branch,

@@ -273,7 +273,7 @@ impl Recorder {
             })
             .collect();
         let macs = match &step.kind {
-            crate::program::StepKind::Op(op) => macs_of(op, inputs, outputs),
+            crate::program::StepKind::Op(op) => macs_of(op, step.plan.as_ref(), inputs, outputs),
             _ => 0,
         };
         self.steps.push(StepRecord {
@@ -297,7 +297,7 @@ impl Recorder {
     }
 }
 
-fn macs_of(op: &Op, inputs: &[InputSeen], outputs: &[Value]) -> u64 {
+fn macs_of(op: &Op, plan: Option<&kiln_ops::fast::Plan>, inputs: &[InputSeen], outputs: &[Value]) -> u64 {
     let infer: Vec<InferInput<'_>> = inputs
         .iter()
         .map(|i| InferInput {
@@ -307,7 +307,7 @@ fn macs_of(op: &Op, inputs: &[InputSeen], outputs: &[Value]) -> u64 {
         })
         .collect();
     let out_types: Vec<ValueType> = outputs.iter().map(Value::value_type).collect();
-    op.macs(&infer, &out_types)
+    kiln_ops::fast::macs(op, plan, &infer, &out_types)
 }
 
 #[cfg(test)]

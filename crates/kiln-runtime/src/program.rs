@@ -58,6 +58,8 @@ pub struct Step {
     pub outputs: Vec<Option<usize>>,
     /// Slots whose last reader is this step: freed right after it runs.
     pub frees: Vec<usize>,
+    /// The compiler's plan for an op step (`kiln_ops::fast::Plan`); `None` runs it as imported.
+    pub plan: Option<kiln_ops::fast::Plan>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -168,6 +170,25 @@ impl Program {
                 p.compute_frees();
             }
         }
+    }
+}
+
+impl Program {
+    /// Checks every op step's plan against its op, in this program and its sub-programs (see
+    /// `kiln_ops::fast::validate`): the first misfit, with its step's name.
+    pub fn validate_plans(&self) -> Result<(), (String, kiln_ops::OpError)> {
+        for step in &self.steps {
+            if let StepKind::Op(op) = &step.kind {
+                kiln_ops::fast::validate(op, step.plan.as_ref()).map_err(|e| (step.name.clone(), e))?;
+            } else if step.plan.is_some() {
+                let e = kiln_ops::OpError::Value("a control-flow step carries an op plan".into());
+                return Err((step.name.clone(), e));
+            }
+            for p in step.subprograms() {
+                p.validate_plans()?;
+            }
+        }
+        Ok(())
     }
 }
 

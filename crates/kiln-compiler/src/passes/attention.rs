@@ -162,13 +162,7 @@ impl Matcher<'_> {
     fn matmul(&self, v: ValueId, reader: usize) -> Option<(usize, ValueId, ValueId)> {
         let (p, node) = self.private(v, reader)?;
         match (op(node)?, node.inputs.as_slice()) {
-            (
-                Op::Nn(NnOp::MatMul(MatMul {
-                    activation: None,
-                    packed_b: None,
-                })),
-                [Some(a), Some(b)],
-            ) => Some((p, *a, *b)),
+            (Op::Nn(NnOp::MatMul(MatMul {})), [Some(a), Some(b)]) if node.plan.is_none() => Some((p, *a, *b)),
             _ => None,
         }
     }

@@ -161,7 +161,7 @@ fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
     };
     let wv = w.to_f64_vec();
     let (weight, bias) = match op {
-        NnOp::Conv(conv) if conv.activation.is_none() && w.rank() >= 3 => {
+        NnOp::Conv(_) if prod.plan.is_none() && w.rank() >= 3 => {
             let m = *w.shape().first()?;
             let per = w.len() / m.max(1);
             let aff = channel_affine(g, index, bn, node, m)?;
@@ -178,7 +178,7 @@ fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
                 .collect();
             (nw, shifted(&b0, &aff))
         }
-        NnOp::Gemm(gemm) if gemm.activation.is_none() => {
+        NnOp::Gemm(gemm) if prod.plan.is_none() => {
             let &[r, c] = w.shape() else { return None };
             let n = if gemm.trans_b { r } else { c };
             let aff = channel_affine(g, index, bn, node, n)?;

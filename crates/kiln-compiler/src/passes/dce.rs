@@ -140,6 +140,7 @@ mod tests {
             ))),
             inputs: vec![Some(ca)],
             outputs: vec![Some(ty)],
+            plan: None,
         });
         then_g.outputs = vec![ty];
         let mut else_g = Graph {
@@ -160,6 +161,7 @@ mod tests {
             ))),
             inputs: vec![Some(cb)],
             outputs: vec![Some(dead)],
+            plan: None,
         });
         else_g.outputs = vec![k];
         let y = b.g.add_value("y", t());
@@ -171,6 +173,7 @@ mod tests {
             })),
             inputs: vec![Some(cond)],
             outputs: vec![Some(y)],
+            plan: None,
         });
         let mut g = b.finish(&[y]);
         // The dead Abs, the else capture of `b`, then the outer Neg producing `b`.

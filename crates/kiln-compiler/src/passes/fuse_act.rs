@@ -29,15 +29,11 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     }
     let mut dead = vec![false; g.nodes.len()];
     for p in &plans {
-        if let Some(node) = g.nodes.get_mut(p.producer)
-            && let NodeKind::Op(Op::Nn(op)) = &mut node.kind
-        {
-            match op {
-                NnOp::Conv(c) => c.activation = Some(p.act),
-                NnOp::Gemm(c) => c.activation = Some(p.act),
-                NnOp::MatMul(c) => c.activation = Some(p.act),
-                NnOp::ChannelAffine(c) => c.activation = Some(p.act),
-                _ => continue,
+        if let Some(node) = g.nodes.get_mut(p.producer) {
+            if let NodeKind::Op(Op::Nn(NnOp::ChannelAffine(c))) = &mut node.kind {
+                c.activation = Some(p.act);
+            } else if !node.plan_mut().is_some_and(|plan| plan.set_activation(Some(p.act))) {
+                continue;
             }
             node.outputs = vec![Some(p.output)];
             mark(&mut dead, p.remove.iter().copied());
@@ -60,13 +56,12 @@ struct Plan {
 fn fusable_producer(g: &Graph, index: &Index, v: ValueId) -> Option<usize> {
     let p = index.producer(v)?;
     let node = g.nodes.get(p)?;
-    let free = match &node.kind {
-        NodeKind::Op(Op::Nn(NnOp::Conv(c))) => c.activation.is_none(),
-        NodeKind::Op(Op::Nn(NnOp::Gemm(c))) => c.activation.is_none(),
-        NodeKind::Op(Op::Nn(NnOp::MatMul(c))) => c.activation.is_none(),
-        NodeKind::Op(Op::Nn(NnOp::ChannelAffine(c))) => c.activation.is_none(),
-        _ => false,
-    };
+    let free = matches!(
+        &node.kind,
+        NodeKind::Op(Op::Nn(
+            NnOp::Conv(_) | NnOp::Gemm(_) | NnOp::MatMul(_) | NnOp::ChannelAffine(_)
+        ))
+    ) && node.activation().is_none();
     (free && node.outputs.len() == 1 && dtype_of(g, v).is_some_and(is_float)).then_some(p)
 }
 
@@ -168,9 +163,9 @@ mod tests {
         g.verify().unwrap();
         assert_eq!(g.nodes.len(), 1);
         match &g.nodes[0].kind {
-            NodeKind::Op(Op::Nn(NnOp::Conv(c))) => assert_eq!(c.activation, Some(want)),
-            NodeKind::Op(Op::Nn(NnOp::Gemm(c))) => assert_eq!(c.activation, Some(want)),
-            NodeKind::Op(Op::Nn(NnOp::MatMul(c))) => assert_eq!(c.activation, Some(want)),
+            NodeKind::Op(Op::Nn(NnOp::Conv(_) | NnOp::Gemm(_) | NnOp::MatMul(_))) => {
+                assert_eq!(g.nodes[0].activation(), Some(want))
+            }
             k => panic!("unexpected {}", k.name()),
         }
         let inputs: Vec<_> = g

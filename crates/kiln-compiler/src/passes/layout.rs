@@ -25,8 +25,9 @@ use super::edit::{Index, binary, dtype_of, fixed_shape, fresh_name};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
 use kiln_ops::TensorType;
+use kiln_ops::fast::Plan;
 use kiln_ops::movement::{MovementOp, Transpose};
-use kiln_ops::nn::{Conv, GlobalPoolKind, NnOp, PoolKind};
+use kiln_ops::nn::{GlobalPoolKind, NnOp, PoolKind};
 use kiln_tensor::DType;
 use std::collections::HashMap;
 
@@ -107,7 +108,7 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             Some(Some(i)) => index.readers(*i).is_empty() && !index.is_output(*i),
         };
         let ok = matches!(pool.kind, PoolKind::Max { .. } | PoolKind::Average { .. })
-            && !pool.channels_last
+            && !node.pool_plan().channels_last
             && pool.kernel_shape.len() == 2
             && indices_unread
             && node.outputs.len() <= 2
@@ -121,7 +122,7 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             return None;
         };
         let ok = matches!(pool.kind, GlobalPoolKind::Average | GlobalPoolKind::Max)
-            && !pool.channels_last
+            && !node.pool_plan().channels_last
             && node.outputs.len() == 1
             && dtype_of(g, *x) == Some(DType::F32)
             && fixed_shape(g, *x).is_some_and(|s| s.len() == 4)
@@ -131,7 +132,8 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
     let NodeKind::Op(Op::Nn(NnOp::Conv(conv))) = &node.kind else {
         return None;
     };
-    if conv.channels_last || conv.winograd.is_some() || conv.packed.is_some() || node.outputs.len() != 1 {
+    let plan = node.conv_plan();
+    if plan.channels_last || plan.winograd.is_some() || plan.packed.is_some() || node.outputs.len() != 1 {
         return None;
     }
     let (Some(Some(x)), Some(Some(w)), Some(Some(y))) = (node.inputs.first(), node.inputs.get(1), node.outputs.first())
@@ -173,6 +175,7 @@ fn transpose_node(name: String, perm: [i64; 4], from: ValueId, to: ValueId) -> N
         }))),
         inputs: vec![Some(from)],
         outputs: vec![Some(to)],
+        plan: None,
     }
 }
 
@@ -260,15 +263,17 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             }
         }
         match &mut node.kind {
-            NodeKind::Op(Op::Nn(NnOp::Conv(conv))) => {
-                *conv = Conv {
-                    channels_last: true,
-                    x_channels_first: gather_x,
-                    ..conv.clone()
-                };
+            NodeKind::Op(Op::Nn(NnOp::Conv(_))) => {
+                if let Some(p) = node.plan_mut().and_then(Plan::conv_mut) {
+                    p.channels_last = true;
+                    p.x_channels_first = gather_x;
+                }
             }
-            NodeKind::Op(Op::Nn(NnOp::Pool(pool))) => pool.channels_last = true,
-            NodeKind::Op(Op::Nn(NnOp::GlobalPool(pool))) => pool.channels_last = true,
+            NodeKind::Op(Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_))) => {
+                if let Some(p) = node.plan_mut().and_then(Plan::pool_mut) {
+                    p.channels_last = true;
+                }
+            }
             NodeKind::Op(Op::Nn(NnOp::ChannelAffine(a))) => a.channels_last = true,
             NodeKind::Op(Op::Movement(MovementOp::Concat(c))) => c.axis = 3,
             _ => {}
@@ -288,15 +293,15 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
 mod tests {
     use super::*;
     use crate::passes::testutil::*;
+    use kiln_ops::fast::ConvPlan;
     use kiln_ops::nn::Activation;
 
-    fn conv(group: usize, pads: usize, stride: usize, act: Option<Activation>) -> Op {
-        Op::Nn(NnOp::Conv(Conv {
+    fn conv(group: usize, pads: usize, stride: usize) -> Op {
+        Op::Nn(NnOp::Conv(kiln_ops::nn::Conv {
             group,
             pads: vec![pads; 4],
             strides: vec![stride; 2],
-            activation: act,
-            ..Conv::default()
+            ..Default::default()
         }))
     }
 
@@ -312,14 +317,16 @@ mod tests {
         let w2 = b.constant("w2", noise(&[16, 1, 3, 3], 3));
         let b2 = b.constant("b2", noise(&[16], 4));
         let w3 = b.constant("w3", noise(&[8, 16, 1, 1], 5));
-        let h = b.node(
-            conv(1, 0, 1, Some(Activation::Relu)),
+        let h = b.node_act(
+            conv(1, 0, 1),
+            Some(Activation::Relu),
             &[Some(x), Some(w1), Some(b1)],
             &[&[1, 16, 9, 9]],
         )[0];
-        let d = b.node(conv(16, 1, 2, None), &[Some(h), Some(w2), Some(b2)], &[&[1, 16, 5, 5]])[0];
-        let y = b.node(
-            conv(1, 0, 1, None),
+        let d = b.node_act(conv(16, 1, 2), None, &[Some(h), Some(w2), Some(b2)], &[&[1, 16, 5, 5]])[0];
+        let y = b.node_act(
+            conv(1, 0, 1),
+            None,
             &[Some(d), Some(w3), None, Some(r)],
             &[&[1, 8, 5, 5]],
         )[0];
@@ -330,7 +337,9 @@ mod tests {
         g.nodes
             .iter()
             .map(|n| match &n.kind {
-                NodeKind::Op(Op::Nn(NnOp::Conv(c))) => format!("Conv{}", if c.channels_last { "/nhwc" } else { "" }),
+                NodeKind::Op(Op::Nn(NnOp::Conv(_))) => {
+                    format!("Conv{}", if n.conv_plan().channels_last { "/nhwc" } else { "" })
+                }
                 NodeKind::Op(op) => op.name().to_string(),
                 NodeKind::Control(_) => "control".into(),
             })
@@ -360,12 +369,19 @@ mod tests {
     }
 
     /// What `f` says of each step of `c`'s main program that it says something of.
-    fn steps<T>(c: &crate::Compiled, f: impl Fn(&Op) -> Option<T>) -> Vec<T> {
+    /// `f` of each op step's op and Conv plan (the default for other steps).
+    fn steps<T>(c: &crate::Compiled, f: impl Fn(&Op, ConvPlan) -> Option<T>) -> Vec<T> {
         c.program
             .steps
             .iter()
             .filter_map(|s| match &s.kind {
-                kiln_runtime::StepKind::Op(op) => f(op),
+                kiln_runtime::StepKind::Op(op) => {
+                    let plan = match &s.plan {
+                        Some(Plan::Conv(p)) => *p,
+                        _ => ConvPlan::default(),
+                    };
+                    f(op, plan)
+                }
                 _ => None,
             })
             .collect()
@@ -402,8 +418,9 @@ mod tests {
         let x = b.input("x", &[1, 4, 12, 12]);
         let w1 = b.constant("w1", noise(&[8, 4, 3, 3], 1));
         let w2 = b.constant("w2", noise(&[6, 8, 1, 1], 2));
-        let c = b.node(
-            conv(1, 1, 1, Some(Activation::Relu)),
+        let c = b.node_act(
+            conv(1, 1, 1),
+            Some(Activation::Relu),
             &[Some(x), Some(w1)],
             &[&[1, 8, 12, 12]],
         )[0];
@@ -415,10 +432,9 @@ mod tests {
             kernel_shape: vec![3, 3],
             pads: vec![1; 4],
             strides: vec![2, 2],
-            channels_last: false,
         }));
         let p = b.node(pool, &[Some(c)], &[&[1, 8, 6, 6]])[0];
-        let y = b.node(conv(1, 0, 1, None), &[Some(p), Some(w2)], &[&[1, 6, 6, 6]])[0];
+        let y = b.node_act(conv(1, 0, 1), None, &[Some(p), Some(w2)], &[&[1, 6, 6, 6]])[0];
         // A global average of the last convolution follows it too: the transpose back is of
         // the pooled [1, 1, 1, 6] value.
         let gap = Op::Nn(NnOp::GlobalPool(kiln_ops::nn::GlobalPool::new(GlobalPoolKind::Average)));
@@ -431,10 +447,10 @@ mod tests {
             ops(&h),
             ["Conv/nhwc", "MaxPool", "Conv/nhwc", "GlobalAveragePool", "Transpose"]
         );
-        let NodeKind::Op(Op::Nn(NnOp::Conv(first))) = &h.nodes[0].kind else {
+        let NodeKind::Op(Op::Nn(NnOp::Conv(_))) = &h.nodes[0].kind else {
             panic!("not a Conv")
         };
-        assert!(first.x_channels_first);
+        assert!(h.nodes[0].conv_plan().x_channels_first);
         let back = h.nodes.last().and_then(|n| n.inputs.first().copied().flatten());
         assert_eq!(back.and_then(|v| fixed_shape(&h, v)), Some(vec![1, 1, 1, 6]));
         let inputs = vec![noise(&[1, 4, 12, 12], 3)];
@@ -444,7 +460,7 @@ mod tests {
         let mut b = Builder::new();
         let x = b.input("x", &[1, 8, 9, 9]);
         let w = b.input("w", &[8, 8, 3, 3]);
-        let y = b.node(conv(1, 1, 1, None), &[Some(x), Some(w)], &[&[1, 8, 9, 9]])[0];
+        let y = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w)], &[&[1, 8, 9, 9]])[0];
         let mut g = b.finish(&[y]);
         assert_eq!(run(&mut g).unwrap(), 0);
         assert_eq!(ops(&g), ["Conv"]);
@@ -454,8 +470,8 @@ mod tests {
     fn compiled_channels_last_programs_pack_their_weights_and_match_level_0() {
         let (fast, plain) = at_levels_2_and_0(block);
         // The two dense convolutions are packed as GEMM panels, the depthwise one as taps.
-        let packed = steps(&fast, |op| match op {
-            Op::Nn(NnOp::Conv(c)) => Some(c.channels_last && c.packed.is_some()),
+        let packed = steps(&fast, |op, plan| match op {
+            Op::Nn(NnOp::Conv(_)) => Some(plan.channels_last && plan.packed.is_some()),
             _ => None,
         });
         assert_eq!(packed, [true, true, true]);
@@ -484,8 +500,9 @@ mod tests {
         let w1 = b.constant("w1", noise(&[8, 8, 3, 3], 1));
         let w2 = b.constant("w2", noise(&[4, 8, 1, 1], 2));
         let half = b.constant("half", noise(&[1], 3));
-        let h = b.node(
-            conv(1, 1, 1, Some(Activation::Relu)),
+        let h = b.node_act(
+            conv(1, 1, 1),
+            Some(Activation::Relu),
             &[Some(x), Some(w1)],
             &[&[1, 8, 6, 6]],
         )[0];
@@ -499,7 +516,7 @@ mod tests {
             &[Some(half), Some(m)],
             &[&[1, 8, 6, 6]],
         )[0];
-        let c = b.node(conv(1, 0, 1, None), &[Some(a), Some(w2)], &[&[1, 4, 6, 6]])[0];
+        let c = b.node_act(conv(1, 0, 1), None, &[Some(a), Some(w2)], &[&[1, 4, 6, 6]])[0];
         let y = b.node(
             crate::passes::testutil::binary(BinaryOp::Mul),
             &[Some(c), Some(t)],
@@ -544,8 +561,8 @@ mod tests {
             let w1 = b.constant("w1", noise(&[8, 4, 3, 3], 1));
             let w2 = b.constant("w2", noise(&[4, 4, 1, 1], 2));
             let w3 = b.constant("w3", noise(&[6, 12, 1, 1], 3));
-            let c1 = b.node(conv(1, 1, 1, None), &[Some(x), Some(w1)], &[&[1, 8, 6, 6]])[0];
-            let c2 = b.node(conv(1, 0, 1, None), &[Some(x), Some(w2)], &[&[1, 4, 6, 6]])[0];
+            let c1 = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 6]])[0];
+            let c2 = b.node_act(conv(1, 0, 1), None, &[Some(x), Some(w2)], &[&[1, 4, 6, 6]])[0];
             let concat = Op::Movement(MovementOp::Concat(kiln_ops::movement::Concat { axis: 1 }));
             let cat = b.node(concat, &[Some(c1), Some(c2)], &[&[1, 12, 6, 6]])[0];
             let params: Vec<_> = (0..4)
@@ -578,13 +595,13 @@ mod tests {
             let n = b.node(bn, &ins, &[&[1, 12, 6, 6]])[0];
             let relu = Op::Elementwise(ElementwiseOp::Unary(UnaryOp::Relu));
             let r = b.node(relu, &[Some(n)], &[&[1, 12, 6, 6]])[0];
-            let y = b.node(conv(1, 0, 1, None), &[Some(r), Some(w3)], &[&[1, 6, 6, 6]])[0];
+            let y = b.node_act(conv(1, 0, 1), None, &[Some(r), Some(w3)], &[&[1, 6, 6, 6]])[0];
             b.finish(&[y])
         };
         let (fast, plain) = at_levels_2_and_0(graph);
-        let kinds = steps(&fast, |op| {
+        let kinds = steps(&fast, |op, plan| {
             Some(match op {
-                Op::Nn(NnOp::Conv(c)) => format!("Conv last={}", c.channels_last),
+                Op::Nn(NnOp::Conv(_)) => format!("Conv last={}", plan.channels_last),
                 Op::Nn(NnOp::ChannelAffine(a)) => {
                     format!("ChannelAffine last={} act={:?}", a.channels_last, a.activation)
                 }
@@ -620,18 +637,20 @@ mod tests {
         let b2 = b.constant("b2", noise(&[32], 3));
         let w3 = b.constant("w3", noise(&[16, 32, 1, 1], 4));
         let w4 = b.constant("w4", noise(&[6, 8, 3, 3], 5));
-        let h = b.node(
-            conv(1, 0, 1, Some(Activation::Relu)),
+        let h = b.node_act(
+            conv(1, 0, 1),
+            Some(Activation::Relu),
             &[Some(x), Some(w1)],
             &[&[1, 32, 10, 10]],
         )[0];
-        let d = b.node(
-            conv(8, 1, 1, Some(Activation::Relu)),
+        let d = b.node_act(
+            conv(8, 1, 1),
+            Some(Activation::Relu),
             &[Some(h), Some(w2), Some(b2)],
             &[&[1, 32, 10, 10]],
         )[0];
-        let e = b.node(conv(1, 0, 1, None), &[Some(d), Some(w3)], &[&[1, 16, 10, 10]])[0];
-        let y = b.node(conv(2, 1, 1, None), &[Some(e), Some(w4)], &[&[1, 6, 10, 10]])[0];
+        let e = b.node_act(conv(1, 0, 1), None, &[Some(d), Some(w3)], &[&[1, 16, 10, 10]])[0];
+        let y = b.node_act(conv(2, 1, 1), None, &[Some(e), Some(w4)], &[&[1, 6, 10, 10]])[0];
         b.finish(&[y])
     }
 
@@ -644,8 +663,8 @@ mod tests {
             ["Transpose", "Conv/nhwc", "Conv/nhwc", "Conv/nhwc", "Transpose", "Conv"]
         );
         let (fast, plain) = at_levels_2_and_0(grouped_block);
-        let packed = steps(&fast, |op| match op {
-            Op::Nn(NnOp::Conv(c)) => Some(c.packed.map(|p| [c.group, p.c, p.m])),
+        let packed = steps(&fast, |op, plan| match op {
+            Op::Nn(NnOp::Conv(c)) => Some(plan.packed.map(|p| [c.group, p.c, p.m])),
             _ => None,
         });
         assert_eq!(packed, [Some([1, 32, 32]), Some([8, 4, 32]), Some([1, 32, 16]), None]);

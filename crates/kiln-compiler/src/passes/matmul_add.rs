@@ -54,8 +54,8 @@ fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
         let p = index.producer(v)?;
         let prod = g.nodes.get(p)?;
         match &prod.kind {
-            NodeKind::Op(Op::Nn(NnOp::MatMul(m)))
-                if m.activation.is_none() && prod.inputs.len() == 2 && index.sole_use(v, i) =>
+            NodeKind::Op(Op::Nn(NnOp::MatMul(_)))
+                if prod.activation().is_none() && prod.inputs.len() == 2 && index.sole_use(v, i) =>
             {
                 Some(p)
             }

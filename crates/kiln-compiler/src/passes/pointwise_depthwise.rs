@@ -14,6 +14,7 @@
 use super::edit::{Index, dtype_of, fixed_shape, remove_nodes};
 use crate::CompileError;
 use kiln_ir::{Graph, NodeKind, Op};
+use kiln_ops::fast::{ConvPlan, ConvStage};
 use kiln_ops::nn::{AutoPad, Conv, NnOp, PointwiseDepthwise};
 use kiln_tensor::DType;
 
@@ -30,11 +31,11 @@ fn ones(v: &[usize]) -> bool {
 }
 
 /// A channels-last f32 1x1 convolution of the kind fused (see the module docs).
-fn is_pointwise(op: &Conv) -> bool {
-    op.channels_last
-        && !op.x_channels_first
-        && op.winograd.is_none()
-        && op.packed.is_none()
+fn is_pointwise(op: &Conv, plan: &ConvPlan) -> bool {
+    plan.channels_last
+        && !plan.x_channels_first
+        && plan.winograd.is_none()
+        && plan.packed.is_none()
         && op.group.max(1) == 1
         && ones(&op.strides)
         && ones(&op.dilations)
@@ -53,10 +54,11 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         let (Some(Some(mid)), Some(Some(w2))) = (node.inputs.first(), node.inputs.get(1)) else {
             continue;
         };
-        if !dw.channels_last
-            || dw.x_channels_first
-            || dw.winograd.is_some()
-            || dw.packed.is_some()
+        let dw_plan = node.conv_plan();
+        if !dw_plan.channels_last
+            || dw_plan.x_channels_first
+            || dw_plan.winograd.is_some()
+            || dw_plan.packed.is_some()
             || node.inputs.len() > 3
             || node.outputs.len() != 1
             || !index.sole_use(*mid, i)
@@ -71,7 +73,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         let Some(Some(w1)) = pw_node.inputs.get(1) else {
             continue;
         };
-        if !is_pointwise(pw) || pw_node.inputs.len() > 3 || pw_node.outputs.len() != 1 {
+        if !is_pointwise(pw, &pw_node.conv_plan()) || pw_node.inputs.len() > 3 || pw_node.outputs.len() != 1 {
             continue;
         }
         let (Some(t1), Some(t2), Some(ms)) = (index.tensor(g, *w1), index.tensor(g, *w2), fixed_shape(g, *mid)) else {
@@ -91,8 +93,14 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             continue;
         }
         let fused = PointwiseDepthwise {
-            pointwise: pw.clone(),
-            depthwise: dw.clone(),
+            pointwise: ConvStage {
+                conv: pw.clone(),
+                plan: pw_node.conv_plan(),
+            },
+            depthwise: ConvStage {
+                conv: dw.clone(),
+                plan: dw_plan,
+            },
         };
         plans.push((i, p, fused));
     }
@@ -107,6 +115,8 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         inputs.extend(node.inputs.iter().skip(1).copied());
         inputs.resize(5, None);
         node.kind = NodeKind::Op(Op::Nn(NnOp::PointwiseDepthwise(fused)));
+        // The two Convs' plans are inside the fused op now.
+        node.plan = None;
         node.inputs = inputs;
         if let Some(d) = dead.get_mut(p) {
             *d = true;
@@ -145,13 +155,13 @@ mod tests {
         let b2 = win.biases.then(|| b.constant("b2", noise(&[e], 4)));
         let pw = Op::Nn(NnOp::Conv(Conv {
             group: 1,
-            activation: Some(Activation::Clip {
-                min: Some(0.0),
-                max: Some(6.0),
-            }),
             ..Conv::default()
         }));
-        let h = b.node(pw, &[Some(x), Some(w1), b1], &[&[n, e, s, s]])[0];
+        let relu6 = Some(Activation::Clip {
+            min: Some(0.0),
+            max: Some(6.0),
+        });
+        let h = b.node_act(pw, relu6, &[Some(x), Some(w1), b1], &[&[n, e, s, s]])[0];
         let [pt, pl, pb, pr] = win.pads;
         let out = |pad: usize| (s + pad - 2 * win.dilation - 1) / win.stride + 1;
         let (oh, ow) = (out(pt + pb), out(pl + pr));
@@ -160,10 +170,9 @@ mod tests {
             pads: win.pads.to_vec(),
             strides: vec![win.stride; 2],
             dilations: vec![win.dilation; 2],
-            activation: win.act,
             ..Conv::default()
         }));
-        let y = b.node(dw, &[Some(h), Some(w2), b2], &[&[n, e, oh, ow]])[0];
+        let y = b.node_act(dw, win.act, &[Some(h), Some(w2), b2], &[&[n, e, oh, ow]])[0];
         b.finish(&[y])
     }
 
@@ -228,7 +237,7 @@ mod tests {
                     })
                     .collect();
                 assert_eq!(fused.len(), 1, "case {i}");
-                assert!(fused[0].pointwise.packed.is_some() && fused[0].depthwise.packed.is_some());
+                assert!(fused[0].pointwise.plan.packed.is_some() && fused[0].depthwise.plan.packed.is_some());
                 let x = noise(&[n, 8, s, s], 10 + i as u64);
                 let want = run_on(&plain.program, x.clone(), 1);
                 for threads in [1, 2] {

@@ -63,8 +63,29 @@ impl Builder {
             kind: NodeKind::Op(op),
             inputs: inputs.to_vec(),
             outputs: outputs.iter().map(|&o| Some(o)).collect(),
+            plan: None,
         });
         outputs
+    }
+
+    /// [`Builder::node`], then `act` fused into it (a Conv, MatMul or Gemm).
+    pub fn node_act(
+        &mut self,
+        op: Op,
+        act: Option<kiln_ops::nn::Activation>,
+        inputs: &[Option<ValueId>],
+        outs: &[&[usize]],
+    ) -> Vec<ValueId> {
+        let out = self.node(op, inputs, outs);
+        self.activate(act);
+        out
+    }
+
+    /// Fuses `act` into the last node added (a Conv, MatMul or Gemm), as `fuse_act` would.
+    pub fn activate(&mut self, act: Option<kiln_ops::nn::Activation>) {
+        if let Some(plan) = self.g.nodes.last_mut().and_then(Node::plan_mut) {
+            plan.set_activation(act);
+        }
     }
 
     pub fn binary(&mut self, op: BinaryOp, a: ValueId, b: ValueId, shape: &[usize]) -> ValueId {

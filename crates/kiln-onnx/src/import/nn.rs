@@ -27,11 +27,6 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 kernel_shape: usizes(ctx, "kernel_shape")?,
                 pads: usizes(ctx, "pads")?,
                 strides: usizes(ctx, "strides")?,
-                activation: None,
-                winograd: None,
-                channels_last: false,
-                x_channels_first: false,
-                packed: None,
             })
         }
         "ConvTranspose" => {
@@ -107,8 +102,6 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 beta: ctx.attr_f32_or("beta", 1.0)?,
                 trans_a: ctx.attr_bool_or("transA", false)?,
                 trans_b: ctx.attr_bool_or("transB", false)?,
-                activation: None,
-                packed_b: None,
             })
         }
         "Einsum" => {
@@ -254,7 +247,6 @@ fn pool(ctx: &NodeCtx<'_>, kind: PoolKind) -> Result<Pool> {
         kernel_shape,
         pads: usizes(ctx, "pads")?,
         strides: usizes(ctx, "strides")?,
-        channels_last: false,
     })
 }
 

@@ -20,23 +20,11 @@ use kiln_tensor::{DType, Element, Shape, Tensor};
 /// node it replaces did (`Y = A·B + bias`, numpy broadcasting, the product rounded first), a
 /// fourth, a residual of the output's shape added after the bias (a transformer block's skip
 /// connection: `Y = A·B + bias + R`, each sum rounded), and an activation applied after that.
+///
+/// A fused activation and prepacked weights are the compiler's plan
+/// ([`crate::fast::GemmPlan`]), not attributes: ONNX's MatMul has none.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
-pub struct MatMul {
-    /// Fused activation applied to the output (set by the compiler, never by the importer).
-    pub activation: Option<Activation>,
-    /// Set by the compiler when B is a constant it prepacked for the GEMM kernels: input 1 is
-    /// then the packed panels (1-D f32), not the `[k, n]` matrix.
-    pub packed_b: Option<PackedWeight>,
-}
-
-/// A weight stored packed for the GEMM kernels: its logical `k × n` and the packing's format
-/// tag (e.g. `f32/nr32/v1`), checked when the op runs.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct PackedWeight {
-    pub k: usize,
-    pub n: usize,
-    pub layout: String,
-}
+pub struct MatMul {}
 
 /// The shapes of a matmul: promoted operand shapes, batch shape, (m, k, n), output shape.
 struct MatMulPlan {
@@ -198,13 +186,20 @@ fn matmul_int<T: GemmScalar + Element>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -
 /// The bias as a per-column slice the GEMM epilogue can add, when it is one: f32, `n` values
 /// along the last axis (leading dims 1), and no higher rank than the product (a higher-rank bias
 /// would broadcast the output up, which the `Add` fallback does).
-fn epilogue_bias(t: &Tensor, n: usize, out_rank: usize) -> Option<&[f32]> {
+pub(crate) fn epilogue_bias(t: &Tensor, n: usize, out_rank: usize) -> Option<&[f32]> {
     let along_last = t.len() == n && t.rank() <= out_rank && t.shape().iter().rev().skip(1).all(|&d| d == 1);
     if along_last { t.as_slice::<f32>().ok() } else { None }
 }
 
 impl MatMul {
+    /// The reference semantics, the bias and residual inputs included.
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        self.eval_with(None, args)
+    }
+
+    /// The product, bias and residual, then `act` (a plan's fused activation): on the f32
+    /// kernels' epilogue where it fits, else applied after.
+    pub(crate) fn eval_with(&self, act: Option<Activation>, args: &Args<'_>) -> Result<crate::Outputs> {
         let a = args.tensor(0)?;
         let b = args.tensor(1)?;
         if a.dtype() != b.dtype() {
@@ -215,9 +210,6 @@ impl MatMul {
         }
         let bias = args.opt_tensor(2)?;
         let resid = args.opt_tensor(3)?;
-        if let Some(pk) = &self.packed_b {
-            return self.eval_packed(pk, a, b, bias, resid);
-        }
         let p = matmul_plan(a.shape(), b.shape())?;
         // f32: a bias along the last axis and the activation go into the kernels' epilogue.
         if a.dtype() == DType::F32 && p.out.last() == Some(&p.n) && resid.is_none() {
@@ -229,13 +221,13 @@ impl MatMul {
                 let ep = FastEpilogue {
                     row_bias: None,
                     col_bias,
-                    act: self.activation.map(|a| a.kernel_act()),
+                    act: act.map(|a| a.kernel_act()),
                 };
                 let (y, fused) = matmul_float::<f32>(&p, a, b, ep)?;
                 if fused {
                     return Ok(smallvec::smallvec![y.into()]);
                 }
-                return self.finish(y, bias, None);
+                return self.finish(y, bias, None, act);
             }
         }
         let y = match a.dtype() {
@@ -247,82 +239,17 @@ impl MatMul {
             DType::U64 => matmul_int::<u64>(&p, a, b)?,
             d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
         };
-        self.finish(y, bias, resid)
-    }
-
-    /// The product with a prepacked B (f32 only): every matrix of A's batch against the same
-    /// panels, a bias along the last axis, a residual of the output's shape and the
-    /// activation in the kernels' epilogue.
-    fn eval_packed(
-        &self,
-        pk: &PackedWeight,
-        a: &Tensor,
-        b: &Tensor,
-        bias: Option<&Tensor>,
-        resid: Option<&Tensor>,
-    ) -> Result<crate::Outputs> {
-        use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, Residual, sgemm};
-        let bad = |what: String| OpError::Value(format!("MatMul with a packed weight: {what}"));
-        let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| bad(format!("unknown packing '{}'", pk.layout)))?;
-        let (k, n) = (pk.k, pk.n);
-        let packed = PackedBRef::new(layout, k, n, b.as_slice::<f32>()?).map_err(|e| bad(e.to_string()))?;
-        let ad = a.as_slice::<f32>()?;
-        let ashape = a.shape();
-        let (batch, m): (&[usize], usize) = match ashape {
-            [] => return Err(OpError::Shape("MatMul operands must have rank >= 1".into())),
-            [kk] => (&[], if *kk == k { 1 } else { 0 }),
-            [lead @ .., mm, kk] => (lead, if *kk == k { *mm } else { usize::MAX }),
-        };
-        if m == usize::MAX || (ashape.len() == 1 && ashape != [k]) {
-            return Err(OpError::Shape(format!("MatMul: A {ashape:?} against a {k}x{n} weight")));
-        }
-        let mut out = Shape::from_slice(batch);
-        if ashape.len() >= 2 {
-            out.push(m);
-        }
-        out.push(n);
-        // A is row-major and every matrix of its batch meets the same B, so the batch is one
-        // product of `batch * m` rows: B's panels stream once, not once per matrix (a
-        // `[197, 1, k]` A would otherwise be 197 one-row products).
-        let rows = numel(batch)?
-            .checked_mul(m)
-            .ok_or_else(|| bad("A is too large".into()))?;
-        // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = crate::util::out_f32(numel(&out)?);
-        let col_bias = bias.and_then(|t| epilogue_bias(t, n, out.len()));
-        // A residual goes into the epilogue when it is f32 of exactly the output's shape;
-        // otherwise bias, residual and activation all follow the plain product.
-        let resid_data = match resid {
-            Some(r) if r.dtype() == DType::F32 && r.shape() == out.as_slice() => Some(Some(r.as_slice::<f32>()?)),
-            Some(_) => None,
-            None => Some(None),
-        };
-        let fuse = (bias.is_none() || col_bias.is_some()) && resid_data.is_some();
-        let short = || bad("operand sizes do not match their shapes".into());
-        let a_rows = ad.get(..rows.saturating_mul(k)).ok_or_else(short)?;
-        let residual = match resid_data.flatten() {
-            Some(r) => Some(r.get(..rows.saturating_mul(n)).ok_or_else(short)?),
-            None => None,
-        };
-        let epilogue = if fuse {
-            Epilogue {
-                bias: col_bias.map_or(Bias::None, Bias::Col),
-                residual: residual.map(|data| Residual { data, ld: n }),
-                act: self.activation.map(|a| a.kernel_act()),
-            }
-        } else {
-            Epilogue::NONE
-        };
-        sgemm(rows, AMatrix::row_major(a_rows, k), packed, &mut y, n, &epilogue).map_err(|e| bad(e.to_string()))?;
-        let y = Tensor::from_buf(out, y)?;
-        if fuse {
-            return Ok(smallvec::smallvec![y.into()]);
-        }
-        self.finish(y, bias, resid)
+        self.finish(y, bias, resid, act)
     }
 
     /// The bias, the residual and the activation after a plain product.
-    fn finish(&self, y: Tensor, bias: Option<&Tensor>, resid: Option<&Tensor>) -> Result<crate::Outputs> {
+    pub(crate) fn finish(
+        &self,
+        y: Tensor,
+        bias: Option<&Tensor>,
+        resid: Option<&Tensor>,
+        act: Option<Activation>,
+    ) -> Result<crate::Outputs> {
         let add = Binary {
             op: BinaryOp::Add,
             legacy_axis: None,
@@ -341,9 +268,7 @@ impl MatMul {
             Ok(z)
         };
         let y = plus(plus(y, bias)?, resid)?;
-        Ok(smallvec::smallvec![
-            activation::apply(self.activation.as_ref(), y)?.into()
-        ])
+        Ok(smallvec::smallvec![activation::apply(act.as_ref(), y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -376,11 +301,6 @@ pub struct Gemm {
     pub beta: f32,
     pub trans_a: bool,
     pub trans_b: bool,
-    /// Fused activation applied to the output (set by the compiler, never by the importer).
-    pub activation: Option<Activation>,
-    /// Set by the compiler when B is a constant it prepacked for the GEMM kernels (`op(B)`,
-    /// transposition included): input 1 is then the packed panels.
-    pub packed_b: Option<PackedWeight>,
 }
 
 impl Default for Gemm {
@@ -390,8 +310,6 @@ impl Default for Gemm {
             beta: 1.0,
             trans_a: false,
             trans_b: false,
-            activation: None,
-            packed_b: None,
         }
     }
 }
@@ -439,7 +357,7 @@ impl Gemm {
     }
 
     /// `alpha * y + beta * C` on the product `y`.
-    fn scale_and_add<T: Real>(&self, y: &mut [T], c: Option<&Tensor>, m: usize, n: usize) -> Result<()> {
+    pub(crate) fn scale_and_add<T: Real>(&self, y: &mut [T], c: Option<&Tensor>, m: usize, n: usize) -> Result<()> {
         let alpha = T::from_f64(self.alpha as f64);
         if self.alpha != 1.0 {
             y.iter_mut().for_each(|v| *v = *v * alpha);
@@ -466,54 +384,16 @@ impl Gemm {
         Ok(())
     }
 
-    /// The product with a prepacked `op(B)` (f32 only).
-    fn run_packed(
-        &self,
-        pk: &PackedWeight,
-        a: &Tensor,
-        b: &Tensor,
-        c: Option<&Tensor>,
-    ) -> Result<(usize, usize, kiln_tensor::Buf<f32>)> {
-        use kiln_kernels::sgemm::{AMatrix, BLayout, Epilogue, PackedBRef, sgemm};
-        let bad = |what: String| OpError::Value(format!("Gemm with a packed weight: {what}"));
-        let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| bad(format!("unknown packing '{}'", pk.layout)))?;
-        let (k, n) = (pk.k, pk.n);
-        let packed = PackedBRef::new(layout, k, n, b.as_slice::<f32>()?).map_err(|e| bad(e.to_string()))?;
-        let (m, ka) = match (a.shape(), self.trans_a) {
-            ([r, c], false) => (*r, *c),
-            ([r, c], true) => (*c, *r),
-            (s, _) => return Err(OpError::Shape(format!("Gemm needs a 2-D A, got {s:?}"))),
-        };
-        if ka != k {
-            return Err(OpError::Shape(format!(
-                "Gemm: A {:?} against a {k}x{n} weight",
-                a.shape()
-            )));
-        }
-        let ad = a.as_slice::<f32>()?;
-        let am = if self.trans_a {
-            AMatrix::transposed(ad, m)
-        } else {
-            AMatrix::row_major(ad, k)
-        };
-        // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = crate::util::out_f32(numel(&[m, n])?);
-        sgemm(m, am, packed, &mut y, n, &Epilogue::NONE).map_err(|e| bad(e.to_string()))?;
-        self.scale_and_add(&mut y, c, m, n)?;
-        Ok((m, n, y))
+    /// The reference semantics.
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        self.eval_with(None, args)
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    /// The reference, then `act` (a plan's fused activation).
+    pub(crate) fn eval_with(&self, act: Option<Activation>, args: &Args<'_>) -> Result<crate::Outputs> {
         let a = args.tensor(0)?;
         let b = args.tensor(1)?;
         let c = args.opt_tensor(2)?;
-        if let Some(pk) = &self.packed_b {
-            let (m, n, y) = self.run_packed(pk, a, b, c)?;
-            let y = Tensor::from_buf([m, n].as_slice(), y)?;
-            return Ok(smallvec::smallvec![
-                activation::apply(self.activation.as_ref(), y)?.into()
-            ]);
-        }
         let (m, _, n) = self.dims(a.shape(), b.shape())?;
         let y = match a.dtype() {
             DType::F32 | DType::F16 | DType::BF16 => from_floats(a.dtype(), vec![m, n], self.run::<f32>(a, b, c)?)?,
@@ -527,9 +407,7 @@ impl Gemm {
             }
             d => return Err(OpError::UnsupportedDType { index: 0, got: d }),
         };
-        Ok(smallvec::smallvec![
-            activation::apply(self.activation.as_ref(), y)?.into()
-        ])
+        Ok(smallvec::smallvec![activation::apply(act.as_ref(), y)?.into()])
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -808,11 +686,9 @@ mod tests {
         let a = t(&[1, 2], vec![1.0, -2.0]);
         let b = t(&[2, 2], vec![1.0, 0.0, 0.0, 1.0]);
         let bias = t(&[2], vec![0.5, 1.0]);
-        let op = MatMul {
-            activation: Some(Activation::Relu),
-            packed_b: None,
-        };
-        let y = op.eval(&Args::new(&[Some(&a), Some(&b), Some(&bias)])).unwrap();
+        let y = MatMul::default()
+            .eval_with(Some(Activation::Relu), &Args::new(&[Some(&a), Some(&b), Some(&bias)]))
+            .unwrap();
         assert_eq!(y[0].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[1.5, 0.0]);
         let y = MatMul::default()
             .eval(&Args::new(&[Some(&a), Some(&b), Some(&bias)]))
@@ -845,18 +721,17 @@ mod tests {
             kiln_kernels::sgemm::PackedB::pack(kiln_kernels::sgemm::BLayout::NR16, k, n, &bv, MatLayout::row_major(n))
                 .unwrap();
         let packed_t = t(&[packed.view().data().len()], packed.view().data().to_vec());
-        let packed_op = MatMul {
+        let packed_plan = crate::fast::Plan::Gemm(crate::fast::GemmPlan {
             activation: None,
-            packed_b: Some(PackedWeight {
+            packed_b: Some(crate::fast::PackedWeight {
                 k,
                 n,
                 layout: kiln_kernels::sgemm::BLayout::NR16.tag().to_string(),
             }),
-        };
-        for (op, b) in [(MatMul::default(), &plain), (packed_op, &packed_t)] {
-            let y = op
-                .eval(&Args::new(&[Some(&a), Some(b), Some(&bias), Some(&resid)]))
-                .unwrap();
+        });
+        let op = crate::Op::Nn(crate::nn::NnOp::MatMul(MatMul::default()));
+        for (plan, b) in [(None, &plain), (Some(&packed_plan), &packed_t)] {
+            let y = crate::fast::eval(&op, plan, &Args::new(&[Some(&a), Some(b), Some(&bias), Some(&resid)])).unwrap();
             let y = y[0].as_tensor().unwrap();
             assert_eq!(y.shape(), &[s, 1, n]);
             for (got, want) in y.as_slice::<f32>().unwrap().iter().zip(&want) {
@@ -876,8 +751,6 @@ mod tests {
             beta: 1.0,
             trans_a: true,
             trans_b: false,
-            activation: None,
-            packed_b: None,
         };
         let y = op.eval(&Args::new(&[Some(&a), Some(&b), Some(&c)])).unwrap();
         assert_eq!(

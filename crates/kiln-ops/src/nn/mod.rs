@@ -16,21 +16,17 @@ use std::borrow::Cow;
 pub mod activation;
 mod affine;
 pub mod conv;
-mod conv_nhwc;
-pub use conv_nhwc::{pack_channels_last, pack_depthwise_taps};
-mod depthwise;
 pub mod grid;
 pub mod matmul;
 pub mod nms;
-mod pointwise_depthwise;
 pub mod pool;
 pub use affine::ChannelAffine;
-pub use pointwise_depthwise::PointwiseDepthwise;
-mod pool_nhwc;
 pub mod resize;
+/// Compiler-made: a 1x1 Conv and the depthwise Conv reading it (its kernel is `crate::fast`).
+pub use crate::fast::PointwiseDepthwise;
 
 pub use activation::Activation;
-pub use conv::{Conv, ConvTranspose, DeformConv, PackedConvWeights, WinogradWeights};
+pub use conv::{Conv, ConvTranspose, DeformConv};
 pub use grid::{AffineGrid, GridSample, GridSampleMode, GridSamplePadding, RoiAlign, RoiAlignMode};
 pub use matmul::{Einsum, Gemm, MatMul};
 pub use nms::NonMaxSuppression;
@@ -166,11 +162,7 @@ impl NnOp {
         let prod = |s: &[usize]| s.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
         match self {
             // Every output element takes (C/group) * prod(kernel) MACs = prod(W.shape[1..]).
-            // A Winograd Conv counts the direct method's MACs (its GFLOP/s are "effective").
-            NnOp::Conv(Conv { winograd: Some(w), .. }) => out.map_or(0, |y| prod(&y).saturating_mul((w.c * 9) as u64)),
-            NnOp::Conv(Conv { packed: Some(w), .. }) => {
-                out.map_or(0, |y| prod(&y).saturating_mul(prod(&[w.c, w.kh, w.kw])))
-            }
+            // (A planned Conv whose input 1 is packed counts by its plan: `crate::fast::macs`.)
             NnOp::Conv(_) | NnOp::DeformConv(_) => match (fixed(1), out) {
                 (Some(w), Some(y)) if !w.is_empty() => prod(&y).saturating_mul(prod(&w[1..])),
                 _ => 0,
@@ -192,15 +184,17 @@ impl NnOp {
                 _ => 0,
             },
             // The expansion's MACs (X's pixels times C*E) plus the depthwise ones.
-            NnOp::PointwiseDepthwise(PointwiseDepthwise {
-                pointwise: Conv { packed: Some(p1), .. },
-                depthwise: Conv { packed: Some(p2), .. },
-            }) => match (fixed(0), out) {
-                (Some(x), Some(y)) => prod(&x)
-                    .saturating_mul(p1.m as u64)
-                    .saturating_add(prod(&y).saturating_mul((p2.kh * p2.kw) as u64)),
-                _ => 0,
-            },
+            NnOp::PointwiseDepthwise(PointwiseDepthwise { pointwise, depthwise }) => {
+                let (Some(p1), Some(p2)) = (pointwise.plan.packed, depthwise.plan.packed) else {
+                    return 0;
+                };
+                match (fixed(0), out) {
+                    (Some(x), Some(y)) => prod(&x)
+                        .saturating_mul(p1.m as u64)
+                        .saturating_add(prod(&y).saturating_mul((p2.kh * p2.kw) as u64)),
+                    _ => 0,
+                }
+            }
             NnOp::Einsum(e) => {
                 let shapes: Option<Vec<Vec<usize>>> = (0..inputs.len()).map(fixed).collect();
                 shapes.and_then(|s| e.macs(&s)).unwrap_or(0)
@@ -644,7 +638,6 @@ mod tests {
             kernel_shape: vec![3, 3],
             pads: vec![1, 1, 1, 1],
             strides: vec![2, 2],
-            channels_last: false,
         });
         let x = tt(DType::F32, &[f(1), f(64), f(112), f(112)]);
         let out = op

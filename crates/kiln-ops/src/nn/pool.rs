@@ -32,9 +32,6 @@ pub struct Pool {
     pub kernel_shape: Vec<usize>,
     pub pads: Vec<usize>,
     pub strides: Vec<usize>,
-    /// Set by the compiler (`layout` pass) for a 2-D pool it runs channels-last: X and Y are
-    /// `[N, H, W, C]`, and there is no Indices output.
-    pub channels_last: bool,
 }
 
 /// Kept as a name for the LpPool flavour of [`Pool`].
@@ -218,9 +215,6 @@ fn pool2d_f32(
 
 impl Pool {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        if self.channels_last {
-            return self.eval_channels_last(args);
-        }
         let x = args.tensor(0)?;
         check_dtype(self.kind, x.dtype())?;
         let xs = x.shape();
@@ -388,9 +382,6 @@ impl Pool {
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        if self.channels_last {
-            return self.infer_channels_last(inputs);
-        }
         let dtype = util::input_dtype(inputs, 0);
         let shape = match input_shape(inputs, 0) {
             Some(xs) if xs.len() >= 3 => {
@@ -449,7 +440,7 @@ pub enum GlobalPoolKind {
 
 impl GlobalPoolKind {
     /// One plane's `n` values reduced.
-    pub(super) fn reduce(&self, s: impl Iterator<Item = f64>, n: usize) -> f64 {
+    pub(crate) fn reduce(&self, s: impl Iterator<Item = f64>, n: usize) -> f64 {
         match self {
             GlobalPoolKind::Average => s.sum::<f64>() / n as f64,
             GlobalPoolKind::Max => s.fold(f64::NEG_INFINITY, f64::max),
@@ -458,23 +449,17 @@ impl GlobalPoolKind {
     }
 }
 
-/// GlobalAveragePool / GlobalMaxPool / GlobalLpPool: one value per (N, C) plane. With
-/// `channels_last` (set by the compiler's `layout` pass after channels-last convolutions), X is
-/// `[N, H, W, C]` and Y `[N, 1, 1, C]` (see `pool_nhwc`).
+/// GlobalAveragePool / GlobalMaxPool / GlobalLpPool: one value per (N, C) plane. Run
+/// channels-last under a [`crate::fast::PoolPlan`] (`fast/pool_nhwc.rs`).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Copy, PartialEq)]
 pub struct GlobalPool {
     pub kind: GlobalPoolKind,
-    #[serde(default)]
-    pub channels_last: bool,
 }
 
 impl GlobalPool {
-    /// The channels-first pooling of this kind (as imported from ONNX).
+    /// The pooling of this kind.
     pub fn new(kind: GlobalPoolKind) -> GlobalPool {
-        GlobalPool {
-            kind,
-            channels_last: false,
-        }
+        GlobalPool { kind }
     }
 
     pub fn name(&self) -> &'static str {
@@ -486,9 +471,6 @@ impl GlobalPool {
     }
 
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        if self.channels_last {
-            return self.eval_channels_last(args);
-        }
         let x = args.tensor(0)?;
         match x.dtype() {
             DType::F32 | DType::F64 | DType::F16 | DType::BF16 => {}
@@ -524,16 +506,6 @@ impl GlobalPool {
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = util::input_dtype(inputs, 0);
-        if self.channels_last {
-            // [N, H, W, C] -> [N, 1, 1, C].
-            let shape = input_shape(inputs, 0).filter(|s| s.len() >= 2).map(|s| {
-                let mut o = s.to_vec();
-                let last = o.len() - 1;
-                o[1..last].iter_mut().for_each(|d| *d = Dim::Fixed(1));
-                o
-            });
-            return Ok(vec![tensor_type(dtype, shape)]);
-        }
         let shape = input_shape(inputs, 0).filter(|s| s.len() >= 2).map(|s| {
             let mut o = s[..2].to_vec();
             o.extend(std::iter::repeat_n(Dim::Fixed(1), s.len() - 2));
@@ -669,7 +641,6 @@ mod tests {
             kernel_shape: vec![2, 2],
             pads: vec![],
             strides: vec![],
-            channels_last: false,
         }
     }
 

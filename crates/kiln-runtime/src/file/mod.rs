@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 pub const MAGIC: [u8; 8] = *b"KILNPROG";
 /// Version of the layout and of the program encoding; files of another version are refused.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 const HEADER_LEN: usize = 64;
 const ENTRY_LEN: usize = 32;
 const NAME_LEN: usize = 12;
@@ -50,7 +50,7 @@ pub enum FileError {
     #[error("not a kiln program file (the first bytes are not the KILNPROG magic)")]
     NotAProgram,
     #[error(
-        "program file format version {found} is not supported by this kiln (reads version {supported}); recompile the model"
+        "program file format version {found} is not supported by this kiln (reads version {supported}); recompile the model with this kiln"
     )]
     Version { found: u32, supported: u32 },
     #[error("program file is truncated or padded: {got} bytes, the header says {expected}")]
@@ -384,6 +384,10 @@ pub fn from_shared(bytes: SharedBytes) -> Result<ProgramFile, FileError> {
             message: format!("{} unexpected bytes after the program", rest.len()),
         });
     }
+    program.validate_plans().map_err(|(step, e)| FileError::Decode {
+        section: "program".into(),
+        message: format!("step '{step}': {e}"),
+    })?;
     Ok(ProgramFile {
         program,
         meta,

@@ -36,6 +36,7 @@ fn program() -> Program {
             inputs: vec![Some(0), Some(1)],
             outputs: vec![Some(2)],
             frees: vec![],
+            plan: None,
         }],
     };
     p.compute_frees();

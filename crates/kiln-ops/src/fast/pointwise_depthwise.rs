@@ -21,10 +21,11 @@
 //! that, as the two Convs would. Without packed weights (or another dtype) the two
 //! convolutions run one after the other: the reference semantics.
 
-use super::conv::{Conv, f32_bias};
+use super::ConvPlan;
+use super::conv::{Planned, f32_bias};
 use super::depthwise::split_act;
-use super::numel;
 use crate::error::{OpError, Result};
+use crate::nn::{Conv, numel};
 use crate::value::{Args, InferInput, ValueType};
 use kiln_kernels::sgemm::{AMatrix, act_slice};
 use kiln_tensor::{DType, Tensor};
@@ -34,9 +35,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct PointwiseDepthwise {
     /// 1x1, stride 1, no padding, group 1, no residual.
-    pub pointwise: Conv,
+    pub pointwise: ConvStage,
     /// `group` = its channels, no residual.
-    pub depthwise: Conv,
+    pub depthwise: ConvStage,
+}
+
+/// One convolution of a fused op: the Conv as imported and the plan it runs under.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ConvStage {
+    pub conv: Conv,
+    pub plan: ConvPlan,
+}
+
+impl ConvStage {
+    pub(crate) fn planned(&self) -> Planned<'_> {
+        Planned::new(&self.conv, &self.plan)
+    }
 }
 
 /// The expanded input rows one thread holds: row `iy` of the image in slot `iy % slots`,
@@ -63,12 +77,13 @@ impl PointwiseDepthwise {
         let pw = [args.value(0), args.value(1), args.value(2)];
         let mid = self
             .pointwise
+            .planned()
             .eval(&Args::new(&pw))?
             .into_iter()
             .next()
             .ok_or_else(|| OpError::Value("PointwiseDepthwise: the pointwise Conv produced no output".into()))?;
         let dw = [Some(&mid), args.value(3), args.value(4)];
-        self.depthwise.eval(&Args::new(&dw))
+        self.depthwise.planned().eval(&Args::new(&dw))
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -78,21 +93,21 @@ impl PointwiseDepthwise {
             present: false,
         };
         let at = |i: usize| inputs.get(i).copied().unwrap_or(ABSENT);
-        let mid = self.pointwise.infer(&[at(0), at(1), at(2)])?;
+        let mid = self.pointwise.planned().infer(&[at(0), at(1), at(2)])?;
         let mid = mid.first().cloned().unwrap_or(ValueType::Unknown);
         let x = InferInput {
             ty: &mid,
             konst: None,
             present: true,
         };
-        self.depthwise.infer(&[x, at(3), at(4)])
+        self.depthwise.planned().infer(&[x, at(3), at(4)])
     }
 
     /// The fused evaluation (see the module docs); `None` when the operands are not f32 or
     /// the weights not packed.
     fn fused(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
         use kiln_kernels::sgemm::{BLayout, Bias, Epilogue, PackedBRef, sgemm};
-        let (Some(p1), Some(p2)) = (self.pointwise.packed, self.depthwise.packed) else {
+        let (Some(p1), Some(p2)) = (self.pointwise.plan.packed, self.depthwise.plan.packed) else {
             return Ok(None);
         };
         let ts = [0, 1, 2, 3, 4].map(|i| args.opt_tensor(i));
@@ -111,14 +126,17 @@ impl PointwiseDepthwise {
             return Err(bad(format!("X must be [N, H, W, C], got {:?}", x.shape())));
         };
         let e = p1.m;
-        if (p1.c, p1.kh, p1.kw) != (c, 1, 1) || (p2.m, p2.c) != (e, 1) || self.depthwise.group != e {
+        if (p1.c, p1.kh, p1.kw) != (c, 1, 1) || (p2.m, p2.c) != (e, 1) || self.depthwise.conv.group != e {
             return Err(bad(format!(
                 "weights packed for {p1:?} then {p2:?} (group {}) do not chain from X {:?}",
-                self.depthwise.group,
+                self.depthwise.conv.group,
                 x.shape()
             )));
         }
-        let geo = self.depthwise.geometry_nhwc(&[batch, ih, iw, e], e, 1, p2.kh, p2.kw)?;
+        let geo = self
+            .depthwise
+            .planned()
+            .geometry_nhwc(&[batch, ih, iw, e], e, 1, p2.kh, p2.kw)?;
         let packed = PackedBRef::new(BLayout::NR32, c, e, w1.as_slice::<f32>()?)
             .map_err(|err| bad(format!("pointwise weights packed for [{e}, {c}, 1, 1]: {err}")))?;
         let taps = w2.as_slice::<f32>()?;
@@ -135,9 +153,9 @@ impl PointwiseDepthwise {
         let epi = Epilogue {
             bias: bias1,
             residual: None,
-            act: self.pointwise.activation.map(|a| a.kernel_act()),
+            act: self.pointwise.plan.activation.map(|a| a.kernel_act()),
         };
-        let dw_act = self.depthwise.activation.map(|a| a.kernel_act());
+        let dw_act = self.depthwise.plan.activation.map(|a| a.kernel_act());
         let (clamp, after) = split_act(dw_act);
         let dw = geo.depthwise();
         // The ring: the window's rows; each `iw * e` floats.

@@ -1,5 +1,5 @@
-//! Channels-last 2-D pooling: `Pool` with `channels_last` set (by the compiler's `layout`
-//! pass, for a MaxPool between channels-last convolutions), X `[N, H, W, C]`, Y
+//! Channels-last 2-D pooling: a `Pool` whose plan sets `channels_last` (the compiler's
+//! `layout` pass, for a MaxPool between channels-last convolutions), X `[N, H, W, C]`, Y
 //! `[N, OH, OW, C]`, no Indices output.
 //!
 //! f32 AveragePool sums each output pixel's taps inside the input, vectorised over channels,
@@ -11,9 +11,8 @@
 //! channels-first evaluation between two transposes.
 
 use super::conv_nhwc::{TO_FIRST, output_to_last, transpose, type_to_last, x_type_first};
-use super::pool::{GlobalPool, GlobalPoolKind, Pool, PoolKind};
-use super::{numel, pads_attr, spatial_attr, window_geom};
 use crate::error::{OpError, Result};
+use crate::nn::{GlobalPool, GlobalPoolKind, Pool, PoolKind, numel, pads_attr, spatial_attr, window_geom};
 use crate::util;
 use crate::value::{Args, InferInput, Value, ValueType};
 use kiln_tensor::{DType, Tensor};
@@ -22,7 +21,7 @@ use kiln_tensor::{DType, Tensor};
 type Dim1 = (usize, usize, usize, usize, usize);
 
 impl Pool {
-    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub(crate) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let &[n, ih, iw, c] = x.shape() else {
             return Err(OpError::Shape(format!(
@@ -64,24 +63,16 @@ impl Pool {
             }
             return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_buf(shape, y)?)]);
         }
-        let first = Pool {
-            channels_last: false,
-            ..self.clone()
-        };
         let xv = args.value(0).ok_or(OpError::MissingInput { index: 0 })?;
         let xt = transpose(xv, TO_FIRST)?;
-        output_to_last(first.eval(&Args::new(&[Some(&xt)]).with_wanted(1))?, "pooling")
+        output_to_last(self.eval(&Args::new(&[Some(&xt)]).with_wanted(1))?, "pooling")
     }
 
-    pub(super) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub(crate) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let Some(xt) = x_type_first(inputs, "pooling")? else {
             return Ok(vec![util::dtype_only(util::input_dtype(inputs, 0))]);
         };
-        let first = Pool {
-            channels_last: false,
-            ..self.clone()
-        };
-        let out = first.infer(&[InferInput {
+        let out = self.infer(&[InferInput {
             ty: &xt,
             konst: None,
             present: true,
@@ -92,11 +83,23 @@ impl Pool {
 }
 
 impl GlobalPool {
+    /// `[N, H, W, C]` to `[N, 1, 1, C]` (any rank >= 2).
+    pub(crate) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = util::input_dtype(inputs, 0);
+        let shape = crate::nn::input_shape(inputs, 0).filter(|s| s.len() >= 2).map(|s| {
+            let mut o = s.to_vec();
+            let last = o.len() - 1;
+            o[1..last].iter_mut().for_each(|d| *d = crate::value::Dim::Fixed(1));
+            o
+        });
+        Ok(vec![crate::nn::tensor_type(dtype, shape)])
+    }
+
     /// X `[N, H, W, C]` (any rank >= 2: the dims between N and C are the plane) into Y
     /// `[N, 1, .., 1, C]`. f32 Average and Max read X once, row by row, vectorised over the
     /// channels (Average accumulates in f32 lanes, then scales); other kinds and types reduce
     /// each channel's strided plane in f64, as the channels-first evaluation does.
-    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub(crate) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let xs = x.shape();
         let &[n, ref mid @ .., c] = xs else {
@@ -149,7 +152,7 @@ impl GlobalPool {
                 self.kind.reduce(vals, plane)
             })
             .collect();
-        Ok(smallvec::smallvec![Value::Tensor(super::from_f64s(
+        Ok(smallvec::smallvec![Value::Tensor(crate::nn::from_f64s(
             x.dtype(),
             shape,
             &y
@@ -312,12 +315,20 @@ fn avg_nhwc(x: &[f32], out: [usize; 2], c: usize, dims: [Dim1; 2], pad_ends: Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fast::conv_nhwc::tests::to_last;
+    use crate::fast::{PoolPlan, eval as run_planned};
     use crate::nn::AutoPad;
-    use crate::nn::conv_nhwc::tests::to_last;
+    use crate::nn::NnOp;
 
-    fn eval(op: &Pool, shape: &[usize], v: Vec<f32>) -> Tensor {
+    /// Runs `op` (a pool) channels-last or as imported.
+    fn planned(op: &crate::Op, last: bool, x: &Value) -> crate::Outputs {
+        let plan = last.then_some(crate::fast::Plan::Pool(PoolPlan { channels_last: true }));
+        run_planned(op, plan.as_ref(), &Args::new(&[Some(x)])).unwrap()
+    }
+
+    fn eval(op: &(Pool, bool), shape: &[usize], v: Vec<f32>) -> Tensor {
         let x = Value::Tensor(Tensor::from_vec(shape, v).unwrap());
-        let out = op.eval(&Args::new(&[Some(&x)])).unwrap();
+        let out = planned(&crate::Op::Nn(NnOp::Pool(op.0.clone())), op.1, &x);
         out[0].as_tensor().unwrap().clone()
     }
 
@@ -412,12 +423,8 @@ mod tests {
                 kernel_shape: k.to_vec(),
                 pads: p.to_vec(),
                 strides: s.to_vec(),
-                channels_last: false,
             };
-            let last = Pool {
-                channels_last: true,
-                ..first.clone()
-            };
+            let (first, last) = ((first.clone(), false), (first, true));
             let total = xs.iter().product();
             let mut x: Vec<f32> = (0..total).map(|_| rnd()).collect();
             // A NaN first tap and a later NaN tap, as the reference orders them.
@@ -439,7 +446,7 @@ mod tests {
             let x64 = Value::Tensor(
                 Tensor::from_vec(&xs[..], x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>()).unwrap(),
             );
-            let reference = first.eval(&Args::new(&[Some(&x64)])).unwrap();
+            let reference = first.0.eval(&Args::new(&[Some(&x64)])).unwrap();
             let reference = reference[0].as_tensor().unwrap().to_f64_vec();
             let reference: Vec<f32> = to_last(&reference.iter().map(|&v| v as f32).collect::<Vec<_>>(), [n, c, oh, ow]);
             for (g, r) in got.as_slice::<f32>().unwrap().iter().zip(&reference) {
@@ -470,17 +477,11 @@ mod tests {
             GlobalPoolKind::Max,
             GlobalPoolKind::Lp { p: 3.0 },
         ] {
-            let first = GlobalPool::new(kind);
-            let last = GlobalPool {
-                channels_last: true,
-                ..first
-            };
-            let run = |op: &GlobalPool, shape: &[usize], v: Vec<f32>| {
+            let op = crate::Op::Nn(NnOp::GlobalPool(GlobalPool::new(kind)));
+            let (first, last) = (false, true);
+            let run = |last: &bool, shape: &[usize], v: Vec<f32>| {
                 let x = Value::Tensor(Tensor::from_vec(shape, v).unwrap());
-                op.eval(&Args::new(&[Some(&x)])).unwrap()[0]
-                    .as_tensor()
-                    .unwrap()
-                    .clone()
+                planned(&op, *last, &x)[0].as_tensor().unwrap().clone()
             };
             let want = run(&first, &xs, x.clone());
             let got = run(&last, &[xs[0], xs[2], xs[3], xs[1]], to_last(&x, xs));
@@ -496,13 +497,17 @@ mod tests {
             // X[0, 1, 0, 2] (flat 17 = 1 * 15 + 2) is NaN: channel 1's average is NaN, its
             // max skips it (Lp's f64 powers carry it).
             assert_eq!(g[1].is_nan(), kind != GlobalPoolKind::Max);
-            let inferred = last
-                .infer(&[InferInput {
+            let plan = crate::fast::Plan::Pool(PoolPlan { channels_last: last });
+            let inferred = crate::fast::infer(
+                &op,
+                Some(&plan),
+                &[InferInput {
                     ty: &ValueType::Tensor(crate::value::TensorType::fixed(DType::F32, &[2, 3, 5, 21])),
                     konst: None,
                     present: true,
-                }])
-                .unwrap();
+                }],
+            )
+            .unwrap();
             assert_eq!(
                 inferred[0],
                 ValueType::Tensor(crate::value::TensorType::fixed(DType::F32, &[2, 1, 1, 21]))

@@ -1,8 +1,8 @@
-//! Channels-last 2-D convolution: `Conv` with `channels_last` set (by the compiler's `layout`
-//! pass), X `[N, H, W, C]`, residual and Y `[N, OH, OW, M]`.
+//! Channels-last 2-D convolution: a `Conv` whose plan sets `channels_last` (the compiler's
+//! `layout` pass), X `[N, H, W, C]`, residual and Y `[N, OH, OW, M]`.
 //!
 //! Three paths, chosen from the op and the operands:
-//! - **packed** (`Conv::packed`, group 1, f32): a GEMM whose A is the im2col matrix in its
+//! - **packed** (`ConvPlan::packed`, group 1, f32): a GEMM whose A is the im2col matrix in its
 //!   natural channels-last order (one row per output pixel: the `kh x kw` windows of `C`
 //!   contiguous channels) and whose B is the weights packed at compile time. A 1x1, stride-1,
 //!   unpadded convolution reads X itself as A (no copy at all); the others copy row blocks of
@@ -19,10 +19,11 @@
 //! - everything else (other types, group shapes without a vector form, unpacked weights): the channels-first
 //!   evaluation between two transposes (the reference semantics, exact but not fast).
 
-use super::conv::{Conv, PackedConvWeights, f32_bias, f32_residual};
-use super::{input_shape, numel, tensor_type};
+use super::conv::{Planned, f32_bias, f32_residual};
+use super::{ConvPlan, PackedConvWeights};
 use crate::error::{OpError, Result};
 use crate::movement::Transpose;
+use crate::nn::{input_shape, numel, tensor_type};
 use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
 use kiln_kernels::conv::Conv2d;
@@ -47,10 +48,10 @@ const GROUPED_L2_FLOATS: usize = 64 * 1024;
 const B_ROWS: usize = 256;
 
 /// Channels-first `[N, C, H, W]` to channels-last `[N, H, W, C]`, and back.
-pub(super) const TO_LAST: [i64; 4] = [0, 2, 3, 1];
-pub(super) const TO_FIRST: [i64; 4] = [0, 3, 1, 2];
+pub(crate) const TO_LAST: [i64; 4] = [0, 2, 3, 1];
+pub(crate) const TO_FIRST: [i64; 4] = [0, 3, 1, 2];
 
-pub(super) fn transpose(v: &Value, perm: [i64; 4]) -> Result<Value> {
+pub(crate) fn transpose(v: &Value, perm: [i64; 4]) -> Result<Value> {
     let t = Transpose {
         perm: Some(perm.to_vec()),
     };
@@ -115,7 +116,7 @@ pub fn pack_channels_last(w: &[f32], pk: PackedConvWeights) -> Result<Vec<f32>> 
 
 /// X's type made channels-first (`[N, H, W, C]` to `[N, C, H, W]`) for the channels-first
 /// inference; `Ok(None)` when its shape is unknown, an error unless it has rank 4.
-pub(super) fn x_type_first(inputs: &[InferInput<'_>], what: &str) -> Result<Option<ValueType>> {
+pub(crate) fn x_type_first(inputs: &[InferInput<'_>], what: &str) -> Result<Option<ValueType>> {
     let dtype = util::input_dtype(inputs, 0);
     let Some(xs) = input_shape(inputs, 0) else {
         return Ok(None);
@@ -133,7 +134,7 @@ pub(super) fn x_type_first(inputs: &[InferInput<'_>], what: &str) -> Result<Opti
 }
 
 /// A channels-first output type (`[N, C, H, W]`) made channels-last.
-pub(super) fn type_to_last(t: ValueType) -> ValueType {
+pub(crate) fn type_to_last(t: ValueType) -> ValueType {
     match t {
         ValueType::Tensor(t) => {
             let shape = match t.shape.as_deref() {
@@ -147,7 +148,7 @@ pub(super) fn type_to_last(t: ValueType) -> ValueType {
 }
 
 /// The first output of a channels-first evaluation, transposed to channels-last.
-pub(super) fn output_to_last(y: crate::Outputs, what: &str) -> Result<crate::Outputs> {
+pub(crate) fn output_to_last(y: crate::Outputs, what: &str) -> Result<crate::Outputs> {
     let y = y
         .first()
         .ok_or_else(|| OpError::Value(format!("{what} produced no output")))?;
@@ -173,7 +174,7 @@ fn operands<'a>(args: &Args<'a>) -> Result<([&'a Tensor; 2], [Option<&'a Tensor>
 /// The geometry of one channels-last call, from the op's attributes and the operands: the
 /// image count, output channels and the 2-D window (`Conv2d`, whose `k()` is also a
 /// channels-last im2col row: `kh * kw * c` values).
-pub(super) struct Geometry {
+pub(crate) struct Geometry {
     batch: usize,
     m: usize,
     conv: Conv2d,
@@ -193,7 +194,7 @@ impl Geometry {
     }
 
     /// The depthwise window of this geometry (its `c` channels each their own group).
-    pub(super) fn depthwise(&self) -> super::depthwise::Depthwise {
+    pub(crate) fn depthwise(&self) -> super::depthwise::Depthwise {
         super::depthwise::Depthwise {
             channels: self.c,
             input: [self.ih, self.iw],
@@ -373,10 +374,10 @@ impl kiln_kernels::simd::Kernel for FillColumns<'_> {
     }
 }
 
-impl Conv {
+impl Planned<'_> {
     /// The channels-last evaluation (see the module docs).
-    pub(super) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        if let Some(info) = self.winograd {
+    pub(crate) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        if let Some(info) = self.plan.winograd {
             return Ok(smallvec::smallvec![self.eval_winograd(args, info)?.into()]);
         }
         let x = args.tensor(0)?;
@@ -386,17 +387,17 @@ impl Conv {
                 x.shape()
             )));
         }
-        if let Some(pw) = self.packed
+        if let Some(pw) = self.plan.packed
             && self.group.max(1) == 1
         {
             return Ok(smallvec::smallvec![self.packed_nhwc(args, pw)?.into()]);
         }
-        if !self.x_channels_first
+        if !self.plan.x_channels_first
             && let Some(y) = self.depthwise_nhwc(args)?
         {
             return Ok(smallvec::smallvec![y.into()]);
         }
-        if !self.x_channels_first
+        if !self.plan.x_channels_first
             && let Some(y) = self.grouped_nhwc(args)?
         {
             return Ok(smallvec::smallvec![y.into()]);
@@ -406,23 +407,25 @@ impl Conv {
             return Err(OpError::Value("Conv needs X and W".into()));
         };
         // X as it is when it already is channels-first, else its transpose.
-        let transposed = (!self.x_channels_first).then(|| transpose(xv, TO_FIRST)).transpose()?;
+        let transposed = (!self.plan.x_channels_first)
+            .then(|| transpose(xv, TO_FIRST))
+            .transpose()?;
         let xt = transposed.as_ref().unwrap_or(xv);
         let rt = args.value(3).map(|r| transpose(r, TO_FIRST)).transpose()?;
-        let first = Conv {
+        let first = self.with(ConvPlan {
             channels_last: false,
             x_channels_first: false,
-            ..self.clone()
-        };
+            ..self.plan
+        });
         let inputs = [Some(xt), Some(wv), args.value(2), rt.as_ref()];
         output_to_last(first.eval(&Args::new(&inputs))?, "Conv")
     }
 
     /// The output type: the channels-first inference on the permuted X (and the weight shape
     /// `packed` records), permuted back.
-    pub(super) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub(crate) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = util::input_dtype(inputs, 0);
-        let xt = if self.x_channels_first {
+        let xt = if self.plan.x_channels_first {
             inputs.first().map(|i| i.ty.clone())
         } else {
             x_type_first(inputs, "Conv")?
@@ -430,19 +433,19 @@ impl Conv {
         let Some(xt) = xt else {
             return Ok(vec![util::dtype_only(dtype)]);
         };
-        let wt = match self.packed {
+        let wt = match self.plan.packed {
             Some(p) => tensor_type(
                 dtype,
                 Some([p.m, p.c, p.kh, p.kw].into_iter().map(Dim::Fixed).collect()),
             ),
             None => inputs.get(1).map_or(ValueType::Unknown, |i| i.ty.clone()),
         };
-        let first = Conv {
+        let first = self.with(ConvPlan {
             channels_last: false,
             x_channels_first: false,
             packed: None,
-            ..self.clone()
-        };
+            ..self.plan
+        });
         let ins = [&xt, &wt].map(|ty| InferInput {
             ty,
             konst: None,
@@ -452,14 +455,14 @@ impl Conv {
     }
 
     /// The geometry of a channels-last call on X `xs` with weights `[m, c_per_group, kh, kw]`.
-    pub(super) fn geometry_nhwc(&self, xs: &[usize], m: usize, cg: usize, kh: usize, kw: usize) -> Result<Geometry> {
+    pub(crate) fn geometry_nhwc(&self, xs: &[usize], m: usize, cg: usize, kh: usize, kw: usize) -> Result<Geometry> {
         let &[batch, ih, iw, c] = xs else {
             return Err(OpError::Shape(format!(
                 "channels-last Conv needs X [N, H, W, C], got {xs:?}"
             )));
         };
         let conv = self
-            .plan(&[batch, c, ih, iw], &[m, cg, kh, kw])?
+            .window(&[batch, c, ih, iw], &[m, cg, kh, kw])?
             .conv2d(c, ih, iw)
             .ok_or_else(|| OpError::Shape("channels-last Conv is 2-D".into()))?;
         Ok(Geometry { batch, m, conv })
@@ -480,7 +483,7 @@ impl Conv {
                 self.group
             )));
         }
-        let geo = match (self.x_channels_first, x.shape()) {
+        let geo = match (self.plan.x_channels_first, x.shape()) {
             (true, &[n, c, h, w]) => self.geometry_nhwc(&[n, h, w, c], pk.m, pk.c, pk.kh, pk.kw)?,
             (true, xs) => {
                 return Err(OpError::Shape(format!("Conv needs X [N, C, H, W], got {xs:?}")));
@@ -510,10 +513,10 @@ impl Conv {
             return Ok(Tensor::from_buf(shape, y)?);
         }
         let bias = f32_bias(b, m)?.map_or(Bias::None, Bias::Col);
-        let act = self.activation.map(|a| a.kernel_act());
+        let act = self.plan.activation.map(|a| a.kernel_act());
         let xd = x.as_slice::<f32>()?;
         let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {:?} for {pk:?}", x.shape()));
-        if geo.is_pointwise() && !self.x_channels_first {
+        if geo.is_pointwise() && !self.plan.x_channels_first {
             let epi = Epilogue {
                 bias,
                 residual: rd.map(|data| Residual { data, ld: m }),
@@ -545,7 +548,7 @@ impl Conv {
         // A block of A: im2col rows from channels-last X, or the transposed block (one row
         // per tap, one column per pixel) gathered from channels-first X.
         let fill = |xd: &[f32], r0: usize, n: usize, a: &mut [f32]| {
-            if self.x_channels_first {
+            if self.plan.x_channels_first {
                 kiln_kernels::simd::vectorize_kernel(FillColumns {
                     geo: &geo,
                     x: xd,
@@ -564,7 +567,7 @@ impl Conv {
                 AMatrix::row_major(a, k)
             }
         }
-        let columns = self.x_channels_first;
+        let columns = self.plan.x_channels_first;
         if rows <= block {
             // One block: the GEMM itself splits its rows over the pool.
             return ROWS.with(|cell| {
@@ -617,12 +620,12 @@ impl Conv {
     /// call is not of that kind.
     fn depthwise_nhwc(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
         let ([x, w], [b, r], f32s) = operands(args)?;
-        if self.packed.is_some_and(|pk| pk.c > 1 || self.group != pk.m) {
+        if self.plan.packed.is_some_and(|pk| pk.c > 1 || self.group != pk.m) {
             // Grouped weights, tap-major: the grouped path's.
             return Ok(None);
         }
         if !f32s || r.is_some() {
-            if self.packed.is_some() {
+            if self.plan.packed.is_some() {
                 return Err(OpError::Value(
                     "a depthwise Conv with tap-major weights takes f32 X and bias, no residual".into(),
                 ));
@@ -630,7 +633,7 @@ impl Conv {
             return Ok(None);
         }
         let (xs, ws) = (x.shape(), w.shape());
-        let (c, kh, kw) = match (xs, ws, self.packed) {
+        let (c, kh, kw) = match (xs, ws, self.plan.packed) {
             (&[_, _, _, c], _, Some(pk)) if pk.m == c && pk.c == 1 && ws == [pk.kh * pk.kw * c] => (c, pk.kh, pk.kw),
             (&[_, _, _, c], &[wm, 1, kh, kw], None) if wm == c => (c, kh, kw),
             (_, _, Some(pk)) => {
@@ -642,7 +645,7 @@ impl Conv {
             _ => return Ok(None),
         };
         if self.group != c || c == 0 {
-            if self.packed.is_some() {
+            if self.plan.packed.is_some() {
                 return Err(OpError::Shape(format!(
                     "depthwise Conv with tap-major weights: group {} but X {xs:?}",
                     self.group
@@ -657,12 +660,12 @@ impl Conv {
         let mut y = crate::util::out_f32(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         // The taps channels-last too: `[kh * kw, C]` (packed at compile time, or here).
-        let wt = match self.packed {
+        let wt = match self.plan.packed {
             Some(_) => std::borrow::Cow::Borrowed(wd),
             None => std::borrow::Cow::Owned(pack_depthwise_taps(wd, c, kh, kw)?),
         };
         let bd = f32_bias(b, c)?;
-        let act = self.activation.map(|a| a.kernel_act());
+        let act = self.plan.activation.map(|a| a.kernel_act());
         let (ip, op) = (geo.ih * geo.iw * c, geo.oh * geo.ow * c);
         for n in 0..geo.batch {
             let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
@@ -676,7 +679,7 @@ impl Conv {
     }
 }
 
-impl Conv {
+impl Planned<'_> {
     /// The grouped path (see the module docs): f32, `group > 1` and not depthwise (`C` groups
     /// of one channel to one output each, which has its own kernel), no residual; W `[m,
     /// cg, kh, kw]`, or tap-major `[kh * kw * cg * m]` when `packed` says so
@@ -688,7 +691,7 @@ impl Conv {
         let ([x, w], [b, r], f32s) = operands(args)?;
         let (xs, ws) = (x.shape(), w.shape());
         let g = self.group.max(1);
-        let (m, cg, kh, kw) = match (ws, self.packed) {
+        let (m, cg, kh, kw) = match (ws, self.plan.packed) {
             (_, Some(pk)) => (pk.m, pk.c, pk.kh, pk.kw),
             (&[m, cg, kh, kw], None) => (m, cg, kh, kw),
             _ => return Ok(None),
@@ -696,8 +699,8 @@ impl Conv {
         let c = xs.get(3).copied().unwrap_or(0);
         let depthwise = cg == 1 && m == c;
         let fits = f32s && r.is_none() && g > 1 && !depthwise && cg * g == c && m.is_multiple_of(g);
-        if !fits || (self.packed.is_none() && grouped::lanes(cg, m / g).is_none()) {
-            if let Some(pk) = self.packed
+        if !fits || (self.plan.packed.is_none() && grouped::lanes(cg, m / g).is_none()) {
+            if let Some(pk) = self.plan.packed
                 && !(pk.c == 1 && pk.m == c)
             {
                 return Err(OpError::Value(format!(
@@ -719,7 +722,7 @@ impl Conv {
         let mut y = crate::util::out_f32(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let bad = || OpError::Shape(format!("grouped Conv: inconsistent shapes X {xs:?} W {ws:?} group {g}"));
-        let wt = match self.packed {
+        let wt = match self.plan.packed {
             Some(_) => std::borrow::Cow::Borrowed(wd),
             None => std::borrow::Cow::Owned(grouped::pack_taps(wd, m, cg, kh, kw).ok_or_else(bad)?),
         };
@@ -727,7 +730,7 @@ impl Conv {
             return Err(bad());
         }
         let bd = f32_bias(b, m)?;
-        let (clamp, after) = super::depthwise::split_act(self.activation.map(|a| a.kernel_act()));
+        let (clamp, after) = super::depthwise::split_act(self.plan.activation.map(|a| a.kernel_act()));
         if y.is_empty() {
             return Ok(Some(Tensor::from_buf(shape, y)?));
         }
@@ -837,9 +840,10 @@ impl Conv {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::nn::Activation;
+    use crate::nn::Conv;
 
     fn rng(mut seed: u32) -> impl FnMut() -> f32 {
         move || {
@@ -848,9 +852,12 @@ pub(super) mod tests {
         }
     }
 
-    fn eval(op: &Conv, vals: &[Option<Value>]) -> Tensor {
+    /// A Conv and the plan it runs under.
+    type Op = (Conv, ConvPlan);
+
+    fn eval((op, plan): &Op, vals: &[Option<Value>]) -> Tensor {
         let ins: Vec<Option<&Value>> = vals.iter().map(Option::as_ref).collect();
-        let out = op.eval(&Args::new(&ins)).unwrap();
+        let out = Planned::new(op, plan).eval(&Args::new(&ins)).unwrap();
         out[0].as_tensor().unwrap().clone()
     }
 
@@ -863,7 +870,7 @@ pub(super) mod tests {
     }
 
     /// `[N, C, H, W]` data as `[N, H, W, C]`.
-    pub(in crate::nn) fn to_last(v: &[f32], [n, c, h, w]: [usize; 4]) -> Vec<f32> {
+    pub(crate) fn to_last(v: &[f32], [n, c, h, w]: [usize; 4]) -> Vec<f32> {
         let mut out = Vec::with_capacity(v.len());
         for i in 0..n {
             for y in 0..h {
@@ -899,14 +906,19 @@ pub(super) mod tests {
         let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|_| rnd()).collect();
         let w: Vec<f32> = (0..ws.iter().product::<usize>()).map(|_| rnd()).collect();
         let b: Vec<f32> = (0..m).map(|_| rnd()).collect();
-        let first = Conv {
-            group,
-            strides: stride.to_vec(),
-            dilations: dil.to_vec(),
-            pads: pads.to_vec(),
-            activation: Some(Activation::Relu),
-            ..Default::default()
-        };
+        let first: Op = (
+            Conv {
+                group,
+                strides: stride.to_vec(),
+                dilations: dil.to_vec(),
+                pads: pads.to_vec(),
+                ..Default::default()
+            },
+            ConvPlan {
+                activation: Some(Activation::Relu),
+                ..Default::default()
+            },
+        );
         // The output shape, from the channels-first op without a residual.
         let probe = eval(
             &first,
@@ -920,10 +932,13 @@ pub(super) mod tests {
             &first,
             &[Some(f64s(&xs, &x)), Some(f64s(&ws, &w)), Some(f64s(&[m], &b)), rv],
         );
-        let mut last = Conv {
-            channels_last: true,
-            ..first.clone()
-        };
+        let mut last: Op = (
+            first.0.clone(),
+            ConvPlan {
+                channels_last: true,
+                ..first.1
+            },
+        );
         let wv = if group == 1 {
             let pk = PackedConvWeights {
                 m,
@@ -931,7 +946,7 @@ pub(super) mod tests {
                 kh: k[0],
                 kw: k[1],
             };
-            last.packed = Some(pk);
+            last.1.packed = Some(pk);
             let p = pack_channels_last(&w, pk).unwrap();
             tensor(&[p.len()], &p)
         } else if c / group > 1 || m != c {
@@ -942,7 +957,7 @@ pub(super) mod tests {
                 kh: k[0],
                 kw: k[1],
             };
-            last.packed = Some(pk);
+            last.1.packed = Some(pk);
             let p = kiln_kernels::grouped::pack_taps(&w, m, c / group, k[0], k[1]).unwrap();
             tensor(&[p.len()], &p)
         } else {
@@ -977,11 +992,8 @@ pub(super) mod tests {
         // With W as ONNX has it, a group-1 op takes the reference path and a grouped one packs
         // W at run time (or takes the reference path when its group shape has no vector
         // form): the same values.
-        if last.packed.is_some() {
-            let plain = Conv {
-                packed: None,
-                ..last.clone()
-            };
+        if last.1.packed.is_some() {
+            let plain: Op = (last.0.clone(), ConvPlan { packed: None, ..last.1 });
             let mut plain_vals = vals.clone();
             plain_vals[1] = Some(tensor(&ws, &w));
             let reference = eval(&plain, &plain_vals);
@@ -994,10 +1006,13 @@ pub(super) mod tests {
             // and plain, on 1 and 2 threads, give the same values.
             let mut first_vals = vals;
             first_vals[0] = Some(tensor(&xs, &x));
-            let gathered = Conv {
-                x_channels_first: true,
-                ..last.clone()
-            };
+            let gathered: Op = (
+                last.0.clone(),
+                ConvPlan {
+                    x_channels_first: true,
+                    ..last.1
+                },
+            );
             kiln_kernels::recycle::give(vec![f32::NAN; n * oh * ow * m]);
             let one = eval(&gathered, &first_vals);
             kiln_kernels::recycle::give(vec![f32::NAN; n * oh * ow * m]);
@@ -1005,10 +1020,13 @@ pub(super) mod tests {
             assert_eq!(one.as_slice::<f32>().unwrap(), two.as_slice::<f32>().unwrap());
             first_vals[1] = Some(tensor(&ws, &w));
             let slow_first = eval(
-                &Conv {
-                    packed: None,
-                    ..gathered.clone()
-                },
+                &(
+                    gathered.0.clone(),
+                    ConvPlan {
+                        packed: None,
+                        ..gathered.1
+                    },
+                ),
                 &first_vals,
             );
             for out in [&one, &slow_first] {
@@ -1072,15 +1090,21 @@ pub(super) mod tests {
         let mut rnd = rng(22);
         let x: Vec<f32> = (0..4 * 5 * 5).map(|_| rnd()).collect();
         let w: Vec<f32> = (0..6 * 2 * 9).map(|_| rnd()).collect();
-        let first = Conv {
-            group: 2,
-            pads: vec![1; 4],
-            ..Default::default()
-        };
-        let last = Conv {
-            channels_last: true,
-            ..first.clone()
-        };
+        let first: Op = (
+            Conv {
+                group: 2,
+                pads: vec![1; 4],
+                ..Default::default()
+            },
+            ConvPlan::default(),
+        );
+        let last: Op = (
+            first.0.clone(),
+            ConvPlan {
+                channels_last: true,
+                ..Default::default()
+            },
+        );
         let a = eval(
             &first,
             &[Some(tensor(&[1, 4, 5, 5], &x)), Some(tensor(&[6, 2, 3, 3], &w))],
@@ -1108,12 +1132,16 @@ pub(super) mod tests {
             kw: 3,
         };
         assert!(pack_channels_last(&[0.0; 10], pk).is_err());
-        let op = Conv {
-            channels_last: true,
-            packed: Some(pk),
+        let conv = Conv {
             group: 1,
             ..Default::default()
         };
+        let plan = ConvPlan {
+            channels_last: true,
+            packed: Some(pk),
+            ..Default::default()
+        };
+        let op = Planned::new(&conv, &plan);
         let x = tensor(&[1, 5, 5, 3], &[0.5; 75]);
         let w = pack_channels_last(&[0.25; 108], pk).unwrap();
         let ins = [Some(&x), Some(&tensor(&[w.len() - 1], &w[1..]))];
@@ -1139,12 +1167,16 @@ pub(super) mod tests {
             kh: 3,
             kw: 3,
         };
-        let grouped = Conv {
-            channels_last: true,
-            packed: Some(gk),
+        let gconv = Conv {
             group: 2,
             ..Default::default()
         };
+        let gplan = ConvPlan {
+            channels_last: true,
+            packed: Some(gk),
+            ..Default::default()
+        };
+        let grouped = Planned::new(&gconv, &gplan);
         let gw = tensor(&[9 * 4 * 16], &[0.25; 9 * 4 * 16]);
         let x8 = tensor(&[1, 5, 5, 8], &[0.5; 200]);
         let y = grouped.eval(&Args::new(&[Some(&x8), Some(&gw)])).unwrap();
