@@ -29,8 +29,12 @@ With --openvino, OpenVINO (the `openvino` pip package, CPU plugin, LATENCY hint,
 INFERENCE_NUM_THREADS = T and INFERENCE_PRECISION_HINT f32, so no BF16 on AVX-512 BF16 hardware)
 joins each round after ORT (A B C A B C), with its ms and kiln/OV ratio, paired the same way.
 
-usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--threads 1,2] [--rounds 9]
-       [--per-round K] [--openvino] MODEL.onnx...
+With --kiln-b PATH, a second kiln binary (another commit's build) compiles its own program and
+runs right after the first in each round (A A' B ...), and each row adds its ms and the paired
+ratio B/A: a before/after comparison of two kilns under the same conditions.
+
+usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--kiln-b OTHER_KILN]
+       [--threads 1,2] [--rounds 9] [--per-round K] [--openvino] MODEL.onnx...
 The machine may be shared and noisy: compare ratios from one run, not figures across runs.
 """
 import argparse
@@ -157,6 +161,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--per-round", type=int, default=0,
                     help="timed runs per round and runtime (default: about ROUND_S seconds' worth, at least 5)")
+    ap.add_argument("--kiln-b", default=None,
+                    help="a second kiln binary, timed after the first in each round (ratio B/A)")
     ap.add_argument("--openvino", action="store_true",
                     help="also time OpenVINO (fp32, CPU plugin) in each round")
     ap.add_argument("models", nargs="+")
@@ -169,6 +175,9 @@ def main():
             name = os.path.basename(model).removesuffix(".onnx")
             program = os.path.join(tmp, name + ".kiln")
             subprocess.run([a.kiln, "compile", model, "-o", program, "--quiet"], check=True)
+            program_b = os.path.join(tmp, name + ".b.kiln")
+            if a.kiln_b:
+                subprocess.run([a.kiln_b, "compile", model, "-o", program_b, "--quiet"], check=True)
             flops = (macs(a.kiln, model) or 0) * 2
             for t in threads:
                 sess = ort_session(model, t)
@@ -176,7 +185,7 @@ def main():
                 npz = os.path.join(tmp, name + ".in.npz")
                 np.savez(npz, **feeds)
                 ov_run = openvino_runner(model, t, feeds) if a.openvino else None
-                ks, os_, vs, trips = [], [], [], []
+                ks, os_, vs, trips, bs = [], [], [], [], []
                 probe = probe_ms(a.kiln, program, npz, t)
                 warmup = runs_for(WARMUP_S, probe)
                 per_round = a.per_round or max(5, runs_for(ROUND_S, probe))
@@ -184,6 +193,8 @@ def main():
                     rep = kiln_round(a.kiln, program, npz, per_round, t, warmup)
                     ks.append(rep["latency_ms"]["p50"])
                     trips.append(trip_ns(rep))
+                    if a.kiln_b:
+                        bs.append(kiln_round(a.kiln_b, program_b, npz, per_round, t, warmup)["latency_ms"]["p50"])
                     os_.append(timed_round(lambda: sess.run(None, feeds), per_round))
                     if ov_run:
                         vs.append(timed_round(ov_run, per_round))
@@ -194,8 +205,11 @@ def main():
                 gflops = flops / (k * 1e-3) / 1e9 if flops else float("nan")
                 measured = [x for x in trips if x is not None]
                 far = f"{sum(x > FAR_NS for x in measured)}/{len(measured)}" if measured else "-"
-                rows.append((name, t, k, o, r, iqr, gflops, far, v, rv))
+                b, rb = (statistics.median(bs), paired(bs, ks)) if bs else (None, None)
+                rows.append((name, t, k, o, r, iqr, gflops, far, v, rv, b, rb))
                 ov_text = f"OV {v:9.2f} ms  kiln/OV {rv:6.2f}  " if vs else ""
+                if bs:
+                    ov_text += f"kiln-b {b:9.2f} ms  B/A {rb[0]:6.3f} ({rb[1][0]:.3f}-{rb[1][1]:.3f})  "
                 print(f"{name:<14} T={t}  kiln {k:9.2f} ms  ORT {o:9.2f} ms  kiln/ORT {r:6.2f} "
                       f"({iqr[0]:.2f}-{iqr[1]:.2f})  {ov_text}"
                       f"kiln {gflops:6.1f} GFLOP/s = {100 * gflops / (PEAK_GFLOPS * t):5.1f}% of peak  "
@@ -203,10 +217,12 @@ def main():
                       flush=True)
     print()
     print(f"{'model':<14} {'threads':>7} {'kiln ms':>9} {'ORT ms':>9} {'kiln/ORT':>9} {'IQR':>11} "
-          f"{'GFLOP/s':>8} {'% peak':>7} {'far':>5}" + (f" {'OV ms':>9} {'kiln/OV':>8}" if a.openvino else ""))
-    for name, t, k, o, r, (lo, hi), g, far, v, rv in rows:
+          f"{'GFLOP/s':>8} {'% peak':>7} {'far':>5}" + (f" {'OV ms':>9} {'kiln/OV':>8}" if a.openvino else "")
+          + (f" {'B ms':>9} {'B/A':>7}" if a.kiln_b else ""))
+    for name, t, k, o, r, (lo, hi), g, far, v, rv, b, rb in rows:
         print(f"{name:<14} {t:>7} {k:>9.2f} {o:>9.2f} {r:>9.2f} {f'{lo:.2f}-{hi:.2f}':>11} {g:>8.1f} "
-              f"{100 * g / (PEAK_GFLOPS * t):>6.1f}% {far:>5}" + (f" {v:>9.2f} {rv:>8.2f}" if v else ""))
+              f"{100 * g / (PEAK_GFLOPS * t):>6.1f}% {far:>5}" + (f" {v:>9.2f} {rv:>8.2f}" if v else "")
+              + (f" {b:>9.2f} {rb[0]:>7.3f}" if b else ""))
     for t in threads:
         rs = [row[4] for row in rows if row[1] == t]
         if rs:
@@ -214,6 +230,9 @@ def main():
         rvs = [row[9] for row in rows if row[1] == t and row[9]]
         if rvs:
             print(f"geometric mean kiln/OV, {t} thread(s): {statistics.geometric_mean(rvs):.2f}")
+        rbs = [row[11][0] for row in rows if row[1] == t and row[11]]
+        if rbs:
+            print(f"geometric mean kiln-b/kiln, {t} thread(s): {statistics.geometric_mean(rbs):.3f}")
     print(f"(ms: median of {a.rounds} rounds x {min(per_rounds, default=0)}-{max(per_rounds, default=0)} runs "
           "per runtime, interleaved; kiln/ORT: median of the per-round ratios, IQR their quartiles; "
           f"far: kiln rounds whose threads' cache-line round trip exceeded {FAR_NS} ns, i.e. the host "

@@ -8,6 +8,7 @@
 pub mod error;
 pub mod serde_depth;
 pub mod util;
+mod validate;
 pub mod value;
 
 pub mod elementwise;

@@ -174,18 +174,22 @@ impl Program {
 }
 
 impl Program {
-    /// Checks every op step's plan against its op, in this program and its sub-programs (see
-    /// `kiln_ops::fast::validate`): the first misfit, with its step's name.
-    pub fn validate_plans(&self) -> Result<(), (String, kiln_ops::OpError)> {
+    /// Checks every op step's attributes (`Op::validate`, the importer's check) and its plan
+    /// against its op (`kiln_ops::fast::validate`), in this program and its sub-programs: the
+    /// first misfit, with its step's name. The decoder of a program file calls this.
+    pub fn validate(&self) -> Result<(), (String, kiln_ops::OpError)> {
         for step in &self.steps {
             if let StepKind::Op(op) = &step.kind {
-                kiln_ops::fast::validate(op, step.plan.as_ref()).map_err(|e| (step.name.clone(), e))?;
+                let checked = op
+                    .validate()
+                    .and_then(|()| kiln_ops::fast::validate(op, step.plan.as_ref()));
+                checked.map_err(|e| (step.name.clone(), e))?;
             } else if step.plan.is_some() {
                 let e = kiln_ops::OpError::Value("a control-flow step carries an op plan".into());
                 return Err((step.name.clone(), e));
             }
             for p in step.subprograms() {
-                p.validate_plans()?;
+                p.validate()?;
             }
         }
         Ok(())

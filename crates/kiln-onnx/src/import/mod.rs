@@ -29,6 +29,8 @@ pub fn import_op(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
     ];
     for import in FAMILIES {
         if let Some(op) = import(ctx)? {
+            // The one attribute check, shared with the program decoder.
+            op.validate().map_err(|e| ctx.node_err(e.to_string()))?;
             return Ok(Some(op));
         }
     }

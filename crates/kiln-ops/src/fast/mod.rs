@@ -287,3 +287,70 @@ pub fn macs(op: &Op, plan: Option<&Plan>, inputs: &[InferInput<'_>], outputs: &[
         _ => op.macs(inputs, outputs),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::{Conv, MatMul};
+    use crate::value::Value;
+    use kiln_tensor::Tensor;
+
+    fn conv() -> Op {
+        Op::Nn(NnOp::Conv(Conv {
+            group: 1,
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn a_plan_must_fit_its_op() {
+        let matmul = Op::Nn(NnOp::MatMul(MatMul::default()));
+        let conv_plan = Plan::Conv(ConvPlan::default());
+        assert!(validate(&conv(), Some(&conv_plan)).is_ok());
+        assert!(validate(&conv(), None).is_ok());
+        let e = validate(&matmul, Some(&conv_plan)).unwrap_err().to_string();
+        assert!(e.contains("MatMul") && e.contains("nchw"), "{e}");
+        let first_without_last = Plan::Conv(ConvPlan {
+            x_channels_first: true,
+            ..Default::default()
+        });
+        assert!(validate(&conv(), Some(&first_without_last)).is_err());
+        let both = Plan::Conv(ConvPlan {
+            channels_last: true,
+            packed: Some(PackedConvWeights {
+                m: 4,
+                c: 3,
+                kh: 3,
+                kw: 3,
+            }),
+            winograd: Some(WinogradWeights { m: 4, c: 3 }),
+            ..Default::default()
+        });
+        assert!(validate(&conv(), Some(&both)).is_err());
+        // Run with a plan of another op: refused, never read as another layout.
+        let a = Value::Tensor(Tensor::from_vec(vec![2, 2], vec![1.0f32; 4]).unwrap());
+        let args = [Some(&a), Some(&a)];
+        assert!(eval(&matmul, Some(&conv_plan), &Args::new(&args)).is_err());
+        assert!(eval(&matmul, None, &Args::new(&args)).is_ok());
+    }
+
+    #[test]
+    fn a_planned_activation_applies_and_the_reference_has_none() {
+        // [[1, -2]] x I: the reference keeps -2; a plan's fused Relu clamps it, like a Relu
+        // node after the product.
+        let a = Value::Tensor(Tensor::from_vec(vec![1, 2], vec![1.0f32, -2.0]).unwrap());
+        let i = Value::Tensor(Tensor::from_vec(vec![2, 2], vec![1.0f32, 0.0, 0.0, 1.0]).unwrap());
+        let op = Op::Nn(NnOp::MatMul(MatMul::default()));
+        let args = [Some(&a), Some(&i)];
+        let plan = Plan::Gemm(GemmPlan {
+            activation: Some(Activation::Relu),
+            packed_b: None,
+        });
+        let plain = op.eval(&Args::new(&args)).unwrap();
+        let fused = eval(&op, Some(&plan), &Args::new(&args)).unwrap();
+        let v = |o: &Outputs| o[0].as_tensor().unwrap().as_slice::<f32>().unwrap().to_vec();
+        assert_eq!(v(&plain), [1.0, -2.0]);
+        assert_eq!(v(&fused), [1.0, 0.0]);
+        assert_eq!(plan.summary(), "gemm +Relu");
+    }
+}

@@ -384,7 +384,7 @@ pub fn from_shared(bytes: SharedBytes) -> Result<ProgramFile, FileError> {
             message: format!("{} unexpected bytes after the program", rest.len()),
         });
     }
-    program.validate_plans().map_err(|(step, e)| FileError::Decode {
+    program.validate().map_err(|(step, e)| FileError::Decode {
         section: "program".into(),
         message: format!("step '{step}': {e}"),
     })?;

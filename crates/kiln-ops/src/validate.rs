@@ -1,0 +1,168 @@
+//! One check of an op's attributes, made where an op enters kiln: by the importer after it
+//! builds the op from ONNX attributes, and by the program decoder for every step of a `.kiln`
+//! file (whose bytes may have been crafted past their checksums). Evaluation can then rely on
+//! what is checked here; it still bounds sizes that depend on tensor values.
+//!
+//! The rules are the ONNX specs' constraints on attributes alone (no input shapes): windows
+//! and strides of at least 1, groups of at least 1, gram lengths in order. Ops with no rule
+//! beyond their types pass.
+
+use crate::Op;
+use crate::error::{OpError, Result};
+use crate::misc::MiscOp;
+use crate::nn::{Conv, ConvTranspose, DeformConv, NnOp, Pool, PoolKind};
+
+impl Op {
+    /// Checks the attributes against the op's spec (see the module docs).
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Op::Nn(NnOp::Conv(c)) => conv(c),
+            Op::Nn(NnOp::ConvTranspose(c)) => conv_transpose(c),
+            Op::Nn(NnOp::DeformConv(c)) => deform_conv(c),
+            Op::Nn(NnOp::Pool(p)) => pool(p),
+            Op::Nn(NnOp::PointwiseDepthwise(f)) => {
+                conv(&f.pointwise.conv)?;
+                conv(&f.depthwise.conv)
+            }
+            Op::Misc(MiscOp::TfIdfVectorizer(t)) => {
+                if t.min_gram_length < 1 || t.min_gram_length > t.max_gram_length {
+                    return Err(invalid(
+                        "min_gram_length",
+                        format!(
+                            "must be in 1..=max_gram_length ({}), got {}",
+                            t.max_gram_length, t.min_gram_length
+                        ),
+                    ));
+                }
+                if t.ngram_counts.iter().any(|&c| c < 0) || t.ngram_indexes.iter().any(|&i| i < 0) {
+                    return Err(invalid("ngram_counts / ngram_indexes", "must be >= 0".into()));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn invalid(attr: &str, reason: String) -> OpError {
+    OpError::Value(format!("attribute {attr}: {reason}"))
+}
+
+/// Every value at least 1 (strides, dilations, a window's extent).
+fn positive(attr: &str, v: &[usize]) -> Result<()> {
+    match v.iter().find(|&&d| d == 0) {
+        Some(_) => Err(invalid(attr, format!("every value must be >= 1, got {v:?}"))),
+        None => Ok(()),
+    }
+}
+
+fn even_pads(pads: &[usize]) -> Result<()> {
+    if pads.len() % 2 != 0 {
+        return Err(invalid(
+            "pads",
+            format!("needs a begin and an end per axis, got {} values", pads.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn group_at_least_one(attr: &str, g: usize) -> Result<()> {
+    if g == 0 {
+        return Err(invalid(attr, "must be >= 1, got 0".into()));
+    }
+    Ok(())
+}
+
+fn conv(c: &Conv) -> Result<()> {
+    group_at_least_one("group", c.group)?;
+    positive("strides", &c.strides)?;
+    positive("dilations", &c.dilations)?;
+    positive("kernel_shape", &c.kernel_shape)?;
+    even_pads(&c.pads)
+}
+
+fn conv_transpose(c: &ConvTranspose) -> Result<()> {
+    group_at_least_one("group", c.group)?;
+    positive("strides", &c.strides)?;
+    positive("dilations", &c.dilations)?;
+    positive("kernel_shape", &c.kernel_shape)?;
+    even_pads(&c.pads)
+}
+
+fn deform_conv(c: &DeformConv) -> Result<()> {
+    group_at_least_one("group", c.group)?;
+    group_at_least_one("offset_group", c.offset_group)?;
+    positive("strides", &c.strides)?;
+    positive("dilations", &c.dilations)?;
+    positive("kernel_shape", &c.kernel_shape)?;
+    even_pads(&c.pads)
+}
+
+fn pool(p: &Pool) -> Result<()> {
+    if p.kernel_shape.is_empty() {
+        return Err(invalid("kernel_shape", "is required".into()));
+    }
+    positive("kernel_shape", &p.kernel_shape)?;
+    positive("strides", &p.strides)?;
+    positive("dilations", &p.dilations)?;
+    even_pads(&p.pads)?;
+    if let PoolKind::Lp { p } = p.kind
+        && !(p.is_finite() && p > 0.0)
+    {
+        return Err(invalid("p", format!("must be a positive number, got {p}")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::AutoPad;
+
+    fn max_pool(kernel: Vec<usize>, strides: Vec<usize>) -> Op {
+        Op::Nn(NnOp::Pool(Pool {
+            kind: PoolKind::Max { storage_order: false },
+            auto_pad: AutoPad::NotSet,
+            ceil_mode: false,
+            dilations: vec![],
+            kernel_shape: kernel,
+            pads: vec![],
+            strides,
+        }))
+    }
+
+    #[test]
+    fn attributes_outside_the_spec_are_refused_by_name() {
+        let ok = Op::Nn(NnOp::Conv(Conv {
+            group: 1,
+            strides: vec![2, 2],
+            ..Default::default()
+        }));
+        assert!(ok.validate().is_ok());
+        let zero_group = Op::Nn(NnOp::Conv(Conv::default()));
+        let e = zero_group.validate().unwrap_err().to_string();
+        assert!(e.contains("group") && e.contains(">= 1"), "{e}");
+        let zero_stride = Op::Nn(NnOp::Conv(Conv {
+            group: 1,
+            strides: vec![1, 0],
+            ..Default::default()
+        }));
+        assert!(zero_stride.validate().unwrap_err().to_string().contains("strides"));
+        let odd_pads = Op::Nn(NnOp::Conv(Conv {
+            group: 1,
+            pads: vec![1, 1, 1],
+            ..Default::default()
+        }));
+        assert!(odd_pads.validate().unwrap_err().to_string().contains("pads"));
+        assert!(max_pool(vec![3, 3], vec![2, 2]).validate().is_ok());
+        assert!(
+            max_pool(vec![], vec![])
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("kernel_shape")
+        );
+        assert!(max_pool(vec![3, 0], vec![]).validate().is_err());
+        assert!(max_pool(vec![3, 3], vec![0, 1]).validate().is_err());
+    }
+}
