@@ -35,8 +35,9 @@ struct Shared {
     /// Bumped to publish a job (and at shutdown).
     generation: AtomicU64,
     /// The current job; written only by the thread holding `busy`, before it bumps
-    /// `generation`, and read by workers after they see the new generation.
-    job: Mutex<Option<JobRef>>,
+    /// `generation`, and read by workers after they see the new generation. With it, the
+    /// scratch of the caller's run state, which the workers use for the job.
+    job: Mutex<Option<(JobRef, Option<Arc<crate::recycle::Scratch>>)>>,
     /// The next task to claim (task 0 is the caller's and never claimed).
     next: AtomicUsize,
     /// The workers inside the current job, plus [`CLOSED`] once its caller stops admitting
@@ -111,7 +112,7 @@ impl ThreadPool {
             let s = Arc::clone(&shared);
             let h = std::thread::Builder::new()
                 .name(format!("kiln-worker-{i}"))
-                .spawn(move || worker(&s));
+                .spawn(move || worker(&s, i));
             match h {
                 Ok(h) => workers.push(h),
                 Err(e) => {
@@ -255,7 +256,8 @@ impl ThreadPool {
         let erased: *const (dyn Fn(usize) + Sync + '_) = f;
         #[allow(clippy::missing_transmute_annotations)]
         let erased: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(erased) };
-        *s.job.lock().unwrap_or_else(PoisonError::into_inner) = Some(JobRef { f: erased, tasks });
+        let scratch = crate::recycle::current_scratch();
+        *s.job.lock().unwrap_or_else(PoisonError::into_inner) = Some((JobRef { f: erased, tasks }, scratch));
         // Task 0 is the caller's (below); the others are claimed from 1 on.
         s.next.store(1, Ordering::SeqCst);
         s.inside.store(0, Ordering::SeqCst);
@@ -306,7 +308,8 @@ fn run_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), tasks: usize) {
     }
 }
 
-fn worker(s: &Shared) {
+/// Worker `slot` (1-based: the caller is slot 0 of the run's scratch).
+fn worker(s: &Shared, slot: usize) {
     let mut seen = 0u64;
     loop {
         // Wait for a new generation: spin while a run is active, else sleep.
@@ -347,12 +350,13 @@ fn worker(s: &Shared) {
         if !enter(s) {
             continue;
         }
-        let job = *s.job.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(job) = job {
+        let job = s.job.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some((job, scratch)) = job {
             // SAFETY: see `JobRef`: the publisher keeps the function alive until every worker
             // that entered the job has left it, which happens only after this use.
             let f = unsafe { &*job.f };
-            if let Err(p) = catch_unwind(AssertUnwindSafe(|| run_tasks(s, f, job.tasks))) {
+            let run = || crate::recycle::with_job_scratch(scratch, slot, || run_tasks(s, f, job.tasks));
+            if let Err(p) = catch_unwind(AssertUnwindSafe(run)) {
                 *s.panicked.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
             }
         }

@@ -15,13 +15,21 @@
 //! what an arena holds between runs is bounded by what one run takes, and it does not grow run
 //! after run.
 //!
+//! Kernels' scratch (an im2col block, a padded image, a ring of rows) belongs to the run state
+//! too: [`lend`] lends the current arena's value of a kind, one per compute thread of
+//! the run (the pool hands the caller's arena [`Scratch`] to its workers for each job), kept
+//! for the next call and the next run. So scratch lives and dies with a Session's run states,
+//! never in a thread of its own.
+//!
 //! A taken vector holds stale values from its previous use (never uninitialised memory: this
 //! is plain safe Rust), so only callers that overwrite all of it may use it. Vectors smaller than [`MIN_LEN`] are not kept (allocating them is
 //! cheap), and an arena never keeps more than [`MAX_BYTES`].
 
 use crate::slab::{Region, Slab, SlabElem};
+use std::any::{Any, TypeId};
 use std::cell::RefCell;
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Fewest elements a kept vector has (64 bytes of f32: pooled features and logits recycle too).
 pub const MIN_LEN: usize = 16;
@@ -85,6 +93,127 @@ pub struct Arena {
     /// Outputs placed at their planned ranges in this run, and in the last finished one.
     placed: usize,
     placed_last_run: usize,
+    /// The kernels' scratch, per compute thread ([`lend`]); made by the first loan, so the
+    /// placeholder arenas that `enter` swaps in allocate nothing.
+    scratch: Option<Arc<Scratch>>,
+}
+
+/// Scratch values of one run state, per compute thread of its runs (slot 0 the caller's,
+/// slot `i` the pool's worker `i`), at most one value of each kind per slot. A value is lent
+/// out whole ([`lend`]), so a nested request for the same kind gets a fresh one, never a
+/// second borrow.
+#[derive(Default)]
+pub struct Scratch {
+    slots: Mutex<Vec<Vec<(TypeId, Box<dyn Any + Send>)>>>,
+}
+
+impl Scratch {
+    fn take<K: ScratchKey>(&self, slot: usize) -> Box<K::Value> {
+        let kept = {
+            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            slots.get_mut(slot).and_then(|values| {
+                let at = values.iter().position(|(id, _)| *id == TypeId::of::<K>())?;
+                Some(values.swap_remove(at).1)
+            })
+        };
+        kept.and_then(|b| b.downcast::<K::Value>().ok()).unwrap_or_default()
+    }
+
+    fn put<K: ScratchKey>(&self, slot: usize, value: Box<K::Value>) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        if slots.len() <= slot {
+            slots.resize_with(slot + 1, Vec::new);
+        }
+        if let Some(values) = slots.get_mut(slot) {
+            // One value per kind: a nested loan's value, given back first, yields to the
+            // outer one (the last given back).
+            match values.iter_mut().find(|(id, _)| *id == TypeId::of::<K>()) {
+                Some(kept) => kept.1 = value,
+                None => values.push((TypeId::of::<K>(), value)),
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// On a pool worker inside a job: the scratch of the run that posted it, and this
+    /// worker's slot.
+    static JOB_SCRATCH: RefCell<Option<(Arc<Scratch>, usize)>> = const { RefCell::new(None) };
+}
+
+/// The current arena's scratch, for the pool to hand to its workers with a job.
+pub(crate) fn current_scratch() -> Option<Arc<Scratch>> {
+    CURRENT.with(|c| {
+        let mut a = c.try_borrow_mut().ok()?;
+        Some(Arc::clone(a.scratch.get_or_insert_with(Arc::default)))
+    })
+}
+
+/// Runs `f` (a worker's share of a job) with `scratch` slot `slot` as this thread's.
+pub(crate) fn with_job_scratch<R>(scratch: Option<Arc<Scratch>>, slot: usize, f: impl FnOnce() -> R) -> R {
+    let previous = JOB_SCRATCH.with(|c| c.replace(scratch.map(|s| (s, slot))));
+    let r = f();
+    JOB_SCRATCH.with(|c| *c.borrow_mut() = previous);
+    r
+}
+
+/// A kind of kernel scratch: a marker type naming one use (the Winograd transforms, a
+/// depthwise ring of rows), and the value it keeps.
+pub trait ScratchKey: 'static {
+    type Value: Default + Send + 'static;
+}
+
+/// This thread's scratch value of kind `K` in the current run state, lent until the guard
+/// drops (then kept for the next call on this thread of the run): the value the last call
+/// left, else the default (see the module docs). The caller must not rely on its contents
+/// (size it, overwrite what it reads). Outside a Session's run (a kernel called on its own,
+/// compile-time folding) the thread's own arena keeps it, as it keeps recycled vectors.
+pub fn lend<K: ScratchKey>() -> Lent<K> {
+    let home = JOB_SCRATCH
+        .with(|c| c.borrow().clone())
+        .or_else(|| current_scratch().map(|s| (s, 0)));
+    // Every thread has a current arena (its own when no run state is entered); `None` only
+    // while that arena is borrowed, which no caller of `lend` does.
+    let value = match &home {
+        Some((scratch, slot)) => scratch.take::<K>(*slot),
+        None => Box::default(),
+    };
+    Lent {
+        value: Some(value),
+        home,
+    }
+}
+
+/// A scratch value lent by [`lend`]; given back when dropped.
+pub struct Lent<K: ScratchKey> {
+    value: Option<Box<K::Value>>,
+    home: Option<(Arc<Scratch>, usize)>,
+}
+
+impl<K: ScratchKey> std::ops::Deref for Lent<K> {
+    type Target = K::Value;
+    fn deref(&self) -> &K::Value {
+        // Always `Some` until dropped.
+        self.value
+            .as_deref()
+            .unwrap_or_else(|| unreachable!("a lent scratch value is present until dropped"))
+    }
+}
+
+impl<K: ScratchKey> std::ops::DerefMut for Lent<K> {
+    fn deref_mut(&mut self) -> &mut K::Value {
+        self.value
+            .as_deref_mut()
+            .unwrap_or_else(|| unreachable!("a lent scratch value is present until dropped"))
+    }
+}
+
+impl<K: ScratchKey> Drop for Lent<K> {
+    fn drop(&mut self) {
+        if let (Some(value), Some((scratch, slot))) = (self.value.take(), &self.home) {
+            scratch.put::<K>(*slot, value);
+        }
+    }
 }
 
 /// Most addresses remembered between two [`finish_run`] calls (takes outside any run, such as
@@ -396,5 +525,63 @@ mod tests {
         }
         assert_eq!(take(4_096), vec![1.0; 4_096], "and it is there again afterwards");
         clear();
+    }
+
+    enum Probe {}
+    impl ScratchKey for Probe {
+        type Value = Vec<u32>;
+    }
+
+    #[test]
+    fn scratch_belongs_to_the_run_state_and_each_compute_thread() {
+        // Outside a Session's run state, the thread's own arena keeps the value.
+        lend::<Probe>().clear();
+        lend::<Probe>().push(1);
+        assert_eq!(*lend::<Probe>(), [1]);
+        let mut arena = Arena::new();
+        {
+            let _run = arena.enter();
+            assert!(
+                lend::<Probe>().is_empty(),
+                "a run state does not see the thread's value"
+            );
+            lend::<Probe>().push(7);
+            // Kept for the next call; a nested request for the same kind gets its own value.
+            let mut outer = lend::<Probe>();
+            assert_eq!(*outer, [7]);
+            assert!(lend::<Probe>().is_empty());
+            outer.push(8);
+        }
+        {
+            let _run = arena.enter();
+            assert_eq!(*lend::<Probe>(), [7, 8], "kept by the arena between runs");
+            // Pool workers use the run's scratch too, each its own slot: every task of a
+            // two-thread job sees its thread's value, never the other's mid-use.
+            let pool = crate::pool::ThreadPool::new(2).unwrap_or_else(|e| unreachable!("{e}"));
+            let seen = std::sync::Mutex::new(Vec::new());
+            pool.install(|| {
+                crate::pool::parallel_for(2, &|t| {
+                    let mut v = lend::<Probe>();
+                    v.push(100 + t as u32);
+                    seen.lock().unwrap_or_else(PoisonError::into_inner).push(v.len());
+                })
+            });
+            let seen = seen.into_inner().unwrap_or_else(PoisonError::into_inner);
+            assert_eq!(seen.len(), 2);
+            // A task on the worker starts from its own empty slot (length 1 after its push); a
+            // task on the caller from slot 0's [7, 8] (a descheduled worker may miss the job,
+            // and the caller then runs both).
+            let on_caller = seen.iter().filter(|&&n| n >= 3).count();
+            assert!(seen.iter().all(|&n| n == 1 || n >= 3), "{seen:?}");
+            assert_eq!(lend::<Probe>().len(), 2 + on_caller);
+        }
+        // Another arena (another run state) has its own values; the thread's is there again
+        // once no run state is entered.
+        let mut other = Arena::new();
+        {
+            let _run = other.enter();
+            assert!(lend::<Probe>().is_empty());
+        }
+        assert_eq!(*lend::<Probe>(), [1]);
     }
 }

@@ -24,17 +24,29 @@ use crate::nn::{
 };
 use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
+use kiln_kernels::recycle::{ScratchKey, lend};
 use kiln_tensor::Tensor;
 
-thread_local! {
-    /// The packed im2col panels of the f32 2-D path, reused across calls on a thread.
-    static PACKED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// A column block's packed panels when blocks run in parallel (one per pool thread).
-    static PACKED_TASK: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// The column-phase split input of strided convolutions, reused per thread.
-    static PHASES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// The Winograd path's scratch (padded input, transforms, products), reused per thread.
-    static WINOGRAD: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+/// The packed im2col panels of the f32 2-D path (a run state's scratch, per thread).
+enum Packed {}
+/// A column block's packed panels when blocks run in parallel (one per compute thread).
+enum PackedTask {}
+/// The column-phase split input of strided convolutions.
+enum Phases {}
+/// The Winograd path's scratch (padded input, transforms, products).
+enum WinogradScratch {}
+
+impl ScratchKey for Packed {
+    type Value = Vec<f32>;
+}
+impl ScratchKey for PackedTask {
+    type Value = Vec<f32>;
+}
+impl ScratchKey for Phases {
+    type Value = Vec<f32>;
+}
+impl ScratchKey for WinogradScratch {
+    type Value = Vec<f32>;
 }
 
 /// A `Conv` with the plan it runs under. Derefs to the op, so its attributes read as they do
@@ -164,7 +176,7 @@ impl<'a> Planned<'a> {
         let bad = || OpError::Shape(format!("Winograd Conv: inconsistent shapes X {:?}", x.shape()));
         let rd = f32_residual(r, &shape)?;
         let act = self.plan.activation.map(|a| a.kernel_act());
-        let mut scratch = WINOGRAD.with(std::cell::Cell::take);
+        let mut scratch = lend::<WinogradScratch>();
         for n in 0..batch {
             let xi = xd.get(n * ip..(n + 1) * ip).ok_or_else(bad)?;
             let yi = y.get_mut(n * op..(n + 1) * op).ok_or_else(bad)?;
@@ -176,7 +188,6 @@ impl<'a> Planned<'a> {
                 return Err(bad());
             }
         }
-        WINOGRAD.with(|cell| cell.set(scratch));
         Ok(Tensor::from_buf(shape, y)?)
     }
 
@@ -274,9 +285,9 @@ impl<'a> Planned<'a> {
         numel(&[kdim, block])?;
         let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}"));
         let img = geo.c * ih * iw;
-        let mut phases = PHASES.with(std::cell::Cell::take);
-        PACKED.with(|cell| -> Result<()> {
-            let mut buf = cell.take();
+        let mut phases = lend::<Phases>();
+        let mut buf = lend::<Packed>();
+        (|| -> Result<()> {
             // Every element is written by the panels below: no clearing needed.
             buf.resize(kdim * block, 0.0);
             for n in 0..batch {
@@ -313,8 +324,8 @@ impl<'a> Planned<'a> {
                         kiln_kernels::pool::parallel_for(blocks, &|bi| {
                             let j0 = bi * block;
                             let nb = block.min(osz - j0);
-                            let ok = PACKED_TASK.with(|cell| {
-                                let mut pbuf = cell.take();
+                            let ok = {
+                                let mut pbuf = lend::<PackedTask>();
                                 let panels = nb.div_ceil(nr);
                                 pbuf.resize(panels * panel, 0.0);
                                 let mut ok = true;
@@ -338,12 +349,12 @@ impl<'a> Planned<'a> {
                                         sgemm(mg, AMatrix::row_major(wg, kdim), packed, &mut out, nb, &epi).ok()
                                     })
                                     .is_some();
-                                cell.set(pbuf);
+                                drop(pbuf);
                                 if let Some(slot) = results.get(bi) {
                                     *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = out;
                                 }
                                 ok
-                            });
+                            };
                             if !ok {
                                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                             }
@@ -413,11 +424,9 @@ impl<'a> Planned<'a> {
                     }
                 }
             }
-            // Kept for the next call on this thread (grown, never shrunk below this size).
-            cell.set(buf);
+            // `buf` is kept for the next call on this thread of the run (grown, never shrunk).
             Ok(())
-        })?;
-        PHASES.with(|cell| cell.set(phases));
+        })()?;
         Ok(Some(Tensor::from_buf(shape, y)?))
     }
 

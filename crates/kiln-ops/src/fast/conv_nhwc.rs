@@ -27,13 +27,19 @@ use crate::nn::{input_shape, numel, tensor_type};
 use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
 use kiln_kernels::conv::Conv2d;
+use kiln_kernels::recycle::{ScratchKey, lend};
 use kiln_tensor::{DType, Tensor};
 
-thread_local! {
-    /// The zero-padded image of the grouped path, reused per thread.
-    static GROUPED_PAD: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// A block of im2col rows of the packed path, reused per thread.
-    static ROWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+/// The zero-padded image of the grouped path (a run state's scratch, per thread).
+enum GroupedPad {}
+/// A block of im2col rows of the packed path.
+enum Rows {}
+
+impl ScratchKey for GroupedPad {
+    type Value = Vec<f32>;
+}
+impl ScratchKey for Rows {
+    type Value = Vec<f32>;
 }
 
 /// Floats of im2col rows copied per block (128 KiB: the block, the B panels it meets and its
@@ -570,8 +576,8 @@ impl Planned<'_> {
         let columns = self.plan.x_channels_first;
         if rows <= block {
             // One block: the GEMM itself splits its rows over the pool.
-            return ROWS.with(|cell| {
-                let mut a = cell.take();
+            return {
+                let mut a = lend::<Rows>();
                 a.resize(rows * k, 0.0);
                 let ok = fill(xd, 0, rows, &mut a);
                 let epi = Epilogue {
@@ -580,19 +586,19 @@ impl Planned<'_> {
                     act,
                 };
                 let ok = ok && sgemm(rows, a_block(&a, rows, k, columns), packed, &mut y, m, &epi).is_ok();
-                cell.set(a);
+                drop(a);
                 if !ok {
                     return Err(bad());
                 }
                 Ok(Tensor::from_buf(shape, y)?)
-            });
+            };
         }
         let failed = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::for_each_chunk_mut(&mut y, block * m, &|bi, out| {
             let r0 = bi * block;
             let nrows = out.len() / m.max(1);
-            let ok = ROWS.with(|cell| {
-                let mut a = cell.take();
+            let ok = {
+                let mut a = lend::<Rows>();
                 a.resize(nrows * k, 0.0);
                 let mut ok = fill(xd, r0, nrows, &mut a);
                 let residual = match rd {
@@ -601,10 +607,8 @@ impl Planned<'_> {
                 };
                 ok &= rd.is_none() || residual.is_some();
                 let epi = Epilogue { bias, residual, act };
-                ok = ok && sgemm(nrows, a_block(&a, nrows, k, columns), packed, out, m, &epi).is_ok();
-                cell.set(a);
-                ok
-            });
+                ok && sgemm(nrows, a_block(&a, nrows, k, columns), packed, out, m, &epi).is_ok()
+            };
             if !ok {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
@@ -777,7 +781,7 @@ impl Planned<'_> {
         };
         let band_rows = geo.oh.div_ceil(bands.max(1)).max(1);
         let padded_len = if inside { 0 } else { numel(&[pih, piw, c])? };
-        let mut padded = GROUPED_PAD.with(std::cell::Cell::take);
+        let mut padded = lend::<GroupedPad>();
         let failed = std::sync::atomic::AtomicBool::new(false);
         for n in 0..geo.batch {
             let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
@@ -831,7 +835,7 @@ impl Planned<'_> {
                 kiln_kernels::pool::for_each_chunk_mut(yi, band_rows * row_len, &band);
             }
         }
-        GROUPED_PAD.with(|cell| cell.set(padded));
+        drop(padded);
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(bad());
         }

@@ -5,6 +5,7 @@
 //! in kernel order, then the activation on the SIMD kernels (`act_slice`).
 
 use kiln_kernels::dwconv::{Clamp, Pixels};
+use kiln_kernels::recycle::{ScratchKey, lend};
 use kiln_kernels::sgemm::{Act, act_slice};
 
 /// Shape of one depthwise call (all spatial values per axis: height, width).
@@ -73,7 +74,7 @@ impl Depthwise {
         const L: usize = 16;
         let owp = ow.next_multiple_of(L);
         let plen = ((owp - 1) * sw + (kw - 1) * dw + 1).div_ceil(sw);
-        let mut buf = PLANE.with(std::cell::Cell::take);
+        let mut buf = lend::<Plane>();
         buf.clear();
         buf.resize(ih * sw * plen + owp, 0.0);
         let (planes, acc) = buf.split_at_mut(ih * sw * plen);
@@ -88,7 +89,6 @@ impl Depthwise {
             acc,
             plen,
         });
-        PLANE.with(|cell| cell.set(buf));
     }
 
     /// The loops of [`Self::channel`] (see there), always inlined into its vectorised caller.
@@ -190,9 +190,12 @@ impl kiln_kernels::simd::Kernel for ChannelRows<'_> {
     }
 }
 
-thread_local! {
-    /// The padded, phase-split input plane of [`Depthwise::channel`], reused per thread.
-    static PLANE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+/// The padded, phase-split input plane of [`Depthwise::channel`] (a run state's scratch, per
+/// thread).
+enum Plane {}
+
+impl ScratchKey for Plane {
+    type Value = Vec<f32>;
 }
 
 /// Multiply-adds below which a channels-last depthwise layer runs on one thread.
@@ -233,8 +236,8 @@ struct RowWindows {
     window: Vec<(usize, usize)>,
 }
 
-thread_local! {
-    static ROW_WINDOWS: std::cell::Cell<RowWindows> = std::cell::Cell::new(RowWindows::default());
+impl ScratchKey for RowWindows {
+    type Value = RowWindows;
 }
 
 impl Depthwise {
@@ -303,8 +306,8 @@ impl Depthwise {
         let [ph, pw] = self.pad_begin;
         let c = self.channels;
         // The window lists live in per-thread buffers, reused row after row.
-        let mut scratch = ROW_WINDOWS.with(std::cell::Cell::take);
-        let RowWindows { rows, interior, window } = &mut scratch;
+        let mut scratch = lend::<RowWindows>();
+        let RowWindows { rows, interior, window } = &mut *scratch;
         rows.clear();
         rows.extend((0..kh).filter(|&ky| {
             let iy = (oy * sh + ky * dh) as isize - ph as isize;
@@ -365,7 +368,6 @@ impl Depthwise {
                 ok &= Pixels { window, ..pixel }.run(out);
             }
         }
-        ROW_WINDOWS.with(|cell| cell.set(scratch));
         ok
     }
 }

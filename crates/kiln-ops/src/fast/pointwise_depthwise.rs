@@ -27,6 +27,7 @@ use super::depthwise::split_act;
 use crate::error::{OpError, Result};
 use crate::nn::{Conv, numel};
 use crate::value::{Args, InferInput, ValueType};
+use kiln_kernels::recycle::{ScratchKey, lend};
 use kiln_kernels::sgemm::{AMatrix, act_slice};
 use kiln_tensor::{DType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,8 +63,9 @@ struct Ring {
     tags: Vec<(u64, usize)>,
 }
 
-thread_local! {
-    static RING: std::cell::Cell<Ring> = std::cell::Cell::new(Ring::default());
+/// A run state's scratch, per thread.
+impl ScratchKey for Ring {
+    type Value = Ring;
 }
 
 /// Identifies one (call, image): a ring's rows from an earlier one are stale.
@@ -197,7 +199,8 @@ impl PointwiseDepthwise {
             let call = CALLS.fetch_add(1, Ordering::Relaxed);
             let failed = std::sync::atomic::AtomicBool::new(false);
             kiln_kernels::pool::for_each_chunk_mut(yi, geo.ow * e, &|oy, out| {
-                let mut ring = RING.with(std::cell::Cell::take);
+                let mut lent = lend::<Ring>();
+                let ring = &mut *lent;
                 ring.rows.resize(slots * row_len, 0.0);
                 ring.tags.resize(slots, (0, 0));
                 // The input rows of output row `oy`'s window that the ring lacks, expanded.
@@ -223,7 +226,7 @@ impl PointwiseDepthwise {
                     }
                 }
                 ok = ok && dw.nhwc_row(&ring.rows, |iy| iy % slots, taps, bias2, clamp, oy, out);
-                RING.with(|cell| cell.set(ring));
+                drop(lent);
                 if let Some(a) = after {
                     act_slice(a, out);
                 }

@@ -15,16 +15,25 @@ use super::attention::Attention;
 use crate::error::{OpError, Result};
 use crate::value::{Args, Value};
 use kiln_kernels::gemm::MatLayout;
+use kiln_kernels::recycle::{ScratchKey, lend};
 use kiln_kernels::sgemm::{AMatrix, BLayout, Epilogue, PackedB, sgemm};
 use kiln_tensor::{DType, Tensor};
 
-thread_local! {
-    /// One (batch, head) score matrix, reused per thread.
-    static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// A head's `sq x dv` result before it is copied into Y.
-    static HEAD_OUT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// `1 / sum` of each unnormalised probability row of the task's block.
-    static INV_SUMS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+/// One (batch, head) score matrix (a run state's scratch, per thread).
+enum Scores {}
+/// A head's `sq x dv` result before it is copied into Y.
+enum HeadOut {}
+/// `1 / sum` of each unnormalised probability row of the task's block.
+enum InvSums {}
+
+impl ScratchKey for Scores {
+    type Value = Vec<f32>;
+}
+impl ScratchKey for HeadOut {
+    type Value = Vec<f32>;
+}
+impl ScratchKey for InvSums {
+    type Value = Vec<f32>;
 }
 
 impl Attention {
@@ -149,9 +158,9 @@ impl Attention {
                 return;
             };
             // The scores are overwritten whole by the GEMM: a reused per-thread buffer.
-            let mut scores = SCORES.with(std::cell::Cell::take);
+            let mut scores = lend::<Scores>();
             scores.resize(rows * skv, 0.0);
-            let mut out = HEAD_OUT.with(std::cell::Cell::take);
+            let mut out = lend::<HeadOut>();
             out.resize(rows * dv, 0.0);
             let ok = sgemm(
                 rows,
@@ -165,7 +174,7 @@ impl Attention {
             // Unnormalised probabilities (scale and mask folded into their two passes); each
             // row's `1 / sum` scales its `dv` outputs on the copy into Y instead of its `skv`
             // probabilities. A row masked everywhere gives zeros (factor 0), as the reference.
-            let mut inv = INV_SUMS.with(std::cell::Cell::take);
+            let mut inv = lend::<InvSums>();
             inv.clear();
             for (i, row) in scores.chunks_exact_mut(skv.max(1)).enumerate() {
                 let mrow = mdata.and_then(|m| {
@@ -184,13 +193,13 @@ impl Attention {
                     &Epilogue::NONE,
                 )
                 .is_ok();
-            SCORES.with(|cell| cell.set(scores));
+            drop(scores);
             if !ok {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             } else {
                 let mut y = y_cols.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 kiln_kernels::simd::vectorize(|| {
-                    for ((i, src), &f) in out.chunks_exact(dv.max(1)).enumerate().zip(&inv) {
+                    for ((i, src), &f) in out.chunks_exact(dv.max(1)).enumerate().zip(inv.iter()) {
                         let o = (bi * sq + q0 + i) * vw + hi * dv;
                         if let Some(dst) = y.get_mut(o..o + dv) {
                             dst.iter_mut().zip(src).for_each(|(d, &v)| *d = v * f);
@@ -198,8 +207,6 @@ impl Attention {
                     }
                 });
             }
-            HEAD_OUT.with(|cell| cell.set(out));
-            INV_SUMS.with(|cell| cell.set(inv));
         });
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(OpError::Shape(format!(
