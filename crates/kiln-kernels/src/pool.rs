@@ -350,11 +350,21 @@ fn worker(s: &Shared, slot: usize) {
         if !enter(s) {
             continue;
         }
-        let job = s.job.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        // The job's scratch as a pointer, not a clone of its `Arc`: the count's cache line
+        // then stays with the caller instead of crossing cores twice per job.
+        let job = s
+            .job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|(j, scratch)| (*j, scratch.as_deref().map(std::ptr::from_ref)));
         if let Some((job, scratch)) = job {
             // SAFETY: see `JobRef`: the publisher keeps the function alive until every worker
             // that entered the job has left it, which happens only after this use.
             let f = unsafe { &*job.f };
+            // SAFETY: the publisher keeps the `Arc` holding this scratch in `job` until every
+            // worker that entered the job has left it (it clears `job` only after that).
+            let scratch = scratch.map(|p| unsafe { &*p });
             let run = || crate::recycle::with_job_scratch(scratch, slot, || run_tasks(s, f, job.tasks));
             if let Err(p) = catch_unwind(AssertUnwindSafe(run)) {
                 *s.panicked.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);

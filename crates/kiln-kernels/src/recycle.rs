@@ -99,46 +99,52 @@ pub struct Arena {
 }
 
 /// Scratch values of one run state, per compute thread of its runs (slot 0 the caller's,
-/// slot `i` the pool's worker `i`), at most one value of each kind per slot. A value is lent
-/// out whole ([`lend`]), so a nested request for the same kind gets a fresh one, never a
-/// second borrow.
+/// slot `i` the pool's worker `i`; threads beyond [`SCRATCH_SLOTS`] share slots, safely), at
+/// most one value of each kind per slot. A value is lent out whole ([`lend`]), so a nested
+/// request for the same kind gets a fresh one, never a second borrow. Each slot's lock sits
+/// on cache lines of its own, so a thread's loans never touch a line another thread writes.
 #[derive(Default)]
 pub struct Scratch {
-    slots: Mutex<Vec<Vec<(TypeId, Box<dyn Any + Send>)>>>,
+    slots: [Slot; SCRATCH_SLOTS],
 }
 
+/// Distinct scratch slots (compute threads) of a run state.
+pub const SCRATCH_SLOTS: usize = 8;
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Slot(Mutex<Vec<(TypeId, Box<dyn Any + Send>)>>);
+
 impl Scratch {
+    fn slot(&self, slot: usize) -> Option<&Slot> {
+        self.slots.get(slot % SCRATCH_SLOTS)
+    }
+
     fn take<K: ScratchKey>(&self, slot: usize) -> Box<K::Value> {
-        let kept = {
-            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-            slots.get_mut(slot).and_then(|values| {
-                let at = values.iter().position(|(id, _)| *id == TypeId::of::<K>())?;
-                Some(values.swap_remove(at).1)
-            })
-        };
+        let kept = self.slot(slot).and_then(|s| {
+            let mut values = s.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let at = values.iter().position(|(id, _)| *id == TypeId::of::<K>())?;
+            Some(values.swap_remove(at).1)
+        });
         kept.and_then(|b| b.downcast::<K::Value>().ok()).unwrap_or_default()
     }
 
     fn put<K: ScratchKey>(&self, slot: usize, value: Box<K::Value>) {
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        if slots.len() <= slot {
-            slots.resize_with(slot + 1, Vec::new);
-        }
-        if let Some(values) = slots.get_mut(slot) {
-            // One value per kind: a nested loan's value, given back first, yields to the
-            // outer one (the last given back).
-            match values.iter_mut().find(|(id, _)| *id == TypeId::of::<K>()) {
-                Some(kept) => kept.1 = value,
-                None => values.push((TypeId::of::<K>(), value)),
-            }
+        let Some(s) = self.slot(slot) else { return };
+        let mut values = s.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // One value per kind: a nested loan's value, given back first, yields to the outer
+        // one (the last given back).
+        match values.iter_mut().find(|(id, _)| *id == TypeId::of::<K>()) {
+            Some(kept) => kept.1 = value,
+            None => values.push((TypeId::of::<K>(), value)),
         }
     }
 }
 
 thread_local! {
     /// On a pool worker inside a job: the scratch of the run that posted it, and this
-    /// worker's slot.
-    static JOB_SCRATCH: RefCell<Option<(Arc<Scratch>, usize)>> = const { RefCell::new(None) };
+    /// worker's slot (see [`with_job_scratch`]).
+    static JOB_SCRATCH: std::cell::Cell<Option<(*const Scratch, usize)>> = const { std::cell::Cell::new(None) };
 }
 
 /// The current arena's scratch, for the pool to hand to its workers with a job.
@@ -149,12 +155,33 @@ pub(crate) fn current_scratch() -> Option<Arc<Scratch>> {
     })
 }
 
-/// Runs `f` (a worker's share of a job) with `scratch` slot `slot` as this thread's.
-pub(crate) fn with_job_scratch<R>(scratch: Option<Arc<Scratch>>, slot: usize, f: impl FnOnce() -> R) -> R {
-    let previous = JOB_SCRATCH.with(|c| c.replace(scratch.map(|s| (s, slot))));
+/// Runs `f` (a worker's share of a job) with `scratch`'s slot `slot` as this thread's. The
+/// caller keeps `scratch` alive until `f` has returned (the pool's job holds it until every
+/// worker has left).
+pub(crate) fn with_job_scratch<R>(scratch: Option<&Scratch>, slot: usize, f: impl FnOnce() -> R) -> R {
+    let previous = JOB_SCRATCH.with(|c| c.replace(scratch.map(|s| (s as *const Scratch, slot))));
     let r = f();
-    JOB_SCRATCH.with(|c| *c.borrow_mut() = previous);
+    JOB_SCRATCH.with(|c| c.set(previous));
     r
+}
+
+/// Calls `f` with this thread's scratch home: the job's on a pool worker inside a job, else
+/// the current arena's slot 0.
+fn with_home<R>(f: impl FnOnce(Option<(&Scratch, usize)>) -> R) -> R {
+    if let Some((ptr, slot)) = JOB_SCRATCH.with(std::cell::Cell::get) {
+        // SAFETY: `with_job_scratch` set the pointer from a live `&Scratch` and clears it
+        // before returning; its caller keeps that scratch alive until then, and this runs
+        // inside it (on the same thread).
+        return f(Some((unsafe { &*ptr }, slot)));
+    }
+    CURRENT.with(|c| match c.try_borrow_mut() {
+        Ok(mut a) => {
+            let scratch = Arc::clone(a.scratch.get_or_insert_with(Arc::default));
+            drop(a);
+            f(Some((&scratch, 0)))
+        }
+        Err(_) => f(None),
+    })
 }
 
 /// A kind of kernel scratch: a marker type naming one use (the Winograd transforms, a
@@ -169,25 +196,22 @@ pub trait ScratchKey: 'static {
 /// (size it, overwrite what it reads). Outside a Session's run (a kernel called on its own,
 /// compile-time folding) the thread's own arena keeps it, as it keeps recycled vectors.
 pub fn lend<K: ScratchKey>() -> Lent<K> {
-    let home = JOB_SCRATCH
-        .with(|c| c.borrow().clone())
-        .or_else(|| current_scratch().map(|s| (s, 0)));
-    // Every thread has a current arena (its own when no run state is entered); `None` only
-    // while that arena is borrowed, which no caller of `lend` does.
-    let value = match &home {
-        Some((scratch, slot)) => scratch.take::<K>(*slot),
+    let value = with_home(|home| match home {
+        Some((scratch, slot)) => scratch.take::<K>(slot),
         None => Box::default(),
-    };
+    });
     Lent {
         value: Some(value),
-        home,
+        _same_thread: std::marker::PhantomData,
     }
 }
 
-/// A scratch value lent by [`lend`]; given back when dropped.
+/// A scratch value lent by [`lend`]; given back when dropped, on the thread that borrowed
+/// it (to the same home: a guard never outlives the job or run it was lent in).
 pub struct Lent<K: ScratchKey> {
     value: Option<Box<K::Value>>,
-    home: Option<(Arc<Scratch>, usize)>,
+    /// Not `Send`: the value goes back to this thread's home.
+    _same_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl<K: ScratchKey> std::ops::Deref for Lent<K> {
@@ -210,8 +234,12 @@ impl<K: ScratchKey> std::ops::DerefMut for Lent<K> {
 
 impl<K: ScratchKey> Drop for Lent<K> {
     fn drop(&mut self) {
-        if let (Some(value), Some((scratch, slot))) = (self.value.take(), &self.home) {
-            scratch.put::<K>(*slot, value);
+        if let Some(value) = self.value.take() {
+            with_home(|home| {
+                if let Some((scratch, slot)) = home {
+                    scratch.put::<K>(slot, value);
+                }
+            });
         }
     }
 }

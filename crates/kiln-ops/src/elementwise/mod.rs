@@ -11,7 +11,7 @@
 //! numpy reference implementation; each submodule lists the opsets it covers.
 
 mod math;
-mod scalar;
+pub(crate) mod scalar;
 
 pub mod binary;
 pub mod cast;

@@ -8,7 +8,8 @@
 
 use kiln_tensor::{Element, bf16, f16};
 
-/// A numeric element type (all floats and integers kiln stores natively).
+/// A numeric element type (all floats and integers kiln stores natively): the one numeric
+/// trait of the op families (elementwise arithmetic, movement's reductions and scans).
 pub(crate) trait Num: Copy + PartialOrd + Element {
     const FLOAT: bool;
     fn to_f64(self) -> f64;
@@ -28,6 +29,29 @@ pub(crate) trait Num: Copy + PartialOrd + Element {
     fn neg(self) -> Self;
     fn abs(self) -> Self;
     fn is_nan(self) -> bool;
+    fn one() -> Self {
+        Self::from_f64(1.0)
+    }
+    /// numpy's maximum: NaN propagates.
+    fn max_nan(self, o: Self) -> Self {
+        if self.is_nan() || o.is_nan() {
+            if self.is_nan() { self } else { o }
+        } else if o > self {
+            o
+        } else {
+            self
+        }
+    }
+    /// numpy's minimum: NaN propagates.
+    fn min_nan(self, o: Self) -> Self {
+        if self.is_nan() || o.is_nan() {
+            if self.is_nan() { self } else { o }
+        } else if o < self {
+            o
+        } else {
+            self
+        }
+    }
     /// Storage of `n` elements for an output the caller writes whole (f32: the step's
     /// planned range or a recycled buffer, stale contents, see `crate::util::out_buf`;
     /// others: zeros).
