@@ -5,6 +5,59 @@
 //! Nothing here knows ONNX protobuf or attribute names; the runtime executes these ops, the IR
 //! holds them.
 
+/// Declares an op family: the enum of its ops, one variant per op struct, and the dispatch of
+/// `name`, `eval` and `infer` to each op's own methods, the one dispatch form of the crate. A
+/// variant is named as its ONNX op type unless it gives a name function, `Variant(Type) = f`
+/// with `f: fn(&Type) -> &'static str` (ops whose name depends on their attributes, such as
+/// MaxPool / AveragePool or the three window functions).
+macro_rules! op_family {
+    (
+        $(#[$meta:meta])*
+        pub enum $family:ident {
+            $( $(#[$vmeta:meta])* $variant:ident($ty:ty) $(= $name:expr)? ),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+        pub enum $family {
+            $( $(#[$vmeta])* $variant($ty) ),*
+        }
+
+        impl $family {
+            /// The op type, as shown in dumps and errors (e.g. `Conv`, `MaxPool`).
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $( $family::$variant(op) => op_family!(@name op, $variant $(, $name)?) ),*
+                }
+            }
+
+            /// The reference evaluation: every output from the inputs.
+            pub fn eval(&self, args: &$crate::value::Args<'_>) -> $crate::error::Result<$crate::Outputs> {
+                match self {
+                    $( $family::$variant(op) => op.eval(args) ),*
+                }
+            }
+
+            /// Static output types from the input types.
+            pub fn infer(
+                &self,
+                inputs: &[$crate::value::InferInput<'_>],
+            ) -> $crate::error::Result<Vec<$crate::value::ValueType>> {
+                match self {
+                    $( $family::$variant(op) => op.infer(inputs) ),*
+                }
+            }
+        }
+    };
+    (@name $op:ident, $variant:ident) => {{
+        let _ = $op;
+        stringify!($variant)
+    }};
+    (@name $op:ident, $variant:ident, $name:expr) => {
+        ($name)($op)
+    };
+}
+
 pub mod error;
 pub mod serde_depth;
 pub mod util;

@@ -4,7 +4,7 @@
 //! (no JPEG 2000). Grayscale uses ITU-R 601-2 luma with the same fixed-point rounding as
 //! Pillow, ONNX's reference; JPEG decoders may differ from libjpeg by a unit or two.
 
-use super::{Kernel, rank_only};
+use super::rank_only;
 use crate::error::{OpError, Result};
 use crate::util::checked_numel;
 use crate::value::{Args, InferInput, ValueType};
@@ -28,11 +28,11 @@ fn luma(r: u8, g: u8, b: u8) -> u8 {
     ((r as u32 * 19595 + g as u32 * 38470 + b as u32 * 7471 + 0x8000) >> 16) as u8
 }
 
-impl Kernel for ImageDecoder {
-    fn name(&self) -> &'static str {
+impl ImageDecoder {
+    pub fn name(&self) -> &'static str {
         "ImageDecoder"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let bytes = x.as_slice::<u8>().map_err(|_| OpError::UnsupportedDType {
             index: 0,
@@ -55,7 +55,7 @@ impl Kernel for ImageDecoder {
         };
         Ok(smallvec::smallvec![Tensor::from_vec(shape, data)?.into()])
     }
-    fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let mut t = rank_only(Some(DType::U8), 3);
         if let ValueType::Tensor(tt) = &mut t
             && let Some(s) = tt.shape.as_mut()

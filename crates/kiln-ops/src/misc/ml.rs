@@ -7,7 +7,7 @@
 //!   ml opset 1.
 //! - [Binarizer](https://onnx.ai/onnx/operators/onnx_aionnxml_Binarizer.html), ml opset 1.
 
-use super::{Kernel, input_shape, tensor_from_f64};
+use super::{input_shape, tensor_from_f64};
 use crate::error::{OpError, Result};
 use crate::util::{checked_numel, dtype_only, input_dtype};
 use crate::value::{Args, Dim, InferInput, TensorType, ValueType};
@@ -65,11 +65,11 @@ impl LabelEncoder {
     }
 }
 
-impl Kernel for LabelEncoder {
-    fn name(&self) -> &'static str {
+impl LabelEncoder {
+    pub fn name(&self) -> &'static str {
         "LabelEncoder"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let n = self.keys.len();
         if self.values.len() != n || self.default.len() != 1 || self.default.dtype() != self.values.dtype() {
@@ -96,7 +96,7 @@ impl Kernel for LabelEncoder {
         let all = join(&self.values, &self.default)?;
         Ok(smallvec::smallvec![all.gather_flat(x.shape().to_vec(), &idx)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![ValueType::Tensor(TensorType {
             dtype: Some(self.values.dtype()),
             shape: input_shape(inputs, 0),
@@ -340,11 +340,11 @@ fn post_transform(kind: PostTransform, row: &mut [f64]) {
     }
 }
 
-impl Kernel for TreeEnsemble {
-    fn name(&self) -> &'static str {
+impl TreeEnsemble {
+    pub fn name(&self) -> &'static str {
         "TreeEnsemble"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         super::require_float(x, 0)?;
         let (rows, feats) = match *x.shape() {
@@ -392,7 +392,7 @@ impl Kernel for TreeEnsemble {
         }
         Ok(smallvec::smallvec![tensor_from_f64(x.dtype(), shape, &out)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
         let t = Dim::Fixed(self.n_targets);
         Ok(vec![match input_shape(inputs, 0) {
@@ -413,11 +413,11 @@ impl Kernel for TreeEnsemble {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ArrayFeatureExtractor;
 
-impl Kernel for ArrayFeatureExtractor {
-    fn name(&self) -> &'static str {
+impl ArrayFeatureExtractor {
+    pub fn name(&self) -> &'static str {
         "ArrayFeatureExtractor"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let ind = args.tensor(1)?;
         let ind = ind.to_i64_vec().ok_or(OpError::UnsupportedDType {
@@ -450,7 +450,7 @@ impl Kernel for ArrayFeatureExtractor {
             .collect();
         Ok(smallvec::smallvec![x.gather_flat(out_shape, &idx)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
         let n = super::fixed_shape(inputs, 1).map(|s| s.iter().product::<usize>());
         let shape = input_shape(inputs, 0).map(|s| {
@@ -472,11 +472,11 @@ pub struct Binarizer {
     pub threshold: f32,
 }
 
-impl Kernel for Binarizer {
-    fn name(&self) -> &'static str {
+impl Binarizer {
+    pub fn name(&self) -> &'static str {
         "Binarizer"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         if !(x.dtype().is_float() || x.dtype().is_int()) {
             return Err(OpError::UnsupportedDType {
@@ -494,7 +494,7 @@ impl Kernel for Binarizer {
             tensor_from_f64(x.dtype(), x.shape().to_vec(), &v)?.into()
         ])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![ValueType::Tensor(TensorType {
             dtype: input_dtype(inputs, 0),
             shape: input_shape(inputs, 0),

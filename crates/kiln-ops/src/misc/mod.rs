@@ -29,67 +29,35 @@ pub use strings::{
 };
 
 use crate::error::{OpError, Result};
-use crate::value::{Args, InferInput, ValueType};
+use crate::value::{InferInput, ValueType};
 use kiln_tensor::{DType, Tensor};
 
-/// What every misc op provides; the family enum dispatches to it.
-trait Kernel {
-    fn name(&self) -> &'static str;
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs>;
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>>;
-}
-
-macro_rules! misc_ops {
-    ($($var:ident($ty:ty)),* $(,)?) => {
-        /// The misc family.
-        #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-        pub enum MiscOp {
-            $($var($ty)),*
-        }
-
-        impl MiscOp {
-            pub fn name(&self) -> &'static str {
-                match self {
-                    $(MiscOp::$var(op) => Kernel::name(op)),*
-                }
-            }
-            pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-                match self {
-                    $(MiscOp::$var(op) => Kernel::eval(op, args)),*
-                }
-            }
-            pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-                match self {
-                    $(MiscOp::$var(op) => Kernel::infer(op, inputs)),*
-                }
-            }
-        }
-    };
-}
-
-misc_ops! {
-    StringNormalizer(StringNormalizer),
-    StringConcat(StringConcat),
-    StringSplit(StringSplit),
-    RegexFullMatch(RegexFullMatch),
-    TfIdfVectorizer(TfIdfVectorizer),
-    Dft(Dft),
-    Stft(Stft),
-    Window(Window),
-    MelWeightMatrix(MelWeightMatrix),
-    RandomUniform(RandomUniform),
-    RandomNormal(RandomNormal),
-    RandomLike(RandomLike),
-    Bernoulli(Bernoulli),
-    Multinomial(Multinomial),
-    LabelEncoder(LabelEncoder),
-    TreeEnsemble(TreeEnsemble),
-    ArrayFeatureExtractor(ArrayFeatureExtractor),
-    Binarizer(Binarizer),
-    Adagrad(Adagrad),
-    Adam(Adam),
-    Momentum(Momentum),
-    ImageDecoder(ImageDecoder),
+op_family! {
+    /// The misc family.
+    pub enum MiscOp {
+        StringNormalizer(StringNormalizer) = StringNormalizer::name,
+        StringConcat(StringConcat) = StringConcat::name,
+        StringSplit(StringSplit) = StringSplit::name,
+        RegexFullMatch(RegexFullMatch) = RegexFullMatch::name,
+        TfIdfVectorizer(TfIdfVectorizer) = TfIdfVectorizer::name,
+        Dft(Dft) = Dft::name,
+        Stft(Stft) = Stft::name,
+        Window(Window) = Window::name,
+        MelWeightMatrix(MelWeightMatrix) = MelWeightMatrix::name,
+        RandomUniform(RandomUniform) = RandomUniform::name,
+        RandomNormal(RandomNormal) = RandomNormal::name,
+        RandomLike(RandomLike) = RandomLike::name,
+        Bernoulli(Bernoulli) = Bernoulli::name,
+        Multinomial(Multinomial) = Multinomial::name,
+        LabelEncoder(LabelEncoder) = LabelEncoder::name,
+        TreeEnsemble(TreeEnsemble) = TreeEnsemble::name,
+        ArrayFeatureExtractor(ArrayFeatureExtractor) = ArrayFeatureExtractor::name,
+        Binarizer(Binarizer) = Binarizer::name,
+        Adagrad(Adagrad) = Adagrad::name,
+        Adam(Adam) = Adam::name,
+        Momentum(Momentum) = Momentum::name,
+        ImageDecoder(ImageDecoder) = ImageDecoder::name,
+    }
 }
 
 /// Builds a tensor of `dtype` from f64 values, converting as numpy's `astype` does for the

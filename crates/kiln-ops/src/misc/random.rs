@@ -10,7 +10,7 @@
 //! evaluation); without one each evaluation draws a fresh stream. The values cannot match
 //! another runtime's (numpy's, onnxruntime's) bit for bit: ONNX leaves the generator open.
 
-use super::{Kernel, input_shape, tensor_from_f64};
+use super::{input_shape, tensor_from_f64};
 use crate::error::{OpError, Result};
 use crate::util::{checked_numel, dim, dtype_only, input_dtype};
 use crate::value::{Args, Dim, InferInput, TensorType, Value, ValueType};
@@ -96,11 +96,11 @@ pub struct RandomUniform {
     pub shape: Vec<i64>,
 }
 
-impl Kernel for RandomUniform {
-    fn name(&self) -> &'static str {
+impl RandomUniform {
+    pub fn name(&self) -> &'static str {
         "RandomUniform"
     }
-    fn eval(&self, _args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, _args: &Args<'_>) -> Result<crate::Outputs> {
         let dist = Dist::Uniform {
             low: self.low,
             high: self.high,
@@ -108,7 +108,7 @@ impl Kernel for RandomUniform {
         let y = sample(dist, self.seed, self.dtype, shape_of(&self.shape)?)?;
         Ok(smallvec::smallvec![y])
     }
-    fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![fixed(self.dtype, &self.shape)])
     }
 }
@@ -123,11 +123,11 @@ pub struct RandomNormal {
     pub shape: Vec<i64>,
 }
 
-impl Kernel for RandomNormal {
-    fn name(&self) -> &'static str {
+impl RandomNormal {
+    pub fn name(&self) -> &'static str {
         "RandomNormal"
     }
-    fn eval(&self, _args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, _args: &Args<'_>) -> Result<crate::Outputs> {
         let dist = Dist::Normal {
             mean: self.mean,
             scale: self.scale,
@@ -135,7 +135,7 @@ impl Kernel for RandomNormal {
         let y = sample(dist, self.seed, self.dtype, shape_of(&self.shape)?)?;
         Ok(smallvec::smallvec![y])
     }
-    fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![fixed(self.dtype, &self.shape)])
     }
 }
@@ -152,15 +152,15 @@ pub struct RandomLike {
     pub seed: Option<f32>,
 }
 
-impl Kernel for RandomLike {
-    fn name(&self) -> &'static str {
+impl RandomLike {
+    pub fn name(&self) -> &'static str {
         if self.normal {
             "RandomNormalLike"
         } else {
             "RandomUniformLike"
         }
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let dist = if self.normal {
             Dist::Normal {
@@ -180,7 +180,7 @@ impl Kernel for RandomLike {
             x.shape().to_vec(),
         )?])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = self.dtype.or(input_dtype(inputs, 0));
         Ok(vec![ValueType::Tensor(TensorType {
             dtype,
@@ -197,11 +197,11 @@ pub struct Bernoulli {
     pub seed: Option<f32>,
 }
 
-impl Kernel for Bernoulli {
-    fn name(&self) -> &'static str {
+impl Bernoulli {
+    pub fn name(&self) -> &'static str {
         "Bernoulli"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         super::require_float(x, 0)?;
         let mut rng = Rng::new(self.seed);
@@ -214,7 +214,7 @@ impl Kernel for Bernoulli {
             tensor_from_f64(self.dtype.unwrap_or(x.dtype()), x.shape().to_vec(), &v)?.into(),
         ])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = self.dtype.or(input_dtype(inputs, 0));
         Ok(vec![ValueType::Tensor(TensorType {
             dtype,
@@ -231,11 +231,11 @@ pub struct Multinomial {
     pub seed: Option<f32>,
 }
 
-impl Kernel for Multinomial {
-    fn name(&self) -> &'static str {
+impl Multinomial {
+    pub fn name(&self) -> &'static str {
         "Multinomial"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         super::require_float(x, 0)?;
         if !matches!(self.dtype, DType::I32 | DType::I64) {
@@ -273,7 +273,7 @@ impl Kernel for Multinomial {
         }
         Ok(smallvec::smallvec![tensor_from_f64(self.dtype, shape, &out)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![match input_shape(inputs, 0) {
             Some(s) if s.len() == 2 => ValueType::Tensor(TensorType::new(
                 self.dtype,

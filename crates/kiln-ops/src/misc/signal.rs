@@ -9,7 +9,7 @@
 //!
 //! Transforms are computed directly (O(n²) per line) in f64 and cast back to the input dtype.
 
-use super::{Kernel, input_shape, present, require_float, tensor_from_f64};
+use super::{input_shape, present, require_float, tensor_from_f64};
 use crate::error::{OpError, Result};
 use crate::util::{checked_numel, const_tensor, dtype_only, input_dtype, norm_axis, read_i64};
 use crate::value::{Args, Dim, InferInput, TensorType, ValueType};
@@ -81,11 +81,11 @@ impl Dft {
     }
 }
 
-impl Kernel for Dft {
-    fn name(&self) -> &'static str {
+impl Dft {
+    pub fn name(&self) -> &'static str {
         "DFT"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         require_float(x, 0)?;
         let shape = x.shape();
@@ -153,7 +153,7 @@ impl Kernel for Dft {
         }
         Ok(smallvec::smallvec![tensor_from_f64(x.dtype(), out_shape, &out)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
         let Some(mut shape) = input_shape(inputs, 0) else {
             return Ok(vec![dtype_only(dtype)]);
@@ -200,11 +200,11 @@ pub struct Stft {
     pub onesided: bool,
 }
 
-impl Kernel for Stft {
-    fn name(&self) -> &'static str {
+impl Stft {
+    pub fn name(&self) -> &'static str {
         "STFT"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         require_float(x, 0)?;
         let (batch, len, comps) = match *x.shape() {
@@ -274,7 +274,7 @@ impl Kernel for Stft {
         }
         Ok(smallvec::smallvec![tensor_from_f64(x.dtype(), out_shape, &out)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
         let shape = input_shape(inputs, 0);
         let batch = shape
@@ -345,15 +345,15 @@ impl Window {
     }
 }
 
-impl Kernel for Window {
-    fn name(&self) -> &'static str {
+impl Window {
+    pub fn name(&self) -> &'static str {
         match self.kind {
             WindowKind::Hann => "HannWindow",
             WindowKind::Hamming => "HammingWindow",
             WindowKind::Blackman => "BlackmanWindow",
         }
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let size = read_i64(args.tensor(0)?, "window size")?;
         let size = crate::util::dim(size, "window size")?;
         checked_numel(&[size])?;
@@ -361,7 +361,7 @@ impl Kernel for Window {
             tensor_from_f64(self.dtype, vec![size], &self.values(size))?.into(),
         ])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let d = const_tensor(inputs, 0)
             .and_then(|t| read_i64(t, "size").ok())
             .map_or(Dim::Sym("window".into()), |s| Dim::Fixed(s.max(0) as usize));
@@ -375,11 +375,11 @@ pub struct MelWeightMatrix {
     pub dtype: DType,
 }
 
-impl Kernel for MelWeightMatrix {
-    fn name(&self) -> &'static str {
+impl MelWeightMatrix {
+    pub fn name(&self) -> &'static str {
         "MelWeightMatrix"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let mel = crate::util::dim(read_i64(args.tensor(0)?, "num_mel_bins")?, "num_mel_bins")?;
         let dft_len = read_i64(args.tensor(1)?, "dft_length")?;
         let rate = read_i64(args.tensor(2)?, "sample_rate")?;
@@ -436,7 +436,7 @@ impl Kernel for MelWeightMatrix {
         }
         Ok(smallvec::smallvec![tensor_from_f64(self.dtype, shape, &out)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let k = |i: usize| {
             const_tensor(inputs, i)
                 .and_then(|t| read_i64(t, "").ok())

@@ -7,7 +7,7 @@
 //!   used escapes).
 //! - [TfIdfVectorizer](https://onnx.ai/onnx/operators/onnx__TfIdfVectorizer.html), opset 9+.
 
-use super::{Kernel, input_shape};
+use super::input_shape;
 use crate::error::{OpError, Result};
 use crate::util::{broadcast_dims, broadcast_map, checked_numel, dtype_only};
 use crate::value::{Args, Dim, InferInput, TensorType, ValueType};
@@ -37,11 +37,11 @@ pub struct StringNormalizer {
     pub locale: String,
 }
 
-impl Kernel for StringNormalizer {
-    fn name(&self) -> &'static str {
+impl StringNormalizer {
+    pub fn name(&self) -> &'static str {
         "StringNormalizer"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = strings_of(x, 0)?;
         let two_d = match x.shape() {
@@ -79,7 +79,7 @@ impl Kernel for StringNormalizer {
         let shape = if two_d { vec![1, out.len()] } else { vec![out.len()] };
         Ok(smallvec::smallvec![Tensor::from_vec(shape, out)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let shape = input_shape(inputs, 0).map(|s| {
             let mut s: Vec<Dim> = s.iter().map(|_| Dim::Sym("normalized".into())).collect();
             if s.len() == 2 {
@@ -98,11 +98,11 @@ impl Kernel for StringNormalizer {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct StringConcat;
 
-impl Kernel for StringConcat {
-    fn name(&self) -> &'static str {
+impl StringConcat {
+    pub fn name(&self) -> &'static str {
         "StringConcat"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (a, b) = (args.tensor(0)?, args.tensor(1)?);
         let (va, vb) = (strings_of(a, 0)?, strings_of(b, 1)?);
         let shape = broadcast_shapes(a.shape(), b.shape())?;
@@ -115,7 +115,7 @@ impl Kernel for StringConcat {
             .collect();
         Ok(smallvec::smallvec![Tensor::from_vec(shape, out)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let shape = match (input_shape(inputs, 0), input_shape(inputs, 1)) {
             (Some(a), Some(b)) => broadcast_dims(&a, &b),
             _ => None,
@@ -171,11 +171,11 @@ impl StringSplit {
     }
 }
 
-impl Kernel for StringSplit {
-    fn name(&self) -> &'static str {
+impl StringSplit {
+    pub fn name(&self) -> &'static str {
         "StringSplit"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let parts: Vec<Vec<String>> = strings_of(x, 0)?.iter().map(|s| self.split(s)).collect();
         let width = parts.iter().map(Vec::len).max().unwrap_or(0);
@@ -193,7 +193,7 @@ impl Kernel for StringSplit {
             Tensor::from_vec(x.shape(), lengths)?.into(),
         ])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let shape = input_shape(inputs, 0);
         let subs = shape.clone().map(|mut s| {
             s.push(Dim::Sym("max_splits".into()));
@@ -231,17 +231,17 @@ impl RegexFullMatch {
     }
 }
 
-impl Kernel for RegexFullMatch {
-    fn name(&self) -> &'static str {
+impl RegexFullMatch {
+    pub fn name(&self) -> &'static str {
         "RegexFullMatch"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let re = self.compile()?;
         let out: Vec<bool> = strings_of(x, 0)?.iter().map(|s| re.is_match(s)).collect();
         Ok(smallvec::smallvec![Tensor::from_vec(x.shape(), out)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         Ok(vec![ValueType::Tensor(TensorType {
             dtype: Some(DType::Bool),
             shape: input_shape(inputs, 0),
@@ -347,11 +347,11 @@ impl TfIdfVectorizer {
     }
 }
 
-impl Kernel for TfIdfVectorizer {
-    fn name(&self) -> &'static str {
+impl TfIdfVectorizer {
+    pub fn name(&self) -> &'static str {
         "TfIdfVectorizer"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let keys: Vec<Key<'_>> = match (x.data(), &self.pool) {
             (Data::Str(v), NgramPool::Strings(_)) => v.iter().map(|s| Key::S(s)).collect(),
@@ -448,7 +448,7 @@ impl Kernel for TfIdfVectorizer {
             .collect();
         Ok(smallvec::smallvec![Tensor::from_vec(shape, out)?.into()])
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let size = Dim::Fixed(self.output_size());
         Ok(vec![match input_shape(inputs, 0) {
             Some(s) if s.len() == 2 => ValueType::Tensor(TensorType::new(DType::F32, vec![s[0].clone(), size])),

@@ -7,7 +7,7 @@
 //! to optimise: X1..Xn, G1..Gn and the optimiser state (H1..Hn; V1..Vn; V1..Vn, H1..Hn).
 //! Outputs are the new X1..Xn followed by the new state in the same grouping.
 
-use super::{Kernel, require_float, tensor_from_f64};
+use super::{require_float, tensor_from_f64};
 use crate::error::{OpError, Result};
 use crate::util::read_i64;
 use crate::value::{Args, InferInput, TensorType, Value, ValueType};
@@ -79,11 +79,11 @@ pub struct Adagrad {
     pub norm_coefficient: f32,
 }
 
-impl Kernel for Adagrad {
-    fn name(&self) -> &'static str {
+impl Adagrad {
+    pub fn name(&self) -> &'static str {
         "Adagrad"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (r, t, g) = read_groups(args, 3)?;
         let (decay, eps, norm) = (
             self.decay_factor as f64,
@@ -108,7 +108,7 @@ impl Kernel for Adagrad {
         xs.extend(hs);
         Ok(xs.into())
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let mut v = infer_groups(inputs);
         let n = v.len() / 3;
         v.drain(n..2 * n); // drop the gradients
@@ -126,11 +126,11 @@ pub struct Adam {
     pub norm_coefficient_post: f32,
 }
 
-impl Kernel for Adam {
-    fn name(&self) -> &'static str {
+impl Adam {
+    pub fn name(&self) -> &'static str {
         "Adam"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (r, t, g) = read_groups(args, 4)?;
         let (a, b, eps) = (self.alpha as f64, self.beta as f64, self.epsilon as f64);
         let (norm, post) = (self.norm_coefficient as f64, self.norm_coefficient_post as f64);
@@ -161,7 +161,7 @@ impl Kernel for Adam {
         xs.extend(hs);
         Ok(xs.into())
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let mut v = infer_groups(inputs);
         let n = v.len() / 4;
         v.drain(n..2 * n);
@@ -178,11 +178,11 @@ pub struct Momentum {
     pub norm_coefficient: f32,
 }
 
-impl Kernel for Momentum {
-    fn name(&self) -> &'static str {
+impl Momentum {
+    pub fn name(&self) -> &'static str {
         "Momentum"
     }
-    fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (r, t, g) = read_groups(args, 3)?;
         let (a, norm) = (self.alpha as f64, self.norm_coefficient as f64);
         let b = if t > 0 { self.beta as f64 } else { 1.0 };
@@ -206,7 +206,7 @@ impl Kernel for Momentum {
         xs.extend(vs);
         Ok(xs.into())
     }
-    fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let mut v = infer_groups(inputs);
         let n = v.len() / 3;
         v.drain(n..2 * n);

@@ -20,72 +20,47 @@ pub use layout::*;
 pub use shape::*;
 pub use sort::*;
 
-macro_rules! movement_ops {
-    ($($v:ident),* $(,)?) => {
-        /// The movement family: one variant per op, named as its ONNX op type.
-        #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-        pub enum MovementOp {
-            $($v($v)),*
-        }
-
-        impl MovementOp {
-            pub fn name(&self) -> &'static str {
-                match self {
-                    $(MovementOp::$v(_) => stringify!($v)),*
-                }
-            }
-            pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-                match self {
-                    $(MovementOp::$v(op) => op.eval(args)),*
-                }
-            }
-            pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-                match self {
-                    $(MovementOp::$v(op) => op.infer(inputs)),*
-                }
-            }
-        }
-    };
+op_family! {
+    /// The movement family: one variant per op, named as its ONNX op type.
+    pub enum MovementOp {
+        Reshape(Reshape),
+        Shape(Shape),
+        Size(Size),
+        Flatten(Flatten),
+        Squeeze(Squeeze),
+        Unsqueeze(Unsqueeze),
+        Expand(Expand),
+        ConstantOfShape(ConstantOfShape),
+        Range(Range),
+        Identity(Identity),
+        EyeLike(EyeLike),
+        Transpose(Transpose),
+        Concat(Concat),
+        Split(Split),
+        Slice(Slice),
+        Tile(Tile),
+        Pad(Pad),
+        DepthToSpace(DepthToSpace),
+        SpaceToDepth(SpaceToDepth),
+        CenterCropPad(CenterCropPad),
+        Trilu(Trilu),
+        ReverseSequence(ReverseSequence),
+        Gather(Gather),
+        GatherElements(GatherElements),
+        GatherND(GatherND),
+        ScatterElements(ScatterElements),
+        ScatterND(ScatterND),
+        TensorScatter(TensorScatter),
+        OneHot(OneHot),
+        Compress(Compress),
+        NonZero(NonZero),
+        TopK(TopK),
+        Unique(Unique),
+        CumSum(CumSum),
+        CumProd(CumProd),
+        Col2Im(Col2Im),
+    }
 }
-
-movement_ops!(
-    Reshape,
-    Shape,
-    Size,
-    Flatten,
-    Squeeze,
-    Unsqueeze,
-    Expand,
-    ConstantOfShape,
-    Range,
-    Identity,
-    EyeLike,
-    Transpose,
-    Concat,
-    Split,
-    Slice,
-    Tile,
-    Pad,
-    DepthToSpace,
-    SpaceToDepth,
-    CenterCropPad,
-    Trilu,
-    ReverseSequence,
-    Gather,
-    GatherElements,
-    GatherND,
-    ScatterElements,
-    ScatterND,
-    TensorScatter,
-    OneHot,
-    Compress,
-    NonZero,
-    TopK,
-    Unique,
-    CumSum,
-    CumProd,
-    Col2Im,
-);
 
 // ---------------------------------------------------------------------------------------------
 // Shared helpers.

@@ -7,7 +7,7 @@
 
 use crate::error::{OpError, Result};
 use crate::util;
-use crate::value::{Args, Dim, InferInput, TensorType, ValueType};
+use crate::value::{Dim, InferInput, TensorType, ValueType};
 use kiln_kernels::gemm::GemmScalar;
 use kiln_kernels::gemm::MatLayout;
 use kiln_tensor::{DType, Element, Tensor, bf16, f16};
@@ -47,103 +47,30 @@ pub enum AutoPad {
     Valid,
 }
 
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub enum NnOp {
-    Conv(Conv),
-    ConvTranspose(ConvTranspose),
-    DeformConv(DeformConv),
-    /// MaxPool, AveragePool and LpPool.
-    Pool(Pool),
-    /// GlobalAveragePool, GlobalMaxPool, GlobalLpPool.
-    GlobalPool(GlobalPool),
-    MaxUnpool(MaxUnpool),
-    MatMul(MatMul),
-    Gemm(Gemm),
-    Einsum(Einsum),
-    /// Resize and the deprecated Upsample.
-    Resize(Resize),
-    GridSample(GridSample),
-    AffineGrid(AffineGrid),
-    RoiAlign(RoiAlign),
-    NonMaxSuppression(NonMaxSuppression),
-    /// A 1x1 Conv and the depthwise Conv reading it, fused by the compiler.
-    PointwiseDepthwise(PointwiseDepthwise),
-    /// A per-channel scale and shift (an unfolded inference BatchNorm), made by the compiler.
-    ChannelAffine(ChannelAffine),
-}
-
-impl NnOp {
-    pub fn name(&self) -> &'static str {
-        match self {
-            NnOp::Conv(_) => "Conv",
-            NnOp::ConvTranspose(_) => "ConvTranspose",
-            NnOp::DeformConv(_) => "DeformConv",
-            NnOp::Pool(p) => match p.kind {
-                PoolKind::Max { .. } => "MaxPool",
-                PoolKind::Average { .. } => "AveragePool",
-                PoolKind::Lp { .. } => "LpPool",
-            },
-            NnOp::GlobalPool(g) => g.name(),
-            NnOp::MaxUnpool(_) => "MaxUnpool",
-            NnOp::MatMul(_) => "MatMul",
-            NnOp::Gemm(_) => "Gemm",
-            NnOp::Einsum(_) => "Einsum",
-            NnOp::Resize(r) => {
-                if r.upsample {
-                    "Upsample"
-                } else {
-                    "Resize"
-                }
-            }
-            NnOp::GridSample(_) => "GridSample",
-            NnOp::AffineGrid(_) => "AffineGrid",
-            NnOp::RoiAlign(_) => "RoiAlign",
-            NnOp::NonMaxSuppression(_) => "NonMaxSuppression",
-            NnOp::PointwiseDepthwise(_) => "PointwiseDepthwise",
-            NnOp::ChannelAffine(_) => "ChannelAffine",
-        }
-    }
-
-    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        match self {
-            NnOp::Conv(op) => op.eval(args),
-            NnOp::ConvTranspose(op) => op.eval(args),
-            NnOp::DeformConv(op) => op.eval(args),
-            NnOp::Pool(op) => op.eval(args),
-            NnOp::GlobalPool(op) => op.eval(args),
-            NnOp::MaxUnpool(op) => op.eval(args),
-            NnOp::MatMul(op) => op.eval(args),
-            NnOp::Gemm(op) => op.eval(args),
-            NnOp::Einsum(op) => op.eval(args),
-            NnOp::Resize(op) => op.eval(args),
-            NnOp::GridSample(op) => op.eval(args),
-            NnOp::AffineGrid(op) => op.eval(args),
-            NnOp::RoiAlign(op) => op.eval(args),
-            NnOp::NonMaxSuppression(op) => op.eval(args),
-            NnOp::PointwiseDepthwise(op) => op.eval(args),
-            NnOp::ChannelAffine(op) => op.eval(args),
-        }
-    }
-
-    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        match self {
-            NnOp::Conv(op) => op.infer(inputs),
-            NnOp::ConvTranspose(op) => op.infer(inputs),
-            NnOp::DeformConv(op) => op.infer(inputs),
-            NnOp::Pool(op) => op.infer(inputs),
-            NnOp::GlobalPool(op) => op.infer(inputs),
-            NnOp::MaxUnpool(op) => op.infer(inputs),
-            NnOp::MatMul(op) => op.infer(inputs),
-            NnOp::Gemm(op) => op.infer(inputs),
-            NnOp::Einsum(op) => op.infer(inputs),
-            NnOp::Resize(op) => op.infer(inputs),
-            NnOp::GridSample(op) => op.infer(inputs),
-            NnOp::AffineGrid(op) => op.infer(inputs),
-            NnOp::RoiAlign(op) => op.infer(inputs),
-            NnOp::NonMaxSuppression(op) => op.infer(inputs),
-            NnOp::PointwiseDepthwise(op) => op.infer(inputs),
-            NnOp::ChannelAffine(op) => op.infer(inputs),
-        }
+op_family! {
+    /// The neural-network family.
+    pub enum NnOp {
+        Conv(Conv),
+        ConvTranspose(ConvTranspose),
+        DeformConv(DeformConv),
+        /// MaxPool, AveragePool and LpPool.
+        Pool(Pool) = Pool::name,
+        /// GlobalAveragePool, GlobalMaxPool, GlobalLpPool.
+        GlobalPool(GlobalPool) = GlobalPool::name,
+        MaxUnpool(MaxUnpool),
+        MatMul(MatMul),
+        Gemm(Gemm),
+        Einsum(Einsum),
+        /// Resize and the deprecated Upsample.
+        Resize(Resize) = Resize::name,
+        GridSample(GridSample),
+        AffineGrid(AffineGrid),
+        RoiAlign(RoiAlign),
+        NonMaxSuppression(NonMaxSuppression),
+        /// A 1x1 Conv and the depthwise Conv reading it, fused by the compiler.
+        PointwiseDepthwise(PointwiseDepthwise),
+        /// A per-channel scale and shift (an unfolded inference BatchNorm), made by the compiler.
+        ChannelAffine(ChannelAffine),
     }
 }
 

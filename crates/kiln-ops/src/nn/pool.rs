@@ -34,6 +34,17 @@ pub struct Pool {
     pub strides: Vec<usize>,
 }
 
+impl Pool {
+    /// MaxPool, AveragePool or LpPool, by kind.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            PoolKind::Max { .. } => "MaxPool",
+            PoolKind::Average { .. } => "AveragePool",
+            PoolKind::Lp { .. } => "LpPool",
+        }
+    }
+}
+
 /// Kept as a name for the LpPool flavour of [`Pool`].
 pub type LpPool = Pool;
 

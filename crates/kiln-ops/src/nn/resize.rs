@@ -110,6 +110,13 @@ enum Target {
 }
 
 impl Resize {
+    /// Resize, or the deprecated Upsample it was imported from.
+    pub fn name(&self) -> &'static str {
+        if self.upsample { "Upsample" } else { "Resize" }
+    }
+}
+
+impl Resize {
     fn axes(&self, rank: usize) -> Result<Vec<usize>> {
         if self.axes.is_empty() {
             Ok((0..rank).collect())

@@ -225,6 +225,11 @@ pub struct GroupNorm {
 }
 
 impl GroupNorm {
+    /// The output: X's type (a float).
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        infer_same_float(inputs)
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
@@ -262,6 +267,11 @@ pub struct InstanceNorm {
 }
 
 impl InstanceNorm {
+    /// The output: X's type (a float).
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        infer_same_float(inputs)
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
@@ -393,6 +403,11 @@ pub struct LpNorm {
 }
 
 impl LpNorm {
+    /// The output: X's type (a float).
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        infer_same_float(inputs)
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
@@ -436,6 +451,11 @@ pub struct MeanVarianceNorm {
 }
 
 impl MeanVarianceNorm {
+    /// The output: X's type (a float).
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        infer_same_float(inputs)
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
@@ -476,6 +496,11 @@ pub struct Lrn {
 }
 
 impl Lrn {
+    /// The output: X's type (a float).
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        infer_same_float(inputs)
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
