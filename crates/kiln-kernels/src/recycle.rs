@@ -184,6 +184,22 @@ fn with_home<R>(f: impl FnOnce(Option<(&Scratch, usize)>) -> R) -> R {
     })
 }
 
+/// Declares kinds of kernel scratch, each a doc comment, a name and the value it keeps:
+/// `scratch_kinds! { /// The Winograd transforms. WinogradScratch: Vec<f32>; }` makes an
+/// uninhabited marker type per kind and its [`ScratchKey`], for [`lend`].
+#[macro_export]
+macro_rules! scratch_kinds {
+    ($( $(#[$meta:meta])* $name:ident: $value:ty; )*) => {
+        $(
+            $(#[$meta])*
+            enum $name {}
+            impl $crate::recycle::ScratchKey for $name {
+                type Value = $value;
+            }
+        )*
+    };
+}
+
 /// A kind of kernel scratch: a marker type naming one use (the Winograd transforms, a
 /// depthwise ring of rows), and the value it keeps.
 pub trait ScratchKey: 'static {

@@ -73,29 +73,26 @@ fn group_at_least_one(attr: &str, g: usize) -> Result<()> {
     Ok(())
 }
 
+/// The attributes every convolution shares: a group, strides, dilations, a window, pads.
+fn window(group: usize, strides: &[usize], dilations: &[usize], kernel: &[usize], pads: &[usize]) -> Result<()> {
+    group_at_least_one("group", group)?;
+    positive("strides", strides)?;
+    positive("dilations", dilations)?;
+    positive("kernel_shape", kernel)?;
+    even_pads(pads)
+}
+
 fn conv(c: &Conv) -> Result<()> {
-    group_at_least_one("group", c.group)?;
-    positive("strides", &c.strides)?;
-    positive("dilations", &c.dilations)?;
-    positive("kernel_shape", &c.kernel_shape)?;
-    even_pads(&c.pads)
+    window(c.group, &c.strides, &c.dilations, &c.kernel_shape, &c.pads)
 }
 
 fn conv_transpose(c: &ConvTranspose) -> Result<()> {
-    group_at_least_one("group", c.group)?;
-    positive("strides", &c.strides)?;
-    positive("dilations", &c.dilations)?;
-    positive("kernel_shape", &c.kernel_shape)?;
-    even_pads(&c.pads)
+    window(c.group, &c.strides, &c.dilations, &c.kernel_shape, &c.pads)
 }
 
 fn deform_conv(c: &DeformConv) -> Result<()> {
-    group_at_least_one("group", c.group)?;
     group_at_least_one("offset_group", c.offset_group)?;
-    positive("strides", &c.strides)?;
-    positive("dilations", &c.dilations)?;
-    positive("kernel_shape", &c.kernel_shape)?;
-    even_pads(&c.pads)
+    window(c.group, &c.strides, &c.dilations, &c.kernel_shape, &c.pads)
 }
 
 fn pool(p: &Pool) -> Result<()> {

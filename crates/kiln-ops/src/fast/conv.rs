@@ -24,29 +24,18 @@ use crate::nn::{
 };
 use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
-use kiln_kernels::recycle::{ScratchKey, lend};
+use kiln_kernels::recycle::lend;
 use kiln_tensor::Tensor;
 
-/// The packed im2col panels of the f32 2-D path (a run state's scratch, per thread).
-enum Packed {}
-/// A column block's packed panels when blocks run in parallel (one per compute thread).
-enum PackedTask {}
-/// The column-phase split input of strided convolutions.
-enum Phases {}
-/// The Winograd path's scratch (padded input, transforms, products).
-enum WinogradScratch {}
-
-impl ScratchKey for Packed {
-    type Value = Vec<f32>;
-}
-impl ScratchKey for PackedTask {
-    type Value = Vec<f32>;
-}
-impl ScratchKey for Phases {
-    type Value = Vec<f32>;
-}
-impl ScratchKey for WinogradScratch {
-    type Value = Vec<f32>;
+kiln_kernels::scratch_kinds! {
+    /// The packed im2col panels of the f32 2-D path (a run state's scratch, per thread).
+    Packed: Vec<f32>;
+    /// A column block's packed panels when blocks run in parallel (one per compute thread).
+    PackedTask: Vec<f32>;
+    /// The column-phase split input of strided convolutions.
+    Phases: Vec<f32>;
+    /// The Winograd path's scratch (padded input, transforms, products).
+    WinogradScratch: Vec<f32>;
 }
 
 /// A `Conv` with the plan it runs under. Derefs to the op, so its attributes read as they do

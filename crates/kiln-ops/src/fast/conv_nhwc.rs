@@ -27,19 +27,14 @@ use crate::nn::{input_shape, numel, tensor_type};
 use crate::util;
 use crate::value::{Args, Dim, InferInput, Value, ValueType};
 use kiln_kernels::conv::Conv2d;
-use kiln_kernels::recycle::{ScratchKey, lend};
+use kiln_kernels::recycle::lend;
 use kiln_tensor::{DType, Tensor};
 
-/// The zero-padded image of the grouped path (a run state's scratch, per thread).
-enum GroupedPad {}
-/// A block of im2col rows of the packed path.
-enum Rows {}
-
-impl ScratchKey for GroupedPad {
-    type Value = Vec<f32>;
-}
-impl ScratchKey for Rows {
-    type Value = Vec<f32>;
+kiln_kernels::scratch_kinds! {
+    /// The zero-padded image of the grouped path (a run state's scratch, per thread).
+    GroupedPad: Vec<f32>;
+    /// A block of im2col rows of the packed path.
+    Rows: Vec<f32>;
 }
 
 /// Floats of im2col rows copied per block (128 KiB: the block, the B panels it meets and its

@@ -190,12 +190,10 @@ impl kiln_kernels::simd::Kernel for ChannelRows<'_> {
     }
 }
 
-/// The padded, phase-split input plane of [`Depthwise::channel`] (a run state's scratch, per
-/// thread).
-enum Plane {}
-
-impl ScratchKey for Plane {
-    type Value = Vec<f32>;
+kiln_kernels::scratch_kinds! {
+    /// The padded, phase-split input plane of [`Depthwise::channel`] (a run state's scratch,
+    /// per thread).
+    Plane: Vec<f32>;
 }
 
 /// Multiply-adds below which a channels-last depthwise layer runs on one thread.

@@ -14,14 +14,7 @@ pub(crate) fn eval_matmul(op: &MatMul, plan: &GemmPlan, args: &Args<'_>) -> Resu
     let Some(pk) = &plan.packed_b else {
         return op.eval_with(plan.activation, args);
     };
-    let a = args.tensor(0)?;
-    let b = args.tensor(1)?;
-    if a.dtype() != b.dtype() {
-        return Err(OpError::DTypeMismatch {
-            a: a.dtype(),
-            b: b.dtype(),
-        });
-    }
+    let (a, b) = MatMul::operands(args)?;
     eval_packed(op, plan.activation, pk, a, b, args.opt_tensor(2)?, args.opt_tensor(3)?)
 }
 

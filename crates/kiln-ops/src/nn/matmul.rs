@@ -192,6 +192,18 @@ pub(crate) fn epilogue_bias(t: &Tensor, n: usize, out_rank: usize) -> Option<&[f
 }
 
 impl MatMul {
+    /// A and B, of one element type.
+    pub(crate) fn operands<'a>(args: &Args<'a>) -> Result<(&'a Tensor, &'a Tensor)> {
+        let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+        if a.dtype() != b.dtype() {
+            return Err(OpError::DTypeMismatch {
+                a: a.dtype(),
+                b: b.dtype(),
+            });
+        }
+        Ok((a, b))
+    }
+
     /// The reference semantics, the bias and residual inputs included.
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         self.eval_with(None, args)
@@ -200,14 +212,7 @@ impl MatMul {
     /// The product, bias and residual, then `act` (a plan's fused activation): on the f32
     /// kernels' epilogue where it fits, else applied after.
     pub(crate) fn eval_with(&self, act: Option<Activation>, args: &Args<'_>) -> Result<crate::Outputs> {
-        let a = args.tensor(0)?;
-        let b = args.tensor(1)?;
-        if a.dtype() != b.dtype() {
-            return Err(OpError::DTypeMismatch {
-                a: a.dtype(),
-                b: b.dtype(),
-            });
-        }
+        let (a, b) = Self::operands(args)?;
         let bias = args.opt_tensor(2)?;
         let resid = args.opt_tensor(3)?;
         let p = matmul_plan(a.shape(), b.shape())?;

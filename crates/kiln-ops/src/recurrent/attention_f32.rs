@@ -15,25 +15,17 @@ use super::attention::Attention;
 use crate::error::{OpError, Result};
 use crate::value::{Args, Value};
 use kiln_kernels::gemm::MatLayout;
-use kiln_kernels::recycle::{ScratchKey, lend};
+use kiln_kernels::recycle::lend;
 use kiln_kernels::sgemm::{AMatrix, BLayout, Epilogue, PackedB, sgemm};
 use kiln_tensor::{DType, Tensor};
 
-/// One (batch, head) score matrix (a run state's scratch, per thread).
-enum Scores {}
-/// A head's `sq x dv` result before it is copied into Y.
-enum HeadOut {}
-/// `1 / sum` of each unnormalised probability row of the task's block.
-enum InvSums {}
-
-impl ScratchKey for Scores {
-    type Value = Vec<f32>;
-}
-impl ScratchKey for HeadOut {
-    type Value = Vec<f32>;
-}
-impl ScratchKey for InvSums {
-    type Value = Vec<f32>;
+kiln_kernels::scratch_kinds! {
+    /// One (batch, head) score matrix (a run state's scratch, per thread).
+    Scores: Vec<f32>;
+    /// A head's `sq x dv` result before it is copied into Y.
+    HeadOut: Vec<f32>;
+    /// `1 / sum` of each unnormalised probability row of the task's block.
+    InvSums: Vec<f32>;
 }
 
 impl Attention {
