@@ -109,9 +109,14 @@ fn program_text(out: &mut String, path: &Path, print_steps: bool) -> Result<()> 
             };
             let ins: Vec<String> = st.inputs.iter().map(name).collect();
             let outs: Vec<String> = st.outputs.iter().map(name).collect();
+            let plan = st
+                .plan
+                .as_ref()
+                .map(|p| format!(" plan[{}]", p.summary()))
+                .unwrap_or_default();
             outln!(
                 out,
-                "  {} = {}({}) [{}]",
+                "  {} = {}({}){plan} [{}]",
                 outs.join(", "),
                 st.kind.name(),
                 ins.join(", "),
