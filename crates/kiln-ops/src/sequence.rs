@@ -20,31 +20,63 @@ use crate::util::{checked_numel, norm_axis, read_i64, read_i64s};
 use crate::value::{Args, Dim, InferInput, Sequence, TensorType, Value, ValueType};
 use kiln_tensor::{DType, Data, Tensor};
 
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub enum SequenceOp {
-    /// An empty sequence of the given element type.
-    SequenceEmpty {
-        dtype: DType,
-    },
-    /// A sequence of all the (tensor) inputs.
-    SequenceConstruct,
-    /// Inserts input 1 at position input 2 (default: at the end).
-    SequenceInsert,
-    /// Removes the element at position input 1 (default: the last).
-    SequenceErase,
-    /// The element at position input 1.
-    SequenceAt,
-    /// The number of elements, as an i64 scalar.
-    SequenceLength,
-    SplitToSequence(SplitToSequence),
-    ConcatFromSequence(ConcatFromSequence),
-    /// Wraps input 0 in an optional, or makes an empty optional of `elem` when there is none.
-    Optional {
-        elem: ValueType,
-    },
-    OptionalHasElement,
-    OptionalGetElement,
+op_family! {
+    /// The sequence and optional family.
+    pub enum SequenceOp {
+        SequenceEmpty(SequenceEmpty),
+        SequenceConstruct(SequenceConstruct),
+        SequenceInsert(SequenceInsert),
+        SequenceErase(SequenceErase),
+        SequenceAt(SequenceAt),
+        SequenceLength(SequenceLength),
+        SplitToSequence(SplitToSequence),
+        ConcatFromSequence(ConcatFromSequence),
+        Optional(OptionalOp) = |_: &OptionalOp| "Optional",
+        OptionalHasElement(OptionalHasElement),
+        OptionalGetElement(OptionalGetElement),
+    }
 }
+
+/// An empty sequence of the given element type.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct SequenceEmpty {
+    pub dtype: DType,
+}
+
+/// A sequence of all the (tensor) inputs.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct SequenceConstruct;
+
+/// Inserts input 1 at position input 2 (default: at the end).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct SequenceInsert;
+
+/// Removes the element at position input 1 (default: the last).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct SequenceErase;
+
+/// The element at position input 1.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct SequenceAt;
+
+/// The number of elements, as an i64 scalar.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct SequenceLength;
+
+/// `Optional`: wraps input 0 in an optional, or makes an empty optional of `elem` when there
+/// is none.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct OptionalOp {
+    pub elem: ValueType,
+}
+
+/// Whether input 0 holds a value.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct OptionalHasElement;
+
+/// The value an optional holds (a plain value passes through).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct OptionalGetElement;
 
 /// Splits a tensor along an axis into a sequence.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -61,152 +93,187 @@ pub struct ConcatFromSequence {
     pub new_axis: bool,
 }
 
-impl SequenceOp {
-    pub fn name(&self) -> &'static str {
-        match self {
-            SequenceOp::SequenceEmpty { .. } => "SequenceEmpty",
-            SequenceOp::SequenceConstruct => "SequenceConstruct",
-            SequenceOp::SequenceInsert => "SequenceInsert",
-            SequenceOp::SequenceErase => "SequenceErase",
-            SequenceOp::SequenceAt => "SequenceAt",
-            SequenceOp::SequenceLength => "SequenceLength",
-            SequenceOp::SplitToSequence(_) => "SplitToSequence",
-            SequenceOp::ConcatFromSequence(_) => "ConcatFromSequence",
-            SequenceOp::Optional { .. } => "Optional",
-            SequenceOp::OptionalHasElement => "OptionalHasElement",
-            SequenceOp::OptionalGetElement => "OptionalGetElement",
-        }
-    }
+/// One output value.
+fn one(v: Value) -> Result<crate::Outputs> {
+    Ok(smallvec::smallvec![v])
+}
 
+/// The static type of input `i` (`Unknown` when absent).
+fn ty(inputs: &[InferInput<'_>], i: usize) -> ValueType {
+    inputs.get(i).map_or(ValueType::Unknown, |x| x.ty.clone())
+}
+
+/// A sequence of tensors of `dtype`.
+fn seq_of(dtype: Option<DType>) -> ValueType {
+    ValueType::Sequence(Box::new(ValueType::Tensor(TensorType::dtype_only(dtype))))
+}
+
+/// The element type of a sequence type.
+fn elem_of(t: ValueType) -> ValueType {
+    match t {
+        ValueType::Sequence(e) => *e,
+        _ => ValueType::Unknown,
+    }
+}
+
+/// The element type of tensor input `i`.
+fn tensor_dtype(inputs: &[InferInput<'_>], i: usize) -> Option<DType> {
+    inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.dtype)
+}
+
+/// The element type of the tensors of sequence input `i`.
+fn seq_dtype(inputs: &[InferInput<'_>], i: usize) -> Option<DType> {
+    match ty(inputs, i) {
+        ValueType::Sequence(e) => e.tensor().and_then(|t| t.dtype),
+        _ => None,
+    }
+}
+
+impl SequenceEmpty {
+    pub fn eval(&self, _args: &Args<'_>) -> Result<crate::Outputs> {
+        one(Value::Sequence(Sequence {
+            dtype: Some(self.dtype),
+            items: vec![],
+        }))
+    }
+    pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![seq_of(Some(self.dtype))])
+    }
+}
+
+impl SequenceConstruct {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        let out = match self {
-            SequenceOp::SequenceEmpty { dtype } => Value::Sequence(Sequence {
-                dtype: Some(*dtype),
-                items: vec![],
-            }),
-            SequenceOp::SequenceConstruct => {
-                let items: Vec<Tensor> = args.tensors()?.into_iter().cloned().collect();
-                let dtype = items.first().map(Tensor::dtype);
-                check_dtypes(dtype, &items)?;
-                Value::Sequence(Sequence { dtype, items })
-            }
-            SequenceOp::SequenceInsert => {
-                let s = args.sequence(0)?;
-                let t = args.tensor(1)?;
-                if let Some(d) = s.dtype.filter(|&d| d != t.dtype()) {
-                    return Err(OpError::DTypeMismatch { a: d, b: t.dtype() });
-                }
-                let n = s.items.len();
-                let pos = match args.opt_tensor(2)? {
-                    Some(p) => position(read_i64(p, "position")?, n, true)?,
-                    None => n,
-                };
-                let mut items = s.items.clone();
-                items.insert(pos, t.clone());
-                Value::Sequence(Sequence {
-                    dtype: Some(t.dtype()),
-                    items,
-                })
-            }
-            SequenceOp::SequenceErase => {
-                let s = args.sequence(0)?;
-                let n = s.items.len();
-                let pos = match args.opt_tensor(1)? {
-                    Some(p) => position(read_i64(p, "position")?, n, false)?,
-                    None if n > 0 => n - 1,
-                    None => {
-                        return Err(OpError::Value("SequenceErase on an empty sequence".into()));
-                    }
-                };
-                let mut items = s.items.clone();
-                items.remove(pos);
-                Value::Sequence(Sequence { dtype: s.dtype, items })
-            }
-            SequenceOp::SequenceAt => {
-                let s = args.sequence(0)?;
-                let pos = position(read_i64(args.tensor(1)?, "position")?, s.items.len(), false)?;
-                Value::Tensor(s.items[pos].clone())
-            }
-            SequenceOp::SequenceLength => Value::Tensor(Tensor::scalar(args.sequence(0)?.items.len() as i64)),
-            SequenceOp::SplitToSequence(op) => op.eval(args)?,
-            SequenceOp::ConcatFromSequence(op) => op.eval(args)?,
-            SequenceOp::Optional { elem } => match args.value(0) {
-                Some(v) => Value::Optional(Some(Box::new(v.clone())), v.value_type()),
-                None => Value::Optional(None, elem.clone()),
-            },
-            SequenceOp::OptionalHasElement => {
-                let has = match args.value(0) {
-                    None | Some(Value::Optional(None, _)) => false,
-                    Some(_) => true,
-                };
-                Value::Tensor(Tensor::scalar(has))
-            }
-            SequenceOp::OptionalGetElement => match args.value(0) {
-                Some(Value::Optional(Some(v), _)) => (**v).clone(),
-                Some(Value::Optional(None, _)) => {
-                    return Err(OpError::Value("OptionalGetElement on an empty optional".into()));
-                }
-                Some(v) => v.clone(),
-                None => return Err(OpError::MissingInput { index: 0 }),
-            },
-        };
-        Ok(smallvec::smallvec![out])
+        let items: Vec<Tensor> = args.tensors()?.into_iter().cloned().collect();
+        let dtype = items.first().map(Tensor::dtype);
+        check_dtypes(dtype, &items)?;
+        one(Value::Sequence(Sequence { dtype, items }))
     }
-
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        let ty = |i: usize| inputs.get(i).map_or(ValueType::Unknown, |x| x.ty.clone());
-        let seq_of =
-            |dtype: Option<DType>| ValueType::Sequence(Box::new(ValueType::Tensor(TensorType::dtype_only(dtype))));
-        let elem_of = |t: ValueType| match t {
-            ValueType::Sequence(e) => *e,
-            _ => ValueType::Unknown,
+        Ok(vec![seq_of(tensor_dtype(inputs, 0))])
+    }
+}
+
+impl SequenceInsert {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        let s = args.sequence(0)?;
+        let t = args.tensor(1)?;
+        if let Some(d) = s.dtype.filter(|&d| d != t.dtype()) {
+            return Err(OpError::DTypeMismatch { a: d, b: t.dtype() });
+        }
+        let n = s.items.len();
+        let pos = match args.opt_tensor(2)? {
+            Some(p) => position(read_i64(p, "position")?, n, true)?,
+            None => n,
         };
-        let tensor_dtype = |i: usize| inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.dtype);
-        let seq_dtype = |i: usize| match ty(i) {
-            ValueType::Sequence(e) => e.tensor().and_then(|t| t.dtype),
-            _ => None,
-        };
-        let out = match self {
-            SequenceOp::SequenceEmpty { dtype } => seq_of(Some(*dtype)),
-            SequenceOp::SequenceConstruct => seq_of(tensor_dtype(0)),
-            SequenceOp::SequenceInsert => seq_of(seq_dtype(0).or(tensor_dtype(1))),
-            SequenceOp::SequenceErase => match ty(0) {
-                t @ ValueType::Sequence(_) => t,
-                _ => seq_of(None),
-            },
-            SequenceOp::SequenceAt => match elem_of(ty(0)) {
-                ValueType::Tensor(t) => ValueType::Tensor(t),
-                _ => ValueType::Tensor(TensorType::dtype_only(seq_dtype(0))),
-            },
-            SequenceOp::SequenceLength => ValueType::Tensor(TensorType::fixed(DType::I64, &[])),
-            SequenceOp::SplitToSequence(_) => seq_of(tensor_dtype(0)),
-            SequenceOp::ConcatFromSequence(op) => {
-                let dtype = seq_dtype(0);
-                // The rank follows from the element rank when it is known.
-                let rank = match elem_of(ty(0)) {
-                    ValueType::Tensor(t) => t.rank(),
-                    _ => None,
-                };
-                let shape = rank.map(|r| {
-                    let r = if op.new_axis { r + 1 } else { r };
-                    (0..r).map(|_| Dim::fresh()).collect()
-                });
-                ValueType::Tensor(TensorType { dtype, shape })
+        let mut items = s.items.clone();
+        items.insert(pos, t.clone());
+        one(Value::Sequence(Sequence {
+            dtype: Some(t.dtype()),
+            items,
+        }))
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![seq_of(seq_dtype(inputs, 0).or(tensor_dtype(inputs, 1)))])
+    }
+}
+
+impl SequenceErase {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        let s = args.sequence(0)?;
+        let n = s.items.len();
+        let pos = match args.opt_tensor(1)? {
+            Some(p) => position(read_i64(p, "position")?, n, false)?,
+            None if n > 0 => n - 1,
+            None => {
+                return Err(OpError::Value("SequenceErase on an empty sequence".into()));
             }
-            SequenceOp::Optional { elem } => {
-                if inputs.is_empty() || matches!(ty(0), ValueType::Unknown) {
-                    ValueType::Optional(Box::new(elem.clone()))
-                } else {
-                    ValueType::Optional(Box::new(ty(0)))
-                }
-            }
-            SequenceOp::OptionalHasElement => ValueType::Tensor(TensorType::fixed(DType::Bool, &[])),
-            SequenceOp::OptionalGetElement => match ty(0) {
-                ValueType::Optional(inner) => *inner,
-                other => other,
-            },
         };
-        Ok(vec![out])
+        let mut items = s.items.clone();
+        items.remove(pos);
+        one(Value::Sequence(Sequence { dtype: s.dtype, items }))
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![match ty(inputs, 0) {
+            t @ ValueType::Sequence(_) => t,
+            _ => seq_of(None),
+        }])
+    }
+}
+
+impl SequenceAt {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        let s = args.sequence(0)?;
+        let pos = position(read_i64(args.tensor(1)?, "position")?, s.items.len(), false)?;
+        let item = s.items.get(pos).ok_or(OpError::IndexOutOfRange {
+            index: pos as i64,
+            size: s.items.len(),
+        })?;
+        one(Value::Tensor(item.clone()))
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![match elem_of(ty(inputs, 0)) {
+            ValueType::Tensor(t) => ValueType::Tensor(t),
+            _ => ValueType::Tensor(TensorType::dtype_only(seq_dtype(inputs, 0))),
+        }])
+    }
+}
+
+impl SequenceLength {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(Value::Tensor(Tensor::scalar(args.sequence(0)?.items.len() as i64)))
+    }
+    pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![ValueType::Tensor(TensorType::fixed(DType::I64, &[]))])
+    }
+}
+
+impl OptionalOp {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(match args.value(0) {
+            Some(v) => Value::Optional(Some(Box::new(v.clone())), v.value_type()),
+            None => Value::Optional(None, self.elem.clone()),
+        })
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![
+            if inputs.is_empty() || matches!(ty(inputs, 0), ValueType::Unknown) {
+                ValueType::Optional(Box::new(self.elem.clone()))
+            } else {
+                ValueType::Optional(Box::new(ty(inputs, 0)))
+            },
+        ])
+    }
+}
+
+impl OptionalHasElement {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        let has = match args.value(0) {
+            None | Some(Value::Optional(None, _)) => false,
+            Some(_) => true,
+        };
+        one(Value::Tensor(Tensor::scalar(has)))
+    }
+    pub fn infer(&self, _inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![ValueType::Tensor(TensorType::fixed(DType::Bool, &[]))])
+    }
+}
+
+impl OptionalGetElement {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(match args.value(0) {
+            Some(Value::Optional(Some(v), _)) => (**v).clone(),
+            Some(Value::Optional(None, _)) => {
+                return Err(OpError::Value("OptionalGetElement on an empty optional".into()));
+            }
+            Some(v) => v.clone(),
+            None => return Err(OpError::MissingInput { index: 0 }),
+        })
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![match ty(inputs, 0) {
+            ValueType::Optional(inner) => *inner,
+            other => other,
+        }])
     }
 }
 
@@ -253,7 +320,15 @@ fn slice_axis(t: &Tensor, axis: usize, start: usize, len: usize, keep: bool) -> 
 }
 
 impl SplitToSequence {
-    fn eval(&self, args: &Args<'_>) -> Result<Value> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(self.split(args)?)
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(vec![seq_of(tensor_dtype(inputs, 0))])
+    }
+
+    fn split(&self, args: &Args<'_>) -> Result<Value> {
         let x = args.tensor(0)?;
         let rank = x.rank();
         let axis = norm_axis(self.axis, rank)?;
@@ -323,7 +398,25 @@ fn join_data(items: &[&Tensor]) -> Result<Data> {
 }
 
 impl ConcatFromSequence {
-    fn eval(&self, args: &Args<'_>) -> Result<Value> {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(self.concat(args)?)
+    }
+
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let dtype = seq_dtype(inputs, 0);
+        // The rank follows from the element rank when it is known.
+        let rank = match elem_of(ty(inputs, 0)) {
+            ValueType::Tensor(t) => t.rank(),
+            _ => None,
+        };
+        let shape = rank.map(|r| {
+            let r = if self.new_axis { r + 1 } else { r };
+            (0..r).map(|_| Dim::fresh()).collect()
+        });
+        Ok(vec![ValueType::Tensor(TensorType { dtype, shape })])
+    }
+
+    fn concat(&self, args: &Args<'_>) -> Result<Value> {
         let s = args.sequence(0)?;
         let first = s
             .items
@@ -401,19 +494,22 @@ mod tests {
         let a = Value::Tensor(t(&[1], vec![1.0]));
         let b = Value::Tensor(t(&[1], vec![2.0]));
         let c = Value::Tensor(t(&[2], vec![3.0, 4.0]));
-        let s = eval(&SequenceOp::SequenceConstruct, &[Some(&a), Some(&b)]);
+        let s = eval(&SequenceOp::SequenceConstruct(SequenceConstruct), &[Some(&a), Some(&b)]);
         let front = Value::Tensor(Tensor::from_vec(vec![1], vec![0i64]).unwrap());
-        let s = eval(&SequenceOp::SequenceInsert, &[Some(&s), Some(&c), Some(&front)]);
+        let s = eval(
+            &SequenceOp::SequenceInsert(SequenceInsert),
+            &[Some(&s), Some(&c), Some(&front)],
+        );
         assert_eq!(seq(&s).items.len(), 3);
         let last = Value::Tensor(Tensor::scalar(-1i64));
-        let at = eval(&SequenceOp::SequenceAt, &[Some(&s), Some(&last)]);
+        let at = eval(&SequenceOp::SequenceAt(SequenceAt), &[Some(&s), Some(&last)]);
         assert_eq!(at.as_tensor().unwrap().as_slice::<f32>().unwrap(), &[2.0]);
-        let s = eval(&SequenceOp::SequenceErase, &[Some(&s), Some(&front)]);
-        let n = eval(&SequenceOp::SequenceLength, &[Some(&s)]);
+        let s = eval(&SequenceOp::SequenceErase(SequenceErase), &[Some(&s), Some(&front)]);
+        let n = eval(&SequenceOp::SequenceLength(SequenceLength), &[Some(&s)]);
         assert_eq!(n.as_tensor().unwrap().as_slice::<i64>().unwrap(), &[2]);
         let far = Value::Tensor(Tensor::scalar(2i64));
         assert!(
-            SequenceOp::SequenceAt
+            SequenceOp::SequenceAt(SequenceAt)
                 .eval(&Args::new(&[Some(&s), Some(&far)]))
                 .is_err()
         );
@@ -456,16 +552,19 @@ mod tests {
     fn optionals() {
         let x = Value::Tensor(t(&[1], vec![1.0]));
         let ty = ValueType::Tensor(TensorType::dtype_only(Some(DType::F32)));
-        let empty = eval(&SequenceOp::Optional { elem: ty.clone() }, &[]);
+        let empty = eval(&SequenceOp::Optional(OptionalOp { elem: ty.clone() }), &[]);
         assert_eq!(empty, Value::Optional(None, ty.clone()));
-        let full = eval(&SequenceOp::Optional { elem: ty }, &[Some(&x)]);
-        let has = |v: Option<&Value>| eval(&SequenceOp::OptionalHasElement, &[v]);
+        let full = eval(&SequenceOp::Optional(OptionalOp { elem: ty }), &[Some(&x)]);
+        let has = |v: Option<&Value>| eval(&SequenceOp::OptionalHasElement(OptionalHasElement), &[v]);
         assert_eq!(has(Some(&full)), Value::Tensor(Tensor::scalar(true)));
         assert_eq!(has(Some(&empty)), Value::Tensor(Tensor::scalar(false)));
         assert_eq!(has(None), Value::Tensor(Tensor::scalar(false)));
-        assert_eq!(eval(&SequenceOp::OptionalGetElement, &[Some(&full)]), x);
+        assert_eq!(
+            eval(&SequenceOp::OptionalGetElement(OptionalGetElement), &[Some(&full)]),
+            x
+        );
         assert!(
-            SequenceOp::OptionalGetElement
+            SequenceOp::OptionalGetElement(OptionalGetElement)
                 .eval(&Args::new(&[Some(&empty)]))
                 .is_err()
         );

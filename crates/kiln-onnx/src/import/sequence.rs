@@ -1,7 +1,10 @@
 //! Importers for the sequence family: ONNX node → typed op of `kiln_ops::sequence`.
 
 use crate::attrs::{NodeCtx, Result};
-use kiln_ops::sequence::{ConcatFromSequence, SequenceOp, SplitToSequence};
+use kiln_ops::sequence::{
+    ConcatFromSequence, OptionalGetElement, OptionalHasElement, OptionalOp, SequenceAt, SequenceConstruct,
+    SequenceEmpty, SequenceErase, SequenceInsert, SequenceLength, SequenceOp, SplitToSequence,
+};
 use kiln_ops::{Op, ValueType};
 use kiln_tensor::DType;
 
@@ -11,14 +14,14 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         return Ok(None);
     }
     let op = match ctx.op_type {
-        "SequenceEmpty" => SequenceOp::SequenceEmpty {
+        "SequenceEmpty" => SequenceOp::SequenceEmpty(SequenceEmpty {
             dtype: ctx.attr_dtype("dtype")?.unwrap_or(DType::F32),
-        },
-        "SequenceConstruct" => SequenceOp::SequenceConstruct,
-        "SequenceInsert" => SequenceOp::SequenceInsert,
-        "SequenceErase" => SequenceOp::SequenceErase,
-        "SequenceAt" => SequenceOp::SequenceAt,
-        "SequenceLength" => SequenceOp::SequenceLength,
+        }),
+        "SequenceConstruct" => SequenceOp::SequenceConstruct(SequenceConstruct),
+        "SequenceInsert" => SequenceOp::SequenceInsert(SequenceInsert),
+        "SequenceErase" => SequenceOp::SequenceErase(SequenceErase),
+        "SequenceAt" => SequenceOp::SequenceAt(SequenceAt),
+        "SequenceLength" => SequenceOp::SequenceLength(SequenceLength),
         "SplitToSequence" => SequenceOp::SplitToSequence(SplitToSequence {
             axis: ctx.attr_i64_or("axis", 0)?,
             keepdims: ctx.attr_bool_or("keepdims", true)?,
@@ -39,10 +42,10 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 None if ctx.has_input(0) => ValueType::Unknown,
                 None => return Err(ctx.attr_err("type", "is required when the input is absent")),
             };
-            SequenceOp::Optional { elem }
+            SequenceOp::Optional(OptionalOp { elem })
         }
-        "OptionalHasElement" => SequenceOp::OptionalHasElement,
-        "OptionalGetElement" => SequenceOp::OptionalGetElement,
+        "OptionalHasElement" => SequenceOp::OptionalHasElement(OptionalHasElement),
+        "OptionalGetElement" => SequenceOp::OptionalGetElement(OptionalGetElement),
         _ => return Ok(None),
     };
     Ok(Some(Op::Sequence(op)))
