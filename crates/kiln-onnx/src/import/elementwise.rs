@@ -53,7 +53,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
             }
             "Where" => {
                 ctx.check_inputs(3, 3)?;
-                ElementwiseOp::Where
+                ElementwiseOp::Where(kiln_ops::elementwise::Where)
             }
             "Cast" => {
                 ctx.check_inputs(1, 1)?;
@@ -76,7 +76,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
             }
             "PRelu" => {
                 ctx.check_inputs(2, 2)?;
-                ElementwiseOp::PRelu
+                ElementwiseOp::PRelu(kiln_ops::elementwise::PRelu)
             }
             _ => return Ok(None),
         }

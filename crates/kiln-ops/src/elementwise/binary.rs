@@ -481,7 +481,7 @@ impl Binary {
         self.op.name()
     }
 
-    pub fn eval(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    pub fn apply(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         use BinaryOp::*;
         let out_dt = self.op.out_dtype(a.dtype(), b.dtype())?;
         let b_shape = match self.legacy_axis {

@@ -137,7 +137,7 @@ impl Vals {
 }
 
 impl Cast {
-    pub fn eval(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let to = self.to;
         if x.dtype() == to {
             return Ok(x.clone());
@@ -201,13 +201,13 @@ impl Cast {
 }
 
 impl CastLike {
-    pub fn eval(&self, x: &Tensor, like: &Tensor) -> Result<Tensor> {
+    pub fn apply(&self, x: &Tensor, like: &Tensor) -> Result<Tensor> {
         Cast {
             to: like.dtype(),
             saturate: self.saturate,
             round: self.round,
         }
-        .eval(x)
+        .apply(x)
     }
 }
 
@@ -252,7 +252,7 @@ impl BitCast {
         Ok(self.to)
     }
 
-    pub fn eval(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let to = self.out_dtype(x.dtype())?;
         let bits = raw_bits(x).ok_or(OpError::UnsupportedDType {
             index: 0,
@@ -292,7 +292,7 @@ mod tests {
             saturate: true,
             round: RoundMode::Up,
         }
-        .eval(&x)
+        .apply(&x)
         .unwrap()
     }
 
@@ -338,13 +338,13 @@ mod tests {
     #[test]
     fn bitcast_reinterprets_bits() {
         let x = Tensor::from_vec(vec![2], vec![1.0f32, -2.0]).unwrap();
-        let y = BitCast { to: DType::I32 }.eval(&x).unwrap();
+        let y = BitCast { to: DType::I32 }.apply(&x).unwrap();
         assert_eq!(y.as_slice::<i32>().unwrap(), &[0x3F80_0000, 0xC000_0000u32 as i32]);
         let z = BitCast { to: DType::I16 }
-            .eval(&Tensor::from_vec(vec![2], vec![1u16, 32768]).unwrap())
+            .apply(&Tensor::from_vec(vec![2], vec![1u16, 32768]).unwrap())
             .unwrap();
         assert_eq!(z.as_slice::<i16>().unwrap(), &[1, -32768]);
-        assert!(BitCast { to: DType::I64 }.eval(&x).is_err());
+        assert!(BitCast { to: DType::I64 }.apply(&x).is_err());
     }
 
     #[test]
@@ -360,7 +360,7 @@ mod tests {
             saturate: false,
             round: RoundMode::Up,
         }
-        .eval(&y)
+        .apply(&y)
         .unwrap();
         assert_eq!(ns.codes().unwrap(), &[0x38, 0x7F]);
         let back = cast(cast(y, DType::F8E4M3FN), DType::F32);

@@ -108,7 +108,7 @@ impl ElementwiseChain {
         Ok(vec![x.ty.clone()])
     }
 
-    pub fn eval(&self, args: &Args<'_>) -> Result<Tensor> {
+    pub fn run(&self, args: &Args<'_>) -> Result<Tensor> {
         let x = args.tensor(0)?;
         let n_inputs = args.len();
         self.check_steps(n_inputs)?;
@@ -224,7 +224,7 @@ mod tests {
     fn chained(steps: Vec<ChainStep>, inputs: &[&Tensor]) -> Result<Tensor> {
         let vals: Vec<Value> = inputs.iter().map(|t| Value::Tensor((*t).clone())).collect();
         let refs: Vec<Option<&Value>> = vals.iter().map(Some).collect();
-        ElementwiseChain { steps }.eval(&Args::new(&refs))
+        ElementwiseChain { steps }.run(&Args::new(&refs))
     }
 
     fn bin(op: BinaryOp) -> ElementwiseOp {

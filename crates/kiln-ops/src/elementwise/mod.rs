@@ -29,105 +29,150 @@ use crate::error::{OpError, Result};
 use crate::util::{infer_broadcast, input_dtype};
 use crate::value::{Args, InferInput, TensorType, Value, ValueType};
 
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub enum ElementwiseOp {
-    Unary(UnaryOp),
-    Binary(Binary),
-    Variadic(VariadicOp),
-    Clip(Clip),
-    Where,
-    PRelu,
-    Cast(Cast),
-    CastLike(CastLike),
-    BitCast(BitCast),
-    /// A run of f32 elementwise ops in one pass (made by the compiler, never imported).
-    Chain(ElementwiseChain),
+op_family! {
+    /// The elementwise family.
+    pub enum ElementwiseOp {
+        Unary(UnaryOp) = UnaryOp::name,
+        Binary(Binary) = Binary::name,
+        Variadic(VariadicOp) = VariadicOp::name,
+        Clip(Clip),
+        Where(Where),
+        PRelu(PRelu),
+        Cast(Cast),
+        CastLike(CastLike),
+        BitCast(BitCast),
+        /// A run of f32 elementwise ops in one pass (made by the compiler, never imported).
+        Chain(ElementwiseChain) = ElementwiseChain::name,
+    }
 }
 
-impl ElementwiseOp {
-    pub fn name(&self) -> &'static str {
-        match self {
-            ElementwiseOp::Unary(op) => op.name(),
-            ElementwiseOp::Binary(op) => op.name(),
-            ElementwiseOp::Variadic(op) => op.name(),
-            ElementwiseOp::Clip(_) => "Clip",
-            ElementwiseOp::Where => "Where",
-            ElementwiseOp::PRelu => "PRelu",
-            ElementwiseOp::Cast(_) => "Cast",
-            ElementwiseOp::CastLike(_) => "CastLike",
-            ElementwiseOp::BitCast(_) => "BitCast",
-            ElementwiseOp::Chain(op) => op.name(),
-        }
-    }
+/// `Where(condition, X, Y)`: X where the condition holds, else Y (numpy broadcasting).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct Where;
 
+/// `PRelu(X, slope)`: X where positive, else slope times X (slope broadcast to X).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct PRelu;
+
+/// One tensor output.
+fn one(t: kiln_tensor::Tensor) -> Result<crate::Outputs> {
+    Ok(smallvec::smallvec![Value::Tensor(t)])
+}
+
+/// A tensor of input `i`'s shape and `dtype`.
+fn same_shape(inputs: &[InferInput<'_>], i: usize, dtype: Option<kiln_tensor::DType>) -> Vec<ValueType> {
+    let shape = inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.shape.clone());
+    vec![ValueType::Tensor(TensorType { dtype, shape })]
+}
+
+impl UnaryOp {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        let out = match self {
-            ElementwiseOp::Unary(op) => op.eval(args.tensor(0)?)?,
-            ElementwiseOp::Binary(op) => op.eval(args.tensor(0)?, args.tensor(1)?)?,
-            ElementwiseOp::Variadic(op) => op.eval(&args.tensors()?)?,
-            ElementwiseOp::Clip(op) => op.eval(args.tensor(0)?, args.opt_tensor(1)?, args.opt_tensor(2)?)?,
-            ElementwiseOp::Where => nary::eval_where(args.tensor(0)?, args.tensor(1)?, args.tensor(2)?)?,
-            ElementwiseOp::PRelu => nary::eval_prelu(args.tensor(0)?, args.tensor(1)?)?,
-            ElementwiseOp::Cast(op) => op.eval(args.tensor(0)?)?,
-            ElementwiseOp::CastLike(op) => op.eval(args.tensor(0)?, args.tensor(1)?)?,
-            ElementwiseOp::BitCast(op) => op.eval(args.tensor(0)?)?,
-            ElementwiseOp::Chain(op) => op.eval(args)?,
-        };
-        Ok(smallvec::smallvec![Value::Tensor(out)])
+        one(self.apply(args.tensor(0)?)?)
     }
-
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        let dt = |i: usize| input_dtype(inputs, i);
-        let same_shape = |i: usize, dtype| {
-            let shape = inputs.get(i).and_then(|x| x.ty.tensor()).and_then(|t| t.shape.clone());
-            ValueType::Tensor(TensorType { dtype, shape })
+        let d = input_dtype(inputs, 0).map(|d| self.out_dtype(d)).transpose()?;
+        Ok(same_shape(inputs, 0, d))
+    }
+}
+
+impl Binary {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(self.apply(args.tensor(0)?, args.tensor(1)?)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let op = self.op;
+        let d = match (input_dtype(inputs, 0), input_dtype(inputs, 1)) {
+            (Some(a), Some(b)) => Some(op.out_dtype(a, b)?),
+            (Some(a), None) if !op.is_predicate() => Some(a),
+            (None, Some(b)) if !op.is_predicate() && op != BinaryOp::Pow => Some(b),
+            _ if op.is_predicate() => Some(kiln_tensor::DType::Bool),
+            _ => None,
         };
-        let ty = match self {
-            ElementwiseOp::Chain(op) => return op.infer(inputs),
-            ElementwiseOp::Unary(op) => {
-                let d = dt(0).map(|d| op.out_dtype(d)).transpose()?;
-                same_shape(0, d)
+        Ok(match self.legacy_axis {
+            Some(_) => same_shape(inputs, 0, d),
+            None => vec![infer_broadcast(inputs.get(..2).unwrap_or(inputs), d)],
+        })
+    }
+}
+
+impl VariadicOp {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(self.apply(&args.tensors()?)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let d = inputs.iter().find_map(|x| x.ty.tensor().and_then(|t| t.dtype));
+        for x in inputs {
+            if let (Some(a), Some(b)) = (d, x.ty.tensor().and_then(|t| t.dtype))
+                && a != b
+            {
+                return Err(OpError::DTypeMismatch { a, b });
             }
-            ElementwiseOp::Binary(op) => {
-                let d = match (dt(0), dt(1)) {
-                    (Some(a), Some(b)) => Some(op.op.out_dtype(a, b)?),
-                    (Some(a), None) if !op.op.is_predicate() => Some(a),
-                    (None, Some(b)) if !op.op.is_predicate() && op.op != BinaryOp::Pow => Some(b),
-                    _ if op.op.is_predicate() => Some(kiln_tensor::DType::Bool),
-                    _ => None,
-                };
-                match op.legacy_axis {
-                    Some(_) => same_shape(0, d),
-                    None => infer_broadcast(inputs.get(..2).unwrap_or(inputs), d),
-                }
-            }
-            ElementwiseOp::Variadic(_) => {
-                let d = inputs.iter().find_map(|x| x.ty.tensor().and_then(|t| t.dtype));
-                for x in inputs {
-                    if let (Some(a), Some(b)) = (d, x.ty.tensor().and_then(|t| t.dtype))
-                        && a != b
-                    {
-                        return Err(OpError::DTypeMismatch { a, b });
-                    }
-                }
-                infer_broadcast(inputs, d)
-            }
-            ElementwiseOp::Clip(_) => same_shape(0, dt(0)),
-            ElementwiseOp::Where => {
-                let d = dt(1).or(dt(2));
-                infer_broadcast(inputs.get(..3).unwrap_or(inputs), d)
-            }
-            ElementwiseOp::PRelu => same_shape(0, dt(0)),
-            ElementwiseOp::Cast(op) => same_shape(0, Some(op.to)),
-            ElementwiseOp::CastLike(_) => same_shape(0, dt(1)),
-            ElementwiseOp::BitCast(op) => {
-                if let Some(d) = dt(0) {
-                    op.out_dtype(d)?;
-                }
-                same_shape(0, Some(op.to))
-            }
-        };
-        Ok(vec![ty])
+        }
+        Ok(vec![infer_broadcast(inputs, d)])
+    }
+}
+
+impl Clip {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(self.apply(args.tensor(0)?, args.opt_tensor(1)?, args.opt_tensor(2)?)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(same_shape(inputs, 0, input_dtype(inputs, 0)))
+    }
+}
+
+impl Where {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(nary::eval_where(args.tensor(0)?, args.tensor(1)?, args.tensor(2)?)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        let d = input_dtype(inputs, 1).or(input_dtype(inputs, 2));
+        Ok(vec![infer_broadcast(inputs.get(..3).unwrap_or(inputs), d)])
+    }
+}
+
+impl PRelu {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(nary::eval_prelu(args.tensor(0)?, args.tensor(1)?)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(same_shape(inputs, 0, input_dtype(inputs, 0)))
+    }
+}
+
+impl Cast {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(self.apply(args.tensor(0)?)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(same_shape(inputs, 0, Some(self.to)))
+    }
+}
+
+impl CastLike {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(self.apply(args.tensor(0)?, args.tensor(1)?)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        Ok(same_shape(inputs, 0, input_dtype(inputs, 1)))
+    }
+}
+
+impl BitCast {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(self.apply(args.tensor(0)?)?)
+    }
+    pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        if let Some(d) = input_dtype(inputs, 0) {
+            self.out_dtype(d)?;
+        }
+        Ok(same_shape(inputs, 0, Some(self.to)))
+    }
+}
+
+impl ElementwiseChain {
+    pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        one(self.run(args)?)
     }
 }
 

@@ -30,7 +30,7 @@ impl VariadicOp {
         }
     }
 
-    pub fn eval(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+    pub fn apply(&self, inputs: &[&Tensor]) -> Result<Tensor> {
         let (first, rest) = inputs.split_first().ok_or(OpError::MissingInput { index: 0 })?;
         let dt = first.dtype();
         if !(dt.is_int() || dt.is_float()) || dt.is_byte_coded() {
@@ -84,7 +84,7 @@ pub struct Clip {
 
 impl Clip {
     /// `min(max(x, lo), hi)` (so `hi` wins when `lo > hi`, as numpy's clip); NaN stays NaN.
-    pub fn eval(&self, x: &Tensor, lo: Option<&Tensor>, hi: Option<&Tensor>) -> Result<Tensor> {
+    pub fn apply(&self, x: &Tensor, lo: Option<&Tensor>, hi: Option<&Tensor>) -> Result<Tensor> {
         let dt = x.dtype();
         for (i, b) in [(1, lo), (2, hi)] {
             if let Some(b) = b {

@@ -318,19 +318,19 @@ fn elementwise_clip_where_prelu() {
 
     let c = t(&[2, 2], vec![true, false, true, true]);
     let r = run(
-        ElementwiseOp::Where,
+        ElementwiseOp::Where(Where),
         &[c, t(&[2, 2], vec![1i64, 2, 3, 4]), t(&[2], vec![9i64, 8])],
     );
     assert_eq!(r.as_slice::<i64>().unwrap(), &[1, 8, 3, 4]);
 
     let r = run(
-        ElementwiseOp::PRelu,
+        ElementwiseOp::PRelu(PRelu),
         &[t(&[2, 2], vec![-1f32, 2., -3., 4.]), t(&[2], vec![0.5f32, 0.25])],
     );
     assert_eq!(r.as_slice::<f32>().unwrap(), &[-0.5, 2., -1.5, 4.]);
     // A 1-D slope matching a non-trailing axis (the reference's fallback).
     let r = run(
-        ElementwiseOp::PRelu,
+        ElementwiseOp::PRelu(PRelu),
         &[
             t(&[2, 3], vec![-1f32, -1., -1., -2., -2., -2.]),
             t(&[2], vec![0.5f32, 2.]),

@@ -321,7 +321,7 @@ impl UnaryOp {
         }
     }
 
-    pub fn eval(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         use UnaryOp::*;
         let dt = x.dtype();
         let out_dt = self.out_dtype(dt)?;

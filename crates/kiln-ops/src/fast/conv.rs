@@ -214,7 +214,7 @@ impl<'a> Planned<'a> {
             op: crate::elementwise::BinaryOp::Add,
             legacy_axis: None,
         };
-        let sum = add.eval(y, r)?;
+        let sum = add.apply(y, r)?;
         Ok(smallvec::smallvec![
             activation::apply(self.plan.activation.as_ref(), sum)?.into()
         ])

@@ -87,21 +87,21 @@ impl Activation {
     }
 
     pub fn apply(&self, y: Tensor) -> Result<Tensor> {
-        let unary = |op: UnaryOp| op.eval(&y);
+        let unary = |op: UnaryOp| op.apply(&y);
         match *self {
             Activation::Relu => unary(UnaryOp::Relu),
-            Activation::Clip { min, max } => Clip { min, max }.eval(&y, None, None),
+            Activation::Clip { min, max } => Clip { min, max }.apply(&y, None, None),
             Activation::Sigmoid => unary(UnaryOp::Sigmoid),
             Activation::HardSigmoid { alpha, beta } => unary(UnaryOp::HardSigmoid { alpha, beta }),
             Activation::HardSwish => unary(UnaryOp::HardSwish),
             Activation::Gelu { tanh } => unary(UnaryOp::Gelu { tanh }),
             Activation::Silu => {
-                let s = UnaryOp::Sigmoid.eval(&y)?;
+                let s = UnaryOp::Sigmoid.apply(&y)?;
                 Binary {
                     op: BinaryOp::Mul,
                     legacy_axis: None,
                 }
-                .eval(&y, &s)
+                .apply(&y, &s)
             }
             Activation::LeakyRelu { alpha } => unary(UnaryOp::LeakyRelu { alpha }),
             Activation::Tanh => unary(UnaryOp::Tanh),

@@ -263,7 +263,7 @@ impl MatMul {
         // runtime gives back the values it frees.
         let plus = |y: Tensor, other: Option<&Tensor>| -> Result<Tensor> {
             let Some(other) = other else { return Ok(y) };
-            let z = add.eval(&y, other)?;
+            let z = add.apply(&y, other)?;
             // (A planned range of the run arena is released by dropping it.)
             if !y.data().is_region()
                 && let Ok(v) = y.into_vec::<f32>()
