@@ -1,4 +1,8 @@
 //! The error every op evaluation and inference returns; the runtime adds the node's name.
+//!
+//! Kinds carry what was wrong: the input or attribute, and expected against got (`Attribute`,
+//! `InputShape`, `Axis`, `IndexOutOfRange`, dtypes). `Shape(String)` and `Value(String)` are
+//! the older free-form kinds, still used by many reference ops and being replaced.
 
 use kiln_tensor::{DType, TensorError};
 
@@ -27,6 +31,27 @@ pub enum OpError {
     Axis { axis: i64, rank: usize },
     #[error("not supported: {0}")]
     Unsupported(String),
+    /// An attribute outside what the op's spec allows (`Op::validate`).
+    #[error("attribute {attr}: expected {expected}, got {got}")]
+    Attribute {
+        attr: &'static str,
+        expected: &'static str,
+        got: String,
+    },
+    /// An input whose shape does not fit the op (or the layout its plan runs in).
+    #[error("input {index}: expected {expected}, got shape {got:?}")]
+    InputShape {
+        index: usize,
+        expected: &'static str,
+        got: Vec<usize>,
+    },
+    /// A compiler plan that does not fit its op (a crafted program file).
+    #[error("a {op} node cannot carry the plan '{plan}': {reason}")]
+    Plan {
+        op: &'static str,
+        plan: String,
+        reason: &'static str,
+    },
     #[error(transparent)]
     Tensor(#[from] TensorError),
 }

@@ -28,14 +28,15 @@ impl Op {
                 if t.min_gram_length < 1 || t.min_gram_length > t.max_gram_length {
                     return Err(invalid(
                         "min_gram_length",
-                        format!(
-                            "must be in 1..=max_gram_length ({}), got {}",
-                            t.max_gram_length, t.min_gram_length
-                        ),
+                        "1 ..= max_gram_length",
+                        format!("{} (max_gram_length {})", t.min_gram_length, t.max_gram_length),
                     ));
                 }
-                if t.ngram_counts.iter().any(|&c| c < 0) || t.ngram_indexes.iter().any(|&i| i < 0) {
-                    return Err(invalid("ngram_counts / ngram_indexes", "must be >= 0".into()));
+                if let Some(c) = t.ngram_counts.iter().find(|&&c| c < 0) {
+                    return Err(invalid("ngram_counts", "values >= 0", c.to_string()));
+                }
+                if let Some(i) = t.ngram_indexes.iter().find(|&&i| i < 0) {
+                    return Err(invalid("ngram_indexes", "values >= 0", i.to_string()));
                 }
                 Ok(())
             }
@@ -44,14 +45,14 @@ impl Op {
     }
 }
 
-fn invalid(attr: &str, reason: String) -> OpError {
-    OpError::Value(format!("attribute {attr}: {reason}"))
+fn invalid(attr: &'static str, expected: &'static str, got: String) -> OpError {
+    OpError::Attribute { attr, expected, got }
 }
 
 /// Every value at least 1 (strides, dilations, a window's extent).
-fn positive(attr: &str, v: &[usize]) -> Result<()> {
+fn positive(attr: &'static str, v: &[usize]) -> Result<()> {
     match v.iter().find(|&&d| d == 0) {
-        Some(_) => Err(invalid(attr, format!("every value must be >= 1, got {v:?}"))),
+        Some(_) => Err(invalid(attr, "every value >= 1", format!("{v:?}"))),
         None => Ok(()),
     }
 }
@@ -60,15 +61,16 @@ fn even_pads(pads: &[usize]) -> Result<()> {
     if pads.len() % 2 != 0 {
         return Err(invalid(
             "pads",
-            format!("needs a begin and an end per axis, got {} values", pads.len()),
+            "a begin and an end per axis",
+            format!("{} values", pads.len()),
         ));
     }
     Ok(())
 }
 
-fn group_at_least_one(attr: &str, g: usize) -> Result<()> {
+fn group_at_least_one(attr: &'static str, g: usize) -> Result<()> {
     if g == 0 {
-        return Err(invalid(attr, "must be >= 1, got 0".into()));
+        return Err(invalid(attr, ">= 1", "0".into()));
     }
     Ok(())
 }
@@ -97,7 +99,11 @@ fn deform_conv(c: &DeformConv) -> Result<()> {
 
 fn pool(p: &Pool) -> Result<()> {
     if p.kernel_shape.is_empty() {
-        return Err(invalid("kernel_shape", "is required".into()));
+        return Err(invalid(
+            "kernel_shape",
+            "a window (the attribute is required)",
+            "none".into(),
+        ));
     }
     positive("kernel_shape", &p.kernel_shape)?;
     positive("strides", &p.strides)?;
@@ -106,7 +112,7 @@ fn pool(p: &Pool) -> Result<()> {
     if let PoolKind::Lp { p } = p.kind
         && !(p.is_finite() && p > 0.0)
     {
-        return Err(invalid("p", format!("must be a positive number, got {p}")));
+        return Err(invalid("p", "a positive number", p.to_string()));
     }
     Ok(())
 }
@@ -137,8 +143,12 @@ mod tests {
         }));
         assert!(ok.validate().is_ok());
         let zero_group = Op::Nn(NnOp::Conv(Conv::default()));
-        let e = zero_group.validate().unwrap_err().to_string();
-        assert!(e.contains("group") && e.contains(">= 1"), "{e}");
+        let e = zero_group.validate().unwrap_err();
+        assert!(
+            matches!(&e, OpError::Attribute { attr: "group", got, .. } if got == "0"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "attribute group: expected >= 1, got 0");
         let zero_stride = Op::Nn(NnOp::Conv(Conv {
             group: 1,
             strides: vec![1, 0],

@@ -383,10 +383,11 @@ impl Planned<'_> {
         }
         let x = args.tensor(0)?;
         if x.rank() != 4 {
-            return Err(OpError::Shape(format!(
-                "channels-last Conv needs X [N, H, W, C], got {:?}",
-                x.shape()
-            )));
+            return Err(OpError::InputShape {
+                index: 0,
+                expected: "[N, H, W, C] (a channels-last Conv)",
+                got: x.shape().to_vec(),
+            });
         }
         if let Some(pw) = self.plan.packed
             && self.group.max(1) == 1
@@ -458,9 +459,11 @@ impl Planned<'_> {
     /// The geometry of a channels-last call on X `xs` with weights `[m, c_per_group, kh, kw]`.
     pub(crate) fn geometry_nhwc(&self, xs: &[usize], m: usize, cg: usize, kh: usize, kw: usize) -> Result<Geometry> {
         let &[batch, ih, iw, c] = xs else {
-            return Err(OpError::Shape(format!(
-                "channels-last Conv needs X [N, H, W, C], got {xs:?}"
-            )));
+            return Err(OpError::InputShape {
+                index: 0,
+                expected: "[N, H, W, C] (a channels-last Conv)",
+                got: xs.to_vec(),
+            });
         };
         let conv = self
             .window(&[batch, c, ih, iw], &[m, cg, kh, kw])?

@@ -193,11 +193,15 @@ impl Plan {
 }
 
 fn mismatch(op: &Op, plan: &Plan) -> OpError {
-    OpError::Value(format!(
-        "a {} node cannot carry the plan '{}'",
-        op.name(),
-        plan.summary()
-    ))
+    misfit(op, plan, "the plan is of another op kind")
+}
+
+fn misfit(op: &Op, plan: &Plan, reason: &'static str) -> OpError {
+    OpError::Plan {
+        op: op.name(),
+        plan: plan.summary(),
+        reason,
+    }
 }
 
 /// Checks that `plan` fits `op`: a plan of the op's kind, with consistent fields. Called for
@@ -207,26 +211,28 @@ pub fn validate(op: &Op, plan: Option<&Plan>) -> Result<()> {
     match (op, plan) {
         (Op::Nn(NnOp::Conv(c)), Plan::Conv(p)) => {
             if p.x_channels_first && !p.channels_last {
-                return Err(OpError::Value(
-                    "a Conv plan reads X channels-first without running channels-last".into(),
+                return Err(misfit(
+                    op,
+                    plan,
+                    "X read channels-first needs a channels-last convolution",
                 ));
             }
             if p.packed.is_some() && p.winograd.is_some() {
-                return Err(OpError::Value("a Conv plan cannot be both packed and Winograd".into()));
+                return Err(misfit(
+                    op,
+                    plan,
+                    "weights cannot be both packed and Winograd-transformed",
+                ));
             }
             if let Some(w) = p.packed
                 && (w.m == 0 || w.c == 0 || w.kh == 0 || w.kw == 0 || !p.channels_last)
             {
-                return Err(OpError::Value(format!(
-                    "Conv plan: packed weights {w:?} need channels-last and no zero dim"
-                )));
+                return Err(misfit(op, plan, "packed weights need channels-last and no zero dim"));
             }
             if let Some(w) = p.winograd
                 && (w.m == 0 || w.c == 0 || c.group.max(1) != 1 || p.x_channels_first)
             {
-                return Err(OpError::Value(format!(
-                    "Conv plan: Winograd weights {w:?} need group 1 and no zero dim"
-                )));
+                return Err(misfit(op, plan, "Winograd weights need group 1 and no zero dim"));
             }
             Ok(())
         }
