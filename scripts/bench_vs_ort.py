@@ -30,8 +30,9 @@ INFERENCE_NUM_THREADS = T and INFERENCE_PRECISION_HINT f32, so no BF16 on AVX-51
 joins each round after ORT (A B C A B C), with its ms and kiln/OV ratio, paired the same way.
 
 With --kiln-b PATH, a second kiln binary (another commit's build) compiles its own program and
-runs right after the first in each round (A A' B ...), and each row adds its ms and the paired
-ratio B/A: a before/after comparison of two kilns under the same conditions.
+runs beside the first in each round (A B ORT, then B A ORT, alternating, so neither kiln gains
+from its place), and each row adds its ms and the paired ratio B/A: a before/after comparison
+of two kilns under the same conditions.
 
 usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--kiln-b OTHER_KILN]
        [--threads 1,2] [--rounds 9] [--per-round K] [--openvino] MODEL.onnx...
@@ -189,11 +190,16 @@ def main():
                 probe = probe_ms(a.kiln, program, npz, t)
                 warmup = runs_for(WARMUP_S, probe)
                 per_round = a.per_round or max(5, runs_for(ROUND_S, probe))
-                for _ in range(a.rounds):
+                for r in range(a.rounds):
+                    # With a second kiln, the two swap places every other round, so neither
+                    # takes the first place every round (a place in the round must not bias B/A).
+                    b_first = a.kiln_b and r % 2 == 1
+                    if b_first:
+                        bs.append(kiln_round(a.kiln_b, program_b, npz, per_round, t, warmup)["latency_ms"]["p50"])
                     rep = kiln_round(a.kiln, program, npz, per_round, t, warmup)
                     ks.append(rep["latency_ms"]["p50"])
                     trips.append(trip_ns(rep))
-                    if a.kiln_b:
+                    if a.kiln_b and not b_first:
                         bs.append(kiln_round(a.kiln_b, program_b, npz, per_round, t, warmup)["latency_ms"]["p50"])
                     os_.append(timed_round(lambda: sess.run(None, feeds), per_round))
                     if ov_run:

@@ -113,7 +113,19 @@ pub fn run(graph: &Graph, program: &mut Program) -> usize {
 
 /// The `which`-th convolution of a step (its weights are input [`conv_weight_input`]): a Conv
 /// itself (`which` 0), or a PointwiseDepthwise's 1x1 (0) and depthwise (1) convolutions.
-/// With the plan it runs under (a Conv step's own, made when absent).
+/// [`conv_of`] without making a plan: the convolution and the plan it runs under (the
+/// default for a Conv step that has none).
+fn conv_ref<'a>(kind: &'a StepKind, plan: Option<&Plan>, which: usize) -> Option<(&'a kiln_ops::nn::Conv, ConvPlan)> {
+    match (kind, which, plan) {
+        (StepKind::Op(Op::Nn(NnOp::Conv(c))), 0, Some(Plan::Conv(p))) => Some((c, *p)),
+        (StepKind::Op(Op::Nn(NnOp::Conv(c))), 0, None) => Some((c, ConvPlan::default())),
+        (StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(f))), 0, _) => Some((&f.pointwise.conv, f.pointwise.plan)),
+        (StepKind::Op(Op::Nn(NnOp::PointwiseDepthwise(f))), 1, _) => Some((&f.depthwise.conv, f.depthwise.plan)),
+        _ => None,
+    }
+}
+
+/// With the plan it runs under (a Conv step's own, made when absent: call it to write).
 fn conv_of<'a>(
     kind: &'a mut StepKind,
     plan: &'a mut Option<Plan>,
@@ -149,9 +161,9 @@ pub fn channels_last(program: &mut Program) -> usize {
     let mut packed = 0;
     for i in 0..program.steps.len() {
         for which in 0..2 {
-            let Some(step) = program.steps.get_mut(i) else { break };
+            let Some(step) = program.steps.get(i) else { break };
             let (wi, residual) = conv_weight_input(&step.kind, &step.inputs, which);
-            let Some((conv, plan)) = conv_of(&mut step.kind, &mut step.plan, which) else {
+            let Some((conv, plan)) = conv_ref(&step.kind, step.plan.as_ref(), which) else {
                 continue;
             };
             if !plan.channels_last || plan.packed.is_some() || plan.winograd.is_some() {
@@ -226,14 +238,12 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
     let mut converted = 0;
     for i in 0..program.steps.len() {
         let Some(step) = program.steps.get(i) else { break };
-        let StepKind::Op(Op::Nn(NnOp::Conv(conv))) = &step.kind else {
+        let (StepKind::Op(Op::Nn(NnOp::Conv(_))), Some((conv, plan))) =
+            (&step.kind, conv_ref(&step.kind, step.plan.as_ref(), 0))
+        else {
             continue;
         };
         let ones = |v: &[usize]| v.iter().all(|&d| d == 1);
-        let plan = match &step.plan {
-            Some(Plan::Conv(p)) => *p,
-            _ => ConvPlan::default(),
-        };
         if plan.winograd.is_some()
             || plan.packed.is_some()
             || plan.x_channels_first

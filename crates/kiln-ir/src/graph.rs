@@ -1,6 +1,6 @@
 //! Graph, node and value types.
 
-use kiln_ops::fast::{ConvPlan, GemmPlan, Plan, PoolPlan};
+use kiln_ops::fast::{ConvPlan, Plan, PoolPlan};
 use kiln_ops::nn::{Activation, NnOp};
 use kiln_ops::{Op, Value, ValueType};
 
@@ -72,14 +72,6 @@ impl Node {
         match &self.plan {
             Some(Plan::Conv(p)) => *p,
             _ => ConvPlan::default(),
-        }
-    }
-
-    /// The MatMul / Gemm plan (the default when the node has none).
-    pub fn gemm_plan(&self) -> GemmPlan {
-        match &self.plan {
-            Some(Plan::Gemm(p)) => p.clone(),
-            _ => GemmPlan::default(),
         }
     }
 

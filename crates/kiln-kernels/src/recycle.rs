@@ -174,12 +174,10 @@ fn with_home<R>(f: impl FnOnce(Option<(&Scratch, usize)>) -> R) -> R {
         // inside it (on the same thread).
         return f(Some((unsafe { &*ptr }, slot)));
     }
+    // `f` only takes or gives back a value under the slot's lock; it never reaches `CURRENT`
+    // again, so the arena stays borrowed while it runs (no count traffic on the `Arc`).
     CURRENT.with(|c| match c.try_borrow_mut() {
-        Ok(mut a) => {
-            let scratch = Arc::clone(a.scratch.get_or_insert_with(Arc::default));
-            drop(a);
-            f(Some((&scratch, 0)))
-        }
+        Ok(mut a) => f(Some((a.scratch.get_or_insert_with(Arc::default), 0))),
         Err(_) => f(None),
     })
 }

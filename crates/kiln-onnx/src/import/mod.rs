@@ -30,7 +30,12 @@ pub fn import_op(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
     for import in FAMILIES {
         if let Some(op) = import(ctx)? {
             // The one attribute check, shared with the program decoder.
-            op.validate().map_err(|e| ctx.node_err(e.to_string()))?;
+            op.validate().map_err(|e| match e {
+                kiln_ops::OpError::Attribute { attr, expected, got } => {
+                    ctx.attr_err(attr, format!("expected {expected}, got {got}"))
+                }
+                other => ctx.node_err(other.to_string()),
+            })?;
             return Ok(Some(op));
         }
     }

@@ -208,12 +208,10 @@ fn usizes(ctx: &NodeCtx<'_>, name: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// A group count (default 1); `Op::validate` checks it is at least 1.
 fn group(ctx: &NodeCtx<'_>, name: &str) -> Result<usize> {
     let g = ctx.attr_i64_or(name, 1)?;
-    usize::try_from(g)
-        .ok()
-        .filter(|&g| g >= 1)
-        .ok_or_else(|| ctx.attr_err(name, format!("must be >= 1, got {g}")))
+    usize::try_from(g).map_err(|_| ctx.attr_err(name, format!("must be >= 1, got {g}")))
 }
 
 fn nonneg(ctx: &NodeCtx<'_>, name: &str, default: i64) -> Result<usize> {
