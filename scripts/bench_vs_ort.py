@@ -22,7 +22,8 @@ multi-thread row says how many of its rounds ran far apart (over FAR_NS). Each r
 also shows the spread of the per-round ratios (their lower and upper quartile). ORT uses ORT_ENABLE_ALL and
 intra_op_num_threads = T; kiln gets num_of_cores = T (its own pool: the caller plus T - 1
 workers). Inputs come from `<model>.io.npz` (keys `in_<name>`) or
-are random. FLOPs = 2 x the MACs `kiln info` reports, i.e. the direct method's: layers kiln runs
+are random; a directory argument stands for the models its corpus.json lists (scripts/make_corpus.py)
+or else its *.onnx files. FLOPs = 2 x the MACs `kiln info` reports, i.e. the direct method's: layers kiln runs
 as Winograd do fewer, so kiln's GFLOP/s there are effective figures (and may exceed the peak).
 
 With --openvino, OpenVINO (the `openvino` pip package, CPU plugin, LATENCY hint,
@@ -35,10 +36,11 @@ from its place), and each row adds its ms and the paired ratio B/A: a before/aft
 of two kilns under the same conditions.
 
 usage: python scripts/bench_vs_ort.py [--kiln target/release/kiln] [--kiln-b OTHER_KILN]
-       [--threads 1,2] [--rounds 9] [--per-round K] [--openvino] MODEL.onnx...
+       [--threads 1,2] [--rounds 9] [--per-round K] [--openvino] MODEL.onnx|DIR|corpus.json...
 The machine may be shared and noisy: compare ratios from one run, not figures across runs.
 """
 import argparse
+import glob
 import json
 import os
 import re
@@ -79,9 +81,35 @@ def feeds_for(model, sess):
     return out
 
 
-def macs(kiln, model):
-    text = subprocess.run([kiln, "info", model], check=True, capture_output=True, text=True).stdout
-    m = re.search(r"^MACs\s+([\d,]+)", text, re.M)
+def expand_models(paths):
+    """The model paths as given, except that a directory stands for the models its corpus.json
+    lists (scripts/make_corpus.py writes one), or else its *.onnx files, and a .json file for the
+    models it lists."""
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            if not os.path.exists(os.path.join(p, "corpus.json")):
+                out += sorted(glob.glob(os.path.join(p, "*.onnx")))
+                continue
+            p = os.path.join(p, "corpus.json")
+        if p.endswith(".json"):
+            with open(p) as f:
+                out += [os.path.join(os.path.dirname(p), m["file"]) for m in json.load(f)["models"]]
+        else:
+            out.append(p)
+    return out
+
+
+def macs(kiln, model, sess=None, feeds=None):
+    """The MACs `kiln info` counts, with the model's symbolic input dims bound to the feeds' sizes
+    (kiln counts none while a dim is symbolic)."""
+    symbols = []
+    for i in (sess.get_inputs() if sess else []):
+        for d, v in zip(i.shape, feeds[i.name].shape):
+            if isinstance(d, str) and d != "?":
+                symbols += ["--define-symbol", f"{d}={v}"]
+    r = subprocess.run([kiln, "info", model, *symbols], capture_output=True, text=True)
+    m = re.search(r"^MACs\s+([\d,]+)", r.stdout, re.M)
     return int(m.group(1).replace(",", "")) if m else None
 
 
@@ -171,21 +199,36 @@ def main():
     threads = [int(t) for t in a.threads.split(",")]
     rows = []
     per_rounds = []
+    skipped = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model in a.models:
+        for model in expand_models(a.models):
             name = os.path.basename(model).removesuffix(".onnx")
             program = os.path.join(tmp, name + ".kiln")
-            subprocess.run([a.kiln, "compile", model, "-o", program, "--quiet"], check=True)
             program_b = os.path.join(tmp, name + ".b.kiln")
-            if a.kiln_b:
-                subprocess.run([a.kiln_b, "compile", model, "-o", program_b, "--quiet"], check=True)
-            flops = (macs(a.kiln, model) or 0) * 2
+            try:
+                subprocess.run([a.kiln, "compile", model, "-o", program, "--quiet"], check=True,
+                               capture_output=True, text=True)
+                if a.kiln_b:
+                    subprocess.run([a.kiln_b, "compile", model, "-o", program_b, "--quiet"], check=True,
+                                   capture_output=True, text=True)
+            except subprocess.CalledProcessError as e:  # one model kiln cannot take does not end the run
+                print(f"{name:<14} skipped: kiln compile failed: {e.stderr.strip()}", flush=True)
+                skipped.append(name)
+                continue
+            flops = None
             for t in threads:
                 sess = ort_session(model, t)
                 feeds = feeds_for(model, sess)
+                if flops is None:
+                    flops = (macs(a.kiln, model, sess, feeds) or 0) * 2
                 npz = os.path.join(tmp, name + ".in.npz")
                 np.savez(npz, **feeds)
-                ov_run = openvino_runner(model, t, feeds) if a.openvino else None
+                ov_run = None
+                if a.openvino:
+                    try:
+                        ov_run = openvino_runner(model, t, feeds)
+                    except Exception as e:  # OpenVINO cannot read every model: time the others
+                        print(f"{name:<14} T={t}  OpenVINO failed: {str(e).strip().splitlines()[-1]}", flush=True)
                 ks, os_, vs, trips, bs = [], [], [], [], []
                 probe = probe_ms(a.kiln, program, npz, t)
                 warmup = runs_for(WARMUP_S, probe)
@@ -239,6 +282,8 @@ def main():
         rbs = [row[11][0] for row in rows if row[1] == t and row[11]]
         if rbs:
             print(f"geometric mean kiln-b/kiln, {t} thread(s): {statistics.geometric_mean(rbs):.3f}")
+    if skipped:
+        print(f"skipped (kiln compile failed): {', '.join(skipped)}")
     print(f"(ms: median of {a.rounds} rounds x {min(per_rounds, default=0)}-{max(per_rounds, default=0)} runs "
           "per runtime, interleaved; kiln/ORT: median of the per-round ratios, IQR their quartiles; "
           f"far: kiln rounds whose threads' cache-line round trip exceeded {FAR_NS} ns, i.e. the host "

@@ -1,13 +1,16 @@
 """Run ONNX models through kiln (the CLI) and ONNX Runtime on the same inputs and report how
 far apart the outputs are. Inputs come from `<model>.io.npz` (keys `in_<name>`, as
-../shared/bench/make_models.py writes them) or are random.
+../shared/bench/make_models.py and scripts/make_corpus.py write them) or are random. A directory
+argument stands for the models its corpus.json lists (else its *.onnx files).
 
 usage: python scripts/compare_ort.py [--kiln target/release/kiln] [--rtol 1e-4] [--opt-level N]
-       [--via-program] MODEL.onnx...
+       [--via-program] MODEL.onnx|DIR|corpus.json...
 Exit status 1 when any output differs by more than rtol (relative to the output's max |value|,
 elementwise with an atol of rtol * max|ref|).
 """
 import argparse
+import glob
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +39,25 @@ def inputs_for(model_path, sess):
     return feeds
 
 
+def expand_models(paths):
+    """The model paths as given, except that a directory stands for the models its corpus.json
+    lists (scripts/make_corpus.py writes one), or else its *.onnx files, and a .json file for the
+    models it lists."""
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            if not os.path.exists(os.path.join(p, "corpus.json")):
+                out += sorted(glob.glob(os.path.join(p, "*.onnx")))
+                continue
+            p = os.path.join(p, "corpus.json")
+        if p.endswith(".json"):
+            with open(p) as f:
+                out += [os.path.join(os.path.dirname(p), m["file"]) for m in json.load(f)["models"]]
+        else:
+            out.append(p)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", default="target/release/kiln")
@@ -47,7 +69,7 @@ def main():
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     bad = 0
-    for path in a.models:
+    for path in expand_models(a.models):
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
@@ -73,12 +95,23 @@ def main():
                 continue
             for o, want in zip(sess.get_outputs(), ref):
                 name = "".join(c if c.isalnum() or c in "._-" else "_" for c in o.name)
-                got = np.load(os.path.join(out, name + ".npy"))
-                scale = float(np.max(np.abs(want))) or 1.0
-                err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) / scale
+                got_path = os.path.join(out, name + ".npy")
+                if not os.path.exists(got_path):
+                    print(f"{os.path.basename(path)}: output {o.name}: kiln wrote no {name}.npy")
+                    bad += 1
+                    continue
+                got = np.load(got_path)
+                if got.shape != want.shape:
+                    err = float("inf")
+                elif want.size == 0:
+                    err = 0.0
+                else:
+                    scale = float(np.max(np.abs(want))) or 1.0
+                    err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) / scale
                 ok = got.shape == want.shape and err <= a.rtol
                 bad += not ok
-                print(f"{os.path.basename(path)}: output {o.name} {want.dtype}{list(want.shape)} "
+                shape = f"kiln's shape {list(got.shape)} " if got.shape != want.shape else ""
+                print(f"{os.path.basename(path)}: output {o.name} {want.dtype}{list(want.shape)} {shape}"
                       f"max|kiln-ort|/max|ort| = {err:.2e} {'ok' if ok else 'MISMATCH'} (kiln run {dt:.1f}s incl. load)")
     sys.exit(1 if bad else 0)
 
