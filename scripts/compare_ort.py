@@ -84,7 +84,12 @@ def main():
             target = path
             if a.via_program:
                 target = os.path.join(tmp, "model.kiln")
-                subprocess.run([a.kiln, "compile", path, "-o", target, "--quiet", *level], check=True)
+                c = subprocess.run([a.kiln, "compile", path, "-o", target, "--quiet", *level],
+                                   capture_output=True, text=True)
+                if c.returncode != 0:
+                    print(f"{os.path.basename(path)}: kiln compile failed: {c.stderr.strip()}")
+                    bad += 1
+                    continue
                 level = []
             r = subprocess.run([a.kiln, "run", target, "--inputs", npz, "--output-dir", out, *level],
                                capture_output=True, text=True)
