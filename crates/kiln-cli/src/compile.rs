@@ -171,6 +171,25 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         human_bytes(s.meta.weights.bytes),
         s.meta.weights.packing
     ));
+    if !s.meta.shape_sets.is_empty() {
+        let sets: Vec<String> = s
+            .meta
+            .shape_sets
+            .iter()
+            .map(|b| b.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+            .collect();
+        out.push_str(&format!(
+            "  shape specializations: {} ({})\n",
+            sets.len(),
+            sets.join("; ")
+        ));
+    }
+    if let Some(src) = &s.meta.specialize {
+        out.push_str(&format!(
+            "  symbolic input dims: the model ({}) is embedded; a session compiles each new input shape on its first run\n",
+            human_bytes(src.bytes)
+        ));
+    }
     out.push_str(&format!(
         "  file: {} bytes, content hash {}\n",
         s.file_bytes,

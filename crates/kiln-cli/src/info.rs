@@ -70,6 +70,28 @@ fn program_text(out: &mut String, path: &Path, print_steps: bool) -> Result<()> 
     {
         outln!(out, "memory plan: {mem}");
     }
+    let sets = |b: &[(String, u64)]| b.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    if !m.shape_sets.is_empty() {
+        let listed: Vec<String> = m.shape_sets.iter().map(|b| sets(b)).collect();
+        outln!(
+            out,
+            "shape specializations: {} compiled ahead of time ({})",
+            listed.len(),
+            listed.join("; ")
+        );
+    }
+    match &m.specialize {
+        Some(s) => outln!(
+            out,
+            "model source: embedded ({} bytes): a session compiles other input shapes on their first run (shape_cache_size)",
+            group(s.bytes)
+        ),
+        None if m.inputs.iter().any(|i| has_symbol(&i.ty)) => outln!(
+            out,
+            "model source: not embedded (a model with external data): input shapes other than those above run the shape-generic program"
+        ),
+        None => {}
+    }
     let effective = m.options.get("effective").cloned().unwrap_or(serde_json::Value::Null);
     outln!(out, "compile options (effective): {effective}");
     let config: Option<kiln_config::Config> = m
@@ -263,4 +285,11 @@ fn group(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// Whether a printed type (`f32[batch,3,224,224]`) has a symbolic dim.
+fn has_symbol(ty: &str) -> bool {
+    let dims = ty.split_once('[').map_or("", |(_, d)| d.trim_end_matches(']'));
+    dims.split(',')
+        .any(|d| !d.trim().is_empty() && d.trim().parse::<u64>().is_err())
 }

@@ -45,6 +45,7 @@ fn bench_json_carries_every_key_with_sane_values() {
         "load_s",
         "latency_ms",
         "thread_round_trip_ns",
+        "shape_cache",
     ];
     want.sort_unstable();
     let mut got = keys.clone();
@@ -52,6 +53,10 @@ fn bench_json_carries_every_key_with_sane_values() {
     assert_eq!(got, want);
     assert_eq!(v["inferences"].as_u64(), Some(20));
     assert_eq!(v["batch_size"].as_u64(), Some(1));
+    assert!(
+        v["shape_cache"].is_null(),
+        "a static model has no shape specialisations"
+    );
     let (total, rate) = (num(&v, "total_s"), num(&v, "inf_per_s"));
     assert!(total > 0.0 && rate > 0.0 && num(&v, "load_s") > 0.0);
     assert!(

@@ -38,6 +38,9 @@ pub enum Kind {
     IntList,
     /// Symbol bindings: a mapping `{batch: 1}`, a list of `[name, value]` pairs or `name=value` strings.
     Symbols,
+    /// A list of symbol-binding sets: a list of mappings, or one string of sets separated by
+    /// `;` (`"h=640,w=640; h=320,w=320"`).
+    SymbolSets,
     /// Any JSON value, kept as written.
     Json,
     /// `null`, or a value of the inner kind.
@@ -104,6 +107,7 @@ impl Kind {
             Kind::StrList => "list of string".into(),
             Kind::IntList => "list of int".into(),
             Kind::Symbols => "map of string to int".into(),
+            Kind::SymbolSets => "list of maps of string to int".into(),
             Kind::Json => "any".into(),
             Kind::Nullable(k) => format!("{} or null", k.type_name()),
         }
@@ -146,6 +150,9 @@ impl Kind {
             Kind::StrList => "a list of strings (or one comma-separated string)".into(),
             Kind::IntList => "a list of integers (or one string of integers)".into(),
             Kind::Symbols => "a mapping of symbol names to non-negative integers (e.g. {batch: 1})".into(),
+            Kind::SymbolSets => {
+                "a list of mappings of symbol names to non-negative integers (e.g. [{h: 640, w: 640}, {h: 320, w: 320}] or \"h=640,w=640; h=320,w=320\")".into()
+            }
             Kind::Json => "any value".into(),
             Kind::Nullable(k) => format!("null or {}", k.expected()),
         }
@@ -244,6 +251,20 @@ impl Kind {
                     .map(Value::Array)
             }
             Kind::Symbols => normalize_symbols(v),
+            Kind::SymbolSets => match v {
+                Value::Array(sets) => sets
+                    .iter()
+                    .map(normalize_symbols)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Value::Array),
+                Value::String(s) => s
+                    .split(';')
+                    .filter(|p| !p.trim().is_empty())
+                    .map(|p| normalize_symbols(&Value::String(p.to_string())))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Value::Array),
+                _ => Err(Invalid),
+            },
             Kind::Json => Ok(v.clone()),
             Kind::Nullable(k) => match v {
                 Value::Null => Ok(Value::Null),
@@ -297,6 +318,10 @@ impl Kind {
             Kind::Symbols => json!({"oneOf": [
                 {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
                 {"type": "array"},
+                {"type": "string"}
+            ]}),
+            Kind::SymbolSets => json!({"oneOf": [
+                {"type": "array", "items": Kind::Symbols.schema()},
                 {"type": "string"}
             ]}),
             Kind::Json => json!({}),
@@ -471,6 +496,16 @@ mod tests {
         );
         assert_eq!(Kind::Symbols.normalize(&json!("batch=1,seq=128")), Ok(want));
         assert_eq!(Kind::Symbols.normalize(&json!({"batch": -1})), Err(Invalid));
+    }
+
+    #[test]
+    fn symbol_sets_are_lists_or_one_string() {
+        let want = json!([{"h": 640, "w": 640}, {"h": 320, "w": 320}]);
+        let list = json!([{"h": 640, "w": 640}, "h=320,w=320"]);
+        assert_eq!(Kind::SymbolSets.normalize(&list), Ok(want.clone()));
+        assert_eq!(Kind::SymbolSets.normalize(&json!("h=640,w=640; h=320,w=320")), Ok(want));
+        assert_eq!(Kind::SymbolSets.normalize(&json!([{"h": -1}])), Err(Invalid));
+        assert_eq!(Kind::SymbolSets.normalize(&json!(3)), Err(Invalid));
     }
 
     #[test]

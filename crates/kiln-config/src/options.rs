@@ -322,6 +322,8 @@ section! {
             "Graph optimization level: 0 no graph rewrites, 1 cleanup passes, 2 fusions (default), 3 everything. HTP accepts 1-3; kiln also 0.";
         onnx_define_symbol: BTreeMap<String, u64> = BTreeMap::new(), Kind::Symbols, IMPLEMENTED, [qaic("onnx_define_symbol")],
             "Binds symbolic dimensions of the model to sizes, e.g. {batch: 1}.";
+        shape_specializations: Vec<BTreeMap<String, u64>> = Vec::new(), Kind::SymbolSets, IMPLEMENTED, [],
+            "kiln's own: shape sets (bindings of the model's input symbols) compiled ahead of time and stored in the program beside the shape-generic one, e.g. [{height: 640, width: 640}, {height: 320, width: 320}]; a run of other shapes compiles them on first use (shape_cache_size).";
         output_tensors: Vec<String> = Vec::new(), Kind::StrList, IMPLEMENTED, [qairt("set_output_tensors")],
             "Intermediate tensors to output in addition to the graph outputs (comma-separated or a list).";
         enable_intermediate_outputs: bool = false, Kind::Bool, IMPLEMENTED, [qairt("enable_intermediate_outputs")],
@@ -470,7 +472,7 @@ section! {
             "Load embedding tables from a zip file.";
         dump_embedding_tables: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), no_effect("extracts tables from a PyTorch model; kiln loads ONNX models only"), [qaic("dump_embedding_tables")],
             "Extract embedding tables from a PyTorch model.";
-        dynamic_shape_input: Vec<String> = Vec::new(), Kind::StrList, no_effect("kiln keeps every unbound symbolic dimension dynamic; no input needs to be declared"), [qaic("dynamic_shape_input")],
+        dynamic_shape_input: Vec<String> = Vec::new(), Kind::StrList, no_effect("kiln treats every unbound symbolic dimension as dynamic and compiles each new input shape on its first run (shape_cache_size); no input needs to be declared"), [qaic("dynamic_shape_input")],
             "Inputs to treat as having dynamic shape.";
         always_expand_onnx_functions: bool = false, Kind::Bool, no_effect("kiln always inlines model-local functions and runs standard function ops with kernels that compute the same result"), [qaic("always_expand_onnx_functions")],
             "Force the expansion of ONNX functions.";
@@ -738,6 +740,8 @@ section! {
     pub struct RuntimeConfig in Runtime {
         num_of_cores: u32 = 1, POSITIVE, IMPLEMENTED, [aic("num_of_cores"), qaic("aic_num_cores"), graph("num_cores")],
             "Compute threads of a session (AIC: NSP cores): the caller plus num_of_cores - 1 workers, which spin only during a run.";
+        shape_cache_size: u32 = 8, UINT, IMPLEMENTED, [],
+            "kiln's own: for a model with symbolic input dims, the most input-shape specialisations a session compiles at run time (on the first run of new shapes) and keeps, least recently used dropped first; 0 runs new shapes on the shape-generic program.";
         enable_profiling: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_profiling")],
             "Profile each run (per-step times); exclusive with enable_metrics.";
         enable_metrics: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_metrics")],

@@ -205,27 +205,64 @@ pub(crate) fn merge(declared: &ValueType, inferred: &ValueType) -> ValueType {
 /// Replaces every occurrence of the named symbols by their values, in this graph and its
 /// subgraphs, then re-runs inference so bound dims propagate.
 pub fn bind_symbols(graph: &mut Graph, symbols: &[(String, usize)]) -> Result<(), InferError> {
-    bind_in(graph, symbols);
+    map_dims(graph, &mut |d| {
+        if let Dim::Sym(s) = d
+            && let Some((_, v)) = symbols.iter().find(|(n, _)| n == s)
+        {
+            *d = Dim::Fixed(*v);
+        }
+    });
     infer_types(graph)
 }
 
-fn bind_in(graph: &mut Graph, symbols: &[(String, usize)]) {
+/// Gives the unnamed dims of the graph's inputs (`Dim::fresh` symbols, whose numbers depend
+/// on what else this process imported) names made from their place, `unk__<input>_<axis>`, so
+/// the same model always gets the same names: a program compiled from it in one process and
+/// a specialisation compiled from it in another agree on them. Still distinct, still unnamed.
+pub fn name_unknown_input_dims(graph: &mut Graph) {
+    let mut renames: Vec<(String, String)> = Vec::new();
+    for (k, &id) in graph.inputs.iter().enumerate() {
+        if let Some(ValueType::Tensor(TensorType { shape: Some(s), .. })) = graph.value(id).map(|v| &v.ty) {
+            for (axis, d) in s.iter().enumerate() {
+                if let Dim::Sym(n) = d
+                    && Dim::is_unnamed(n)
+                    && !renames.iter().any(|(o, _)| o == n)
+                {
+                    renames.push((n.clone(), format!("unk__{k}_{axis}")));
+                }
+            }
+        }
+    }
+    if renames.is_empty() {
+        return;
+    }
+    map_dims(graph, &mut |d| {
+        if let Dim::Sym(s) = d
+            && let Some((_, new)) = renames.iter().find(|(o, _)| o == s)
+        {
+            *s = new.clone();
+        }
+    });
+}
+
+/// Applies `f` to every dim of every value type, in this graph and its subgraphs.
+fn map_dims(graph: &mut Graph, f: &mut impl FnMut(&mut Dim)) {
     for v in &mut graph.values {
-        bind_type(&mut v.ty, symbols);
+        map_type(&mut v.ty, f);
     }
     for node in &mut graph.nodes {
         if let NodeKind::Control(c) = &mut node.kind {
             match c {
                 ControlFlow::If(n) => {
-                    bind_in(&mut n.then_branch, symbols);
-                    bind_in(&mut n.else_branch, symbols);
+                    map_dims(&mut n.then_branch, f);
+                    map_dims(&mut n.else_branch, f);
                 }
-                ControlFlow::Loop(n) => bind_in(&mut n.body, symbols),
-                ControlFlow::Scan(n) => bind_in(&mut n.body, symbols),
-                ControlFlow::SequenceMap(n) => bind_in(&mut n.body, symbols),
+                ControlFlow::Loop(n) => map_dims(&mut n.body, f),
+                ControlFlow::Scan(n) => map_dims(&mut n.body, f),
+                ControlFlow::SequenceMap(n) => map_dims(&mut n.body, f),
                 ControlFlow::FlexAttention(n) => {
                     for g in n.score_mod.iter_mut().chain(n.prob_mod.iter_mut()) {
-                        bind_in(g, symbols);
+                        map_dims(g, f);
                     }
                 }
             }
@@ -233,20 +270,14 @@ fn bind_in(graph: &mut Graph, symbols: &[(String, usize)]) {
     }
 }
 
-fn bind_type(ty: &mut ValueType, symbols: &[(String, usize)]) {
+fn map_type(ty: &mut ValueType, f: &mut impl FnMut(&mut Dim)) {
     match ty {
         ValueType::Tensor(t) => {
             if let Some(shape) = &mut t.shape {
-                for d in shape {
-                    if let Dim::Sym(s) = d
-                        && let Some((_, v)) = symbols.iter().find(|(n, _)| n == s)
-                    {
-                        *d = Dim::Fixed(*v);
-                    }
-                }
+                shape.iter_mut().for_each(&mut *f);
             }
         }
-        ValueType::Sequence(t) | ValueType::Optional(t) => bind_type(t, symbols),
+        ValueType::Sequence(t) | ValueType::Optional(t) => map_type(t, f),
         ValueType::Unknown => {}
     }
 }

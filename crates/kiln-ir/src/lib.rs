@@ -13,6 +13,6 @@ pub use graph::{
     Capture, ControlFlow, FlexAttentionNode, Graph, IfNode, LoopNode, Node, NodeKind, ScanNode, SequenceMapNode,
     ValueId, ValueInfo,
 };
-pub use infer::{InferError, bind_symbols, infer_types, input_symbols};
+pub use infer::{InferError, bind_symbols, infer_types, input_symbols, name_unknown_input_dims};
 pub use kiln_ops::{Dim, Op, TensorType, Value, ValueType};
 pub use verify::VerifyError;

@@ -117,6 +117,7 @@ fn import(bytes: Bytes, dir: Option<&Path>, options: &ImportOptions) -> Result<M
             });
         }
     }
+    kiln_ir::name_unknown_input_dims(&mut graph);
     kiln_ir::bind_symbols(&mut graph, &options.symbols).map_err(|e| ImportError::Node {
         node: e.node,
         op: e.op,
@@ -662,7 +663,7 @@ pub(crate) fn value_type(t: Option<&TypeProto>) -> ValueType {
                         Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => {
                             Dim::Fixed(*v as usize)
                         }
-                        Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => {
+                        Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !unnamed_param(p) => {
                             Dim::Sym(p.clone())
                         }
                         _ => Dim::fresh(),
@@ -675,6 +676,12 @@ pub(crate) fn value_type(t: Option<&TypeProto>) -> ValueType {
         Some(type_proto::Value::OptionalType(o)) => ValueType::Optional(Box::new(value_type(o.elem_type.as_deref()))),
         _ => ValueType::Unknown,
     }
+}
+
+/// Whether a dim_param names no symbol: empty, or what exporters write for "unknown" (paddle2onnx
+/// writes `?`, others `-1` or `None`). Each such dim is an unknown of its own, never shared.
+fn unnamed_param(p: &str) -> bool {
+    matches!(p.trim(), "" | "?" | "None" | "none" | "null") || p.trim().parse::<i64>().is_ok()
 }
 
 /// The value of a Constant node, from whichever attribute holds it.

@@ -78,6 +78,11 @@ pub enum Dim {
 }
 
 impl Dim {
+    /// Whether a symbol names an unnamed dim (`fresh`, or the importer's `unk__<input>_<axis>`).
+    pub fn is_unnamed(symbol: &str) -> bool {
+        symbol.starts_with("unk__")
+    }
+
     /// A new symbol for a dim nothing names (an ONNX dim with neither value nor param, or the
     /// disagreeing dims of two If branches). Each call gives a distinct `unk__N`, so two
     /// unrelated unknown dims are never taken for equal. Inputs' `unk__` dims bind nothing.

@@ -85,6 +85,9 @@ pub struct BenchReport {
     /// after the measured inferences ([`Session::thread_round_trip_ns`]): where the host put
     /// the cores while the figures above were taken. `null` on one thread.
     pub thread_round_trip_ns: Option<RoundTrip>,
+    /// For a model with symbolic input dims, its shape specialisations after the run
+    /// ([`Session::shape_cache`]); `null` for a static model.
+    pub shape_cache: Option<crate::ShapeCacheInfo>,
 }
 
 /// A cache-line round trip between two compute threads, in ns, before and after a
@@ -132,6 +135,39 @@ impl fmt::Display for BenchReport {
                 ns(rt.before),
                 ns(rt.after)
             )?;
+        }
+        if let Some(c) = &self.shape_cache {
+            let sets = |b: &[crate::Bindings]| {
+                b.iter()
+                    .map(|b| b.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
+            let mut parts = Vec::new();
+            if !c.stored.is_empty() {
+                parts.push(format!(
+                    "{} compiled ahead of time ({})",
+                    c.stored.len(),
+                    sets(&c.stored)
+                ));
+            }
+            if !c.cached.is_empty() {
+                parts.push(format!(
+                    "{} compiled on first run ({})",
+                    c.cached.len(),
+                    sets(&c.cached)
+                ));
+            }
+            for (b, reason) in &c.failed {
+                parts.push(format!(
+                    "{} runs shape-generic: {reason}",
+                    sets(std::slice::from_ref(b))
+                ));
+            }
+            if parts.is_empty() {
+                parts.push("none: the runs used the shape-generic program".into());
+            }
+            writeln!(f, "shapes         {}", parts.join("; "))?;
         }
         Ok(())
     }
@@ -232,6 +268,7 @@ impl Session {
             load_s: self.monitor.load().as_secs_f64(),
             latency_ms,
             thread_round_trip_ns,
+            shape_cache: self.shape_cache(),
         })
     }
 
@@ -315,7 +352,9 @@ impl Session {
         let mut profile = Profile::new();
         let started = Instant::now();
         for done in 1..=runs.max(1) {
-            self.on_pool(|| kiln_runtime::run_with(&self.program, feed.clone(), Some(&mut profile)))?;
+            self.run_program(feed.clone(), |program, feed| {
+                kiln_runtime::run_with(program, feed, Some(&mut profile))
+            })?;
             progress(BenchProgress {
                 warmup: false,
                 done: done as u64,
@@ -442,6 +481,7 @@ mod tests {
                 before: 70.0,
                 after: 330.0,
             }),
+            shape_cache: None,
         };
         let v = serde_json::to_value(&r).unwrap_or_default();
         let mut keys: Vec<&str> = v
@@ -457,6 +497,7 @@ mod tests {
                 "inferences",
                 "latency_ms",
                 "load_s",
+                "shape_cache",
                 "thread_round_trip_ns",
                 "total_s"
             ]

@@ -13,6 +13,7 @@ mod monitor;
 mod profile;
 mod session;
 mod shapes;
+mod specialize;
 mod trace;
 
 pub use bench::{BenchLimit, BenchOptions, BenchProgress, BenchReport, RoundTrip};
@@ -30,6 +31,7 @@ pub use session::{
     CompileSummary, Error, IoInfo, ProgramMeta, Session, SessionOptions, compile_file, is_program_file, load_onnx,
 };
 pub use shapes::{MemoryPlacement, ShapeInfo};
+pub use specialize::{Bindings, DEFAULT_SHAPE_CACHE, ShapeCacheInfo};
 
 /// Lower-level crates, for tools (CLI, conformance, benchmarks) that need them.
 pub mod raw {

@@ -2,6 +2,7 @@
 
 use crate::monitor::{Metrics, Monitor};
 use crate::profile::ProfileReport;
+use crate::specialize::{ShapeCacheInfo, Specializer};
 use kiln_compiler::CompileOptions;
 use kiln_onnx::{ImportOptions, Model};
 use kiln_ops::{Value, ValueType};
@@ -30,12 +31,21 @@ pub enum Error {
     Write(#[from] kiln_runtime::file::FileError),
     #[error("could not start {threads} compute threads: {cause}")]
     Threads { threads: usize, cause: std::io::Error },
+    #[error("shape specialization {set}: {reason}")]
+    ShapeSet { set: String, reason: String },
+}
+
+fn to_usize(bindings: &[(String, u64)]) -> Vec<(String, usize)> {
+    bindings
+        .iter()
+        .map(|(k, v)| (k.clone(), usize::try_from(*v).unwrap_or(usize::MAX)))
+        .collect()
 }
 
 pub use kiln_runtime::file::Meta as ProgramMeta;
 
 /// Options for creating a session.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SessionOptions {
     /// Bindings of symbolic input dims (`--define-symbol NAME=VALUE`, qaic's
     /// `onnx_define_symbol`).
@@ -53,6 +63,26 @@ pub struct SessionOptions {
     /// Compute threads of each run (qaic's `num_of_cores` / `aic_num_cores`): the calling
     /// thread plus `threads - 1` pool workers. 0 and 1 both mean single-threaded.
     pub threads: usize,
+    /// Shape sets (bindings of the model's input symbols) compiled ahead of time beside the
+    /// generic program (`shape_specializations`; see `specialize.rs`).
+    pub shape_specializations: Vec<Vec<(String, usize)>>,
+    /// Most run-time shape specialisations kept (`shape_cache_size`; 0: none).
+    pub shape_cache_size: usize,
+}
+
+impl Default for SessionOptions {
+    fn default() -> SessionOptions {
+        SessionOptions {
+            symbols: Vec::new(),
+            compile: CompileOptions::default(),
+            enable_metrics: false,
+            enable_profiling: false,
+            config: kiln_config::Config::default(),
+            threads: 0,
+            shape_specializations: Vec::new(),
+            shape_cache_size: crate::specialize::DEFAULT_SHAPE_CACHE,
+        }
+    }
 }
 
 impl SessionOptions {
@@ -75,6 +105,16 @@ impl SessionOptions {
             enable_profiling: config.runtime.enable_profiling,
             config: config.clone(),
             threads: usize::try_from(config.runtime.num_of_cores).unwrap_or(1),
+            shape_specializations: c
+                .shape_specializations
+                .iter()
+                .map(|set| {
+                    set.iter()
+                        .map(|(k, v)| (k.clone(), usize::try_from(*v).unwrap_or(usize::MAX)))
+                        .collect()
+                })
+                .collect(),
+            shape_cache_size: usize::try_from(config.runtime.shape_cache_size).unwrap_or(usize::MAX),
         }
     }
 }
@@ -96,6 +136,8 @@ pub struct Session {
     meta: Option<ProgramMeta>,
     /// The compute threads (`None`: single-threaded).
     pub(crate) pool: Option<kiln_runtime::ThreadPool>,
+    /// Programs specialised for input shapes, for a model with symbolic input dims.
+    specializer: Option<Specializer>,
     /// Run states: the planned block and recycled buffers of each concurrent run (one arena
     /// per run at once).
     pub(crate) arenas: std::sync::Mutex<Vec<kiln_runtime::Arena>>,
@@ -127,6 +169,14 @@ pub struct CompileSummary {
 /// Compiles an `.onnx` model into a `.kiln` program file.
 pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Result<CompileSummary, Error> {
     let imported = load_onnx(model, options)?;
+    let symbols = kiln_ir::input_symbols(&imported.graph);
+    let shapes = shape_programs(&imported.graph, &symbols, options)?;
+    // A model with symbolic input dims carries its source, so a session can compile other shapes.
+    let source = if symbols.is_empty() {
+        None
+    } else {
+        embeddable_source(model, options)
+    };
     let compiled = kiln_compiler::compile(imported.graph, &options.compile)?;
     let resolved = serde_json::json!({
         "effective": {
@@ -159,6 +209,8 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
                 kiln_compiler::prepack::LAYOUT.tag()
             )
         }),
+        shapes,
+        model: source,
     };
     let meta = kiln_runtime::file::write(out, &compiled.program, input)?;
     let file_bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
@@ -168,6 +220,69 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
         memory: compiled.memory,
         file_bytes,
     })
+}
+
+/// The programs of the shape sets `options.shape_specializations` lists, each compiled from
+/// `graph` with those symbols bound; every set must bind every input symbol of the model.
+fn shape_programs(
+    graph: &kiln_ir::Graph,
+    symbols: &[String],
+    options: &SessionOptions,
+) -> Result<Vec<kiln_runtime::file::ShapeProgram>, Error> {
+    let mut out: Vec<kiln_runtime::file::ShapeProgram> = Vec::new();
+    for set in &options.shape_specializations {
+        let bad = |reason: String| Error::ShapeSet {
+            set: set
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            reason,
+        };
+        if let Some((name, _)) = set.iter().find(|(n, _)| !symbols.contains(n)) {
+            return Err(bad(format!(
+                "'{name}' is not a symbol of the model's inputs (symbols: {})",
+                if symbols.is_empty() {
+                    "none".to_string()
+                } else {
+                    symbols.join(", ")
+                }
+            )));
+        }
+        if let Some(missing) = symbols.iter().find(|s| !set.iter().any(|(n, _)| n == *s)) {
+            return Err(bad(format!("it does not bind the input symbol '{missing}'")));
+        }
+        let mut bindings: Vec<(String, usize)> = set.clone();
+        bindings.sort();
+        let bindings_u64: Vec<(String, u64)> = bindings.iter().map(|(k, v)| (k.clone(), *v as u64)).collect();
+        if out.iter().any(|p| p.bindings == bindings_u64) {
+            continue;
+        }
+        let mut g = graph.clone();
+        kiln_ir::bind_symbols(&mut g, &bindings).map_err(|e| bad(e.to_string()))?;
+        let program = kiln_compiler::compile(g, &options.compile).map_err(|e| bad(e.to_string()))?;
+        out.push(kiln_runtime::file::ShapeProgram {
+            bindings: bindings_u64,
+            program: program.program,
+        });
+    }
+    Ok(out)
+}
+
+/// The model's bytes and how to compile them again, when they can be imported on their own
+/// (a model with external data cannot: its tensors live in other files).
+fn embeddable_source(model: &Path, options: &SessionOptions) -> Option<(Vec<u8>, kiln_runtime::file::SourceMeta)> {
+    let bytes = std::fs::read(model).ok()?;
+    let import = kiln_onnx::ImportOptions {
+        symbols: options.symbols.clone(),
+    };
+    kiln_onnx::load_model_bytes(bytes::Bytes::from(bytes.clone()), &import).ok()?;
+    let meta = kiln_runtime::file::SourceMeta {
+        bytes: bytes.len() as u64,
+        symbols: options.symbols.iter().map(|(k, v)| (k.clone(), *v as u64)).collect(),
+        compile: serde_json::to_value(&options.compile).ok()?,
+    };
+    Some((bytes, meta))
 }
 
 /// Whether `path` starts with the program-file magic (else it is taken for ONNX).
@@ -191,7 +306,10 @@ impl Session {
                 path: path.display().to_string(),
                 cause,
             })?;
-            return Session::with_program(file.program, Some(file.meta)).observed(options, started);
+            let specializer = Session::file_specializer(&file, options);
+            let mut session = Session::with_program(file.program, Some(file.meta));
+            session.specializer = specializer;
+            return session.observed(options, started);
         }
         let model = load_onnx(path, options)?;
         Session::compiled(&model, options, started)
@@ -209,8 +327,50 @@ impl Session {
 
     /// Compiles `model`, counting the load time from `started`.
     fn compiled(model: &Model, options: &SessionOptions, started: std::time::Instant) -> Result<Session, Error> {
+        let symbols = kiln_ir::input_symbols(&model.graph);
+        let stored = shape_programs(&model.graph, &symbols, options)?;
         let compiled = kiln_compiler::compile(model.graph.clone(), &options.compile)?;
-        Session::with_program(compiled.program, None).observed(options, started)
+        let mut session = Session::with_program(compiled.program, None);
+        if !symbols.is_empty() {
+            let s = Specializer::from_graph(model.graph.clone(), options.compile.clone(), options.shape_cache_size);
+            s.store(stored.into_iter().map(|p| (to_usize(&p.bindings), p.program)).collect());
+            session.specializer = Some(s);
+        }
+        session.observed(options, started)
+    }
+
+    /// The specialisations of a program file: its stored shape programs, and its embedded
+    /// source compiled with the options it was compiled with.
+    fn file_specializer(file: &kiln_runtime::file::ProgramFile, options: &SessionOptions) -> Option<Specializer> {
+        if file.shapes.is_empty() && file.source.is_none() {
+            return None;
+        }
+        let spec = file.meta.specialize.as_ref();
+        let compile = spec
+            .and_then(|m| serde_json::from_value::<CompileOptions>(m.compile.clone()).ok())
+            .unwrap_or_default();
+        let source = file
+            .source
+            .clone()
+            .zip(spec)
+            .map(|(bytes, m)| (bytes, to_usize(&m.symbols)));
+        let stored = file
+            .shapes
+            .iter()
+            .map(|p| (to_usize(&p.bindings), p.program.clone()))
+            .collect();
+        Some(Specializer::from_file(
+            source,
+            stored,
+            compile,
+            options.shape_cache_size,
+        ))
+    }
+
+    /// What this session's shape specialisations are (`None` for a model without symbolic
+    /// input dims).
+    pub fn shape_cache(&self) -> Option<ShapeCacheInfo> {
+        self.specializer.as_ref().map(Specializer::info)
     }
 
     /// The one constructor every way of opening a session ends in.
@@ -221,6 +381,7 @@ impl Session {
             monitor: Monitor::default(),
             pool: None,
             arenas: std::sync::Mutex::new(Vec::new()),
+            specializer: None,
         }
     }
 
@@ -288,7 +449,25 @@ impl Session {
 
     /// Runs the model on named inputs; returns `(name, value)` for every output, in order.
     pub fn run(&self, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>, Error> {
-        Ok(self.on_pool(|| self.monitor.run(&self.program, inputs))?)
+        self.run_program(inputs, |program, inputs| self.monitor.run(program, inputs))
+    }
+
+    /// Runs `f` on the program for these inputs (the shape specialisation when there is one,
+    /// else the generic program), on this session's threads and with one of that program's
+    /// run states.
+    pub(crate) fn run_program<R>(
+        &self,
+        inputs: Vec<(String, Value)>,
+        f: impl FnOnce(&Program, Vec<(String, Value)>) -> Result<R, kiln_runtime::RuntimeError>,
+    ) -> Result<R, Error> {
+        let variant = self
+            .specializer
+            .as_ref()
+            .and_then(|s| s.variant(&self.program, &inputs));
+        match variant.as_ref().and_then(|v| Some((v, v.program()?))) {
+            Some((v, program)) => Ok(self.on_pool_in(&v.arenas, || f(program, inputs))?),
+            None => Ok(self.on_pool(|| f(&self.program, inputs))?),
+        }
     }
 
     /// Runs `f` (one inference) on this session's compute threads: the pool is the current
@@ -296,7 +475,12 @@ impl Session {
     /// The run uses one of the session's arenas, so its intermediates reuse the buffers of
     /// earlier runs (`kiln_kernels::recycle`); runs at once each have their own.
     pub(crate) fn on_pool<R>(&self, f: impl FnOnce() -> R) -> R {
-        let lock = || self.arenas.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.on_pool_in(&self.arenas, f)
+    }
+
+    /// [`Session::on_pool`] with a run state from `arenas` (a specialised program's own).
+    fn on_pool_in<R>(&self, arenas: &std::sync::Mutex<Vec<kiln_runtime::Arena>>, f: impl FnOnce() -> R) -> R {
+        let lock = || arenas.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut arena = lock().pop().unwrap_or_default();
         let r = {
             let _entered = arena.enter();

@@ -18,8 +18,13 @@ pub const ALIGN: usize = 64;
 const MIN_WEIGHT_BYTES: usize = 64;
 
 pub enum Context {
-    /// Writing: weight bytes collected so far.
-    Write { weights: Vec<u8>, count: usize },
+    /// Writing: weight bytes collected so far, and where each distinct content went (the
+    /// programs of one file share identical weights).
+    Write {
+        weights: Vec<u8>,
+        count: usize,
+        seen: std::collections::HashMap<[u8; 32], u64>,
+    },
     /// Reading: the mapped file and the weights section's byte range in it.
     Read {
         bytes: SharedBytes,
@@ -86,17 +91,31 @@ pub fn serialize<S: Serializer>(consts: &[(usize, Value)], s: S) -> Result<S::Ok
 fn push_weight(t: &Tensor, bytes: &[u8]) -> Option<WeightRef> {
     CONTEXT.with(|c| {
         let mut c = c.borrow_mut();
-        let Some(Context::Write { weights, count }) = c.as_mut() else {
+        let Some(Context::Write { weights, count, seen }) = c.as_mut() else {
             return None;
         };
-        let offset = weights.len().next_multiple_of(ALIGN);
-        weights.resize(offset, 0);
-        weights.extend_from_slice(bytes);
-        *count += 1;
+        let key = *blake3::hash(bytes).as_bytes();
+        let stored = seen.get(&key).copied().filter(|&at| {
+            usize::try_from(at)
+                .ok()
+                .and_then(|at| weights.get(at..at.checked_add(bytes.len())?))
+                == Some(bytes)
+        });
+        let offset = match stored {
+            Some(at) => at,
+            None => {
+                let offset = weights.len().next_multiple_of(ALIGN);
+                weights.resize(offset, 0);
+                weights.extend_from_slice(bytes);
+                *count += 1;
+                seen.insert(key, offset as u64);
+                offset as u64
+            }
+        };
         Some(WeightRef {
             dtype: t.dtype(),
             shape: t.shape().to_vec(),
-            offset: offset as u64,
+            offset,
             len: bytes.len() as u64,
         })
     })

@@ -14,6 +14,12 @@
 //!                    compile options, weight packing, memory plan summary
 //!   program  postcard  the Program; tensor constants refer into `weights`
 //!   weights  raw     tensors, each 64-byte aligned, used in place from the memory map
+//!                    (identical tensors of the programs below are stored once)
+//! optional sections, for a model with symbolic input dims:
+//!   shapes   postcard  the programs compiled for the shape sets listed at compile time, each
+//!                      with its symbol bindings; their tensor constants refer into `weights`
+//!   source   raw     the ONNX model the programs came from, so that a session can compile a
+//!                    program for input shapes no stored program has (`meta.source` says how)
 //! ```
 //!
 //! Every byte of a file is covered by exactly one checksum, so a flipped byte anywhere is
@@ -33,11 +39,14 @@ use std::sync::Arc;
 
 pub const MAGIC: [u8; 8] = *b"KILNPROG";
 /// Version of the layout and of the program encoding; files of another version are refused.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 const HEADER_LEN: usize = 64;
 const ENTRY_LEN: usize = 32;
 const NAME_LEN: usize = 12;
 const SECTIONS: [&str; 3] = ["meta", "program", "weights"];
+/// Optional sections, in the order they follow the required ones.
+const SHAPES: &str = "shapes";
+const SOURCE: &str = "source";
 /// Packing of the weights section today: each tensor dense, row-major, as the kernels read it.
 pub const WEIGHT_PACKING: &str = "row-major/v1 (dense, unpacked)";
 
@@ -86,6 +95,32 @@ pub struct Meta {
     pub weights: WeightsMeta,
     /// The memory plan summary, when planned.
     pub memory: Option<serde_json::Value>,
+    /// Symbol bindings of the shape-specialised programs stored beside the generic one.
+    #[serde(default)]
+    pub shape_sets: Vec<Vec<(String, u64)>>,
+    /// How the embedded model source (the `source` section) is compiled again for new shapes.
+    #[serde(default)]
+    pub specialize: Option<SourceMeta>,
+}
+
+/// What a session needs to compile the embedded ONNX model for new input shapes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SourceMeta {
+    /// Length of the ONNX bytes in the `source` section (the rest is padding).
+    pub bytes: u64,
+    /// Symbols the user bound at compile time (`onnx_define_symbol`), bound again on import.
+    pub symbols: Vec<(String, u64)>,
+    /// The compiler options, as the compiler serialises them.
+    pub compile: serde_json::Value,
+}
+
+/// A program compiled for one set of symbol bindings (`shape_specializations`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ShapeProgram {
+    /// Each symbol of the model's inputs and its size, sorted by name.
+    pub bindings: Vec<(String, u64)>,
+    #[serde(deserialize_with = "kiln_ops::serde_depth::nested")]
+    pub program: Program,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -115,6 +150,10 @@ pub struct SectionInfo {
 /// A loaded program file.
 pub struct ProgramFile {
     pub program: Program,
+    /// Programs specialised for the shape sets given at compile time.
+    pub shapes: Vec<ShapeProgram>,
+    /// The embedded ONNX model (`meta.specialize` says how to compile it), viewed in the map.
+    pub source: Option<SourceBytes>,
     pub meta: Meta,
     pub sections: Vec<SectionInfo>,
     /// Total file size in bytes.
@@ -128,6 +167,30 @@ pub struct MetaInput {
     pub memory: Option<serde_json::Value>,
     /// How the weights are packed, when some are packed for the kernels (else row-major).
     pub packing: Option<String>,
+    /// Programs for the shape sets given at compile time.
+    pub shapes: Vec<ShapeProgram>,
+    /// The ONNX model's bytes and how to compile them again, for a model with symbolic dims.
+    pub model: Option<(Vec<u8>, SourceMeta)>,
+}
+
+/// The embedded ONNX model's bytes, a range of the shared file bytes.
+#[derive(Clone)]
+pub struct SourceBytes {
+    bytes: SharedBytes,
+    start: usize,
+    end: usize,
+}
+
+impl AsRef<[u8]> for SourceBytes {
+    fn as_ref(&self) -> &[u8] {
+        (*self.bytes).as_ref().get(self.start..self.end).unwrap_or(&[])
+    }
+}
+
+impl std::fmt::Debug for SourceBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SourceBytes({} bytes)", self.end - self.start)
+    }
 }
 
 /// Encodes a program and its weights into program-file bytes.
@@ -135,15 +198,26 @@ pub fn to_bytes(program: &Program, input: MetaInput) -> Result<(Vec<u8>, Meta), 
     let ctx = Context::Write {
         weights: Vec::new(),
         count: 0,
+        seen: std::collections::HashMap::new(),
     };
-    let (encoded, ctx) = consts::with_context(ctx, || postcard::to_allocvec(program));
+    let ((encoded, shapes), ctx) = consts::with_context(ctx, || {
+        let shapes = (!input.shapes.is_empty()).then(|| postcard::to_allocvec(&input.shapes));
+        (postcard::to_allocvec(program), shapes)
+    });
     let encoded = encoded.map_err(|e| FileError::Encode(e.to_string()))?;
-    let Some(Context::Write { weights, count }) = ctx else {
+    let shapes = shapes.transpose().map_err(|e| FileError::Encode(e.to_string()))?;
+    let Some(Context::Write { weights, count, .. }) = ctx else {
         return Err(FileError::Encode("weight collection was lost".into()));
     };
     let mut hasher = blake3::Hasher::new();
     hasher.update(&encoded);
     hasher.update(&weights);
+    if let Some(s) = &shapes {
+        hasher.update(s);
+    }
+    if let Some((bytes, _)) = &input.model {
+        hasher.update(bytes);
+    }
     let io = |specs: &[crate::program::IoSpec]| {
         specs
             .iter()
@@ -168,23 +242,36 @@ pub fn to_bytes(program: &Program, input: MetaInput) -> Result<(Vec<u8>, Meta), 
             alignment: ALIGN,
         },
         memory: input.memory,
+        shape_sets: input.shapes.iter().map(|s| s.bindings.clone()).collect(),
+        specialize: input.model.as_ref().map(|(_, m)| m.clone()),
     };
     let meta_json = serde_json::to_vec_pretty(&meta).map_err(|e| FileError::Encode(e.to_string()))?;
-    Ok((assemble(&[&meta_json, &encoded, &weights]), meta))
+    let mut sections: Vec<(&str, &[u8])> = vec![
+        (SECTIONS[0], &meta_json),
+        (SECTIONS[1], &encoded),
+        (SECTIONS[2], &weights),
+    ];
+    if let Some(s) = &shapes {
+        sections.push((SHAPES, s));
+    }
+    if let Some((bytes, _)) = &input.model {
+        sections.push((SOURCE, bytes));
+    }
+    Ok((assemble(&sections), meta))
 }
 
 /// A complete file from raw meta, program and weights section bodies, checksums computed (for
 /// tools that build files from parts, such as the program-file fuzz target).
 pub fn assemble_sections(meta: &[u8], program: &[u8], weights: &[u8]) -> Vec<u8> {
-    assemble(&[meta, program, weights])
+    assemble(&[(SECTIONS[0], meta), (SECTIONS[1], program), (SECTIONS[2], weights)])
 }
 
 /// Lays out header, table and sections.
-fn assemble(bodies: &[&[u8]; 3]) -> Vec<u8> {
-    let table_end = HEADER_LEN + ENTRY_LEN * SECTIONS.len();
+fn assemble(bodies: &[(&str, &[u8])]) -> Vec<u8> {
+    let table_end = HEADER_LEN + ENTRY_LEN * bodies.len();
     let mut offset = table_end.next_multiple_of(ALIGN);
     let mut entries = Vec::new();
-    for (name, body) in SECTIONS.iter().zip(bodies) {
+    for (name, body) in bodies {
         let len = body.len().next_multiple_of(ALIGN);
         entries.push((name, offset, len));
         offset += len;
@@ -193,9 +280,9 @@ fn assemble(bodies: &[&[u8]; 3]) -> Vec<u8> {
     let mut out = vec![0u8; total];
     out[..8].copy_from_slice(&MAGIC);
     out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out[12..16].copy_from_slice(&(SECTIONS.len() as u32).to_le_bytes());
+    out[12..16].copy_from_slice(&(bodies.len() as u32).to_le_bytes());
     out[16..24].copy_from_slice(&(total as u64).to_le_bytes());
-    for (i, ((name, off, len), body)) in entries.iter().zip(bodies).enumerate() {
+    for (i, ((name, off, len), (_, body))) in entries.iter().zip(bodies).enumerate() {
         out[*off..*off + body.len()].copy_from_slice(body);
         let crc = crc32fast::hash(&out[*off..*off + *len]);
         let e = HEADER_LEN + i * ENTRY_LEN;
@@ -388,8 +475,49 @@ pub fn from_shared(bytes: SharedBytes) -> Result<ProgramFile, FileError> {
         section: "program".into(),
         message: format!("step '{step}': {e}"),
     })?;
+    let shapes = match secs.iter().find(|s| s.name == SHAPES) {
+        None => Vec::new(),
+        Some(s) => {
+            let ctx = Context::Read {
+                bytes: bytes.clone(),
+                start: weights_s.offset as usize,
+                end: (weights_s.offset + weights_s.len) as usize,
+            };
+            let decode = |message: String| FileError::Decode {
+                section: SHAPES.into(),
+                message,
+            };
+            let (shapes, _) = consts::with_context(ctx, || postcard::take_from_bytes::<Vec<ShapeProgram>>(body(s)));
+            let (shapes, _) = shapes.map_err(|e| decode(e.to_string()))?;
+            for sp in &shapes {
+                sp.program
+                    .validate()
+                    .map_err(|(step, e)| decode(format!("step '{step}': {e}")))?;
+            }
+            shapes
+        }
+    };
+    let source = match (secs.iter().find(|s| s.name == SOURCE), &meta.specialize) {
+        (None, None) => None,
+        (Some(s), Some(m)) if m.bytes <= s.len => Some(SourceBytes {
+            bytes: bytes.clone(),
+            start: s.offset as usize,
+            end: (s.offset + m.bytes) as usize,
+        }),
+        (s, _) => {
+            return Err(FileError::Decode {
+                section: SOURCE.into(),
+                message: match s {
+                    Some(s) => format!("the meta section gives no length of {} bytes or less", s.len),
+                    None => "the meta section describes a source the file does not have".into(),
+                },
+            });
+        }
+    };
     Ok(ProgramFile {
         program,
+        shapes,
+        source,
         meta,
         sections: secs,
         size: all.len() as u64,

@@ -49,6 +49,8 @@ fn input() -> MetaInput {
         options: serde_json::json!({"opt_level": 2}),
         memory: None,
         packing: None,
+        shapes: Vec::new(),
+        model: None,
     }
 }
 
