@@ -1,10 +1,19 @@
-//! The error every op evaluation and inference returns; the runtime adds the node's name.
+//! The error every op evaluation and inference returns; the runtime adds the node's name and op.
 //!
-//! Kinds carry what was wrong: the input or attribute, and expected against got (`Attribute`,
-//! `InputShape`, `Axis`, `IndexOutOfRange`, dtypes). `Shape(String)` and `Value(String)` are
-//! the older free-form kinds, still used by many reference ops and being replaced.
+//! A small closed set of kinds, each carrying what was wrong: the input (by index) or the
+//! attribute (by name), and what was expected against what it got. One input's shape is
+//! `InputShape`, a value read from an input tensor (pads, split sizes, a shape tensor) is
+//! `InputValue`, two inputs whose shapes must agree are `Inputs`, an attribute outside what the
+//! op allows is `Attribute`, a size beyond the allocation bound is `TooLarge`, a subgraph's
+//! result the op cannot take is `Subgraph`; axes, indices, dtypes and plans have kinds of
+//! their own. `Unsupported` is for what kiln does not implement, never for a malformed model.
 
-use kiln_tensor::{DType, TensorError};
+use std::borrow::Cow;
+
+use kiln_tensor::{DType, MAX_ELEMENTS, TensorError};
+
+/// What an op expected: mostly a fixed phrase, sometimes one with numbers in it.
+pub type Expected = Cow<'static, str>;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -21,29 +30,57 @@ pub enum OpError {
     UnsupportedDType { index: usize, got: DType },
     #[error("inputs have mismatched dtypes: {a} vs {b}")]
     DTypeMismatch { a: DType, b: DType },
-    #[error("shape error: {0}")]
-    Shape(String),
-    #[error("invalid value: {0}")]
-    Value(String),
     #[error("index {index} is out of range for a dimension of size {size}")]
     IndexOutOfRange { index: i64, size: usize },
     #[error("axis {axis} is out of range for rank {rank}")]
     Axis { axis: i64, rank: usize },
+    /// An axis named twice in a list of axes.
+    #[error("axis {axis} appears more than once in {axes:?}")]
+    RepeatedAxis { axis: i64, axes: Vec<i64> },
     #[error("not supported: {0}")]
     Unsupported(String),
-    /// An attribute outside what the op's spec allows (`Op::validate`).
+    /// An attribute outside what the op's spec allows (`Op::validate`, or found at evaluation
+    /// when the rule involves the inputs).
     #[error("attribute {attr}: expected {expected}, got {got}")]
     Attribute {
         attr: &'static str,
-        expected: &'static str,
+        expected: Expected,
         got: String,
     },
     /// An input whose shape does not fit the op (or the layout its plan runs in).
     #[error("input {index}: expected {expected}, got shape {got:?}")]
     InputShape {
         index: usize,
-        expected: &'static str,
+        expected: Expected,
         got: Vec<usize>,
+    },
+    /// A value read from an input tensor that does not fit: pads, split sizes, repeats, slice
+    /// starts, a shape, a scalar parameter.
+    #[error("input {index}: expected {expected}, got {got}")]
+    InputValue {
+        index: usize,
+        expected: Expected,
+        got: String,
+    },
+    /// Two inputs whose shapes must agree (concatenation, broadcasting, inner dimensions).
+    #[error("inputs {a} and {b}: expected {expected}, got shapes {:?} and {:?}", .got.0, .got.1)]
+    Inputs {
+        a: usize,
+        b: usize,
+        expected: Expected,
+        got: (Vec<usize>, Vec<usize>),
+    },
+    /// A tensor (or one dimension of it) beyond the allocation bound, refused before any
+    /// allocation.
+    #[error("{what} {got} exceeds the bound of {MAX_ELEMENTS} elements")]
+    TooLarge { what: &'static str, got: String },
+    /// A subgraph the op runs (a FlexAttention modifier, a Loop or Scan body) that failed or
+    /// returned what the op cannot take.
+    #[error("{name} subgraph: expected {expected}, got {got}")]
+    Subgraph {
+        name: &'static str,
+        expected: Expected,
+        got: String,
     },
     /// A compiler plan that does not fit its op (a crafted program file).
     #[error("a {op} node cannot carry the plan '{plan}': {reason}")]
@@ -54,6 +91,66 @@ pub enum OpError {
     },
     #[error(transparent)]
     Tensor(#[from] TensorError),
+    #[error("shape error: {0}")]
+    Shape(String),
+    #[error("invalid value: {0}")]
+    Value(String),
+}
+
+impl OpError {
+    /// [`OpError::Attribute`].
+    pub fn attribute(attr: &'static str, expected: impl Into<Expected>, got: impl ToString) -> Self {
+        OpError::Attribute {
+            attr,
+            expected: expected.into(),
+            got: got.to_string(),
+        }
+    }
+
+    /// [`OpError::InputShape`].
+    pub fn input_shape(index: usize, expected: impl Into<Expected>, got: &[usize]) -> Self {
+        OpError::InputShape {
+            index,
+            expected: expected.into(),
+            got: got.to_vec(),
+        }
+    }
+
+    /// [`OpError::InputValue`].
+    pub fn input_value(index: usize, expected: impl Into<Expected>, got: impl ToString) -> Self {
+        OpError::InputValue {
+            index,
+            expected: expected.into(),
+            got: got.to_string(),
+        }
+    }
+
+    /// [`OpError::Inputs`].
+    pub fn inputs(a: usize, b: usize, expected: impl Into<Expected>, got_a: &[usize], got_b: &[usize]) -> Self {
+        OpError::Inputs {
+            a,
+            b,
+            expected: expected.into(),
+            got: (got_a.to_vec(), got_b.to_vec()),
+        }
+    }
+
+    /// [`OpError::TooLarge`].
+    pub fn too_large(what: &'static str, got: impl ToString) -> Self {
+        OpError::TooLarge {
+            what,
+            got: got.to_string(),
+        }
+    }
+
+    /// [`OpError::Subgraph`].
+    pub fn subgraph(name: &'static str, expected: impl Into<Expected>, got: impl ToString) -> Self {
+        OpError::Subgraph {
+            name,
+            expected: expected.into(),
+            got: got.to_string(),
+        }
+    }
 }
 
 pub type Result<T, E = OpError> = std::result::Result<T, E>;

@@ -162,7 +162,7 @@ impl SequenceInsert {
         }
         let n = s.items.len();
         let pos = match args.opt_tensor(2)? {
-            Some(p) => position(read_i64(p, "position")?, n, true)?,
+            Some(p) => position(read_i64(p, 2, "position")?, n, true)?,
             None => n,
         };
         let mut items = s.items.clone();
@@ -182,10 +182,10 @@ impl SequenceErase {
         let s = args.sequence(0)?;
         let n = s.items.len();
         let pos = match args.opt_tensor(1)? {
-            Some(p) => position(read_i64(p, "position")?, n, false)?,
+            Some(p) => position(read_i64(p, 1, "position")?, n, false)?,
             None if n > 0 => n - 1,
             None => {
-                return Err(OpError::Value("SequenceErase on an empty sequence".into()));
+                return Err(OpError::input_value(0, "a non-empty sequence", "an empty one"));
             }
         };
         let mut items = s.items.clone();
@@ -203,7 +203,7 @@ impl SequenceErase {
 impl SequenceAt {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let s = args.sequence(0)?;
-        let pos = position(read_i64(args.tensor(1)?, "position")?, s.items.len(), false)?;
+        let pos = position(read_i64(args.tensor(1)?, 1, "position")?, s.items.len(), false)?;
         let item = s.items.get(pos).ok_or(OpError::IndexOutOfRange {
             index: pos as i64,
             size: s.items.len(),
@@ -263,7 +263,7 @@ impl OptionalGetElement {
         one(match args.value(0) {
             Some(Value::Optional(Some(v), _)) => (**v).clone(),
             Some(Value::Optional(None, _)) => {
-                return Err(OpError::Value("OptionalGetElement on an empty optional".into()));
+                return Err(OpError::input_value(0, "an optional holding a value", "an empty one"));
             }
             Some(v) => v.clone(),
             None => return Err(OpError::MissingInput { index: 0 }),
@@ -337,9 +337,9 @@ impl SplitToSequence {
         let (sizes, keep): (Vec<usize>, bool) = match split {
             None => (vec![1; d], self.keepdims),
             Some(s) if s.rank() == 0 => {
-                let chunk = read_i64(s, "split")?;
+                let chunk = read_i64(s, 1, "split")?;
                 if chunk < 1 {
-                    return Err(OpError::Value(format!("split must be >= 1, got {chunk}")));
+                    return Err(OpError::input_value(1, "a split >= 1", chunk));
                 }
                 let chunk = chunk as usize;
                 let mut sizes = vec![chunk; d / chunk];
@@ -349,13 +349,17 @@ impl SplitToSequence {
                 (sizes, true)
             }
             Some(s) => {
-                let v = read_i64s(s, "split")?;
-                let sizes = v
-                    .iter()
-                    .map(|&x| usize::try_from(x).map_err(|_| OpError::Value(format!("negative split {x}"))))
-                    .collect::<Result<Vec<_>>>()?;
+                let v = read_i64s(s, 1, "split")?;
+                if v.iter().any(|&x| x < 0) {
+                    return Err(OpError::input_value(1, "split sizes >= 0", format!("{v:?}")));
+                }
+                let sizes: Vec<usize> = v.iter().map(|&x| x as usize).collect();
                 if sizes.iter().sum::<usize>() != d {
-                    return Err(OpError::Shape(format!("split {v:?} does not sum to the axis size {d}")));
+                    return Err(OpError::input_value(
+                        1,
+                        format!("split sizes adding up to {d}, the axis' size"),
+                        format!("{v:?}"),
+                    ));
                 }
                 (sizes, true)
             }
@@ -378,7 +382,7 @@ fn join_data(items: &[&Tensor]) -> Result<Data> {
     macro_rules! join {
         ($($var:ident),*) => {
             match items.first().map(|t| t.data()) {
-                None => Err(OpError::Value("nothing to concatenate".into())),
+                None => Err(OpError::input_value(0, "a non-empty sequence", "an empty one")),
                 $(Some(Data::$var(_)) => {
                     let mut out = Vec::new();
                     for t in items {
@@ -421,7 +425,7 @@ impl ConcatFromSequence {
         let first = s
             .items
             .first()
-            .ok_or_else(|| OpError::Value("ConcatFromSequence of an empty sequence".into()))?;
+            .ok_or_else(|| OpError::input_value(0, "a non-empty sequence", "an empty one"))?;
         check_dtypes(Some(first.dtype()), &s.items)?;
         let rank = first.rank();
         // With new_axis each element gets a unit axis inserted first, then they concatenate.
@@ -442,9 +446,11 @@ impl ConcatFromSequence {
         for sh in &shapes {
             let same = sh.len() == base.len() && sh.iter().zip(base).enumerate().all(|(i, (a, b))| i == axis || a == b);
             if !same {
-                return Err(OpError::Shape(format!(
-                    "cannot concatenate shapes {base:?} and {sh:?} on axis {axis}"
-                )));
+                return Err(OpError::input_value(
+                    0,
+                    format!("elements whose shapes agree off axis {axis}"),
+                    format!("shapes {base:?} and {sh:?}"),
+                ));
             }
         }
         let mut out_shape = base.clone();

@@ -2,7 +2,7 @@
 //! shape-like inputs, size checks before allocation.
 
 use crate::error::{OpError, Result};
-use kiln_tensor::{MAX_ELEMENTS, Tensor, numel};
+use kiln_tensor::{Tensor, numel};
 
 /// The buffer of an op's output of `n` elements, which the op then writes whole: the running
 /// step's planned range of the run arena when the compiler planned one of exactly this size
@@ -36,7 +36,10 @@ pub fn norm_axes(axes: &[i64], rank: usize) -> Result<kiln_tensor::Shape> {
     for &a in axes {
         let n = norm_axis(a, rank)?;
         if out.contains(&n) {
-            return Err(OpError::Value(format!("axis {a} repeated in {axes:?}")));
+            return Err(OpError::RepeatedAxis {
+                axis: a,
+                axes: axes.to_vec(),
+            });
         }
         out.push(n);
     }
@@ -45,13 +48,14 @@ pub fn norm_axes(axes: &[i64], rank: usize) -> Result<kiln_tensor::Shape> {
 
 /// Element count of a shape, refused when above the allocation bound.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
-    numel(shape).ok_or_else(|| OpError::Shape(format!("shape {shape:?} exceeds {MAX_ELEMENTS} elements")))
+    numel(shape).ok_or_else(|| OpError::too_large("shape", format!("{shape:?}")))
 }
 
-/// Element strides of `in_shape` read as `out_shape` under numpy broadcasting: per output dim,
-/// the input's stride, 0 where the input has no such dim or a broadcast 1.
-pub fn broadcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Result<kiln_tensor::Shape> {
-    let bad = || OpError::Shape(format!("{in_shape:?} does not broadcast to {out_shape:?}"));
+/// Element strides of `in_shape` (the shape of input `index`) read as `out_shape` under numpy
+/// broadcasting: per output dim, the input's stride, 0 where the input has no such dim or a
+/// broadcast 1.
+pub fn broadcast_strides(in_shape: &[usize], out_shape: &[usize], index: usize) -> Result<kiln_tensor::Shape> {
+    let bad = || OpError::input_shape(index, format!("a shape that broadcasts to {out_shape:?}"), in_shape);
     let off = out_shape.len().checked_sub(in_shape.len()).ok_or_else(bad)?;
     let mut strides: kiln_tensor::Shape = smallvec::smallvec![0; out_shape.len()];
     let mut step = 1usize;
@@ -105,10 +109,11 @@ pub fn for_each_offset<const K: usize>(shape: &[usize], strides: [&[usize]; K], 
 }
 
 /// For each element of `out_shape` (row-major), the flat index of the element of a tensor of
-/// `in_shape` that numpy broadcasting reads. `in_shape` must broadcast to `out_shape`.
-pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>> {
+/// `in_shape` (input `index`) that numpy broadcasting reads. `in_shape` must broadcast to
+/// `out_shape`.
+pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize], index: usize) -> Result<Vec<usize>> {
     let n = checked_numel(out_shape)?;
-    let strides = broadcast_strides(in_shape, out_shape)?;
+    let strides = broadcast_strides(in_shape, out_shape, index)?;
     if in_shape == out_shape {
         return Ok((0..n).collect());
     }
@@ -117,40 +122,44 @@ pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usiz
     Ok(out)
 }
 
-/// Reads a 1-D (or scalar) integer tensor, e.g. a shape, axes or pads input.
-pub fn read_i64s(t: &Tensor, what: &str) -> Result<Vec<i64>> {
+/// Reads a 1-D (or scalar) integer tensor, input `index` of its op, e.g. a shape, axes or pads
+/// input; `what` names it in errors.
+pub fn read_i64s(t: &Tensor, index: usize, what: &str) -> Result<Vec<i64>> {
     if t.rank() > 1 {
-        return Err(OpError::Shape(format!("{what} must be 1-D, got shape {:?}", t.shape())));
+        return Err(OpError::input_shape(index, format!("{what} as a 1-D tensor"), t.shape()));
     }
-    t.to_i64_vec()
-        .ok_or_else(|| OpError::Value(format!("{what} must be an integer tensor, got {}", t.dtype())))
+    t.to_i64_vec().ok_or_else(|| not_integers(t, index, what))
+}
+
+fn not_integers(t: &Tensor, index: usize, what: &str) -> OpError {
+    OpError::input_value(index, format!("{what} as integers"), format!("a {} tensor", t.dtype()))
 }
 
 /// [`read_i64s`], borrowing the elements of an i64 tensor instead of copying them.
-pub fn read_i64s_cow<'a>(t: &'a Tensor, what: &str) -> Result<std::borrow::Cow<'a, [i64]>> {
+pub fn read_i64s_cow<'a>(t: &'a Tensor, index: usize, what: &str) -> Result<std::borrow::Cow<'a, [i64]>> {
     match t.as_slice::<i64>() {
         Ok(v) if t.rank() <= 1 => Ok(std::borrow::Cow::Borrowed(v)),
-        _ => read_i64s(t, what).map(std::borrow::Cow::Owned),
+        _ => read_i64s(t, index, what).map(std::borrow::Cow::Owned),
     }
 }
 
-/// Reads a scalar (or one-element) integer tensor.
-pub fn read_i64(t: &Tensor, what: &str) -> Result<i64> {
-    let v = t
-        .to_i64_vec()
-        .ok_or_else(|| OpError::Value(format!("{what} must be an integer, got {}", t.dtype())))?;
+/// Reads a scalar (or one-element) integer tensor, input `index` of its op.
+pub fn read_i64(t: &Tensor, index: usize, what: &str) -> Result<i64> {
+    let v = t.to_i64_vec().ok_or_else(|| not_integers(t, index, what))?;
     match v.as_slice() {
         [x] => Ok(*x),
-        _ => Err(OpError::Shape(format!(
-            "{what} must hold one element, got shape {:?}",
-            t.shape()
-        ))),
+        _ => Err(OpError::input_shape(index, format!("{what} as one element"), t.shape())),
     }
 }
 
-/// Converts a dimension given as i64 to usize, refusing negatives.
-pub fn dim(v: i64, what: &str) -> Result<usize> {
-    usize::try_from(v).map_err(|_| OpError::Value(format!("{what} must be >= 0, got {v}")))
+/// Converts a dimension read from input `index` (named `what`) to usize, refusing negatives.
+pub fn dim(v: i64, index: usize, what: &str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| OpError::input_value(index, format!("{what} >= 0"), v))
+}
+
+/// Converts a dimension given by the attribute `attr` to usize, refusing negatives.
+pub fn attr_dim(v: i64, attr: &'static str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| OpError::attribute(attr, ">= 0", v))
 }
 
 #[cfg(test)]
@@ -159,10 +168,13 @@ mod tests {
 
     #[test]
     fn broadcast_map_repeats_rows_and_columns() {
-        assert_eq!(broadcast_map(&[3], &[2, 3]).unwrap(), vec![0, 1, 2, 0, 1, 2]);
-        assert_eq!(broadcast_map(&[2, 1], &[2, 3]).unwrap(), vec![0, 0, 0, 1, 1, 1]);
-        assert_eq!(broadcast_map(&[], &[2]).unwrap(), vec![0, 0]);
-        assert!(broadcast_map(&[2], &[3]).is_err());
+        assert_eq!(broadcast_map(&[3], &[2, 3], 0).unwrap(), vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(broadcast_map(&[2, 1], &[2, 3], 0).unwrap(), vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!(broadcast_map(&[], &[2], 0).unwrap(), vec![0, 0]);
+        assert_eq!(
+            broadcast_map(&[2], &[3], 1).unwrap_err(),
+            OpError::input_shape(1, "a shape that broadcasts to [3]", &[2])
+        );
     }
 
     #[test]
@@ -170,7 +182,13 @@ mod tests {
         assert_eq!(norm_axis(-1, 3).unwrap(), 2);
         assert!(norm_axis(3, 3).is_err());
         assert!(norm_axis(0, 0).is_err());
-        assert!(norm_axes(&[0, -3], 3).is_err());
+        assert_eq!(
+            norm_axes(&[0, -3], 3).unwrap_err(),
+            OpError::RepeatedAxis {
+                axis: -3,
+                axes: vec![0, -3]
+            }
+        );
     }
 }
 

@@ -46,7 +46,7 @@ impl Op {
 }
 
 fn invalid(attr: &'static str, expected: &'static str, got: String) -> OpError {
-    OpError::Attribute { attr, expected, got }
+    OpError::attribute(attr, expected, got)
 }
 
 /// Every value at least 1 (strides, dilations, a window's extent).

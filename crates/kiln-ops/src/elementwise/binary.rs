@@ -129,8 +129,8 @@ impl Bcast {
         let shape = broadcast_shapes(a, b)?;
         checked_numel(&shape)?;
         let (fa, fb) = (
-            crate::util::broadcast_strides(a, &shape)?,
-            crate::util::broadcast_strides(b, &shape)?,
+            crate::util::broadcast_strides(a, &shape, 0)?,
+            crate::util::broadcast_strides(b, &shape, 1)?,
         );
         let (mut dims, mut sa, mut sb) = (Shape::new(), Shape::new(), Shape::new());
         for ((&d, &x), &y) in shape.iter().zip(&fa).zip(&fb) {

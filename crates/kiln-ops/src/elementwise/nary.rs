@@ -153,9 +153,9 @@ pub fn eval_where(c: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
     let shape = broadcast_shapes(&broadcast_shapes(c.shape(), x.shape())?, y.shape())?;
     let n = checked_numel(&shape)?;
     let strides = [
-        crate::util::broadcast_strides(c.shape(), &shape)?,
-        crate::util::broadcast_strides(x.shape(), &shape)?,
-        crate::util::broadcast_strides(y.shape(), &shape)?,
+        crate::util::broadcast_strides(c.shape(), &shape, 0)?,
+        crate::util::broadcast_strides(x.shape(), &shape, 1)?,
+        crate::util::broadcast_strides(y.shape(), &shape, 2)?,
     ];
     if let (Ok(xv), Ok(yv)) = (x.as_slice::<f32>(), y.as_slice::<f32>()) {
         // Every element is written below: a recycled buffer needs no clearing.

@@ -421,8 +421,8 @@ mod bcast_plan {
             let ys: Vec<usize> = (0..nb).collect();
             let got = m.zip(&xs, &ys, |p, q| (p, q));
             let got_ref = m.zip_ref(&xs, &ys, |p, q| (*p, *q));
-            let ia = broadcast_map(&a, &m.shape).unwrap();
-            let ib = broadcast_map(&b, &m.shape).unwrap();
+            let ia = broadcast_map(&a, &m.shape, 0).unwrap();
+            let ib = broadcast_map(&b, &m.shape, 1).unwrap();
             let want: Vec<(usize, usize)> = ia.into_iter().zip(ib).collect();
             prop_assert_eq!(&got, &want);
             prop_assert_eq!(&got_ref, &want);

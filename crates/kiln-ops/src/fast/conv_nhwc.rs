@@ -383,11 +383,7 @@ impl Planned<'_> {
         }
         let x = args.tensor(0)?;
         if x.rank() != 4 {
-            return Err(OpError::InputShape {
-                index: 0,
-                expected: "[N, H, W, C] (a channels-last Conv)",
-                got: x.shape().to_vec(),
-            });
+            return Err(OpError::input_shape(0, "[N, H, W, C] (a channels-last Conv)", x.shape()));
         }
         if let Some(pw) = self.plan.packed
             && self.group.max(1) == 1
@@ -459,11 +455,7 @@ impl Planned<'_> {
     /// The geometry of a channels-last call on X `xs` with weights `[m, c_per_group, kh, kw]`.
     pub(crate) fn geometry_nhwc(&self, xs: &[usize], m: usize, cg: usize, kh: usize, kw: usize) -> Result<Geometry> {
         let &[batch, ih, iw, c] = xs else {
-            return Err(OpError::InputShape {
-                index: 0,
-                expected: "[N, H, W, C] (a channels-last Conv)",
-                got: xs.to_vec(),
-            });
+            return Err(OpError::input_shape(0, "[N, H, W, C] (a channels-last Conv)", xs));
         };
         let conv = self
             .window(&[batch, c, ih, iw], &[m, cg, kh, kw])?

@@ -24,11 +24,7 @@ impl Pool {
     pub(crate) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let &[n, ih, iw, c] = x.shape() else {
-            return Err(OpError::InputShape {
-                index: 0,
-                expected: "[N, H, W, C] (a channels-last pool)",
-                got: x.shape().to_vec(),
-            });
+            return Err(OpError::input_shape(0, "[N, H, W, C] (a channels-last pool)", x.shape()));
         };
         let fast = matches!(self.kind, PoolKind::Max { .. } | PoolKind::Average { .. });
         if let (true, DType::F32, &[kh, kw]) = (fast, x.dtype(), self.kernel_shape.as_slice()) {

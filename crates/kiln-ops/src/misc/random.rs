@@ -12,7 +12,7 @@
 
 use super::{input_shape, tensor_from_f64};
 use crate::error::{OpError, Result};
-use crate::util::{checked_numel, dim, dtype_only, input_dtype};
+use crate::util::{attr_dim, checked_numel, dtype_only, input_dtype};
 use crate::value::{Args, Dim, InferInput, TensorType, Value, ValueType};
 use kiln_tensor::DType;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,7 +76,7 @@ fn sample(dist: Dist, seed: Option<f32>, dtype: DType, shape: Vec<usize>) -> Res
 }
 
 fn shape_of(shape: &[i64]) -> Result<Vec<usize>> {
-    shape.iter().map(|&d| dim(d, "shape")).collect()
+    shape.iter().map(|&d| attr_dim(d, "shape")).collect()
 }
 
 fn fixed(dtype: DType, shape: &[i64]) -> ValueType {

@@ -74,7 +74,7 @@ impl Dft {
         match self.axis {
             Some(a) => Ok(a),
             None => match args.opt_tensor(2)? {
-                Some(t) => read_i64(t, "DFT axis"),
+                Some(t) => read_i64(t, 2, "axis"),
                 None => Ok(-2),
             },
         }
@@ -106,7 +106,7 @@ impl Dft {
         let n_in = shape[axis];
         let n = match args.opt_tensor(1)? {
             Some(t) => {
-                let v = read_i64(t, "dft_length")?;
+                let v = read_i64(t, 1, "dft_length")?;
                 if v < 1 {
                     return Err(OpError::Value(format!("dft_length must be >= 1, got {v}")));
                 }
@@ -162,10 +162,10 @@ impl Dft {
         let axis = match self.axis {
             Some(a) => Some(a),
             None if !present(inputs, 2) => Some(-2),
-            None => const_tensor(inputs, 2).and_then(|t| read_i64(t, "axis").ok()),
+            None => const_tensor(inputs, 2).and_then(|t| read_i64(t, 2, "axis").ok()),
         };
         let has_len_input = present(inputs, 1);
-        let n_len = const_tensor(inputs, 1).and_then(|t| read_i64(t, "dft_length").ok());
+        let n_len = const_tensor(inputs, 1).and_then(|t| read_i64(t, 1, "dft_length").ok());
         let (Some(axis), true) = (axis, rank >= 2) else {
             return Ok(vec![super::rank_only(dtype, rank)]);
         };
@@ -215,7 +215,7 @@ impl Stft {
                 )));
             }
         };
-        let step = read_i64(args.tensor(1)?, "frame_step")?;
+        let step = read_i64(args.tensor(1)?, 1, "frame_step")?;
         if step < 1 {
             return Err(OpError::Value(format!("frame_step must be >= 1, got {step}")));
         }
@@ -228,7 +228,7 @@ impl Stft {
         }
         let frame_len = match (args.opt_tensor(3)?, window) {
             (Some(t), w) => {
-                let v = read_i64(t, "frame_length")?;
+                let v = read_i64(t, 3, "frame_length")?;
                 if v < 1 {
                     return Err(OpError::Value(format!("frame_length must be >= 1, got {v}")));
                 }
@@ -285,9 +285,9 @@ impl Stft {
             Some(Dim::Fixed(n)) => Some(*n),
             _ => None,
         });
-        let step = const_tensor(inputs, 1).and_then(|t| read_i64(t, "frame_step").ok());
+        let step = const_tensor(inputs, 1).and_then(|t| read_i64(t, 1, "frame_step").ok());
         let frame_len = const_tensor(inputs, 3)
-            .and_then(|t| read_i64(t, "frame_length").ok())
+            .and_then(|t| read_i64(t, 3, "frame_length").ok())
             .map(|v| v.max(0) as usize)
             .or_else(|| {
                 inputs
@@ -354,8 +354,8 @@ impl Window {
         }
     }
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        let size = read_i64(args.tensor(0)?, "window size")?;
-        let size = crate::util::dim(size, "window size")?;
+        let size = read_i64(args.tensor(0)?, 0, "size")?;
+        let size = crate::util::dim(size, 0, "size")?;
         checked_numel(&[size])?;
         Ok(smallvec::smallvec![
             tensor_from_f64(self.dtype, vec![size], &self.values(size))?.into(),
@@ -363,7 +363,7 @@ impl Window {
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let d = const_tensor(inputs, 0)
-            .and_then(|t| read_i64(t, "size").ok())
+            .and_then(|t| read_i64(t, 0, "size").ok())
             .map_or(Dim::Sym("window".into()), |s| Dim::Fixed(s.max(0) as usize));
         Ok(vec![ValueType::Tensor(TensorType::new(self.dtype, vec![d]))])
     }
@@ -380,9 +380,9 @@ impl MelWeightMatrix {
         "MelWeightMatrix"
     }
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        let mel = crate::util::dim(read_i64(args.tensor(0)?, "num_mel_bins")?, "num_mel_bins")?;
-        let dft_len = read_i64(args.tensor(1)?, "dft_length")?;
-        let rate = read_i64(args.tensor(2)?, "sample_rate")?;
+        let mel = crate::util::dim(read_i64(args.tensor(0)?, 0, "num_mel_bins")?, 0, "num_mel_bins")?;
+        let dft_len = read_i64(args.tensor(1)?, 1, "dft_length")?;
+        let rate = read_i64(args.tensor(2)?, 2, "sample_rate")?;
         let scalar_f = |i: usize, what: &str| -> Result<f64> {
             let t = args.tensor(i)?;
             match t.to_f64_vec().as_slice() {
@@ -439,7 +439,7 @@ impl MelWeightMatrix {
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let k = |i: usize| {
             const_tensor(inputs, i)
-                .and_then(|t| read_i64(t, "").ok())
+                .and_then(|t| read_i64(t, i, "").ok())
                 .map(|v| v.max(0) as usize)
         };
         let rows = k(1).map_or(Dim::Sym("spectrum_bins".into()), |d| Dim::Fixed(d / 2 + 1));

@@ -106,8 +106,8 @@ impl StringConcat {
         let (a, b) = (args.tensor(0)?, args.tensor(1)?);
         let (va, vb) = (strings_of(a, 0)?, strings_of(b, 1)?);
         let shape = broadcast_shapes(a.shape(), b.shape())?;
-        let ia = broadcast_map(a.shape(), &shape)?;
-        let ib = broadcast_map(b.shape(), &shape)?;
+        let ia = broadcast_map(a.shape(), &shape, 0)?;
+        let ib = broadcast_map(b.shape(), &shape, 1)?;
         let out: Vec<String> = ia
             .iter()
             .zip(&ib)

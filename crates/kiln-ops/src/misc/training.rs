@@ -26,7 +26,7 @@ fn scalar_f64(t: &Tensor, what: &str) -> Result<f64> {
 /// Reads R, T and the `groups` groups of n same-shaped float tensors after them.
 fn read_groups<'a>(args: &Args<'a>, groups: usize) -> Result<(f64, i64, Vec<Vec<&'a Tensor>>)> {
     let r = scalar_f64(args.tensor(0)?, "learning rate R")?;
-    let t = read_i64(args.tensor(1)?, "step count T")?;
+    let t = read_i64(args.tensor(1)?, 1, "step count T")?;
     let rest = args.len().saturating_sub(2);
     if rest == 0 || !rest.is_multiple_of(groups) {
         return Err(OpError::Value(format!(

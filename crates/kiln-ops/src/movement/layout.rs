@@ -359,36 +359,59 @@ pub struct Split {
 }
 
 impl Split {
-    fn sizes(&self, n: usize, split: Option<std::borrow::Cow<'_, [i64]>>) -> Result<Vec<usize>> {
+    /// Bad split sizes: the attribute's (opsets < 13) or input 1's.
+    fn bad_split(&self, expected: String, got: String) -> OpError {
+        match self.split {
+            Some(_) => OpError::attribute("split", expected, got),
+            None => OpError::input_value(1, expected, got),
+        }
+    }
+    fn split_dims(&self, split: &[i64]) -> Result<Vec<usize>> {
+        match split.iter().find(|&&v| v < 0) {
+            Some(_) => Err(self.bad_split("sizes >= 0".into(), format!("{split:?}"))),
+            None => Ok(split.iter().map(|&v| v as usize).collect()),
+        }
+    }
+    /// The part sizes along an axis of size `n`; `None` when there is no split and `n` does
+    /// not divide into one equal part per output.
+    fn sizes(&self, n: usize, split: Option<std::borrow::Cow<'_, [i64]>>) -> Result<Option<Vec<usize>>> {
         if let Some(s) = split {
-            let s: Vec<usize> = s.iter().map(|&v| dim(v, "split")).collect::<Result<_>>()?;
+            let s = self.split_dims(&s)?;
             if s.iter().sum::<usize>() != n {
-                return Err(OpError::Value(format!("split sizes {s:?} do not add up to {n}")));
+                return Err(self.bad_split(format!("sizes adding up to {n}, the axis' size"), format!("{s:?}")));
             }
-            return Ok(s);
+            return Ok(Some(s));
         }
         let k = self.num_outputs.unwrap_or(self.outputs);
         if k == 0 {
-            return Err(OpError::Value("split into 0 outputs".into()));
+            return Err(OpError::attribute("num_outputs", ">= 1", 0));
         }
         if self.num_outputs.is_none() && !n.is_multiple_of(k) {
-            return Err(OpError::Value(format!("cannot split {n} into {k} equal parts")));
+            return Ok(None);
         }
         let chunk = n.div_ceil(k);
         let mut left = n;
-        Ok((0..k)
-            .map(|_| {
-                let c = chunk.min(left);
-                left -= c;
-                c
-            })
-            .collect())
+        Ok(Some(
+            (0..k)
+                .map(|_| {
+                    let c = chunk.min(left);
+                    left -= c;
+                    c
+                })
+                .collect(),
+        ))
     }
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let axis = norm_axis(self.axis, x.rank())?;
         let split = ints_from(&self.split, args, 1, "split")?;
-        let sizes = self.sizes(x.shape()[axis], split)?;
+        let sizes = self.sizes(x.shape()[axis], split)?.ok_or_else(|| {
+            OpError::input_shape(
+                0,
+                format!("axis {axis} divisible into {} equal parts", self.outputs),
+                x.shape(),
+            )
+        })?;
         let mut out = Vec::with_capacity(sizes.len());
         let mut start = 0;
         for s in sizes {
@@ -425,8 +448,11 @@ impl Split {
             return Ok(unknown);
         };
         let sizes = match (&s[axis], split) {
-            (Dim::Fixed(n), split) => self.sizes(*n, split.map(std::borrow::Cow::Owned))?,
-            (Dim::Sym(_), Some(split)) => split.iter().map(|&v| dim(v, "split")).collect::<Result<_>>()?,
+            (Dim::Fixed(n), split) => match self.sizes(*n, split.map(std::borrow::Cow::Owned))? {
+                Some(sizes) => sizes,
+                None => return Ok(unknown),
+            },
+            (Dim::Sym(_), Some(split)) => self.split_dims(&split)?,
             _ => return Ok(unknown),
         };
         Ok(sizes
@@ -529,10 +555,10 @@ impl Slice {
         match &self.attrs {
             Some(a) => slice_spec(rank, &a.starts, &a.ends, a.axes.as_deref(), None),
             None => {
-                let starts = read_i64s(args.tensor(1)?, "starts")?;
-                let ends = read_i64s(args.tensor(2)?, "ends")?;
-                let axes = args.opt_tensor(3)?.map(|t| read_i64s(t, "axes")).transpose()?;
-                let steps = args.opt_tensor(4)?.map(|t| read_i64s(t, "steps")).transpose()?;
+                let starts = read_i64s(args.tensor(1)?, 1, "starts")?;
+                let ends = read_i64s(args.tensor(2)?, 2, "ends")?;
+                let axes = args.opt_tensor(3)?.map(|t| read_i64s(t, 3, "axes")).transpose()?;
+                let steps = args.opt_tensor(4)?.map(|t| read_i64s(t, 4, "steps")).transpose()?;
                 slice_spec(rank, &starts, &ends, axes.as_deref(), steps.as_deref())
             }
         }
@@ -721,7 +747,7 @@ pub struct Tile;
 impl Tile {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        let reps = read_i64s(args.tensor(1)?, "repeats")?;
+        let reps = read_i64s(args.tensor(1)?, 1, "repeats")?;
         if reps.len() != x.rank() {
             return Err(OpError::Shape(format!(
                 "tile: {} repeats for rank {}",
@@ -732,7 +758,7 @@ impl Tile {
         let mut out_shape = Vec::with_capacity(reps.len());
         for (&n, &r) in x.shape().iter().zip(&reps) {
             out_shape.push(
-                n.checked_mul(dim(r, "repeats")?)
+                n.checked_mul(dim(r, 1, "repeats")?)
                     .ok_or_else(|| OpError::Shape("tile: too large".into()))?,
             );
         }
@@ -749,7 +775,7 @@ impl Tile {
         let dtype = input_dtype(inputs, 0);
         let shape = match (in_shape(inputs, 0), const_tensor(inputs, 1)) {
             (Some(s), Some(r)) => {
-                let reps = read_i64s(r, "repeats")?;
+                let reps = read_i64s(r, 1, "repeats")?;
                 if reps.len() != s.len() {
                     return Err(OpError::Shape(format!(
                         "tile: {} repeats for rank {}",
@@ -821,7 +847,7 @@ impl Pad {
     fn pads(&self, args: &Args<'_>, rank: usize) -> Result<Vec<(i64, i64)>> {
         let pads = ints_from(&self.pads, args, 1, "pads")?.ok_or(OpError::MissingInput { index: 1 })?;
         let axes = match args.opt_tensor(3)? {
-            Some(t) if self.pads.is_none() => norm_axes(&read_i64s(t, "axes")?, rank)?,
+            Some(t) if self.pads.is_none() => norm_axes(&read_i64s(t, 3, "axes")?, rank)?,
             _ => (0..rank).collect(),
         };
         if pads.len() != 2 * axes.len() {
@@ -1047,7 +1073,7 @@ pub struct CenterCropPad {
 impl CenterCropPad {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        let target = read_i64s(args.tensor(1)?, "shape")?;
+        let target = read_i64s(args.tensor(1)?, 1, "shape")?;
         let axes = match &self.axes {
             Some(a) => norm_axes(a, x.rank())?,
             None => (0..x.rank()).collect(),
@@ -1061,7 +1087,7 @@ impl CenterCropPad {
         }
         let mut maps = identity_maps(x.shape());
         for (&a, &t) in axes.iter().zip(&target) {
-            let t = dim(t, "shape")?;
+            let t = dim(t, 1, "shape")?;
             let n = x.shape()[a];
             checked_numel(&[t])?;
             let off = if n >= t {
@@ -1083,13 +1109,13 @@ impl CenterCropPad {
         let dtype = input_dtype(inputs, 0);
         let shape = match (in_shape(inputs, 0), const_tensor(inputs, 1)) {
             (Some(mut s), Some(t)) => {
-                let target = read_i64s(t, "shape")?;
+                let target = read_i64s(t, 1, "shape")?;
                 let axes = match &self.axes {
                     Some(a) => norm_axes(a, s.len())?,
                     None => (0..s.len()).collect(),
                 };
                 for (&a, &t) in axes.iter().zip(&target) {
-                    s[a] = Dim::Fixed(dim(t, "shape")?);
+                    s[a] = Dim::Fixed(dim(t, 1, "shape")?);
                 }
                 Some(s)
             }
@@ -1110,7 +1136,7 @@ impl Trilu {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let k = match args.opt_tensor(1)? {
-            Some(t) => read_i64(t, "k")?,
+            Some(t) => read_i64(t, 1, "k")?,
             None => 0,
         };
         let r = x.rank();
@@ -1144,7 +1170,7 @@ pub struct ReverseSequence {
 impl ReverseSequence {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        let lens = read_i64s(args.tensor(1)?, "sequence_lens")?;
+        let lens = read_i64s(args.tensor(1)?, 1, "sequence_lens")?;
         let ba = norm_axis(self.batch_axis, x.rank())?;
         let ta = norm_axis(self.time_axis, x.rank())?;
         if ba == ta {

@@ -273,7 +273,7 @@ pub(crate) fn ints_from<'a>(
         return Ok(Some(std::borrow::Cow::Borrowed(a)));
     }
     match args.opt_tensor(i)? {
-        Some(t) => Ok(Some(crate::util::read_i64s_cow(t, what)?)),
+        Some(t) => Ok(Some(crate::util::read_i64s_cow(t, i, what)?)),
         None => Ok(None),
     }
 }

@@ -115,7 +115,7 @@ impl Reshape {
         let x = args.tensor(0)?;
         let spec = match &self.shape {
             Some(s) => std::borrow::Cow::Borrowed(s.as_slice()),
-            None => crate::util::read_i64s_cow(args.tensor(1)?, "shape")?,
+            None => crate::util::read_i64s_cow(args.tensor(1)?, 1, "shape")?,
         };
         reshape_dims(&fixed_dims(x.shape()), &spec, self.allowzero)?
             .and_then(|d| fixed_of(&d))
@@ -125,7 +125,7 @@ impl Reshape {
         let dtype = input_dtype(inputs, 0);
         let spec = match &self.shape {
             Some(s) => Some(s.clone()),
-            None => const_tensor(inputs, 1).map(|t| read_i64s(t, "shape")).transpose()?,
+            None => const_tensor(inputs, 1).map(|t| read_i64s(t, 1, "shape")).transpose()?,
         };
         let shape = match (spec, in_shape(inputs, 0)) {
             (Some(spec), Some(input)) => reshape_dims(&input, &spec, self.allowzero)?.map(DimVec::into_vec),
@@ -386,33 +386,33 @@ fn expand_into<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
 impl Expand {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        let spec = crate::util::read_i64s_cow(args.tensor(1)?, "shape")?;
+        let spec = crate::util::read_i64s_cow(args.tensor(1)?, 1, "shape")?;
         let spec: kiln_tensor::Shape = spec
             .iter()
-            .map(|&d| crate::util::dim(d, "shape"))
+            .map(|&d| crate::util::dim(d, 1, "shape"))
             .collect::<Result<_>>()?;
         let out = kiln_tensor::broadcast_shapes(x.shape(), &spec)?;
         let n = checked_numel(&out)?;
         // Element types the arena recycles: a walk over the output with the input's broadcast
         // strides, into a recycled buffer. Others: through an index map.
-        let strides = crate::util::broadcast_strides(x.shape(), &out)?;
+        let strides = crate::util::broadcast_strides(x.shape(), &out, 0)?;
         match x.data() {
             Data::F32(v) => return one(Tensor::from_buf(out.clone(), expand_into(v, &out, &strides, n))?),
             Data::I64(v) => return one(Tensor::from_buf(out.clone(), expand_into(v, &out, &strides, n))?),
             Data::Bool(v) => return one(Tensor::from_buf(out.clone(), expand_into(v, &out, &strides, n))?),
             _ => {}
         }
-        let idx = crate::util::broadcast_map(x.shape(), &out)?;
+        let idx = crate::util::broadcast_map(x.shape(), &out, 0)?;
         one(x.gather_flat(out, &idx)?)
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
         let shape = match (const_tensor(inputs, 1), in_shape(inputs, 0)) {
             (Some(t), Some(s)) => {
-                let spec = read_i64s(t, "shape")?;
+                let spec = read_i64s(t, 1, "shape")?;
                 let spec: Vec<Dim> = spec
                     .iter()
-                    .map(|&d| crate::util::dim(d, "shape").map(Dim::Fixed))
+                    .map(|&d| crate::util::dim(d, 1, "shape").map(Dim::Fixed))
                     .collect::<Result<_>>()?;
                 crate::util::broadcast_dims(&s, &spec)
             }
@@ -441,10 +441,10 @@ impl ConstantOfShape {
         }
     }
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        let spec = read_i64s(args.tensor(0)?, "shape")?;
+        let spec = read_i64s(args.tensor(0)?, 0, "shape")?;
         let shape: Vec<usize> = spec
             .iter()
-            .map(|&d| crate::util::dim(d, "shape"))
+            .map(|&d| crate::util::dim(d, 0, "shape"))
             .collect::<Result<_>>()?;
         let n = checked_numel(&shape)?;
         one(self.value()?.gather_flat(shape, &vec![0; n])?)
@@ -452,10 +452,10 @@ impl ConstantOfShape {
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = Some(self.value.as_ref().map_or(DType::F32, |v| v.dtype()));
         let shape = if let Some(t) = const_tensor(inputs, 0) {
-            let spec = read_i64s(t, "shape")?;
+            let spec = read_i64s(t, 0, "shape")?;
             Some(
                 spec.iter()
-                    .map(|&d| crate::util::dim(d, "shape").map(Dim::Fixed))
+                    .map(|&d| crate::util::dim(d, 0, "shape").map(Dim::Fixed))
                     .collect::<Result<_>>()?,
             )
         } else {
@@ -508,7 +508,7 @@ impl Range {
             }
         }
         if dtype.is_int() && !dtype.is_byte_coded() {
-            let (s, l, d) = (read_i64(s, "start")?, read_i64(l, "limit")?, read_i64(d, "delta")?);
+            let (s, l, d) = (read_i64(s, 0, "start")?, read_i64(l, 1, "limit")?, read_i64(d, 2, "delta")?);
             if d == 0 {
                 return Err(OpError::Value("range: delta is 0".into()));
             }

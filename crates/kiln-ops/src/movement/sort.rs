@@ -64,16 +64,23 @@ fn topk_perm<T: PartialOrd>(v: &[T], outer: usize, n: usize, inner: usize, k: us
 }
 
 impl TopK {
+    /// A `k` out of range: the attribute's (opsets before 10) or input 1's.
+    fn bad_k(&self, k: i64, expected: String) -> OpError {
+        match self.k {
+            Some(_) => OpError::attribute("k", expected, k),
+            None => OpError::input_value(1, expected, k),
+        }
+    }
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let k = match self.k {
             Some(k) => k,
-            None => read_i64(args.tensor(1)?, "k")?,
+            None => read_i64(args.tensor(1)?, 1, "k")?,
         };
         let axis = norm_axis(self.axis, x.rank())?;
         let n = x.shape()[axis];
         if k < 0 || k as usize > n {
-            return Err(OpError::Value(format!("TopK: k = {k} out of range for a dim of {n}")));
+            return Err(self.bad_k(k, format!("0 ..= {n} (the axis' size)")));
         }
         let k = k as usize;
         let outer: usize = x.shape()[..axis].iter().product();
@@ -96,12 +103,13 @@ impl TopK {
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let k = match self.k {
             Some(k) => Some(k),
-            None => const_tensor(inputs, 1).map(|t| read_i64(t, "k")).transpose()?,
+            None => const_tensor(inputs, 1).map(|t| read_i64(t, 1, "k")).transpose()?,
         };
         let shape = match (in_shape(inputs, 0), k) {
             (Some(mut s), Some(k)) => {
                 let axis = norm_axis(self.axis, s.len())?;
-                s[axis] = Dim::Fixed(crate::util::dim(k, "k")?);
+                let k = usize::try_from(k).map_err(|_| self.bad_k(k, ">= 0".into()))?;
+                s[axis] = Dim::Fixed(k);
                 Some(s)
             }
             _ => None,
@@ -268,7 +276,7 @@ fn cumulate<T: Num>(
 
 fn cum_eval(args: &Args<'_>, prod: bool, exclusive: bool, reverse: bool) -> Result<crate::Outputs> {
     let x = args.tensor(0)?;
-    let axis = norm_axis(read_i64(args.tensor(1)?, "axis")?, x.rank())?;
+    let axis = norm_axis(read_i64(args.tensor(1)?, 1, "axis")?, x.rank())?;
     let n = x.shape()[axis];
     let outer: usize = x.shape()[..axis].iter().product();
     let inner: usize = x.shape()[axis + 1..].iter().product();
@@ -353,48 +361,70 @@ fn col2im<T: Num>(v: &[T], g: &Col2ImGeom) -> Result<Vec<T>> {
 impl Col2Im {
     fn geometry(&self, x: &Tensor, image: &[i64], block: &[i64]) -> Result<Col2ImGeom> {
         let nd = image.len();
-        if block.len() != nd || nd == 0 {
-            return Err(OpError::Shape(format!(
-                "Col2Im: image_shape {image:?} and block_shape {block:?} differ"
-            )));
+        if nd == 0 {
+            return Err(OpError::input_value(1, "image_shape of at least one dim", "[]"));
         }
-        let pos =
-            |v: &[i64], what: &str| -> Result<Vec<usize>> { v.iter().map(|&d| crate::util::dim(d, what)).collect() };
-        let image = pos(image, "image_shape")?;
-        let block = pos(block, "block_shape")?;
-        let get = |a: &Option<Vec<i64>>, len: usize, def: i64, what: &str| -> Result<Vec<usize>> {
+        if block.len() != nd {
+            return Err(OpError::input_value(
+                2,
+                format!("block_shape of {nd} dims, as image_shape {image:?}"),
+                format!("{block:?}"),
+            ));
+        }
+        let pos = |v: &[i64], index: usize, what: &str| -> Result<Vec<usize>> {
+            v.iter().map(|&d| crate::util::dim(d, index, what)).collect()
+        };
+        let image = pos(image, 1, "image_shape")?;
+        let block = pos(block, 2, "block_shape")?;
+        let get = |a: &Option<Vec<i64>>, len: usize, def: i64, attr: &'static str| -> Result<Vec<usize>> {
             let v = a.clone().unwrap_or_else(|| vec![def; len]);
             if v.len() != len {
-                return Err(OpError::Value(format!("Col2Im: {what} needs {len} values, got {v:?}")));
+                return Err(OpError::attribute(attr, format!("{len} values"), format!("{v:?}")));
             }
-            pos(&v, what)
+            v.iter().map(|&d| crate::util::attr_dim(d, attr)).collect()
         };
         let dil = get(&self.dilations, nd, 1, "dilations")?;
         let stride = get(&self.strides, nd, 1, "strides")?;
         let pads = get(&self.pads, 2 * nd, 0, "pads")?;
+        for (attr, v) in [("dilations", &dil), ("strides", &stride)] {
+            if v.contains(&0) {
+                return Err(OpError::attribute(attr, "every value >= 1", format!("{v:?}")));
+            }
+        }
         let [batch, ckk, l] = *x.shape() else {
-            return Err(OpError::Shape(format!(
-                "Col2Im: input must be 3-D, got {:?}",
-                x.shape()
-            )));
+            return Err(OpError::input_shape(0, "[N, C x block size, L]", x.shape()));
         };
         let ks: usize = block.iter().product();
-        if ks == 0 || ckk % ks != 0 || stride.contains(&0) || dil.contains(&0) {
-            return Err(OpError::Shape(format!(
-                "Col2Im: {ckk} not divisible by block size {ks}"
-            )));
+        if ks == 0 {
+            return Err(OpError::input_value(2, "block_shape of dims >= 1", format!("{block:?}")));
+        }
+        if ckk % ks != 0 {
+            return Err(OpError::input_shape(
+                0,
+                format!("dim 1 divisible by the block size {ks}"),
+                x.shape(),
+            ));
         }
         let mut cols = Vec::with_capacity(nd);
         for d in 0..nd {
             let span = image[d] + pads[d] + pads[d + nd];
             let eff = dil[d] * (block[d].saturating_sub(1)) + 1;
             if span < eff {
-                return Err(OpError::Shape("Col2Im: block larger than padded image".into()));
+                return Err(OpError::input_value(
+                    2,
+                    format!("a dilated block within the padded image ({span} on axis {d})"),
+                    format!("{block:?}, {eff} dilated"),
+                ));
             }
             cols.push((span - eff) / stride[d] + 1);
         }
-        if cols.iter().product::<usize>() != l {
-            return Err(OpError::Shape(format!("Col2Im: {l} columns, expected {cols:?}")));
+        let blocks = cols.iter().product::<usize>();
+        if blocks != l {
+            return Err(OpError::input_shape(
+                0,
+                format!("dim 2 = {blocks}, the block positions {cols:?}"),
+                x.shape(),
+            ));
         }
         Ok(Col2ImGeom {
             batch,
@@ -409,8 +439,8 @@ impl Col2Im {
     }
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        let image = read_i64s(args.tensor(1)?, "image_shape")?;
-        let block = read_i64s(args.tensor(2)?, "block_shape")?;
+        let image = read_i64s(args.tensor(1)?, 1, "image_shape")?;
+        let block = read_i64s(args.tensor(2)?, 2, "block_shape")?;
         let g = self.geometry(x, &image, &block)?;
         let mut shape = vec![g.batch, g.channels];
         shape.extend_from_slice(&g.image);
@@ -421,15 +451,15 @@ impl Col2Im {
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let shape = match (in_shape(inputs, 0), const_tensor(inputs, 1), const_tensor(inputs, 2)) {
             (Some(s), Some(img), Some(blk)) if s.len() == 3 => {
-                let img = read_i64s(img, "image_shape")?;
-                let ks: i64 = read_i64s(blk, "block_shape")?.iter().product();
+                let img = read_i64s(img, 1, "image_shape")?;
+                let ks: i64 = read_i64s(blk, 2, "block_shape")?.iter().product();
                 let c = match &s[1] {
                     Dim::Fixed(n) if ks > 0 => Dim::Fixed(n / ks as usize),
                     _ => return Ok(vec![crate::util::dtype_only(input_dtype(inputs, 0))]),
                 };
                 let mut out = vec![s[0].clone(), c];
                 for &d in &img {
-                    out.push(Dim::Fixed(crate::util::dim(d, "image_shape")?));
+                    out.push(Dim::Fixed(crate::util::dim(d, 1, "image_shape")?));
                 }
                 Some(out)
             }

@@ -221,8 +221,8 @@ impl AffineGrid {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let theta = args.tensor(0)?;
         check_float(theta, 0)?;
-        let size = util::read_i64s(args.tensor(1)?, "size")?;
-        let size = size.iter().map(|&d| util::dim(d, "size")).collect::<Result<Vec<_>>>()?;
+        let size = util::read_i64s(args.tensor(1)?, 1, "size")?;
+        let size = size.iter().map(|&d| util::dim(d, 1, "size")).collect::<Result<Vec<_>>>()?;
         let nd = size.len().saturating_sub(2);
         let ts = theta.shape();
         if !(nd == 2 || nd == 3) || ts != [size[0], nd, nd + 1] {
@@ -273,11 +273,11 @@ impl AffineGrid {
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = util::input_dtype(inputs, 0);
         if let Some(t) = util::const_tensor(inputs, 1) {
-            let s = util::read_i64s(t, "size")?;
+            let s = util::read_i64s(t, 1, "size")?;
             if s.len() >= 3 {
-                let mut out = vec![Dim::Fixed(util::dim(s[0], "size")?)];
+                let mut out = vec![Dim::Fixed(util::dim(s[0], 1, "size")?)];
                 for &d in &s[2..] {
-                    out.push(Dim::Fixed(util::dim(d, "size")?));
+                    out.push(Dim::Fixed(util::dim(d, 1, "size")?));
                 }
                 out.push(Dim::Fixed(s.len() - 2));
                 return Ok(vec![tensor_type(dtype, Some(out))]);
@@ -326,7 +326,7 @@ impl RoiAlign {
         let mut y = vec![0.0f64; numel(&yshape)?];
         let xd = x.to_f64_vec();
         let rd = rois.to_f64_vec();
-        let bd = util::read_i64s(bi, "batch_indices")?;
+        let bd = util::read_i64s(bi, 2, "batch_indices")?;
         let scale = self.spatial_scale as f64;
         let offset = if self.half_pixel { 0.5 } else { 0.0 };
         let (hf, wf) = (h as f64, w as f64);

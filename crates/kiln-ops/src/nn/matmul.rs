@@ -121,8 +121,8 @@ fn matmul_core<T: GemmScalar + kiln_tensor::Plain>(
     let nb = numel(&p.batch)?;
     // Each operand's matrix for every matrix of the batch: its offset under broadcasting.
     let (sa, sb) = (
-        util::broadcast_strides(&p.a_batch, &p.batch)?,
-        util::broadcast_strides(&p.b_batch, &p.batch)?,
+        util::broadcast_strides(&p.a_batch, &p.batch, 0)?,
+        util::broadcast_strides(&p.b_batch, &p.batch, 1)?,
     );
     let (m, k, n) = (p.m, p.k, p.n);
     // Every matrix is overwritten whole (or the call fails).
@@ -374,7 +374,7 @@ impl Gemm {
             let beta = T::from_f64(self.beta as f64);
             // C broadcasts to [m, n] (rank <= 2): per row of Y, its row of C, or the one value
             // of a row broadcast along the columns.
-            let st = util::broadcast_strides(c.shape(), &[m, n])?;
+            let st = util::broadcast_strides(c.shape(), &[m, n], 2)?;
             let (sm, sn) = (st.first().copied().unwrap_or(0), st.get(1).copied().unwrap_or(0));
             for (r, row) in y.chunks_exact_mut(n.max(1)).enumerate() {
                 let base = r * sm;

@@ -59,7 +59,7 @@ impl NonMaxSuppression {
             Ok(args.opt_tensor(i)?.filter(|t| !t.is_empty()).map(|t| t.to_f64_vec()[0]))
         };
         let max_out = match args.opt_tensor(2)?.filter(|t| !t.is_empty()) {
-            Some(t) => util::read_i64s(&t.clone().reshape(vec![t.len()])?, "max_output_boxes_per_class")?[0].max(0),
+            Some(t) => util::read_i64s(&t.clone().reshape(vec![t.len()])?, 2, "max_output_boxes_per_class")?[0].max(0),
             None => 0,
         } as usize;
         let iou = scalar_f(3)?.unwrap_or(0.0);

@@ -569,10 +569,10 @@ impl MaxUnpool {
         let inferred = self.inferred(xs)?;
         let out_shape = match args.opt_tensor(2)? {
             Some(t) => {
-                let v = util::read_i64s(t, "output_shape")?;
+                let v = util::read_i64s(t, 2, "output_shape")?;
                 let s = v
                     .iter()
-                    .map(|&d| util::dim(d, "output_shape"))
+                    .map(|&d| util::dim(d, 2, "output_shape"))
                     .collect::<Result<Vec<_>>>()?;
                 if s.len() != inferred.len() || s.iter().zip(&inferred).any(|(a, b)| a < b) {
                     return Err(OpError::Shape(format!(
@@ -612,10 +612,10 @@ impl MaxUnpool {
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = util::input_dtype(inputs, 0);
         if let Some(t) = util::const_tensor(inputs, 2) {
-            let v = util::read_i64s(t, "output_shape")?;
+            let v = util::read_i64s(t, 2, "output_shape")?;
             let s = v
                 .iter()
-                .map(|&d| util::dim(d, "output_shape").map(Dim::Fixed))
+                .map(|&d| util::dim(d, 2, "output_shape").map(Dim::Fixed))
                 .collect::<Result<Vec<_>>>()?;
             return Ok(vec![tensor_type(dtype, Some(s))]);
         }

@@ -127,9 +127,9 @@ impl Resize {
 
     fn target_of(&self, scales: Option<&Tensor>, sizes: Option<&Tensor>) -> Result<Target> {
         if let Some(s) = sizes.filter(|t| !t.is_empty()) {
-            let v = util::read_i64s(s, "sizes")?;
+            let v = util::read_i64s(s, 3, "sizes")?;
             return Ok(Target::Sizes(
-                v.iter().map(|&d| util::dim(d, "sizes")).collect::<Result<_>>()?,
+                v.iter().map(|&d| util::dim(d, 3, "sizes")).collect::<Result<_>>()?,
             ));
         }
         if let Some(s) = scales.filter(|t| !t.is_empty()) {

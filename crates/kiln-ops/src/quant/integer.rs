@@ -29,11 +29,19 @@ fn quant_values(t: &Tensor, index: usize, allow_fp8: bool) -> Result<Vec<f64>> {
     Ok(t.to_f64_vec())
 }
 
-/// numpy `matmul` of two tensors held as f64: 1-D operands are promoted and the batch dims
-/// broadcast. Returns the product and its shape.
-fn matmul(a: &[f64], ashape: &[usize], b: &[f64], bshape: &[usize]) -> Result<(Vec<f64>, Vec<usize>)> {
-    if ashape.is_empty() || bshape.is_empty() {
-        return Err(OpError::Shape("matmul operands must have rank >= 1".into()));
+/// numpy `matmul` of two tensors held as f64 (the op's inputs `ai` and `bi`): 1-D operands are
+/// promoted and the batch dims broadcast. Returns the product and its shape.
+fn matmul(
+    a: &[f64],
+    ashape: &[usize],
+    b: &[f64],
+    bshape: &[usize],
+    [ai, bi]: [usize; 2],
+) -> Result<(Vec<f64>, Vec<usize>)> {
+    for (i, s) in [(ai, ashape), (bi, bshape)] {
+        if s.is_empty() {
+            return Err(OpError::input_shape(i, "rank >= 1", s));
+        }
     }
     let a2: Vec<usize> = if ashape.len() == 1 {
         vec![1, ashape[0]]
@@ -48,14 +56,18 @@ fn matmul(a: &[f64], ashape: &[usize], b: &[f64], bshape: &[usize]) -> Result<(V
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
     if k != k2 {
-        return Err(OpError::Shape(format!(
-            "matmul inner dims differ: {ashape:?} x {bshape:?}"
-        )));
+        return Err(OpError::inputs(
+            ai,
+            bi,
+            format!("A's columns ({k}) equal to B's rows ({k2})"),
+            ashape,
+            bshape,
+        ));
     }
     let (abatch, bbatch) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
     let batch = broadcast_shapes(abatch, bbatch)?;
-    let amap = broadcast_map(abatch, &batch)?;
-    let bmap = broadcast_map(bbatch, &batch)?;
+    let amap = broadcast_map(abatch, &batch, ai)?;
+    let bmap = broadcast_map(bbatch, &batch, bi)?;
     let nb = amap.len();
     let mut out = vec![0.0; checked_numel(&[nb, m, n])?];
     for bi in 0..nb {
@@ -95,10 +107,15 @@ fn matmul_shape(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
     Some(s)
 }
 
-/// Subtracts a zero point from `v` (shape `shape`). The zero point is a scalar, a vector
-/// along `vec_axis` from the end (per-row of A: 2, per-column of B: 1), or a tensor that
-/// broadcasts to `shape`.
-fn sub_zero_point(v: &mut [f64], shape: &[usize], zp: Option<&Tensor>, vec_axis_from_end: usize) -> Result<()> {
+/// Subtracts a zero point (input `index`) from `v` (shape `shape`). The zero point is a scalar,
+/// a vector along `vec_axis` from the end (per-row of A: 2, per-column of B: 1), or a tensor
+/// that broadcasts to `shape`.
+fn sub_zero_point(
+    v: &mut [f64],
+    shape: &[usize],
+    (zp, index): (Option<&Tensor>, usize),
+    vec_axis_from_end: usize,
+) -> Result<()> {
     let Some(z) = zp else { return Ok(()) };
     let zv = z.to_f64_vec();
     if zv.len() == 1 {
@@ -115,7 +132,7 @@ fn sub_zero_point(v: &mut [f64], shape: &[usize], zp: Option<&Tensor>, vec_axis_
     } else {
         z.shape().to_vec()
     };
-    let map = broadcast_map(&zshape, shape)?;
+    let map = broadcast_map(&zshape, shape, index)?;
     for (x, &i) in v.iter_mut().zip(&map) {
         *x -= zv[i];
     }
@@ -131,9 +148,9 @@ impl MatMulInteger {
         let (a, b) = (args.tensor(0)?, args.tensor(1)?);
         let mut av = quant_values(a, 0, false)?;
         let mut bv = quant_values(b, 1, false)?;
-        sub_zero_point(&mut av, a.shape(), args.opt_tensor(2)?, 2)?;
-        sub_zero_point(&mut bv, b.shape(), args.opt_tensor(3)?, 1)?;
-        let (y, shape) = matmul(&av, a.shape(), &bv, b.shape())?;
+        sub_zero_point(&mut av, a.shape(), (args.opt_tensor(2)?, 2), 2)?;
+        sub_zero_point(&mut bv, b.shape(), (args.opt_tensor(3)?, 3), 1)?;
+        let (y, shape) = matmul(&av, a.shape(), &bv, b.shape(), [0, 1])?;
         Ok(smallvec::smallvec![
             Tensor::from_vec(shape, y.iter().map(|&x| x as i32).collect::<Vec<i32>>())?.into(),
         ])
@@ -164,13 +181,17 @@ fn requantize(odt: DType, shape: Vec<usize>, v: Vec<f64>) -> Result<Tensor> {
     Ok(Tensor::from_codes(odt, shape, codes)?)
 }
 
-/// Picks element `i` of a per-tensor (1 element) or per-`axis` parameter vector.
-fn pick(p: &[f64], i: usize, what: &str) -> Result<f64> {
+/// Picks element `i` of a per-tensor (1 element) or per-`axis` parameter vector, the values
+/// of input `index`.
+fn pick(p: &[f64], i: usize, index: usize) -> Result<f64> {
     match p.len() {
         1 => Ok(p[0]),
         n if i < n => Ok(p[i]),
-        0 => Err(OpError::Shape(format!("{what} is empty"))),
-        n => Err(OpError::Shape(format!("{what} has {n} elements, index {i} needed"))),
+        n => Err(OpError::input_value(
+            index,
+            format!("one value, or one per row or channel (at least {})", i + 1),
+            format!("{n} values"),
+        )),
     }
 }
 
@@ -186,9 +207,9 @@ impl QLinearMatMul {
         let (za, zb, zy) = (args.opt_tensor(2)?, args.opt_tensor(5)?, args.opt_tensor(7)?);
         let mut av = quant_values(a, 0, true)?;
         let mut bv = quant_values(b, 3, true)?;
-        sub_zero_point(&mut av, a.shape(), za, 2)?;
-        sub_zero_point(&mut bv, b.shape(), zb, 1)?;
-        let (c, shape) = matmul(&av, a.shape(), &bv, b.shape())?;
+        sub_zero_point(&mut av, a.shape(), (za, 2), 2)?;
+        sub_zero_point(&mut bv, b.shape(), (zb, 5), 1)?;
+        let (c, shape) = matmul(&av, a.shape(), &bv, b.shape(), [0, 3])?;
         let sdt = sa.dtype();
         for (t, i) in [(sa, 1), (sb, 4), (sy, 6)] {
             if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
@@ -214,9 +235,9 @@ impl QLinearMatMul {
             let row = if bcols { (i / n) % m } else { i % m };
             let mult = round_to(
                 sdt,
-                round_to(sdt, pick(&sav, row, "a_scale")? * pick(&sbv, col, "b_scale")?) / pick(&syv, 0, "y_scale")?,
+                round_to(sdt, pick(&sav, row, 1)? * pick(&sbv, col, 4)?) / pick(&syv, 0, 6)?,
             );
-            y.push(cv * mult + pick(&zyv, 0, "y_zero_point")?);
+            y.push(cv * mult + pick(&zyv, 0, 7)?);
         }
         Ok(smallvec::smallvec![requantize(odt, shape, y)?.into()])
     }
@@ -263,11 +284,13 @@ struct Geometry {
 }
 
 impl ConvAttrs {
-    fn geometry(&self, x: &[usize], w: &[usize]) -> Result<Geometry> {
-        if x.len() < 3 || w.len() != x.len() {
-            return Err(OpError::Shape(format!(
-                "conv input {x:?} and weight {w:?} ranks do not fit"
-            )));
+    /// The geometry of X `x` (input 0) and W `w` (input `wi`).
+    fn geometry(&self, x: &[usize], w: &[usize], wi: usize) -> Result<Geometry> {
+        if x.len() < 3 {
+            return Err(OpError::input_shape(0, "[N, C, spatial...]", x));
+        }
+        if w.len() != x.len() {
+            return Err(OpError::inputs(0, wi, "X and W of the same rank", x, w));
         }
         let ns = x.len() - 2;
         let spatial_in = x[2..].to_vec();
@@ -275,17 +298,19 @@ impl ConvAttrs {
         if let Some(k) = &self.kernel_shape
             && k != &kernel
         {
-            return Err(OpError::Shape(format!(
-                "kernel_shape {k:?} differs from weight shape {w:?}"
-            )));
+            return Err(OpError::attribute(
+                "kernel_shape",
+                format!("W's window {kernel:?}"),
+                format!("{k:?}"),
+            ));
         }
-        let or1 = |v: &Vec<usize>, what: &str| -> Result<Vec<usize>> {
+        let or1 = |v: &Vec<usize>, attr: &'static str| -> Result<Vec<usize>> {
             if v.is_empty() {
                 Ok(vec![1; ns])
             } else if v.len() == ns && v.iter().all(|&s| s > 0) {
                 Ok(v.clone())
             } else {
-                Err(OpError::Value(format!("{what} {v:?} must hold {ns} positive values")))
+                Err(OpError::attribute(attr, format!("{ns} values >= 1"), format!("{v:?}")))
             }
         };
         let strides = or1(&self.strides, "strides")?;
@@ -301,11 +326,11 @@ impl ConvAttrs {
                     } else if self.pads.len() == 2 * ns {
                         (self.pads[d], self.pads[d + ns])
                     } else {
-                        return Err(OpError::Value(format!(
-                            "pads {:?} must hold {} values",
-                            self.pads,
-                            2 * ns
-                        )));
+                        return Err(OpError::attribute(
+                            "pads",
+                            format!("{} values", 2 * ns),
+                            format!("{:?}", self.pads),
+                        ));
                     }
                 }
                 AutoPad::Valid => (0, 0),
@@ -322,9 +347,13 @@ impl ConvAttrs {
             };
             let padded = spatial_in[d] + pb + pe;
             if padded < ek {
-                return Err(OpError::Shape(format!(
-                    "kernel {kernel:?} larger than padded input {x:?}"
-                )));
+                return Err(OpError::inputs(
+                    0,
+                    wi,
+                    format!("a dilated window ({ek} on spatial axis {d}) within the padded input ({padded})"),
+                    x,
+                    w,
+                ));
             }
             out[d] = (padded - ek) / strides[d] + 1;
             pad_begin[d] = pb;
@@ -340,14 +369,19 @@ impl ConvAttrs {
     }
 
     /// `y[n, m, o] = sum_{c, k} x[n, g*C/G + c, o*s - p + k*d] * w[m, c, k]`, x and w as f64.
-    fn conv(&self, x: &[f64], xs: &[usize], w: &[f64], ws: &[usize]) -> Result<(Vec<f64>, Vec<usize>)> {
-        let g = self.geometry(xs, ws)?;
+    /// W is input `wi`.
+    fn conv(&self, x: &[f64], xs: &[usize], w: &[f64], ws: &[usize], wi: usize) -> Result<(Vec<f64>, Vec<usize>)> {
+        let g = self.geometry(xs, ws, wi)?;
         let (n, c, m, cg) = (xs[0], xs[1], ws[0], ws[1]);
         let groups = self.group.max(1);
         if c != cg * groups || m % groups != 0 {
-            return Err(OpError::Shape(format!(
-                "channels {c} / weight {ws:?} do not fit group {groups}"
-            )));
+            return Err(OpError::inputs(
+                0,
+                wi,
+                format!("X's channels = W's dim 1 x group {groups}, and W's dim 0 divisible by the group"),
+                xs,
+                ws,
+            ));
         }
         let mut oshape = vec![n, m];
         oshape.extend_from_slice(&g.out);
@@ -396,24 +430,25 @@ impl ConvAttrs {
         let xs: Option<Vec<usize>> = x.iter().map(crate::recurrent::num::fixed).collect();
         let ws: Option<Vec<usize>> = w.iter().map(crate::recurrent::num::fixed).collect();
         let (xs, ws) = (xs?, ws?);
-        let g = self.geometry(&xs, &ws).ok()?;
+        let g = self.geometry(&xs, &ws, 1).ok()?;
         let mut s = vec![Dim::Fixed(xs[0]), Dim::Fixed(ws[0])];
         s.extend(g.out.into_iter().map(Dim::Fixed));
         Some(s)
     }
 }
 
-/// Per-output-channel zero point subtraction on a weight `[M, ...]`.
-fn sub_channel_zp(w: &mut [f64], ws: &[usize], zp: Option<&Tensor>, what: &str) -> Result<()> {
+/// Per-output-channel zero point (input `index`) subtraction on a weight `[M, ...]`.
+fn sub_channel_zp(w: &mut [f64], ws: &[usize], zp: Option<&Tensor>, index: usize) -> Result<()> {
     let Some(z) = zp else { return Ok(()) };
     let zv = z.to_f64_vec();
     let m = ws.first().copied().unwrap_or(0);
     let per = w.len().checked_div(m).unwrap_or(0);
     if zv.len() != 1 && zv.len() != m {
-        return Err(OpError::Shape(format!(
-            "{what} has {} elements for {m} output channels",
-            zv.len()
-        )));
+        return Err(OpError::input_shape(
+            index,
+            format!("one element, or {m} (one per output channel)"),
+            z.shape(),
+        ));
     }
     for (i, x) in w.iter_mut().enumerate() {
         *x -= if zv.len() == 1 { zv[0] } else { zv[i / per.max(1)] };
@@ -435,12 +470,12 @@ impl ConvInteger {
         if let Some(z) = args.opt_tensor(2)? {
             let zv = z.to_f64_vec();
             if zv.len() != 1 {
-                return Err(OpError::Shape("x_zero_point must be a scalar".into()));
+                return Err(OpError::input_shape(2, "one element (x_zero_point)", z.shape()));
             }
             xv.iter_mut().for_each(|v| *v -= zv[0]);
         }
-        sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(3)?, "w_zero_point")?;
-        let (y, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape())?;
+        sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(3)?, 3)?;
+        let (y, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape(), 1)?;
         Ok(smallvec::smallvec![
             Tensor::new(DType::I32, shape, Data::I32(y.iter().map(|&v| v as i32).collect()))?.into(),
         ])
@@ -470,21 +505,22 @@ impl QLinearConv {
         if let Some(z) = args.opt_tensor(2)? {
             let zv = z.to_f64_vec();
             if zv.len() != 1 {
-                return Err(OpError::Shape("x_zero_point must be a scalar".into()));
+                return Err(OpError::input_shape(2, "one element (x_zero_point)", z.shape()));
             }
             xv.iter_mut().for_each(|v| *v -= zv[0]);
         }
-        sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(5)?, "w_zero_point")?;
-        let (mut acc, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape())?;
+        sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(5)?, 5)?;
+        let (mut acc, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape(), 3)?;
         let m = shape[1];
         let opix: usize = shape[2..].iter().product();
         if let Some(bias) = args.opt_tensor(8)? {
             let bv = bias.to_f64_vec();
             if bv.len() != m {
-                return Err(OpError::Shape(format!(
-                    "B has {} elements for {m} output channels",
-                    bv.len()
-                )));
+                return Err(OpError::input_shape(
+                    8,
+                    format!("{m} elements (one per output channel)"),
+                    bias.shape(),
+                ));
             }
             for (i, a) in acc.iter_mut().enumerate() {
                 *a += bv[(i / opix.max(1)) % m];
@@ -496,13 +532,13 @@ impl QLinearConv {
         let odt = zy.map_or(x.dtype(), Tensor::dtype);
         let mut y = Vec::with_capacity(acc.len());
         let (sx0, sy0, zy0) = (
-            pick(&sxv, 0, "x_scale")?,
-            pick(&syv, 0, "y_scale")?,
-            pick(&zyv, 0, "y_zero_point")?,
+            pick(&sxv, 0, 1)?,
+            pick(&syv, 0, 6)?,
+            pick(&zyv, 0, 7)?,
         );
         for (i, &a) in acc.iter().enumerate() {
             let ch = (i / opix.max(1)) % m.max(1);
-            let mult = round_to(DType::F32, round_to(DType::F32, sx0 * pick(&swv, ch, "w_scale")?) / sy0);
+            let mult = round_to(DType::F32, round_to(DType::F32, sx0 * pick(&swv, ch, 4)?) / sy0);
             y.push(a * mult + zy0);
         }
         Ok(smallvec::smallvec![requantize(odt, shape, y)?.into()])

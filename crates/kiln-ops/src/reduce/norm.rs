@@ -18,7 +18,7 @@ fn broadcast_param(args: &Args<'_>, i: usize, shape: &[usize]) -> Result<Option<
         None => Ok(None),
         Some(t) => {
             let v = floats(t, i)?;
-            let map = util::broadcast_map(t.shape(), shape)?;
+            let map = util::broadcast_map(t.shape(), shape, i)?;
             Ok(Some((v, map)))
         }
     }
@@ -234,7 +234,7 @@ impl GroupNorm {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
         let (n, c, sp) = nc_spatial(x.shape(), "GroupNormalization")?;
-        let g = util::dim(self.num_groups, "num_groups")?;
+        let g = util::attr_dim(self.num_groups, "num_groups")?;
         if g == 0 || c % g != 0 {
             return Err(OpError::Value(format!(
                 "num_groups {g} does not divide the {c} channels"
@@ -505,7 +505,7 @@ impl Lrn {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
         let (n, c, sp) = nc_spatial(x.shape(), "LRN")?;
-        let size = util::dim(self.size, "size")?;
+        let size = util::attr_dim(self.size, "size")?;
         if size == 0 {
             return Err(OpError::Value("LRN size must be positive".into()));
         }

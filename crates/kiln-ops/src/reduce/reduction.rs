@@ -105,7 +105,7 @@ pub(crate) fn reduce_map(shape: &[usize], axes: &[usize]) -> Result<(Vec<usize>,
     let (keep, _) = reduced_shapes(shape, axes, true);
     let out_n = util::checked_numel(&keep)?;
     let group = axes.iter().map(|&a| shape[a]).product();
-    let map = util::broadcast_map(&keep, shape)?;
+    let map = util::broadcast_map(&keep, shape, 0)?;
     Ok((map, out_n, group))
 }
 
@@ -207,7 +207,7 @@ impl Reduce {
         match &self.axes {
             ReduceAxes::Attr(v) => Ok(v.clone()),
             ReduceAxes::Input => match args.opt_tensor(1)? {
-                Some(t) => util::read_i64s(t, "axes"),
+                Some(t) => util::read_i64s(t, 1, "axes"),
                 None => Ok(Vec::new()),
             },
         }
@@ -264,7 +264,7 @@ impl Reduce {
         let list = match &self.axes {
             ReduceAxes::Attr(v) => Some(v.clone()),
             ReduceAxes::Input if inputs.len() < 2 => Some(Vec::new()),
-            ReduceAxes::Input => util::const_tensor(inputs, 1).and_then(|c| util::read_i64s(c, "axes").ok()),
+            ReduceAxes::Input => util::const_tensor(inputs, 1).and_then(|c| util::read_i64s(c, 1, "axes").ok()),
         };
         let shape = match (&t.shape, list) {
             (Some(s), Some(list)) => {
