@@ -1,0 +1,597 @@
+//! The f32 fast path of `RNN`, `GRU` and `LSTM`: per direction, the input projections of
+//! every time step in one GEMM (`X · Wᵀ`, biases in its epilogue), then per step one GEMM of
+//! the batch's hidden states against the recurrent weights (`H · Rᵀ`, all gates at once,
+//! packed once per call), and the gate arithmetic in f32 on the kernels' vectorised
+//! activations. The two directions of a bidirectional op run on two threads when a pool is
+//! current. Everything the reference supports is taken (`sequence_lens`, `layout`, initial
+//! states, peepholes, `clip`, `input_forget`, GRU's `linear_before_reset`) except activations
+//! the GEMM epilogue lacks (Affine, ThresholdedRelu, ScaledTanh, Elu, Softsign, Softplus) and
+//! other dtypes: those, and any input the reference would refuse, run the reference.
+//!
+//! Rounding: f32 products and sums where the reference uses f64; measured against it in the
+//! tests below within 1e-5 of the outputs' magnitude.
+
+use crate::Outputs;
+use crate::error::Result;
+use crate::recurrent::{Activation, Cell, Direction, Recurrent};
+use crate::util::checked_numel;
+use crate::value::Args;
+use kiln_kernels::gemm::MatLayout;
+use kiln_kernels::sgemm::{AMatrix, Act, BLayout, Bias, Epilogue, PackedB, act_slice, sgemm};
+use kiln_tensor::{DType, Tensor};
+use std::sync::Mutex;
+
+/// Runs `op` on the fast path when it applies, else on the reference.
+pub(crate) fn eval(op: &Recurrent, args: &Args<'_>) -> Result<Outputs> {
+    match fast(op, args)? {
+        Some(out) => Ok(out),
+        None => op.eval(args),
+    }
+}
+
+/// The GEMM epilogue's twin of a recurrent activation, when it has one.
+fn act_of(a: Activation) -> Option<Act> {
+    Some(match a {
+        Activation::Relu => Act::Relu,
+        Activation::Tanh => Act::Tanh,
+        Activation::Sigmoid => Act::Sigmoid,
+        Activation::HardSigmoid { alpha, beta } => Act::HardSigmoid { alpha, beta },
+        Activation::LeakyRelu { alpha } => Act::LeakyRelu { alpha },
+        _ => return None,
+    })
+}
+
+/// Sizes of one call.
+#[derive(Clone, Copy)]
+struct Dims {
+    seq: usize,
+    batch: usize,
+    input: usize,
+    hs: usize,
+    nd: usize,
+    gates: usize,
+    batch_first: bool,
+}
+
+impl Dims {
+    /// Row of X (and of the input projections) holding time `t` of batch entry `b`.
+    fn x_row(&self, t: usize, b: usize) -> usize {
+        if self.batch_first {
+            b * self.seq + t
+        } else {
+            t * self.batch + b
+        }
+    }
+
+    /// Offset of direction `d`'s state of batch entry `b` in an initial or final state.
+    fn state_at(&self, d: usize, b: usize) -> usize {
+        if self.batch_first {
+            (b * self.nd + d) * self.hs
+        } else {
+            (d * self.batch + b) * self.hs
+        }
+    }
+}
+
+/// What one direction reads.
+struct DirInput<'a> {
+    reverse: bool,
+    /// `[gates*H, I]`, `[gates*H, H]`, `[2*gates*H]`, `[3*H]`.
+    w: &'a [f32],
+    r: &'a [f32],
+    b: Option<&'a [f32]>,
+    p: Option<&'a [f32]>,
+    acts: Vec<Act>,
+}
+
+/// What one direction gives: Y as `[seq, batch, H]` (zeros past each sequence's length) and
+/// the last hidden and cell states as `[batch, H]`.
+struct DirOutput {
+    y: Vec<f32>,
+    h: Vec<f32>,
+    c: Vec<f32>,
+}
+
+/// The fast path's result, or `None` when it does not apply (see the module docs).
+fn fast(op: &Recurrent, args: &Args<'_>) -> Result<Option<Outputs>> {
+    let (x, w, r) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
+    if [x, w, r].iter().any(|t| t.dtype() != DType::F32 || t.rank() != 3) {
+        return Ok(None);
+    }
+    let Some(acts) = op.activations.iter().map(|&a| act_of(a)).collect::<Option<Vec<Act>>>() else {
+        return Ok(None);
+    };
+    let (nd, gates, apd) = (
+        op.direction.count(),
+        op.cell.gates(),
+        op.cell.activations_per_direction(),
+    );
+    let xs = x.shape();
+    let (seq, batch, input) = if op.batch_first {
+        (xs[1], xs[0], xs[2])
+    } else {
+        (xs[0], xs[1], xs[2])
+    };
+    let hs = r.shape()[2];
+    let gh = gates * hs;
+    if acts.len() != nd * apd
+        || op.hidden_size.is_some_and(|h| h != hs)
+        || w.shape() != [nd, gh, input]
+        || r.shape() != [nd, gh, hs]
+    {
+        return Ok(None);
+    }
+    // An optional input: `Some(None)` when absent, `None` when it is not an f32 of `shape`.
+    let opt = |i: usize, shape: &[usize]| -> Result<Option<Option<&[f32]>>> {
+        Ok(match args.opt_tensor(i)? {
+            None => Some(None),
+            Some(t) if t.dtype() == DType::F32 && t.shape() == shape => Some(Some(t.as_slice::<f32>()?)),
+            Some(_) => None,
+        })
+    };
+    let Some(b) = opt(3, &[nd, 2 * gh])? else {
+        return Ok(None);
+    };
+    let lens: Vec<usize> = match args.opt_tensor(4)? {
+        None => vec![seq; batch],
+        Some(t) => {
+            let Some(v) = t.to_i64_vec() else { return Ok(None) };
+            let lens: Option<Vec<usize>> = v
+                .iter()
+                .map(|&l| usize::try_from(l).ok().filter(|&l| l <= seq))
+                .collect();
+            match lens {
+                Some(l) if l.len() == batch => l,
+                _ => return Ok(None),
+            }
+        }
+    };
+    let state_shape = if op.batch_first {
+        [batch, nd, hs]
+    } else {
+        [nd, batch, hs]
+    };
+    let is_lstm = matches!(op.cell, Cell::Lstm { .. });
+    let Some(h0) = opt(5, &state_shape)? else {
+        return Ok(None);
+    };
+    let (c0, p) = if is_lstm {
+        let (Some(c0), Some(p)) = (opt(6, &state_shape)?, opt(7, &[nd, 3 * hs])?) else {
+            return Ok(None);
+        };
+        (c0, p)
+    } else {
+        (None, None)
+    };
+    let dims = Dims {
+        seq,
+        batch,
+        input,
+        hs,
+        nd,
+        gates,
+        batch_first: op.batch_first,
+    };
+    let y_len = checked_numel(&[seq, nd, batch, hs])?;
+    let (xd, wd, rd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?, r.as_slice::<f32>()?);
+    let dir = |d: usize| DirInput {
+        reverse: op.direction == Direction::Reverse || d == 1,
+        w: wd.get(d * gh * input..(d + 1) * gh * input).unwrap_or(&[]),
+        r: rd.get(d * gh * hs..(d + 1) * gh * hs).unwrap_or(&[]),
+        b: b.and_then(|b| b.get(d * 2 * gh..(d + 1) * 2 * gh)),
+        p: p.and_then(|p| p.get(d * 3 * hs..(d + 1) * 3 * hs)),
+        acts: acts.get(d * apd..(d + 1) * apd).unwrap_or(&[]).to_vec(),
+    };
+    let results: Vec<Mutex<Option<DirOutput>>> = (0..nd).map(|_| Mutex::new(None)).collect();
+    let task = |d: usize| {
+        let out = run_direction(op.cell, op.clip, &dims, &dir(d), d, xd, &lens, h0, c0);
+        if let Some(slot) = results.get(d) {
+            *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = out;
+        }
+    };
+    kiln_kernels::pool::parallel_for(nd, &task);
+    let mut dirs = Vec::with_capacity(nd);
+    for slot in results {
+        match slot.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+            Some(o) => dirs.push(o),
+            None => return Ok(None),
+        }
+    }
+    // Back to ONNX's layouts: Y [seq, dirs, batch, H] or [batch, seq, dirs, H]; the states
+    // [dirs, batch, H] or [batch, dirs, H].
+    let mut y = vec![0f32; y_len];
+    let mut yh = vec![0f32; nd * batch * hs];
+    let mut yc = vec![0f32; nd * batch * hs];
+    for (d, o) in dirs.iter().enumerate() {
+        for t in 0..seq {
+            for bi in 0..batch {
+                let src = (t * batch + bi) * hs;
+                let dst = if op.batch_first {
+                    ((bi * seq + t) * nd + d) * hs
+                } else {
+                    ((t * nd + d) * batch + bi) * hs
+                };
+                if let (Some(to), Some(from)) = (y.get_mut(dst..dst + hs), o.y.get(src..src + hs)) {
+                    to.copy_from_slice(from);
+                }
+            }
+        }
+        for bi in 0..batch {
+            let at = dims.state_at(d, bi);
+            let src = bi * hs..(bi + 1) * hs;
+            if let (Some(to), Some(from)) = (yh.get_mut(at..at + hs), o.h.get(src.clone())) {
+                to.copy_from_slice(from);
+            }
+            if let (Some(to), Some(from)) = (yc.get_mut(at..at + hs), o.c.get(src)) {
+                to.copy_from_slice(from);
+            }
+        }
+    }
+    let y_shape = if op.batch_first {
+        vec![batch, seq, nd, hs]
+    } else {
+        vec![seq, nd, batch, hs]
+    };
+    let mut outs: Outputs = smallvec::smallvec![
+        Tensor::from_vec(y_shape, y)?.into(),
+        Tensor::from_vec(state_shape.to_vec(), yh)?.into(),
+    ];
+    if is_lstm {
+        outs.push(Tensor::from_vec(state_shape.to_vec(), yc)?.into());
+    }
+    Ok(Some(outs))
+}
+
+/// One direction over the whole sequence; `None` if a GEMM refuses its operands (never for
+/// the shapes checked above), which sends the call to the reference.
+#[allow(clippy::too_many_arguments)]
+fn run_direction(
+    cell: Cell,
+    clip: Option<f32>,
+    dims: &Dims,
+    dir: &DirInput<'_>,
+    d: usize,
+    x: &[f32],
+    lens: &[usize],
+    h0: Option<&[f32]>,
+    c0: Option<&[f32]>,
+) -> Option<DirOutput> {
+    let Dims {
+        seq, batch, input, hs, ..
+    } = *dims;
+    let gh = dims.gates * hs;
+    let layout = BLayout::for_isa(kiln_kernels::isa::active());
+    // Input projections of every step: Gx = X · Wᵀ + bias, rows in X's order.
+    let wt = PackedB::pack(layout, input, gh, dir.w, MatLayout::transposed(input)).ok()?;
+    let (wb, rb) = match dir.b {
+        Some(b) => (b.get(..gh)?, Some(b.get(gh..2 * gh)?)),
+        None => (&[][..], None),
+    };
+    let mut bias = vec![0f32; gh];
+    for (j, v) in bias.iter_mut().enumerate() {
+        *v = wb.get(j).copied().unwrap_or(0.0);
+        // GRU's candidate gate adds its recurrent bias inside the reset product.
+        let candidate = matches!(cell, Cell::Gru { .. }) && j >= 2 * hs;
+        if !candidate {
+            *v += rb.and_then(|rb| rb.get(j)).copied().unwrap_or(0.0);
+        }
+    }
+    let rows = seq.checked_mul(batch)?;
+    let mut gx = vec![0f32; rows.checked_mul(gh)?];
+    let epi = Epilogue {
+        bias: Bias::Col(&bias),
+        ..Epilogue::NONE
+    };
+    sgemm(rows, AMatrix::row_major(x, input), wt.view(), &mut gx, gh, &epi).ok()?;
+    drop(wt);
+    // Recurrent weights: Rᵀ for all gates, except GRU's candidate gate, packed apart (its
+    // product takes the reset-gated state when linear_before_reset is 0).
+    let split = if matches!(cell, Cell::Gru { .. }) { 2 * hs } else { gh };
+    let rt = PackedB::pack(layout, hs, split, dir.r.get(..split * hs)?, MatLayout::transposed(hs)).ok()?;
+    let rt_h = if split < gh {
+        Some(
+            PackedB::pack(
+                layout,
+                hs,
+                hs,
+                dir.r.get(split * hs..gh * hs)?,
+                MatLayout::transposed(hs),
+            )
+            .ok()?,
+        )
+    } else {
+        None
+    };
+    let rb_h: Option<&[f32]> = rb.and_then(|rb| rb.get(2 * hs..3 * hs));
+    let init = |s: Option<&[f32]>| -> Option<Vec<f32>> {
+        let mut v = vec![0f32; batch * hs];
+        if let Some(s) = s {
+            for bi in 0..batch {
+                let at = dims.state_at(d, bi);
+                v.get_mut(bi * hs..(bi + 1) * hs)?.copy_from_slice(s.get(at..at + hs)?);
+            }
+        }
+        Some(v)
+    };
+    let mut h = init(h0)?;
+    let mut c = init(c0)?;
+    let mut y = vec![0f32; rows * hs];
+    let mut ghm = vec![0f32; batch * split];
+    let mut gh_h = vec![0f32; if rt_h.is_some() { batch * hs } else { 0 }];
+    let mut reset_h = vec![0f32; gh_h.len()];
+    let mut pre = vec![0f32; gh];
+    let mut tmp = vec![0f32; hs];
+    let clamp = |v: &mut [f32]| {
+        if let Some(cl) = clip {
+            v.iter_mut().for_each(|x| *x = x.clamp(-cl, cl));
+        }
+    };
+    let steps = lens.iter().copied().max().unwrap_or(0);
+    for step in 0..steps {
+        sgemm(
+            batch,
+            AMatrix::row_major(&h, hs),
+            rt.view(),
+            &mut ghm,
+            split,
+            &Epilogue::NONE,
+        )
+        .ok()?;
+        // Time index and projection row of each batch entry still running at this step.
+        let at = |bi: usize| -> Option<(usize, usize)> {
+            let len = *lens.get(bi)?;
+            (step < len).then(|| {
+                let t = if dir.reverse { len - 1 - step } else { step };
+                (t, dims.x_row(t, bi))
+            })
+        };
+        match cell {
+            Cell::Rnn => {
+                for bi in 0..batch {
+                    let Some((t, row)) = at(bi) else { continue };
+                    let hb = h.get_mut(bi * hs..(bi + 1) * hs)?;
+                    let gxr = gx.get(row * gh..(row + 1) * gh)?;
+                    let ghr = ghm.get(bi * split..(bi + 1) * split)?;
+                    for ((o, a), b) in hb.iter_mut().zip(gxr).zip(ghr) {
+                        *o = a + b;
+                    }
+                    clamp(hb);
+                    act_slice(*dir.acts.first()?, hb);
+                    y.get_mut((t * batch + bi) * hs..(t * batch + bi + 1) * hs)?
+                        .copy_from_slice(hb);
+                }
+            }
+            Cell::Lstm { input_forget } => {
+                let (f, g, hact) = (*dir.acts.first()?, *dir.acts.get(1)?, *dir.acts.get(2)?);
+                for bi in 0..batch {
+                    let Some((t, row)) = at(bi) else { continue };
+                    let gxr = gx.get(row * gh..(row + 1) * gh)?;
+                    let ghr = ghm.get(bi * gh..(bi + 1) * gh)?;
+                    for ((o, a), b) in pre.iter_mut().zip(gxr).zip(ghr) {
+                        *o = a + b;
+                    }
+                    let cb = c.get_mut(bi * hs..(bi + 1) * hs)?;
+                    // Gate order i, o, f, c; peepholes i, o, f.
+                    let (gi, rest) = pre.split_at_mut(hs);
+                    let (go, rest) = rest.split_at_mut(hs);
+                    let (gf, gc) = rest.split_at_mut(hs);
+                    if let Some(p) = dir.p {
+                        for ((v, pk), ck) in gi.iter_mut().zip(p.get(..hs)?).zip(cb.iter()) {
+                            *v += pk * ck;
+                        }
+                        for ((v, pk), ck) in gf.iter_mut().zip(p.get(2 * hs..3 * hs)?).zip(cb.iter()) {
+                            *v += pk * ck;
+                        }
+                    }
+                    clamp(gi);
+                    act_slice(f, gi);
+                    if input_forget {
+                        for (v, i) in gf.iter_mut().zip(gi.iter()) {
+                            *v = 1.0 - i;
+                        }
+                    } else {
+                        clamp(gf);
+                        act_slice(f, gf);
+                    }
+                    clamp(gc);
+                    act_slice(g, gc);
+                    for (((ck, fk), ik), gk) in cb.iter_mut().zip(gf.iter()).zip(gi.iter()).zip(gc.iter()) {
+                        *ck = fk * *ck + ik * gk;
+                    }
+                    if let Some(p) = dir.p {
+                        for ((v, pk), ck) in go.iter_mut().zip(p.get(hs..2 * hs)?).zip(cb.iter()) {
+                            *v += pk * ck;
+                        }
+                    }
+                    clamp(go);
+                    act_slice(f, go);
+                    tmp.copy_from_slice(cb);
+                    act_slice(hact, &mut tmp);
+                    let hb = h.get_mut(bi * hs..(bi + 1) * hs)?;
+                    for ((o, a), b) in hb.iter_mut().zip(go.iter()).zip(tmp.iter()) {
+                        *o = a * b;
+                    }
+                    y.get_mut((t * batch + bi) * hs..(t * batch + bi + 1) * hs)?
+                        .copy_from_slice(hb);
+                }
+            }
+            Cell::Gru { linear_before_reset } => {
+                let (f, g) = (*dir.acts.first()?, *dir.acts.get(1)?);
+                let rt_h = rt_h.as_ref()?;
+                // Gates z and r of every running entry (in place in ghm), and the state the
+                // candidate's product takes: H itself, or r ∘ H.
+                for bi in 0..batch {
+                    if at(bi).is_none() {
+                        continue;
+                    }
+                    let (_, row) = at(bi)?;
+                    let gxr = gx.get(row * gh..row * gh + split)?;
+                    let zr = ghm.get_mut(bi * split..(bi + 1) * split)?;
+                    for (o, a) in zr.iter_mut().zip(gxr) {
+                        *o += a;
+                    }
+                    clamp(zr);
+                    act_slice(f, zr);
+                    if !linear_before_reset {
+                        let hb = h.get(bi * hs..(bi + 1) * hs)?;
+                        let rg = zr.get(hs..2 * hs)?;
+                        for ((o, r), hk) in reset_h.get_mut(bi * hs..(bi + 1) * hs)?.iter_mut().zip(rg).zip(hb) {
+                            *o = r * hk;
+                        }
+                    }
+                }
+                let a = if linear_before_reset { &h } else { &reset_h };
+                sgemm(
+                    batch,
+                    AMatrix::row_major(a, hs),
+                    rt_h.view(),
+                    &mut gh_h,
+                    hs,
+                    &Epilogue::NONE,
+                )
+                .ok()?;
+                for bi in 0..batch {
+                    let Some((t, row)) = at(bi) else { continue };
+                    let gxh = gx.get(row * gh + split..(row + 1) * gh)?;
+                    let zr = ghm.get(bi * split..(bi + 1) * split)?;
+                    let (z, rg) = zr.split_at(hs);
+                    let ghh = gh_h.get(bi * hs..(bi + 1) * hs)?;
+                    for k in 0..hs {
+                        let rbk = rb_h.and_then(|v| v.get(k)).copied().unwrap_or(0.0);
+                        let rec = if linear_before_reset {
+                            rg.get(k)? * (ghh.get(k)? + rbk)
+                        } else {
+                            ghh.get(k)? + rbk
+                        };
+                        *tmp.get_mut(k)? = gxh.get(k)? + rec;
+                    }
+                    clamp(&mut tmp);
+                    act_slice(g, &mut tmp);
+                    let hb = h.get_mut(bi * hs..(bi + 1) * hs)?;
+                    for ((hk, zk), nk) in hb.iter_mut().zip(z).zip(tmp.iter()) {
+                        *hk = (1.0 - zk) * nk + zk * *hk;
+                    }
+                    y.get_mut((t * batch + bi) * hs..(t * batch + bi + 1) * hs)?
+                        .copy_from_slice(hb);
+                }
+            }
+        }
+    }
+    Some(DirOutput { y, h, c })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Value;
+
+    /// Deterministic values in [-scale, scale).
+    fn data(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn t(shape: &[usize], seed: u64, scale: f32) -> Value {
+        let n = shape.iter().product();
+        Value::Tensor(Tensor::from_vec(shape.to_vec(), data(n, seed, scale)).unwrap())
+    }
+
+    /// Every output of the fast path against the reference, within `tol` of its magnitude.
+    fn check(op: &Recurrent, inputs: &[Option<Value>]) {
+        let refs: Vec<Option<&Value>> = inputs.iter().map(Option::as_ref).collect();
+        let args = Args::new(&refs);
+        let want = op.eval(&args).unwrap();
+        let got = fast(op, &args).unwrap().expect("the fast path applies");
+        assert_eq!(want.len(), got.len());
+        for (w, g) in want.iter().zip(got.iter()) {
+            let (w, g) = (w.as_tensor().unwrap(), g.as_tensor().unwrap());
+            assert_eq!(w.shape(), g.shape());
+            let (w, g) = (w.as_slice::<f32>().unwrap(), g.as_slice::<f32>().unwrap());
+            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+            for (a, b) in w.iter().zip(g) {
+                assert!((a - b).abs() <= 2e-5 * scale, "{a} vs {b} ({op:?})");
+            }
+        }
+    }
+
+    fn op(cell: Cell, direction: Direction, batch_first: bool, clip: Option<f32>) -> Recurrent {
+        let nd = direction.count();
+        let acts = match cell {
+            Cell::Rnn => vec![Activation::Tanh],
+            Cell::Gru { .. } => vec![Activation::Sigmoid, Activation::Tanh],
+            Cell::Lstm { .. } => vec![Activation::Sigmoid, Activation::Tanh, Activation::Tanh],
+        };
+        Recurrent {
+            cell,
+            hidden_size: None,
+            direction,
+            activations: acts.iter().cycle().take(nd * acts.len()).copied().collect(),
+            clip,
+            batch_first,
+        }
+    }
+
+    #[test]
+    fn every_cell_direction_and_layout_matches_the_reference() {
+        let cells = [
+            Cell::Rnn,
+            Cell::Gru {
+                linear_before_reset: true,
+            },
+            Cell::Gru {
+                linear_before_reset: false,
+            },
+            Cell::Lstm { input_forget: false },
+            Cell::Lstm { input_forget: true },
+        ];
+        let (seq, batch, input, hs) = (7, 3, 5, 20);
+        for (ci, cell) in cells.into_iter().enumerate() {
+            for direction in [Direction::Forward, Direction::Reverse, Direction::Bidirectional] {
+                for batch_first in [false, true] {
+                    for (with_all, clip) in [(false, None), (true, Some(0.7))] {
+                        let o = op(cell, direction, batch_first, clip);
+                        let (nd, g) = (direction.count(), cell.gates());
+                        let seed = ci as u64 * 100 + nd as u64 * 10 + u64::from(batch_first);
+                        let x = if batch_first {
+                            t(&[batch, seq, input], seed, 1.0)
+                        } else {
+                            t(&[seq, batch, input], seed, 1.0)
+                        };
+                        let state = if batch_first { [batch, nd, hs] } else { [nd, batch, hs] };
+                        let mut ins = vec![
+                            Some(x),
+                            Some(t(&[nd, g * hs, input], seed + 1, 0.5)),
+                            Some(t(&[nd, g * hs, hs], seed + 2, 0.5)),
+                        ];
+                        if with_all {
+                            let lens: Vec<i64> = (0..batch as i64).map(|b| (seq as i64 - 2 * b).max(0)).collect();
+                            ins.push(Some(t(&[nd, 2 * g * hs], seed + 3, 0.3)));
+                            ins.push(Some(Value::Tensor(Tensor::from_vec(vec![batch], lens).unwrap())));
+                            ins.push(Some(t(&state, seed + 4, 0.8)));
+                            if matches!(cell, Cell::Lstm { .. }) {
+                                ins.push(Some(t(&state, seed + 5, 0.8)));
+                                ins.push(Some(t(&[nd, 3 * hs], seed + 6, 0.4)));
+                            }
+                        }
+                        check(&o, &ins);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn activations_without_a_kernel_run_the_reference() {
+        let mut o = op(Cell::Rnn, Direction::Forward, false, None);
+        o.activations = vec![Activation::Softsign];
+        let ins = [t(&[2, 1, 3], 1, 1.0), t(&[1, 4, 3], 2, 0.5), t(&[1, 4, 4], 3, 0.5)];
+        let refs: Vec<Option<&Value>> = ins.iter().map(Some).collect();
+        assert!(fast(&o, &Args::new(&refs)).unwrap().is_none());
+        assert!(eval(&o, &Args::new(&refs)).is_ok());
+    }
+}
