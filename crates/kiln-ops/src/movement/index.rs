@@ -4,27 +4,26 @@
 use super::*;
 use crate::util::{checked_numel, const_tensor, input_dtype, norm_axis};
 
-fn indices_of(t: &Tensor, what: &str) -> Result<Vec<i64>> {
+/// The values of an integer index input (input `index`).
+fn indices_of(t: &Tensor, index: usize) -> Result<Vec<i64>> {
     t.to_i64_vec()
-        .ok_or_else(|| OpError::Value(format!("{what} must be integers, got {}", t.dtype())))
+        .ok_or_else(|| OpError::input_value(index, "integer indices", format!("a {} tensor", t.dtype())))
 }
 
 /// Gather's output for element types the arena recycles: the rows of `inner` elements starting
 /// at `rows`, one after the other, in a recycled buffer of `total` elements.
 fn gather_rows<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
     xs: &[T],
+    shape: &[usize],
     rows: impl Iterator<Item = usize>,
     total: usize,
     inner: usize,
 ) -> Result<kiln_tensor::Buf<T>> {
     let mut out = crate::util::out_buf::<T>(total);
     for (dst, base) in out.chunks_exact_mut(inner.max(1)).zip(rows) {
-        let src = xs.get(base..base + inner).ok_or_else(|| {
-            OpError::Shape(format!(
-                "Gather: data of {} elements is shorter than its shape",
-                xs.len()
-            ))
-        })?;
+        let src = xs
+            .get(base..base + inner)
+            .ok_or_else(|| OpError::input_shape(0, format!("a shape of {} elements, as its data", xs.len()), shape))?;
         dst.copy_from_slice(src);
     }
     Ok(out)
@@ -54,7 +53,7 @@ impl Gather {
         let raw: &[i64] = match ind.as_slice::<i64>() {
             Ok(r) => r,
             Err(_) => {
-                owned = indices_of(ind, "indices")?;
+                owned = indices_of(ind, 1)?;
                 &owned
             }
         };
@@ -67,9 +66,9 @@ impl Gather {
         });
         // Whole rows of `inner` elements copied into a recycled buffer, written whole.
         match x.data() {
-            Data::F32(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, rows, total, inner)?)?),
-            Data::I64(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, rows, total, inner)?)?),
-            Data::Bool(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, rows, total, inner)?)?),
+            Data::F32(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, x.shape(), rows, total, inner)?)?),
+            Data::I64(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, x.shape(), rows, total, inner)?)?),
+            Data::Bool(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, x.shape(), rows, total, inner)?)?),
             _ => {}
         }
         let mut src = Vec::with_capacity(total);
@@ -103,15 +102,17 @@ pub struct GatherElements {
 /// coordinate replaced by the index value.
 fn along_axis_targets(data_shape: &[usize], ind_shape: &[usize], idx: &[i64], axis: usize) -> Result<Vec<usize>> {
     if data_shape.len() != ind_shape.len() {
-        return Err(OpError::Shape(format!(
-            "indices shape {ind_shape:?} and data shape {data_shape:?} differ in rank"
-        )));
+        return Err(OpError::inputs(0, 1, "data and indices of the same rank", data_shape, ind_shape));
     }
     for d in 0..data_shape.len() {
         if d != axis && ind_shape[d] > data_shape[d] {
-            return Err(OpError::Shape(format!(
-                "indices shape {ind_shape:?} exceeds data shape {data_shape:?}"
-            )));
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!("indices no larger than data off axis {axis}"),
+                data_shape,
+                ind_shape,
+            ));
         }
     }
     let st = strides(data_shape);
@@ -130,7 +131,7 @@ impl GatherElements {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, ind) = (args.tensor(0)?, args.tensor(1)?);
         let axis = norm_axis(self.axis, x.rank())?;
-        let src = along_axis_targets(x.shape(), ind.shape(), &indices_of(ind, "indices")?, axis)?;
+        let src = along_axis_targets(x.shape(), ind.shape(), &indices_of(ind, 1)?, axis)?;
         one(x.gather_flat(ind.shape().to_vec(), &src)?)
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -151,12 +152,18 @@ impl GatherND {
         let b = self.batch_dims;
         let (ds, is) = (x.shape(), ind.shape());
         let Some(&k) = is.last() else {
-            return Err(OpError::Shape("GatherND: indices must have rank >= 1".into()));
+            return Err(OpError::input_shape(1, "rank >= 1", is));
         };
         if b >= is.len() || b + k > ds.len() || ds[..b] != is[..b] {
-            return Err(OpError::Shape(format!(
-                "GatherND: data {ds:?} and indices {is:?} do not fit batch_dims {b}"
-            )));
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!(
+                    "shapes that fit batch_dims {b} (the same first {b} dims, indices' last dim at most data's rank - {b})"
+                ),
+                ds,
+                is,
+            ));
         }
         let mut shape = is[..is.len() - 1].to_vec();
         shape.extend_from_slice(&ds[b + k..]);
@@ -164,7 +171,7 @@ impl GatherND {
         let inner: usize = ds[b + k..].iter().product();
         let batch_stride: usize = ds[b..].iter().product();
         let st = strides(ds);
-        let idx = indices_of(ind, "indices")?;
+        let idx = indices_of(ind, 1)?;
         let nb: usize = is[..b].iter().product();
         let per_batch: usize = is[b..is.len() - 1].iter().product();
         let mut src = Vec::new();
@@ -230,7 +237,11 @@ fn scatter(data: &Tensor, updates: &Tensor, targets: &[usize], red: Reduction) -
         });
     }
     if targets.len() != updates.len() {
-        return Err(OpError::Shape("scatter: updates do not match indices".into()));
+        return Err(OpError::input_shape(
+            2,
+            format!("{} updates, one per index", targets.len()),
+            updates.shape(),
+        ));
     }
     let n = data.len();
     let all = concat_flat(&[data, updates])?;
@@ -271,13 +282,9 @@ impl ScatterElements {
         let (x, ind, upd) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let axis = norm_axis(self.axis, x.rank())?;
         if ind.shape() != upd.shape() {
-            return Err(OpError::Shape(format!(
-                "indices {:?} and updates {:?} differ",
-                ind.shape(),
-                upd.shape()
-            )));
+            return Err(OpError::inputs(1, 2, "indices and updates of the same shape", ind.shape(), upd.shape()));
         }
-        let targets = along_axis_targets(x.shape(), ind.shape(), &indices_of(ind, "indices")?, axis)?;
+        let targets = along_axis_targets(x.shape(), ind.shape(), &indices_of(ind, 1)?, axis)?;
         one(scatter(x, upd, &targets, self.reduction)?)
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -297,25 +304,29 @@ impl ScatterND {
         let (x, ind, upd) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let (ds, is) = (x.shape(), ind.shape());
         let Some(&k) = is.last() else {
-            return Err(OpError::Shape("ScatterND: indices must have rank >= 1".into()));
+            return Err(OpError::input_shape(1, "rank >= 1", is));
         };
         if k > ds.len() {
-            return Err(OpError::Shape(format!(
-                "ScatterND: index tuples of {k} for data rank {}",
-                ds.len()
-            )));
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!("index tuples (indices' last dim, {k}) no longer than data's rank"),
+                ds,
+                is,
+            ));
         }
         let mut want = is[..is.len() - 1].to_vec();
         want.extend_from_slice(&ds[k..]);
         if upd.shape() != want.as_slice() {
-            return Err(OpError::Shape(format!(
-                "ScatterND: updates shape {:?}, expected {want:?}",
-                upd.shape()
-            )));
+            return Err(OpError::input_shape(
+                2,
+                format!("{want:?} (indices' leading dims, then data's trailing dims)"),
+                upd.shape(),
+            ));
         }
         let inner: usize = ds[k..].iter().product();
         let st = strides(ds);
-        let idx = indices_of(ind, "indices")?;
+        let idx = indices_of(ind, 1)?;
         let mut targets = Vec::with_capacity(upd.len());
         let tuples: usize = is[..is.len() - 1].iter().product();
         for t in 0..tuples {
@@ -346,25 +357,29 @@ impl TensorScatter {
         let r = past.rank();
         let axis = norm_axis(self.axis, r)?;
         if axis == 0 {
-            return Err(OpError::Value("TensorScatter: axis must not be the batch axis".into()));
+            return Err(OpError::attribute("axis", "an axis other than the batch axis 0", self.axis));
         }
         let (ps, us) = (past.shape(), upd.shape());
         if us.len() != r || (0..r).any(|d| if d == axis { us[d] > ps[d] } else { us[d] != ps[d] }) {
-            return Err(OpError::Shape(format!(
-                "TensorScatter: update {us:?} does not fit cache {ps:?}"
-            )));
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!("an update of the cache's rank and dims, at most the cache's on axis {axis}"),
+                ps,
+                us,
+            ));
         }
         let wi = match args.opt_tensor(2)? {
-            Some(t) => indices_of(t, "write_indices")?,
+            Some(t) if t.len() != ps[0] => {
+                return Err(OpError::input_shape(
+                    2,
+                    format!("{} write indices, one per batch entry", ps[0]),
+                    t.shape(),
+                ));
+            }
+            Some(t) => indices_of(t, 2)?,
             None => vec![0; ps[0]],
         };
-        if wi.len() != ps[0] {
-            return Err(OpError::Shape(format!(
-                "TensorScatter: {} write indices for batch {}",
-                wi.len(),
-                ps[0]
-            )));
-        }
         let max_len = ps[axis] as i64;
         let st = strides(ps);
         let mut pos = vec![0usize; r];
@@ -406,19 +421,14 @@ impl OneHot {
         let v = t.to_f64_vec();
         match v.as_slice() {
             [d] if *d >= 0.0 => Ok(*d as usize),
-            _ => Err(OpError::Value(format!(
-                "OneHot: depth must be one non-negative number, got {v:?}"
-            ))),
+            _ => Err(OpError::input_value(1, "one number >= 0", format!("{v:?}"))),
         }
     }
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (ind, depth, values) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let depth = Self::depth(depth)?;
         if values.len() != 2 {
-            return Err(OpError::Shape(format!(
-                "OneHot: values must hold 2 elements, got {:?}",
-                values.shape()
-            )));
+            return Err(OpError::input_shape(2, "2 elements (off and on)", values.shape()));
         }
         let axis = self.axis(ind.rank())?;
         let mut shape = ind.shape().to_vec();
@@ -464,10 +474,7 @@ impl Compress {
         let (x, cond) = (args.tensor(0)?, args.tensor(1)?);
         let c = cond.to_f64_vec();
         if cond.rank() != 1 {
-            return Err(OpError::Shape(format!(
-                "Compress: condition must be 1-D, got {:?}",
-                cond.shape()
-            )));
+            return Err(OpError::input_shape(1, "a 1-D condition", cond.shape()));
         }
         let (shape, axis) = match self.axis {
             Some(a) => (x.shape().to_vec(), norm_axis(a, x.rank())?),

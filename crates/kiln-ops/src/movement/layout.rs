@@ -34,7 +34,10 @@ pub(crate) fn gather_axes(x: &Tensor, maps: &[Vec<Option<usize>>], fill: Option<
         Some(f) => gather_or_fill(x, f, out_shape, &idx),
         None => {
             let flat: Option<Vec<usize>> = idx.into_iter().collect();
-            let flat = flat.ok_or_else(|| OpError::Value("element outside the input with no fill value".into()))?;
+            // Callers without a fill map every output position inside X.
+            let flat = flat.ok_or_else(|| {
+                OpError::input_shape(0, "a shape holding every element the op reads", x.shape())
+            })?;
             Ok(x.gather_flat(out_shape, &flat)?)
         }
     }
@@ -55,7 +58,11 @@ impl Transpose {
         match &self.perm {
             Some(p) => {
                 if p.len() != rank {
-                    return Err(OpError::Value(format!("perm {p:?} does not match rank {rank}")));
+                    return Err(OpError::attribute(
+                        "perm",
+                        format!("{rank} axes, the input's rank"),
+                        format!("{p:?}"),
+                    ));
                 }
                 norm_axes(p, rank)
             }
@@ -69,11 +76,11 @@ impl Transpose {
         if let Ok(v) = x.as_slice::<f32>() {
             let mut out = crate::util::out_f32(v.len());
             if !permute_into(v, x.shape(), &perm, &mut out, &kiln_kernels::transpose::transpose_f32) {
-                return Err(OpError::Shape(format!(
-                    "Transpose: data of {} elements does not fill shape {:?}",
-                    v.len(),
-                    x.shape()
-                )));
+                return Err(OpError::input_shape(
+                    0,
+                    format!("a shape of {} elements, as its data", v.len()),
+                    x.shape(),
+                ));
             }
             return one(Tensor::from_buf(out_shape, out)?);
         }
@@ -259,14 +266,16 @@ impl Concat {
         let axis = norm_axis(self.axis, rank)?;
         let mut out_shape = kiln_tensor::Shape::from_slice(first.shape());
         out_shape[axis] = 0;
-        for x in &xs {
+        for (i, x) in xs.iter().enumerate() {
             let s = x.shape();
             if s.len() != rank || s.iter().enumerate().any(|(d, &n)| d != axis && n != first.shape()[d]) {
-                return Err(OpError::Shape(format!(
-                    "concat: shapes {:?} and {:?} differ off axis {axis}",
+                return Err(OpError::inputs(
+                    0,
+                    i,
+                    format!("shapes that agree off axis {axis}"),
                     first.shape(),
-                    s
-                )));
+                    s,
+                ));
             }
             out_shape[axis] += s[axis];
         }
@@ -323,11 +332,11 @@ impl Concat {
                 None => s,
                 Some(mut acc) => {
                     if acc.len() != s.len() {
-                        return Err(OpError::Shape(format!(
-                            "concat: ranks {} and {} differ",
-                            acc.len(),
-                            s.len()
-                        )));
+                        // The shapes may hold symbols: evaluation names them when it fails.
+                        return match (super::shape::fixed_of(&acc), super::shape::fixed_of(&s)) {
+                            (Some(a), Some(b)) => Err(OpError::inputs(0, i, "the same rank", &a, &b)),
+                            _ => Ok(vec![tensor_type(dtype, None)]),
+                        };
                     }
                     acc[axis] = match (&acc[axis], &s[axis]) {
                         (Dim::Fixed(a), Dim::Fixed(b)) => Dim::Fixed(a + b),
@@ -484,7 +493,7 @@ pub struct Slice {
 /// Input positions selected along one dim of size `n` by `start:end:step`.
 fn slice_positions(n: usize, start: i64, end: i64, step: i64) -> Result<(i64, usize)> {
     if step == 0 {
-        return Err(OpError::Value("slice step is 0".into()));
+        return Err(OpError::input_value(4, "steps other than 0", 0));
     }
     let n = n as i128;
     let (mut s, mut e, t) = (start as i128, end as i128, step as i128);
@@ -509,33 +518,39 @@ fn slice_positions(n: usize, start: i64, end: i64, step: i64) -> Result<(i64, us
 /// Per-axis (start, step, len) of a slice of `shape`; axes not sliced are whole.
 type SliceSpec = Vec<(usize, i64, i64, i64)>;
 
+/// The slice of a rank-`rank` input; `from_attrs` when starts, ends and axes are the
+/// attributes of opsets before 10 (else inputs 1 to 4).
 fn slice_spec(
     rank: usize,
     starts: &[i64],
     ends: &[i64],
     axes: Option<&[i64]>,
     steps: Option<&[i64]>,
+    from_attrs: bool,
 ) -> Result<SliceSpec> {
+    let bad = |attr: &'static str, index: usize, expected: String, got: &[i64]| match from_attrs {
+        true => OpError::attribute(attr, expected, format!("{got:?}")),
+        false => OpError::input_value(index, expected, format!("{got:?}")),
+    };
+    let one_per_start = || format!("{} values, one per start", starts.len());
     if starts.len() != ends.len() {
-        return Err(OpError::Value(format!(
-            "slice: {} starts but {} ends",
-            starts.len(),
-            ends.len()
-        )));
+        return Err(bad("ends", 2, one_per_start(), ends));
     }
     let axes = match axes {
         Some(a) => {
             if a.len() != starts.len() {
-                return Err(OpError::Value("slice: axes and starts differ in length".into()));
+                return Err(bad("axes", 3, one_per_start(), a));
             }
             norm_axes(a, rank)?
         }
         None => {
             if starts.len() > rank {
-                return Err(OpError::Value(format!(
-                    "slice: {} starts for rank {rank}",
-                    starts.len()
-                )));
+                return Err(bad(
+                    "starts",
+                    1,
+                    format!("at most {rank} values, the input's rank"),
+                    starts,
+                ));
             }
             (0..starts.len()).collect()
         }
@@ -543,7 +558,7 @@ fn slice_spec(
     if let Some(s) = steps
         && s.len() != starts.len()
     {
-        return Err(OpError::Value("slice: steps and starts differ in length".into()));
+        return Err(bad("steps", 4, one_per_start(), s));
     }
     Ok((0..starts.len())
         .map(|i| (axes[i], starts[i], ends[i], steps.map_or(1, |s| s[i])))
@@ -553,13 +568,13 @@ fn slice_spec(
 impl Slice {
     fn read(&self, args: &Args<'_>, rank: usize) -> Result<SliceSpec> {
         match &self.attrs {
-            Some(a) => slice_spec(rank, &a.starts, &a.ends, a.axes.as_deref(), None),
+            Some(a) => slice_spec(rank, &a.starts, &a.ends, a.axes.as_deref(), None, true),
             None => {
                 let starts = read_i64s(args.tensor(1)?, 1, "starts")?;
                 let ends = read_i64s(args.tensor(2)?, 2, "ends")?;
                 let axes = args.opt_tensor(3)?.map(|t| read_i64s(t, 3, "axes")).transpose()?;
                 let steps = args.opt_tensor(4)?.map(|t| read_i64s(t, 4, "steps")).transpose()?;
-                slice_spec(rank, &starts, &ends, axes.as_deref(), steps.as_deref())
+                slice_spec(rank, &starts, &ends, axes.as_deref(), steps.as_deref(), false)
             }
         }
     }
@@ -574,7 +589,10 @@ impl Slice {
             for &(axis, start, end, step) in &spec {
                 let (Some(s), Some(l), Some(t)) = (starts.get_mut(axis), lens.get_mut(axis), steps.get_mut(axis))
                 else {
-                    return Err(OpError::Value(format!("slice: axis {axis} of rank {}", x.rank())));
+                    return Err(OpError::Axis {
+                        axis: axis as i64,
+                        rank: x.rank(),
+                    });
                 };
                 let (first, len) = slice_positions(x.shape()[axis], start, end, step)?;
                 (*s, *l, *t) = (first.max(0) as usize, len, step as usize);
@@ -601,12 +619,12 @@ impl Slice {
             return Ok(vec![tensor_type(dtype, None)]);
         };
         let spec = match &self.attrs {
-            Some(a) => slice_spec(s.len(), &a.starts, &a.ends, a.axes.as_deref(), None)?,
+            Some(a) => slice_spec(s.len(), &a.starts, &a.ends, a.axes.as_deref(), None, true)?,
             None => {
                 let get = |i| const_ints(&None, inputs, i);
                 match (get(1), get(2), get(3), get(4)) {
                     (Ok(Some(st)), Ok(Some(en)), Ok(ax), Ok(sp)) => {
-                        slice_spec(s.len(), &st, &en, ax.as_deref(), sp.as_deref())?
+                        slice_spec(s.len(), &st, &en, ax.as_deref(), sp.as_deref(), false)?
                     }
                     _ => return Ok(vec![tensor_type(dtype, None)]),
                 }
@@ -711,9 +729,11 @@ fn box_of<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
         copy_run(x, from, &mut out, to, run)
     });
     if !ok {
-        return Err(OpError::Value(format!(
-            "slice: box {starts:?} + {lens:?} step {steps:?} outside {shape:?}"
-        )));
+        return Err(OpError::input_shape(
+            0,
+            format!("to hold the box of {lens:?} at {starts:?} (steps {steps:?})"),
+            shape,
+        ));
     }
     Ok(Tensor::from_buf(lens.to_vec(), out)?)
 }
@@ -735,7 +755,11 @@ fn padded<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
         copy_run(x, from, &mut out, to, run)
     });
     if !ok {
-        return Err(OpError::Value(format!("pad: {lens:?} at {starts:?} outside {shape:?}")));
+        return Err(OpError::input_shape(
+            0,
+            format!("a box within the padded shape {shape:?} at {starts:?}"),
+            lens,
+        ));
     }
     Ok(Tensor::from_buf(shape.to_vec(), out)?)
 }
@@ -744,22 +768,22 @@ fn padded<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Tile;
 
+fn one_repeat_per_axis(rank: usize, reps: &[i64]) -> OpError {
+    OpError::input_value(1, format!("{rank} repeats, one per axis of input 0"), format!("{reps:?}"))
+}
+
 impl Tile {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let reps = read_i64s(args.tensor(1)?, 1, "repeats")?;
         if reps.len() != x.rank() {
-            return Err(OpError::Shape(format!(
-                "tile: {} repeats for rank {}",
-                reps.len(),
-                x.rank()
-            )));
+            return Err(one_repeat_per_axis(x.rank(), &reps));
         }
         let mut out_shape = Vec::with_capacity(reps.len());
         for (&n, &r) in x.shape().iter().zip(&reps) {
             out_shape.push(
                 n.checked_mul(dim(r, 1, "repeats")?)
-                    .ok_or_else(|| OpError::Shape("tile: too large".into()))?,
+                    .ok_or_else(|| OpError::too_large("tiled dim", format!("{n} x {r}")))?,
             );
         }
         checked_numel(&out_shape)?;
@@ -777,11 +801,7 @@ impl Tile {
             (Some(s), Some(r)) => {
                 let reps = read_i64s(r, 1, "repeats")?;
                 if reps.len() != s.len() {
-                    return Err(OpError::Shape(format!(
-                        "tile: {} repeats for rank {}",
-                        reps.len(),
-                        s.len()
-                    )));
+                    return Err(one_repeat_per_axis(s.len(), &reps));
                 }
                 s.iter()
                     .zip(&reps)
@@ -843,6 +863,19 @@ fn pad_source(mode: PadMode, o: usize, begin: i64, n: usize) -> Option<usize> {
 }
 
 impl Pad {
+    /// Bad pads: the attribute's (opsets < 11) or input 1's.
+    fn bad_pads(&self, expected: String, got: String) -> OpError {
+        match self.pads {
+            Some(_) => OpError::attribute("pads", expected, got),
+            None => OpError::input_value(1, expected, got),
+        }
+    }
+    fn pads_per_axis(&self, pads: &[i64], axes: usize) -> OpError {
+        self.bad_pads(
+            format!("{} values, a begin and an end per padded axis", 2 * axes),
+            format!("{pads:?}"),
+        )
+    }
     /// Per-dim (begin, end) pads.
     fn pads(&self, args: &Args<'_>, rank: usize) -> Result<Vec<(i64, i64)>> {
         let pads = ints_from(&self.pads, args, 1, "pads")?.ok_or(OpError::MissingInput { index: 1 })?;
@@ -851,11 +884,7 @@ impl Pad {
             _ => (0..rank).collect(),
         };
         if pads.len() != 2 * axes.len() {
-            return Err(OpError::Value(format!(
-                "pad: {} pads for {} axes",
-                pads.len(),
-                axes.len()
-            )));
+            return Err(self.pads_per_axis(&pads, axes.len()));
         }
         let mut out = vec![(0, 0); rank];
         for (i, &a) in axes.iter().enumerate() {
@@ -887,7 +916,9 @@ impl Pad {
                 .zip(&pads)
                 .map(|(&n, &(b, e))| n.checked_add(b as usize)?.checked_add(e as usize))
                 .collect();
-            let shape = shape.ok_or_else(|| OpError::Value("pad: output too large".into()))?;
+            let shape = shape.ok_or_else(|| {
+                OpError::too_large("padded shape of", format!("{:?} with pads {pads:?}", x.shape()))
+            })?;
             let out = match x.dtype() {
                 DType::F32 => Some(padded(
                     x.as_slice::<f32>()?,
@@ -910,19 +941,24 @@ impl Pad {
             }
         }
         let mut maps = Vec::with_capacity(x.rank());
-        for (&n, &(b, e)) in x.shape().iter().zip(&pads) {
+        for (d, (&n, &(b, e))) in x.shape().iter().zip(&pads).enumerate() {
             let out = n as i64 + b + e;
             if out < 0 {
-                return Err(OpError::Value(format!(
-                    "pad: pads ({b}, {e}) crop more than the dim {n}"
-                )));
+                return Err(self.bad_pads(
+                    format!("pads cropping at most the {n} of axis {d}"),
+                    format!("({b}, {e}) on axis {d}"),
+                ));
             }
             // Negative pads crop first; the (reflect/edge/wrap) padding then reads the
             // cropped data, as onnxruntime does.
             let (crop_b, crop_e) = ((-b).max(0) as usize, (-e).max(0) as usize);
             let kept = n.saturating_sub(crop_b + crop_e);
             if kept == 0 && out > 0 && self.mode != PadMode::Constant {
-                return Err(OpError::Value("pad: cannot reflect/edge/wrap-pad an empty dim".into()));
+                return Err(OpError::input_shape(
+                    0,
+                    format!("axis {d} non-empty after cropping, to pad in {:?} mode", self.mode),
+                    x.shape(),
+                ));
             }
             checked_numel(&[out as usize])?;
             maps.push(
@@ -953,11 +989,7 @@ impl Pad {
             }
         };
         if pads.len() != 2 * axes.len() {
-            return Err(OpError::Value(format!(
-                "pad: {} pads for {} axes",
-                pads.len(),
-                axes.len()
-            )));
+            return Err(self.pads_per_axis(&pads, axes.len()));
         }
         let mut out = s.clone();
         for (i, &a) in axes.iter().enumerate() {
@@ -980,22 +1012,31 @@ pub struct DepthToSpace {
     pub crd: bool,
 }
 
-fn dims4(x: &Tensor, op: &str) -> Result<[usize; 4]> {
+fn dims4(x: &Tensor) -> Result<[usize; 4]> {
     match *x.shape() {
         [b, c, h, w] => Ok([b, c, h, w]),
-        _ => Err(OpError::Shape(format!("{op} needs a 4-D input, got {:?}", x.shape()))),
+        _ => Err(OpError::input_shape(0, "[N, C, H, W]", x.shape())),
+    }
+}
+
+fn blocksize(bs: usize) -> Result<usize> {
+    match bs {
+        0 => Err(OpError::attribute("blocksize", ">= 1", 0)),
+        bs => Ok(bs),
     }
 }
 
 impl DepthToSpace {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        let [b, c, h, w] = dims4(x, "DepthToSpace")?;
-        let bs = self.blocksize;
-        if bs == 0 || c % (bs * bs) != 0 {
-            return Err(OpError::Shape(format!(
-                "DepthToSpace: {c} channels not divisible by blocksize² ({bs})"
-            )));
+        let [b, c, h, w] = dims4(x)?;
+        let bs = blocksize(self.blocksize)?;
+        if c % (bs * bs) != 0 {
+            return Err(OpError::input_shape(
+                0,
+                format!("channels divisible by blocksize² ({})", bs * bs),
+                x.shape(),
+            ));
         }
         let cc = c / (bs * bs);
         let (tmp, perm) = if self.crd {
@@ -1032,12 +1073,14 @@ pub struct SpaceToDepth {
 impl SpaceToDepth {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        let [b, c, h, w] = dims4(x, "SpaceToDepth")?;
-        let bs = self.blocksize;
-        if bs == 0 || h % bs != 0 || w % bs != 0 {
-            return Err(OpError::Shape(format!(
-                "SpaceToDepth: {h}x{w} not divisible by blocksize {bs}"
-            )));
+        let [b, c, h, w] = dims4(x)?;
+        let bs = blocksize(self.blocksize)?;
+        if h % bs != 0 || w % bs != 0 {
+            return Err(OpError::input_shape(
+                0,
+                format!("H and W divisible by blocksize {bs}"),
+                x.shape(),
+            ));
         }
         let tmp = [b, c, h / bs, bs, w / bs, bs];
         let perm = if self.crd {
@@ -1079,11 +1122,11 @@ impl CenterCropPad {
             None => (0..x.rank()).collect(),
         };
         if target.len() != axes.len() {
-            return Err(OpError::Value(format!(
-                "CenterCropPad: {} sizes for {} axes",
-                target.len(),
-                axes.len()
-            )));
+            return Err(OpError::input_value(
+                1,
+                format!("{} sizes, one per axis", axes.len()),
+                format!("{target:?}"),
+            ));
         }
         let mut maps = identity_maps(x.shape());
         for (&a, &t) in axes.iter().zip(&target) {
@@ -1141,7 +1184,7 @@ impl Trilu {
         };
         let r = x.rank();
         if r < 2 {
-            return Err(OpError::Shape(format!("Trilu needs rank >= 2, got {:?}", x.shape())));
+            return Err(OpError::input_shape(0, "rank >= 2", x.shape()));
         }
         let (rows, cols) = (x.shape()[r - 2], x.shape()[r - 1]);
         let idx: Vec<Option<usize>> = (0..x.len())
@@ -1174,14 +1217,19 @@ impl ReverseSequence {
         let ba = norm_axis(self.batch_axis, x.rank())?;
         let ta = norm_axis(self.time_axis, x.rank())?;
         if ba == ta {
-            return Err(OpError::Value("ReverseSequence: batch_axis equals time_axis".into()));
+            return Err(OpError::attribute(
+                "time_axis",
+                format!("an axis other than batch_axis ({ba})"),
+                self.time_axis,
+            ));
         }
         let (nb, nt) = (x.shape()[ba], x.shape()[ta]);
         if lens.len() != nb {
-            return Err(OpError::Shape(format!(
-                "ReverseSequence: {} lengths for batch size {nb}",
-                lens.len()
-            )));
+            return Err(OpError::input_shape(
+                1,
+                format!("{nb} lengths, one per batch entry (axis {ba} of input 0)"),
+                args.tensor(1)?.shape(),
+            ));
         }
         for &l in &lens {
             if l < 0 || l as usize > nt {

@@ -135,7 +135,10 @@ pub(crate) fn scalar_of(dtype: DType, v: f64) -> Result<Tensor> {
         DType::U64 => Data::U64(vec![v as u64].into()),
         DType::Bool => Data::Bool(vec![v != 0.0].into()),
         DType::String => {
-            return Err(OpError::Value(format!("cannot make a string from the number {v}")));
+            return Err(OpError::UnsupportedDType {
+                index: 0,
+                got: DType::String,
+            });
         }
         d if d.is_float() => Data::Coded(vec![kiln_tensor::formats::encode_float(d, v as f32, false)].into()),
         d => Data::Coded(vec![kiln_tensor::formats::encode_int(d, v)].into()),
@@ -143,13 +146,14 @@ pub(crate) fn scalar_of(dtype: DType, v: f64) -> Result<Tensor> {
     Ok(Tensor::new(dtype, vec![1], data)?)
 }
 
-/// Appends the elements of `b` to `acc` (same storage variant required).
-pub(crate) fn extend_data(acc: &mut Data, b: &Data) -> Result<()> {
+/// Appends the elements of `b` to `acc`; `false` (nothing appended) when their storage
+/// variants differ.
+pub(crate) fn extend_data(acc: &mut Data, b: &Data) -> bool {
     macro_rules! ext {
         ($($var:ident),*) => {
             match (acc, b) {
-                $((Data::$var(a), Data::$var(b)) => { a.extend_from_slice(b); Ok(()) })*
-                _ => Err(OpError::Value("tensors of different element types cannot be combined".into())),
+                $((Data::$var(a), Data::$var(b)) => { a.extend_from_slice(b); true })*
+                _ => false,
             }
         };
     }
@@ -161,15 +165,14 @@ pub(crate) fn extend_data(acc: &mut Data, b: &Data) -> Result<()> {
 /// All elements of `parts` one after another, as a 1-D tensor of their (common) dtype.
 pub(crate) fn concat_flat(parts: &[&Tensor]) -> Result<Tensor> {
     let Some(first) = parts.first() else {
-        return Err(OpError::Value("nothing to concatenate".into()));
+        return Err(OpError::MissingInput { index: 0 });
     };
     let dtype = first.dtype();
     let mut data = first.data().clone();
     for p in &parts[1..] {
-        if p.dtype() != dtype {
+        if p.dtype() != dtype || !extend_data(&mut data, p.data()) {
             return Err(OpError::DTypeMismatch { a: dtype, b: p.dtype() });
         }
-        extend_data(&mut data, p.data())?;
     }
     let n = data.len();
     Ok(Tensor::new(dtype, vec![n], data)?)

@@ -12,17 +12,27 @@ pub struct Reshape {
     pub allowzero: bool,
 }
 
-/// The target shape of a Reshape of `input` (dims possibly symbolic) to `spec`. Inline
-/// vectors throughout: at run time (all dims fixed) it allocates nothing.
-fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<DimVec>> {
+/// A Reshape target that does not fit: the `shape` attribute's (opsets < 5) or input 1's.
+fn bad_spec(from_attr: bool, expected: String, spec: &[i64]) -> OpError {
+    match from_attr {
+        true => OpError::attribute("shape", expected, format!("{spec:?}")),
+        false => OpError::input_value(1, expected, format!("{spec:?}")),
+    }
+}
+
+/// The target shape of a Reshape of `input` (dims possibly symbolic) to `spec` (the attribute
+/// when `from_attr`, else input 1). Inline vectors throughout: at run time (all dims fixed) it
+/// allocates nothing.
+fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool, from_attr: bool) -> Result<Option<DimVec>> {
+    let bad = |expected: String| bad_spec(from_attr, expected, spec);
     let mut out: smallvec::SmallVec<[Option<Dim>; 6]> = smallvec::SmallVec::with_capacity(spec.len());
     let mut infer_at = None;
     for (i, &s) in spec.iter().enumerate() {
         match s {
             0 if !allowzero => {
                 let d = input.get(i).ok_or_else(|| {
-                    OpError::Shape(format!(
-                        "reshape: 0 at position {i} copies a dim the input (rank {}) lacks",
+                    bad(format!(
+                        "a 0 (copy the dim) only where input 0 has a dim, at most rank {}",
                         input.len()
                     ))
                 })?;
@@ -30,22 +40,20 @@ fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<D
             }
             -1 => {
                 if infer_at.is_some() {
-                    return Err(OpError::Value(format!("reshape: more than one -1 in {spec:?}")));
+                    return Err(bad("at most one -1".into()));
                 }
                 infer_at = Some(i);
                 out.push(None);
             }
             s if s < 0 => {
-                return Err(OpError::Value(format!("reshape: invalid dim {s} in {spec:?}")));
+                return Err(bad("dims >= -1".into()));
             }
             s => out.push(Some(Dim::Fixed(s as usize))),
         }
     }
     if let Some(at) = infer_at {
         if allowzero && spec.contains(&0) {
-            return Err(OpError::Value(format!(
-                "reshape: -1 together with 0 under allowzero in {spec:?}"
-            )));
+            return Err(bad("no 0 beside a -1 under allowzero".into()));
         }
         // Cancel symbols present on both sides, then divide the fixed parts.
         let mut in_syms: smallvec::SmallVec<[&Dim; 6]> = smallvec::SmallVec::new();
@@ -70,15 +78,13 @@ fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<D
         }
         let d = if in_fixed == 0 && in_syms.is_empty() {
             if out_fixed == 0 {
-                return Err(OpError::Shape(
-                    "reshape: cannot infer -1 with a zero-size target".into(),
-                ));
+                return Err(bad("no -1 beside a 0-sized dim (the -1 would be ambiguous)".into()));
             }
             Dim::Fixed(0)
         } else {
             if out_fixed == 0 || !in_fixed.is_multiple_of(out_fixed) {
                 if in_syms.is_empty() {
-                    return Err(OpError::Shape(format!("reshape: cannot reshape {input:?} to {spec:?}")));
+                    return Err(bad(format!("a shape of input 0's {in_fixed} elements")));
                 }
                 return Ok(None);
             }
@@ -92,10 +98,11 @@ fn reshape_dims(input: &[Dim], spec: &[i64], allowzero: bool) -> Result<Option<D
         out[at] = Some(d);
     }
     let out: DimVec = out.into_iter().flatten().collect();
-    if let (Some(a), Some(b)) = (fixed_of(input), fixed_of(&out))
-        && checked_numel(&a)? != checked_numel(&b)?
-    {
-        return Err(OpError::Shape(format!("reshape: cannot reshape {a:?} to {b:?}")));
+    if let (Some(a), Some(b)) = (fixed_of(input), fixed_of(&out)) {
+        let n = checked_numel(&a)?;
+        if n != checked_numel(&b)? {
+            return Err(bad(format!("a shape of input 0's {n} elements")));
+        }
     }
     Ok(Some(out))
 }
@@ -117,9 +124,10 @@ impl Reshape {
             Some(s) => std::borrow::Cow::Borrowed(s.as_slice()),
             None => crate::util::read_i64s_cow(args.tensor(1)?, 1, "shape")?,
         };
-        reshape_dims(&fixed_dims(x.shape()), &spec, self.allowzero)?
+        let from_attr = self.shape.is_some();
+        reshape_dims(&fixed_dims(x.shape()), &spec, self.allowzero, from_attr)?
             .and_then(|d| fixed_of(&d))
-            .ok_or_else(|| OpError::Shape(format!("reshape: cannot reshape {:?} to {spec:?}", x.shape())))
+            .ok_or_else(|| bad_spec(from_attr, format!("a shape of input 0's {} elements", x.len()), &spec))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
@@ -128,7 +136,9 @@ impl Reshape {
             None => const_tensor(inputs, 1).map(|t| read_i64s(t, 1, "shape")).transpose()?,
         };
         let shape = match (spec, in_shape(inputs, 0)) {
-            (Some(spec), Some(input)) => reshape_dims(&input, &spec, self.allowzero)?.map(DimVec::into_vec),
+            (Some(spec), Some(input)) => {
+                reshape_dims(&input, &spec, self.allowzero, self.shape.is_some())?.map(DimVec::into_vec)
+            }
             // Without the input shape, only a spec free of 0 and -1 decides the output.
             (Some(spec), None) if spec.iter().all(|&s| s > 0 || (s == 0 && self.allowzero)) => {
                 Some(spec.iter().map(|&s| Dim::Fixed(s as usize)).collect())
@@ -255,15 +265,21 @@ pub struct Squeeze {
     pub axes: Option<Vec<i64>>,
 }
 
-fn squeeze_dims(shape: &[Dim], axes: Option<&[i64]>) -> Result<Option<DimVec>> {
+/// The squeezed shape; `axes` are the attribute's when `from_attr`, else input 1's.
+fn squeeze_dims(shape: &[Dim], axes: Option<&[i64]>, from_attr: bool) -> Result<Option<DimVec>> {
     match axes {
         Some(axes) => {
             let ax = norm_axes(axes, shape.len())?;
-            for &a in &ax {
+            for (&a, &given) in ax.iter().zip(axes) {
                 if let Dim::Fixed(n) = shape[a]
                     && n != 1
                 {
-                    return Err(OpError::Shape(format!("squeeze: axis {a} has size {n}, not 1")));
+                    let expected = "axes of dims of size 1";
+                    let got = format!("axis {given}, of size {n}");
+                    return Err(match from_attr {
+                        true => OpError::attribute("axes", expected, got),
+                        false => OpError::input_value(1, expected, got),
+                    });
                 }
             }
             Ok(Some(
@@ -292,13 +308,14 @@ impl Squeeze {
     pub fn view_shape(&self, args: &Args<'_>) -> Result<kiln_tensor::Shape> {
         let x = args.tensor(0)?;
         let axes = ints_from(&self.axes, args, 1, "axes")?;
-        let dims = squeeze_dims(&fixed_dims(x.shape()), axes.as_deref())?.and_then(|d| fixed_of(&d));
-        dims.ok_or_else(|| OpError::Shape("squeeze".into()))
+        let dims = squeeze_dims(&fixed_dims(x.shape()), axes.as_deref(), self.axes.is_some())?.and_then(|d| fixed_of(&d));
+        // Fixed dims always give a shape.
+        dims.ok_or_else(|| OpError::input_shape(0, "fixed dims", x.shape()))
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
         let shape = match (const_ints(&self.axes, inputs, 1), in_shape(inputs, 0)) {
-            (Ok(axes), Some(s)) => squeeze_dims(&s, axes.as_deref())?.map(DimVec::into_vec),
+            (Ok(axes), Some(s)) => squeeze_dims(&s, axes.as_deref(), self.axes.is_some())?.map(DimVec::into_vec),
             _ => None,
         };
         Ok(vec![tensor_type(dtype, shape)])
@@ -321,7 +338,9 @@ fn unsqueeze_dims(shape: &[Dim], axes: &[i64]) -> Result<DimVec> {
         if ax.contains(&i) {
             out.push(Dim::Fixed(1));
         } else {
-            out.push(src.next().cloned().ok_or_else(|| OpError::Shape("unsqueeze".into()))?);
+            // norm_axes leaves exactly shape.len() positions to fill.
+            let axis = i as i64;
+            out.push(src.next().cloned().ok_or(OpError::Axis { axis, rank })?);
         }
     }
     Ok(out)
@@ -433,10 +452,7 @@ impl ConstantOfShape {
     fn value(&self) -> Result<Tensor> {
         match &self.value {
             Some(v) if v.len() == 1 => Ok(v.clone()),
-            Some(v) => Err(OpError::Value(format!(
-                "value must hold one element, got shape {:?}",
-                v.shape()
-            ))),
+            Some(v) => Err(OpError::attribute("value", "one element", format!("shape {:?}", v.shape()))),
             None => Ok(Tensor::scalar(0f32)),
         }
     }
@@ -477,15 +493,21 @@ pub struct Range;
 
 fn range_len(start: f64, limit: f64, delta: f64) -> Result<usize> {
     if delta == 0.0 {
-        return Err(OpError::Value("range: delta is 0".into()));
+        return Err(OpError::input_value(2, "a delta other than 0", 0));
     }
     let n = ((limit - start) / delta).ceil();
     if n.is_nan() {
-        return Err(OpError::Value("range: NaN bounds".into()));
+        // A NaN bound, or infinite start and limit (their difference is undefined).
+        let index = [start, limit, delta].iter().position(|v| v.is_nan()).unwrap_or(1);
+        return Err(OpError::input_value(
+            index,
+            "bounds giving a defined length",
+            format!("start {start}, limit {limit}, delta {delta}"),
+        ));
     }
     let n = n.max(0.0);
     if n > kiln_tensor::MAX_ELEMENTS as f64 {
-        return Err(OpError::Shape(format!("range: {n} elements is too many")));
+        return Err(OpError::too_large("range of", format!("{n} elements")));
     }
     Ok(n as usize)
 }
@@ -501,16 +523,13 @@ impl Range {
         }
         for (i, t) in [s, l, d].iter().enumerate() {
             if t.len() != 1 {
-                return Err(OpError::Shape(format!(
-                    "range: input {i} must be a scalar, got shape {:?}",
-                    t.shape()
-                )));
+                return Err(OpError::input_shape(i, "one element", t.shape()));
             }
         }
         if dtype.is_int() && !dtype.is_byte_coded() {
             let (s, l, d) = (read_i64(s, 0, "start")?, read_i64(l, 1, "limit")?, read_i64(d, 2, "delta")?);
             if d == 0 {
-                return Err(OpError::Value("range: delta is 0".into()));
+                return Err(OpError::input_value(2, "a delta other than 0", 0));
             }
             let span = (l as i128) - (s as i128);
             let d128 = d as i128;
@@ -520,7 +539,7 @@ impl Range {
                 0
             };
             if n > kiln_tensor::MAX_ELEMENTS as i128 {
-                return Err(OpError::Shape(format!("range: {n} elements is too many")));
+                return Err(OpError::too_large("range of", format!("{n} elements")));
             }
             let v: Vec<i64> = (0..n as i64).map(|i| s.wrapping_add(i.wrapping_mul(d))).collect();
             let t = Tensor::from_vec(vec![v.len()], v)?;
@@ -610,10 +629,7 @@ impl EyeLike {
             [n] => (n, n),
             [r, c] => (r, c),
             _ => {
-                return Err(OpError::Shape(format!(
-                    "EyeLike needs a 2-D input, got {:?}",
-                    x.shape()
-                )));
+                return Err(OpError::input_shape(0, "a 1-D or 2-D input", x.shape()));
             }
         };
         let vals = concat_flat(&[&scalar_of(dtype, 0.0)?, &scalar_of(dtype, 1.0)?])?;
