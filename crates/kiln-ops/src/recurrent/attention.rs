@@ -51,21 +51,25 @@ struct Heads {
     v: Vec<f64>,
 }
 
-/// Reads a 3-D `(batch, seq, heads*size)` or 4-D `(batch, heads, seq, size)` tensor into the
-/// 4-D layout. Returns (values, heads, seq, size).
-fn to_4d(t: &Tensor, heads: Option<usize>, what: &str) -> Result<(Vec<f64>, usize, usize, usize)> {
+/// Reads a 3-D `(batch, seq, heads*size)` or 4-D `(batch, heads, seq, size)` tensor (input
+/// `index`, its head count given by the attribute `attr`) into the 4-D layout. Returns
+/// (values, heads, seq, size).
+fn to_4d(t: &Tensor, index: usize, (heads, attr): (Option<usize>, &'static str)) -> Result<(Vec<f64>, usize, usize, usize)> {
     let s = t.shape();
     let v = t.to_f64_vec();
     match s.len() {
         4 => Ok((v, s[1], s[2], s[3])),
         3 => {
-            let h = heads
-                .ok_or_else(|| OpError::Value(format!("{what} is 3-D, so the head count attributes are required")))?;
-            if h == 0 || !s[2].is_multiple_of(h) {
-                return Err(OpError::Shape(format!(
-                    "{what} hidden size {} is not a multiple of {h} heads",
-                    s[2]
-                )));
+            let h = heads.ok_or_else(|| OpError::attribute(attr, ">= 1 (the inputs are 3-D)", "none"))?;
+            if h == 0 {
+                return Err(OpError::attribute(attr, ">= 1", 0));
+            }
+            if !s[2].is_multiple_of(h) {
+                return Err(OpError::input_shape(
+                    index,
+                    format!("a hidden size (dim 2) divisible by {attr} {h}"),
+                    s,
+                ));
             }
             let (b, seq, d) = (s[0], s[1], s[2] / h);
             let mut out = vec![0.0; v.len()];
@@ -80,7 +84,7 @@ fn to_4d(t: &Tensor, heads: Option<usize>, what: &str) -> Result<(Vec<f64>, usiz
             }
             Ok((out, h, seq, d))
         }
-        _ => Err(OpError::Shape(format!("{what} must be 3-D or 4-D, got shape {s:?}"))),
+        _ => Err(OpError::input_shape(index, "a 3-D or 4-D input", s)),
     }
 }
 
@@ -102,53 +106,65 @@ impl Attention {
     fn heads(&self, args: &Args<'_>) -> Result<Heads> {
         let (q, k, v) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let rank = q.rank();
-        if k.rank() != rank || v.rank() != rank {
-            return Err(OpError::Shape(format!(
-                "Q, K and V must have the same rank, got {:?}, {:?}, {:?}",
-                q.shape(),
-                k.shape(),
-                v.shape()
-            )));
+        for (i, x) in [(1, k), (2, v)] {
+            if x.rank() != rank {
+                return Err(OpError::inputs(0, i, "Q, K and V of the same rank", q.shape(), x.shape()));
+            }
         }
-        let (qv, hq, sq, d) = to_4d(q, self.q_num_heads, "Q")?;
-        let (kv, hkv, skv, dk) = to_4d(k, self.kv_num_heads, "K")?;
-        let (vv, hv, svv, dv) = to_4d(v, self.kv_num_heads, "V")?;
+        let (qv, hq, sq, d) = to_4d(q, 0, (self.q_num_heads, "q_num_heads"))?;
+        let (kv, hkv, skv, dk) = to_4d(k, 1, (self.kv_num_heads, "kv_num_heads"))?;
+        let (vv, hv, svv, dv) = to_4d(v, 2, (self.kv_num_heads, "kv_num_heads"))?;
         let batch = q.shape()[0];
-        if k.shape()[0] != batch || v.shape()[0] != batch {
-            return Err(OpError::Shape("Q, K and V batch sizes differ".into()));
+        for (i, x) in [(1, k), (2, v)] {
+            if x.shape()[0] != batch {
+                return Err(OpError::inputs(0, i, "Q, K and V of the same batch size", q.shape(), x.shape()));
+            }
         }
         if dk != d {
-            return Err(OpError::Shape(format!("Q head size {d} differs from K head size {dk}")));
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!("Q and K of the same head size ({d} and {dk})"),
+                q.shape(),
+                k.shape(),
+            ));
         }
         if hv != hkv || svv != skv {
-            return Err(OpError::Shape(format!(
-                "K has {hkv} heads x {skv} positions, V has {hv} x {svv}"
-            )));
+            return Err(OpError::inputs(
+                1,
+                2,
+                "K and V of the same heads and sequence length",
+                k.shape(),
+                v.shape(),
+            ));
         }
         if hkv == 0 || hq % hkv != 0 {
-            return Err(OpError::Shape(format!(
-                "q_num_heads {hq} is not a multiple of kv_num_heads {hkv}"
-            )));
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!("Q's heads ({hq}) a multiple of K's ({hkv})"),
+                q.shape(),
+                k.shape(),
+            ));
         }
         let (pk, pv) = (args.opt_tensor(4)?, args.opt_tensor(5)?);
         let (past, kc, vc) = match (pk, pv) {
             (None, None) => (0, kv, vv),
             (Some(pk), Some(pv)) => {
                 let p = pk.shape().get(2).copied().unwrap_or(0);
-                if pk.shape() != [batch, hkv, p, d] || pv.shape() != [batch, hkv, p, dv] {
-                    return Err(OpError::Shape(format!(
-                        "past_key {:?} / past_value {:?} do not match (batch {batch}, {hkv} heads, head sizes {d}/{dv})",
-                        pk.shape(),
-                        pv.shape()
-                    )));
+                if pk.shape() != [batch, hkv, p, d] {
+                    return Err(OpError::input_shape(4, format!("[{batch}, {hkv}, past length, {d}]"), pk.shape()));
+                }
+                if pv.shape() != [batch, hkv, p, dv] {
+                    return Err(OpError::input_shape(5, format!("[{batch}, {hkv}, {p}, {dv}]"), pv.shape()));
                 }
                 let kc = concat_seq(Some((&pk.to_f64_vec(), p)), &kv, batch, hkv, skv, d);
                 let vc = concat_seq(Some((&pv.to_f64_vec(), p)), &vv, batch, hkv, skv, dv);
                 (p, kc, vc)
             }
-            _ => {
-                return Err(OpError::Value("past_key and past_value must be given together".into()));
-            }
+            // past_key and past_value come together.
+            (Some(_), None) => return Err(OpError::MissingInput { index: 5 }),
+            (None, Some(_)) => return Err(OpError::MissingInput { index: 4 }),
         };
         Ok(Heads {
             batch,
@@ -175,18 +191,17 @@ impl Attention {
             None => None,
             Some(np) => {
                 if h.past > 0 || args.opt_tensor(4)?.is_some() {
-                    return Err(OpError::Value(
-                        "nonpad_kv_seqlen cannot be combined with past_key/past_value".into(),
+                    return Err(OpError::input_value(
+                        6,
+                        "no nonpad_kv_seqlen beside past_key and past_value",
+                        format!("shape {:?}", np.shape()),
                     ));
                 }
                 let v = np
                     .to_i64_vec()
-                    .ok_or_else(|| OpError::Value("nonpad_kv_seqlen must be int64".into()))?;
+                    .ok_or_else(|| OpError::input_value(6, "integer lengths", format!("a {} tensor", np.dtype())))?;
                 if v.len() != b {
-                    return Err(OpError::Shape(format!(
-                        "nonpad_kv_seqlen has {} entries for batch {b}",
-                        v.len()
-                    )));
+                    return Err(OpError::input_shape(6, format!("{b} lengths, one per batch entry"), np.shape()));
                 }
                 Some(v)
             }
@@ -201,21 +216,21 @@ impl Attention {
         if let Some(m) = args.opt_tensor(3)? {
             let ms = m.shape();
             if ms.len() > 4 || ms.is_empty() {
-                return Err(OpError::Shape(format!("attn_mask must have rank 1 to 4, got {ms:?}")));
+                return Err(OpError::input_shape(3, "rank 1 to 4", ms));
             }
             let target = [b, hq, sq, t];
             let off = 4 - ms.len();
             let last = ms[ms.len() - 1];
             if last > t {
-                return Err(OpError::Shape(format!(
-                    "attn_mask last dim {last} exceeds total sequence length {t}"
-                )));
+                return Err(OpError::input_shape(
+                    3,
+                    format!("a last dim at most the total sequence length {t}"),
+                    ms,
+                ));
             }
             for (i, &d) in ms.iter().enumerate().take(ms.len() - 1) {
                 if d != 1 && d != target[i + off] {
-                    return Err(OpError::Shape(format!(
-                        "attn_mask {ms:?} does not broadcast to {target:?}"
-                    )));
+                    return Err(OpError::input_shape(3, format!("a shape that broadcasts to {target:?}"), ms));
                 }
             }
             let is_bool = m.dtype() == DType::Bool;

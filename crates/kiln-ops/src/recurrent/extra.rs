@@ -42,17 +42,21 @@ impl RotaryEmbedding {
                 let h = self
                     .num_heads
                     .filter(|&h| h > 0)
-                    .ok_or_else(|| OpError::Value("num_heads is required for a 3-D RotaryEmbedding input".into()))?;
+                    .ok_or_else(|| {
+                        let got = self.num_heads.map_or_else(|| "none".to_string(), |h| h.to_string());
+                        OpError::attribute("num_heads", ">= 1 (the input is 3-D)", got)
+                    })?;
                 if s[2] % h != 0 {
-                    return Err(OpError::Shape(format!(
-                        "hidden size {} is not a multiple of {h} heads",
-                        s[2]
-                    )));
+                    return Err(OpError::input_shape(
+                        0,
+                        format!("a hidden size (dim 2) divisible by num_heads {h}"),
+                        s,
+                    ));
                 }
                 (s[0], s[1], h, s[2] / h, false)
             }
             _ => {
-                return Err(OpError::Shape(format!("input must be 3-D or 4-D, got {s:?}")));
+                return Err(OpError::input_shape(0, "a 3-D or 4-D input", s));
             }
         };
         let rd = if self.rotary_embedding_dim == 0 {
@@ -61,38 +65,41 @@ impl RotaryEmbedding {
             self.rotary_embedding_dim
         };
         if rd > d || rd % 2 != 0 {
-            return Err(OpError::Value(format!(
-                "rotary_embedding_dim {rd} must be even and <= head size {d}"
-            )));
+            return Err(OpError::attribute(
+                "rotary_embedding_dim",
+                format!("an even value <= the head size {d}"),
+                rd,
+            ));
         }
         let half = rd / 2;
         let (cv, sv) = (cos.to_f64_vec(), sin.to_f64_vec());
-        if cos.shape() != sin.shape() || cos.shape().last() != Some(&half) {
-            return Err(OpError::Shape(format!(
-                "cos/sin caches {:?}/{:?} must end in rotary_embedding_dim/2 = {half}",
+        if cos.shape() != sin.shape() {
+            return Err(OpError::inputs(1, 2, "cos and sin caches of the same shape", cos.shape(), sin.shape()));
+        }
+        if cos.shape().last() != Some(&half) {
+            return Err(OpError::input_shape(
+                1,
+                format!("a last dim of rotary_embedding_dim / 2 = {half}"),
                 cos.shape(),
-                sin.shape()
-            )));
+            ));
         }
         // Cache row for (batch, position).
         let rows: Vec<usize> = match pos {
             Some(p) => {
                 if p.shape() != [b, sq] {
-                    return Err(OpError::Shape(format!(
-                        "position_ids {:?} must be [{b}, {sq}]",
-                        p.shape()
-                    )));
+                    return Err(OpError::input_shape(3, format!("[{b}, {sq}]"), p.shape()));
                 }
                 if cos.rank() != 2 {
-                    return Err(OpError::Shape(format!(
-                        "caches must be 2-D with position_ids, got {:?}",
-                        cos.shape()
-                    )));
+                    return Err(OpError::input_shape(
+                        1,
+                        "a 2-D cache [positions, rotary_embedding_dim / 2] with position_ids",
+                        cos.shape(),
+                    ));
                 }
                 let maxp = cos.shape()[0];
                 let pv = p
                     .to_i64_vec()
-                    .ok_or_else(|| OpError::Value("position_ids must be int64".into()))?;
+                    .ok_or_else(|| OpError::input_value(3, "integer positions", format!("a {} tensor", p.dtype())))?;
                 pv.iter()
                     .map(|&v| {
                         usize::try_from(v)
@@ -104,10 +111,11 @@ impl RotaryEmbedding {
             }
             None => {
                 if cos.shape() != [b, sq, half] {
-                    return Err(OpError::Shape(format!(
-                        "caches {:?} must be [{b}, {sq}, {half}] without position_ids",
-                        cos.shape()
-                    )));
+                    return Err(OpError::input_shape(
+                        1,
+                        format!("[{b}, {sq}, {half}] without position_ids"),
+                        cos.shape(),
+                    ));
                 }
                 (0..b * sq).collect()
             }
@@ -160,11 +168,7 @@ impl SwiGlu {
             return Err(OpError::DTypeMismatch { a: dt, b: b.dtype() });
         }
         if a.shape() != b.shape() {
-            return Err(OpError::Shape(format!(
-                "A {:?} and B {:?} must have the same shape",
-                a.shape(),
-                b.shape()
-            )));
+            return Err(OpError::inputs(0, 1, "the same shape", a.shape(), b.shape()));
         }
         let al = self.alpha as f64;
         let y = a
@@ -197,17 +201,17 @@ impl CausalConvWithState {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(1)?);
         let dt = num::need_float(x, 0)?;
-        num::need_rank(x, 3, "input")?;
-        num::need_rank(w, 3, "weight")?;
+        num::need_rank(x, 0, 3)?;
+        num::need_rank(w, 1, 3)?;
         let (b, c, l) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let k = w.shape()[2];
         if w.shape()[0] != c || w.shape()[1] != 1 || k == 0 {
-            return Err(OpError::Shape(format!("weight {:?} must be [{c}, 1, k>0]", w.shape())));
+            return Err(OpError::input_shape(1, format!("[{c}, 1, k] with k >= 1"), w.shape()));
         }
         let bias = match args.opt_tensor(2)? {
             Some(t) => {
                 if t.shape() != [c] {
-                    return Err(OpError::Shape(format!("bias {:?} must be [{c}]", t.shape())));
+                    return Err(OpError::input_shape(2, format!("[{c}]"), t.shape()));
                 }
                 t.to_f64_vec()
             }
@@ -216,11 +220,7 @@ impl CausalConvWithState {
         let past = match args.opt_tensor(3)? {
             Some(t) => {
                 if t.shape() != [b, c, k - 1] {
-                    return Err(OpError::Shape(format!(
-                        "past_state {:?} must be [{b}, {c}, {}]",
-                        t.shape(),
-                        k - 1
-                    )));
+                    return Err(OpError::input_shape(3, format!("[{b}, {c}, {}]", k - 1), t.shape()));
                 }
                 t.to_f64_vec()
             }
@@ -296,48 +296,54 @@ impl LinearAttention {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (q, k, v) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let dt = num::need_float(q, 0)?;
-        for (t, n) in [(q, "query"), (k, "key"), (v, "value")] {
-            num::need_rank(t, 3, n)?;
+        for (i, t) in [q, k, v].into_iter().enumerate() {
+            num::need_rank(t, i, 3)?;
         }
         let (hq, hk) = (self.q_num_heads, self.kv_num_heads);
-        if hq == 0 || hk == 0 || hq % hk != 0 {
-            return Err(OpError::Value(format!(
-                "q_num_heads {hq} must be a positive multiple of kv_num_heads {hk}"
-            )));
+        if hk == 0 {
+            return Err(OpError::attribute("kv_num_heads", ">= 1", hk));
+        }
+        if hq == 0 || hq % hk != 0 {
+            return Err(OpError::attribute(
+                "q_num_heads",
+                format!("a positive multiple of kv_num_heads {hk}"),
+                hq,
+            ));
         }
         let (b, t) = (q.shape()[0], q.shape()[1]);
-        if q.shape()[2] % hq != 0 || k.shape()[2] % hk != 0 || v.shape()[2] % hk != 0 {
-            return Err(OpError::Shape(
-                "hidden sizes must be multiples of the head counts".into(),
-            ));
+        for (i, x, heads, attr) in [(0, q, hq, "q_num_heads"), (1, k, hk, "kv_num_heads"), (2, v, hk, "kv_num_heads")] {
+            if x.shape()[2] % heads != 0 {
+                return Err(OpError::input_shape(
+                    i,
+                    format!("a hidden size (dim 2) divisible by {attr} {heads}"),
+                    x.shape(),
+                ));
+            }
         }
         let dk = q.shape()[2] / hq;
         let dv = v.shape()[2] / hk;
-        if k.shape() != [b, t, hk * dk] || v.shape()[..2] != [b, t] {
-            return Err(OpError::Shape(format!(
-                "query {:?}, key {:?}, value {:?} do not agree",
-                q.shape(),
-                k.shape(),
-                v.shape()
-            )));
+        if k.shape() != [b, t, hk * dk] {
+            return Err(OpError::input_shape(1, format!("[{b}, {t}, {}], as the query", hk * dk), k.shape()));
+        }
+        if v.shape()[..2] != [b, t] {
+            return Err(OpError::input_shape(2, format!("[{b}, {t}, _], as the query"), v.shape()));
         }
         let gating = matches!(self.update_rule, UpdateRule::Gated | UpdateRule::GatedDelta);
         let delta = matches!(self.update_rule, UpdateRule::Delta | UpdateRule::GatedDelta);
         let decay = args.opt_tensor(4)?;
         let beta = args.opt_tensor(5)?;
-        if gating != decay.is_some() {
-            return Err(OpError::Value(format!(
-                "update rule {:?} {} the decay input",
-                self.update_rule,
-                if gating { "requires" } else { "forbids" }
-            )));
-        }
-        if delta != beta.is_some() {
-            return Err(OpError::Value(format!(
-                "update rule {:?} {} the beta input",
-                self.update_rule,
-                if delta { "requires" } else { "forbids" }
-            )));
+        // A rule's own inputs are required; an input of another rule means another rule.
+        for (wants, given, index, expected) in [
+            (gating, decay.is_some(), 4, "a gated rule (decay, input 4, is given)"),
+            (delta, beta.is_some(), 5, "a delta rule (beta, input 5, is given)"),
+        ] {
+            match (wants, given) {
+                (true, false) => return Err(OpError::MissingInput { index }),
+                (false, true) => {
+                    return Err(OpError::attribute("update_rule", expected, format!("{:?}", self.update_rule)));
+                }
+                _ => {}
+            }
         }
         // decay: per head (B, T, Hk) or per key dim (B, T, Hk*dk).
         let decay_v = decay.map(|d| d.to_f64_vec());
@@ -345,11 +351,11 @@ impl LinearAttention {
             Some(d) if d.shape() == [b, t, hk] => Some(false),
             Some(d) if d.shape() == [b, t, hk * dk] => Some(true),
             Some(d) => {
-                return Err(OpError::Shape(format!(
-                    "decay {:?} must be [{b}, {t}, {hk}] or [{b}, {t}, {}]",
+                return Err(OpError::input_shape(
+                    4,
+                    format!("[{b}, {t}, {hk}] or [{b}, {t}, {}]", hk * dk),
                     d.shape(),
-                    hk * dk
-                )));
+                ));
             }
             None => None,
         };
@@ -358,10 +364,7 @@ impl LinearAttention {
             Some(x) if x.shape() == [b, t, hk] => hk,
             Some(x) if x.shape() == [b, t, 1] => 1,
             Some(x) => {
-                return Err(OpError::Shape(format!(
-                    "beta {:?} must be [{b}, {t}, {hk}] or [{b}, {t}, 1]",
-                    x.shape()
-                )));
+                return Err(OpError::input_shape(5, format!("[{b}, {t}, {hk}] or [{b}, {t}, 1]"), x.shape()));
             }
             None => 1,
         };
@@ -369,10 +372,7 @@ impl LinearAttention {
         let (mut state, sdt) = match args.opt_tensor(3)? {
             Some(s) => {
                 if s.shape() != state_shape {
-                    return Err(OpError::Shape(format!(
-                        "past_state {:?} must be {state_shape:?}",
-                        s.shape()
-                    )));
+                    return Err(OpError::input_shape(3, format!("{state_shape:?}"), s.shape()));
                 }
                 (
                     s.to_f64_vec()
@@ -470,13 +470,13 @@ impl LinearAttention {
 }
 
 /// Values of a modifier's result, which must keep the score tensor's shape.
-fn read_mod(t: &Tensor, shape: &[usize], which: &str) -> Result<Vec<f64>> {
+fn read_mod(t: &Tensor, shape: &[usize], which: &'static str) -> Result<Vec<f64>> {
     if t.shape() != shape || !t.dtype().is_float() {
-        return Err(OpError::Shape(format!(
-            "{which} must return a float tensor of shape {shape:?}, got {}{:?}",
-            t.dtype(),
-            t.shape()
-        )));
+        return Err(OpError::subgraph(
+            which,
+            format!("a float tensor of shape {shape:?}"),
+            format!("{}{:?}", t.dtype(), t.shape()),
+        ));
     }
     Ok(t.to_f64_vec())
 }
@@ -506,24 +506,32 @@ impl FlexAttention {
     ) -> Result<crate::Outputs> {
         let (q, k, v) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let dt = num::need_float(q, 0)?;
-        for (t, n) in [(q, "Q"), (k, "K"), (v, "V")] {
-            num::need_rank(t, 4, n)?;
+        for (i, t) in [q, k, v].into_iter().enumerate() {
+            num::need_rank(t, i, 4)?;
         }
         let (b, hq, l, e) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
         let (hk, s) = (k.shape()[1], k.shape()[2]);
         let ev = v.shape()[3];
-        if k.shape() != [b, hk, s, e] || v.shape()[..3] != [b, hk, s] {
-            return Err(OpError::Shape(format!(
-                "Q {:?}, K {:?}, V {:?} do not agree",
-                q.shape(),
+        if k.shape() != [b, hk, s, e] {
+            return Err(OpError::inputs(0, 1, "Q and K of the same batch and head size", q.shape(), k.shape()));
+        }
+        if v.shape()[..3] != [b, hk, s] {
+            return Err(OpError::inputs(
+                1,
+                2,
+                "K and V of the same batch, heads and sequence",
                 k.shape(),
-                v.shape()
-            )));
+                v.shape(),
+            ));
         }
         if hk == 0 || hq % hk != 0 {
-            return Err(OpError::Shape(format!(
-                "q heads {hq} must be a multiple of kv heads {hk}"
-            )));
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!("Q's heads ({hq}) a multiple of K's ({hk})"),
+                q.shape(),
+                k.shape(),
+            ));
         }
         let cdt = self
             .softmax_precision

@@ -39,13 +39,10 @@ pub(crate) fn float_tensor(dt: DType, shape: Vec<usize>, v: Vec<f64>) -> Result<
     Ok(Tensor::from_f64(dt, shape, &v)?)
 }
 
-/// Checks a tensor's rank.
-pub(crate) fn need_rank(t: &Tensor, rank: usize, what: &str) -> Result<()> {
+/// Checks the rank of `t`, input `index`.
+pub(crate) fn need_rank(t: &Tensor, index: usize, rank: usize) -> Result<()> {
     if t.rank() != rank {
-        return Err(OpError::Shape(format!(
-            "{what} must have rank {rank}, got shape {:?}",
-            t.shape()
-        )));
+        return Err(OpError::input_shape(index, format!("rank {rank}"), t.shape()));
     }
     Ok(())
 }

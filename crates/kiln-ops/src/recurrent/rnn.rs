@@ -164,9 +164,9 @@ impl Recurrent {
         let x_t = args.tensor(0)?;
         let dt = num::need_float(x_t, 0)?;
         let (w_t, r_t) = (args.tensor(1)?, args.tensor(2)?);
-        num::need_rank(x_t, 3, "X")?;
-        num::need_rank(w_t, 3, "W")?;
-        num::need_rank(r_t, 3, "R")?;
+        num::need_rank(x_t, 0, 3)?;
+        num::need_rank(w_t, 1, 3)?;
+        num::need_rank(r_t, 2, 3)?;
         let nd = self.direction.count();
         let g = self.cell.gates();
         let (seq, batch, input) = if self.batch_first {
@@ -178,35 +178,20 @@ impl Recurrent {
         if let Some(h) = self.hidden_size
             && h != hs
         {
-            return Err(OpError::Shape(format!(
-                "hidden_size {h} does not match R shape {:?}",
-                r_t.shape()
-            )));
+            return Err(OpError::attribute("hidden_size", format!("{hs}, R's last dim"), h));
         }
         if w_t.shape() != [nd, g * hs, input] {
-            return Err(OpError::Shape(format!(
-                "W shape {:?} must be [{nd}, {}, {input}]",
-                w_t.shape(),
-                g * hs
-            )));
+            return Err(OpError::input_shape(1, format!("[{nd}, {}, {input}]", g * hs), w_t.shape()));
         }
         if r_t.shape() != [nd, g * hs, hs] {
-            return Err(OpError::Shape(format!(
-                "R shape {:?} must be [{nd}, {}, {hs}]",
-                r_t.shape(),
-                g * hs
-            )));
+            return Err(OpError::input_shape(2, format!("[{nd}, {}, {hs}]", g * hs), r_t.shape()));
         }
         let w = w_t.to_f64_vec();
         let r = r_t.to_f64_vec();
         let b = match args.opt_tensor(3)? {
             Some(t) => {
                 if t.shape() != [nd, 2 * g * hs] {
-                    return Err(OpError::Shape(format!(
-                        "B shape {:?} must be [{nd}, {}]",
-                        t.shape(),
-                        2 * g * hs
-                    )));
+                    return Err(OpError::input_shape(3, format!("[{nd}, {}]", 2 * g * hs), t.shape()));
                 }
                 t.to_f64_vec()
             }
@@ -216,19 +201,20 @@ impl Recurrent {
             Some(t) => {
                 let v = t
                     .to_i64_vec()
-                    .ok_or_else(|| OpError::Value("sequence_lens must be integers".into()))?;
+                    .ok_or_else(|| OpError::input_value(4, "integer lengths", format!("a {} tensor", t.dtype())))?;
                 if v.len() != batch {
-                    return Err(OpError::Shape(format!(
-                        "sequence_lens has {} entries for batch {batch}",
-                        v.len()
-                    )));
+                    return Err(OpError::input_shape(
+                        4,
+                        format!("{batch} lengths, one per batch entry"),
+                        t.shape(),
+                    ));
                 }
                 v.iter()
                     .map(|&l| {
                         usize::try_from(l)
                             .ok()
                             .filter(|&l| l <= seq)
-                            .ok_or_else(|| OpError::Value(format!("sequence_lens value {l} outside 0..={seq}")))
+                            .ok_or_else(|| OpError::input_value(4, format!("lengths in 0 ..= {seq}"), l))
                     })
                     .collect::<Result<_>>()?
             }
@@ -245,7 +231,7 @@ impl Recurrent {
                         [nd, batch, hs]
                     };
                     if t.shape() != want {
-                        return Err(OpError::Shape(format!("{what} shape {:?} must be {want:?}", t.shape())));
+                        return Err(OpError::input_shape(i, format!("{what} of shape {want:?}"), t.shape()));
                     }
                     let v = t.to_f64_vec();
                     if !self.batch_first {
@@ -272,11 +258,7 @@ impl Recurrent {
         let p = match (is_lstm, args.opt_tensor(7)?) {
             (true, Some(t)) => {
                 if t.shape() != [nd, 3 * hs] {
-                    return Err(OpError::Shape(format!(
-                        "P shape {:?} must be [{nd}, {}]",
-                        t.shape(),
-                        3 * hs
-                    )));
+                    return Err(OpError::input_shape(7, format!("[{nd}, {}]", 3 * hs), t.shape()));
                 }
                 t.to_f64_vec()
             }
@@ -293,11 +275,11 @@ impl Recurrent {
         };
         let apd = self.cell.activations_per_direction();
         if self.activations.len() != nd * apd {
-            return Err(OpError::Value(format!(
-                "{} activations given, {} needed",
-                self.activations.len(),
-                nd * apd
-            )));
+            return Err(OpError::attribute(
+                "activations",
+                format!("{} functions, {apd} per direction", nd * apd),
+                format!("{} functions", self.activations.len()),
+            ));
         }
         // Y in [seq, dirs, batch, H].
         let mut y = vec![0.0f64; checked_numel(&[seq, nd, batch, hs])?];
