@@ -21,14 +21,16 @@
 //!
 //! Graphs without an eligible convolution are left alone.
 
-use super::edit::{Index, binary, dtype_of, fixed_shape, fresh_name};
+use super::edit::{Index, add_constant, binary, dtype_of, fixed_shape, fresh_name};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
 use kiln_ops::TensorType;
+use kiln_ops::elementwise::ElementwiseOp;
 use kiln_ops::fast::Plan;
 use kiln_ops::movement::{MovementOp, Transpose};
+use kiln_ops::nn::resize::{CoordMode, Resize};
 use kiln_ops::nn::{GlobalPoolKind, NnOp, PoolKind};
-use kiln_tensor::DType;
+use kiln_tensor::{DType, Tensor};
 use std::collections::HashMap;
 
 /// Input channels up to which a dense convolution reads a channels-first X directly instead
@@ -60,9 +62,35 @@ enum Kind {
     /// input either full-sized or varying along channels alone (a squeeze-excitation scale
     /// `[N, C, 1, 1]`), or one element of any rank.
     Binary,
+    /// A one-tensor elementwise op (an activation, Clip with scalar bounds) of a rank-4 f32
+    /// value: the same per element in either layout.
+    Unary,
+    /// An f32 Resize of a rank-4 value by constant scales or sizes over all four axes (no
+    /// `axes`, no roi): channels-last, the same constant in `[N, H, W, C]` order.
+    Resize,
 }
 
 fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
+    let rank4_f32 = |v: ValueId| dtype_of(g, v) == Some(DType::F32) && fixed_shape(g, v).is_some_and(|s| s.len() == 4);
+    if let NodeKind::Op(Op::Elementwise(ElementwiseOp::Unary(_) | ElementwiseOp::Clip(_))) = &node.kind {
+        let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
+            return None;
+        };
+        let scalar =
+            |v: &Option<ValueId>| v.is_none_or(|v| fixed_shape(g, v).is_some_and(|s| s.iter().product::<usize>() == 1));
+        let ok = rank4_f32(*x)
+            && rank4_f32(*y)
+            && fixed_shape(g, *x) == fixed_shape(g, *y)
+            && node.inputs.iter().skip(1).all(scalar);
+        return ok.then_some(Kind::Unary);
+    }
+    if let NodeKind::Op(Op::Nn(NnOp::Resize(r))) = &node.kind {
+        let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
+            return None;
+        };
+        let ok = rank4_f32(*x) && rank4_f32(*y) && resize_target(g, index, node, r).is_some();
+        return ok.then_some(Kind::Resize);
+    }
     if let NodeKind::Op(Op::Movement(MovementOp::Concat(c))) = &node.kind {
         let y = node.outputs.first().copied().flatten()?;
         let rank4 = |v: &Option<ValueId>| {
@@ -167,6 +195,55 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
     }
 }
 
+/// Where a channels-last Resize takes its per-axis target from.
+enum Target {
+    /// Input `slot` (scales or sizes) becomes this constant, already in `[N, H, W, C]` order.
+    Input(usize, Tensor),
+    /// Upsample's `scales` attribute, permuted in place.
+    Attribute,
+}
+
+/// `[v0, v1, v2, v3]` (NCHW order) as `[v0, v2, v3, v1]` (NHWC order).
+fn nhwc<T: Copy>(v: &[T]) -> Vec<T> {
+    match v {
+        [n, c, h, w] => vec![*n, *h, *w, *c],
+        _ => v.to_vec(),
+    }
+}
+
+/// How a Resize's target would read channels-last, when it can: constant scales or sizes of
+/// all four axes (or Upsample's attribute), no `axes`, no roi, no crop-and-resize.
+fn resize_target(g: &Graph, index: &Index, node: &Node, r: &Resize) -> Option<Target> {
+    if !r.axes.is_empty() || r.coord == CoordMode::TfCropAndResize {
+        return None;
+    }
+    let input = |slot: Option<usize>| slot.and_then(|s| node.inputs.get(s).copied().flatten().map(|v| (s, v)));
+    let konst = |slot: Option<usize>| -> Option<Option<(usize, Tensor)>> {
+        match input(slot) {
+            None => Some(None),
+            Some((s, v)) => {
+                let t = index.tensor(g, v)?;
+                Some((!t.is_empty()).then(|| (s, t.clone())))
+            }
+        }
+    };
+    if konst(r.roi_input)?.is_some() {
+        return None;
+    }
+    match (konst(r.scales_input)?, konst(r.sizes_input)?) {
+        (Some((slot, t)), None) | (None, Some((slot, t))) if t.len() == 4 && t.rank() == 1 => {
+            let permuted = match t.dtype() {
+                DType::F32 => Tensor::from_vec(vec![4], nhwc(t.as_slice::<f32>().ok()?)).ok()?,
+                DType::I64 => Tensor::from_vec(vec![4], nhwc(t.as_slice::<i64>().ok()?)).ok()?,
+                _ => return None,
+            };
+            Some(Target::Input(slot, permuted))
+        }
+        (None, None) if r.scales_attr.len() == 4 => Some(Target::Attribute),
+        _ => None,
+    }
+}
+
 fn transpose_node(name: String, perm: [i64; 4], from: ValueId, to: ValueId) -> Node {
     Node {
         name,
@@ -216,6 +293,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped))
                 || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool | Kind::Affine)) && reads_twin)
                 || (k == Some(Kind::Binary) && (twin_in(0) || twin_in(1)))
+                || (matches!(k, Some(Kind::Unary | Kind::Resize)) && reads_twin)
                 || (k == Some(Kind::Concat) && (0..node.inputs.len()).any(twin_in))
         }) else {
             nodes.push(node);
@@ -234,6 +312,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             && input_shape(1).is_some_and(|ws| ws.iter().skip(1).product::<usize>() <= GATHER_MAX_DEPTH);
         let slots: Vec<usize> = match k {
             Some(Kind::Binary) => vec![0, 1],
+            Some(Kind::Unary | Kind::Resize) => vec![0],
             Some(Kind::Concat) => (0..node.inputs.len()).collect(),
             _ => vec![0, 3],
         };
@@ -260,6 +339,27 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             };
             if let Some(i) = node.inputs.get_mut(slot) {
                 *i = Some(vt);
+            }
+        }
+        if k == Some(Kind::Resize) {
+            // Scales or sizes in [N, H, W, C] order: a new constant, or Upsample's attribute.
+            let target = match &node.kind {
+                NodeKind::Op(Op::Nn(NnOp::Resize(r))) => resize_target(g, &index, &node, r),
+                _ => None,
+            };
+            match target {
+                Some(Target::Input(slot, t)) => {
+                    let v = add_constant(g, &format!("{}_nhwc_target", node.name), t);
+                    if let Some(i) = node.inputs.get_mut(slot) {
+                        *i = Some(v);
+                    }
+                }
+                Some(Target::Attribute) => {
+                    if let NodeKind::Op(Op::Nn(NnOp::Resize(r))) = &mut node.kind {
+                        r.scales_attr = nhwc(&r.scales_attr);
+                    }
+                }
+                None => {}
             }
         }
         match &mut node.kind {
@@ -409,6 +509,58 @@ mod tests {
         for (a, b) in p.iter().zip(&q) {
             assert_close(b, a, 1e-5);
         }
+    }
+
+    #[test]
+    fn activations_and_resizes_between_convolutions_stay_channels_last() {
+        // x → Conv 3x3 → HardSwish → Clip(0, 6) → Resize nearest 2x → Conv 1x1: no transpose
+        // between the convolutions, the Resize's scales in [N, H, W, C] order.
+        use kiln_ops::elementwise::{Clip, ElementwiseOp, UnaryOp};
+        use kiln_ops::nn::resize::{Resize, ResizeMode};
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 8, 6, 5]);
+        let w1 = b.constant("w1", noise(&[8, 8, 3, 3], 1));
+        let w2 = b.constant("w2", noise(&[4, 8, 1, 1], 2));
+        let scales = b.constant(
+            "scales",
+            Tensor::from_vec(vec![4], vec![1.0f32, 1.0, 2.0, 3.0]).unwrap(),
+        );
+        let lo = b.constant("lo", Tensor::scalar(0.0f32));
+        let hi = b.constant("hi", Tensor::scalar(0.5f32));
+        let c = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 5]])[0];
+        let hs = b.node(
+            Op::Elementwise(ElementwiseOp::Unary(UnaryOp::HardSwish)),
+            &[Some(c)],
+            &[&[1, 8, 6, 5]],
+        )[0];
+        let cl = b.node(
+            Op::Elementwise(ElementwiseOp::Clip(Clip { min: None, max: None })),
+            &[Some(hs), Some(lo), Some(hi)],
+            &[&[1, 8, 6, 5]],
+        )[0];
+        let resize = Op::Nn(NnOp::Resize(Resize {
+            mode: ResizeMode::Nearest,
+            ..Resize::default()
+        }));
+        let r = b.node(resize, &[Some(cl), None, Some(scales)], &[&[1, 8, 12, 15]])[0];
+        let y = b.node_act(conv(1, 0, 1), None, &[Some(r), Some(w2)], &[&[1, 4, 12, 15]])[0];
+        let g = b.finish(&[y]);
+        let (n, h) = laid_out(&g);
+        assert_eq!(n, 5);
+        assert_eq!(
+            ops(&h),
+            [
+                "Transpose",
+                "Conv/nhwc",
+                "HardSwish",
+                "Clip",
+                "Resize",
+                "Conv/nhwc",
+                "Transpose"
+            ]
+        );
+        let inputs = vec![noise(&[1, 8, 6, 5], 3)];
+        assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
     }
 
     #[test]

@@ -18,11 +18,13 @@
 
 pub(crate) mod conv;
 mod conv_nhwc;
+mod conv_transpose;
 pub(crate) mod depthwise;
 mod matmul;
 mod pointwise_depthwise;
 mod pool_nhwc;
 mod recurrent;
+mod resize;
 
 pub use conv_nhwc::{pack_channels_last, pack_depthwise_taps};
 pub use pointwise_depthwise::{ConvStage, PointwiseDepthwise};
@@ -255,6 +257,8 @@ pub fn eval(op: &Op, plan: Option<&Plan>, args: &Args<'_>) -> Result<Outputs> {
         (Op::Nn(NnOp::GlobalPool(o)), Some(Plan::Pool(p))) if p.channels_last => o.eval_channels_last(args),
         (Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_)), Some(Plan::Pool(_))) => op.eval(args),
         (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(r)), None) => recurrent::eval(r, args),
+        (Op::Nn(NnOp::Resize(r)), None) => resize::eval(r, args),
+        (Op::Nn(NnOp::ConvTranspose(c)), None) => conv_transpose::eval(c, args),
         (op, None) => op.eval(args),
         (op, Some(plan)) => Err(mismatch(op, plan)),
     }

@@ -311,7 +311,7 @@ pub struct ConvTranspose {
 
 impl ConvTranspose {
     /// Output spatial dims and leading pads for input spatial dims `x` and kernel `kernel`.
-    fn geometry(&self, x: &[usize], kernel: &[usize]) -> Result<(Vec<usize>, Vec<usize>)> {
+    pub(crate) fn geometry(&self, x: &[usize], kernel: &[usize]) -> Result<(Vec<usize>, Vec<usize>)> {
         let n = x.len();
         check_kernel(&self.kernel_shape, kernel)?;
         let strides = spatial_attr(&self.strides, n, 1, "strides")?;

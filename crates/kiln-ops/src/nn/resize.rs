@@ -97,11 +97,28 @@ impl Default for Resize {
 }
 
 /// Output geometry of one call: per axis scale, output size and roi.
-struct Geometry {
-    scales: Vec<f64>,
-    out: Vec<usize>,
-    roi: Option<Vec<(f64, f64)>>,
+pub(crate) struct Geometry {
+    pub(crate) scales: Vec<f64>,
+    pub(crate) out: Vec<usize>,
+    pub(crate) roi: Option<Vec<(f64, f64)>>,
 }
+
+impl Geometry {
+    /// Whether axis `a` of an input of `shape` changes (another size, scale or roi).
+    pub(crate) fn resizes(&self, a: usize, shape: &[usize]) -> bool {
+        let trivial_roi = self
+            .roi
+            .as_ref()
+            .is_none_or(|r| r.get(a).is_none_or(|r| (r.0 - 0.0).abs() < 1e-9 && (r.1 - 1.0).abs() < 1e-9));
+        let scale = self.scales.get(a).copied().unwrap_or(1.0);
+        !((scale - 1.0).abs() < 1e-9 && self.out.get(a) == shape.get(a) && trivial_roi)
+    }
+}
+
+/// The interpolation of one resized axis: per output position, the input positions and
+/// weights it sums (edge-clamped, zero weights dropped), or `None` where it takes the
+/// extrapolation value.
+pub(crate) type Taps = Vec<Option<Vec<(usize, f64)>>>;
 
 /// Scales or sizes as given (before axis expansion).
 enum Target {
@@ -227,6 +244,21 @@ impl Resize {
             d if d.is_byte_coded() => return Err(OpError::UnsupportedDType { index: 0, got: d }),
             _ => {}
         }
+        let g = self.call_geometry(args, x.shape())?;
+        let mut shape = x.shape().to_vec();
+        let mut data = x.to_f64_vec();
+        for a in 0..shape.len() {
+            if !g.resizes(a, &shape) {
+                continue;
+            }
+            data = self.resize_axis(&data, &shape, a, g.scales[a], g.out[a], g.roi.as_ref().map(|r| r[a]))?;
+            shape[a] = g.out[a];
+        }
+        Ok(smallvec::smallvec![Value::Tensor(from_f64s(x.dtype(), shape, &data)?)])
+    }
+
+    /// The geometry of a call on an input of `shape`, from its scales, sizes and roi inputs.
+    pub(crate) fn call_geometry(&self, args: &Args<'_>, shape: &[usize]) -> Result<Geometry> {
         let get = |i: Option<usize>| -> Result<Option<&Tensor>> {
             match i {
                 Some(i) => args.opt_tensor(i),
@@ -234,21 +266,50 @@ impl Resize {
             }
         };
         let target = self.target_of(get(self.scales_input)?, get(self.sizes_input)?)?;
-        let g = self.geometry(x.shape(), target, get(self.roi_input)?)?;
-        let mut shape = x.shape().to_vec();
-        let mut data = x.to_f64_vec();
-        for a in 0..shape.len() {
-            let trivial_roi = g
-                .roi
-                .as_ref()
-                .is_none_or(|r| (r[a].0 - 0.0).abs() < 1e-9 && (r[a].1 - 1.0).abs() < 1e-9);
-            if (g.scales[a] - 1.0).abs() < 1e-9 && g.out[a] == shape[a] && trivial_roi {
+        self.geometry(shape, target, get(self.roi_input)?)
+    }
+
+    /// The taps of an axis of `input` positions resized to `out` (see [`Taps`]).
+    pub(crate) fn axis_taps(&self, input: usize, out: usize, scale: f64, roi: Option<(f64, f64)>) -> Taps {
+        let mut taps: Taps = Vec::with_capacity(out);
+        if input == 0 {
+            // Nothing to read: every position extrapolates (callers refuse this first).
+            taps.resize(out, None);
+            return taps;
+        }
+        for y in 0..out {
+            let x = self.source_coord(y as f64, scale, input, out, roi);
+            if self.coord == CoordMode::TfCropAndResize && (x < 0.0 || x > (input - 1) as f64) {
+                taps.push(None);
                 continue;
             }
-            data = self.resize_axis(&data, &shape, a, g.scales[a], g.out[a], g.roi.as_ref().map(|r| r[a]))?;
-            shape[a] = g.out[a];
+            let fl = x.floor();
+            let (reference, ratio) = if fl == x {
+                (fl as i64 - 1, 1.0)
+            } else {
+                (fl as i64, x - fl)
+            };
+            let (start, mut w) = self.weights(ratio, scale, scale < 1.0);
+            let idx: Vec<i64> = (0..w.len() as i64).map(|j| reference + start + j).collect();
+            if self.exclude_outside {
+                for (wv, &i) in w.iter_mut().zip(&idx) {
+                    if i < 0 || i >= input as i64 {
+                        *wv = 0.0;
+                    }
+                }
+                let s: f64 = w.iter().sum();
+                let s = if s == 0.0 { 1.0 } else { s };
+                w.iter_mut().for_each(|v| *v /= s);
+            }
+            let t = idx
+                .iter()
+                .zip(&w)
+                .filter(|(_, w)| **w != 0.0)
+                .map(|(&i, &w)| (i.clamp(0, input as i64 - 1) as usize, w))
+                .collect();
+            taps.push(Some(t));
         }
-        Ok(smallvec::smallvec![Value::Tensor(from_f64s(x.dtype(), shape, &data)?)])
+        taps
     }
 
     /// Source coordinate of output index `y` along an axis.
@@ -372,40 +433,7 @@ impl Resize {
                 Err(OpError::Shape("cannot resize an empty axis to a non-empty one".into()))
             };
         }
-        // Per output position: source (index, weight) pairs, or None to extrapolate.
-        let mut taps: Vec<Option<Vec<(usize, f64)>>> = Vec::with_capacity(out);
-        for y in 0..out {
-            let x = self.source_coord(y as f64, scale, input, out, roi);
-            if self.coord == CoordMode::TfCropAndResize && (x < 0.0 || x > (input - 1) as f64) {
-                taps.push(None);
-                continue;
-            }
-            let fl = x.floor();
-            let (reference, ratio) = if fl == x {
-                (fl as i64 - 1, 1.0)
-            } else {
-                (fl as i64, x - fl)
-            };
-            let (start, mut w) = self.weights(ratio, scale, scale < 1.0);
-            let idx: Vec<i64> = (0..w.len() as i64).map(|j| reference + start + j).collect();
-            if self.exclude_outside {
-                for (wv, &i) in w.iter_mut().zip(&idx) {
-                    if i < 0 || i >= input as i64 {
-                        *wv = 0.0;
-                    }
-                }
-                let s: f64 = w.iter().sum();
-                let s = if s == 0.0 { 1.0 } else { s };
-                w.iter_mut().for_each(|v| *v /= s);
-            }
-            let t = idx
-                .iter()
-                .zip(&w)
-                .filter(|(_, w)| **w != 0.0)
-                .map(|(&i, &w)| (i.clamp(0, input as i64 - 1) as usize, w))
-                .collect();
-            taps.push(Some(t));
-        }
+        let taps = self.axis_taps(input, out, scale, roi);
         let ext = self.extrapolation_value as f64;
         let mut res = vec![0.0f64; total];
         for o in 0..outer {
