@@ -63,6 +63,15 @@ impl<'a> Planned<'a> {
         Planned { op: self.op, plan }
     }
 
+    /// The error for inputs this Conv's plan cannot run (only a crafted program gives them).
+    pub(super) fn misfit(&self, reason: &'static str) -> OpError {
+        OpError::Plan {
+            op: "Conv",
+            plan: super::Plan::Conv(self.plan).summary(),
+            reason,
+        }
+    }
+
     /// Runs the convolution under this plan (see the module docs).
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         if self.plan.channels_last {
@@ -115,25 +124,24 @@ impl<'a> Planned<'a> {
             (&[n, h, w, c], true) => (n, c, h, w),
             (&[n, c, h, w], false) => (n, c, h, w),
             _ => {
-                return Err(OpError::Shape(format!(
-                    "Winograd Conv needs X of rank 4, got {:?}",
-                    x.shape()
-                )));
+                return Err(OpError::input_shape(0, "rank 4 (a Winograd Conv)", x.shape()));
             }
         };
         if xc != c {
-            return Err(OpError::Shape(format!(
-                "Winograd Conv for {c} input channels got X {:?}",
-                x.shape()
-            )));
+            return Err(OpError::input_shape(
+                0,
+                format!("{c} channels, as the Winograd weights"),
+                x.shape(),
+            ));
         }
         let layout = BLayout::NR32;
-        if packed_weights_len(layout, m, c) != Some(u.len()) {
-            return Err(OpError::Shape(format!(
-                "Winograd Conv weights hold {} floats, expected {:?} for {m}x{c}x3x3",
-                u.len(),
-                packed_weights_len(layout, m, c)
-            )));
+        let want = packed_weights_len(layout, m, c);
+        if want != Some(u.len()) {
+            let expected = match want {
+                Some(n) => format!("the {n} floats of W [{m}, {c}, 3, 3] Winograd-transformed"),
+                None => format!("W [{m}, {c}, 3, 3] Winograd-transformed within the size bound"),
+            };
+            return Err(OpError::input_value(1, expected, format!("{} floats", u.len())));
         }
         let pads = pads_attr(&self.pads, 2)?;
         let gh = window_geom(ih, 3, 1, 1, pads[0], pads[2], self.auto_pad, false)?;
@@ -146,7 +154,7 @@ impl<'a> Planned<'a> {
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = crate::util::out_f32(numel(&shape)?);
         let (xd, ud) = (x.as_slice::<f32>()?, u.as_slice::<f32>()?);
-        let bd = f32_bias(b, m)?;
+        let bd = f32_bias(b, m, 2)?;
         let g = Winograd {
             c,
             m,
@@ -160,9 +168,9 @@ impl<'a> Planned<'a> {
         };
         g.scratch_len()
             .and_then(|n| numel(&[n]).ok())
-            .ok_or_else(|| OpError::Shape(format!("Winograd Conv on X {:?} is too large", x.shape())))?;
+            .ok_or_else(|| OpError::too_large("the Winograd scratch of X", format!("{:?}", x.shape())))?;
         let (ip, op) = (c * ih * iw, m * gh.out * gw.out);
-        let bad = || OpError::Shape(format!("Winograd Conv: inconsistent shapes X {:?}", x.shape()));
+        let bad = || OpError::input_shape(0, "a shape that fits the Winograd weights", x.shape());
         let rd = f32_residual(r, &shape)?;
         let act = self.plan.activation.map(|a| a.kernel_act());
         let mut scratch = lend::<WinogradScratch>();
@@ -201,14 +209,10 @@ impl<'a> Planned<'a> {
         let y = plain.eval(&Args::new(&inputs))?;
         let y = match y.first() {
             Some(Value::Tensor(t)) => t,
-            _ => return Err(OpError::Value("Conv produced no tensor".into())),
+            _ => return Err(self.misfit("the Conv without its residual gave no tensor")),
         };
         if y.shape() != r.shape() {
-            return Err(OpError::Shape(format!(
-                "Conv residual of shape {:?} does not match the output {:?}",
-                r.shape(),
-                y.shape()
-            )));
+            return Err(residual_misfit(r, y.shape()));
         }
         let add = crate::elementwise::Binary {
             op: crate::elementwise::BinaryOp::Add,
@@ -246,9 +250,7 @@ impl<'a> Planned<'a> {
         let window = self.window(xs, ws)?;
         let g = self.group.max(1);
         if c % g != 0 || m % g != 0 || ws[1] * g != c {
-            return Err(OpError::Shape(format!(
-                "Conv: X {xs:?} and W {ws:?} do not fit group {g}"
-            )));
+            return Err(OpError::inputs(0, 1, format!("X and W that fit group {g}"), xs, ws));
         }
         let Some(geo) = window.conv2d(c / g, ih, iw) else {
             return Ok(None);
@@ -265,14 +267,14 @@ impl<'a> Planned<'a> {
             )?));
         }
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
-        let bd = f32_bias(b, m)?;
+        let bd = f32_bias(b, m, 2)?;
         let layout = BLayout::for_isa(kiln_kernels::isa::active());
         let nr = layout.nr();
         // Columns per packed block: its panels take at most 512 KiB (half of Zen 4's L2).
         const BLOCK_FLOATS: usize = 128 * 1024;
         let block = (BLOCK_FLOATS / kdim.max(1) / nr).max(1) * nr;
         numel(&[kdim, block])?;
-        let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}"));
+        let bad = || OpError::inputs(0, 1, "X and W that fit the Conv", xs, ws);
         let img = geo.c * ih * iw;
         let mut phases = lend::<Phases>();
         let mut buf = lend::<Packed>();
@@ -460,14 +462,14 @@ impl<'a> Planned<'a> {
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = crate::util::out_f32(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
-        let bd = f32_bias(b, c)?;
+        let bd = f32_bias(b, c, 2)?;
         let (ip, op) = (c * xs[2] * xs[3], c * gh.out * gw.out);
         for n in 0..xs[0] {
             let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
                 return Ok(None);
             };
             if !dw.run(xi, wd, bd, act, yi) {
-                return Err(OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}")));
+                return Err(OpError::inputs(0, 1, "X and W that fit a depthwise Conv", xs, ws));
             }
         }
         let y = Tensor::from_buf(shape, y)?;
@@ -491,10 +493,15 @@ impl<'a> Planned<'a> {
                 return Ok(vec![util::dtype_only(dtype)]);
             };
             if xs.len() != 4 {
-                return Err(OpError::Shape(format!(
-                    "Winograd Conv needs X of rank 4, got rank {}",
-                    xs.len()
-                )));
+                // With symbols in X's shape, evaluation names it.
+                return match xs
+                    .iter()
+                    .map(crate::recurrent::num::fixed)
+                    .collect::<Option<Vec<usize>>>()
+                {
+                    Some(s) => Err(OpError::input_shape(0, "rank 4 (a Winograd Conv)", &s)),
+                    None => Ok(vec![util::dtype_only(dtype)]),
+                };
             }
             let pads = pads_attr(&self.pads, 2)?;
             let mut shape = vec![xs[0].clone(), Dim::Fixed(info.m)];
@@ -513,25 +520,27 @@ impl<'a> Planned<'a> {
     }
 }
 
+fn residual_misfit(r: &Tensor, shape: &[usize]) -> OpError {
+    OpError::input_shape(3, format!("{shape:?}, the output's shape (a residual)"), r.shape())
+}
+
 /// The optional f32 residual input's elements, checked against the output's shape.
 pub(crate) fn f32_residual<'a>(r: Option<&'a Tensor>, shape: &[usize]) -> Result<Option<&'a [f32]>> {
     match r {
-        Some(r) if r.shape() != shape => Err(OpError::Shape(format!(
-            "Conv residual of shape {:?} does not match the output {shape:?}",
-            r.shape()
-        ))),
+        Some(r) if r.shape() != shape => Err(residual_misfit(r, shape)),
         Some(r) => Ok(Some(r.as_slice::<f32>()?)),
         None => Ok(None),
     }
 }
 
-/// The optional f32 bias of `m` output channels, checked for length.
-pub(crate) fn f32_bias(b: Option<&Tensor>, m: usize) -> Result<Option<&[f32]>> {
+/// The optional f32 bias (input `index`) of `m` output channels, checked for length.
+pub(crate) fn f32_bias(b: Option<&Tensor>, m: usize, index: usize) -> Result<Option<&[f32]>> {
     match b {
-        Some(b) if b.len() != m => Err(OpError::Shape(format!(
-            "bias has {} elements for {m} output channels",
-            b.len()
-        ))),
+        Some(b) if b.len() != m => Err(OpError::input_shape(
+            index,
+            format!("{m} elements, one per output channel"),
+            b.shape(),
+        )),
         Some(b) => Ok(Some(b.as_slice::<f32>()?)),
         None => Ok(None),
     }

@@ -57,10 +57,7 @@ pub(crate) fn transpose(v: &Value, perm: [i64; 4]) -> Result<Value> {
         perm: Some(perm.to_vec()),
     };
     let inputs = [Some(v)];
-    t.eval(&Args::new(&inputs))?
-        .into_iter()
-        .next()
-        .ok_or_else(|| OpError::Value("Transpose produced no output".into()))
+    Ok(Value::Tensor(t.apply(Args::new(&inputs).tensor(0)?)?))
 }
 
 /// A depthwise W `[c, 1, kh, kw]` tap-major, `[kh * kw, c]`: the order the channels-last
@@ -70,10 +67,11 @@ pub fn pack_depthwise_taps(w: &[f32], c: usize, kh: usize, kw: usize) -> Result<
     let taps = kh * kw;
     let n = numel(&[taps, c])?;
     if w.len() != n {
-        return Err(OpError::Shape(format!(
-            "{} weights do not make a depthwise W [{c}, 1, {kh}, {kw}]",
-            w.len()
-        )));
+        return Err(OpError::input_value(
+            1,
+            format!("the {n} weights of a depthwise W [{c}, 1, {kh}, {kw}]"),
+            format!("{} weights", w.len()),
+        ));
     }
     let mut wt = vec![0.0f32; n];
     for (ch, src) in w.chunks_exact(taps.max(1)).enumerate() {
@@ -93,11 +91,13 @@ pub fn pack_channels_last(w: &[f32], pk: PackedConvWeights) -> Result<Vec<f32>> 
     use kiln_kernels::sgemm::{BLayout, PackedB};
     let PackedConvWeights { m, c, kh, kw } = pk;
     let (taps, k) = (kh * kw, numel(&[kh, kw, c])?);
-    if numel(&[m, k])? != w.len() {
-        return Err(OpError::Shape(format!(
-            "{} weights do not make W [{m}, {c}, {kh}, {kw}]",
-            w.len()
-        )));
+    let n = numel(&[m, k])?;
+    if n != w.len() {
+        return Err(OpError::input_value(
+            1,
+            format!("the {n} weights of W [{m}, {c}, {kh}, {kw}]"),
+            format!("{} weights", w.len()),
+        ));
     }
     // B[(t * c + ci), mo] = W[mo, ci, t] for tap t = ky * kw + kx.
     let mut b = vec![0.0f32; w.len()];
@@ -111,22 +111,31 @@ pub fn pack_channels_last(w: &[f32], pk: PackedConvWeights) -> Result<Vec<f32>> 
         }
     }
     let p = PackedB::pack(BLayout::NR32, k, m, &b, MatLayout::row_major(m))
-        .map_err(|e| OpError::Shape(format!("packing W [{m}, {c}, {kh}, {kw}]: {e}")))?;
+        .map_err(|e| OpError::input_value(1, format!("weights packable as W [{m}, {c}, {kh}, {kw}]"), e))?;
     Ok(p.view().data().to_vec())
 }
 
 /// X's type made channels-first (`[N, H, W, C]` to `[N, C, H, W]`) for the channels-first
-/// inference; `Ok(None)` when its shape is unknown, an error unless it has rank 4.
+/// inference; `Ok(None)` when its shape is unknown, an error unless it has rank 4 (or unknown
+/// when it has symbols: evaluation names the shape then).
 pub(crate) fn x_type_first(inputs: &[InferInput<'_>], what: &str) -> Result<Option<ValueType>> {
     let dtype = util::input_dtype(inputs, 0);
     let Some(xs) = input_shape(inputs, 0) else {
         return Ok(None);
     };
     let [n, h, w, c] = xs.as_slice() else {
-        return Err(OpError::Shape(format!(
-            "channels-last {what} needs X of rank 4, got rank {}",
-            xs.len()
-        )));
+        return match xs
+            .iter()
+            .map(crate::recurrent::num::fixed)
+            .collect::<Option<Vec<usize>>>()
+        {
+            Some(fixed) => Err(OpError::input_shape(
+                0,
+                format!("[N, H, W, C] (a channels-last {what})"),
+                &fixed,
+            )),
+            None => Ok(None),
+        };
     };
     Ok(Some(tensor_type(
         dtype,
@@ -149,10 +158,13 @@ pub(crate) fn type_to_last(t: ValueType) -> ValueType {
 }
 
 /// The first output of a channels-first evaluation, transposed to channels-last.
-pub(crate) fn output_to_last(y: crate::Outputs, what: &str) -> Result<crate::Outputs> {
-    let y = y
-        .first()
-        .ok_or_else(|| OpError::Value(format!("{what} produced no output")))?;
+pub(crate) fn output_to_last(y: crate::Outputs, what: &'static str) -> Result<crate::Outputs> {
+    // Every channels-first evaluation gives its output first.
+    let y = y.first().ok_or(OpError::Plan {
+        op: what,
+        plan: "nhwc".into(),
+        reason: "the channels-first evaluation gave no output",
+    })?;
     Ok(smallvec::smallvec![transpose(y, TO_LAST)?])
 }
 
@@ -383,7 +395,11 @@ impl Planned<'_> {
         }
         let x = args.tensor(0)?;
         if x.rank() != 4 {
-            return Err(OpError::input_shape(0, "[N, H, W, C] (a channels-last Conv)", x.shape()));
+            return Err(OpError::input_shape(
+                0,
+                "[N, H, W, C] (a channels-last Conv)",
+                x.shape(),
+            ));
         }
         if let Some(pw) = self.plan.packed
             && self.group.max(1) == 1
@@ -401,8 +417,10 @@ impl Planned<'_> {
             return Ok(smallvec::smallvec![y.into()]);
         }
         // The reference: the channels-first evaluation between transposes.
-        let (Some(xv), Some(wv)) = (args.value(0), args.value(1)) else {
-            return Err(OpError::Value("Conv needs X and W".into()));
+        let (xv, wv) = match (args.value(0), args.value(1)) {
+            (Some(x), Some(w)) => (x, w),
+            (None, _) => return Err(OpError::MissingInput { index: 0 }),
+            (_, None) => return Err(OpError::MissingInput { index: 1 }),
         };
         // X as it is when it already is channels-first, else its transpose.
         let transposed = (!self.plan.x_channels_first)
@@ -460,7 +478,7 @@ impl Planned<'_> {
         let conv = self
             .window(&[batch, c, ih, iw], &[m, cg, kh, kw])?
             .conv2d(c, ih, iw)
-            .ok_or_else(|| OpError::Shape("channels-last Conv is 2-D".into()))?;
+            .ok_or_else(|| OpError::input_shape(0, "[N, H, W, C] (a channels-last Conv)", xs))?;
         Ok(Geometry { batch, m, conv })
     }
 
@@ -469,36 +487,32 @@ impl Planned<'_> {
         use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, Residual, sgemm};
         let ([x, w], [b, r], f32s) = operands(args)?;
         if !f32s {
-            return Err(OpError::Value(
-                "a Conv with packed weights takes f32 X, bias and residual".into(),
-            ));
+            return Err(self.misfit("packed weights take f32 X, bias and residual"));
         }
         if self.group.max(1) != 1 {
-            return Err(OpError::Value(format!(
-                "a Conv with packed weights has group 1, not {}",
-                self.group
-            )));
+            return Err(OpError::attribute("group", "1 (the weights are packed)", self.group));
         }
         let geo = match (self.plan.x_channels_first, x.shape()) {
             (true, &[n, c, h, w]) => self.geometry_nhwc(&[n, h, w, c], pk.m, pk.c, pk.kh, pk.kw)?,
             (true, xs) => {
-                return Err(OpError::Shape(format!("Conv needs X [N, C, H, W], got {xs:?}")));
+                return Err(OpError::input_shape(0, "[N, C, H, W] (X left channels-first)", xs));
             }
             (false, xs) => self.geometry_nhwc(xs, pk.m, pk.c, pk.kh, pk.kw)?,
         };
         if geo.c != pk.c {
-            return Err(OpError::Shape(format!(
-                "Conv packed for {} input channels got X {:?}",
-                pk.c,
-                x.shape()
-            )));
+            return Err(OpError::input_shape(
+                0,
+                format!("{} channels, as the packed weights", pk.c),
+                x.shape(),
+            ));
         }
         let (k, m) = (geo.k(), geo.m);
         let packed = PackedBRef::new(BLayout::NR32, k, m, w.as_slice::<f32>()?).map_err(|e| {
-            OpError::Shape(format!(
-                "Conv weights packed for [{m}, {}, {}, {}]: {e}",
-                pk.c, pk.kh, pk.kw
-            ))
+            OpError::input_value(
+                1,
+                format!("weights packed for W [{m}, {}, {}, {}]", pk.c, pk.kh, pk.kw),
+                e,
+            )
         })?;
         let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![geo.batch, geo.oh, geo.ow, m];
         let rd = f32_residual(r, &shape)?;
@@ -508,10 +522,19 @@ impl Planned<'_> {
         if y.is_empty() {
             return Ok(Tensor::from_buf(shape, y)?);
         }
-        let bias = f32_bias(b, m)?.map_or(Bias::None, Bias::Col);
+        let bias = f32_bias(b, m, 2)?.map_or(Bias::None, Bias::Col);
         let act = self.plan.activation.map(|a| a.kernel_act());
         let xd = x.as_slice::<f32>()?;
-        let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {:?} for {pk:?}", x.shape()));
+        let bad = || {
+            OpError::input_shape(
+                0,
+                format!(
+                    "a shape that fits the packed weights [{}, {}, {}, {}]",
+                    pk.m, pk.c, pk.kh, pk.kw
+                ),
+                x.shape(),
+            )
+        };
         if geo.is_pointwise() && !self.plan.x_channels_first {
             let epi = Epilogue {
                 bias,
@@ -620,9 +643,7 @@ impl Planned<'_> {
         }
         if !f32s || r.is_some() {
             if self.plan.packed.is_some() {
-                return Err(OpError::Value(
-                    "a depthwise Conv with tap-major weights takes f32 X and bias, no residual".into(),
-                ));
+                return Err(self.misfit("tap-major depthwise weights take f32 X and bias, no residual"));
             }
             return Ok(None);
         }
@@ -631,19 +652,28 @@ impl Planned<'_> {
             (&[_, _, _, c], _, Some(pk)) if pk.m == c && pk.c == 1 && ws == [pk.kh * pk.kw * c] => (c, pk.kh, pk.kw),
             (&[_, _, _, c], &[wm, 1, kh, kw], None) if wm == c => (c, kh, kw),
             (_, _, Some(pk)) => {
-                return Err(OpError::Shape(format!(
-                    "depthwise Conv with tap-major weights [{}x{}x{}]: X {xs:?}, W {ws:?}",
-                    pk.kh, pk.kw, pk.m
-                )));
+                return Err(OpError::inputs(
+                    0,
+                    1,
+                    format!(
+                        "X [N, H, W, {}] and W of {} taps x {} channels, as the tap-major weights",
+                        pk.m,
+                        pk.kh * pk.kw,
+                        pk.m
+                    ),
+                    xs,
+                    ws,
+                ));
             }
             _ => return Ok(None),
         };
         if self.group != c || c == 0 {
             if self.plan.packed.is_some() {
-                return Err(OpError::Shape(format!(
-                    "depthwise Conv with tap-major weights: group {} but X {xs:?}",
-                    self.group
-                )));
+                return Err(OpError::attribute(
+                    "group",
+                    format!("X's {c} channels (depthwise tap-major weights)"),
+                    self.group,
+                ));
             }
             return Ok(None);
         }
@@ -658,7 +688,7 @@ impl Planned<'_> {
             Some(_) => std::borrow::Cow::Borrowed(wd),
             None => std::borrow::Cow::Owned(pack_depthwise_taps(wd, c, kh, kw)?),
         };
-        let bd = f32_bias(b, c)?;
+        let bd = f32_bias(b, c, 2)?;
         let act = self.plan.activation.map(|a| a.kernel_act());
         let (ip, op) = (geo.ih * geo.iw * c, geo.oh * geo.ow * c);
         for n in 0..geo.batch {
@@ -666,7 +696,7 @@ impl Planned<'_> {
                 return Ok(None);
             };
             if !dw.run_nhwc(xi, &wt, bd, act, yi) {
-                return Err(OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}")));
+                return Err(OpError::inputs(0, 1, "X and W that fit a depthwise Conv", xs, ws));
             }
         }
         Ok(Some(Tensor::from_buf(shape, y)?))
@@ -697,15 +727,25 @@ impl Planned<'_> {
             if let Some(pk) = self.plan.packed
                 && !(pk.c == 1 && pk.m == c)
             {
-                return Err(OpError::Value(format!(
-                    "a grouped Conv with tap-major weights [{}x{}x{}x{}] takes f32 X [N, H, W, {}] and \
-                     bias, no residual: got X {xs:?}, group {g}",
-                    pk.kh,
-                    pk.kw,
-                    pk.c,
-                    pk.m,
-                    pk.c * g
-                )));
+                return Err(if !f32s {
+                    self.misfit("tap-major grouped weights take f32 X and bias")
+                } else if r.is_some() {
+                    self.misfit("tap-major grouped weights take no residual")
+                } else if g < 2 {
+                    OpError::attribute("group", ">= 2 (the weights are grouped tap-major)", self.group)
+                } else if c != pk.c * g {
+                    OpError::input_shape(
+                        0,
+                        format!("[N, H, W, {}] (group {g} x the weights' {} channels)", pk.c * g, pk.c),
+                        xs,
+                    )
+                } else {
+                    OpError::attribute(
+                        "group",
+                        format!("a divisor of the weights' {} outputs", pk.m),
+                        self.group,
+                    )
+                });
             }
             return Ok(None);
         }
@@ -715,7 +755,7 @@ impl Planned<'_> {
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = crate::util::out_f32(numel(&shape)?);
         let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
-        let bad = || OpError::Shape(format!("grouped Conv: inconsistent shapes X {xs:?} W {ws:?} group {g}"));
+        let bad = || OpError::inputs(0, 1, format!("X and W that fit a Conv of group {g}"), xs, ws);
         let wt = match self.plan.packed {
             Some(_) => std::borrow::Cow::Borrowed(wd),
             None => std::borrow::Cow::Owned(grouped::pack_taps(wd, m, cg, kh, kw).ok_or_else(bad)?),
@@ -723,7 +763,7 @@ impl Planned<'_> {
         if wt.len() != kh * kw * cg * m {
             return Err(bad());
         }
-        let bd = f32_bias(b, m)?;
+        let bd = f32_bias(b, m, 2)?;
         let (clamp, after) = super::depthwise::split_act(self.plan.activation.map(|a| a.kernel_act()));
         if y.is_empty() {
             return Ok(Some(Tensor::from_buf(shape, y)?));
@@ -1125,7 +1165,10 @@ pub(crate) mod tests {
             kh: 3,
             kw: 3,
         };
-        assert!(pack_channels_last(&[0.0; 10], pk).is_err());
+        assert_eq!(
+            pack_channels_last(&[0.0; 10], pk).unwrap_err(),
+            OpError::input_value(1, "the 108 weights of W [4, 3, 3, 3]", "10 weights")
+        );
         let conv = Conv {
             group: 1,
             ..Default::default()
@@ -1139,10 +1182,17 @@ pub(crate) mod tests {
         let x = tensor(&[1, 5, 5, 3], &[0.5; 75]);
         let w = pack_channels_last(&[0.25; 108], pk).unwrap();
         let ins = [Some(&x), Some(&tensor(&[w.len() - 1], &w[1..]))];
-        assert!(op.eval(&Args::new(&ins)).is_err());
+        let e = op.eval(&Args::new(&ins)).unwrap_err();
+        assert!(
+            matches!(&e, OpError::InputValue { index: 1, expected, .. } if expected == "weights packed for W [4, 3, 3, 3]"),
+            "{e}"
+        );
         let x4 = tensor(&[1, 5, 5, 4], &[0.5; 100]);
         let wv = tensor(&[w.len()], &w);
-        assert!(op.eval(&Args::new(&[Some(&x4), Some(&wv)])).is_err());
+        assert_eq!(
+            op.eval(&Args::new(&[Some(&x4), Some(&wv)])).unwrap_err(),
+            OpError::input_shape(0, "3 channels, as the packed weights", &[1, 5, 5, 4])
+        );
         let y = op.eval(&Args::new(&[Some(&x), Some(&wv)])).unwrap();
         // No padding: 3x3 windows of 27 values 0.5 * 0.25.
         let t = y[0].as_tensor().unwrap();
@@ -1188,8 +1238,14 @@ pub(crate) mod tests {
         let r = tensor(&[1, 3, 3, 16], &[1.0; 144]);
         let err = grouped
             .eval(&Args::new(&[Some(&x8), Some(&gw), None, Some(&r)]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("grouped Conv with tap-major weights"), "{err}");
+            .unwrap_err();
+        assert_eq!(
+            err,
+            OpError::Plan {
+                op: "Conv",
+                plan: crate::fast::Plan::Conv(gplan).summary(),
+                reason: "tap-major grouped weights take no residual",
+            }
+        );
     }
 }

@@ -63,6 +63,20 @@ fn with_b<'a>(inputs: &[InferInput<'a>], b: Option<&'a ValueType>) -> Vec<InferI
     ins
 }
 
+/// A packing tag kiln does not know (only a crafted program gives one).
+fn unknown_packing(op: &'static str, pk: &PackedWeight) -> OpError {
+    OpError::Plan {
+        op,
+        plan: format!("packed_b({}x{} {})", pk.k, pk.n, pk.layout),
+        reason: "the packing layout is unknown",
+    }
+}
+
+/// Input 1 not holding the panels its plan says.
+fn not_packed(pk: &PackedWeight, e: impl ToString) -> OpError {
+    OpError::input_value(1, format!("B packed as {}x{} ({})", pk.k, pk.n, pk.layout), e)
+}
+
 /// The product with a prepacked B (f32 only): every matrix of A's batch against the same
 /// panels, a bias along the last axis, a residual of the output's shape and the
 /// activation in the kernels' epilogue.
@@ -76,19 +90,22 @@ fn eval_packed(
     resid: Option<&Tensor>,
 ) -> Result<crate::Outputs> {
     use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, Residual, sgemm};
-    let bad = |what: String| OpError::Value(format!("MatMul with a packed weight: {what}"));
-    let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| bad(format!("unknown packing '{}'", pk.layout)))?;
+    let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| unknown_packing("MatMul", pk))?;
     let (k, n) = (pk.k, pk.n);
-    let packed = PackedBRef::new(layout, k, n, b.as_slice::<f32>()?).map_err(|e| bad(e.to_string()))?;
+    let packed = PackedBRef::new(layout, k, n, b.as_slice::<f32>()?).map_err(|e| not_packed(pk, e))?;
     let ad = a.as_slice::<f32>()?;
     let ashape = a.shape();
     let (batch, m): (&[usize], usize) = match ashape {
-        [] => return Err(OpError::Shape("MatMul operands must have rank >= 1".into())),
+        [] => return Err(OpError::input_shape(0, "rank >= 1", ashape)),
         [kk] => (&[], if *kk == k { 1 } else { 0 }),
         [lead @ .., mm, kk] => (lead, if *kk == k { *mm } else { usize::MAX }),
     };
     if m == usize::MAX || (ashape.len() == 1 && ashape != [k]) {
-        return Err(OpError::Shape(format!("MatMul: A {ashape:?} against a {k}x{n} weight")));
+        return Err(OpError::input_shape(
+            0,
+            format!("a last dim of {k}, to meet the packed {k}x{n} B"),
+            ashape,
+        ));
     }
     let mut out = Shape::from_slice(batch);
     if ashape.len() >= 2 {
@@ -100,7 +117,7 @@ fn eval_packed(
     // `[197, 1, k]` A would otherwise be 197 one-row products).
     let rows = numel(batch)?
         .checked_mul(m)
-        .ok_or_else(|| bad("A is too large".into()))?;
+        .ok_or_else(|| OpError::too_large("A of shape", format!("{ashape:?}")))?;
     // Every element is written below: a recycled buffer needs no clearing.
     let mut y = crate::util::out_f32(numel(&out)?);
     let col_bias = bias.and_then(|t| epilogue_bias(t, n, out.len()));
@@ -112,11 +129,13 @@ fn eval_packed(
         None => Some(None),
     };
     let fuse = (bias.is_none() || col_bias.is_some()) && resid_data.is_some();
-    let short = || bad("operand sizes do not match their shapes".into());
-    let a_rows = ad.get(..rows.saturating_mul(k)).ok_or_else(short)?;
-    let residual = match resid_data.flatten() {
-        Some(r) => Some(r.get(..rows.saturating_mul(n)).ok_or_else(short)?),
-        None => None,
+    let short = |index: usize, t: &Tensor, len: usize| {
+        OpError::input_shape(index, format!("a shape of {len} elements, as its data"), t.shape())
+    };
+    let a_rows = ad.get(..rows.saturating_mul(k)).ok_or_else(|| short(0, a, ad.len()))?;
+    let residual = match (resid_data.flatten(), resid) {
+        (Some(r), Some(rt)) => Some(r.get(..rows.saturating_mul(n)).ok_or_else(|| short(3, rt, r.len()))?),
+        _ => None,
     };
     let epilogue = if fuse {
         Epilogue {
@@ -127,7 +146,8 @@ fn eval_packed(
     } else {
         Epilogue::NONE
     };
-    sgemm(rows, AMatrix::row_major(a_rows, k), packed, &mut y, n, &epilogue).map_err(|e| bad(e.to_string()))?;
+    sgemm(rows, AMatrix::row_major(a_rows, k), packed, &mut y, n, &epilogue)
+        .map_err(|e| OpError::input_value(1, format!("a packed B that meets A {ashape:?}"), e))?;
     let y = Tensor::from_buf(out, y)?;
     if fuse {
         return Ok(smallvec::smallvec![y.into()]);
@@ -144,20 +164,21 @@ fn run_packed(
     c: Option<&Tensor>,
 ) -> Result<(usize, usize, kiln_tensor::Buf<f32>)> {
     use kiln_kernels::sgemm::{AMatrix, BLayout, Epilogue, PackedBRef, sgemm};
-    let bad = |what: String| OpError::Value(format!("Gemm with a packed weight: {what}"));
-    let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| bad(format!("unknown packing '{}'", pk.layout)))?;
+    let layout = BLayout::from_tag(&pk.layout).ok_or_else(|| unknown_packing("Gemm", pk))?;
     let (k, n) = (pk.k, pk.n);
-    let packed = PackedBRef::new(layout, k, n, b.as_slice::<f32>()?).map_err(|e| bad(e.to_string()))?;
+    let packed = PackedBRef::new(layout, k, n, b.as_slice::<f32>()?).map_err(|e| not_packed(pk, e))?;
     let (m, ka) = match (a.shape(), op.trans_a) {
         ([r, c], false) => (*r, *c),
         ([r, c], true) => (*c, *r),
-        (s, _) => return Err(OpError::Shape(format!("Gemm needs a 2-D A, got {s:?}"))),
+        (s, _) => return Err(OpError::input_shape(0, "a 2-D A", s)),
     };
     if ka != k {
-        return Err(OpError::Shape(format!(
-            "Gemm: A {:?} against a {k}x{n} weight",
-            a.shape()
-        )));
+        let side = if op.trans_a { "rows (transA)" } else { "columns" };
+        return Err(OpError::input_shape(
+            0,
+            format!("{k} {side}, to meet the packed {k}x{n} B"),
+            a.shape(),
+        ));
     }
     let ad = a.as_slice::<f32>()?;
     let am = if op.trans_a {
@@ -167,7 +188,8 @@ fn run_packed(
     };
     // Every element is written below: a recycled buffer needs no clearing.
     let mut y = crate::util::out_f32(numel(&[m, n])?);
-    sgemm(m, am, packed, &mut y, n, &Epilogue::NONE).map_err(|e| bad(e.to_string()))?;
+    sgemm(m, am, packed, &mut y, n, &Epilogue::NONE)
+        .map_err(|e| OpError::input_value(1, format!("a packed B that meets A {:?}", a.shape()), e))?;
     op.scale_and_add(&mut y, c, m, n)?;
     Ok((m, n, y))
 }

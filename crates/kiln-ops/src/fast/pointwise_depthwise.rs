@@ -83,7 +83,7 @@ impl PointwiseDepthwise {
             .eval(&Args::new(&pw))?
             .into_iter()
             .next()
-            .ok_or_else(|| OpError::Value("PointwiseDepthwise: the pointwise Conv produced no output".into()))?;
+            .ok_or_else(|| self.pointwise.planned().misfit("the pointwise stage gave no output"))?;
         let dw = [Some(&mid), args.value(3), args.value(4)];
         self.depthwise.planned().eval(&Args::new(&dw))
     }
@@ -123,35 +123,46 @@ impl PointwiseDepthwise {
         if !f32s {
             return Ok(None);
         }
-        let bad = |what: String| OpError::Shape(format!("PointwiseDepthwise: {what}"));
         let &[batch, ih, iw, c] = x.shape() else {
-            return Err(bad(format!("X must be [N, H, W, C], got {:?}", x.shape())));
+            return Err(OpError::input_shape(0, "[N, H, W, C]", x.shape()));
         };
         let e = p1.m;
-        if (p1.c, p1.kh, p1.kw) != (c, 1, 1) || (p2.m, p2.c) != (e, 1) || self.depthwise.conv.group != e {
-            return Err(bad(format!(
-                "weights packed for {p1:?} then {p2:?} (group {}) do not chain from X {:?}",
-                self.depthwise.conv.group,
-                x.shape()
-            )));
+        if p1.c != c {
+            return Err(OpError::input_shape(
+                0,
+                format!("{} channels, as the pointwise weights", p1.c),
+                x.shape(),
+            ));
+        }
+        if (p1.kh, p1.kw) != (1, 1) || (p2.m, p2.c) != (e, 1) || self.depthwise.conv.group != e {
+            return Err(OpError::Plan {
+                op: "PointwiseDepthwise",
+                plan: format!(
+                    "pointwise {}, depthwise {} (group {})",
+                    super::Plan::Conv(self.pointwise.plan).summary(),
+                    super::Plan::Conv(self.depthwise.plan).summary(),
+                    self.depthwise.conv.group
+                ),
+                reason: "the stages' packed weights do not chain",
+            });
         }
         let geo = self
             .depthwise
             .planned()
             .geometry_nhwc(&[batch, ih, iw, e], e, 1, p2.kh, p2.kw)?;
         let packed = PackedBRef::new(BLayout::NR32, c, e, w1.as_slice::<f32>()?)
-            .map_err(|err| bad(format!("pointwise weights packed for [{e}, {c}, 1, 1]: {err}")))?;
+            .map_err(|err| OpError::input_value(1, format!("pointwise weights packed for W [{e}, {c}, 1, 1]"), err))?;
         let taps = w2.as_slice::<f32>()?;
-        if taps.len() != p2.kh * p2.kw * e {
-            return Err(bad(format!(
-                "depthwise taps have {} values for {}x{}x{e}",
-                taps.len(),
-                p2.kh,
-                p2.kw
-            )));
+        let n_taps = p2.kh * p2.kw * e;
+        if taps.len() != n_taps {
+            return Err(OpError::input_value(
+                3,
+                format!("the {n_taps} depthwise taps of {}x{}x{e}", p2.kh, p2.kw),
+                format!("{} values", taps.len()),
+            ));
         }
-        let bias1 = f32_bias(b1, e)?.map_or(Bias::None, Bias::Col);
-        let bias2 = f32_bias(b2, e)?;
+        let bias1 = f32_bias(b1, e, 2)?.map_or(Bias::None, Bias::Col);
+        let bias2 = f32_bias(b2, e, 4)?;
         let epi = Epilogue {
             bias: bias1,
             residual: None,
@@ -176,15 +187,14 @@ impl PointwiseDepthwise {
         let threads = kiln_kernels::pool::current_threads().min(geo.oh);
         let twice = (threads.max(1) - 1) * slots.saturating_sub(geo.sh);
         let apart = twice * 10 > ih;
-        let inconsistent = || {
-            bad(format!(
-                "inconsistent shapes: X {:?}, weights {p1:?} and {p2:?}",
-                x.shape()
-            ))
-        };
+        let inconsistent = || OpError::input_shape(0, "a shape that fits both stages' packed weights", x.shape());
         for n in 0..batch {
             let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
-                return Err(bad(format!("X {:?} is shorter than its shape", x.shape())));
+                return Err(OpError::input_shape(
+                    0,
+                    format!("a shape of {} elements, as its data", xd.len()),
+                    x.shape(),
+                ));
             };
             if apart {
                 let mut mid = kiln_kernels::recycle::take(numel(&[ih, iw, e])?);

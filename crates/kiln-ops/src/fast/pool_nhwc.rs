@@ -24,7 +24,11 @@ impl Pool {
     pub(crate) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let &[n, ih, iw, c] = x.shape() else {
-            return Err(OpError::input_shape(0, "[N, H, W, C] (a channels-last pool)", x.shape()));
+            return Err(OpError::input_shape(
+                0,
+                "[N, H, W, C] (a channels-last pool)",
+                x.shape(),
+            ));
         };
         let fast = matches!(self.kind, PoolKind::Max { .. } | PoolKind::Average { .. });
         if let (true, DType::F32, &[kh, kw]) = (fast, x.dtype(), self.kernel_shape.as_slice()) {
@@ -100,9 +104,7 @@ impl GlobalPool {
         let x = args.tensor(0)?;
         let xs = x.shape();
         let &[n, ref mid @ .., c] = xs else {
-            return Err(OpError::Shape(format!(
-                "channels-last global pooling needs X [N, .., C], got {xs:?}"
-            )));
+            return Err(OpError::input_shape(0, "[N, .., C] (a channels-last global pool)", xs));
         };
         let plane = numel(mid)?;
         let shape: kiln_tensor::Shape = std::iter::once(n)

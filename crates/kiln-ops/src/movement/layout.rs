@@ -70,7 +70,10 @@ impl Transpose {
         }
     }
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        let x = args.tensor(0)?;
+        one(self.apply(args.tensor(0)?)?)
+    }
+    /// The transpose of `x`.
+    pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let perm = self.perm(x.rank())?;
         let out_shape: kiln_tensor::Shape = perm.iter().map(|&p| x.shape()[p]).collect();
         if let Ok(v) = x.as_slice::<f32>() {
@@ -82,10 +85,10 @@ impl Transpose {
                     x.shape(),
                 ));
             }
-            return one(Tensor::from_buf(out_shape, out)?);
+            return Ok(Tensor::from_buf(out_shape, out)?);
         }
         let (shape, idx) = transpose_map(x.shape(), &perm)?;
-        one(x.gather_flat(shape, &idx)?)
+        Ok(x.gather_flat(shape, &idx)?)
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let shape = match in_shape(inputs, 0) {
