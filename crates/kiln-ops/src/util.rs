@@ -152,6 +152,16 @@ pub fn read_i64(t: &Tensor, index: usize, what: &str) -> Result<i64> {
     }
 }
 
+/// The sizes of `dims` when every one is fixed.
+pub fn fixed(dims: &[Dim]) -> Option<Vec<usize>> {
+    dims.iter()
+        .map(|d| match d {
+            Dim::Fixed(n) => Some(*n),
+            Dim::Sym(_) => None,
+        })
+        .collect()
+}
+
 /// Converts a dimension read from input `index` (named `what`) to usize, refusing negatives.
 pub fn dim(v: i64, index: usize, what: &str) -> Result<usize> {
     usize::try_from(v).map_err(|_| OpError::input_value(index, format!("{what} >= 0"), v))

@@ -25,13 +25,8 @@ impl ChannelAffine {
     /// Inputs: X (f32), scale and shift (f32, `[C]`).
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, scale, shift) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
-        if [x, scale, shift].iter().any(|t| t.dtype() != DType::F32) {
-            return Err(OpError::Value(format!(
-                "ChannelAffine takes f32 X, scale and shift, got {:?}, {:?}, {:?}",
-                x.dtype(),
-                scale.dtype(),
-                shift.dtype()
-            )));
+        if let Some((index, t)) = [x, scale, shift].into_iter().enumerate().find(|(_, t)| t.dtype() != DType::F32) {
+            return Err(OpError::UnsupportedDType { index, got: t.dtype() });
         }
         let shape = x.shape();
         let c = if self.channels_last {
@@ -39,13 +34,11 @@ impl ChannelAffine {
         } else {
             shape.get(1).copied()
         }
-        .ok_or_else(|| OpError::Shape(format!("ChannelAffine: X {shape:?} has no channel dim")))?;
-        if scale.shape() != [c] || shift.shape() != [c] {
-            return Err(OpError::Shape(format!(
-                "ChannelAffine: X {shape:?} has {c} channels, scale {:?} and shift {:?}",
-                scale.shape(),
-                shift.shape()
-            )));
+        .ok_or_else(|| OpError::input_shape(0, "a channel dim", shape))?;
+        for (index, t) in [(1, scale), (2, shift)] {
+            if t.shape() != [c] {
+                return Err(OpError::input_shape(index, format!("[{c}], one per channel of X"), t.shape()));
+            }
         }
         let (xd, s, t) = (x.as_slice::<f32>()?, scale.as_slice::<f32>()?, shift.as_slice::<f32>()?);
         let act = self.activation.map(|a| a.kernel_act());

@@ -89,10 +89,17 @@ impl GridSample {
             });
         }
         let (xs, gs) = (x.shape(), grid.shape());
-        if xs.len() < 3 || gs.len() != xs.len() || gs[0] != xs[0] || gs[gs.len() - 1] != xs.len() - 2 {
-            return Err(OpError::Shape(format!(
-                "GridSample: X {xs:?} and grid {gs:?} do not fit"
-            )));
+        if xs.len() < 3 {
+            return Err(OpError::input_shape(0, "[N, C, spatial...]", xs));
+        }
+        if gs.len() != xs.len() || gs[0] != xs[0] || gs[gs.len() - 1] != xs.len() - 2 {
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!("a grid [{}, out spatial..., {}] for X", xs[0], xs.len() - 2),
+                xs,
+                gs,
+            ));
         }
         let nd = xs.len() - 2;
         let dims = &xs[2..];
@@ -225,10 +232,11 @@ impl AffineGrid {
         let size = size.iter().map(|&d| util::dim(d, 1, "size")).collect::<Result<Vec<_>>>()?;
         let nd = size.len().saturating_sub(2);
         let ts = theta.shape();
-        if !(nd == 2 || nd == 3) || ts != [size[0], nd, nd + 1] {
-            return Err(OpError::Shape(format!(
-                "AffineGrid: theta {ts:?} does not fit size {size:?}"
-            )));
+        if !(nd == 2 || nd == 3) {
+            return Err(OpError::input_value(1, "a size [N, C, H, W] or [N, C, D, H, W]", format!("{size:?}")));
+        }
+        if ts != [size[0], nd, nd + 1] {
+            return Err(OpError::input_shape(0, format!("[{}, {nd}, {}], as size", size[0], nd + 1), ts));
         }
         let sp = &size[2..];
         let npts = numel(sp)?;
@@ -312,12 +320,18 @@ impl RoiAlign {
         let bi = args.tensor(2)?;
         check_float(x, 0)?;
         let xs = x.shape();
-        if xs.len() != 4 || rois.rank() != 2 || rois.shape()[1] != 4 || bi.len() != rois.shape()[0] {
-            return Err(OpError::Shape(format!(
-                "RoiAlign: X {xs:?}, rois {:?}, batch_indices {:?} do not fit",
-                rois.shape(),
-                bi.shape()
-            )));
+        if xs.len() != 4 {
+            return Err(OpError::input_shape(0, "[N, C, H, W]", xs));
+        }
+        if rois.rank() != 2 || rois.shape()[1] != 4 {
+            return Err(OpError::input_shape(1, "[num_rois, 4]", rois.shape()));
+        }
+        if bi.len() != rois.shape()[0] {
+            return Err(OpError::input_shape(
+                2,
+                format!("[{}], one batch index per roi", rois.shape()[0]),
+                bi.shape(),
+            ));
         }
         let (nb, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
         let nr = rois.shape()[0];

@@ -38,8 +38,10 @@ struct MatMulPlan {
 }
 
 fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatMulPlan> {
-    if a.is_empty() || b.is_empty() {
-        return Err(OpError::Shape("MatMul operands must have rank >= 1".into()));
+    for (i, s) in [a, b].into_iter().enumerate() {
+        if s.is_empty() {
+            return Err(OpError::input_shape(i, "rank >= 1", s));
+        }
     }
     let mut pa = Shape::from_slice(a);
     let mut pb = Shape::from_slice(b);
@@ -52,7 +54,13 @@ fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatMulPlan> {
     let (m, k) = (pa[pa.len() - 2], pa[pa.len() - 1]);
     let (k2, n) = (pb[pb.len() - 2], pb[pb.len() - 1]);
     if k != k2 {
-        return Err(OpError::Shape(format!("MatMul inner dims differ: {a:?} x {b:?}")));
+        return Err(OpError::inputs(
+            0,
+            1,
+            format!("A's columns ({k}) equal to B's rows ({k2})"),
+            a,
+            b,
+        ));
     }
     let a_batch = Shape::from_slice(&pa[..pa.len() - 2]);
     let b_batch = Shape::from_slice(&pb[..pb.len() - 2]);
@@ -69,7 +77,7 @@ fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatMulPlan> {
     if b_batch.iter().all(|&d| d == 1) && a_batch == batch {
         let rows = numel(&batch)?
             .checked_mul(m)
-            .ok_or_else(|| OpError::Shape(format!("MatMul: A {a:?} is too large")))?;
+            .ok_or_else(|| OpError::too_large("A of shape", format!("{a:?}")))?;
         return Ok(MatMulPlan {
             a_batch: Shape::new(),
             b_batch: Shape::new(),
@@ -110,14 +118,15 @@ fn no_fast_gemm<T>(
 }
 
 /// The batched product, and whether every matrix went through `fast` (which then applied
-/// `ep`); otherwise nothing of `ep` was applied.
+/// `ep`); otherwise nothing of `ep` was applied. `None` when the operands' data do not fill
+/// their shapes.
 fn matmul_core<T: GemmScalar + kiln_tensor::Plain>(
     p: &MatMulPlan,
     a: &[T],
     b: &[T],
     fast: FastGemm<T>,
     ep: FastEpilogue<'_, T>,
-) -> Result<(kiln_tensor::Buf<T>, bool)> {
+) -> Result<Option<(kiln_tensor::Buf<T>, bool)>> {
     let nb = numel(&p.batch)?;
     // Each operand's matrix for every matrix of the batch: its offset under broadcasting.
     let (sa, sb) = (
@@ -157,10 +166,12 @@ fn matmul_core<T: GemmScalar + kiln_tensor::Plain>(
             }
         };
     });
-    if !ok {
-        return Err(OpError::Shape("MatMul: operand sizes do not match their shapes".into()));
-    }
-    Ok((out, all_fast))
+    Ok(ok.then_some((out, all_fast)))
+}
+
+/// Operands whose data do not fill their shapes.
+fn short_operands(a: &Tensor, b: &Tensor) -> OpError {
+    OpError::inputs(0, 1, "operands whose data fill their shapes", a.shape(), b.shape())
 }
 
 /// The float product; with `ep` (f32 only) the bias and activation go into the kernels'
@@ -168,7 +179,7 @@ fn matmul_core<T: GemmScalar + kiln_tensor::Plain>(
 fn matmul_float<T: Real>(p: &MatMulPlan, a: &Tensor, b: &Tensor, ep: FastEpilogue<'_, T>) -> Result<(Tensor, bool)> {
     let ad = super::floats::<T>(a, 0)?;
     let bd = super::floats::<T>(b, 1)?;
-    let (y, fused) = matmul_core(p, &ad, &bd, T::fast_gemm, ep)?;
+    let (y, fused) = matmul_core(p, &ad, &bd, T::fast_gemm, ep)?.ok_or_else(|| short_operands(a, b))?;
     Ok((from_floats(a.dtype(), p.out.clone(), y)?, fused))
 }
 
@@ -179,7 +190,8 @@ fn matmul_int<T: GemmScalar + Element>(p: &MatMulPlan, a: &Tensor, b: &Tensor) -
         b.as_slice::<T>()?,
         no_fast_gemm::<T>,
         FastEpilogue::none(),
-    )?;
+    )?
+    .ok_or_else(|| short_operands(a, b))?;
     Ok(Tensor::from_buf(p.out.clone(), y)?)
 }
 
@@ -281,8 +293,10 @@ impl MatMul {
         let (Some(a), Some(b)) = (input_shape(inputs, 0), input_shape(inputs, 1)) else {
             return Ok(vec![util::dtype_only(dtype)]);
         };
-        if a.is_empty() || b.is_empty() {
-            return Err(OpError::Shape("MatMul operands must have rank >= 1".into()));
+        for (i, s) in [&a, &b].into_iter().enumerate() {
+            if s.is_empty() {
+                return Err(OpError::input_shape(i, "rank >= 1", &[]));
+            }
         }
         let ab = if a.len() >= 2 { &a[..a.len() - 2] } else { &[][..] };
         let bb = if b.len() >= 2 { &b[..b.len() - 2] } else { &[][..] };
@@ -321,16 +335,24 @@ impl Default for Gemm {
 
 impl Gemm {
     fn dims(&self, a: &[usize], b: &[usize]) -> Result<(usize, usize, usize)> {
-        if a.len() != 2 || b.len() != 2 {
-            return Err(OpError::Shape(format!("Gemm needs 2-D A and B, got {a:?} and {b:?}")));
+        for (i, s) in [a, b].into_iter().enumerate() {
+            if s.len() != 2 {
+                return Err(OpError::input_shape(i, "rank 2", s));
+            }
         }
         let (m, k) = if self.trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
         let (k2, n) = if self.trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
         if k != k2 {
-            return Err(OpError::Shape(format!(
-                "Gemm inner dims differ: {a:?} x {b:?} (transA {}, transB {})",
-                self.trans_a, self.trans_b
-            )));
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!(
+                    "op(A)'s columns ({k}) equal to op(B)'s rows ({k2}) (transA {}, transB {})",
+                    self.trans_a, self.trans_b
+                ),
+                a,
+                b,
+            ));
         }
         Ok((m, k, n))
     }
@@ -355,7 +377,7 @@ impl Gemm {
             None => gemm(m, n, k, &ad, la, &bd, lb, &mut y),
         };
         if !ok {
-            return Err(OpError::Shape("Gemm: operand sizes do not match their shapes".into()));
+            return Err(short_operands(a, b));
         }
         self.scale_and_add(&mut y, c, m, n)?;
         Ok(y)
@@ -423,8 +445,15 @@ impl Gemm {
                 let n = if self.trans_b { b[0].clone() } else { b[1].clone() };
                 Ok(vec![tensor_type(dtype, Some(vec![m, n]))])
             }
-            (Some(a), _) | (_, Some(a)) if a.len() != 2 => Err(OpError::Shape("Gemm needs 2-D A and B".into())),
-            _ => Ok(vec![util::dtype_only(dtype)]),
+            (a, b) => {
+                // A rank other than 2, named here when the shape is all fixed (else at evaluation).
+                for (i, s) in [(0, a), (1, b)] {
+                    if let Some(s) = s.filter(|s| s.len() != 2).and_then(|s| util::fixed(&s)) {
+                        return Err(OpError::input_shape(i, "rank 2", &s));
+                    }
+                }
+                Ok(vec![util::dtype_only(dtype)])
+            }
         }
     }
 }
@@ -449,26 +478,41 @@ struct EinsumPlan {
     strides: Vec<Vec<usize>>,
 }
 
-fn label(c: char) -> Result<u8> {
+/// A malformed equation.
+fn bad_equation(expected: &'static str, eq: &str) -> OpError {
+    OpError::attribute("equation", expected, format!("{eq:?}"))
+}
+
+fn label(c: char, eq: &str) -> Result<u8> {
     match c {
         'a'..='z' => Ok(c as u8 - b'a' + 26),
         'A'..='Z' => Ok(c as u8 - b'A'),
-        _ => Err(OpError::Value(format!("Einsum: invalid label {c:?}"))),
+        _ => Err(bad_equation("labels a-z and A-Z, ',', '...' and '->'", eq)),
     }
 }
 
-fn parse_term(s: &str) -> Result<Term> {
+/// A label's letter, or its place among the ellipsis dims.
+fn label_name(l: usize) -> String {
+    match l {
+        0..26 => char::from(b'A' + l as u8).to_string(),
+        26..52 => char::from(b'a' + (l - 26) as u8).to_string(),
+        _ => format!("of ellipsis dim {}", l - 52),
+    }
+}
+
+/// A term of the equation `eq`.
+fn parse_term(s: &str, eq: &str) -> Result<Term> {
     let mut out = Vec::new();
     let mut rest = s;
     while let Some(c) = rest.chars().next() {
         if rest.starts_with("...") {
             if out.contains(&None) {
-                return Err(OpError::Value(format!("Einsum: term {s:?} has two ellipses")));
+                return Err(bad_equation("at most one ellipsis per term", eq));
             }
             out.push(None);
             rest = &rest[3..];
         } else {
-            out.push(Some(label(c)?));
+            out.push(Some(label(c, eq)?));
             rest = &rest[c.len_utf8()..];
         }
     }
@@ -482,23 +526,26 @@ impl Einsum {
             Some((l, r)) => (l, Some(r)),
             None => (eq.as_str(), None),
         };
-        let terms = lhs.split(',').map(parse_term).collect::<Result<Vec<_>>>()?;
+        let terms = lhs.split(',').map(|t| parse_term(t, &eq)).collect::<Result<Vec<_>>>()?;
         if terms.len() != shapes.len() {
-            return Err(OpError::Value(format!(
-                "Einsum: equation has {} operands, got {} inputs",
-                terms.len(),
-                shapes.len()
-            )));
+            return Err(OpError::attribute(
+                "equation",
+                format!("{} operands, one per input", shapes.len()),
+                format!("{eq:?}, of {} operands", terms.len()),
+            ));
         }
         // Ellipsis rank: the broadcast of every operand's ellipsis part.
         let mut ell_rank = 0usize;
-        for (t, s) in terms.iter().zip(shapes) {
+        for (i, ((t, s), text)) in terms.iter().zip(shapes).zip(lhs.split(',')).enumerate() {
             let letters = t.iter().filter(|l| l.is_some()).count();
             let has_ell = t.contains(&None);
             if s.len() < letters || (!has_ell && s.len() != letters) {
-                return Err(OpError::Shape(format!(
-                    "Einsum: operand of shape {s:?} does not fit its term"
-                )));
+                let rank = if has_ell { "at least " } else { "" };
+                return Err(OpError::input_shape(
+                    i,
+                    format!("rank {rank}{letters}, as its term {text:?}"),
+                    s,
+                ));
             }
             if has_ell {
                 ell_rank = ell_rank.max(s.len() - letters);
@@ -510,7 +557,9 @@ impl Einsum {
         let mut count = vec![0usize; nl];
         let mut strides = vec![vec![0usize; nl]; shapes.len()];
         let mut dim_labels: Vec<Vec<usize>> = Vec::with_capacity(shapes.len());
-        for (t, s) in terms.iter().zip(shapes) {
+        // The input that set each label's size.
+        let mut set_by = vec![0usize; nl];
+        for (i, (t, s)) in terms.iter().zip(shapes).enumerate() {
             let letters = t.iter().filter(|l| l.is_some()).count();
             let er = s.len() - letters;
             let mut labels_of_dims = Vec::with_capacity(s.len());
@@ -524,11 +573,15 @@ impl Einsum {
                 let size = s[d];
                 if !seen[l] || sizes[l] == 1 {
                     sizes[l] = size;
+                    set_by[l] = i;
                 } else if size != sizes[l] && size != 1 {
-                    return Err(OpError::Shape(format!(
-                        "Einsum: label sizes {} and {size} differ",
-                        sizes[l]
-                    )));
+                    return Err(OpError::inputs(
+                        set_by[l],
+                        i,
+                        format!("the same size for label {} ({} and {size})", label_name(l), sizes[l]),
+                        &shapes[set_by[l]],
+                        s,
+                    ));
                 }
                 seen[l] = true;
                 count[l] += 1;
@@ -546,17 +599,14 @@ impl Einsum {
         }
         let out: Vec<usize> = match rhs {
             Some(r) => {
-                let t = parse_term(r)?;
+                let t = parse_term(r, &eq)?;
                 let mut o = Vec::new();
                 for l in t {
                     match l {
                         Some(l) => {
                             let l = l as usize;
                             if !seen[l] || o.contains(&l) {
-                                return Err(OpError::Value(format!(
-                                    "Einsum: bad output label in {:?}",
-                                    self.equation
-                                )));
+                                return Err(bad_equation("output labels found in the inputs, each once", &eq));
                             }
                             o.push(l);
                         }

@@ -468,15 +468,16 @@ pub(crate) fn window_dims(
 /// pads), so resolving a call's geometry allocates nothing.
 pub(crate) type Dims = smallvec::SmallVec<[usize; 6]>;
 
-pub(crate) fn spatial_attr(v: &[usize], n: usize, fill: usize, what: &str) -> Result<Dims> {
+pub(crate) fn spatial_attr(v: &[usize], n: usize, fill: usize, attr: &'static str) -> Result<Dims> {
     if v.is_empty() {
         return Ok(smallvec::smallvec![fill; n]);
     }
     if v.len() != n {
-        return Err(OpError::Value(format!(
-            "{what} has {} values for {n} spatial dims",
-            v.len()
-        )));
+        return Err(OpError::attribute(
+            attr,
+            format!("{n} values, one per spatial axis"),
+            format!("{v:?}"),
+        ));
     }
     Ok(Dims::from_slice(v))
 }
@@ -487,10 +488,11 @@ pub(crate) fn pads_attr(v: &[usize], n: usize) -> Result<Dims> {
         return Ok(smallvec::smallvec![0; 2 * n]);
     }
     if v.len() != 2 * n {
-        return Err(OpError::Value(format!(
-            "pads has {} values for {n} spatial dims",
-            v.len()
-        )));
+        return Err(OpError::attribute(
+            "pads",
+            format!("{} values, a begin and an end per spatial axis", 2 * n),
+            format!("{v:?}"),
+        ));
     }
     Ok(Dims::from_slice(v))
 }

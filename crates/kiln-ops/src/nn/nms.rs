@@ -50,10 +50,11 @@ impl NonMaxSuppression {
         check_float(boxes, 0)?;
         check_float(scores, 1)?;
         let (bs, ss) = (boxes.shape(), scores.shape());
-        if bs.len() != 3 || bs[2] != 4 || ss.len() != 3 || ss[0] != bs[0] || ss[2] != bs[1] {
-            return Err(OpError::Shape(format!(
-                "NonMaxSuppression: boxes {bs:?} and scores {ss:?} do not fit"
-            )));
+        if bs.len() != 3 || bs[2] != 4 {
+            return Err(OpError::input_shape(0, "[batch, boxes, 4]", bs));
+        }
+        if ss.len() != 3 || ss[0] != bs[0] || ss[2] != bs[1] {
+            return Err(OpError::input_shape(1, format!("[{}, classes, {}], as the boxes", bs[0], bs[1]), ss));
         }
         let scalar_f = |i: usize| -> Result<Option<f64>> {
             Ok(args.opt_tensor(i)?.filter(|t| !t.is_empty()).map(|t| t.to_f64_vec()[0]))

@@ -224,20 +224,26 @@ fn pool2d_f32(
     y
 }
 
+/// A `kernel_shape` of another length than X's `n` spatial axes.
+fn kernel_per_axis(kernel: &[usize], n: usize) -> OpError {
+    OpError::attribute(
+        "kernel_shape",
+        format!("{n} values, one per spatial axis of X"),
+        format!("{kernel:?}"),
+    )
+}
+
 impl Pool {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         check_dtype(self.kind, x.dtype())?;
         let xs = x.shape();
         if xs.len() < 3 {
-            return Err(OpError::Shape(format!("pooling needs X [N,C,spatial..], got {xs:?}")));
+            return Err(OpError::input_shape(0, "[N, C, spatial...]", xs));
         }
         let n = xs.len() - 2;
         if self.kernel_shape.len() != n {
-            return Err(OpError::Shape(format!(
-                "kernel_shape {:?} does not fit X {xs:?}",
-                self.kernel_shape
-            )));
+            return Err(kernel_per_axis(&self.kernel_shape, n));
         }
         let strides = spatial_attr(&self.strides, n, 1, "strides")?;
         let dil = spatial_attr(&self.dilations, n, 1, "dilations")?;
@@ -398,11 +404,7 @@ impl Pool {
             Some(xs) if xs.len() >= 3 => {
                 let n = xs.len() - 2;
                 if self.kernel_shape.len() != n {
-                    return Err(OpError::Shape(format!(
-                        "kernel_shape {:?} does not fit rank {}",
-                        self.kernel_shape,
-                        xs.len()
-                    )));
+                    return Err(kernel_per_axis(&self.kernel_shape, n));
                 }
                 let strides = spatial_attr(&self.strides, n, 1, "strides")?;
                 let dil = spatial_attr(&self.dilations, n, 1, "dilations")?;
@@ -489,7 +491,7 @@ impl GlobalPool {
         }
         let xs = x.shape();
         if xs.len() < 2 {
-            return Err(OpError::Shape(format!("global pooling needs X [N,C,..], got {xs:?}")));
+            return Err(OpError::input_shape(0, "[N, C, ...]", xs));
         }
         let planes = xs[0] * xs[1];
         let isz = numel(&xs[2..])?;
@@ -537,11 +539,11 @@ pub struct MaxUnpool {
 impl MaxUnpool {
     fn inferred(&self, xs: &[usize]) -> Result<Vec<usize>> {
         let n = xs.len().saturating_sub(2);
-        if xs.len() < 3 || self.kernel_shape.len() != n {
-            return Err(OpError::Shape(format!(
-                "MaxUnpool: X {xs:?} does not fit kernel_shape {:?}",
-                self.kernel_shape
-            )));
+        if xs.len() < 3 {
+            return Err(OpError::input_shape(0, "[N, C, spatial...]", xs));
+        }
+        if self.kernel_shape.len() != n {
+            return Err(kernel_per_axis(&self.kernel_shape, n));
         }
         let strides = spatial_attr(&self.strides, n, 1, "strides")?;
         let pads = pads_attr(&self.pads, n)?;
@@ -549,8 +551,13 @@ impl MaxUnpool {
         for i in 0..n {
             let full = xs[i + 2].saturating_sub(1) * strides[i] + self.kernel_shape[i];
             s.push(
-                full.checked_sub(pads[i] + pads[i + n])
-                    .ok_or_else(|| OpError::Shape("MaxUnpool pads too large".into()))?,
+                full.checked_sub(pads[i] + pads[i + n]).ok_or_else(|| {
+                    OpError::attribute(
+                        "pads",
+                        format!("at most {full} in all on spatial axis {i}"),
+                        format!("{:?}", self.pads),
+                    )
+                })?,
             );
         }
         Ok(s)
@@ -561,10 +568,7 @@ impl MaxUnpool {
         let ind = args.tensor(1)?;
         let xs = x.shape();
         if ind.shape() != xs {
-            return Err(OpError::Shape(format!(
-                "MaxUnpool indices {:?} differ from X {xs:?}",
-                ind.shape()
-            )));
+            return Err(OpError::inputs(0, 1, "X and indices of the same shape", xs, ind.shape()));
         }
         let inferred = self.inferred(xs)?;
         let out_shape = match args.opt_tensor(2)? {
@@ -575,9 +579,11 @@ impl MaxUnpool {
                     .map(|&d| util::dim(d, 2, "output_shape"))
                     .collect::<Result<Vec<_>>>()?;
                 if s.len() != inferred.len() || s.iter().zip(&inferred).any(|(a, b)| a < b) {
-                    return Err(OpError::Shape(format!(
-                        "MaxUnpool output_shape {s:?} is smaller than {inferred:?}"
-                    )));
+                    return Err(OpError::input_value(
+                        2,
+                        format!("a shape of rank {}, at least {inferred:?}", inferred.len()),
+                        format!("{s:?}"),
+                    ));
                 }
                 s
             }
@@ -588,7 +594,7 @@ impl MaxUnpool {
         let xd = x.to_f64_vec();
         let idx = ind
             .to_i64_vec()
-            .ok_or_else(|| OpError::Value("MaxUnpool indices must be integers".into()))?;
+            .ok_or_else(|| OpError::input_value(1, "integer indices", format!("a {} tensor", ind.dtype())))?;
         let mut flat = vec![0.0f64; n_inf];
         for (&i, &v) in idx.iter().zip(&xd) {
             let iu = usize::try_from(i)
