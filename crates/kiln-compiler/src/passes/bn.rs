@@ -1,18 +1,36 @@
 //! BatchNormalization folded into the Conv or Gemm producing its input (inference mode, all
 //! parameters constant): `W' = W * s`, `b' = (b - mean) * s + B` with
 //! `s = scale / sqrt(var + eps)` per output channel, computed in f64 and rounded once to the
-//! weights' type. The producer then writes the BatchNorm's output directly. An inference
+//! weights' type. The producer then writes the BatchNorm's output directly. A Mul, Div, Add or
+//! Sub of a Conv or Gemm output by a constant that is one value or one per output channel
+//! (the `y * w0 + w1` of re-parameterised blocks, an unfolded BatchNorm exported as
+//! arithmetic) folds the same way, repeatedly, so a Mul then an Add both go. An inference
 //! BatchNorm no producer takes (a pre-activation one, as in DenseNet) becomes a
 //! `ChannelAffine` with that scale and shift rounded to f32.
 
-use super::edit::{Index, add_constant, dtype_of, fixed_shape, is_float, remove_nodes};
+use super::edit::{Index, add_constant, binary, dtype_of, fixed_shape, is_float, remove_nodes};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
+use kiln_ops::elementwise::BinaryOp;
 use kiln_ops::nn::{ChannelAffine, NnOp};
 use kiln_ops::reduce::{BatchNorm, ReduceOp};
 use kiln_tensor::{DType, Tensor};
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
+    let mut total = 0;
+    // Each round folds one affine step into each producer (a Mul, then the Add after it).
+    for _ in 0..8 {
+        let n = fold_round(g);
+        total += n;
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(total + standalone(g))
+}
+
+/// Folds every BatchNorm or constant affine step whose producer takes it; returns how many.
+fn fold_round(g: &mut Graph) -> usize {
     let index = Index::new(g);
     let mut plans = Vec::new();
     for (i, node) in g.nodes.iter().enumerate() {
@@ -40,7 +58,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         }
     }
     remove_nodes(g, &dead);
-    Ok(count + standalone(g))
+    count
 }
 
 /// Every inference BatchNorm left (no producer took it) on an f32 X of known channel count,
@@ -125,21 +143,92 @@ fn shifted(b: &[f64], aff: &[(f64, f64)]) -> Vec<f64> {
     b.iter().zip(aff).map(|(&b, &(s, t))| b * s + t).collect()
 }
 
-fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
-    let NodeKind::Op(Op::Reduce(ReduceOp::BatchNormalization(bn))) = &node.kind else {
-        return None;
-    };
-    if bn.training_mode {
-        return None;
-    }
-    let x = node.inputs.first().copied().flatten()?;
-    let y = node.outputs.first().copied().flatten()?;
-    // The running-statistics outputs must be unread.
-    for extra in node.outputs.iter().skip(1).flatten() {
-        if !index.readers(*extra).is_empty() || index.is_output(*extra) {
+/// What maps a producer's output channels: a BatchNorm, or arithmetic with a constant
+/// (`x_first`: the producer's output is the left operand).
+enum Affine<'a> {
+    Bn(&'a BatchNorm),
+    Const { op: BinaryOp, c: ValueId, x_first: bool },
+}
+
+impl Affine<'_> {
+    /// `(scale, shift)` per channel of `channels`, with `y = x * scale + shift`; the producer's
+    /// output has the channels on axis 1 of `out_rank` axes.
+    fn params(
+        &self,
+        g: &Graph,
+        index: &Index,
+        node: &Node,
+        channels: usize,
+        out_rank: usize,
+    ) -> Option<Vec<(f64, f64)>> {
+        let (op, c, x_first) = match self {
+            Affine::Bn(bn) => return channel_affine(g, index, bn, node, channels),
+            Affine::Const { op, c, x_first } => (*op, *c, *x_first),
+        };
+        let t = index.tensor(g, c)?;
+        if !is_float(t.dtype()) {
             return None;
         }
+        let v = t.to_f64_vec();
+        // One value, or one per channel laid along axis 1 once broadcast to the output.
+        let off = out_rank.checked_sub(t.rank())?;
+        let along_channels = t.len() == channels
+            && t.shape()
+                .iter()
+                .enumerate()
+                .all(|(j, &d)| if off + j == 1 { d == channels } else { d == 1 });
+        let per: Vec<f64> = match v.as_slice() {
+            [one] => vec![*one; channels],
+            _ if along_channels => v,
+            _ => return None,
+        };
+        per.into_iter()
+            .map(|k| match (op, x_first) {
+                (BinaryOp::Mul, _) => Some((k, 0.0)),
+                (BinaryOp::Add, _) => Some((1.0, k)),
+                (BinaryOp::Sub, true) => Some((1.0, -k)),
+                (BinaryOp::Sub, false) => Some((-1.0, k)),
+                (BinaryOp::Div, true) if k != 0.0 => Some((1.0 / k, 0.0)),
+                _ => None,
+            })
+            .collect()
     }
+}
+
+fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
+    let y = node.outputs.first().copied().flatten()?;
+    let (x, affine) = match &node.kind {
+        NodeKind::Op(Op::Reduce(ReduceOp::BatchNormalization(bn))) => {
+            if bn.training_mode {
+                return None;
+            }
+            // The running-statistics outputs must be unread.
+            for extra in node.outputs.iter().skip(1).flatten() {
+                if !index.readers(*extra).is_empty() || index.is_output(*extra) {
+                    return None;
+                }
+            }
+            (node.inputs.first().copied().flatten()?, Affine::Bn(bn))
+        }
+        _ => {
+            let (op, a, b) = binary(node)?;
+            if !matches!(op, BinaryOp::Mul | BinaryOp::Div | BinaryOp::Add | BinaryOp::Sub) || node.outputs.len() != 1 {
+                return None;
+            }
+            // The producer's output on one side, a constant on the other.
+            let (x, c, x_first) = if index.tensor(g, b).is_some() {
+                (a, b, true)
+            } else if index.tensor(g, a).is_some() {
+                (b, a, false)
+            } else {
+                return None;
+            };
+            if fixed_shape(g, x).is_none() || fixed_shape(g, x) != fixed_shape(g, y) {
+                return None;
+            }
+            (x, Affine::Const { op, c, x_first })
+        }
+    };
     let p = index.producer(x)?;
     if !index.sole_use(x, i) {
         return None;
@@ -164,7 +253,7 @@ fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
         NnOp::Conv(_) if prod.plan.is_none() && w.rank() >= 3 => {
             let m = *w.shape().first()?;
             let per = w.len() / m.max(1);
-            let aff = channel_affine(g, index, bn, node, m)?;
+            let aff = affine.params(g, index, node, m, w.rank())?;
             let b0 = match old_bias {
                 Some(b) if b.len() == m && is_float(b.dtype()) => b.to_f64_vec(),
                 Some(_) => return None,
@@ -181,7 +270,7 @@ fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
         NnOp::Gemm(gemm) if prod.plan.is_none() => {
             let &[r, c] = w.shape() else { return None };
             let n = if gemm.trans_b { r } else { c };
-            let aff = channel_affine(g, index, bn, node, n)?;
+            let aff = affine.params(g, index, node, n, 2)?;
             let beta = gemm.beta as f64;
             let c0: Vec<f64> = match old_bias {
                 Some(b) if is_float(b.dtype()) && b.len() == n && b.shape().iter().rev().skip(1).all(|&d| d == 1) => {
@@ -264,6 +353,42 @@ mod tests {
             &run_graph(&g, vec![xin.clone()])[0],
             &run_graph(&before, vec![xin])[0],
             1e-6,
+        );
+    }
+
+    #[test]
+    fn constant_arithmetic_after_a_conv_folds_into_it() {
+        // Conv -> Mul by one value -> Add of one value per channel -> Sub from a constant:
+        // all three fold (one per round); a Mul by a per-pixel constant does not.
+        use kiln_ops::elementwise::BinaryOp;
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 2, 4, 4]);
+        let w = b.constant("w", noise(&[3, 2, 3, 3], 1));
+        let conv = Op::Nn(NnOp::Conv(Conv {
+            pads: vec![1, 1, 1, 1],
+            group: 1,
+            ..Conv::default()
+        }));
+        let c = b.node(conv, &[Some(x), Some(w)], &[&[1, 3, 4, 4]])[0];
+        let s = &[1, 3, 4, 4];
+        let k = b.constant("k", f32s(&[1], &[1.75]));
+        let t = b.constant("t", f32s(&[3, 1, 1], &[0.5, -1.0, 2.0]));
+        let one = b.constant("one", f32s(&[1], &[1.0]));
+        let pixel = b.constant("pixel", noise(&[1, 1, 4, 4], 2));
+        let m = b.binary(BinaryOp::Mul, c, k, s);
+        let a = b.binary(BinaryOp::Add, t, m, s);
+        let d = b.binary(BinaryOp::Sub, one, a, s);
+        let y = b.binary(BinaryOp::Mul, d, pixel, s);
+        let mut g = b.finish(&[y]);
+        let before = g.clone();
+        assert_eq!(run(&mut g).unwrap(), 3);
+        g.verify().unwrap();
+        assert_eq!(op_names(&g), ["Conv", "Mul"]);
+        let xin = noise(&[1, 2, 4, 4], 3);
+        assert_close(
+            &run_graph(&g, vec![xin.clone()])[0],
+            &run_graph(&before, vec![xin])[0],
+            1e-5,
         );
     }
 

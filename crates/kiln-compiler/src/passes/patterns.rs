@@ -4,6 +4,9 @@
 //!   any grouping and order, becomes `Gelu`; tanh form: `x * 0.5 * (1 + tanh(sqrt(2/pi) *
 //!   (x + 0.044715 * x^3)))` with `x^3` as `Pow(x, 3)` or `x * x * x`, becomes
 //!   `Gelu(approximate = tanh)`.
+//! - HardSwish spelled out (paddle2onnx, tf2onnx): `x * clip(x + 3, 0, 6) / 6`, the division
+//!   by 6 or product with 1/6 applied to the product or to the clip, becomes `HardSwish`, which
+//!   the activation fusion then puts in its producer's epilogue.
 //! - LayerNorm: `(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * gamma + beta` over the
 //!   trailing axes (`Pow(d, 2)` or `d * d`; beta optional) becomes `LayerNormalization`.
 //!
@@ -29,7 +32,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     // Last node first, so the largest match wins (LayerNorm with its beta Add over the one
     // ending at the gamma Mul).
     for i in (0..g.nodes.len()).rev() {
-        let Some(p) = m.gelu(i).or_else(|| m.layer_norm(i)) else {
+        let Some(p) = m.gelu(i).or_else(|| m.hard_swish(i)).or_else(|| m.layer_norm(i)) else {
             continue;
         };
         if p.nodes.iter().any(|&k| taken.get(k).copied().unwrap_or(true)) {
@@ -183,6 +186,75 @@ impl Matcher<'_> {
             });
         }
         None
+    }
+
+    /// `x * clip(x + 3, 0, 6) / 6` ending at node `i`: `(x * c) / 6`, `(x * c) * (1/6)`,
+    /// `x * (c / 6)` or `x * (c * (1/6))`.
+    fn hard_swish(&self, i: usize) -> Option<Plan> {
+        let node = self.g.nodes.get(i)?;
+        let y = node.outputs.first().copied().flatten()?;
+        if !dtype_of(self.g, y).is_some_and(is_float) {
+            return None;
+        }
+        let (k, a, b) = binary(node)?;
+        let plan = |x: ValueId, nodes: Vec<usize>| Plan {
+            anchor: i,
+            nodes,
+            op: Op::Elementwise(ElementwiseOp::Unary(UnaryOp::HardSwish)),
+            inputs: vec![Some(x)],
+        };
+        // A sixth of something: the product `x * c`, or the clip `c`.
+        let sixth = |v: ValueId, reader: usize| -> Option<(usize, ValueId)> {
+            if let Some((d, p, q)) = self.bin(v, reader, BinaryOp::Div) {
+                return self.is_scalar(q, 6.0).then_some((d, p));
+            }
+            let (m, p, q) = self.bin(v, reader, BinaryOp::Mul)?;
+            Some((m, self.other_than(p, q, 1.0 / 6.0)?))
+        };
+        let outer = match k {
+            BinaryOp::Div if self.is_scalar(b, 6.0) => Some(a),
+            BinaryOp::Mul => self.other_than(a, b, 1.0 / 6.0),
+            _ => None,
+        };
+        if let Some(prod) = outer
+            && let Some((m, p, q)) = self.bin(prod, i, BinaryOp::Mul)
+        {
+            for (x, c) in [(p, q), (q, p)] {
+                if let Some(clip) = self.relu6_of_x_plus_3(c, m, x) {
+                    return Some(plan(x, [vec![i, m], clip].concat()));
+                }
+            }
+        }
+        if k == BinaryOp::Mul {
+            for (x, h) in [(a, b), (b, a)] {
+                let Some((d, c)) = sixth(h, i) else { continue };
+                if let Some(clip) = self.relu6_of_x_plus_3(c, d, x) {
+                    return Some(plan(x, [vec![i, d], clip].concat()));
+                }
+            }
+        }
+        None
+    }
+
+    /// The nodes computing `c = clip(x + 3, 0, 6)` for node `reader`.
+    fn relu6_of_x_plus_3(&self, c: ValueId, reader: usize, x: ValueId) -> Option<Vec<usize>> {
+        let (p, node) = self.private(c, reader)?;
+        let NodeKind::Op(Op::Elementwise(ElementwiseOp::Clip(clip))) = &node.kind else {
+            return None;
+        };
+        let bound = |attr: Option<f32>, slot: usize| {
+            attr.map(f64::from).or_else(|| {
+                let v = node.inputs.get(slot).copied().flatten()?;
+                self.index.scalar(self.g, v)
+            })
+        };
+        let (lo, hi) = (bound(clip.min, 1)?, bound(clip.max, 2)?);
+        if lo != 0.0 || !near(hi, 6.0) {
+            return None;
+        }
+        let t = node.inputs.first().copied().flatten()?;
+        let (add, u, w) = self.bin(t, p, BinaryOp::Add)?;
+        (self.other_than(u, w, 3.0)? == x).then(|| vec![p, add])
     }
 
     /// The nodes computing `t = x / sqrt2` (or `x * (1/sqrt2)`) for the Erf node `reader`.
@@ -406,6 +478,49 @@ mod tests {
             &run_graph(&before, vec![xin])[0],
             1e-6,
         );
+    }
+
+    #[test]
+    fn spelled_out_hard_swish_becomes_one_op() {
+        // paddle2onnx: Add 3 -> Clip(0, 6) (bounds as inputs) -> Mul x -> Div 6; and
+        // x * (clip(x + 3, 0, 6) * (1/6)) with the bounds as attributes.
+        use kiln_ops::elementwise::Clip;
+        let s = &[2, 5];
+        for form in 0..2 {
+            let mut b = Builder::new();
+            let x = b.input("x", s);
+            let three = scalar(&mut b, "three", 3.0);
+            let six = scalar(&mut b, "six", 6.0);
+            let zero = scalar(&mut b, "zero", 0.0);
+            let sixth = scalar(&mut b, "sixth", 1.0 / 6.0);
+            let t = b.binary(BinaryOp::Add, x, three, s);
+            let y = if form == 0 {
+                let clip = Op::Elementwise(ElementwiseOp::Clip(Clip { min: None, max: None }));
+                let c = b.node(clip, &[Some(t), Some(zero), Some(six)], &[s])[0];
+                let m = b.binary(BinaryOp::Mul, x, c, s);
+                b.binary(BinaryOp::Div, m, six, s)
+            } else {
+                let clip = Op::Elementwise(ElementwiseOp::Clip(Clip {
+                    min: Some(0.0),
+                    max: Some(6.0),
+                }));
+                let c = b.node(clip, &[Some(t)], &[s])[0];
+                let h = b.binary(BinaryOp::Mul, sixth, c, s);
+                b.binary(BinaryOp::Mul, h, x, s)
+            };
+            let mut g = b.finish(&[y]);
+            let before = g.clone();
+            assert_eq!(run(&mut g).unwrap(), 1, "form {form}");
+            crate::passes::dce::run(&mut g).unwrap();
+            g.verify().unwrap();
+            assert_eq!(op_names(&g), ["HardSwish"]);
+            let xin = f32s(s, &[-4.0, -3.0, -2.5, -1.0, 0.0, 0.5, 1.0, 2.9, 3.0, 7.0]);
+            assert_close(
+                &run_graph(&g, vec![xin.clone()])[0],
+                &run_graph(&before, vec![xin])[0],
+                1e-6,
+            );
+        }
     }
 
     #[test]
