@@ -144,8 +144,10 @@ impl<'a> Planned<'a> {
             return Err(OpError::input_value(1, expected, format!("{} floats", u.len())));
         }
         let pads = pads_attr(&self.pads, 2)?;
-        let gh = window_geom(ih, 3, 1, 1, pads[0], pads[2], self.auto_pad, false)?;
-        let gw = window_geom(iw, 3, 1, 1, pads[1], pads[3], self.auto_pad, false)?;
+        // H and W: axes 1 and 2 of a channels-last X, 2 and 3 of a channels-first one.
+        let ah = if self.plan.channels_last { 1 } else { 2 };
+        let gh = window_geom(x.shape(), ah, 3, 1, 1, pads[0], pads[2], self.auto_pad, false)?;
+        let gw = window_geom(x.shape(), ah + 1, 3, 1, 1, pads[1], pads[3], self.auto_pad, false)?;
         let shape: kiln_tensor::Shape = if self.plan.channels_last {
             kiln_tensor::smallvec::smallvec![batch, gh.out, gw.out, m]
         } else {
@@ -506,7 +508,7 @@ impl<'a> Planned<'a> {
             let pads = pads_attr(&self.pads, 2)?;
             let mut shape = vec![xs[0].clone(), Dim::Fixed(info.m)];
             shape.extend(window_dims(
-                &xs[2..],
+                &xs,
                 &[3, 3],
                 &[1, 1],
                 &[1, 1],

@@ -35,9 +35,10 @@ impl Pool {
             let strides = spatial_attr(&self.strides, 2, 1, "strides")?;
             let dil = spatial_attr(&self.dilations, 2, 1, "dilations")?;
             let pads = pads_attr(&self.pads, 2)?;
-            let geo = |i: usize, size: usize, k: usize| {
+            let geo = |i: usize, k: usize| {
                 window_geom(
-                    size,
+                    x.shape(),
+                    i + 1,
                     k,
                     strides[i],
                     dil[i],
@@ -47,7 +48,7 @@ impl Pool {
                     self.ceil_mode,
                 )
             };
-            let (gh, gw) = (geo(0, ih, kh)?, geo(1, iw, kw)?);
+            let (gh, gw) = (geo(0, kh)?, geo(1, kw)?);
             let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![n, gh.out, gw.out, c];
             // Every element is written below: a recycled buffer needs no clearing.
             let mut y = crate::util::out_f32(numel(&shape)?);

@@ -40,11 +40,36 @@ pub(crate) struct Window {
 
 fn check_kernel(attr: &[usize], w_kernel: &[usize]) -> Result<()> {
     if !attr.is_empty() && attr != w_kernel {
-        return Err(OpError::Shape(format!(
-            "kernel_shape {attr:?} does not match the weights' {w_kernel:?}"
-        )));
+        return Err(OpError::attribute(
+            "kernel_shape",
+            format!("W's window {w_kernel:?}"),
+            format!("{attr:?}"),
+        ));
     }
     Ok(())
+}
+
+/// X (input 0) of rank below 3, or W (input 1) of another rank.
+fn ranks(x: &[usize], w: &[usize]) -> Result<()> {
+    if x.len() < 3 {
+        return Err(OpError::input_shape(0, "[N, C, spatial...]", x));
+    }
+    if w.len() != x.len() {
+        return Err(OpError::inputs(0, 1, "X and W of the same rank", x, w));
+    }
+    Ok(())
+}
+
+/// [`ranks`] at inference: `Ok(false)` when the ranks do not fit but a shape holds symbols
+/// (evaluation names it then).
+fn static_ranks(x: &[Dim], w: &[Dim]) -> Result<bool> {
+    if x.len() >= 3 && w.len() == x.len() {
+        return Ok(true);
+    }
+    match (util::fixed(x), util::fixed(w)) {
+        (Some(x), Some(w)) => ranks(&x, &w).map(|()| true),
+        _ => Ok(false),
+    }
 }
 
 impl Window {
@@ -74,11 +99,7 @@ impl Window {
 impl Conv {
     /// The window geometry of this convolution on X of shape `x` and W of shape `w`.
     pub(crate) fn window(&self, x: &[usize], w: &[usize]) -> Result<Window> {
-        if x.len() < 3 || w.len() != x.len() {
-            return Err(OpError::Shape(format!(
-                "Conv needs X [N,C,spatial..] and W of the same rank, got {x:?} and {w:?}"
-            )));
-        }
+        ranks(x, w)?;
         let n = x.len() - 2;
         let kernel = Dims::from_slice(w.get(2..).unwrap_or(&[]));
         check_kernel(&self.kernel_shape, &kernel)?;
@@ -88,7 +109,8 @@ impl Conv {
         let geoms = (0..n)
             .map(|i| {
                 window_geom(
-                    x[i + 2],
+                    x,
+                    i + 2,
                     kernel[i],
                     strides[i],
                     dilations[i],
@@ -124,12 +146,8 @@ impl Conv {
         let (Some(xs), Some(ws)) = (input_shape(inputs, 0), input_shape(inputs, 1)) else {
             return Ok(vec![util::dtype_only(dtype)]);
         };
-        if xs.len() < 3 || ws.len() != xs.len() {
-            return Err(OpError::Shape(format!(
-                "Conv needs X and W of the same rank >= 3, got ranks {} and {}",
-                xs.len(),
-                ws.len()
-            )));
+        if !static_ranks(&xs, &ws)? {
+            return Ok(vec![util::dtype_only(dtype)]);
         }
         let n = xs.len() - 2;
         let kernel: Option<Vec<usize>> = if self.kernel_shape.is_empty() {
@@ -148,7 +166,7 @@ impl Conv {
         let pads = pads_attr(&self.pads, n)?;
         let mut shape = vec![xs[0].clone(), ws[0].clone()];
         shape.extend(window_dims(
-            &xs[2..],
+            &xs,
             &kernel,
             &strides,
             &dilations,
@@ -164,10 +182,11 @@ impl Conv {
 fn bias<T: Real>(b: Option<&Tensor>, m: usize, index: usize) -> Result<Option<Vec<T>>> {
     let Some(b) = b else { return Ok(None) };
     if b.len() != m {
-        return Err(OpError::Shape(format!(
-            "bias has {} elements for {m} output channels",
-            b.len()
-        )));
+        return Err(OpError::input_shape(
+            index,
+            format!("{m} elements, one per output channel"),
+            b.shape(),
+        ));
     }
     Ok(Some(floats::<T>(b, index)?.into_owned()))
 }
@@ -198,9 +217,7 @@ pub(crate) fn conv_run<T: Real>(
     let m = ws[0];
     let g = op.group.max(1);
     if c % g != 0 || m % g != 0 || ws[1] * g != c {
-        return Err(OpError::Shape(format!(
-            "Conv: X {xs:?} and W {ws:?} do not fit group {g}"
-        )));
+        return Err(OpError::inputs(0, 1, format!("X and W that fit group {g}"), xs, ws));
     }
     let (cg, mg) = (c / g, m / g);
     let image: Vec<usize> = xs[2..].to_vec();
@@ -234,7 +251,7 @@ pub(crate) fn conv_run<T: Real>(
         dilations: &window.dilations,
         pad_begin: &pad_begin,
     };
-    let bad = || OpError::Shape(format!("Conv: inconsistent shapes X {xs:?} W {ws:?}"));
+    let bad = || OpError::inputs(0, 1, "X and W that fit the Conv", xs, ws);
     // The bias is added by the fast kernels' epilogue when they run, else after the loop.
     let mut fast_done = false;
     for n in 0..batch {
@@ -321,18 +338,22 @@ impl ConvTranspose {
             0 => None,
             l if l == n => Some(self.output_shape.clone()),
             l if l == n + 2 => Some(self.output_shape[2..].to_vec()),
-            l => {
-                return Err(OpError::Value(format!(
-                    "output_shape has {l} values for {n} spatial dims"
-                )));
+            _ => {
+                return Err(OpError::attribute(
+                    "output_shape",
+                    format!("{n} values (one per spatial axis) or {}", n + 2),
+                    format!("{:?}", self.output_shape),
+                ));
             }
         };
         let same = matches!(self.auto_pad, AutoPad::SameUpper | AutoPad::SameLower);
         let mut out = Vec::with_capacity(n);
         let mut pad_begin = Vec::with_capacity(n);
         for i in 0..n {
-            if strides[i] == 0 || dilations[i] == 0 {
-                return Err(OpError::Value("strides and dilations must be positive".into()));
+            for (attr, v) in [("strides", &strides), ("dilations", &dilations)] {
+                if v[i] == 0 {
+                    return Err(OpError::attribute(attr, "every value >= 1", format!("{v:?}")));
+                }
             }
             let full = strides[i] * x[i].saturating_sub(1) + out_pad[i] + (kernel[i].max(1) - 1) * dilations[i] + 1;
             let target = match &explicit_out {
@@ -360,10 +381,11 @@ impl ConvTranspose {
                 None => {
                     let pads = pads_attr(&self.pads, n)?;
                     let o = full.checked_sub(pads[i] + pads[i + n]).ok_or_else(|| {
-                        OpError::Shape(format!(
-                            "ConvTranspose pads {:?} exceed the full size {full}",
-                            self.pads
-                        ))
+                        OpError::attribute(
+                            "pads",
+                            format!("at most {full} in all on spatial axis {i}, the full output"),
+                            format!("{:?}", self.pads),
+                        )
                     })?;
                     out.push(o);
                     pad_begin.push(pads[i]);
@@ -387,10 +409,8 @@ impl ConvTranspose {
         let (Some(xs), Some(ws)) = (input_shape(inputs, 0), input_shape(inputs, 1)) else {
             return Ok(vec![util::dtype_only(dtype)]);
         };
-        if xs.len() < 3 || ws.len() != xs.len() {
-            return Err(OpError::Shape(
-                "ConvTranspose needs X and W of the same rank >= 3".into(),
-            ));
+        if !static_ranks(&xs, &ws)? {
+            return Ok(vec![util::dtype_only(dtype)]);
         }
         let fixed = |s: &[Dim]| -> Option<Vec<usize>> {
             s.iter()
@@ -415,17 +435,17 @@ impl ConvTranspose {
 
 fn conv_transpose_run<T: Real>(op: &ConvTranspose, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let (xs, ws) = (x.shape(), w.shape());
-    if xs.len() < 3 || ws.len() != xs.len() {
-        return Err(OpError::Shape(format!(
-            "ConvTranspose needs X [N,C,..] and W of the same rank, got {xs:?} {ws:?}"
-        )));
-    }
+    ranks(xs, ws)?;
     let g = op.group.max(1);
     let (batch, c) = (xs[0], xs[1]);
     if ws[0] != c || c % g != 0 {
-        return Err(OpError::Shape(format!(
-            "ConvTranspose: X {xs:?} and W {ws:?} do not fit group {g}"
-        )));
+        return Err(OpError::inputs(
+            0,
+            1,
+            format!("W's dim 0 equal to X's channels, divisible by group {g}"),
+            xs,
+            ws,
+        ));
     }
     let (cg, mg) = (c / g, ws[1]);
     let m = mg * g;
@@ -453,7 +473,7 @@ fn conv_transpose_run<T: Real>(op: &ConvTranspose, x: &Tensor, w: &Tensor, b: Op
         dilations: &dilations,
         pad_begin: &pad_begin,
     };
-    let bad = || OpError::Shape(format!("ConvTranspose: inconsistent shapes X {xs:?} W {ws:?}"));
+    let bad = || OpError::inputs(0, 1, "X and W that fit the ConvTranspose", xs, ws);
     for bn in 0..batch {
         for gi in 0..g {
             let xg = &xd[(bn * c + gi * cg) * isz..(bn * c + (gi + 1) * cg) * isz];
@@ -550,16 +570,22 @@ fn deform_run<T: Real>(op: &DeformConv, args: &Args<'_>) -> Result<Tensor> {
     let g = op.group.max(1);
     let og = op.offset_group.max(1);
     if c % g != 0 || m % g != 0 || ws[1] * g != c || c % og != 0 {
-        return Err(OpError::Shape(format!(
-            "DeformConv: X {xs:?}, W {ws:?} do not fit group {g} / offset_group {og}"
-        )));
+        return Err(OpError::inputs(
+            0,
+            1,
+            format!("X and W that fit group {g} and offset_group {og}"),
+            xs,
+            ws,
+        ));
     }
     let (oh, ow) = (os[2], os[3]);
     let ksz = kh * kw;
     if os[0] != batch || os[1] != og * 2 * ksz {
-        return Err(OpError::Shape(format!(
-            "DeformConv: offset shape {os:?} does not fit X {xs:?} and kernel {kh}x{kw}"
-        )));
+        return Err(OpError::input_shape(
+            2,
+            format!("[{batch}, {}, out H, out W] (offset_group x 2 x {kh}x{kw} taps)", og * 2 * ksz),
+            os,
+        ));
     }
     let strides = spatial_attr(&op.strides, 2, 1, "strides")?;
     let dil = spatial_attr(&op.dilations, 2, 1, "dilations")?;
@@ -571,10 +597,7 @@ fn deform_run<T: Real>(op: &DeformConv, args: &Args<'_>) -> Result<Tensor> {
     let md = match mask {
         Some(mt) => {
             if mt.shape() != [batch, og * ksz, oh, ow] {
-                return Err(OpError::Shape(format!(
-                    "DeformConv: mask shape {:?} does not fit",
-                    mt.shape()
-                )));
+                return Err(OpError::input_shape(4, format!("{:?}", [batch, og * ksz, oh, ow]), mt.shape()));
             }
             Some(floats::<T>(mt, 4)?)
         }
@@ -629,7 +652,7 @@ fn deform_run<T: Real>(op: &DeformConv, args: &Args<'_>) -> Result<Tensor> {
                 MatLayout::row_major(osz),
                 yg,
             ) {
-                return Err(OpError::Shape("DeformConv: inconsistent shapes".into()));
+                return Err(OpError::inputs(0, 1, "X and W that fit the DeformConv", xs, ws));
             }
         }
     }

@@ -350,11 +350,13 @@ pub(crate) struct DimGeom {
     pub pad_end: usize,
 }
 
-/// Computes the output size and padding of one spatial dim: input size `input`, kernel
-/// size `k`, stride `s`, dilation `d`, explicit pads `(pb, pe)` (used with `AutoPad::NotSet`).
+/// Computes the output size and padding of one spatial dim, axis `axis` of X (input 0, of
+/// shape `x`): kernel size `k`, stride `s`, dilation `d`, explicit pads `(pb, pe)` (used with
+/// `AutoPad::NotSet`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn window_geom(
-    input: usize,
+    x: &[usize],
+    axis: usize,
     k: usize,
     s: usize,
     d: usize,
@@ -363,10 +365,14 @@ pub(crate) fn window_geom(
     auto_pad: AutoPad,
     ceil_mode: bool,
 ) -> Result<DimGeom> {
-    if s == 0 || d == 0 || k == 0 {
-        return Err(OpError::Value(format!(
-            "kernel {k}, stride {s} and dilation {d} must be positive"
-        )));
+    let input = *x.get(axis).ok_or(OpError::Axis {
+        axis: axis as i64,
+        rank: x.len(),
+    })?;
+    for (attr, v) in [("kernel_shape", k), ("strides", s), ("dilations", d)] {
+        if v == 0 {
+            return Err(OpError::attribute(attr, "every value >= 1", format!("0 on axis {axis}")));
+        }
     }
     let span = (k - 1) * d + 1;
     match auto_pad {
@@ -396,9 +402,14 @@ pub(crate) fn window_geom(
         AutoPad::NotSet => {
             let padded = input + pb + pe;
             if padded < span {
-                return Err(OpError::Shape(format!(
-                    "window of {span} (kernel {k}, dilation {d}) is larger than the padded input {padded}"
-                )));
+                return Err(OpError::input_shape(
+                    0,
+                    format!(
+                        "axis {axis} of at least {} (a window of {span}: kernel {k}, dilation {d}, pads {pb} + {pe})",
+                        span - pb - pe
+                    ),
+                    x,
+                ));
             }
             let mut out = if ceil_mode {
                 (padded - span).div_ceil(s) + 1
@@ -437,9 +448,10 @@ pub(crate) fn window_sym(
     ))
 }
 
-/// Output spatial dims of a windowed op with static input spatial dims (fixed or symbolic).
+/// Output spatial dims of a windowed op with X's static dims `x` (fixed or symbolic; the
+/// spatial ones from axis 2).
 pub(crate) fn window_dims(
-    spatial: &[Dim],
+    x: &[Dim],
     kernel: &[usize],
     strides: &[usize],
     dilations: &[usize],
@@ -447,6 +459,8 @@ pub(crate) fn window_dims(
     auto_pad: AutoPad,
     ceil_mode: bool,
 ) -> Result<Vec<Dim>> {
+    let spatial = x.get(2..).unwrap_or(&[]);
+    let fixed = crate::util::fixed(x);
     let n = spatial.len();
     let mut out = Vec::with_capacity(n);
     for (i, sd) in spatial.iter().enumerate() {
@@ -455,9 +469,14 @@ pub(crate) fn window_dims(
         let d = dilations.get(i).copied().unwrap_or(1);
         let pb = pads.get(i).copied().unwrap_or(0);
         let pe = pads.get(i + n).copied().unwrap_or(0);
-        out.push(match sd {
-            Dim::Fixed(x) => Dim::Fixed(window_geom(*x, k, s, d, pb, pe, auto_pad, ceil_mode)?.out),
-            Dim::Sym(name) => window_sym(name, k, s, d, pb, pe, auto_pad, ceil_mode),
+        out.push(match (sd, &fixed) {
+            (Dim::Fixed(_), Some(xs)) => Dim::Fixed(window_geom(xs, i + 2, k, s, d, pb, pe, auto_pad, ceil_mode)?.out),
+            // Other dims are symbolic: a window that does not fit is named at evaluation.
+            (Dim::Fixed(v), None) => match window_geom(&[*v], 0, k, s, d, pb, pe, auto_pad, ceil_mode) {
+                Ok(g) => Dim::Fixed(g.out),
+                Err(_) => window_sym(&v.to_string(), k, s, d, pb, pe, auto_pad, ceil_mode),
+            },
+            (Dim::Sym(name), _) => window_sym(name, k, s, d, pb, pe, auto_pad, ceil_mode),
         });
     }
     Ok(out)
@@ -636,13 +655,21 @@ mod tests {
     #[test]
     fn window_geometry_rules() {
         // SAME_UPPER: out = ceil(5/2) = 3, total pad (3-1)*2+3-5 = 2 → 1/1.
-        let g = window_geom(5, 3, 2, 1, 0, 0, AutoPad::SameUpper, false).unwrap();
+        let g = window_geom(&[5], 0, 3, 2, 1, 0, 0, AutoPad::SameUpper, false).unwrap();
         assert_eq!((g.out, g.pad_begin, g.pad_end), (3, 1, 1));
         // SAME_LOWER with odd total (4 in, k 2, s 1: total 1) puts it first.
-        let g = window_geom(4, 2, 1, 1, 0, 0, AutoPad::SameLower, false).unwrap();
+        let g = window_geom(&[4], 0, 2, 1, 1, 0, 0, AutoPad::SameLower, false).unwrap();
         assert_eq!((g.out, g.pad_begin, g.pad_end), (4, 1, 0));
         // ceil_mode: 4 in, k 3, s 2 → ceil(1/2)+1 = 2; floor gives 1.
-        assert_eq!(window_geom(4, 3, 2, 1, 0, 0, AutoPad::NotSet, true).unwrap().out, 2);
-        assert_eq!(window_geom(4, 3, 2, 1, 0, 0, AutoPad::NotSet, false).unwrap().out, 1);
+        assert_eq!(window_geom(&[4], 0, 3, 2, 1, 0, 0, AutoPad::NotSet, true).unwrap().out, 2);
+        assert_eq!(window_geom(&[4], 0, 3, 2, 1, 0, 0, AutoPad::NotSet, false).unwrap().out, 1);
+        assert_eq!(
+            window_geom(&[1, 3, 2, 4], 2, 3, 1, 1, 0, 0, AutoPad::NotSet, false).unwrap_err(),
+            OpError::input_shape(
+                0,
+                "axis 2 of at least 3 (a window of 3: kernel 3, dilation 1, pads 0 + 0)",
+                &[1, 3, 2, 4]
+            )
+        );
     }
 }

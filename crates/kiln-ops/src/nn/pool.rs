@@ -253,7 +253,7 @@ impl Pool {
         let mut tables: Vec<Vec<Tap>> = Vec::with_capacity(n);
         for i in 0..n {
             let (k, s, d) = (self.kernel_shape[i], strides[i], dil[i]);
-            let g = window_geom(spatial[i], k, s, d, pads[i], pads[i + n], self.auto_pad, self.ceil_mode)?;
+            let g = window_geom(xs, i + 2, k, s, d, pads[i], pads[i + n], self.auto_pad, self.ceil_mode)?;
             let mut t = Vec::with_capacity(g.out * k);
             for o in 0..g.out {
                 for kk in 0..k {
@@ -280,7 +280,8 @@ impl Pool {
             let geo: Vec<(usize, usize, usize, usize, usize)> = (0..2)
                 .map(|i| {
                     let g = window_geom(
-                        spatial[i],
+                        xs,
+                        i + 2,
                         self.kernel_shape[i],
                         strides[i],
                         1,
@@ -411,7 +412,7 @@ impl Pool {
                 let pads = pads_attr(&self.pads, n)?;
                 let mut s = xs[..2].to_vec();
                 s.extend(window_dims(
-                    &xs[2..],
+                    &xs,
                     &self.kernel_shape,
                     &strides,
                     &dil,

@@ -122,8 +122,14 @@ pub(crate) type Taps = Vec<Option<Vec<(usize, f64)>>>;
 
 /// Scales or sizes as given (before axis expansion).
 enum Target {
-    Scales(Vec<f64>),
+    /// Scales, and whether they are the Upsample-7 attribute's.
+    Scales(Vec<f64>, bool),
     Sizes(Vec<usize>),
+}
+
+/// What a list of `n` per-axis values should be.
+fn one_per_axis(what: &str, n: usize) -> String {
+    format!("{n} {what}, one per resized axis")
 }
 
 impl Resize {
@@ -142,27 +148,51 @@ impl Resize {
         }
     }
 
+    /// The input positions of roi, scales and sizes (for errors).
+    fn roi_index(&self) -> usize {
+        self.roi_input.unwrap_or(1)
+    }
+    fn scales_index(&self) -> usize {
+        self.scales_input.unwrap_or(2)
+    }
+    fn sizes_index(&self) -> usize {
+        self.sizes_input.unwrap_or(3)
+    }
+
+    /// Scales that do not fit: the Upsample-7 attribute's or the scales input's.
+    fn bad_scales(&self, from_attr: bool, expected: String, got: String) -> OpError {
+        match from_attr {
+            true => OpError::attribute("scales", expected, got),
+            false => OpError::input_value(self.scales_index(), expected, got),
+        }
+    }
+
     fn target_of(&self, scales: Option<&Tensor>, sizes: Option<&Tensor>) -> Result<Target> {
         if let Some(s) = sizes.filter(|t| !t.is_empty()) {
-            let v = util::read_i64s(s, 3, "sizes")?;
+            let i = self.sizes_index();
+            let v = util::read_i64s(s, i, "sizes")?;
             return Ok(Target::Sizes(
-                v.iter().map(|&d| util::dim(d, 3, "sizes")).collect::<Result<_>>()?,
+                v.iter().map(|&d| util::dim(d, i, "sizes")).collect::<Result<_>>()?,
             ));
         }
         if let Some(s) = scales.filter(|t| !t.is_empty()) {
             if s.rank() > 1 {
-                return Err(OpError::Shape(format!("scales must be 1-D, got {:?}", s.shape())));
+                return Err(OpError::input_shape(self.scales_index(), "1-D scales", s.shape()));
             }
             let v = s.to_f64_vec();
             if v.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
-                return Err(OpError::Value(format!("scales must be positive, got {v:?}")));
+                return Err(self.bad_scales(false, "finite scales > 0".into(), format!("{v:?}")));
             }
-            return Ok(Target::Scales(v));
+            return Ok(Target::Scales(v, false));
         }
         if !self.scales_attr.is_empty() {
-            return Ok(Target::Scales(self.scales_attr.iter().map(|&x| x as f64).collect()));
+            return Ok(Target::Scales(self.scales_attr.iter().map(|&x| x as f64).collect(), true));
         }
-        Err(OpError::Value("Resize needs either scales or sizes".into()))
+        Err(OpError::input_value(
+            self.scales_index(),
+            format!("scales, or sizes as input {}", self.sizes_index()),
+            "neither",
+        ))
     }
 
     fn geometry(&self, shape: &[usize], target: Target, roi: Option<&Tensor>) -> Result<Geometry> {
@@ -171,22 +201,26 @@ impl Resize {
         let mut scales = vec![1.0f64; r];
         let mut out = shape.to_vec();
         match target {
-            Target::Scales(s) => {
+            Target::Scales(s, from_attr) => {
                 if s.len() != axes.len() {
-                    return Err(OpError::Shape(format!("{} scales for {} axes", s.len(), axes.len())));
+                    return Err(self.bad_scales(from_attr, one_per_axis("scales", axes.len()), format!("{s:?}")));
                 }
                 for (&a, &sc) in axes.iter().zip(&s) {
                     scales[a] = sc;
                     let o = (sc * shape[a] as f64).floor();
                     if !(0.0..=(kiln_tensor::MAX_ELEMENTS as f64)).contains(&o) {
-                        return Err(OpError::Shape(format!("resized dim {o} is out of range")));
+                        return Err(OpError::too_large("resized dim", format!("{o} (axis {a})")));
                     }
                     out[a] = o as usize;
                 }
             }
             Target::Sizes(sz) => {
                 if sz.len() != axes.len() {
-                    return Err(OpError::Shape(format!("{} sizes for {} axes", sz.len(), axes.len())));
+                    return Err(OpError::input_value(
+                        self.sizes_index(),
+                        one_per_axis("sizes", axes.len()),
+                        format!("{sz:?}"),
+                    ));
                 }
                 for (&a, &s) in axes.iter().zip(&sz) {
                     scales[a] = s as f64 / shape[a] as f64;
@@ -211,11 +245,11 @@ impl Resize {
             Some(t) if self.coord == CoordMode::TfCropAndResize => {
                 let v = t.to_f64_vec();
                 if v.len() != 2 * axes.len() {
-                    return Err(OpError::Shape(format!(
-                        "roi has {} values for {} axes",
-                        v.len(),
-                        axes.len()
-                    )));
+                    return Err(OpError::input_value(
+                        self.roi_index(),
+                        format!("{} values, a start and an end per axis", 2 * axes.len()),
+                        format!("{} values", v.len()),
+                    ));
                 }
                 let mut full = vec![(0.0, 1.0); r];
                 let na = axes.len();
@@ -227,7 +261,11 @@ impl Resize {
             _ => None,
         };
         if self.coord == CoordMode::TfCropAndResize && roi.is_none() {
-            return Err(OpError::Value("tf_crop_and_resize needs a roi".into()));
+            return Err(OpError::input_value(
+                self.roi_index(),
+                "a roi (the mode is tf_crop_and_resize)",
+                "none",
+            ));
         }
         Ok(Geometry { scales, out, roi })
     }
@@ -430,7 +468,11 @@ impl Resize {
             return if total == 0 {
                 Ok(Vec::new())
             } else {
-                Err(OpError::Shape("cannot resize an empty axis to a non-empty one".into()))
+                Err(OpError::input_shape(
+                    0,
+                    format!("axis {axis} non-empty, to resize it to {out}"),
+                    shape,
+                ))
             };
         }
         let taps = self.axis_taps(input, out, scale, roi);
@@ -488,12 +530,12 @@ impl Resize {
         // Symbolic input: keep the dims whose scale is exactly 1 (scales mode, stretch).
         if sizes.is_none() {
             let target = self.target_of(scales, None)?;
-            let Target::Scales(s) = target else {
+            let Target::Scales(s, from_attr) = target else {
                 return Ok(vec![tensor_type(dtype, None)]);
             };
             let axes = self.axes(xs.len())?;
             if s.len() != axes.len() {
-                return Err(OpError::Shape(format!("{} scales for {} axes", s.len(), axes.len())));
+                return Err(self.bad_scales(from_attr, one_per_axis("scales", axes.len()), format!("{s:?}")));
             }
             let mut out = xs.clone();
             for (&a, &sc) in axes.iter().zip(&s) {
