@@ -51,6 +51,17 @@ impl<'a> NodeCtx<'a> {
     }
 
     /// An error about this node as a whole.
+    /// An op's own error at import (`Op::validate`, a pattern that does not compile): an
+    /// attribute's is reported as that attribute's.
+    pub fn op_err(&self, e: kiln_ops::OpError) -> ImportError {
+        match e {
+            kiln_ops::OpError::Attribute { attr, expected, got } => {
+                self.attr_err(attr, format!("expected {expected}, got {got}"))
+            }
+            other => self.node_err(other.to_string()),
+        }
+    }
+
     pub fn node_err(&self, reason: impl Into<String>) -> ImportError {
         ImportError::Node {
             node: self.name.to_string(),

@@ -46,7 +46,7 @@ fn default_domain(ctx: &NodeCtx<'_>) -> Result<Option<MiscOp>> {
         }),
         "RegexFullMatch" => {
             let pattern = ctx.required("pattern", ctx.attr_string("pattern")?)?;
-            MiscOp::RegexFullMatch(RegexFullMatch::new(pattern).map_err(|e| ctx.attr_err("pattern", e.to_string()))?)
+            MiscOp::RegexFullMatch(RegexFullMatch::new(pattern).map_err(|e| ctx.op_err(e))?)
         }
         "TfIdfVectorizer" => {
             let mode = match ctx.required("mode", ctx.attr_string("mode")?)?.as_str() {

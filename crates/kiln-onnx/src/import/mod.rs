@@ -30,12 +30,7 @@ pub fn import_op(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
     for import in FAMILIES {
         if let Some(op) = import(ctx)? {
             // The one attribute check, shared with the program decoder.
-            op.validate().map_err(|e| match e {
-                kiln_ops::OpError::Attribute { attr, expected, got } => {
-                    ctx.attr_err(attr, format!("expected {expected}, got {got}"))
-                }
-                other => ctx.node_err(other.to_string()),
-            })?;
+            op.validate().map_err(|e| ctx.op_err(e))?;
             return Ok(Some(op));
         }
     }

@@ -385,22 +385,25 @@ impl Bcast {
     }
 }
 
-/// The shape `b` takes under opset < 7 broadcasting onto a tensor of rank `rank_a` from
-/// `axis`: its dims, followed by ones up to `rank_a`.
-pub(crate) fn legacy_shape(b: &[usize], rank_a: usize, axis: i64) -> Result<Vec<usize>> {
+/// The shape `b` takes under opset < 7 broadcasting onto A (shape `a`) from `axis`: its
+/// dims, followed by ones up to A's rank.
+pub(crate) fn legacy_shape(a: &[usize], b: &[usize], axis: i64) -> Result<Vec<usize>> {
+    let rank_a = a.len();
     if b.len() > rank_a {
-        return Err(OpError::Shape(format!(
-            "B of shape {b:?} has a higher rank than A ({rank_a})"
-        )));
+        return Err(OpError::inputs(0, 1, "B of at most A's rank (legacy broadcast)", a, b));
     }
     if b.len() == rank_a {
         return Ok(b.to_vec());
     }
     let ax = norm_axis(axis, rank_a)?;
     if ax + b.len() > rank_a {
-        return Err(OpError::Shape(format!(
-            "B of shape {b:?} does not fit A's rank {rank_a} from axis {axis}"
-        )));
+        return Err(OpError::inputs(
+            0,
+            1,
+            format!("B within A's dims from axis {axis} (legacy broadcast)"),
+            a,
+            b,
+        ));
     }
     let mut s = b.to_vec();
     s.resize(rank_a - ax, 1);
@@ -485,7 +488,7 @@ impl Binary {
         use BinaryOp::*;
         let out_dt = self.op.out_dtype(a.dtype(), b.dtype())?;
         let b_shape = match self.legacy_axis {
-            Some(axis) => Shape::from(legacy_shape(b.shape(), a.rank(), axis)?),
+            Some(axis) => Shape::from(legacy_shape(a.shape(), b.shape(), axis)?),
             None => Shape::from_slice(b.shape()),
         };
         let m = Bcast::new(a.shape(), &b_shape)?;

@@ -244,10 +244,11 @@ impl BitCast {
             return Err(OpError::UnsupportedDType { index: 0, got: from });
         }
         if self.to == DType::String || from.size_of() != self.to.size_of() {
-            return Err(OpError::Value(format!(
-                "BitCast from {from} to {}: bit widths differ",
-                self.to
-            )));
+            return Err(OpError::attribute(
+                "to",
+                format!("a type of {from}'s width ({} bytes)", from.size_of()),
+                self.to,
+            ));
         }
         Ok(self.to)
     }

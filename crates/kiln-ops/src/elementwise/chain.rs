@@ -81,15 +81,14 @@ impl ElementwiseChain {
         for s in &self.steps {
             match s {
                 ChainStep::Unary(op) if !op.is_f32_map() => {
-                    return Err(OpError::Value(format!(
-                        "ElementwiseChain: {} does not map f32 to f32",
-                        op.name()
-                    )));
+                    return Err(OpError::attribute("steps", "maps of f32 to f32", op.name()));
                 }
                 ChainStep::Binary { operand, .. } if *operand >= inputs => {
-                    return Err(OpError::Value(format!(
-                        "ElementwiseChain: a step reads input {operand} of {inputs}"
-                    )));
+                    return Err(OpError::attribute(
+                        "steps",
+                        format!("operands among the {inputs} inputs"),
+                        format!("a step reading input {operand}"),
+                    ));
                 }
                 _ => {}
             }
@@ -134,11 +133,11 @@ impl ElementwiseChain {
             } else if let ([v], true) = (d, t.rank() <= x.rank()) {
                 Operand::Scalar(*v)
             } else {
-                return Err(OpError::Shape(format!(
-                    "ElementwiseChain: input {i} {:?} is neither X's shape {:?} nor one element",
+                return Err(OpError::input_shape(
+                    i,
+                    format!("X's shape {:?} or one element", x.shape()),
                     t.shape(),
-                    x.shape()
-                )));
+                ));
             });
         }
         // Every element is written below: a recycled buffer needs no clearing.
@@ -289,14 +288,15 @@ mod tests {
             operand: 1,
             swapped: false,
         };
-        let e = chained(vec![step], &[&x, &wrong]).unwrap_err().to_string();
-        assert!(e.contains("neither X's shape"), "{e}");
-        let e = chained(vec![step], &[&x]).unwrap_err().to_string();
-        assert!(e.contains("reads input 1 of 1"), "{e}");
-        let e = chained(vec![ChainStep::Unary(UnaryOp::IsNaN)], &[&x])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("IsNaN"), "{e}");
+        let e = chained(vec![step], &[&x, &wrong]).unwrap_err();
+        assert_eq!(e, OpError::input_shape(1, "X's shape [2, 3] or one element", &[3, 2]));
+        let e = chained(vec![step], &[&x]).unwrap_err();
+        assert_eq!(
+            e,
+            OpError::attribute("steps", "operands among the 1 inputs", "a step reading input 1")
+        );
+        let e = chained(vec![ChainStep::Unary(UnaryOp::IsNaN)], &[&x]).unwrap_err();
+        assert_eq!(e, OpError::attribute("steps", "maps of f32 to f32", "IsNaN"));
         let ints = Tensor::from_vec(vec![2], vec![1i64, 2]).unwrap();
         assert!(chained(vec![ChainStep::Unary(UnaryOp::Neg)], &[&ints]).is_err());
     }

@@ -92,10 +92,7 @@ impl Clip {
                     return Err(OpError::DTypeMismatch { a: dt, b: b.dtype() });
                 }
                 if b.len() != 1 {
-                    return Err(OpError::Shape(format!(
-                        "Clip input {i} must be a scalar, got shape {:?}",
-                        b.shape()
-                    )));
+                    return Err(OpError::input_shape(i, "one element", b.shape()));
                 }
             }
         }

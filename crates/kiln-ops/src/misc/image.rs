@@ -38,7 +38,8 @@ impl ImageDecoder {
             index: 0,
             got: x.dtype(),
         })?;
-        let img = image::load_from_memory(bytes).map_err(|e| OpError::Value(format!("cannot decode image: {e}")))?;
+        let img = image::load_from_memory(bytes)
+            .map_err(|e| OpError::input_value(0, "an encoded image", format!("bytes that do not decode ({e})")))?;
         let (w, h) = (img.width() as usize, img.height() as usize);
         let channels = if self.pixel_format == PixelFormat::Grayscale {
             1

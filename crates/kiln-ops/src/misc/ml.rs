@@ -72,11 +72,19 @@ impl LabelEncoder {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let n = self.keys.len();
-        if self.values.len() != n || self.default.len() != 1 || self.default.dtype() != self.values.dtype() {
-            return Err(OpError::Value(format!(
-                "LabelEncoder needs as many values as keys ({} vs {n}) and one default of the same dtype",
-                self.values.len()
-            )));
+        if self.values.len() != n {
+            return Err(OpError::attribute(
+                "values",
+                format!("{n} values, one per key"),
+                format!("{} values", self.values.len()),
+            ));
+        }
+        if self.default.len() != 1 || self.default.dtype() != self.values.dtype() {
+            return Err(OpError::attribute(
+                "default",
+                format!("one {} value, as the values", self.values.dtype()),
+                format!("{}{:?}", self.default.dtype(), self.default.shape()),
+            ));
         }
         if (x.dtype() == DType::String) != (self.keys.dtype() == DType::String) {
             return Err(OpError::DTypeMismatch {
@@ -199,16 +207,30 @@ impl TreeEnsemble {
             self.nodes_falsenodeids.len(),
             self.nodes_falseleafs.len(),
         ];
-        if lens.iter().any(|&l| l != n)
-            || (!self.nodes_missing_tracks_true.is_empty() && self.nodes_missing_tracks_true.len() != n)
-        {
-            return Err(OpError::Value(format!(
-                "TreeEnsemble nodes_* attributes differ in length ({n} modes)"
-            )));
+        let names = [
+            "nodes_featureids",
+            "nodes_splits",
+            "nodes_truenodeids",
+            "nodes_trueleafs",
+            "nodes_falsenodeids",
+            "nodes_falseleafs",
+        ];
+        let missing = (!self.nodes_missing_tracks_true.is_empty()).then_some(self.nodes_missing_tracks_true.len());
+        let all = names.into_iter().zip(lens).chain(missing.map(|l| ("nodes_missing_tracks_true", l)));
+        for (attr, l) in all {
+            if l != n {
+                return Err(OpError::attribute(
+                    attr,
+                    format!("{n} values, one per node (as nodes_modes)"),
+                    format!("{l} values"),
+                ));
+            }
         }
         if self.leaf_targetids.len() != self.leaf_weights.len() {
-            return Err(OpError::Value(
-                "leaf_targetids and leaf_weights differ in length".into(),
+            return Err(OpError::attribute(
+                "leaf_targetids",
+                format!("{} values, one per leaf weight", self.leaf_weights.len()),
+                format!("{} values", self.leaf_targetids.len()),
             ));
         }
         // Membership sets, one per node (empty for other modes).
@@ -272,7 +294,11 @@ impl TreeEnsemble {
             }
             node = node_idx(next)?;
         }
-        Err(OpError::Value("TreeEnsemble tree has a cycle".into()))
+        Err(OpError::attribute(
+            "nodes_truenodeids",
+            "trees without cycles (with nodes_falsenodeids)",
+            "a path longer than the nodes",
+        ))
     }
 }
 
@@ -351,7 +377,7 @@ impl TreeEnsemble {
             [n, f] => (n, f),
             [f] => (1, f),
             ref s => {
-                return Err(OpError::Shape(format!("TreeEnsemble takes [N, F], got {s:?}")));
+                return Err(OpError::input_shape(0, "[N, F] or [F]", s));
             }
         };
         let sets = self.check()?;
@@ -427,7 +453,7 @@ impl ArrayFeatureExtractor {
         let shape = x.shape();
         let last = *shape
             .last()
-            .ok_or_else(|| OpError::Shape("ArrayFeatureExtractor of a scalar".into()))?;
+            .ok_or_else(|| OpError::input_shape(0, "rank >= 1", shape))?;
         let cols = ind
             .iter()
             .map(|&i| {

@@ -245,13 +245,10 @@ impl Multinomial {
             });
         }
         let [batch, classes] = *x.shape() else {
-            return Err(OpError::Shape(format!(
-                "Multinomial takes [batch, classes], got {:?}",
-                x.shape()
-            )));
+            return Err(OpError::input_shape(0, "[batch, classes]", x.shape()));
         };
         if classes == 0 {
-            return Err(OpError::Shape("Multinomial needs at least one class".into()));
+            return Err(OpError::input_shape(0, "at least one class", x.shape()));
         }
         let shape = vec![batch, self.sample_size];
         let mut out = Vec::with_capacity(checked_numel(&shape)?);

@@ -93,9 +93,7 @@ impl Dft {
         let comps = match shape.last() {
             Some(&c @ (1 | 2)) if rank >= 2 => c,
             _ => {
-                return Err(OpError::Shape(format!(
-                    "DFT input must be [..., 1] or [..., 2], got {shape:?}"
-                )));
+                return Err(OpError::input_shape(0, "[..., 1] (real) or [..., 2] (complex)", shape));
             }
         };
         let axis_v = self.axis(args)?;
@@ -108,7 +106,7 @@ impl Dft {
             Some(t) => {
                 let v = read_i64(t, 1, "dft_length")?;
                 if v < 1 {
-                    return Err(OpError::Value(format!("dft_length must be >= 1, got {v}")));
+                    return Err(OpError::input_value(1, "a dft_length >= 1", v));
                 }
                 v as usize
             }
@@ -116,7 +114,7 @@ impl Dft {
             None => n_in,
         };
         if n == 0 {
-            return Err(OpError::Value("DFT of an empty axis".into()));
+            return Err(OpError::input_shape(0, format!("axis {axis} non-empty"), shape));
         }
         let (out_len, out_comps) = match (self.inverse, self.onesided) {
             (false, false) => (n, 2),
@@ -210,35 +208,30 @@ impl Stft {
         let (batch, len, comps) = match *x.shape() {
             [b, l, c @ (1 | 2)] => (b, l, c),
             ref s => {
-                return Err(OpError::Shape(format!(
-                    "STFT signal must be [batch, length, 1 or 2], got {s:?}"
-                )));
+                return Err(OpError::input_shape(0, "[batch, length, 1 or 2]", s));
             }
         };
         let step = read_i64(args.tensor(1)?, 1, "frame_step")?;
         if step < 1 {
-            return Err(OpError::Value(format!("frame_step must be >= 1, got {step}")));
+            return Err(OpError::input_value(1, "a frame_step >= 1", step));
         }
         let step = step as usize;
         let window = args.opt_tensor(2)?;
         if let Some(w) = window
             && w.rank() != 1
         {
-            return Err(OpError::Shape(format!("STFT window must be 1-D, got {:?}", w.shape())));
+            return Err(OpError::input_shape(2, "a 1-D window", w.shape()));
         }
         let frame_len = match (args.opt_tensor(3)?, window) {
             (Some(t), w) => {
                 let v = read_i64(t, 3, "frame_length")?;
                 if v < 1 {
-                    return Err(OpError::Value(format!("frame_length must be >= 1, got {v}")));
+                    return Err(OpError::input_value(3, "a frame_length >= 1", v));
                 }
                 if let Some(w) = w
                     && w.len() != v as usize
                 {
-                    return Err(OpError::Shape(format!(
-                        "window length {} differs from frame_length {v}",
-                        w.len()
-                    )));
+                    return Err(OpError::input_shape(2, format!("[{v}], the frame_length"), w.shape()));
                 }
                 v as usize
             }
@@ -246,9 +239,11 @@ impl Stft {
             (None, None) => len,
         };
         if frame_len == 0 || frame_len > len {
-            return Err(OpError::Value(format!(
-                "frame length {frame_len} does not fit a signal of {len}"
-            )));
+            return Err(OpError::input_shape(
+                0,
+                format!("a signal of at least the frame length {frame_len} (and one sample)"),
+                x.shape(),
+            ));
         }
         let win: Vec<f64> = window.map_or_else(|| vec![1.0; frame_len], Tensor::to_f64_vec);
         let frames = 1 + (len - frame_len) / step;
@@ -387,14 +382,14 @@ impl MelWeightMatrix {
             let t = args.tensor(i)?;
             match t.to_f64_vec().as_slice() {
                 [v] => Ok(*v),
-                _ => Err(OpError::Shape(format!("{what} must be a scalar, got {:?}", t.shape()))),
+                _ => Err(OpError::input_shape(i, format!("one element ({what})"), t.shape())),
             }
         };
         let (lower, upper) = (scalar_f(3, "lower_edge_hertz")?, scalar_f(4, "upper_edge_hertz")?);
-        if dft_len < 1 || rate < 1 {
-            return Err(OpError::Value(format!(
-                "dft_length {dft_len} and sample_rate {rate} must be positive"
-            )));
+        for (i, v, what) in [(1, dft_len, "a dft_length >= 1"), (2, rate, "a sample_rate >= 1")] {
+            if v < 1 {
+                return Err(OpError::input_value(i, what, v));
+            }
         }
         let spec_bins = dft_len as usize / 2 + 1;
         let shape = vec![spec_bins, mel];

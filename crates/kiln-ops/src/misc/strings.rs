@@ -48,9 +48,7 @@ impl StringNormalizer {
             [_] => false,
             [1, _] => true,
             s => {
-                return Err(OpError::Shape(format!(
-                    "StringNormalizer takes [C] or [1, C], got {s:?}"
-                )));
+                return Err(OpError::input_shape(0, "[C] or [1, C]", s));
             }
         };
         let stops: HashSet<String> = if self.case_sensitive {
@@ -227,7 +225,7 @@ impl RegexFullMatch {
     }
     fn compile(&self) -> Result<regex::Regex> {
         regex::Regex::new(&format!("^(?:{})$", self.pattern))
-            .map_err(|e| OpError::Value(format!("invalid regular expression {:?}: {e}", self.pattern)))
+            .map_err(|e| OpError::attribute("pattern", "a regular expression", format!("{:?} ({e})", self.pattern)))
     }
 }
 
@@ -319,10 +317,11 @@ impl TfIdfVectorizer {
             let n = i + 1;
             let end = self.ngram_counts.get(i + 1).copied().unwrap_or(total as i64);
             if start < 0 || end < start || end as usize > total {
-                return Err(OpError::Value(format!(
-                    "ngram_counts {:?} do not fit a pool of {total}",
-                    self.ngram_counts
-                )));
+                return Err(OpError::attribute(
+                    "ngram_counts",
+                    format!("increasing starts within the pool of {total}"),
+                    format!("{:?}", self.ngram_counts),
+                ));
             }
             let (start, end) = (start as usize, end as usize);
             let count = (end - start) / n;
@@ -333,12 +332,13 @@ impl TfIdfVectorizer {
             for k in 0..count {
                 let key: Vec<Key<'_>> = (start + k * n..start + (k + 1) * n).map(|p| self.pool.key(p)).collect();
                 let col = self.ngram_indexes.get(id).copied().ok_or_else(|| {
-                    OpError::Value(format!(
-                        "ngram_indexes has {} entries, pool needs more",
-                        self.ngram_indexes.len()
-                    ))
+                    OpError::attribute(
+                        "ngram_indexes",
+                        "one index per n-gram of the pool",
+                        format!("{} indexes", self.ngram_indexes.len()),
+                    )
                 })?;
-                let col = usize::try_from(col).map_err(|_| OpError::Value(format!("negative ngram index {col}")))?;
+                let col = usize::try_from(col).map_err(|_| OpError::attribute("ngram_indexes", "values >= 0", col))?;
                 map.insert(key, col);
                 id += 1;
             }
@@ -369,9 +369,7 @@ impl TfIdfVectorizer {
             [c] => (1, *c, None),
             [b, c] => (*b, *c, Some(*b)),
             s => {
-                return Err(OpError::Shape(format!(
-                    "TfIdfVectorizer takes [C] or [B, C], got {s:?}"
-                )));
+                return Err(OpError::input_shape(0, "[C] or [B, C]", s));
             }
         };
         let size = self.output_size();
@@ -453,7 +451,11 @@ impl TfIdfVectorizer {
         Ok(vec![match input_shape(inputs, 0) {
             Some(s) if s.len() == 2 => ValueType::Tensor(TensorType::new(DType::F32, vec![s[0].clone(), size])),
             Some(s) if s.len() < 2 => ValueType::Tensor(TensorType::new(DType::F32, vec![size])),
-            Some(_) => return Err(OpError::Shape("TfIdfVectorizer takes [C] or [B, C]".into())),
+            Some(s) => match crate::util::fixed(&s) {
+                Some(s) => return Err(OpError::input_shape(0, "[C] or [B, C]", &s)),
+                // Named at evaluation.
+                None => dtype_only(Some(DType::F32)),
+            },
             None => dtype_only(Some(DType::F32)),
         }])
     }
@@ -522,7 +524,10 @@ mod tests {
         let x = strs(&[3], &["www.google.com", "www.facebook.com/x", "xwww.a.com"]);
         let y = run(&[Some(&x)], |a| op.eval(a));
         assert_eq!(out::<bool>(&y[0]).1, vec![true, false, false]);
-        assert!(RegexFullMatch::new("(".into()).is_err());
+        assert!(matches!(
+            RegexFullMatch::new("(".into()).unwrap_err(),
+            OpError::Attribute { attr: "pattern", expected, got } if expected == "a regular expression" && got.starts_with("\"(\"")
+        ));
     }
 
     #[test]

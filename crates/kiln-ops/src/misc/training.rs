@@ -13,26 +13,22 @@ use crate::util::read_i64;
 use crate::value::{Args, InferInput, TensorType, Value, ValueType};
 use kiln_tensor::Tensor;
 
-fn scalar_f64(t: &Tensor, what: &str) -> Result<f64> {
+/// The one value of `t`, input `index`.
+fn scalar_f64(t: &Tensor, index: usize, what: &str) -> Result<f64> {
     match t.to_f64_vec().as_slice() {
         [v] => Ok(*v),
-        _ => Err(OpError::Shape(format!(
-            "{what} must be a scalar, got shape {:?}",
-            t.shape()
-        ))),
+        _ => Err(OpError::input_shape(index, format!("one element ({what})"), t.shape())),
     }
 }
 
 /// Reads R, T and the `groups` groups of n same-shaped float tensors after them.
 fn read_groups<'a>(args: &Args<'a>, groups: usize) -> Result<(f64, i64, Vec<Vec<&'a Tensor>>)> {
-    let r = scalar_f64(args.tensor(0)?, "learning rate R")?;
+    let r = scalar_f64(args.tensor(0)?, 0, "the learning rate R")?;
     let t = read_i64(args.tensor(1)?, 1, "step count T")?;
     let rest = args.len().saturating_sub(2);
     if rest == 0 || !rest.is_multiple_of(groups) {
-        return Err(OpError::Value(format!(
-            "expected 2 + {groups}·n inputs, got {}",
-            args.len()
-        )));
+        // Inputs come in full groups: the next one is missing.
+        return Err(OpError::MissingInput { index: args.len() });
     }
     let n = rest / groups;
     let mut out = Vec::with_capacity(groups);
@@ -48,11 +44,14 @@ fn read_groups<'a>(args: &Args<'a>, groups: usize) -> Result<(f64, i64, Vec<Vec<
     }
     for i in 0..n {
         let s = out[0][i].shape();
-        if let Some(t) = out.iter().map(|g| g[i]).find(|t| t.shape() != s) {
-            return Err(OpError::Shape(format!(
-                "optimiser tensors {s:?} and {:?} differ in shape",
-                t.shape()
-            )));
+        if let Some(g) = (1..groups).find(|&g| out[g][i].shape() != s) {
+            return Err(OpError::inputs(
+                2 + i,
+                2 + g * n + i,
+                "tensors of one optimised value of the same shape",
+                s,
+                out[g][i].shape(),
+            ));
         }
     }
     Ok((r, t, out))

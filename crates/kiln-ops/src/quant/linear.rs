@@ -51,8 +51,8 @@ pub(crate) fn int_tensor(dt: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tens
 
 /// For every element of `shape`, the flat index of its scale / zero point: per-tensor
 /// (one element), per-axis (1-D of `shape[axis]`), or blocked (same rank, `axis` dim of
-/// `ceil(shape[axis] / block_size)`).
-fn param_index(shape: &[usize], pshape: &[usize], axis: i64, block: usize, what: &str) -> Result<Vec<usize>> {
+/// `ceil(shape[axis] / block_size)`). The parameter is input `index`.
+fn param_index(shape: &[usize], pshape: &[usize], axis: i64, block: usize, index: usize) -> Result<Vec<usize>> {
     let n = crate::util::checked_numel(shape)?;
     let pn: usize = pshape.iter().product();
     if pn == 1 {
@@ -63,10 +63,11 @@ fn param_index(shape: &[usize], pshape: &[usize], axis: i64, block: usize, what:
     let strides = kiln_tensor::strides_of(shape);
     if block == 0 {
         if pshape.len() != 1 || pshape[0] != shape[ax] {
-            return Err(OpError::Shape(format!(
-                "{what} shape {pshape:?} must be a scalar or 1-D of {} (axis {ax} of {shape:?})",
-                shape[ax]
-            )));
+            return Err(OpError::input_shape(
+                index,
+                format!("one element, or [{}] (axis {ax} of input 0)", shape[ax]),
+                pshape,
+            ));
         }
         return Ok((0..n).map(|i| (i / strides[ax]) % shape[ax]).collect());
     }
@@ -80,9 +81,13 @@ fn param_index(shape: &[usize], pshape: &[usize], axis: i64, block: usize, what:
             }
         });
     if !ok {
-        return Err(OpError::Shape(format!(
-            "blocked {what} shape {pshape:?} must equal {shape:?} except {blocks} blocks on axis {ax}"
-        )));
+        let mut want = shape.to_vec();
+        want[ax] = blocks;
+        return Err(OpError::input_shape(
+            index,
+            format!("{want:?}, input 0's shape with {blocks} blocks on axis {ax}"),
+            pshape,
+        ));
     }
     let pstrides = kiln_tensor::strides_of(pshape);
     Ok((0..n)
@@ -114,9 +119,11 @@ pub struct QuantizeLinear {
 impl QuantizeLinear {
     fn out_dtype(&self, zp: Option<DType>) -> Result<DType> {
         match (zp, self.output_dtype) {
-            (Some(z), Some(o)) if z != o => Err(OpError::Value(format!(
-                "output_dtype {o} differs from zero point type {z}"
-            ))),
+            (Some(z), Some(o)) if z != o => Err(OpError::attribute(
+                "output_dtype",
+                format!("{z}, the zero point's type"),
+                o,
+            )),
             (Some(z), _) => Ok(z),
             (None, Some(o)) => Ok(o),
             (None, None) => Ok(DType::U8),
@@ -134,16 +141,10 @@ impl QuantizeLinear {
             });
         }
         let odt = self.out_dtype(zp.map(Tensor::dtype))?;
-        let sidx = param_index(x.shape(), s.shape(), self.axis, self.block_size, "y_scale")?;
+        let sidx = param_index(x.shape(), s.shape(), self.axis, self.block_size, 1)?;
         let sv = s.to_f64_vec();
         let zidx = match zp {
-            Some(z) => Some(param_index(
-                x.shape(),
-                z.shape(),
-                self.axis,
-                self.block_size,
-                "y_zero_point",
-            )?),
+            Some(z) => Some(param_index(x.shape(), z.shape(), self.axis, self.block_size, 2)?),
             None => None,
         };
         let zv = zp.map(Tensor::to_f64_vec);
@@ -220,7 +221,7 @@ impl DequantizeLinear {
         if !is_ieee_float(odt) {
             return Err(OpError::UnsupportedDType { index: 1, got: odt });
         }
-        let sidx = param_index(x.shape(), s.shape(), self.axis, self.block_size, "x_scale")?;
+        let sidx = param_index(x.shape(), s.shape(), self.axis, self.block_size, 1)?;
         let sv = s.to_f64_vec();
         let xv = x.to_f64_vec();
         // Float8/float4 zero points are zero by definition; integer ones are subtracted.
@@ -230,7 +231,7 @@ impl DequantizeLinear {
                     return Err(OpError::DTypeMismatch { a: xdt, b: z.dtype() });
                 }
                 Some((
-                    param_index(x.shape(), z.shape(), self.axis, self.block_size, "x_zero_point")?,
+                    param_index(x.shape(), z.shape(), self.axis, self.block_size, 2)?,
                     z.to_f64_vec(),
                 ))
             }

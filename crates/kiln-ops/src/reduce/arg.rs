@@ -57,10 +57,7 @@ impl ArgReduce {
         }
         let out_n = outer * inner;
         if n == 0 && out_n > 0 {
-            return Err(OpError::Shape(format!(
-                "{} over an empty axis {axis} of shape {shape:?}",
-                self.name()
-            )));
+            return Err(OpError::input_shape(0, format!("axis {axis} non-empty"), shape));
         }
         let max = self.max;
         let last = self.select_last_index;

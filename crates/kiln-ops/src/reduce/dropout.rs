@@ -89,12 +89,7 @@ impl Dropout {
             None => match args.opt_tensor(1)? {
                 Some(t) => match t.to_f64_vec().as_slice() {
                     [r] => *r,
-                    _ => {
-                        return Err(OpError::Shape(format!(
-                            "ratio must be a scalar, got shape {:?}",
-                            t.shape()
-                        )));
-                    }
+                    _ => return Err(OpError::input_shape(1, "one element (the ratio)", t.shape())),
                 },
                 None => 0.5,
             },
@@ -103,11 +98,11 @@ impl Dropout {
             (None, Some(t)) => match t.data() {
                 Data::Bool(v) if v.len() == 1 => v[0],
                 _ => {
-                    return Err(OpError::Value(format!(
-                        "training_mode must be a bool scalar, got {} {:?}",
-                        t.dtype(),
-                        t.shape()
-                    )));
+                    return Err(OpError::input_value(
+                        2,
+                        "one bool (training_mode)",
+                        format!("{}{:?}", t.dtype(), t.shape()),
+                    ));
                 }
             },
             _ => false,
@@ -117,7 +112,10 @@ impl Dropout {
             return Ok(smallvec::smallvec![x.clone().into(), mask.into()]);
         }
         if !(0.0..1.0).contains(&ratio) {
-            return Err(OpError::Value(format!("dropout ratio must be in [0, 1), got {ratio}")));
+            return Err(match self.ratio {
+                Some(_) => OpError::attribute("ratio", "a value in [0, 1)", ratio),
+                None => OpError::input_value(1, "a ratio in [0, 1)", ratio),
+            });
         }
         let v = floats(x, 0)?;
         let mut rng = Mt19937::new(self.seed.map_or_else(clock_seed, |s| s as u32));
@@ -187,7 +185,7 @@ impl Det {
         let shape = x.shape();
         let r = shape.len();
         if r < 2 || shape[r - 1] != shape[r - 2] {
-            return Err(OpError::Shape(format!("Det needs [*, M, M], got {shape:?}")));
+            return Err(OpError::input_shape(0, "[..., M, M]", shape));
         }
         let m = shape[r - 1];
         let mm = m * m;
@@ -203,9 +201,11 @@ impl Det {
         let t = common::input_tensor_type(inputs, 0);
         let shape = match t.shape {
             Some(s) if s.len() >= 2 => Some(s[..s.len() - 2].to_vec()),
-            Some(s) => {
-                return Err(OpError::Shape(format!("Det needs rank >= 2, got rank {}", s.len())));
-            }
+            // Rank 0 or 1: named here when fixed, else at evaluation.
+            Some(s) => match crate::util::fixed(&s) {
+                Some(s) => return Err(OpError::input_shape(0, "[..., M, M]", &s)),
+                None => None,
+            },
             None => None,
         };
         Ok(vec![common::tensor_type(t.dtype, shape)])

@@ -43,10 +43,7 @@ impl Loss {
         let mut inp = floats(x, 0)?;
         let shape = x.shape();
         if shape.len() < 2 {
-            return Err(OpError::Shape(format!(
-                "{} input must have rank >= 2, got {shape:?}",
-                self.name()
-            )));
+            return Err(OpError::input_shape(0, "rank >= 2", shape));
         }
         let (n, c) = (shape[0], shape[1]);
         let d: usize = shape[2..].iter().product();
@@ -54,10 +51,11 @@ impl Loss {
         let mut tshape = shape.to_vec();
         tshape.remove(1);
         if t.shape() != tshape.as_slice() {
-            return Err(OpError::Shape(format!(
-                "target shape {:?} does not match input {shape:?}",
-                t.shape()
-            )));
+            return Err(OpError::input_shape(
+                1,
+                format!("{tshape:?}, the input's shape without dim 1"),
+                t.shape(),
+            ));
         }
         let target = t
             .to_i64_vec()
@@ -70,7 +68,7 @@ impl Loss {
             Some(w) => {
                 let v = floats(w, 2)?;
                 if v.len() != c || w.rank() != 1 {
-                    return Err(OpError::Shape(format!("weight shape {:?} must be [{c}]", w.shape())));
+                    return Err(OpError::input_shape(2, format!("[{c}], one weight per class"), w.shape()));
                 }
                 Some(v)
             }

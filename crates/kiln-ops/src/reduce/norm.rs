@@ -192,11 +192,9 @@ impl RmsNorm {
 }
 
 /// `(N, C, spatial)` of an `(N, C, D1, ...)` input.
-fn nc_spatial(shape: &[usize], what: &str) -> Result<(usize, usize, usize)> {
+fn nc_spatial(shape: &[usize]) -> Result<(usize, usize, usize)> {
     if shape.len() < 2 {
-        return Err(OpError::Shape(format!(
-            "{what} needs an input of rank >= 2, got {shape:?}"
-        )));
+        return Err(OpError::input_shape(0, "rank >= 2", shape));
     }
     Ok((shape[0], shape[1], shape[2..].iter().product()))
 }
@@ -206,10 +204,12 @@ fn channel_param(args: &Args<'_>, i: usize, ns: &[usize], what: &str) -> Result<
     let t = args.tensor(i)?;
     let v = floats(t, i)?;
     if !ns.contains(&v.len()) {
-        return Err(OpError::Shape(format!(
-            "{what} has {} elements, expected {ns:?}",
-            v.len()
-        )));
+        let counts: Vec<String> = ns.iter().map(usize::to_string).collect();
+        return Err(OpError::input_shape(
+            i,
+            format!("{what} of {} elements", counts.join(" or ")),
+            t.shape(),
+        ));
     }
     Ok(v)
 }
@@ -233,12 +233,10 @@ impl GroupNorm {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
-        let (n, c, sp) = nc_spatial(x.shape(), "GroupNormalization")?;
+        let (n, c, sp) = nc_spatial(x.shape())?;
         let g = util::attr_dim(self.num_groups, "num_groups")?;
         if g == 0 || c % g != 0 {
-            return Err(OpError::Value(format!(
-                "num_groups {g} does not divide the {c} channels"
-            )));
+            return Err(OpError::attribute("num_groups", format!("a divisor of the {c} channels"), g));
         }
         let scale = channel_param(args, 1, &[c, g], "scale")?;
         let bias = channel_param(args, 2, &[scale.len()], "bias")?;
@@ -275,7 +273,7 @@ impl InstanceNorm {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
-        let (n, c, sp) = nc_spatial(x.shape(), "InstanceNormalization")?;
+        let (n, c, sp) = nc_spatial(x.shape())?;
         let scale = channel_param(args, 1, &[c], "scale")?;
         let bias = channel_param(args, 2, &[c], "B")?;
         let stats = row_stats(&v, n * c, sp);
@@ -314,7 +312,7 @@ impl BatchNorm {
         let (_, c, sp) = if shape.len() == 1 {
             (shape[0], 1, 1)
         } else {
-            nc_spatial(shape, "BatchNormalization")?
+            nc_spatial(shape)?
         };
         let sizes = [c, c * sp];
         let scale = channel_param(args, 1, &sizes, "scale")?;
@@ -414,10 +412,7 @@ impl LpNorm {
         let shape = x.shape();
         let axis = util::norm_axis(self.axis, shape.len())?;
         if self.p < 1 {
-            return Err(OpError::Value(format!(
-                "LpNormalization p must be 1 or 2, got {}",
-                self.p
-            )));
+            return Err(OpError::attribute("p", "1 or 2", self.p));
         }
         let p = self.p as f64;
         let (outer, n, inner) = common::split_axis(shape, axis);
@@ -504,10 +499,10 @@ impl Lrn {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let v = floats(x, 0)?;
-        let (n, c, sp) = nc_spatial(x.shape(), "LRN")?;
+        let (n, c, sp) = nc_spatial(x.shape())?;
         let size = util::attr_dim(self.size, "size")?;
         if size == 0 {
-            return Err(OpError::Value("LRN size must be positive".into()));
+            return Err(OpError::attribute("size", ">= 1", 0));
         }
         let lo = (size - 1) / 2;
         let hi = (size - 1).div_ceil(2);
