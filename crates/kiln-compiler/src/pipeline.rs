@@ -9,8 +9,8 @@
 
 use crate::CompileError;
 use crate::passes::{
-    attention, bn, chain, cse, dce, fold, fuse_act, identity, layout, matmul_add, patterns, pointwise_depthwise,
-    residual, shape, unit_transpose,
+    attention, bn, chain, conv_taps, cse, dce, fold, fuse_act, identity, layout, matmul_add, patterns,
+    pointwise_depthwise, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -74,6 +74,13 @@ const PIPELINE: &[Pass] = &[
         name: "dce",
         level: 1,
         run: dce::run,
+    },
+    // Taps that only read padding off the kernel, before anything chooses a kernel from its
+    // shape (layout, Winograd, packing).
+    Pass {
+        name: "conv_taps",
+        level: 2,
+        run: conv_taps::run,
     },
     // BatchNorm into Conv/Gemm before activation fusion: the activation follows the BatchNorm,
     // and the Conv must write the BatchNorm's output first.

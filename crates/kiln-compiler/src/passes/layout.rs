@@ -273,12 +273,29 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     {
         return Ok(0);
     }
+    // A Resize that grows its input converts only when a reader can take the channels-last
+    // result: else the transpose back would be of the larger tensor (a segmentation head's
+    // final upsampling), where the one it saves was of the smaller.
+    let layout_readers = |y: ValueId| {
+        index
+            .readers(y)
+            .iter()
+            .any(|&r| kinds.get(r).is_some_and(Option::is_some))
+    };
+    let resize_ok: Vec<bool> = g
+        .nodes
+        .iter()
+        .zip(&kinds)
+        .map(|(n, k)| {
+            k != &Some(Kind::Resize) || n.outputs.first().copied().flatten().is_some_and(|y| layout_readers(y))
+        })
+        .collect();
     let old = std::mem::take(&mut g.nodes);
     let mut nodes = Vec::with_capacity(old.len() + 2);
     // Channels-first value → its channels-last twin.
     let mut last: HashMap<ValueId, ValueId> = HashMap::new();
     let mut converted = 0;
-    for (mut node, k) in old.into_iter().zip(kinds) {
+    for ((mut node, k), resize_ok) in old.into_iter().zip(kinds).zip(resize_ok) {
         // A pool converts only when its input is already channels-last, an elementwise node
         // when one of its inputs is.
         let twin_in = |slot: usize| {
@@ -293,7 +310,8 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped))
                 || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool | Kind::Affine)) && reads_twin)
                 || (k == Some(Kind::Binary) && (twin_in(0) || twin_in(1)))
-                || (matches!(k, Some(Kind::Unary | Kind::Resize)) && reads_twin)
+                || (k == Some(Kind::Unary) && reads_twin)
+                || (k == Some(Kind::Resize) && reads_twin && resize_ok)
                 || (k == Some(Kind::Concat) && (0..node.inputs.len()).any(twin_in))
         }) else {
             nodes.push(node);
@@ -561,6 +579,22 @@ mod tests {
         );
         let inputs = vec![noise(&[1, 8, 6, 5], 3)];
         assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
+
+        // A Resize whose result only a graph output reads stays channels-first: the transpose
+        // back is then of its smaller input.
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 8, 6, 5]);
+        let w1 = b.constant("w1", noise(&[8, 8, 3, 3], 1));
+        let scales = b.constant(
+            "scales",
+            Tensor::from_vec(vec![4], vec![1.0f32, 1.0, 4.0, 4.0]).unwrap(),
+        );
+        let c = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 5]])[0];
+        let resize = Op::Nn(NnOp::Resize(Resize::default()));
+        let r = b.node(resize, &[Some(c), None, Some(scales)], &[&[1, 8, 24, 20]])[0];
+        let g = b.finish(&[r]);
+        let (_, h) = laid_out(&g);
+        assert_eq!(ops(&h), ["Transpose", "Conv/nhwc", "Transpose", "Resize"]);
     }
 
     #[test]
