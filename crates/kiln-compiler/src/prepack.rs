@@ -185,7 +185,7 @@ pub fn channels_last(program: &mut Program) -> usize {
                 // Grouped: the taps `[kh*kw, c, m]`, for the grouped kernel.
                 (g, _) if g > 1 && m.is_multiple_of(g) && !residual => {
                     kiln_kernels::grouped::pack_taps(data, m, c, kh, kw)
-                        .ok_or_else(|| kiln_ops::OpError::Shape(format!("grouped W [{m}, {c}, {kh}, {kw}]")))
+                        .ok_or_else(|| kiln_ops::OpError::input_shape(wi, "a W the grouped kernel packs", wt.shape()))
                 }
                 _ => continue,
             };

@@ -91,10 +91,6 @@ pub enum OpError {
     },
     #[error(transparent)]
     Tensor(#[from] TensorError),
-    #[error("shape error: {0}")]
-    Shape(String),
-    #[error("invalid value: {0}")]
-    Value(String),
 }
 
 impl OpError {
@@ -154,3 +150,48 @@ impl OpError {
 }
 
 pub type Result<T, E = OpError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_culprit_and_expected_against_got() {
+        let cases = [
+            (
+                OpError::input_shape(1, "[16], one per output channel", &[8]),
+                "input 1: expected [16], one per output channel, got shape [8]",
+            ),
+            (
+                OpError::input_value(1, "split sizes adding up to 10, the axis' size", "[3, 4]"),
+                "input 1: expected split sizes adding up to 10, the axis' size, got [3, 4]",
+            ),
+            (
+                OpError::inputs(0, 1, "A's columns (4) equal to B's rows (3)", &[2, 4], &[3, 5]),
+                "inputs 0 and 1: expected A's columns (4) equal to B's rows (3), got shapes [2, 4] and [3, 5]",
+            ),
+            (
+                OpError::attribute("num_groups", "a divisor of the 6 channels", 4),
+                "attribute num_groups: expected a divisor of the 6 channels, got 4",
+            ),
+            (
+                OpError::too_large("shape", "[1048576, 1048576]"),
+                "shape [1048576, 1048576] exceeds the bound of 1073741824 elements",
+            ),
+            (
+                OpError::RepeatedAxis {
+                    axis: -1,
+                    axes: vec![1, -1],
+                },
+                "axis -1 appears more than once in [1, -1]",
+            ),
+            (
+                OpError::subgraph("score_mod", "a float tensor of shape [1, 2]", "i64[1, 2]"),
+                "score_mod subgraph: expected a float tensor of shape [1, 2], got i64[1, 2]",
+            ),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text);
+        }
+    }
+}

@@ -126,7 +126,11 @@ pub fn broadcast_map(in_shape: &[usize], out_shape: &[usize], index: usize) -> R
 /// input; `what` names it in errors.
 pub fn read_i64s(t: &Tensor, index: usize, what: &str) -> Result<Vec<i64>> {
     if t.rank() > 1 {
-        return Err(OpError::input_shape(index, format!("{what} as a 1-D tensor"), t.shape()));
+        return Err(OpError::input_shape(
+            index,
+            format!("{what} as a 1-D tensor"),
+            t.shape(),
+        ));
     }
     t.to_i64_vec().ok_or_else(|| not_integers(t, index, what))
 }

@@ -426,10 +426,10 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
             let call = |p: &Option<Box<Program>>, t: Tensor| -> std::result::Result<Tensor, OpError> {
                 let Some(p) = p else { return Ok(t) };
                 let outs = run_program(p, env, [Value::Tensor(t)], None, false)
-                    .map_err(|e| OpError::Value(format!("modifier subgraph: {e}")))?;
+                    .map_err(|e| OpError::subgraph("modifier", "one tensor", format!("an error: {e}")))?;
                 match outs.into_iter().next() {
                     Some(Value::Tensor(t)) => Ok(t),
-                    _ => Err(OpError::Value("a modifier subgraph must return one tensor".into())),
+                    _ => Err(OpError::subgraph("modifier", "one tensor", "another value or none")),
                 }
             };
             let mut smod = |t: Tensor| call(score_mod, t);

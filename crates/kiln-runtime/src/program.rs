@@ -185,7 +185,11 @@ impl Program {
                     .and_then(|()| kiln_ops::fast::validate(op, step.plan.as_ref()));
                 checked.map_err(|e| (step.name.clone(), e))?;
             } else if step.plan.is_some() {
-                let e = kiln_ops::OpError::Value("a control-flow step carries an op plan".into());
+                let e = kiln_ops::OpError::Plan {
+                    op: step.kind.name(),
+                    plan: step.plan.as_ref().map(|p| p.summary()).unwrap_or_default(),
+                    reason: "control flow takes no op plan",
+                };
                 return Err((step.name.clone(), e));
             }
             for p in step.subprograms() {

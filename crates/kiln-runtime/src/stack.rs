@@ -7,7 +7,11 @@ use kiln_tensor::{Tensor, strides_of};
 /// Stacks equally shaped tensors along a new axis `axis` (0..=rank).
 pub fn stack(items: &[Tensor], axis: usize) -> Result<Tensor, OpError> {
     let Some(first) = items.first() else {
-        return Err(OpError::Shape("cannot stack zero tensors".into()));
+        return Err(OpError::subgraph(
+            "body",
+            "at least one iteration's value to stack",
+            "none",
+        ));
     };
     let shape = first.shape().to_vec();
     if axis > shape.len() {
@@ -18,13 +22,12 @@ pub fn stack(items: &[Tensor], axis: usize) -> Result<Tensor, OpError> {
     }
     for t in items {
         if t.shape() != shape.as_slice() || t.dtype() != first.dtype() {
-            return Err(OpError::Shape(format!(
-                "iteration values differ: {}{:?} vs {}{:?}",
-                first.dtype(),
-                shape,
-                t.dtype(),
-                t.shape()
-            )));
+            let k = items.iter().position(|u| std::ptr::eq(u, t)).unwrap_or(0);
+            return Err(OpError::subgraph(
+                "body",
+                format!("{}{:?} in every iteration, as in the first", first.dtype(), shape),
+                format!("{}{:?} in iteration {k}", t.dtype(), t.shape()),
+            ));
         }
     }
     let outer: usize = shape[..axis].iter().product();

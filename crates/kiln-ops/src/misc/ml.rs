@@ -216,7 +216,10 @@ impl TreeEnsemble {
             "nodes_falseleafs",
         ];
         let missing = (!self.nodes_missing_tracks_true.is_empty()).then_some(self.nodes_missing_tracks_true.len());
-        let all = names.into_iter().zip(lens).chain(missing.map(|l| ("nodes_missing_tracks_true", l)));
+        let all = names
+            .into_iter()
+            .zip(lens)
+            .chain(missing.map(|l| ("nodes_missing_tracks_true", l)));
         for (attr, l) in all {
             if l != n {
                 return Err(OpError::attribute(

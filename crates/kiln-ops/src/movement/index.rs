@@ -66,9 +66,24 @@ impl Gather {
         });
         // Whole rows of `inner` elements copied into a recycled buffer, written whole.
         match x.data() {
-            Data::F32(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, x.shape(), rows, total, inner)?)?),
-            Data::I64(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, x.shape(), rows, total, inner)?)?),
-            Data::Bool(xs) => return one(Tensor::from_buf(shape, gather_rows(xs, x.shape(), rows, total, inner)?)?),
+            Data::F32(xs) => {
+                return one(Tensor::from_buf(
+                    shape,
+                    gather_rows(xs, x.shape(), rows, total, inner)?,
+                )?);
+            }
+            Data::I64(xs) => {
+                return one(Tensor::from_buf(
+                    shape,
+                    gather_rows(xs, x.shape(), rows, total, inner)?,
+                )?);
+            }
+            Data::Bool(xs) => {
+                return one(Tensor::from_buf(
+                    shape,
+                    gather_rows(xs, x.shape(), rows, total, inner)?,
+                )?);
+            }
             _ => {}
         }
         let mut src = Vec::with_capacity(total);
@@ -102,7 +117,13 @@ pub struct GatherElements {
 /// coordinate replaced by the index value.
 fn along_axis_targets(data_shape: &[usize], ind_shape: &[usize], idx: &[i64], axis: usize) -> Result<Vec<usize>> {
     if data_shape.len() != ind_shape.len() {
-        return Err(OpError::inputs(0, 1, "data and indices of the same rank", data_shape, ind_shape));
+        return Err(OpError::inputs(
+            0,
+            1,
+            "data and indices of the same rank",
+            data_shape,
+            ind_shape,
+        ));
     }
     for d in 0..data_shape.len() {
         if d != axis && ind_shape[d] > data_shape[d] {
@@ -282,7 +303,13 @@ impl ScatterElements {
         let (x, ind, upd) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let axis = norm_axis(self.axis, x.rank())?;
         if ind.shape() != upd.shape() {
-            return Err(OpError::inputs(1, 2, "indices and updates of the same shape", ind.shape(), upd.shape()));
+            return Err(OpError::inputs(
+                1,
+                2,
+                "indices and updates of the same shape",
+                ind.shape(),
+                upd.shape(),
+            ));
         }
         let targets = along_axis_targets(x.shape(), ind.shape(), &indices_of(ind, 1)?, axis)?;
         one(scatter(x, upd, &targets, self.reduction)?)
@@ -357,7 +384,11 @@ impl TensorScatter {
         let r = past.rank();
         let axis = norm_axis(self.axis, r)?;
         if axis == 0 {
-            return Err(OpError::attribute("axis", "an axis other than the batch axis 0", self.axis));
+            return Err(OpError::attribute(
+                "axis",
+                "an axis other than the batch axis 0",
+                self.axis,
+            ));
         }
         let (ps, us) = (past.shape(), upd.shape());
         if us.len() != r || (0..r).any(|d| if d == axis { us[d] > ps[d] } else { us[d] != ps[d] }) {

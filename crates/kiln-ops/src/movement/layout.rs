@@ -35,9 +35,8 @@ pub(crate) fn gather_axes(x: &Tensor, maps: &[Vec<Option<usize>>], fill: Option<
         None => {
             let flat: Option<Vec<usize>> = idx.into_iter().collect();
             // Callers without a fill map every output position inside X.
-            let flat = flat.ok_or_else(|| {
-                OpError::input_shape(0, "a shape holding every element the op reads", x.shape())
-            })?;
+            let flat =
+                flat.ok_or_else(|| OpError::input_shape(0, "a shape holding every element the op reads", x.shape()))?;
             Ok(x.gather_flat(out_shape, &flat)?)
         }
     }
@@ -772,7 +771,11 @@ fn padded<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
 pub struct Tile;
 
 fn one_repeat_per_axis(rank: usize, reps: &[i64]) -> OpError {
-    OpError::input_value(1, format!("{rank} repeats, one per axis of input 0"), format!("{reps:?}"))
+    OpError::input_value(
+        1,
+        format!("{rank} repeats, one per axis of input 0"),
+        format!("{reps:?}"),
+    )
 }
 
 impl Tile {
@@ -919,9 +922,8 @@ impl Pad {
                 .zip(&pads)
                 .map(|(&n, &(b, e))| n.checked_add(b as usize)?.checked_add(e as usize))
                 .collect();
-            let shape = shape.ok_or_else(|| {
-                OpError::too_large("padded shape of", format!("{:?} with pads {pads:?}", x.shape()))
-            })?;
+            let shape = shape
+                .ok_or_else(|| OpError::too_large("padded shape of", format!("{:?} with pads {pads:?}", x.shape())))?;
             let out = match x.dtype() {
                 DType::F32 => Some(padded(
                     x.as_slice::<f32>()?,

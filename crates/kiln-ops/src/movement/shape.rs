@@ -308,7 +308,8 @@ impl Squeeze {
     pub fn view_shape(&self, args: &Args<'_>) -> Result<kiln_tensor::Shape> {
         let x = args.tensor(0)?;
         let axes = ints_from(&self.axes, args, 1, "axes")?;
-        let dims = squeeze_dims(&fixed_dims(x.shape()), axes.as_deref(), self.axes.is_some())?.and_then(|d| fixed_of(&d));
+        let dims =
+            squeeze_dims(&fixed_dims(x.shape()), axes.as_deref(), self.axes.is_some())?.and_then(|d| fixed_of(&d));
         // Fixed dims always give a shape.
         dims.ok_or_else(|| OpError::input_shape(0, "fixed dims", x.shape()))
     }
@@ -452,7 +453,11 @@ impl ConstantOfShape {
     fn value(&self) -> Result<Tensor> {
         match &self.value {
             Some(v) if v.len() == 1 => Ok(v.clone()),
-            Some(v) => Err(OpError::attribute("value", "one element", format!("shape {:?}", v.shape()))),
+            Some(v) => Err(OpError::attribute(
+                "value",
+                "one element",
+                format!("shape {:?}", v.shape()),
+            )),
             None => Ok(Tensor::scalar(0f32)),
         }
     }
@@ -527,7 +532,11 @@ impl Range {
             }
         }
         if dtype.is_int() && !dtype.is_byte_coded() {
-            let (s, l, d) = (read_i64(s, 0, "start")?, read_i64(l, 1, "limit")?, read_i64(d, 2, "delta")?);
+            let (s, l, d) = (
+                read_i64(s, 0, "start")?,
+                read_i64(l, 1, "limit")?,
+                read_i64(d, 2, "delta")?,
+            );
             if d == 0 {
                 return Err(OpError::input_value(2, "a delta other than 0", 0));
             }

@@ -396,7 +396,11 @@ impl Col2Im {
         };
         let ks: usize = block.iter().product();
         if ks == 0 {
-            return Err(OpError::input_value(2, "block_shape of dims >= 1", format!("{block:?}")));
+            return Err(OpError::input_value(
+                2,
+                "block_shape of dims >= 1",
+                format!("{block:?}"),
+            ));
         }
         if ckk % ks != 0 {
             return Err(OpError::input_shape(

@@ -25,7 +25,11 @@ impl ChannelAffine {
     /// Inputs: X (f32), scale and shift (f32, `[C]`).
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, scale, shift) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
-        if let Some((index, t)) = [x, scale, shift].into_iter().enumerate().find(|(_, t)| t.dtype() != DType::F32) {
+        if let Some((index, t)) = [x, scale, shift]
+            .into_iter()
+            .enumerate()
+            .find(|(_, t)| t.dtype() != DType::F32)
+        {
             return Err(OpError::UnsupportedDType { index, got: t.dtype() });
         }
         let shape = x.shape();
@@ -37,7 +41,11 @@ impl ChannelAffine {
         .ok_or_else(|| OpError::input_shape(0, "a channel dim", shape))?;
         for (index, t) in [(1, scale), (2, shift)] {
             if t.shape() != [c] {
-                return Err(OpError::input_shape(index, format!("[{c}], one per channel of X"), t.shape()));
+                return Err(OpError::input_shape(
+                    index,
+                    format!("[{c}], one per channel of X"),
+                    t.shape(),
+                ));
             }
         }
         let (xd, s, t) = (x.as_slice::<f32>()?, scale.as_slice::<f32>()?, shift.as_slice::<f32>()?);

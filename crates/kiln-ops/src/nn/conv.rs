@@ -583,7 +583,10 @@ fn deform_run<T: Real>(op: &DeformConv, args: &Args<'_>) -> Result<Tensor> {
     if os[0] != batch || os[1] != og * 2 * ksz {
         return Err(OpError::input_shape(
             2,
-            format!("[{batch}, {}, out H, out W] (offset_group x 2 x {kh}x{kw} taps)", og * 2 * ksz),
+            format!(
+                "[{batch}, {}, out H, out W] (offset_group x 2 x {kh}x{kw} taps)",
+                og * 2 * ksz
+            ),
             os,
         ));
     }
@@ -597,7 +600,11 @@ fn deform_run<T: Real>(op: &DeformConv, args: &Args<'_>) -> Result<Tensor> {
     let md = match mask {
         Some(mt) => {
             if mt.shape() != [batch, og * ksz, oh, ow] {
-                return Err(OpError::input_shape(4, format!("{:?}", [batch, og * ksz, oh, ow]), mt.shape()));
+                return Err(OpError::input_shape(
+                    4,
+                    format!("{:?}", [batch, og * ksz, oh, ow]),
+                    mt.shape(),
+                ));
             }
             Some(floats::<T>(mt, 4)?)
         }

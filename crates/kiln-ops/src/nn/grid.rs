@@ -229,14 +229,25 @@ impl AffineGrid {
         let theta = args.tensor(0)?;
         check_float(theta, 0)?;
         let size = util::read_i64s(args.tensor(1)?, 1, "size")?;
-        let size = size.iter().map(|&d| util::dim(d, 1, "size")).collect::<Result<Vec<_>>>()?;
+        let size = size
+            .iter()
+            .map(|&d| util::dim(d, 1, "size"))
+            .collect::<Result<Vec<_>>>()?;
         let nd = size.len().saturating_sub(2);
         let ts = theta.shape();
         if !(nd == 2 || nd == 3) {
-            return Err(OpError::input_value(1, "a size [N, C, H, W] or [N, C, D, H, W]", format!("{size:?}")));
+            return Err(OpError::input_value(
+                1,
+                "a size [N, C, H, W] or [N, C, D, H, W]",
+                format!("{size:?}"),
+            ));
         }
         if ts != [size[0], nd, nd + 1] {
-            return Err(OpError::input_shape(0, format!("[{}, {nd}, {}], as size", size[0], nd + 1), ts));
+            return Err(OpError::input_shape(
+                0,
+                format!("[{}, {nd}, {}], as size", size[0], nd + 1),
+                ts,
+            ));
         }
         let sp = &size[2..];
         let npts = numel(sp)?;

@@ -371,7 +371,11 @@ pub(crate) fn window_geom(
     })?;
     for (attr, v) in [("kernel_shape", k), ("strides", s), ("dilations", d)] {
         if v == 0 {
-            return Err(OpError::attribute(attr, "every value >= 1", format!("0 on axis {axis}")));
+            return Err(OpError::attribute(
+                attr,
+                "every value >= 1",
+                format!("0 on axis {axis}"),
+            ));
         }
     }
     let span = (k - 1) * d + 1;
@@ -661,8 +665,14 @@ mod tests {
         let g = window_geom(&[4], 0, 2, 1, 1, 0, 0, AutoPad::SameLower, false).unwrap();
         assert_eq!((g.out, g.pad_begin, g.pad_end), (4, 1, 0));
         // ceil_mode: 4 in, k 3, s 2 → ceil(1/2)+1 = 2; floor gives 1.
-        assert_eq!(window_geom(&[4], 0, 3, 2, 1, 0, 0, AutoPad::NotSet, true).unwrap().out, 2);
-        assert_eq!(window_geom(&[4], 0, 3, 2, 1, 0, 0, AutoPad::NotSet, false).unwrap().out, 1);
+        assert_eq!(
+            window_geom(&[4], 0, 3, 2, 1, 0, 0, AutoPad::NotSet, true).unwrap().out,
+            2
+        );
+        assert_eq!(
+            window_geom(&[4], 0, 3, 2, 1, 0, 0, AutoPad::NotSet, false).unwrap().out,
+            1
+        );
         assert_eq!(
             window_geom(&[1, 3, 2, 4], 2, 3, 1, 1, 0, 0, AutoPad::NotSet, false).unwrap_err(),
             OpError::input_shape(

@@ -54,7 +54,11 @@ impl NonMaxSuppression {
             return Err(OpError::input_shape(0, "[batch, boxes, 4]", bs));
         }
         if ss.len() != 3 || ss[0] != bs[0] || ss[2] != bs[1] {
-            return Err(OpError::input_shape(1, format!("[{}, classes, {}], as the boxes", bs[0], bs[1]), ss));
+            return Err(OpError::input_shape(
+                1,
+                format!("[{}, classes, {}], as the boxes", bs[0], bs[1]),
+                ss,
+            ));
         }
         let scalar_f = |i: usize| -> Result<Option<f64>> {
             Ok(args.opt_tensor(i)?.filter(|t| !t.is_empty()).map(|t| t.to_f64_vec()[0]))

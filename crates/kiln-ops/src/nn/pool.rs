@@ -551,15 +551,13 @@ impl MaxUnpool {
         let mut s = xs[..2].to_vec();
         for i in 0..n {
             let full = xs[i + 2].saturating_sub(1) * strides[i] + self.kernel_shape[i];
-            s.push(
-                full.checked_sub(pads[i] + pads[i + n]).ok_or_else(|| {
-                    OpError::attribute(
-                        "pads",
-                        format!("at most {full} in all on spatial axis {i}"),
-                        format!("{:?}", self.pads),
-                    )
-                })?,
-            );
+            s.push(full.checked_sub(pads[i] + pads[i + n]).ok_or_else(|| {
+                OpError::attribute(
+                    "pads",
+                    format!("at most {full} in all on spatial axis {i}"),
+                    format!("{:?}", self.pads),
+                )
+            })?);
         }
         Ok(s)
     }
@@ -569,7 +567,13 @@ impl MaxUnpool {
         let ind = args.tensor(1)?;
         let xs = x.shape();
         if ind.shape() != xs {
-            return Err(OpError::inputs(0, 1, "X and indices of the same shape", xs, ind.shape()));
+            return Err(OpError::inputs(
+                0,
+                1,
+                "X and indices of the same shape",
+                xs,
+                ind.shape(),
+            ));
         }
         let inferred = self.inferred(xs)?;
         let out_shape = match args.opt_tensor(2)? {

@@ -106,10 +106,10 @@ pub(crate) struct Geometry {
 impl Geometry {
     /// Whether axis `a` of an input of `shape` changes (another size, scale or roi).
     pub(crate) fn resizes(&self, a: usize, shape: &[usize]) -> bool {
-        let trivial_roi = self
-            .roi
-            .as_ref()
-            .is_none_or(|r| r.get(a).is_none_or(|r| (r.0 - 0.0).abs() < 1e-9 && (r.1 - 1.0).abs() < 1e-9));
+        let trivial_roi = self.roi.as_ref().is_none_or(|r| {
+            r.get(a)
+                .is_none_or(|r| (r.0 - 0.0).abs() < 1e-9 && (r.1 - 1.0).abs() < 1e-9)
+        });
         let scale = self.scales.get(a).copied().unwrap_or(1.0);
         !((scale - 1.0).abs() < 1e-9 && self.out.get(a) == shape.get(a) && trivial_roi)
     }
@@ -186,7 +186,10 @@ impl Resize {
             return Ok(Target::Scales(v, false));
         }
         if !self.scales_attr.is_empty() {
-            return Ok(Target::Scales(self.scales_attr.iter().map(|&x| x as f64).collect(), true));
+            return Ok(Target::Scales(
+                self.scales_attr.iter().map(|&x| x as f64).collect(),
+                true,
+            ));
         }
         Err(OpError::input_value(
             self.scales_index(),

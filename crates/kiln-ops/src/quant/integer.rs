@@ -531,11 +531,7 @@ impl QLinearConv {
         let zyv = zy.map(params).unwrap_or_else(|| vec![0.0]);
         let odt = zy.map_or(x.dtype(), Tensor::dtype);
         let mut y = Vec::with_capacity(acc.len());
-        let (sx0, sy0, zy0) = (
-            pick(&sxv, 0, 1)?,
-            pick(&syv, 0, 6)?,
-            pick(&zyv, 0, 7)?,
-        );
+        let (sx0, sy0, zy0) = (pick(&sxv, 0, 1)?, pick(&syv, 0, 6)?, pick(&zyv, 0, 7)?);
         for (i, &a) in acc.iter().enumerate() {
             let ch = (i / opix.max(1)) % m.max(1);
             let mult = round_to(DType::F32, round_to(DType::F32, sx0 * pick(&swv, ch, 4)?) / sy0);

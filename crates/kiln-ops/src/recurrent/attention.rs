@@ -54,7 +54,11 @@ struct Heads {
 /// Reads a 3-D `(batch, seq, heads*size)` or 4-D `(batch, heads, seq, size)` tensor (input
 /// `index`, its head count given by the attribute `attr`) into the 4-D layout. Returns
 /// (values, heads, seq, size).
-fn to_4d(t: &Tensor, index: usize, (heads, attr): (Option<usize>, &'static str)) -> Result<(Vec<f64>, usize, usize, usize)> {
+fn to_4d(
+    t: &Tensor,
+    index: usize,
+    (heads, attr): (Option<usize>, &'static str),
+) -> Result<(Vec<f64>, usize, usize, usize)> {
     let s = t.shape();
     let v = t.to_f64_vec();
     match s.len() {
@@ -108,7 +112,13 @@ impl Attention {
         let rank = q.rank();
         for (i, x) in [(1, k), (2, v)] {
             if x.rank() != rank {
-                return Err(OpError::inputs(0, i, "Q, K and V of the same rank", q.shape(), x.shape()));
+                return Err(OpError::inputs(
+                    0,
+                    i,
+                    "Q, K and V of the same rank",
+                    q.shape(),
+                    x.shape(),
+                ));
             }
         }
         let (qv, hq, sq, d) = to_4d(q, 0, (self.q_num_heads, "q_num_heads"))?;
@@ -117,7 +127,13 @@ impl Attention {
         let batch = q.shape()[0];
         for (i, x) in [(1, k), (2, v)] {
             if x.shape()[0] != batch {
-                return Err(OpError::inputs(0, i, "Q, K and V of the same batch size", q.shape(), x.shape()));
+                return Err(OpError::inputs(
+                    0,
+                    i,
+                    "Q, K and V of the same batch size",
+                    q.shape(),
+                    x.shape(),
+                ));
             }
         }
         if dk != d {
@@ -153,10 +169,18 @@ impl Attention {
             (Some(pk), Some(pv)) => {
                 let p = pk.shape().get(2).copied().unwrap_or(0);
                 if pk.shape() != [batch, hkv, p, d] {
-                    return Err(OpError::input_shape(4, format!("[{batch}, {hkv}, past length, {d}]"), pk.shape()));
+                    return Err(OpError::input_shape(
+                        4,
+                        format!("[{batch}, {hkv}, past length, {d}]"),
+                        pk.shape(),
+                    ));
                 }
                 if pv.shape() != [batch, hkv, p, dv] {
-                    return Err(OpError::input_shape(5, format!("[{batch}, {hkv}, {p}, {dv}]"), pv.shape()));
+                    return Err(OpError::input_shape(
+                        5,
+                        format!("[{batch}, {hkv}, {p}, {dv}]"),
+                        pv.shape(),
+                    ));
                 }
                 let kc = concat_seq(Some((&pk.to_f64_vec(), p)), &kv, batch, hkv, skv, d);
                 let vc = concat_seq(Some((&pv.to_f64_vec(), p)), &vv, batch, hkv, skv, dv);
@@ -201,7 +225,11 @@ impl Attention {
                     .to_i64_vec()
                     .ok_or_else(|| OpError::input_value(6, "integer lengths", format!("a {} tensor", np.dtype())))?;
                 if v.len() != b {
-                    return Err(OpError::input_shape(6, format!("{b} lengths, one per batch entry"), np.shape()));
+                    return Err(OpError::input_shape(
+                        6,
+                        format!("{b} lengths, one per batch entry"),
+                        np.shape(),
+                    ));
                 }
                 Some(v)
             }
@@ -230,7 +258,11 @@ impl Attention {
             }
             for (i, &d) in ms.iter().enumerate().take(ms.len() - 1) {
                 if d != 1 && d != target[i + off] {
-                    return Err(OpError::input_shape(3, format!("a shape that broadcasts to {target:?}"), ms));
+                    return Err(OpError::input_shape(
+                        3,
+                        format!("a shape that broadcasts to {target:?}"),
+                        ms,
+                    ));
                 }
             }
             let is_bool = m.dtype() == DType::Bool;

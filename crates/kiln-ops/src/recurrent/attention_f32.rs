@@ -202,7 +202,13 @@ impl Attention {
         });
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             // The shapes were checked above: a GEMM refusing them is a bug, named here.
-            return Err(OpError::inputs(0, 1, format!("Q and K that fit {h} heads"), q.shape(), k.shape()));
+            return Err(OpError::inputs(
+                0,
+                1,
+                format!("Q and K that fit {h} heads"),
+                q.shape(),
+                k.shape(),
+            ));
         }
         Ok(Some(smallvec::smallvec![Value::Tensor(Tensor::from_buf(
             smallvec::smallvec![b, sq, vw],

@@ -39,13 +39,10 @@ impl RotaryEmbedding {
         let (b, sq, h, d, four) = match s.len() {
             4 => (s[0], s[2], s[1], s[3], true),
             3 => {
-                let h = self
-                    .num_heads
-                    .filter(|&h| h > 0)
-                    .ok_or_else(|| {
-                        let got = self.num_heads.map_or_else(|| "none".to_string(), |h| h.to_string());
-                        OpError::attribute("num_heads", ">= 1 (the input is 3-D)", got)
-                    })?;
+                let h = self.num_heads.filter(|&h| h > 0).ok_or_else(|| {
+                    let got = self.num_heads.map_or_else(|| "none".to_string(), |h| h.to_string());
+                    OpError::attribute("num_heads", ">= 1 (the input is 3-D)", got)
+                })?;
                 if s[2] % h != 0 {
                     return Err(OpError::input_shape(
                         0,
@@ -74,7 +71,13 @@ impl RotaryEmbedding {
         let half = rd / 2;
         let (cv, sv) = (cos.to_f64_vec(), sin.to_f64_vec());
         if cos.shape() != sin.shape() {
-            return Err(OpError::inputs(1, 2, "cos and sin caches of the same shape", cos.shape(), sin.shape()));
+            return Err(OpError::inputs(
+                1,
+                2,
+                "cos and sin caches of the same shape",
+                cos.shape(),
+                sin.shape(),
+            ));
         }
         if cos.shape().last() != Some(&half) {
             return Err(OpError::input_shape(
@@ -311,7 +314,11 @@ impl LinearAttention {
             ));
         }
         let (b, t) = (q.shape()[0], q.shape()[1]);
-        for (i, x, heads, attr) in [(0, q, hq, "q_num_heads"), (1, k, hk, "kv_num_heads"), (2, v, hk, "kv_num_heads")] {
+        for (i, x, heads, attr) in [
+            (0, q, hq, "q_num_heads"),
+            (1, k, hk, "kv_num_heads"),
+            (2, v, hk, "kv_num_heads"),
+        ] {
             if x.shape()[2] % heads != 0 {
                 return Err(OpError::input_shape(
                     i,
@@ -323,10 +330,18 @@ impl LinearAttention {
         let dk = q.shape()[2] / hq;
         let dv = v.shape()[2] / hk;
         if k.shape() != [b, t, hk * dk] {
-            return Err(OpError::input_shape(1, format!("[{b}, {t}, {}], as the query", hk * dk), k.shape()));
+            return Err(OpError::input_shape(
+                1,
+                format!("[{b}, {t}, {}], as the query", hk * dk),
+                k.shape(),
+            ));
         }
         if v.shape()[..2] != [b, t] {
-            return Err(OpError::input_shape(2, format!("[{b}, {t}, _], as the query"), v.shape()));
+            return Err(OpError::input_shape(
+                2,
+                format!("[{b}, {t}, _], as the query"),
+                v.shape(),
+            ));
         }
         let gating = matches!(self.update_rule, UpdateRule::Gated | UpdateRule::GatedDelta);
         let delta = matches!(self.update_rule, UpdateRule::Delta | UpdateRule::GatedDelta);
@@ -340,7 +355,11 @@ impl LinearAttention {
             match (wants, given) {
                 (true, false) => return Err(OpError::MissingInput { index }),
                 (false, true) => {
-                    return Err(OpError::attribute("update_rule", expected, format!("{:?}", self.update_rule)));
+                    return Err(OpError::attribute(
+                        "update_rule",
+                        expected,
+                        format!("{:?}", self.update_rule),
+                    ));
                 }
                 _ => {}
             }
@@ -364,7 +383,11 @@ impl LinearAttention {
             Some(x) if x.shape() == [b, t, hk] => hk,
             Some(x) if x.shape() == [b, t, 1] => 1,
             Some(x) => {
-                return Err(OpError::input_shape(5, format!("[{b}, {t}, {hk}] or [{b}, {t}, 1]"), x.shape()));
+                return Err(OpError::input_shape(
+                    5,
+                    format!("[{b}, {t}, {hk}] or [{b}, {t}, 1]"),
+                    x.shape(),
+                ));
             }
             None => 1,
         };
@@ -513,7 +536,13 @@ impl FlexAttention {
         let (hk, s) = (k.shape()[1], k.shape()[2]);
         let ev = v.shape()[3];
         if k.shape() != [b, hk, s, e] {
-            return Err(OpError::inputs(0, 1, "Q and K of the same batch and head size", q.shape(), k.shape()));
+            return Err(OpError::inputs(
+                0,
+                1,
+                "Q and K of the same batch and head size",
+                q.shape(),
+                k.shape(),
+            ));
         }
         if v.shape()[..3] != [b, hk, s] {
             return Err(OpError::inputs(

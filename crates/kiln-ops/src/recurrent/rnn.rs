@@ -181,10 +181,18 @@ impl Recurrent {
             return Err(OpError::attribute("hidden_size", format!("{hs}, R's last dim"), h));
         }
         if w_t.shape() != [nd, g * hs, input] {
-            return Err(OpError::input_shape(1, format!("[{nd}, {}, {input}]", g * hs), w_t.shape()));
+            return Err(OpError::input_shape(
+                1,
+                format!("[{nd}, {}, {input}]", g * hs),
+                w_t.shape(),
+            ));
         }
         if r_t.shape() != [nd, g * hs, hs] {
-            return Err(OpError::input_shape(2, format!("[{nd}, {}, {hs}]", g * hs), r_t.shape()));
+            return Err(OpError::input_shape(
+                2,
+                format!("[{nd}, {}, {hs}]", g * hs),
+                r_t.shape(),
+            ));
         }
         let w = w_t.to_f64_vec();
         let r = r_t.to_f64_vec();

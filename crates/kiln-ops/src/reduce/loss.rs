@@ -68,7 +68,11 @@ impl Loss {
             Some(w) => {
                 let v = floats(w, 2)?;
                 if v.len() != c || w.rank() != 1 {
-                    return Err(OpError::input_shape(2, format!("[{c}], one weight per class"), w.shape()));
+                    return Err(OpError::input_shape(
+                        2,
+                        format!("[{c}], one weight per class"),
+                        w.shape(),
+                    ));
                 }
                 Some(v)
             }

@@ -236,7 +236,11 @@ impl GroupNorm {
         let (n, c, sp) = nc_spatial(x.shape())?;
         let g = util::attr_dim(self.num_groups, "num_groups")?;
         if g == 0 || c % g != 0 {
-            return Err(OpError::attribute("num_groups", format!("a divisor of the {c} channels"), g));
+            return Err(OpError::attribute(
+                "num_groups",
+                format!("a divisor of the {c} channels"),
+                g,
+            ));
         }
         let scale = channel_param(args, 1, &[c, g], "scale")?;
         let bias = channel_param(args, 2, &[scale.len()], "bias")?;
