@@ -9,7 +9,7 @@
 
 use crate::CompileError;
 use crate::passes::{
-    attention, bn, chain, conv_taps, cse, dce, fold, fuse_act, identity, layout, matmul_add, patterns,
+    attention, bn, chain, conv_taps, cse, dce, f16, fold, fuse_act, identity, layout, matmul_add, patterns,
     pointwise_depthwise, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
@@ -43,7 +43,14 @@ struct Pass {
 
 /// The pipeline, in order. Each entry's comment is the reason for its position.
 const PIPELINE: &[Pass] = &[
-    // First: exporters alias weights through Identity chains; seeing through them lets every
+    // float16 regions onto f32 first: every later pass (folding, fusions, kernel choice) sees
+    // f32 nodes, and the identity pass removes the casts back to f32 this one makes identities.
+    Pass {
+        name: "f16",
+        level: 2,
+        run: f16::run,
+    },
+    // Then: exporters alias weights through Identity chains; seeing through them lets every
     // later pass find constants and producers directly.
     Pass {
         name: "identity",

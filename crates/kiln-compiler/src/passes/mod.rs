@@ -11,6 +11,7 @@ pub(crate) mod conv_taps;
 pub(crate) mod cse;
 pub(crate) mod dce;
 pub(crate) mod edit;
+pub(crate) mod f16;
 pub(crate) mod fold;
 pub(crate) mod fuse_act;
 pub(crate) mod identity;

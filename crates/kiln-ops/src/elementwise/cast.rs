@@ -156,6 +156,20 @@ impl Cast {
                 out.iter_mut().zip(v.iter()).for_each(|(o, &a)| *o = a as f64 as f32);
                 return Ok(Tensor::from_vec(x.shape(), out)?);
             }
+            // float16 <-> f32, on F16C where the CPU has it (both exact or rounded to nearest
+            // even once, as the general path).
+            (Data::F16(v), DType::F32) => {
+                use half::slice::HalfFloatSliceExt;
+                let mut out = kiln_kernels::recycle::take(v.len());
+                v.convert_to_f32_slice(&mut out);
+                return Ok(Tensor::from_vec(x.shape(), out)?);
+            }
+            (Data::F32(v), DType::F16) => {
+                use half::slice::HalfFloatSliceExt;
+                let mut out = vec![f16::ZERO; v.len()];
+                out.convert_from_f32_slice(v);
+                return Ok(Tensor::from_vec(x.shape(), out)?);
+            }
             (Data::Bool(v), DType::F32) => {
                 let mut out = kiln_kernels::recycle::take(v.len());
                 out.iter_mut()
