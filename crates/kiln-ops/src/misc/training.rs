@@ -42,8 +42,7 @@ fn read_groups<'a>(args: &Args<'a>, groups: usize) -> Result<(f64, i64, Vec<Vec<
         }
         out.push(v);
     }
-    for i in 0..n {
-        let s = out[0][i].shape();
+    for (i, s) in out[0].iter().map(|t| t.shape()).enumerate() {
         if let Some(g) = (1..groups).find(|&g| out[g][i].shape() != s) {
             return Err(OpError::inputs(
                 2 + i,
