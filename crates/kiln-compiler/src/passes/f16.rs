@@ -7,6 +7,10 @@
 //! takes every f32 fast path (packed and Winograd convolutions, GEMM epilogues, layout,
 //! fusions) with its weights converted and packed at compile time.
 //!
+//! Only graphs with float16 weights (a Conv, ConvTranspose, MatMul or Gemm reading a constant)
+//! are converted: those are float16 models; float16 arithmetic on activations alone keeps
+//! the rounding of every op.
+//!
 //! Rounding: inside a region values keep f32 precision between ops instead of being rounded
 //! to float16 after each, as ONNX Runtime's CPU provider does when it runs float16 nodes on
 //! float32 kernels; values are rounded to float16 where they leave it. Level 1 and below run
@@ -33,7 +37,17 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let index = Index::new(g);
     let promote: Vec<bool> = g.nodes.iter().map(|n| promotable(g, n)).collect();
     let count = promote.iter().filter(|&&p| p).count();
-    if count == 0 {
+    // Only a model with float16 weights (a Conv, MatMul or Gemm of a constant) is a float16
+    // model to run in f32; a graph of float16 activations alone keeps its per-op rounding.
+    let weighted = g.nodes.iter().zip(&promote).any(|(n, &p)| {
+        p && matches!(
+            op(n),
+            Some(Op::Nn(
+                NnOp::Conv(_) | NnOp::ConvTranspose(_) | NnOp::MatMul(_) | NnOp::Gemm(_)
+            ))
+        ) && n.inputs.iter().flatten().any(|&v| index.tensor(g, v).is_some())
+    });
+    if count == 0 || !weighted {
         return Ok(0);
     }
     // float16 value -> its f32 twin, for values produced by promoted nodes, converted
