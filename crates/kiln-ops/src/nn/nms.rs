@@ -25,17 +25,38 @@ fn extent(b: &[f64], center: bool) -> (f64, f64, f64, f64) {
     }
 }
 
-fn suppress(a: &[f64], b: &[f64], center: bool, iou_threshold: f64) -> bool {
-    let (ax0, ax1, ay0, ay1) = extent(a, center);
-    let (bx0, bx1, by0, by1) = extent(b, center);
-    let (ix0, ix1) = (ax0.max(bx0), ax1.min(bx1));
-    let (iy0, iy1) = (ay0.max(by0), ay1.min(by1));
+/// A box's extent and area, computed once per call.
+#[derive(Clone, Copy)]
+struct Extent {
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+    area: f64,
+}
+
+impl Extent {
+    fn of(b: &[f64], center: bool) -> Extent {
+        let (x0, x1, y0, y1) = extent(b, center);
+        Extent {
+            x0,
+            x1,
+            y0,
+            y1,
+            area: (x1 - x0) * (y1 - y0),
+        }
+    }
+}
+
+/// Whether boxes `a` and `b` overlap by more than `iou_threshold` (intersection over union).
+fn suppress(a: &Extent, b: &Extent, iou_threshold: f64) -> bool {
+    let (ix0, ix1) = (a.x0.max(b.x0), a.x1.min(b.x1));
+    let (iy0, iy1) = (a.y0.max(b.y0), a.y1.min(b.y1));
     if ix1 <= ix0 || iy1 <= iy0 {
         return false;
     }
     let inter = (ix1 - ix0) * (iy1 - iy0);
-    let area_a = (ax1 - ax0) * (ay1 - ay0);
-    let area_b = (bx1 - bx0) * (by1 - by0);
+    let (area_a, area_b) = (a.area, b.area);
     let union = area_a + area_b - inter;
     if inter <= 0.0 || area_a <= 0.0 || area_b <= 0.0 || union <= 0.0 {
         return false;
@@ -75,6 +96,12 @@ impl NonMaxSuppression {
         let mut out: Vec<i64> = Vec::new();
         for b in 0..nb {
             let bx = &bd[b * n * 4..(b + 1) * n * 4];
+            // Every box's extent once, not once per comparison (torchvision's batched NMS
+            // hands one call tens of thousands of candidates).
+            let ext: Vec<Extent> = bx
+                .chunks_exact(4)
+                .map(|q| Extent::of(q, self.center_point_box))
+                .collect();
             for c in 0..nc {
                 let sc = &sd[(b * nc + c) * n..(b * nc + c + 1) * n];
                 let mut cand: Vec<usize> = (0..n).filter(|&i| score_th.is_none_or(|t| sc[i] > t)).collect();
@@ -85,17 +112,14 @@ impl NonMaxSuppression {
                         .unwrap_or(std::cmp::Ordering::Equal)
                         .then(i.cmp(&j))
                 });
-                let mut sel: Vec<usize> = Vec::new();
+                let mut sel: Vec<Extent> = Vec::new();
                 for i in cand {
                     if sel.len() >= max_out {
                         break;
                     }
-                    let bi = &bx[i * 4..i * 4 + 4];
-                    if sel
-                        .iter()
-                        .all(|&s| !suppress(bi, &bx[s * 4..s * 4 + 4], self.center_point_box, iou))
-                    {
-                        sel.push(i);
+                    let Some(&ei) = ext.get(i) else { continue };
+                    if sel.iter().all(|s| !suppress(&ei, s, iou)) {
+                        sel.push(ei);
                         out.extend([b as i64, c as i64, i as i64]);
                     }
                 }
