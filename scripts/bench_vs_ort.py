@@ -53,6 +53,8 @@ import time
 import numpy as np
 import onnxruntime as ort
 
+from model_paths import expand_models
+
 PEAK_GFLOPS = 117.0
 
 
@@ -78,25 +80,6 @@ def feeds_for(model, sess):
         shape = [d if isinstance(d, int) else 1 for d in i.shape]
         out[i.name] = (rng.integers(0, 2, size=shape).astype(np.int64) if "int" in i.type
                        else rng.standard_normal(shape).astype(np.float32))
-    return out
-
-
-def expand_models(paths):
-    """The model paths as given, except that a directory stands for the models its corpus.json
-    lists (scripts/make_corpus.py writes one), or else its *.onnx files, and a .json file for the
-    models it lists."""
-    out = []
-    for p in paths:
-        if os.path.isdir(p):
-            if not os.path.exists(os.path.join(p, "corpus.json")):
-                out += sorted(glob.glob(os.path.join(p, "*.onnx")))
-                continue
-            p = os.path.join(p, "corpus.json")
-        if p.endswith(".json"):
-            with open(p) as f:
-                out += [os.path.join(os.path.dirname(p), m["file"]) for m in json.load(f)["models"]]
-        else:
-            out.append(p)
     return out
 
 
