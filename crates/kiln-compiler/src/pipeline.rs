@@ -9,7 +9,7 @@
 
 use crate::CompileError;
 use crate::passes::{
-    attention, bn, chain, conv_taps, cse, dce, f16, fold, fuse_act, identity, layout, matmul_add, patterns,
+    attention, bn, chain, conv_taps, conv1d, cse, dce, f16, fold, fuse_act, identity, layout, matmul_add, patterns,
     pointwise_depthwise, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
@@ -131,6 +131,13 @@ const PIPELINE: &[Pass] = &[
         name: "fuse_act",
         level: 2,
         run: fuse_act::run,
+    },
+    // One-dimensional convolutions as two-dimensional ones of height 1, after the fusions (the
+    // activation stays in the plan, a residual is reshaped too) and before layout.
+    Pass {
+        name: "conv1d",
+        level: 2,
+        run: conv1d::run,
     },
     // After every fusion (a Conv's epilogue and residual are final), before the last dce, which
     // removes the transposes between two channels-last convolutions.

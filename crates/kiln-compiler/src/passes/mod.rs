@@ -7,6 +7,7 @@
 pub(crate) mod attention;
 pub(crate) mod bn;
 pub(crate) mod chain;
+pub(crate) mod conv1d;
 pub(crate) mod conv_taps;
 pub(crate) mod cse;
 pub(crate) mod dce;

@@ -33,6 +33,8 @@ impl ChainBinary {
             ChainBinary::Sub => a - b,
             ChainBinary::Mul => a * b,
             ChainBinary::Div => a / b,
+            // A square as the Pow op computes it (exact in f64, rounded once), without powf.
+            ChainBinary::Pow if b == 2.0 => (f64::from(a) * f64::from(a)) as f32,
             ChainBinary::Pow => f64::from(a).powf(f64::from(b)) as f32,
         }
     }
