@@ -20,6 +20,7 @@ pub(crate) mod conv;
 mod conv_nhwc;
 mod conv_transpose;
 pub(crate) mod depthwise;
+mod instance_norm;
 mod matmul;
 mod pointwise_depthwise;
 mod pool_nhwc;
@@ -259,6 +260,7 @@ pub fn eval(op: &Op, plan: Option<&Plan>, args: &Args<'_>) -> Result<Outputs> {
         (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(r)), None) => recurrent::eval(r, args),
         (Op::Nn(NnOp::Resize(r)), None) => resize::eval(r, args),
         (Op::Nn(NnOp::ConvTranspose(c)), None) => conv_transpose::eval(c, args),
+        (Op::Reduce(crate::reduce::ReduceOp::InstanceNormalization(o)), None) => instance_norm::eval(o, args),
         (op, None) => op.eval(args),
         (op, Some(plan)) => Err(mismatch(op, plan)),
     }
