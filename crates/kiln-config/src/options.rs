@@ -741,7 +741,7 @@ section! {
         num_of_cores: u32 = 1, POSITIVE, IMPLEMENTED, [aic("num_of_cores"), qaic("aic_num_cores"), graph("num_cores")],
             "Compute threads of a session (AIC: NSP cores): the caller plus num_of_cores - 1 workers, which spin only during a run.";
         shape_cache_size: u32 = 8, UINT, IMPLEMENTED, [],
-            "kiln's own: for a model with symbolic input dims, the most input-shape specialisations a session compiles at run time (on the first run of new shapes) and keeps, least recently used dropped first; 0 runs new shapes on the shape-generic program.";
+            "kiln's own: for a model with symbolic input dims, the most input-shape specialisations a session compiles at run time (on the first run of new shapes) and keeps, least recently used dropped first, at most 4 x this many compiles per session (then new shapes run shape-generic); 0 runs new shapes on the shape-generic program.";
         enable_profiling: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_profiling")],
             "Profile each run (per-step times); exclusive with enable_metrics.";
         enable_metrics: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_metrics")],

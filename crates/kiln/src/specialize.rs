@@ -9,7 +9,10 @@
 //! that run's sizes; later runs of those shapes reuse the program, so a shape seen before never
 //! compiles again. Programs compiled ahead of time for the shape sets the user listed
 //! (`shape_specializations`) are always kept; run-time ones are dropped least recently used
-//! beyond `shape_cache_size` (0 turns run-time specialisation off). Shapes whose compile fails
+//! beyond `shape_cache_size` (0 turns run-time specialisation off). A session compiles at most
+//! [`COMPILES_PER_SLOT`] x `shape_cache_size` programs at run time: a workload of ever-new
+//! shapes (every sentence another length) then runs new shapes on the generic program instead
+//! of paying a compile for each. Shapes whose compile fails
 //! run on the generic program, which reports the error those inputs deserve; the failure is
 //! remembered (within the same bound), so it is not compiled again on every run.
 
@@ -21,6 +24,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// Default of `shape_cache_size`: run-time specialisations a session keeps.
 pub const DEFAULT_SHAPE_CACHE: usize = 8;
+
+/// Run-time compiles a session makes per cache slot before new shapes run shape-generic.
+pub const COMPILES_PER_SLOT: u64 = 4;
 
 /// Symbol bindings: each symbol of the model's inputs and its size, sorted by name.
 pub type Bindings = Vec<(String, usize)>;
@@ -156,7 +162,7 @@ impl Specializer {
         if let Some(v) = self.lookup(&bindings) {
             return v.program.is_some().then_some(v);
         }
-        if self.limit == 0 || matches!(self.source, Source::None) {
+        if self.limit == 0 || matches!(self.source, Source::None) || self.exhausted() {
             return None;
         }
         let _compiling = lock(&self.compiling);
@@ -171,6 +177,11 @@ impl Specializer {
         let excess = cache.recent.len().saturating_sub(self.limit);
         cache.recent.drain(..excess);
         v.program.is_some().then_some(v)
+    }
+
+    /// Whether this session has made all the run-time compiles it may.
+    fn exhausted(&self) -> bool {
+        lock(&self.cache).compiled >= COMPILES_PER_SLOT.saturating_mul(self.limit as u64)
     }
 
     /// A cached variant of these bindings, marked most recently used.
@@ -229,7 +240,9 @@ impl Specializer {
                 .collect(),
             compiled: cache.compiled,
             limit: self.limit,
-            can_compile: !matches!(self.source, Source::None) && self.limit > 0,
+            can_compile: !matches!(self.source, Source::None)
+                && self.limit > 0
+                && cache.compiled < COMPILES_PER_SLOT.saturating_mul(self.limit as u64),
         }
     }
 }

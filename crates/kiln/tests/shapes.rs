@@ -120,6 +120,13 @@ fn the_cache_keeps_the_most_recently_used_shapes() {
     // 8x8 was dropped for 6x6 and compiled again.
     assert_eq!((c.compiled, c.cached.len()), (3, 1));
     assert_eq!(sym(&c.cached[0], "h"), Some(8));
+    // After 4 compiles per slot, new shapes run on the generic program (still correct).
+    s.run(input([1, 4, 5, 5])).unwrap();
+    let (_, y, dims) = outputs(&s, [1, 4, 7, 9]);
+    let c = s.shape_cache().unwrap();
+    assert_eq!((c.compiled, c.can_compile), (4, false));
+    close(&y, &outputs(&reference(), [1, 4, 7, 9]).1);
+    assert_eq!(dims, vec![1, 4, 7, 9]);
     // Inputs that do not fit the signature run the generic program and get its error.
     let bad = vec![(
         "x".to_string(),
