@@ -20,7 +20,7 @@ pub(crate) mod conv;
 mod conv_nhwc;
 mod conv_transpose;
 pub(crate) mod depthwise;
-mod instance_norm;
+mod group_norm;
 mod matmul;
 mod pointwise_depthwise;
 mod pool_nhwc;
@@ -260,7 +260,8 @@ pub fn eval(op: &Op, plan: Option<&Plan>, args: &Args<'_>) -> Result<Outputs> {
         (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(r)), None) => recurrent::eval(r, args),
         (Op::Nn(NnOp::Resize(r)), None) => resize::eval(r, args),
         (Op::Nn(NnOp::ConvTranspose(c)), None) => conv_transpose::eval(c, args),
-        (Op::Reduce(crate::reduce::ReduceOp::InstanceNormalization(o)), None) => instance_norm::eval(o, args),
+        (Op::Reduce(crate::reduce::ReduceOp::InstanceNormalization(o)), None) => group_norm::eval_instance(o, args),
+        (Op::Reduce(crate::reduce::ReduceOp::GroupNormalization(o)), None) => group_norm::eval_group(o, args),
         (op, None) => op.eval(args),
         (op, Some(plan)) => Err(mismatch(op, plan)),
     }
