@@ -172,12 +172,7 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         s.meta.weights.packing
     ));
     if !s.meta.shape_sets.is_empty() {
-        let sets: Vec<String> = s
-            .meta
-            .shape_sets
-            .iter()
-            .map(|b| b.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
-            .collect();
+        let sets: Vec<String> = s.meta.shape_sets.iter().map(|b| kiln::format_bindings(b)).collect();
         out.push_str(&format!(
             "  shape specializations: {} ({})\n",
             sets.len(),

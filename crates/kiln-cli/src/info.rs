@@ -70,9 +70,8 @@ fn program_text(out: &mut String, path: &Path, print_steps: bool) -> Result<()> 
     {
         outln!(out, "memory plan: {mem}");
     }
-    let sets = |b: &[(String, u64)]| b.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
     if !m.shape_sets.is_empty() {
-        let listed: Vec<String> = m.shape_sets.iter().map(|b| sets(b)).collect();
+        let listed: Vec<String> = m.shape_sets.iter().map(|b| kiln::format_bindings(b)).collect();
         outln!(
             out,
             "shape specializations: {} compiled ahead of time ({})",

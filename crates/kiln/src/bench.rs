@@ -139,7 +139,7 @@ impl fmt::Display for BenchReport {
         if let Some(c) = &self.shape_cache {
             let sets = |b: &[crate::Bindings]| {
                 b.iter()
-                    .map(|b| b.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+                    .map(|b| crate::format_bindings(b))
                     .collect::<Vec<_>>()
                     .join("; ")
             };

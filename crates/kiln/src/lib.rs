@@ -31,7 +31,7 @@ pub use session::{
     CompileSummary, Error, IoInfo, ProgramMeta, Session, SessionOptions, compile_file, is_program_file, load_onnx,
 };
 pub use shapes::{MemoryPlacement, ShapeInfo};
-pub use specialize::{Bindings, DEFAULT_SHAPE_CACHE, ShapeCacheInfo};
+pub use specialize::{Bindings, DEFAULT_SHAPE_CACHE, ShapeCacheInfo, format_bindings};
 
 /// Lower-level crates, for tools (CLI, conformance, benchmarks) that need them.
 pub mod raw {

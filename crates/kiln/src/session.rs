@@ -232,11 +232,7 @@ fn shape_programs(
     let mut out: Vec<kiln_runtime::file::ShapeProgram> = Vec::new();
     for set in &options.shape_specializations {
         let bad = |reason: String| Error::ShapeSet {
-            set: set
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(","),
+            set: crate::format_bindings(set),
             reason,
         };
         if let Some((name, _)) = set.iter().find(|(n, _)| !symbols.contains(n)) {
@@ -272,11 +268,14 @@ fn shape_programs(
 /// The model's bytes and how to compile them again, when they can be imported on their own
 /// (a model with external data cannot: its tensors live in other files).
 fn embeddable_source(model: &Path, options: &SessionOptions) -> Option<(Vec<u8>, kiln_runtime::file::SourceMeta)> {
-    let bytes = std::fs::read(model).ok()?;
+    let bytes = bytes::Bytes::from(std::fs::read(model).ok()?);
     let import = kiln_onnx::ImportOptions {
         symbols: options.symbols.clone(),
     };
-    kiln_onnx::load_model_bytes(bytes::Bytes::from(bytes.clone()), &import).ok()?;
+    // The trial import's tensors view `bytes`; once it is dropped the buffer is unshared and
+    // becomes the Vec without a copy.
+    drop(kiln_onnx::load_model_bytes(bytes.clone(), &import).ok()?);
+    let bytes = Vec::from(bytes);
     let meta = kiln_runtime::file::SourceMeta {
         bytes: bytes.len() as u64,
         symbols: options.symbols.iter().map(|(k, v)| (k.clone(), *v as u64)).collect(),
@@ -306,8 +305,15 @@ impl Session {
                 path: path.display().to_string(),
                 cause,
             })?;
-            let specializer = Session::file_specializer(&file, options);
-            let mut session = Session::with_program(file.program, Some(file.meta));
+            let kiln_runtime::file::ProgramFile {
+                program,
+                shapes,
+                source,
+                meta,
+                ..
+            } = file;
+            let specializer = Session::file_specializer(shapes, source, &meta, options);
+            let mut session = Session::with_program(program, Some(meta));
             session.specializer = specializer;
             return session.observed(options, started);
         }
@@ -341,24 +347,21 @@ impl Session {
 
     /// The specialisations of a program file: its stored shape programs, and its embedded
     /// source compiled with the options it was compiled with.
-    fn file_specializer(file: &kiln_runtime::file::ProgramFile, options: &SessionOptions) -> Option<Specializer> {
-        if file.shapes.is_empty() && file.source.is_none() {
+    fn file_specializer(
+        shapes: Vec<kiln_runtime::file::ShapeProgram>,
+        source: Option<kiln_runtime::file::SourceBytes>,
+        meta: &ProgramMeta,
+        options: &SessionOptions,
+    ) -> Option<Specializer> {
+        if shapes.is_empty() && source.is_none() {
             return None;
         }
-        let spec = file.meta.specialize.as_ref();
+        let spec = meta.specialize.as_ref();
         let compile = spec
             .and_then(|m| serde_json::from_value::<CompileOptions>(m.compile.clone()).ok())
             .unwrap_or_default();
-        let source = file
-            .source
-            .clone()
-            .zip(spec)
-            .map(|(bytes, m)| (bytes, to_usize(&m.symbols)));
-        let stored = file
-            .shapes
-            .iter()
-            .map(|p| (to_usize(&p.bindings), p.program.clone()))
-            .collect();
+        let source = source.zip(spec).map(|(bytes, m)| (bytes, to_usize(&m.symbols)));
+        let stored = shapes.into_iter().map(|p| (to_usize(&p.bindings), p.program)).collect();
         Some(Specializer::from_file(
             source,
             stored,

@@ -25,6 +25,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 /// Default of `shape_cache_size`: run-time specialisations a session keeps.
 pub const DEFAULT_SHAPE_CACHE: usize = 8;
 
+/// A shape set as written on the command line and in reports: `h=640,w=640`.
+pub fn format_bindings<V: std::fmt::Display>(b: &[(String, V)]) -> String {
+    b.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
 /// Run-time compiles a session makes per cache slot before new shapes run shape-generic.
 pub const COMPILES_PER_SLOT: u64 = 4;
 
@@ -158,15 +163,16 @@ impl Specializer {
     /// shapes; `None` to run the generic program (static model, inputs that do not fit the
     /// signature, a failed compile, or nothing to compile from).
     pub(crate) fn variant(&self, generic: &Program, inputs: &[(String, Value)]) -> Option<Arc<Variant>> {
-        let bindings = bindings(generic, inputs)?;
-        if let Some(v) = self.lookup(&bindings) {
+        // Every run: find the variant the inputs fit, allocating nothing.
+        if let Some(v) = self.lookup(|b| fits(generic, inputs, b)) {
             return v.program.is_some().then_some(v);
         }
         if self.limit == 0 || matches!(self.source, Source::None) || self.exhausted() {
             return None;
         }
+        let bindings = bindings(generic, inputs)?;
         let _compiling = lock(&self.compiling);
-        if let Some(v) = self.lookup(&bindings) {
+        if let Some(v) = self.lookup(|b| b == bindings.as_slice()) {
             return v.program.is_some().then_some(v);
         }
         let program = self.compile(&bindings);
@@ -184,13 +190,13 @@ impl Specializer {
         lock(&self.cache).compiled >= COMPILES_PER_SLOT.saturating_mul(self.limit as u64)
     }
 
-    /// A cached variant of these bindings, marked most recently used.
-    fn lookup(&self, bindings: &[(String, usize)]) -> Option<Arc<Variant>> {
+    /// A cached variant whose bindings `hit` accepts, marked most recently used.
+    fn lookup(&self, hit: impl Fn(&[(String, usize)]) -> bool) -> Option<Arc<Variant>> {
         let mut cache = lock(&self.cache);
-        if let Some(v) = cache.stored.iter().find(|v| v.bindings == bindings) {
+        if let Some(v) = cache.stored.iter().find(|v| hit(&v.bindings)) {
             return Some(v.clone());
         }
-        let at = cache.recent.iter().position(|v| v.bindings == bindings)?;
+        let at = cache.recent.iter().position(|v| hit(&v.bindings))?;
         let v = cache.recent.remove(at);
         cache.recent.push(v.clone());
         Some(v)
@@ -251,6 +257,35 @@ impl std::fmt::Debug for Specializer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Specializer").field("cache", &self.info()).finish()
     }
+}
+
+/// Whether the inputs fit the program's signature with its symbols at the sizes `b` binds
+/// (each symbol's every occurrence, the fixed dims too). Allocates nothing: it runs on every
+/// inference of a symbolic model.
+fn fits(program: &Program, inputs: &[(String, Value)], b: &[(String, usize)]) -> bool {
+    for spec in &program.inputs {
+        let ValueType::Tensor(tt) = &spec.ty else { continue };
+        let Some(dims) = &tt.shape else { continue };
+        if !dims.iter().any(|d| matches!(d, Dim::Sym(_))) {
+            continue;
+        }
+        let Some((_, Value::Tensor(t))) = inputs.iter().find(|(n, _)| *n == spec.name) else {
+            return false;
+        };
+        if t.rank() != dims.len() {
+            return false;
+        }
+        for (d, &got) in dims.iter().zip(t.shape()) {
+            let ok = match d {
+                Dim::Fixed(n) => *n == got,
+                Dim::Sym(s) => b.iter().any(|(n, v)| n == s && *v == got),
+            };
+            if !ok {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// The sizes the inputs give the symbols of the program's input types, sorted by name;

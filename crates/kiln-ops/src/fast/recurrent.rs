@@ -421,10 +421,7 @@ fn run_direction(
                 // Gates z and r of every running entry (in place in ghm), and the state the
                 // candidate's product takes: H itself, or r ∘ H.
                 for bi in 0..batch {
-                    if at(bi).is_none() {
-                        continue;
-                    }
-                    let (_, row) = at(bi)?;
+                    let Some((_, row)) = at(bi) else { continue };
                     let gxr = gx.get(row * gh..row * gh + split)?;
                     let zr = ghm.get_mut(bi * split..(bi + 1) * split)?;
                     for (o, a) in zr.iter_mut().zip(gxr) {
