@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine: Python tools for reference data (onnx pinned, onnxruntime,
-# numpy) in a venv under ~/.cache/kiln, the ONNX backend test data written into the cache, and
+# numpy) in a venv under ~/.cache/kiln, the ONNX backend test data and the com.microsoft op cases
+# (ONNX Runtime outputs) written into the cache, and
 # a release build of kiln.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,12 @@ DATA="${KILN_ONNX_TESTS:-$CACHE/onnx-tests}"
 if [ "$(cat "$DATA/onnx_version.txt" 2>/dev/null)" != "$ONNX_VERSION" ]; then
   rm -rf "$DATA"
   "$VENV/bin/python" scripts/fetch_onnx_tests.py "$DATA"
+fi
+# com.microsoft op cases, ONNX Runtime's outputs as the reference; rewritten when the script changes.
+STAMP="$(sha256sum scripts/make_contrib_tests.py | cut -c1-16)"
+if [ "$(cat "$DATA/contrib.stamp" 2>/dev/null)" != "$STAMP" ]; then
+  "$VENV/bin/python" scripts/make_contrib_tests.py "$DATA"
+  echo "$STAMP" > "$DATA/contrib.stamp"
 fi
 cargo build --release --quiet -p kiln-cli -p kiln-conformance
 echo "set-up done: test data in $DATA, binaries in target/release"

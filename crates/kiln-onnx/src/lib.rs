@@ -5,6 +5,7 @@
 //! This is the only crate that knows ONNX op names, opsets and protobuf.
 
 pub mod attrs;
+pub mod contrib;
 mod error;
 mod functions;
 mod import;

@@ -242,7 +242,7 @@ impl Builder<'_> {
             &inlined
         };
         for node in topo_order(body).map_err(gerr)? {
-            self.node(node, &declared)?;
+            self.node(node, &declared, None)?;
         }
         if !self.unsupported.is_empty() {
             return Ok(()); // reported as one error by the caller
@@ -318,7 +318,9 @@ impl Builder<'_> {
         Ok(Some(id))
     }
 
-    fn node(&mut self, np: &NodeProto, declared: &HashMap<&str, &ValueInfoProto>) -> Result<()> {
+    /// Imports one node; `expanded` is set for the nodes of a com.microsoft expansion, which
+    /// are read at the expansions' own opset.
+    fn node(&mut self, np: &NodeProto, declared: &HashMap<&str, &ValueInfoProto>, expanded: Option<i64>) -> Result<()> {
         let op_type = np.op_type.as_deref().unwrap_or("");
         let domain = normalize_domain(np.domain.as_deref().unwrap_or(""));
         let node_name = np.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| {
@@ -326,7 +328,7 @@ impl Builder<'_> {
                 .first()
                 .map_or_else(|| op_type.to_string(), |o| format!("{op_type}:{o}"))
         });
-        let opset = self.opsets.iter().find(|(d, _)| d == domain).map(|(_, v)| *v);
+        let opset = expanded.or_else(|| self.opsets.iter().find(|(d, _)| d == domain).map(|(_, v)| *v));
         let Some(opset) = opset else {
             self.note_unsupported(domain, op_type, 0, &node_name);
             return Ok(());
@@ -354,6 +356,12 @@ impl Builder<'_> {
             attrs: &np.attribute,
             loader: self.loader,
         };
+        if expanded.is_none() && crate::contrib::expands(domain, op_type) {
+            for n in crate::contrib::expand(&ctx, np)? {
+                self.node(&n, declared, Some(crate::contrib::OPSET))?;
+            }
+            return Ok(());
+        }
         // Constant nodes become constants.
         if domain.is_empty() && op_type == "Constant" {
             let value = constant_value(&ctx)?;

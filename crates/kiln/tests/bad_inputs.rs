@@ -355,3 +355,45 @@ fn model_local_functions_are_inlined() {
     let Value::Tensor(w) = &out[0].1 else { panic!() };
     assert_eq!(w.as_slice::<f32>().unwrap(), &[-0.125, 3.0]);
 }
+
+#[test]
+fn com_microsoft_features_kiln_cannot_honour_are_refused_by_name() {
+    let ms = |op: &str, inputs: &[&str], attrs: Vec<AttributeProto>| {
+        let mut n = node(op, "n0", inputs, &["y"], attrs);
+        n.domain = Some("com.microsoft".into());
+        let mut m = model(
+            vec![n],
+            vec![value_info("x", F32, &[Dim::N(1), Dim::N(2), Dim::N(8)])],
+            vec![value_info("y", F32, &[Dim::N(1), Dim::N(2), Dim::N(8)])],
+            vec![],
+        );
+        m.opset_import.push(OperatorSetIdProto {
+            domain: Some("com.microsoft".into()),
+            version: Some(1),
+        });
+        import(&m).map(|_| ()).map_err(|e| e.to_string())
+    };
+    let int = |name: &str, v: i64| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(v),
+        ..Default::default()
+    };
+    // The same model imports when nothing is refused.
+    ms("MultiHeadAttention", &["x", "x", "x"], vec![int("num_heads", 2)]).unwrap();
+    let e = ms("MultiHeadAttention", &["x"], vec![int("num_heads", 2)]).unwrap_err();
+    assert!(e.contains("n0") && e.contains("packed QKV"), "{e}");
+    let e = ms("MultiHeadAttention", &["x", "x", "x"], vec![int("num_heads", 0)]).unwrap_err();
+    assert!(e.contains("num_heads") && e.contains("got 0"), "{e}");
+    let e = ms("FusedMatMul", &["x", "x"], vec![int("transBatchA", 1)]).unwrap_err();
+    assert!(e.contains("transBatchA"), "{e}");
+    let e = ms("Attention", &["x", "x"], vec![int("num_heads", 2), int("do_rotary", 1)]).unwrap_err();
+    assert!(e.contains("do_rotary"), "{e}");
+    let e = ms(
+        "RotaryEmbedding",
+        &["x", "x", "x", "x"],
+        vec![int("is_packed_batching", 1)],
+    )
+    .unwrap_err();
+    assert!(e.contains("is_packed_batching"), "{e}");
+}

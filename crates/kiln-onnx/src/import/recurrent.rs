@@ -3,8 +3,8 @@
 use crate::attrs::{NodeCtx, Result};
 use kiln_ops::Op;
 use kiln_ops::recurrent::{
-    Activation, Attention, CausalConvWithState, Cell, Direction, FlexAttention, LinearAttention, Recurrent,
-    RecurrentOp, RotaryEmbedding, SwiGlu, UpdateRule,
+    Activation, Attention, AttentionMask, CausalConvWithState, Cell, Direction, FlexAttention, LinearAttention,
+    Recurrent, RecurrentOp, RotaryEmbedding, SwiGlu, UpdateRule,
 };
 use kiln_tensor::DType;
 
@@ -12,6 +12,9 @@ use kiln_tensor::DType;
 pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
     if ctx.domain == "ai.onnx.preview" && ctx.op_type == "FlexAttention" {
         return flex_attention(ctx).map(|op| Some(Op::Recurrent(RecurrentOp::FlexAttention(op))));
+    }
+    if ctx.domain == crate::contrib::KILN_DOMAIN {
+        return contrib(ctx);
     }
     if !ctx.domain.is_empty() && ctx.domain != "ai.onnx" {
         return Ok(None);
@@ -38,6 +41,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
                 interleaved: ctx.attr_bool_or("interleaved", false)?,
                 rotary_embedding_dim: opt_usize(ctx, "rotary_embedding_dim")?.unwrap_or(0),
                 num_heads: opt_usize(ctx, "num_heads")?,
+                contrib: false,
             })
         }
         "SwiGLU" => {
@@ -93,6 +97,35 @@ fn opt_usize(ctx: &NodeCtx<'_>, name: &str) -> Result<Option<usize>> {
             .map(Some)
             .map_err(|_| ctx.attr_err(name, format!("must be >= 0, got {v}"))),
     }
+}
+
+/// The nodes the com.microsoft expansions write in kiln's own domain (see `crate::contrib`).
+fn contrib(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
+    let op = match ctx.op_type {
+        "AttentionMask" => {
+            ctx.check_inputs(0, 4)?;
+            for (i, what) in [(1, "query"), (2, "key")] {
+                if !ctx.has_input(i) {
+                    return Err(ctx.node_err(format!("input {i} ({what}) is required")));
+                }
+            }
+            RecurrentOp::AttentionMask(AttentionMask {
+                filter_value: ctx.attr_f32_or("mask_filter_value", -10000.0)?,
+                causal: ctx.attr_bool_or("unidirectional", false)?,
+            })
+        }
+        "RotaryEmbedding" => {
+            ctx.check_inputs(4, 4)?;
+            RecurrentOp::RotaryEmbedding(RotaryEmbedding {
+                interleaved: ctx.attr_bool_or("interleaved", false)?,
+                rotary_embedding_dim: opt_usize(ctx, "rotary_embedding_dim")?.unwrap_or(0),
+                num_heads: opt_usize(ctx, "num_heads")?.filter(|&h| h > 0),
+                contrib: true,
+            })
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(Op::Recurrent(op)))
 }
 
 fn attention(ctx: &NodeCtx<'_>) -> Result<Attention> {

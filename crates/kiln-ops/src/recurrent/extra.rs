@@ -24,8 +24,13 @@ pub struct RotaryEmbedding {
     pub interleaved: bool,
     /// Rotated prefix of each head (0: the whole head).
     pub rotary_embedding_dim: usize,
-    /// Required for 3-D inputs.
+    /// Required for 3-D inputs (unless `contrib`).
     pub num_heads: Option<usize>,
+    /// ONNX Runtime's com.microsoft `RotaryEmbedding` semantics (inputs reordered to the ONNX
+    /// op's by the importer): a one-element `position_ids` is the first position (rows
+    /// `p..p+S` of the caches for every batch entry), and a 3-D input without `num_heads` has
+    /// heads of twice the caches' width.
+    pub contrib: bool,
 }
 
 impl RotaryEmbedding {
@@ -38,6 +43,17 @@ impl RotaryEmbedding {
         // (batch, seq, heads, head) and the flat offset of each element.
         let (b, sq, h, d, four) = match s.len() {
             4 => (s[0], s[2], s[1], s[3], true),
+            3 if self.contrib && self.num_heads.is_none_or(|h| h == 0) => {
+                let head = 2 * cos.shape().last().copied().unwrap_or(0);
+                if head == 0 || s[2] % head != 0 {
+                    return Err(OpError::input_shape(
+                        1,
+                        format!("a cache whose width x 2 divides the hidden size {}", s[2]),
+                        cos.shape(),
+                    ));
+                }
+                (s[0], s[1], s[2] / head, head, false)
+            }
             3 => {
                 let h = self.num_heads.filter(|&h| h > 0).ok_or_else(|| {
                     let got = self.num_heads.map_or_else(|| "none".to_string(), |h| h.to_string());
@@ -88,8 +104,23 @@ impl RotaryEmbedding {
         }
         // Cache row for (batch, position).
         let rows: Vec<usize> = match pos {
+            Some(p) if self.contrib && p.len() == 1 && !(b == 1 && sq == 1) => {
+                let maxp = cos.shape().first().copied().unwrap_or(0);
+                let first = p
+                    .to_i64_vec()
+                    .and_then(|v| v.first().copied())
+                    .ok_or_else(|| OpError::input_value(3, "an integer position", format!("a {} tensor", p.dtype())))?;
+                let start = usize::try_from(first)
+                    .ok()
+                    .filter(|&u| cos.rank() == 2 && u.checked_add(sq).is_some_and(|e| e <= maxp))
+                    .ok_or(OpError::IndexOutOfRange {
+                        index: first.saturating_add(sq as i64),
+                        size: maxp,
+                    })?;
+                (0..b).flat_map(|_| start..start + sq).collect()
+            }
             Some(p) => {
-                if p.shape() != [b, sq] {
+                if p.len() != b * sq || (!self.contrib && p.shape() != [b, sq]) {
                     return Err(OpError::input_shape(3, format!("[{b}, {sq}]"), p.shape()));
                 }
                 if cos.rank() != 2 {
@@ -660,11 +691,37 @@ mod tests {
             interleaved: false,
             rotary_embedding_dim: 0,
             num_heads: None,
+            contrib: false,
         };
         assert_eq!(
             eval1(op.eval(&Args::new(&[Some(&x), Some(&c), Some(&s)]))),
             vec![-5.0, 3.0]
         );
+    }
+
+    #[test]
+    fn contrib_rotary_reads_a_one_element_position_as_an_offset() {
+        // Two positions of one head of size 2 (3-D input, heads from the cache width); the
+        // caches' rows 0..3 turn by 0, 90 and 180 degrees. Offset 1 uses rows 1 and 2.
+        let x = Value::Tensor(Tensor::from_vec(vec![1, 2, 2], vec![3.0f32, 5.0, 3.0, 5.0]).unwrap());
+        let c = Value::Tensor(Tensor::from_vec(vec![3, 1], vec![1.0f32, 0.0, -1.0]).unwrap());
+        let s = Value::Tensor(Tensor::from_vec(vec![3, 1], vec![0.0f32, 1.0, 0.0]).unwrap());
+        let p = Value::Tensor(Tensor::from_vec(vec![1], vec![1i64]).unwrap());
+        let op = RotaryEmbedding {
+            interleaved: false,
+            rotary_embedding_dim: 0,
+            num_heads: None,
+            contrib: true,
+        };
+        let args = [Some(&x), Some(&c), Some(&s), Some(&p)];
+        assert_eq!(eval1(op.eval(&Args::new(&args))), vec![-5.0, 3.0, -3.0, -5.0]);
+        // Past the cache's end is an error, not a read out of bounds.
+        let far = Value::Tensor(Tensor::from_vec(vec![1], vec![2i64]).unwrap());
+        let args = [Some(&x), Some(&c), Some(&s), Some(&far)];
+        assert!(matches!(
+            op.eval(&Args::new(&args)),
+            Err(OpError::IndexOutOfRange { .. })
+        ));
     }
 
     #[test]

@@ -1,16 +1,19 @@
 //! Family module: recurrent and sequence-mixing ops: `Attention` (opsets 23-25),
 //! `RotaryEmbedding` (23), `RNN`/`GRU`/`LSTM` (opsets 7-22), and the opset 27/28 additions
-//! `LinearAttention`, `CausalConvWithState` and `SwiGLU`.
+//! `LinearAttention`, `CausalConvWithState` and `SwiGLU`, and `AttentionMask`, the mask of
+//! ONNX Runtime's com.microsoft attention ops (kiln's own op; see [`contrib`]).
 
 use crate::value::{InferInput, ValueType};
 
 pub mod attention;
 mod attention_f32;
+pub mod contrib;
 pub mod extra;
 pub(crate) mod num;
 pub mod rnn;
 
 pub use attention::Attention;
+pub use contrib::AttentionMask;
 pub use extra::{CausalConvWithState, FlexAttention, LinearAttention, RotaryEmbedding, SwiGlu, UpdateRule};
 pub use rnn::{Activation, Cell, Direction, Recurrent};
 
@@ -26,6 +29,8 @@ op_family! {
         SwiGlu(SwiGlu) = |_: &SwiGlu| "SwiGLU",
         /// `ai.onnx.preview` `FlexAttention`.
         FlexAttention(FlexAttention),
+        /// The additive mask of com.microsoft `Attention` / `MultiHeadAttention` (kiln's own).
+        AttentionMask(AttentionMask),
     }
 }
 
