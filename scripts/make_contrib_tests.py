@@ -235,6 +235,38 @@ def fused(out):
          conv_in + [("z", F, [1, 4, 6, 6])], [("y", F, None)], {"x": x, "z": z}, inits=inits)
 
 
+def fused_gemm_and_integer(out):
+    a, b, c = randn(3, 5), randn(4, 5), randn(4)
+    for act, extra in (("Relu", {}), ("LeakyRelu", {"activation_alpha": 0.1}), ("Sigmoid", {}),
+                       ("HardSigmoid", {"activation_alpha": 0.3, "activation_beta": 0.4})):
+        case(out, f"fused_gemm_{act.lower()}",
+             [helper.make_node("FusedGemm", ["a", "b", "c"], ["y"], domain=MS, transB=1, alpha=0.7, beta=0.5,
+                               activation=act, **extra)],
+             [("a", F, [3, 5]), ("b", F, [4, 5]), ("c", F, [4])], [("y", F, None)], {"a": a, "b": b, "c": c})
+    # Dynamic quantisation of A, int8 weights with per-column scales and zero points. The weights
+    # stay within 7 bits (as ONNX Runtime's quantiser's reduce_range keeps them): on CPUs without
+    # VNNI its u8 x s8 kernel saturates pairs of full-range products, and the reference would be
+    # inexact.
+    x = randn(2, 6, 16)
+    w = RNG.integers(-64, 64, (16, 8)).astype(np.int8)
+    ws = (RNG.random(8) * 0.02 + 0.005).astype(np.float32)
+    wz = RNG.integers(-3, 4, 8).astype(np.int8)
+    bias = randn(8)
+    case(out, "dynamic_quantize_matmul",
+         [helper.make_node("DynamicQuantizeMatMul", ["x", "w", "ws", "wz", "bias"], ["y"], domain=MS)],
+         [("x", F, [2, 6, 16])], [("y", F, None)], {"x": x},
+         inits=[("w", w), ("ws", ws), ("wz", wz), ("bias", bias)])
+    case(out, "dynamic_quantize_matmul_no_zp",
+         [helper.make_node("DynamicQuantizeMatMul", ["x", "w", "ws"], ["y"], domain=MS)],
+         [("x", F, [2, 6, 16])], [("y", F, None)], {"x": x}, inits=[("w", w), ("ws", ws[:1])])
+    aq = RNG.integers(0, 256, (2, 6, 16)).astype(np.uint8)
+    case(out, "matmul_integer_to_float",
+         [helper.make_node("MatMulIntegerToFloat", ["aq", "w", "as", "ws", "az", "wz", "bias"], ["y"], domain=MS)],
+         [("aq", TensorProto.UINT8, [2, 6, 16])], [("y", F, None)], {"aq": aq},
+         inits=[("w", w), ("as", np.array(0.02, np.float32)), ("ws", ws), ("az", np.array(128, np.uint8)),
+                ("wz", wz), ("bias", bias)])
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__)
@@ -242,7 +274,7 @@ def main() -> int:
     out = os.path.join(sys.argv[1], "contrib")
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    for make in (activations, norms, attention, mha, rotary, fused):
+    for make in (activations, norms, attention, mha, rotary, fused, fused_gemm_and_integer):
         make(out)
     print(f"{len(os.listdir(out))} com.microsoft cases written to {out}")
     return 0

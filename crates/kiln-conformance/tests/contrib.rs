@@ -11,7 +11,7 @@ fn com_microsoft_ops_match_onnxruntime() {
     let cases = discover(&data, &["contrib"], None)
         .unwrap_or_else(|e| panic!("no contrib cases in {} ({e}); run scripts/setup.sh", data.display()));
     assert!(
-        cases.len() >= 39,
+        cases.len() >= 46,
         "only {} contrib cases in {}",
         cases.len(),
         data.display()

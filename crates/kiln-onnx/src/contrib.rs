@@ -44,6 +44,9 @@ pub fn expands(domain: &str, op_type: &str) -> bool {
                 | "RotaryEmbedding"
                 | "FusedMatMul"
                 | "FusedConv"
+                | "FusedGemm"
+                | "DynamicQuantizeMatMul"
+                | "MatMulIntegerToFloat"
         ),
         // ONNX Runtime registers its RMS norm in the default domain.
         "" => op_type == "SimplifiedLayerNormalization",
@@ -130,6 +133,22 @@ pub fn expand(ctx: &NodeCtx<'_>, np: &NodeProto) -> Result<Vec<NodeProto>> {
         }
         "FusedMatMul" => fused_matmul(&mut e)?,
         "FusedConv" => fused_conv(&mut e, np)?,
+        "FusedGemm" => fused_gemm(&mut e, np)?,
+        "DynamicQuantizeMatMul" => {
+            // A quantised per call (u8, as DynamicQuantizeLinear does), then as below.
+            let (a, b, b_scale) = (e.need(0, "A")?, e.need(1, "B")?, e.need(2, "b_scale")?);
+            let (aq, a_scale, a_zp) = (e.tmp("a_q"), e.tmp("a_scale"), e.tmp("a_zero_point"));
+            e.emit("", "DynamicQuantizeLinear", &[&a], &[&aq, &a_scale, &a_zp], vec![]);
+            let b_zp = e.input(3);
+            let bias = e.input(4);
+            integer_to_float(&mut e, &aq, &b, &a_scale, &b_scale, Some(a_zp), b_zp, bias)?;
+        }
+        "MatMulIntegerToFloat" => {
+            let (a, b) = (e.need(0, "A")?, e.need(1, "B")?);
+            let (a_scale, b_scale) = (e.need(2, "a_scale")?, e.need(3, "b_scale")?);
+            let (a_zp, b_zp, bias) = (e.input(4), e.input(5), e.input(6));
+            integer_to_float(&mut e, &a, &b, &a_scale, &b_scale, a_zp, b_zp, bias)?;
+        }
         other => return Err(ctx.node_err(format!("no expansion for {other}"))),
     }
     Ok(e.nodes)
@@ -500,6 +519,71 @@ fn fused_conv(e: &mut Emit<'_>, np: &NodeProto) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `(A - a_zp)(B - b_zp) * (a_scale * b_scale) + bias`, the integer product exact in i32 and
+/// scaled once in float, as ONNX Runtime does.
+#[allow(clippy::too_many_arguments)]
+fn integer_to_float(
+    e: &mut Emit<'_>,
+    a: &str,
+    b: &str,
+    a_scale: &str,
+    b_scale: &str,
+    a_zp: Option<String>,
+    b_zp: Option<String>,
+    bias: Option<String>,
+) -> Result<()> {
+    let acc = e.one(
+        "MatMulInteger",
+        &[a, b, a_zp.as_deref().unwrap_or(""), b_zp.as_deref().unwrap_or("")],
+        vec![],
+    );
+    let accf = e.one("CastLike", &[&acc, a_scale], vec![]);
+    let scale = e.one("Mul", &[a_scale, b_scale], vec![]);
+    match bias {
+        None => e.last("Mul", &[&accf, &scale], vec![]),
+        Some(bias) => {
+            let y = e.one("Mul", &[&accf, &scale], vec![]);
+            e.last("Add", &[&y, &bias], vec![])
+        }
+    }
+}
+
+/// `FusedGemm`: `Gemm`, then the activation (`activation_alpha` / `_beta` its parameters).
+fn fused_gemm(e: &mut Emit<'_>, np: &NodeProto) -> Result<()> {
+    let ctx = e.ctx;
+    let (a, b) = (e.need(0, "A")?, e.need(1, "B")?);
+    let c = e.input(2).unwrap_or_default();
+    let gemm_attrs: Vec<AttributeProto> = np
+        .attribute
+        .iter()
+        .filter(|a| !a.name.as_deref().is_some_and(|n| n.starts_with("activation")))
+        .cloned()
+        .collect();
+    let y = e.one("Gemm", &[&a, &b, &c], gemm_attrs);
+    let act = ctx.attr_string_or("activation", "")?;
+    let alpha = ctx.attr_f32("activation_alpha")?;
+    let beta = ctx.attr_f32("activation_beta")?;
+    let mut attrs = Vec::new();
+    match act.as_str() {
+        "" | "Identity" => return e.last("Identity", &[&y], vec![]),
+        "Relu" | "Sigmoid" | "Tanh" => {}
+        "LeakyRelu" | "Elu" | "Celu" => attrs.extend(alpha.map(|v| attr_f("alpha", v))),
+        "HardSigmoid" | "ThresholdedRelu" | "Selu" => {
+            let (an, bn) = if act == "Selu" {
+                ("alpha", "gamma")
+            } else {
+                ("alpha", "beta")
+            };
+            attrs.extend(alpha.map(|v| attr_f(an, v)));
+            attrs.extend(beta.map(|v| attr_f(bn, v)));
+        }
+        other => {
+            return Err(ctx.attr_err("activation", format!("unknown activation {other:?}")));
+        }
+    }
+    e.last(&act, &[&y], attrs)
 }
 
 /// Writes the nodes of one expansion.
