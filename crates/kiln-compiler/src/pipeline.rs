@@ -9,8 +9,8 @@
 
 use crate::CompileError;
 use crate::passes::{
-    attention, bn, chain, conv_taps, conv1d, cse, dce, f16, fold, fuse_act, identity, layout, matmul_add, patterns,
-    pointwise_depthwise, residual, shape, unit_transpose,
+    attention, bn, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout, matmul_add,
+    patterns, pointwise_depthwise, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -62,6 +62,13 @@ const PIPELINE: &[Pass] = &[
         name: "shape",
         level: 1,
         run: shape::run,
+    },
+    // Matrix-product Einsums to MatMuls before folding, which turns a constant operand's
+    // Transpose into a constant (then packed like any MatMul weight).
+    Pass {
+        name: "einsum",
+        level: 2,
+        run: einsum::run,
     },
     // Collapses the shape arithmetic and constant subexpressions, with the runtime's kernels.
     Pass {

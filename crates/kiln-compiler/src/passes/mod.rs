@@ -12,6 +12,7 @@ pub(crate) mod conv_taps;
 pub(crate) mod cse;
 pub(crate) mod dce;
 pub(crate) mod edit;
+pub(crate) mod einsum;
 pub(crate) mod f16;
 pub(crate) mod fold;
 pub(crate) mod fuse_act;
