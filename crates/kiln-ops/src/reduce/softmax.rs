@@ -75,6 +75,38 @@ fn softmax_rows_f32(kind: SoftmaxKind, xs: &[f32], n: usize) -> kiln_tensor::Buf
     out
 }
 
+kiln_kernels::scratch_kinds! {
+    /// One `[inner, n]` block of a Softmax along a non-last axis, its lanes made rows.
+    LaneRows: Vec<f32>;
+}
+
+/// Softmax or LogSoftmax of f32 along an axis of `n` values with `inner > 1` values after it:
+/// each `[n, inner]` block is transposed so its lanes become rows, runs the row kernels, and
+/// is transposed back (the same arithmetic as the last-axis path). Blocks over the threads.
+fn softmax_axis_f32(kind: SoftmaxKind, xs: &[f32], n: usize, inner: usize) -> kiln_tensor::Buf<f32> {
+    let isa = kiln_kernels::isa::active();
+    let block = n * inner;
+    let mut out = crate::util::out_f32(xs.len());
+    kiln_kernels::pool::for_each_chunk_mut(&mut out, block, &|b, dst| {
+        let Some(src) = xs.get(b * block..(b + 1) * block) else {
+            return;
+        };
+        let mut rows = kiln_kernels::recycle::lend::<LaneRows>();
+        rows.clear();
+        rows.resize(block, 0.0);
+        kiln_kernels::transpose::transpose_f32(src, inner, n, inner, &mut rows, n);
+        let mut scratch = Vec::new();
+        for row in rows.chunks_exact_mut(n) {
+            match kind {
+                SoftmaxKind::LogSoftmax => kiln_kernels::vector::log_softmax_row_with(isa, row, &mut scratch),
+                _ => kiln_kernels::vector::softmax_row_with(isa, row),
+            }
+        }
+        kiln_kernels::transpose::transpose_f32(&rows, n, inner, n, dst, inner);
+    });
+    out
+}
+
 impl Softmax {
     pub fn name(&self) -> &'static str {
         match self.kind {
@@ -103,6 +135,15 @@ impl Softmax {
         ) {
             return Ok(smallvec::smallvec![
                 Tensor::from_buf(shape, softmax_rows_f32(self.kind, xs, n))?.into(),
+            ]);
+        }
+        if let (Some(xs), true, false) = (
+            x.as_slice::<f32>().ok(),
+            n > 0 && inner > 1,
+            self.kind == SoftmaxKind::Hardmax,
+        ) {
+            return Ok(smallvec::smallvec![
+                Tensor::from_buf(shape, softmax_axis_f32(self.kind, xs, n, inner))?.into(),
             ]);
         }
         let v = floats(x, 0)?;
@@ -176,6 +217,33 @@ mod tests {
         let y = run(&op, Tensor::from_vec(vec![1, 3], vec![-1f32, 0., 1.]).unwrap());
         for (a, b) in y.iter().zip([-2.4076061f32, -1.407606, -0.407606]) {
             assert!((a - b).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn f32_along_a_middle_axis_matches_the_f64_lanes() {
+        // [3, 5, 19]: 19 values after the axis (whole 8x8 transpose blocks and edges).
+        let shape = vec![3, 5, 19];
+        let v: Vec<f32> = (0..3 * 5 * 19).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let x32 = Tensor::from_vec(shape.clone(), v.clone()).unwrap();
+        let x64 = Tensor::from_vec(shape, v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>()).unwrap();
+        for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
+            for axis in [0, 1, -2] {
+                let op = Softmax {
+                    kind,
+                    axis,
+                    coerce_2d: false,
+                };
+                let got = run(&op, x32.clone());
+                let want = op.eval(&Args::new(&[Some(&Value::Tensor(x64.clone()))])).unwrap();
+                let want = want[0].as_tensor().unwrap().to_f64_vec();
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (f64::from(*g) - w).abs() <= 2e-6 * (1.0 + w.abs()),
+                        "{kind:?} axis {axis}: {g} vs {w}"
+                    );
+                }
+            }
         }
     }
 
