@@ -1,6 +1,8 @@
-//! The fast path of `Attention` for the case the compiler's `attention` pass produces: f32,
-//! 3-D `[B, S, H*D]` Q, K and V with `H` heads each, an optional f32 additive mask whose last
-//! dim is the kv length, no cache, no causal or window masking, no softcap, and only Y read.
+//! The fast path of `Attention` for the case the compiler's `attention` pass and the
+//! com.microsoft expansions produce: f32, 3-D `[B, S, H*D]` Q, K and V with `H` heads each, an
+//! optional f32 additive mask whose last dim is the total kv length, an optional `[B, H, P, D]`
+//! cache (past key and value; the present ones are then built and returned), causal masking
+//! (offset by the cache), no window masking or softcap, no QK output.
 //!
 //! Per (batch, head), in parallel over the pool: the scores `Q_h K_h^T` come from the GEMM with A read in place from Q
 //! (leading dimension `H*D`, no head-split copy) and `K_h^T` packed straight from K's rows;
@@ -34,17 +36,20 @@ impl Attention {
         let (q, k, v) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let mask = args.opt_tensor(3)?;
         let f32s = |t: &Tensor| t.dtype() == DType::F32;
-        let simple = !self.is_causal
-            && self.softcap == 0.0
+        let (past_k, past_v) = (args.opt_tensor(4)?, args.opt_tensor(5)?);
+        let simple = self.softcap == 0.0
             && self.left_window_size < 0
             && self.right_window_size < 0
             && self.softmax_precision.is_none_or(|d| d == DType::F32)
-            && (4..8).all(|i| args.value(i).is_none())
-            && (1..4).all(|i| !args.output_wanted(i))
+            && past_k.is_some() == past_v.is_some()
+            && (6..8).all(|i| args.value(i).is_none())
+            && !args.output_wanted(3)
             && f32s(q)
             && f32s(k)
             && f32s(v)
-            && mask.is_none_or(f32s);
+            && mask.is_none_or(f32s)
+            && past_k.is_none_or(f32s)
+            && past_v.is_none_or(f32s);
         let (Some(h), Some(hkv)) = (self.q_num_heads, self.kv_num_heads) else {
             return Ok(None);
         };
@@ -55,26 +60,41 @@ impl Attention {
             return Ok(None);
         }
         let (d, dv) = (qw / h, vw / h);
-        // Mask strides over [B, H, S_q] (0 where broadcast); its last dim must be S_kv.
+        // The cache, `[B, H, P, D]` and `[B, H, P, Dv]`.
+        let past = match (past_k, past_v) {
+            (Some(pk), Some(pv)) => match (pk.shape(), pv.shape()) {
+                (&[pb, ph, p, pd], &[vb2, vh, p2, pdv])
+                    if pb == b && vb2 == b && ph == h && vh == h && p2 == p && pd == d && pdv == dv =>
+                {
+                    Some((pk.as_slice::<f32>()?, pv.as_slice::<f32>()?, p))
+                }
+                _ => return Ok(None),
+            },
+            _ => None,
+        };
+        let p = past.map_or(0, |x| x.2);
+        // Keys attended: the cache's, then the new ones.
+        let Some(t) = p.checked_add(skv) else { return Ok(None) };
+        // Mask strides over [B, H, S_q] (0 where broadcast); its last dim must be T.
         let mstr = match mask {
             None => None,
             Some(m) => {
                 let ms = m.shape();
-                if ms.is_empty() || ms.len() > 4 || ms.last() != Some(&skv) {
+                if ms.is_empty() || ms.len() > 4 || ms.last() != Some(&t) {
                     return Ok(None);
                 }
                 let target = [b, h, sq];
                 let off = 4 - ms.len();
                 let mut str3 = [0usize; 3];
-                let mut acc = skv;
+                let mut acc = t;
                 for i in (0..ms.len() - 1).rev() {
-                    let t = i + off;
+                    let tt = i + off;
                     let dim = ms[i];
-                    if dim != 1 && target.get(t) != Some(&dim) {
+                    if dim != 1 && target.get(tt) != Some(&dim) {
                         return Ok(None);
                     }
                     if dim != 1
-                        && let Some(s) = str3.get_mut(t)
+                        && let Some(s) = str3.get_mut(tt)
                     {
                         *s = acc;
                     }
@@ -86,7 +106,31 @@ impl Attention {
         let scale = self.scale.unwrap_or(1.0 / (d as f32).sqrt());
         let (qd, kd, vd) = (q.as_slice::<f32>()?, k.as_slice::<f32>()?, v.as_slice::<f32>()?);
         let out_len = crate::util::checked_numel(&[b, sq, vw])?;
-        crate::util::checked_numel(&[sq, skv])?;
+        crate::util::checked_numel(&[sq, t])?;
+        // With a cache, or when they are read, the present K and V `[B, H, T, D]`: the cache's
+        // rows then the new ones, and the heads read them there (row stride D); otherwise the
+        // heads read K and V in place (row stride H*D).
+        let present = if past.is_some() || args.output_wanted(1) || args.output_wanted(2) {
+            let (pk, pv) = past.map_or((&[][..], &[][..]), |x| (x.0, x.1));
+            Some((
+                present_rows(pk, kd, b, h, p, skv, d)?,
+                present_rows(pv, vd, b, h, p, skv, dv)?,
+            ))
+        } else {
+            None
+        };
+        let (k_src, k_ld, v_src, v_ld) = match &present {
+            Some((pk, pv)) => (&pk[..], d, &pv[..], dv),
+            None => (kd, kw, vd, vw),
+        };
+        let k_at = |bi: usize, hi: usize| match present {
+            Some(_) => (bi * h + hi) * t * d,
+            None => bi * skv * kw + hi * d,
+        };
+        let v_at = |bi: usize, hi: usize| match present {
+            Some(_) => (bi * h + hi) * t * dv,
+            None => bi * skv * vw + hi * dv,
+        };
         // Every element of Y is written (each head's columns of every row): no clearing.
         let mut y = crate::util::out_f32(out_len);
         let layout = BLayout::for_isa(kiln_kernels::isa::active());
@@ -122,19 +166,15 @@ impl Attention {
             let (blk, head) = (task / heads.max(1), task % heads.max(1));
             let (bi, hi) = (head / h, head % h);
             let (q0, rows) = (blk * qb, qb.min(sq.saturating_sub(blk * qb)));
-            let (qo, ko, vo) = (
-                (bi * sq + q0) * qw + hi * d,
-                bi * skv * kw + hi * d,
-                bi * skv * vw + hi * dv,
-            );
-            let (Some(qs), Some(ks), Some(vs_)) = (qd.get(qo..), kd.get(ko..), vd.get(vo..)) else {
+            let (qo, ko, vo) = ((bi * sq + q0) * qw + hi * d, k_at(bi, hi), v_at(bi, hi));
+            let (Some(qs), Some(ks), Some(vs_)) = (qd.get(qo..), k_src.get(ko..), v_src.get(vo..)) else {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 return;
             };
-            // K_h^T: element (e, j) at ks[j * kw + e]; V_h: element (j, e) at vs_[j * vw + e].
+            // K_h^T: element (e, j) at ks[j * k_ld + e]; V_h: element (j, e) at vs_[j * v_ld + e].
             let pack = || {
-                let kt = PackedB::pack(layout, d, skv, ks, MatLayout::transposed(kw)).ok()?;
-                let vp = PackedB::pack(layout, skv, dv, vs_, MatLayout::row_major(vw)).ok()?;
+                let kt = PackedB::pack(layout, d, t, ks, MatLayout::transposed(k_ld)).ok()?;
+                let vp = PackedB::pack(layout, t, dv, vs_, MatLayout::row_major(v_ld)).ok()?;
                 Some((kt, vp))
             };
             let own;
@@ -151,7 +191,7 @@ impl Attention {
             };
             // The scores are overwritten whole by the GEMM: a reused per-thread buffer.
             let mut scores = lend::<Scores>();
-            scores.resize(rows * skv, 0.0);
+            scores.resize(rows * t, 0.0);
             let mut out = lend::<HeadOut>();
             out.resize(rows * dv, 0.0);
             let ok = sgemm(
@@ -159,7 +199,7 @@ impl Attention {
                 AMatrix::row_major(qs, qw),
                 kt.view(),
                 &mut scores,
-                skv,
+                t,
                 &Epilogue::NONE,
             )
             .is_ok();
@@ -168,17 +208,21 @@ impl Attention {
             // probabilities. A row masked everywhere gives zeros (factor 0), as the reference.
             let mut inv = lend::<InvSums>();
             inv.clear();
-            for (i, row) in scores.chunks_exact_mut(skv.max(1)).enumerate() {
+            for (i, row) in scores.chunks_exact_mut(t.max(1)).enumerate() {
+                // Causal: query q0 + i sees the cache and the new keys up to itself.
+                let seen = if self.is_causal { (p + q0 + i + 1).min(t) } else { t };
+                let (row, hidden) = row.split_at_mut(seen);
+                hidden.fill(0.0);
                 let mrow = mdata.and_then(|m| {
                     let o = bi * ms[0] + hi * ms[1] + (q0 + i) * ms[2];
-                    m.get(o..o + skv)
+                    m.get(o..o + seen)
                 });
                 inv.push(kiln_kernels::vector::softmax_unnormalized_row(row, scale, mrow));
             }
             let ok = ok
                 && sgemm(
                     rows,
-                    AMatrix::row_major(&scores, skv),
+                    AMatrix::row_major(&scores, t),
                     vp.view(),
                     &mut out,
                     dv,
@@ -210,11 +254,47 @@ impl Attention {
                 k.shape(),
             ));
         }
-        Ok(Some(smallvec::smallvec![Value::Tensor(Tensor::from_buf(
-            smallvec::smallvec![b, sq, vw],
-            y
-        )?)]))
+        let y = Value::Tensor(Tensor::from_buf(smallvec::smallvec![b, sq, vw], y)?);
+        Ok(Some(match present {
+            None => smallvec::smallvec![y],
+            Some((pk, pv)) => smallvec::smallvec![
+                y,
+                Value::Tensor(Tensor::from_buf(smallvec::smallvec![b, h, t, d], pk)?),
+                Value::Tensor(Tensor::from_buf(smallvec::smallvec![b, h, t, dv], pv)?),
+            ],
+        }))
     }
+}
+
+/// The present cache `[B, H, P + S, D]`: per (batch, head) the `P` rows of `past` (`[B, H, P,
+/// D]`, empty when `P` is 0), then the head's `D` columns of each of the `S` rows of `new`
+/// (`[B, S, H*D]`).
+fn present_rows(
+    past: &[f32],
+    new: &[f32],
+    b: usize,
+    h: usize,
+    p: usize,
+    s: usize,
+    d: usize,
+) -> Result<kiln_tensor::Buf<f32>> {
+    let t = p + s;
+    let mut out = crate::util::out_f32(crate::util::checked_numel(&[b, h, t, d])?);
+    let bad = || OpError::input_shape(4, format!("a [{b}, {h}, {p}, {d}] cache"), &[past.len()]);
+    for bi in 0..b {
+        for hi in 0..h {
+            let base = (bi * h + hi) * t * d;
+            let dst = out.get_mut(base..base + t * d).ok_or_else(bad)?;
+            let (old, fresh) = dst.split_at_mut(p * d);
+            let from = (bi * h + hi) * p * d;
+            old.copy_from_slice(past.get(from..from + p * d).ok_or_else(bad)?);
+            for (j, row) in fresh.chunks_exact_mut(d.max(1)).enumerate() {
+                let o = (bi * s + j) * h * d + hi * d;
+                row.copy_from_slice(new.get(o..o + d).ok_or_else(bad)?);
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -350,6 +430,54 @@ mod tests {
         }
     }
 
+    /// A decoding step: a `[B, H, P, D]` cache, causal masking offset by it, an additive mask
+    /// over all `P + S` keys, and the present key and value read: Y and both caches as the f64
+    /// reference gives them (the caches bit for bit), on 1 and 2 threads.
+    #[test]
+    fn cache_and_causal_masking_match_the_reference() {
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        let (b, sq, p, h, d, dv) = (2, 3, 4, 2, 4, 3);
+        let t = p + sq;
+        for causal in [false, true] {
+            let op = Attention {
+                is_causal: causal,
+                ..attention(h, None)
+            };
+            let run = |f64s: bool| -> Vec<Value> {
+                vec![
+                    values(&[b, sq, h * d], 1, f64s),
+                    values(&[b, sq, h * d], 2, f64s),
+                    values(&[b, sq, h * dv], 3, f64s),
+                    values(&[b, 1, 1, t], 4, f64s),
+                    values(&[b, h, p, d], 5, f64s),
+                    values(&[b, h, p, dv], 6, f64s),
+                ]
+            };
+            let (fast, slow) = (run(false), run(true));
+            let fa: Vec<Option<&Value>> = fast.iter().map(Some).collect();
+            let sa: Vec<Option<&Value>> = slow.iter().map(Some).collect();
+            let args = Args::new(&fa).with_wanted(7);
+            assert!(op.eval_f32(&args).unwrap().is_some(), "causal {causal}");
+            let one = op.eval(&args).unwrap();
+            let two = pool.install(|| op.eval(&args).unwrap());
+            let want = op.eval(&Args::new(&sa).with_wanted(7)).unwrap();
+            let shapes: [&[usize]; 3] = [&[b, sq, h * dv], &[b, h, t, d], &[b, h, t, dv]];
+            for (o, shape) in shapes.iter().enumerate() {
+                let (x, y, w) = (
+                    one[o].as_tensor().unwrap(),
+                    two[o].as_tensor().unwrap(),
+                    want[o].as_tensor().unwrap().to_f64_vec(),
+                );
+                assert_eq!(x.shape(), *shape, "output {o}");
+                assert_eq!(x.as_slice::<f32>().unwrap(), y.as_slice::<f32>().unwrap());
+                for (i, (f, s)) in x.to_f64_vec().iter().zip(&w).enumerate() {
+                    let tol = if o == 0 { 1e-5 * (1.0 + s.abs()) } else { 0.0 };
+                    assert!((f - s).abs() <= tol, "causal {causal} output {o} [{i}]: {f} vs {s}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn other_calls_take_the_reference_path() {
         let h = 2;
@@ -359,15 +487,10 @@ mod tests {
             values(&[1, 4, 8], 3, false),
         );
         let ins = [Some(&q), Some(&k), Some(&v)];
-        // Causal masking, a wanted present_key output, or a softcap: not the f32 path.
-        let causal = Attention {
-            is_causal: true,
-            ..attention(h, None)
-        };
-        assert!(causal.eval_f32(&Args::new(&ins).with_wanted(1)).unwrap().is_none());
+        // The QK output, a softcap or a sliding window: not the f32 path.
         assert!(
             attention(h, None)
-                .eval_f32(&Args::new(&ins).with_wanted(3))
+                .eval_f32(&Args::new(&ins).with_wanted(9))
                 .unwrap()
                 .is_none()
         );
@@ -376,6 +499,11 @@ mod tests {
             ..attention(h, None)
         };
         assert!(capped.eval_f32(&Args::new(&ins).with_wanted(1)).unwrap().is_none());
+        let windowed = Attention {
+            left_window_size: 2,
+            ..attention(h, None)
+        };
+        assert!(windowed.eval_f32(&Args::new(&ins).with_wanted(1)).unwrap().is_none());
         assert!(
             attention(h, None)
                 .eval_f32(&Args::new(&ins).with_wanted(1))
