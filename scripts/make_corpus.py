@@ -955,6 +955,48 @@ def _(ctx):
         {"pixel_values": {0: "batch"}, "logits": {0: "batch"}}
 
 
+@export_model("gpt2_past", "transformers GPT2LMHeadModel, distilgpt2 config (random weights) with its key/value cache "
+              "as inputs and outputs, torch.onnx.export", "language model decoding step (distilgpt2 config, 7 cached tokens)")
+def _(ctx):
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=6, use_cache=True)
+    cfg._attn_implementation = "eager"
+    m = transformers.GPT2LMHeadModel(cfg).eval()
+    layers, heads, head, past = 6, 12, 64, 7
+
+    class Step(torch.nn.Module):
+        """One generation step: the new token, the mask over cached + new tokens, the cache."""
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, *cache):
+            pkv = transformers.DynamicCache()
+            for i in range(layers):
+                pkv.update(cache[2 * i], cache[2 * i + 1], i)
+            out = self.m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=pkv, use_cache=True)
+            kv = out.past_key_values
+            res = [out.logits]
+            for i in range(layers):
+                layer = kv.layers[i] if hasattr(kv, "layers") else None
+                res += [layer.keys if layer else kv.key_cache[i], layer.values if layer else kv.value_cache[i]]
+            return tuple(res)
+
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": np.array([[4212]], np.int64), "attention_mask": np.ones((1, past + 1), np.int64)}
+    for i in range(layers):
+        for kv in ("key", "value"):
+            feeds[f"past_{i}_{kv}"] = rng.standard_normal((1, heads, past, head)).astype(np.float32)
+    outs = ["logits"] + [f"present_{i}_{kv}" for i in range(layers) for kv in ("key", "value")]
+    dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
+           "logits": {0: "batch", 1: "seq"}}
+    dyn.update({n: {0: "batch", 2: "past"} for n in feeds if n.startswith("past_")})
+    dyn.update({n: {0: "batch", 2: "total"} for n in outs[1:]})
+    return Step(m), feeds, outs, dyn
+
+
 @export_model("whisper_tiny_encoder", "transformers WhisperEncoder, whisper-tiny config (random weights), torch.onnx.export",
               "speech encoder (Whisper tiny)")
 def _(ctx):
