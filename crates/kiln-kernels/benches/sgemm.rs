@@ -201,47 +201,43 @@ fn median_time(case: &mut Case, isa: Isa, samples: usize) -> f64 {
     median((0..samples).map(|_| batch(case, isa, &Epilogue::NONE, reps)).collect())
 }
 
-/// The fused epilogue's cost: plain, bias+relu, bias+gelu batches interleaved (A B C A B C ..)
-/// so that load from other processes hits all three alike.
+/// The fused epilogue's cost: plain, bias+relu, bias+gelu, bias+silu batches interleaved
+/// (A B C D A B C D ..) so that load from other processes hits all alike; on a transformer
+/// projection and on an inverted-residual expansion (K = 16, as EfficientNet's first one).
 fn epilogue_cost(isa: Isa) {
-    let mut case = Case::new(isa, "", 128, 1536, 384);
-    let bias = case.bias.clone();
-    let epis = [
-        ("none", Epilogue::NONE),
-        (
-            "bias+relu",
-            Epilogue {
-                bias: Bias::Col(&bias),
-                residual: None,
-                act: Some(Act::Relu),
-            },
-        ),
-        (
-            "bias+gelu",
-            Epilogue {
-                bias: Bias::Col(&bias),
-                residual: None,
-                act: Some(Act::Gelu { tanh: false }),
-            },
-        ),
-    ];
-    let reps = ((0.02 / batch(&mut case, isa, &Epilogue::NONE, 1).max(1e-7)) as usize).clamp(1, 10_000);
-    let mut times = vec![Vec::new(); epis.len()];
-    for _ in 0..15 {
-        for (t, (_, e)) in times.iter_mut().zip(&epis) {
-            t.push(batch(&mut case, isa, e, reps));
+    for (m, n, k) in [(128, 1536, 384), (12544, 96, 16)] {
+        let mut case = Case::new(isa, "", m, n, k);
+        let bias = case.bias.clone();
+        let with = |act| Epilogue {
+            bias: Bias::Col(&bias),
+            residual: None,
+            act: Some(act),
+        };
+        let epis = [
+            ("none", Epilogue::NONE),
+            ("bias+relu", with(Act::Relu)),
+            ("bias+gelu", with(Act::Gelu { tanh: false })),
+            ("bias+silu", with(Act::Silu)),
+        ];
+        let reps = ((0.02 / batch(&mut case, isa, &Epilogue::NONE, 1).max(1e-7)) as usize).clamp(1, 10_000);
+        let mut times = vec![Vec::new(); epis.len()];
+        for _ in 0..15 {
+            for (t, (_, e)) in times.iter_mut().zip(&epis) {
+                t.push(batch(&mut case, isa, e, reps));
+            }
         }
-    }
-    let base = median(times[0].clone());
-    for (t, (name, _)) in times.into_iter().zip(&epis) {
-        let m = median(t);
-        println!(
-            "{:<8} epilogue {:<10} on 128x1536x384: {:>8.1} us (+{:.1}%)",
-            isa.name(),
-            name,
-            m * 1e6,
-            100.0 * (m / base - 1.0)
-        );
+        let base = median(times[0].clone());
+        for (t, (name, _)) in times.into_iter().zip(&epis) {
+            let md = median(t);
+            println!(
+                "{:<8} epilogue {:<10} on {m}x{n}x{k}: {:>8.1} us (+{:.1}%, {:.1} GFLOP/s)",
+                isa.name(),
+                name,
+                md * 1e6,
+                100.0 * (md / base - 1.0),
+                2.0 * (m * n * k) as f64 / md / 1e9
+            );
+        }
     }
 }
 

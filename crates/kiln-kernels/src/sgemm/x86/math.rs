@@ -36,9 +36,26 @@ macro_rules! simd_math {
             blend(gt(x, hi), splat(f32::INFINITY), y)
         }
 
+        /// `1 / (1 + e^-x)`, with `e^-x` taken on `-x` clamped to [-87, 87] (one blend where
+        /// the exponential had two and an unclamped range): above 87 the sigmoid is within
+        /// 1e-38 of 1; below -87 it is set to 0 (so `-inf` gives 0, and Silu `-inf * 0 =
+        /// NaN`, as the reference). NaN runs through the clamps, whose second operand it is.
         #[target_feature(enable = $feat)]
         fn sigmoid(x: V) -> V {
-            div(splat(1.0), add(splat(1.0), exp(sub(zero(), x))))
+            let nx = sub(zero(), x);
+            let z = min(splat(87.0), max(splat(-87.0), nx));
+            let n = round(mul(z, splat(std::f32::consts::LOG2_E)));
+            let r = fnmadd(n, splat(0.693_359_375), z);
+            let r = fnmadd(n, splat(-2.121_944_4e-4), r);
+            let mut p = splat(1.987_569_2e-4);
+            p = fmadd(p, r, splat(1.398_199_9e-3));
+            p = fmadd(p, r, splat(8.333_452e-3));
+            p = fmadd(p, r, splat(4.166_579_6e-2));
+            p = fmadd(p, r, splat(1.666_666_5e-1));
+            p = fmadd(p, r, splat(5.000_000_1e-1));
+            let y = fmadd(p, mul(r, r), add(r, splat(1.0)));
+            let s = div(splat(1.0), add(splat(1.0), scale_pow2(y, n)));
+            blend(gt(nx, splat(87.0)), zero(), s)
         }
 
         #[target_feature(enable = $feat)]
