@@ -16,6 +16,7 @@ pub mod prepack;
 
 pub use error::CompileError;
 pub use lower::lower;
+pub use passes::layout::is_layout_transpose;
 pub use pipeline::{PassStat, PipelineReport, optimize};
 
 use kiln_ir::Graph;

@@ -115,6 +115,20 @@ impl ProfileReport {
                 gflops(g)
             );
         }
+        // The compiler's NCHW <-> NHWC transposes (a model's own Transposes are not counted).
+        let layout: Vec<&StepSummary> = self
+            .steps
+            .iter()
+            .filter(|s| s.op == "Transpose" && kiln_compiler::is_layout_transpose(&s.name))
+            .collect();
+        let layout_time: Duration = layout.iter().map(|s| s.total).sum();
+        let _ = writeln!(
+            out,
+            "\nlayout transposes (NCHW <-> NHWC, inserted by the compiler): {} steps, {:.4} ms/run, {:.1}% of step time",
+            layout.len(),
+            layout_time.as_secs_f64() * 1e3 / runs,
+            share(layout_time)
+        );
         let run_total: Duration = self.profile.runs.iter().map(|r| r.duration).sum();
         let _ = writeln!(
             out,

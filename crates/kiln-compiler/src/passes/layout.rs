@@ -33,6 +33,16 @@ use kiln_ops::nn::{GlobalPoolKind, NnOp, PoolKind};
 use kiln_tensor::{DType, Tensor};
 use std::collections::HashMap;
 
+/// The suffixes of the transposes this pass inserts (into and out of channels-last), by
+/// which `kiln profile` tells them from a model's own.
+pub const TO_NHWC: &str = "_to_nhwc";
+pub const TO_NCHW: &str = "_to_nchw";
+
+/// Whether a node name is one of this pass's transposes.
+pub fn is_layout_transpose(name: &str) -> bool {
+    name.contains(TO_NHWC) || name.contains(TO_NCHW)
+}
+
 /// Input channels up to which a dense convolution reads a channels-first X directly instead
 /// of through a transpose: with `C` this small, the channels-last im2col copies runs of only
 /// `kw * C` floats (9 for an RGB 3x3), and the transpose of the input is a pass of its own
@@ -349,7 +359,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
                 Some(&t) => t,
                 None => {
                     let Some(t) = twin(g, v) else { continue };
-                    let name = fresh_name(g, &format!("{}_to_nhwc", g.value_name(v)));
+                    let name = fresh_name(g, &format!("{}{TO_NHWC}", g.value_name(v)));
                     nodes.push(transpose_node(name, [0, 2, 3, 1], v, t));
                     last.insert(v, t);
                     t
@@ -397,7 +407,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             _ => {}
         }
         node.outputs = vec![Some(yt)];
-        let back = format!("{}_to_nchw", node.name);
+        let back = format!("{}{TO_NCHW}", node.name);
         nodes.push(node);
         nodes.push(transpose_node(back, [0, 3, 1, 2], yt, y));
         last.insert(y, yt);
@@ -522,6 +532,13 @@ mod tests {
                 "Transpose"
             ]
         );
+        // `kiln profile` tells the inserted transposes by name; the model had none.
+        assert!(
+            h.nodes
+                .iter()
+                .all(|n| (n.kind.name() == "Transpose") == is_layout_transpose(&n.name))
+        );
+        assert!(g.nodes.iter().all(|n| !is_layout_transpose(&n.name)));
         let inputs = vec![noise(&[1, 8, 9, 9], 7), noise(&[1, 8, 5, 5], 8)];
         let (p, q) = (run_graph(&g, inputs.clone()), run_graph(&h, inputs));
         for (a, b) in p.iter().zip(&q) {
