@@ -64,6 +64,74 @@ fn suppress(a: &Extent, b: &Extent, iou_threshold: f64) -> bool {
     inter / union > iou_threshold
 }
 
+/// A float's position in the total order of finite floats and infinities, as an integer key.
+fn order_key(x: f64) -> u64 {
+    let b = x.to_bits();
+    if b >> 63 == 1 { !b } else { b | (1 << 63) }
+}
+
+/// The boxes selected so far for one (batch, class). With finite coordinates they are kept
+/// ordered by left edge with the widest width seen, so a candidate is compared only with the
+/// boxes whose left edge lies within (its left edge - that width, its right edge): the others
+/// cannot intersect it (their x-ranges are apart), so the selection is the same as comparing
+/// with all. torchvision's batched NMS offsets each class's boxes into a region of its own
+/// and hands one call every class's candidates (ten thousand and more), where all-pairs
+/// comparison is quadratic in the boxes kept. With a NaN or infinite coordinate in the batch,
+/// every selected box is compared, as before.
+enum Selected {
+    Ordered {
+        by_left: std::collections::BTreeMap<(u64, usize), Extent>,
+        widest: f64,
+    },
+    All(Vec<Extent>),
+}
+
+impl Selected {
+    fn new(ordered: bool) -> Selected {
+        if ordered {
+            Selected::Ordered {
+                by_left: std::collections::BTreeMap::new(),
+                widest: 0.0,
+            }
+        } else {
+            Selected::All(Vec::new())
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Selected::Ordered { by_left, .. } => by_left.len(),
+            Selected::All(v) => v.len(),
+        }
+    }
+
+    /// Whether `e` overlaps a selected box by more than `iou`.
+    fn suppresses(&self, e: &Extent, iou: f64) -> bool {
+        match self {
+            Selected::All(v) => v.iter().any(|s| suppress(e, s, iou)),
+            Selected::Ordered { by_left, widest } => {
+                // Widened by a relative margin far above f64 rounding: a superset of the boxes
+                // whose x-range can meet [e.x0, e.x1].
+                let from = e.x0 - widest * (1.0 + 1e-9) - e.x0.abs() * 1e-12 - f64::MIN_POSITIVE;
+                let to = e.x1 + e.x1.abs() * 1e-12 + f64::MIN_POSITIVE;
+                by_left
+                    .range((order_key(from), 0)..=(order_key(to), usize::MAX))
+                    .any(|(_, s)| suppress(e, s, iou))
+            }
+        }
+    }
+
+    fn push(&mut self, e: Extent, index: usize) {
+        match self {
+            Selected::All(v) => v.push(e),
+            Selected::Ordered { by_left, widest } => {
+                *widest = widest.max(e.x1 - e.x0);
+                by_left.insert((order_key(e.x0), index), e);
+            }
+        }
+    }
+}
+
 impl NonMaxSuppression {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let boxes = args.tensor(0)?;
@@ -102,6 +170,9 @@ impl NonMaxSuppression {
                 .chunks_exact(4)
                 .map(|q| Extent::of(q, self.center_point_box))
                 .collect();
+            let finite = ext
+                .iter()
+                .all(|e| [e.x0, e.x1, e.y0, e.y1, e.area].iter().all(|v| v.is_finite()));
             for c in 0..nc {
                 let sc = &sd[(b * nc + c) * n..(b * nc + c + 1) * n];
                 let mut cand: Vec<usize> = (0..n).filter(|&i| score_th.is_none_or(|t| sc[i] > t)).collect();
@@ -112,14 +183,14 @@ impl NonMaxSuppression {
                         .unwrap_or(std::cmp::Ordering::Equal)
                         .then(i.cmp(&j))
                 });
-                let mut sel: Vec<Extent> = Vec::new();
+                let mut sel = Selected::new(finite);
                 for i in cand {
                     if sel.len() >= max_out {
                         break;
                     }
                     let Some(&ei) = ext.get(i) else { continue };
-                    if sel.iter().all(|s| !suppress(&ei, s, iou)) {
-                        sel.push(ei);
+                    if !sel.suppresses(&ei, iou) {
+                        sel.push(ei, i);
                         out.extend([b as i64, c as i64, i as i64]);
                     }
                 }
@@ -166,6 +237,59 @@ mod tests {
         assert_eq!(
             y[0].as_tensor().unwrap().as_slice::<i64>().unwrap(),
             &[0, 0, 1, 0, 0, 2]
+        );
+    }
+
+    /// The left-edge search selects what comparing with every selected box selects: 600
+    /// boxes in clusters (overlapping within a cluster, clusters offset as torchvision's batched
+    /// NMS offsets classes), run once with finite boxes (ordered search) and once with a NaN
+    /// box below the score threshold added (which switches to all-pairs comparison).
+    #[test]
+    fn the_left_edge_search_selects_as_all_pairs_do() {
+        let mut s = 12345u64;
+        let mut rnd = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let n = 600;
+        let (mut boxes, mut scores) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let off = (i % 7) as f32 * 50.0;
+            let (y, x) = (off + rnd() * 20.0, off + rnd() * 20.0);
+            let (h, w) = (1.0 + rnd() * 15.0, 1.0 + rnd() * 15.0);
+            // Some boxes given corners swapped (the op takes either order).
+            if i % 5 == 0 {
+                boxes.extend([y + h, x + w, y, x]);
+            } else {
+                boxes.extend([y, x, y + h, x + w]);
+            }
+            scores.push(0.1 + rnd());
+        }
+        let op = NonMaxSuppression {
+            center_point_box: false,
+        };
+        let max = Value::Tensor(Tensor::from_vec(vec![1], vec![1000i64]).unwrap());
+        let iou = Value::Tensor(Tensor::from_vec(vec![1], vec![0.3f32]).unwrap());
+        let th = Value::Tensor(Tensor::from_vec(vec![1], vec![0.05f32]).unwrap());
+        let run = |boxes: Vec<f32>, scores: Vec<f32>| -> Vec<i64> {
+            let m = scores.len();
+            let b = Value::Tensor(Tensor::from_vec(vec![1, m, 4], boxes).unwrap());
+            let sc = Value::Tensor(Tensor::from_vec(vec![1, 1, m], scores).unwrap());
+            let y = op
+                .eval(&Args::new(&[Some(&b), Some(&sc), Some(&max), Some(&iou), Some(&th)]))
+                .unwrap();
+            y[0].as_tensor().unwrap().as_slice::<i64>().unwrap().to_vec()
+        };
+        let ordered = run(boxes.clone(), scores.clone());
+        let (mut b2, mut s2) = (boxes, scores);
+        b2.extend([f32::NAN, 0.0, 1.0, 1.0]);
+        s2.push(0.01);
+        let all_pairs = run(b2, s2);
+        assert_eq!(ordered, all_pairs);
+        let kept = ordered.len() / 3;
+        assert!(
+            kept > 50 && kept < n,
+            "{kept} kept: the case must both keep and suppress"
         );
     }
 }
