@@ -461,6 +461,19 @@ fn bits<T: Int>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
     }
 }
 
+/// [`compare`] for plain values: the vectorisable runs of [`Bcast::zip_recycled`] (a
+/// one-hot's `Equal` of [4, 2048, 1] against [1, 1, 257] ran at 2.4 ns per element through
+/// the per-element reads of `zip_ref`).
+fn compare_copy<T: PartialOrd + Copy>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<bool> {
+    match op {
+        BinaryOp::Less => m.zip_recycled(x, y, |a, b| a < b),
+        BinaryOp::LessOrEqual => m.zip_recycled(x, y, |a, b| a <= b),
+        BinaryOp::Greater => m.zip_recycled(x, y, |a, b| a > b),
+        BinaryOp::GreaterOrEqual => m.zip_recycled(x, y, |a, b| a >= b),
+        _ => m.zip_recycled(x, y, |a, b| a == b),
+    }
+}
+
 fn compare<T: PartialOrd>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<bool> {
     match op {
         BinaryOp::Less => m.zip_ref(x, y, |a, b| a < b),
@@ -536,10 +549,11 @@ impl Binary {
                 _ => return Err(unsupported()),
             },
             Equal | Less | LessOrEqual | Greater | GreaterOrEqual => match (a.data(), b.data()) {
-                (Data::Bool(x), Data::Bool(y)) => Data::Bool(compare(self.op, x, y, &m).into()),
+                (Data::Bool(x), Data::Bool(y)) => Data::Bool(compare_copy(self.op, x, y, &m).into()),
                 (Data::Str(x), Data::Str(y)) => Data::Bool(compare(self.op, x, y, &m).into()),
                 (da, db) => Data::Bool(
-                    with_num2!(da, db, (x, y) => compare(self.op, x, y, &m), else return Err(unsupported())).into(),
+                    with_num2!(da, db, (x, y) => compare_copy(self.op, x, y, &m), else return Err(unsupported()))
+                        .into(),
                 ),
             },
         };

@@ -125,6 +125,52 @@ fn min_nan(a: f64, b: f64) -> f64 {
     if a.is_nan() || b < a || b.is_nan() { b } else { a }
 }
 
+kiln_kernels::scratch_kinds! {
+    /// The f64 sums of one output row of a reduction over middle axes.
+    RowSums: Vec<f64>;
+}
+
+/// Sum, Mean, Max or Min of `[outer, group, inner]` f32 values over the middle dim (`group`
+/// and `inner` at least 1): sums in f64 in group order (the reference's order), Max/Min with
+/// the reference's NaN rule.
+fn reduce_middle_f32(kind: ReduceKind, xs: &[f32], outer: usize, group: usize, inner: usize) -> kiln_tensor::Buf<f32> {
+    let mut out = crate::util::out_f32(outer * inner);
+    let mut acc = kiln_kernels::recycle::lend::<RowSums>();
+    for (o, dst) in out.chunks_exact_mut(inner).enumerate() {
+        let block = xs.get(o * group * inner..(o + 1) * group * inner).unwrap_or(&[]);
+        let mut rows = block.chunks_exact(inner);
+        match kind {
+            ReduceKind::Max | ReduceKind::Min => {
+                let Some(row0) = rows.next() else { continue };
+                dst.copy_from_slice(row0);
+                let max = kind == ReduceKind::Max;
+                for row in rows {
+                    for (d, &x) in dst.iter_mut().zip(row) {
+                        let take = d.is_nan() || x.is_nan() || if max { x > *d } else { x < *d };
+                        if take {
+                            *d = x;
+                        }
+                    }
+                }
+            }
+            _ => {
+                acc.clear();
+                acc.resize(inner, 0.0);
+                for row in rows {
+                    for (a, &x) in acc.iter_mut().zip(row) {
+                        *a += f64::from(x);
+                    }
+                }
+                let mean = kind == ReduceKind::Mean;
+                for (d, &a) in dst.iter_mut().zip(acc.iter()) {
+                    *d = if mean { (a / group as f64) as f32 } else { a as f32 };
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Float reduction in f64.
 fn reduce_f64(kind: ReduceKind, vals: &[f64], map: &[usize], out_n: usize, group: usize) -> Vec<f64> {
     let sum_of = |f: fn(f64) -> f64| {
@@ -241,6 +287,26 @@ impl Reduce {
             }
             return Ok(smallvec::smallvec![Tensor::from_buf(out_shape, out)?.into()]);
         }
+        // f32 Sum, Mean, Max or Min over consecutive axes with others after them: [outer,
+        // group, inner] blocks, each output row accumulated from `group` contiguous rows (in
+        // f64 for sums, in the reference's order: the same values).
+        let consecutive = !axes.is_empty() && axes.windows(2).all(|w| w[1] == w[0] + 1);
+        if let (kiln_tensor::DType::F32, true, false, Some(&first), Some(&last)) =
+            (dtype, consecutive, trailing, axes.first(), axes.last())
+            && matches!(
+                self.kind,
+                ReduceKind::Sum | ReduceKind::Mean | ReduceKind::Max | ReduceKind::Min
+            )
+        {
+            let outer: usize = shape.iter().take(first).product();
+            let group: usize = shape.iter().skip(first).take(last + 1 - first).product();
+            let inner: usize = shape.iter().skip(last + 1).product();
+            if group > 0 && inner > 0 {
+                let xs = x.as_slice::<f32>()?;
+                let out = reduce_middle_f32(self.kind, xs, outer, group, inner);
+                return Ok(smallvec::smallvec![Tensor::from_buf(out_shape, out)?.into()]);
+            }
+        }
         let (map, out_n, group) = reduce_map(shape, &axes)?;
         let out = if is_ieee_float(dtype) {
             let vals = x.to_f64_vec();
@@ -341,6 +407,31 @@ mod tests {
         let empty = Tensor::from_vec(vec![2, 0], Vec::<f32>::new()).unwrap();
         let m = run(ReduceKind::Mean, vec![1], false, empty);
         assert!(m.as_slice::<f32>().unwrap().iter().all(|v| v.is_nan()));
+    }
+
+    #[test]
+    fn middle_axis_f32_reductions_match_the_f64_path() {
+        let shape = vec![3, 4, 5, 6];
+        let mut v: Vec<f32> = (0..360).map(|i| ((i * 53 % 41) as f32 - 20.0) * 0.29).collect();
+        v[17] = f32::NAN;
+        let x32 = Tensor::from_vec(shape.clone(), v.clone()).unwrap();
+        let x64 = Tensor::from_vec(shape, v.iter().map(|&a| f64::from(a)).collect::<Vec<f64>>()).unwrap();
+        for kind in [ReduceKind::Sum, ReduceKind::Mean, ReduceKind::Max, ReduceKind::Min] {
+            for (axes, keep) in [
+                (vec![1], false),
+                (vec![1, 2], true),
+                (vec![0], false),
+                (vec![0, 1, 2], false),
+            ] {
+                let fast = run(kind, axes.clone(), keep, x32.clone());
+                let slow = run(kind, axes.clone(), keep, x64.clone());
+                assert_eq!(fast.shape(), slow.shape(), "{kind:?} {axes:?}");
+                for (a, b) in fast.to_f64_vec().iter().zip(slow.to_f64_vec()) {
+                    let same = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-6 * (1.0 + b.abs());
+                    assert!(same, "{kind:?} {axes:?}: {a} vs {b}");
+                }
+            }
+        }
     }
 
     #[test]
