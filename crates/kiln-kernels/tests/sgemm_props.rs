@@ -143,6 +143,7 @@ fn check(p: &Problem) -> Result<(), TestCaseError> {
             data: &a,
             ld: lda,
             transposed: p.transposed,
+            windows: false,
         };
         sgemm_with(isa, m, amat, pb.view(), &mut c, ldc, &epi).map_err(|e| TestCaseError::fail(e.to_string()))?;
         for i in 0..m {

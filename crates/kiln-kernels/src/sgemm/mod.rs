@@ -362,7 +362,7 @@ fn validate(
     m.checked_mul(n).ok_or(SgemmError::TooLarge)?;
     m.checked_mul(k).ok_or(SgemmError::TooLarge)?;
     let (a_rows, a_cols) = if a.transposed { (k, m) } else { (m, k) };
-    if a_rows > 0 && a.ld < a_cols {
+    if a_rows > 0 && a.ld < a_cols && !(a.windows && !a.transposed) {
         return Err(SgemmError::LeadingDim {
             what: "A",
             ld: a.ld,
@@ -470,6 +470,15 @@ mod tests {
         assert!(matches!(
             sgemm(2, AMatrix::row_major(&a, 2), pb.view(), &mut c, 2, &e),
             Err(SgemmError::LeadingDim { .. })
+        ));
+        // Overlapping rows only when asked for: windows one float apart over [1, 2, 3, 4].
+        let w = [1.0f32, 2.0, 3.0, 4.0];
+        assert!(sgemm(2, AMatrix::windows(&w, 1), pb.view(), &mut c, 2, &e).is_ok());
+        // B is all ones: each output is its window's sum (1+2+3, 2+3+4).
+        assert_eq!(c, [6.0, 6.0, 9.0, 9.0]);
+        assert!(matches!(
+            sgemm(2, AMatrix::windows(&w[..3], 1), pb.view(), &mut c, 2, &e),
+            Err(SgemmError::ShortSlice { what: "A", .. })
         ));
         assert!(matches!(
             sgemm(3, AMatrix::row_major(&a, 3), pb.view(), &mut c, 2, &e),

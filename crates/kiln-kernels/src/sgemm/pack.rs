@@ -329,6 +329,8 @@ pub struct AMatrix<'a> {
     pub data: &'a [f32],
     pub ld: usize,
     pub transposed: bool,
+    /// Row-major rows that may overlap (`ld < k`): [`AMatrix::windows`].
+    pub windows: bool,
 }
 
 impl<'a> AMatrix<'a> {
@@ -338,6 +340,7 @@ impl<'a> AMatrix<'a> {
             data,
             ld,
             transposed: false,
+            windows: false,
         }
     }
     /// Stored as the row-major `k x m` transpose with leading dimension `ld >= m`.
@@ -346,6 +349,18 @@ impl<'a> AMatrix<'a> {
             data,
             ld,
             transposed: true,
+            windows: false,
+        }
+    }
+    /// Row-major rows `step` floats apart that may overlap (`step < k`): row `i` is
+    /// `data[i * step .. i * step + k]`, the sliding windows of a signal (a convolution's
+    /// im2col rows when each is a contiguous run of its input, read in place). A is only read.
+    pub fn windows(data: &'a [f32], step: usize) -> AMatrix<'a> {
+        AMatrix {
+            data,
+            ld: step,
+            transposed: false,
+            windows: true,
         }
     }
 }

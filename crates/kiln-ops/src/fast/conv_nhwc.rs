@@ -224,6 +224,36 @@ impl Geometry {
         self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1 && self.oh == self.ih && self.ow == self.iw
     }
 
+    /// When every im2col row of an image is one contiguous run of channels-last X, the rows
+    /// per image and the step between their starts, so A is X read as overlapping windows
+    /// (no copy): the kernel spans X's whole unpadded width and slides down the height with no
+    /// dilation (CREPE's `[512, 1]` kernels on one-column images), or X is one row high and
+    /// the window slides along the width (every 1-D convolution, run as a 2-D one of height
+    /// 1). Every window must lie inside the image (no padding on the sliding axis).
+    fn windows(&self) -> Option<(usize, usize)> {
+        let c = self.c;
+        let down = self.kw == self.iw
+            && self.pw == 0
+            && self.ow == 1
+            && (self.kw == 1 || self.dw == 1)
+            && self.dh == 1
+            && self.ph == 0
+            && self.oh >= 1
+            && (self.oh - 1) * self.sh + self.kh <= self.ih;
+        if down {
+            return Some((self.oh, self.sh * self.iw * c));
+        }
+        let along = self.ih == 1
+            && self.kh == 1
+            && self.ph == 0
+            && self.oh == 1
+            && self.dw == 1
+            && self.pw == 0
+            && self.ow >= 1
+            && (self.ow - 1) * self.sw + self.kw <= self.iw;
+        along.then_some((self.ow, self.sw * c))
+    }
+
     /// Writes the im2col rows `r0 .. r0 + a.len() / k` of X (`[N, H, W, C]`) into `a`:
     /// row `(n, oy, ox)` holds, for each tap `(ky, kx)` in order, the `C` channels of input
     /// pixel `(oy*sh + ky*dh - ph, ox*sw + kx*dw - pw)`, or zeros in the padding. With no
@@ -542,6 +572,23 @@ impl Planned<'_> {
                 act,
             };
             sgemm(rows, AMatrix::row_major(xd, k), packed, &mut y, m, &epi).map_err(|_| bad())?;
+            return Ok(Tensor::from_buf(shape, y)?);
+        }
+        if let (false, Some((per_image, step))) = (self.plan.x_channels_first, geo.windows()) {
+            // One GEMM per image on X's own overlapping rows (it splits its rows over the pool).
+            let image = geo.ih * geo.iw * geo.c;
+            for (n, out) in y.chunks_exact_mut(per_image * m).enumerate() {
+                let xi = xd.get(n * image..(n + 1) * image).ok_or_else(bad)?;
+                let residual = match rd {
+                    Some(r) => Some(Residual {
+                        data: r.get(n * per_image * m..).ok_or_else(bad)?,
+                        ld: m,
+                    }),
+                    None => None,
+                };
+                let epi = Epilogue { bias, residual, act };
+                sgemm(per_image, AMatrix::windows(xi, step), packed, out, m, &epi).map_err(|_| bad())?;
+            }
             return Ok(Tensor::from_buf(shape, y)?);
         }
         // Row blocks of A, each copied and multiplied by one thread. Every block streams all
@@ -1088,6 +1135,13 @@ pub(crate) mod tests {
         check(1, 4, 6, [3, 4], [5, 3], [1, 1], [1, 1], [2, 1, 2, 1], 1, false, 6);
         // A ResNet-like 7x7 stride-2 stem: 400 output pixels in blocks of 224 rows (K = 147).
         check(2, 3, 16, [40, 39], [7, 7], [2, 2], [1, 1], [3; 4], 1, true, 7);
+        // X read as overlapping windows: a kernel spanning the whole width sliding down (one
+        // column, then three), and 1-D convolutions as height-1 ones (strided; padded, which
+        // takes the im2col path).
+        check(3, 2, 8, [30, 1], [8, 1], [2, 1], [1, 1], [0; 4], 1, true, 8);
+        check(2, 5, 12, [20, 3], [4, 3], [1, 1], [1, 1], [0; 4], 1, false, 9);
+        check(2, 6, 10, [1, 40], [1, 5], [1, 3], [1, 1], [0; 4], 1, true, 10);
+        check(1, 6, 10, [1, 40], [1, 5], [1, 1], [1, 1], [0, 2, 0, 2], 1, false, 11);
     }
 
     #[test]
