@@ -78,6 +78,28 @@ enum Kind {
     /// An f32 Resize of a rank-4 value by constant scales or sizes over all four axes (no
     /// `axes`, no roi): channels-last, the same constant in `[N, H, W, C]` order.
     Resize,
+    /// An f32 PRelu of a rank-4 value whose slope is a constant of one element or one per
+    /// channel (`[C, 1, 1]`, `[1, C, 1, 1]`): channels-last, the slope as `[1, 1, 1, C]`
+    /// (the same values in the same order).
+    PRelu,
+}
+
+/// A PRelu's constant slope for a channels-last X: one element as it is, one value per
+/// channel as `[1, 1, 1, C]`; `None` for any other slope.
+fn prelu_slope_nhwc(g: &Graph, index: &Index, x: ValueId, slope: ValueId) -> Option<Tensor> {
+    let t = index.tensor(g, slope)?;
+    let c = *fixed_shape(g, x)?.get(1)?;
+    if t.dtype() != DType::F32 {
+        return None;
+    }
+    let per_channel = matches!(t.shape(), [n, 1, 1] | [1, n, 1, 1] if *n == c);
+    if t.len() == 1 {
+        Some(t.clone())
+    } else if per_channel {
+        t.clone().reshape(vec![1, 1, 1, c]).ok()
+    } else {
+        None
+    }
 }
 
 fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
@@ -100,6 +122,15 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
         };
         let ok = rank4_f32(*x) && rank4_f32(*y) && resize_target(g, index, node, r).is_some();
         return ok.then_some(Kind::Resize);
+    }
+    if let NodeKind::Op(Op::Elementwise(ElementwiseOp::PRelu(_))) = &node.kind {
+        let ([Some(x), Some(slope)], [Some(y)]) = (node.inputs.as_slice(), node.outputs.as_slice()) else {
+            return None;
+        };
+        let ok = rank4_f32(*x)
+            && fixed_shape(g, *x) == fixed_shape(g, *y)
+            && prelu_slope_nhwc(g, index, *x, *slope).is_some();
+        return ok.then_some(Kind::PRelu);
     }
     if let NodeKind::Op(Op::Movement(MovementOp::Concat(c))) = &node.kind {
         let y = node.outputs.first().copied().flatten()?;
@@ -320,7 +351,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped))
                 || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool | Kind::Affine)) && reads_twin)
                 || (k == Some(Kind::Binary) && (twin_in(0) || twin_in(1)))
-                || (k == Some(Kind::Unary) && reads_twin)
+                || (matches!(k, Some(Kind::Unary | Kind::PRelu)) && reads_twin)
                 || (k == Some(Kind::Resize) && reads_twin && resize_ok)
                 || (k == Some(Kind::Concat) && (0..node.inputs.len()).any(twin_in))
         }) else {
@@ -340,7 +371,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             && input_shape(1).is_some_and(|ws| ws.iter().skip(1).product::<usize>() <= GATHER_MAX_DEPTH);
         let slots: Vec<usize> = match k {
             Some(Kind::Binary) => vec![0, 1],
-            Some(Kind::Unary | Kind::Resize) => vec![0],
+            Some(Kind::Unary | Kind::Resize | Kind::PRelu) => vec![0],
             Some(Kind::Concat) => (0..node.inputs.len()).collect(),
             _ => vec![0, 3],
         };
@@ -367,6 +398,20 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             };
             if let Some(i) = node.inputs.get_mut(slot) {
                 *i = Some(vt);
+            }
+        }
+        if k == Some(Kind::PRelu)
+            && let Some(Some(slope)) = node.inputs.get(1).copied()
+            && let Some(x) = node.inputs.first().copied().flatten()
+        {
+            // The slope was checked by `kind` against the channels-first X, whose twin now
+            // stands in slot 0: look the channel count up on the original value.
+            let original = last.iter().find(|(_, t)| **t == x).map_or(x, |(o, _)| *o);
+            if let Some(t) = prelu_slope_nhwc(g, &index, original, slope) {
+                let v = add_constant(g, &format!("{}_nhwc_slope", node.name), t);
+                if let Some(i) = node.inputs.get_mut(1) {
+                    *i = Some(v);
+                }
             }
         }
         if k == Some(Kind::Resize) {
@@ -612,6 +657,53 @@ mod tests {
         let g = b.finish(&[r]);
         let (_, h) = laid_out(&g);
         assert_eq!(ops(&h), ["Transpose", "Conv/nhwc", "Transpose", "Resize"]);
+    }
+
+    #[test]
+    fn a_per_channel_prelu_between_convolutions_stays_channels_last() {
+        // x → Conv 3x3 → PRelu (slope [8, 1, 1]) → Conv 1x1, and a PRelu whose slope varies
+        // along the width (not per channel), which stays channels-first.
+        use kiln_ops::elementwise::{ElementwiseOp, PRelu};
+        let build = |slope: Tensor| {
+            let mut b = Builder::new();
+            let x = b.input("x", &[1, 8, 6, 5]);
+            let w1 = b.constant("w1", noise(&[8, 8, 3, 3], 1));
+            let w2 = b.constant("w2", noise(&[4, 8, 1, 1], 2));
+            let s = b.constant("slope", slope);
+            let c = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 5]])[0];
+            let p = b.node(
+                Op::Elementwise(ElementwiseOp::PRelu(PRelu)),
+                &[Some(c), Some(s)],
+                &[&[1, 8, 6, 5]],
+            )[0];
+            let y = b.node_act(conv(1, 0, 1), None, &[Some(p), Some(w2)], &[&[1, 4, 6, 5]])[0];
+            b.finish(&[y])
+        };
+        let g = build(noise(&[8, 1, 1], 4));
+        let (n, h) = laid_out(&g);
+        assert_eq!(n, 3);
+        assert_eq!(ops(&h), ["Transpose", "Conv/nhwc", "PRelu", "Conv/nhwc", "Transpose"]);
+        let inputs = vec![noise(&[1, 8, 6, 5], 3)];
+        assert_close(
+            &run_graph(&h, inputs.clone())[0],
+            &run_graph(&g, inputs.clone())[0],
+            1e-5,
+        );
+        let g = build(noise(&[1, 5], 5));
+        let (_, h) = laid_out(&g);
+        assert_eq!(
+            ops(&h),
+            [
+                "Transpose",
+                "Conv/nhwc",
+                "Transpose",
+                "PRelu",
+                "Transpose",
+                "Conv/nhwc",
+                "Transpose"
+            ]
+        );
+        assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
     }
 
     #[test]

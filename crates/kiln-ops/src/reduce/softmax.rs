@@ -78,6 +78,61 @@ fn softmax_rows_f32(kind: SoftmaxKind, xs: &[f32], n: usize) -> kiln_tensor::Buf
 kiln_kernels::scratch_kinds! {
     /// One `[inner, n]` block of a Softmax along a non-last axis, its lanes made rows.
     LaneRows: Vec<f32>;
+    /// The per-lane shifts and sums of a Softmax over a short non-last axis.
+    LaneStats: Vec<f32>;
+}
+
+/// Lanes at most this long (with values after the axis) run column-wise: the block's `n`
+/// rows of `inner` values are combined elementwise (maximum, exponentials, sums), every pass
+/// vectorised along `inner`. Longer lanes are transposed into rows for the row kernels.
+const COLUMN_LANES: usize = 64;
+
+/// [`softmax_axis_f32`]'s column-wise block (`n <= COLUMN_LANES`): per lane the shift is its
+/// maximum (0 when that is infinite, as the row kernel), each value `e^(x - shift)`, then
+/// scaled by `1 / sum` (Softmax) or the log-sum taken (LogSoftmax).
+fn softmax_columns(isa: kiln_kernels::isa::Isa, kind: SoftmaxKind, src: &[f32], inner: usize, dst: &mut [f32]) {
+    let mut stats = kiln_kernels::recycle::lend::<LaneStats>();
+    stats.clear();
+    stats.resize(2 * inner, 0.0);
+    let (shift, sum) = stats.split_at_mut(inner);
+    shift.fill(f32::NEG_INFINITY);
+    for row in src.chunks_exact(inner) {
+        for (m, &x) in shift.iter_mut().zip(row) {
+            if x > *m {
+                *m = x;
+            }
+        }
+    }
+    shift.iter_mut().filter(|m| !m.is_finite()).for_each(|m| *m = 0.0);
+    for (d, x) in dst.chunks_exact_mut(inner).zip(src.chunks_exact(inner)) {
+        for ((o, &v), &m) in d.iter_mut().zip(x).zip(shift.iter()) {
+            *o = v - m;
+        }
+        kiln_kernels::vector::exp_shift_sum_with(isa, d, 0.0);
+        for (s, &e) in sum.iter_mut().zip(d.iter()) {
+            *s += e;
+        }
+    }
+    match kind {
+        SoftmaxKind::LogSoftmax => {
+            for (m, &s) in shift.iter_mut().zip(sum.iter()) {
+                *m += s.ln();
+            }
+            for (d, x) in dst.chunks_exact_mut(inner).zip(src.chunks_exact(inner)) {
+                for ((o, &v), &l) in d.iter_mut().zip(x).zip(shift.iter()) {
+                    *o = v - l;
+                }
+            }
+        }
+        _ => {
+            sum.iter_mut().for_each(|s| *s = 1.0 / *s);
+            for d in dst.chunks_exact_mut(inner) {
+                for (o, &inv) in d.iter_mut().zip(sum.iter()) {
+                    *o *= inv;
+                }
+            }
+        }
+    }
 }
 
 /// Softmax or LogSoftmax of f32 along an axis of `n` values with `inner > 1` values after it:
@@ -91,6 +146,9 @@ fn softmax_axis_f32(kind: SoftmaxKind, xs: &[f32], n: usize, inner: usize) -> ki
         let Some(src) = xs.get(b * block..(b + 1) * block) else {
             return;
         };
+        if n <= COLUMN_LANES {
+            return softmax_columns(isa, kind, src, inner, dst);
+        }
         let mut rows = kiln_kernels::recycle::lend::<LaneRows>();
         rows.clear();
         rows.resize(block, 0.0);
@@ -222,26 +280,33 @@ mod tests {
 
     #[test]
     fn f32_along_a_middle_axis_matches_the_f64_lanes() {
-        // [3, 5, 19]: 19 values after the axis (whole 8x8 transpose blocks and edges).
-        let shape = vec![3, 5, 19];
-        let v: Vec<f32> = (0..3 * 5 * 19).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
-        let x32 = Tensor::from_vec(shape.clone(), v.clone()).unwrap();
-        let x64 = Tensor::from_vec(shape, v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>()).unwrap();
-        for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
-            for axis in [0, 1, -2] {
-                let op = Softmax {
-                    kind,
-                    axis,
-                    coerce_2d: false,
-                };
-                let got = run(&op, x32.clone());
-                let want = op.eval(&Args::new(&[Some(&Value::Tensor(x64.clone()))])).unwrap();
-                let want = want[0].as_tensor().unwrap().to_f64_vec();
-                for (g, w) in got.iter().zip(&want) {
-                    assert!(
-                        (f64::from(*g) - w).abs() <= 2e-6 * (1.0 + w.abs()),
-                        "{kind:?} axis {axis}: {g} vs {w}"
-                    );
+        // [3, 5, 19]: short lanes, column-wise; [2, 70, 9]: long lanes, transposed into rows
+        // (whole 8x8 transpose blocks and edges). A lane of -inf and one with +inf too.
+        for shape in [vec![3, 5, 19], vec![2, 70, 9]] {
+            let len: usize = shape.iter().product();
+            let mut v: Vec<f32> = (0..len).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let inner = shape[2];
+            for k in 0..shape[1] {
+                v[k * inner] = f32::NEG_INFINITY;
+            }
+            v[inner + 1] = f32::INFINITY;
+            let x32 = Tensor::from_vec(shape.clone(), v.clone()).unwrap();
+            let x64 = Tensor::from_vec(shape.clone(), v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>()).unwrap();
+            for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
+                for axis in [0, 1, -2] {
+                    let op = Softmax {
+                        kind,
+                        axis,
+                        coerce_2d: false,
+                    };
+                    let got = run(&op, x32.clone());
+                    let want = op.eval(&Args::new(&[Some(&Value::Tensor(x64.clone()))])).unwrap();
+                    let want = want[0].as_tensor().unwrap().to_f64_vec();
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let g = f64::from(*g);
+                        let same = (g.is_nan() && w.is_nan()) || g == *w || (g - w).abs() <= 2e-6 * (1.0 + w.abs());
+                        assert!(same, "{shape:?} {kind:?} axis {axis} [{i}]: {g} vs {w}");
+                    }
                 }
             }
         }
