@@ -75,15 +75,19 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     // Winograd changes rounding (within 1e-5 relative, see kiln_kernels::winograd): from the
     // default level on, like the other fusions. Before the GEMM packing, which takes the
     // channels-last convolutions Winograd leaves.
+    // Each applies to the main program and every sub-program (If branches, Loop and Scan
+    // bodies): a model whose work sits in a branch (Silero VAD's sample-rate If) gets the
+    // same packed weights.
     let winograd = if options.opt_level >= 2 {
-        prepack::winograd(&graph, &mut program)
+        each_program(&graph, &mut program, &mut prepack::winograd)
     } else {
         0
     };
     // Level 0 runs the graph as imported, weights included.
     let prepacked = if options.opt_level >= 1 {
         // Channels-last convolutions exist from level 2 (the `layout` pass).
-        prepack::run(&graph, &mut program) + prepack::channels_last(&mut program)
+        each_program(&graph, &mut program, &mut prepack::run)
+            + each_program(&graph, &mut program, &mut |_, p| prepack::channels_last(p))
     } else {
         0
     };
@@ -94,4 +98,38 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
         prepacked,
         winograd,
     })
+}
+
+/// Applies `f` to a graph's program and, recursively, to each control-flow node's
+/// sub-programs with their subgraphs (lowering keeps nodes and steps, and a node's subgraphs
+/// and its step's sub-programs, in the same order); returns the sum of what `f` returns.
+fn each_program(graph: &Graph, program: &mut Program, f: &mut dyn FnMut(&Graph, &mut Program) -> usize) -> usize {
+    use kiln_runtime::StepKind;
+    let mut n = f(graph, program);
+    for (node, step) in graph.nodes.iter().zip(program.steps.iter_mut()) {
+        let kiln_ir::NodeKind::Control(c) = &node.kind else {
+            continue;
+        };
+        let programs: Vec<&mut Program> = match &mut step.kind {
+            StepKind::If {
+                then_branch,
+                else_branch,
+            } => vec![then_branch.as_mut(), else_branch.as_mut()],
+            StepKind::Loop(l) => vec![l.body.as_mut()],
+            StepKind::Scan(s) => vec![s.body.as_mut()],
+            StepKind::SequenceMap { body } => vec![body.as_mut()],
+            StepKind::FlexAttention {
+                score_mod, prob_mod, ..
+            } => score_mod
+                .iter_mut()
+                .chain(prob_mod.iter_mut())
+                .map(|b| b.as_mut())
+                .collect(),
+            StepKind::Op(_) => Vec::new(),
+        };
+        for (sub, p) in c.subgraphs().into_iter().zip(programs) {
+            n += each_program(sub, p, f);
+        }
+    }
+    n
 }

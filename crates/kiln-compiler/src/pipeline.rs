@@ -9,8 +9,8 @@
 
 use crate::CompileError;
 use crate::passes::{
-    attention, bn, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout, matmul_add,
-    patterns, pointwise_depthwise, residual, shape, unit_transpose,
+    attention, bn, captures, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout,
+    matmul_add, patterns, pointwise_depthwise, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -39,15 +39,43 @@ struct Pass {
     /// Lowest level the pass runs at.
     level: u8,
     run: fn(&mut Graph) -> Result<usize, CompileError>,
+    /// Whether the pipeline also runs it on every subgraph (If branches, Loop and Scan
+    /// bodies, ...): false for the passes that walk subgraphs themselves, and for `f16`,
+    /// whose promotion is decided for the whole model from the main graph.
+    deep: bool,
+}
+
+/// Runs a pass on `g` and, when it is `deep`, on every subgraph of `g`, innermost last.
+fn run_pass(pass: &Pass, g: &mut Graph) -> Result<usize, CompileError> {
+    let mut n = (pass.run)(g)?;
+    if pass.deep {
+        for node in &mut g.nodes {
+            if let kiln_ir::NodeKind::Control(c) = &mut node.kind {
+                for sub in crate::passes::edit::subgraphs_mut(c) {
+                    n += run_pass(pass, sub)?;
+                }
+            }
+        }
+    }
+    Ok(n)
 }
 
 /// The pipeline, in order. Each entry's comment is the reason for its position.
 const PIPELINE: &[Pass] = &[
+    // First: weights a subgraph captures become its own constants, so every pass below (and
+    // the weight packing) treats a branch's or a loop body's weights as the main graph's.
+    Pass {
+        name: "captures",
+        level: 1,
+        deep: false,
+        run: captures::run,
+    },
     // float16 regions onto f32 first: every later pass (folding, fusions, kernel choice) sees
     // f32 nodes, and the identity pass removes the casts back to f32 this one makes identities.
     Pass {
         name: "f16",
         level: 2,
+        deep: false,
         run: f16::run,
     },
     // Then: exporters alias weights through Identity chains; seeing through them lets every
@@ -55,12 +83,14 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "identity",
         level: 1,
+        deep: false,
         run: identity::run,
     },
     // Before folding: Shape/Size of bound static shapes become the constants folding needs.
     Pass {
         name: "shape",
         level: 1,
+        deep: false,
         run: shape::run,
     },
     // Matrix-product Einsums to MatMuls before folding, which turns a constant operand's
@@ -68,12 +98,14 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "einsum",
         level: 2,
+        deep: false,
         run: einsum::run,
     },
     // Collapses the shape arithmetic and constant subexpressions, with the runtime's kernels.
     Pass {
         name: "fold",
         level: 1,
+        deep: false,
         run: fold::run,
     },
     // After folding, equal constants (e.g. repeated Reshape targets) and the nodes reading them
@@ -81,12 +113,14 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "cse",
         level: 1,
+        deep: false,
         run: cse::run,
     },
     // Drops what the cleanup left unread, so the fusions below count real consumers.
     Pass {
         name: "dce",
         level: 1,
+        deep: false,
         run: dce::run,
     },
     // Taps that only read padding off the kernel, before anything chooses a kernel from its
@@ -94,6 +128,7 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "conv_taps",
         level: 2,
+        deep: true,
         run: conv_taps::run,
     },
     // BatchNorm into Conv/Gemm before activation fusion: the activation follows the BatchNorm,
@@ -101,6 +136,7 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "bn",
         level: 2,
+        deep: true,
         run: bn::run,
     },
     // LayerNorm/GELU subgraphs to single ops before MatMul+Add and activation fusion, which
@@ -108,6 +144,7 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "patterns",
         level: 2,
+        deep: true,
         run: patterns::run,
     },
     // Scaled dot-product attention to one Attention node before MatMul+Add, which would
@@ -118,12 +155,14 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "attention",
         level: 2,
+        deep: true,
         run: attention::run,
     },
     // Bias into the MatMul before activation fusion, so the activation follows the MatMul.
     Pass {
         name: "matmul_add",
         level: 2,
+        deep: true,
         run: matmul_add::run,
     },
     // A residual Add into the Conv before activation fusion: the block's Relu follows the Add,
@@ -131,12 +170,14 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "residual",
         level: 2,
+        deep: true,
         run: residual::run,
     },
     // Last rewrite: every producer is in its final form, and its epilogue applies after bias.
     Pass {
         name: "fuse_act",
         level: 2,
+        deep: true,
         run: fuse_act::run,
     },
     // One-dimensional convolutions as two-dimensional ones of height 1, after the fusions (the
@@ -144,6 +185,7 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "conv1d",
         level: 2,
+        deep: true,
         run: conv1d::run,
     },
     // After every fusion (a Conv's epilogue and residual are final), before the last dce, which
@@ -151,6 +193,7 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "layout",
         level: 2,
+        deep: true,
         run: layout::run,
     },
     // After layout, whose way back to channels-first after a global pooling is such a
@@ -158,12 +201,14 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "unit_transpose",
         level: 2,
+        deep: false,
         run: unit_transpose::run,
     },
     // Removes the weights the folds replaced and anything the fusions left unread.
     Pass {
         name: "dce",
         level: 2,
+        deep: false,
         run: dce::run,
     },
     // Last: both convolutions must be channels-last (the `layout` pass) and the 1x1's output
@@ -172,6 +217,7 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "pointwise_depthwise",
         level: 2,
+        deep: true,
         run: pointwise_depthwise::run,
     },
     // After every fusion into a producer (an activation or residual a Conv or MatMul applies
@@ -180,6 +226,7 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "chain",
         level: 2,
+        deep: true,
         run: chain::run,
     },
 ];
@@ -189,7 +236,7 @@ pub fn optimize(graph: &mut Graph, level: u8) -> Result<PipelineReport, CompileE
     let nodes_before = graph.node_count_deep();
     let mut passes = Vec::new();
     for pass in PIPELINE.iter().filter(|p| p.level <= level) {
-        let rewrites = (pass.run)(graph)?;
+        let rewrites = run_pass(pass, graph)?;
         graph.verify().map_err(|e| CompileError::Pass {
             pass: pass.name,
             node: String::new(),

@@ -24,6 +24,7 @@ pub struct InferError {
 pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
     let mut known: HashMap<ValueId, Value> = HashMap::new();
     for i in 0..graph.nodes.len() {
+        infer_branches(graph, i)?;
         let inferred = {
             let node = &graph.nodes[i];
             let input_types: Vec<ValueType> = node
@@ -109,6 +110,30 @@ fn fold(op: &Op, inputs: &[InferInput<'_>]) -> Vec<Option<Value>> {
         }
         _ => Vec::new(),
     }
+}
+
+/// The types inside node `i`'s If branches: each captured value takes its outer value's
+/// type (known by now, where the importer saw it before inference), then the branch is
+/// inferred like a graph of its own, so its nodes get the shapes the passes and fast paths
+/// need (a model whose work sits in a branch, as Silero VAD's sample-rate If). Loop and Scan
+/// bodies keep their declared types: their carried values may change shape per iteration.
+fn infer_branches(graph: &mut Graph, i: usize) -> Result<(), InferError> {
+    let Some(NodeKind::Control(ControlFlow::If(node))) = graph.nodes.get(i).map(|n| &n.kind) else {
+        return Ok(());
+    };
+    let outer_type = |v: ValueId| graph.value(v).map_or(ValueType::Unknown, |x| x.ty.clone());
+    let types: [Vec<(ValueId, ValueType)>; 2] = [&node.then_branch, &node.else_branch]
+        .map(|b| b.captures.iter().map(|c| (c.inner, outer_type(c.outer))).collect());
+    let Some(NodeKind::Control(ControlFlow::If(node))) = graph.nodes.get_mut(i).map(|n| &mut n.kind) else {
+        return Ok(());
+    };
+    for (branch, types) in [&mut node.then_branch, &mut node.else_branch].into_iter().zip(types) {
+        for (inner, ty) in types {
+            merge_into(branch, inner, ty);
+        }
+        infer_types(branch)?;
+    }
+    Ok(())
 }
 
 fn control_output_types(c: &ControlFlow, n: usize) -> Vec<ValueType> {

@@ -6,6 +6,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod bn;
+pub(crate) mod captures;
 pub(crate) mod chain;
 pub(crate) mod conv1d;
 pub(crate) mod conv_taps;
