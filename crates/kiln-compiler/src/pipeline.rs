@@ -316,7 +316,7 @@ mod tests {
         let mut g = cnn();
         let r = optimize(&mut g, 1).unwrap();
         let names: Vec<_> = r.passes.iter().map(|p| p.pass).collect();
-        assert_eq!(names, ["identity", "shape", "fold", "cse", "dce"]);
+        assert_eq!(names, ["captures", "identity", "shape", "fold", "cse", "dce"]);
         assert_eq!(op_names(&g), ["Conv", "BatchNormalization", "Relu"]);
         assert_eq!(run_graph(&g, vec![xin.clone()]), reference);
 
