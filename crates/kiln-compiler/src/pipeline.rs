@@ -98,7 +98,7 @@ const PIPELINE: &[Pass] = &[
     Pass {
         name: "einsum",
         level: 2,
-        deep: false,
+        deep: true,
         run: einsum::run,
     },
     // Collapses the shape arithmetic and constant subexpressions, with the runtime's kernels.

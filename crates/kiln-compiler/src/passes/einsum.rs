@@ -14,7 +14,7 @@
 //! operand alone. The product is the same sum of the same terms: the GEMM's order of
 //! summation is the only difference, as for any MatMul.
 
-use super::edit::{dtype_of, fresh_name, is_float, op, shape_of, subgraphs_mut};
+use super::edit::{dtype_of, fresh_name, is_float, op, shape_of};
 use crate::CompileError;
 use kiln_ir::{Dim, Graph, Node, NodeKind, Op, ValueId, ValueType};
 use kiln_ops::TensorType;
@@ -23,13 +23,6 @@ use kiln_ops::nn::{Einsum, MatMul, NnOp};
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let mut count = 0;
-    for node in &mut g.nodes {
-        if let NodeKind::Control(c) = &mut node.kind {
-            for sub in subgraphs_mut(c) {
-                count += run(sub)?;
-            }
-        }
-    }
     let plans: Vec<Option<Product>> = g.nodes.iter().map(|n| plan(g, n)).collect();
     if plans.iter().all(Option::is_none) {
         return Ok(count);

@@ -11,15 +11,10 @@
 
 macro_rules! simd_math {
     ($feat:literal) => {
-        /// `e^x`: 0 below the normal range (x < -87.34), +inf above 88.72, NaN kept: the
-        /// clamps take `x` as their second operand, which x86's min and max return when
-        /// either is NaN, so a NaN runs through the polynomial (a NaN at every step) with no
-        /// compare and blend of its own.
+        /// `e^x` for `x` already within [-87.34, 88.72] (or NaN): Cody-Waite reduction by
+        /// `ln 2`, the Cephes `expf` polynomial, and the power of two applied in two factors.
         #[target_feature(enable = $feat)]
-        fn exp(x: V) -> V {
-            let lo = splat(-87.336_55);
-            let hi = splat(88.722_83);
-            let xc = min(hi, max(lo, x));
+        fn exp_in_range(xc: V) -> V {
             let n = round(mul(xc, splat(std::f32::consts::LOG2_E)));
             // x - n ln2 in two steps (ln2 = 0.693359375 - 2.12194440e-4).
             let r = fnmadd(n, splat(0.693_359_375), xc);
@@ -31,30 +26,31 @@ macro_rules! simd_math {
             p = fmadd(p, r, splat(1.666_666_5e-1));
             p = fmadd(p, r, splat(5.000_000_1e-1));
             let y = fmadd(p, mul(r, r), add(r, splat(1.0)));
-            let y = scale_pow2(y, n);
+            scale_pow2(y, n)
+        }
+
+        /// `e^x`: 0 below the normal range (x < -87.34), +inf above 88.72, NaN kept: the
+        /// clamps take `x` as their second operand, which x86's min and max return when
+        /// either is NaN, so a NaN runs through the polynomial (a NaN at every step) with no
+        /// compare and blend of its own.
+        #[target_feature(enable = $feat)]
+        fn exp(x: V) -> V {
+            let lo = splat(-87.336_55);
+            let hi = splat(88.722_83);
+            let y = exp_in_range(min(hi, max(lo, x)));
             let y = blend(lt(x, lo), zero(), y);
             blend(gt(x, hi), splat(f32::INFINITY), y)
         }
 
         /// `1 / (1 + e^-x)`, with `e^-x` taken on `-x` clamped to [-87, 87] (one blend where
-        /// the exponential had two and an unclamped range): above 87 the sigmoid is within
-        /// 1e-38 of 1; below -87 it is set to 0 (so `-inf` gives 0, and Silu `-inf * 0 =
-        /// NaN`, as the reference). NaN runs through the clamps, whose second operand it is.
+        /// the exponential had two): above 87 the sigmoid is within 1e-38 of 1; below -87 it
+        /// is set to 0 (so `-inf` gives 0, and Silu `-inf * 0 = NaN`, as the reference). NaN
+        /// runs through the clamps, whose second operand it is.
         #[target_feature(enable = $feat)]
         fn sigmoid(x: V) -> V {
             let nx = sub(zero(), x);
-            let z = min(splat(87.0), max(splat(-87.0), nx));
-            let n = round(mul(z, splat(std::f32::consts::LOG2_E)));
-            let r = fnmadd(n, splat(0.693_359_375), z);
-            let r = fnmadd(n, splat(-2.121_944_4e-4), r);
-            let mut p = splat(1.987_569_2e-4);
-            p = fmadd(p, r, splat(1.398_199_9e-3));
-            p = fmadd(p, r, splat(8.333_452e-3));
-            p = fmadd(p, r, splat(4.166_579_6e-2));
-            p = fmadd(p, r, splat(1.666_666_5e-1));
-            p = fmadd(p, r, splat(5.000_000_1e-1));
-            let y = fmadd(p, mul(r, r), add(r, splat(1.0)));
-            let s = div(splat(1.0), add(splat(1.0), scale_pow2(y, n)));
+            let e = exp_in_range(min(splat(87.0), max(splat(-87.0), nx)));
+            let s = div(splat(1.0), add(splat(1.0), e));
             blend(gt(nx, splat(87.0)), zero(), s)
         }
 
