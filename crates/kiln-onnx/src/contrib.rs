@@ -359,7 +359,7 @@ fn attention(e: &mut Emit<'_>) -> Result<()> {
         ),
     }
     let past = e.input(4).map(|p| {
-        let (i0, i1) = (e.i64_scalar(0), e.i64_scalar(1));
+        let (i0, i1) = (e.i64_tensor(&[], &[0]), e.i64_tensor(&[], &[1]));
         let pk = e.one("Gather", &[&p, &i0], vec![attr_i("axis", 0)]);
         let pv = e.one("Gather", &[&p, &i1], vec![attr_i("axis", 0)]);
         (pk, pv)
@@ -673,22 +673,18 @@ impl Emit<'_> {
         out
     }
 
-    fn i64s(&mut self, v: &[i64]) -> String {
+    /// An int64 constant of shape `dims` (`[]`: a scalar).
+    fn i64_tensor(&mut self, dims: &[i64], v: &[i64]) -> String {
         self.constant(TensorProto {
-            dims: vec![v.len() as i64],
+            dims: dims.to_vec(),
             data_type: Some(DataType::Int64 as i32),
             int64_data: v.to_vec(),
             ..Default::default()
         })
     }
 
-    fn i64_scalar(&mut self, v: i64) -> String {
-        self.constant(TensorProto {
-            dims: vec![],
-            data_type: Some(DataType::Int64 as i32),
-            int64_data: vec![v],
-            ..Default::default()
-        })
+    fn i64s(&mut self, v: &[i64]) -> String {
+        self.i64_tensor(&[v.len() as i64], v)
     }
 
     /// A scalar of `like`'s type.

@@ -259,33 +259,39 @@ impl std::fmt::Debug for Specializer {
     }
 }
 
+/// Each input of the program's signature that has symbolic dims, with the shape the inputs
+/// give it (`None` when that input is missing, not a tensor or of another rank). Allocates
+/// nothing.
+fn symbolic_shapes<'a>(
+    program: &'a Program,
+    inputs: &'a [(String, Value)],
+) -> impl Iterator<Item = Option<(&'a [Dim], &'a [usize])>> {
+    program.inputs.iter().filter_map(move |spec| {
+        let ValueType::Tensor(tt) = &spec.ty else { return None };
+        let dims = tt.shape.as_deref()?;
+        if !dims.iter().any(|d| matches!(d, Dim::Sym(_))) {
+            return None;
+        }
+        let given = match inputs.iter().find(|(n, _)| *n == spec.name) {
+            Some((_, Value::Tensor(t))) if t.rank() == dims.len() => Some((dims, t.shape())),
+            _ => None,
+        };
+        Some(given)
+    })
+}
+
 /// Whether the inputs fit the program's signature with its symbols at the sizes `b` binds
 /// (each symbol's every occurrence, the fixed dims too). Allocates nothing: it runs on every
 /// inference of a symbolic model.
 fn fits(program: &Program, inputs: &[(String, Value)], b: &[(String, usize)]) -> bool {
-    for spec in &program.inputs {
-        let ValueType::Tensor(tt) = &spec.ty else { continue };
-        let Some(dims) = &tt.shape else { continue };
-        if !dims.iter().any(|d| matches!(d, Dim::Sym(_))) {
-            continue;
-        }
-        let Some((_, Value::Tensor(t))) = inputs.iter().find(|(n, _)| *n == spec.name) else {
-            return false;
-        };
-        if t.rank() != dims.len() {
-            return false;
-        }
-        for (d, &got) in dims.iter().zip(t.shape()) {
-            let ok = match d {
+    symbolic_shapes(program, inputs).all(|given| {
+        given.is_some_and(|(dims, shape)| {
+            dims.iter().zip(shape).all(|(d, &got)| match d {
                 Dim::Fixed(n) => *n == got,
                 Dim::Sym(s) => b.iter().any(|(n, v)| n == s && *v == got),
-            };
-            if !ok {
-                return false;
-            }
-        }
-    }
-    true
+            })
+        })
+    })
 }
 
 /// The sizes the inputs give the symbols of the program's input types, sorted by name;
@@ -294,19 +300,9 @@ fn fits(program: &Program, inputs: &[(String, Value)], b: &[(String, usize)]) ->
 /// and reports what is wrong.
 pub(crate) fn bindings(program: &Program, inputs: &[(String, Value)]) -> Option<Bindings> {
     let mut out: Bindings = Vec::new();
-    for spec in &program.inputs {
-        let ValueType::Tensor(tt) = &spec.ty else { continue };
-        let Some(dims) = &tt.shape else { continue };
-        if !dims.iter().any(|d| matches!(d, Dim::Sym(_))) {
-            continue;
-        }
-        let Some((_, Value::Tensor(t))) = inputs.iter().find(|(n, _)| *n == spec.name) else {
-            return None;
-        };
-        if t.rank() != dims.len() {
-            return None;
-        }
-        for (d, &got) in dims.iter().zip(t.shape()) {
+    for given in symbolic_shapes(program, inputs) {
+        let (dims, shape) = given?;
+        for (d, &got) in dims.iter().zip(shape) {
             let s = match d {
                 Dim::Fixed(n) if *n != got => return None,
                 Dim::Fixed(_) => continue,
