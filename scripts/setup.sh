@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine: Python tools for reference data (onnx pinned, onnxruntime,
-# numpy) in a venv under ~/.cache/kiln, the ONNX backend test data and the com.microsoft op cases
-# (ONNX Runtime outputs) written into the cache, and
-# a release build of kiln.
+# numpy, pytest) in a venv under ~/.cache/kiln, the ONNX backend test data and the com.microsoft
+# op cases (ONNX Runtime outputs) written into the cache, a release build of kiln, and kiln's
+# Python package installed into the venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${KILN_CACHE:-$HOME/.cache/kiln}"
@@ -12,7 +12,7 @@ mkdir -p "$CACHE"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/pip" install --quiet --disable-pip-version-check numpy "onnx==$ONNX_VERSION" onnxruntime
+"$VENV/bin/pip" install --quiet --disable-pip-version-check numpy "onnx==$ONNX_VERSION" onnxruntime pytest ml_dtypes
 DATA="${KILN_ONNX_TESTS:-$CACHE/onnx-tests}"
 if [ "$(cat "$DATA/onnx_version.txt" 2>/dev/null)" != "$ONNX_VERSION" ]; then
   rm -rf "$DATA"
@@ -25,4 +25,6 @@ if [ "$(cat "$DATA/contrib.stamp" 2>/dev/null)" != "$STAMP" ]; then
   echo "$STAMP" > "$DATA/contrib.stamp"
 fi
 cargo build --release --quiet -p kiln-cli -p kiln-conformance
-echo "set-up done: test data in $DATA, binaries in target/release"
+# The Python package (import kiln), built by maturin from this checkout.
+"$VENV/bin/pip" install --quiet --disable-pip-version-check .
+echo "set-up done: test data in $DATA, binaries in target/release, the kiln Python package in $VENV"

@@ -32,6 +32,9 @@ pub enum Source {
     CommandLine { arg: String },
     /// Set as a consequence of another option (e.g. `mode: weight_sharing`).
     Implied { by: String },
+    /// A keyword argument of an API call (Python's `kiln.Session(..., num_activations=4)`);
+    /// `key` is the spelling used there.
+    Keyword { key: String },
 }
 
 impl Source {
@@ -58,6 +61,7 @@ impl fmt::Display for Source {
             Source::File { at, key } => write!(f, "{at} (as {key})"),
             Source::CommandLine { arg } => write!(f, "command line (-O {arg})"),
             Source::Implied { by } => write!(f, "implied by {by}"),
+            Source::Keyword { key } => write!(f, "keyword argument {key}"),
         }
     }
 }

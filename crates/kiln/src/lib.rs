@@ -24,7 +24,7 @@ pub use kiln_ops::{Dim, Sequence, TensorType, Value, ValueType};
 pub use kiln_runtime::RuntimeError;
 pub use kiln_runtime::{AllocCounts, CachingAlloc, CountingAlloc, ThreadPool};
 pub use kiln_runtime::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
-pub use kiln_tensor::{DType, Data, Mismatch, Tensor, TensorError, bf16, compare, f16};
+pub use kiln_tensor::{DType, Data, Mismatch, SharedBytes, Tensor, TensorError, bf16, compare, f16};
 pub use monitor::{LatencyStats, MAX_PROFILE_RECORDS, Metrics, percentile};
 pub use profile::ProfileReport;
 pub use session::{

@@ -423,6 +423,40 @@ impl Session {
         self.monitor.reset();
     }
 
+    /// Changes the compute threads of later runs (`num_of_cores` after creation; qaic's
+    /// `update_backend_options`). Runs in progress must have finished (`&mut self`).
+    pub fn set_threads(&mut self, threads: usize) -> Result<(), Error> {
+        if threads == self.threads() {
+            return Ok(());
+        }
+        self.pool = if threads > 1 {
+            Some(kiln_runtime::ThreadPool::new(threads).map_err(|cause| Error::Threads { threads, cause })?)
+        } else {
+            None
+        };
+        Ok(())
+    }
+
+    /// Switches latency metrics and step profiling on or off for later runs, forgetting what
+    /// was recorded (`enable_metrics` / `enable_profiling` after creation).
+    pub fn set_monitoring(&mut self, enable_metrics: bool, enable_profiling: bool) {
+        self.monitor = Monitor::new(enable_metrics, enable_profiling, self.monitor.load());
+    }
+
+    /// qaic's `reset`: forgets the recorded metrics and profile and frees the run states
+    /// (planned blocks and recycled buffers) that no run is using; the next run allocates
+    /// them again.
+    pub fn reset(&self) {
+        self.monitor.reset();
+        self.arenas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+        if let Some(s) = &self.specializer {
+            s.release_run_states();
+        }
+    }
+
     /// Per-step timings of the runs so far; `None` unless `enable_profiling` was set.
     pub fn get_profile(&self) -> Option<ProfileReport> {
         self.monitor.profile()

@@ -95,13 +95,6 @@ impl Session {
                 .unwrap_or(0),
         })
     }
-
-    /// Returns the session to its state after creation (qaic's `reset()`): recorded metrics and
-    /// profiles are forgotten. Runs keep no other state between calls (each run has its own
-    /// slots), so nothing else needs resetting.
-    pub fn reset(&self) {
-        self.reset_metrics();
-    }
 }
 
 /// See [`Session::memory_placement`].

@@ -229,6 +229,14 @@ impl Specializer {
         g.as_ref().map_err(Clone::clone)
     }
 
+    /// Frees the idle run states of every specialisation (the programs are kept).
+    pub(crate) fn release_run_states(&self) {
+        let cache = lock(&self.cache);
+        for v in cache.stored.iter().chain(cache.recent.iter()) {
+            lock(&v.arenas).clear();
+        }
+    }
+
     pub(crate) fn info(&self) -> ShapeCacheInfo {
         let cache = lock(&self.cache);
         ShapeCacheInfo {

@@ -1,0 +1,117 @@
+"""Models the Python tests run: the shipped example CNN, and small graphs built here with
+onnx.helper (every dtype kiln passes through numpy, a symbolic batch, strings, a slow MatMul)."""
+
+import pathlib
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny_cnn.onnx"
+EXAMPLE_INPUT = ROOT / "examples" / "tiny_cnn_input.npy"
+
+
+def _save(model, path):
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+@pytest.fixture(scope="session")
+def example():
+    return str(EXAMPLE)
+
+
+@pytest.fixture(scope="session")
+def example_input():
+    return np.load(EXAMPLE_INPUT)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    out = {}
+    # y = x * 2 + 1 over a symbolic batch: "batch" x 4.
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+    out["affine"] = _save(
+        _model(
+            [helper.make_node("Mul", ["x", "two"], ["t"]), helper.make_node("Add", ["t", "one"], ["y"])],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+            [two, one],
+        ),
+        d / "affine.onnx",
+    )
+    # Identity of every plain dtype at once: each input comes back as its output.
+    dtypes = {
+        "f16": TensorProto.FLOAT16,
+        "f64": TensorProto.DOUBLE,
+        "i8": TensorProto.INT8,
+        "i16": TensorProto.INT16,
+        "i32": TensorProto.INT32,
+        "i64": TensorProto.INT64,
+        "u8": TensorProto.UINT8,
+        "u16": TensorProto.UINT16,
+        "u32": TensorProto.UINT32,
+        "u64": TensorProto.UINT64,
+        "b": TensorProto.BOOL,
+        "s": TensorProto.STRING,
+        "bf16": TensorProto.BFLOAT16,
+    }
+    out["identity"] = _save(
+        _model(
+            [helper.make_node("Identity", [f"in_{k}"], [f"out_{k}"]) for k in dtypes],
+            [helper.make_tensor_value_info(f"in_{k}", t, [2, 3]) for k, t in dtypes.items()],
+            [helper.make_tensor_value_info(f"out_{k}", t, [2, 3]) for k, t in dtypes.items()],
+        ),
+        d / "identity.onnx",
+    )
+    # Arithmetic in several dtypes, to compare with ONNX Runtime.
+    out["mixed"] = _save(
+        _model(
+            [
+                helper.make_node("Add", ["a16", "a16"], ["sum16"]),
+                helper.make_node("Mul", ["i", "i"], ["sq"]),
+                helper.make_node("Not", ["flag"], ["notflag"]),
+                helper.make_node("Cast", ["i"], ["as_float"], to=TensorProto.FLOAT),
+            ],
+            [
+                helper.make_tensor_value_info("a16", TensorProto.FLOAT16, [3, 5]),
+                helper.make_tensor_value_info("i", TensorProto.INT32, [3, 5]),
+                helper.make_tensor_value_info("flag", TensorProto.BOOL, [3, 5]),
+            ],
+            [
+                helper.make_tensor_value_info("sum16", TensorProto.FLOAT16, [3, 5]),
+                helper.make_tensor_value_info("sq", TensorProto.INT32, [3, 5]),
+                helper.make_tensor_value_info("notflag", TensorProto.BOOL, [3, 5]),
+                helper.make_tensor_value_info("as_float", TensorProto.FLOAT, [3, 5]),
+            ],
+        ),
+        d / "mixed.onnx",
+    )
+    # A run long enough to observe other threads running meanwhile (a chain of 512^2 MatMuls).
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [512, 512], (rng.standard_normal((512, 512)) / 23).astype(np.float32).ravel())
+    nodes, prev = [], "x"
+    for k in range(24):
+        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"h{k}"]))
+        prev = f"h{k}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    out["slow"] = _save(
+        _model(
+            nodes,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 512])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 512])],
+            [w],
+        ),
+        d / "slow.onnx",
+    )
+    return out
