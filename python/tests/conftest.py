@@ -21,7 +21,8 @@ def _save(model, path):
 
 def _model(nodes, inputs, outputs, initializers=(), opset=17):
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    ir = 8 if opset <= 17 else 10
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +74,17 @@ def models(tmp_path_factory):
             [helper.make_tensor_value_info(f"out_{k}", t, [2, 3]) for k, t in dtypes.items()],
         ),
         d / "identity.onnx",
+    )
+    # The types numpy has only through ml_dtypes (float8, int4): Identity, opset 21.
+    coded = {"f8": TensorProto.FLOAT8E4M3FN, "f8e5": TensorProto.FLOAT8E5M2, "i4": TensorProto.INT4, "u4": TensorProto.UINT4}
+    out["identity_coded"] = _save(
+        _model(
+            [helper.make_node("Identity", [f"in_{k}"], [f"out_{k}"]) for k in coded],
+            [helper.make_tensor_value_info(f"in_{k}", t, [2, 4]) for k, t in coded.items()],
+            [helper.make_tensor_value_info(f"out_{k}", t, [2, 4]) for k, t in coded.items()],
+            opset=21,
+        ),
+        d / "identity_coded.onnx",
     )
     # Arithmetic in several dtypes, to compare with ONNX Runtime.
     out["mixed"] = _save(

@@ -77,6 +77,21 @@ def test_every_dtype_round_trips(models):
             np.testing.assert_array_equal(y, x, err_msg=k)
 
 
+def test_float8_and_int4_round_trip_through_ml_dtypes(models):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    feeds = {
+        "in_f8": np.array([[0.5, -1.0, 448.0, 0.0], [1.75, -0.125, 3.0, 2.0]], dtype=ml_dtypes.float8_e4m3fn),
+        "in_f8e5": np.array([[0.5, -1.0, 57344.0, 0.0], [1.5, -0.25, 3.0, 2.0]], dtype=ml_dtypes.float8_e5m2),
+        "in_i4": np.array([[-8, -1, 0, 7], [1, 2, -3, 4]], dtype=ml_dtypes.int4),
+        "in_u4": np.array([[0, 15, 7, 8], [1, 2, 3, 4]], dtype=ml_dtypes.uint4),
+    }
+    out = kiln.Session(models["identity_coded"]).run(feeds)
+    for k, x in feeds.items():
+        y = out["out_" + k[3:]]
+        assert y.dtype == x.dtype, k
+        np.testing.assert_array_equal(y.astype(np.float32), x.astype(np.float32), err_msg=k)
+
+
 def test_object_and_bytes_string_inputs(models):
     s = kiln.Session(models["identity"])
     rng = np.random.default_rng(3)
