@@ -33,6 +33,7 @@ pub mod gemm;
 pub mod grouped;
 pub mod isa;
 pub mod pool;
+pub mod quant;
 pub mod recycle;
 pub mod sgemm;
 pub mod simd;

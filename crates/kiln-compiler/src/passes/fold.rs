@@ -2,8 +2,7 @@
 //! `Op::eval` (the code the runtime runs, so there is one source of semantics) and replaced by
 //! constants.
 //!
-//! Not folded: nondeterministic ops (random generators, Dropout), quantization ops (a
-//! DequantizeLinear of constant weights stays, so QDQ groups remain recognisable), nodes whose
+//! Not folded: nondeterministic ops (random generators, Dropout), nodes whose
 //! output types are not tensors of a known shape of at most [`MAX_FOLDED_ELEMENTS`] elements
 //! (a ConstantOfShape with a huge shape is never materialised), and nodes whose evaluation
 //! fails: those stay, and the runtime reports the error with the node's name.
@@ -11,7 +10,7 @@
 use super::edit::{remove_nodes, subgraphs_mut};
 use super::is_nondeterministic;
 use crate::CompileError;
-use kiln_ir::{Graph, NodeKind, Op, ValueId};
+use kiln_ir::{Graph, NodeKind, ValueId};
 use kiln_ops::{Args, Value};
 use std::collections::HashMap;
 
@@ -50,7 +49,7 @@ fn fold_node(g: &Graph, i: usize, konst: &HashMap<ValueId, usize>) -> Option<Vec
     let NodeKind::Op(op) = &node.kind else {
         return None;
     };
-    if is_nondeterministic(op) || matches!(op, Op::Quant(_)) || node.inputs.iter().all(Option::is_none) {
+    if is_nondeterministic(op) || node.inputs.iter().all(Option::is_none) {
         return None;
     }
     let mut args: Vec<Option<&Value>> = Vec::with_capacity(node.inputs.len());

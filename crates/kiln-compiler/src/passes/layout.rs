@@ -30,6 +30,7 @@ use kiln_ops::fast::Plan;
 use kiln_ops::movement::{MovementOp, Transpose};
 use kiln_ops::nn::resize::{CoordMode, Resize};
 use kiln_ops::nn::{GlobalPoolKind, NnOp, PoolKind};
+use kiln_ops::quant::{DequantizeLinear, QuantOp, QuantizeLinear};
 use kiln_tensor::{DType, Tensor};
 use std::collections::HashMap;
 
@@ -82,6 +83,9 @@ enum Kind {
     /// channel (`[C, 1, 1]`, `[1, C, 1, 1]`): channels-last, the slope as `[1, 1, 1, C]`
     /// (the same values in the same order).
     PRelu,
+    /// A QuantizeLinear or DequantizeLinear of a rank-4 value with one scale and zero point
+    /// (per tensor): the same per element in either layout, whatever the two dtypes.
+    Quant,
 }
 
 /// A PRelu's constant slope for a channels-last X: one element as it is, one value per
@@ -115,6 +119,23 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             && fixed_shape(g, *x) == fixed_shape(g, *y)
             && node.inputs.iter().skip(1).all(scalar);
         return ok.then_some(Kind::Unary);
+    }
+    if let NodeKind::Op(Op::Quant(
+        QuantOp::QuantizeLinear(QuantizeLinear { block_size: 0, .. })
+        | QuantOp::DequantizeLinear(DequantizeLinear { block_size: 0, .. }),
+    )) = &node.kind
+    {
+        let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
+            return None;
+        };
+        let one =
+            |v: &Option<ValueId>| v.is_none_or(|v| fixed_shape(g, v).is_some_and(|s| s.iter().product::<usize>() == 1));
+        let rank4 = |v: ValueId| fixed_shape(g, v).is_some_and(|s| s.len() == 4);
+        let ok = rank4(*x)
+            && fixed_shape(g, *x) == fixed_shape(g, *y)
+            && dtype_of(g, *y).is_some()
+            && node.inputs.iter().skip(1).all(one);
+        return ok.then_some(Kind::Quant);
     }
     if let NodeKind::Op(Op::Nn(NnOp::Resize(r))) = &node.kind {
         let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
@@ -301,8 +322,9 @@ fn transpose_node(name: String, perm: [i64; 4], from: ValueId, to: ValueId) -> N
 fn twin(g: &mut Graph, v: ValueId) -> Option<ValueId> {
     let s = fixed_shape(g, v)?;
     let &[n, c, h, w] = s.as_slice() else { return None };
+    let dtype = dtype_of(g, v).unwrap_or(DType::F32);
     let name = fresh_name(g, &format!("{}_nhwc", g.value_name(v)));
-    Some(g.add_value(name, ValueType::Tensor(TensorType::fixed(DType::F32, &[n, h, w, c]))))
+    Some(g.add_value(name, ValueType::Tensor(TensorType::fixed(dtype, &[n, h, w, c]))))
 }
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
@@ -351,7 +373,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped))
                 || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool | Kind::Affine)) && reads_twin)
                 || (k == Some(Kind::Binary) && (twin_in(0) || twin_in(1)))
-                || (matches!(k, Some(Kind::Unary | Kind::PRelu)) && reads_twin)
+                || (matches!(k, Some(Kind::Unary | Kind::PRelu | Kind::Quant)) && reads_twin)
                 || (k == Some(Kind::Resize) && reads_twin && resize_ok)
                 || (k == Some(Kind::Concat) && (0..node.inputs.len()).any(twin_in))
         }) else {
@@ -371,7 +393,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             && input_shape(1).is_some_and(|ws| ws.iter().skip(1).product::<usize>() <= GATHER_MAX_DEPTH);
         let slots: Vec<usize> = match k {
             Some(Kind::Binary) => vec![0, 1],
-            Some(Kind::Unary | Kind::Resize | Kind::PRelu) => vec![0],
+            Some(Kind::Unary | Kind::Resize | Kind::PRelu | Kind::Quant) => vec![0],
             Some(Kind::Concat) => (0..node.inputs.len()).collect(),
             _ => vec![0, 3],
         };

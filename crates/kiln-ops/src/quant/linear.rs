@@ -103,6 +103,79 @@ fn param_index(shape: &[usize], pshape: &[usize], axis: i64, block: usize, index
         .collect())
 }
 
+/// How a per-tensor or per-axis parameter of `pshape` (no blocks) lays over `shape`:
+/// `(channels, inner)` with the parameter's element `(i / inner) % channels` for flat element
+/// `i` (`channels == 1` per tensor). `None` for blocked or malformed parameters (the general
+/// path then reports them).
+fn axis_layout(shape: &[usize], pshape: &[usize], axis: i64, block: usize) -> Option<(usize, usize)> {
+    if block != 0 {
+        return None;
+    }
+    let n: usize = shape.iter().product();
+    if pshape.iter().product::<usize>() == 1 {
+        return Some((1, n.max(1)));
+    }
+    let ax = norm_axis(axis, shape.len()).ok()?;
+    let c = *shape.get(ax)?;
+    if pshape != [c] {
+        return None;
+    }
+    Some((c, shape.get(ax + 1..)?.iter().product::<usize>().max(1)))
+}
+
+/// The runs of `inner` elements of `x` and `y` with their channel (see [`axis_layout`]).
+fn channel_runs<'a, A, B>(
+    x: &'a [A],
+    y: &'a mut [B],
+    (channels, inner): (usize, usize),
+) -> impl Iterator<Item = (usize, &'a [A], &'a mut [B])> {
+    x.chunks(inner)
+        .zip(y.chunks_mut(inner))
+        .enumerate()
+        .map(move |(i, (a, b))| (i % channels.max(1), a, b))
+}
+
+/// `QuantizeLinear` of f32 by f32 scales to u8/i8, per tensor or per axis.
+fn quantize_fast<T: kiln_kernels::quant::Q8 + kiln_tensor::Element>(
+    x: &Tensor,
+    s: &[f32],
+    z: Option<&[T]>,
+    layout: (usize, usize),
+) -> Option<Tensor> {
+    let xv = x.as_slice::<f32>().ok()?;
+    let mut y: Vec<T> = vec![T::from_clamped(0.0); xv.len()];
+    for (ch, a, b) in channel_runs(xv, &mut y, layout) {
+        let scale = *s.get(ch).or(s.first())?;
+        let zp = z.map_or(Some(0.0), |z| z.get(ch).or(z.first()).map(|v| v.to_f32()))?;
+        kiln_kernels::quant::quantize_row(a, b, scale, zp);
+    }
+    Tensor::from_vec(x.shape(), y).ok()
+}
+
+/// `DequantizeLinear` of u8/i8 to f32 by f32 scales, per tensor or per axis.
+fn dequantize_fast<T: kiln_kernels::quant::Q8 + kiln_tensor::Element>(
+    x: &Tensor,
+    s: &[f32],
+    z: Option<&Tensor>,
+    layout: (usize, usize),
+) -> Option<Tensor> {
+    let xv = x.as_slice::<T>().ok()?;
+    let zv: Option<&[T]> = match z {
+        Some(z) => Some(z.as_slice::<T>().ok()?),
+        None => None,
+    };
+    let mut y = vec![0f32; xv.len()];
+    for (ch, a, b) in channel_runs(xv, &mut y, layout) {
+        let scale = *s.get(ch).or(s.first())?;
+        let zp = match zv {
+            Some(z) => *z.get(ch).or(z.first())?,
+            None => T::from_clamped(0.0),
+        };
+        kiln_kernels::quant::dequantize_row(a, b, scale, zp);
+    }
+    Tensor::from_vec(x.shape(), y).ok()
+}
+
 /// `QuantizeLinear`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct QuantizeLinear {
@@ -141,6 +214,35 @@ impl QuantizeLinear {
             });
         }
         let odt = self.out_dtype(zp.map(Tensor::dtype))?;
+        // The common case on its own path: f32 in, f32 scales, 8-bit out, per tensor or axis.
+        if x.dtype() == DType::F32
+            && sdt == DType::F32
+            && matches!(self.precision, None | Some(DType::F32))
+            && let Some(layout) = axis_layout(x.shape(), s.shape(), self.axis, self.block_size)
+            && zp.is_none_or(|z| z.shape() == s.shape())
+            && let Ok(sv) = s.as_slice::<f32>()
+        {
+            let fast = match odt {
+                DType::U8 => {
+                    let z = match zp {
+                        Some(z) => Some(z.as_slice::<u8>()?),
+                        None => None,
+                    };
+                    quantize_fast::<u8>(x, sv, z, layout)
+                }
+                DType::I8 => {
+                    let z = match zp {
+                        Some(z) => Some(z.as_slice::<i8>()?),
+                        None => None,
+                    };
+                    quantize_fast::<i8>(x, sv, z, layout)
+                }
+                _ => None,
+            };
+            if let Some(t) = fast {
+                return Ok(smallvec::smallvec![t.into()]);
+            }
+        }
         let sidx = param_index(x.shape(), s.shape(), self.axis, self.block_size, 1)?;
         let sv = s.to_f64_vec();
         let zidx = match zp {
@@ -220,6 +322,21 @@ impl DequantizeLinear {
         let odt = self.output_dtype.unwrap_or(sdt);
         if !is_ieee_float(odt) {
             return Err(OpError::UnsupportedDType { index: 1, got: odt });
+        }
+        if sdt == DType::F32
+            && odt == DType::F32
+            && let Some(layout) = axis_layout(x.shape(), s.shape(), self.axis, self.block_size)
+            && zp.is_none_or(|z| z.shape() == s.shape() && z.dtype() == xdt)
+            && let Ok(sv) = s.as_slice::<f32>()
+        {
+            let fast = match xdt {
+                DType::U8 => dequantize_fast::<u8>(x, sv, zp, layout),
+                DType::I8 => dequantize_fast::<i8>(x, sv, zp, layout),
+                _ => None,
+            };
+            if let Some(t) = fast {
+                return Ok(smallvec::smallvec![t.into()]);
+            }
         }
         let sidx = param_index(x.shape(), s.shape(), self.axis, self.block_size, 1)?;
         let sv = s.to_f64_vec();

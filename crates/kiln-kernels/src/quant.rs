@@ -1,0 +1,83 @@
+//! Rows between f32 and 8-bit integers, as ONNX `QuantizeLinear` / `DequantizeLinear` define
+//! them for one f32 scale and zero point: plain loops compiled per level
+//! ([`crate::simd::vectorize`]). The property tests (`tests/quant_props.rs`) hold them against
+//! the spec's formula computed with `round_ties_even`.
+
+/// An 8-bit quantized type.
+pub trait Q8: Copy + Send + Sync + 'static {
+    const LO: f32;
+    const HI: f32;
+    /// `v`, already clamped to `[LO, HI]` and integral (NaN becomes 0, as `as` does).
+    fn from_clamped(v: f32) -> Self;
+    /// The value whose two's-complement low byte is `bits`' low byte.
+    fn from_low_byte(bits: u32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl Q8 for u8 {
+    const LO: f32 = 0.0;
+    const HI: f32 = 255.0;
+    #[inline(always)]
+    fn from_clamped(v: f32) -> u8 {
+        v as u8
+    }
+    #[inline(always)]
+    fn from_low_byte(bits: u32) -> u8 {
+        bits as u8
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+}
+
+impl Q8 for i8 {
+    const LO: f32 = -128.0;
+    const HI: f32 = 127.0;
+    #[inline(always)]
+    fn from_clamped(v: f32) -> i8 {
+        v as i8
+    }
+    #[inline(always)]
+    fn from_low_byte(bits: u32) -> i8 {
+        bits as u8 as i8
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+}
+
+/// Past this magnitude every quotient saturates any 8-bit type, so clamping to it first
+/// changes no result and keeps the rounding trick below exact.
+const BIG: f32 = 4_194_304.0; // 2^22
+/// Adding then subtracting 1.5 * 2^23 rounds an f32 of magnitude at most 2^22 to an integer,
+/// ties to even (the default rounding mode), in two vectorisable operations.
+const ROUND: f32 = 12_582_912.0;
+
+/// `y[i] = saturate(round_half_even(x[i] / scale) + zero_point)` over `min(len)` elements;
+/// NaN gives 0.
+pub fn quantize_row<T: Q8>(x: &[f32], y: &mut [T], scale: f32, zero_point: f32) {
+    crate::simd::vectorize(|| {
+        for (o, &v) in y.iter_mut().zip(x) {
+            let t = (v / scale).clamp(-BIG, BIG);
+            let r = (t + ROUND) - ROUND;
+            let q = (r + zero_point).clamp(T::LO, T::HI);
+            // NaN quantizes to 0 (as `as` casts it).
+            let q = if q.is_nan() { 0.0 } else { q };
+            // q is an integer in [-128, 255]: q + 1.5 * 2^23 holds it exactly in its low
+            // mantissa bits, two's complement.
+            *o = T::from_low_byte((q + ROUND).to_bits());
+        }
+    })
+}
+
+/// `y[i] = (x[i] - zero_point) * scale` over `min(len)` elements.
+pub fn dequantize_row<T: Q8>(x: &[T], y: &mut [f32], scale: f32, zero_point: T) {
+    let z = zero_point.to_f32();
+    crate::simd::vectorize(|| {
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o = (v.to_f32() - z) * scale;
+        }
+    })
+}

@@ -1,0 +1,52 @@
+//! The quantize / dequantize rows against the ONNX formulas computed directly.
+
+use kiln_kernels::quant::{Q8, dequantize_row, quantize_row};
+use proptest::prelude::*;
+
+fn reference<T: Q8>(x: f32, scale: f32, zp: f32) -> T {
+    let q = (x / scale).round_ties_even() + zp;
+    T::from_clamped(q.clamp(T::LO, T::HI))
+}
+
+fn special() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        4 => -300.0f32..300.0,
+        1 => prop::sample::select(vec![0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 254.5, 127.5, -128.5, f32::NAN,
+            f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, 4194305.0, -4194305.0, 0.0, -0.0]),
+        1 => any::<f32>(),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn quantize_u8_matches_the_formula(x in prop::collection::vec(special(), 0..80), scale in prop::sample::select(vec![1.0f32, 0.5, 0.0173, 3.0, 1e-6, 250.0]), zp in 0u8..=255) {
+        let mut y = vec![0u8; x.len()];
+        quantize_row(&x, &mut y, scale, f32::from(zp));
+        for (i, (&xi, &yi)) in x.iter().zip(&y).enumerate() {
+            prop_assert_eq!(yi, reference::<u8>(xi, scale, f32::from(zp)), "element {} ({})", i, xi);
+        }
+    }
+
+    #[test]
+    fn quantize_i8_matches_the_formula(x in prop::collection::vec(special(), 0..80), scale in prop::sample::select(vec![1.0f32, 0.5, 0.0173, 3.0, 1e-6]), zp in -128i8..=127) {
+        let mut y = vec![0i8; x.len()];
+        quantize_row(&x, &mut y, scale, f32::from(zp));
+        for (i, (&xi, &yi)) in x.iter().zip(&y).enumerate() {
+            prop_assert_eq!(yi, reference::<i8>(xi, scale, f32::from(zp)), "element {} ({})", i, xi);
+        }
+    }
+
+    #[test]
+    fn dequantize_matches_the_formula(x in prop::collection::vec(any::<i8>(), 0..80), scale in -10.0f32..10.0, zp in any::<i8>()) {
+        let mut y = vec![0f32; x.len()];
+        dequantize_row(&x, &mut y, scale, zp);
+        for (&xi, &yi) in x.iter().zip(&y) {
+            prop_assert_eq!(yi.to_bits(), ((f32::from(xi) - f32::from(zp)) * scale).to_bits());
+        }
+        let u: Vec<u8> = x.iter().map(|&v| v as u8).collect();
+        dequantize_row(&u, &mut y, scale, zp as u8);
+        for (&ui, &yi) in u.iter().zip(&y) {
+            prop_assert_eq!(yi.to_bits(), ((f32::from(ui) - f32::from(zp as u8)) * scale).to_bits());
+        }
+    }
+}
