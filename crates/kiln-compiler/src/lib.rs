@@ -91,6 +91,10 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     } else {
         0
     };
+    // Integer MatMul weights pack on their first run (not counted as prepacked).
+    if options.opt_level >= 1 {
+        each_program(&graph, &mut program, &mut |_, p| prepack::integer_weights(p));
+    }
     Ok(Compiled {
         program,
         report,

@@ -10,7 +10,7 @@
 use crate::CompileError;
 use crate::passes::{
     attention, bn, captures, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout,
-    matmul_add, patterns, pointwise_depthwise, residual, shape, unit_transpose,
+    matmul_add, patterns, pointwise_depthwise, qdq_matmul, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -100,6 +100,14 @@ const PIPELINE: &[Pass] = &[
         level: 2,
         deep: true,
         run: einsum::run,
+    },
+    // QDQ products of constant 8-bit weights to integer ones, before folding would turn the
+    // weights' DequantizeLinear into f32 constants.
+    Pass {
+        name: "qdq_matmul",
+        level: 2,
+        deep: true,
+        run: qdq_matmul::run,
     },
     // Collapses the shape arithmetic and constant subexpressions, with the runtime's kernels.
     Pass {

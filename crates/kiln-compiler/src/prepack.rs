@@ -9,6 +9,7 @@ use kiln_kernels::gemm::MatLayout;
 use kiln_kernels::sgemm::{BLayout, PackedB};
 use kiln_ops::fast::{ConvPlan, PackedConvWeights, PackedWeight, Plan, WinogradWeights};
 use kiln_ops::nn::NnOp;
+use kiln_ops::quant::QuantOp;
 use kiln_ops::{Op, Value, ValueType};
 use kiln_runtime::{Program, StepKind};
 use kiln_tensor::{DType, Tensor};
@@ -46,6 +47,31 @@ fn sole_constant<'p>(
         Some((_, Value::Tensor(t))) => Some((ci, t)),
         _ => None,
     }
+}
+
+/// Marks the MatMulInteger steps whose B and B zero point are program constants: they pack B
+/// for the integer GEMM on their first run and keep it (`MatMulInteger::b_constant`).
+/// Returns how many it marked.
+pub fn integer_weights(program: &mut Program) -> usize {
+    let is_constant = |slot: usize| program.constants.iter().any(|(s, _)| *s == slot);
+    let marks: Vec<usize> = program
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, step)| {
+            matches!(&step.kind, StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m))) if !m.b_constant)
+                && step.inputs.get(1).copied().flatten().is_some_and(is_constant)
+                && step.inputs.get(3).copied().flatten().is_none_or(is_constant)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    for &i in &marks {
+        if let Some(StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m)))) = program.steps.get_mut(i).map(|s| &mut s.kind)
+        {
+            m.b_constant = true;
+        }
+    }
+    marks.len()
 }
 
 /// Prepacks the main program's eligible MatMul and Gemm weights; returns how many it packed.

@@ -31,6 +31,7 @@ pub mod conv;
 pub mod dwconv;
 pub mod gemm;
 pub mod grouped;
+pub mod igemm;
 pub mod isa;
 pub mod pool;
 pub mod quant;

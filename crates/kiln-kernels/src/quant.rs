@@ -81,3 +81,32 @@ pub fn dequantize_row<T: Q8>(x: &[T], y: &mut [f32], scale: f32, zero_point: T) 
         }
     })
 }
+
+/// The smallest and largest elements of `v` (`(+inf, -inf)` for an empty slice), or `None` when
+/// it holds a NaN.
+pub fn min_max(v: &[f32]) -> Option<(f32, f32)> {
+    const W: usize = 16;
+    crate::simd::vectorize(|| {
+        let mut lo = [f32::INFINITY; W];
+        let mut hi = [f32::NEG_INFINITY; W];
+        let mut nan = [false; W];
+        let mut chunks = v.chunks_exact(W);
+        for c in &mut chunks {
+            for i in 0..W {
+                let x = c.get(i).copied().unwrap_or(0.0);
+                lo[i] = if x < lo[i] { x } else { lo[i] };
+                hi[i] = if x > hi[i] { x } else { hi[i] };
+                nan[i] |= x.is_nan();
+            }
+        }
+        let mut l = lo.iter().copied().fold(f32::INFINITY, f32::min);
+        let mut h = hi.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut any_nan = nan.iter().any(|&b| b);
+        for &x in chunks.remainder() {
+            l = l.min(x);
+            h = h.max(x);
+            any_nan |= x.is_nan();
+        }
+        (!any_nan).then_some((l, h))
+    })
+}

@@ -42,8 +42,8 @@ pub struct Pool<T> {
     kept: Vec<Vec<T>>,
 }
 
-/// Element types whose vectors an [`Arena`] recycles: f32 (activations) and the int64 and
-/// bool tensors of transformers' attention-mask arithmetic.
+/// Element types whose vectors an [`Arena`] recycles: f32 (activations), the int64 and
+/// bool tensors of transformers' attention-mask arithmetic, and quantized u8/i8 activations.
 pub trait Recycled: Copy + Default + 'static {
     fn pool(arena: &mut Arena) -> &mut Pool<Self>;
     /// [`take_planned`] for the types a slab region can hold; `None` for the others.
@@ -76,12 +76,32 @@ impl Recycled for bool {
     }
 }
 
+impl Recycled for u8 {
+    fn pool(arena: &mut Arena) -> &mut Pool<u8> {
+        &mut arena.u8s
+    }
+    fn take_planned(n: usize) -> Option<Region<u8>> {
+        take_planned(n)
+    }
+}
+
+impl Recycled for i8 {
+    fn pool(arena: &mut Arena) -> &mut Pool<i8> {
+        &mut arena.i8s
+    }
+    fn take_planned(n: usize) -> Option<Region<i8>> {
+        take_planned(n)
+    }
+}
+
 /// Kept vectors plus the identities of those handed out in the current run.
 #[derive(Default)]
 pub struct Arena {
     f32s: Pool<f32>,
     i64s: Pool<i64>,
     bools: Pool<bool>,
+    u8s: Pool<u8>,
+    i8s: Pool<i8>,
     /// Capacity bytes of the kept vectors.
     bytes: usize,
     /// Addresses of the vectors [`take`] handed out since the last [`finish_run`].
@@ -275,7 +295,11 @@ impl std::fmt::Debug for Arena {
         f.debug_struct("Arena")
             .field(
                 "kept",
-                &(self.f32s.kept.len() + self.i64s.kept.len() + self.bools.kept.len()),
+                &(self.f32s.kept.len()
+                    + self.i64s.kept.len()
+                    + self.bools.kept.len()
+                    + self.u8s.kept.len()
+                    + self.i8s.kept.len()),
             )
             .field("bytes", &self.bytes)
             .field("slab", &self.slab)
@@ -369,7 +393,11 @@ impl Arena {
             pool.kept.iter().map(bytes_of).sum()
         }
         let taken = &self.taken;
-        self.bytes = retain(&mut self.f32s, taken) + retain(&mut self.i64s, taken) + retain(&mut self.bools, taken);
+        self.bytes = retain(&mut self.f32s, taken)
+            + retain(&mut self.i64s, taken)
+            + retain(&mut self.bools, taken)
+            + retain(&mut self.u8s, taken)
+            + retain(&mut self.i8s, taken);
         // Cleared, not dropped: the set's storage serves the next run.
         self.taken.clear();
     }
@@ -489,6 +517,8 @@ pub fn clear() {
             a.f32s.kept.clear();
             a.i64s.kept.clear();
             a.bools.kept.clear();
+            a.u8s.kept.clear();
+            a.i8s.kept.clear();
             a.bytes = 0;
         }
     });

@@ -27,6 +27,8 @@ pub const MAX_SLAB_BYTES: usize = 1 << 33;
 pub trait SlabElem: Copy + Send + Sync + 'static {}
 impl SlabElem for f32 {}
 impl SlabElem for i64 {}
+impl SlabElem for u8 {}
+impl SlabElem for i8 {}
 
 struct Block {
     ptr: NonNull<u8>,

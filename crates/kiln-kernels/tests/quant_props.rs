@@ -1,6 +1,6 @@
 //! The quantize / dequantize rows against the ONNX formulas computed directly.
 
-use kiln_kernels::quant::{Q8, dequantize_row, quantize_row};
+use kiln_kernels::quant::{Q8, dequantize_row, min_max, quantize_row};
 use proptest::prelude::*;
 
 fn reference<T: Q8>(x: f32, scale: f32, zp: f32) -> T {
@@ -47,6 +47,18 @@ proptest! {
         dequantize_row(&u, &mut y, scale, zp as u8);
         for (&ui, &yi) in u.iter().zip(&y) {
             prop_assert_eq!(yi.to_bits(), ((f32::from(ui) - f32::from(zp as u8)) * scale).to_bits());
+        }
+    }
+
+    #[test]
+    fn min_max_matches_a_fold(x in prop::collection::vec(special(), 0..70)) {
+        let got = min_max(&x);
+        if x.iter().any(|v| v.is_nan()) {
+            prop_assert_eq!(got, None);
+        } else {
+            let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            prop_assert_eq!(got, Some((lo, hi)));
         }
     }
 }

@@ -47,6 +47,15 @@ pub fn expands(domain: &str, op_type: &str) -> bool {
                 | "FusedGemm"
                 | "DynamicQuantizeMatMul"
                 | "MatMulIntegerToFloat"
+                | "QLinearAdd"
+                | "QLinearMul"
+                | "QLinearSigmoid"
+                | "QLinearLeakyRelu"
+                | "QLinearSoftmax"
+                | "QLinearConcat"
+                | "QLinearGlobalAveragePool"
+                | "QLinearAveragePool"
+                | "QGemm"
         ),
         // ONNX Runtime registers its RMS norm in the default domain.
         "" => op_type == "SimplifiedLayerNormalization",
@@ -149,9 +158,146 @@ pub fn expand(ctx: &NodeCtx<'_>, np: &NodeProto) -> Result<Vec<NodeProto>> {
             let (a_zp, b_zp, bias) = (e.input(4), e.input(5), e.input(6));
             integer_to_float(&mut e, &a, &b, &a_scale, &b_scale, a_zp, b_zp, bias)?;
         }
+        "QLinearAdd" | "QLinearMul" => {
+            // A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point.
+            let a = dequantize(&mut e, 0, "A")?;
+            let b = dequantize(&mut e, 3, "B")?;
+            let op = if ctx.op_type == "QLinearAdd" { "Add" } else { "Mul" };
+            let y = e.one(op, &[&a, &b], vec![]);
+            quantize_out(&mut e, &y, 6)?;
+        }
+        "QLinearSigmoid" | "QLinearLeakyRelu" => {
+            // X, X_scale, X_zero_point, Y_scale, Y_zero_point.
+            let x = dequantize(&mut e, 0, "X")?;
+            let y = if ctx.op_type == "QLinearSigmoid" {
+                e.one("Sigmoid", &[&x], vec![])
+            } else {
+                let alpha = ctx.attr_f32_or("alpha", 0.01)?;
+                e.one("LeakyRelu", &[&x], vec![attr_f("alpha", alpha)])
+            };
+            quantize_out(&mut e, &y, 3)?;
+        }
+        "QLinearSoftmax" => {
+            let x = dequantize(&mut e, 0, "X")?;
+            let axis = ctx.attr_i64_or("axis", -1)?;
+            let opset = ctx.attr_i64_or("opset", 13)?;
+            // Before opset 13 Softmax flattened the dims from `axis` on: the same as 13's
+            // per-axis softmax only when `axis` is the last one.
+            if opset < 13 && axis != -1 {
+                return Err(ctx.attr_err(
+                    "axis",
+                    format!("opset {opset} softmax over the dims from axis {axis} on is not supported (only axis -1)"),
+                ));
+            }
+            let y = e.one("Softmax", &[&x], vec![attr_i("axis", axis)]);
+            quantize_out(&mut e, &y, 3)?;
+        }
+        "QLinearConcat" => {
+            // Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) per input.
+            let (ys, yz) = (e.need(0, "Y_scale")?, e.input(1));
+            let n = e.ins.len().saturating_sub(2);
+            if n == 0 || n % 3 != 0 {
+                return Err(ctx.node_err(format!(
+                    "expected Y_scale, Y_zero_point and triples of (X, X_scale, X_zero_point), got {} inputs",
+                    e.ins.len()
+                )));
+            }
+            let mut xs = Vec::new();
+            for t in 0..n / 3 {
+                xs.push(dequantize(&mut e, 2 + 3 * t, "X")?);
+            }
+            let refs: Vec<&str> = xs.iter().map(String::as_str).collect();
+            let axis = ctx.attr_i64_or("axis", 0)?;
+            let y = e.one("Concat", &refs, vec![attr_i("axis", axis)]);
+            let mut inputs = vec![y.as_str(), ys.as_str()];
+            if let Some(z) = yz.as_deref() {
+                inputs.push(z);
+            }
+            e.last("QuantizeLinear", &inputs, vec![])?;
+        }
+        "QLinearGlobalAveragePool" | "QLinearAveragePool" => {
+            if ctx.attr_i64_or("channels_last", 0)? != 0 {
+                return Err(ctx.attr_err("channels_last", "only 0 (NCHW input) is supported"));
+            }
+            let x = dequantize(&mut e, 0, "X")?;
+            let y = if ctx.op_type == "QLinearGlobalAveragePool" {
+                e.one("GlobalAveragePool", &[&x], vec![])
+            } else {
+                let attrs: Vec<AttributeProto> = np
+                    .attribute
+                    .iter()
+                    .filter(|a| a.name.as_deref() != Some("channels_last"))
+                    .cloned()
+                    .collect();
+                e.one("AveragePool", &[&x], attrs)
+            };
+            quantize_out(&mut e, &y, 3)?;
+        }
+        "QGemm" => qgemm(&mut e)?,
         other => return Err(ctx.node_err(format!("no expansion for {other}"))),
     }
     Ok(e.nodes)
+}
+
+/// `DequantizeLinear` of input `i` with its scale (`i + 1`) and zero point (`i + 2`, optional).
+fn dequantize(e: &mut Emit<'_>, i: usize, what: &str) -> Result<String> {
+    let x = e.need(i, what)?;
+    let s = e.need(i + 1, &format!("{what}_scale"))?;
+    match e.input(i + 2) {
+        Some(z) => Ok(e.one("DequantizeLinear", &[&x, &s, &z], vec![])),
+        None => Ok(e.one("DequantizeLinear", &[&x, &s], vec![])),
+    }
+}
+
+/// The expansion's output 0: `QuantizeLinear(y)` by the scale in input `i` and the zero point
+/// in `i + 1` (optional: u8, as ONNX Runtime's QLinear ops default to).
+fn quantize_out(e: &mut Emit<'_>, y: &str, i: usize) -> Result<()> {
+    let s = e.need(i, "Y_scale")?;
+    match e.input(i + 1) {
+        Some(z) => e.last("QuantizeLinear", &[y, &s, &z], vec![]),
+        None => e.last("QuantizeLinear", &[y, &s], vec![]),
+    }
+}
+
+/// `QGemm`: `alpha A' B' + C` of dequantized A and B (B's scale and zero point one, or one per
+/// output column) and the int32 bias C dequantized by `a_scale * b_scale`, quantized by
+/// `y_scale` / `y_zero_point` when given, else float. `alpha` other than 1 is refused (whether
+/// it scales C is not pinned down).
+fn qgemm(e: &mut Emit<'_>) -> Result<()> {
+    let ctx = e.ctx;
+    if ctx.attr_f32_or("alpha", 1.0)? != 1.0 {
+        return Err(ctx.attr_err("alpha", "only 1.0 is supported"));
+    }
+    let trans_a = ctx.attr_i64_or("transA", 0)?;
+    let trans_b = ctx.attr_i64_or("transB", 0)?;
+    let a = dequantize(e, 0, "A")?;
+    // B's per-column parameters run along its output axis: 1, or 0 when transposed.
+    let (bq, bs) = (e.need(3, "B")?, e.need(4, "b_scale")?);
+    let axis = attr_i("axis", if trans_b != 0 { 0 } else { 1 });
+    let b = match e.input(5) {
+        Some(z) => e.one("DequantizeLinear", &[&bq, &bs, &z], vec![axis]),
+        None => e.one("DequantizeLinear", &[&bq, &bs], vec![axis]),
+    };
+    let attrs = vec![attr_i("transA", trans_a), attr_i("transB", trans_b)];
+    let c = match e.input(6) {
+        Some(c) => {
+            let a_scale = e.need(1, "a_scale")?;
+            let cs = e.one("Mul", &[&a_scale, &bs], vec![]);
+            Some(e.one("DequantizeLinear", &[&c, &cs], vec![attr_i("axis", 0)]))
+        }
+        None => None,
+    };
+    let mut inputs = vec![a.as_str(), b.as_str()];
+    if let Some(c) = c.as_deref() {
+        inputs.push(c);
+    }
+    match e.input(7) {
+        Some(_) => {
+            let y = e.one("Gemm", &inputs, attrs);
+            quantize_out(e, &y, 7)
+        }
+        None => e.last("Gemm", &inputs, attrs),
+    }
 }
 
 /// `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`: `s = input + skip (+ bias)`

@@ -302,6 +302,8 @@ fn run_program(
                         Data::F32(b) => b.into_owned().map(give_of),
                         Data::I64(b) => b.into_owned().map(give_of),
                         Data::Bool(b) => b.into_owned().map(give_of),
+                        Data::U8(b) => b.into_owned().map(give_of),
+                        Data::I8(b) => b.into_owned().map(give_of),
                         _ => None,
                     };
                 }

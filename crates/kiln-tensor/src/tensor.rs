@@ -118,11 +118,13 @@ impl Data {
         self.len() == 0
     }
 
-    /// Whether the elements live in a region of a run arena (only f32 and int64 can).
+    /// Whether the elements live in a region of a run arena (only f32, int64, u8 and i8 can).
     pub fn is_region(&self) -> bool {
         match self {
             Data::F32(b) => b.is_region(),
             Data::I64(b) => b.is_region(),
+            Data::U8(b) => b.is_region(),
+            Data::I8(b) => b.is_region(),
             _ => false,
         }
     }
@@ -135,6 +137,12 @@ impl Data {
                 b.make_mut();
             }
             Data::I64(b) if b.is_region() => {
+                b.make_mut();
+            }
+            Data::U8(b) if b.is_region() => {
+                b.make_mut();
+            }
+            Data::I8(b) if b.is_region() => {
                 b.make_mut();
             }
             _ => {}

@@ -10,12 +10,18 @@
 use super::edit::{remove_nodes, subgraphs_mut};
 use super::is_nondeterministic;
 use crate::CompileError;
-use kiln_ir::{Graph, NodeKind, ValueId};
+use kiln_ir::{Graph, NodeKind, Op, ValueId};
+use kiln_ops::quant::QuantOp;
 use kiln_ops::{Args, Value};
 use std::collections::HashMap;
 
 /// Largest output (in elements) a folded node may have.
 pub(crate) const MAX_FOLDED_ELEMENTS: usize = 1 << 22;
+
+/// Largest output of a folded DequantizeLinear: quantized weights become the f32 constants the
+/// float kernels read (a BERT word embedding is 11.7M); bigger ones stay quantized and are
+/// dequantized per run, so a large int8 model is never expanded fourfold in memory.
+pub(crate) const MAX_FOLDED_DEQUANTIZED: usize = 1 << 26;
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let mut count = 0;
@@ -60,10 +66,14 @@ fn fold_node(g: &Graph, i: usize, konst: &HashMap<ValueId, usize>) -> Option<Vec
         }
     }
     // Bound the result before computing it: every output a tensor of known, small shape.
+    let cap = match op {
+        Op::Quant(QuantOp::DequantizeLinear(_)) => MAX_FOLDED_DEQUANTIZED,
+        _ => MAX_FOLDED_ELEMENTS,
+    };
     for out in node.outputs.iter().flatten() {
         let shape = g.value(*out)?.ty.tensor()?.fixed_shape()?;
         let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
-        if n > MAX_FOLDED_ELEMENTS {
+        if n > cap {
             return None;
         }
     }
@@ -73,7 +83,7 @@ fn fold_node(g: &Graph, i: usize, konst: &HashMap<ValueId, usize>) -> Option<Vec
         let v = outs.next();
         let Some(id) = out else { continue };
         let v = v?;
-        if v.as_tensor().is_none_or(|t| t.len() > MAX_FOLDED_ELEMENTS) {
+        if v.as_tensor().is_none_or(|t| t.len() > cap) {
             return None;
         }
         folded.push((*id, v));

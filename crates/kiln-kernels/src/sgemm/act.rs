@@ -29,6 +29,8 @@ pub enum Act {
     HardSwish,
     /// `x * sigmoid(x)`, with the sigmoid rounded to f32 first (the `Mul(x, Sigmoid(x))` pair).
     Silu,
+    /// `erf(x)` (the standalone Erf operator).
+    Erf,
 }
 
 impl Act {
@@ -39,7 +41,7 @@ impl Act {
     }
 
     /// Every activation kind with representative parameters (tests and benchmarks).
-    pub const SAMPLES: [Act; 13] = [
+    pub const SAMPLES: [Act; 14] = [
         Act::Relu,
         Act::Clip {
             min: Some(0.0),
@@ -62,6 +64,7 @@ impl Act {
         Act::HardSigmoid { alpha: 0.2, beta: 0.5 },
         Act::HardSwish,
         Act::Silu,
+        Act::Erf,
     ];
 
     /// The reference value: the standalone operator's result on one f32.
@@ -107,6 +110,7 @@ impl Act {
             Act::HardSigmoid { alpha, beta } => clamp01(f64::from(alpha) * xd + f64::from(beta)) as f32,
             Act::HardSwish => (xd * clamp01(xd / 6.0 + 0.5)) as f32,
             Act::Silu => x * (sigmoid(xd) as f32),
+            Act::Erf => erf(xd) as f32,
         }
     }
 
@@ -129,6 +133,8 @@ impl Act {
             Act::HardSigmoid { alpha, .. } => alpha.abs(),
             Act::HardSwish => 1.5,
             Act::Silu => 1.1,
+            // erf'(0) = 2 / sqrt(pi).
+            Act::Erf => 1.13,
         }
     }
 }

@@ -68,7 +68,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         }
         "MatMulInteger" => {
             ctx.check_inputs(2, 4)?;
-            QuantOp::MatMulInteger(MatMulInteger)
+            QuantOp::MatMulInteger(MatMulInteger::default())
         }
         "QLinearMatMul" => {
             ctx.check_inputs(8, 8)?;

@@ -170,6 +170,23 @@ impl Cast {
                 out.convert_from_f32_slice(v);
                 return Ok(Tensor::from_vec(x.shape(), out)?);
             }
+            // MatMulInteger's int32 products and 8-bit values to f32 (one rounding, as the
+            // general path's through-f64 conversion).
+            (Data::I32(v), DType::F32) => {
+                let mut out = kiln_kernels::recycle::take(v.len());
+                out.iter_mut().zip(v.iter()).for_each(|(o, &a)| *o = a as f32);
+                return Ok(Tensor::from_vec(x.shape(), out)?);
+            }
+            (Data::U8(v), DType::F32) => {
+                let mut out = kiln_kernels::recycle::take(v.len());
+                out.iter_mut().zip(v.iter()).for_each(|(o, &a)| *o = f32::from(a));
+                return Ok(Tensor::from_vec(x.shape(), out)?);
+            }
+            (Data::I8(v), DType::F32) => {
+                let mut out = kiln_kernels::recycle::take(v.len());
+                out.iter_mut().zip(v.iter()).for_each(|(o, &a)| *o = f32::from(a));
+                return Ok(Tensor::from_vec(x.shape(), out)?);
+            }
             (Data::Bool(v), DType::F32) => {
                 let mut out = kiln_kernels::recycle::take(v.len());
                 out.iter_mut()

@@ -302,6 +302,7 @@ impl UnaryOp {
             UnaryOp::Gelu { tanh } => Act::Gelu { tanh },
             UnaryOp::HardSigmoid { alpha, beta } => Act::HardSigmoid { alpha, beta },
             UnaryOp::HardSwish => Act::HardSwish,
+            UnaryOp::Erf => Act::Erf,
             _ => return None,
         })
     }

@@ -140,11 +140,109 @@ fn sub_zero_point(
 }
 
 /// `MatMulInteger`: `(A - a_zero_point) x (B - b_zero_point)` in int32.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct MatMulInteger;
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct MatMulInteger {
+    /// B (input 1) and its zero point (input 3) are constants of the program (set by the
+    /// compiler): B is then packed for the integer GEMM once, on the first run, and kept.
+    #[serde(default)]
+    pub b_constant: bool,
+    #[serde(skip)]
+    pub packed: PackCache,
+}
+
+/// The packed B of a [`MatMulInteger`] whose B is constant, made on first use and shared by
+/// every later run (on any thread) of the program holding the op.
+#[derive(Debug, Clone, Default)]
+pub struct PackCache(std::sync::Arc<std::sync::OnceLock<Option<kiln_kernels::igemm::PackedB>>>);
+
+impl PartialEq for PackCache {
+    /// A cache says nothing about the op: any two compare equal.
+    fn eq(&self, _: &PackCache) -> bool {
+        true
+    }
+}
+
+/// B of shape `[k, n]` and its zero point (none, one, or one per column) packed for the
+/// integer GEMM; `None` when the types or shapes are not the GEMM's.
+fn pack_b(b: &Tensor, zp: Option<&Tensor>) -> Option<kiln_kernels::igemm::PackedB> {
+    use kiln_kernels::igemm::PackedB;
+    let &[k, n] = b.shape() else { return None };
+    if zp.is_some_and(|z| z.dtype() != b.dtype() || !(z.len() == 1 || (z.len() == n && z.shape().len() == 1))) {
+        return None;
+    }
+    match b.dtype() {
+        DType::I8 => {
+            let z = zp.map_or(Ok(&[][..]), |z| z.as_slice::<i8>()).ok()?;
+            PackedB::pack(b.as_slice::<i8>().ok()?, k, n, z).ok()
+        }
+        DType::U8 => {
+            let z = zp.map_or(Ok(&[][..]), |z| z.as_slice::<u8>()).ok()?;
+            PackedB::pack(b.as_slice::<u8>().ok()?, k, n, z).ok()
+        }
+        _ => None,
+    }
+}
 
 impl MatMulInteger {
+    /// The integer GEMM path: A of u8/i8 `[..., M, K]` with one zero point, B of u8/i8
+    /// `[K, N]` with one zero point or one per column. `None` for anything else (the general
+    /// path then computes it).
+    fn eval_gemm(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
+        use kiln_kernels::igemm::{PackedB, igemm};
+        let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+        let (za, zb) = (args.opt_tensor(2)?, args.opt_tensor(3)?);
+        let (ashape, bshape) = (a.shape(), b.shape());
+        let (Some(&k), [bk, n]) = (ashape.last(), bshape) else {
+            return Ok(None);
+        };
+        if ashape.len() < 2 || k != *bk || za.is_some_and(|z| z.len() != 1 || z.dtype() != a.dtype()) {
+            return Ok(None);
+        }
+        let a_zero = match za {
+            None => 0,
+            Some(z) => match z.dtype() {
+                DType::U8 => z.as_slice::<u8>().map(|v| v.first().map_or(0, |&x| i32::from(x)))?,
+                DType::I8 => z.as_slice::<i8>().map(|v| v.first().map_or(0, |&x| i32::from(x)))?,
+                _ => return Ok(None),
+            },
+        };
+        let fresh;
+        let packed: &PackedB = if self.b_constant {
+            match self.packed.0.get_or_init(|| pack_b(b, zb)) {
+                Some(p) => p,
+                None => return Ok(None),
+            }
+        } else {
+            match pack_b(b, zb) {
+                Some(p) => {
+                    fresh = p;
+                    &fresh
+                }
+                None => return Ok(None),
+            }
+        };
+        if packed.depth() != k || packed.columns() != *n {
+            return Ok(None);
+        }
+        let m: usize = ashape.iter().rev().skip(1).product();
+        let mut shape = ashape.to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = *n;
+        }
+        let mut c = vec![0i32; checked_numel(&shape)?];
+        let r = match a.dtype() {
+            DType::U8 => igemm(m, k, a.as_slice::<u8>()?, k, a_zero, packed, &mut c, *n),
+            DType::I8 => igemm(m, k, a.as_slice::<i8>()?, k, a_zero, packed, &mut c, *n),
+            _ => return Ok(None),
+        };
+        r.map_err(|e| OpError::input_value(0, "a product whose exact sums fit int32", e.to_string()))?;
+        Ok(Some(Tensor::from_vec(shape, c)?))
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        if let Some(t) = self.eval_gemm(args)? {
+            return Ok(smallvec::smallvec![t.into()]);
+        }
         let (a, b) = (args.tensor(0)?, args.tensor(1)?);
         let mut av = quant_values(a, 0, false)?;
         let mut bv = quant_values(b, 1, false)?;
@@ -554,6 +652,62 @@ mod tests {
     use super::*;
     use crate::value::Value;
 
+    /// The integer GEMM path (B packed once, kept, and reused) against sums computed by hand,
+    /// on batched u8 x s8 with per-column zero points and s8 x u8 with scalar ones.
+    #[test]
+    fn gemm_path_matches_sums_by_hand() {
+        let (m, k, n) = (9usize, 37usize, 21usize);
+        let a: Vec<u8> = (0..2 * m * k).map(|i| (i * 29 % 256) as u8).collect();
+        let b: Vec<i8> = (0..k * n).map(|i| (i * 11 % 256) as u8 as i8).collect();
+        let zb: Vec<i8> = (0..n).map(|j| (j * 5) as i8).collect();
+        let va = Value::Tensor(Tensor::from_vec(vec![2, m, k], a.clone()).unwrap());
+        let vb = Value::Tensor(Tensor::from_vec(vec![k, n], b.clone()).unwrap());
+        let za = Value::Tensor(Tensor::scalar(7u8));
+        let zbv = Value::Tensor(Tensor::from_vec(vec![n], zb.clone()).unwrap());
+        let inputs = [Some(&va), Some(&vb), Some(&za), Some(&zbv)];
+        let fast = MatMulInteger {
+            b_constant: true,
+            ..MatMulInteger::default()
+        };
+        let got = fast
+            .eval_gemm(&Args::new(&inputs))
+            .unwrap()
+            .expect("the GEMM path applies");
+        let again = fast.eval(&Args::new(&inputs)).unwrap().remove(0);
+        let mut want = vec![0i32; 2 * m * n];
+        for r in 0..2 * m {
+            for j in 0..n {
+                let s: i64 = (0..k)
+                    .map(|p| (i64::from(a[r * k + p]) - 7) * (i64::from(b[p * n + j]) - i64::from(zb[j])))
+                    .sum();
+                want[r * n + j] = s as i32;
+            }
+        }
+        assert_eq!(got.shape(), &[2, m, n]);
+        assert_eq!(got.as_slice::<i32>().unwrap(), &want[..]);
+        assert_eq!(again.as_tensor().unwrap().as_slice::<i32>().unwrap(), &want[..]);
+        // s8 activations, u8 weights, scalar zero points, B packed on the spot.
+        let a8: Vec<i8> = (0..m * k).map(|i| (i * 13 % 256) as u8 as i8).collect();
+        let b8: Vec<u8> = (0..k * n).map(|i| (i * 7 % 256) as u8).collect();
+        let va = Value::Tensor(Tensor::from_vec(vec![m, k], a8.clone()).unwrap());
+        let vb = Value::Tensor(Tensor::from_vec(vec![k, n], b8.clone()).unwrap());
+        let za = Value::Tensor(Tensor::scalar(-3i8));
+        let zb = Value::Tensor(Tensor::scalar(200u8));
+        let inputs = [Some(&va), Some(&vb), Some(&za), Some(&zb)];
+        let got = MatMulInteger::default()
+            .eval_gemm(&Args::new(&inputs))
+            .unwrap()
+            .expect("the GEMM path applies");
+        for r in 0..m {
+            for j in 0..n {
+                let s: i64 = (0..k)
+                    .map(|p| (i64::from(a8[r * k + p]) + 3) * (i64::from(b8[p * n + j]) - 200))
+                    .sum();
+                assert_eq!(i64::from(got.as_slice::<i32>().unwrap()[r * n + j]), s);
+            }
+        }
+    }
+
     #[test]
     fn matmul_integer_with_zero_points() {
         // (A - 1) x (B - 2): A = [[3, 4]], B = [[2], [5]] -> [[2, 3]] x [[0], [3]] = [[9]].
@@ -561,7 +715,7 @@ mod tests {
         let b = Value::Tensor(Tensor::from_vec(vec![2, 1], vec![2u8, 5]).unwrap());
         let za = Value::Tensor(Tensor::scalar(1u8));
         let zb = Value::Tensor(Tensor::scalar(2u8));
-        let y = MatMulInteger
+        let y = MatMulInteger::default()
             .eval(&Args::new(&[Some(&a), Some(&b), Some(&za), Some(&zb)]))
             .unwrap();
         assert_eq!(y[0].as_tensor().unwrap().as_slice::<i32>().unwrap(), &[9]);

@@ -136,20 +136,20 @@ fn channel_runs<'a, A, B>(
 }
 
 /// `QuantizeLinear` of f32 by f32 scales to u8/i8, per tensor or per axis.
-fn quantize_fast<T: kiln_kernels::quant::Q8 + kiln_tensor::Element>(
+fn quantize_fast<T: kiln_kernels::quant::Q8 + kiln_tensor::Element + kiln_kernels::recycle::Recycled>(
     x: &Tensor,
     s: &[f32],
     z: Option<&[T]>,
     layout: (usize, usize),
 ) -> Option<Tensor> {
     let xv = x.as_slice::<f32>().ok()?;
-    let mut y: Vec<T> = vec![T::from_clamped(0.0); xv.len()];
-    for (ch, a, b) in channel_runs(xv, &mut y, layout) {
+    let mut y = crate::util::out_buf::<T>(xv.len());
+    for (ch, a, b) in channel_runs(xv, y.as_mut_slice(), layout) {
         let scale = *s.get(ch).or(s.first())?;
         let zp = z.map_or(Some(0.0), |z| z.get(ch).or(z.first()).map(|v| v.to_f32()))?;
         kiln_kernels::quant::quantize_row(a, b, scale, zp);
     }
-    Tensor::from_vec(x.shape(), y).ok()
+    Tensor::from_buf(x.shape(), y).ok()
 }
 
 /// `DequantizeLinear` of u8/i8 to f32 by f32 scales, per tensor or per axis.
@@ -164,8 +164,8 @@ fn dequantize_fast<T: kiln_kernels::quant::Q8 + kiln_tensor::Element>(
         Some(z) => Some(z.as_slice::<T>().ok()?),
         None => None,
     };
-    let mut y = vec![0f32; xv.len()];
-    for (ch, a, b) in channel_runs(xv, &mut y, layout) {
+    let mut y = crate::util::out_f32(xv.len());
+    for (ch, a, b) in channel_runs(xv, y.as_mut_slice(), layout) {
         let scale = *s.get(ch).or(s.first())?;
         let zp = match zv {
             Some(z) => *z.get(ch).or(z.first())?,
@@ -173,7 +173,7 @@ fn dequantize_fast<T: kiln_kernels::quant::Q8 + kiln_tensor::Element>(
         };
         kiln_kernels::quant::dequantize_row(a, b, scale, zp);
     }
-    Tensor::from_vec(x.shape(), y).ok()
+    Tensor::from_buf(x.shape(), y).ok()
 }
 
 /// `QuantizeLinear`.
@@ -388,6 +388,19 @@ impl DynamicQuantizeLinear {
             index: 0,
             got: x.dtype(),
         })?;
+        // Without NaNs: the vectorised range, then the quantize row kernel (the same formulas).
+        if let Some((lo, hi)) = kiln_kernels::quant::min_max(xv) {
+            let (minx, maxx) = (lo.min(0.0), hi.max(0.0));
+            let scale = (if maxx == minx { 1.0 } else { maxx - minx }) / 255.0f32;
+            let zp = (0.0f32 - minx / scale).clamp(0.0, 255.0).round_ties_even();
+            let mut y = crate::util::out_buf::<u8>(xv.len());
+            kiln_kernels::quant::quantize_row(xv, y.as_mut_slice(), scale, zp);
+            return Ok(smallvec::smallvec![
+                Tensor::from_buf(x.shape(), y)?.into(),
+                Tensor::scalar(scale).into(),
+                Tensor::scalar(zp as u8).into(),
+            ]);
+        }
         let maxx = xv.iter().fold(0.0f32, |m, &v| if v > m || v.is_nan() { v } else { m });
         let minx = xv.iter().fold(0.0f32, |m, &v| if v < m || v.is_nan() { v } else { m });
         let scale = (if maxx == minx { 1.0 } else { maxx - minx }) / 255.0f32;

@@ -1,0 +1,49 @@
+//! The AVX2 micro-tile of the integer GEMM: [`super::MR`] rows by [`super::NR`] columns in
+//! twelve i32 accumulators, each step a broadcast pair of A times two vectors of B pairs with
+//! `vpmaddwd` (16-bit products summed pairwise into exact i32 lanes).
+
+use super::{MR, NR};
+use std::arch::x86_64::*;
+
+/// `tile[r][j] += sum_q a[q][r] . b[q][j]` over `pairs` depth pairs (see `micro_portable`).
+pub(super) fn micro(apack: &[i32], bpanel: &[i16], pairs: usize, tile: &mut [[i32; NR]; MR]) {
+    let pairs = pairs.min(apack.len() / MR).min(bpanel.len() / (2 * NR));
+    // SAFETY: the dispatcher calls this only when `Isa` detection found AVX2 (and FMA); the
+    // slices hold at least `pairs` steps (clamped just above), which is all the kernel reads.
+    unsafe { micro_avx2(apack.as_ptr(), bpanel.as_ptr(), pairs, tile) }
+}
+
+/// # Safety
+/// AVX2 is available; `a` points to `pairs * MR` i32 and `b` to `pairs * 2 * NR` i16.
+#[target_feature(enable = "avx2")]
+unsafe fn micro_avx2(a: *const i32, b: *const i16, pairs: usize, tile: &mut [[i32; NR]; MR]) {
+    let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+    for q in 0..pairs {
+        // SAFETY: step `q < pairs` of B is `2 * NR` i16 (two 256-bit vectors) at `q * 2 * NR`,
+        // within the caller's bound; unaligned loads.
+        let (b0, b1) = unsafe {
+            let p = b.add(q * 2 * NR);
+            (
+                _mm256_loadu_si256(p.cast::<__m256i>()),
+                _mm256_loadu_si256(p.add(NR).cast::<__m256i>()),
+            )
+        };
+        for (r, row) in acc.iter_mut().enumerate() {
+            // SAFETY: step `q`'s MR words of A are at `q * MR`, within the caller's bound.
+            let w = unsafe { *a.add(q * MR + r) };
+            let av = _mm256_set1_epi32(w);
+            row[0] = _mm256_add_epi32(row[0], _mm256_madd_epi16(av, b0));
+            row[1] = _mm256_add_epi32(row[1], _mm256_madd_epi16(av, b1));
+        }
+    }
+    for (row, out) in acc.iter().zip(tile.iter_mut()) {
+        let mut lanes = [[0i32; 8]; 2];
+        for (v, l) in row.iter().zip(lanes.iter_mut()) {
+            // SAFETY: `l` is 8 i32 (32 bytes), written by an unaligned store.
+            unsafe { _mm256_storeu_si256(l.as_mut_ptr().cast::<__m256i>(), *v) };
+        }
+        for (o, v) in out.iter_mut().zip(lanes.iter().flatten()) {
+            *o = o.wrapping_add(*v);
+        }
+    }
+}

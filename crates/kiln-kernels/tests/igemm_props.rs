@@ -1,0 +1,141 @@
+//! The integer GEMM on every level against an exact i64 oracle: edge shapes, both 8-bit
+//! types on each side, zero points, depths across blocks and past the exact-i32 bound.
+
+use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, igemm_with};
+use kiln_kernels::isa::Isa;
+use proptest::prelude::*;
+
+fn oracle<A: Int8, B: Int8>(m: usize, n: usize, k: usize, a: &[A], za: i32, b: &[B], zb: &[B]) -> Vec<i64> {
+    let mut c = vec![0i64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let z = match zb {
+                [] => 0,
+                [z] => z.widen(),
+                zs => zs[j].widen(),
+            };
+            c[i * n + j] = (0..k)
+                .map(|kk| i64::from(a[i * k + kk].widen() - za) * i64::from(b[kk * n + j].widen() - z))
+                .sum();
+        }
+    }
+    c
+}
+
+fn check<A: Int8 + std::fmt::Debug, B: Int8 + std::fmt::Debug>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[A],
+    za: i32,
+    b: &[B],
+    zb: &[B],
+) -> Result<(), TestCaseError> {
+    let want = oracle(m, n, k, a, za, b, zb);
+    let packed = PackedB::pack(b, k, n, zb).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        let ldc = n + 3;
+        let mut c = vec![7i32; m * ldc];
+        igemm_with(isa, m, k, a, k, za, &packed, &mut c, ldc).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for i in 0..m {
+            for j in 0..n {
+                prop_assert_eq!(
+                    i64::from(c[i * ldc + j]),
+                    want[i * n + j],
+                    "{:?} m={} n={} k={} at ({}, {})",
+                    isa,
+                    m,
+                    n,
+                    k,
+                    i,
+                    j
+                );
+            }
+            for j in n..ldc {
+                prop_assert_eq!(c[i * ldc + j], 7, "{:?} wrote past column {}", isa, n);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn dims() -> impl Strategy<Value = (usize, usize, usize)> {
+    (1usize..20, 1usize..40, prop_oneof![1usize..40, 500usize..1100])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn u8_by_s8_per_column_zero_points((m, n, k) in dims(), seed in any::<u64>(), za in 0i32..=255) {
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let a: Vec<u8> = (0..m * k).map(|_| next() as u8).collect();
+        let b: Vec<i8> = (0..k * n).map(|_| next() as i8).collect();
+        let zb: Vec<i8> = (0..n).map(|_| next() as i8).collect();
+        check(m, n, k, &a, za, &b, &zb)?;
+        check(m, n, k, &a, za, &b, &[])?;
+    }
+
+    #[test]
+    fn s8_by_u8_one_zero_point((m, n, k) in dims(), seed in any::<u64>(), za in -128i32..=127, zb in any::<u8>()) {
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let a: Vec<i8> = (0..m * k).map(|_| next() as i8).collect();
+        let b: Vec<u8> = (0..k * n).map(|_| next() as u8).collect();
+        check(m, n, k, &a, za, &b, &[zb])?;
+    }
+}
+
+/// The largest terms at the deepest exact depth, and past it (summed in i64 blocks).
+#[test]
+fn extreme_values_at_and_past_the_exact_depth() {
+    for k in [MAX_EXACT_DEPTH, MAX_EXACT_DEPTH + 3] {
+        let (m, n) = (2, 3);
+        let a = vec![255u8; m * k];
+        // B - zb = -255 in every term: (255 - 0) * (0 - 255).
+        let b = vec![0u8; k * n];
+        let zb = vec![255u8];
+        let want = oracle(m, n, k, &a, 0, &b, &zb);
+        let packed = PackedB::pack(&b, k, n, &zb).unwrap_or_else(|e| panic!("{e}"));
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            let mut c = vec![0i32; m * n];
+            let r = igemm_with(isa, m, k, &a, k, 0, &packed, &mut c, n);
+            if want.iter().all(|&w| i32::try_from(w).is_ok()) {
+                assert!(r.is_ok(), "{isa:?} k={k}: {r:?}");
+                assert_eq!(
+                    c.iter().map(|&v| i64::from(v)).collect::<Vec<_>>(),
+                    want,
+                    "{isa:?} k={k}"
+                );
+            } else {
+                assert!(r.is_err(), "{isa:?} k={k}: an overflowing sum must be reported");
+            }
+        }
+    }
+}
+
+/// Split over a pool's threads by blocks of rows: the same exact sums.
+#[test]
+fn split_over_threads_matches_the_oracle() {
+    for threads in [2usize, 3] {
+        let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap_or_else(|e| panic!("{e}"));
+        for (m, n, k) in [(12, 17, 33), (50, 40, 700), (7, 5, 9), (128, 48, 96)] {
+            let a: Vec<u8> = (0..m * k).map(|i| (i * 31 % 256) as u8).collect();
+            let b: Vec<i8> = (0..k * n).map(|i| (i * 17 % 256) as u8 as i8).collect();
+            let zb: Vec<i8> = (0..n).map(|j| (j as i8).wrapping_mul(3)).collect();
+            let want = oracle(m, n, k, &a, 9, &b, &zb);
+            let packed = PackedB::pack(&b, k, n, &zb).unwrap_or_else(|e| panic!("{e}"));
+            for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+                let mut c = vec![0i32; m * n];
+                pool.install(|| igemm_with(isa, m, k, &a, k, 9, &packed, &mut c, n))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(
+                    c.iter().map(|&v| i64::from(v)).collect::<Vec<_>>(),
+                    want,
+                    "{isa:?} {threads} threads {m}x{n}x{k}"
+                );
+            }
+        }
+    }
+}
