@@ -49,8 +49,9 @@ fn sole_constant<'p>(
     }
 }
 
-/// Marks the MatMulInteger steps whose B and B zero point are program constants: they pack B
-/// for the integer GEMM on their first run and keep it (`MatMulInteger::b_constant`).
+/// Marks the MatMulInteger and QLinearConv steps whose weights and weight zero point are
+/// program constants: they pack the weights for the integer GEMM on their first run and keep
+/// them (`MatMulInteger::b_constant`, `QLinearConv::w_constant`).
 /// Returns how many it marked.
 pub fn integer_weights(program: &mut Program) -> usize {
     let is_constant = |slot: usize| program.constants.iter().any(|(s, _)| *s == slot);
@@ -59,16 +60,25 @@ pub fn integer_weights(program: &mut Program) -> usize {
         .iter()
         .enumerate()
         .filter(|(_, step)| {
-            matches!(&step.kind, StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m))) if !m.b_constant)
-                && step.inputs.get(1).copied().flatten().is_some_and(is_constant)
-                && step.inputs.get(3).copied().flatten().is_none_or(is_constant)
+            // The weights and their zero point: inputs 1 and 3 of MatMulInteger, 3 and 5 of
+            // QLinearConv and QLinearMatMul.
+            let (w, zw) = match &step.kind {
+                StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m))) if !m.b_constant => (1, 3),
+                StepKind::Op(Op::Quant(QuantOp::QLinearConv(c))) if !c.w_constant => (3, 5),
+                StepKind::Op(Op::Quant(QuantOp::QLinearMatMul(q))) if !q.b_constant => (3, 5),
+                _ => return false,
+            };
+            step.inputs.get(w).copied().flatten().is_some_and(is_constant)
+                && step.inputs.get(zw).copied().flatten().is_none_or(is_constant)
         })
         .map(|(i, _)| i)
         .collect();
     for &i in &marks {
-        if let Some(StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m)))) = program.steps.get_mut(i).map(|s| &mut s.kind)
-        {
-            m.b_constant = true;
+        match program.steps.get_mut(i).map(|s| &mut s.kind) {
+            Some(StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m)))) => m.b_constant = true,
+            Some(StepKind::Op(Op::Quant(QuantOp::QLinearConv(c)))) => c.w_constant = true,
+            Some(StepKind::Op(Op::Quant(QuantOp::QLinearMatMul(q)))) => q.b_constant = true,
+            _ => {}
         }
     }
     marks.len()

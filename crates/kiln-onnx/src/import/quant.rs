@@ -72,7 +72,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         }
         "QLinearMatMul" => {
             ctx.check_inputs(8, 8)?;
-            QuantOp::QLinearMatMul(QLinearMatMul)
+            QuantOp::QLinearMatMul(QLinearMatMul::default())
         }
         "ConvInteger" => {
             ctx.check_inputs(2, 4)?;
@@ -80,7 +80,11 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         }
         "QLinearConv" => {
             ctx.check_inputs(8, 9)?;
-            QuantOp::QLinearConv(QLinearConv { conv: conv_attrs(ctx)? })
+            QuantOp::QLinearConv(QLinearConv {
+                conv: conv_attrs(ctx)?,
+                w_constant: false,
+                packed: Default::default(),
+            })
         }
         _ => return Ok(None),
     };

@@ -188,55 +188,12 @@ impl MatMulInteger {
     /// `[K, N]` with one zero point or one per column. `None` for anything else (the general
     /// path then computes it).
     fn eval_gemm(&self, args: &Args<'_>) -> Result<Option<Tensor>> {
-        use kiln_kernels::igemm::{PackedB, igemm};
         let (a, b) = (args.tensor(0)?, args.tensor(1)?);
-        let (za, zb) = (args.opt_tensor(2)?, args.opt_tensor(3)?);
-        let (ashape, bshape) = (a.shape(), b.shape());
-        let (Some(&k), [bk, n]) = (ashape.last(), bshape) else {
-            return Ok(None);
-        };
-        if ashape.len() < 2 || k != *bk || za.is_some_and(|z| z.len() != 1 || z.dtype() != a.dtype()) {
-            return Ok(None);
+        let cache = self.b_constant.then_some(&self.packed);
+        match integer_product(a, args.opt_tensor(2)?, b, args.opt_tensor(3)?, cache)? {
+            Some((c, shape)) => Ok(Some(Tensor::from_vec(shape, c)?)),
+            None => Ok(None),
         }
-        let a_zero = match za {
-            None => 0,
-            Some(z) => match z.dtype() {
-                DType::U8 => z.as_slice::<u8>().map(|v| v.first().map_or(0, |&x| i32::from(x)))?,
-                DType::I8 => z.as_slice::<i8>().map(|v| v.first().map_or(0, |&x| i32::from(x)))?,
-                _ => return Ok(None),
-            },
-        };
-        let fresh;
-        let packed: &PackedB = if self.b_constant {
-            match self.packed.0.get_or_init(|| pack_b(b, zb)) {
-                Some(p) => p,
-                None => return Ok(None),
-            }
-        } else {
-            match pack_b(b, zb) {
-                Some(p) => {
-                    fresh = p;
-                    &fresh
-                }
-                None => return Ok(None),
-            }
-        };
-        if packed.depth() != k || packed.columns() != *n {
-            return Ok(None);
-        }
-        let m: usize = ashape.iter().rev().skip(1).product();
-        let mut shape = ashape.to_vec();
-        if let Some(last) = shape.last_mut() {
-            *last = *n;
-        }
-        let mut c = vec![0i32; checked_numel(&shape)?];
-        let r = match a.dtype() {
-            DType::U8 => igemm(m, k, a.as_slice::<u8>()?, k, a_zero, packed, &mut c, *n),
-            DType::I8 => igemm(m, k, a.as_slice::<i8>()?, k, a_zero, packed, &mut c, *n),
-            _ => return Ok(None),
-        };
-        r.map_err(|e| OpError::input_value(0, "a product whose exact sums fit int32", e.to_string()))?;
-        Ok(Some(Tensor::from_vec(shape, c)?))
     }
 
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
@@ -261,6 +218,120 @@ impl MatMulInteger {
         };
         Ok(vec![tt(Some(DType::I32), s)])
     }
+}
+
+/// The exact `(A - za) x (B - zb)` of 8-bit A `[..., M, K]` (one zero point) and B `[K, N]`
+/// (zero point one or one per column) by the integer GEMM, with its shape; B packed once into
+/// `cache` when given (a constant B). `None` for anything else (the general path then runs).
+fn integer_product(
+    a: &Tensor,
+    za: Option<&Tensor>,
+    b: &Tensor,
+    zb: Option<&Tensor>,
+    cache: Option<&PackCache>,
+) -> Result<Option<(Vec<i32>, Vec<usize>)>> {
+    use kiln_kernels::igemm::{PackedB, igemm};
+    let (ashape, bshape) = (a.shape(), b.shape());
+    if bshape.len() > 2 {
+        return batched_product(a, za, b, zb);
+    }
+    let (Some(&k), [bk, n]) = (ashape.last(), bshape) else {
+        return Ok(None);
+    };
+    if ashape.len() < 2 || k != *bk || za.is_some_and(|z| z.len() != 1 || z.dtype() != a.dtype()) {
+        return Ok(None);
+    }
+    let a_zero = match za {
+        None => 0,
+        Some(z) => match z.dtype() {
+            DType::U8 => z.as_slice::<u8>().map(|v| v.first().map_or(0, |&x| i32::from(x)))?,
+            DType::I8 => z.as_slice::<i8>().map(|v| v.first().map_or(0, |&x| i32::from(x)))?,
+            _ => return Ok(None),
+        },
+    };
+    let fresh;
+    let packed: &PackedB = match cache {
+        Some(c) => match c.0.get_or_init(|| pack_b(b, zb)) {
+            Some(p) => p,
+            None => return Ok(None),
+        },
+        None => match pack_b(b, zb) {
+            Some(p) => {
+                fresh = p;
+                &fresh
+            }
+            None => return Ok(None),
+        },
+    };
+    if packed.depth() != k || packed.columns() != *n {
+        return Ok(None);
+    }
+    let m: usize = ashape.iter().rev().skip(1).product();
+    let mut shape = ashape.to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = *n;
+    }
+    let mut c = vec![0i32; checked_numel(&shape)?];
+    let r = match a.dtype() {
+        DType::U8 => igemm(m, k, a.as_slice::<u8>()?, k, a_zero, packed, &mut c, *n),
+        DType::I8 => igemm(m, k, a.as_slice::<i8>()?, k, a_zero, packed, &mut c, *n),
+        _ => return Ok(None),
+    };
+    r.map_err(|e| OpError::input_value(0, "a product whose exact sums fit int32", e.to_string()))?;
+    Ok(Some((c, shape)))
+}
+
+/// [`integer_product`] of batched operands with the same batch dims (`[..., M, K]` by
+/// `[..., K, N]`, as attention's products of activations), one zero point each: each B
+/// matrix packed on the spot.
+fn batched_product(
+    a: &Tensor,
+    za: Option<&Tensor>,
+    b: &Tensor,
+    zb: Option<&Tensor>,
+) -> Result<Option<(Vec<i32>, Vec<usize>)>> {
+    let (ashape, bshape) = (a.shape(), b.shape());
+    let r = ashape.len();
+    if r != bshape.len() || r < 3 || ashape.get(..r - 2) != bshape.get(..r - 2) {
+        return Ok(None);
+    }
+    if za.is_some_and(|z| z.len() != 1) || zb.is_some_and(|z| z.len() != 1 || z.dtype() != b.dtype()) {
+        return Ok(None);
+    }
+    let (m, k, n) = (ashape[r - 2], ashape[r - 1], bshape[r - 1]);
+    if bshape[r - 2] != k {
+        return Ok(None);
+    }
+    let batches: usize = ashape[..r - 2].iter().product();
+    let mut shape = ashape.to_vec();
+    shape[r - 1] = n;
+    let mut out = Vec::with_capacity(checked_numel(&shape)?);
+    for i in 0..batches {
+        let slice = |t: &Tensor, len: usize| -> Result<Tensor> {
+            let s = t.shape();
+            let two = vec![s[r - 2], s[r - 1]];
+            Ok(match t.dtype() {
+                DType::U8 => Tensor::from_vec(
+                    two,
+                    t.as_slice::<u8>()?.get(i * len..(i + 1) * len).unwrap_or(&[]).to_vec(),
+                )?,
+                DType::I8 => Tensor::from_vec(
+                    two,
+                    t.as_slice::<i8>()?.get(i * len..(i + 1) * len).unwrap_or(&[]).to_vec(),
+                )?,
+                other => return Err(OpError::UnsupportedDType { index: 0, got: other }),
+            })
+        };
+        if !matches!(a.dtype(), DType::U8 | DType::I8) || !matches!(b.dtype(), DType::U8 | DType::I8) {
+            return Ok(None);
+        }
+        let (ai, bi) = (slice(a, m * k)?, slice(b, k * n)?);
+        match integer_product(&ai, za, &bi, zb, None)? {
+            Some((c, _)) => out.extend(c),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some((out, shape)))
 }
 
 /// Per-tensor or 1-D quantization parameter read as f64 values.
@@ -295,19 +366,59 @@ fn pick(p: &[f64], i: usize, index: usize) -> Result<f64> {
 
 /// `QLinearMatMul`: `quantize(dequantize(a) x dequantize(b))` with per-tensor (or per-row of
 /// `a` / per-column of `b`) scales and zero points.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct QLinearMatMul;
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct QLinearMatMul {
+    /// B (input 3) and its zero point (input 5) are program constants (set by the compiler):
+    /// B is then packed for the integer GEMM once, on the first run, and kept.
+    #[serde(default)]
+    pub b_constant: bool,
+    #[serde(skip)]
+    pub packed: PackCache,
+}
 
 impl QLinearMatMul {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (a, b) = (args.tensor(0)?, args.tensor(3)?);
         let (sa, sb, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
         let (za, zb, zy) = (args.opt_tensor(2)?, args.opt_tensor(5)?, args.opt_tensor(7)?);
-        let mut av = quant_values(a, 0, true)?;
-        let mut bv = quant_values(b, 3, true)?;
-        sub_zero_point(&mut av, a.shape(), (za, 2), 2)?;
-        sub_zero_point(&mut bv, b.shape(), (zb, 5), 1)?;
-        let (c, shape) = matmul(&av, a.shape(), &bv, b.shape(), [0, 3])?;
+        let odt = zy.map_or(a.dtype(), Tensor::dtype);
+        let cache = self.b_constant.then_some(&self.packed);
+        let fast = integer_product(a, za, b, zb, cache)?;
+        // One A scale (the multiplier then depends on the column only) and an 8-bit output:
+        // requantized in one pass, in the same f64 arithmetic as below.
+        if let Some((c, shape)) = &fast
+            && sa.len() == 1
+            && matches!(odt, DType::U8 | DType::I8)
+            && matches!(sa.dtype(), DType::F32 | DType::F16 | DType::BF16)
+            && sb.dtype() == sa.dtype()
+            && sy.dtype() == sa.dtype()
+            && let Some(range) = int_range(odt)
+        {
+            let n = shape.last().copied().unwrap_or(1).max(1);
+            let sdt = sa.dtype();
+            let (sav, sbv, syv) = (params(sa), params(sb), params(sy));
+            let zy0 = pick(&zy.map(params).unwrap_or_else(|| vec![0.0]), 0, 7)?;
+            let (sa0, sy0) = (pick(&sav, 0, 1)?, pick(&syv, 0, 6)?);
+            let mults = (0..n)
+                .map(|col| Ok(round_to(sdt, round_to(sdt, sa0 * pick(&sbv, col, 4)?) / sy0)))
+                .collect::<Result<Vec<f64>>>()?;
+            let t = if odt == DType::U8 {
+                Tensor::from_vec(shape.clone(), requantize_columns(c, &mults, zy0, range, |v| v as u8))?
+            } else {
+                Tensor::from_vec(shape.clone(), requantize_columns(c, &mults, zy0, range, |v| v as i8))?
+            };
+            return Ok(smallvec::smallvec![t.into()]);
+        }
+        let (c, shape) = match fast {
+            Some((c, shape)) => (c.into_iter().map(f64::from).collect::<Vec<f64>>(), shape),
+            None => {
+                let mut av = quant_values(a, 0, true)?;
+                let mut bv = quant_values(b, 3, true)?;
+                sub_zero_point(&mut av, a.shape(), (za, 2), 2)?;
+                sub_zero_point(&mut bv, b.shape(), (zb, 5), 1)?;
+                matmul(&av, a.shape(), &bv, b.shape(), [0, 3])?
+            }
+        };
         let sdt = sa.dtype();
         for (t, i) in [(sa, 1), (sb, 4), (sy, 6)] {
             if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
@@ -319,7 +430,6 @@ impl QLinearMatMul {
         }
         let (sav, sbv, syv) = (params(sa), params(sb), params(sy));
         let zyv = zy.map(params).unwrap_or_else(|| vec![0.0]);
-        let odt = zy.map_or(a.dtype(), Tensor::dtype);
         let n = shape.last().copied().unwrap_or(1).max(1);
         let m = if a.rank() > 1 && shape.len() >= 2 {
             shape[shape.len() - 2]
@@ -372,18 +482,18 @@ pub struct ConvAttrs {
 }
 
 /// Resolved geometry of one convolution.
-struct Geometry {
-    spatial_in: Vec<usize>,
-    kernel: Vec<usize>,
-    out: Vec<usize>,
-    pad_begin: Vec<usize>,
-    strides: Vec<usize>,
-    dilations: Vec<usize>,
+pub(crate) struct Geometry {
+    pub(crate) spatial_in: Vec<usize>,
+    pub(crate) kernel: Vec<usize>,
+    pub(crate) out: Vec<usize>,
+    pub(crate) pad_begin: Vec<usize>,
+    pub(crate) strides: Vec<usize>,
+    pub(crate) dilations: Vec<usize>,
 }
 
 impl ConvAttrs {
     /// The geometry of X `x` (input 0) and W `w` (input `wi`).
-    fn geometry(&self, x: &[usize], w: &[usize], wi: usize) -> Result<Geometry> {
+    pub(crate) fn geometry(&self, x: &[usize], w: &[usize], wi: usize) -> Result<Geometry> {
         if x.len() < 3 {
             return Err(OpError::input_shape(0, "[N, C, spatial...]", x));
         }
@@ -563,6 +673,9 @@ pub struct ConvInteger {
 impl ConvInteger {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(1)?);
+        if let Some((y, shape)) = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(3)?, 1, None)? {
+            return Ok(smallvec::smallvec![Tensor::from_vec(shape, y)?.into()]);
+        }
         let mut xv = quant_values(x, 0, false)?;
         let mut wv = quant_values(w, 1, false)?;
         if let Some(z) = args.opt_tensor(2)? {
@@ -592,23 +705,184 @@ impl ConvInteger {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct QLinearConv {
     pub conv: ConvAttrs,
+    /// W (input 3) and its zero point (input 5) are program constants (set by the compiler):
+    /// W is then packed for the integer GEMM once, on the first run, and kept.
+    #[serde(default)]
+    pub w_constant: bool,
+    #[serde(skip)]
+    pub packed: GroupPackCache,
+}
+
+/// The packed W of a [`QLinearConv`] whose W is constant (see [`PackCache`]).
+#[derive(Debug, Clone, Default)]
+pub struct GroupPackCache(std::sync::Arc<std::sync::OnceLock<Option<super::qconv::GroupPacks>>>);
+
+impl PartialEq for GroupPackCache {
+    /// A cache says nothing about the op: any two compare equal.
+    fn eq(&self, _: &GroupPackCache) -> bool {
+        true
+    }
+}
+
+/// The exact int32 sums of an 8-bit 2-D convolution by [`super::qconv`], with the output
+/// shape; `None` where that path does not apply (the general path then runs).
+fn conv_fast(
+    attrs: &ConvAttrs,
+    x: &Tensor,
+    zx: Option<&Tensor>,
+    w: &Tensor,
+    zw: Option<&Tensor>,
+    wi: usize,
+    cache: Option<&GroupPackCache>,
+) -> Result<Option<(Vec<i32>, Vec<usize>)>> {
+    let (xs, ws) = (x.shape(), w.shape());
+    let (Ok(g), [_, _, _, _], [m, cg, _, _]) = (attrs.geometry(xs, ws, wi), xs, ws) else {
+        return Ok(None);
+    };
+    let zx = match zx {
+        None => 0,
+        Some(z) if z.len() == 1 && z.dtype() == x.dtype() => z.to_f64_vec().first().map_or(0, |&v| v as i32),
+        Some(_) => return Ok(None),
+    };
+    if zw.is_some_and(|z| z.dtype() != w.dtype() || !(z.len() == 1 || z.len() == *m)) {
+        return Ok(None);
+    }
+    let groups = attrs.group.max(1);
+    let depthwise = *cg == 1 && *m == groups;
+    let packs = match cache {
+        Some(c) if !depthwise => c.0.get_or_init(|| super::qconv::pack_groups(w, zw, groups)).as_ref(),
+        _ => None,
+    };
+    let Some(acc) = super::qconv::conv2d(attrs, &g, x, zx, w, zw, packs)? else {
+        return Ok(None);
+    };
+    let mut shape = vec![xs[0], *m];
+    shape.extend_from_slice(&g.out);
+    Ok(Some((acc, shape)))
+}
+
+/// QLinearConv's requantization of exact int32 sums straight to u8/i8, in the general path's
+/// f64 arithmetic (`(acc + bias) * mult[ch] + zy`, rounded half to even, saturated): one pass
+/// instead of its f64 vectors.
+fn requantize_sums<T: kiln_tensor::Element + Copy>(
+    acc: &[i32],
+    bias: Option<&[f64]>,
+    mults: &[f64],
+    zy: f64,
+    opix: usize,
+    (lo, hi): (f64, f64),
+    cast: fn(f64) -> T,
+) -> Vec<T> {
+    // Rounding half to even by adding and subtracting 1.5 * 2^52 (exact below 2^51 in
+    // magnitude; larger values saturate either way, so they are clamped to 2^50 first).
+    const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
+    const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
+    let m = mults.len().max(1);
+    let mut out: Vec<T> = Vec::with_capacity(acc.len());
+    for (row, plane) in acc.chunks(opix.max(1)).enumerate() {
+        let ch = row % m;
+        let mult = mults.get(ch).copied().unwrap_or(0.0);
+        let b = bias.and_then(|b| b.get(ch)).copied().unwrap_or(0.0);
+        kiln_kernels::simd::vectorize(|| {
+            out.extend(plane.iter().map(|&a| {
+                let v = ((f64::from(a) + b) * mult + zy).clamp(-BIG, BIG);
+                cast(((v + ROUND) - ROUND).clamp(lo, hi))
+            }));
+        });
+    }
+    out
+}
+
+/// QLinearMatMul's requantization of exact int32 products `[..., N]` to u8/i8 with one
+/// multiplier per column (`acc * mult[col] + zy`, rounded half to even, saturated), in f64.
+fn requantize_columns<T: Copy>(
+    acc: &[i32],
+    mults: &[f64],
+    zy: f64,
+    (lo, hi): (f64, f64),
+    cast: fn(f64) -> T,
+) -> Vec<T> {
+    const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
+    const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
+    let mut out: Vec<T> = Vec::with_capacity(acc.len());
+    kiln_kernels::simd::vectorize(|| {
+        for row in acc.chunks(mults.len().max(1)) {
+            out.extend(row.iter().zip(mults).map(|(&a, &mult)| {
+                let v = (f64::from(a) * mult + zy).clamp(-BIG, BIG);
+                cast(((v + ROUND) - ROUND).clamp(lo, hi))
+            }));
+        }
+    });
+    out
 }
 
 impl QLinearConv {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(3)?);
         let (sx, sw, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
-        let mut xv = quant_values(x, 0, false)?;
-        let mut wv = quant_values(w, 3, false)?;
-        if let Some(z) = args.opt_tensor(2)? {
-            let zv = z.to_f64_vec();
-            if zv.len() != 1 {
-                return Err(OpError::input_shape(2, "one element (x_zero_point)", z.shape()));
-            }
-            xv.iter_mut().for_each(|v| *v -= zv[0]);
+        let cache = self.w_constant.then_some(&self.packed);
+        let fast = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(5)?, 3, cache)?;
+        let zy = args.opt_tensor(7)?;
+        let odt = zy.map_or(x.dtype(), Tensor::dtype);
+        if let Some((acc, shape)) = &fast
+            && let (Some(&m), Some((lo, hi))) = (
+                shape.get(1),
+                int_range(odt).filter(|_| matches!(odt, DType::U8 | DType::I8)),
+            )
+        {
+            let opix: usize = shape.get(2..).map_or(1, |s| s.iter().product());
+            let bias = match args.opt_tensor(8)? {
+                Some(b) if b.len() != m => {
+                    return Err(OpError::input_shape(
+                        8,
+                        format!("{m} elements (one per output channel)"),
+                        b.shape(),
+                    ));
+                }
+                Some(b) => Some(b.to_f64_vec()),
+                None => None,
+            };
+            let (sxv, swv, syv) = (params(sx), params(sw), params(sy));
+            let zyv = zy.map(params).unwrap_or_else(|| vec![0.0]);
+            let (sx0, sy0, zy0) = (pick(&sxv, 0, 1)?, pick(&syv, 0, 6)?, pick(&zyv, 0, 7)?);
+            let mults = (0..m.max(1))
+                .map(|ch| {
+                    Ok(round_to(
+                        DType::F32,
+                        round_to(DType::F32, sx0 * pick(&swv, ch, 4)?) / sy0,
+                    ))
+                })
+                .collect::<Result<Vec<f64>>>()?;
+            let b = bias.as_deref();
+            let t = if odt == DType::U8 {
+                Tensor::from_vec(
+                    shape.clone(),
+                    requantize_sums(acc, b, &mults, zy0, opix, (lo, hi), |v| v as u8),
+                )?
+            } else {
+                Tensor::from_vec(
+                    shape.clone(),
+                    requantize_sums(acc, b, &mults, zy0, opix, (lo, hi), |v| v as i8),
+                )?
+            };
+            return Ok(smallvec::smallvec![t.into()]);
         }
-        sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(5)?, 5)?;
-        let (mut acc, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape(), 3)?;
+        let (mut acc, shape) = match fast {
+            Some((acc, shape)) => (acc.into_iter().map(f64::from).collect::<Vec<f64>>(), shape),
+            None => {
+                let mut xv = quant_values(x, 0, false)?;
+                let mut wv = quant_values(w, 3, false)?;
+                if let Some(z) = args.opt_tensor(2)? {
+                    let zv = z.to_f64_vec();
+                    if zv.len() != 1 {
+                        return Err(OpError::input_shape(2, "one element (x_zero_point)", z.shape()));
+                    }
+                    xv.iter_mut().for_each(|v| *v -= zv[0]);
+                }
+                sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(5)?, 5)?;
+                self.conv.conv(&xv, x.shape(), &wv, w.shape(), 3)?
+            }
+        };
         let m = shape[1];
         let opix: usize = shape[2..].iter().product();
         if let Some(bias) = args.opt_tensor(8)? {
@@ -625,15 +899,20 @@ impl QLinearConv {
             }
         }
         let (sxv, swv, syv) = (params(sx), params(sw), params(sy));
-        let zy = args.opt_tensor(7)?;
         let zyv = zy.map(params).unwrap_or_else(|| vec![0.0]);
-        let odt = zy.map_or(x.dtype(), Tensor::dtype);
         let mut y = Vec::with_capacity(acc.len());
         let (sx0, sy0, zy0) = (pick(&sxv, 0, 1)?, pick(&syv, 0, 6)?, pick(&zyv, 0, 7)?);
+        let mults = (0..m.max(1))
+            .map(|ch| {
+                Ok(round_to(
+                    DType::F32,
+                    round_to(DType::F32, sx0 * pick(&swv, ch, 4)?) / sy0,
+                ))
+            })
+            .collect::<Result<Vec<f64>>>()?;
         for (i, &a) in acc.iter().enumerate() {
             let ch = (i / opix.max(1)) % m.max(1);
-            let mult = round_to(DType::F32, round_to(DType::F32, sx0 * pick(&swv, ch, 4)?) / sy0);
-            y.push(a * mult + zy0);
+            y.push(a * mults.get(ch).copied().unwrap_or(0.0) + zy0);
         }
         Ok(smallvec::smallvec![requantize(odt, shape, y)?.into()])
     }
@@ -705,6 +984,59 @@ mod tests {
                     .sum();
                 assert_eq!(i64::from(got.as_slice::<i32>().unwrap()[r * n + j]), s);
             }
+        }
+    }
+
+    /// The integer convolution path (im2col + integer GEMM per group, the depthwise loop)
+    /// against the general f64 path, over strides, dilations, padding, groups and zero points.
+    #[test]
+    fn integer_convolutions_match_the_general_path() {
+        let cases: [(usize, usize, usize, usize, [usize; 2], [usize; 2], [usize; 4], usize); 6] = [
+            // (n, c, m, hw, kernel, strides/dilations packed below, pads, group)
+            (1, 3, 4, 7, [3, 3], [1, 1], [1, 1, 1, 1], 1),
+            (2, 4, 6, 6, [3, 2], [2, 1], [0, 1, 2, 0], 2),
+            (1, 5, 5, 9, [3, 3], [1, 1], [1, 1, 1, 1], 5),
+            (1, 6, 6, 8, [3, 3], [2, 2], [1, 0, 0, 1], 6),
+            (1, 8, 16, 5, [1, 1], [1, 1], [0, 0, 0, 0], 1),
+            (1, 4, 4, 10, [3, 3], [1, 2], [2, 2, 2, 2], 4),
+        ];
+        for (case, &(n, c, m, hw, kernel, strides, pads, group)) in cases.iter().enumerate() {
+            let dil = if case % 2 == 0 { vec![1, 1] } else { vec![2, 1] };
+            let attrs = ConvAttrs {
+                auto_pad: AutoPad::NotSet,
+                dilations: dil,
+                group,
+                kernel_shape: Some(kernel.to_vec()),
+                pads: pads.to_vec(),
+                strides: strides.to_vec(),
+            };
+            let cg = c / group;
+            let xs = vec![n, c, hw, hw];
+            let ws = vec![m, cg, kernel[0], kernel[1]];
+            let xv: Vec<u8> = (0..n * c * hw * hw).map(|i| ((i * 37 + case) % 256) as u8).collect();
+            let wv: Vec<i8> = (0..m * cg * kernel[0] * kernel[1])
+                .map(|i| ((i * 53 + 7 * case) % 256) as u8 as i8)
+                .collect();
+            let zw: Vec<i8> = (0..m).map(|j| (j as i8).wrapping_mul(5)).collect();
+            let (zx, x) = (13u8, Tensor::from_vec(xs.clone(), xv.clone()).unwrap());
+            let w = Tensor::from_vec(ws.clone(), wv.clone()).unwrap();
+            let zxt = Tensor::scalar(zx);
+            let zwt = Tensor::from_vec(vec![m], zw.clone()).unwrap();
+            let cache = GroupPackCache::default();
+            let (got, shape) = conv_fast(&attrs, &x, Some(&zxt), &w, Some(&zwt), 3, Some(&cache))
+                .unwrap()
+                .expect("the integer path applies");
+            let xf: Vec<f64> = xv.iter().map(|&v| f64::from(v) - f64::from(zx)).collect();
+            let kp = cg * kernel[0] * kernel[1];
+            let wf: Vec<f64> = wv
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| f64::from(v) - f64::from(zw[i / kp]))
+                .collect();
+            let (want, wshape) = attrs.conv(&xf, &xs, &wf, &ws, 3).unwrap();
+            assert_eq!(shape, wshape, "case {case}");
+            let got: Vec<f64> = got.iter().map(|&v| f64::from(v)).collect();
+            assert_eq!(got, want, "case {case}");
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub mod integer;
 pub mod linear;
+mod qconv;
 
 pub use integer::{AutoPad, ConvAttrs, ConvInteger, MatMulInteger, QLinearConv, QLinearMatMul};
 pub use linear::{DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear};

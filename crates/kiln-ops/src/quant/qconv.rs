@@ -17,8 +17,18 @@ pub(crate) type GroupPacks = Vec<PackedB>;
 /// Packs W `[m, cg, kh, kw]` (u8 or i8, zero point one or one per output channel) per group.
 pub(crate) fn pack_groups(w: &Tensor, zw: Option<&Tensor>, groups: usize) -> Option<GroupPacks> {
     match w.dtype() {
-        DType::U8 => pack_typed::<u8>(w.as_slice().ok()?, w.shape(), zw.map(|z| z.as_slice::<u8>().ok()), groups),
-        DType::I8 => pack_typed::<i8>(w.as_slice().ok()?, w.shape(), zw.map(|z| z.as_slice::<i8>().ok()), groups),
+        DType::U8 => pack_typed::<u8>(
+            w.as_slice().ok()?,
+            w.shape(),
+            zw.map(|z| z.as_slice::<u8>().ok()),
+            groups,
+        ),
+        DType::I8 => pack_typed::<i8>(
+            w.as_slice().ok()?,
+            w.shape(),
+            zw.map(|z| z.as_slice::<i8>().ok()),
+            groups,
+        ),
         _ => None,
     }
 }
@@ -126,6 +136,8 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
             Some(z) if z.dtype() == DType::I8 => z.as_slice::<i8>()?.iter().map(|&v| i32::from(v)).collect(),
             Some(_) => return Ok(None),
         };
+        // Tap by tap over whole output rows: for each tap, the run of output columns whose
+        // input column is inside the image, a plain loop over contiguous outputs.
         for ni in 0..n {
             for ch in 0..m {
                 let (Some(plane), Some(taps)) = (
@@ -136,22 +148,43 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
                 };
                 let z = zwv.get(ch).or(zwv.first()).copied().unwrap_or(0);
                 let taps: Vec<i32> = taps.iter().map(|&v| v - z).collect();
+                let xs: Vec<i32> = plane.iter().map(|v| v.widen() - zx).collect();
                 let Some(out) = acc.get_mut((ni * m + ch) * opix..(ni * m + ch + 1) * opix) else {
                     return Ok(None);
                 };
-                for oy in 0..oh {
-                    for ox in 0..ow {
-                        let mut s = 0i32;
-                        for ky in 0..kh {
-                            let Some(iy) = at(oy, ky, sh, dh, ph, h) else { continue };
-                            for kx in 0..kw {
-                                let Some(ix) = at(ox, kx, sw, dw, pw, wd) else { continue };
-                                let xv = plane.get(iy * wd + ix).map_or(zx, |v| v.widen());
-                                s += (xv - zx) * taps.get(ky * kw + kx).copied().unwrap_or(0);
+                for (oy, orow) in out.chunks_mut(ow.max(1)).enumerate().take(oh) {
+                    for ky in 0..kh {
+                        let Some(iy) = at(oy, ky, sh, dh, ph, h) else { continue };
+                        let Some(xrow) = xs.get(iy * wd..(iy + 1) * wd) else {
+                            continue;
+                        };
+                        for kx in 0..kw {
+                            let t = taps.get(ky * kw + kx).copied().unwrap_or(0);
+                            // ox with 0 <= ox * sw + kx * dw - pw < wd.
+                            let off = kx * dw;
+                            let first = pw.saturating_sub(off).div_ceil(sw);
+                            let last = (wd + pw).checked_sub(off + 1).map(|v| v / sw);
+                            let Some(last) = last.map(|l| l.min(ow.saturating_sub(1))) else {
+                                continue;
+                            };
+                            if first > last {
+                                continue;
                             }
-                        }
-                        if let Some(o) = out.get_mut(oy * ow + ox) {
-                            *o = s;
+                            let start = first * sw + off - pw;
+                            let Some(dst) = orow.get_mut(first..=last) else {
+                                continue;
+                            };
+                            if sw == 1 {
+                                if let Some(src) = xrow.get(start..start + dst.len()) {
+                                    for (o, &v) in dst.iter_mut().zip(src) {
+                                        *o += v * t;
+                                    }
+                                }
+                            } else {
+                                for (i, o) in dst.iter_mut().enumerate() {
+                                    *o += xrow.get(start + i * sw).copied().unwrap_or(0) * t;
+                                }
+                            }
                         }
                     }
                 }
@@ -163,7 +196,9 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
     let packs = match packs {
         Some(p) => p,
         None => {
-            let Some(p) = pack_groups(w, zw, groups) else { return Ok(None) };
+            let Some(p) = pack_groups(w, zw, groups) else {
+                return Ok(None);
+            };
             owned = p;
             &owned
         }
@@ -181,7 +216,8 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
                         return Ok(None);
                     };
                     for ci in 0..cg {
-                        let Some(plane) = x.get((ni * c + gi * cg + ci) * ipix..(ni * c + gi * cg + ci + 1) * ipix) else {
+                        let Some(plane) = x.get((ni * c + gi * cg + ci) * ipix..(ni * c + gi * cg + ci + 1) * ipix)
+                        else {
                             return Ok(None);
                         };
                         for ky in 0..kh {
