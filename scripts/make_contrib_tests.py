@@ -267,6 +267,77 @@ def fused_gemm_and_integer(out):
                 ("wz", wz), ("bias", bias)])
 
 
+def qlinear_ops(out):
+    """ONNX Runtime's QOperator ops (its quantiser's QOperator format). Each case quantizes float
+    inputs with QuantizeLinear, runs the op, and dequantizes its output, so the comparison is in
+    floats within one output quantization step (ONNX Runtime's integer arithmetic and kiln's
+    expansion into DequantizeLinear -> op -> QuantizeLinear may round a tie differently)."""
+    U8 = TensorProto.UINT8
+
+    def q(name, scale, zp):
+        return [helper.make_node("QuantizeLinear", [name, f"{name}_s", f"{name}_z"], [f"{name}_q"])], [
+            (f"{name}_s", np.array(scale, np.float32)), (f"{name}_z", np.array(zp, np.uint8))]
+
+    def run(name, op_nodes, inputs, feeds, y_scale, y_zp, extra_inits=()):
+        nodes, inits = [], list(extra_inits)
+        for n, scale, zp in inputs:
+            qn, qi = q(n, scale, zp)
+            nodes += qn
+            inits += qi
+        inits += [("y_s", np.array(y_scale, np.float32)), ("y_z", np.array(y_zp, np.uint8))]
+        nodes += op_nodes
+        nodes.append(helper.make_node("DequantizeLinear", ["y_q", "y_s", "y_z"], ["y"]))
+        ins = [(n, F, list(feeds[n].shape)) for n, _, _ in inputs]
+        case(out, name, nodes, ins, [("y", F, None)], feeds, inits=inits, rtol=0.0, atol=y_scale * 1.01)
+
+    x1, x2 = randn(2, 3, 4), randn(4)
+    ab = [("a", 0.02, 128), ("b", 0.03, 100)]
+    for op in ("QLinearAdd", "QLinearMul"):
+        run(f"{op.lower()[7:]}_qlinear",
+            [helper.make_node(op, ["a_q", "a_s", "a_z", "b_q", "b_s", "b_z", "y_s", "y_z"], ["y_q"], domain=MS)],
+            ab, {"a": x1, "b": x2}, 0.05, 120)
+    xa = randn(2, 3, 8, scale=2.0)
+    run("sigmoid_qlinear",
+        [helper.make_node("QLinearSigmoid", ["x_q", "x_s", "x_z", "y_s", "y_z"], ["y_q"], domain=MS)],
+        [("x", 0.03, 128)], {"x": xa}, 1.0 / 255, 0)
+    run("leaky_relu_qlinear",
+        [helper.make_node("QLinearLeakyRelu", ["x_q", "x_s", "x_z", "y_s", "y_z"], ["y_q"], domain=MS, alpha=0.2)],
+        [("x", 0.03, 128)], {"x": xa}, 0.02, 60)
+    run("softmax_qlinear",
+        [helper.make_node("QLinearSoftmax", ["x_q", "x_s", "x_z", "y_s", "y_z"], ["y_q"], domain=MS, axis=-1,
+                          opset=13)],
+        [("x", 0.05, 128)], {"x": xa}, 1.0 / 256, 0)
+    run("concat_qlinear",
+        [helper.make_node("QLinearConcat", ["y_s", "y_z", "a_q", "a_s", "a_z", "b_q", "b_s", "b_z"], ["y_q"],
+                          domain=MS, axis=1)],
+        ab, {"a": randn(2, 3, 4), "b": randn(2, 2, 4)}, 0.03, 128)
+    img = randn(1, 4, 7, 7)
+    run("global_average_pool_qlinear",
+        [helper.make_node("QLinearGlobalAveragePool", ["x_q", "x_s", "x_z", "y_s", "y_z"], ["y_q"], domain=MS,
+                          channels_last=0)],
+        [("x", 0.02, 128)], {"x": img}, 0.01, 128)
+    run("average_pool_qlinear",
+        [helper.make_node("QLinearAveragePool", ["x_q", "x_s", "x_z", "y_s", "y_z"], ["y_q"], domain=MS,
+                          kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=0)],
+        [("x", 0.02, 128)], {"x": img}, 0.015, 128)
+    # QGemm: int8 weights (7-bit, see above) with per-column scales, an int32 bias, quantized or
+    # float output, B transposed or not.
+    a = randn(3, 16)
+    w = RNG.integers(-64, 64, (16, 6)).astype(np.int8)
+    ws = (RNG.random(6) * 0.02 + 0.005).astype(np.float32)
+    wz = np.zeros(6, np.int8)
+    bias = RNG.integers(-500, 500, 6).astype(np.int32)
+    qg = [("w", w), ("ws", ws), ("wz", wz), ("bias", bias)]
+    run("qgemm_quantized",
+        [helper.make_node("QGemm", ["a_q", "a_s", "a_z", "w", "ws", "wz", "bias", "y_s", "y_z"], ["y_q"], domain=MS)],
+        [("a", 0.02, 128)], {"a": a}, 0.04, 128, extra_inits=qg)
+    qn, qi = q("a", 0.02, 128)
+    case(out, "qgemm_float_trans_b",
+         qn + [helper.make_node("QGemm", ["a_q", "a_s", "a_z", "wt", "ws", "wz"], ["y"], domain=MS, transB=1)],
+         [("a", F, [3, 16])], [("y", F, None)], {"a": a},
+         inits=qi + [("wt", np.ascontiguousarray(w.T)), ("ws", ws), ("wz", wz)], rtol=1e-5, atol=1e-5)
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__)
@@ -274,7 +345,7 @@ def main() -> int:
     out = os.path.join(sys.argv[1], "contrib")
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    for make in (activations, norms, attention, mha, rotary, fused, fused_gemm_and_integer):
+    for make in (activations, norms, attention, mha, rotary, fused, fused_gemm_and_integer, qlinear_ops):
         make(out)
     print(f"{len(os.listdir(out))} com.microsoft cases written to {out}")
     return 0

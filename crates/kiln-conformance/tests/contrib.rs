@@ -1,4 +1,5 @@
-//! ONNX Runtime's com.microsoft ops (the ones its transformer optimiser writes), each case a
+//! ONNX Runtime's com.microsoft ops (the ones its transformer optimiser and its quantiser's
+//! QOperator format write), each case a
 //! small model with ONNX Runtime's outputs as the reference (written by
 //! `scripts/make_contrib_tests.py` from `scripts/setup.sh`). Every case must pass in every mode;
 //! a missing cache is a failure, not a skip.
@@ -11,7 +12,7 @@ fn com_microsoft_ops_match_onnxruntime() {
     let cases = discover(&data, &["contrib"], None)
         .unwrap_or_else(|e| panic!("no contrib cases in {} ({e}); run scripts/setup.sh", data.display()));
     assert!(
-        cases.len() >= 46,
+        cases.len() >= 56,
         "only {} contrib cases in {}",
         cases.len(),
         data.display()

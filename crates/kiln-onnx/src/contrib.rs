@@ -283,7 +283,16 @@ fn qgemm(e: &mut Emit<'_>) -> Result<()> {
         Some(c) => {
             let a_scale = e.need(1, "a_scale")?;
             let cs = e.one("Mul", &[&a_scale, &bs], vec![]);
-            Some(e.one("DequantizeLinear", &[&c, &cs], vec![attr_i("axis", 0)]))
+            // An int32 zero point: a C of any other type (ONNX Runtime refuses those models)
+            // fails DequantizeLinear's type check, naming this node, instead of being read as
+            // something it is not.
+            let zero = e.constant(TensorProto {
+                dims: vec![],
+                data_type: Some(DataType::Int32 as i32),
+                int32_data: vec![0],
+                ..Default::default()
+            });
+            Some(e.one("DequantizeLinear", &[&c, &cs, &zero], vec![attr_i("axis", 0)]))
         }
         None => None,
     };
