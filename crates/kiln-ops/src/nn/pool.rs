@@ -276,7 +276,22 @@ impl Pool {
             PoolKind::Average { .. } => true,
             PoolKind::Lp { .. } => false,
         };
-        if let (Ok(xv), true, 2, true) = (x.as_slice::<f32>(), fast_kind, n, dil.iter().all(|&d| d == 1)) {
+        // 8-bit MaxPool (QOperator models) on the f32 kernel: every 8-bit value is exact in f32
+        // and a maximum is one of its inputs, so converting there and back changes nothing.
+        let widened: Option<Vec<f32>> = match (self.kind, x.dtype(), fast_kind) {
+            (PoolKind::Max { .. }, DType::U8, true) => {
+                Some(x.as_slice::<u8>()?.iter().map(|&v| f32::from(v)).collect())
+            }
+            (PoolKind::Max { .. }, DType::I8, true) => {
+                Some(x.as_slice::<i8>()?.iter().map(|&v| f32::from(v)).collect())
+            }
+            _ => None,
+        };
+        let f32_input = match &widened {
+            Some(v) => Ok(v.as_slice()),
+            None => x.as_slice::<f32>(),
+        };
+        if let (Ok(xv), true, 2, true) = (f32_input, fast_kind, n, dil.iter().all(|&d| d == 1)) {
             let geo: Vec<(usize, usize, usize, usize, usize)> = (0..2)
                 .map(|i| {
                     let g = window_geom(
@@ -297,7 +312,12 @@ impl Pool {
             yshape.extend(&out);
             numel(&yshape)?;
             let y = pool2d_f32(self.kind, xv, planes, [geo[0], geo[1]], [out[0], out[1]]);
-            return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_vec(yshape, y)?)]);
+            let t = match x.dtype() {
+                DType::U8 => Tensor::from_vec(yshape, y.iter().map(|&v| v as u8).collect::<Vec<u8>>())?,
+                DType::I8 => Tensor::from_vec(yshape, y.iter().map(|&v| v as i8).collect::<Vec<i8>>())?,
+                _ => Tensor::from_vec(yshape, y)?,
+            };
+            return Ok(smallvec::smallvec![Value::Tensor(t)]);
         }
         let isz = numel(spatial)?;
         let osz = numel(&out)?;
@@ -652,6 +672,33 @@ mod tests {
         let xv = Value::Tensor(x);
         let ins = [Some(&xv)];
         op.eval(&Args::new(&ins)).unwrap().into_vec()
+    }
+
+    /// 8-bit MaxPool through the f32 kernel: the same values as the f32 pool of the same data.
+    #[test]
+    fn eight_bit_max_pool_matches_f32() {
+        let op = Pool {
+            kind: PoolKind::Max { storage_order: false },
+            auto_pad: AutoPad::NotSet,
+            ceil_mode: true,
+            dilations: vec![],
+            kernel_shape: vec![3, 3],
+            pads: vec![1, 1, 1, 1],
+            strides: vec![2, 2],
+        };
+        let shape = vec![1, 2, 7, 6];
+        let u: Vec<u8> = (0..84).map(|i| ((i * 97) % 256) as u8).collect();
+        let s: Vec<i8> = u.iter().map(|&v| v as i8).collect();
+        let f = |v: Vec<f32>| run(&op, Tensor::from_vec(shape.clone(), v).unwrap());
+        let want_u = f(u.iter().map(|&v| f32::from(v)).collect());
+        let want_s = f(s.iter().map(|&v| f32::from(v)).collect());
+        let got_u = run(&op, Tensor::from_vec(shape.clone(), u).unwrap());
+        let got_s = run(&op, Tensor::from_vec(shape.clone(), s).unwrap());
+        let as_f = |v: &Value| v.as_tensor().unwrap().to_f64_vec();
+        assert_eq!(got_u[0].as_tensor().unwrap().dtype(), DType::U8);
+        assert_eq!(as_f(&got_u[0]), as_f(&want_u[0]));
+        assert_eq!(got_s[0].as_tensor().unwrap().dtype(), DType::I8);
+        assert_eq!(as_f(&got_s[0]), as_f(&want_s[0]));
     }
 
     fn pool(kind: PoolKind) -> Pool {
