@@ -49,9 +49,9 @@ fn sole_constant<'p>(
     }
 }
 
-/// Marks the MatMulInteger and QLinearConv steps whose weights and weight zero point are
-/// program constants: they pack the weights for the integer GEMM on their first run and keep
-/// them (`MatMulInteger::b_constant`, `QLinearConv::w_constant`).
+/// Marks the MatMulInteger and QLinearMatMul steps whose B and B zero point are program
+/// constants: they pack B for the integer GEMM on their first run and keep it
+/// (`b_constant`).
 /// Returns how many it marked.
 pub fn integer_weights(program: &mut Program) -> usize {
     let is_constant = |slot: usize| program.constants.iter().any(|(s, _)| *s == slot);
@@ -61,10 +61,9 @@ pub fn integer_weights(program: &mut Program) -> usize {
         .enumerate()
         .filter(|(_, step)| {
             // The weights and their zero point: inputs 1 and 3 of MatMulInteger, 3 and 5 of
-            // QLinearConv and QLinearMatMul.
+            // QLinearMatMul.
             let (w, zw) = match &step.kind {
                 StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m))) if !m.b_constant => (1, 3),
-                StepKind::Op(Op::Quant(QuantOp::QLinearConv(c))) if !c.w_constant => (3, 5),
                 StepKind::Op(Op::Quant(QuantOp::QLinearMatMul(q))) if !q.b_constant => (3, 5),
                 _ => return false,
             };
@@ -76,7 +75,6 @@ pub fn integer_weights(program: &mut Program) -> usize {
     for &i in &marks {
         match program.steps.get_mut(i).map(|s| &mut s.kind) {
             Some(StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m)))) => m.b_constant = true,
-            Some(StepKind::Op(Op::Quant(QuantOp::QLinearConv(c)))) => c.w_constant = true,
             Some(StepKind::Op(Op::Quant(QuantOp::QLinearMatMul(q)))) => q.b_constant = true,
             _ => {}
         }

@@ -80,11 +80,7 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         }
         "QLinearConv" => {
             ctx.check_inputs(8, 9)?;
-            QuantOp::QLinearConv(QLinearConv {
-                conv: conv_attrs(ctx)?,
-                w_constant: false,
-                packed: Default::default(),
-            })
+            QuantOp::QLinearConv(QLinearConv { conv: conv_attrs(ctx)? })
         }
         _ => return Ok(None),
     };

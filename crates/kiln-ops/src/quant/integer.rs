@@ -673,7 +673,7 @@ pub struct ConvInteger {
 impl ConvInteger {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(1)?);
-        if let Some((y, shape)) = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(3)?, 1, None)? {
+        if let Some((y, shape)) = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(3)?, 1)? {
             return Ok(smallvec::smallvec![Tensor::from_vec(shape, y)?.into()]);
         }
         let mut xv = quant_values(x, 0, false)?;
@@ -705,23 +705,6 @@ impl ConvInteger {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct QLinearConv {
     pub conv: ConvAttrs,
-    /// W (input 3) and its zero point (input 5) are program constants (set by the compiler):
-    /// W is then packed for the integer GEMM once, on the first run, and kept.
-    #[serde(default)]
-    pub w_constant: bool,
-    #[serde(skip)]
-    pub packed: GroupPackCache,
-}
-
-/// The packed W of a [`QLinearConv`] whose W is constant (see [`PackCache`]).
-#[derive(Debug, Clone, Default)]
-pub struct GroupPackCache(std::sync::Arc<std::sync::OnceLock<Option<super::qconv::GroupPacks>>>);
-
-impl PartialEq for GroupPackCache {
-    /// A cache says nothing about the op: any two compare equal.
-    fn eq(&self, _: &GroupPackCache) -> bool {
-        true
-    }
 }
 
 /// The exact int32 sums of an 8-bit 2-D convolution by [`super::qconv`], with the output
@@ -733,10 +716,9 @@ fn conv_fast(
     w: &Tensor,
     zw: Option<&Tensor>,
     wi: usize,
-    cache: Option<&GroupPackCache>,
 ) -> Result<Option<(Vec<i32>, Vec<usize>)>> {
     let (xs, ws) = (x.shape(), w.shape());
-    let (Ok(g), [_, _, _, _], [m, cg, _, _]) = (attrs.geometry(xs, ws, wi), xs, ws) else {
+    let (Ok(g), [_, _, _, _], [m, _, _, _]) = (attrs.geometry(xs, ws, wi), xs, ws) else {
         return Ok(None);
     };
     let zx = match zx {
@@ -747,13 +729,7 @@ fn conv_fast(
     if zw.is_some_and(|z| z.dtype() != w.dtype() || !(z.len() == 1 || z.len() == *m)) {
         return Ok(None);
     }
-    let groups = attrs.group.max(1);
-    let depthwise = *cg == 1 && *m == groups;
-    let packs = match cache {
-        Some(c) if !depthwise => c.0.get_or_init(|| super::qconv::pack_groups(w, zw, groups)).as_ref(),
-        _ => None,
-    };
-    let Some(acc) = super::qconv::conv2d(attrs, &g, x, zx, w, zw, packs)? else {
+    let Some(acc) = super::qconv::conv2d(attrs, &g, x, zx, w, zw)? else {
         return Ok(None);
     };
     let mut shape = vec![xs[0], *m];
@@ -820,8 +796,7 @@ impl QLinearConv {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(3)?);
         let (sx, sw, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
-        let cache = self.w_constant.then_some(&self.packed);
-        let fast = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(5)?, 3, cache)?;
+        let fast = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(5)?, 3)?;
         let zy = args.opt_tensor(7)?;
         let odt = zy.map_or(x.dtype(), Tensor::dtype);
         if let Some((acc, shape)) = &fast
@@ -1022,8 +997,7 @@ mod tests {
             let w = Tensor::from_vec(ws.clone(), wv.clone()).unwrap();
             let zxt = Tensor::scalar(zx);
             let zwt = Tensor::from_vec(vec![m], zw.clone()).unwrap();
-            let cache = GroupPackCache::default();
-            let (got, shape) = conv_fast(&attrs, &x, Some(&zxt), &w, Some(&zwt), 3, Some(&cache))
+            let (got, shape) = conv_fast(&attrs, &x, Some(&zxt), &w, Some(&zwt), 3)
                 .unwrap()
                 .expect("the integer path applies");
             let xf: Vec<f64> = xv.iter().map(|&v| f64::from(v) - f64::from(zx)).collect();

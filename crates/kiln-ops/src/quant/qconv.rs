@@ -1,6 +1,6 @@
 //! The exact int32 sums of a 2-D 8-bit convolution, for `QLinearConv` (and `ConvInteger`):
-//! `sum (x - zx) (w - zw[m])` over each window, by the integer GEMM on an im2col of X (its
-//! padding filled with X's zero point, so it adds nothing) against W packed per group, or for
+//! `sum (x - zx) (w - zw[m])` over each window, by the integer GEMM of W against the matrix of
+//! X's window taps (its padding filled with X's zero point, so it adds nothing), or for
 //! depthwise convolutions by a direct loop over the taps. The sums are the general path's
 //! values exactly (it sums the same integers in f64), so the requantization that follows gives
 //! identical results.
@@ -10,61 +10,8 @@ use crate::error::Result;
 use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, igemm};
 use kiln_tensor::{DType, Tensor};
 
-/// W of a grouped convolution packed for the integer GEMM: one `[cg * kh * kw, m / group]`
-/// matrix per group, with its output channels' zero points.
-pub(crate) type GroupPacks = Vec<PackedB>;
-
-/// Packs W `[m, cg, kh, kw]` (u8 or i8, zero point one or one per output channel) per group.
-pub(crate) fn pack_groups(w: &Tensor, zw: Option<&Tensor>, groups: usize) -> Option<GroupPacks> {
-    match w.dtype() {
-        DType::U8 => pack_typed::<u8>(
-            w.as_slice().ok()?,
-            w.shape(),
-            zw.map(|z| z.as_slice::<u8>().ok()),
-            groups,
-        ),
-        DType::I8 => pack_typed::<i8>(
-            w.as_slice().ok()?,
-            w.shape(),
-            zw.map(|z| z.as_slice::<i8>().ok()),
-            groups,
-        ),
-        _ => None,
-    }
-}
-
-fn pack_typed<T: Int8 + Default>(w: &[T], ws: &[usize], zw: Option<Option<&[T]>>, groups: usize) -> Option<GroupPacks> {
-    let &[m, cg, kh, kw] = ws else { return None };
-    let zw: &[T] = match zw {
-        Some(Some(z)) => z,
-        Some(None) => return None,
-        None => &[],
-    };
-    if groups == 0 || m % groups != 0 || (zw.len() > 1 && zw.len() != m) {
-        return None;
-    }
-    let (k, mpg) = (cg * kh * kw, m / groups);
-    (0..groups)
-        .map(|gi| {
-            let mut b = vec![T::default(); k * mpg];
-            for j in 0..mpg {
-                let row = w.get((gi * mpg + j) * k..(gi * mpg + j + 1) * k)?;
-                for (kk, &v) in row.iter().enumerate() {
-                    *b.get_mut(kk * mpg + j)? = v;
-                }
-            }
-            let z: Vec<T> = match zw {
-                [] => Vec::new(),
-                [z] => vec![*z],
-                zs => zs.get(gi * mpg..(gi + 1) * mpg)?.to_vec(),
-            };
-            PackedB::pack(&b, k, mpg, &z).ok()
-        })
-        .collect()
-}
-
 /// The exact sums `[n, m, oh, ow]` of X `[n, c, h, w]` (u8 or i8, zero point `zx`) convolved
-/// with W (`packs` from [`pack_groups`], or `w` itself for a depthwise convolution); `None`
+/// with W (u8 or i8, zero point one or one per output channel); `None`
 /// when this path does not apply (not 2-D, other types, sums beyond int32), and the caller's
 /// general path then computes it.
 pub(crate) fn conv2d(
@@ -74,14 +21,13 @@ pub(crate) fn conv2d(
     zx: i32,
     w: &Tensor,
     zw: Option<&Tensor>,
-    packs: Option<&GroupPacks>,
 ) -> Result<Option<Vec<i32>>> {
     if g.out.len() != 2 || x.shape().len() != 4 || w.shape().len() != 4 {
         return Ok(None);
     }
     match x.dtype() {
-        DType::U8 => conv_typed::<u8>(attrs, g, x.as_slice()?, x.shape(), zx, w, zw, packs),
-        DType::I8 => conv_typed::<i8>(attrs, g, x.as_slice()?, x.shape(), zx, w, zw, packs),
+        DType::U8 => conv_typed::<u8>(attrs, g, x.as_slice()?, x.shape(), zx, w, zw),
+        DType::I8 => conv_typed::<i8>(attrs, g, x.as_slice()?, x.shape(), zx, w, zw),
         _ => Ok(None),
     }
 }
@@ -95,7 +41,6 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
     zx: i32,
     w: &Tensor,
     zw: Option<&Tensor>,
-    packs: Option<&GroupPacks>,
 ) -> Result<Option<Vec<i32>>> {
     let (&[n, c, h, wd], &[m, cg, kh, kw]) = (xs, w.shape()) else {
         return Ok(None);
@@ -192,61 +137,128 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
         }
         return Ok(Some(acc));
     }
-    let owned;
-    let packs = match packs {
-        Some(p) => p,
-        None => {
-            let Some(p) = pack_groups(w, zw, groups) else {
-                return Ok(None);
-            };
-            owned = p;
-            &owned
-        }
-    };
-    let k = cg * kpix;
     let Ok(pad) = T::try_from(zx) else { return Ok(None) };
-    let mut cols = vec![pad; opix * k];
-    let mut prod = vec![0i32; opix * mpg];
+    let zwv: Vec<i32> = match zw {
+        None => vec![0],
+        Some(z) if z.dtype() == DType::U8 => z.as_slice::<u8>()?.iter().map(|&v| i32::from(v)).collect(),
+        Some(z) if z.dtype() == DType::I8 => z.as_slice::<i8>()?.iter().map(|&v| i32::from(v)).collect(),
+        Some(_) => return Ok(None),
+    };
+    let geo = Geo {
+        c,
+        h,
+        wd,
+        cg,
+        kh,
+        kw,
+        oh,
+        ow,
+        s: (sh, sw),
+        d: (dh, dw),
+        p: (ph, pw),
+    };
+    let done = match w.dtype() {
+        DType::I8 => gemm_groups(x, w.as_slice::<i8>()?, &zwv, &geo, n, m, groups, pad, &mut acc),
+        DType::U8 => gemm_groups(x, w.as_slice::<u8>()?, &zwv, &geo, n, m, groups, pad, &mut acc),
+        _ => false,
+    };
+    if !done {
+        return Ok(None);
+    }
+    Ok(Some(acc))
+}
+
+/// The sizes of one 2-D convolution: channels, input, channels per group, kernel, output,
+/// strides, dilations and leading pads.
+struct Geo {
+    c: usize,
+    h: usize,
+    wd: usize,
+    cg: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    s: (usize, usize),
+    d: (usize, usize),
+    p: (usize, usize),
+}
+
+/// Each image's group as one GEMM with the weights on the left: `acc[m][pixel] = sum_k W[m][k]
+/// (X'[k][pixel] - zx)`, X' the `[cg * kh * kw, oh * ow]` matrix of the windows' taps (X's own
+/// plane for a 1x1 stride-1 convolution), packed with X's zero point as its columns' zero
+/// point, so the output comes out channel-major as the NCHW result wants; W's zero points
+/// are then subtracted as `zw[m] * colsum[pixel]` (the packed columns' sums of `X' - zx`).
+/// False when a size does not fit (the caller's general path then runs).
+#[allow(clippy::too_many_arguments)]
+fn gemm_groups<T: Int8, W: Int8>(
+    x: &[T],
+    w: &[W],
+    zw: &[i32],
+    g: &Geo,
+    n: usize,
+    m: usize,
+    groups: usize,
+    pad: T,
+    acc: &mut [i32],
+) -> bool {
+    let (kpix, opix, ipix) = (g.kh * g.kw, g.oh * g.ow, g.h * g.wd);
+    let (k, mpg) = (g.cg * kpix, m / groups.max(1));
+    let at = |o: usize, kk: usize, s: usize, d: usize, p: usize, len: usize| -> Option<usize> {
+        (o * s + kk * d).checked_sub(p).filter(|&i| i < len)
+    };
+    let mut taps: Vec<T> = vec![pad; k * opix];
     for ni in 0..n {
-        for (gi, packed) in packs.iter().enumerate().take(groups) {
-            // im2col of this image's group: row = output pixel, column = (channel, ky, kx).
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let Some(row) = cols.get_mut((oy * ow + ox) * k..(oy * ow + ox + 1) * k) else {
-                        return Ok(None);
-                    };
-                    for ci in 0..cg {
-                        let Some(plane) = x.get((ni * c + gi * cg + ci) * ipix..(ni * c + gi * cg + ci + 1) * ipix)
-                        else {
-                            return Ok(None);
+        for gi in 0..groups {
+            for ci in 0..g.cg {
+                let Some(plane) = x.get((ni * g.c + gi * g.cg + ci) * ipix..(ni * g.c + gi * g.cg + ci + 1) * ipix)
+                else {
+                    return false;
+                };
+                for ky in 0..g.kh {
+                    for kx in 0..g.kw {
+                        let r = ci * kpix + ky * g.kw + kx;
+                        let Some(row) = taps.get_mut(r * opix..(r + 1) * opix) else {
+                            return false;
                         };
-                        for ky in 0..kh {
-                            let iy = at(oy, ky, sh, dh, ph, h);
-                            for kx in 0..kw {
-                                let v = match (iy, at(ox, kx, sw, dw, pw, wd)) {
-                                    (Some(iy), Some(ix)) => plane.get(iy * wd + ix).copied().unwrap_or(pad),
-                                    _ => pad,
+                        for (oy, orow) in row.chunks_mut(g.ow.max(1)).enumerate() {
+                            let Some(iy) = at(oy, ky, g.s.0, g.d.0, g.p.0, g.h) else {
+                                orow.iter_mut().for_each(|v| *v = pad);
+                                continue;
+                            };
+                            let src = plane.get(iy * g.wd..(iy + 1) * g.wd).unwrap_or(&[]);
+                            for (ox, v) in orow.iter_mut().enumerate() {
+                                *v = match at(ox, kx, g.s.1, g.d.1, g.p.1, g.wd) {
+                                    Some(ix) => src.get(ix).copied().unwrap_or(pad),
+                                    None => pad,
                                 };
-                                if let Some(slot) = row.get_mut(ci * kpix + ky * kw + kx) {
-                                    *slot = v;
-                                }
                             }
                         }
                     }
                 }
             }
-            if igemm(opix, k, &cols, k, zx, packed, &mut prod, mpg).is_err() {
-                return Ok(None);
+            let Ok(packed) = PackedB::pack(&taps, k, opix, &[pad]) else {
+                return false;
+            };
+            let (Some(wg), Some(out)) = (
+                w.get(gi * mpg * k..(gi + 1) * mpg * k),
+                acc.get_mut((ni * m + gi * mpg) * opix..(ni * m + (gi + 1) * mpg) * opix),
+            ) else {
+                return false;
+            };
+            if igemm(mpg, k, wg, k, 0, &packed, out, opix).is_err() {
+                return false;
             }
-            for j in 0..mpg {
-                let Some(out) = acc.get_mut((ni * m + gi * mpg + j) * opix..(ni * m + gi * mpg + j + 1) * opix) else {
-                    return Ok(None);
-                };
-                for (p, o) in out.iter_mut().enumerate() {
-                    *o = prod.get(p * mpg + j).copied().unwrap_or(0);
+            let sums = packed.col_sums();
+            for (j, row) in out.chunks_mut(opix.max(1)).enumerate() {
+                let z = zw.get(gi * mpg + j).or(zw.first()).copied().unwrap_or(0);
+                if z != 0 {
+                    for (o, &cs) in row.iter_mut().zip(sums) {
+                        *o -= z * cs;
+                    }
                 }
             }
         }
     }
-    Ok(Some(acc))
+    true
 }
