@@ -670,23 +670,30 @@ pub struct ConvInteger {
     pub conv: ConvAttrs,
 }
 
+/// The general path's sums of an integer convolution in f64 (any rank, any 8-bit layout):
+/// `[x, x_zero_point, w, w_zero_point]` are the op's input indices of those four.
+fn general_sums(attrs: &ConvAttrs, args: &Args<'_>, [xi, zxi, wi, zwi]: [usize; 4]) -> Result<(Vec<f64>, Vec<usize>)> {
+    let (x, w) = (args.tensor(xi)?, args.tensor(wi)?);
+    let mut xv = quant_values(x, xi, false)?;
+    let mut wv = quant_values(w, wi, false)?;
+    if let Some(z) = args.opt_tensor(zxi)? {
+        let zv = z.to_f64_vec();
+        if zv.len() != 1 {
+            return Err(OpError::input_shape(zxi, "one element (x_zero_point)", z.shape()));
+        }
+        xv.iter_mut().for_each(|v| *v -= zv[0]);
+    }
+    sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(zwi)?, zwi)?;
+    attrs.conv(&xv, x.shape(), &wv, w.shape(), wi)
+}
+
 impl ConvInteger {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(1)?);
         if let Some((y, shape)) = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(3)?, 1)? {
             return Ok(smallvec::smallvec![Tensor::from_vec(shape, y)?.into()]);
         }
-        let mut xv = quant_values(x, 0, false)?;
-        let mut wv = quant_values(w, 1, false)?;
-        if let Some(z) = args.opt_tensor(2)? {
-            let zv = z.to_f64_vec();
-            if zv.len() != 1 {
-                return Err(OpError::input_shape(2, "one element (x_zero_point)", z.shape()));
-            }
-            xv.iter_mut().for_each(|v| *v -= zv[0]);
-        }
-        sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(3)?, 3)?;
-        let (y, shape) = self.conv.conv(&xv, x.shape(), &wv, w.shape(), 1)?;
+        let (y, shape) = general_sums(&self.conv, args, [0, 2, 1, 3])?;
         Ok(smallvec::smallvec![
             Tensor::new(DType::I32, shape, Data::I32(y.iter().map(|&v| v as i32).collect()))?.into(),
         ])
@@ -844,19 +851,7 @@ impl QLinearConv {
         }
         let (mut acc, shape) = match fast {
             Some((acc, shape)) => (acc.into_iter().map(f64::from).collect::<Vec<f64>>(), shape),
-            None => {
-                let mut xv = quant_values(x, 0, false)?;
-                let mut wv = quant_values(w, 3, false)?;
-                if let Some(z) = args.opt_tensor(2)? {
-                    let zv = z.to_f64_vec();
-                    if zv.len() != 1 {
-                        return Err(OpError::input_shape(2, "one element (x_zero_point)", z.shape()));
-                    }
-                    xv.iter_mut().for_each(|v| *v -= zv[0]);
-                }
-                sub_channel_zp(&mut wv, w.shape(), args.opt_tensor(5)?, 5)?;
-                self.conv.conv(&xv, x.shape(), &wv, w.shape(), 3)?
-            }
+            None => general_sums(&self.conv, args, [0, 2, 3, 5])?,
         };
         let m = shape[1];
         let opix: usize = shape[2..].iter().product();
