@@ -799,10 +799,39 @@ fn requantize_columns<T: Copy>(
     out
 }
 
+/// QLinearConv's per-output-channel requantization of `m` channels: the bias (input 8, one
+/// value per channel, checked), the multipliers `f32(f32(sx * sw[ch]) / sy)` and the output
+/// zero point.
+fn conv_requant(args: &Args<'_>, m: usize) -> Result<(Option<Vec<f64>>, Vec<f64>, f64)> {
+    let (sx, sw, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
+    let bias = match args.opt_tensor(8)? {
+        Some(b) if b.len() != m => {
+            return Err(OpError::input_shape(
+                8,
+                format!("{m} elements (one per output channel)"),
+                b.shape(),
+            ));
+        }
+        Some(b) => Some(b.to_f64_vec()),
+        None => None,
+    };
+    let (sxv, swv, syv) = (params(sx), params(sw), params(sy));
+    let zyv = args.opt_tensor(7)?.map(params).unwrap_or_else(|| vec![0.0]);
+    let (sx0, sy0, zy0) = (pick(&sxv, 0, 1)?, pick(&syv, 0, 6)?, pick(&zyv, 0, 7)?);
+    let mults = (0..m.max(1))
+        .map(|ch| {
+            Ok(round_to(
+                DType::F32,
+                round_to(DType::F32, sx0 * pick(&swv, ch, 4)?) / sy0,
+            ))
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    Ok((bias, mults, zy0))
+}
+
 impl QLinearConv {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(3)?);
-        let (sx, sw, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
         let fast = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(5)?, 3)?;
         let zy = args.opt_tensor(7)?;
         let odt = zy.map_or(x.dtype(), Tensor::dtype);
@@ -813,28 +842,7 @@ impl QLinearConv {
             )
         {
             let opix: usize = shape.get(2..).map_or(1, |s| s.iter().product());
-            let bias = match args.opt_tensor(8)? {
-                Some(b) if b.len() != m => {
-                    return Err(OpError::input_shape(
-                        8,
-                        format!("{m} elements (one per output channel)"),
-                        b.shape(),
-                    ));
-                }
-                Some(b) => Some(b.to_f64_vec()),
-                None => None,
-            };
-            let (sxv, swv, syv) = (params(sx), params(sw), params(sy));
-            let zyv = zy.map(params).unwrap_or_else(|| vec![0.0]);
-            let (sx0, sy0, zy0) = (pick(&sxv, 0, 1)?, pick(&syv, 0, 6)?, pick(&zyv, 0, 7)?);
-            let mults = (0..m.max(1))
-                .map(|ch| {
-                    Ok(round_to(
-                        DType::F32,
-                        round_to(DType::F32, sx0 * pick(&swv, ch, 4)?) / sy0,
-                    ))
-                })
-                .collect::<Result<Vec<f64>>>()?;
+            let (bias, mults, zy0) = conv_requant(args, m)?;
             let b = bias.as_deref();
             let t = if odt == DType::U8 {
                 Tensor::from_vec(
@@ -855,31 +863,13 @@ impl QLinearConv {
         };
         let m = shape[1];
         let opix: usize = shape[2..].iter().product();
-        if let Some(bias) = args.opt_tensor(8)? {
-            let bv = bias.to_f64_vec();
-            if bv.len() != m {
-                return Err(OpError::input_shape(
-                    8,
-                    format!("{m} elements (one per output channel)"),
-                    bias.shape(),
-                ));
-            }
+        let (bias, mults, zy0) = conv_requant(args, m)?;
+        if let Some(bv) = bias {
             for (i, a) in acc.iter_mut().enumerate() {
-                *a += bv[(i / opix.max(1)) % m];
+                *a += bv.get((i / opix.max(1)) % m).copied().unwrap_or(0.0);
             }
         }
-        let (sxv, swv, syv) = (params(sx), params(sw), params(sy));
-        let zyv = zy.map(params).unwrap_or_else(|| vec![0.0]);
         let mut y = Vec::with_capacity(acc.len());
-        let (sx0, sy0, zy0) = (pick(&sxv, 0, 1)?, pick(&syv, 0, 6)?, pick(&zyv, 0, 7)?);
-        let mults = (0..m.max(1))
-            .map(|ch| {
-                Ok(round_to(
-                    DType::F32,
-                    round_to(DType::F32, sx0 * pick(&swv, ch, 4)?) / sy0,
-                ))
-            })
-            .collect::<Result<Vec<f64>>>()?;
         for (i, &a) in acc.iter().enumerate() {
             let ch = (i / opix.max(1)) % m.max(1);
             y.push(a * mults.get(ch).copied().unwrap_or(0.0) + zy0);
