@@ -83,58 +83,58 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
         };
         // Tap by tap over whole output rows: for each tap, the run of output columns whose
         // input column is inside the image, a plain loop over contiguous outputs.
-        for ni in 0..n {
-            for ch in 0..m {
-                let (Some(plane), Some(taps)) = (
-                    x.get((ni * c + ch) * ipix..(ni * c + ch + 1) * ipix),
-                    wv.get(ch * kpix..(ch + 1) * kpix),
-                ) else {
-                    return Ok(None);
-                };
-                let z = zwv.get(ch).or(zwv.first()).copied().unwrap_or(0);
-                let taps: Vec<i32> = taps.iter().map(|&v| v - z).collect();
-                let xs: Vec<i32> = plane.iter().map(|v| v.widen() - zx).collect();
-                let Some(out) = acc.get_mut((ni * m + ch) * opix..(ni * m + ch + 1) * opix) else {
-                    return Ok(None);
-                };
-                for (oy, orow) in out.chunks_mut(ow.max(1)).enumerate().take(oh) {
-                    for ky in 0..kh {
-                        let Some(iy) = at(oy, ky, sh, dh, ph, h) else { continue };
-                        let Some(xrow) = xs.get(iy * wd..(iy + 1) * wd) else {
+        if x.len() != n * c * ipix || wv.len() != m * kpix || !(zwv.len() == 1 || zwv.len() == m) {
+            return Ok(None);
+        }
+        // One output plane per task, over the current pool.
+        kiln_kernels::pool::for_each_chunk_mut(&mut acc, opix.max(1), &|i, out| {
+            let (ni, ch) = (i / m.max(1), i % m.max(1));
+            let (Some(plane), Some(taps)) = (
+                x.get((ni * c + ch) * ipix..(ni * c + ch + 1) * ipix),
+                wv.get(ch * kpix..(ch + 1) * kpix),
+            ) else {
+                return;
+            };
+            let z = zwv.get(ch).or(zwv.first()).copied().unwrap_or(0);
+            let taps: Vec<i32> = taps.iter().map(|&v| v - z).collect();
+            let xs: Vec<i32> = plane.iter().map(|v| v.widen() - zx).collect();
+            for (oy, orow) in out.chunks_mut(ow.max(1)).enumerate().take(oh) {
+                for ky in 0..kh {
+                    let Some(iy) = at(oy, ky, sh, dh, ph, h) else { continue };
+                    let Some(xrow) = xs.get(iy * wd..(iy + 1) * wd) else {
+                        continue;
+                    };
+                    for kx in 0..kw {
+                        let t = taps.get(ky * kw + kx).copied().unwrap_or(0);
+                        // ox with 0 <= ox * sw + kx * dw - pw < wd.
+                        let off = kx * dw;
+                        let first = pw.saturating_sub(off).div_ceil(sw);
+                        let last = (wd + pw).checked_sub(off + 1).map(|v| v / sw);
+                        let Some(last) = last.map(|l| l.min(ow.saturating_sub(1))) else {
                             continue;
                         };
-                        for kx in 0..kw {
-                            let t = taps.get(ky * kw + kx).copied().unwrap_or(0);
-                            // ox with 0 <= ox * sw + kx * dw - pw < wd.
-                            let off = kx * dw;
-                            let first = pw.saturating_sub(off).div_ceil(sw);
-                            let last = (wd + pw).checked_sub(off + 1).map(|v| v / sw);
-                            let Some(last) = last.map(|l| l.min(ow.saturating_sub(1))) else {
-                                continue;
-                            };
-                            if first > last {
-                                continue;
+                        if first > last {
+                            continue;
+                        }
+                        let start = first * sw + off - pw;
+                        let Some(dst) = orow.get_mut(first..=last) else {
+                            continue;
+                        };
+                        if sw == 1 {
+                            if let Some(src) = xrow.get(start..start + dst.len()) {
+                                for (o, &v) in dst.iter_mut().zip(src) {
+                                    *o += v * t;
+                                }
                             }
-                            let start = first * sw + off - pw;
-                            let Some(dst) = orow.get_mut(first..=last) else {
-                                continue;
-                            };
-                            if sw == 1 {
-                                if let Some(src) = xrow.get(start..start + dst.len()) {
-                                    for (o, &v) in dst.iter_mut().zip(src) {
-                                        *o += v * t;
-                                    }
-                                }
-                            } else {
-                                for (i, o) in dst.iter_mut().enumerate() {
-                                    *o += xrow.get(start + i * sw).copied().unwrap_or(0) * t;
-                                }
+                        } else {
+                            for (i, o) in dst.iter_mut().enumerate() {
+                                *o += xrow.get(start + i * sw).copied().unwrap_or(0) * t;
                             }
                         }
                     }
                 }
             }
-        }
+        });
         return Ok(Some(acc));
     }
     let Ok(pad) = T::try_from(zx) else { return Ok(None) };
