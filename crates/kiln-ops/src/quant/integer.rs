@@ -747,7 +747,7 @@ fn conv_fast(
 /// QLinearConv's requantization of exact int32 sums straight to u8/i8, in the general path's
 /// f64 arithmetic (`(acc + bias) * mult[ch] + zy`, rounded half to even, saturated): one pass
 /// instead of its f64 vectors.
-fn requantize_sums<T: kiln_tensor::Element + Copy>(
+fn requantize_sums<T: kiln_tensor::Element + Copy + Default + Send>(
     acc: &[i32],
     bias: Option<&[f64]>,
     mults: &[f64],
@@ -761,18 +761,20 @@ fn requantize_sums<T: kiln_tensor::Element + Copy>(
     const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
     const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
     let m = mults.len().max(1);
-    let mut out: Vec<T> = Vec::with_capacity(acc.len());
-    for (row, plane) in acc.chunks(opix.max(1)).enumerate() {
+    let mut out: Vec<T> = vec![T::default(); acc.len()];
+    // One output plane per task, over the current pool.
+    kiln_kernels::pool::for_each_chunk_mut(&mut out, opix.max(1), &|row, dst| {
         let ch = row % m;
         let mult = mults.get(ch).copied().unwrap_or(0.0);
         let b = bias.and_then(|b| b.get(ch)).copied().unwrap_or(0.0);
+        let src = acc.get(row * opix..).unwrap_or(&[]);
         kiln_kernels::simd::vectorize(|| {
-            out.extend(plane.iter().map(|&a| {
+            for (o, &a) in dst.iter_mut().zip(src) {
                 let v = ((f64::from(a) + b) * mult + zy).clamp(-BIG, BIG);
-                cast(((v + ROUND) - ROUND).clamp(lo, hi))
-            }));
+                *o = cast(((v + ROUND) - ROUND).clamp(lo, hi));
+            }
         });
-    }
+    });
     out
 }
 

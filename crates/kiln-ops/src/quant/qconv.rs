@@ -210,33 +210,28 @@ fn gemm_groups<T: Int8, W: Int8>(
     let mut taps: Vec<T> = vec![pad; k * opix];
     for ni in 0..n {
         for gi in 0..groups {
-            for ci in 0..g.cg {
-                let Some(plane) = x.get((ni * g.c + gi * g.cg + ci) * ipix..(ni * g.c + gi * g.cg + ci + 1) * ipix)
-                else {
-                    return false;
-                };
-                for ky in 0..g.kh {
-                    for kx in 0..g.kw {
-                        let r = ci * kpix + ky * g.kw + kx;
-                        let Some(row) = taps.get_mut(r * opix..(r + 1) * opix) else {
-                            return false;
+            // The tap matrix, a row per (channel, ky, kx), rows over the current pool.
+            let base = (ni * g.c + gi * g.cg) * ipix;
+            if x.len() < base + g.cg * ipix {
+                return false;
+            }
+            kiln_kernels::pool::for_each_chunk_mut(&mut taps, opix.max(1), &|r, row| {
+                let (ci, ky, kx) = (r / kpix, (r % kpix) / g.kw.max(1), r % g.kw.max(1));
+                let plane = x.get(base + ci * ipix..base + (ci + 1) * ipix).unwrap_or(&[]);
+                for (oy, orow) in row.chunks_mut(g.ow.max(1)).enumerate() {
+                    let Some(iy) = at(oy, ky, g.s.0, g.d.0, g.p.0, g.h) else {
+                        orow.iter_mut().for_each(|v| *v = pad);
+                        continue;
+                    };
+                    let src = plane.get(iy * g.wd..(iy + 1) * g.wd).unwrap_or(&[]);
+                    for (ox, v) in orow.iter_mut().enumerate() {
+                        *v = match at(ox, kx, g.s.1, g.d.1, g.p.1, g.wd) {
+                            Some(ix) => src.get(ix).copied().unwrap_or(pad),
+                            None => pad,
                         };
-                        for (oy, orow) in row.chunks_mut(g.ow.max(1)).enumerate() {
-                            let Some(iy) = at(oy, ky, g.s.0, g.d.0, g.p.0, g.h) else {
-                                orow.iter_mut().for_each(|v| *v = pad);
-                                continue;
-                            };
-                            let src = plane.get(iy * g.wd..(iy + 1) * g.wd).unwrap_or(&[]);
-                            for (ox, v) in orow.iter_mut().enumerate() {
-                                *v = match at(ox, kx, g.s.1, g.d.1, g.p.1, g.wd) {
-                                    Some(ix) => src.get(ix).copied().unwrap_or(pad),
-                                    None => pad,
-                                };
-                            }
-                        }
                     }
                 }
-            }
+            });
             let Ok(packed) = PackedB::pack(&taps, k, opix, &[pad]) else {
                 return false;
             };
