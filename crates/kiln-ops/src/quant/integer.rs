@@ -744,6 +744,16 @@ fn conv_fast(
     Ok(Some((acc, shape)))
 }
 
+/// `v` rounded half to even and clamped to `[lo, hi]` (NaN stays NaN), as `requantize` does,
+/// in two vectorisable operations: adding and subtracting 1.5 * 2^52 rounds exactly below 2^51
+/// in magnitude, and larger values saturate either way, so they are clamped to 2^50 first.
+#[inline(always)]
+fn round_saturate(v: f64, lo: f64, hi: f64) -> f64 {
+    const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
+    const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
+    ((v.clamp(-BIG, BIG) + ROUND) - ROUND).clamp(lo, hi)
+}
+
 /// QLinearConv's requantization of exact int32 sums straight to u8/i8, in the general path's
 /// f64 arithmetic (`(acc + bias) * mult[ch] + zy`, rounded half to even, saturated): one pass
 /// instead of its f64 vectors.
@@ -756,10 +766,6 @@ fn requantize_sums<T: kiln_tensor::Element + Copy + Default + Send>(
     (lo, hi): (f64, f64),
     cast: fn(f64) -> T,
 ) -> Vec<T> {
-    // Rounding half to even by adding and subtracting 1.5 * 2^52 (exact below 2^51 in
-    // magnitude; larger values saturate either way, so they are clamped to 2^50 first).
-    const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
-    const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
     let m = mults.len().max(1);
     let mut out: Vec<T> = vec![T::default(); acc.len()];
     // One output plane per task, over the current pool.
@@ -770,8 +776,7 @@ fn requantize_sums<T: kiln_tensor::Element + Copy + Default + Send>(
         let src = acc.get(row * opix..).unwrap_or(&[]);
         kiln_kernels::simd::vectorize(|| {
             for (o, &a) in dst.iter_mut().zip(src) {
-                let v = ((f64::from(a) + b) * mult + zy).clamp(-BIG, BIG);
-                *o = cast(((v + ROUND) - ROUND).clamp(lo, hi));
+                *o = cast(round_saturate((f64::from(a) + b) * mult + zy, lo, hi));
             }
         });
     });
@@ -787,15 +792,14 @@ fn requantize_columns<T: Copy>(
     (lo, hi): (f64, f64),
     cast: fn(f64) -> T,
 ) -> Vec<T> {
-    const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
-    const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
     let mut out: Vec<T> = Vec::with_capacity(acc.len());
     kiln_kernels::simd::vectorize(|| {
         for row in acc.chunks(mults.len().max(1)) {
-            out.extend(row.iter().zip(mults).map(|(&a, &mult)| {
-                let v = (f64::from(a) * mult + zy).clamp(-BIG, BIG);
-                cast(((v + ROUND) - ROUND).clamp(lo, hi))
-            }));
+            out.extend(
+                row.iter()
+                    .zip(mults)
+                    .map(|(&a, &mult)| cast(round_saturate(f64::from(a) * mult + zy, lo, hi))),
+            );
         }
     });
     out
