@@ -12,12 +12,15 @@ aliases). ``kiln.compile(model, output, **kwargs)`` writes a ``.kiln`` program.
 """
 
 from ._kiln import (
+    CancelledError,
     ConfigurationError,
     InputError,
     KilnError,
     KilnWarning,
+    LimitError,
     ModelError,
     ProgramFileError,
+    RunOptions,
     Session,
     __version__,
     compile,
@@ -25,12 +28,15 @@ from ._kiln import (
 
 __all__ = [
     "Session",
+    "RunOptions",
     "compile",
     "KilnError",
     "ModelError",
     "ConfigurationError",
     "InputError",
     "ProgramFileError",
+    "LimitError",
+    "CancelledError",
     "KilnWarning",
     "__version__",
 ]

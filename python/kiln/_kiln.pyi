@@ -25,6 +25,23 @@ class InputError(KilnError):
 class ProgramFileError(KilnError):
     """A .kiln program file cannot be read or written."""
 
+class LimitError(KilnError):
+    """A run or compile crossed a limit (run_time_limit_ms, run_memory_limit_mb,
+    loop_iteration_limit, compile_time_limit_s); names the limit, the node and the figure."""
+
+class CancelledError(KilnError):
+    """A run was stopped by ``RunOptions.terminate``."""
+
+class RunOptions:
+    """ONNX Runtime's ``RunOptions``: pass to ``Session.run(..., run_options=ro)``; set
+    ``ro.terminate = True`` from any thread to stop the runs using it (they raise
+    ``CancelledError``) until it is set back to False; ``time_limit_ms`` bounds each run (raises
+    ``LimitError``), replacing the session's ``run_time_limit_ms``."""
+
+    terminate: bool
+    time_limit_ms: Optional[float]
+    def __init__(self, time_limit_ms: Optional[float] = None) -> None: ...
+
 class KilnWarning(UserWarning):
     """An option accepted with no effect on this target, or a configuration-file note."""
 
@@ -39,8 +56,15 @@ class Session:
     """
 
     def __init__(self, model_path: _Path, options_path: Optional[_Path] = None, **kwargs: Any) -> None: ...
-    def run(self, input_dict: Mapping[str, Any]) -> Dict[str, Any]:
-        """Runs one inference: ``{input_name: ndarray}`` -> ``{output_name: ndarray}``."""
+    def run(self, input_dict: Mapping[str, Any], run_options: Optional[RunOptions] = None) -> Dict[str, Any]:
+        """Runs one inference: ``{input_name: ndarray}`` -> ``{output_name: ndarray}``; with
+        ``run_options``, another thread may stop it (``run_options.terminate = True``)."""
+    def run_with_crc(
+        self, input_dict: Mapping[str, Any], run_options: Optional[RunOptions] = None
+    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """``run``, and the CRC-32 of every input and output (sampled with ``crc_stride``):
+        ``{"stride": n, "inputs": {name: crc}, "outputs": {name: crc}}``; an input written
+        during the run (through another view of its memory) raises ``InputError``."""
     def run_benchmark(
         self,
         num_inferences: Optional[int] = None,

@@ -126,4 +126,46 @@ def models(tmp_path_factory):
         ),
         d / "slow.onnx",
     )
+    # y = x + 1, m times (a Loop whose trip count is an input): as long a run as one asks for.
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["acc_in", "one_f"], ["acc_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1]),
+        ],
+        [helper.make_tensor("one_f", TensorProto.FLOAT, [1], [1.0])],
+    )
+    out["loop"] = _save(
+        _model(
+            [helper.make_node("Loop", ["m", "cond", "x"], ["y"], name="the_loop", body=body)],
+            [
+                helper.make_tensor_value_info("m", TensorProto.INT64, []),
+                helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+            ],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        ),
+        d / "loop.onnx",
+    )
+    # y = Expand(x, shape): an output as large as the shape input says.
+    out["expand"] = _save(
+        _model(
+            [helper.make_node("Expand", ["x", "shape"], ["y"], name="grow")],
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+                helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+            ],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])],
+        ),
+        d / "expand.onnx",
+    )
     return out

@@ -474,3 +474,83 @@ def test_repr_and_paths(example):
     assert "image" in repr(s) and "probs" in repr(s)
     assert str(s.model_path) == example and s.program_path is None
     assert kiln.__version__
+
+
+def _loop_feed(m):
+    return {"m": np.array(m, np.int64), "cond": np.array(True), "x": np.zeros(1, np.float32)}
+
+
+def test_run_options_terminate_stops_a_run_from_another_thread(models):
+    s = kiln.Session(models["loop"], loop_iteration_limit=200_000_000)
+    assert s.run(_loop_feed(5))["y"][0] == 5.0
+    ro = kiln.RunOptions()
+    assert ro.terminate is False
+    timer = threading.Timer(0.05, lambda: setattr(ro, "terminate", True))
+    timer.start()
+    try:
+        with pytest.raises(kiln.CancelledError, match="cancelled"):
+            s.run(_loop_feed(1 << 40), run_options=ro)
+    finally:
+        timer.cancel()
+    assert ro.terminate is True
+    # Still set: the next run with these options stops before it starts.
+    with pytest.raises(kiln.CancelledError, match="before the first node"):
+        s.run(_loop_feed(3), run_options=ro)
+    ro.terminate = False
+    assert s.run(_loop_feed(3), run_options=ro)["y"][0] == 3.0
+    assert s.run(_loop_feed(4))["y"][0] == 4.0
+
+
+def test_limits_raise_limit_error_naming_the_limit(models):
+    s = kiln.Session(models["loop"], loop_iteration_limit=100)
+    with pytest.raises(kiln.LimitError, match="the_loop.*loop_iteration_limit"):
+        s.run(_loop_feed(1000))
+    assert s.run(_loop_feed(100))["y"][0] == 100.0
+    with pytest.raises(kiln.LimitError, match="run_time_limit_ms"):
+        s.run(_loop_feed(10), run_options=kiln.RunOptions(time_limit_ms=0))
+    with pytest.raises(kiln.ConfigurationError):
+        kiln.RunOptions(time_limit_ms=-1)
+    s.update_backend_options(loop_iteration_limit=5000)
+    assert s.run(_loop_feed(1000))["y"][0] == 1000.0
+    assert s.backend_options()["loop_iteration_limit"] == 5000
+
+    e = kiln.Session(models["expand"], run_memory_limit_mb=16)
+    x = np.full(1, 2.5, np.float32)
+    assert e.run({"x": x, "shape": np.array([512, 1024], np.int64)})["y"].shape == (512, 1024)
+    with pytest.raises(kiln.LimitError, match="grow.*64.0 MiB"):
+        e.run({"x": x, "shape": np.array([4096, 4096], np.int64)})
+    assert e.run({"x": x, "shape": np.array([2, 3], np.int64)})["y"].sum() == 15.0
+
+
+def _sampled_crc(a, stride):
+    import struct
+    import zlib
+
+    b = np.ascontiguousarray(a).tobytes()
+    sample = b if stride <= 8 else b"".join(b[i : i + 8] for i in range(0, len(b), stride))
+    return zlib.crc32(sample + struct.pack("<Q", len(b)))
+
+
+def test_io_crc_matches_zlib_and_catches_an_input_changed_during_the_run(models, example, example_input):
+    s = kiln.Session(example, gen_crc=True, crc_stride=64)
+    out, crc = s.run_with_crc({"image": example_input})
+    assert crc["stride"] == 64
+    assert crc["inputs"] == {"image": _sampled_crc(example_input, 64)}
+    assert crc["outputs"] == {name: _sampled_crc(v, 64) for name, v in out.items()}
+
+    # A numpy view of a bytearray: the run holds the array read-only, but the bytearray
+    # itself is another way in.
+    loop = kiln.Session(models["loop"], gen_crc=True, crc_stride=1)
+    buf = bytearray(np.zeros(1, np.float32).tobytes())
+    x = np.frombuffer(buf, np.float32)
+    feed = {"m": np.array(1_000_000, np.int64), "cond": np.array(True), "x": x}
+    timer = threading.Timer(0.02, lambda: buf.__setitem__(slice(0, 4), np.float32(7.0).tobytes()))
+    timer.start()
+    try:
+        with pytest.raises(kiln.InputError, match="'x' changed during the run"):
+            loop.run(feed)
+    finally:
+        timer.cancel()
+    # Unchanged, the same run passes the check.
+    feed["m"] = np.array(10, np.int64)
+    assert loop.run(feed)["y"][0] == 17.0

@@ -47,6 +47,8 @@ impl CompileFlags {
             o.symbols.retain(|(n, _)| n != &name);
             o.symbols.push((name, v));
         }
+        // Ctrl-C stops a compile or a run cleanly (the second one exits at once).
+        o.cancel = Some(crate::interrupt_flag());
         Ok(o)
     }
 

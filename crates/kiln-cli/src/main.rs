@@ -65,6 +65,10 @@ struct RunArgs {
     /// `all`: also output every intermediate tensor (same as --all-outputs).
     #[arg(long, value_name = "all")]
     outputs: Option<String>,
+    /// Print the CRC-32 of every input and output (sampled with crc_stride; see gen_crc in
+    /// docs/options.md).
+    #[arg(long)]
+    crc: bool,
     #[command(flatten)]
     flags: compile::CompileFlags,
 }
@@ -103,6 +107,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The flag Ctrl-C sets (a handler installed on first use): compiles and runs given it in
+/// their `SessionOptions::cancel` stop with an error naming where they were, and `kiln bench`
+/// reports the inferences completed so far. A second Ctrl-C exits at once (status 130).
+pub(crate) fn interrupt_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, OnceLock};
+    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    Arc::clone(FLAG.get_or_init(|| {
+        let flag = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&flag);
+        // Without a handler (another one is installed already) Ctrl-C keeps its default.
+        let _ = ctrlc::set_handler(move || {
+            if seen.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+            eprintln!("\ninterrupted: stopping (Ctrl-C again to exit at once)");
+        });
+        flag
+    }))
 }
 
 /// Writes text to stdout; a closed pipe (`kiln info m.onnx | head`) is not an error.
@@ -184,8 +209,22 @@ fn run(mut a: RunArgs) -> Result<()> {
     let load = t0.elapsed();
     let feed = read_feed(a.npz.as_deref(), &a.inputs)?;
     let t1 = std::time::Instant::now();
-    let outputs = session.run(feed)?;
+    let (outputs, crc) = if a.crc {
+        let (o, crc) = session.run_with_crc(feed, &kiln::RunOptions::default())?;
+        (o, Some(crc))
+    } else {
+        (session.run(feed)?, None)
+    };
     let ran = t1.elapsed();
+    if let Some(crc) = &crc {
+        for (name, c) in &crc.inputs {
+            emit(&format!("crc input  {name}: {c:08x}\n"))?;
+        }
+        for (name, c) in &crc.outputs {
+            emit(&format!("crc output {name}: {c:08x}\n"))?;
+        }
+        emit(&format!("(CRC-32 sampled with crc_stride {})\n", crc.stride))?;
+    }
     if let Some(dir) = &a.output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }

@@ -46,6 +46,8 @@ fn bench_json_carries_every_key_with_sane_values() {
         "latency_ms",
         "thread_round_trip_ns",
         "shape_cache",
+        "cancelled",
+        "io_crc",
     ];
     want.sort_unstable();
     let mut got = keys.clone();
@@ -57,6 +59,8 @@ fn bench_json_carries_every_key_with_sane_values() {
         v["shape_cache"].is_null(),
         "a static model has no shape specialisations"
     );
+    assert_eq!(v["cancelled"], Json::Bool(false));
+    assert!(v["io_crc"].is_null(), "gen_crc is off by default");
     let (total, rate) = (num(&v, "total_s"), num(&v, "inf_per_s"));
     assert!(total > 0.0 && rate > 0.0 && num(&v, "load_s") > 0.0);
     assert!(

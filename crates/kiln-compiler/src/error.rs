@@ -20,6 +20,47 @@ pub enum CompileError {
         node: String,
         message: String,
     },
+    /// The compile's stop fired (`kiln_kernels::stop`: cancelled, or its time limit passed).
+    #[error("{}", stopped_message(*.reason, .limit, *.elapsed, .after))]
+    Stopped {
+        reason: kiln_kernels::stop::StopReason,
+        limit: Option<std::time::Duration>,
+        elapsed: std::time::Duration,
+        /// The last stage that completed.
+        after: String,
+    },
+}
+
+fn stopped_message(
+    reason: kiln_kernels::stop::StopReason,
+    limit: &Option<std::time::Duration>,
+    elapsed: std::time::Duration,
+    after: &str,
+) -> String {
+    let secs = elapsed.as_secs_f64();
+    match reason {
+        kiln_kernels::stop::StopReason::Cancelled => format!("compile cancelled after {secs:.1} s ({after})"),
+        kiln_kernels::stop::StopReason::TimeLimit => format!(
+            "compile time limit of {:.0} s (compile_time_limit_s) reached after {secs:.1} s ({after})",
+            limit.map_or(0.0, |l| l.as_secs_f64())
+        ),
+    }
+}
+
+/// The error for the current stop when it has fired (`after`: the stage that completed last).
+pub(crate) fn check_stop(after: impl FnOnce() -> String) -> Result<(), CompileError> {
+    if !kiln_kernels::stop::requested() {
+        return Ok(());
+    }
+    match kiln_kernels::stop::current_state() {
+        Some((reason, limit, elapsed)) => Err(CompileError::Stopped {
+            reason,
+            limit,
+            elapsed,
+            after: after(),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn hint(close: &[String]) -> String {

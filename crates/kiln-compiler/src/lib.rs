@@ -68,6 +68,7 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
         )));
     }
     outputs::expose(&mut graph, &options.output_tensors, options.all_outputs)?;
+    error::check_stop(|| "before the passes".into())?;
     let report = optimize(&mut graph, options.opt_level)?;
     let mut program = lower(&graph)?;
     let memory = plan::plan(&graph);
@@ -95,6 +96,7 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     if options.opt_level >= 1 {
         each_program(&graph, &mut program, &mut |_, p| prepack::integer_weights(p));
     }
+    error::check_stop(|| "while packing weights".into())?;
     Ok(Compiled {
         program,
         report,

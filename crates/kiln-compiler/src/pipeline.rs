@@ -245,6 +245,8 @@ pub fn optimize(graph: &mut Graph, level: u8) -> Result<PipelineReport, CompileE
     let mut passes = Vec::new();
     for pass in PIPELINE.iter().filter(|p| p.level <= level) {
         let rewrites = run_pass(pass, graph)?;
+        // A pass cut short by a stop may leave its work half done: nothing after it runs.
+        crate::error::check_stop(|| format!("during or after pass {}", pass.name))?;
         graph.verify().map_err(|e| CompileError::Pass {
             pass: pass.name,
             node: String::new(),

@@ -38,6 +38,9 @@ pub struct MemoryPlan {
     pub offsets: Vec<Option<u64>>,
     /// Byte size of each planned slot.
     pub sizes: Vec<Option<u64>>,
+    /// Bytes of the node-made graph outputs when the graph is fully static (no dynamic
+    /// value, no control flow); `None` otherwise (see `ArenaPlan::outside`).
+    pub outside: Option<u64>,
 }
 
 impl MemoryPlan {
@@ -46,6 +49,7 @@ impl MemoryPlan {
         ArenaPlan {
             bytes: self.arena_bytes,
             places: self.offsets.iter().zip(&self.sizes).map(|(o, s)| o.zip(*s)).collect(),
+            outside: self.outside,
         }
     }
 
@@ -122,9 +126,12 @@ pub fn plan(g: &Graph) -> MemoryPlan {
         ..MemoryPlan::default()
     };
     let is_output = |v: usize| g.outputs.iter().any(|o| o.index() == v);
+    let mut outside = Some(0u64).filter(|_| g.nodes.iter().all(|n| matches!(n.kind, NodeKind::Op(_))));
     for (v, d) in def.iter().enumerate() {
         let Some(d) = d else { continue };
         if is_output(v) {
+            let b = g.values.get(v).and_then(|vi| static_bytes(&vi.ty));
+            outside = outside.zip(b).map(|(a, b)| a.saturating_add(b));
             continue;
         }
         match g.values.get(v).and_then(|vi| static_bytes(&vi.ty)) {
@@ -136,9 +143,13 @@ pub fn plan(g: &Graph) -> MemoryPlan {
                     last[v] = Some(*d);
                 }
             }
-            None => plan.dynamic += 1,
+            None => {
+                plan.dynamic += 1;
+                outside = None;
+            }
         }
     }
+    plan.outside = outside;
     // Buffer groups: a view's output joins its input's group when that input dies there
     // (and is read by no other input of the step, as the runtime requires to move it).
     let mut group: Vec<usize> = (0..nv).collect();

@@ -116,7 +116,6 @@ const FP16: &str =
 const ONE_GRAPH: &str = "a .kiln program holds the model's one graph; graph configs apply to it whatever its name";
 const DEPTH_FIRST: &str = "general depth-first (cache-blocked) scheduling is not yet implemented; results are the same without it. At optimization level 2 and up kiln already runs a 1x1 expansion and the depthwise convolution reading it depth-first (a ring of rows in L2) whatever this option says";
 const STATS: &str = "compile-time statistics and performance messages are not yet reported";
-const NO_CRC: &str = "CRC checks of inputs and outputs are not yet implemented; results are the same without them";
 const INPUT_FORMATS: &str = "ONNX models declare their own inputs and outputs; kiln reads them from the model";
 
 macro_rules! choice_enum {
@@ -326,6 +325,8 @@ section! {
             "kiln's own: shape sets (bindings of the model's input symbols) compiled ahead of time and stored in the program beside the shape-generic one, e.g. [{height: 640, width: 640}, {height: 320, width: 320}]; a run of other shapes compiles them on first use (shape_cache_size).";
         output_tensors: Vec<String> = Vec::new(), Kind::StrList, IMPLEMENTED, [qairt("set_output_tensors")],
             "Intermediate tensors to output in addition to the graph outputs (comma-separated or a list).";
+        compile_time_limit_s: u64 = 0, UINT, IMPLEMENTED, [],
+            "kiln's own: most seconds a compile (import excluded) may take; past it the compile ends with an error naming the limit and the last pass completed (checked between passes, between folded nodes and between the work chunks of kernels). 0 (default): no limit.";
         enable_intermediate_outputs: bool = false, Kind::Bool, IMPLEMENTED, [qairt("enable_intermediate_outputs")],
             "Output every intermediate tensor in addition to the graph outputs (exclusive with set_output_tensors).";
         output_dir: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [qaic("output_dir"), axl("output_dir")],
@@ -364,8 +365,8 @@ section! {
             "Number of threads used for compilation.";
         convert_to_fp16: bool = false, Kind::Bool, nyi_error(FP16), [aic("convert_to_fp16"), qaic("convert_to_fp16")],
             "Run all floating-point computation in fp16.";
-        crc_stride: u32 = 256, POSITIVE, nyi_warn(NO_CRC), [aic("crc_stride"), qaic("io_crc_stride")],
-            "Stride of the CRC computed over inputs and outputs.";
+        crc_stride: u32 = 256, POSITIVE, IMPLEMENTED, [aic("crc_stride"), qaic("io_crc_stride")],
+            "Stride of the CRC computed over inputs and outputs: of every crc_stride-byte section of a tensor's bytes its first 8 are summed (CRC-32, IEEE), then the byte length; 1 sums every byte.";
         direct_api: bool = true, Kind::Bool, no_effect(DEVICE_IO), [aic("direct_api")],
             "Use a platform-specific shared-memory API for device transfers.";
         do_ddr_to_multicast: bool = true, Kind::Bool, no_effect(DDR), [aic("do_ddr_to_multicast"), qaic("multicast_weights")],
@@ -384,8 +385,8 @@ section! {
             "Operations to exclude from MXFP6 matmul.";
         force_vtcm_spill: bool = false, Kind::Bool, no_effect(VTCM), [aic("force_vtcm_spill")],
             "Force all VTCM buffers to be spilled to DDR.";
-        gen_crc: bool = false, Kind::Bool, nyi_warn(NO_CRC), [aic("gen_crc"), qaic("io_crc")],
-            "CRC check of the network's inputs and outputs.";
+        gen_crc: bool = false, Kind::Bool, IMPLEMENTED, [aic("gen_crc"), qaic("io_crc")],
+            "CRC check of the network's inputs and outputs: each input's CRC is taken when a run starts and, for inputs read in place from memory others can write (numpy arrays, shared buffers), again when it ends (a mismatch fails the run); each output's when returned; kiln run --crc and kiln bench --json report them. Off by default as qaic's io_crc (AIC's gen_crc defaults to on); a program compiled with it keeps it.";
         graph_names: Vec<String> = Vec::new(), Kind::StrList, no_effect(ONE_GRAPH), [aic("graph_names"), graph("graph_names"), graph("name"), qairt("graph_names")],
             "Names of the graphs (HTP: the graphs a graph config applies to).";
         hardware_version: String = "2.0".to_string(), Kind::Str, no_effect(DEVICE), [aic("hardware_version")],
@@ -740,6 +741,12 @@ section! {
     pub struct RuntimeConfig in Runtime {
         num_of_cores: u32 = 1, POSITIVE, IMPLEMENTED, [aic("num_of_cores"), qaic("aic_num_cores"), graph("num_cores")],
             "Compute threads of a session (AIC: NSP cores): the caller plus num_of_cores - 1 workers, which spin only during a run.";
+        run_time_limit_ms: u64 = 0, UINT, IMPLEMENTED, [],
+            "kiln's own: most wall-clock milliseconds one run may take; past it the run ends with an error naming the limit, the node it reached and the time (checked between steps and between the work chunks of long kernels, so it ends within one chunk). 0 (default): no limit. A RunOptions time limit overrides it for one call.";
+        run_memory_limit_mb: u64 = 0, UINT, IMPLEMENTED, [],
+            "kiln's own: most MiB a run's own tensors may hold at once (the planned arena plus outputs outside it, each checked from the op's shape inference before it is computed; inputs, constants and mapped weights not counted); past it the run ends with an error naming the limit, the node and the figures. 0 (default): three quarters of the machine's physical memory.";
+        loop_iteration_limit: u64 = 10000000, POSITIVE, IMPLEMENTED, [],
+            "kiln's own: most iterations of one execution of a Loop node (whatever its trip count and condition say); past it the run ends with an error naming the Loop.";
         shape_cache_size: u32 = 8, UINT, IMPLEMENTED, [],
             "kiln's own: for a model with symbolic input dims, the most input-shape specialisations a session compiles at run time (on the first run of new shapes) and keeps, least recently used dropped first, at most 4 x this many compiles per session (then new shapes run shape-generic); 0 runs new shapes on the shape-generic program.";
         enable_profiling: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_profiling")],

@@ -92,6 +92,10 @@ fn walk(g: &ConvGeometry<'_>, channels: usize, mut f: impl FnMut(usize, usize, &
     for c in 0..channels {
         kidx.iter_mut().for_each(|x| *x = 0);
         loop {
+            // Stopped (`crate::stop`): the rest of the rows are left as they are.
+            if crate::stop::requested() {
+                return true;
+            }
             oidx.iter_mut().for_each(|x| *x = 0);
             let t = &tabs[last][kidx[last] * ol..(kidx[last] + 1) * ol];
             let mut ob = 0usize;

@@ -75,6 +75,10 @@ pub fn gemm<T: GemmScalar>(
         return false;
     }
     for i in 0..m {
+        // Stopped (`crate::stop`): the remaining rows are left as they are.
+        if crate::stop::requested() {
+            break;
+        }
         let crow = &mut c[i * n..(i + 1) * n];
         crow.iter_mut().for_each(|x| *x = T::default());
         for p in 0..k {

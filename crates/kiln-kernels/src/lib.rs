@@ -39,6 +39,7 @@ pub mod recycle;
 pub mod sgemm;
 pub mod simd;
 pub mod slab;
+pub mod stop;
 pub mod transpose;
 pub mod vector;
 pub mod winograd;

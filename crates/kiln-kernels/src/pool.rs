@@ -31,13 +31,23 @@ struct JobRef {
 // SAFETY: the pointee is `Sync` and outlives every use (see `ThreadPool::parallel_for`).
 unsafe impl Send for JobRef {}
 
+/// The stop a job's caller answers to (null: none), for its workers.
+#[derive(Clone, Copy)]
+struct StopRef(*const crate::stop::Stop);
+
+// SAFETY: `Stop` is `Sync` (atomics and immutable fields), and the caller keeps it alive for
+// the whole job: it is installed on the caller's thread in a frame enclosing the
+// `parallel_for` call, which returns only after every worker has left the job.
+unsafe impl Send for StopRef {}
+
 struct Shared {
     /// Bumped to publish a job (and at shutdown).
     generation: AtomicU64,
     /// The current job; written only by the thread holding `busy`, before it bumps
     /// `generation`, and read by workers after they see the new generation. With it, the
-    /// scratch of the caller's run state, which the workers use for the job.
-    job: Mutex<Option<(JobRef, Option<Arc<crate::recycle::Scratch>>)>>,
+    /// scratch of the caller's run state, which the workers use for the job, and the
+    /// caller's current stop (`crate::stop`), which they answer to during the job.
+    job: Mutex<Option<(JobRef, Option<Arc<crate::recycle::Scratch>>, StopRef)>>,
     /// The next task to claim (task 0 is the caller's and never claimed).
     next: AtomicUsize,
     /// The workers inside the current job, plus [`CLOSED`] once its caller stops admitting
@@ -246,7 +256,7 @@ impl ThreadPool {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
         {
-            (0..tasks).for_each(f);
+            run_inline(tasks, f);
             return;
         }
         // SAFETY (lifetime erasure): the pointer is published below and workers use it only
@@ -257,7 +267,8 @@ impl ThreadPool {
         #[allow(clippy::missing_transmute_annotations)]
         let erased: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(erased) };
         let scratch = crate::recycle::current_scratch();
-        *s.job.lock().unwrap_or_else(PoisonError::into_inner) = Some((JobRef { f: erased, tasks }, scratch));
+        let stop = StopRef(crate::stop::current_ptr());
+        *s.job.lock().unwrap_or_else(PoisonError::into_inner) = Some((JobRef { f: erased, tasks }, scratch, stop));
         // Task 0 is the caller's (below); the others are claimed from 1 on.
         s.next.store(1, Ordering::SeqCst);
         s.inside.store(0, Ordering::SeqCst);
@@ -273,7 +284,9 @@ impl ThreadPool {
         // inference), which then read all its data from the other core.
         let mine = catch_unwind(AssertUnwindSafe(|| {
             without_pool(|| {
-                f(0);
+                if !crate::stop::requested() {
+                    f(0);
+                }
                 run_tasks(s, f, tasks);
             })
         }));
@@ -298,10 +311,25 @@ impl ThreadPool {
     }
 }
 
+/// Claims and runs tasks of the current job until none is left or the current stop says to
+/// stop (the tasks not yet claimed are then never run).
 fn run_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), tasks: usize) {
     loop {
+        if crate::stop::requested() {
+            return;
+        }
         let i = s.next.fetch_add(1, Ordering::Relaxed);
         if i >= tasks {
+            return;
+        }
+        f(i);
+    }
+}
+
+/// Runs `f(i)` for `i < tasks` on the calling thread, until the current stop says to stop.
+fn run_inline(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+    for i in 0..tasks {
+        if crate::stop::requested() {
             return;
         }
         f(i);
@@ -357,15 +385,19 @@ fn worker(s: &Shared, slot: usize) {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map(|(j, scratch)| (*j, scratch.as_deref().map(std::ptr::from_ref)));
-        if let Some((job, scratch)) = job {
+            .map(|(j, scratch, stop)| (*j, scratch.as_deref().map(std::ptr::from_ref), *stop));
+        if let Some((job, scratch, stop)) = job {
             // SAFETY: see `JobRef`: the publisher keeps the function alive until every worker
             // that entered the job has left it, which happens only after this use.
             let f = unsafe { &*job.f };
             // SAFETY: the publisher keeps the `Arc` holding this scratch in `job` until every
             // worker that entered the job has left it (it clears `job` only after that).
             let scratch = scratch.map(|p| unsafe { &*p });
-            let run = || crate::recycle::with_job_scratch(scratch, slot, || run_tasks(s, f, job.tasks));
+            let run = || {
+                crate::recycle::with_job_scratch(scratch, slot, || {
+                    crate::stop::with_ptr(stop.0, || run_tasks(s, f, job.tasks))
+                })
+            };
             if let Err(p) = catch_unwind(AssertUnwindSafe(run)) {
                 *s.panicked.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
             }
@@ -439,7 +471,7 @@ pub fn current_threads() -> usize {
 pub fn parallel_for(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     let p = CURRENT.with(Cell::get);
     if p.is_null() {
-        (0..tasks).for_each(f);
+        run_inline(tasks, f);
     } else {
         // SAFETY: as in `current_threads`.
         unsafe { (*p).parallel_for(tasks, f) }
@@ -466,7 +498,7 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usi
         return chunks_in_groups(data, chunk, 1, f);
     }
     if threads < 2 {
-        data.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        chunks_inline(data, chunk, 0, f);
         return;
     }
     let per = pieces.div_ceil(threads);
@@ -507,15 +539,30 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usi
     });
 }
 
+/// `f(first + i, piece)` for the `chunk`-long pieces of `data` in order, on the calling
+/// thread, until the current stop says to stop.
+fn chunks_inline<T>(data: &mut [T], chunk: usize, first: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+    for (i, c) in data.chunks_mut(chunk).enumerate() {
+        if crate::stop::requested() {
+            return;
+        }
+        f(first + i, c);
+    }
+}
+
 /// A value alone on its cache lines (two: the adjacent-line prefetcher pairs them), so
 /// threads writing neighbouring values do not take one line from each other.
 #[repr(align(128))]
 struct Padded<T>(T);
 
 /// Takes the next piece of a range of [`for_each_chunk_mut`]: its front (the owner) or its
-/// back (another thread). `None` when the range is empty (or absent).
+/// back (another thread). `None` when the range is empty (or absent), or when the current
+/// stop says to stop.
 fn claim(cursor: Option<&AtomicU64>, front: bool) -> Option<usize> {
     let cursor = cursor?;
+    if crate::stop::requested() {
+        return None;
+    }
     let mut cur = cursor.load(Ordering::Acquire);
     loop {
         let (lo, hi) = (cur & 0xFFFF_FFFF, cur >> 32);
@@ -574,7 +621,7 @@ fn chunks_in_groups<T: Send>(data: &mut [T], chunk: usize, per_thread: usize, f:
     let pieces = data.len().div_ceil(chunk);
     let threads = current_threads().min(pieces);
     if threads < 2 {
-        data.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        chunks_inline(data, chunk, 0, f);
         return;
     }
     let per = pieces.div_ceil(threads.saturating_mul(per_thread).min(pieces));
@@ -584,9 +631,7 @@ fn chunks_in_groups<T: Send>(data: &mut [T], chunk: usize, per_thread: usize, f:
     parallel_for(groups.len(), &|g| {
         if let Some(group) = groups.get(g) {
             let mut group = group.lock().unwrap_or_else(PoisonError::into_inner);
-            for (i, c) in group.chunks_mut(chunk).enumerate() {
-                f(g * per + i, c);
-            }
+            chunks_inline(&mut group, chunk, g * per, f);
         }
     });
 }
@@ -796,5 +841,49 @@ mod tests {
             }
         });
         assert_eq!(n.load(Ordering::Relaxed), 4 * 100 * 5);
+    }
+
+    /// Runs `work` under a stop whose flag the 10th task to run sets; returns how many ran.
+    fn stopped_after_ten(work: impl FnOnce(&(dyn Fn() + Sync))) -> usize {
+        let flag = Arc::new(AtomicBool::new(false));
+        let stop = crate::stop::Stop::new(Some(Arc::clone(&flag)), None);
+        let ran = AtomicUsize::new(0);
+        crate::stop::install(&stop, || {
+            work(&|| {
+                if ran.fetch_add(1, Ordering::SeqCst) + 1 == 10 {
+                    flag.store(true, Ordering::SeqCst);
+                }
+            })
+        });
+        ran.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_stop_skips_the_tasks_and_pieces_not_yet_started() {
+        // Inline (no pool): exactly the ten before the flag.
+        assert_eq!(stopped_after_ten(|task| parallel_for(1000, &|_| task())), 10);
+        let mut v = vec![0u8; 1000];
+        assert_eq!(stopped_after_ten(|task| for_each_chunk_mut(&mut v, 1, &|_, _| task())), 10);
+        // On a pool of two: the caller's stop reaches the worker; at most one task per
+        // thread is under way when the flag is set.
+        let pool = ThreadPool::new(2).unwrap();
+        for _ in 0..20 {
+            let n = stopped_after_ten(|task| pool.install(|| parallel_for(1000, &|_| task())));
+            assert!((10..=11).contains(&n), "{n} tasks ran");
+            let mut v = vec![0u8; 1000];
+            let n = stopped_after_ten(|task| pool.install(|| for_each_chunk_mut(&mut v, 1, &|_, _| task())));
+            assert!((10..=11).contains(&n), "{n} pieces ran");
+            let mut v = vec![0u8; 1000];
+            let n = stopped_after_ten(|task| pool.install(|| for_each_chunk_balanced(&mut v, 1, &|_, _| task())));
+            assert!((10..=11).contains(&n), "{n} balanced pieces ran");
+        }
+        // Without a stop, the pool runs every task again.
+        let n = AtomicUsize::new(0);
+        pool.install(|| {
+            parallel_for(1000, &|_| {
+                n.fetch_add(1, Ordering::Relaxed);
+            })
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 1000);
     }
 }

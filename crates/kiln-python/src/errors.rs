@@ -33,6 +33,18 @@ create_exception!(
 );
 create_exception!(
     kiln,
+    LimitError,
+    KilnError,
+    "A run or compile crossed a limit (run_time_limit_ms, run_memory_limit_mb, loop_iteration_limit, compile_time_limit_s); names the limit, the node and the figure."
+);
+create_exception!(
+    kiln,
+    CancelledError,
+    KilnError,
+    "A run was stopped by RunOptions.terminate (or a compile by its cancel flag)."
+);
+create_exception!(
+    kiln,
     KilnWarning,
     PyUserWarning,
     "An option that is accepted but has no effect on this target, or a configuration file note."
@@ -45,6 +57,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConfigurationError", py.get_type::<ConfigurationError>())?;
     m.add("InputError", py.get_type::<InputError>())?;
     m.add("ProgramFileError", py.get_type::<ProgramFileError>())?;
+    m.add("LimitError", py.get_type::<LimitError>())?;
+    m.add("CancelledError", py.get_type::<CancelledError>())?;
     m.add("KilnWarning", py.get_type::<KilnWarning>())?;
     Ok(())
 }
@@ -69,10 +83,18 @@ pub(crate) fn from_kiln(e: kiln::Error) -> PyErr {
     use kiln::RuntimeError as R;
     let msg = chain(&e);
     match &e {
+        kiln::Error::Run(R::Cancelled { .. }) => CancelledError::new_err(msg),
+        kiln::Error::Compile(kiln::raw::compiler::CompileError::Stopped { reason, .. }) => match reason {
+            kiln::StopReason::Cancelled => CancelledError::new_err(msg),
+            _ => LimitError::new_err(msg),
+        },
+        kiln::Error::Run(R::TimeLimit { .. } | R::MemoryLimit { .. } | R::LoopLimit { .. }) => LimitError::new_err(msg),
         kiln::Error::Import(_) | kiln::Error::Compile(_) | kiln::Error::Unsupported { .. } => ModelError::new_err(msg),
         kiln::Error::Program { .. } | kiln::Error::Write(_) => ProgramFileError::new_err(msg),
         kiln::Error::ShapeSet { .. } => ConfigurationError::new_err(msg),
-        kiln::Error::Run(R::Input { .. } | R::UnknownInput { .. } | R::MissingInput { .. }) => InputError::new_err(msg),
+        kiln::Error::Run(R::Input { .. } | R::UnknownInput { .. } | R::MissingInput { .. }) | kiln::Error::Crc(_) => {
+            InputError::new_err(msg)
+        }
         _ => KilnError::new_err(msg),
     }
 }

@@ -17,6 +17,7 @@ mod session;
 fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<session::Session>()?;
+    m.add_class::<session::RunOptions>()?;
     m.add_function(wrap_pyfunction!(session::compile, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -27,7 +27,82 @@ const BACKEND_OPTIONS: &[&str] = &[
     "submit_num_retries",
     "submit_timeout",
     "threads_per_queue",
+    "run_time_limit_ms",
+    "run_memory_limit_mb",
+    "loop_iteration_limit",
 ];
+
+/// ONNX Runtime's `RunOptions` for `Session.run(..., run_options=...)`: set `terminate` (from
+/// any thread) to stop the runs using these options, and `time_limit_ms` to bound them.
+#[pyclass(module = "kiln", name = "RunOptions")]
+pub(crate) struct RunOptions {
+    inner: Mutex<kiln::RunOptions>,
+}
+
+#[pymethods]
+impl RunOptions {
+    #[new]
+    #[pyo3(signature = (time_limit_ms=None))]
+    fn new(time_limit_ms: Option<f64>) -> PyResult<RunOptions> {
+        let mut o = kiln::RunOptions::new();
+        o.time_limit = time_limit(time_limit_ms)?;
+        Ok(RunOptions { inner: Mutex::new(o) })
+    }
+
+    /// True stops every run using these options (now, from any thread, and later ones);
+    /// False lets later runs go ahead again.
+    #[getter]
+    fn get_terminate(&self) -> bool {
+        self.get().is_terminated()
+    }
+
+    #[setter]
+    fn set_terminate(&self, value: bool) {
+        let o = self.get();
+        if value { o.terminate() } else { o.unset_terminate() }
+    }
+
+    /// Milliseconds a run with these options may take (None: the session's
+    /// `run_time_limit_ms`).
+    #[getter]
+    fn get_time_limit_ms(&self) -> Option<f64> {
+        self.get().time_limit.map(|d| d.as_secs_f64() * 1e3)
+    }
+
+    #[setter]
+    fn set_time_limit_ms(&self, value: Option<f64>) -> PyResult<()> {
+        let limit = time_limit(value)?;
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).time_limit = limit;
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        let o = self.get();
+        format!(
+            "RunOptions(terminate={}, time_limit_ms={})",
+            if o.is_terminated() { "True" } else { "False" },
+            o.time_limit
+                .map_or_else(|| "None".to_string(), |d| format!("{}", d.as_secs_f64() * 1e3))
+        )
+    }
+}
+
+impl RunOptions {
+    /// A snapshot sharing the terminate flag.
+    fn get(&self) -> kiln::RunOptions {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+fn time_limit(ms: Option<f64>) -> PyResult<Option<Duration>> {
+    match ms {
+        None => Ok(None),
+        Some(v) if v.is_finite() && v >= 0.0 => Ok(Some(Duration::from_secs_f64(v / 1e3))),
+        Some(v) => Err(errors::config(format!(
+            "time_limit_ms: expected a finite number of milliseconds >= 0, got {v}"
+        ))),
+    }
+}
 
 /// The canonical name of an option spelled `key` (any alias), if there is one.
 fn canonical(key: &str) -> Option<&'static str> {
@@ -200,11 +275,29 @@ impl Session {
     /// `numpy.asarray` takes); returns `{output_name: ndarray}` in the model's output order.
     /// C-contiguous aligned arrays are read in place (held read-only during the run); others
     /// are copied once.
-    fn run<'py>(&self, py: Python<'py>, input_dict: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
+    /// With `run_options` (a `kiln.RunOptions`), another thread can stop the run by setting
+    /// its `terminate`, and its `time_limit_ms` replaces the session's.
+    #[pyo3(signature = (input_dict, run_options=None))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        input_dict: &Bound<'py, PyDict>,
+        run_options: Option<PyRef<'py, RunOptions>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let mut holds = ReadOnlyHolds::default();
         let feed = convert::feed(py, input_dict, &mut holds, &|n| self.declared(n));
+        let options = run_options.map(|o| o.get());
         let result = match feed {
-            Ok(feed) => py.detach(|| guarded("running", || self.read().run(feed).map_err(errors::from_kiln))),
+            Ok(feed) => py.detach(|| {
+                guarded("running", || {
+                    let s = self.read();
+                    match &options {
+                        Some(o) => s.run_with_options(feed, o),
+                        None => s.run(feed),
+                    }
+                    .map_err(errors::from_kiln)
+                })
+            }),
             Err(e) => Err(e),
         };
         let result = result.and_then(|outputs| {
@@ -214,6 +307,52 @@ impl Session {
                 d.set_item(name, array)?;
             }
             Ok(d)
+        });
+        holds.release(py);
+        result
+    }
+
+    /// [`run`], returning also the CRC-32 of every input and output (`gen_crc` / `io_crc`,
+    /// sampled with `crc_stride`): `(outputs, {"stride": n, "inputs": {name: crc}, "outputs":
+    /// {name: crc}})`. An input changed during the run (through another view of its memory)
+    /// raises `InputError`.
+    #[pyo3(signature = (input_dict, run_options=None))]
+    fn run_with_crc<'py>(
+        &self,
+        py: Python<'py>,
+        input_dict: &Bound<'py, PyDict>,
+        run_options: Option<PyRef<'py, RunOptions>>,
+    ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+        let mut holds = ReadOnlyHolds::default();
+        let feed = convert::feed(py, input_dict, &mut holds, &|n| self.declared(n));
+        let options = run_options.map_or_else(kiln::RunOptions::default, |o| o.get());
+        let result = match feed {
+            Ok(feed) => py.detach(|| {
+                guarded("running", || {
+                    self.read().run_with_crc(feed, &options).map_err(errors::from_kiln)
+                })
+            }),
+            Err(e) => Err(e),
+        };
+        let result = result.and_then(|(outputs, crc)| {
+            let d = PyDict::new(py);
+            for (name, v) in outputs {
+                let array = convert::value_to_py(py, &name, v)?;
+                d.set_item(name, array)?;
+            }
+            let c = PyDict::new(py);
+            c.set_item("stride", crc.stride)?;
+            let ins = PyDict::new(py);
+            for (n, v) in crc.inputs {
+                ins.set_item(n, v)?;
+            }
+            let outs = PyDict::new(py);
+            for (n, v) in crc.outputs {
+                outs.set_item(n, v)?;
+            }
+            c.set_item("inputs", ins)?;
+            c.set_item("outputs", outs)?;
+            Ok((d, c))
         });
         holds.release(py);
         result
@@ -382,6 +521,7 @@ impl Session {
             let r = &next.runtime;
             (r.num_of_cores as usize, r.enable_metrics, r.enable_profiling)
         };
+        let limits = kiln::RunLimits::from_config(&next.runtime);
         let (old_metrics, old_profiling) = {
             let c = self.config();
             (c.runtime.enable_metrics, c.runtime.enable_profiling)
@@ -390,6 +530,7 @@ impl Session {
             guarded("updating the options", || {
                 let mut s = self.inner.write().unwrap_or_else(std::sync::PoisonError::into_inner);
                 s.set_threads(threads).map_err(errors::from_kiln)?;
+                s.set_limits(limits);
                 if (metrics, profiling) != (old_metrics, old_profiling) {
                     s.set_monitoring(metrics, profiling);
                 }

@@ -6,6 +6,7 @@ use crate::program::{IoSpec, LoopStep, Program, ScanStep, Step, StepKind};
 use crate::stack::{stack, take_along};
 use kiln_ops::{Args, Dim, OpError, Outputs, Sequence, Value, ValueType, util::norm_axis};
 use kiln_tensor::{Data, Tensor};
+use std::cell::Cell;
 use std::time::Instant;
 
 type Result<T> = std::result::Result<T, RuntimeError>;
@@ -75,6 +76,26 @@ impl Drop for Env<'_> {
     }
 }
 
+/// Bounds on one run's resources (see [`run_limited`]). The run's time limit and its
+/// cancellation are the calling thread's current `kiln_kernels::stop::Stop`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Limits {
+    /// Most bytes the run's own tensors may hold at once: the planned arena plus the outputs
+    /// of steps outside it (inputs, constants and mapped weights not counted). `None`: no
+    /// bound.
+    pub memory_bytes: Option<u64>,
+    /// Most iterations of one execution of a Loop node. `None`: no bound.
+    pub loop_iterations: Option<u64>,
+}
+
+impl Limits {
+    /// No bound at all.
+    pub const NONE: Limits = Limits {
+        memory_bytes: None,
+        loop_iterations: None,
+    };
+}
+
 /// Runs a program on named inputs; returns its outputs in signature order.
 pub fn run(program: &Program, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>> {
     run_with(program, inputs, None)
@@ -88,15 +109,30 @@ pub fn run_with(
     inputs: Vec<(String, Value)>,
     profile: Option<&mut Profile>,
 ) -> Result<Vec<(String, Value)>> {
+    run_limited(program, inputs, profile, &Limits::NONE)
+}
+
+/// [`run_with`] within `limits`, answering to the calling thread's current stop (time limit
+/// and cancellation: `kiln_kernels::stop`), which is checked before the first step, after
+/// every step and, inside long kernels, between work chunks. A run that crosses a bound or is
+/// stopped ends with an error naming the bound, the node and the figure; nothing it computed
+/// is returned, and the program and its run states stay usable.
+pub fn run_limited(
+    program: &Program,
+    inputs: Vec<(String, Value)>,
+    profile: Option<&mut Profile>,
+    limits: &Limits,
+) -> Result<Vec<(String, Value)>> {
+    let ctl = Ctl::new(limits);
     let Some(profile) = profile else {
-        return run_inner(program, inputs, None);
+        return run_inner(program, inputs, None, &ctl);
     };
     let started = Instant::now();
     let mut rec = Recorder {
         origin: profile.origin,
         steps: Vec::with_capacity(program.steps.len()),
     };
-    let outputs = run_inner(program, inputs, Some(&mut rec))?;
+    let outputs = run_inner(program, inputs, Some(&mut rec), &ctl)?;
     profile.runs.push(RunRecord {
         start: started.saturating_duration_since(profile.origin),
         duration: started.elapsed(),
@@ -105,10 +141,148 @@ pub fn run_with(
     Ok(outputs)
 }
 
+/// What a run answers to besides its inputs: its limits and the memory it holds.
+struct Ctl<'l> {
+    limits: &'l Limits,
+    /// Bytes held by the run's tensors outside the arena (see `Limits::memory_bytes`).
+    live: Cell<u64>,
+    /// Bytes of the planned arena (counted once, from the start).
+    arena: Cell<u64>,
+    /// The program's whole peak fits the limit (checked at the start): nothing to count.
+    static_peak: Cell<bool>,
+}
+
+impl<'l> Ctl<'l> {
+    fn new(limits: &'l Limits) -> Ctl<'l> {
+        Ctl {
+            limits,
+            live: Cell::new(0),
+            arena: Cell::new(0),
+            static_peak: Cell::new(false),
+        }
+    }
+
+    /// The error for a stop seen at `step` (`None`: before the first step), when there is one.
+    fn stopped(&self, step: Option<&Step>) -> Result<()> {
+        if !kiln_kernels::stop::requested() {
+            return Ok(());
+        }
+        let Some((reason, limit, elapsed)) = kiln_kernels::stop::current_state() else {
+            return Ok(());
+        };
+        let (node, op) = step.map_or_else(
+            || ("(before the first node)".to_string(), "-".to_string()),
+            |s| (s.name.clone(), s.kind.name().to_string()),
+        );
+        let elapsed_ms = elapsed.as_secs_f64() * 1e3;
+        Err(match reason {
+            kiln_kernels::stop::StopReason::Cancelled => RuntimeError::Cancelled { node, op, elapsed_ms },
+            kiln_kernels::stop::StopReason::TimeLimit => RuntimeError::TimeLimit {
+                node,
+                op,
+                limit_ms: limit.map_or(0.0, |l| l.as_secs_f64() * 1e3),
+                elapsed_ms,
+            },
+        })
+    }
+
+    /// Checks that `more` bytes fit beside those held now (a step's outputs, before it runs).
+    fn fits(&self, step: &Step, more: u64) -> Result<()> {
+        let Some(limit) = self.limits.memory_bytes else {
+            return Ok(());
+        };
+        let held = self.live.get().saturating_add(self.arena.get());
+        if held.saturating_add(more) > limit {
+            return Err(RuntimeError::MemoryLimit {
+                node: step.name.clone(),
+                op: step.kind.name().to_string(),
+                limit_bytes: limit,
+                needed_bytes: more,
+                held_bytes: held,
+            });
+        }
+        Ok(())
+    }
+
+    fn counting(&self) -> bool {
+        self.limits.memory_bytes.is_some() && !self.static_peak.get()
+    }
+
+    fn hold(&self, v: &Value) {
+        if self.counting() {
+            self.live.set(self.live.get().saturating_add(dynamic_bytes(v)));
+        }
+    }
+
+    fn release(&self, v: &Value) {
+        if self.counting() {
+            self.release_bytes(dynamic_bytes(v));
+        }
+    }
+
+    fn release_bytes(&self, bytes: u64) {
+        self.live.set(self.live.get().saturating_sub(bytes));
+    }
+}
+
+/// Bytes a value holds outside the arena and outside shared storage (a mapped file or a
+/// constant): what a step allocated for it.
+fn dynamic_bytes(v: &Value) -> u64 {
+    match v {
+        Value::Tensor(t) => tensor_bytes(t),
+        Value::Sequence(s) => s.items.iter().map(tensor_bytes).fold(0, u64::saturating_add),
+        Value::Optional(Some(v), _) => dynamic_bytes(v),
+        Value::Optional(None, _) => 0,
+    }
+}
+
+/// [`dynamic_bytes`] of a tensor.
+fn tensor_bytes(t: &Tensor) -> u64 {
+    if t.data().is_region() {
+        0
+    } else {
+        (t.len() as u64).saturating_mul(t.dtype().size_of().max(1) as u64)
+    }
+}
+
+/// Bytes of a step's outputs as the op's inference gives them for these inputs (outputs of
+/// unknown size count 0: they are counted once computed).
+fn expected_bytes(op: &kiln_ops::Op, args: &[Option<&Value>]) -> u64 {
+    let types: smallvec::SmallVec<[ValueType; INLINE_ARGS]> = args
+        .iter()
+        .map(|a| a.map_or(ValueType::Unknown, Value::value_type))
+        .collect();
+    let ins: smallvec::SmallVec<[kiln_ops::InferInput<'_>; INLINE_ARGS]> = args
+        .iter()
+        .zip(&types)
+        .map(|(a, ty)| kiln_ops::InferInput {
+            ty,
+            konst: *a,
+            present: a.is_some(),
+        })
+        .collect();
+    let Ok(outs) = op.infer(&ins) else { return 0 };
+    outs.iter()
+        .filter_map(|t| {
+            let tt = t.tensor()?;
+            let dtype = tt.dtype?;
+            let mut n: u64 = 1;
+            for d in tt.shape.as_ref()? {
+                match d {
+                    Dim::Fixed(k) => n = n.saturating_mul(*k as u64),
+                    Dim::Sym(_) => return None,
+                }
+            }
+            Some(n.saturating_mul(dtype.size_of().max(1) as u64))
+        })
+        .fold(0, u64::saturating_add)
+}
+
 fn run_inner(
     program: &Program,
     inputs: Vec<(String, Value)>,
     rec: Option<&mut Recorder>,
+    ctl: &Ctl<'_>,
 ) -> Result<Vec<(String, Value)>> {
     let mut bound: smallvec::SmallVec<[Option<Value>; 4]> = smallvec::smallvec![None; program.inputs.len()];
     for (name, value) in inputs {
@@ -135,7 +309,36 @@ fn run_inner(
     // allocated by the first run).
     let planned =
         program.arena.bytes > 0 && usize::try_from(program.arena.bytes).is_ok_and(kiln_kernels::recycle::use_slab);
-    let outputs = run_program(program, &[], formal, rec, planned);
+    if let Some(limit) = ctl.limits.memory_bytes
+        && program.arena.bytes > limit
+    {
+        return Err(RuntimeError::MemoryLimit {
+            node: "(the memory plan)".into(),
+            op: "-".into(),
+            limit_bytes: limit,
+            needed_bytes: program.arena.bytes,
+            held_bytes: 0,
+        });
+    }
+    if planned {
+        ctl.arena.set(program.arena.bytes);
+    }
+    // A fully static program's peak is known: checked once, then no step needs counting.
+    if let (Some(limit), Some(outside)) = (ctl.limits.memory_bytes, program.arena.outside) {
+        let peak = program.arena.bytes.saturating_add(outside);
+        if peak > limit {
+            return Err(RuntimeError::MemoryLimit {
+                node: "(the memory plan and the outputs)".into(),
+                op: "-".into(),
+                limit_bytes: limit,
+                needed_bytes: peak,
+                held_bytes: 0,
+            });
+        }
+        ctl.static_peak.set(true);
+    }
+    ctl.stopped(None)?;
+    let outputs = run_program(program, &[], formal, rec, planned, ctl);
     // The run's buffers stay with its arena for the next run; the rest are let go.
     kiln_kernels::recycle::finish_run();
     let mut outputs = outputs?;
@@ -223,6 +426,7 @@ fn run_program(
     formal: impl IntoIterator<Item = Value, IntoIter: ExactSizeIterator>,
     mut rec: Option<&mut Recorder>,
     planned: bool,
+    ctl: &Ctl<'_>,
 ) -> Result<Outputs> {
     let formal = formal.into_iter();
     let mut slots = Env::new(p.num_slots());
@@ -258,7 +462,7 @@ fn run_program(
         };
         kiln_kernels::recycle::plan_output(place);
         let results = match rec.as_deref_mut() {
-            None => run_step_moving(step, env)?,
+            None => run_step_moving(step, env, ctl, place.is_some())?,
             Some(rec) => {
                 let seen: Vec<InputSeen> = step
                     .inputs
@@ -269,12 +473,14 @@ fn run_program(
                     })
                     .collect();
                 let started = Instant::now();
-                let results = run_step_moving(step, env)?;
+                let results = run_step_moving(step, env, ctl, place.is_some())?;
                 let duration = started.elapsed();
                 rec.record(index, step, started, duration, &seen, &results);
                 results
             }
         };
+        // A stop seen during the step may have cut its kernels short: its results are dropped.
+        ctl.stopped(Some(step))?;
         let mut results = results.into_iter();
         for out in &step.outputs {
             let v = results.next();
@@ -288,15 +494,24 @@ fn run_program(
                     op: step.kind.name().to_string(),
                     reason: "produced fewer outputs than the node declares".into(),
                 })?;
-                *env.get_mut(*slot)
-                    .ok_or_else(|| bad(format!("output slot {slot} out of range")))? = Slot::Owned(v);
+                ctl.hold(&v);
+                let s = env
+                    .get_mut(*slot)
+                    .ok_or_else(|| bad(format!("output slot {slot} out of range")))?;
+                if let Slot::Owned(old) = std::mem::replace(s, Slot::Owned(v)) {
+                    ctl.release(&old);
+                }
             }
         }
         for &f in &step.frees {
             if let Some(s) = env.get_mut(f) {
+                let freed = std::mem::replace(s, Slot::Empty);
+                if let Slot::Owned(v) = &freed {
+                    ctl.release(v);
+                }
                 // A freed f32, int64 or bool tensor's vector goes to the kernels' recycled
                 // buffers, for a later output of about its size.
-                if let Slot::Owned(Value::Tensor(t)) = std::mem::replace(s, Slot::Empty) {
+                if let Slot::Owned(Value::Tensor(t)) = freed {
                     use kiln_kernels::recycle::give_of;
                     match t.into_data() {
                         Data::F32(b) => b.into_owned().map(give_of),
@@ -326,7 +541,7 @@ fn run_program(
 /// [`run_step`], except that a view op (`Op::view_shape`: Reshape, Flatten, Squeeze,
 /// Unsqueeze) whose input 0 is owned and dies at this step takes that value and relabels its
 /// shape instead of copying it.
-fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Outputs> {
+fn run_step_moving(step: &Step, env: &mut [Slot<'_>], ctl: &Ctl<'_>, planned: bool) -> Result<Outputs> {
     if let (StepKind::Op(op), Some(Some(x))) = (&step.kind, step.inputs.first())
         && op.is_view()
         && step.frees.contains(x)
@@ -347,17 +562,20 @@ fn run_step_moving(step: &Step, env: &mut [Slot<'_>]) -> Result<Outputs> {
                 op: step.kind.name().to_string(),
                 source,
             };
+            // The input's bytes move to the output (held again when it is stored).
+            ctl.release_bytes(tensor_bytes(&t));
             let t = t.reshape(shape).map_err(|e| node_err(OpError::from(e)))?;
             return Ok(smallvec::smallvec![Value::Tensor(t)]);
         }
     }
-    run_step(step, env)
+    run_step(step, env, ctl, planned)
 }
+
 
 /// Inputs a step gathers without allocating (more go to a vector).
 const INLINE_ARGS: usize = 8;
 
-fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
+fn run_step(step: &Step, env: &[Slot<'_>], ctl: &Ctl<'_>, planned: bool) -> Result<Outputs> {
     let node_err = |source: OpError| RuntimeError::Node {
         node: step.name.clone(),
         op: step.kind.name().to_string(),
@@ -403,6 +621,10 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
                     _ => m,
                 })
                 | 1;
+            // Under a memory limit, an output outside the arena is counted before it exists.
+            if ctl.counting() && !planned {
+                ctl.fits(step, expected_bytes(op, args))?;
+            }
             kiln_ops::fast::eval(op, step.plan.as_ref(), &Args::new(&args).with_wanted(wanted)).map_err(node_err)
         }
         StepKind::If {
@@ -416,10 +638,12 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
                 .copied()
                 .ok_or_else(|| ctl_err(format!("condition is empty (shape {:?})", cond.shape())))?;
             let branch = if c != 0.0 { then_branch } else { else_branch };
-            run_program(branch, env, [], None, false)
+            run_program(branch, env, [], None, false, ctl)
         }
-        StepKind::Loop(l) => run_loop(l, &args, env).map(Outputs::from).map_err(|e| wrap(e, step)),
-        StepKind::Scan(s) => run_scan(s, &args, env).map(Outputs::from).map_err(|e| wrap(e, step)),
+        StepKind::Loop(l) => run_loop(l, &args, env, ctl, step)
+            .map(Outputs::from)
+            .map_err(|e| wrap(e, step)),
+        StepKind::Scan(s) => run_scan(s, &args, env, ctl).map(Outputs::from).map_err(|e| wrap(e, step)),
         StepKind::FlexAttention {
             op,
             score_mod,
@@ -427,7 +651,7 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
         } => {
             let call = |p: &Option<Box<Program>>, t: Tensor| -> std::result::Result<Tensor, OpError> {
                 let Some(p) = p else { return Ok(t) };
-                let outs = run_program(p, env, [Value::Tensor(t)], None, false)
+                let outs = run_program(p, env, [Value::Tensor(t)], None, false, ctl)
                     .map_err(|e| OpError::subgraph("modifier", "one tensor", format!("an error: {e}")))?;
                 match outs.into_iter().next() {
                     Some(Value::Tensor(t)) => Ok(t),
@@ -438,7 +662,7 @@ fn run_step(step: &Step, env: &[Slot<'_>]) -> Result<Outputs> {
             let mut pmod = |t: Tensor| call(prob_mod, t);
             op.eval_with(&Args::new(&args), &mut smod, &mut pmod).map_err(node_err)
         }
-        StepKind::SequenceMap { body } => run_sequence_map(body, &args, env, step.outputs.len())
+        StepKind::SequenceMap { body } => run_sequence_map(body, &args, env, step.outputs.len(), ctl)
             .map(Outputs::from)
             .map_err(|e| wrap(e, step)),
     }
@@ -460,7 +684,13 @@ fn op_err(e: OpError) -> RuntimeError {
     RuntimeError::Program(e.to_string())
 }
 
-fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<Vec<Value>> {
+fn run_loop(
+    l: &LoopStep,
+    args: &[Option<&Value>],
+    env: &[Slot<'_>],
+    ctl: &Ctl<'_>,
+    step: &Step,
+) -> Result<Vec<Value>> {
     let a = Args::new(args);
     let max_trip = match a.opt_tensor(0).map_err(op_err)? {
         Some(t) => Some(
@@ -482,11 +712,20 @@ fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
     let mut scans: Vec<Vec<Tensor>> = vec![Vec::new(); n_scan];
     let mut iter: i64 = 0;
     while cond && max_trip.is_none_or(|m| iter < m) {
+        if let Some(limit) = ctl.limits.loop_iterations
+            && iter as u64 >= limit
+        {
+            return Err(RuntimeError::LoopLimit {
+                node: step.name.clone(),
+                limit,
+                trip_count: max_trip,
+            });
+        }
         let mut formal = Vec::with_capacity(2 + n_carried);
         formal.push(Value::Tensor(Tensor::scalar(iter)));
         formal.push(Value::Tensor(Tensor::scalar(cond)));
         formal.append(&mut carried);
-        let outs = run_program(&l.body, env, formal, None, false)?;
+        let outs = run_program(&l.body, env, formal, None, false, ctl)?;
         let mut outs = outs.into_iter();
         let c = outs
             .next()
@@ -515,9 +754,9 @@ fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
     Ok(result)
 }
 
-fn run_scan(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<Vec<Value>> {
+fn run_scan(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>], ctl: &Ctl<'_>) -> Result<Vec<Value>> {
     if !s.batched {
-        return run_scan_once(s, args, env);
+        return run_scan_once(s, args, env, ctl);
     }
     // Scan-8: input 0 is sequence_lens; every other input and every output has a leading batch
     // axis. Each batch entry is scanned on its own and the results are stacked again.
@@ -552,7 +791,7 @@ fn run_scan(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
             }
         }
         let refs: Vec<Option<&Value>> = sliced.iter().map(Some).collect();
-        per_batch.push(run_scan_once(s, &refs, env)?);
+        per_batch.push(run_scan_once(s, &refs, env, ctl)?);
     }
     let n_out = per_batch.first().map_or(0, Vec::len);
     let mut result = Vec::with_capacity(n_out);
@@ -569,7 +808,7 @@ fn run_scan(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<V
     Ok(result)
 }
 
-fn run_scan_once(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Result<Vec<Value>> {
+fn run_scan_once(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>], ctl: &Ctl<'_>) -> Result<Vec<Value>> {
     let a = Args::new(args);
     let n_state = args.len().saturating_sub(s.num_scan_inputs);
     let mut state: Vec<Value> = (0..n_state)
@@ -605,7 +844,7 @@ fn run_scan_once(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Res
             let idx = if *rev { len - 1 - it } else { it };
             formal.push(Value::Tensor(take_along(t, *axis, idx).map_err(op_err)?));
         }
-        let outs = run_program(&s.body, env, formal, None, false)?;
+        let outs = run_program(&s.body, env, formal, None, false, ctl)?;
         let mut outs = outs.into_iter();
         state = outs.by_ref().take(n_state).collect();
         for (k, v) in outs.enumerate() {
@@ -632,7 +871,13 @@ fn run_scan_once(s: &ScanStep, args: &[Option<&Value>], env: &[Slot<'_>]) -> Res
     Ok(result)
 }
 
-fn run_sequence_map(body: &Program, args: &[Option<&Value>], env: &[Slot<'_>], n_out: usize) -> Result<Vec<Value>> {
+fn run_sequence_map(
+    body: &Program,
+    args: &[Option<&Value>],
+    env: &[Slot<'_>],
+    n_out: usize,
+    ctl: &Ctl<'_>,
+) -> Result<Vec<Value>> {
     let a = Args::new(args);
     let seq = a.sequence(0).map_err(op_err)?;
     let len = seq.items.len();
@@ -654,7 +899,7 @@ fn run_sequence_map(body: &Program, args: &[Option<&Value>], env: &[Slot<'_>], n
                 None => return Err(RuntimeError::Program(format!("input {k} is absent"))),
             }
         }
-        for (k, v) in run_program(body, env, formal, None, false)?.into_iter().enumerate() {
+        for (k, v) in run_program(body, env, formal, None, false, ctl)?.into_iter().enumerate() {
             match (v, outs.get_mut(k)) {
                 (Value::Tensor(t), Some(acc)) => acc.push(t),
                 _ => return Err(RuntimeError::Program(format!("body output {k} must be a tensor"))),

@@ -13,7 +13,9 @@ mod program;
 mod stack;
 
 pub use error::RuntimeError;
-pub use exec::{run, run_with};
+pub use exec::{Limits, run, run_limited, run_with};
+/// A run's stop condition (time limit, cancellation), installed on the running thread.
+pub use kiln_kernels::stop::{Stop, StopReason, install as install_stop};
 /// The allocator that keeps freed activation buffers for the next run (see its docs).
 pub use kiln_kernels::alloc::{AllocCounts, CachingAlloc, CountingAlloc};
 /// The compute thread pool a Session runs its programs on (kernels split over the pool

@@ -40,6 +40,10 @@ pub struct Program {
 pub struct ArenaPlan {
     pub bytes: u64,
     pub places: Vec<Option<(u64, u64)>>,
+    /// Bytes of the op outputs outside the arena (the graph's outputs) when every value of
+    /// the program has a static size and it has no control flow, so a run never holds more
+    /// than `bytes + outside`; `None` when some size is only known at run time.
+    pub outside: Option<u64>,
 }
 
 impl ArenaPlan {

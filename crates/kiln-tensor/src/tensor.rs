@@ -118,6 +118,27 @@ impl Data {
         self.len() == 0
     }
 
+    /// Whether the elements are a view of bytes owned elsewhere (a mapped file, a caller's
+    /// buffer), which others may be able to write.
+    pub fn is_shared(&self) -> bool {
+        match self {
+            Data::F32(b) => b.is_shared(),
+            Data::F64(b) => b.is_shared(),
+            Data::F16(b) => b.is_shared(),
+            Data::BF16(b) => b.is_shared(),
+            Data::I8(b) => b.is_shared(),
+            Data::I16(b) => b.is_shared(),
+            Data::I32(b) => b.is_shared(),
+            Data::I64(b) => b.is_shared(),
+            Data::U8(b) => b.is_shared(),
+            Data::U16(b) => b.is_shared(),
+            Data::U32(b) => b.is_shared(),
+            Data::U64(b) => b.is_shared(),
+            Data::Coded(b) => b.is_shared(),
+            Data::Bool(_) | Data::Str(_) => false,
+        }
+    }
+
     /// Whether the elements live in a region of a run arena (only f32, int64, u8 and i8 can).
     pub fn is_region(&self) -> bool {
         match self {

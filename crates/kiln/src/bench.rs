@@ -88,6 +88,12 @@ pub struct BenchReport {
     /// For a model with symbolic input dims, its shape specialisations after the run
     /// ([`Session::shape_cache`]); `null` for a static model.
     pub shape_cache: Option<crate::ShapeCacheInfo>,
+    /// True when the session's cancel flag (Ctrl-C in `kiln bench`) ended the measurement
+    /// early: the figures are those of the inferences completed until then.
+    pub cancelled: bool,
+    /// With `gen_crc` on (one activation): the CRCs of the last measured inference's inputs
+    /// and outputs; `null` otherwise.
+    pub io_crc: Option<crate::IoCrc>,
 }
 
 /// A cache-line round trip between two compute threads, in ns, before and after a
@@ -101,7 +107,17 @@ pub struct RoundTrip {
 impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let l = &self.latency_ms;
-        writeln!(f, "inferences     {} (batch size {})", self.inferences, self.batch_size)?;
+        writeln!(
+            f,
+            "inferences     {} (batch size {}){}",
+            self.inferences,
+            self.batch_size,
+            if self.cancelled {
+                "; cancelled: the figures are those of the inferences completed"
+            } else {
+                ""
+            }
+        )?;
         writeln!(f, "total time     {:.4} s", self.total_s)?;
         writeln!(
             f,
@@ -205,6 +221,11 @@ impl Session {
         let warm_start = Instant::now();
         for done in 1..=options.warmup {
             self.run(feed.clone())?;
+            if self.cancelled() {
+                return Err(Error::Run(RuntimeError::Program(
+                    "the benchmark was cancelled during its warm-up".into(),
+                )));
+            }
             progress(BenchProgress {
                 warmup: true,
                 done,
@@ -216,18 +237,30 @@ impl Session {
             return self.run_concurrent(options, &feed, batch_size, before, progress);
         }
         let mut latencies: Vec<Duration> = Vec::new();
+        let mut last_crc = None;
         let started = Instant::now();
         loop {
             let enough = match options.limit {
                 BenchLimit::Iterations(n) => latencies.len() as u64 >= n.max(1),
                 BenchLimit::Time(t) => !latencies.is_empty() && started.elapsed() >= t,
             };
-            if enough {
+            if enough || self.cancelled() {
                 break;
             }
             let inputs = feed.clone();
             let t0 = Instant::now();
-            self.run(inputs)?;
+            let r = match self.io_crc() {
+                None => self.run(inputs).map(|_| ()),
+                Some(_) => self
+                    .run_with_crc(inputs, &crate::RunOptions::default())
+                    .map(|(_, crc)| last_crc = Some(crc)),
+            };
+            match r {
+                Ok(()) => {}
+                // Cancelled while running: that inference does not count.
+                Err(Error::Run(RuntimeError::Cancelled { .. })) if self.cancelled() => break,
+                Err(e) => return Err(e),
+            }
             latencies.push(t0.elapsed());
             progress(BenchProgress {
                 warmup: false,
@@ -235,7 +268,9 @@ impl Session {
                 elapsed: started.elapsed(),
             });
         }
-        self.bench_report(&latencies, started.elapsed(), batch_size, before)
+        let mut report = self.bench_report(&latencies, started.elapsed(), batch_size, before)?;
+        report.io_crc = last_crc;
+        Ok(report)
     }
 
     /// The report of a measured phase: its latencies, wall time and batch size, with the
@@ -254,8 +289,14 @@ impl Session {
         });
         let total_s = total.as_secs_f64();
         let inferences = latencies.len() as u64;
-        let latency_ms = LatencyStats::from_durations(latencies)
-            .ok_or_else(|| Error::Run(RuntimeError::Program("the benchmark completed no inference".into())))?;
+        let cancelled = self.cancelled();
+        let latency_ms = LatencyStats::from_durations(latencies).ok_or_else(|| {
+            Error::Run(RuntimeError::Program(if cancelled {
+                "the benchmark was cancelled before an inference completed".into()
+            } else {
+                "the benchmark completed no inference".into()
+            }))
+        })?;
         Ok(BenchReport {
             inferences,
             inf_per_s: if total_s > 0.0 {
@@ -269,6 +310,8 @@ impl Session {
             latency_ms,
             thread_round_trip_ns,
             shape_cache: self.shape_cache(),
+            cancelled,
+            io_crc: None,
         })
     }
 
@@ -295,15 +338,18 @@ impl Session {
                     BenchLimit::Iterations(n) => claimed.fetch_add(1, Ordering::Relaxed) < n.max(1),
                     BenchLimit::Time(t) => started.elapsed() < t || done.load(Ordering::Relaxed) == 0,
                 };
-                if !go || stop.load(Ordering::Relaxed) {
+                if !go || stop.load(Ordering::Relaxed) || self.cancelled() {
                     return Ok(mine);
                 }
                 let t0 = Instant::now();
-                let r = self.run(feed.to_vec());
-                if r.is_err() {
-                    stop.store(true, Ordering::Relaxed);
+                match self.run(feed.to_vec()) {
+                    Ok(_) => {}
+                    Err(Error::Run(RuntimeError::Cancelled { .. })) if self.cancelled() => return Ok(mine),
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
                 }
-                r?;
                 mine.push(t0.elapsed());
                 done.fetch_add(1, Ordering::Relaxed);
             }
@@ -352,8 +398,8 @@ impl Session {
         let mut profile = Profile::new();
         let started = Instant::now();
         for done in 1..=runs.max(1) {
-            self.run_program(feed.clone(), |program, feed| {
-                kiln_runtime::run_with(program, feed, Some(&mut profile))
+            self.run_program(feed.clone(), None, |program, feed, limits| {
+                kiln_runtime::run_limited(program, feed, Some(&mut profile), limits)
             })?;
             progress(BenchProgress {
                 warmup: false,
@@ -482,6 +528,8 @@ mod tests {
                 after: 330.0,
             }),
             shape_cache: None,
+            cancelled: false,
+            io_crc: None,
         };
         let v = serde_json::to_value(&r).unwrap_or_default();
         let mut keys: Vec<&str> = v
@@ -493,8 +541,10 @@ mod tests {
             keys,
             [
                 "batch_size",
+                "cancelled",
                 "inf_per_s",
                 "inferences",
+                "io_crc",
                 "latency_ms",
                 "load_s",
                 "shape_cache",

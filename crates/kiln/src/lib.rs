@@ -9,6 +9,8 @@
 //! ```
 
 mod bench;
+mod crc;
+mod limits;
 mod monitor;
 mod profile;
 mod session;
@@ -25,6 +27,9 @@ pub use kiln_runtime::RuntimeError;
 pub use kiln_runtime::{AllocCounts, CachingAlloc, CountingAlloc, ThreadPool};
 pub use kiln_runtime::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use kiln_tensor::{DType, Data, Mismatch, SharedBytes, Tensor, TensorError, bf16, compare, f16};
+pub use crc::{CrcMismatch, IoCrc, SAMPLE as CRC_SAMPLE, tensor_crc};
+pub use limits::{DEFAULT_LOOP_ITERATIONS, RunLimits, RunOptions, auto_memory_limit};
+pub use kiln_runtime::StopReason;
 pub use monitor::{LatencyStats, MAX_PROFILE_RECORDS, Metrics, percentile};
 pub use profile::ProfileReport;
 pub use session::{

@@ -136,16 +136,17 @@ impl Monitor {
         &self,
         program: &kiln_runtime::Program,
         inputs: Vec<(String, Value)>,
+        limits: &kiln_runtime::Limits,
     ) -> Result<Vec<(String, Value)>, kiln_runtime::RuntimeError> {
         let Some(latencies) = &self.latencies else {
-            return kiln_runtime::run(program, inputs);
+            return kiln_runtime::run_limited(program, inputs, None, limits);
         };
         let started = Instant::now();
         let outputs = match &self.profile {
-            None => kiln_runtime::run(program, inputs)?,
+            None => kiln_runtime::run_limited(program, inputs, None, limits)?,
             Some(shared) => {
                 let mut local = Profile::with_origin(lock(shared).origin);
-                let outputs = kiln_runtime::run_with(program, inputs, Some(&mut local))?;
+                let outputs = kiln_runtime::run_limited(program, inputs, Some(&mut local), limits)?;
                 let mut profile = lock(shared);
                 if profile.num_records() + local.num_records() <= MAX_PROFILE_RECORDS {
                     profile.runs.append(&mut local.runs);

@@ -6,8 +6,11 @@ use crate::specialize::{ShapeCacheInfo, Specializer};
 use kiln_compiler::CompileOptions;
 use kiln_onnx::{ImportOptions, Model};
 use kiln_ops::{Value, ValueType};
+use crate::limits::{RunLimits, RunOptions};
 use kiln_runtime::Program;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 /// Everything that can go wrong creating or running a session.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +36,8 @@ pub enum Error {
     Threads { threads: usize, cause: std::io::Error },
     #[error("shape specialization {set}: {reason}")]
     ShapeSet { set: String, reason: String },
+    #[error(transparent)]
+    Crc(#[from] crate::crc::CrcMismatch),
 }
 
 fn to_usize(bindings: &[(String, u64)]) -> Vec<(String, usize)> {
@@ -68,6 +73,18 @@ pub struct SessionOptions {
     pub shape_specializations: Vec<Vec<(String, usize)>>,
     /// Most run-time shape specialisations kept (`shape_cache_size`; 0: none).
     pub shape_cache_size: usize,
+    /// Bounds on every run (`run_time_limit_ms`, `run_memory_limit_mb`,
+    /// `loop_iteration_limit`).
+    pub limits: RunLimits,
+    /// Most time a compile may take (`compile_time_limit_s`; `None`: no limit).
+    pub compile_time_limit: Option<std::time::Duration>,
+    /// While set, compiles and runs of this session stop with an error (a Ctrl-C handler sets
+    /// it; runs end as with [`RunOptions::terminate`]).
+    pub cancel: Option<Arc<AtomicBool>>,
+    /// CRCs of every run's inputs and outputs, sampled with this stride (`gen_crc` /
+    /// `io_crc` with `crc_stride`; see `crc.rs`); `None`: off. A program file compiled with
+    /// them on keeps them on.
+    pub io_crc: Option<u32>,
 }
 
 impl Default for SessionOptions {
@@ -81,6 +98,10 @@ impl Default for SessionOptions {
             threads: 0,
             shape_specializations: Vec::new(),
             shape_cache_size: crate::specialize::DEFAULT_SHAPE_CACHE,
+            limits: RunLimits::default(),
+            compile_time_limit: None,
+            cancel: None,
+            io_crc: None,
         }
     }
 }
@@ -115,7 +136,17 @@ impl SessionOptions {
                 })
                 .collect(),
             shape_cache_size: usize::try_from(config.runtime.shape_cache_size).unwrap_or(usize::MAX),
+            limits: RunLimits::from_config(&config.runtime),
+            compile_time_limit: (c.compile_time_limit_s > 0)
+                .then(|| std::time::Duration::from_secs(c.compile_time_limit_s)),
+            cancel: None,
+            io_crc: c.gen_crc.then_some(c.crc_stride),
         }
+    }
+
+    /// Runs `f` (a compile) under these options' compile time limit and cancel flag.
+    fn compiling<R>(&self, f: impl FnOnce() -> R) -> R {
+        crate::limits::with_stop(None, self.cancel.as_ref(), self.compile_time_limit, f)
     }
 }
 
@@ -141,6 +172,12 @@ pub struct Session {
     /// Run states: the planned block and recycled buffers of each concurrent run (one arena
     /// per run at once).
     pub(crate) arenas: std::sync::Mutex<Vec<kiln_runtime::Arena>>,
+    /// The stride of the run CRCs when on.
+    io_crc: Option<u32>,
+    /// Bounds on every run.
+    limits: RunLimits,
+    /// The options' cancel flag (stops every run while set).
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 /// Imports an ONNX model (with symbol bindings applied) without compiling it.
@@ -168,6 +205,10 @@ pub struct CompileSummary {
 
 /// Compiles an `.onnx` model into a `.kiln` program file.
 pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Result<CompileSummary, Error> {
+    options.compiling(|| compile_file_now(model, out, options))
+}
+
+fn compile_file_now(model: &Path, out: &Path, options: &SessionOptions) -> Result<CompileSummary, Error> {
     let imported = load_onnx(model, options)?;
     let symbols = kiln_ir::input_symbols(&imported.graph);
     let shapes = shape_programs(&imported.graph, &symbols, options)?;
@@ -313,9 +354,17 @@ impl Session {
                 ..
             } = file;
             let specializer = Session::file_specializer(shapes, source, &meta, options);
+            // The CRCs the program was compiled with (gen_crc is a compile option).
+            let stored_crc = meta
+                .options
+                .get("config")
+                .and_then(|c| serde_json::from_value::<kiln_config::Config>(c.clone()).ok())
+                .and_then(|c| c.compile.gen_crc.then_some(c.compile.crc_stride));
             let mut session = Session::with_program(program, Some(meta));
             session.specializer = specializer;
-            return session.observed(options, started);
+            let mut session = session.observed(options, started)?;
+            session.io_crc = options.io_crc.or(stored_crc);
+            return Ok(session);
         }
         let model = load_onnx(path, options)?;
         Session::compiled(&model, options, started)
@@ -334,8 +383,10 @@ impl Session {
     /// Compiles `model`, counting the load time from `started`.
     fn compiled(model: &Model, options: &SessionOptions, started: std::time::Instant) -> Result<Session, Error> {
         let symbols = kiln_ir::input_symbols(&model.graph);
-        let stored = shape_programs(&model.graph, &symbols, options)?;
-        let compiled = kiln_compiler::compile(model.graph.clone(), &options.compile)?;
+        let (stored, compiled) = options.compiling(|| -> Result<_, Error> {
+            let stored = shape_programs(&model.graph, &symbols, options)?;
+            Ok((stored, kiln_compiler::compile(model.graph.clone(), &options.compile)?))
+        })?;
         let mut session = Session::with_program(compiled.program, None);
         if !symbols.is_empty() {
             let s = Specializer::from_graph(model.graph.clone(), options.compile.clone(), options.shape_cache_size);
@@ -385,6 +436,9 @@ impl Session {
             pool: None,
             arenas: std::sync::Mutex::new(Vec::new()),
             specializer: None,
+            limits: RunLimits::default(),
+            cancel: None,
+            io_crc: None,
         }
     }
 
@@ -399,7 +453,37 @@ impl Session {
             self.pool = Some(pool);
         }
         self.monitor = Monitor::new(options.enable_metrics, options.enable_profiling, started.elapsed());
+        self.limits = options.limits;
+        self.cancel = options.cancel.clone();
+        self.io_crc = options.io_crc;
         Ok(self)
+    }
+
+    /// The stride of the run CRCs when they are on (`gen_crc`).
+    pub fn io_crc(&self) -> Option<u32> {
+        self.io_crc
+    }
+
+    /// Whether the options' cancel flag is set.
+    pub fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The bounds on every run of this session.
+    pub fn limits(&self) -> RunLimits {
+        self.limits
+    }
+
+    /// Turns the run CRCs on (with this stride) or off.
+    pub fn set_io_crc(&mut self, stride: Option<u32>) {
+        self.io_crc = stride;
+    }
+
+    /// Changes the bounds of later runs.
+    pub fn set_limits(&mut self, limits: RunLimits) {
+        self.limits = limits;
     }
 
     /// How long opening the session took (import and compile, or mapping a program file).
@@ -485,25 +569,86 @@ impl Session {
     }
 
     /// Runs the model on named inputs; returns `(name, value)` for every output, in order.
+    /// With `gen_crc` on, an input changed while the run read it fails the run
+    /// ([`Error::Crc`]); [`Session::run_with_crc`] also returns the CRCs.
     pub fn run(&self, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>, Error> {
-        self.run_program(inputs, |program, inputs| self.monitor.run(program, inputs))
+        match self.io_crc {
+            None => self.run_plain(inputs, None),
+            Some(stride) => self.run_crc_with(inputs, None, stride).map(|(o, _)| o),
+        }
+    }
+
+    /// [`Session::run`] under `options`: another thread may stop it with
+    /// [`RunOptions::terminate`], and its time limit replaces the session's.
+    pub fn run_with_options(
+        &self,
+        inputs: Vec<(String, Value)>,
+        options: &RunOptions,
+    ) -> Result<Vec<(String, Value)>, Error> {
+        match self.io_crc {
+            None => self.run_plain(inputs, Some(options)),
+            Some(stride) => self.run_crc_with(inputs, Some(options), stride).map(|(o, _)| o),
+        }
+    }
+
+    /// [`Session::run_with_options`] returning the CRCs of the inputs and outputs too (see
+    /// `crc.rs`: sampled with the session's `crc_stride`, 256 when `gen_crc` is off).
+    pub fn run_with_crc(
+        &self,
+        inputs: Vec<(String, Value)>,
+        options: &RunOptions,
+    ) -> Result<(Vec<(String, Value)>, crate::IoCrc), Error> {
+        let stride = self.io_crc.unwrap_or(crate::crc::DEFAULT_STRIDE);
+        self.run_crc_with(inputs, Some(options), stride)
+    }
+
+    fn run_plain(&self, inputs: Vec<(String, Value)>, options: Option<&RunOptions>) -> Result<Vec<(String, Value)>, Error> {
+        self.run_program(inputs, options, |program, inputs, limits| {
+            self.monitor.run(program, inputs, limits)
+        })
+    }
+
+    fn run_crc_with(
+        &self,
+        inputs: Vec<(String, Value)>,
+        options: Option<&RunOptions>,
+        stride: u32,
+    ) -> Result<(Vec<(String, Value)>, crate::IoCrc), Error> {
+        let input_crcs = crate::crc::crcs(&inputs, stride);
+        let watched = crate::crc::watch(&inputs, stride);
+        let outputs = self.run_plain(inputs, options)?;
+        crate::crc::recheck(&watched, stride)?;
+        let crc = crate::IoCrc {
+            stride,
+            inputs: input_crcs,
+            outputs: crate::crc::crcs(&outputs, stride),
+        };
+        Ok((outputs, crc))
     }
 
     /// Runs `f` on the program for these inputs (the shape specialisation when there is one,
-    /// else the generic program), on this session's threads and with one of that program's
-    /// run states.
+    /// else the generic program), on this session's threads, with one of that program's run
+    /// states and under this session's limits and `options`' stop.
     pub(crate) fn run_program<R>(
         &self,
         inputs: Vec<(String, Value)>,
-        f: impl FnOnce(&Program, Vec<(String, Value)>) -> Result<R, kiln_runtime::RuntimeError>,
+        options: Option<&RunOptions>,
+        f: impl FnOnce(&Program, Vec<(String, Value)>, &kiln_runtime::Limits) -> Result<R, kiln_runtime::RuntimeError>,
     ) -> Result<R, Error> {
         let variant = self
             .specializer
             .as_ref()
             .and_then(|s| s.variant(&self.program, &inputs));
+        let limits = self.limits.runtime();
+        let time = options.and_then(|o| o.time_limit).or(self.limits.time);
+        let guarded = |program: &Program| {
+            crate::limits::with_stop(options.map(RunOptions::flag), self.cancel.as_ref(), time, || {
+                f(program, inputs, &limits)
+            })
+        };
         match variant.as_ref().and_then(|v| Some((v, v.program()?))) {
-            Some((v, program)) => Ok(self.on_pool_in(&v.arenas, || f(program, inputs))?),
-            None => Ok(self.on_pool(|| f(&self.program, inputs))?),
+            Some((v, program)) => Ok(self.on_pool_in(&v.arenas, || guarded(program))?),
+            None => Ok(self.on_pool(|| guarded(&self.program))?),
         }
     }
 

@@ -128,8 +128,21 @@ fn absurd_declared_shapes_are_refused_before_allocation() {
         vec![value_info("y", F32, &[Dim::S("a"), Dim::S("b")])],
         vec![],
     );
-    let s = Session::from_model(&import(&m).unwrap(), &SessionOptions::default()).unwrap();
+    let model = import(&m).unwrap();
+    let s = Session::from_model(&model, &SessionOptions::default()).unwrap();
     let shape = Tensor::from_vec(vec![2], vec![1i64 << 20, 1 << 20]).unwrap();
+    // The default memory limit refuses it before the op runs ...
+    let e = s.run(vec![("s".into(), Value::Tensor(shape.clone()))]).unwrap_err().to_string();
+    assert!(
+        e.contains("cos") && e.contains("ConstantOfShape") && e.contains("run_memory_limit_mb"),
+        "{e}"
+    );
+    // ... and without one, the op's own bound on elements.
+    let options = SessionOptions {
+        limits: kiln::RunLimits::NONE,
+        ..SessionOptions::default()
+    };
+    let s = Session::from_model(&model, &options).unwrap();
     let e = s.run(vec![("s".into(), Value::Tensor(shape))]).unwrap_err().to_string();
     assert!(
         e.contains("cos")

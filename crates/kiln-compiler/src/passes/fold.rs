@@ -35,6 +35,10 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let mut konst: HashMap<ValueId, usize> = g.constants.iter().enumerate().map(|(i, (v, _))| (*v, i)).collect();
     let mut dead = vec![false; g.nodes.len()];
     for (i, is_dead) in dead.iter_mut().enumerate() {
+        // Stopped (cancelled or out of time): the rest stays unfolded; the pipeline reports it.
+        if kiln_kernels::stop::requested() {
+            break;
+        }
         let Some(folded) = fold_node(g, i, &konst) else {
             continue;
         };

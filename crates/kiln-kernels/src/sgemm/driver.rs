@@ -226,6 +226,10 @@ pub(crate) unsafe fn run_raw(
             let fuse = kernels.fused && last && !epi.is_empty();
             let unfused = last && !epi.is_empty() && !kernels.fused;
             for ic in (0..m).step_by(mc_max) {
+                // Stopped (`crate::stop`): the rest of C is left as it is.
+                if crate::stop::requested() {
+                    return;
+                }
                 let mc = mc_max.min(m - ic);
                 let tiles_per_panel = mc.div_ceil(mr);
                 for jr in (jc..jc + nc).step_by(kn) {
