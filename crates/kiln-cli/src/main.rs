@@ -4,10 +4,10 @@ mod bench;
 mod compile;
 mod config_cmd;
 mod info;
-mod npy;
 mod profile;
 
 use anyhow::{Context, Result};
+use kiln_cli::npy;
 use clap::{Parser, Subcommand};
 use kiln::{Session, Tensor, Value};
 use std::path::{Path, PathBuf};

@@ -1,252 +1,57 @@
-//! Reading and writing NumPy `.npy` files and `.npz` archives, bounded before allocation.
-//!
-//! Supported element types: bool, int8..64, uint8..64, float16/32/64 (little-endian or
-//! byte-order-free), and unicode strings (`<U n`). Fortran-ordered arrays are transposed into
-//! row-major order. Types numpy has no name for (bfloat16, float8, int4) are written as
-//! float32 (or int8/uint8 for the sub-byte integers); the CLI says so when it happens.
+//! Reading and writing NumPy files for the CLI: `.npy` through `kiln::npy`, and `.npz`
+//! archives (inflate through the zip crate), whose decompressed bytes are bounded before they
+//! are allocated (no zip bombs).
 
 use anyhow::{Context, Result, bail};
-use kiln::{DType, Data, Tensor, f16};
-use std::io::{Read, Write};
+use kiln::Tensor;
+pub use kiln::npy::{Written, parse_npy, to_npy};
+use std::io::{Read, Seek, Write};
 use std::path::Path;
 
-const MAGIC: &[u8] = b"\x93NUMPY";
-/// A header longer than this is not a real .npy header.
-const MAX_HEADER: usize = 1 << 20;
+/// Most bytes an `.npz` archive may decompress to, all entries together (4 GiB: an input of
+/// 2^30 float32 elements, kiln's bound on one tensor).
+pub const MAX_NPZ_BYTES: u64 = 1 << 32;
 
 pub fn read_npy_file(path: &Path) -> Result<Tensor> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    parse_npy(&bytes).with_context(|| format!("{} is not a readable .npy file", path.display()))
-}
-
-/// Parses a whole .npy file held in memory.
-pub fn parse_npy(bytes: &[u8]) -> Result<Tensor> {
-    if bytes.len() < 10 || &bytes[..6] != MAGIC {
-        bail!("missing the \\x93NUMPY magic");
-    }
-    let major = bytes[6];
-    let (header_len, start) = match major {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 => {
-            if bytes.len() < 12 {
-                bail!("truncated header");
-            }
-            (
-                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-                12,
-            )
-        }
-        v => bail!("unsupported .npy format version {v}"),
-    };
-    if header_len > MAX_HEADER || start + header_len > bytes.len() {
-        bail!("header length {header_len} runs past the end of the file");
-    }
-    let header = std::str::from_utf8(&bytes[start..start + header_len]).context("header is not text")?;
-    let descr = dict_str(header, "descr").context("header has no 'descr'")?;
-    let fortran = dict_raw(header, "fortran_order").is_some_and(|v| v.starts_with("True"));
-    let shape = dict_shape(header).context("header has no readable 'shape'")?;
-    let data = &bytes[start + header_len..];
-    let (order, code) = descr.split_at(1.min(descr.len()));
-    let (kind, size) = code.split_at(1.min(code.len()));
-    let size: usize = size.parse().with_context(|| format!("unsupported dtype '{descr}'"))?;
-    if order == ">" && size > 1 {
-        bail!("big-endian arrays ('{descr}') are not supported; save with a little-endian dtype");
-    }
-    let n = kiln::raw::ops::util::checked_numel(&shape).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let need = n
-        .checked_mul(if kind == "U" { size * 4 } else { size })
-        .context("array too large")?;
-    if data.len() < need {
-        bail!(
-            "data holds {} bytes, shape {shape:?} of '{descr}' needs {need}",
-            data.len()
-        );
-    }
-    let data = &data[..need];
-    let t = match (kind, size) {
-        ("b", 1) => Tensor::from_vec(shape.clone(), data.iter().map(|&b| b != 0).collect::<Vec<_>>()),
-        ("i", 1) => Tensor::from_vec(shape.clone(), data.iter().map(|&b| b as i8).collect::<Vec<_>>()),
-        ("u", 1) => Tensor::from_vec(shape.clone(), data.to_vec()),
-        ("i", 2) => Tensor::from_vec(shape.clone(), le(data, i16::from_le_bytes)),
-        ("u", 2) => Tensor::from_vec(shape.clone(), le(data, u16::from_le_bytes)),
-        ("i", 4) => Tensor::from_vec(shape.clone(), le(data, i32::from_le_bytes)),
-        ("u", 4) => Tensor::from_vec(shape.clone(), le(data, u32::from_le_bytes)),
-        ("i", 8) => Tensor::from_vec(shape.clone(), le(data, i64::from_le_bytes)),
-        ("u", 8) => Tensor::from_vec(shape.clone(), le(data, u64::from_le_bytes)),
-        ("f", 2) => Tensor::from_vec(shape.clone(), le(data, |b| f16::from_bits(u16::from_le_bytes(b)))),
-        ("f", 4) => Tensor::from_vec(shape.clone(), le(data, f32::from_le_bytes)),
-        ("f", 8) => Tensor::from_vec(shape.clone(), le(data, f64::from_le_bytes)),
-        ("U", chars) => {
-            let strings: Vec<String> = data
-                .chunks_exact(chars * 4)
-                .map(|c| {
-                    c.chunks_exact(4)
-                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .take_while(|&u| u != 0)
-                        .filter_map(char::from_u32)
-                        .collect()
-                })
-                .collect();
-            Tensor::from_vec(shape.clone(), strings)
-        }
-        _ => bail!("unsupported dtype '{descr}'"),
-    }
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
-    if fortran && shape.len() > 1 {
-        return Ok(from_fortran(&t)?);
-    }
-    Ok(t)
-}
-
-/// Reorders a tensor whose elements were stored column-major into row-major order.
-fn from_fortran(t: &Tensor) -> Result<Tensor> {
-    let shape = t.shape().to_vec();
-    let rank = shape.len();
-    // Column-major strides.
-    let mut fstrides = vec![1usize; rank];
-    for i in 1..rank {
-        fstrides[i] = fstrides[i - 1] * shape[i - 1];
-    }
-    let n = t.len();
-    let mut idx = Vec::with_capacity(n);
-    let mut pos = vec![0usize; rank];
-    for _ in 0..n {
-        idx.push(pos.iter().zip(&fstrides).map(|(p, s)| p * s).sum());
-        for d in (0..rank).rev() {
-            pos[d] += 1;
-            if pos[d] < shape[d] {
-                break;
-            }
-            pos[d] = 0;
-        }
-    }
-    t.gather_flat(shape, &idx).map_err(|e| anyhow::anyhow!("{e}"))
-}
-
-fn le<const N: usize, T>(raw: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-    raw.chunks_exact(N)
-        .map(|c| {
-            let mut b = [0u8; N];
-            b.copy_from_slice(c);
-            f(b)
-        })
-        .collect()
-}
-
-fn dict_raw<'h>(header: &'h str, key: &str) -> Option<&'h str> {
-    let at = header.find(&format!("'{key}'"))?;
-    let rest = header[at + key.len() + 2..].trim_start();
-    Some(rest.strip_prefix(':')?.trim_start())
-}
-
-fn dict_str<'h>(header: &'h str, key: &str) -> Option<&'h str> {
-    let v = dict_raw(header, key)?;
-    let v = v.strip_prefix('\'')?;
-    Some(&v[..v.find('\'')?])
-}
-
-fn dict_shape(header: &str) -> Option<Vec<usize>> {
-    let v = dict_raw(header, "shape")?.strip_prefix('(')?;
-    let inner = &v[..v.find(')')?];
-    inner
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.trim_end_matches('L').parse().ok())
-        .collect()
-}
-
-/// What happened to a tensor written in a dtype numpy lacks.
-pub struct Written {
-    pub converted_from: Option<DType>,
-}
-
-/// Encodes a tensor as .npy bytes.
-pub fn to_npy(t: &Tensor) -> (Vec<u8>, Written) {
-    let mut converted_from = None;
-    let (descr, body): (String, Vec<u8>) = match t.data() {
-        Data::Bool(v) => ("|b1".into(), v.iter().map(|&b| b as u8).collect()),
-        Data::I8(v) => ("|i1".into(), v.iter().map(|&x| x as u8).collect()),
-        Data::U8(v) => ("|u1".into(), v.to_vec()),
-        Data::I16(v) => ("<i2".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Data::U16(v) => ("<u2".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Data::I32(v) => ("<i4".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Data::U32(v) => ("<u4".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Data::I64(v) => ("<i8".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Data::U64(v) => ("<u8".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Data::F16(v) => ("<f2".into(), v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()),
-        Data::F32(v) => ("<f4".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Data::F64(v) => ("<f8".into(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Data::Str(v) => {
-            let width = v.iter().map(|s| s.chars().count()).max().unwrap_or(0).max(1);
-            let mut body = Vec::with_capacity(v.len() * width * 4);
-            for s in v {
-                let mut k = 0;
-                for c in s.chars() {
-                    body.extend_from_slice(&(c as u32).to_le_bytes());
-                    k += 1;
-                }
-                body.extend(std::iter::repeat_n(0u8, (width - k) * 4));
-            }
-            (format!("<U{width}"), body)
-        }
-        Data::BF16(_) | Data::Coded(_) => {
-            converted_from = Some(t.dtype());
-            let dt = t.dtype();
-            if dt.is_int() {
-                let v = t.to_i64_vec().unwrap_or_default();
-                if dt.is_signed_int() {
-                    ("|i1".into(), v.iter().map(|&x| x as i8 as u8).collect())
-                } else {
-                    ("|u1".into(), v.iter().map(|&x| x as u8).collect())
-                }
-            } else {
-                (
-                    "<f4".into(),
-                    t.to_f64_vec().iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
-                )
-            }
-        }
-    };
-    let shape = match t.shape() {
-        [] => "()".to_string(),
-        [d] => format!("({d},)"),
-        s => format!("({})", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
-    };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    // Pad so the data starts 64-byte aligned; the header ends with a newline.
-    let total = MAGIC.len() + 4 + header.len() + 1;
-    header.push_str(&" ".repeat((64 - total % 64) % 64));
-    header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + body.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&[1, 0]);
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(&body);
-    (out, Written { converted_from })
+    Ok(parse_npy(&bytes).with_context(|| format!("{} is not a readable .npy file", path.display()))?)
 }
 
 /// Reads every array of an .npz archive as `(name, tensor)`, names without `.npy`.
 pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>> {
     let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut zip =
-        zip::ZipArchive::new(file).with_context(|| format!("{} is not an .npz (zip) archive", path.display()))?;
+    read_npz_from(file, &path.display().to_string(), MAX_NPZ_BYTES)
+}
+
+/// [`read_npz`] from any reader (`what` names it in messages), decompressing at most `limit`
+/// bytes in all: an entry whose declared or actual size passes what is left is refused before
+/// more is read.
+pub fn read_npz_from<R: Read + Seek>(reader: R, what: &str, limit: u64) -> Result<Vec<(String, Tensor)>> {
+    let mut zip = zip::ZipArchive::new(reader).with_context(|| format!("{what} is not an .npz (zip) archive"))?;
+    let mut left = limit;
     let mut out = Vec::new();
     for i in 0..zip.len() {
-        let mut entry = zip
-            .by_index(i)
-            .with_context(|| format!("{}: entry {i}", path.display()))?;
+        let entry = zip.by_index(i).with_context(|| format!("{what}: entry {i}"))?;
         let name = entry.name().trim_end_matches(".npy").to_string();
-        let size = entry.size();
-        if size > kiln::raw::ops::util::checked_numel(&[1usize << 36]).map_or(1 << 36, |n| n as u64) {
-            bail!("{}: entry '{name}' is too large ({size} bytes)", path.display());
+        let declared = entry.size();
+        if declared > left {
+            bail!(
+                "{what}: entry '{name}' declares {declared} bytes, more than the {left} left of the archive's \
+                 bound of {limit} decompressed bytes"
+            );
         }
-        let mut bytes = Vec::with_capacity(size as usize);
+        // Never more than declared is kept, whatever the stream says; the allocation grows
+        // with what is actually read.
+        let mut bytes = Vec::with_capacity(usize::try_from(declared.min(1 << 26)).unwrap_or(0));
         entry
+            .take(declared.saturating_add(1))
             .read_to_end(&mut bytes)
-            .with_context(|| format!("{}: entry '{name}'", path.display()))?;
-        let t = parse_npy(&bytes).with_context(|| format!("{}: entry '{name}'", path.display()))?;
+            .with_context(|| format!("{what}: entry '{name}'"))?;
+        if bytes.len() as u64 > declared {
+            bail!("{what}: entry '{name}' decompresses to more than the {declared} bytes it declares");
+        }
+        left -= bytes.len() as u64;
+        let t = parse_npy(&bytes).with_context(|| format!("{what}: entry '{name}'"))?;
         out.push((name, t));
     }
     Ok(out)
@@ -264,48 +69,35 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<Written> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn round_trips_numbers_and_strings() {
-        let t = Tensor::from_vec(vec![2, 3], vec![1.0f32, -2.5, 3.0, 4.0, 5.0, 6.0]).unwrap();
-        let (bytes, _) = to_npy(&t);
-        assert_eq!((bytes.len() - 128) % 4, 0);
-        assert_eq!(parse_npy(&bytes).unwrap(), t);
-        let s = Tensor::from_vec(vec![2], vec!["héllo".to_string(), "x".to_string()]).unwrap();
-        assert_eq!(parse_npy(&to_npy(&s).0).unwrap(), s);
-        let b = Tensor::from_vec(vec![], vec![true]).unwrap();
-        assert_eq!(parse_npy(&to_npy(&b).0).unwrap(), b);
+    fn archive(arrays: &[(String, Tensor)]) -> Vec<u8> {
+        kiln::npy::npz_bytes(arrays).unwrap()
     }
 
     #[test]
-    fn fortran_order_is_transposed() {
-        // [[1,2,3],[4,5,6]] stored column-major is 1 4 2 5 3 6.
-        let mut bytes = Vec::new();
-        let header = "{'descr': '<i4', 'fortran_order': True, 'shape': (2, 3), }\n";
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&[1, 0]);
-        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        bytes.extend_from_slice(header.as_bytes());
-        for v in [1i32, 4, 2, 5, 3, 6] {
-            bytes.extend_from_slice(&v.to_le_bytes());
+    fn stored_archives_round_trip_within_the_bound() {
+        let a = Tensor::from_vec(vec![2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap();
+        let b = Tensor::from_vec(vec![3], vec![7i64, 8, 9]).unwrap();
+        let bytes = archive(&[("a".into(), a.clone()), ("b".into(), b.clone())]);
+        let got = read_npz_from(std::io::Cursor::new(&bytes), "t.npz", 1 << 20).unwrap();
+        assert_eq!(got, vec![("a".to_string(), a), ("b".to_string(), b)]);
+        // The first entry alone needs more than 64 bytes: refused before it is read.
+        let e = read_npz_from(std::io::Cursor::new(&bytes), "t.npz", 64).unwrap_err();
+        assert!(format!("{e:#}").contains("declares"), "{e:#}");
+    }
+
+    #[test]
+    fn a_deflated_bomb_is_stopped_at_the_bound() {
+        // 64 MiB of zeros deflate to ~64 KiB; with a 1 MiB bound nothing past it is read.
+        let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        w.start_file("x.npy", opts).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            w.write_all(&zeros).unwrap();
         }
-        let t = parse_npy(&bytes).unwrap();
-        assert_eq!(t.as_slice::<i32>().unwrap(), &[1, 2, 3, 4, 5, 6]);
-    }
-
-    #[test]
-    fn truncated_and_absurd_files_are_errors() {
-        let t = Tensor::from_vec(vec![4], vec![1i64, 2, 3, 4]).unwrap();
-        let (bytes, _) = to_npy(&t);
-        assert!(parse_npy(&bytes[..bytes.len() - 1]).is_err());
-        assert!(parse_npy(&bytes[..5]).is_err());
-        let huge = String::from_utf8(bytes.clone()).unwrap_or_default();
-        let _ = huge;
-        let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }\n";
-        let mut b = Vec::new();
-        b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&[1, 0]);
-        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        b.extend_from_slice(header.as_bytes());
-        assert!(parse_npy(&b).is_err());
+        let bytes = w.finish().unwrap().into_inner();
+        assert!(bytes.len() < 1 << 20);
+        let e = read_npz_from(std::io::Cursor::new(&bytes), "bomb.npz", 1 << 20).unwrap_err();
+        assert!(format!("{e:#}").contains("bound of 1048576"), "{e:#}");
     }
 }

@@ -12,6 +12,7 @@ mod bench;
 mod crc;
 mod limits;
 mod monitor;
+pub mod npy;
 mod profile;
 mod session;
 mod shapes;
