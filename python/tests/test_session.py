@@ -554,3 +554,16 @@ def test_io_crc_matches_zlib_and_catches_an_input_changed_during_the_run(models,
     # Unchanged, the same run passes the check.
     feed["m"] = np.array(10, np.int64)
     assert loop.run(feed)["y"][0] == 17.0
+
+
+def test_save_error_artifact_writes_a_bundle_for_a_failed_run(tmp_path, models):
+    s = kiln.Session(models["expand"], save_error_artifact=True, output_dir=str(tmp_path), run_memory_limit_mb=1)
+    with pytest.raises(kiln.LimitError, match="error artifact written to") as e:
+        s.run({"x": np.ones(1, np.float32), "shape": np.array([1024, 1024], np.int64)})
+    bundles = list(tmp_path.glob("kiln-error-run-*"))
+    assert len(bundles) == 1, bundles
+    assert str(bundles[0]) in str(e.value)
+    info = __import__("json").loads((bundles[0] / "bundle.json").read_text())
+    assert info["stage"] == "run" and info["node"] == "grow"
+    feed = np.load(bundles[0] / "inputs.npz")
+    assert feed["shape"].tolist() == [1024, 1024]

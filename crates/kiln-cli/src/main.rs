@@ -5,6 +5,7 @@ mod compile;
 mod config_cmd;
 mod info;
 mod profile;
+mod repro;
 
 use anyhow::{Context, Result};
 use kiln_cli::npy;
@@ -45,6 +46,9 @@ enum Command {
     /// Time every node over N runs: a table sorted by time (op, shapes, share, GFLOP/s) and
     /// optionally a Chrome trace (--trace, ONNX Runtime's profiler layout, opens in Perfetto).
     Profile(profile::ProfileArgs),
+    /// Replay an error artifact (save_error_artifact): the bundle's model, configuration and
+    /// inputs; exit status 1 when the recorded error comes back, 2 for another error, 0 for none.
+    Repro(repro::ReproArgs),
     /// List the options, show the resolved configuration, print its JSON Schema.
     Config(config_cmd::ConfigArgs),
 }
@@ -99,6 +103,10 @@ fn main() -> ExitCode {
             .and_then(|()| a.flags.session_options())
             .and_then(|o| info::info(&a.model, &o.symbols, a.graph)),
         Command::Config(a) => config_cmd::run(a),
+        Command::Repro(a) => match repro::repro(a) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -729,10 +729,10 @@ section! {
             "Trace TVM passes.";
         propagate_span_information: bool = true, Kind::Bool, no_effect(TVM), [axl("propagate_span_information")],
             "Propagate span information through the compiler.";
-        randomize_onnx_model: bool = true, Kind::Bool, no_effect("only used with save_error_artifact"), [axl("randomize_onnx_model")],
-            "Randomize weights before saving an error artifact.";
-        save_error_artifact: bool = false, Kind::Bool, nyi_warn("error artifacts are not yet written; errors name the culprit node instead"), [axl("save_error_artifact")],
-            "Archive the lowered model and errors on failure.";
+        randomize_onnx_model: bool = true, Kind::Bool, IMPLEMENTED, [axl("randomize_onnx_model")],
+            "With save_error_artifact: the saved ONNX model's float weights are replaced by uniform random values over each tensor's range (same shape and type; integer tensors kept).";
+        save_error_artifact: bool = false, Kind::Bool, IMPLEMENTED, [axl("save_error_artifact")],
+            "When a compile or run fails, write a repro bundle to output_dir (else the temporary directory; the error names it): the model, the resolved configuration, the run's inputs (.npz), the failing node alone with its captured inputs (.onnx + .npz, ONNX models), kiln's version and the error; `kiln repro BUNDLE` replays it.";
     }
 }
 

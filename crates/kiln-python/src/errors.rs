@@ -82,7 +82,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 pub(crate) fn from_kiln(e: kiln::Error) -> PyErr {
     use kiln::RuntimeError as R;
     let msg = chain(&e);
-    match &e {
+    match e.root() {
         kiln::Error::Run(R::Cancelled { .. }) => CancelledError::new_err(msg),
         kiln::Error::Compile(kiln::raw::compiler::CompileError::Stopped { reason, .. }) => match reason {
             kiln::StopReason::Cancelled => CancelledError::new_err(msg),

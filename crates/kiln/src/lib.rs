@@ -8,6 +8,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod artifact;
 mod bench;
 mod crc;
 mod limits;
@@ -28,6 +29,7 @@ pub use kiln_runtime::RuntimeError;
 pub use kiln_runtime::{AllocCounts, CachingAlloc, CountingAlloc, ThreadPool};
 pub use kiln_runtime::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use kiln_tensor::{DType, Data, Mismatch, SharedBytes, Tensor, TensorError, bf16, compare, f16};
+pub use artifact::ArtifactOptions;
 pub use crc::{CrcMismatch, IoCrc, SAMPLE as CRC_SAMPLE, tensor_crc};
 pub use limits::{DEFAULT_LOOP_ITERATIONS, RunLimits, RunOptions, auto_memory_limit};
 pub use kiln_runtime::StopReason;

@@ -38,6 +38,25 @@ pub enum Error {
     ShapeSet { set: String, reason: String },
     #[error(transparent)]
     Crc(#[from] crate::crc::CrcMismatch),
+    /// A failure with the error artifact written for it (`save_error_artifact`).
+    #[error("{error}{}", match .bundle {
+        Ok(dir) => format!("\nerror artifact written to {} (replay it with `kiln repro {}`)", dir.display(), dir.display()),
+        Err(why) => format!("\n(the error artifact could not be written: {why})"),
+    })]
+    Artifact {
+        error: Box<Error>,
+        bundle: Result<std::path::PathBuf, String>,
+    },
+}
+
+impl Error {
+    /// The error itself, under an [`Error::Artifact`] wrapper if there is one.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Artifact { error, .. } => error.root(),
+            other => other,
+        }
+    }
 }
 
 fn to_usize(bindings: &[(String, u64)]) -> Vec<(String, usize)> {
@@ -85,6 +104,9 @@ pub struct SessionOptions {
     /// `io_crc` with `crc_stride`; see `crc.rs`); `None`: off. A program file compiled with
     /// them on keeps them on.
     pub io_crc: Option<u32>,
+    /// Write an error artifact when a compile or run fails (`save_error_artifact`, see
+    /// `artifact.rs`); `None`: off.
+    pub artifacts: Option<crate::ArtifactOptions>,
 }
 
 impl Default for SessionOptions {
@@ -102,6 +124,7 @@ impl Default for SessionOptions {
             compile_time_limit: None,
             cancel: None,
             io_crc: None,
+            artifacts: None,
         }
     }
 }
@@ -141,6 +164,10 @@ impl SessionOptions {
                 .then(|| std::time::Duration::from_secs(c.compile_time_limit_s)),
             cancel: None,
             io_crc: c.gen_crc.then_some(c.crc_stride),
+            artifacts: c.save_error_artifact.then(|| crate::ArtifactOptions {
+                dir: c.output_dir.clone(),
+                randomize_weights: c.randomize_onnx_model,
+            }),
         }
     }
 
@@ -148,6 +175,32 @@ impl SessionOptions {
     fn compiling<R>(&self, f: impl FnOnce() -> R) -> R {
         crate::limits::with_stop(None, self.cancel.as_ref(), self.compile_time_limit, f)
     }
+
+    /// `r`, its error wrapped with the artifact of a failed compile of `model` when artifacts
+    /// are on.
+    fn compile_artifact<R>(&self, model: &Path, r: Result<R, Error>) -> Result<R, Error> {
+        match (&self.artifacts, r) {
+            (Some(a), Err(e)) => Err(crate::artifact::attach(
+                a,
+                crate::artifact::Failure {
+                    stage: crate::artifact::Stage::Compile,
+                    model: Some(model),
+                    options: self,
+                    inputs: None,
+                    error: &e,
+                },
+            )),
+            (_, r) => r,
+        }
+    }
+}
+
+/// What a failed run's artifact is made of.
+#[derive(Debug)]
+struct RunArtifact {
+    options: crate::ArtifactOptions,
+    model: Option<std::path::PathBuf>,
+    session: SessionOptions,
 }
 
 /// Name and static type of one model input or output.
@@ -174,6 +227,8 @@ pub struct Session {
     pub(crate) arenas: std::sync::Mutex<Vec<kiln_runtime::Arena>>,
     /// The stride of the run CRCs when on.
     io_crc: Option<u32>,
+    /// What a failed run's error artifact needs (`save_error_artifact`).
+    artifact: Option<Arc<RunArtifact>>,
     /// Bounds on every run.
     limits: RunLimits,
     /// The options' cancel flag (stops every run while set).
@@ -205,7 +260,7 @@ pub struct CompileSummary {
 
 /// Compiles an `.onnx` model into a `.kiln` program file.
 pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Result<CompileSummary, Error> {
-    options.compiling(|| compile_file_now(model, out, options))
+    options.compile_artifact(model, options.compiling(|| compile_file_now(model, out, options)))
 }
 
 fn compile_file_now(model: &Path, out: &Path, options: &SessionOptions) -> Result<CompileSummary, Error> {
@@ -364,10 +419,28 @@ impl Session {
             session.specializer = specializer;
             let mut session = session.observed(options, started)?;
             session.io_crc = options.io_crc.or(stored_crc);
-            return Ok(session);
+            return Ok(session.with_artifacts(options, Some(path)));
         }
-        let model = load_onnx(path, options)?;
-        Session::compiled(&model, options, started)
+        let session = options.compile_artifact(
+            path,
+            load_onnx(path, options).and_then(|model| Session::compiled(&model, options, started)),
+        )?;
+        Ok(session.with_artifacts(options, Some(path)))
+    }
+
+    /// Keeps what a run failure's artifact needs (when artifacts are on).
+    fn with_artifacts(mut self, options: &SessionOptions, model: Option<&Path>) -> Session {
+        self.artifact = options.artifacts.as_ref().map(|a| {
+            Arc::new(RunArtifact {
+                options: a.clone(),
+                model: model.map(Path::to_path_buf),
+                session: SessionOptions {
+                    artifacts: None,
+                    ..options.clone()
+                },
+            })
+        });
+        self
     }
 
     /// The meta section of the program file this session was opened from, if any.
@@ -439,6 +512,7 @@ impl Session {
             limits: RunLimits::default(),
             cancel: None,
             io_crc: None,
+            artifact: None,
         }
     }
 
@@ -572,10 +646,34 @@ impl Session {
     /// With `gen_crc` on, an input changed while the run read it fails the run
     /// ([`Error::Crc`]); [`Session::run_with_crc`] also returns the CRCs.
     pub fn run(&self, inputs: Vec<(String, Value)>) -> Result<Vec<(String, Value)>, Error> {
-        match self.io_crc {
+        self.reporting(inputs, |inputs| match self.io_crc {
             None => self.run_plain(inputs, None),
             Some(stride) => self.run_crc_with(inputs, None, stride).map(|(o, _)| o),
-        }
+        })
+    }
+
+    /// `f(inputs)`, its error wrapped with an artifact of the failed run when artifacts are on.
+    fn reporting<R>(
+        &self,
+        inputs: Vec<(String, Value)>,
+        f: impl FnOnce(Vec<(String, Value)>) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let Some(a) = &self.artifact else {
+            return f(inputs);
+        };
+        let kept = inputs.clone();
+        f(inputs).map_err(|e| {
+            crate::artifact::attach(
+                &a.options,
+                crate::artifact::Failure {
+                    stage: crate::artifact::Stage::Run,
+                    model: a.model.as_deref(),
+                    options: &a.session,
+                    inputs: Some(&kept),
+                    error: &e,
+                },
+            )
+        })
     }
 
     /// [`Session::run`] under `options`: another thread may stop it with
@@ -585,10 +683,10 @@ impl Session {
         inputs: Vec<(String, Value)>,
         options: &RunOptions,
     ) -> Result<Vec<(String, Value)>, Error> {
-        match self.io_crc {
+        self.reporting(inputs, |inputs| match self.io_crc {
             None => self.run_plain(inputs, Some(options)),
             Some(stride) => self.run_crc_with(inputs, Some(options), stride).map(|(o, _)| o),
-        }
+        })
     }
 
     /// [`Session::run_with_options`] returning the CRCs of the inputs and outputs too (see
@@ -599,7 +697,7 @@ impl Session {
         options: &RunOptions,
     ) -> Result<(Vec<(String, Value)>, crate::IoCrc), Error> {
         let stride = self.io_crc.unwrap_or(crate::crc::DEFAULT_STRIDE);
-        self.run_crc_with(inputs, Some(options), stride)
+        self.reporting(inputs, |inputs| self.run_crc_with(inputs, Some(options), stride))
     }
 
     fn run_plain(&self, inputs: Vec<(String, Value)>, options: Option<&RunOptions>) -> Result<Vec<(String, Value)>, Error> {
