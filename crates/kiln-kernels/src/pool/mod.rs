@@ -14,6 +14,9 @@
 //!
 //! The caller thread takes part in every job, so a pool of `n` threads has `n - 1` workers.
 
+pub mod gate;
+
+use gate::{Cursor, Gate, Tasks};
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,7 +24,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 /// A job as the workers see it: the task function with its lifetime erased. Valid while a
-/// worker is inside the job (see `Shared::inside`).
+/// worker is inside the job (see `Shared::gate`).
 #[derive(Clone, Copy)]
 struct JobRef {
     f: *const (dyn Fn(usize) + Sync),
@@ -49,12 +52,10 @@ struct Shared {
     /// caller's current stop (`crate::stop`), which they answer to during the job.
     job: Mutex<Option<(JobRef, Option<Arc<crate::recycle::Scratch>>, StopRef)>>,
     /// The next task to claim (task 0 is the caller's and never claimed).
-    next: AtomicUsize,
-    /// The workers inside the current job, plus [`CLOSED`] once its caller stops admitting
-    /// them. A worker enters only while the bit is clear and leaves after its last task, so
-    /// the caller waits for workers that took tasks, never for one that is not running: a
-    /// worker the OS has descheduled when a job is published simply misses it.
-    inside: AtomicUsize,
+    tasks: Tasks,
+    /// Who is inside the current job (see [`Gate`]): a worker the OS has descheduled when a
+    /// job is published simply misses it.
+    gate: Gate,
     /// Held by the one caller using the pool.
     busy: AtomicBool,
     /// Workers spin (rather than sleep) while set.
@@ -67,8 +68,6 @@ struct Shared {
     wake: Condvar,
 }
 
-/// The bit of `Shared::inside` that says the current job admits no more workers.
-const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// A fixed set of compute threads (see the module docs).
 pub struct ThreadPool {
@@ -107,8 +106,8 @@ impl ThreadPool {
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
-            next: AtomicUsize::new(0),
-            inside: AtomicUsize::new(CLOSED),
+            tasks: Tasks::default(),
+            gate: Gate::new(),
             busy: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
@@ -260,7 +259,7 @@ impl ThreadPool {
             return;
         }
         // SAFETY (lifetime erasure): the pointer is published below and workers use it only
-        // between entering the job (`inside`, while not CLOSED) and leaving it; this function
+        // between entering the job (`Gate::enter`) and leaving it; this function
         // does not return (nor unwind: the caller's own tasks run under catch_unwind) before
         // it has closed the job and seen every entered worker leave, so `f` outlives every use.
         let erased: *const (dyn Fn(usize) + Sync + '_) = f;
@@ -270,8 +269,8 @@ impl ThreadPool {
         let stop = StopRef(crate::stop::current_ptr());
         *s.job.lock().unwrap_or_else(PoisonError::into_inner) = Some((JobRef { f: erased, tasks }, scratch, stop));
         // Task 0 is the caller's (below); the others are claimed from 1 on.
-        s.next.store(1, Ordering::SeqCst);
-        s.inside.store(0, Ordering::SeqCst);
+        s.tasks.reset();
+        s.gate.open();
         s.generation.fetch_add(1, Ordering::SeqCst);
         self.wake_sleepers();
         // The caller's own tasks see no current pool, as the workers' do: a nested kernel
@@ -291,16 +290,13 @@ impl ThreadPool {
             })
         }));
         // Every task has been claimed: admit no more workers, and wait for those that took one.
-        s.inside.fetch_or(CLOSED, Ordering::AcqRel);
-        let mut spins = 0u32;
-        while s.inside.load(Ordering::Acquire) != CLOSED {
-            spins = spins.wrapping_add(1);
+        s.gate.close_and_wait(|spins| {
             if spins.is_multiple_of(1 << 12) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
-        }
+        });
         *s.job.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let worker_panic = s.panicked.lock().unwrap_or_else(PoisonError::into_inner).take();
         s.busy.store(false, Ordering::Release);
@@ -318,10 +314,7 @@ fn run_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), tasks: usize) {
         if crate::stop::requested() {
             return;
         }
-        let i = s.next.fetch_add(1, Ordering::Relaxed);
-        if i >= tasks {
-            return;
-        }
+        let Some(i) = s.tasks.claim(tasks) else { return };
         f(i);
     }
 }
@@ -375,7 +368,7 @@ fn worker(s: &Shared, slot: usize) {
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
             drop(guard);
         }
-        if !enter(s) {
+        if !s.gate.enter() {
             continue;
         }
         // The job's scratch as a pointer, not a clone of its `Arc`: the count's cache line
@@ -402,25 +395,7 @@ fn worker(s: &Shared, slot: usize) {
                 *s.panicked.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
             }
         }
-        s.inside.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Joins the current job unless its caller has closed it (then the worker has nothing to do:
-/// every task is taken).
-fn enter(s: &Shared) -> bool {
-    let mut cur = s.inside.load(Ordering::Acquire);
-    loop {
-        if cur & CLOSED != 0 {
-            return false;
-        }
-        match s
-            .inside
-            .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => return true,
-            Err(now) => cur = now,
-        }
+        s.gate.leave();
     }
 }
 
@@ -507,10 +482,10 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usi
     // on its own cache lines: the owner claims every piece with a compare-exchange, and with
     // the cursors side by side each claim took the line from the other thread (on ViT-tiny's
     // LayerNorm rows, ~0.1 us each, a round trip per row: ~70 ns near, ~330 ns far).
-    let cursors: smallvec::SmallVec<[Padded<AtomicU64>; 8]> = (0..ranges)
+    let cursors: smallvec::SmallVec<[Padded<Cursor>; 8]> = (0..ranges)
         .map(|r| {
             let (lo, hi) = ((r * per) as u64, ((r + 1) * per).min(pieces) as u64);
-            Padded(AtomicU64::new(hi << 32 | lo))
+            Padded(Cursor::new(lo, hi))
         })
         .collect();
     let raw = RawChunks {
@@ -558,27 +533,12 @@ struct Padded<T>(T);
 /// Takes the next piece of a range of [`for_each_chunk_mut`]: its front (the owner) or its
 /// back (another thread). `None` when the range is empty (or absent), or when the current
 /// stop says to stop.
-fn claim(cursor: Option<&AtomicU64>, front: bool) -> Option<usize> {
+fn claim(cursor: Option<&Cursor>, front: bool) -> Option<usize> {
     let cursor = cursor?;
     if crate::stop::requested() {
         return None;
     }
-    let mut cur = cursor.load(Ordering::Acquire);
-    loop {
-        let (lo, hi) = (cur & 0xFFFF_FFFF, cur >> 32);
-        if lo >= hi {
-            return None;
-        }
-        let (next, got) = if front {
-            (hi << 32 | (lo + 1), lo)
-        } else {
-            ((hi - 1) << 32 | lo, hi - 1)
-        };
-        match cursor.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return usize::try_from(got).ok(),
-            Err(now) => cur = now,
-        }
-    }
+    cursor.claim(front)
 }
 
 /// `data` of [`for_each_chunk_mut`] cut into pieces handed out by index.
