@@ -39,7 +39,7 @@ def rss_mib():
 def feed_for(session):
     rng = np.random.default_rng(0)
     feed = {}
-    for name, (shape, dtype) in session.model_input_shape_dict.items():
+    for name, (shape, dtype) in session.model_input_shape_dict().items():
         dims = [d if isinstance(d, int) else 1 for d in shape]
         dt = np.dtype(dtype)
         if dt.kind == "f":

@@ -8,9 +8,9 @@ mod profile;
 mod repro;
 
 use anyhow::{Context, Result};
-use kiln_cli::npy;
 use clap::{Parser, Subcommand};
 use kiln::{Session, Tensor, Value};
+use kiln_cli::npy;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

@@ -27,9 +27,10 @@ pub fn repro(a: ReproArgs) -> Result<ExitCode> {
     let dir = &a.bundle;
     let info = read_info(dir).map_err(anyhow::Error::msg)?;
     let config_path = dir.join(&info.config);
-    let text = std::fs::read_to_string(&config_path).with_context(|| format!("cannot read {}", config_path.display()))?;
-    let config: kiln_config::Config =
-        serde_json::from_str(&text).with_context(|| format!("{} is not a kiln configuration", config_path.display()))?;
+    let text =
+        std::fs::read_to_string(&config_path).with_context(|| format!("cannot read {}", config_path.display()))?;
+    let config: kiln_config::Config = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a kiln configuration", config_path.display()))?;
     let mut options = SessionOptions::from_config(&config);
     options.artifacts = None;
     let Some(model) = &info.model else {
@@ -44,7 +45,11 @@ pub fn repro(a: ReproArgs) -> Result<ExitCode> {
             Stage::Compile => "compile",
             Stage::Run => "run",
         },
-        if info.randomized_weights { "; weights randomized" } else { "" }
+        if info.randomized_weights {
+            "; weights randomized"
+        } else {
+            ""
+        }
     );
     println!("recorded {}", info.error);
     if let (Some(node_model), Some(node_inputs)) = (&info.node_model, &info.node_inputs) {

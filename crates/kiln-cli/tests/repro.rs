@@ -2,12 +2,12 @@
 //! a bundle (save_error_artifact), and `kiln repro BUNDLE` replays it to the same error; the
 //! failing node comes alone with its captured inputs, and the saved weights are randomized.
 
+use kiln::Tensor;
 use kiln::raw::onnx::proto::{
     GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
     tensor_shape_proto::{Dimension, dimension},
     type_proto,
 };
-use kiln::Tensor;
 use prost::Message;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -96,7 +96,11 @@ fn a_failed_run_writes_a_bundle_that_repro_replays_with_the_node_alone() {
     let x = Tensor::from_vec(vec![2, 3], vec![1.0f32; 6]).unwrap();
     let idx = Tensor::from_vec(vec![1], vec![5i64]).unwrap();
     let feed = tmp.path().join("bad.npz");
-    std::fs::write(&feed, kiln::npy::npz_bytes(&[("x".into(), x), ("idx".into(), idx)]).unwrap()).unwrap();
+    std::fs::write(
+        &feed,
+        kiln::npy::npz_bytes(&[("x".into(), x), ("idx".into(), idx)]).unwrap(),
+    )
+    .unwrap();
     let out = tmp.path().join("artifacts");
     let run = kiln()
         .args(["run", model.to_str().unwrap(), "--inputs", feed.to_str().unwrap()])
@@ -142,7 +146,11 @@ fn a_failed_run_writes_a_bundle_that_repro_replays_with_the_node_alone() {
     let good = tmp.path().join("good.npz");
     let x = Tensor::from_vec(vec![2, 3], vec![1.0f32; 6]).unwrap();
     let idx = Tensor::from_vec(vec![1], vec![1i64]).unwrap();
-    std::fs::write(&good, kiln::npy::npz_bytes(&[("x".into(), x), ("idx".into(), idx)]).unwrap()).unwrap();
+    std::fs::write(
+        &good,
+        kiln::npy::npz_bytes(&[("x".into(), x), ("idx".into(), idx)]).unwrap(),
+    )
+    .unwrap();
     let ok = kiln()
         .args(["run", model.to_str().unwrap(), "--inputs", good.to_str().unwrap()])
         .args(["-O", "save_error_artifact=true", "-O"])
@@ -162,19 +170,31 @@ fn a_failed_compile_writes_a_bundle_that_repro_replays() {
     let compile = kiln()
         .args(["compile", model.to_str().unwrap(), "-o"])
         .arg(tmp.path().join("m.kiln"))
-        .args(["-O", "save_error_artifact=true", "-O", "randomize_onnx_model=false", "-O"])
+        .args([
+            "-O",
+            "save_error_artifact=true",
+            "-O",
+            "randomize_onnx_model=false",
+            "-O",
+        ])
         .arg(format!("output_dir={}", out.display()))
         .output()
         .unwrap();
     assert!(!compile.status.success());
     let err = String::from_utf8_lossy(&compile.stderr);
-    assert!(err.contains("NoSuchOp") && err.contains("error artifact written to"), "{err}");
+    assert!(
+        err.contains("NoSuchOp") && err.contains("error artifact written to"),
+        "{err}"
+    );
     let bundle = the_bundle(&out);
     let info = kiln::artifact::read_info(&bundle).unwrap();
     assert_eq!(info.stage, kiln::artifact::Stage::Compile);
     assert!(!info.randomized_weights && info.inputs.is_none());
     // Not randomized: the very bytes.
-    assert_eq!(std::fs::read(bundle.join("model.onnx")).unwrap(), gather_model("NoSuchOp"));
+    assert_eq!(
+        std::fs::read(bundle.join("model.onnx")).unwrap(),
+        gather_model("NoSuchOp")
+    );
     let replay = kiln().args(["repro", bundle.to_str().unwrap()]).output().unwrap();
     let text = String::from_utf8_lossy(&replay.stdout);
     assert_eq!(replay.status.code(), Some(1), "{text}");

@@ -72,7 +72,9 @@ impl Stop {
             return false;
         };
         // The first reason seen wins.
-        let _ = self.seen.compare_exchange(GO, why, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self
+            .seen
+            .compare_exchange(GO, why, Ordering::Relaxed, Ordering::Relaxed);
         true
     }
 

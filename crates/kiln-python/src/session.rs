@@ -72,7 +72,10 @@ impl RunOptions {
     #[setter]
     fn set_time_limit_ms(&self, value: Option<f64>) -> PyResult<()> {
         let limit = time_limit(value)?;
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).time_limit = limit;
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .time_limit = limit;
         Ok(())
     }
 
@@ -90,7 +93,10 @@ impl RunOptions {
 impl RunOptions {
     /// A snapshot sharing the terminate flag.
     fn get(&self) -> kiln::RunOptions {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 

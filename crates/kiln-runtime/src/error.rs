@@ -24,7 +24,9 @@ pub enum RuntimeError {
     Program(String),
     #[error("run cancelled at node '{node}' ({op}) after {elapsed_ms:.1} ms")]
     Cancelled { node: String, op: String, elapsed_ms: f64 },
-    #[error("run time limit of {limit_ms:.0} ms (run_time_limit_ms) reached at node '{node}' ({op}) after {elapsed_ms:.1} ms")]
+    #[error(
+        "run time limit of {limit_ms:.0} ms (run_time_limit_ms) reached at node '{node}' ({op}) after {elapsed_ms:.1} ms"
+    )]
     TimeLimit {
         node: String,
         op: String,

@@ -571,7 +571,6 @@ fn run_step_moving(step: &Step, env: &mut [Slot<'_>], ctl: &Ctl<'_>, planned: bo
     run_step(step, env, ctl, planned)
 }
 
-
 /// Inputs a step gathers without allocating (more go to a vector).
 const INLINE_ARGS: usize = 8;
 
@@ -643,7 +642,9 @@ fn run_step(step: &Step, env: &[Slot<'_>], ctl: &Ctl<'_>, planned: bool) -> Resu
         StepKind::Loop(l) => run_loop(l, &args, env, ctl, step)
             .map(Outputs::from)
             .map_err(|e| wrap(e, step)),
-        StepKind::Scan(s) => run_scan(s, &args, env, ctl).map(Outputs::from).map_err(|e| wrap(e, step)),
+        StepKind::Scan(s) => run_scan(s, &args, env, ctl)
+            .map(Outputs::from)
+            .map_err(|e| wrap(e, step)),
         StepKind::FlexAttention {
             op,
             score_mod,
@@ -684,13 +685,7 @@ fn op_err(e: OpError) -> RuntimeError {
     RuntimeError::Program(e.to_string())
 }
 
-fn run_loop(
-    l: &LoopStep,
-    args: &[Option<&Value>],
-    env: &[Slot<'_>],
-    ctl: &Ctl<'_>,
-    step: &Step,
-) -> Result<Vec<Value>> {
+fn run_loop(l: &LoopStep, args: &[Option<&Value>], env: &[Slot<'_>], ctl: &Ctl<'_>, step: &Step) -> Result<Vec<Value>> {
     let a = Args::new(args);
     let max_trip = match a.opt_tensor(0).map_err(op_err)? {
         Some(t) => Some(
@@ -899,7 +894,10 @@ fn run_sequence_map(
                 None => return Err(RuntimeError::Program(format!("input {k} is absent"))),
             }
         }
-        for (k, v) in run_program(body, env, formal, None, false, ctl)?.into_iter().enumerate() {
+        for (k, v) in run_program(body, env, formal, None, false, ctl)?
+            .into_iter()
+            .enumerate()
+        {
             match (v, outs.get_mut(k)) {
                 (Value::Tensor(t), Some(acc)) => acc.push(t),
                 _ => return Err(RuntimeError::Program(format!("body output {k} must be a tensor"))),

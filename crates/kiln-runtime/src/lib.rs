@@ -14,13 +14,13 @@ mod stack;
 
 pub use error::RuntimeError;
 pub use exec::{Limits, run, run_limited, run_with};
-/// A run's stop condition (time limit, cancellation), installed on the running thread.
-pub use kiln_kernels::stop::{Stop, StopReason, install as install_stop};
 /// The allocator that keeps freed activation buffers for the next run (see its docs).
 pub use kiln_kernels::alloc::{AllocCounts, CachingAlloc, CountingAlloc};
 /// The compute thread pool a Session runs its programs on (kernels split over the pool
 /// installed on the running thread).
 pub use kiln_kernels::pool::ThreadPool;
 pub use kiln_kernels::recycle::Arena;
+/// A run's stop condition (time limit, cancellation), installed on the running thread.
+pub use kiln_kernels::stop::{Stop, StopReason, install as install_stop};
 pub use profile::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use program::{ArenaPlan, IoSpec, LoopStep, Program, ScanStep, Step, StepKind};

@@ -281,7 +281,11 @@ fn isolate(
         .collect();
     // Capture: the original model (real weights) cut to end at those values, so the failing
     // node is not run; graph inputs come from the feed.
-    let computed: Vec<String> = wanted.iter().filter(|w| !graph_inputs.contains(&w.as_str())).cloned().collect();
+    let computed: Vec<String> = wanted
+        .iter()
+        .filter(|w| !graph_inputs.contains(&w.as_str()))
+        .cloned()
+        .collect();
     let mut captured: Vec<(String, Tensor)> = Vec::new();
     if !computed.is_empty() {
         let bytes = std::fs::read(path).ok()?;

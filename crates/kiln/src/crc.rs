@@ -148,9 +148,15 @@ mod tests {
         // A change inside a sampled range is seen; one between samples is not.
         let mut w = v.clone();
         w[64] ^= 1;
-        assert_ne!(tensor_crc(&Tensor::from_vec(vec![256], w).unwrap_or_else(|_| unreachable!()), 64), tensor_crc(&t, 64));
+        assert_ne!(
+            tensor_crc(&Tensor::from_vec(vec![256], w).unwrap_or_else(|_| unreachable!()), 64),
+            tensor_crc(&t, 64)
+        );
         let mut w = v;
         w[65 + SAMPLE] ^= 1;
-        assert_eq!(tensor_crc(&Tensor::from_vec(vec![256], w).unwrap_or_else(|_| unreachable!()), 64), tensor_crc(&t, 64));
+        assert_eq!(
+            tensor_crc(&Tensor::from_vec(vec![256], w).unwrap_or_else(|_| unreachable!()), 64),
+            tensor_crc(&t, 64)
+        );
     }
 }

@@ -20,19 +20,19 @@ mod shapes;
 mod specialize;
 mod trace;
 
+pub use artifact::ArtifactOptions;
 pub use bench::{BenchLimit, BenchOptions, BenchProgress, BenchReport, RoundTrip};
+pub use crc::{CrcMismatch, IoCrc, SAMPLE as CRC_SAMPLE, tensor_crc};
 pub use kiln_compiler::CompileOptions;
 pub use kiln_ir::Graph;
 pub use kiln_onnx::{ImportError, Model, UnsupportedOp};
 pub use kiln_ops::{Dim, Sequence, TensorType, Value, ValueType};
 pub use kiln_runtime::RuntimeError;
+pub use kiln_runtime::StopReason;
 pub use kiln_runtime::{AllocCounts, CachingAlloc, CountingAlloc, ThreadPool};
 pub use kiln_runtime::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use kiln_tensor::{DType, Data, Mismatch, SharedBytes, Tensor, TensorError, bf16, compare, f16};
-pub use artifact::ArtifactOptions;
-pub use crc::{CrcMismatch, IoCrc, SAMPLE as CRC_SAMPLE, tensor_crc};
 pub use limits::{DEFAULT_LOOP_ITERATIONS, RunLimits, RunOptions, auto_memory_limit};
-pub use kiln_runtime::StopReason;
 pub use monitor::{LatencyStats, MAX_PROFILE_RECORDS, Metrics, percentile};
 pub use profile::ProfileReport;
 pub use session::{

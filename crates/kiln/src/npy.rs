@@ -48,8 +48,13 @@ pub fn parse_npy(bytes: &[u8]) -> Result<Tensor, NpyError> {
     let fortran = dict_raw(header, "fortran_order").is_some_and(|v| v.starts_with("True"));
     let shape = dict_shape(header).ok_or_else(|| bad("header has no readable 'shape'"))?;
     let data = &bytes[start + header_len..];
-    let (order, code) = descr.split_at(1.min(descr.len()));
-    let (kind, size) = code.split_at(1.min(code.len()));
+    // A numpy dtype string is ASCII: '<f4', '|b1', '<U8'.
+    let unsupported = || bad(format!("unsupported dtype '{descr}'"));
+    if !descr.is_ascii() || descr.len() < 3 {
+        return Err(unsupported());
+    }
+    let (order, code) = descr.split_at(1);
+    let (kind, size) = code.split_at(1);
     let size: usize = size
         .parse()
         .ok()
@@ -235,7 +240,6 @@ pub fn to_npy(t: &Tensor) -> (Vec<u8>, Written) {
     (out, Written { converted_from })
 }
 
-
 /// An `.npz` archive of `arrays` (each `NAME.npy`), stored without compression (numpy's
 /// `np.savez`): a zip of local headers, the files and a central directory, with CRC-32s.
 /// Fails only when the archive would pass zip's 4 GiB / 65,535-entry limits.
@@ -319,8 +323,18 @@ mod tests {
     }
 
     #[test]
-    fn zero_width_and_overflowing_dtypes_are_errors() {
-        for descr in ["<U0", "<f0", "<U4611686018427387904", "<i99999999999999999999"] {
+    fn zero_width_overflowing_and_non_ascii_dtypes_are_errors() {
+        // "\u{359}..." found by the read_npy fuzz target: a split inside a character.
+        for descr in [
+            "<U0",
+            "<f0",
+            "<U4611686018427387904",
+            "<i99999999999999999999",
+            "\u{359}",
+            "<\u{359}4",
+            "f",
+            "",
+        ] {
             let header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': (2,), }}\n");
             let mut b = Vec::new();
             b.extend_from_slice(MAGIC);
@@ -330,6 +344,25 @@ mod tests {
             b.extend_from_slice(&[0; 64]);
             assert!(parse_npy(&b).is_err(), "{descr}");
         }
+    }
+
+    /// The read_npy fuzz target's first finding (2026-11-26): a header whose 'descr' starts
+    /// with a two-byte character made the dtype split panic.
+    #[test]
+    fn fuzz_finding_a_dtype_split_inside_a_character() {
+        const FOUND: &[u8] = &[
+            147, 78, 85, 77, 80, 89, 1, 0, 118, 0, 123, 39, 100, 101, 115, 99, 114, 39, 58, 32, 39, 205, 153, 0, 118,
+            0, 123, 39, 100, 101, 115, 99, 114, 39, 58, 32, 39, 60, 102, 50, 33, 44, 32, 39, 49, 70, 44, 32, 102, 111,
+            114, 116, 114, 97, 110, 95, 111, 114, 100, 101, 114, 39, 58, 32, 70, 97, 108, 115, 101, 44, 32, 39, 115,
+            104, 97, 112, 101, 39, 58, 32, 40, 50, 44, 32, 50, 41, 44, 32, 125, 32, 32, 32, 50, 39, 44, 32, 39, 102,
+            111, 114, 116, 114, 97, 110, 95, 50, 0, 0, 0, 114, 39, 58, 32, 70, 97, 108, 115, 101, 44, 32, 39, 115, 104,
+            97, 112, 101, 39, 58, 32, 40, 50, 44, 32, 50, 41, 44, 32, 125, 32, 32, 32, 32, 32, 32, 32, 32, 32, 11, 11,
+            11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11,
+            11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 11, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32,
+            32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32,
+            32, 32, 32, 32, 32, 32, 32, 32, 10, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        assert!(parse_npy(FOUND).is_err());
     }
 
     #[test]

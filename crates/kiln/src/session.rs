@@ -1,12 +1,12 @@
 //! Session: a loaded, compiled model ready to run; immutable and shareable across threads.
 
+use crate::limits::{RunLimits, RunOptions};
 use crate::monitor::{Metrics, Monitor};
 use crate::profile::ProfileReport;
 use crate::specialize::{ShapeCacheInfo, Specializer};
 use kiln_compiler::CompileOptions;
 use kiln_onnx::{ImportOptions, Model};
 use kiln_ops::{Value, ValueType};
-use crate::limits::{RunLimits, RunOptions};
 use kiln_runtime::Program;
 use std::path::Path;
 use std::sync::Arc;
@@ -700,7 +700,11 @@ impl Session {
         self.reporting(inputs, |inputs| self.run_crc_with(inputs, Some(options), stride))
     }
 
-    fn run_plain(&self, inputs: Vec<(String, Value)>, options: Option<&RunOptions>) -> Result<Vec<(String, Value)>, Error> {
+    fn run_plain(
+        &self,
+        inputs: Vec<(String, Value)>,
+        options: Option<&RunOptions>,
+    ) -> Result<Vec<(String, Value)>, Error> {
         self.run_program(inputs, options, |program, inputs, limits| {
             self.monitor.run(program, inputs, limits)
         })

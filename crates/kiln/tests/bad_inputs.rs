@@ -132,7 +132,10 @@ fn absurd_declared_shapes_are_refused_before_allocation() {
     let s = Session::from_model(&model, &SessionOptions::default()).unwrap();
     let shape = Tensor::from_vec(vec![2], vec![1i64 << 20, 1 << 20]).unwrap();
     // The default memory limit refuses it before the op runs ...
-    let e = s.run(vec![("s".into(), Value::Tensor(shape.clone()))]).unwrap_err().to_string();
+    let e = s
+        .run(vec![("s".into(), Value::Tensor(shape.clone()))])
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("cos") && e.contains("ConstantOfShape") && e.contains("run_memory_limit_mb"),
         "{e}"

@@ -33,8 +33,16 @@ fn symbolic() -> kiln::Model {
             node("Relu", "relu", &["c"], &["r"], vec![]),
             node("GlobalAveragePool", "gap", &["r"], &["y"], vec![]),
         ],
-        vec![value_info("x", F32, &[Dim::S("batch"), Dim::N(3), Dim::S("h"), Dim::S("w")])],
-        vec![value_info("y", F32, &[Dim::S("batch"), Dim::N(8), Dim::N(1), Dim::N(1)])],
+        vec![value_info(
+            "x",
+            F32,
+            &[Dim::S("batch"), Dim::N(3), Dim::S("h"), Dim::S("w")],
+        )],
+        vec![value_info(
+            "y",
+            F32,
+            &[Dim::S("batch"), Dim::N(8), Dim::N(1), Dim::N(1)],
+        )],
         vec![w],
     );
     import(&m).unwrap()
@@ -54,7 +62,11 @@ fn bits(out: &[(String, Value)]) -> Vec<(String, Vec<usize>, Vec<u32>)> {
     out.iter()
         .map(|(n, v)| {
             let t = v.as_tensor().unwrap();
-            (n.clone(), t.shape().to_vec(), t.as_slice::<f32>().unwrap().iter().map(|x| x.to_bits()).collect())
+            (
+                n.clone(),
+                t.shape().to_vec(),
+                t.as_slice::<f32>().unwrap().iter().map(|x| x.to_bits()).collect(),
+            )
         })
         .collect()
 }
@@ -95,7 +107,12 @@ fn stress(m: &kiln::Model, name: &str, shapes: &[[usize; 4]], threads: usize) {
 #[test]
 fn four_threads_sharing_a_session_get_the_results_of_sequential_calls() {
     let cnn = example();
-    let x = cnn.graph.inputs.first().map(|v| cnn.graph.values[v.index()].name.clone()).unwrap();
+    let x = cnn
+        .graph
+        .inputs
+        .first()
+        .map(|v| cnn.graph.values[v.index()].name.clone())
+        .unwrap();
     let shape: Vec<usize> = match &cnn.graph.values[cnn.graph.inputs[0].index()].ty {
         kiln::ValueType::Tensor(t) => t.fixed_shape().unwrap(),
         other => panic!("{other:?}"),

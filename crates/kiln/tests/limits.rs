@@ -62,7 +62,10 @@ fn loop_inputs(m: i64) -> Vec<(String, Value)> {
     vec![
         ("m".into(), Value::Tensor(Tensor::scalar(m))),
         ("cond".into(), Value::Tensor(Tensor::scalar(true))),
-        ("x".into(), Value::Tensor(Tensor::from_vec(vec![1], vec![0.0f32]).unwrap())),
+        (
+            "x".into(),
+            Value::Tensor(Tensor::from_vec(vec![1], vec![0.0f32]).unwrap()),
+        ),
     ]
 }
 
@@ -105,7 +108,10 @@ fn a_loop_past_its_iteration_limit_is_refused_by_name_and_the_session_goes_on() 
         other => panic!("expected a loop limit error, got {other}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("the_loop") && msg.contains("loop_iteration_limit"), "{msg}");
+    assert!(
+        msg.contains("the_loop") && msg.contains("loop_iteration_limit"),
+        "{msg}"
+    );
     assert_eq!(y(&s.run(loop_inputs(7)).unwrap()), 7.0);
 }
 
@@ -177,7 +183,10 @@ fn expand() -> kiln::Model {
 fn expand_proto() -> kiln::raw::onnx::proto::ModelProto {
     model(
         vec![node("Expand", "grow", &["x", "shape"], &["y"], vec![])],
-        vec![value_info("x", F32, &[Dim::N(1)]), value_info("shape", I64, &[Dim::N(2)])],
+        vec![
+            value_info("x", F32, &[Dim::N(1)]),
+            value_info("shape", I64, &[Dim::N(2)]),
+        ],
         vec![value_info("y", F32, &[Dim::S("a"), Dim::S("b")])],
         vec![],
     )
@@ -185,7 +194,10 @@ fn expand_proto() -> kiln::raw::onnx::proto::ModelProto {
 
 fn expand_inputs(rows: i64, cols: i64) -> Vec<(String, Value)> {
     vec![
-        ("x".into(), Value::Tensor(Tensor::from_vec(vec![1], vec![2.5f32]).unwrap())),
+        (
+            "x".into(),
+            Value::Tensor(Tensor::from_vec(vec![1], vec![2.5f32]).unwrap()),
+        ),
         (
             "shape".into(),
             Value::Tensor(Tensor::from_vec(vec![2], vec![rows, cols]).unwrap()),
@@ -219,7 +231,10 @@ fn an_output_beyond_the_memory_limit_is_refused_before_it_is_allocated() {
         other => panic!("expected a memory limit error, got {other}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("64.0 MiB") && msg.contains("16.0 MiB") && msg.contains("run_memory_limit_mb"), "{msg}");
+    assert!(
+        msg.contains("64.0 MiB") && msg.contains("16.0 MiB") && msg.contains("run_memory_limit_mb"),
+        "{msg}"
+    );
     assert_eq!(s.run(expand_inputs(2, 3)).unwrap()[0].1.as_tensor().unwrap().len(), 6);
 }
 
@@ -232,7 +247,9 @@ fn the_default_limits_bound_memory_and_loops() {
     if let Some(bytes) = d.memory_bytes {
         assert!(bytes > 1 << 28, "{bytes}");
     }
-    let c = kiln_config::Config::resolve::<&str>(&[], &["run_memory_limit_mb=64".into(), "run_time_limit_ms=250".into()]).unwrap();
+    let c =
+        kiln_config::Config::resolve::<&str>(&[], &["run_memory_limit_mb=64".into(), "run_time_limit_ms=250".into()])
+            .unwrap();
     let o = SessionOptions::from_config(&c);
     assert_eq!(o.limits.memory_bytes, Some(64 << 20));
     assert_eq!(o.limits.time, Some(Duration::from_millis(250)));

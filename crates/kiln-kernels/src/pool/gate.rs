@@ -121,7 +121,10 @@ impl Cursor {
             } else {
                 ((hi - 1) << 32 | lo, hi - 1)
             };
-            match self.0.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            match self
+                .0
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => return usize::try_from(got).ok(),
                 Err(now) => cur = now,
             }

@@ -68,7 +68,6 @@ struct Shared {
     wake: Condvar,
 }
 
-
 /// A fixed set of compute threads (see the module docs).
 pub struct ThreadPool {
     shared: Arc<Shared>,
@@ -823,7 +822,10 @@ mod tests {
         // Inline (no pool): exactly the ten before the flag.
         assert_eq!(stopped_after_ten(|task| parallel_for(1000, &|_| task())), 10);
         let mut v = vec![0u8; 1000];
-        assert_eq!(stopped_after_ten(|task| for_each_chunk_mut(&mut v, 1, &|_, _| task())), 10);
+        assert_eq!(
+            stopped_after_ten(|task| for_each_chunk_mut(&mut v, 1, &|_, _| task())),
+            10
+        );
         // On a pool of two: the caller's stop reaches the worker; at most one task per
         // thread is under way when the flag is set.
         let pool = ThreadPool::new(2).unwrap();
