@@ -17,6 +17,7 @@
 //!   memory-bound loops);
 //! - `slab`: the block of the memory plan's tensors per run state, handed out as claimed,
 //!   never-overlapping regions;
+//! - `stop`: a run's stop condition (cancel flags, deadline), checked between work chunks;
 //! - `transpose`: the f32 matrix transpose (8 x 8 register blocks on x86);
 //! - `vector`: row kernels of memory-bound ops (softmax, layer-norm statistics).
 //!

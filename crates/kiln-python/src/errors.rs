@@ -63,20 +63,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The message of an error with its causes, as the CLI prints them (`a: b: c`).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let part = c.to_string();
-        if !s.contains(&part) {
-            s.push_str(": ");
-            s.push_str(&part);
-        }
-        cur = c.source();
-    }
-    s
-}
+// The message of an error with its causes, as the CLI prints them (`a: b: c`).
+use kiln::artifact::chain;
 
 /// A session error as the Python exception of its class.
 pub(crate) fn from_kiln(e: kiln::Error) -> PyErr {

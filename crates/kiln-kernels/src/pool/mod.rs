@@ -34,6 +34,9 @@ struct JobRef {
 // SAFETY: the pointee is `Sync` and outlives every use (see `ThreadPool::parallel_for`).
 unsafe impl Send for JobRef {}
 
+/// A published job: the task function, the caller's scratch and its stop.
+type Job = (JobRef, Option<Arc<crate::recycle::Scratch>>, StopRef);
+
 /// The stop a job's caller answers to (null: none), for its workers.
 #[derive(Clone, Copy)]
 struct StopRef(*const crate::stop::Stop);
@@ -50,7 +53,7 @@ struct Shared {
     /// `generation`, and read by workers after they see the new generation. With it, the
     /// scratch of the caller's run state, which the workers use for the job, and the
     /// caller's current stop (`crate::stop`), which they answer to during the job.
-    job: Mutex<Option<(JobRef, Option<Arc<crate::recycle::Scratch>>, StopRef)>>,
+    job: Mutex<Option<Job>>,
     /// The next task to claim (task 0 is the caller's and never claimed).
     tasks: Tasks,
     /// Who is inside the current job (see [`Gate`]): a worker the OS has descheduled when a
