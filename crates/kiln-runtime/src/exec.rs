@@ -204,6 +204,17 @@ impl<'l> Ctl<'l> {
         Ok(())
     }
 
+    /// Whether `outputs` tensors of the largest size an op may produce (`MAX_ELEMENTS` of 8
+    /// bytes each) fit beside what is held: then no output needs sizing before it is made.
+    fn surely_fits(&self, outputs: usize) -> bool {
+        let Some(limit) = self.limits.memory_bytes else {
+            return true;
+        };
+        let largest = (kiln_tensor::MAX_ELEMENTS as u64).saturating_mul(8);
+        let held = self.live.get().saturating_add(self.arena.get());
+        held.saturating_add(largest.saturating_mul(outputs as u64)) <= limit
+    }
+
     fn counting(&self) -> bool {
         self.limits.memory_bytes.is_some() && !self.static_peak.get()
     }
@@ -620,8 +631,9 @@ fn run_step(step: &Step, env: &[Slot<'_>], ctl: &Ctl<'_>, planned: bool) -> Resu
                     _ => m,
                 })
                 | 1;
-            // Under a memory limit, an output outside the arena is counted before it exists.
-            if ctl.counting() && !planned {
+            // Under a memory limit, an output outside the arena is counted before it exists
+            // (unless even the largest outputs an op may make would fit).
+            if ctl.counting() && !planned && !ctl.surely_fits(step.outputs.len()) {
                 ctl.fits(step, expected_bytes(op, args))?;
             }
             kiln_ops::fast::eval(op, step.plan.as_ref(), &Args::new(&args).with_wanted(wanted)).map_err(node_err)

@@ -129,9 +129,16 @@ fn absurd_declared_shapes_are_refused_before_allocation() {
         vec![],
     );
     let model = import(&m).unwrap();
-    let s = Session::from_model(&model, &SessionOptions::default()).unwrap();
+    let limited = SessionOptions {
+        limits: kiln::RunLimits {
+            memory_bytes: Some(1 << 30),
+            ..kiln::RunLimits::NONE
+        },
+        ..SessionOptions::default()
+    };
+    let s = Session::from_model(&model, &limited).unwrap();
     let shape = Tensor::from_vec(vec![2], vec![1i64 << 20, 1 << 20]).unwrap();
-    // The default memory limit refuses it before the op runs ...
+    // A memory limit refuses it before the op runs ...
     let e = s
         .run(vec![("s".into(), Value::Tensor(shape.clone()))])
         .unwrap_err()
@@ -140,12 +147,9 @@ fn absurd_declared_shapes_are_refused_before_allocation() {
         e.contains("cos") && e.contains("ConstantOfShape") && e.contains("run_memory_limit_mb"),
         "{e}"
     );
-    // ... and without one, the op's own bound on elements.
-    let options = SessionOptions {
-        limits: kiln::RunLimits::NONE,
-        ..SessionOptions::default()
-    };
-    let s = Session::from_model(&model, &options).unwrap();
+    // ... and with the default one (far above what an op may make) the op's own bound on
+    // elements does.
+    let s = Session::from_model(&model, &SessionOptions::default()).unwrap();
     let e = s.run(vec![("s".into(), Value::Tensor(shape))]).unwrap_err().to_string();
     assert!(
         e.contains("cos")
