@@ -744,7 +744,7 @@ section! {
         run_time_limit_ms: u64 = 0, UINT, IMPLEMENTED, [],
             "kiln's own: most wall-clock milliseconds one run may take; past it the run ends with an error naming the limit, the node it reached and the time (checked between steps and between the work chunks of long kernels, so it ends within one chunk). 0 (default): no limit. A RunOptions time limit overrides it for one call.";
         run_memory_limit_mb: u64 = 0, UINT, IMPLEMENTED, [],
-            "kiln's own: most MiB a run's own tensors may hold at once (the planned arena plus outputs outside it, each checked from the op's shape inference before it is computed; inputs, constants and mapped weights not counted); past it the run ends with an error naming the limit, the node and the figures. 0 (default): three quarters of the machine's physical memory.";
+            "kiln's own: most MiB a run's own tensors may hold at once (the planned arena plus the values outside it, inputs included while the run holds them, each output checked from the op's shape inference before it is computed; constants and mapped weights not counted); past it the run ends with an error naming the limit, the node and the figures. 0 (default): three quarters of the machine's physical memory.";
         loop_iteration_limit: u64 = 10000000, POSITIVE, IMPLEMENTED, [],
             "kiln's own: most iterations of one execution of a Loop node (whatever its trip count and condition say); past it the run ends with an error naming the Loop.";
         shape_cache_size: u32 = 8, UINT, IMPLEMENTED, [],

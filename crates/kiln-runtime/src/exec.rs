@@ -80,9 +80,9 @@ impl Drop for Env<'_> {
 /// cancellation are the calling thread's current `kiln_kernels::stop::Stop`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Limits {
-    /// Most bytes the run's own tensors may hold at once: the planned arena plus the outputs
-    /// of steps outside it (inputs, constants and mapped weights not counted). `None`: no
-    /// bound.
+    /// Most bytes the run's tensors may hold at once: the planned arena plus the values
+    /// outside it, inputs included while the run holds them (constants and mapped weights not
+    /// counted). `None`: no bound.
     pub memory_bytes: Option<u64>,
     /// Most iterations of one execution of a Loop node. `None`: no bound.
     pub loop_iterations: Option<u64>,
@@ -461,6 +461,8 @@ fn run_program(
         return Err(bad(format!("expects {} inputs, got {}", p.inputs.len(), formal.len())));
     }
     for (spec, v) in p.inputs.iter().zip(formal) {
+        // Held like a step's output: freeing it gives its bytes back.
+        ctl.hold(&v);
         *env.get_mut(spec.slot)
             .ok_or_else(|| bad(format!("input slot {} out of range", spec.slot)))? = Slot::Owned(v);
     }
@@ -543,8 +545,15 @@ fn run_program(
         let slot = env
             .get_mut(o.slot)
             .ok_or_else(|| bad(format!("output slot {} out of range", o.slot)))?;
+        let owned = matches!(slot, Slot::Owned(_));
         let v = if used_later { slot.get().cloned() } else { slot.take() };
-        outs.push(v.ok_or_else(|| bad(format!("output '{}' was not computed", o.name)))?);
+        let v = v.ok_or_else(|| bad(format!("output '{}' was not computed", o.name)))?;
+        // A value this program held leaves it: whoever stores it (an enclosing step) holds
+        // it again.
+        if owned && !used_later {
+            ctl.release(&v);
+        }
+        outs.push(v);
     }
     Ok(outs)
 }

@@ -12,6 +12,11 @@ use std::time::Duration;
 
 /// y = x + 1, M times: a Loop whose trip count is the input `m` (condition always true).
 fn counting_loop() -> kiln::Model {
+    counting_loop_of(1)
+}
+
+/// [`counting_loop`] over an `n`-element x.
+fn counting_loop_of(n: i64) -> kiln::Model {
     let body = GraphProto {
         name: Some("body".into()),
         node: vec![
@@ -21,9 +26,9 @@ fn counting_loop() -> kiln::Model {
         input: vec![
             value_info("iter", I64, &[]),
             value_info("cond_in", 9, &[]),
-            value_info("acc_in", F32, &[Dim::N(1)]),
+            value_info("acc_in", F32, &[Dim::N(n)]),
         ],
-        output: vec![value_info("cond_out", 9, &[]), value_info("acc_out", F32, &[Dim::N(1)])],
+        output: vec![value_info("cond_out", 9, &[]), value_info("acc_out", F32, &[Dim::N(n)])],
         initializer: vec![kiln::raw::onnx::proto::TensorProto {
             name: Some("one".into()),
             data_type: Some(F32),
@@ -50,9 +55,9 @@ fn counting_loop() -> kiln::Model {
         vec![
             value_info("m", I64, &[]),
             value_info("cond", 9, &[]),
-            value_info("x", F32, &[Dim::N(1)]),
+            value_info("x", F32, &[Dim::N(n)]),
         ],
-        vec![value_info("y", F32, &[Dim::N(1)])],
+        vec![value_info("y", F32, &[Dim::N(n)])],
         vec![],
     );
     import(&m).unwrap()
@@ -308,4 +313,27 @@ fn io_crc_sums_inputs_and_outputs_and_a_program_compiled_with_it_keeps_it() {
     assert_eq!(opened.io_crc(), Some(16));
     let plain = Session::new(&onnx, &SessionOptions::default()).unwrap();
     assert_eq!(plain.io_crc(), None);
+}
+
+#[test]
+fn a_long_loop_under_a_tight_memory_limit_holds_only_its_live_values() {
+    // 2,000 iterations of a 4 KiB carried value: 8 MiB made in all, 8 KiB alive at a time.
+    let s = session(
+        &counting_loop_of(1024),
+        RunLimits {
+            memory_bytes: Some(1 << 20),
+            ..RunLimits::NONE
+        },
+    );
+    let feed = vec![
+        ("m".into(), Value::Tensor(Tensor::scalar(2000i64))),
+        ("cond".into(), Value::Tensor(Tensor::scalar(true))),
+        (
+            "x".into(),
+            Value::Tensor(Tensor::from_vec(vec![1024], vec![0.0f32; 1024]).unwrap()),
+        ),
+    ];
+    let out = s.run(feed).unwrap();
+    let y = out[0].1.as_tensor().unwrap().to_f64_vec();
+    assert!(y.iter().all(|&v| v == 2000.0));
 }
