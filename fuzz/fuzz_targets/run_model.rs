@@ -1,6 +1,7 @@
 //! Fuzz target: arbitrary bytes as an ONNX model, then a run on small deterministic inputs of
 //! the declared (fixed) input types. Loading and running must return Ok or a typed error,
-//! never panic. Seed it with the ONNX backend node-test models.
+//! never panic; runs are bounded by the run limits (2 s, 2 GiB, 100,000 Loop iterations). Seed it
+//! with the ONNX backend node-test models.
 #![no_main]
 
 use kiln::raw::onnx::{ImportOptions, load_model_bytes};
@@ -27,7 +28,18 @@ fuzz_target!(|data: &[u8]| {
     let Ok(model) = load_model_bytes(bytes::Bytes::copy_from_slice(data), &ImportOptions::default()) else {
         return;
     };
-    let Ok(session) = Session::from_model(&model, &kiln::SessionOptions::default()) else { return };
+    // Legitimately heavy models (a found AlexNet-like graph of 44 GMACs) end at the limits,
+    // as a service would set them, instead of timing the fuzzer out.
+    let options = kiln::SessionOptions {
+        limits: kiln::RunLimits {
+            time: Some(std::time::Duration::from_secs(2)),
+            memory_bytes: Some(2 << 30),
+            loop_iterations: Some(100_000),
+        },
+        compile_time_limit: Some(std::time::Duration::from_secs(5)),
+        ..kiln::SessionOptions::default()
+    };
+    let Ok(session) = Session::from_model(&model, &options) else { return };
     let mut feed = Vec::new();
     for i in session.inputs() {
         let ValueType::Tensor(t) = &i.ty else { return };

@@ -276,3 +276,24 @@ fn setup_allocates_the_planned_block_before_the_first_run() {
         "the first run after setup allocates {warm:?}, without setup {cold:?}: the {block}-byte block moved to setup"
     );
 }
+
+/// The load_onnx fuzz target's finding (2026-11-26): type inference evaluated a
+/// ConstantOfShape of a constant shape asking for half a billion elements (4.5 GiB) while
+/// importing; an output inference knows to be large is no longer evaluated there.
+#[test]
+fn importing_never_evaluates_a_large_constant_of_shape() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let m = common::model(
+        vec![
+            common::node("ConstantOfShape", "big", &["shape"], &["c"], vec![]),
+            common::node("Add", "add", &["c", "x"], &["y"], vec![]),
+        ],
+        vec![common::f32_info("x", &[1])],
+        vec![common::f32_info("y", &[16384, 16384])],
+        vec![common::i64_tensor("shape", &[2], &[16384, 16384])],
+    );
+    let (model, counts) = ALLOC.measure(|| common::import(&m).unwrap());
+    assert!(counts.largest < 1 << 20, "importing allocated {counts:?}");
+    let c = model.graph.values.iter().find(|v| v.name == "c").unwrap();
+    assert_eq!(c.ty.tensor().and_then(|t| t.fixed_shape()), Some(vec![16384, 16384]));
+}
