@@ -70,7 +70,6 @@ pub(crate) struct Failure<'a> {
     pub model: Option<&'a Path>,
     pub options: &'a SessionOptions,
     pub inputs: Option<&'a [(String, Value)]>,
-    pub error: &'a Error,
 }
 
 /// The error with its causes, as the CLI prints them (`a: b: c`).
@@ -99,29 +98,18 @@ fn failing_node(e: &Error) -> Option<String> {
 }
 
 /// Wraps `error` with the bundle written for it (or why none could be).
-pub(crate) fn attach(opts: &ArtifactOptions, failure: Failure<'_>) -> Error {
-    if matches!(failure.error, Error::Run(kiln_runtime::RuntimeError::Cancelled { .. })) {
-        return clone_error(failure.error);
+pub(crate) fn attach(opts: &ArtifactOptions, failure: Failure<'_>, error: Error) -> Error {
+    if matches!(error, Error::Run(kiln_runtime::RuntimeError::Cancelled { .. })) {
+        return error;
     }
-    let written = write(opts, &failure);
+    let written = write(opts, &failure, &error);
     Error::Artifact {
-        error: Box::new(clone_error(failure.error)),
+        error: Box::new(error),
         bundle: written.map_err(|e| e.to_string()),
     }
 }
 
-/// Errors hold I/O errors and are not `Clone`; a bundle's error is kept by its message.
-fn clone_error(e: &Error) -> Error {
-    match e {
-        Error::Run(r) => Error::Run(r.clone()),
-        other => Error::Unsupported {
-            path: String::new(),
-            reason: chain(other),
-        },
-    }
-}
-
-fn write(opts: &ArtifactOptions, f: &Failure<'_>) -> Result<PathBuf, std::io::Error> {
+fn write(opts: &ArtifactOptions, f: &Failure<'_>, error: &Error) -> Result<PathBuf, std::io::Error> {
     let base = opts.dir.clone().unwrap_or_else(std::env::temp_dir);
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -171,7 +159,7 @@ fn write(opts: &ArtifactOptions, f: &Failure<'_>) -> Result<PathBuf, std::io::Er
         std::fs::write(dir.join("inputs.npz"), npz)?;
         inputs = Some("inputs.npz".to_string());
     }
-    let node = failing_node(f.error);
+    let node = failing_node(error);
     let (mut node_model, mut node_inputs) = (None, None);
     if let (Some(name), Some(m), Some(path), Some(feed)) = (&node, &proto, f.model, f.inputs)
         && let Some((one, captured)) = isolate(m, name, path, f.options, feed)
@@ -192,7 +180,7 @@ fn write(opts: &ArtifactOptions, f: &Failure<'_>) -> Result<PathBuf, std::io::Er
         node_model,
         node_inputs,
         node,
-        error: chain(f.error),
+        error: chain(error),
         randomized_weights: randomized,
     };
     let json = serde_json::to_string_pretty(&info).map_err(|e| io(e.to_string()))?;

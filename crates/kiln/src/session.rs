@@ -187,8 +187,8 @@ impl SessionOptions {
                     model: Some(model),
                     options: self,
                     inputs: None,
-                    error: &e,
                 },
+                e,
             )),
             (_, r) => r,
         }
@@ -670,8 +670,8 @@ impl Session {
                     model: a.model.as_deref(),
                     options: &a.session,
                     inputs: Some(&kept),
-                    error: &e,
                 },
+                e,
             )
         })
     }
