@@ -26,6 +26,10 @@ pub struct CompileFlags {
     /// Expose every intermediate tensor as an output (enable_intermediate_outputs).
     #[arg(long = "all-outputs")]
     pub all_outputs: bool,
+    /// Calibration samples for convert_to_quantize / dump_profile: a folder of .npz files (one
+    /// sample each) or one .npz with a leading sample axis (the calibration_data option).
+    #[arg(long = "calibration-data", value_name = "PATH")]
+    pub calibration_data: Option<PathBuf>,
 }
 
 impl CompileFlags {
@@ -49,6 +53,23 @@ impl CompileFlags {
         }
         // Ctrl-C stops a compile or a run cleanly (the second one exits at once).
         o.cancel = Some(crate::interrupt_flag());
+        let data = self
+            .calibration_data
+            .as_ref()
+            .or(config.compile.calibration_data.as_ref());
+        match (&mut o.quantize, data) {
+            (Some(q), Some(path)) => {
+                if !matches!(q.mode, kiln::QuantizeMode::LoadProfile(_)) {
+                    q.samples = std::sync::Arc::new(kiln_cli::calibration::load(path)?);
+                }
+                q.progress = progress_bar();
+            }
+            (Some(q), None) => q.progress = progress_bar(),
+            (None, Some(_)) => bail!(
+                "--calibration-data is for quantizing: add -O convert_to_quantize=true (or dump_profile / load_profile)"
+            ),
+            (None, None) => {}
+        }
         Ok(o)
     }
 
@@ -65,7 +86,11 @@ impl CompileFlags {
 
     /// Refuses the flags that only compiling uses (for commands that do not compile).
     pub fn reject_compile_only(&self, command: &str) -> Result<()> {
-        if self.opt_level.is_some() || !self.output_tensors.is_empty() || self.all_outputs {
+        if self.opt_level.is_some()
+            || !self.output_tensors.is_empty()
+            || self.all_outputs
+            || self.calibration_data.is_some()
+        {
             bail!(
                 "kiln {command} describes the imported model: --opt-level, --output-tensors and --all-outputs \
                  apply to compile, run, bench and profile"
@@ -76,8 +101,35 @@ impl CompileFlags {
 
     /// Whether any flag asks for something only compiling can do.
     fn changes_compilation(&self) -> bool {
-        self.opt_level.is_some() || !self.output_tensors.is_empty() || self.all_outputs || !self.symbols.is_empty()
+        self.opt_level.is_some()
+            || !self.output_tensors.is_empty()
+            || self.all_outputs
+            || !self.symbols.is_empty()
+            || self.calibration_data.is_some()
     }
+}
+
+/// A progress bar on stderr for the calibration runs (none when stderr is not a terminal).
+fn progress_bar() -> Option<kiln::ProgressFn> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>24} [{bar:30}] {pos}/{len} samples")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(kiln::ProgressFn(std::sync::Arc::new(
+        move |p: kiln::QuantizeProgress| {
+            bar.set_length(p.total as u64);
+            bar.set_message(format!("calibration: {}", p.stage));
+            bar.set_position(p.done as u64);
+            if p.done == p.total {
+                bar.finish_and_clear();
+                bar.reset();
+            }
+        },
+    )))
 }
 
 /// Refuses compile flags on an already compiled `.kiln` program, whose compilation is fixed.
@@ -117,10 +169,19 @@ pub struct CompileArgs {
     /// No progress or summary on stderr.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Write the quantization report (nodes quantized, SQNR of each output and of the ten
+    /// worst tensors against the float model) as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
 }
 
 pub fn compile(a: CompileArgs) -> Result<()> {
     let options = a.flags.session_options()?;
+    if a.report.is_some() && options.quantize.is_none() {
+        bail!(
+            "--report writes the quantization report: add -O convert_to_quantize=true (or dump_profile / load_profile)"
+        );
+    }
     let output = match (&a.output, &options.config.compile.output_dir) {
         (Some(o), _) => o.clone(),
         (None, Some(dir)) => {
@@ -146,6 +207,13 @@ pub fn compile(a: CompileArgs) -> Result<()> {
     }
     let s = r.with_context(|| format!("cannot compile {}", a.model.display()))?;
     let took = t0.elapsed();
+    if let Some(path) = &a.report {
+        let Some(q) = &s.quantization else {
+            bail!("no quantization report: the compile did not quantize");
+        };
+        let json = serde_json::to_string_pretty(q).context("the quantization report")?;
+        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if a.quiet {
         return Ok(());
     }
@@ -162,6 +230,11 @@ pub fn compile(a: CompileArgs) -> Result<()> {
     ));
     for p in s.report.passes.iter().filter(|p| p.rewrites > 0) {
         out.push_str(&format!("    {:<28} {:>6} rewrites\n", p.pass, p.rewrites));
+    }
+    if let Some(q) = &s.quantization {
+        for line in q.render().lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
     }
     out.push_str(&format!(
         "  memory plan: {}\n    (recorded in the program; each run places its planned tensors at these offsets in one\n    block per run state, so later runs allocate only their outputs)\n",

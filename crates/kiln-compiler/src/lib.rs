@@ -13,6 +13,7 @@ mod passes;
 mod pipeline;
 pub mod plan;
 pub mod prepack;
+pub mod quantize;
 
 pub use error::CompileError;
 pub use lower::lower;

@@ -266,6 +266,27 @@ pub fn optimize(graph: &mut Graph, level: u8) -> Result<PipelineReport, CompileE
     })
 }
 
+/// The passes run before quantizing (`quantize::prepare`): the level-1 cleanup and BatchNorm
+/// folding, so the weights quantized are those the program runs, and no fusion has yet hidden a
+/// value a quantized node reads.
+const PREPARE: &[&str] = &["captures", "identity", "shape", "fold", "cse", "dce", "bn", "dce"];
+
+pub(crate) fn prepare_for_quantization(graph: &mut Graph) -> Result<(), CompileError> {
+    for name in PREPARE {
+        let Some(pass) = PIPELINE.iter().find(|p| p.name == *name) else {
+            continue;
+        };
+        run_pass(pass, graph)?;
+        crate::error::check_stop(|| format!("while preparing to quantize, after pass {}", pass.name))?;
+        graph.verify().map_err(|e| CompileError::Pass {
+            pass: pass.name,
+            node: String::new(),
+            message: format!("the graph no longer verifies: {e}"),
+        })?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

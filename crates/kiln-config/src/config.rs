@@ -318,6 +318,40 @@ impl Config {
                 }
             }
         }
+        if c.dump_profile.is_some() && c.load_profile.is_some() {
+            return Err(conflict(
+                "dump_profile",
+                "load_profile",
+                "a compile either writes a profile from calibration data or quantizes from one",
+            ));
+        }
+        let quantizing = c.convert_to_quantize || c.dump_profile.is_some() || c.load_profile.is_some();
+        if !quantizing {
+            // A quantization setting without anything that quantizes would be silently ignored.
+            let set = [
+                "quantization_schema_activations",
+                "quantization_schema_constants",
+                "quantization_calibration",
+                "percentile_calibration_value",
+                "num_histogram_bins",
+                "quantization_precision_bias",
+                "enable_rowwise",
+                "enable_channelwise",
+                "quantize_dw_channel_wise",
+                "keep_original_precision_for_nodes",
+                "profiling_threads",
+                "calibration_data",
+            ]
+            .into_iter()
+            .find(|k| self.changed().iter().any(|(spec, _, _)| spec.name == *k));
+            if let Some(k) = set {
+                return Err(conflict(
+                    k,
+                    "convert_to_quantize",
+                    "this quantization option only applies when quantizing: set convert_to_quantize (or dump_profile / load_profile)",
+                ));
+            }
+        }
         if c.max_spill_fill_buffer_for_group > 0 && c.group_id != 0 {
             return Err(conflict(
                 "max_spill_fill_buffer_for_group",

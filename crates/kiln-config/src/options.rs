@@ -325,6 +325,8 @@ section! {
             "kiln's own: shape sets (bindings of the model's input symbols) compiled ahead of time and stored in the program beside the shape-generic one, e.g. [{height: 640, width: 640}, {height: 320, width: 320}]; a run of other shapes compiles them on first use (shape_cache_size).";
         output_tensors: Vec<String> = Vec::new(), Kind::StrList, IMPLEMENTED, [qairt("set_output_tensors")],
             "Intermediate tensors to output in addition to the graph outputs (comma-separated or a list).";
+        calibration_data: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [],
+            "kiln's own: calibration samples for convert_to_quantize and dump_profile: a folder of .npz files (one sample each, arrays named after the model inputs) or one .npz whose arrays carry a leading sample axis (rank = input rank + 1). The CLI's --calibration-data; Python takes a list of input dicts.";
         compile_time_limit_s: u64 = 0, UINT, IMPLEMENTED, [],
             "kiln's own: most seconds a compile (import excluded) may take; past it the compile ends with an error naming the limit and the last pass completed (checked between passes, between folded nodes and between the work chunks of kernels). 0 (default): no limit.";
         enable_intermediate_outputs: bool = false, Kind::Bool, IMPLEMENTED, [qairt("enable_intermediate_outputs")],
@@ -435,7 +437,7 @@ section! {
             "Operator types to run in fp16.";
         node_precision_info_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error(FP16), [qaic("node_precision_info_file")],
             "File naming nodes to run in fp16 or fp32.";
-        keep_original_precision_for_nodes: Vec<String> = Vec::new(), Kind::StrList, nyi_warn(QUANT_SIDE), [qaic("keep_original_precision_for_nodes")],
+        keep_original_precision_for_nodes: Vec<String> = Vec::new(), Kind::StrList, IMPLEMENTED, [qaic("keep_original_precision_for_nodes")],
             "Operator types kept in original precision when quantizing.";
         custom_io_list_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error("custom I/O layouts and precisions are not yet implemented; the program's I/O would differ"), [qaic("custom_io_list_file")],
             "YAML file with layout, precision, scale and offset of each input and output.";
@@ -443,31 +445,31 @@ section! {
             "Write a template custom I/O configuration.";
         external_quantization_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error(QUANT), [qaic("external_quantization_file")],
             "Load an externally generated quantization profile.";
-        quantization_schema_activations: ActivationSchema = ActivationSchema::SymmetricWithUint8, Kind::Choice(ActivationSchema::CHOICES), nyi_error(QUANT), [qaic("quantization_schema_activations")],
+        quantization_schema_activations: ActivationSchema = ActivationSchema::SymmetricWithUint8, Kind::Choice(ActivationSchema::CHOICES), IMPLEMENTED, [qaic("quantization_schema_activations")],
             "Quantization schema of activations.";
-        quantization_schema_constants: ConstantSchema = ConstantSchema::SymmetricWithUint8, Kind::Choice(ConstantSchema::CHOICES), nyi_error(QUANT), [qaic("quantization_schema_constants")],
+        quantization_schema_constants: ConstantSchema = ConstantSchema::SymmetricWithUint8, Kind::Choice(ConstantSchema::CHOICES), IMPLEMENTED, [qaic("quantization_schema_constants")],
             "Quantization schema of constants.";
-        quantization_calibration: Calibration = Calibration::None, Kind::Choice(Calibration::CHOICES), nyi_error(QUANT), [qaic("quantization_calibration")],
+        quantization_calibration: Calibration = Calibration::None, Kind::Choice(Calibration::CHOICES), IMPLEMENTED, [qaic("quantization_calibration")],
             "Calibration method (None is MinMax).";
-        percentile_calibration_value: f64 = 100.0, float(90.0, 100.0), nyi_error(QUANT), [qaic("percentile_calibration_value")],
+        percentile_calibration_value: f64 = 100.0, float(90.0, 100.0), IMPLEMENTED, [qaic("percentile_calibration_value")],
             "Percentile for Percentile calibration, 90-100.";
-        num_histogram_bins: u32 = 512, POSITIVE, nyi_error(QUANT), [qaic("num_histogram_bins")],
+        num_histogram_bins: u32 = 512, POSITIVE, IMPLEMENTED, [qaic("num_histogram_bins")],
             "Histogram bins used when profiling each node.";
-        quantization_precision: QuantPrecision = QuantPrecision::Int8, Kind::Choice(QuantPrecision::CHOICES), nyi_error(QUANT), [qaic("quantization_precision")],
+        quantization_precision: QuantPrecision = QuantPrecision::Int8, Kind::Choice(QuantPrecision::CHOICES), IMPLEMENTED, [qaic("quantization_precision")],
             "Quantization precision.";
-        quantization_precision_bias: BiasPrecision = BiasPrecision::Int32, Kind::Choice(BiasPrecision::CHOICES), nyi_error(QUANT), [qaic("quantization_precision_bias")],
+        quantization_precision_bias: BiasPrecision = BiasPrecision::Int32, Kind::Choice(BiasPrecision::CHOICES), IMPLEMENTED, [qaic("quantization_precision_bias")],
             "Quantization precision of biases.";
-        enable_rowwise: bool = false, Kind::Bool, nyi_error(QUANT), [qaic("enable_rowwise")],
+        enable_rowwise: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_rowwise")],
             "Row-wise quantization of FullyConnected and SparseLengthsSum.";
-        enable_channelwise: bool = false, Kind::Bool, nyi_error(QUANT), [qaic("enable_channelwise")],
+        enable_channelwise: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_channelwise")],
             "Channel-wise quantization of Convolution.";
-        dump_profile: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error(QUANT), [qaic("dump_profile")],
+        dump_profile: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [qaic("dump_profile")],
             "Profile the graph for quantization and write the profile.";
-        load_profile: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error(QUANT), [qaic("load_profile")],
+        load_profile: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [qaic("load_profile")],
             "Load a quantization profile and quantize the graph.";
-        convert_to_quantize: bool = false, Kind::Bool, nyi_error(QUANT), [qaic("convert_to_quantize")],
+        convert_to_quantize: bool = false, Kind::Bool, IMPLEMENTED, [qaic("convert_to_quantize")],
             "Profile the input data and run quantized.";
-        profiling_threads: u32 = 1, POSITIVE, nyi_warn(QUANT_SIDE), [qaic("profiling_threads")],
+        profiling_threads: u32 = 1, POSITIVE, IMPLEMENTED, [qaic("profiling_threads")],
             "Threads used to generate a quantization profile.";
         load_embedding_tables: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error("external embedding tables (DLRM, RecSys) are not yet implemented; the model's own tables would be used"), [qaic("load_embedding_tables")],
             "Load embedding tables from a zip file.";
@@ -593,7 +595,7 @@ section! {
             "Post-training quantization scheme.";
         model_debug_save_dir: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_warn(QUANT_SIDE), [axl("model_debug_save_dir")],
             "Where to store the quantized model for debugging.";
-        quantize_dw_channel_wise: bool = false, Kind::Bool, nyi_error(QUANT), [axl("quantize_dw_channel_wise")],
+        quantize_dw_channel_wise: bool = false, Kind::Bool, IMPLEMENTED, [axl("quantize_dw_channel_wise")],
             "Quantize depthwise convolutions channel-wise.";
         quantized_graph_export: bool = false, Kind::Bool, nyi_warn(QUANT_SIDE), [axl("quantized_graph_export")],
             "Export the quantized graph as JSON.";

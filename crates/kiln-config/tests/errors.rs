@@ -206,14 +206,14 @@ fn overrides_read_values_as_yaml() {
 fn unimplemented_options_are_refused_together() {
     let mut c = Config::default();
     c.load_str(
-        "convert_to_fp16: true\nquantization_calibration: Percentile\nO: 1\n",
+        "convert_to_fp16: true\nexternal_quantization_file: q.json\nO: 1\n",
         Path::new("q.yaml"),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     match c.check() {
         Err(ConfigError::NotImplemented { options }) => {
             let names: Vec<&str> = options.iter().map(|u| u.option.as_str()).collect();
-            assert_eq!(names, vec!["convert_to_fp16", "quantization_calibration"]);
+            assert_eq!(names, vec!["convert_to_fp16", "external_quantization_file"]);
         }
         other => panic!("{other:?}"),
     }
@@ -225,6 +225,30 @@ fn unimplemented_options_are_refused_together() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.check().map(|w| w.len()).ok(), Some(0));
+}
+
+#[test]
+fn quantization_options_need_something_that_quantizes() {
+    let mut c = Config::default();
+    c.load_str("quantization_calibration: Percentile\n", Path::new("q.yaml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let e = c.check().unwrap_err().to_string();
+    assert!(
+        e.contains("quantization_calibration") && e.contains("convert_to_quantize"),
+        "{e}"
+    );
+    let mut c = Config::default();
+    c.load_str(
+        "convert_to_quantize: true\nquantization_calibration: Percentile\nenable_channelwise: true\n",
+        Path::new("q.yaml"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.check().map(|w| w.len()).ok(), Some(0));
+    let mut c = Config::default();
+    c.load_str("dump_profile: a.yaml\nload_profile: b.yaml\n", Path::new("q.yaml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let e = c.check().unwrap_err().to_string();
+    assert!(e.contains("dump_profile") && e.contains("load_profile"), "{e}");
 }
 
 /// No prefix of a valid file, and no byte flipped in one, makes loading panic.

@@ -15,6 +15,8 @@ mod limits;
 mod monitor;
 pub mod npy;
 mod profile;
+mod profile_file;
+mod quantize;
 mod session;
 mod shapes;
 mod specialize;
@@ -35,6 +37,7 @@ pub use kiln_tensor::{DType, Data, Mismatch, SharedBytes, Tensor, TensorError, b
 pub use limits::{DEFAULT_LOOP_ITERATIONS, RunLimits, RunOptions, auto_memory_limit};
 pub use monitor::{LatencyStats, MAX_PROFILE_RECORDS, Metrics, percentile};
 pub use profile::ProfileReport;
+pub use quantize::{ProgressFn, QuantizeMode, QuantizeOptions, QuantizeProgress, QuantizeReport, Sample, TensorSqnr};
 pub use session::{
     CompileSummary, Error, IoInfo, ProgramMeta, Session, SessionOptions, compile_file, is_program_file, load_onnx,
 };

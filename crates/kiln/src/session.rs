@@ -38,6 +38,12 @@ pub enum Error {
     ShapeSet { set: String, reason: String },
     #[error(transparent)]
     Crc(#[from] crate::crc::CrcMismatch),
+    /// Quantizing the model failed (no calibration data, a sample that does not fit, ...).
+    #[error("quantization: {0}")]
+    Quantize(String),
+    /// A quantization profile that cannot be read, written or used.
+    #[error("quantization profile {path}: {reason}")]
+    Profile { path: String, reason: String },
     /// A failure with the error artifact written for it (`save_error_artifact`).
     #[error("{error}{}", match .bundle {
         Ok(dir) => format!("\nerror artifact written to {} (replay it with `kiln repro {}`)", dir.display(), dir.display()),
@@ -107,6 +113,9 @@ pub struct SessionOptions {
     /// Write an error artifact when a compile or run fails (`save_error_artifact`, see
     /// `artifact.rs`); `None`: off.
     pub artifacts: Option<crate::ArtifactOptions>,
+    /// Quantize the model as it is compiled (`convert_to_quantize`, `dump_profile`,
+    /// `load_profile`; see `quantize.rs`); `None`: compile it in its own precision.
+    pub quantize: Option<crate::QuantizeOptions>,
 }
 
 impl Default for SessionOptions {
@@ -125,6 +134,7 @@ impl Default for SessionOptions {
             cancel: None,
             io_crc: None,
             artifacts: None,
+            quantize: None,
         }
     }
 }
@@ -168,6 +178,7 @@ impl SessionOptions {
                 dir: c.output_dir.clone(),
                 randomize_weights: c.randomize_onnx_model,
             }),
+            quantize: crate::quantize::from_config(c),
         }
     }
 
@@ -233,6 +244,8 @@ pub struct Session {
     limits: RunLimits,
     /// The options' cancel flag (stops every run while set).
     cancel: Option<Arc<AtomicBool>>,
+    /// What quantizing the model did, when the options asked for it.
+    quantization: Option<crate::QuantizeReport>,
 }
 
 /// Imports an ONNX model (with symbol bindings applied) without compiling it.
@@ -256,6 +269,8 @@ pub struct CompileSummary {
     pub memory: kiln_compiler::plan::MemoryPlan,
     /// Size of the written file in bytes.
     pub file_bytes: u64,
+    /// What quantizing did, when the options asked for it.
+    pub quantization: Option<crate::QuantizeReport>,
 }
 
 /// Compiles an `.onnx` model into a `.kiln` program file.
@@ -265,10 +280,13 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
 
 fn compile_file_now(model: &Path, out: &Path, options: &SessionOptions) -> Result<CompileSummary, Error> {
     let imported = load_onnx(model, options)?;
+    let (imported, quantization) = crate::quantize::apply(&imported, options)?;
+    let quantized = quantization.as_ref().is_some_and(|r| r.mode != "dump_profile");
     let symbols = kiln_ir::input_symbols(&imported.graph);
     let shapes = shape_programs(&imported.graph, &symbols, options)?;
-    // A model with symbolic input dims carries its source, so a session can compile other shapes.
-    let source = if symbols.is_empty() {
+    // A model with symbolic input dims carries its source, so a session can compile other shapes
+    // (not a quantized one: its source is the float model; other shapes run the generic program).
+    let source = if symbols.is_empty() || quantized {
         None
     } else {
         embeddable_source(model, options)
@@ -280,6 +298,7 @@ fn compile_file_now(model: &Path, out: &Path, options: &SessionOptions) -> Resul
             "onnx_define_symbol": options.symbols.iter().cloned().collect::<std::collections::BTreeMap<String, usize>>(),
         },
         "config": serde_json::to_value(&options.config).unwrap_or(serde_json::Value::Null),
+        "quantization": serde_json::to_value(&quantization).unwrap_or(serde_json::Value::Null),
     });
     let input = kiln_runtime::file::MetaInput {
         source: model
@@ -315,6 +334,7 @@ fn compile_file_now(model: &Path, out: &Path, options: &SessionOptions) -> Resul
         report: compiled.report,
         memory: compiled.memory,
         file_bytes,
+        quantization,
     })
 }
 
@@ -443,6 +463,12 @@ impl Session {
         self
     }
 
+    /// What quantizing the model did (`convert_to_quantize`, `dump_profile`, `load_profile`):
+    /// nodes quantized and the accuracy against the float model on the calibration samples.
+    pub fn quantization(&self) -> Option<&crate::QuantizeReport> {
+        self.quantization.as_ref()
+    }
+
     /// The meta section of the program file this session was opened from, if any.
     pub fn program_meta(&self) -> Option<&ProgramMeta> {
         self.meta.as_ref()
@@ -455,12 +481,15 @@ impl Session {
 
     /// Compiles `model`, counting the load time from `started`.
     fn compiled(model: &Model, options: &SessionOptions, started: std::time::Instant) -> Result<Session, Error> {
+        let (model, quantization) = options.compiling(|| crate::quantize::apply(model, options))?;
+        let model = &model;
         let symbols = kiln_ir::input_symbols(&model.graph);
         let (stored, compiled) = options.compiling(|| -> Result<_, Error> {
             let stored = shape_programs(&model.graph, &symbols, options)?;
             Ok((stored, kiln_compiler::compile(model.graph.clone(), &options.compile)?))
         })?;
         let mut session = Session::with_program(compiled.program, None);
+        session.quantization = quantization;
         if !symbols.is_empty() {
             let s = Specializer::from_graph(model.graph.clone(), options.compile.clone(), options.shape_cache_size);
             s.store(stored.into_iter().map(|p| (to_usize(&p.bindings), p.program)).collect());
@@ -513,6 +542,7 @@ impl Session {
             cancel: None,
             io_crc: None,
             artifact: None,
+            quantization: None,
         }
     }
 

@@ -1,0 +1,299 @@
+//! Post-training quantization through the Session (convert_to_quantize, dump_profile,
+//! load_profile): a small CNN calibrated on samples stays close to the float model without
+//! being it, every calibration method and schema compiles and runs, profiles round-trip and a
+//! profile of another graph is refused.
+
+mod common;
+
+use common::{F32, f32_info, ints, model, node};
+use kiln::raw::compiler::quantize::Spec;
+use kiln::raw::compiler::quantize::calib::Method;
+use kiln::raw::compiler::quantize::params::Schema;
+use kiln::raw::onnx::proto::{ModelProto, TensorProto};
+use kiln::{Error, QuantizeMode, QuantizeOptions, Sample, Session, SessionOptions, Tensor, Value};
+use std::sync::Arc;
+
+fn noise(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn f32_tensor(name: &str, dims: &[i64], vals: Vec<f32>) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        data_type: Some(F32),
+        dims: dims.to_vec(),
+        float_data: vals,
+        ..Default::default()
+    }
+}
+
+/// x [1,3,8,8] -> Conv 3x3 (8) -> Relu -> Conv 1x1 (4) -> GlobalAveragePool -> Flatten ->
+/// Gemm (transB, 5 outputs) -> y. `w1_scale` changes the first weights (another graph when
+/// its shape changes too: `wide`).
+fn cnn(wide: bool) -> ModelProto {
+    let c1 = if wide { 9 } else { 8 };
+    model(
+        vec![
+            node(
+                "Conv",
+                "conv1",
+                &["x", "w1", "b1"],
+                &["c1"],
+                vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])],
+            ),
+            node("Relu", "relu1", &["c1"], &["r1"], vec![]),
+            node(
+                "Conv",
+                "conv2",
+                &["r1", "w2", "b2"],
+                &["c2"],
+                vec![ints("kernel_shape", &[1, 1])],
+            ),
+            node("GlobalAveragePool", "gap", &["c2"], &["g"], vec![]),
+            node("Flatten", "flat", &["g"], &["f"], vec![]),
+            node("Gemm", "fc", &["f", "w3", "b3"], &["y"], vec![common::int("transB", 1)]),
+        ],
+        vec![f32_info("x", &[1, 3, 8, 8])],
+        vec![f32_info("y", &[1, 5])],
+        vec![
+            f32_tensor("w1", &[c1, 3, 3, 3], noise(c1 as usize * 27, 1, 0.5)),
+            f32_tensor("b1", &[c1], noise(c1 as usize, 2, 0.1)),
+            f32_tensor("w2", &[4, c1, 1, 1], noise(4 * c1 as usize, 3, 0.5)),
+            f32_tensor("b2", &[4], noise(4, 4, 0.1)),
+            f32_tensor("w3", &[5, 4], noise(20, 5, 1.0)),
+            f32_tensor("b3", &[5], noise(5, 6, 0.1)),
+        ],
+    )
+}
+
+fn sample(seed: u64) -> Sample {
+    let x = Tensor::from_vec(vec![1, 3, 8, 8], noise(192, 100 + seed, 1.0)).unwrap();
+    vec![("x".to_string(), Value::Tensor(x))]
+}
+
+fn samples(n: u64) -> Arc<Vec<Sample>> {
+    Arc::new((0..n).map(sample).collect())
+}
+
+fn quantizing(spec: Spec, mode: QuantizeMode, samples: Arc<Vec<Sample>>) -> SessionOptions {
+    SessionOptions {
+        quantize: Some(QuantizeOptions {
+            spec,
+            mode,
+            samples,
+            threads: 2,
+            report: true,
+            progress: None,
+        }),
+        ..SessionOptions::default()
+    }
+}
+
+fn output(s: &Session, x: Sample) -> Vec<f32> {
+    let out = s.run(x).unwrap_or_else(|e| panic!("{e}"));
+    out[0].1.as_tensor().unwrap().as_slice::<f32>().unwrap().to_vec()
+}
+
+fn sqnr(reference: &[f32], got: &[f32]) -> f64 {
+    let signal: f64 = reference.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    let noise: f64 = reference
+        .iter()
+        .zip(got)
+        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
+        .sum();
+    10.0 * (signal / noise).log10()
+}
+
+/// Mean SQNR of `q` against `f` over inputs the calibration never saw.
+fn held_out_sqnr(f: &Session, q: &Session) -> f64 {
+    let seeds = 50u64..54;
+    let n = (seeds.end - seeds.start) as f64;
+    seeds
+        .map(|k| sqnr(&output(f, sample(k)), &output(q, sample(k))))
+        .sum::<f64>()
+        / n
+}
+
+fn session(m: &ModelProto, o: &SessionOptions) -> Result<Session, Error> {
+    Session::from_model(&common::import(m).unwrap(), o)
+}
+
+#[test]
+fn a_calibrated_model_is_quantized_and_close_to_the_float_one() {
+    let m = cnn(false);
+    let f = session(&m, &SessionOptions::default()).unwrap();
+    let q = session(&m, &quantizing(Spec::default(), QuantizeMode::Calibrate, samples(8))).unwrap();
+    let r = q.quantization().expect("a report");
+    assert_eq!(r.nodes, vec![("Conv".to_string(), 2), ("Gemm".to_string(), 1)]);
+    // x, relu1's output and the flattened pool; three weights and three biases.
+    assert_eq!(
+        (r.activations, r.weights, r.biases, r.per_channel_weights),
+        (3, 3, 3, 0)
+    );
+    assert_eq!(r.samples, 8);
+    assert_eq!(r.outputs.len(), 1);
+    let out_db = r.outputs[0]
+        .sqnr_db
+        .expect("a quantized output differs from the float one");
+    assert!(out_db > 20.0 && out_db < 70.0, "output SQNR {out_db}");
+    assert!(!r.worst.is_empty() && r.worst.len() <= 10);
+    let db = held_out_sqnr(&f, &q);
+    assert!(
+        db > 20.0 && db < 70.0,
+        "held-out SQNR {db}: 8 bits should be close, and not exact"
+    );
+    // The passes do not change what the quantized graph computes.
+    let mut o0 = quantizing(Spec::default(), QuantizeMode::Calibrate, samples(8));
+    o0.compile.opt_level = 0;
+    let q0 = session(&m, &o0).unwrap();
+    let a = output(&q, sample(60));
+    let b = output(&q0, sample(60));
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-4 * (1.0 + x.abs()), "{a:?} vs {b:?}");
+    }
+}
+
+#[test]
+fn every_method_and_schema_compiles_and_runs() {
+    let m = cnn(false);
+    let f = session(&m, &SessionOptions::default()).unwrap();
+    let methods = [
+        Method::MinMax,
+        Method::Kl,
+        Method::KlV2,
+        Method::Percentile(99.0),
+        Method::Mse,
+        Method::Sqnr,
+    ];
+    let schemas = [
+        Schema::Asymmetric,
+        Schema::Symmetric,
+        Schema::SymmetricWithUint8,
+        Schema::SymmetricWithPower2Scale,
+    ];
+    for method in methods {
+        for activations in schemas {
+            let spec = Spec {
+                method,
+                activations,
+                bins: 512,
+                ..Spec::default()
+            };
+            let q = session(&m, &quantizing(spec, QuantizeMode::Calibrate, samples(6)))
+                .unwrap_or_else(|e| panic!("{method:?} {activations:?}: {e}"));
+            let db = held_out_sqnr(&f, &q);
+            assert!(db > 12.0, "{method:?} {activations:?}: held-out SQNR {db}");
+        }
+    }
+}
+
+#[test]
+fn channel_and_row_wise_weights() {
+    let m = cnn(false);
+    let f = session(&m, &SessionOptions::default()).unwrap();
+    let spec = Spec {
+        channelwise: true,
+        rowwise: true,
+        ..Spec::default()
+    };
+    let q = session(&m, &quantizing(spec, QuantizeMode::Calibrate, samples(8))).unwrap();
+    let r = q.quantization().unwrap();
+    assert_eq!((r.weights, r.per_channel_weights, r.biases), (3, 3, 3));
+    let db = held_out_sqnr(&f, &q);
+    assert!(db > 20.0, "{db}");
+    // Leaving Gemm in float quantizes only the convolutions.
+    let spec = Spec {
+        keep: vec!["Gemm".into()],
+        ..Spec::default()
+    };
+    let q = session(&m, &quantizing(spec, QuantizeMode::Calibrate, samples(4))).unwrap();
+    assert_eq!(q.quantization().unwrap().nodes, vec![("Conv".to_string(), 2)]);
+}
+
+#[test]
+fn profiles_round_trip_and_quantize_as_calibrating_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p1, p2) = (dir.path().join("p1.yaml"), dir.path().join("p2.yaml"));
+    let m = cnn(false);
+    let f = session(&m, &SessionOptions::default()).unwrap();
+    // dump_profile writes the profile and compiles the float model.
+    let d = session(
+        &m,
+        &quantizing(Spec::default(), QuantizeMode::DumpProfile(p1.clone()), samples(8)),
+    )
+    .unwrap();
+    assert_eq!(output(&d, sample(70)), output(&f, sample(70)));
+    assert_eq!(d.quantization().unwrap().profile.as_deref(), Some(p1.as_path()));
+    let text = std::fs::read_to_string(&p1).unwrap();
+    assert!(text.starts_with("---\nGlowToolsVersion: 'kiln "), "{text}");
+    assert_eq!(text.matches("- NodeOutputName: ").count(), 3, "{text}");
+    // The same samples give the same bytes.
+    session(
+        &m,
+        &quantizing(Spec::default(), QuantizeMode::DumpProfile(p2.clone()), samples(8)),
+    )
+    .unwrap();
+    assert_eq!(std::fs::read(&p2).unwrap(), text.as_bytes());
+    // load_profile quantizes without samples, as calibrating on them does.
+    let l = session(
+        &m,
+        &quantizing(
+            Spec::default(),
+            QuantizeMode::LoadProfile(p1.clone()),
+            Arc::new(Vec::new()),
+        ),
+    )
+    .unwrap();
+    let c = session(&m, &quantizing(Spec::default(), QuantizeMode::Calibrate, samples(8))).unwrap();
+    assert_eq!(output(&l, sample(71)), output(&c, sample(71)));
+    assert_ne!(output(&l, sample(71)), output(&f, sample(71)));
+    // A profile of another graph is refused, naming both hashes.
+    let e = session(
+        &cnn(true),
+        &quantizing(Spec::default(), QuantizeMode::LoadProfile(p1), Arc::new(Vec::new())),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, Error::Profile { .. }) && e.to_string().contains("another graph"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_calibration_input_is_a_clear_error() {
+    let m = cnn(false);
+    let e = session(
+        &m,
+        &quantizing(Spec::default(), QuantizeMode::Calibrate, Arc::new(Vec::new())),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("calibration data"), "{e}");
+    let wrong = vec![vec![(
+        "x".to_string(),
+        Value::Tensor(Tensor::from_vec(vec![1, 3, 4, 4], vec![0f32; 48]).unwrap()),
+    )]];
+    let e = session(
+        &m,
+        &quantizing(Spec::default(), QuantizeMode::Calibrate, Arc::new(wrong)),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains('x'), "{e}");
+    let e = session(
+        &m,
+        &quantizing(
+            Spec::default(),
+            QuantizeMode::LoadProfile("/nonexistent/profile.yaml".into()),
+            Arc::new(Vec::new()),
+        ),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/profile.yaml"), "{e}");
+}
