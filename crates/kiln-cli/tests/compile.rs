@@ -257,3 +257,94 @@ fn num_activations_runs_concurrent_inferences_on_one_session() {
     let text = ok(&["bench", &model, "--activations", "2", "-n", "4", "--quiet"]);
     assert!(text.contains("activations    2"), "{text}");
 }
+
+/// One .npz of `n` samples (leading axis) of the example input, each scaled differently.
+fn calibration_npz(dir: &Path, n: usize) -> PathBuf {
+    let x = kiln::npy::parse_npy(&std::fs::read(example("tiny_cnn_input.npy")).unwrap()).unwrap();
+    let base = x.as_slice::<f32>().unwrap();
+    let mut all = Vec::with_capacity(base.len() * n);
+    for k in 0..n {
+        let s = 1.0 - 0.3 * k as f32;
+        all.extend(base.iter().map(|v| v * s));
+    }
+    let mut shape = vec![n];
+    shape.extend_from_slice(x.shape());
+    let t = kiln::Tensor::from_vec(shape, all).unwrap();
+    let path = dir.join("calib.npz");
+    std::fs::write(&path, kiln::npy::npz_bytes(&[("image".to_string(), t)]).unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn convert_to_quantize_calibrates_reports_and_stays_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let calib = calibration_npz(dir.path(), 4);
+    let report = dir.path().join("report.json");
+    let out = dir.path().join("q.kiln");
+    let model = example("tiny_cnn.onnx");
+    let (c, r, o) = (
+        calib.display().to_string(),
+        report.display().to_string(),
+        out.display().to_string(),
+    );
+    let text = ok(&[
+        "compile",
+        &model,
+        "-o",
+        &o,
+        "-O",
+        "convert_to_quantize=true",
+        "-O",
+        "enable_channelwise=true",
+        "--calibration-data",
+        &c,
+        "--report",
+        &r,
+    ]);
+    assert!(text.contains("quantization (convert_to_quantize"), "{text}");
+    assert!(text.contains("4 calibration samples"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let db = json["outputs"][0]["sqnr_db"].as_f64().expect("an output SQNR");
+    assert!(db > 15.0, "{json}");
+    assert!(json["per_channel_weights"].as_u64().unwrap() >= 1, "{json}");
+    // The program runs and its probabilities stay near the float model's.
+    let outdir = dir.path().join("out");
+    let input = format!("image={}", example("tiny_cnn_input.npy"));
+    ok(&["run", &o, "--input", &input, "-o", &outdir.display().to_string()]);
+    let got = read_f32_npy(&outdir.join("probs.npy"));
+    let want = read_f32_npy(Path::new(&example("tiny_cnn_expected_probs.npy")));
+    let argmax = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b]));
+    assert_eq!(argmax(&got), argmax(&want), "got {got:?}\nwant {want:?}");
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 0.05, "got {got:?}\nwant {want:?}");
+    }
+}
+
+#[test]
+fn profiles_and_calibration_flags_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let calib = calibration_npz(dir.path(), 3).display().to_string();
+    let model = example("tiny_cnn.onnx");
+    let o = dir.path().join("x.kiln").display().to_string();
+    let e = err(&["compile", &model, "-o", &o, "--calibration-data", &calib]);
+    assert!(e.contains("convert_to_quantize"), "{e}");
+    let profile = dir.path().join("p.yaml").display().to_string();
+    let dump = format!("dump_profile={profile}");
+    let text = ok(&["compile", &model, "-o", &o, "-O", &dump, "--calibration-data", &calib]);
+    assert!(text.contains("profile written to"), "{text}");
+    let load = format!("load_profile={profile}");
+    ok(&["compile", &model, "-o", &o, "-O", &load]);
+    let e = err(&[
+        "compile",
+        &model,
+        "-o",
+        &o,
+        "-O",
+        &load,
+        "-O",
+        "convert_to_quantize=true",
+    ]);
+    assert!(e.contains("convert_to_quantize") && e.contains("load_profile"), "{e}");
+    let e = err(&["compile", &model, "-o", &o, "-O", "convert_to_quantize=true"]);
+    assert!(e.contains("no calibration data"), "{e}");
+}

@@ -438,7 +438,7 @@ section! {
         node_precision_info_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error(FP16), [qaic("node_precision_info_file")],
             "File naming nodes to run in fp16 or fp32.";
         keep_original_precision_for_nodes: Vec<String> = Vec::new(), Kind::StrList, IMPLEMENTED, [qaic("keep_original_precision_for_nodes")],
-            "Operator types kept in original precision when quantizing.";
+            "Operator types kept in original precision when quantizing, as ONNX spells them (kiln quantizes Conv, ConvTranspose, MatMul and Gemm; listing one keeps it in float, other types are in float already).";
         custom_io_list_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error("custom I/O layouts and precisions are not yet implemented; the program's I/O would differ"), [qaic("custom_io_list_file")],
             "YAML file with layout, precision, scale and offset of each input and output.";
         dump_custom_io_config_template_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_warn("custom I/O configuration is not yet implemented, so there is no template to dump"), [qaic("dump_custom_io_config_template_file")],
@@ -446,31 +446,31 @@ section! {
         external_quantization_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error(QUANT), [qaic("external_quantization_file")],
             "Load an externally generated quantization profile.";
         quantization_schema_activations: ActivationSchema = ActivationSchema::SymmetricWithUint8, Kind::Choice(ActivationSchema::CHOICES), IMPLEMENTED, [qaic("quantization_schema_activations")],
-            "Quantization schema of activations.";
+            "Quantization schema of activations, Glow's rules: every range first widened to hold 0; asymmetric: uint8, scale (max - min) / 255, zero point from the end that rounds better; symmetric: int8, zero point 0, the range widened to [-128 s, 127 s]; symmetric_with_uint8 (default): uint8 with zero point 0 when the range has no negatives, else symmetric; symmetric_with_power2_scale: symmetric with the scale rounded up to a power of two.";
         quantization_schema_constants: ConstantSchema = ConstantSchema::SymmetricWithUint8, Kind::Choice(ConstantSchema::CHOICES), IMPLEMENTED, [qaic("quantization_schema_constants")],
-            "Quantization schema of constants.";
+            "Quantization schema of per-tensor constant weights (asymmetric, symmetric, symmetric_with_uint8 as for activations). Per-channel and row-wise weights are symmetric int8 whatever this says (Glow's and TFLite's convention).";
         quantization_calibration: Calibration = Calibration::None, Kind::Choice(Calibration::CHOICES), IMPLEMENTED, [qaic("quantization_calibration")],
-            "Calibration method (None is MinMax).";
+            "Calibration method, choosing each activation's range from its histogram over the calibration samples: None (default): MinMax, the observed range. KLMinimization: Glow's optimizeKL, a window shrinking over the bins (both ends together for symmetric schemas, the lighter tail first for asymmetric), P = the window with the outside mass folded into its end bins, Q = the window merged into 255 levels and spread back over P's non-empty bins, the window of least KL(P||Q). KLMinimizationV2: TensorRT's entropy calibration (ONNX Runtime's Entropy) on the histogram of |x|: thresholds from bin 128 up, 128 levels, the last argmin of KL. Percentile: a one-signed tensor keeps the percentile_calibration_value-th percentile of its magnitude, a two-signed one clips (100 - p)/2 % of the values from each end. MSE: both ends scaled by one factor (128 steps), keeping the range whose actual grid gives the least squared error over the histogram. SQNR: AIMET's analyser, the same error with clipped values weighted 3, the ends scaled independently for an asymmetric grid (32 x 32) or together for a symmetric one. KL methods keep the observed range of a tensor with fewer values than bins.";
         percentile_calibration_value: f64 = 100.0, float(90.0, 100.0), IMPLEMENTED, [qaic("percentile_calibration_value")],
-            "Percentile for Percentile calibration, 90-100.";
+            "Percentile for Percentile calibration, 90-100 (100 = MinMax).";
         num_histogram_bins: u32 = 512, POSITIVE, IMPLEMENTED, [qaic("num_histogram_bins")],
-            "Histogram bins used when profiling each node.";
+            "Histogram bins per profiled tensor (default 512; KLMinimization needs at least 255, KLMinimizationV2 at least 128, else they keep the observed range). The histogram spans the tensor's range over all samples, widened to hold 0.";
         quantization_precision: QuantPrecision = QuantPrecision::Int8, Kind::Choice(QuantPrecision::CHOICES), IMPLEMENTED, [qaic("quantization_precision")],
             "Quantization precision.";
         quantization_precision_bias: BiasPrecision = BiasPrecision::Int32, Kind::Choice(BiasPrecision::CHOICES), IMPLEMENTED, [qaic("quantization_precision_bias")],
-            "Quantization precision of biases.";
+            "Quantization precision of biases: Int32 (default; scale = input scale x weight scale per channel, zero point 0) or Int8 (symmetric over the bias's own range).";
         enable_rowwise: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_rowwise")],
-            "Row-wise quantization of FullyConnected and SparseLengthsSum.";
+            "Row-wise quantization of FullyConnected: constant MatMul/Gemm weights get one symmetric int8 scale per output feature.";
         enable_channelwise: bool = false, Kind::Bool, IMPLEMENTED, [qaic("enable_channelwise")],
-            "Channel-wise quantization of Convolution.";
+            "Channel-wise quantization of Convolution: Conv (and ConvTranspose with group 1) weights get one symmetric int8 scale per output channel, the int32 bias one per channel too.";
         dump_profile: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [qaic("dump_profile")],
-            "Profile the graph for quantization and write the profile.";
+            "Profile the calibration data and write the profile (Glow's YAML: GlowToolsVersion, GraphPreLowerHash, then NodeOutputName = the ONNX tensor name, Min, Max and Histogram per tensor); then the float model is compiled, as qaic does.";
         load_profile: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [qaic("load_profile")],
-            "Load a quantization profile and quantize the graph.";
+            "Quantize from a profile written by dump_profile (no calibration data needed); a profile of another graph is refused, naming both hashes.";
         convert_to_quantize: bool = false, Kind::Bool, IMPLEMENTED, [qaic("convert_to_quantize")],
-            "Profile the input data and run quantized.";
+            "Profile the calibration data (calibration_data / --calibration-data) and compile quantized: QuantizeLinear/DequantizeLinear at the inputs of Conv, ConvTranspose, MatMul and Gemm, weights in 8 bits, biases in int32; the compile prints the SQNR of each output against the float model on the calibration samples (kiln compile --report FILE writes it as JSON).";
         profiling_threads: u32 = 1, POSITIVE, IMPLEMENTED, [qaic("profiling_threads")],
-            "Threads used to generate a quantization profile.";
+            "Calibration samples profiled at once (each run on one thread).";
         load_embedding_tables: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error("external embedding tables (DLRM, RecSys) are not yet implemented; the model's own tables would be used"), [qaic("load_embedding_tables")],
             "Load embedding tables from a zip file.";
         dump_embedding_tables: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), no_effect("extracts tables from a PyTorch model; kiln loads ONNX models only"), [qaic("dump_embedding_tables")],
@@ -596,7 +596,7 @@ section! {
         model_debug_save_dir: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_warn(QUANT_SIDE), [axl("model_debug_save_dir")],
             "Where to store the quantized model for debugging.";
         quantize_dw_channel_wise: bool = false, Kind::Bool, IMPLEMENTED, [axl("quantize_dw_channel_wise")],
-            "Quantize depthwise convolutions channel-wise.";
+            "Quantize depthwise convolutions channel-wise (implied by enable_channelwise).";
         quantized_graph_export: bool = false, Kind::Bool, nyi_warn(QUANT_SIDE), [axl("quantized_graph_export")],
             "Export the quantized graph as JSON.";
         remove_io_quantization: bool = false, Kind::Bool, nyi_error(QUANT), [axl("remove_io_quantization")],

@@ -14,6 +14,18 @@ use kiln_ir::{Graph, NodeKind, Op};
 use kiln_ops::nn::{AutoPad, NnOp};
 use kiln_tensor::Tensor;
 
+/// Ceiling division of non-negative-divisor integers.
+trait DivCeil {
+    fn div_ceil_i(self, d: i128) -> i128;
+}
+
+impl DivCeil for i128 {
+    fn div_ceil_i(self, d: i128) -> i128 {
+        let q = self.div_euclid(d);
+        if self.rem_euclid(d) == 0 { q } else { q + 1 }
+    }
+}
+
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let index = Index::new(g);
     let mut plans = Vec::new();
@@ -56,15 +68,19 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             let (input, out, taps) = (xs[k + 2], ys[k + 2], ws[k + 2]);
             let (s, d) = (attr(&conv.strides, k, 1), attr(&conv.dilations, k, 1));
             let pb = attr(&conv.pads, k, 0);
-            // Tap t reads rows o*s + t*d - pb for o in 0..out: in the image for some o?
-            let live = |t: usize| {
-                let lo = (t * d) as i64 - pb as i64;
-                let hi = lo + (out.saturating_sub(1) * s) as i64;
-                hi >= 0 && lo < input as i64
-            };
-            let first = (0..taps).find(|&t| live(t));
-            let last = (0..taps).rev().find(|&t| live(t));
-            let (Some(first), Some(last)) = (first, last) else {
+            // Tap t reads rows o*s + t*d - pb for o in 0..out; it reads the image for some o
+            // when t*d - pb + (out-1)*s >= 0 and t*d - pb < input. Solved for t (in i128: the
+            // dims of an empty kernel may be anything).
+            let (d, s) = (d.max(1) as i128, s as i128);
+            let (pb, input, out, taps) = (pb as i128, input as i128, out as i128, taps as i128);
+            let reach = (out - 1).max(0) * s;
+            let first = (pb - reach).max(0).div_ceil_i(d);
+            let last = ((input + pb).div_ceil_i(d) - 1).min(taps - 1);
+            if taps == 0 || first > last || first < 0 {
+                keep.clear();
+                break;
+            }
+            let (Ok(first), Ok(last)) = (usize::try_from(first), usize::try_from(last)) else {
                 keep.clear();
                 break;
             };
@@ -184,6 +200,26 @@ mod tests {
             1e-6,
         );
         // Nothing to drop: left alone.
+        assert_eq!(run(&mut g).unwrap(), 0);
+    }
+
+    /// Fuzz finding (load_onnx): an empty kernel may have a dim of 2^40; the live taps are
+    /// solved for, not scanned (the scan took minutes).
+    #[test]
+    fn an_empty_kernel_with_a_huge_dim_is_answered_at_once() {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 0, 5, 5]);
+        let w = b.constant(
+            "w",
+            Tensor::zeros(kiln_tensor::DType::F32, vec![2, 0, 1, 1 << 40]).unwrap(),
+        );
+        let conv = Op::Nn(NnOp::Conv(Conv {
+            pads: vec![0, 0, 0, 0],
+            group: 1,
+            ..Conv::default()
+        }));
+        let y = b.node(conv, &[Some(x), Some(w)], &[&[1, 2, 5, 1]])[0];
+        let mut g = b.finish(&[y]);
         assert_eq!(run(&mut g).unwrap(), 0);
     }
 }
