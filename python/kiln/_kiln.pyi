@@ -100,6 +100,11 @@ class Session:
     def program_path(self) -> Optional[str]:
         """The program written to ``output_dir``, or None."""
     @property
+    def quantization_report(self) -> Optional[Dict[str, Any]]:
+        """What quantizing did (``convert_to_quantize=True, calibration_data=[{input: array}, ...]``):
+        nodes quantized, SQNR of each output and of the ten worst tensors against the float model;
+        None when the model was not quantized."""
+    @property
     def num_of_cores(self) -> int:
         """Compute threads of each run."""
 

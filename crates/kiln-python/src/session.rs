@@ -118,6 +118,88 @@ fn canonical(key: &str) -> Option<&'static str> {
         .map(|s| s.name)
 }
 
+/// The session options of `options_path` then `kwargs`, with `calibration_data` (a list of
+/// `{input: array}` dicts, copied) given to the quantizer.
+fn session_options(
+    py: Python<'_>,
+    options_path: Option<&Path>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<(Config, SessionOptions)> {
+    let samples = match kwargs.map(|kw| kw.get_item("calibration_data")).transpose()?.flatten() {
+        Some(v) if !v.is_none() => Some(calibration_samples(py, &v)?),
+        _ => None,
+    };
+    let rest = match (kwargs, &samples) {
+        (Some(kw), Some(_)) => {
+            let copy = kw.copy()?;
+            copy.del_item("calibration_data")?;
+            Some(copy)
+        }
+        (kw, _) => kw.cloned(),
+    };
+    let config = resolve(py, options_path, rest.as_ref())?;
+    let mut options = SessionOptions::from_config(&config);
+    match (&mut options.quantize, samples) {
+        (Some(q), Some(samples)) => q.samples = std::sync::Arc::new(samples),
+        (None, Some(_)) => {
+            return Err(errors::config(
+                "calibration_data is for quantizing: pass convert_to_quantize=True (or dump_profile=...)",
+            ));
+        }
+        (Some(q), None) if config.compile.calibration_data.is_some() && q.mode != kiln::QuantizeMode::Calibrate => {}
+        (Some(_), None) if config.compile.calibration_data.is_some() => {
+            return Err(errors::config(
+                "calibration_data as a path is read by the kiln command; from Python pass calibration_data=[{input: \
+                 array}, ...], one dict per sample",
+            ));
+        }
+        _ => {}
+    }
+    Ok((config, options))
+}
+
+/// `[{name: array}, ...]` as owned samples.
+fn calibration_samples(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<Vec<kiln::Sample>> {
+    if v.extract::<String>().is_ok() || v.extract::<PathBuf>().is_ok() {
+        return Err(errors::config(
+            "calibration_data as a path is read by the kiln command; from Python pass calibration_data=[{input: \
+             array}, ...], one dict per sample",
+        ));
+    }
+    let mut out = Vec::new();
+    for (k, item) in v.try_iter()?.enumerate() {
+        let item = item?;
+        let dict = item.cast::<PyDict>().map_err(|_| {
+            errors::input(format!(
+                "calibration_data[{k}]: expected a dict of input name to array, got {}",
+                item.get_type()
+                    .name()
+                    .map_or_else(|_| "?".to_string(), |n| n.to_string())
+            ))
+        })?;
+        let mut holds = ReadOnlyHolds::default();
+        let feed = convert::feed(py, dict, &mut holds, &|_| None);
+        // Copies, so the arrays are not read in place after this call.
+        let owned = feed.and_then(|feed| {
+            feed.into_iter()
+                .map(|(name, v)| match v {
+                    kiln::Value::Tensor(t) => {
+                        let all: Vec<usize> = (0..t.len()).collect();
+                        let copy = t
+                            .gather_flat(t.shape().to_vec(), &all)
+                            .map_err(|e| errors::input(format!("calibration_data[{k}]['{name}']: {e}")))?;
+                        Ok((name, kiln::Value::Tensor(copy)))
+                    }
+                    other => Ok((name, other)),
+                })
+                .collect::<PyResult<kiln::Sample>>()
+        });
+        holds.release(py);
+        out.push(owned?);
+    }
+    Ok(out)
+}
+
 /// The configuration of `options_path` then `kwargs` (keyword arguments win), validated; its
 /// warnings (options with no effect here) are issued as `kiln.KilnWarning`.
 fn resolve(py: Python<'_>, options_path: Option<&Path>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
@@ -236,8 +318,7 @@ impl Session {
         options_path: Option<PathBuf>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Session> {
-        let config = resolve(py, options_path.as_deref(), kwargs)?;
-        let options = SessionOptions::from_config(&config);
+        let (config, options) = session_options(py, options_path.as_deref(), kwargs)?;
         let is_program = kiln::is_program_file(&model_path);
         if is_program {
             check_program_options(&model_path, &config)?;
@@ -563,6 +644,22 @@ impl Session {
         self.model_path.clone()
     }
 
+    /// What quantizing did (convert_to_quantize, dump_profile, load_profile) as a dict: nodes
+    /// quantized, the SQNR of each output and of the ten worst tensors against the float model
+    /// on the calibration samples; None when the model was not quantized.
+    #[getter]
+    fn quantization_report<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let s = self.read();
+        let json = match s.quantization() {
+            Some(r) => serde_json::to_value(r).ok(),
+            None => s
+                .program_meta()
+                .and_then(|m| m.options.get("quantization").cloned())
+                .filter(|v| !v.is_null()),
+        };
+        json.map(|v| convert::from_json(py, &v)).transpose()
+    }
+
     /// The program file written to `output_dir`, or None.
     #[getter]
     fn program_path(&self) -> Option<PathBuf> {
@@ -646,8 +743,7 @@ pub(crate) fn compile(
     options_path: Option<PathBuf>,
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PathBuf> {
-    let config = resolve(py, options_path.as_deref(), kwargs)?;
-    let options = SessionOptions::from_config(&config);
+    let (config, options) = session_options(py, options_path.as_deref(), kwargs)?;
     let out = match (output, &config.compile.output_dir) {
         (Some(o), _) => o,
         (None, Some(dir)) => program_path(dir, &model),
