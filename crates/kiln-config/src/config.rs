@@ -318,6 +318,38 @@ impl Config {
                 }
             }
         }
+        for (a, b) in [
+            ("dump_profile", "load_profile"),
+            ("dump_profile", "external_quantization_file"),
+            ("load_profile", "external_quantization_file"),
+        ] {
+            if self.get(a).is_some_and(|v| !v.is_null()) && self.get(b).is_some_and(|v| !v.is_null()) {
+                return Err(conflict(
+                    a,
+                    b,
+                    "the ranges come from one place: calibration data, a profile or an external file",
+                ));
+            }
+        }
+        let axelera_quantizes = c.compiler_mode == crate::AxeleraCompilerMode::QuantizeAndLower;
+        let changed = |k: &str| self.changed().iter().any(|(spec, _, _)| spec.name == k);
+        if changed("quantization_scheme") && !axelera_quantizes {
+            return Err(conflict(
+                "quantization_scheme",
+                "compiler_mode",
+                "Axelera's quantization_scheme applies when compiler_mode is quantize_and_lower",
+            ));
+        }
+        if axelera_quantizes
+            && c.quantization_scheme == crate::QuantizationScheme::PerTensorMinMax
+            && changed("quantization_calibration")
+        {
+            return Err(conflict(
+                "quantization_scheme",
+                "quantization_calibration",
+                "per_tensor_min_max is MinMax calibration (quantization_calibration None)",
+            ));
+        }
         if c.dump_profile.is_some() && c.load_profile.is_some() {
             return Err(conflict(
                 "dump_profile",
@@ -325,7 +357,11 @@ impl Config {
                 "a compile either writes a profile from calibration data or quantizes from one",
             ));
         }
-        let quantizing = c.convert_to_quantize || c.dump_profile.is_some() || c.load_profile.is_some();
+        let quantizing = c.convert_to_quantize
+            || c.dump_profile.is_some()
+            || c.load_profile.is_some()
+            || c.external_quantization_file.is_some()
+            || axelera_quantizes;
         if !quantizing {
             // A quantization setting without anything that quantizes would be silently ignored.
             let set = [
@@ -396,7 +432,8 @@ impl Config {
 
     /// Options set to something kiln cannot honour yet (their results would differ).
     pub fn unsupported(&self) -> Vec<Unsupported> {
-        self.changed()
+        let mut out: Vec<Unsupported> = self
+            .changed()
             .into_iter()
             .filter(|(s, _, _)| matches!(s.status, Status::NotYetImplemented { fatal: true, .. }))
             .map(|(s, v, source)| Unsupported {
@@ -405,7 +442,18 @@ impl Config {
                 source,
                 reason: s.status.note().to_string(),
             })
-            .collect()
+            .collect();
+        if self.compile.compiler_mode == crate::AxeleraCompilerMode::QuantizeOnly {
+            out.push(Unsupported {
+                option: "compiler_mode".into(),
+                value: "quantize_only".into(),
+                source: self.source("compiler_mode"),
+                reason: "writing the quantized model as an ONNX file is not yet implemented; quantize_and_lower \
+                         quantizes and compiles it"
+                    .into(),
+            });
+        }
+        out
     }
 
     /// What the compiler and runtime call before acting: the warnings, or one error listing

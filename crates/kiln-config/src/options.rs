@@ -443,8 +443,8 @@ section! {
             "YAML file with layout, precision, scale and offset of each input and output.";
         dump_custom_io_config_template_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_warn("custom I/O configuration is not yet implemented, so there is no template to dump"), [qaic("dump_custom_io_config_template_file")],
             "Write a template custom I/O configuration.";
-        external_quantization_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error(QUANT), [qaic("external_quantization_file")],
-            "Load an externally generated quantization profile.";
+        external_quantization_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [qaic("external_quantization_file")],
+            "Ranges from a JSON file instead of profiling: an object of tensor name to {\"min\": a, \"max\": b}, [a, b] or ONNX Runtime's calibration-table {\"lowest\": a, \"highest\": b}; the activations it does not list are calibrated on calibration_data (an error naming them without it). The schema rules then apply as for calibrated ranges.";
         quantization_schema_activations: ActivationSchema = ActivationSchema::SymmetricWithUint8, Kind::Choice(ActivationSchema::CHOICES), IMPLEMENTED, [qaic("quantization_schema_activations")],
             "Quantization schema of activations, Glow's rules: every range first widened to hold 0; asymmetric: uint8, scale (max - min) / 255, zero point from the end that rounds better; symmetric: int8, zero point 0, the range widened to [-128 s, 127 s]; symmetric_with_uint8 (default): uint8 with zero point 0 when the range has no negatives, else symmetric; symmetric_with_power2_scale: symmetric with the scale rounded up to a power of two.";
         quantization_schema_constants: ConstantSchema = ConstantSchema::SymmetricWithUint8, Kind::Choice(ConstantSchema::CHOICES), IMPLEMENTED, [qaic("quantization_schema_constants")],
@@ -583,16 +583,16 @@ section! {
             "Clean the output directory before compiling.";
         compiler_dir: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), no_effect("kiln's compiler is built in; it has no package directory"), [axl("compiler_dir")],
             "Root directory of the compiler package.";
-        compiler_mode: AxeleraCompilerMode = AxeleraCompilerMode::LowerOnly, Kind::Choice(AxeleraCompilerMode::CHOICES), nyi_error(QUANT), [axl("compiler_mode")],
-            "quantize_and_lower, quantize_only or lower_only (kiln: lower_only).";
+        compiler_mode: AxeleraCompilerMode = AxeleraCompilerMode::LowerOnly, Kind::Choice(AxeleraCompilerMode::CHOICES), IMPLEMENTED, [axl("compiler_mode")],
+            "quantize_and_lower (quantize on calibration_data, as convert_to_quantize, then compile), lower_only (kiln's default: compile in the model's own precision; a model already quantized runs as written) or quantize_only (writing the quantized ONNX file is not yet implemented: refused).";
         model_name: String = String::new(), Kind::Str, no_effect("kiln has no per-model tuning tables; the name is not used"), [axl("model_name")],
             "Model name for logging and model-specific settings.";
         onnx_opset_version: u32 = 17, int(17, i64::MAX), no_effect("used when exporting PyTorch to ONNX; kiln reads the opsets from the model"), [axl("onnx_opset_version")],
             "Opset for the PyTorch-to-ONNX export, >= 17.";
         quantization_debug: bool = false, Kind::Bool, nyi_warn(QUANT_SIDE), [axl("quantization_debug")],
             "Dump the model after quantization.";
-        quantization_scheme: QuantizationScheme = QuantizationScheme::PerTensorHistogram, Kind::Choice(QuantizationScheme::CHOICES), nyi_error(QUANT), [axl("quantization_scheme")],
-            "Post-training quantization scheme.";
+        quantization_scheme: QuantizationScheme = QuantizationScheme::PerTensorHistogram, Kind::Choice(QuantizationScheme::CHOICES), IMPLEMENTED, [axl("quantization_scheme")],
+            "Post-training quantization scheme, with compiler_mode quantize_and_lower: per_tensor_histogram (default) = KLMinimization ranges, per-tensor weights; per_tensor_min_max = MinMax ranges; hybrid_per_tensor_per_channel = KLMinimization ranges, per-channel Conv weights. A quantization_calibration that contradicts it is an error.";
         model_debug_save_dir: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_warn(QUANT_SIDE), [axl("model_debug_save_dir")],
             "Where to store the quantized model for debugging.";
         quantize_dw_channel_wise: bool = false, Kind::Bool, IMPLEMENTED, [axl("quantize_dw_channel_wise")],

@@ -206,14 +206,14 @@ fn overrides_read_values_as_yaml() {
 fn unimplemented_options_are_refused_together() {
     let mut c = Config::default();
     c.load_str(
-        "convert_to_fp16: true\nexternal_quantization_file: q.json\nO: 1\n",
+        "convert_to_fp16: true\nmxfp6_matmul_weights: true\nO: 1\n",
         Path::new("q.yaml"),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     match c.check() {
         Err(ConfigError::NotImplemented { options }) => {
             let names: Vec<&str> = options.iter().map(|u| u.option.as_str()).collect();
-            assert_eq!(names, vec!["convert_to_fp16", "external_quantization_file"]);
+            assert_eq!(names, vec!["convert_to_fp16", "mxfp6_matmul_weights"]);
         }
         other => panic!("{other:?}"),
     }
@@ -287,4 +287,25 @@ devices:\n  - dsp_arch: v73\n    cores: [{core_id: 0, perf_profile: burst}]\nout
     ] {
         let _ = Config::default().apply_override(arg);
     }
+}
+
+#[test]
+fn axelera_quantization_options_are_checked() {
+    let check = |yaml: &str| {
+        let mut c = Config::default();
+        c.load_str(yaml, Path::new("a.yaml")).unwrap_or_else(|e| panic!("{e}"));
+        c.check().map(|_| ()).map_err(|e| e.to_string())
+    };
+    assert!(check("compiler_mode: quantize_and_lower\nquantization_scheme: per_tensor_min_max\n").is_ok());
+    let e = check("quantization_scheme: per_tensor_min_max\n").unwrap_err();
+    assert!(e.contains("quantize_and_lower"), "{e}");
+    let e = check(
+        "compiler_mode: quantize_and_lower\nquantization_scheme: per_tensor_min_max\nquantization_calibration: MSE\n",
+    )
+    .unwrap_err();
+    assert!(e.contains("per_tensor_min_max"), "{e}");
+    let e = check("compiler_mode: quantize_only\n").unwrap_err();
+    assert!(e.contains("quantize_only") && e.contains("not yet implemented"), "{e}");
+    let e = check("load_profile: p.yaml\nexternal_quantization_file: r.json\n").unwrap_err();
+    assert!(e.contains("external_quantization_file"), "{e}");
 }

@@ -29,6 +29,9 @@ pub enum QuantizeMode {
     DumpProfile(PathBuf),
     /// Quantize from this profile, without samples (`load_profile`).
     LoadProfile(PathBuf),
+    /// Take the ranges this file gives (`external_quantization_file`, see
+    /// [`parse_external`]); tensors it does not list are calibrated on the samples.
+    External(PathBuf),
 }
 
 /// Where profiling is (for a progress bar).
@@ -149,6 +152,9 @@ pub(crate) fn apply(model: &Model, options: &SessionOptions) -> Result<(Model, O
     q::prepare(&mut prepared)?;
     let targets = q::targets(&prepared, &qo.spec);
     let hash = graph_hash(&prepared);
+    if let QuantizeMode::External(path) = &qo.mode {
+        return apply_external(model, prepared, &targets, path, qo, options);
+    }
     let histograms: Vec<Histogram> = match &qo.mode {
         QuantizeMode::LoadProfile(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| Error::Profile {
@@ -180,7 +186,7 @@ pub(crate) fn apply(model: &Model, options: &SessionOptions) -> Result<(Model, O
                 })
                 .collect::<Result<_, _>>()?
         }
-        QuantizeMode::Calibrate | QuantizeMode::DumpProfile(_) => {
+        QuantizeMode::Calibrate | QuantizeMode::DumpProfile(_) | QuantizeMode::External(_) => {
             if qo.samples.is_empty() {
                 return Err(err(
                     "no calibration data: pass --calibration-data PATH (a folder of .npz files or one .npz with a \
@@ -222,6 +228,19 @@ pub(crate) fn apply(model: &Model, options: &SessionOptions) -> Result<(Model, O
         .zip(&histograms)
         .map(|(&v, h)| (v, calib::range(h, qo.spec.method, qo.spec.activations)))
         .collect();
+    finish(model, prepared, &names, ranges, report, qo, options)
+}
+
+/// Rewrites `prepared` with `ranges` and measures the result.
+fn finish(
+    model: &Model,
+    prepared: Graph,
+    names: &[String],
+    ranges: HashMap<ValueId, (f32, f32)>,
+    mut report: QuantizeReport,
+    qo: &QuantizeOptions,
+    options: &SessionOptions,
+) -> Result<(Model, Option<QuantizeReport>), Error> {
     let mut quantized = prepared.clone();
     let summary = q::quantize(&mut quantized, &qo.spec, &ranges)?;
     report.nodes = summary.nodes.iter().map(|(op, n)| ((*op).to_string(), *n)).collect();
@@ -239,11 +258,102 @@ pub(crate) fn apply(model: &Model, options: &SessionOptions) -> Result<(Model, O
             graph: prepared,
             ..model.clone()
         };
-        let (outputs, worst) = accuracy(&float_model, &quantized_model, &names, qo, options)?;
+        let (outputs, worst) = accuracy(&float_model, &quantized_model, names, qo, options)?;
         report.outputs = outputs;
         report.worst = worst;
     }
     Ok((quantized_model, Some(report)))
+}
+
+/// `external_quantization_file`: the file's ranges, the other targets calibrated on the samples.
+fn apply_external(
+    model: &Model,
+    prepared: Graph,
+    targets: &[ValueId],
+    path: &std::path::Path,
+    qo: &QuantizeOptions,
+    options: &SessionOptions,
+) -> Result<(Model, Option<QuantizeReport>), Error> {
+    let bad = |reason: String| Error::Profile {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let given = parse_external(&text).map_err(bad)?;
+    let names: Vec<String> = targets.iter().map(|&v| prepared.value_name(v).to_string()).collect();
+    let mut ranges: HashMap<ValueId, (f32, f32)> = HashMap::new();
+    let mut missing: Vec<ValueId> = Vec::new();
+    for (&v, name) in targets.iter().zip(&names) {
+        match given.get(name.as_str()) {
+            Some(&r) => {
+                ranges.insert(v, r);
+            }
+            None => missing.push(v),
+        }
+    }
+    if !missing.is_empty() {
+        if qo.samples.is_empty() {
+            let list: Vec<&str> = missing.iter().take(5).map(|&v| prepared.value_name(v)).collect();
+            return Err(bad(format!(
+                "no range for {} tensor(s) this model quantizes ({}{}), and no calibration data to measure them",
+                missing.len(),
+                list.join(", "),
+                if missing.len() > 5 { ", ..." } else { "" }
+            )));
+        }
+        let hists = profile(model, &prepared, &missing, qo, options)?;
+        for (&v, h) in missing.iter().zip(&hists) {
+            ranges.insert(v, calib::range(h, qo.spec.method, qo.spec.activations));
+        }
+    }
+    let report = QuantizeReport {
+        mode: "external_quantization_file".into(),
+        method: format!(
+            "{} ranges from {}; {}",
+            targets.len() - missing.len(),
+            path.display(),
+            describe(&qo.spec)
+        ),
+        samples: qo.samples.len(),
+        ..QuantizeReport::default()
+    };
+    finish(model, prepared, &names, ranges, report, qo, options)
+}
+
+/// Ranges by tensor name from an `external_quantization_file`: a JSON object whose values are
+/// `{"min": a, "max": b}`, `[a, b]`, or ONNX Runtime's calibration table entries
+/// `{"lowest": a, "highest": b}` (numbers or one-element lists).
+pub fn parse_external(text: &str) -> Result<HashMap<String, (f32, f32)>, String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let obj = v.as_object().ok_or("expected a JSON object of tensor name to range")?;
+    let num = |x: &serde_json::Value| -> Option<f64> {
+        match x {
+            serde_json::Value::Array(a) if a.len() == 1 => a.first().and_then(serde_json::Value::as_f64),
+            other => other.as_f64(),
+        }
+    };
+    let mut out = HashMap::new();
+    for (name, r) in obj {
+        let pair = match r {
+            serde_json::Value::Array(a) if a.len() == 2 => a.first().and_then(num).zip(a.get(1).and_then(num)),
+            serde_json::Value::Object(o) => o
+                .get("min")
+                .or_else(|| o.get("lowest"))
+                .and_then(num)
+                .zip(o.get("max").or_else(|| o.get("highest")).and_then(num)),
+            _ => None,
+        };
+        let Some((lo, hi)) = pair else {
+            return Err(format!(
+                "tensor '{name}': expected {{\"min\": a, \"max\": b}}, [a, b] or {{\"lowest\": a, \"highest\": b}}, got {r}"
+            ));
+        };
+        if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
+            return Err(format!("tensor '{name}': {lo} to {hi} is not a finite range"));
+        }
+        out.insert(name.clone(), (lo as f32, hi as f32));
+    }
+    Ok(out)
 }
 
 fn describe(spec: &Spec) -> String {
@@ -488,11 +598,12 @@ fn accuracy(
 pub(crate) fn from_config(c: &kiln_config::CompileConfig) -> Option<QuantizeOptions> {
     use kiln_compiler::quantize::params::Schema;
     use kiln_config::{ActivationSchema, BiasPrecision, Calibration, ConstantSchema};
-    let mode = match (&c.dump_profile, &c.load_profile) {
-        (Some(p), _) => QuantizeMode::DumpProfile(p.clone()),
-        (None, Some(p)) => QuantizeMode::LoadProfile(p.clone()),
-        (None, None) if c.convert_to_quantize => QuantizeMode::Calibrate,
-        (None, None) => return None,
+    let mode = match (&c.dump_profile, &c.load_profile, &c.external_quantization_file) {
+        (Some(p), _, _) => QuantizeMode::DumpProfile(p.clone()),
+        (None, Some(p), _) => QuantizeMode::LoadProfile(p.clone()),
+        (None, None, Some(p)) => QuantizeMode::External(p.clone()),
+        (None, None, None) if c.convert_to_quantize || axelera_quantizes(c) => QuantizeMode::Calibrate,
+        (None, None, None) => return None,
     };
     let spec = Spec {
         activations: match c.quantization_schema_activations {
@@ -523,6 +634,26 @@ pub(crate) fn from_config(c: &kiln_config::CompileConfig) -> Option<QuantizeOpti
         rowwise: c.enable_rowwise,
         keep: c.keep_original_precision_for_nodes.clone(),
     };
+    let mut spec = spec;
+    if axelera_quantizes(c) {
+        use kiln_config::QuantizationScheme as S;
+        // The configuration refuses a calibration that contradicts the scheme.
+        let histogram = |m: calib::Method| {
+            if m == calib::Method::MinMax {
+                calib::Method::Kl
+            } else {
+                m
+            }
+        };
+        match c.quantization_scheme {
+            S::PerTensorMinMax => spec.method = calib::Method::MinMax,
+            S::PerTensorHistogram => spec.method = histogram(spec.method),
+            S::HybridPerTensorPerChannel => {
+                spec.method = histogram(spec.method);
+                spec.channelwise = true;
+            }
+        }
+    }
     Some(QuantizeOptions {
         spec,
         mode,
@@ -531,6 +662,11 @@ pub(crate) fn from_config(c: &kiln_config::CompileConfig) -> Option<QuantizeOpti
         report: true,
         progress: None,
     })
+}
+
+/// Axelera's `compiler_mode: quantize_and_lower` (kiln's default is `lower_only`).
+fn axelera_quantizes(c: &kiln_config::CompileConfig) -> bool {
+    c.compiler_mode == kiln_config::AxeleraCompilerMode::QuantizeAndLower
 }
 
 /// Most histogram bins (a profile's size is bins x tensors).

@@ -297,3 +297,88 @@ fn bad_calibration_input_is_a_clear_error() {
     .unwrap_err();
     assert!(e.to_string().contains("/nonexistent/profile.yaml"), "{e}");
 }
+
+#[test]
+fn external_ranges_quantize_without_profiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = cnn(false);
+    let f = session(&m, &SessionOptions::default()).unwrap();
+    // The three activations, in each accepted spelling.
+    let full = dir.path().join("ranges.json");
+    std::fs::write(
+        &full,
+        r#"{"x": {"min": -1.0, "max": 1.0}, "r1": [0.0, 2.0], "f": {"lowest": [-1.5], "highest": [1.5]}}"#,
+    )
+    .unwrap();
+    let q = session(
+        &m,
+        &quantizing(Spec::default(), QuantizeMode::External(full), Arc::new(Vec::new())),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(q.quantization().unwrap().activations, 3);
+    let db = held_out_sqnr(&f, &q);
+    assert!(db > 15.0 && db < 70.0, "{db}");
+    // A tensor left out is calibrated on samples, or named when there are none.
+    let part = dir.path().join("part.json");
+    std::fs::write(&part, r#"{"x": [-1, 1]}"#).unwrap();
+    let e = session(
+        &m,
+        &quantizing(
+            Spec::default(),
+            QuantizeMode::External(part.clone()),
+            Arc::new(Vec::new()),
+        ),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("r1") && e.to_string().contains("no calibration data"),
+        "{e}"
+    );
+    let q = session(
+        &m,
+        &quantizing(Spec::default(), QuantizeMode::External(part), samples(4)),
+    )
+    .unwrap();
+    assert_eq!(q.quantization().unwrap().activations, 3);
+    // A malformed entry names the tensor.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"x": {"min": 2, "max": 1}}"#).unwrap();
+    let e = session(
+        &m,
+        &quantizing(Spec::default(), QuantizeMode::External(bad), Arc::new(Vec::new())),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("'x'"), "{e}");
+}
+
+#[test]
+fn axelera_and_qaic_options_reach_the_quantizer() {
+    let mut c = kiln_config::Config::default();
+    c.load_str(
+        "compiler_mode: quantize_and_lower\nquantization_scheme: hybrid_per_tensor_per_channel\n",
+        std::path::Path::new("axelera.yaml"),
+    )
+    .unwrap();
+    c.check().unwrap_or_else(|e| panic!("{e}"));
+    let o = SessionOptions::from_config(&c);
+    let q = o.quantize.expect("quantize_and_lower quantizes");
+    assert_eq!(q.mode, QuantizeMode::Calibrate);
+    assert!(q.spec.channelwise);
+    assert_eq!(q.spec.method, Method::Kl);
+    let mut c = kiln_config::Config::default();
+    c.load_str(
+        "convert_to_quantize: true\nquantization_calibration: SQNR\nquantization_schema_activations: asymmetric\nenable_rowwise: true\nprofiling_threads: 3\n",
+        std::path::Path::new("qaic.yaml"),
+    )
+    .unwrap();
+    let q = SessionOptions::from_config(&c).quantize.unwrap();
+    assert_eq!(
+        (q.spec.method, q.spec.activations, q.spec.rowwise, q.threads),
+        (Method::Sqnr, Schema::Asymmetric, true, 3)
+    );
+    assert!(
+        SessionOptions::from_config(&kiln_config::Config::default())
+            .quantize
+            .is_none()
+    );
+}
