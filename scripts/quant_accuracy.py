@@ -66,7 +66,9 @@ def run_kiln(kiln, program, feed_dir):
         for f in sorted(glob.glob(os.path.join(feed_dir, "*.npz"))):
             od = os.path.join(d, os.path.basename(f))
             subprocess.run([kiln, "run", program, "--inputs", f, "-o", od], check=True, capture_output=True)
-            outs.append({os.path.basename(p)[:-4]: np.load(p) for p in glob.glob(os.path.join(od, "*.npy"))})
+            # Output names may hold '/': kiln run writes those into subfolders.
+            files = glob.glob(os.path.join(od, "**", "*.npy"), recursive=True)
+            outs.append({os.path.relpath(p, od)[:-4]: np.load(p) for p in files})
     return outs
 
 

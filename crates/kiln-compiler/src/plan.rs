@@ -80,6 +80,11 @@ fn static_bytes(ty: &ValueType) -> Option<u64> {
         let Dim::Fixed(k) = d else { return None };
         n = n.checked_mul(*k as u64)?;
     }
+    // Past the bound on one tensor it can never be made: left to the run, which refuses it.
+    // (Placed sizes then stay below 2^33 bytes, so no sum of them overflows.)
+    if n > kiln_tensor::MAX_ELEMENTS as u64 {
+        return None;
+    }
     // Byte-coded types are stored one element per byte.
     n.checked_mul(dtype.size_of().max(1) as u64)
 }
@@ -137,7 +142,7 @@ pub fn plan(g: &Graph) -> MemoryPlan {
         match g.values.get(v).and_then(|vi| static_bytes(&vi.ty)) {
             Some(b) => {
                 size[v] = Some(b);
-                plan.naive_bytes += b;
+                plan.naive_bytes = plan.naive_bytes.saturating_add(b);
                 plan.planned += 1;
                 if last[v].is_none() {
                     last[v] = Some(*d);
@@ -283,6 +288,27 @@ mod tests {
         assert_eq!(arena.bytes, 4000);
         assert_eq!(arena.place(a.index()), Some((0, 4000)));
         assert_eq!(arena.place(y.index()), None, "the output leaves the run");
+    }
+
+    /// Fuzz finding (run_model): static sizes past the bound on one tensor summed past 2^64.
+    /// They are left to the run (which refuses them), and nothing overflows.
+    #[test]
+    fn sizes_past_the_tensor_bound_are_dynamic_and_never_overflow() {
+        let mut g = Graph::default();
+        let x = g.add_value("x", f32s(4));
+        let mut prev = x;
+        for k in 0..4 {
+            let v = g.add_value(format!("h{k}"), f32s(1 << 62));
+            node(&mut g, relu(), &[prev], v);
+            prev = v;
+        }
+        let y = g.add_value("y", f32s(4));
+        node(&mut g, add(), &[prev, x], y);
+        g.inputs = vec![x];
+        g.outputs = vec![y];
+        let p = plan(&g);
+        assert_eq!((p.planned, p.dynamic), (0, 4));
+        assert_eq!(p.arena_bytes, 0);
     }
 
     #[test]
