@@ -16,6 +16,7 @@ kiln's best >= ORT's best - 0.5.
 import argparse
 import glob
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -66,18 +67,22 @@ def run_kiln(kiln, program, feed_dir):
         for f in sorted(glob.glob(os.path.join(feed_dir, "*.npz"))):
             od = os.path.join(d, os.path.basename(f))
             subprocess.run([kiln, "run", program, "--inputs", f, "-o", od], check=True, capture_output=True)
-            # Output names may hold '/': kiln run writes those into subfolders.
-            files = glob.glob(os.path.join(od, "**", "*.npy"), recursive=True)
-            outs.append({os.path.relpath(p, od)[:-4]: np.load(p) for p in files})
+            outs.append({os.path.basename(p)[:-4]: np.load(p) for p in glob.glob(os.path.join(od, "*.npy"))})
     return outs
+
+
+def file_name(name):
+    """The file kiln run writes an output to: anything but letters, digits, '.', '_', '-' is '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def mean_sqnr(ref, got):
     vals = []
     for r, g in zip(ref, got):
         for name, x in r.items():
-            if x.dtype.kind == "f" and name in g:
-                vals.append(sqnr(x, g[name]))
+            y = g.get(name, g.get(file_name(name)))
+            if x.dtype.kind == "f" and y is not None:
+                vals.append(sqnr(x, y))
     return float(np.mean(vals))
 
 

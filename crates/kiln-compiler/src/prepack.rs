@@ -211,6 +211,10 @@ pub fn channels_last(program: &mut Program) -> usize {
             let (Ok(data), &[m, c, kh, kw]) = (wt.as_slice::<f32>(), wt.shape()) else {
                 continue;
             };
+            // An empty kernel has nothing to pack (and a kernel_shape with a 0 would not load).
+            if data.is_empty() {
+                continue;
+            }
             let pk = PackedConvWeights { m, c, kh, kw };
             let weights = match (group, c) {
                 (1, _) => kiln_ops::fast::pack_channels_last(data, pk),

@@ -417,3 +417,27 @@ fn com_microsoft_features_kiln_cannot_honour_are_refused_by_name() {
     .unwrap_err();
     assert!(e.contains("is_packed_batching"), "{e}");
 }
+
+/// Fuzz finding (load_program seeds): a Conv with an empty kernel compiled into a program whose
+/// packed kernel_shape held a 0, which the file then refused to load. Whatever the compile
+/// makes of it, its own program file loads.
+#[test]
+fn a_compiled_empty_kernel_conv_loads_back() {
+    let m = model(
+        vec![node("Conv", "c", &["x", "w"], &["y"], vec![])],
+        vec![value_info("x", F32, &[Dim::N(1), Dim::N(0), Dim::N(4), Dim::N(4)])],
+        vec![value_info("y", F32, &[Dim::N(1), Dim::N(2), Dim::N(4), Dim::N(4)])],
+        vec![TensorProto {
+            name: Some("w".into()),
+            data_type: Some(F32),
+            dims: vec![2, 0, 1, 1],
+            ..Default::default()
+        }],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (onnx, prog) = (dir.path().join("m.onnx"), dir.path().join("m.kiln"));
+    std::fs::write(&onnx, m.encode_to_vec()).unwrap();
+    if kiln::compile_file(&onnx, &prog, &SessionOptions::default()).is_ok() {
+        Session::new(&prog, &SessionOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
