@@ -377,6 +377,9 @@ impl Config {
                 "keep_original_precision_for_nodes",
                 "profiling_threads",
                 "calibration_data",
+                "quantization_debug",
+                "quantized_graph_export",
+                "model_debug_save_dir",
             ]
             .into_iter()
             .find(|k| self.changed().iter().any(|(spec, _, _)| spec.name == *k));

@@ -589,16 +589,16 @@ section! {
             "Model name for logging and model-specific settings.";
         onnx_opset_version: u32 = 17, int(17, i64::MAX), no_effect("used when exporting PyTorch to ONNX; kiln reads the opsets from the model"), [axl("onnx_opset_version")],
             "Opset for the PyTorch-to-ONNX export, >= 17.";
-        quantization_debug: bool = false, Kind::Bool, nyi_warn(QUANT_SIDE), [axl("quantization_debug")],
-            "Dump the model after quantization.";
+        quantization_debug: bool = false, Kind::Bool, IMPLEMENTED, [axl("quantization_debug")],
+            "When quantizing: write the quantized graph as text (quantized_graph.txt, kiln's IR printer) and the accuracy report (quantization_report.json) into model_debug_save_dir (else output_dir, else the working directory).";
         quantization_scheme: QuantizationScheme = QuantizationScheme::PerTensorHistogram, Kind::Choice(QuantizationScheme::CHOICES), IMPLEMENTED, [axl("quantization_scheme")],
             "Post-training quantization scheme, with compiler_mode quantize_and_lower: per_tensor_histogram (default) = KLMinimization ranges, per-tensor weights; per_tensor_min_max = MinMax ranges; hybrid_per_tensor_per_channel = KLMinimization ranges, per-channel Conv weights. A quantization_calibration that contradicts it is an error.";
-        model_debug_save_dir: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_warn(QUANT_SIDE), [axl("model_debug_save_dir")],
-            "Where to store the quantized model for debugging.";
+        model_debug_save_dir: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [axl("model_debug_save_dir")],
+            "Where quantization_debug and quantized_graph_export write (default: output_dir, else the working directory).";
         quantize_dw_channel_wise: bool = false, Kind::Bool, IMPLEMENTED, [axl("quantize_dw_channel_wise")],
             "Quantize depthwise convolutions channel-wise (implied by enable_channelwise).";
-        quantized_graph_export: bool = false, Kind::Bool, nyi_warn(QUANT_SIDE), [axl("quantized_graph_export")],
-            "Export the quantized graph as JSON.";
+        quantized_graph_export: bool = false, Kind::Bool, IMPLEMENTED, [axl("quantized_graph_export")],
+            "When quantizing: write quantized_graph.json (every node with its inputs and outputs, and each quantized tensor's dtype, scale, zero point, axis and calibrated range) into model_debug_save_dir (else output_dir, else the working directory).";
         remove_io_quantization: bool = false, Kind::Bool, nyi_error(QUANT), [axl("remove_io_quantization")],
             "Remove quantize/dequantize of inputs and outputs.";
         run_graph_cleaner: bool = true, Kind::Bool, no_effect("kiln's cleanup passes (optimization_type >= 1) take the graph cleaner's place"), [axl("run_graph_cleaner")],

@@ -65,6 +65,12 @@ pub struct QuantizeOptions {
     /// Compare the quantized model with the float one on the samples (the accuracy report).
     pub report: bool,
     pub progress: Option<ProgressFn>,
+    /// Write the quantized graph as text and the report (`quantization_debug`).
+    pub debug_text: bool,
+    /// Write `quantized_graph.json` (`quantized_graph_export`).
+    pub export_json: bool,
+    /// Where those go (`model_debug_save_dir`, else `output_dir`, else the working directory).
+    pub debug_dir: Option<PathBuf>,
 }
 
 /// The SQNR of one tensor of the quantized model against the float model, over the samples:
@@ -249,6 +255,10 @@ fn finish(
     report.per_channel_weights = summary.per_channel;
     report.biases = summary.biases;
     report.kept = summary.kept;
+    let ranges_by_name: HashMap<String, (f32, f32)> = ranges
+        .iter()
+        .map(|(&v, &r)| (prepared.value_name(v).to_string(), r))
+        .collect();
     let quantized_model = Model {
         graph: quantized,
         ..model.clone()
@@ -261,6 +271,9 @@ fn finish(
         let (outputs, worst) = accuracy(&float_model, &quantized_model, names, qo, options)?;
         report.outputs = outputs;
         report.worst = worst;
+    }
+    if qo.debug_text || qo.export_json {
+        write_debug(&quantized_model.graph, &ranges_by_name, &report, qo)?;
     }
     Ok((quantized_model, Some(report)))
 }
@@ -354,6 +367,92 @@ pub fn parse_external(text: &str) -> Result<HashMap<String, (f32, f32)>, String>
         out.insert(name.clone(), (lo as f32, hi as f32));
     }
     Ok(out)
+}
+
+/// `quantization_debug` / `quantized_graph_export`: the quantized graph as text and as JSON,
+/// and the report, in the debug directory.
+fn write_debug(
+    g: &Graph,
+    ranges: &HashMap<String, (f32, f32)>,
+    report: &QuantizeReport,
+    qo: &QuantizeOptions,
+) -> Result<(), Error> {
+    let dir = qo.debug_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&path, text))
+            .map_err(|e| err(format!("cannot write {}: {e}", path.display())))
+    };
+    if qo.debug_text {
+        write("quantized_graph.txt", g.to_text())?;
+        write(
+            "quantization_report.json",
+            serde_json::to_string_pretty(report).unwrap_or_default() + "\n",
+        )?;
+    }
+    if qo.export_json {
+        write(
+            "quantized_graph.json",
+            serde_json::to_string_pretty(&graph_json(g, ranges)).unwrap_or_default() + "\n",
+        )?;
+    }
+    Ok(())
+}
+
+/// The quantized graph as JSON: nodes, and every tensor a QuantizeLinear or a DequantizeLinear
+/// of a constant defines the grid of.
+fn graph_json(g: &Graph, ranges: &HashMap<String, (f32, f32)>) -> serde_json::Value {
+    use kiln_ir::{NodeKind, Op};
+    use kiln_ops::quant::QuantOp;
+    let name = |v: &Option<ValueId>| v.map_or(String::new(), |v| g.value_name(v).to_string());
+    let constant = |v: &Option<ValueId>| -> Option<&kiln_tensor::Tensor> {
+        let v = (*v)?;
+        g.constants
+            .iter()
+            .find(|(c, _)| *c == v)
+            .and_then(|(_, x)| x.as_tensor())
+    };
+    let mut nodes = Vec::new();
+    let mut tensors = serde_json::Map::new();
+    for n in &g.nodes {
+        let NodeKind::Op(op) = &n.kind else { continue };
+        nodes.push(serde_json::json!({
+            "name": n.name,
+            "op": op.name(),
+            "inputs": n.inputs.iter().map(name).collect::<Vec<_>>(),
+            "outputs": n.outputs.iter().map(name).collect::<Vec<_>>(),
+        }));
+        let (subject, axis, kind) = match op {
+            Op::Quant(QuantOp::QuantizeLinear(q)) => (n.inputs.first(), q.axis, "activation"),
+            Op::Quant(QuantOp::DequantizeLinear(d)) if constant(n.inputs.first().unwrap_or(&None)).is_some() => {
+                (n.inputs.first(), d.axis, "constant")
+            }
+            _ => continue,
+        };
+        let Some(subject) = subject else { continue };
+        let scale = constant(n.inputs.get(1).unwrap_or(&None)).map(|t| t.to_f64_vec());
+        let zero = constant(n.inputs.get(2).unwrap_or(&None)).map(|t| t.to_f64_vec());
+        let dtype = match kind {
+            "activation" => constant(n.inputs.get(2).unwrap_or(&None)).map(|t| t.dtype().to_string()),
+            _ => constant(subject).map(|t| t.dtype().to_string()),
+        };
+        let key = name(subject);
+        let mut entry = serde_json::json!({
+            "kind": kind,
+            "dtype": dtype,
+            "scale": scale,
+            "zero_point": zero,
+            "axis": if scale.as_ref().is_some_and(|s| s.len() > 1) { Some(axis) } else { None },
+        });
+        if let Some((lo, hi)) = ranges.get(&key)
+            && let Some(o) = entry.as_object_mut()
+        {
+            o.insert("range".into(), serde_json::json!([lo, hi]));
+        }
+        tensors.insert(key, entry);
+    }
+    serde_json::json!({ "graph": g.name, "nodes": nodes, "tensors": tensors })
 }
 
 fn describe(spec: &Spec) -> String {
@@ -661,6 +760,9 @@ pub(crate) fn from_config(c: &kiln_config::CompileConfig) -> Option<QuantizeOpti
         threads: usize::try_from(c.profiling_threads).unwrap_or(1).max(1),
         report: true,
         progress: None,
+        debug_text: c.quantization_debug,
+        export_json: c.quantized_graph_export,
+        debug_dir: c.model_debug_save_dir.clone().or_else(|| c.output_dir.clone()),
     })
 }
 

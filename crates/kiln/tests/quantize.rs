@@ -92,6 +92,9 @@ fn quantizing(spec: Spec, mode: QuantizeMode, samples: Arc<Vec<Sample>>) -> Sess
             threads: 2,
             report: true,
             progress: None,
+            debug_text: false,
+            export_json: false,
+            debug_dir: None,
         }),
         ..SessionOptions::default()
     }
@@ -381,4 +384,36 @@ fn axelera_and_qaic_options_reach_the_quantizer() {
             .quantize
             .is_none()
     );
+}
+
+#[test]
+fn debug_outputs_describe_the_quantized_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = quantizing(Spec::default(), QuantizeMode::Calibrate, samples(4));
+    if let Some(q) = o.quantize.as_mut() {
+        q.debug_text = true;
+        q.export_json = true;
+        q.debug_dir = Some(dir.path().join("dbg"));
+    }
+    session(&cnn(false), &o).unwrap();
+    let text = std::fs::read_to_string(dir.path().join("dbg/quantized_graph.txt")).unwrap();
+    assert!(
+        text.contains("QuantizeLinear") && text.contains("DequantizeLinear"),
+        "{text}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("dbg/quantization_report.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["activations"], 3);
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("dbg/quantized_graph.json")).unwrap()).unwrap();
+    let x = &g["tensors"]["x"];
+    assert_eq!(x["kind"], "activation");
+    assert_eq!(x["dtype"], "i8", "{x}"); // x has negatives: symmetric int8
+    let (lo, hi) = (x["range"][0].as_f64().unwrap(), x["range"][1].as_f64().unwrap());
+    assert!(lo < -0.5 && hi > 0.5, "{x}");
+    let scale = x["scale"][0].as_f64().unwrap();
+    assert!((scale - lo.abs().max(hi) / 128.0).abs() < 0.01, "{x}");
+    assert_eq!(g["tensors"]["w1_quantized"]["kind"], "constant");
+    assert!(g["nodes"].as_array().unwrap().len() > 6);
 }
