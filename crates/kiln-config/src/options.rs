@@ -110,7 +110,6 @@ const AXL_REWRITE: &str =
 const HEXAGON: &str = "a Hexagon DSP runtime detail (HVX/HMX, process domains, RPC polling): there is no DSP here";
 const TVM: &str = "an internal of Axelera's TVM-based compiler; kiln's compiler has no such stage";
 const QUANT: &str = "quantization is not yet implemented: kiln runs the model in its own precision, so results would differ from a quantized run";
-const QUANT_SIDE: &str = "only matters when quantizing, which is not yet implemented; without it kiln keeps every node in the model's own precision";
 const FP16: &str =
     "fp16 execution is not yet implemented: kiln computes in the model's own precision, so results would differ";
 const ONE_GRAPH: &str = "a .kiln program holds the model's one graph; graph configs apply to it whatever its name";
