@@ -91,6 +91,25 @@ fn program_text(out: &mut String, path: &Path, print_steps: bool) -> Result<()> 
         ),
         None => {}
     }
+    if let Some(q) = m.options.get("quantization").filter(|q| !q.is_null()) {
+        outln!(
+            out,
+            "quantized: {} ({})",
+            q["mode"].as_str().unwrap_or("?"),
+            q["method"].as_str().unwrap_or("?")
+        );
+        for io in q["io"].as_array().into_iter().flatten() {
+            outln!(
+                out,
+                "  {} '{}' is {}: x = {} * (q - {})",
+                io["role"].as_str().unwrap_or("?"),
+                io["name"].as_str().unwrap_or("?"),
+                io["dtype"].as_str().unwrap_or("?"),
+                io["scale"],
+                io["zero_point"]
+            );
+        }
+    }
     let effective = m.options.get("effective").cloned().unwrap_or(serde_json::Value::Null);
     outln!(out, "compile options (effective): {effective}");
     let config: Option<kiln_config::Config> = m

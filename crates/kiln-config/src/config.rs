@@ -378,6 +378,7 @@ impl Config {
                 "profiling_threads",
                 "calibration_data",
                 "quantization_debug",
+                "remove_io_quantization",
                 "quantized_graph_export",
                 "model_debug_save_dir",
             ]

@@ -109,7 +109,6 @@ const AXL_REWRITE: &str =
     "an Axelera legalisation for its hardware; kiln's CPU kernels run the original operator as written";
 const HEXAGON: &str = "a Hexagon DSP runtime detail (HVX/HMX, process domains, RPC polling): there is no DSP here";
 const TVM: &str = "an internal of Axelera's TVM-based compiler; kiln's compiler has no such stage";
-const QUANT: &str = "quantization is not yet implemented: kiln runs the model in its own precision, so results would differ from a quantized run";
 const FP16: &str =
     "fp16 execution is not yet implemented: kiln computes in the model's own precision, so results would differ";
 const ONE_GRAPH: &str = "a .kiln program holds the model's one graph; graph configs apply to it whatever its name";
@@ -598,8 +597,8 @@ section! {
             "Quantize depthwise convolutions channel-wise (implied by enable_channelwise).";
         quantized_graph_export: bool = false, Kind::Bool, IMPLEMENTED, [axl("quantized_graph_export")],
             "When quantizing: write quantized_graph.json (every node with its inputs and outputs, and each quantized tensor's dtype, scale, zero point, axis and calibrated range) into model_debug_save_dir (else output_dir, else the working directory).";
-        remove_io_quantization: bool = false, Kind::Bool, nyi_error(QUANT), [axl("remove_io_quantization")],
-            "Remove quantize/dequantize of inputs and outputs.";
+        remove_io_quantization: bool = false, Kind::Bool, IMPLEMENTED, [axl("remove_io_quantization")],
+            "When quantizing: the program takes each float input its quantized nodes read as the 8-bit values of that input's QuantizeLinear, and returns each float output in 8 bits on the grid of its calibrated range (outputs are calibrated too), under the same names; the scale and zero point of each are in the compile report and kiln info.";
         run_graph_cleaner: bool = true, Kind::Bool, no_effect("kiln's cleanup passes (optimization_type >= 1) take the graph cleaner's place"), [axl("run_graph_cleaner")],
             "Run the ONNX graph cleaner.";
         graph_cleaner_split_pre_post_processing: bool = true, Kind::Bool, no_effect("kiln runs pre- and post-processing nodes in the program like any other"), [axl("graph_cleaner_split_pre_post_processing")],

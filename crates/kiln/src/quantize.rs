@@ -71,6 +71,8 @@ pub struct QuantizeOptions {
     pub export_json: bool,
     /// Where those go (`model_debug_save_dir`, else `output_dir`, else the working directory).
     pub debug_dir: Option<PathBuf>,
+    /// The program takes and returns 8-bit tensors (`remove_io_quantization`).
+    pub remove_io: bool,
 }
 
 /// The SQNR of one tensor of the quantized model against the float model, over the samples:
@@ -103,6 +105,8 @@ pub struct QuantizeReport {
     pub worst: Vec<TensorSqnr>,
     /// The profile written (`dump_profile`).
     pub profile: Option<PathBuf>,
+    /// Inputs and outputs the program takes and returns in 8 bits (`remove_io_quantization`).
+    pub io: Vec<q::IoQuant>,
 }
 
 impl QuantizeReport {
@@ -127,6 +131,12 @@ impl QuantizeReport {
         }
         if let Some(p) = &self.profile {
             s.push_str(&format!("  profile written to {}\n", p.display()));
+        }
+        for q in &self.io {
+            s.push_str(&format!(
+                "  {} '{}' is {}: x = {} * (q - {})\n",
+                q.role, q.name, q.dtype, q.scale, q.zero_point
+            ));
         }
         let db = |v: Option<f64>| v.map_or_else(|| "exact".to_string(), |d| format!("{d:.2} dB"));
         if !self.outputs.is_empty() {
@@ -156,7 +166,19 @@ pub(crate) fn apply(model: &Model, options: &SessionOptions) -> Result<(Model, O
     };
     let mut prepared = model.graph.clone();
     q::prepare(&mut prepared)?;
-    let targets = q::targets(&prepared, &qo.spec);
+    let mut targets = q::targets(&prepared, &qo.spec);
+    if qo.remove_io {
+        // The outputs are returned in 8 bits: their ranges are calibrated too.
+        for &o in &prepared.outputs {
+            let f32_out = prepared
+                .value(o)
+                .and_then(|v| v.ty.tensor())
+                .is_some_and(|t| t.dtype == Some(kiln_tensor::DType::F32));
+            if f32_out && !targets.contains(&o) {
+                targets.push(o);
+            }
+        }
+    }
     let hash = graph_hash(&prepared);
     if let QuantizeMode::External(path) = &qo.mode {
         return apply_external(model, prepared, &targets, path, qo, options);
@@ -249,6 +271,12 @@ fn finish(
 ) -> Result<(Model, Option<QuantizeReport>), Error> {
     let mut quantized = prepared.clone();
     let summary = q::quantize(&mut quantized, &qo.spec, &ranges)?;
+    // Outputs are compared in float; their 8-bit form comes after the report.
+    let output_ranges: HashMap<ValueId, (f32, f32)> = ranges
+        .iter()
+        .filter(|(v, _)| prepared.outputs.contains(v))
+        .map(|(&v, &r)| (v, r))
+        .collect();
     report.nodes = summary.nodes.iter().map(|(op, n)| ((*op).to_string(), *n)).collect();
     report.activations = summary.activations;
     report.weights = summary.weights;
@@ -271,6 +299,10 @@ fn finish(
         let (outputs, worst) = accuracy(&float_model, &quantized_model, names, qo, options)?;
         report.outputs = outputs;
         report.worst = worst;
+    }
+    let mut quantized_model = quantized_model;
+    if qo.remove_io {
+        report.io = q::quantize_io(&mut quantized_model.graph, &qo.spec, &output_ranges)?;
     }
     if qo.debug_text || qo.export_json {
         write_debug(&quantized_model.graph, &ranges_by_name, &report, qo)?;
@@ -763,6 +795,7 @@ pub(crate) fn from_config(c: &kiln_config::CompileConfig) -> Option<QuantizeOpti
         debug_text: c.quantization_debug,
         export_json: c.quantized_graph_export,
         debug_dir: c.model_debug_save_dir.clone().or_else(|| c.output_dir.clone()),
+        remove_io: c.remove_io_quantization,
     })
 }
 

@@ -95,6 +95,7 @@ fn quantizing(spec: Spec, mode: QuantizeMode, samples: Arc<Vec<Sample>>) -> Sess
             debug_text: false,
             export_json: false,
             debug_dir: None,
+            remove_io: false,
         }),
         ..SessionOptions::default()
     }
@@ -416,4 +417,70 @@ fn debug_outputs_describe_the_quantized_graph() {
     assert!((scale - lo.abs().max(hi) / 128.0).abs() < 0.01, "{x}");
     assert_eq!(g["tensors"]["w1_quantized"]["kind"], "constant");
     assert!(g["nodes"].as_array().unwrap().len() > 6);
+}
+
+#[test]
+fn remove_io_quantization_takes_and_returns_8_bits() {
+    let m = cnn(false);
+    let mut o = quantizing(Spec::default(), QuantizeMode::Calibrate, samples(6));
+    if let Some(q) = o.quantize.as_mut() {
+        q.remove_io = true;
+    }
+    let q = session(&m, &o).unwrap();
+    let io = &q.quantization().unwrap().io;
+    assert_eq!(io.len(), 2, "{io:?}");
+    let (inp, out) = (&io[0], &io[1]);
+    assert_eq!((inp.name.as_str(), inp.role, inp.dtype.as_str()), ("x", "input", "i8"));
+    assert_eq!((out.name.as_str(), out.role), ("y", "output"));
+    // The signature says so, and the session runs on 8-bit input.
+    let ins = q.inputs();
+    assert_eq!(ins[0].name, "x");
+    assert_eq!(ins[0].ty.tensor().and_then(|t| t.dtype), Some(kiln::DType::I8));
+    let x = sample(80);
+    let xf = x[0].1.as_tensor().unwrap().as_slice::<f32>().unwrap().to_vec();
+    let xq: Vec<i8> = xf
+        .iter()
+        .map(|&v| ((v / inp.scale).round_ties_even() as i32 + inp.zero_point).clamp(-128, 127) as i8)
+        .collect();
+    let out_v = q
+        .run(vec![(
+            "x".into(),
+            Value::Tensor(Tensor::from_vec(vec![1, 3, 8, 8], xq).unwrap()),
+        )])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let yt = out_v[0].1.as_tensor().unwrap();
+    assert_eq!(out_v[0].0, "y");
+    let yd: Vec<f32> = match yt.dtype() {
+        kiln::DType::U8 => yt
+            .as_slice::<u8>()
+            .unwrap()
+            .iter()
+            .map(|&v| (i32::from(v) - out.zero_point) as f32 * out.scale)
+            .collect(),
+        _ => yt
+            .as_slice::<i8>()
+            .unwrap()
+            .iter()
+            .map(|&v| (i32::from(v) - out.zero_point) as f32 * out.scale)
+            .collect(),
+    };
+    // Dequantized, it is the quantized model's output within half an output step (saturated
+    // where this input's output passes the calibrated range).
+    let plain = session(&m, &quantizing(Spec::default(), QuantizeMode::Calibrate, samples(6))).unwrap();
+    let want = output(&plain, x);
+    let (lo, hi) = if yt.dtype() == kiln::DType::U8 {
+        (0, 255)
+    } else {
+        (-128, 127)
+    };
+    let (rlo, rhi) = (
+        (lo - out.zero_point) as f32 * out.scale,
+        (hi - out.zero_point) as f32 * out.scale,
+    );
+    for (a, b) in yd.iter().zip(&want) {
+        assert!(
+            (a - b.clamp(rlo, rhi)).abs() <= out.scale * 0.51 + 1e-6,
+            "{yd:?} vs {want:?}"
+        );
+    }
 }

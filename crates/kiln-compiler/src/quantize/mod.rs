@@ -521,3 +521,141 @@ fn quantize_bias_i32(
     nodes.push(q_node(dq_name, dequantize(0), vec![Some(qv), Some(sv)], dq));
     Ok(Some(dq))
 }
+
+/// One program input or output that [`quantize_io`] made 8-bit: the values it carries are
+/// `round(x / scale) + zero_point`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct IoQuant {
+    pub name: String,
+    /// "input" or "output".
+    pub role: &'static str,
+    pub dtype: String,
+    pub scale: f32,
+    pub zero_point: i32,
+}
+
+/// Axelera's `remove_io_quantization` on a graph [`quantize`] rewrote: a float input whose
+/// only use is its QuantizeLinear becomes that Q's 8-bit output (under the input's name; any
+/// other reader takes the dequantized value), and each float output gets a QuantizeLinear on
+/// the grid of its range in `output_ranges` and is returned in 8 bits under its name.
+pub fn quantize_io(
+    g: &mut Graph,
+    spec: &Spec,
+    output_ranges: &HashMap<ValueId, (f32, f32)>,
+) -> Result<Vec<IoQuant>, CompileError> {
+    let mut io = Vec::new();
+    let index = Index::new(g);
+    let scalar = |g: &Graph, v: Option<ValueId>| -> Option<f64> {
+        v.and_then(|v| index.tensor(g, v))
+            .and_then(|t| t.to_f64_vec().first().copied())
+    };
+    let mut dead = vec![false; g.nodes.len()];
+    let mut swaps: Vec<(usize, ValueId, ValueId, ValueId)> = Vec::new();
+    for (slot, &x) in g.inputs.iter().enumerate() {
+        if dtype_of(g, x) != Some(DType::F32) {
+            continue;
+        }
+        // The Q of x (ours: per tensor, constant scale and zero point) and the DQ reading it.
+        let q = index.readers(x).iter().copied().find(|&r| {
+            g.nodes
+                .get(r)
+                .is_some_and(|n| matches!(n.kind, NodeKind::Op(Op::Quant(QuantOp::QuantizeLinear(_)))))
+        });
+        let Some(qi) = q else { continue };
+        let Some(qn) = g.nodes.get(qi) else { continue };
+        let Some(Some(qv)) = qn.outputs.first().copied() else {
+            continue;
+        };
+        let dq = index.readers(qv).iter().copied().find_map(|r| {
+            let n = g.nodes.get(r)?;
+            matches!(n.kind, NodeKind::Op(Op::Quant(QuantOp::DequantizeLinear(_))))
+                .then(|| n.outputs.first().copied().flatten())?
+        });
+        let Some(dqv) = dq else { continue };
+        let (Some(scale), zp) = (
+            scalar(g, qn.inputs.get(1).copied().flatten()),
+            scalar(g, qn.inputs.get(2).copied().flatten()),
+        ) else {
+            continue;
+        };
+        io.push(IoQuant {
+            name: g.value_name(x).to_string(),
+            role: "input",
+            dtype: dtype_of(g, qv).map_or_else(String::new, |d| d.to_string()),
+            scale: scale as f32,
+            zero_point: zp.unwrap_or(0.0) as i32,
+        });
+        if let Some(d) = dead.get_mut(qi) {
+            *d = true;
+        }
+        swaps.push((slot, x, qv, dqv));
+    }
+    for &(slot, x, qv, dqv) in &swaps {
+        // Other readers of x read its dequantized value; the Q goes; qv takes x's name.
+        let mut map = HashMap::new();
+        map.insert(x, dqv);
+        crate::passes::edit::replace_all(g, &map);
+        let name = g.value_name(x).to_string();
+        let float_name = fresh_name(g, &format!("{name}_float"));
+        if let Some(v) = g.values.get_mut(x.index()) {
+            v.name = float_name;
+        }
+        if let Some(v) = g.values.get_mut(qv.index()) {
+            v.name = name;
+        }
+        if let Some(s) = g.inputs.get_mut(slot) {
+            *s = qv;
+        }
+    }
+    crate::passes::edit::remove_nodes(g, &dead);
+    let outputs = g.outputs.clone();
+    for (slot, &y) in outputs.iter().enumerate() {
+        if dtype_of(g, y) != Some(DType::F32) || g.inputs.contains(&y) {
+            continue;
+        }
+        let Some(&(lo, hi)) = output_ranges.get(&y) else {
+            continue;
+        };
+        let p = params::choose(f64::from(lo), f64::from(hi), spec.activations);
+        let name = g.value_name(y).to_string();
+        let ty = g.value(y).map(|v| v.ty.clone()).unwrap_or(ValueType::Unknown);
+        let q_ty = match &ty {
+            ValueType::Tensor(t) => ValueType::Tensor(kiln_ops::TensorType {
+                dtype: Some(p.dtype()),
+                shape: t.shape.clone(),
+            }),
+            other => other.clone(),
+        };
+        let scale = add_constant(g, &format!("{name}_scale"), scalar_f32(p.scale));
+        let zp = add_constant(g, &format!("{name}_zero_point"), zero_point(&p));
+        let float_name = fresh_name(g, &format!("{name}_float"));
+        if let Some(v) = g.values.get_mut(y.index()) {
+            v.name = float_name;
+        }
+        let yq = g.add_value(name.clone(), q_ty);
+        g.nodes.push(q_node(
+            format!("{name}_quantize"),
+            QuantOp::QuantizeLinear(QuantizeLinear {
+                axis: 1,
+                saturate: true,
+                block_size: 0,
+                output_dtype: None,
+                precision: None,
+            }),
+            vec![Some(y), Some(scale), Some(zp)],
+            yq,
+        ));
+        if let Some(s) = g.outputs.get_mut(slot) {
+            *s = yq;
+        }
+        io.push(IoQuant {
+            name,
+            role: "output",
+            dtype: p.dtype().to_string(),
+            scale: p.scale,
+            zero_point: p.zero_point,
+        });
+    }
+    g.verify()?;
+    Ok(io)
+}
