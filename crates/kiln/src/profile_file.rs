@@ -139,9 +139,6 @@ fn finish(e: Entry, out: &mut Vec<(String, Histogram)>) -> Result<(), String> {
         return Err(format!("entry '{name}': an empty Histogram"));
     }
     let mut h = Histogram::new(min, max, counts.len());
-    // `Histogram::new` widens a single point; keep the file's bounds as written.
-    h.min = min;
-    h.max = if max > min { max } else { h.max };
     h.counts = counts;
     out.push((name, h));
     Ok(())

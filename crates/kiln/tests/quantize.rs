@@ -484,3 +484,52 @@ fn remove_io_quantization_takes_and_returns_8_bits() {
         );
     }
 }
+
+/// Found quantizing DeepLab (random weights): a ReLU that never fires on the samples has the
+/// range [0, 0], which the histogram had widened to 1.2e-7: its reader's int32 bias on a
+/// scale of ~1e-12 overflowed and the output was noise. The range stays degenerate (Glow's
+/// 0.1 scale), and a bias past 2^30 steps would stay in float.
+#[test]
+fn a_dead_relu_keeps_its_readers_bias() {
+    let m = model(
+        vec![
+            node(
+                "Conv",
+                "c1",
+                &["x", "w1", "b1"],
+                &["c"],
+                vec![ints("kernel_shape", &[1, 1])],
+            ),
+            node("Relu", "r", &["c"], &["h"], vec![]),
+            node(
+                "Conv",
+                "c2",
+                &["h", "w2", "b2"],
+                &["y"],
+                vec![ints("kernel_shape", &[1, 1])],
+            ),
+        ],
+        vec![f32_info("x", &[1, 3, 4, 4])],
+        vec![f32_info("y", &[1, 2, 4, 4])],
+        vec![
+            f32_tensor("w1", &[4, 3, 1, 1], noise(12, 7, 0.1)),
+            f32_tensor("b1", &[4], vec![-10.0; 4]),
+            f32_tensor("w2", &[2, 4, 1, 1], noise(8, 8, 1.0)),
+            f32_tensor("b2", &[2], vec![0.25, -0.5]),
+        ],
+    );
+    let f = session(&m, &SessionOptions::default()).unwrap();
+    let x = || {
+        vec![(
+            "x".to_string(),
+            Value::Tensor(Tensor::from_vec(vec![1, 3, 4, 4], noise(48, 9, 1.0)).unwrap()),
+        )]
+    };
+    let samples = Arc::new(vec![x(), x()]);
+    let q = session(&m, &quantizing(Spec::default(), QuantizeMode::Calibrate, samples)).unwrap();
+    // The output is the bias alone, on the grid of 0.1 x the weight scale (within 1e-3).
+    let (a, b) = (output(&f, x()), output(&q, x()));
+    for (p, r) in a.iter().zip(&b) {
+        assert!((p - r).abs() < 1e-3, "{a:?} vs {b:?}");
+    }
+}

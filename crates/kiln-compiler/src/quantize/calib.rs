@@ -50,17 +50,13 @@ const ENTROPY_LEVELS: usize = 128;
 const SQNR_GAMMA: f64 = 3.0;
 
 impl Histogram {
-    /// An empty histogram of `bins` bins over `[min, max]` (a single point is widened a little).
+    /// An empty histogram of `bins` bins over `[min, max]` (a single point keeps its range:
+    /// every value counts in bin 0, and the range stays degenerate for the schema rules).
     pub fn new(min: f32, max: f32, bins: usize) -> Histogram {
         let (min, max) = if min.is_finite() && max.is_finite() && min <= max {
             (min, max)
         } else {
             (0.0, 0.0)
-        };
-        let max = if max > min {
-            max
-        } else {
-            min + f32::EPSILON.max(min.abs() * 1e-6)
         };
         Histogram {
             min,
@@ -93,7 +89,15 @@ impl Histogram {
     /// Counts `xs`; values outside the range go to the end bins, NaN is skipped.
     pub fn add(&mut self, xs: &[f32]) {
         let n = self.bins();
-        let inv = n as f64 / (f64::from(self.max) - f64::from(self.min));
+        let span = f64::from(self.max) - f64::from(self.min);
+        if span <= 0.0 {
+            let c = xs.iter().filter(|x| !x.is_nan()).count() as u64;
+            if let Some(b) = self.counts.first_mut() {
+                *b += c;
+            }
+            return;
+        }
+        let inv = n as f64 / span;
         let min = f64::from(self.min);
         for &x in xs {
             if x.is_nan() {
@@ -112,6 +116,12 @@ impl Histogram {
     fn magnitudes(&self) -> Histogram {
         let amax = self.min.abs().max(self.max.abs());
         let mut h = Histogram::new(0.0, amax, self.bins());
+        if amax <= 0.0 {
+            if let Some(b) = h.counts.first_mut() {
+                *b = self.total();
+            }
+            return h;
+        }
         let n = h.bins();
         let inv = n as f64 / f64::from(h.max);
         for (i, &c) in self.counts.iter().enumerate() {
@@ -128,7 +138,7 @@ impl Histogram {
 /// The clipping range `method` picks from `h` for a tensor quantized under `schema`.
 pub fn range(h: &Histogram, method: Method, schema: Schema) -> (f32, f32) {
     let full = (h.min, h.max);
-    if h.total() == 0 {
+    if h.total() == 0 || h.max <= h.min {
         return full;
     }
     let symmetric = !matches!(schema, Schema::Asymmetric) && h.min < 0.0;
@@ -400,6 +410,21 @@ mod tests {
         h.add(&[-1.0, -0.6, -0.1, 0.0, 0.4, 0.99, 1.0, 7.0, f32::NAN]);
         assert_eq!(h.counts, vec![2, 1, 2, 3]);
         assert_eq!(h.total(), 8);
+        // A constant tensor keeps its single-point range (a ReLU that never fired: the
+        // schema rules then give their degenerate scale, not one of 1e-7 / 255).
+        let mut z = Histogram::new(0.0, 0.0, 8);
+        z.add(&[0.0, 0.0, 0.0]);
+        assert_eq!((z.min, z.max, z.counts[0], z.total()), (0.0, 0.0, 3, 3));
+        for m in [
+            Method::MinMax,
+            Method::Kl,
+            Method::KlV2,
+            Method::Percentile(99.0),
+            Method::Mse,
+            Method::Sqnr,
+        ] {
+            assert_eq!(range(&z, m, Schema::SymmetricWithUint8), (0.0, 0.0), "{m:?}");
+        }
     }
 
     #[test]

@@ -492,6 +492,15 @@ fn quantize_bias_i32(
     if scales.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
         return Ok(None);
     }
+    // Glow keeps int32 biases within 2^30 for headroom; a bias the grid cannot hold (an
+    // activation that barely varied on the samples has a tiny scale) stays in float.
+    let fits = data.iter().enumerate().all(|(k, &x)| {
+        let s = scales.get(if per_channel { k } else { 0 }).copied().unwrap_or(1.0);
+        (f64::from(x) / f64::from(s)).abs() <= f64::from(1u32 << 30)
+    });
+    if !fits {
+        return Ok(None);
+    }
     let codes: Vec<i32> = data
         .iter()
         .enumerate()
