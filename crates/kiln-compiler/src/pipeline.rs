@@ -244,14 +244,7 @@ pub fn optimize(graph: &mut Graph, level: u8) -> Result<PipelineReport, CompileE
     let nodes_before = graph.node_count_deep();
     let mut passes = Vec::new();
     for pass in PIPELINE.iter().filter(|p| p.level <= level) {
-        let rewrites = run_pass(pass, graph)?;
-        // A pass cut short by a stop may leave its work half done: nothing after it runs.
-        crate::error::check_stop(|| format!("during or after pass {}", pass.name))?;
-        graph.verify().map_err(|e| CompileError::Pass {
-            pass: pass.name,
-            node: String::new(),
-            message: format!("the graph no longer verifies: {e}"),
-        })?;
+        let rewrites = run_checked(pass, graph, "during or after pass")?;
         passes.push(PassStat {
             pass: pass.name,
             rewrites,
@@ -276,15 +269,22 @@ pub(crate) fn prepare_for_quantization(graph: &mut Graph) -> Result<(), CompileE
         let Some(pass) = PIPELINE.iter().find(|p| p.name == *name) else {
             continue;
         };
-        run_pass(pass, graph)?;
-        crate::error::check_stop(|| format!("while preparing to quantize, after pass {}", pass.name))?;
-        graph.verify().map_err(|e| CompileError::Pass {
-            pass: pass.name,
-            node: String::new(),
-            message: format!("the graph no longer verifies: {e}"),
-        })?;
+        run_checked(pass, graph, "while preparing to quantize, after pass")?;
     }
     Ok(())
+}
+
+/// Runs `pass`, then checks the stop (a pass cut short by a stop may leave its work half
+/// done: nothing after it runs) and that the graph still verifies.
+fn run_checked(pass: &Pass, graph: &mut Graph, when: &str) -> Result<usize, CompileError> {
+    let rewrites = run_pass(pass, graph)?;
+    crate::error::check_stop(|| format!("{when} {}", pass.name))?;
+    graph.verify().map_err(|e| CompileError::Pass {
+        pass: pass.name,
+        node: String::new(),
+        message: format!("the graph no longer verifies: {e}"),
+    })?;
+    Ok(rewrites)
 }
 
 #[cfg(test)]

@@ -299,6 +299,21 @@ pub fn quantize(g: &mut Graph, spec: &Spec, ranges: &HashMap<ValueId, (f32, f32)
     Ok(summary)
 }
 
+/// The 8-bit type of a float value of type `ty` on grid `p`, and the grid's scale and zero
+/// point as constants named after `base`.
+fn grid_of(g: &mut Graph, base: &str, ty: &ValueType, p: &QParams) -> (ValueType, ValueId, ValueId) {
+    let q_ty = match ty {
+        ValueType::Tensor(t) => ValueType::Tensor(kiln_ops::TensorType {
+            dtype: Some(p.dtype()),
+            shape: t.shape.clone(),
+        }),
+        other => other.clone(),
+    };
+    let scale = add_constant(g, &format!("{base}_scale"), scalar_f32(p.scale));
+    let zp = add_constant(g, &format!("{base}_zero_point"), zero_point(p));
+    (q_ty, scale, zp)
+}
+
 fn scalar_f32(v: f32) -> Tensor {
     Tensor::scalar(v)
 }
@@ -322,6 +337,17 @@ fn q_node(name: String, op: QuantOp, inputs: Vec<Option<ValueId>>, output: Value
     }
 }
 
+/// QuantizeLinear per tensor, saturating, to the zero point's type.
+fn quantize_op() -> QuantOp {
+    QuantOp::QuantizeLinear(QuantizeLinear {
+        axis: 1,
+        saturate: true,
+        block_size: 0,
+        output_dtype: None,
+        precision: None,
+    })
+}
+
 fn dequantize(axis: i64) -> QuantOp {
     QuantOp::DequantizeLinear(DequantizeLinear {
         axis,
@@ -337,31 +363,12 @@ fn qdq_pair(g: &mut Graph, nodes: &mut Vec<Node>, x: ValueId, p: QParams) -> Res
         .value(x)
         .map(|v| v.ty.clone())
         .ok_or_else(|| CompileError::Option(format!("quantize: value {} is not in the graph", x.0)))?;
-    let q_ty = match &ty {
-        ValueType::Tensor(t) => ValueType::Tensor(kiln_ops::TensorType {
-            dtype: Some(p.dtype()),
-            shape: t.shape.clone(),
-        }),
-        other => other.clone(),
-    };
-    let scale = add_constant(g, &format!("{base}_scale"), scalar_f32(p.scale));
-    let zp = add_constant(g, &format!("{base}_zero_point"), zero_point(&p));
+    let (q_ty, scale, zp) = grid_of(g, &base, &ty, &p);
     let q_name = fresh_name(g, &format!("{base}_quantized"));
     let q = g.add_value(q_name.clone(), q_ty);
     let dq_name = fresh_name(g, &format!("{base}_dequantized"));
     let dq = g.add_value(dq_name.clone(), ty);
-    nodes.push(q_node(
-        q_name,
-        QuantOp::QuantizeLinear(QuantizeLinear {
-            axis: 1,
-            saturate: true,
-            block_size: 0,
-            output_dtype: None,
-            precision: None,
-        }),
-        vec![Some(x), Some(scale), Some(zp)],
-        q,
-    ));
+    nodes.push(q_node(q_name, quantize_op(), vec![Some(x), Some(scale), Some(zp)], q));
     nodes.push(q_node(dq_name, dequantize(1), vec![Some(q), Some(scale), Some(zp)], dq));
     Ok(dq)
 }
@@ -628,15 +635,7 @@ pub fn quantize_io(
         let p = params::choose(f64::from(lo), f64::from(hi), spec.activations);
         let name = g.value_name(y).to_string();
         let ty = g.value(y).map(|v| v.ty.clone()).unwrap_or(ValueType::Unknown);
-        let q_ty = match &ty {
-            ValueType::Tensor(t) => ValueType::Tensor(kiln_ops::TensorType {
-                dtype: Some(p.dtype()),
-                shape: t.shape.clone(),
-            }),
-            other => other.clone(),
-        };
-        let scale = add_constant(g, &format!("{name}_scale"), scalar_f32(p.scale));
-        let zp = add_constant(g, &format!("{name}_zero_point"), zero_point(&p));
+        let (q_ty, scale, zp) = grid_of(g, &name, &ty, &p);
         let float_name = fresh_name(g, &format!("{name}_float"));
         if let Some(v) = g.values.get_mut(y.index()) {
             v.name = float_name;
@@ -644,13 +643,7 @@ pub fn quantize_io(
         let yq = g.add_value(name.clone(), q_ty);
         g.nodes.push(q_node(
             format!("{name}_quantize"),
-            QuantOp::QuantizeLinear(QuantizeLinear {
-                axis: 1,
-                saturate: true,
-                block_size: 0,
-                output_dtype: None,
-                precision: None,
-            }),
+            quantize_op(),
             vec![Some(y), Some(scale), Some(zp)],
             yq,
         ));
