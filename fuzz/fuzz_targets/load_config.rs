@@ -12,7 +12,9 @@ use std::path::Path;
 const NAMES: [&str; 5] = ["c.yaml", "c.yml", "c.json", "c.conf", "c"];
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&pick, rest)) = data.split_first() else { return };
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
     let text = String::from_utf8_lossy(rest);
     let name = NAMES[usize::from(pick) % NAMES.len()];
     let mut c = Config::default();

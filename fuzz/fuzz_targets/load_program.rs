@@ -10,7 +10,14 @@ use kiln::{DType, Tensor, Value, ValueType};
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
 
-const META: &str = r#"{"format_version":1,"compiler":"fuzz","content_hash":"","source":"","inputs":[],"outputs":[],"options":null,"weights":{"count":0,"bytes":4096,"packing":"row-major/v1","alignment":64},"memory":null}"#;
+/// The meta section, with the current format version (a stale one made every input stop at the
+/// version check, before the program was decoded).
+fn meta() -> String {
+    format!(
+        r#"{{"format_version":{},"compiler":"fuzz","content_hash":"","source":"","inputs":[],"outputs":[],"options":null,"weights":{{"count":0,"bytes":4096,"packing":"row-major/v1","alignment":64}},"memory":null}}"#,
+        kiln::raw::runtime::file::FORMAT_VERSION
+    )
+}
 
 fn input(dtype: DType, shape: Vec<usize>) -> Option<Tensor> {
     let n: usize = shape.iter().product();
@@ -35,16 +42,20 @@ impl AsRef<[u8]> for Aligned {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let file = assemble_sections(META.as_bytes(), data, &[0u8; 4096]);
+    let file = assemble_sections(meta().as_bytes(), data, &[0u8; 4096]);
     let mut words = vec![0u128; file.len() / 16 + 8];
     let shift = (64 - words.as_ptr() as usize % 64) % 64;
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
     bytes[shift..shift + file.len()].copy_from_slice(&file);
-    let Ok(f) = from_shared(Arc::new(Aligned(words, shift, file.len()))) else { return };
+    let Ok(f) = from_shared(Arc::new(Aligned(words, shift, file.len()))) else {
+        return;
+    };
     let mut feed = Vec::new();
     for i in &f.program.inputs {
         let ValueType::Tensor(t) = &i.ty else { return };
-        let (Some(dtype), Some(shape)) = (t.dtype, t.fixed_shape()) else { return };
+        let (Some(dtype), Some(shape)) = (t.dtype, t.fixed_shape()) else {
+            return;
+        };
         let Some(x) = input(dtype, shape) else { return };
         feed.push((i.name.clone(), Value::Tensor(x)));
     }

@@ -7,7 +7,9 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&pick, rest)) = data.split_first() else { return };
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
     if pick % 2 == 0 {
         if let Ok(t) = kiln_cli::npy::parse_npy(rest) {
             let (bytes, _) = kiln_cli::npy::to_npy(&t);

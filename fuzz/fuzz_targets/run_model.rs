@@ -39,11 +39,15 @@ fuzz_target!(|data: &[u8]| {
         compile_time_limit: Some(std::time::Duration::from_secs(5)),
         ..kiln::SessionOptions::default()
     };
-    let Ok(session) = Session::from_model(&model, &options) else { return };
+    let Ok(session) = Session::from_model(&model, &options) else {
+        return;
+    };
     let mut feed = Vec::new();
     for i in session.inputs() {
         let ValueType::Tensor(t) = &i.ty else { return };
-        let (Some(dtype), Some(shape)) = (t.dtype, t.fixed_shape()) else { return };
+        let (Some(dtype), Some(shape)) = (t.dtype, t.fixed_shape()) else {
+            return;
+        };
         let Some(x) = input(dtype, shape) else { return };
         feed.push((i.name.clone(), Value::Tensor(x)));
     }
