@@ -660,6 +660,9 @@ mod session_tests {
             table.contains("GFLOP/s") && table.contains(&format!("{} more steps", steps - 3)),
             "{table}"
         );
+        // Every step of this f32 CNN computes in f32, and the precision summary says so.
+        assert!(p.steps.iter().all(|s| crate::profile::precision(s) == "f32"), "{table}");
+        assert!(table.contains("\nprecision ") && table.contains("\nf32  "), "{table}");
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub use kiln_runtime::{Profile, RunRecord, StepRecord, StepSummary, ValueShape};
 pub use kiln_tensor::{DType, Data, Mismatch, SharedBytes, Tensor, TensorError, bf16, compare, f16};
 pub use limits::{DEFAULT_LOOP_ITERATIONS, RunLimits, RunOptions, auto_memory_limit};
 pub use monitor::{LatencyStats, MAX_PROFILE_RECORDS, Metrics, percentile};
-pub use profile::ProfileReport;
+pub use profile::{ProfileReport, precision as step_precision};
 pub use quantize::{ProgressFn, QuantizeMode, QuantizeOptions, QuantizeProgress, QuantizeReport, Sample, TensorSqnr};
 pub use session::{
     CompileSummary, Error, IoInfo, ProgramMeta, Session, SessionOptions, compile_file, is_program_file, load_onnx,

@@ -15,6 +15,22 @@ pub struct ProfileReport {
     pub load: Duration,
 }
 
+/// The arithmetic a step computes in, for `kiln profile`'s precision column: `int8` for the
+/// integer products (MatMulInteger, ConvInteger, QLinearConv, QLinearMatMul), `q/dq` for the
+/// conversions into and out of 8 bits, else the element type of its first output (`f32`,
+/// `f16`, `i64`, ...).
+pub fn precision(s: &StepSummary) -> String {
+    match s.op {
+        "MatMulInteger" | "ConvInteger" | "QLinearConv" | "QLinearMatMul" => "int8".into(),
+        "QuantizeLinear" | "DequantizeLinear" | "DynamicQuantizeLinear" => "q/dq".into(),
+        _ => match s.outputs.first() {
+            Some(ValueShape::Tensor { dtype, .. }) => dtype.to_string(),
+            Some(ValueShape::Sequence { dtype: Some(d), .. }) => format!("seq<{d}>"),
+            _ => "-".into(),
+        },
+    }
+}
+
 impl ProfileReport {
     pub fn new(profile: Profile, load: Duration) -> ProfileReport {
         let steps = profile.summarize();
@@ -57,8 +73,8 @@ impl ProfileReport {
         let op_width = self.steps.iter().map(|s| s.op.len()).max().unwrap_or(0).max(2);
         let _ = writeln!(
             out,
-            "{:>4}  {:>11}  {:>6}  {:>6}  {:>8}  {:<op_width$}  {:<name_width$}  shapes (inputs -> outputs)",
-            "#", "ms/run", "share", "cum", "GFLOP/s", "op", "node"
+            "{:>4}  {:>11}  {:>6}  {:>6}  {:>8}  {:<op_width$}  {:<5}  {:<name_width$}  shapes (inputs -> outputs)",
+            "#", "ms/run", "share", "cum", "GFLOP/s", "op", "prec", "node"
         );
         let mut cum = 0.0;
         for (rank, s) in self.steps.iter().take(shown).enumerate() {
@@ -68,13 +84,14 @@ impl ProfileReport {
             let outs: Vec<String> = s.outputs.iter().map(ValueShape::to_string).collect();
             let _ = writeln!(
                 out,
-                "{:>4}  {:>11.4}  {:>5.1}%  {:>5.1}%  {:>8}  {:<op_width$}  {:<name_width$}  {} -> {}",
+                "{:>4}  {:>11.4}  {:>5.1}%  {:>5.1}%  {:>8}  {:<op_width$}  {:<5}  {:<name_width$}  {} -> {}",
                 rank + 1,
                 s.total.as_secs_f64() * 1e3 / runs,
                 sh,
                 cum,
                 gflops(s.gflops()),
                 s.op,
+                precision(s),
                 s.name,
                 ins.join(" "),
                 outs.join(" ")
@@ -113,6 +130,34 @@ impl ProfileReport {
                 secs * 1e3 / runs,
                 share(*t),
                 gflops(g)
+            );
+        }
+        // By precision: how much of the run is integer, conversion or float.
+        let mut precs: Vec<(String, usize, Duration)> = Vec::new();
+        for s in &self.steps {
+            let p = precision(s);
+            match precs.iter_mut().find(|o| o.0 == p) {
+                Some(o) => {
+                    o.1 += 1;
+                    o.2 += s.total;
+                }
+                None => precs.push((p, 1, s.total)),
+            }
+        }
+        precs.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+        let _ = writeln!(
+            out,
+            "\n{:<9}  {:>5}  {:>11}  {:>6}",
+            "precision", "nodes", "ms/run", "share"
+        );
+        for (p, n, t) in &precs {
+            let _ = writeln!(
+                out,
+                "{:<9}  {:>5}  {:>11.4}  {:>5.1}%",
+                p,
+                n,
+                t.as_secs_f64() * 1e3 / runs,
+                share(*t)
             );
         }
         // The compiler's NCHW <-> NHWC transposes (a model's own Transposes are not counted).

@@ -533,3 +533,19 @@ fn a_dead_relu_keeps_its_readers_bias() {
         assert!((p - r).abs() < 1e-3, "{a:?} vs {b:?}");
     }
 }
+
+#[test]
+fn the_profile_shows_each_steps_precision() {
+    let mut o = quantizing(Spec::default(), QuantizeMode::Calibrate, samples(4));
+    o.enable_profiling = true;
+    let q = session(&cnn(false), &o).unwrap();
+    q.run(sample(90)).unwrap();
+    let p = q.get_profile().expect("a profile");
+    let precs: Vec<String> = p.steps.iter().map(kiln::step_precision).collect();
+    // The Gemm of 8-bit constant weights is an integer product; the Q/DQ pairs convert.
+    assert!(precs.iter().any(|s| s == "int8"), "{precs:?}");
+    assert!(precs.iter().any(|s| s == "q/dq"), "{precs:?}");
+    assert!(precs.iter().any(|s| s == "f32"), "{precs:?}");
+    let table = p.table(None);
+    assert!(table.contains("prec") && table.contains("\nint8 "), "{table}");
+}
