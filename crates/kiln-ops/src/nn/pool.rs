@@ -224,6 +224,10 @@ fn pool2d_f32(
     y
 }
 
+/// Most taps one spatial axis of a pooling window table may hold (16 Mi: 256 MiB; a real
+/// model's are thousands).
+const MAX_TAPS: usize = 1 << 24;
+
 /// A `kernel_shape` of another length than X's `n` spatial axes.
 fn kernel_per_axis(kernel: &[usize], n: usize) -> OpError {
     OpError::attribute(
@@ -254,7 +258,15 @@ impl Pool {
         for i in 0..n {
             let (k, s, d) = (self.kernel_shape[i], strides[i], dil[i]);
             let g = window_geom(xs, i + 2, k, s, d, pads[i], pads[i + n], self.auto_pad, self.ceil_mode)?;
-            let mut t = Vec::with_capacity(g.out * k);
+            // One tap per output position and kernel element: bounded before it is built (a
+            // kernel of 2^30 over one output asked for 12 GiB).
+            let taps = g.out.checked_mul(k).filter(|&t| t <= MAX_TAPS).ok_or_else(|| {
+                OpError::too_large(
+                    "pooling window taps (output positions x kernel elements on one axis)",
+                    format!("{} x {k}, more than {MAX_TAPS}", g.out),
+                )
+            })?;
+            let mut t = Vec::with_capacity(taps);
             for o in 0..g.out {
                 for kk in 0..k {
                     let c = (o * s + kk * d) as isize - g.pad_begin as isize;
@@ -672,6 +684,29 @@ mod tests {
         let xv = Value::Tensor(x);
         let ins = [Some(&xv)];
         op.eval(&Args::new(&ins)).unwrap().into_vec()
+    }
+
+    /// Fuzz finding (load_program): a window of 2^30 elements over a padded axis asked for a
+    /// 12 GiB tap table before pooling anything; now a TooLarge error.
+    #[test]
+    fn a_huge_window_is_refused_before_its_tap_table() {
+        let op = Pool {
+            kind: PoolKind::Average {
+                count_include_pad: true,
+            },
+            auto_pad: AutoPad::NotSet,
+            ceil_mode: false,
+            dilations: vec![],
+            kernel_shape: vec![1 << 30],
+            pads: vec![(1 << 30) - 1, 0],
+            strides: vec![],
+        };
+        let x = Value::Tensor(Tensor::from_vec(vec![1, 1, 4], vec![1f32; 4]).unwrap());
+        let ins = [Some(&x)];
+        match op.eval(&Args::new(&ins)) {
+            Err(OpError::TooLarge { what, .. }) => assert!(what.contains("taps"), "{what}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// 8-bit MaxPool through the f32 kernel: the same values as the f32 pool of the same data.
