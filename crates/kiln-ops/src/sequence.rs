@@ -297,13 +297,22 @@ fn check_dtypes(dtype: Option<DType>, items: &[Tensor]) -> Result<()> {
     Ok(())
 }
 
+/// Most tensors SplitToSequence makes (a sequence of 2^20 tensor headers, 64 MiB; an empty
+/// tensor may have an axis of any size).
+const MAX_SPLIT_ITEMS: usize = 1 << 20;
+
 /// Slice `[start, start + len)` of `t` along `axis`.
 fn slice_axis(t: &Tensor, axis: usize, start: usize, len: usize, keep: bool) -> Result<Tensor> {
     let shape = t.shape();
     let outer: usize = shape[..axis].iter().product();
     let inner: usize = shape[axis + 1..].iter().product();
     let d = shape[axis];
-    let mut idx = Vec::with_capacity(outer * len * inner);
+    let n = outer
+        .checked_mul(len)
+        .and_then(|v| v.checked_mul(inner))
+        .filter(|&v| v <= kiln_tensor::MAX_ELEMENTS)
+        .ok_or_else(|| OpError::too_large("a split piece", format!("{outer} x {len} x {inner} elements")))?;
+    let mut idx = Vec::with_capacity(n);
     for o in 0..outer {
         for a in start..start + len {
             let base = (o * d + a) * inner;
@@ -334,14 +343,20 @@ impl SplitToSequence {
         let axis = norm_axis(self.axis, rank)?;
         let d = x.shape()[axis];
         let split = args.opt_tensor(1)?;
+        let too_many =
+            |n: usize| OpError::too_large("SplitToSequence pieces", format!("{n}, more than {MAX_SPLIT_ITEMS}"));
         let (sizes, keep): (Vec<usize>, bool) = match split {
+            None if d > MAX_SPLIT_ITEMS => return Err(too_many(d)),
             None => (vec![1; d], self.keepdims),
             Some(s) if s.rank() == 0 => {
                 let chunk = read_i64(s, 1, "split")?;
                 if chunk < 1 {
                     return Err(OpError::input_value(1, "a split >= 1", chunk));
                 }
-                let chunk = chunk as usize;
+                let chunk = usize::try_from(chunk).unwrap_or(usize::MAX);
+                if d / chunk > MAX_SPLIT_ITEMS {
+                    return Err(too_many(d / chunk));
+                }
                 let mut sizes = vec![chunk; d / chunk];
                 if d % chunk != 0 {
                     sizes.push(d % chunk);
@@ -353,8 +368,12 @@ impl SplitToSequence {
                 if v.iter().any(|&x| x < 0) {
                     return Err(OpError::input_value(1, "split sizes >= 0", format!("{v:?}")));
                 }
+                if v.len() > MAX_SPLIT_ITEMS {
+                    return Err(too_many(v.len()));
+                }
                 let sizes: Vec<usize> = v.iter().map(|&x| x as usize).collect();
-                if sizes.iter().sum::<usize>() != d {
+                // Summed without wrapping: [2^63, 2^63] must not pass for an axis of 0.
+                if sizes.iter().try_fold(0usize, |a, &b| a.checked_add(b)) != Some(d) {
                     return Err(OpError::input_value(
                         1,
                         format!("split sizes adding up to {d}, the axis' size"),
@@ -492,6 +511,25 @@ mod tests {
         match v {
             Value::Sequence(s) => s,
             _ => panic!("not a sequence"),
+        }
+    }
+
+    /// Fuzz finding (load_program): split sizes [2^63, 2^63] summed (wrapping) to an empty
+    /// axis' 0, then a piece of 2^63 elements overflowed the capacity. Both are errors now, and
+    /// so is an empty axis of 2^40 split in ones.
+    #[test]
+    fn split_sizes_never_wrap_or_blow_up() {
+        let op = SequenceOp::SplitToSequence(SplitToSequence {
+            axis: 1,
+            keepdims: true,
+        });
+        let x = Value::Tensor(Tensor::zeros(DType::F32, vec![3, 0]).unwrap());
+        let split = Value::Tensor(Tensor::from_vec(vec![2], vec![1i64 << 62, 3 << 62]).unwrap());
+        assert!(op.eval(&Args::new(&[Some(&x), Some(&split)])).is_err());
+        let wide = Value::Tensor(Tensor::zeros(DType::F32, vec![0, 1 << 40]).unwrap());
+        match op.eval(&Args::new(&[Some(&wide)])) {
+            Err(OpError::TooLarge { .. }) => {}
+            other => panic!("{other:?}"),
         }
     }
 
