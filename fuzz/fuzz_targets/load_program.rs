@@ -59,5 +59,14 @@ fuzz_target!(|data: &[u8]| {
         let Some(x) = input(dtype, shape) else { return };
         feed.push((i.name.clone(), Value::Tensor(x)));
     }
-    let _ = kiln::raw::runtime::run(&f.program, feed);
+    // Legitimately heavy programs (a found convolution whose im2col ran past the fuzzer's
+    // timeout) end at the limits a service would set, as in `run_model`.
+    let stop = kiln::raw::runtime::Stop::new(None, Some(std::time::Duration::from_secs(2)));
+    let limits = kiln::raw::runtime::Limits {
+        memory_bytes: Some(2 << 30),
+        loop_iterations: Some(100_000),
+    };
+    let _ = kiln::raw::runtime::install_stop(&stop, || {
+        kiln::raw::runtime::run_limited(&f.program, feed, None, &limits)
+    });
 });
