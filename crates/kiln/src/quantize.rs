@@ -671,29 +671,17 @@ fn accuracy(
     qo: &QuantizeOptions,
     options: &SessionOptions,
 ) -> Result<(Vec<TensorSqnr>, Vec<TensorSqnr>), Error> {
-    let outputs: Vec<String> = float
-        .graph
+    // The float outputs, by id (no name lookups).
+    let g = &float.graph;
+    let outputs: Vec<String> = g
         .outputs
         .iter()
-        .map(|&o| float.graph.value_name(o).to_string())
-        .collect();
-    let float_outputs: Vec<bool> = outputs
-        .iter()
-        .map(|n| {
-            float
-                .graph
-                .values
-                .iter()
-                .zip(0..)
-                .find(|(v, _)| &v.name == n)
-                .and_then(|(v, _)| v.ty.tensor())
+        .filter(|&&o| {
+            g.value(o)
+                .and_then(|v| v.ty.tensor())
                 .is_some_and(|t| t.dtype == Some(kiln_tensor::DType::F32))
         })
-        .collect();
-    let outputs: Vec<String> = outputs
-        .into_iter()
-        .zip(float_outputs)
-        .filter_map(|(n, f)| f.then_some(n))
+        .map(|&o| g.value_name(o).to_string())
         .collect();
     let all: Vec<String> = outputs
         .iter()
