@@ -370,6 +370,19 @@ pub struct Split {
 }
 
 impl Split {
+    /// The number of equal parts: `num_outputs` when set, which ONNX requires to equal the
+    /// node's outputs (checked here, before anything is sized by it), else the outputs.
+    fn parts(&self) -> Result<usize> {
+        match self.num_outputs {
+            Some(k) if k != self.outputs => Err(OpError::attribute(
+                "num_outputs",
+                format!("{}, the node's number of outputs", self.outputs),
+                k,
+            )),
+            _ if self.outputs == 0 => Err(OpError::attribute("num_outputs", ">= 1", 0)),
+            _ => Ok(self.outputs),
+        }
+    }
     /// Bad split sizes: the attribute's (opsets < 13) or input 1's.
     fn bad_split(&self, expected: String, got: String) -> OpError {
         match self.split {
@@ -393,10 +406,7 @@ impl Split {
             }
             return Ok(Some(s));
         }
-        let k = self.num_outputs.unwrap_or(self.outputs);
-        if k == 0 {
-            return Err(OpError::attribute("num_outputs", ">= 1", 0));
-        }
+        let k = self.parts()?;
         if self.num_outputs.is_none() && !n.is_multiple_of(k) {
             return Ok(None);
         }
@@ -449,8 +459,7 @@ impl Split {
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = input_dtype(inputs, 0);
-        let k = self.num_outputs.unwrap_or(self.outputs).max(self.outputs);
-        let unknown = vec![tensor_type(dtype, None); k];
+        let unknown = vec![tensor_type(dtype, None); self.parts()?];
         let Some(s) = in_shape(inputs, 0) else {
             return Ok(unknown);
         };

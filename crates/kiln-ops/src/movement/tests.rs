@@ -125,6 +125,26 @@ fn split_uneven_num_outputs() {
     assert_eq!(vals(&ys[3]), vec![7.0]);
 }
 
+/// Fuzz finding: a `num_outputs` of 2^60 on a one-output node sized a vector of output types
+/// by it; it must equal the node's outputs and is refused, naming the attribute, otherwise.
+#[test]
+fn split_num_outputs_other_than_the_outputs_is_refused() {
+    let op = Split {
+        axis: 0,
+        split: None,
+        num_outputs: Some(1 << 60),
+        outputs: 1,
+    };
+    let x = Value::Tensor(f32t(&[4], &[1.0, 2.0, 3.0, 4.0]));
+    let err = op.eval(&Args::new(&[Some(&x)])).unwrap_err().to_string();
+    assert!(
+        err.contains("num_outputs") && err.contains("1152921504606846976"),
+        "{err}"
+    );
+    let err = op.infer(&[]).unwrap_err().to_string();
+    assert!(err.contains("num_outputs"), "{err}");
+}
+
 #[test]
 fn slice_negative_step_and_clamping() {
     let x = f32t(&[5], &[0.0, 1.0, 2.0, 3.0, 4.0]);
