@@ -251,7 +251,7 @@ unsafe fn tile<const R: usize, const NV: usize>(
         // SAFETY: the TileFn contract gives `nr <= width` writable (initialised unless
         // `first`) floats at `c + i*ldc` for `i < R`, TileEpi's gives `R` row-bias floats and
         // `nr` residual floats at `resid + i*resid_ld`; full-width accesses only when `nr ==
-        // width`, the edge goes through a local array and slices of exactly `nr` floats.
+        // width`, the edge's masked accesses enable only lanes of columns `< nr`.
         unsafe {
             let cp = c.add(i * ldc);
             let rb = if row_bias.is_null() {
@@ -286,18 +286,38 @@ unsafe fn tile<const R: usize, const NV: usize>(
                     _mm256_storeu_ps(cp.add(LANES * v), x);
                 }
             } else {
-                let mut t = [0.0f32; 4 * LANES];
+                // The edge: masked loads and stores on the vectors the `nr` columns reach (the
+                // epilogue in registers, as above; masked lanes are neither read nor written).
+                // Through a stack tile and an out-of-line epilogue per row, a 10-column
+                // output (MTCNN's first layer) spent more time there than in the products.
+                let rbv = match rb {
+                    Some(b) => Some(_mm256_set1_ps(b)),
+                    None => None,
+                };
                 for (v, &acc) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(t.as_mut_ptr().add(LANES * v), acc);
-                }
-                let out = std::slice::from_raw_parts_mut(cp, nr);
-                for (o, &s) in out.iter_mut().zip(&t) {
-                    *o = if first { s } else { *o + s };
-                }
-                if epi.is_some() {
-                    let cb = (!col_bias.is_null()).then(|| std::slice::from_raw_parts(col_bias, nr));
-                    let r = rp.map(|r| std::slice::from_raw_parts(r, nr));
-                    epi_impl(out, rb, cb, r, act.filter(|a| a.is_cheap()));
+                    let lo = LANES * v;
+                    if lo >= nr {
+                        break;
+                    }
+                    let m = part_mask(nr - lo);
+                    let p = cp.add(lo);
+                    let mut x = acc;
+                    if !first {
+                        x = _mm256_add_ps(x, _mm256_maskload_ps(p, m));
+                    }
+                    if epi.is_some() {
+                        let cbv = if col_bias.is_null() {
+                            None
+                        } else {
+                            Some(_mm256_maskload_ps(col_bias.add(lo), m))
+                        };
+                        let rv = match rp {
+                            Some(r) => Some(_mm256_maskload_ps(r.add(lo), m)),
+                            None => None,
+                        };
+                        x = apply_cheap(cheap, epi_vec(x, rbv, cbv, rv, None));
+                    }
+                    _mm256_maskstore_ps(p, m, x);
                 }
             }
         }
