@@ -28,7 +28,7 @@ const PEAK_GFLOPS: f64 = 117.0;
 /// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed,
 /// one ending in `NR32` packs B in 32-column panels (what the compiler stores, for every
 /// level) where the others take the level's own layout.
-const SHAPES: [(&str, usize, usize, usize); 39] = [
+const SHAPES: [(&str, usize, usize, usize); 41] = [
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),
     ("resnet50 1x1 NHWC 56x56", 3136, 256, 64),
@@ -39,6 +39,8 @@ const SHAPES: [(&str, usize, usize, usize); 39] = [
     ("resnet50 1x1 NHWC 7x7 reduce NR32", 49, 512, 2048),
     ("resnet50 1x1 NHWC 7x7 expand NR32", 49, 2048, 512),
     ("bert ffn up NR32", 128, 3072, 768),
+    ("decoder ffn up m=32 NR32", 32, 3072, 768),
+    ("encoder ffn up m=48 NR32", 48, 3072, 768),
     ("resnet50 conv3_x 3x3", 256, 784, 1152),
     ("resnet50 conv5_x 3x3", 512, 49, 4608),
     ("minilm qkv proj", 128, 384, 384),
