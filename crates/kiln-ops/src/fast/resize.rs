@@ -7,6 +7,7 @@
 
 use crate::Outputs;
 use crate::error::Result;
+use crate::nn::numel;
 use crate::nn::resize::Resize;
 use crate::value::Args;
 use kiln_tensor::{DType, Tensor};
@@ -19,12 +20,11 @@ pub(crate) fn eval(op: &Resize, args: &Args<'_>) -> Result<Outputs> {
     }
     let g = op.call_geometry(args, x.shape())?;
     let mut shape = x.shape().to_vec();
+    let axes: Vec<usize> = (0..shape.len()).rev().filter(|&a| g.resizes(a, &shape)).collect();
+    // Innermost axis first: it shrinks or grows the rows the outer axes then copy whole. The
+    // last pass writes the output buffer; the ones before, recycled scratch.
     let mut data: Option<Vec<f32>> = None;
-    // Innermost axis first: it shrinks or grows the rows the outer axes then copy whole.
-    for a in (0..shape.len()).rev() {
-        if !g.resizes(a, &shape) {
-            continue;
-        }
+    for (i, &a) in axes.iter().enumerate() {
         let (Some(&out), Some(&scale)) = (g.out.get(a), g.scales.get(a)) else {
             return op.eval(args);
         };
@@ -34,15 +34,26 @@ pub(crate) fn eval(op: &Resize, args: &Args<'_>) -> Result<Outputs> {
             Some(d) => d,
             None => x.as_slice::<f32>()?,
         };
-        let next = resize_axis(src, &shape, a, out, &taps, op.extrapolation_value);
-        shape[a] = out;
-        data = Some(next);
+        let mut next = shape.clone();
+        next[a] = out;
+        let n = numel(&next)?;
+        if i + 1 == axes.len() {
+            let mut y = crate::util::out_f32(n);
+            resize_axis(src, &shape, a, out, &taps, op.extrapolation_value, &mut y);
+            if let Some(d) = data.take() {
+                kiln_kernels::recycle::give(d);
+            }
+            return Ok(smallvec::smallvec![Tensor::from_buf(next, y)?.into()]);
+        }
+        let mut y = kiln_kernels::recycle::take(n);
+        resize_axis(src, &shape, a, out, &taps, op.extrapolation_value, &mut y);
+        if let Some(d) = data.replace(y) {
+            kiln_kernels::recycle::give(d);
+        }
+        shape = next;
     }
-    let y = match data {
-        Some(d) => Tensor::from_vec(shape, d)?,
-        None => x.clone(),
-    };
-    Ok(smallvec::smallvec![y.into()])
+    // No axis resized.
+    Ok(smallvec::smallvec![x.clone().into()])
 }
 
 /// Taps as flat arrays: position `y` sums `idx[start[y]..start[y + 1]]` with their weights;
@@ -85,54 +96,92 @@ impl Flat {
         }
         f
     }
+
+    /// Position `y`'s input positions and weights (empty for an extrapolated one).
+    fn taps(&self, y: usize) -> (&[usize], &[f32]) {
+        let (from, to) = (
+            self.start.get(y).copied().unwrap_or(0),
+            self.start.get(y + 1).copied().unwrap_or(0),
+        );
+        (
+            self.idx.get(from..to).unwrap_or(&[]),
+            self.w.get(from..to).unwrap_or(&[]),
+        )
+    }
 }
 
-/// Resizes axis `a` of `src` (of `shape`) to `out` positions.
-fn resize_axis(src: &[f32], shape: &[usize], a: usize, out: usize, t: &Flat, ext: f32) -> Vec<f32> {
+/// Floats per piece of work handed to the pool.
+const PIECE: usize = 1 << 15;
+
+/// Resizes axis `a` of `src` (of `shape`) to `out` positions, into `dst` (every element
+/// written), the rows split over the pool.
+fn resize_axis(src: &[f32], shape: &[usize], a: usize, out: usize, t: &Flat, ext: f32, dst: &mut [f32]) {
     let input = shape.get(a).copied().unwrap_or(0);
-    let outer: usize = shape.get(..a).unwrap_or(&[]).iter().product();
     let inner: usize = shape.get(a + 1..).unwrap_or(&[]).iter().product();
-    let mut dst = vec![0f32; outer * out * inner];
-    for o in 0..outer {
-        let s = src.get(o * input * inner..(o + 1) * input * inner).unwrap_or(&[]);
-        let d = dst.get_mut(o * out * inner..(o + 1) * out * inner).unwrap_or(&mut []);
-        if inner == 1 {
-            // The last axis: one gather (nearest) or weighted sum per element.
-            for (y, dv) in d.iter_mut().enumerate() {
-                *dv = position(s, y, t, ext);
+    let (ilen, olen) = (input * inner, out * inner);
+    if olen == 0 {
+        return;
+    }
+    if inner == 1 {
+        // The last axis: one gather (nearest) or weighted sum per element, whole rows per piece.
+        let rows = (PIECE / olen).max(1);
+        kiln_kernels::pool::for_each_chunk_mut(dst, rows * olen, &|ci, d| {
+            for (r, d) in d.chunks_mut(olen).enumerate() {
+                let o = ci * rows + r;
+                let s = src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]);
+                for (y, dv) in d.iter_mut().enumerate() {
+                    *dv = position(s, y, t, ext);
+                }
             }
-            continue;
-        }
-        for (y, row) in d.chunks_exact_mut(inner).enumerate() {
+        });
+        return;
+    }
+    let rows = (PIECE / inner).max(1);
+    kiln_kernels::pool::for_each_chunk_mut(dst, rows * inner, &|ci, d| {
+        for (r, row) in d.chunks_mut(inner).enumerate() {
+            let g = ci * rows + r;
+            let (o, y) = (g / out, g % out);
+            let s = src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]);
+            let src_row = |i: usize| s.get(i * inner..(i + 1) * inner).unwrap_or(&[]);
             if t.ext.get(y).copied().unwrap_or(true) {
                 row.fill(ext);
                 continue;
             }
-            let (from, to) = (
-                t.start.get(y).copied().unwrap_or(0),
-                t.start.get(y + 1).copied().unwrap_or(0),
-            );
-            let (idx, w) = (t.idx.get(from..to).unwrap_or(&[]), t.w.get(from..to).unwrap_or(&[]));
-            if t.copies {
-                // Consecutive outputs reading one row (upsampling) copy the row just written.
-                if let Some(&i) = idx.first()
-                    && let Some(r) = s.get(i * inner..(i + 1) * inner)
-                {
-                    row.copy_from_slice(r);
+            let (idx, w) = t.taps(y);
+            match (idx, w) {
+                // Nearest (or a tap of weight 1): a copy.
+                ([i], _) if t.copies => copy_or_zero(row, src_row(*i)),
+                // Linear: both taps in one pass (the same sum, `w0 a + w1 b`, as tap by tap).
+                ([i0, i1], [w0, w1]) => {
+                    let (r0, r1) = (src_row(*i0), src_row(*i1));
+                    if r0.len() == row.len() && r1.len() == row.len() {
+                        for ((d, &p), &q) in row.iter_mut().zip(r0).zip(r1) {
+                            *d = w0 * p + w1 * q;
+                        }
+                    } else {
+                        row.fill(0.0);
+                    }
                 }
-                continue;
-            }
-            row.fill(0.0);
-            for (&i, &wv) in idx.iter().zip(w) {
-                if let Some(r) = s.get(i * inner..(i + 1) * inner) {
-                    for (dv, sv) in row.iter_mut().zip(r) {
-                        *dv += wv * sv;
+                _ => {
+                    row.fill(0.0);
+                    for (&i, &wv) in idx.iter().zip(w) {
+                        for (dv, sv) in row.iter_mut().zip(src_row(i)) {
+                            *dv += wv * sv;
+                        }
                     }
                 }
             }
         }
+    });
+}
+
+/// `dst = src`, or zeros if the lengths differ (not reached: the taps index the input).
+fn copy_or_zero(dst: &mut [f32], src: &[f32]) {
+    if dst.len() == src.len() {
+        dst.copy_from_slice(src);
+    } else {
+        dst.fill(0.0);
     }
-    dst
 }
 
 /// Output position `y` of a last-axis resize of the row `s`.
@@ -140,11 +189,7 @@ fn position(s: &[f32], y: usize, t: &Flat, ext: f32) -> f32 {
     if t.ext.get(y).copied().unwrap_or(true) {
         return ext;
     }
-    let (from, to) = (
-        t.start.get(y).copied().unwrap_or(0),
-        t.start.get(y + 1).copied().unwrap_or(0),
-    );
-    let (idx, w) = (t.idx.get(from..to).unwrap_or(&[]), t.w.get(from..to).unwrap_or(&[]));
+    let (idx, w) = t.taps(y);
     if t.copies {
         return idx.first().and_then(|&i| s.get(i)).copied().unwrap_or(ext);
     }
