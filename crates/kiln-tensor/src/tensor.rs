@@ -531,6 +531,39 @@ impl Tensor {
         Tensor::new(self.dtype, shape, data)
     }
 
+    /// [`Tensor::gather_flat`] with the indices produced one by one, in output order, by
+    /// `index` (no index array: its 8 bytes per element outweighed a byte-sized output 8 to
+    /// 1). An index out of range is an error.
+    pub fn gather_flat_fn(
+        &self,
+        shape: impl Into<Shape>,
+        mut index: impl FnMut() -> usize,
+    ) -> Result<Tensor, TensorError> {
+        let shape: Shape = shape.into();
+        let n = numel(&shape).ok_or_else(|| TensorError::TooLarge {
+            shape: shape.to_vec(),
+            max: MAX_ELEMENTS,
+        })?;
+        let mut bad = false;
+        let data = map_data!(&self.data, v => (0..n)
+            .map(|_| match v.get(index()) {
+                Some(x) => x.clone(),
+                None => {
+                    bad = true;
+                    Default::default()
+                }
+            })
+            .collect());
+        if bad {
+            return Err(TensorError::LengthMismatch {
+                shape: shape.to_vec(),
+                len: n,
+                got: self.len(),
+            });
+        }
+        Tensor::new(self.dtype, shape, data)
+    }
+
     /// All elements of `parts` (same dtype) one after the other, as a 1-D tensor.
     pub fn concat_flat(parts: &[&Tensor]) -> Result<Tensor, TensorError> {
         let Some(first) = parts.first() else {

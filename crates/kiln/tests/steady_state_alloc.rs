@@ -297,3 +297,33 @@ fn importing_never_evaluates_a_large_constant_of_shape() {
     let c = model.graph.values.iter().find(|v| v.name == "c").unwrap();
     assert_eq!(c.ty.tensor().and_then(|t| t.fixed_shape()), Some(vec![16384, 16384]));
 }
+
+/// The load_program fuzz target's finding (2026-11-26): Pad's general path built an index
+/// array of 16 bytes per output element before gathering, so a legal byte-sized output of
+/// 2^30 elements (1 GiB, within the run limits) asked for 16 GiB. The indices are now made
+/// as the output is written: a 1 MiB u8 output takes nothing near 16 MiB.
+#[test]
+fn padding_a_byte_tensor_takes_no_index_array() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    const U8: i32 = 2;
+    let m = common::model(
+        vec![common::node("Pad", "pad", &["x", "pads"], &["y"], vec![])],
+        vec![common::value_info("x", U8, &[common::Dim::N(1), common::Dim::N(1)])],
+        vec![common::value_info(
+            "y",
+            U8,
+            &[common::Dim::N(1024), common::Dim::N(1024)],
+        )],
+        vec![common::i64_tensor("pads", &[4], &[0, 0, 1023, 1023])],
+    );
+    let s = session(&common::import(&m).unwrap(), 1);
+    let feeds = s.with_random_inputs(Vec::new(), 7).unwrap();
+    let (out, counts) = ALLOC.measure(|| s.run(feeds).unwrap());
+    let y = out[0].1.as_tensor().unwrap();
+    assert_eq!(y.shape(), &[1024, 1024]);
+    assert!(
+        y.as_slice::<u8>().unwrap().iter().skip(1).all(|&v| v == 0),
+        "only the input element is non-zero"
+    );
+    assert!(counts.largest < 2 << 20, "a 1 MiB Pad output allocated {counts:?}");
+}

@@ -5,23 +5,44 @@ use super::*;
 use crate::util::{checked_numel, const_tensor, dim, input_dtype, norm_axes, norm_axis, read_i64, read_i64s};
 
 /// Builds a tensor whose element at output position `(o_0, .., o_k)` is the input element at
-/// `(maps[0][o_0], .., maps[k][o_k])`, or `fill` where any map gives `None`.
+/// `(maps[0][o_0], .., maps[k][o_k])`, or `fill` where any map gives `None`. The source
+/// indices are produced one by one as the output is written: no index array (at 16 bytes
+/// per element it made a byte-sized Pad output of 2^30 elements a 16 GiB allocation).
 pub(crate) fn gather_axes(x: &Tensor, maps: &[Vec<Option<usize>>], fill: Option<&Tensor>) -> Result<Tensor> {
     let out_shape: Vec<usize> = maps.iter().map(Vec::len).collect();
-    let n = checked_numel(&out_shape)?;
+    checked_numel(&out_shape)?;
     let st = strides(x.shape());
     let rank = out_shape.len();
-    let mut idx: Vec<Option<usize>> = Vec::with_capacity(n);
+    let misfit = || OpError::input_shape(0, "a shape holding every element the op reads", x.shape());
+    if maps.len() != x.rank()
+        || maps
+            .iter()
+            .zip(x.shape())
+            .any(|(m, &d)| m.iter().any(|i| i.is_some_and(|i| i >= d)))
+    {
+        return Err(misfit());
+    }
+    let ext;
+    let src = match fill {
+        Some(f) => {
+            // The fill value sits right after X's elements: `None` reads it.
+            ext = concat_flat(&[x, f])?;
+            &ext
+        }
+        // Callers without a fill map every output position inside X.
+        None if maps.iter().any(|m| m.contains(&None)) => return Err(misfit()),
+        None => x,
+    };
+    let outside = x.len();
     let mut pos = vec![0usize; rank];
-    for _ in 0..n {
+    let next = || {
         let mut flat = Some(0usize);
-        for d in 0..rank {
-            flat = match (flat, maps[d][pos[d]]) {
-                (Some(f), Some(i)) => Some(f + i * st[d]),
+        for (d, (&p, m)) in pos.iter().zip(maps).enumerate() {
+            flat = match (flat, m.get(p).copied().flatten()) {
+                (Some(f), Some(i)) => Some(f + i * st.get(d).copied().unwrap_or(0)),
                 _ => None,
             };
         }
-        idx.push(flat);
         for d in (0..rank).rev() {
             pos[d] += 1;
             if pos[d] < out_shape[d] {
@@ -29,17 +50,9 @@ pub(crate) fn gather_axes(x: &Tensor, maps: &[Vec<Option<usize>>], fill: Option<
             }
             pos[d] = 0;
         }
-    }
-    match fill {
-        Some(f) => gather_or_fill(x, f, out_shape, &idx),
-        None => {
-            let flat: Option<Vec<usize>> = idx.into_iter().collect();
-            // Callers without a fill map every output position inside X.
-            let flat =
-                flat.ok_or_else(|| OpError::input_shape(0, "a shape holding every element the op reads", x.shape()))?;
-            Ok(x.gather_flat(out_shape, &flat)?)
-        }
-    }
+        flat.unwrap_or(outside)
+    };
+    Ok(src.gather_flat_fn(out_shape.clone(), next)?)
 }
 
 fn identity_maps(shape: &[usize]) -> Vec<Vec<Option<usize>>> {
