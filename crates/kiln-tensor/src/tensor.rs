@@ -533,7 +533,8 @@ impl Tensor {
 
     /// [`Tensor::gather_flat`] with the indices produced one by one, in output order, by
     /// `index` (no index array: its 8 bytes per element outweighed a byte-sized output 8 to
-    /// 1). An index out of range is an error.
+    /// 1). An index out of range is an error. Answers a stop (`kiln_kernels::stop`) every
+    /// 64Ki elements: the rest of the output is then left at zero (the run is ending).
     pub fn gather_flat_fn(
         &self,
         shape: impl Into<Shape>,
@@ -545,15 +546,24 @@ impl Tensor {
             max: MAX_ELEMENTS,
         })?;
         let mut bad = false;
-        let data = map_data!(&self.data, v => (0..n)
-            .map(|_| match v.get(index()) {
-                Some(x) => x.clone(),
-                None => {
-                    bad = true;
-                    Default::default()
-                }
-            })
-            .collect());
+        let data = map_data!(&self.data, v => {
+            let mut out: Vec<_> = (0..n)
+                .map_while(|o| {
+                    if o % (1 << 16) == 0 && o > 0 && kiln_kernels::stop::requested() {
+                        return None;
+                    }
+                    Some(match v.get(index()) {
+                        Some(x) => x.clone(),
+                        None => {
+                            bad = true;
+                            Default::default()
+                        }
+                    })
+                })
+                .collect();
+            out.resize(n, Default::default());
+            out
+        });
         if bad {
             return Err(TensorError::LengthMismatch {
                 shape: shape.to_vec(),
