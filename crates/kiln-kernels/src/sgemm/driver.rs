@@ -221,7 +221,8 @@ pub(crate) unsafe fn run_raw(
     } else {
         row_block(m, (MC * KC / kc_max.max(1)).max(MC), mr)
     };
-    let panel_at = |jr: usize, pc: usize| (jr / pnr) * k * pnr + pc * pnr + jr % pnr;
+    let stride = b.stride();
+    let panel_at = |jr: usize, pc: usize| (jr / pnr) * stride + pc * pnr + jr % pnr;
     let resid = epi.residual.map(|r| (r.data.as_ptr(), r.ld));
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
@@ -305,7 +306,8 @@ pub(crate) unsafe fn run_raw(
                         // `pc + kc <= k`. A: validate checked the span of the `m x k` matrix
                         // (row-major or transposed with `ld`); the tile reads rows `row ..
                         // row+rows`, depths `pc .. pc+kc`, each at `aoff + i*ars + p*acs`. B:
-                        // panel `jr / pnr` has `k` rows of `pnr` floats; rows `pc..pc+kc`
+                        // panel `jr / pnr` starts `stride` floats after the one before and
+                        // has `k` rows of `pnr` floats (the last one ends the data); rows `pc..pc+kc`
                         // exist and `jr % pnr + kn <= pnr` as `kn` divides `pnr`; the last
                         // panel is zero-padded, so all `kn` columns are readable. C: validate
                         // checked `(m-1)*ldc + n` elements from `c.ptr` (run_raw's contract);

@@ -142,12 +142,16 @@ impl BLayout {
 }
 
 /// A borrowed packed B: the floats of the layout above, viewed in place (e.g. in a mapped
-/// program file).
+/// program file), or rows `k0..k1` of every panel of such a matrix ([`PackedBRef::rows`]):
+/// panel `p` starts at `data[p * stride]` and holds `k` rows of `nr` floats, so `data` has
+/// `(panels - 1) * stride + k * nr` floats.
 #[derive(Debug, Clone, Copy)]
 pub struct PackedBRef<'a> {
     layout: BLayout,
     k: usize,
     n: usize,
+    /// Floats from one panel's start to the next's (`k * nr` unless a row range).
+    stride: usize,
     data: &'a [f32],
 }
 
@@ -158,7 +162,13 @@ impl<'a> PackedBRef<'a> {
         if data.len() != want {
             return Err(SgemmError::PackedLength { want, got: data.len() });
         }
-        Ok(PackedBRef { layout, k, n, data })
+        Ok(PackedBRef {
+            layout,
+            k,
+            n,
+            stride: k * layout.nr(),
+            data,
+        })
     }
 
     /// Views packed bytes (little-endian f32, as written by [`PackedB::as_bytes`]). The bytes
@@ -191,13 +201,17 @@ impl<'a> PackedBRef<'a> {
     pub fn n(&self) -> usize {
         self.n
     }
-    /// The packed floats.
+    /// Floats from one panel's first row to the next panel's.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+    /// The packed floats (see the type's docs for where each panel starts).
     pub fn data(&self) -> &'a [f32] {
         self.data
     }
 
     /// Panels `p0..p1` (columns `p0*nr .. min(p1*nr, n)`) as a packed matrix of their own:
-    /// whole panels are contiguous, so this is a sub-slice. `None` for an empty or
+    /// a sub-slice, as panels are laid out one after the other. `None` for an empty or
     /// out-of-range panel range.
     pub fn panels(&self, p0: usize, p1: usize) -> Option<PackedBRef<'a>> {
         let nr = self.layout.nr();
@@ -206,11 +220,45 @@ impl<'a> PackedBRef<'a> {
         if j0 >= j1 {
             return None;
         }
-        let per = self.k.checked_mul(nr)?;
-        let data = self
-            .data
-            .get(p0.checked_mul(per)?..p1.checked_mul(per)?.min(self.data.len()))?;
-        PackedBRef::new(self.layout, self.k, j1 - j0, data).ok()
+        let count = (j1 - j0).div_ceil(nr);
+        let start = p0.checked_mul(self.stride)?;
+        let len = (count - 1)
+            .checked_mul(self.stride)?
+            .checked_add(self.k.checked_mul(nr)?)?;
+        let data = self.data.get(start..start.checked_add(len)?)?;
+        Some(PackedBRef {
+            layout: self.layout,
+            k: self.k,
+            n: j1 - j0,
+            stride: self.stride,
+            data,
+        })
+    }
+
+    /// Rows `k0..k1` of every panel (depths `k0..k1` of B) as a packed matrix of their own,
+    /// read in place: the product of A's matching columns only (a convolution's taps that
+    /// fall in the padding for a whole block of output rows). `None` unless `k0 <= k1 <= k`.
+    pub fn rows(&self, k0: usize, k1: usize) -> Option<PackedBRef<'a>> {
+        if k0 > k1 || k1 > self.k {
+            return None;
+        }
+        let nr = self.layout.nr();
+        let panels = self.n.div_ceil(nr);
+        if panels == 0 {
+            return None;
+        }
+        let start = k0.checked_mul(nr)?;
+        let end = (panels - 1)
+            .checked_mul(self.stride)?
+            .checked_add(k1.checked_mul(nr)?)?;
+        let data = self.data.get(start..end)?;
+        Some(PackedBRef {
+            layout: self.layout,
+            k: k1 - k0,
+            n: self.n,
+            stride: self.stride,
+            data,
+        })
     }
 }
 
@@ -292,6 +340,7 @@ impl PackedB {
             layout: self.layout,
             k: self.k,
             n: self.n,
+            stride: self.k * self.layout.nr(),
             data: self.data.as_slice(),
         }
     }
@@ -396,6 +445,27 @@ mod tests {
         assert_eq!(BLayout::from_tag("f32/avx512/nr32/v1"), Some(BLayout::NR32));
         assert_eq!(BLayout::from_tag("f32/nr16/v1"), Some(BLayout::NR16));
         assert_eq!(BLayout::from_tag("f32/nr8/v1"), None);
+    }
+
+    /// A row range reads the same floats as the whole matrix's rows there, panel by panel.
+    #[test]
+    fn row_ranges_view_each_panels_rows() {
+        let (k, n) = (5, 40);
+        let b: Vec<f32> = (0..k * n).map(|i| i as f32).collect();
+        let pb = PackedB::pack(BLayout::NR16, k, n, &b, MatLayout::row_major(n)).unwrap();
+        let v = pb.view().rows(1, 4).unwrap();
+        assert_eq!((v.k(), v.n(), v.stride()), (3, 40, k * 16));
+        for j in 0..n {
+            for p in 0..3 {
+                let at = (j / 16) * v.stride() + p * 16 + j % 16;
+                assert_eq!(v.data()[at], b[(p + 1) * n + j], "row {p} column {j}");
+            }
+        }
+        // Its panels, and the empty and out-of-range cases.
+        let last = v.panels(2, 3).unwrap();
+        assert_eq!((last.n(), last.data()[0]), (8, b[n + 32]));
+        assert!(pb.view().rows(3, 6).is_none());
+        assert!(pb.view().rows(2, 2).is_some_and(|e| e.k() == 0));
     }
 
     /// Packing from the transposed storage (columns contiguous, with a padded leading

@@ -219,6 +219,31 @@ impl Geometry {
         }
     }
 
+    /// The kernel rows that read the image (not only the padding) for some output pixel in
+    /// `r0 .. r0 + n`: an interval, as the input row grows with both the output row and the
+    /// kernel row. A dilated window on a small image (DeepLab's ASPP: dilation 12-36 on
+    /// 33 rows) has whole blocks of output rows whose first or last kernel rows read only
+    /// padding; their products are skipped.
+    fn live_kernel_rows(&self, r0: usize, n: usize) -> std::ops::Range<usize> {
+        let plane = self.oh * self.ow;
+        if n == 0 || plane == 0 || self.ow == 0 {
+            return 0..self.kh;
+        }
+        let (first, last) = (r0, r0 + n - 1);
+        if first / plane != last / plane {
+            // Rows of two images: every output row occurs.
+            return 0..self.kh;
+        }
+        let (oy0, oy1) = (first % plane / self.ow, last % plane / self.ow);
+        // Kernel row `ky` reads input row `oy * sh + ky * dh - ph`: inside for some `oy` in
+        // `oy0..=oy1` when `oy1 * sh + ky * dh >= ph` and `oy0 * sh + ky * dh < ih + ph`.
+        let live =
+            |ky: usize| oy1 * self.sh + ky * self.dh >= self.ph && oy0 * self.sh + ky * self.dh < self.ih + self.ph;
+        let lo = (0..self.kh).find(|&ky| live(ky)).unwrap_or(self.kh);
+        let hi = (lo..self.kh).rev().find(|&ky| live(ky)).map_or(lo, |ky| ky + 1);
+        lo..hi
+    }
+
     /// A 1x1, stride-1, unpadded window: A is X itself.
     fn is_pointwise(&self) -> bool {
         self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1 && self.oh == self.ih && self.ow == self.iw
@@ -260,7 +285,13 @@ impl Geometry {
     /// dilation, the taps of one kernel row that all fall inside the input are one copy.
     /// Returns `false` if X is shorter than the geometry says.
     fn fill_rows(&self, x: &[f32], r0: usize, a: &mut [f32]) -> bool {
-        let (k, c, plane) = (self.k(), self.c, self.oh * self.ow);
+        self.fill_rows_of(x, r0, 0..self.kh, a)
+    }
+
+    /// [`Geometry::fill_rows`] with kernel rows `kys` only (rows of `kys.len() * kw * C`).
+    fn fill_rows_of(&self, x: &[f32], r0: usize, kys: std::ops::Range<usize>, a: &mut [f32]) -> bool {
+        let (c, plane) = (self.c, self.oh * self.ow);
+        let k = kys.len() * self.kw * c;
         if k == 0 || plane == 0 || self.ow == 0 {
             return true;
         }
@@ -270,7 +301,7 @@ impl Geometry {
             let (n, oy, ox) = (p / plane, p % plane / self.ow, p % self.ow);
             let x0 = (ox * self.sw) as isize - self.pw as isize;
             let inside_x = x0 >= 0 && x0 as usize + (self.kw - 1) * self.dw < self.iw;
-            for (ky, dst) in row.chunks_exact_mut(run).enumerate() {
+            for (ky, dst) in kys.clone().zip(row.chunks_exact_mut(run)) {
                 let iy = (oy * self.sh + ky * self.dh) as isize - self.ph as isize;
                 if iy < 0 || iy as usize >= self.ih {
                     dst.fill(0.0);
@@ -686,17 +717,36 @@ impl Planned<'_> {
         kiln_kernels::pool::for_each_chunk_mut(&mut y, block * m, &|bi, out| {
             let r0 = bi * block;
             let nrows = out.len() / m.max(1);
+            // Channels-last X: only the kernel rows that read the image for this block, and
+            // the matching rows of the packed weights (taps are ordered (ky, kx, c)).
+            let kys = if columns {
+                0..geo.kh
+            } else {
+                geo.live_kernel_rows(r0, nrows)
+            };
+            let per_row = geo.kw * geo.c;
             let ok = {
                 let mut a = lend::<Rows>();
-                a.resize(nrows * k, 0.0);
-                let mut ok = fill(xd, r0, nrows, &mut a);
+                let kb = kys.len() * per_row;
+                a.resize(nrows * kb, 0.0);
+                let (mut ok, b) = if kb == k {
+                    (fill(xd, r0, nrows, &mut a), Some(packed))
+                } else {
+                    (
+                        geo.fill_rows_of(xd, r0, kys.clone(), &mut a),
+                        packed.rows(kys.start * per_row, kys.end * per_row),
+                    )
+                };
                 let residual = match rd {
                     Some(r) => r.get(r0 * m..).map(|data| Residual { data, ld: m }),
                     None => None,
                 };
                 ok &= rd.is_none() || residual.is_some();
                 let epi = Epilogue { bias, residual, act };
-                ok && sgemm(nrows, a_block(&a, nrows, k, columns), packed, out, m, &epi).is_ok()
+                match b {
+                    Some(b) => ok && sgemm(nrows, a_block(&a, nrows, kb, columns), b, out, m, &epi).is_ok(),
+                    None => false,
+                }
             };
             if !ok {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1171,6 +1221,24 @@ pub(crate) mod tests {
         check(2, 5, 12, [20, 3], [4, 3], [1, 1], [1, 1], [0; 4], 1, false, 9);
         check(2, 6, 10, [1, 40], [1, 5], [1, 3], [1, 1], [0; 4], 1, true, 10);
         check(1, 6, 10, [1, 40], [1, 5], [1, 1], [1, 1], [0, 2, 0, 2], 1, false, 11);
+        // ASPP-like dilated windows on a small image (K = 576: blocks of 56 rows, under 3
+        // image rows): blocks whose first or last kernel rows read only padding skip them;
+        // with dilation 8 on 20 rows, the middle kernel row alone for some blocks; two images
+        // (a block across both keeps every kernel row); dilation 30: only the centre is live.
+        check(2, 64, 24, [20, 22], [3, 3], [1, 1], [8, 8], [8; 4], 1, true, 12);
+        check(
+            1,
+            64,
+            16,
+            [20, 22],
+            [3, 3],
+            [1, 1],
+            [30, 3],
+            [30, 3, 30, 3],
+            1,
+            false,
+            13,
+        );
     }
 
     #[test]
