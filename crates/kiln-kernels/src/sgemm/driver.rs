@@ -273,9 +273,8 @@ pub(crate) unsafe fn run_raw(
                         .filter(|_| kernels.prefetch && tiles_per_panel > 1)
                         .unwrap_or((0, 0));
                     let chunk = next_rows.div_ceil(tiles_per_panel);
-                    for (t, ir) in (0..mc).step_by(mr).enumerate() {
+                    for (t, (ir, rows)) in tile_rows(mc, mr).enumerate() {
                         let row = ic + ir;
-                        let rows = mr.min(mc - ir);
                         let p0 = t * chunk;
                         prefetch_rows(bdata, next_off, p0..next_rows.min(p0 + chunk), pnr, kn);
                         // The rows of C (and, on the last depth block, of the residual) that
@@ -342,6 +341,27 @@ pub(crate) unsafe fn run_raw(
             }
         }
     }
+}
+
+/// The row tiles of a block of `mc` rows: `(first row, rows)`, `mr` rows each, except that
+/// a remainder of at most a third of a tile shares the last full tile's rows half and half
+/// (32 rows: 6+6+6+6+4+4 rather than 6+6+6+6+6+2). A tile of one or two rows keeps too few
+/// accumulators to hide the FMA latency: it took two-thirds of a full tile's time for a
+/// third of its work.
+fn tile_rows(mc: usize, mr: usize) -> impl Iterator<Item = (usize, usize)> {
+    let rem = mc % mr.max(1);
+    let split = mc > mr && rem > 0 && rem * 3 <= mr;
+    // Rows before the last two tiles when they are split, else all of them.
+    let even = if split { mc - mr - rem } else { mc };
+    let last = mr + rem;
+    let tail = split
+        .then(|| [(even, last / 2), (even + last / 2, last - last / 2)])
+        .into_iter()
+        .flatten();
+    (0..even)
+        .step_by(mr.max(1))
+        .map(move |ir| (ir, mr.min(even - ir)))
+        .chain(tail)
 }
 
 /// Widest B run as dot products ([`small_n`]) instead of tiles.
@@ -513,4 +533,34 @@ fn finish_row(kernels: &Kernels, epi: &Epilogue<'_>, i: usize, j0: usize, row: &
     };
     let resid = epi.residual.and_then(|r| r.data.get(i * r.ld + j0..i * r.ld + j0 + w));
     (kernels.epi)(row, row_bias, col_bias, resid, epi.act);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tile_rows;
+
+    /// Every row in exactly one tile, in order, no tile above `mr`, as many tiles as whole
+    /// `mr`-row steps need; a short remainder shares the last full tile.
+    #[test]
+    fn tile_rows_cover_each_row_once() {
+        for mr in [1, 4, 6, 8] {
+            for mc in 0..60 {
+                let tiles: Vec<(usize, usize)> = tile_rows(mc, mr).collect();
+                let mut next = 0;
+                for &(ir, rows) in &tiles {
+                    assert_eq!(ir, next, "mc {mc} mr {mr}: {tiles:?}");
+                    assert!(rows >= 1 && rows <= mr, "mc {mc} mr {mr}: {tiles:?}");
+                    next += rows;
+                }
+                assert_eq!(next, mc, "mc {mc} mr {mr}: {tiles:?}");
+                assert_eq!(tiles.len(), mc.div_ceil(mr), "mc {mc} mr {mr}: {tiles:?}");
+            }
+        }
+        let t: Vec<usize> = tile_rows(32, 6).map(|(_, r)| r).collect();
+        assert_eq!(t, [6, 6, 6, 6, 4, 4]);
+        let t: Vec<usize> = tile_rows(49, 6).map(|(_, r)| r).collect();
+        assert_eq!(t, [6, 6, 6, 6, 6, 6, 6, 3, 4]);
+        let t: Vec<usize> = tile_rows(5, 6).map(|(_, r)| r).collect();
+        assert_eq!(t, [5]);
+    }
 }
