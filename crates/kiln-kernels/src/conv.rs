@@ -249,7 +249,7 @@ impl Conv2d {
 /// The im2col matrix never exists whole: each panel is built from runs of consecutive output
 /// columns in one output row, copied as slices when the stride is 1.
 pub fn im2col_panel_2d(g: &Conv2d, x: &[f32], nr: usize, q: usize, panel: &mut [f32]) -> bool {
-    if x.len() < g.c * g.ih * g.iw {
+    if !holds(x.len(), [g.c, g.ih, g.iw, 1]) {
         return false;
     }
     fill_panel(g, nr, q, panel, &mut |ci, y, first, dst| {
@@ -327,6 +327,14 @@ fn fill_panel(
     true
 }
 
+/// Whether `len` floats hold the product of `dims` (false when it overflows: a geometry from
+/// a file may ask for any size).
+fn holds(len: usize, dims: [usize; 4]) -> bool {
+    dims.iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .is_some_and(|n| len >= n)
+}
+
 /// Floats per phase row of [`split_phases`]'s output: `ceil(iw / sw)`.
 pub fn phase_len(g: &Conv2d) -> usize {
     g.iw.div_ceil(g.sw.max(1))
@@ -338,7 +346,7 @@ pub fn phase_len(g: &Conv2d) -> usize {
 pub fn split_phases(g: &Conv2d, x: &[f32], out: &mut [f32]) -> bool {
     let sw = g.sw.max(1);
     let plen = phase_len(g);
-    if out.len() < g.c * g.ih * sw * plen || x.len() < g.c * g.ih * g.iw || g.iw == 0 {
+    if !holds(out.len(), [g.c, g.ih, sw, plen]) || !holds(x.len(), [g.c, g.ih, g.iw, 1]) || g.iw == 0 {
         return false;
     }
     for (row, dst) in x
@@ -362,7 +370,7 @@ pub fn split_phases(g: &Conv2d, x: &[f32], out: &mut [f32]) -> bool {
 pub fn im2col_panel_2d_phased(g: &Conv2d, xph: &[f32], nr: usize, q: usize, panel: &mut [f32]) -> bool {
     let sw = g.sw.max(1);
     let plen = phase_len(g);
-    if xph.len() < g.c * g.ih * sw * plen {
+    if !holds(xph.len(), [g.c, g.ih, sw, plen]) {
         return false;
     }
     fill_panel(g, nr, q, panel, &mut |ci, y, first, dst| {

@@ -289,7 +289,9 @@ impl<'a> Planned<'a> {
                     let xg = xd.get(start..start + img).ok_or_else(bad)?;
                     // Strided windows of several taps read the input split into column
                     // phases, where each run of a panel row is one slice copy.
-                    let phased = geo.sw > 1 && geo.kh * geo.kw > 1;
+                    // Only for a stride within the width: the phases then take under twice
+                    // the image (a stride past the width would make each row `sw` floats).
+                    let phased = geo.sw > 1 && geo.sw <= geo.iw && geo.kh * geo.kw > 1;
                     if phased {
                         phases.resize(geo.c * ih * geo.sw * phase_len(&geo), 0.0);
                         if !split_phases(&geo, xg, &mut phases) {
@@ -560,6 +562,43 @@ mod tests {
         let ins = [Some(&xv), Some(&wv), bv.as_ref()];
         let out = Planned::new(op, plan).eval(&Args::new(&ins)).unwrap();
         out[0].as_tensor().unwrap().clone()
+    }
+
+    /// The load_program fuzz target's finding (2026-11-26): a strided 3x3 window with a
+    /// stride of 2^62 sized its column phases as `c * ih * sw * ceil(iw / sw)` floats, which
+    /// overflowed. Such a stride (past the width) now takes the unphased path: one output
+    /// column, the same as the stride-1 convolution's first.
+    #[test]
+    fn a_stride_past_the_width_gives_the_first_column() {
+        let (c, m, h, w) = (2, 3, 4, 5);
+        let x: Vec<f32> = (0..c * h * w).map(|i| (i % 7) as f32 - 3.0).collect();
+        let wt: Vec<f32> = (0..m * c * 9).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
+        let t = |shape: Vec<usize>, v: &[f32]| Tensor::from_vec(shape, v.to_vec()).unwrap();
+        let plan = ConvPlan::default();
+        let conv = |strides: Vec<usize>| Conv {
+            strides,
+            pads: vec![1, 1, 1, 1],
+            ..Default::default()
+        };
+        let wide = run(
+            &conv(vec![1, 1 << 62]),
+            &plan,
+            t(vec![1, c, h, w], &x),
+            t(vec![m, c, 3, 3], &wt),
+            None,
+        );
+        let one = run(
+            &conv(vec![1, 1]),
+            &plan,
+            t(vec![1, c, h, w], &x),
+            t(vec![m, c, 3, 3], &wt),
+            None,
+        );
+        assert_eq!(wide.shape(), &[1, m, h, 1]);
+        let (wv, ov) = (wide.to_f64_vec(), one.to_f64_vec());
+        for (i, &v) in wv.iter().enumerate() {
+            assert_eq!(v, ov[i * w], "row {i}");
+        }
     }
 
     #[test]
