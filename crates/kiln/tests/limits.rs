@@ -337,3 +337,42 @@ fn a_long_loop_under_a_tight_memory_limit_holds_only_its_live_values() {
     let y = out[0].1.as_tensor().unwrap().to_f64_vec();
     assert!(y.iter().all(|&v| v == 2000.0));
 }
+
+/// The load_program fuzz target's finding (2026-11-26): the reference N-d pooling (3-D
+/// windows take it) checked the run's time limit only between ops, so one MaxPool of 2^33
+/// taps ran for minutes past a 2 s limit. It now answers the stop every 64Ki taps: this
+/// run, hours of work without that, ends with the time limit's error.
+#[test]
+fn a_large_reference_pool_stops_at_the_time_limit() {
+    let m = model(
+        vec![node(
+            "MaxPool",
+            "pool",
+            &["x"],
+            &["y"],
+            vec![
+                common::ints("kernel_shape", &[33, 33, 33]),
+                common::ints("pads", &[16, 16, 16, 16, 16, 16]),
+            ],
+        )],
+        vec![value_info(
+            "x",
+            F32,
+            &[Dim::N(1), Dim::N(1), Dim::N(64), Dim::N(64), Dim::N(64)],
+        )],
+        vec![value_info(
+            "y",
+            F32,
+            &[Dim::N(1), Dim::N(1), Dim::N(64), Dim::N(64), Dim::N(64)],
+        )],
+        vec![],
+    );
+    let s = session(&import(&m).unwrap(), RunLimits::NONE);
+    let feeds = s.with_random_inputs(Vec::new(), 3).unwrap();
+    let options = RunOptions::new().with_time_limit(Duration::from_millis(100));
+    match s.run_with_options(feeds, &options) {
+        Err(Error::Run(RuntimeError::TimeLimit { node, .. })) => assert_eq!(node, "pool"),
+        Err(other) => panic!("expected the time limit, got {other}"),
+        Ok(_) => panic!("expected the time limit, the run finished"),
+    }
+}

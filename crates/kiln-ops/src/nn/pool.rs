@@ -358,7 +358,11 @@ impl Pool {
         let k = &self.kernel_shape;
         let mut oidx = vec![0usize; n];
         let mut kidx = vec![0usize; n];
-        for pl in 0..planes {
+        // Taps visited: a stop (`kiln_kernels::stop`) is answered every 64Ki of them, so a
+        // run's time limit holds inside a large window too; the rest of Y is then left as
+        // it is (the run is ending with the limit's error).
+        let mut visited = 0usize;
+        'planes: for pl in 0..planes {
             let src = &xd[pl * isz..(pl + 1) * isz];
             oidx.iter_mut().for_each(|v| *v = 0);
             for o in 0..osz {
@@ -366,6 +370,10 @@ impl Pool {
                 let mut best: Option<(f64, usize, usize)> = None;
                 let (mut sum, mut counted, mut valid) = (0.0f64, 0usize, 0usize);
                 loop {
+                    visited += 1;
+                    if visited.is_multiple_of(1 << 16) && kiln_kernels::stop::requested() {
+                        break 'planes;
+                    }
                     let mut pos = Some((0usize, 0usize));
                     let mut beyond = false;
                     for i in 0..n {
