@@ -316,10 +316,8 @@ fn run_inner(
         let v = check_input(spec, v, &mut symbols)?;
         formal.push(v);
     }
-    // The planned tensors take their ranges of the run state's arena (one block per arena,
-    // allocated by the first run).
-    let planned =
-        program.arena.bytes > 0 && usize::try_from(program.arena.bytes).is_ok_and(kiln_kernels::recycle::use_slab);
+    // The plan's block is checked against the memory limit before it is allocated (a
+    // program file may ask for any size).
     if let Some(limit) = ctl.limits.memory_bytes
         && program.arena.bytes > limit
     {
@@ -331,6 +329,10 @@ fn run_inner(
             held_bytes: 0,
         });
     }
+    // The planned tensors take their ranges of the run state's arena (one block per arena,
+    // allocated by the first run).
+    let planned =
+        program.arena.bytes > 0 && usize::try_from(program.arena.bytes).is_ok_and(kiln_kernels::recycle::use_slab);
     if planned {
         ctl.arena.set(program.arena.bytes);
     }

@@ -327,3 +327,30 @@ fn padding_a_byte_tensor_takes_no_index_array() {
     );
     assert!(counts.largest < 2 << 20, "a 1 MiB Pad output allocated {counts:?}");
 }
+
+/// The load_program fuzz target's finding (2026-11-26): a program whose memory plan asked for
+/// an 8 GiB block allocated it before the run's memory limit refused the plan. The limit is
+/// now checked first: the run is refused naming the plan, having allocated nothing near it.
+#[test]
+fn a_memory_plan_past_the_limit_is_refused_before_it_is_allocated() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let m = import(&model(
+        vec![node("Relu", &["x"], "y", vec![])],
+        vec![f32_info("x", &[4, 4])],
+        vec![f32_info("y", &[4, 4])],
+        vec![],
+    ))
+    .unwrap();
+    let mut program = compile(m.graph.clone(), &CompileOptions::default()).unwrap().program;
+    program.arena.bytes = 8 << 30;
+    let limits = kiln::raw::runtime::Limits {
+        memory_bytes: Some(1 << 30),
+        loop_iterations: None,
+    };
+    let x = Tensor::from_vec(vec![4, 4], vec![1.0f32; 16]).unwrap();
+    let inputs = vec![("x".to_string(), Value::Tensor(x))];
+    let (result, counts) = ALLOC.measure(|| kiln::raw::runtime::run_limited(&program, inputs, None, &limits));
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("memory plan"), "{err}");
+    assert!(counts.largest < 1 << 20, "refusing the plan allocated {counts:?}");
+}
