@@ -330,9 +330,7 @@ fn fill_panel(
 /// Whether `len` floats hold the product of `dims` (false when it overflows: a geometry from
 /// a file may ask for any size).
 fn holds(len: usize, dims: [usize; 4]) -> bool {
-    dims.iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .is_some_and(|n| len >= n)
+    product(&dims).is_some_and(|n| len >= n)
 }
 
 /// Floats per phase row of [`split_phases`]'s output: `ceil(iw / sw)`.
