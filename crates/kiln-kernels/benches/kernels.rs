@@ -202,7 +202,11 @@ fn rows(c: &mut Criterion) {
         for (name, len) in ACTIVATIONS {
             let src = data(len, 8);
             let mut buf = src.clone();
-            for (label, act) in [("gelu", Act::Gelu { tanh: false }), ("sigmoid", Act::Sigmoid)] {
+            for (label, act) in [
+                ("gelu", Act::Gelu { tanh: false }),
+                ("sigmoid", Act::Sigmoid),
+                ("silu", Act::Silu),
+            ] {
                 g.throughput(Throughput::Elements(len as u64));
                 g.bench_function(BenchmarkId::new(name, label), |b| {
                     b.iter(|| {

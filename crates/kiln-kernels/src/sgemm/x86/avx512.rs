@@ -121,6 +121,20 @@ fn scale_pow2(y: V, n: V) -> V {
     _mm512_scalef_ps(y, n)
 }
 
+/// `2^n` from `t = n + 1.5 * 2^23` (integral `n` in `[-126, 127]`): `t`'s low mantissa bits
+/// hold `n` (two's complement, under the magic number's zero low bits), so
+/// `(bits(t) + 127) << 23` is the biased exponent of `2^n` in place.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+fn pow2_of_magic(t: V) -> V {
+    let bits = _mm512_add_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(127));
+    _mm512_castsi512_ps(_mm512_slli_epi32::<23>(bits))
+}
+
+/// Vectors a sigmoid works on at once (`sigmoid_n`): four chains and their temporaries fit
+/// the 32 registers (AVX2's count, measured on Zen 3; not measured here).
+const ILP: usize = 4;
+
 /// Floats per vector.
 const LANES: usize = 16;
 
