@@ -433,7 +433,7 @@ impl Bcast {
     /// own type), so each op's loop is compiled with the op inlined: as a `fn` pointer the
     /// parallel path made one indirect call per element (BERT's residual Adds on 2 threads
     /// took 5x their 1-thread time).
-    fn arith<T, F>(&self, x: &[T], y: &[T], f: F) -> kiln_tensor::Buf<T>
+    pub(super) fn arith<T, F>(&self, x: &[T], y: &[T], f: F) -> kiln_tensor::Buf<T>
     where
         T: Num + Send + Sync,
         F: Fn(T, T) -> T + Sync,
@@ -444,12 +444,87 @@ impl Bcast {
         }
         // Written whole below (every element the plan reads exists).
         let mut out = T::buffer(numel(&self.shape).unwrap_or(0));
-        if !self.zip_parallel_into(x, y, &f, &mut out) {
+        if !self.periodic_into(x, y, &f, &mut out) && !self.zip_parallel_into(x, y, &f, &mut out) {
             self.zip_into(x, y, &f, &mut out);
         }
         out
     }
+
+    /// The period `n` when one operand is read whole and in order while the other repeats
+    /// `n` contiguous elements along it (a per-channel parameter of a channels-last tensor:
+    /// PRelu's slope, a bias, a scale), with `n` below [`PERIOD_SPAN`]; and whether the
+    /// repeated one is `y`.
+    pub(super) fn period(&self) -> Option<(usize, bool)> {
+        let (&[_, n], &[sa0, 1], &[sb0, 1]) = (self.dims.as_slice(), self.sa.as_slice(), self.sb.as_slice()) else {
+            return None;
+        };
+        if n >= PERIOD_SPAN {
+            return None;
+        }
+        match (sa0, sb0) {
+            (a, 0) if a == n => Some((n, true)),
+            (0, b) if b == n => Some((n, false)),
+            _ => None,
+        }
+    }
+
+    /// [`Self::zip_into`] for a [`Self::period`] plan: the short operand repeated into a
+    /// span of whole periods once, then one long run per span of the output, where the
+    /// plan's runs were one period each (a 10-channel PRelu: ten elements per run, with
+    /// the loop nest's bookkeeping and no vector loop between). Spans in parallel when
+    /// large. False (nothing done) when the plan is not periodic or an operand is short.
+    fn periodic_into<T, R>(&self, x: &[T], y: &[T], f: &(impl Fn(T, T) -> R + Sync), out: &mut [R]) -> bool
+    where
+        T: Copy + Sync,
+        R: Copy + Send,
+    {
+        let Some((n, y_repeats)) = self.period() else {
+            return false;
+        };
+        let total = out.len();
+        // The plan reads `total` elements of the long operand and `n` of the short one.
+        let (long_len, short) = if y_repeats {
+            (x.len(), y.get(..n))
+        } else {
+            (y.len(), x.get(..n))
+        };
+        let Some(short) = short else { return false };
+        if n == 0 || long_len < total || !total.is_multiple_of(n) {
+            return false;
+        }
+        let span = n * (PERIOD_SPAN / n).max(1);
+        let chunk = if total >= PAR_MIN {
+            span * (PAR_BLOCK / span).max(1)
+        } else {
+            total.max(1)
+        };
+        if y_repeats {
+            let rep: Vec<T> = short.iter().copied().cycle().take(span).collect();
+            kiln_kernels::pool::for_each_chunk_mut(out, chunk, &|c, dst| {
+                let xs = x.get(c * chunk..).unwrap_or(&[]);
+                for (d, xs) in dst.chunks_mut(span).zip(xs.chunks(span)) {
+                    for ((d, &p), &q) in d.iter_mut().zip(xs).zip(&rep) {
+                        *d = f(p, q);
+                    }
+                }
+            });
+        } else {
+            let rep: Vec<T> = short.iter().copied().cycle().take(span).collect();
+            kiln_kernels::pool::for_each_chunk_mut(out, chunk, &|c, dst| {
+                let ys = y.get(c * chunk..).unwrap_or(&[]);
+                for (d, ys) in dst.chunks_mut(span).zip(ys.chunks(span)) {
+                    for ((d, &p), &q) in d.iter_mut().zip(&rep).zip(ys) {
+                        *d = f(p, q);
+                    }
+                }
+            });
+        }
+        true
+    }
 }
+
+/// Longest period [`Bcast::periodic_into`] takes, and about the span it repeats it into.
+const PERIOD_SPAN: usize = 256;
 
 fn bits<T: Int>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
     match op {

@@ -222,14 +222,18 @@ pub fn eval_prelu(x: &Tensor, slope: &Tensor) -> Result<Tensor> {
             Bcast::new(x.shape(), &s)?
         }
     };
-    let data = with_num2!(x.data(), slope.data(), (xv, sv) => Element::wrap(prelu_typed(xv, sv, &m)),
+    let data = with_num2!(x.data(), slope.data(), (xv, sv) => Element::wrap_buf(prelu_typed(xv, sv, &m)),
         else return Err(OpError::UnsupportedDType { index: 0, got: dt }));
     Ok(Tensor::new(dt, m.shape, data)?)
 }
 
-fn prelu_typed<T: Num>(x: &[T], s: &[T], m: &Bcast) -> Vec<T> {
-    let zero = T::zero();
-    m.zip(x, s, |a, b| if a < zero { a.mul(b) } else { a })
+fn prelu_typed<T: Num + Send + Sync>(x: &[T], s: &[T], m: &Bcast) -> kiln_tensor::Buf<T> {
+    m.arith(x, s, prelu_one)
+}
+
+/// `x < 0 ? x * slope : x` (NaN stays).
+fn prelu_one<T: Num>(x: T, slope: T) -> T {
+    if x < T::zero() { x.mul(slope) } else { x }
 }
 
 #[cfg(test)]

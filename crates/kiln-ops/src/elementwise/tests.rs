@@ -456,6 +456,35 @@ mod bcast_plan {
         }
     }
 
+    /// A short operand repeated along a long one (a per-channel parameter of a channels-last
+    /// tensor, either side of a non-commutative op) takes the periodic path, on one thread
+    /// and split over two, and gives what the plan's runs give; a period too long for it
+    /// still gives the same values.
+    #[test]
+    fn periodic_arith_matches_the_plan() {
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        for (a, b, period) in [
+            (vec![1, 306, 306, 10], vec![1, 1, 1, 10], Some((10, true))),
+            (vec![7, 3], vec![3], Some((3, true))),
+            (vec![3], vec![5, 3], Some((3, false))),
+            (vec![1, 1, 32], vec![2, 149, 149, 32], Some((32, false))),
+            (vec![2, 255], vec![255], Some((255, true))),
+            (vec![4, 300], vec![300], None),
+        ] {
+            let m = Bcast::new(&a, &b).unwrap();
+            assert_eq!(m.period(), period, "{a:?} with {b:?}");
+            let na: usize = a.iter().product();
+            let nb: usize = b.iter().product();
+            let xs: Vec<f32> = (0..na).map(|v| (v % 1009) as f32 * 0.5).collect();
+            let ys: Vec<f32> = (0..nb).map(|v| (v % 997) as f32 * 3.0 + 1.0).collect();
+            let want = m.zip(&xs, &ys, |p, q| p - q);
+            let got = m.arith(&xs, &ys, |p: f32, q: f32| p - q);
+            assert_eq!(got.as_slice(), want.as_slice(), "{a:?} with {b:?}");
+            let got = pool.install(|| m.arith(&xs, &ys, |p: f32, q: f32| p - q));
+            assert_eq!(got.as_slice(), want.as_slice(), "{a:?} with {b:?} on 2 threads");
+        }
+    }
+
     #[test]
     fn empty_and_scalar_outputs() {
         let m = Bcast::new(&[2, 0, 3], &[3]).unwrap();
