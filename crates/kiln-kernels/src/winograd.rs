@@ -614,7 +614,7 @@ unsafe fn put(dst: *mut f32, vals: &[f32]) {
     unsafe {
         match <&Block>::try_from(vals) {
             Ok(block) => dst.cast::<Block>().write_unaligned(*block),
-            Err(_) => std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, vals.len()),
+            Err(_) => crate::vector::copy_run(std::slice::from_raw_parts_mut(dst, vals.len()), vals),
         }
     }
 }

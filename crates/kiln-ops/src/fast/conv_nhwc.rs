@@ -311,7 +311,7 @@ impl Geometry {
                 if inside_x && self.dw == 1 {
                     let s = (base + x0 as usize) * c;
                     let Some(src) = x.get(s..s + run) else { return false };
-                    copy_run(dst, src);
+                    kiln_kernels::vector::copy_run(dst, src);
                     continue;
                 }
                 for (kx, d) in dst.chunks_exact_mut(c).enumerate() {
@@ -322,40 +322,11 @@ impl Geometry {
                     }
                     let s = (base + ix as usize) * c;
                     let Some(src) = x.get(s..s + c) else { return false };
-                    copy_run(d, src);
+                    kiln_kernels::vector::copy_run(d, src);
                 }
             }
         }
         true
-    }
-}
-
-/// `dst.copy_from_slice(src)` (equal lengths), with the short runs of a few-channel image
-/// (a stem's 3 channels: 9 floats per kernel row) as fixed-size moves the compiler inlines:
-/// as `memmove` calls they took a quarter of MTCNN's first convolution.
-#[inline(always)]
-fn copy_run(dst: &mut [f32], src: &[f32]) {
-    if dst.len() != src.len() || dst.len() >= 64 {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let mut d = dst.chunks_exact_mut(8);
-    let mut s = src.chunks_exact(8);
-    for (d, s) in (&mut d).zip(&mut s) {
-        if let (Ok(d), Ok(s)) = (<&mut [f32; 8]>::try_from(d), <&[f32; 8]>::try_from(s)) {
-            *d = *s;
-        }
-    }
-    let (mut d, mut s) = (d.into_remainder(), s.remainder());
-    for w in [4, 2, 1] {
-        if d.len() >= w {
-            let (dh, dt) = d.split_at_mut(w);
-            let (sh, st) = s.split_at(w);
-            for (a, b) in dh.iter_mut().zip(sh) {
-                *a = *b;
-            }
-            (d, s) = (dt, st);
-        }
     }
 }
 

@@ -296,13 +296,17 @@ macro_rules! simd_math {
                         let row = unsafe { c.add(i * ld) };
                         for v in 0..full {
                             if let Some(slot) = group.get_mut(held) {
+                                // SAFETY: vector `v < full` of row `i` (see above).
                                 *slot = unsafe { row.add(v * LANES) }.cast::<[f32; LANES]>();
                                 held += 1;
                             }
                             if held == ILP {
+                                // SAFETY: each pointer is a distinct full vector of a row
+                                // (see above), held by no reference.
                                 let $x: [V; ILP] = group.map(|p| unsafe { load_arr(&*p) });
                                 let y: [V; ILP] = $e;
                                 for (&p, y) in group.iter().zip(y) {
+                                    // SAFETY: as for the loads; one write per vector.
                                     unsafe { store_arr(&mut *p, y) };
                                 }
                                 held = 0;
@@ -310,6 +314,7 @@ macro_rules! simd_math {
                         }
                         let tail = width % LANES;
                         if tail > 0 {
+                            // SAFETY: the row's `tail` floats after its last full vector.
                             let rem = unsafe { std::slice::from_raw_parts_mut(row.add(full * LANES), tail) };
                             let $one = load_part(rem, 0.0);
                             store_part(rem, $e1);
