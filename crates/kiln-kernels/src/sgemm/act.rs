@@ -34,10 +34,14 @@ pub enum Act {
 }
 
 impl Act {
-    /// Relu and Clip: a compare and a blend, applied in registers with the tile's other
-    /// epilogue terms; the others (exp, erf, tanh) run in a loop over the stored rows.
+    /// Relu, Clip, HardSigmoid, HardSwish and LeakyRelu: a few compares, blends and
+    /// multiplies, applied in registers with the tile's other epilogue terms; the others
+    /// (exp, erf, tanh) run in a loop over the stored rows.
     pub fn is_cheap(self) -> bool {
-        matches!(self, Act::Relu | Act::Clip { .. })
+        matches!(
+            self,
+            Act::Relu | Act::Clip { .. } | Act::HardSigmoid { .. } | Act::HardSwish | Act::LeakyRelu { .. }
+        )
     }
 
     /// Every activation kind with representative parameters (tests and benchmarks).

@@ -196,7 +196,7 @@ macro_rules! simd_math {
                 Act::Gelu { tanh: false } => gelu_erf(x),
                 Act::Gelu { tanh: true } => gelu_tanh(x),
                 Act::HardSigmoid { alpha, beta } => clamp01(fmadd(splat(alpha), x, splat(beta))),
-                Act::HardSwish => mul(x, clamp01(fmadd(x, splat(1.0 / 6.0), splat(0.5)))),
+                Act::HardSwish => mul(x, clamp01(fmadd(splat(1.0 / 6.0), x, splat(0.5)))),
                 Act::Silu => mul(x, sigmoid(x)),
                 Act::Erf => erf(x),
             }
@@ -231,13 +231,17 @@ macro_rules! simd_math {
             crate::vector::tree_sum(lanes)
         }
 
-        /// Relu and Clip on one vector, as the tiles apply them ([`apply_cheap`]); the others
-        /// are calls.
+        /// The cheap activations ([`Act::is_cheap`]) on one vector, as the tiles apply them
+        /// ([`apply_cheap`]); the others are calls.
         #[target_feature(enable = $feat)]
         #[inline]
         fn act_cheap(a: Act, x: V) -> V {
             match a {
-                Act::Relu | Act::Clip { .. } => apply_cheap(cheap_of(Some(a)), x),
+                Act::Relu
+                | Act::Clip { .. }
+                | Act::HardSigmoid { .. }
+                | Act::HardSwish
+                | Act::LeakyRelu { .. } => apply_cheap(cheap_of(Some(a)), x),
                 _ => act_call(a, x),
             }
         }
@@ -351,37 +355,69 @@ macro_rules! simd_math {
 
         /// A tile's cheap activation with its decisions taken once per tile: Relu, a clamp
         /// (Clip, an absent bound at infinity: `max(-inf, x)` and `min(inf, x)` are `x`, NaN
-        /// and signed zeros included), or nothing (no activation, or a costly one, which the
-        /// caller applies itself). Matching `Act` per vector instead had the
-        /// compiler branch on its discriminant and spill it for every row of every tile
-        /// (K = 16: the epilogue was a fifth of the tile).
+        /// and signed zeros included), a line clamped to [0, 1] (HardSigmoid; HardSwish then
+        /// multiplies by `x`), LeakyRelu, or nothing (no activation, or a costly one, which
+        /// the caller applies itself). Matching `Act` per vector instead had the compiler
+        /// branch on its discriminant and spill it for every row of every tile (K = 16: the
+        /// epilogue was a fifth of the tile). The hard and leaky kinds had gone through the
+        /// costly activations' pass over the stored tile: 12% of PP-LCNet's time, HardSwish.
         #[derive(Clone, Copy)]
         struct Cheap {
             relu: bool,
             clamp: bool,
+            /// `clamp01(p x + q)`, times `x` with `swish`.
+            line: bool,
+            swish: bool,
+            /// `x < 0 ? p x : x`.
+            leaky: bool,
             lo: V,
             hi: V,
+            p: V,
+            q: V,
         }
 
         #[target_feature(enable = $feat)]
         #[inline]
         fn cheap_of(a: Option<Act>) -> Cheap {
-            let (relu, clamp, lo, hi) = match a {
-                Some(Act::Relu) => (true, false, zero(), zero()),
-                Some(Act::Clip { min: lo, max: hi }) => (
-                    false,
-                    true,
-                    splat(lo.unwrap_or(f32::NEG_INFINITY)),
-                    splat(hi.unwrap_or(f32::INFINITY)),
-                ),
-                _ => (false, false, zero(), zero()),
+            let mut c = Cheap {
+                relu: false,
+                clamp: false,
+                line: false,
+                swish: false,
+                leaky: false,
+                lo: zero(),
+                hi: zero(),
+                p: zero(),
+                q: zero(),
             };
-            Cheap { relu, clamp, lo, hi }
+            match a {
+                Some(Act::Relu) => c.relu = true,
+                Some(Act::Clip { min: lo, max: hi }) => {
+                    c.clamp = true;
+                    c.lo = splat(lo.unwrap_or(f32::NEG_INFINITY));
+                    c.hi = splat(hi.unwrap_or(f32::INFINITY));
+                }
+                Some(Act::HardSigmoid { alpha, beta }) => {
+                    c.line = true;
+                    (c.p, c.q) = (splat(alpha), splat(beta));
+                }
+                Some(Act::HardSwish) => {
+                    (c.line, c.swish) = (true, true);
+                    (c.p, c.q) = (splat(1.0 / 6.0), splat(0.5));
+                }
+                Some(Act::LeakyRelu { alpha }) => {
+                    c.leaky = true;
+                    c.p = splat(alpha);
+                }
+                _ => {}
+            }
+            c
         }
 
         /// [`Cheap`] on one vector. `max(lo, v)` is `lo > v ? lo : v` and `min(hi, v)` is
         /// `hi < v ? hi : v` (x86's rule: the second operand when unordered), so a NaN stays
-        /// and signed zeros pass as with a compare and blend, in one instruction each.
+        /// and signed zeros pass as with a compare and blend, in one instruction each. The
+        /// line and the leaky slope are [`act`]'s expressions, so the bits are its bits.
         #[target_feature(enable = $feat)]
         #[inline]
         fn apply_cheap(c: Cheap, v: V) -> V {
@@ -391,6 +427,13 @@ macro_rules! simd_math {
             }
             if c.clamp {
                 v = min(c.hi, max(c.lo, v));
+            }
+            if c.line {
+                let s = clamp01(fmadd(c.p, v, c.q));
+                v = if c.swish { mul(v, s) } else { s };
+            }
+            if c.leaky {
+                v = blend(lt(v, zero()), mul(v, c.p), v);
             }
             v
         }
