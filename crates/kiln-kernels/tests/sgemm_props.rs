@@ -363,6 +363,38 @@ fn edge_shapes() {
     }
 }
 
+/// Few rows against many columns (a transformer's projections over 32-64 tokens): every
+/// tile height and its split remainders, one depth block and several, A with a padded
+/// leading dimension, each with an epilogue.
+#[test]
+fn small_m_wide_products() {
+    for &m in &[1, 5, 6, 7, 13, 32, 48, 64, 65] {
+        for &n in &[256, 300] {
+            for &k in &[1, 255, 257, 769] {
+                for layout in [BLayout::NR32, BLayout::NR16] {
+                    let p = Problem {
+                        m,
+                        n,
+                        k,
+                        transposed: false,
+                        lda_pad: 3,
+                        ldc_pad: 1,
+                        bias: ((m + k) % 3) as u8,
+                        residual: m % 2 == 1,
+                        act: Act::SAMPLES.get((m * 5 + k) % 14).copied(),
+                        layout,
+                        seed: (m * 1000 + n * 10 + k) as u64,
+                        wide: false,
+                    };
+                    if let Err(e) = check(&p) {
+                        panic!("{p:?}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn packed_bytes_round_trip_into_sgemm() {
     let (m, n, k) = (5, 37, 19);
