@@ -498,26 +498,11 @@ impl Bcast {
         } else {
             total.max(1)
         };
+        let rep: Vec<T> = short.iter().copied().cycle().take(span).collect();
         if y_repeats {
-            let rep: Vec<T> = short.iter().copied().cycle().take(span).collect();
-            kiln_kernels::pool::for_each_chunk_mut(out, chunk, &|c, dst| {
-                let xs = x.get(c * chunk..).unwrap_or(&[]);
-                for (d, xs) in dst.chunks_mut(span).zip(xs.chunks(span)) {
-                    for ((d, &p), &q) in d.iter_mut().zip(xs).zip(&rep) {
-                        *d = f(p, q);
-                    }
-                }
-            });
+            periodic_runs(x, &rep, chunk, out, f);
         } else {
-            let rep: Vec<T> = short.iter().copied().cycle().take(span).collect();
-            kiln_kernels::pool::for_each_chunk_mut(out, chunk, &|c, dst| {
-                let ys = y.get(c * chunk..).unwrap_or(&[]);
-                for (d, ys) in dst.chunks_mut(span).zip(ys.chunks(span)) {
-                    for ((d, &p), &q) in d.iter_mut().zip(&rep).zip(ys) {
-                        *d = f(p, q);
-                    }
-                }
-            });
+            periodic_runs(y, &rep, chunk, out, &|l, r| f(r, l));
         }
         true
     }
@@ -525,6 +510,25 @@ impl Bcast {
 
 /// Longest period [`Bcast::periodic_into`] takes, and about the span it repeats it into.
 const PERIOD_SPAN: usize = 256;
+
+/// `out[i] = f(long[i], rep[i % rep.len()])`, `chunk` elements (a multiple of `rep.len()`)
+/// per task of the pool: [`Bcast::periodic_into`]'s loop (which swaps `f`'s operands when
+/// the repeated one is the op's first).
+fn periodic_runs<T, R>(long: &[T], rep: &[T], chunk: usize, out: &mut [R], f: &(impl Fn(T, T) -> R + Sync))
+where
+    T: Copy + Sync,
+    R: Copy + Send,
+{
+    let span = rep.len().max(1);
+    kiln_kernels::pool::for_each_chunk_mut(out, chunk, &|c, dst| {
+        let ls = long.get(c * chunk..).unwrap_or(&[]);
+        for (d, ls) in dst.chunks_mut(span).zip(ls.chunks(span)) {
+            for ((d, &l), &r) in d.iter_mut().zip(ls).zip(rep) {
+                *d = f(l, r);
+            }
+        }
+    });
+}
 
 fn bits<T: Int>(op: BinaryOp, x: &[T], y: &[T], m: &Bcast) -> Vec<T> {
     match op {
