@@ -221,6 +221,19 @@ proptest! {
     }
 
     #[test]
+    fn gathered_rows_of_b_match_oracle(
+        m in prop_oneof![1usize..8, 8usize..70],
+        n in prop_oneof![1usize..5, 5usize..80],
+        k in 1usize..700,
+        cuts in prop::collection::vec((0.0f64..1.0, 0.0f64..1.0), 1..5),
+        nr32 in any::<bool>(),
+        with_act in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        check_gathered(m, n, k, &cuts, nr32, with_act, seed)?;
+    }
+
+    #[test]
     fn activations_match_scalar_reference(
         xs in prop::collection::vec(
             prop_oneof![
@@ -644,4 +657,89 @@ fn winograd_matches_direct_convolution() {
         }
     }
     assert_eq!(cases, 60);
+}
+
+/// A product over chosen row ranges of a packed B ([`PackedBRef::gather`]: ranges anywhere in
+/// `0..k`, overlapping or out of order, one or several depth blocks each) against the f64
+/// oracle on the rows it names, with a column bias and an activation, on every level.
+fn check_gathered(
+    m: usize,
+    n: usize,
+    k: usize,
+    cuts: &[(f64, f64)],
+    nr32: bool,
+    with_act: bool,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let ranges: Vec<std::ops::Range<usize>> = cuts
+        .iter()
+        .map(|&(x, y)| {
+            let (a, b) = ((x * k as f64) as usize, (y * k as f64) as usize);
+            let (lo, hi) = (a.min(b).min(k - 1), a.max(b).min(k - 1));
+            lo..hi + 1
+        })
+        .collect();
+    let rows: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
+    let kg = rows.len();
+    let layout = if nr32 { BLayout::NR32 } else { BLayout::NR16 };
+    let a = data(m * kg, seed, false);
+    let b = data(k * n, seed ^ 1, false);
+    let bias_v = data(n, seed ^ 2, false);
+    let act = with_act.then_some(Act::Relu);
+    let epi = Epilogue {
+        bias: Bias::Col(&bias_v),
+        residual: None,
+        act,
+    };
+    let pb =
+        PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let view = pb
+        .view()
+        .gather(&ranges)
+        .ok_or_else(|| TestCaseError::fail("gather refused"))?;
+    prop_assert_eq!(view.k(), kg);
+    for isa in levels() {
+        let mut c = vec![f32::NAN; m * n];
+        sgemm_with(isa, m, AMatrix::row_major(&a, kg), view, &mut c, n, &epi)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut mag) = (f64::from(bias_v[j]), f64::from(bias_v[j]).abs());
+                for (q, &r) in rows.iter().enumerate() {
+                    let t = f64::from(a[i * kg + q]) * f64::from(b[r * n + j]);
+                    s += t;
+                    mag += t.abs();
+                }
+                let want = if act.is_some() { s.max(0.0) } else { s };
+                let got = f64::from(c[i * n + j]);
+                prop_assert!(
+                    (got - want).abs() <= gamma(kg + 1) * mag,
+                    "{:?} ({},{}) of {}x{}x{} over {:?}: got {} want {}",
+                    isa,
+                    i,
+                    j,
+                    m,
+                    n,
+                    k,
+                    ranges,
+                    got,
+                    want
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gather_refuses_ranges_outside_b() {
+    let pb = PackedB::pack(BLayout::NR16, 10, 3, &[0.0; 30], MatLayout::row_major(3)).unwrap();
+    let v = pb.view();
+    assert!(v.gather(&[0..11]).is_none());
+    assert!(v.gather(&[4..4]).is_none());
+    assert!(v.gather(&[]).is_none());
+    let g = v.gather(&[2..5, 0..1]).unwrap();
+    assert_eq!(g.k(), 4);
+    assert!(g.gather(&[0..1]).is_none());
+    assert!(g.rows(0, 1).is_none());
 }

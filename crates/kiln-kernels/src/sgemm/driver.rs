@@ -207,12 +207,24 @@ pub(crate) unsafe fn run_raw(
     let (mr, kn) = (kernels.mr, kernels.nr);
     let pnr = b.layout().nr();
     let bdata = b.data();
-    // Few rows: one depth block (the A panel, `m x k`, is small and C is stored once).
-    let kc_max = if m <= mr {
-        k
-    } else {
-        k.div_ceil(k.div_ceil(kernels.kc.max(1)))
-    };
+    // Depth blocks `(A's first column, B's first packed row, depth)`: each of B's runs (one
+    // unless gathered) cut into equal blocks. Few rows: one block a run (the A panel, `m x
+    // k`, is small and C is stored once).
+    let blocks: smallvec::SmallVec<[(usize, usize, usize); 16]> = b
+        .runs()
+        .into_iter()
+        .flat_map(|(pa, pb, len)| {
+            let step = if m <= mr {
+                len
+            } else {
+                len.div_ceil(len.div_ceil(kernels.kc.max(1)))
+            };
+            (0..len)
+                .step_by(step.max(1))
+                .map(move |q| (pa + q, pb + q, step.min(len - q)))
+        })
+        .collect();
+    let kc_max = blocks.iter().map(|blk| blk.2).max().unwrap_or(k);
     // Rows per block: MC x KC floats of A (192 KiB) in L2, more rows when the depth block is
     // shorter (a transformer's 197 x 192 A in one block: B is then streamed once instead of
     // once per 96 rows).
@@ -226,9 +238,8 @@ pub(crate) unsafe fn run_raw(
     let resid = epi.residual.map(|r| (r.data.as_ptr(), r.ld));
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
-        for pc in (0..k).step_by(kc_max) {
-            let kc = kc_max.min(k - pc);
-            let (first, last) = (pc == 0, pc + kc == k);
+        for (bi, &(pc, pb, kc)) in blocks.iter().enumerate() {
+            let (first, last) = (bi == 0, bi + 1 == blocks.len());
             let fuse = kernels.fused && last && !epi.is_empty();
             let unfused = last && !epi.is_empty() && !kernels.fused;
             for ic in (0..m).step_by(mc_max) {
@@ -251,18 +262,18 @@ pub(crate) unsafe fn run_raw(
                     } else {
                         kernels.tiles
                     };
-                    let boff = panel_at(jr, pc);
+                    let boff = panel_at(jr, pb);
                     // The micro-panel the loop reads next, fetched into L2 a slice per tile
                     // while this one's tiles run (weights stream from memory: the hardware
                     // prefetchers restart on every micro-panel and the first tile stalls).
                     let next = if jr + kn < jc + nc {
-                        Some((panel_at(jr + kn, pc), kc))
+                        Some((panel_at(jr + kn, pb), kc))
                     } else if ic + mc < m {
-                        Some((panel_at(jc, pc), kc))
-                    } else if pc + kc < k {
-                        Some((panel_at(jc, pc + kc), kc_max.min(k - pc - kc)))
-                    } else if jc + nc < n {
-                        Some((panel_at(jc + nc, 0), kc_max.min(k)))
+                        Some((panel_at(jc, pb), kc))
+                    } else if let Some(&(_, pb1, kc1)) = blocks.get(bi + 1) {
+                        Some((panel_at(jc, pb1), kc1))
+                    } else if let (true, Some(&(_, pb0, kc0))) = (jc + nc < n, blocks.first()) {
+                        Some((panel_at(jc + nc, pb0), kc0))
                     } else {
                         None
                     };
@@ -306,8 +317,10 @@ pub(crate) unsafe fn run_raw(
                         // (row-major or transposed with `ld`); the tile reads rows `row ..
                         // row+rows`, depths `pc .. pc+kc`, each at `aoff + i*ars + p*acs`. B:
                         // panel `jr / pnr` starts `stride` floats after the one before and
-                        // has `k` rows of `pnr` floats (the last one ends the data); rows `pc..pc+kc`
-                        // exist and `jr % pnr + kn <= pnr` as `kn` divides `pnr`; the last
+                        // has the packed matrix's rows of `pnr` floats (the last one ends the
+                        // data); packed rows `pb..pb+kc` lie in one of the view's runs, which
+                        // `PackedBRef::gather` (or the whole `0..k`) keeps inside those rows,
+                        // and `jr % pnr + kn <= pnr` as `kn` divides `pnr`; the last
                         // panel is zero-padded, so all `kn` columns are readable. C: validate
                         // checked `(m-1)*ldc + n` elements from `c.ptr` (run_raw's contract);
                         // rows `row .. row+rows`, columns `jr .. jr+nr <= n`, and `first` is
@@ -390,9 +403,12 @@ unsafe fn small_n(kernels: &Kernels, m: usize, a: &AMatrix<'_>, b: &PackedBRef<'
         &mut heap
     };
     let bdata = b.data();
+    let runs = b.runs();
     for (j, col) in bt.chunks_mut(k).enumerate() {
-        for (p, v) in col.iter_mut().enumerate() {
-            *v = bdata.get(p * pnr + j).copied().unwrap_or(0.0);
+        for &(pa, pb, len) in &runs {
+            for (q, v) in col.iter_mut().skip(pa).take(len).enumerate() {
+                *v = bdata.get((pb + q) * pnr + j).copied().unwrap_or(0.0);
+            }
         }
     }
     let bt: &[f32] = bt;

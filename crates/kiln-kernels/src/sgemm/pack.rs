@@ -144,15 +144,20 @@ impl BLayout {
 /// A borrowed packed B: the floats of the layout above, viewed in place (e.g. in a mapped
 /// program file), or rows `k0..k1` of every panel of such a matrix ([`PackedBRef::rows`]):
 /// panel `p` starts at `data[p * stride]` and holds `k` rows of `nr` floats, so `data` has
-/// `(panels - 1) * stride + k * nr` floats.
+/// `(panels - 1) * stride + k * nr` floats. A gathered view ([`PackedBRef::gather`]) reads
+/// chosen row ranges of such a matrix in turn as its depths.
 #[derive(Debug, Clone, Copy)]
 pub struct PackedBRef<'a> {
     layout: BLayout,
+    /// Depth of the product: the rows the view reads (the ranges' total when gathered).
     k: usize,
     n: usize,
     /// Floats from one panel's start to the next's (`k * nr` unless a row range).
     stride: usize,
     data: &'a [f32],
+    /// Rows of the packed matrix that make the view's depths, in order (empty: all of them,
+    /// `0..k`). Each range lies inside the matrix `data` holds.
+    picks: &'a [std::ops::Range<usize>],
 }
 
 impl<'a> PackedBRef<'a> {
@@ -168,6 +173,7 @@ impl<'a> PackedBRef<'a> {
             n,
             stride: k * layout.nr(),
             data,
+            picks: &[],
         })
     }
 
@@ -232,6 +238,7 @@ impl<'a> PackedBRef<'a> {
             n: j1 - j0,
             stride: self.stride,
             data,
+            picks: self.picks,
         })
     }
 
@@ -239,7 +246,7 @@ impl<'a> PackedBRef<'a> {
     /// read in place: the product of A's matching columns only (a convolution's taps that
     /// fall in the padding for a whole block of output rows). `None` unless `k0 <= k1 <= k`.
     pub fn rows(&self, k0: usize, k1: usize) -> Option<PackedBRef<'a>> {
-        if k0 > k1 || k1 > self.k {
+        if k0 > k1 || k1 > self.k || !self.picks.is_empty() {
             return None;
         }
         let nr = self.layout.nr();
@@ -258,7 +265,54 @@ impl<'a> PackedBRef<'a> {
             n: self.n,
             stride: self.stride,
             data,
+            picks: &[],
         })
+    }
+
+    /// The rows of each range in turn (every panel's), read in place as the depths of a
+    /// product with A's matching columns: a convolution's taps that read the image for a
+    /// region of output pixels, when those taps are not one run of rows (a dilated window's
+    /// live columns in each live kernel row). `None` unless every range is non-empty and
+    /// inside `0..k`, or if this view is gathered already.
+    pub fn gather<'r>(&self, ranges: &'r [std::ops::Range<usize>]) -> Option<PackedBRef<'r>>
+    where
+        'a: 'r,
+    {
+        if !self.picks.is_empty() || ranges.is_empty() {
+            return None;
+        }
+        let mut k = 0usize;
+        for r in ranges {
+            if r.start >= r.end || r.end > self.k {
+                return None;
+            }
+            k = k.checked_add(r.end - r.start)?;
+        }
+        Some(PackedBRef {
+            layout: self.layout,
+            k,
+            n: self.n,
+            stride: self.stride,
+            data: self.data,
+            picks: ranges,
+        })
+    }
+
+    /// The view's depth runs: `(first depth, first packed row, rows)`, in depth order; one
+    /// run `(0, 0, k)` unless gathered.
+    pub(crate) fn runs(&self) -> smallvec::SmallVec<[(usize, usize, usize); 8]> {
+        if self.picks.is_empty() {
+            return smallvec::smallvec![(0, 0, self.k)];
+        }
+        let mut depth = 0;
+        self.picks
+            .iter()
+            .map(|r| {
+                let run = (depth, r.start, r.end - r.start);
+                depth += r.end - r.start;
+                run
+            })
+            .collect()
     }
 }
 
@@ -342,6 +396,7 @@ impl PackedB {
             n: self.n,
             stride: self.k * self.layout.nr(),
             data: self.data.as_slice(),
+            picks: &[],
         }
     }
 

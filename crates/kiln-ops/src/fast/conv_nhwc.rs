@@ -7,7 +7,10 @@
 //!   contiguous channels) and whose B is the weights packed at compile time. A 1x1, stride-1,
 //!   unpadded convolution reads X itself as A (no copy at all); the others copy row blocks of
 //!   A that fit in L2 (in parallel over the pool, each block multiplied by its own thread).
-//!   Bias (per column), residual and activation run in the GEMM epilogue. With
+//!   Bias (per column), residual and activation run in the GEMM epilogue. When many taps
+//!   read only padding (a dilated window on a small image), the output pixels are grouped by
+//!   the taps that read the image and each group multiplies over those alone
+//!   ([`Geometry::tap_classes`], B's rows gathered in place). With
 //!   `x_channels_first` (an image stem), X is `[N, C, H, W]` and each block is gathered
 //!   transposed instead, one row per tap (a strided walk along an input row), which the GEMM
 //!   reads as a transposed A.
@@ -35,6 +38,8 @@ kiln_kernels::scratch_kinds! {
     GroupedPad: Vec<f32>;
     /// A block of im2col rows of the packed path.
     Rows: Vec<f32>;
+    /// A block's product before it is copied into Y (the packed path's tap classes).
+    RegionOut: Vec<f32>;
 }
 
 /// Floats of im2col rows copied per block (128 KiB: the block, the B panels it meets and its
@@ -235,13 +240,118 @@ impl Geometry {
             return 0..self.kh;
         }
         let (oy0, oy1) = (first % plane / self.ow, last % plane / self.ow);
-        // Kernel row `ky` reads input row `oy * sh + ky * dh - ph`: inside for some `oy` in
-        // `oy0..=oy1` when `oy1 * sh + ky * dh >= ph` and `oy0 * sh + ky * dh < ih + ph`.
-        let live =
-            |ky: usize| oy1 * self.sh + ky * self.dh >= self.ph && oy0 * self.sh + ky * self.dh < self.ih + self.ph;
-        let lo = (0..self.kh).find(|&ky| live(ky)).unwrap_or(self.kh);
-        let hi = (lo..self.kh).rev().find(|&ky| live(ky)).map_or(lo, |ky| ky + 1);
-        lo..hi
+        live_taps(oy0, oy1, self.sh, self.dh, self.ph, self.ih, self.kh)
+    }
+
+    /// The output pixels grouped by the kernel taps that read the image for them (not only
+    /// the padding), when multiplying each group over its own taps saves at least an eighth
+    /// of the products: a dilated window on a small image (DeepLab's ASPP, dilation 12-36 on
+    /// 33 x 49 pixels) reads padding through a third to two thirds of its taps. The bands of
+    /// rows and of columns with one interval of live taps each make rectangles; a rectangle
+    /// of fewer than [`MIN_CLASS_PIXELS`] pixels joins the others of its kind in one group
+    /// over the hull of their taps (its product would stream the weights for a handful of
+    /// rows). `None` when that is not worth it (an ordinary padded 3x3 on a wide image).
+    fn tap_classes(&self) -> Option<Vec<TapClass>> {
+        let (rows, dead_rows) = bands(self.oh, self.sh, self.dh, self.ph, self.ih, self.kh);
+        let (cols, dead_cols) = bands(self.ow, self.sw, self.dw, self.pw, self.iw, self.kw);
+        if (dead_rows == 0 && dead_cols == 0) || self.oh == 0 || self.ow == 0 {
+            return None;
+        }
+        // Each class' taps and rectangles (rows, columns); the small rectangles last.
+        type Rects = smallvec::SmallVec<[(std::ops::Range<usize>, std::ops::Range<usize>); 4]>;
+        let mut classes: Vec<(std::ops::Range<usize>, std::ops::Range<usize>, Rects)> = Vec::new();
+        let mut rest: Option<(std::ops::Range<usize>, std::ops::Range<usize>, Rects)> = None;
+        let hull = |a: &std::ops::Range<usize>, b: &std::ops::Range<usize>| match (a.is_empty(), b.is_empty()) {
+            (true, _) => b.clone(),
+            (_, true) => a.clone(),
+            _ => a.start.min(b.start)..a.end.max(b.end),
+        };
+        for r in &rows {
+            for c in &cols {
+                let rect = (r.o0..r.o1, c.o0..c.o1);
+                if (r.o1 - r.o0) * (c.o1 - c.o0) >= MIN_CLASS_PIXELS {
+                    classes.push((r.taps.clone(), c.taps.clone(), smallvec::smallvec![rect]));
+                    continue;
+                }
+                let t = rest.get_or_insert_with(|| (0..0, 0..0, Rects::new()));
+                t.0 = hull(&t.0, &r.taps);
+                t.1 = hull(&t.1, &c.taps);
+                t.2.push(rect);
+            }
+        }
+        classes.extend(rest);
+        let full = self.oh * self.ow * self.kh * self.kw;
+        let work: usize = classes
+            .iter()
+            .map(|(kys, kxs, rects)| {
+                let pixels: usize = rects.iter().map(|(ys, xs)| ys.len() * xs.len()).sum();
+                pixels * kys.len() * kxs.len()
+            })
+            .sum();
+        if work * 8 > full * 7 {
+            return None;
+        }
+        Some(
+            classes
+                .into_iter()
+                .map(|(kys, kxs, rects)| TapClass {
+                    kys,
+                    kxs,
+                    pixels: rects
+                        .into_iter()
+                        .flat_map(|(ys, xs)| ys.flat_map(move |oy| xs.clone().map(move |ox| (oy, ox))))
+                        .collect(),
+                })
+                .collect(),
+        )
+    }
+
+    /// The im2col rows of image `n`'s output pixels `pixels` over the taps `kys` x `kxs`
+    /// (rows of `kys.len() * kxs.len() * C`), zeros where a tap reads the padding.
+    fn fill_taps(
+        &self,
+        x: &[f32],
+        n: usize,
+        pixels: &[(usize, usize)],
+        kys: std::ops::Range<usize>,
+        kxs: std::ops::Range<usize>,
+        a: &mut [f32],
+    ) -> bool {
+        let c = self.c;
+        let run = kxs.len() * c;
+        let k = kys.len() * run;
+        if k == 0 {
+            return true;
+        }
+        for (&(oy, ox), row) in pixels.iter().zip(a.chunks_exact_mut(k)) {
+            let x0 = (ox * self.sw + kxs.start * self.dw) as isize - self.pw as isize;
+            let inside_x = x0 >= 0 && x0 as usize + (kxs.len() - 1) * self.dw < self.iw;
+            for (ky, dst) in kys.clone().zip(row.chunks_exact_mut(run)) {
+                let iy = (oy * self.sh + ky * self.dh) as isize - self.ph as isize;
+                if iy < 0 || iy as usize >= self.ih {
+                    dst.fill(0.0);
+                    continue;
+                }
+                let base = (n * self.ih + iy as usize) * self.iw;
+                if inside_x && self.dw == 1 {
+                    let s = (base + x0 as usize) * c;
+                    let Some(src) = x.get(s..s + run) else { return false };
+                    kiln_kernels::vector::copy_run(dst, src);
+                    continue;
+                }
+                for (j, d) in dst.chunks_exact_mut(c).enumerate() {
+                    let ix = x0 + (j * self.dw) as isize;
+                    if ix < 0 || ix as usize >= self.iw {
+                        d.fill(0.0);
+                        continue;
+                    }
+                    let s = (base + ix as usize) * c;
+                    let Some(src) = x.get(s..s + c) else { return false };
+                    kiln_kernels::vector::copy_run(d, src);
+                }
+            }
+        }
+        true
     }
 
     /// A 1x1, stride-1, unpadded window: A is X itself.
@@ -328,6 +438,166 @@ impl Geometry {
         }
         true
     }
+}
+
+/// The kernel taps along one axis (`0..taps`) that read the image for some output position
+/// in `o0..=o1`: an interval, as the input position `o * stride + t * dilation - pad` grows
+/// with both. Tap `t` is live when `o1 * stride + t * dilation >= pad` and `o0 * stride + t *
+/// dilation < input + pad`; for a single position (`o0 == o1`) exactly the taps inside.
+fn live_taps(
+    o0: usize,
+    o1: usize,
+    stride: usize,
+    dilation: usize,
+    pad: usize,
+    input: usize,
+    taps: usize,
+) -> std::ops::Range<usize> {
+    let live = |t: usize| o1 * stride + t * dilation >= pad && o0 * stride + t * dilation < input + pad;
+    let lo = (0..taps).find(|&t| live(t)).unwrap_or(taps);
+    let hi = (lo..taps).rev().find(|&t| live(t)).map_or(lo, |t| t + 1);
+    lo..hi
+}
+
+/// Output pixels `(oy, ox)` multiplied over the taps `kys` x `kxs` only (see
+/// [`Geometry::tap_classes`]).
+#[derive(Debug, Clone, PartialEq)]
+struct TapClass {
+    kys: std::ops::Range<usize>,
+    kxs: std::ops::Range<usize>,
+    pixels: Vec<(usize, usize)>,
+}
+
+/// Fewest pixels a rectangle of one tap interval needs to be a product of its own.
+const MIN_CLASS_PIXELS: usize = 64;
+
+/// The packed path over tap classes ([`Geometry::tap_classes`]) of channels-last X: per
+/// image and class, blocks of up to `block` of its pixels, each multiplied over the class'
+/// taps only (B's matching rows gathered in place) into a buffer of its own, then copied
+/// into its rows of Y, adding the residual (then the activation) there when one is given.
+/// Blocks run in parallel over the pool. Returns `false` if an operand is shorter than the
+/// geometry says.
+#[allow(clippy::too_many_arguments)]
+fn run_tap_classes(
+    geo: &Geometry,
+    classes: &[TapClass],
+    x: &[f32],
+    packed: kiln_kernels::sgemm::PackedBRef<'_>,
+    epi: kiln_kernels::sgemm::Epilogue<'_>,
+    residual: Option<&[f32]>,
+    y: &mut [f32],
+    block: usize,
+) -> bool {
+    use kiln_kernels::sgemm::{AMatrix, sgemm};
+    let (c, m, block) = (geo.c, geo.m, block.max(1));
+    // (image, class, its pixels) of every block.
+    let tasks: Vec<(usize, &TapClass, &[(usize, usize)])> = (0..geo.batch)
+        .flat_map(|n| {
+            classes
+                .iter()
+                .flat_map(move |t| t.pixels.chunks(block).map(move |p| (n, t, p)))
+        })
+        .collect();
+    let gemm_epi = kiln_kernels::sgemm::Epilogue {
+        act: if residual.is_some() { None } else { epi.act },
+        ..epi
+    };
+    let y = std::sync::Mutex::new(y);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    kiln_kernels::pool::parallel_for(tasks.len(), &|t| {
+        let Some(&(n, class, pixels)) = tasks.get(t) else {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            return;
+        };
+        let kb = class.kys.len() * class.kxs.len() * c;
+        let ranges: smallvec::SmallVec<[std::ops::Range<usize>; 8]> = class
+            .kys
+            .clone()
+            .map(|ky| (ky * geo.kw + class.kxs.start) * c..(ky * geo.kw + class.kxs.end) * c)
+            .collect();
+        let rows = pixels.len();
+        let mut a = lend::<Rows>();
+        a.resize(rows * kb, 0.0);
+        let mut ok = geo.fill_taps(x, n, pixels, class.kys.clone(), class.kxs.clone(), &mut a);
+        let b = if kb == 0 {
+            packed.rows(0, 0)
+        } else {
+            packed.gather(&ranges)
+        };
+        let mut out = lend::<RegionOut>();
+        out.resize(rows * m, 0.0);
+        ok = ok && b.is_some_and(|b| sgemm(rows, AMatrix::row_major(&a, kb), b, &mut out, m, &gemm_epi).is_ok());
+        drop(a);
+        if ok {
+            let mut y = y.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Runs of pixels consecutive in Y, each copied at once.
+            let mut i = 0;
+            while i < rows && ok {
+                let Some(&(oy, ox)) = pixels.get(i) else { break };
+                let mut j = i + 1;
+                while pixels.get(j).is_some_and(|&(y2, x2)| y2 == oy && x2 == ox + (j - i)) {
+                    j += 1;
+                }
+                let at = ((n * geo.oh + oy) * geo.ow + ox) * m;
+                let len = (j - i) * m;
+                ok = match (y.get_mut(at..at + len), out.get(i * m..i * m + len)) {
+                    (Some(dst), Some(src)) => {
+                        dst.copy_from_slice(src);
+                        match residual.map(|r| r.get(at..at + len)) {
+                            Some(Some(r)) => {
+                                kiln_kernels::sgemm::residual_act(dst, Some(r), epi.act);
+                                true
+                            }
+                            Some(None) => false,
+                            None => true,
+                        }
+                    }
+                    _ => false,
+                };
+                i = j;
+            }
+        }
+        if !ok {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    !failed.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Output positions `o0..o1` along one axis whose live kernel taps are `taps` (see
+/// [`Geometry::tap_classes`]).
+#[derive(Debug, Clone, PartialEq)]
+struct Band {
+    o0: usize,
+    o1: usize,
+    taps: std::ops::Range<usize>,
+}
+
+/// The bands of `out` output positions along an axis (consecutive positions with the same
+/// live taps, see [`live_taps`]) and the count of dead (position, tap) pairs.
+fn bands(
+    out: usize,
+    stride: usize,
+    dilation: usize,
+    pad: usize,
+    input: usize,
+    taps: usize,
+) -> (smallvec::SmallVec<[Band; 8]>, usize) {
+    let mut bands: smallvec::SmallVec<[Band; 8]> = smallvec::SmallVec::new();
+    let mut dead = 0usize;
+    for o in 0..out {
+        let live = live_taps(o, o, stride, dilation, pad, input, taps);
+        dead += taps - live.len();
+        match bands.last_mut() {
+            Some(b) if b.taps == live => b.o1 = o + 1,
+            _ => bands.push(Band {
+                o0: o,
+                o1: o + 1,
+                taps: live,
+            }),
+        }
+    }
+    (bands, dead)
 }
 
 /// `dst[j] = src[j * step]` for every `j` (false if `src` is too short): a copy for step 1,
@@ -642,6 +912,26 @@ impl Planned<'_> {
             }
         }
         numel(&[block, k])?;
+        if let (false, Some(classes)) = (self.plan.x_channels_first, geo.tap_classes()) {
+            let ok = run_tap_classes(
+                &geo,
+                &classes,
+                xd,
+                packed,
+                Epilogue {
+                    bias,
+                    residual: None,
+                    act,
+                },
+                rd,
+                &mut y,
+                block,
+            );
+            if !ok {
+                return Err(bad());
+            }
+            return Ok(Tensor::from_buf(shape, y)?);
+        }
         // A block of A: im2col rows from channels-last X, or the transposed block (one row
         // per tap, one column per pixel) gathered from channels-first X.
         let fill = |xd: &[f32], r0: usize, n: usize, a: &mut [f32]| {
@@ -1173,6 +1463,80 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn tap_classes_split_where_the_live_taps_change() {
+        let geo = |iw: usize, kw: usize, d: usize| {
+            let ow = iw + 2 * d - d * (kw - 1);
+            Geometry {
+                batch: 1,
+                m: 8,
+                conv: Conv2d {
+                    c: 4,
+                    ih: 33,
+                    iw,
+                    kh: 3,
+                    kw,
+                    sh: 1,
+                    sw: 1,
+                    dh: d,
+                    dw: d,
+                    ph: d,
+                    pw: d,
+                    oh: 33,
+                    ow,
+                },
+            }
+        };
+        let band = |o0, o1, taps| Band { o0, o1, taps };
+        // DeepLab's ASPP at dilation 12 on 33 x 49: bands of rows and of columns.
+        let (cols, dead) = bands(49, 1, 12, 12, 49, 3);
+        assert_eq!(
+            (cols.as_slice(), dead),
+            (
+                [band(0, 12, 1..3), band(12, 37, 0..3), band(37, 49, 0..2)].as_slice(),
+                24
+            )
+        );
+        let (rows, dead) = bands(33, 1, 12, 12, 33, 3);
+        assert_eq!(
+            (rows.as_slice(), dead),
+            (
+                [band(0, 12, 1..3), band(12, 21, 0..3), band(21, 33, 0..2)].as_slice(),
+                24
+            )
+        );
+        // Nine rectangles, each over its own taps; every pixel once.
+        let classes = geo(49, 3, 12).tap_classes().unwrap();
+        assert_eq!(classes.len(), 9);
+        let mut seen: Vec<(usize, usize)> = classes.iter().flat_map(|t| t.pixels.clone()).collect();
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..33).flat_map(|y| (0..49).map(move |x| (y, x))).collect::<Vec<_>>()
+        );
+        let corner = classes.iter().find(|t| t.pixels.contains(&(0, 0))).unwrap();
+        assert_eq!(
+            (corner.kys.clone(), corner.kxs.clone(), corner.pixels.len()),
+            (1..3, 1..3, 144)
+        );
+        let centre = classes.iter().find(|t| t.pixels.contains(&(16, 24))).unwrap();
+        assert_eq!(
+            (centre.kys.clone(), centre.kxs.clone(), centre.pixels.len()),
+            (0..3, 0..3, 9 * 25)
+        );
+        // Dilation 24: the one column whose taps are all live makes rectangles of 9-15
+        // pixels, which go together over the hull of their taps.
+        let classes = geo(49, 3, 24).tap_classes().unwrap();
+        assert_eq!(classes.len(), 7);
+        let rest = classes.last().unwrap();
+        assert_eq!(
+            (rest.kys.clone(), rest.kxs.clone(), rest.pixels.len()),
+            (0..3, 0..3, 33)
+        );
+        // An ordinary padded 3x3 on 56 columns: not worth it.
+        assert!(geo(56, 3, 1).tap_classes().is_none());
+    }
+
+    #[test]
     fn packed_convolutions_match_the_channels_first_reference() {
         // 1x1 (X read in place), 1x1 strided, 3x3 padded, the stem's 3 channels with stride
         // 2, dilation, asymmetric pads, a kernel wider than the image; 2 images; with and
@@ -1197,6 +1561,10 @@ pub(crate) mod tests {
         // with dilation 8 on 20 rows, the middle kernel row alone for some blocks; two images
         // (a block across both keeps every kernel row); dilation 30: only the centre is live.
         check(2, 64, 24, [20, 22], [3, 3], [1, 1], [8, 8], [8; 4], 1, true, 12);
+        // Column regions with no live tap at all (pads wider than the kernel reaches: those
+        // pixels are the bias alone), and strided dilated windows over two images.
+        check(1, 5, 9, [3, 4], [2, 2], [1, 1], [1, 1], [4; 4], 1, true, 14);
+        check(2, 7, 20, [13, 11], [3, 3], [2, 2], [4, 4], [4, 4, 4, 4], 1, true, 15);
         check(
             1,
             64,
