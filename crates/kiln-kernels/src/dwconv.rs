@@ -6,12 +6,14 @@
 //! All offsets are checked once per call; the AVX-512 and AVX2 paths (one source, written
 //! over the vector type: [`depthwise_kernels`]) then run without per-tap bounds checks, in
 //! 16- or 8-channel blocks (fused multiply-adds, masked tail). A window made of rows of
-//! three adjacent taps with pixels one or two columns apart (3x3 interiors and their top and
-//! bottom edges) runs 8 pixels at a time with the block's weights in registers, each input
-//! column loaded once for every pixel that uses it: 3x3 stride 1 needs 30 loads per 72
-//! multiply-adds instead of 81 (MobileNet-v2's 112x112x32 depthwise layer 0.19 -> 0.13 ms).
-//! Other 3x3 and 5x5 windows run 4 pixels at a time sharing each weight load, any other
-//! window pixel by pixel. The portable path is the scalar twin (multiply, then add) it is
+//! three or five taps (adjacent, or two columns apart: dilation 2) with pixels one or two
+//! columns apart (3x3 and 5x5 interiors and their top and bottom edges) runs 8 pixels at a
+//! time with a row's weights in registers, each input column loaded once for every pixel
+//! that uses it: 3x3 stride 1 needs 30 loads per 72 multiply-adds instead of 81
+//! (MobileNet-v2's 112x112x32 depthwise layer 0.19 -> 0.13 ms); 5x5 over 33x49x960 took
+//! 2.6-2.7 ms 4 pixels at a time, 2.2 this way (dilation 2: 3.0-3.1 -> 2.5; Zen 3). Other
+//! 3x3 and 5x5 windows run 4 pixels at a time sharing each weight load, any other window
+//! pixel by pixel. The portable path is the scalar twin (multiply, then add) it is
 //! tested against; the two differ by the FMA's single rounding only.
 
 use crate::isa::{self, Isa};
@@ -174,9 +176,14 @@ macro_rules! depthwise_kernels {
             unsafe {
                 //             // Rows of three adjacent taps (3x3 interiors and their top and bottom edges) one or
                 // two pixels apart: each input column is loaded once for the pixels that use it.
-                if try_rows3::<3>(io, window, base, count)
-                    || try_rows3::<2>(io, window, base, count)
-                    || try_rows3::<1>(io, window, base, count)
+                if try_rows::<3, 3, 1>(io, window, base, count)
+                    || try_rows::<3, 2, 1>(io, window, base, count)
+                    || try_rows::<3, 1, 1>(io, window, base, count)
+                    || try_rows::<5, 5, 1>(io, window, base, count)
+                    || try_rows::<5, 4, 1>(io, window, base, count)
+                    || try_rows::<5, 3, 1>(io, window, base, count)
+                    || try_rows::<3, 3, 2>(io, window, base, count)
+                    || try_rows::<5, 5, 2>(io, window, base, count)
                     || try_unrolled::<9>(io, window, base, count)
                     || try_unrolled::<6>(io, window, base, count)
                     || try_unrolled::<25>(io, window, base, count)
@@ -191,24 +198,29 @@ macro_rules! depthwise_kernels {
             }
         }
 
-        /// [`rows3`] when `window` is `R` rows of three adjacent taps and pixels are one or two
-        /// columns apart; `false`, doing nothing, otherwise.
+        /// [`rows`] when `window` is `R` rows of `K` taps `D` input columns apart and pixels are
+        /// one or two columns apart; `false`, doing nothing, otherwise.
         ///
         /// # Safety
         /// As for [`pixels`].
         #[inline(always)]
-        unsafe fn try_rows3<const R: usize>(io: Io, window: &[(usize, usize)], base: usize, count: usize) -> bool {
-            let Some(rows) = rows_of_three::<R>(window, io.c) else {
+        unsafe fn try_rows<const K: usize, const R: usize, const D: usize>(
+            io: Io,
+            window: &[(usize, usize)],
+            base: usize,
+            count: usize,
+        ) -> bool {
+            let Some(first) = rows_of::<K, R, D>(window, io.c) else {
                 return false;
             };
             // SAFETY: the caller's contract, with `io.step` checked against `S * c`.
             unsafe {
                 if io.step == io.c {
-                    rows3::<R, 1>(io, &rows, window, base, count);
+                    rows::<K, R, 1, D>(io, &first, window, base, count);
                     return true;
                 }
-                if io.step == 2 * io.c {
-                    rows3::<R, 2>(io, &rows, window, base, count);
+                if io.step == 2 * io.c && D == 1 {
+                    rows::<K, R, 2, D>(io, &first, window, base, count);
                     return true;
                 }
             }
@@ -268,19 +280,23 @@ macro_rules! depthwise_kernels {
             }
         }
 
-        /// `window` as `R` kernel rows of three adjacent taps, `(xo, wo)` of each row's first tap,
-        /// when that is its shape: taps `3r + k` at `(xo_r + k*c, wo_r + k*c)`.
-        fn rows_of_three<const R: usize>(window: &[(usize, usize)], c: usize) -> Option<[(usize, usize); R]> {
-            if window.len() != 3 * R {
+        /// `window` as `R` kernel rows of `K` taps `D` input columns apart, `(xo, wo)` of each
+        /// row's first tap, when that is its shape: taps `K r + k` at `(xo_r + k D c, wo_r + k c)`.
+        fn rows_of<const K: usize, const R: usize, const D: usize>(
+            window: &[(usize, usize)],
+            c: usize,
+        ) -> Option<[(usize, usize); R]> {
+            if window.len() != K * R {
                 return None;
             }
             let mut rows = [(0, 0); R];
-            for (row, taps) in rows.iter_mut().zip(window.chunks_exact(3)) {
-                let &[(x0, w0), (x1, w1), (x2, w2)] = taps else {
-                    return None;
-                };
-                let next = |a: usize, b: usize| a.checked_add(c) == Some(b);
-                if !(next(x0, x1) && next(x1, x2) && next(w0, w1) && next(w1, w2)) {
+            for (row, taps) in rows.iter_mut().zip(window.chunks_exact(K)) {
+                let &(x0, w0) = taps.first()?;
+                let spaced = taps.iter().enumerate().all(|(k, &(x, w))| {
+                    k.checked_mul(D * c).and_then(|d| x0.checked_add(d)) == Some(x)
+                        && k.checked_mul(c).and_then(|d| w0.checked_add(d)) == Some(w)
+                });
+                if !spaced {
                     return None;
                 }
                 *row = (x0, w0);
@@ -288,28 +304,29 @@ macro_rules! depthwise_kernels {
             Some(rows)
         }
 
-        /// Output pixels computed together by [`rows3`].
+        /// Output pixels computed together by [`rows`].
         const G: usize = 8;
 
-        /// A window of `R` rows of three adjacent taps, pixels `S` input columns apart: `G`
-        /// pixels at a time, per `LANES`-channel block, with the block's `3R` tap weights in registers
-        /// and each of the `(G-1)S + 3` input columns of a row loaded once and used by every
-        /// pixel whose window covers it. Each pixel's taps are summed in window order, as
-        /// [`pixel`] does. The pixels left over (fewer than `G`) go through [`pixel`].
+        /// A window of `R` rows of `K` taps `D` input columns apart, pixels `S` input columns
+        /// apart: `G` pixels at a time, per `LANES`-channel block, with a row's `K` tap weights
+        /// in registers and each of the `(G-1)S + (K-1)D + 1` input columns of a row loaded
+        /// once and used by every pixel whose window covers it. Each pixel's taps are summed in
+        /// window order, as [`pixel`] does. The pixels left over (fewer than `G`) go through
+        /// [`pixel`].
         ///
         /// # Safety
         /// As for [`pixels`], with `window` the flattened `rows` and `io.step == S * io.c`.
         #[inline(always)]
-        unsafe fn rows3<const R: usize, const S: usize>(
+        unsafe fn rows<const K: usize, const R: usize, const S: usize, const D: usize>(
             io: Io,
-            rows: &[(usize, usize); R],
+            first: &[(usize, usize); R],
             window: &[(usize, usize)],
             base: usize,
             count: usize,
         ) {
             // SAFETY: pixel `q` of a group at `p` reads tap `(r, k)` at `base + (p+q)*step +
-            // xo_r + k*c` and the weights at `wo_r + k*c`: the window's own offsets, in range for
-            // every pixel below `count` by the caller's contract, as are the blocks' channels.
+            // xo_r + k*D*c` and the weights at `wo_r + k*c`: the window's own offsets, in range
+            // for every pixel below `count` by the caller's contract, as are the blocks' channels.
             unsafe {
                 let c = io.c;
                 let mut p = 0;
@@ -317,11 +334,11 @@ macro_rules! depthwise_kernels {
                     let (at, o) = (base + p * io.step, p * c);
                     let mut c0 = 0;
                     while c0 + LANES <= c {
-                        group3::<R, S, false>(io, rows, at, o, c0, full());
+                        group::<K, R, S, D, false>(io, first, at, o, c0, full());
                         c0 += LANES;
                     }
                     if c0 < c {
-                        group3::<R, S, true>(io, rows, at, o, c0, mask(c - c0));
+                        group::<K, R, S, D, true>(io, first, at, o, c0, mask(c - c0));
                     }
                     p += G;
                 }
@@ -331,15 +348,15 @@ macro_rules! depthwise_kernels {
             }
         }
 
-        /// One `LANES`-channel block (lanes `m`, from channel `c0`) of `G` pixels of [`rows3`]: pixel
-        /// `q` reads the input at `at + q * step` and writes the output at `o + q * c`.
+        /// One `LANES`-channel block (lanes `m`, from channel `c0`) of `G` pixels of [`rows`]:
+        /// pixel `q` reads the input at `at + q * step` and writes the output at `o + q * c`.
         ///
         /// # Safety
-        /// As for [`rows3`]; without `MASKED`, all `LANES` lanes are in range.
+        /// As for [`rows`]; without `MASKED`, all `LANES` lanes are in range.
         #[inline(always)]
-        unsafe fn group3<const R: usize, const S: usize, const MASKED: bool>(
+        unsafe fn group<const K: usize, const R: usize, const S: usize, const D: usize, const MASKED: bool>(
             io: Io,
-            rows: &[(usize, usize); R],
+            first: &[(usize, usize); R],
             at: usize,
             o: usize,
             c0: usize,
@@ -353,15 +370,16 @@ macro_rules! depthwise_kernels {
                     None => zero(),
                 };
                 let mut acc = [bv; G];
-                for &(xo, wo) in rows {
+                for &(xo, wo) in first {
                     let ws = io.w.add(wo + c0);
-                    let wv = [0, 1, 2].map(|k| ld::<MASKED>(m, ws.add(k * c)));
+                    let wv: [V; K] = std::array::from_fn(|k| ld::<MASKED>(m, ws.add(k * c)));
                     let xs = io.x.add(at + xo + c0);
-                    // Tap `k` of pixel `q` is input column `q*S + k`. Fully unrolled, the loads of
-                    // a column shared by several pixels are one load (no store comes between).
+                    // Tap `k` of pixel `q` is input column `q*S + k*D`. Fully unrolled, the
+                    // loads of a column shared by several pixels are one load (no store comes
+                    // between).
                     for (q, a) in acc.iter_mut().enumerate() {
                         for (k, &w) in wv.iter().enumerate() {
-                            *a = fmadd(ld::<MASKED>(m, xs.add((q * S + k) * c)), w, *a);
+                            *a = fmadd(ld::<MASKED>(m, xs.add((q * S + k * D) * c)), w, *a);
                         }
                     }
                 }

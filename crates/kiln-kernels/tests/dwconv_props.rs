@@ -83,22 +83,28 @@ proptest! {
     }
 }
 
-/// Windows of `rows` kernel rows of three adjacent taps (each row at a random input pixel and
-/// tap row), pixels `stride` apart: the shape of 3x3 interiors and their edge rows, which the
-/// AVX-512 path runs with each input column loaded once for all the pixels that use it.
-fn rows_case() -> impl Strategy<Value = (usize, Vec<(usize, usize)>, usize, usize, u64, usize, bool)> {
+/// Windows of `rows` kernel rows of `taps` (3 or 5) taps `dil` input columns apart (each row
+/// at a random input pixel and tap row), pixels `stride` apart: the shape of 3x3 and 5x5
+/// interiors and their edge rows (dilated too), which the SIMD paths run with each input
+/// column loaded once for all the pixels that use it.
+#[allow(clippy::type_complexity)]
+fn rows_case() -> impl Strategy<Value = (usize, usize, usize, Vec<(usize, usize)>, usize, usize, u64, usize, bool)> {
     (
         1usize..=70,
-        1usize..=3,
+        prop_oneof![Just(3usize), Just(5usize)],
+        1usize..=2,
+        1usize..=5,
         1usize..=2,
         any::<u64>(),
         1usize..=20,
         any::<bool>(),
     )
-        .prop_flat_map(|(c, rows, stride, seed, count, bias)| {
-            let row = (0usize..=30, 0usize..=2);
+        .prop_flat_map(|(c, taps, dil, rows, stride, seed, count, bias)| {
+            let row = (0usize..=30, 0usize..taps);
             (
                 Just(c),
+                Just(taps),
+                Just(dil),
                 prop::collection::vec(row, rows),
                 Just(stride),
                 0usize..=3,
@@ -111,13 +117,15 @@ fn rows_case() -> impl Strategy<Value = (usize, Vec<(usize, usize)>, usize, usiz
 
 proptest! {
     #[test]
-    fn rows_of_three_taps_match_the_scalar_twin((c, rows, stride, base, seed, count, with_bias) in rows_case()) {
+    fn rows_of_spaced_taps_match_the_scalar_twin(
+        (c, taps, dil, rows, stride, base, seed, count, with_bias) in rows_case()
+    ) {
         let window: Vec<(usize, usize)> = rows
             .iter()
-            .flat_map(|&(xr, wr)| (0..3).map(move |k| ((xr + k) * c, (3 * wr + k) * c)))
+            .flat_map(|&(xr, wr)| (0..taps).map(move |k| ((xr + k * dil) * c, (taps * wr + k) * c)))
             .collect();
-        let x = data((base + (count - 1) * stride + 33) * c, seed);
-        let w = data(9 * c, seed ^ 5);
+        let x = data((base + (count - 1) * stride + 31 + (taps - 1) * dil) * c, seed);
+        let w = data(taps * taps * c, seed ^ 5);
         let bias = data(c, seed ^ 3);
         let b = with_bias.then_some(bias.as_slice());
         let clamp = Clamp { lo: -0.5, hi: 0.75 };

@@ -32,6 +32,10 @@ use kiln_kernels::sgemm::{AMatrix, act_slice};
 use kiln_tensor::{DType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Floats (512 KiB: Zen 3's L2, half of Zen 4's) of the ring or of the pointwise weights
+/// beyond which the stages run apart.
+const FUSED_L2_FLOATS: usize = 128 * 1024;
+
 /// The fused op: `depthwise(pointwise(X))`, both channels-last Convs.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct PointwiseDepthwise {
@@ -186,7 +190,12 @@ impl PointwiseDepthwise {
         // 0.74 ms together).
         let threads = kiln_kernels::pool::current_threads().min(geo.oh);
         let twice = (threads.max(1) - 1) * slots.saturating_sub(geo.sh);
-        let apart = twice * 10 > ih;
+        // So too when the ring or the pointwise weights outgrow L2 (a dilated 5x5 window's 9
+        // rows of 49 x 960 channels, 1.7 MB, in DeepLab-v3's backbone; its 160 x 960 weights,
+        // 614 KB, streamed again for every 49-pixel row): fused saves no memory traffic there,
+        // and its one-row products ran at 54 GFLOP/s against 80 whole (10.7 -> 7.9 ms).
+        let beyond_l2 = slots * row_len > FUSED_L2_FLOATS || c * e > FUSED_L2_FLOATS;
+        let apart = twice * 10 > ih || beyond_l2;
         let inconsistent = || OpError::input_shape(0, "a shape that fits both stages' packed weights", x.shape());
         for n in 0..batch {
             let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
