@@ -6,12 +6,13 @@
 //! All offsets are checked once per call; the AVX-512 and AVX2 paths (one source, written
 //! over the vector type: [`depthwise_kernels`]) then run without per-tap bounds checks, in
 //! 16- or 8-channel blocks (fused multiply-adds, masked tail). A window made of rows of
-//! three or five taps (adjacent, or two columns apart: dilation 2) with pixels one or two
+//! three, five or seven taps (adjacent; three or five two columns apart: dilation 2) with pixels one or two
 //! columns apart (3x3 and 5x5 interiors and their top and bottom edges) runs 8 pixels at a
 //! time with a row's weights in registers, each input column loaded once for every pixel
 //! that uses it: 3x3 stride 1 needs 30 loads per 72 multiply-adds instead of 81
 //! (MobileNet-v2's 112x112x32 depthwise layer 0.19 -> 0.13 ms); 5x5 over 33x49x960 took
-//! 2.6-2.7 ms 4 pixels at a time, 2.2 this way (dilation 2: 3.0-3.1 -> 2.5; Zen 3). Other
+//! 2.6-2.7 ms 4 pixels at a time, 2.2 this way (dilation 2: 3.0-3.1 -> 2.5), 7x7 over
+//! 184x368x96 28.0 pixel by pixel, 12.8 this way (Zen 3). Other
 //! 3x3 and 5x5 windows run 4 pixels at a time sharing each weight load, any other window
 //! pixel by pixel. The portable path is the scalar twin (multiply, then add) it is
 //! tested against; the two differ by the FMA's single rounding only.
@@ -182,6 +183,10 @@ macro_rules! depthwise_kernels {
                     || try_rows::<5, 5, 1>(io, window, base, count)
                     || try_rows::<5, 4, 1>(io, window, base, count)
                     || try_rows::<5, 3, 1>(io, window, base, count)
+                    || try_rows::<7, 7, 1>(io, window, base, count)
+                    || try_rows::<7, 6, 1>(io, window, base, count)
+                    || try_rows::<7, 5, 1>(io, window, base, count)
+                    || try_rows::<7, 4, 1>(io, window, base, count)
                     || try_rows::<3, 3, 2>(io, window, base, count)
                     || try_rows::<5, 5, 2>(io, window, base, count)
                     || try_unrolled::<9>(io, window, base, count)

@@ -83,17 +83,17 @@ proptest! {
     }
 }
 
-/// Windows of `rows` kernel rows of `taps` (3 or 5) taps `dil` input columns apart (each row
-/// at a random input pixel and tap row), pixels `stride` apart: the shape of 3x3 and 5x5
+/// Windows of `rows` kernel rows of `taps` (3, 5 or 7) taps `dil` input columns apart (each row
+/// at a random input pixel and tap row), pixels `stride` apart: the shape of 3x3, 5x5 and 7x7
 /// interiors and their edge rows (dilated too), which the SIMD paths run with each input
 /// column loaded once for all the pixels that use it.
 #[allow(clippy::type_complexity)]
 fn rows_case() -> impl Strategy<Value = (usize, usize, usize, Vec<(usize, usize)>, usize, usize, u64, usize, bool)> {
     (
         1usize..=70,
-        prop_oneof![Just(3usize), Just(5usize)],
+        prop_oneof![Just(3usize), Just(5usize), Just(7usize)],
         1usize..=2,
-        1usize..=5,
+        1usize..=7,
         1usize..=2,
         any::<u64>(),
         1usize..=20,
