@@ -7,7 +7,7 @@
 //! over the vector type: [`depthwise_kernels`]) then run without per-tap bounds checks, in
 //! 16- or 8-channel blocks (fused multiply-adds, masked tail). A window made of rows of
 //! three, five or seven taps (adjacent; three or five two columns apart: dilation 2) with pixels one or two
-//! columns apart (3x3 and 5x5 interiors and their top and bottom edges) runs 8 pixels at a
+//! columns apart (3x3, 5x5 and 7x7 interiors and their top and bottom edges) runs 8 pixels at a
 //! time with a row's weights in registers, each input column loaded once for every pixel
 //! that uses it: 3x3 stride 1 needs 30 loads per 72 multiply-adds instead of 81
 //! (MobileNet-v2's 112x112x32 depthwise layer 0.19 -> 0.13 ms); 5x5 over 33x49x960 took
