@@ -61,6 +61,33 @@ fn fast(op: &ConvTranspose, args: &Args<'_>) -> Result<Option<Tensor>> {
         None => None,
     };
     let (xd, wd) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
+    let tiles = n == 2
+        && strides.as_slice() == kernel
+        && dilations.iter().all(|&d| d == 1)
+        && pad_begin.iter().all(|&p| p == 0)
+        && out
+            .iter()
+            .zip(grid)
+            .zip(kernel)
+            .all(|((&o, &i), &k)| Some(o) == i.checked_mul(k));
+    if tiles {
+        let mut y = crate::util::out_f32(total);
+        let ok = tiles_2d(
+            Tiles {
+                batch,
+                g,
+                cg,
+                mg,
+                grid: [grid[0], grid[1]],
+                kernel: [kernel[0], kernel[1]],
+            },
+            xd,
+            wd,
+            bias,
+            &mut y,
+        );
+        return Ok(if ok { Some(Tensor::from_buf(yshape, y)?) } else { None });
+    }
     let mut y = vec![0f32; total];
     if let Some(bias) = bias {
         for (plane, &bv) in y.chunks_exact_mut(osz.max(1)).zip(bias.iter().cycle()) {
@@ -115,6 +142,110 @@ fn fast(op: &ConvTranspose, args: &Args<'_>) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::from_vec(yshape, y)?))
 }
 
+/// A 2-D transposed convolution whose stride is its kernel (no dilation, padding or output
+/// padding): every input pixel's `kh x kw` tile of outputs is its own, so each tile is a row
+/// of one product and lands where it belongs, with no overlap to sum.
+#[derive(Clone, Copy)]
+struct Tiles {
+    batch: usize,
+    g: usize,
+    cg: usize,
+    mg: usize,
+    grid: [usize; 2],
+    kernel: [usize; 2],
+}
+
+/// [`Tiles`]: per image, group and band of input rows, `T [pixels, mg*kh*kw] = Xᵀ · W` (the
+/// band of channels-first X transposed, W `[cg, mg*kh*kw]` packed once per group, the bias
+/// in the epilogue), then each pixel's `kw` outputs of each (channel, kernel row) copied into
+/// the output row they make. The band's product stays in L2 (its rows split over the pool).
+/// `false` if an operand is shorter than the shapes say.
+fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) -> bool {
+    let ([ih, iw], [kh, kw]) = (t.grid, t.kernel);
+    let (isz, cols) = (ih * iw, t.mg * kh * kw);
+    let (ow, osz) = (iw * kw, ih * iw * kh * kw);
+    let (c, m) = (t.cg * t.g, t.mg * t.g);
+    if cols == 0 || isz == 0 {
+        return true;
+    }
+    let layout = BLayout::for_isa(kiln_kernels::isa::active());
+    // Input rows per band: about 64 Ki floats of product.
+    let band = (64 * 1024 / (iw * cols).max(1)).clamp(1, ih);
+    let mut tile = vec![0f32; band * iw * cols];
+    let mut pixels = vec![0f32; band * iw * t.cg];
+    for gi in 0..t.g {
+        let Some(wg) = w.get(gi * t.cg * cols..(gi + 1) * t.cg * cols) else {
+            return false;
+        };
+        let Ok(wp) = PackedB::pack(layout, t.cg, cols, wg, MatLayout::row_major(cols)) else {
+            return false;
+        };
+        let col_bias: Option<Vec<f32>> = match bias {
+            Some(b) => match b.get(gi * t.mg..(gi + 1) * t.mg) {
+                Some(bg) => Some(bg.iter().flat_map(|&v| std::iter::repeat_n(v, kh * kw)).collect()),
+                None => return false,
+            },
+            None => None,
+        };
+        let epi = Epilogue {
+            bias: col_bias
+                .as_deref()
+                .map_or(kiln_kernels::sgemm::Bias::None, kiln_kernels::sgemm::Bias::Col),
+            residual: None,
+            act: None,
+        };
+        for bn in 0..t.batch {
+            let x0 = (bn * c + gi * t.cg) * isz;
+            let y0 = (bn * m + gi * t.mg) * osz;
+            for iy0 in (0..ih).step_by(band) {
+                let rows = band.min(ih - iy0) * iw;
+                // The band's pixels channels-last (X read in place as a transposed A would
+                // step a whole plane per channel: a page per multiply-add column).
+                let Some(xa) = x.get(x0 + iy0 * iw..x0 + (t.cg - 1) * isz + iy0 * iw + rows) else {
+                    return false;
+                };
+                let Some(xt) = pixels.get_mut(..rows * t.cg) else {
+                    return false;
+                };
+                if !kiln_kernels::transpose::transpose_f32(xa, isz, t.cg, rows, xt, t.cg) {
+                    return false;
+                }
+                let Some(out) = tile.get_mut(..rows * cols) else {
+                    return false;
+                };
+                if sgemm(rows, AMatrix::row_major(xt, t.cg), wp.view(), out, cols, &epi).is_err() {
+                    return false;
+                }
+                let out: &[f32] = out;
+                for mi in 0..t.mg {
+                    for dy in 0..rows / iw {
+                        let iy = iy0 + dy;
+                        for ky in 0..kh {
+                            let at = y0 + mi * osz + (iy * kh + ky) * ow;
+                            let Some(dst) = y.get_mut(at..at + ow) else {
+                                return false;
+                            };
+                            let from = (mi * kh + ky) * kw;
+                            // Element by element: a call to copy `kw` (2-4) floats cost
+                            // more than the copy.
+                            let Some(src) = out.get((dy * iw) * cols + from..) else {
+                                return false;
+                            };
+                            for (d, s) in dst.chunks_exact_mut(kw).zip(src.chunks(cols)) {
+                                match (d, s) {
+                                    ([d0, d1], [s0, s1, ..]) => (*d0, *d1) = (*s0, *s1),
+                                    (d, s) => d.iter_mut().zip(s).for_each(|(d, &s)| *d = s),
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +262,8 @@ mod tests {
     #[test]
     fn strides_pads_groups_and_dilations_match_the_reference() {
         let cases: Vec<(ConvTranspose, [usize; 4], [usize; 4], bool)> = vec![
+            // Stride = kernel: each input pixel's own tile of outputs (2x2 and 3x2, groups,
+            // one output channel, bands of input rows: 200 rows of 60 x 12 columns, three bands).
             (
                 ConvTranspose {
                     strides: vec![2, 2],
@@ -138,6 +271,34 @@ mod tests {
                 },
                 [1, 4, 5, 6],
                 [4, 3, 2, 2],
+                true,
+            ),
+            (
+                ConvTranspose {
+                    strides: vec![3, 2],
+                    group: 2,
+                    ..Default::default()
+                },
+                [2, 6, 4, 5],
+                [6, 2, 3, 2],
+                true,
+            ),
+            (
+                ConvTranspose {
+                    strides: vec![2, 2],
+                    ..Default::default()
+                },
+                [1, 5, 3, 7],
+                [5, 1, 2, 2],
+                false,
+            ),
+            (
+                ConvTranspose {
+                    strides: vec![2, 2],
+                    ..Default::default()
+                },
+                [1, 3, 200, 60],
+                [3, 3, 2, 2],
                 true,
             ),
             (
