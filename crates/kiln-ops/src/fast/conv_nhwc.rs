@@ -323,32 +323,56 @@ impl Geometry {
         if k == 0 {
             return true;
         }
-        for (&(oy, ox), row) in pixels.iter().zip(a.chunks_exact_mut(k)) {
-            let x0 = (ox * self.sw + kxs.start * self.dw) as isize - self.pw as isize;
-            let inside_x = x0 >= 0 && x0 as usize + (kxs.len() - 1) * self.dw < self.iw;
-            for (ky, dst) in kys.clone().zip(row.chunks_exact_mut(run)) {
-                let iy = (oy * self.sh + ky * self.dh) as isize - self.ph as isize;
-                if iy < 0 || iy as usize >= self.ih {
-                    dst.fill(0.0);
+        pixels
+            .iter()
+            .zip(a.chunks_exact_mut(k))
+            .all(|(&(oy, ox), row)| self.fill_pixel(x, n, oy, ox, kys.clone(), kxs.clone(), row))
+    }
+
+    /// One im2col row: for each tap `(ky, kx)` in `kys` x `kxs`, in order, the `C` channels of
+    /// input pixel `(oy*sh + ky*dh - ph, ox*sw + kx*dw - pw)` of image `n`, or zeros in the
+    /// padding. With no dilation, the taps of one kernel row that all fall inside the input
+    /// are one copy. `false` if X is shorter than the geometry says.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_pixel(
+        &self,
+        x: &[f32],
+        n: usize,
+        oy: usize,
+        ox: usize,
+        kys: std::ops::Range<usize>,
+        kxs: std::ops::Range<usize>,
+        row: &mut [f32],
+    ) -> bool {
+        let c = self.c;
+        let run = kxs.len() * c;
+        if run == 0 {
+            return true;
+        }
+        let x0 = (ox * self.sw + kxs.start * self.dw) as isize - self.pw as isize;
+        let inside_x = x0 >= 0 && x0 as usize + (kxs.len() - 1) * self.dw < self.iw;
+        for (ky, dst) in kys.zip(row.chunks_exact_mut(run)) {
+            let iy = (oy * self.sh + ky * self.dh) as isize - self.ph as isize;
+            if iy < 0 || iy as usize >= self.ih {
+                dst.fill(0.0);
+                continue;
+            }
+            let base = (n * self.ih + iy as usize) * self.iw;
+            if inside_x && self.dw == 1 {
+                let s = (base + x0 as usize) * c;
+                let Some(src) = x.get(s..s + run) else { return false };
+                kiln_kernels::vector::copy_run(dst, src);
+                continue;
+            }
+            for (j, d) in dst.chunks_exact_mut(c).enumerate() {
+                let ix = x0 + (j * self.dw) as isize;
+                if ix < 0 || ix as usize >= self.iw {
+                    d.fill(0.0);
                     continue;
                 }
-                let base = (n * self.ih + iy as usize) * self.iw;
-                if inside_x && self.dw == 1 {
-                    let s = (base + x0 as usize) * c;
-                    let Some(src) = x.get(s..s + run) else { return false };
-                    kiln_kernels::vector::copy_run(dst, src);
-                    continue;
-                }
-                for (j, d) in dst.chunks_exact_mut(c).enumerate() {
-                    let ix = x0 + (j * self.dw) as isize;
-                    if ix < 0 || ix as usize >= self.iw {
-                        d.fill(0.0);
-                        continue;
-                    }
-                    let s = (base + ix as usize) * c;
-                    let Some(src) = x.get(s..s + c) else { return false };
-                    kiln_kernels::vector::copy_run(d, src);
-                }
+                let s = (base + ix as usize) * c;
+                let Some(src) = x.get(s..s + c) else { return false };
+                kiln_kernels::vector::copy_run(d, src);
             }
         }
         true
@@ -405,38 +429,11 @@ impl Geometry {
         if k == 0 || plane == 0 || self.ow == 0 {
             return true;
         }
-        let run = self.kw * c;
-        for (i, row) in a.chunks_exact_mut(k).enumerate() {
+        a.chunks_exact_mut(k).enumerate().all(|(i, row)| {
             let p = r0 + i;
             let (n, oy, ox) = (p / plane, p % plane / self.ow, p % self.ow);
-            let x0 = (ox * self.sw) as isize - self.pw as isize;
-            let inside_x = x0 >= 0 && x0 as usize + (self.kw - 1) * self.dw < self.iw;
-            for (ky, dst) in kys.clone().zip(row.chunks_exact_mut(run)) {
-                let iy = (oy * self.sh + ky * self.dh) as isize - self.ph as isize;
-                if iy < 0 || iy as usize >= self.ih {
-                    dst.fill(0.0);
-                    continue;
-                }
-                let base = (n * self.ih + iy as usize) * self.iw;
-                if inside_x && self.dw == 1 {
-                    let s = (base + x0 as usize) * c;
-                    let Some(src) = x.get(s..s + run) else { return false };
-                    kiln_kernels::vector::copy_run(dst, src);
-                    continue;
-                }
-                for (kx, d) in dst.chunks_exact_mut(c).enumerate() {
-                    let ix = x0 + (kx * self.dw) as isize;
-                    if ix < 0 || ix as usize >= self.iw {
-                        d.fill(0.0);
-                        continue;
-                    }
-                    let s = (base + ix as usize) * c;
-                    let Some(src) = x.get(s..s + c) else { return false };
-                    kiln_kernels::vector::copy_run(d, src);
-                }
-            }
-        }
-        true
+            self.fill_pixel(x, n, oy, ox, kys.clone(), 0..self.kw, row)
+        })
     }
 }
 
