@@ -354,48 +354,23 @@ mod tests {
         Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap())
     }
 
+    fn strided(strides: &[usize], group: usize) -> ConvTranspose {
+        ConvTranspose {
+            strides: strides.to_vec(),
+            group,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn strides_pads_groups_and_dilations_match_the_reference() {
         let cases: Vec<(ConvTranspose, [usize; 4], [usize; 4], bool)> = vec![
             // Stride = kernel: each input pixel's own tile of outputs (2x2 and 3x2, groups,
             // one output channel, bands of input rows: 200 rows of 60 x 12 columns, three bands).
-            (
-                ConvTranspose {
-                    strides: vec![2, 2],
-                    ..Default::default()
-                },
-                [1, 4, 5, 6],
-                [4, 3, 2, 2],
-                true,
-            ),
-            (
-                ConvTranspose {
-                    strides: vec![3, 2],
-                    group: 2,
-                    ..Default::default()
-                },
-                [2, 6, 4, 5],
-                [6, 2, 3, 2],
-                true,
-            ),
-            (
-                ConvTranspose {
-                    strides: vec![2, 2],
-                    ..Default::default()
-                },
-                [1, 5, 3, 7],
-                [5, 1, 2, 2],
-                false,
-            ),
-            (
-                ConvTranspose {
-                    strides: vec![2, 2],
-                    ..Default::default()
-                },
-                [1, 3, 200, 60],
-                [3, 3, 2, 2],
-                true,
-            ),
+            (strided(&[2, 2], 1), [1, 4, 5, 6], [4, 3, 2, 2], true),
+            (strided(&[3, 2], 2), [2, 6, 4, 5], [6, 2, 3, 2], true),
+            (strided(&[2, 2], 1), [1, 5, 3, 7], [5, 1, 2, 2], false),
+            (strided(&[2, 2], 1), [1, 3, 200, 60], [3, 3, 2, 2], true),
             (
                 ConvTranspose {
                     strides: vec![2, 1],
