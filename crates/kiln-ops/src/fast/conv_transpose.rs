@@ -169,7 +169,6 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
         return true;
     }
     let layout = BLayout::for_isa(kiln_kernels::isa::active());
-    // Input rows per band: about 64 Ki floats of product.
     // Few columns (a detector's upsampling head to one map: 4): each column a vector sum over
     // X's channels in place, planar, as a product that narrow wastes most of its tiles (24 ->
     // 1 channel 2x2 over 368 x 736: 9.4 -> 5.4 ms). Bands of about 64 Ki floats of product
