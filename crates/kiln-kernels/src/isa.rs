@@ -24,6 +24,13 @@ pub enum Isa {
 }
 
 impl Isa {
+    /// Whether this level runs the 8-bit dot products of AVX-512 VNNI (`vpdpbusd`, with
+    /// AVX-512 BW): the integer GEMM's fast path. A capability within [`Isa::Avx512`],
+    /// not a level of its own.
+    pub fn has_int8_dot(self) -> bool {
+        self == Isa::Avx512 && self.is_supported() && has_vnni()
+    }
+
     /// Every level, portable first.
     pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2Fma, Isa::Avx512];
 
@@ -63,6 +70,16 @@ fn has_avx2_fma() -> bool {
 #[cfg(target_arch = "x86_64")]
 fn has_avx512() -> bool {
     has_avx2_fma() && std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_vnni() -> bool {
+    false
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -1,7 +1,7 @@
 //! The integer GEMM on every level against an exact i64 oracle: edge shapes, both 8-bit
 //! types on each side, zero points, depths across blocks and past the exact-i32 bound.
 
-use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, igemm_with};
+use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, Packing, igemm_serial, igemm_with};
 use kiln_kernels::isa::Isa;
 use proptest::prelude::*;
 
@@ -32,18 +32,33 @@ fn check<A: Int8 + std::fmt::Debug, B: Int8 + std::fmt::Debug>(
     zb: &[B],
 ) -> Result<(), TestCaseError> {
     let want = oracle(m, n, k, a, za, b, zb);
-    let packed = PackedB::pack(b, k, n, zb).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+    let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
+    let mut formats = vec![PackedB::pack(b, k, n, zb).map_err(fail)?];
+    for packing in [Packing::Pairs, Packing::Quads] {
+        // Quads exist only when every B - zb fits in i8; both are run on every level (the
+        // quads' portable twin where VNNI is missing).
+        formats.extend(PackedB::pack_as(packing, b, k, n, zb).map_err(fail)?);
+    }
+    let runs = Isa::ALL
+        .into_iter()
+        .filter(|i| i.is_supported())
+        .flat_map(|isa| formats.iter().map(move |p| (isa, p)));
+    for (round, (isa, packed)) in runs.enumerate() {
         let ldc = n + 3;
         let mut c = vec![7i32; m * ldc];
-        igemm_with(isa, m, k, a, k, za, &packed, &mut c, ldc).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if round % 2 == 0 {
+            igemm_with(isa, m, k, a, k, za, packed, &mut c, ldc).map_err(fail)?;
+        } else {
+            igemm_serial(isa, m, k, a, k, za, packed, &mut c, ldc).map_err(fail)?;
+        }
         for i in 0..m {
             for j in 0..n {
                 prop_assert_eq!(
                     i64::from(c[i * ldc + j]),
                     want[i * n + j],
-                    "{:?} m={} n={} k={} at ({}, {})",
+                    "{:?} {:?} m={} n={} k={} at ({}, {})",
                     isa,
+                    packed.packing(),
                     m,
                     n,
                     k,
@@ -87,6 +102,26 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Zero points near the weights, so that `B - zb` fits in i8 and the quads format (VNNI)
+    /// runs with per-column zero points, s8 and u8 activations and u8 weights.
+    #[test]
+    fn quads_with_zero_points((m, n, k) in dims(), seed in any::<u64>(), za in -128i32..=127) {
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let a: Vec<i8> = (0..m * k).map(|_| next() as i8).collect();
+        let au: Vec<u8> = a.iter().map(|&v| v as u8).collect();
+        let b: Vec<i8> = (0..k * n).map(|_| (next() % 128) as i8 - 64).collect();
+        let zb: Vec<i8> = (0..n).map(|_| (next() % 128) as i8 - 64).collect();
+        check(m, n, k, &a, za, &b, &zb)?;
+        check(m, n, k, &au, za + 128, &b, &zb)?;
+        let bu: Vec<u8> = (0..k * n).map(|_| next() as u8).collect();
+        check(m, n, k, &au, za + 128, &bu, &[128])?;
+    }
+}
+
 /// The largest terms at the deepest exact depth, and past it (summed in i64 blocks).
 #[test]
 fn extreme_values_at_and_past_the_exact_depth() {
@@ -124,17 +159,20 @@ fn split_over_threads_matches_the_oracle() {
             let a: Vec<u8> = (0..m * k).map(|i| (i * 31 % 256) as u8).collect();
             let b: Vec<i8> = (0..k * n).map(|i| (i * 17 % 256) as u8 as i8).collect();
             let zb: Vec<i8> = (0..n).map(|j| (j as i8).wrapping_mul(3)).collect();
-            let want = oracle(m, n, k, &a, 9, &b, &zb);
-            let packed = PackedB::pack(&b, k, n, &zb).unwrap_or_else(|e| panic!("{e}"));
-            for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
-                let mut c = vec![0i32; m * n];
-                pool.install(|| igemm_with(isa, m, k, &a, k, 9, &packed, &mut c, n))
-                    .unwrap_or_else(|e| panic!("{e}"));
-                assert_eq!(
-                    c.iter().map(|&v| i64::from(v)).collect::<Vec<_>>(),
-                    want,
-                    "{isa:?} {threads} threads {m}x{n}x{k}"
-                );
+            for zb in [zb, vec![]] {
+                let want = oracle(m, n, k, &a, 9, &b, &zb);
+                let packed = PackedB::pack(&b, k, n, &zb).unwrap_or_else(|e| panic!("{e}"));
+                for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+                    let mut c = vec![0i32; m * n];
+                    pool.install(|| igemm_with(isa, m, k, &a, k, 9, &packed, &mut c, n))
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(
+                        c.iter().map(|&v| i64::from(v)).collect::<Vec<_>>(),
+                        want,
+                        "{isa:?} {:?} {threads} threads {m}x{n}x{k}",
+                        packed.packing()
+                    );
+                }
             }
         }
     }

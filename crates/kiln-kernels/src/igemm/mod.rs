@@ -19,6 +19,8 @@ use crate::isa::{self, Isa};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 /// Columns per packed panel of B (two 8-lane i32 vectors).
 pub const NR: usize = 16;
@@ -31,20 +33,34 @@ pub const MAX_EXACT_DEPTH: usize = 33_024;
 
 /// An 8-bit element type of A or B.
 pub trait Int8: Copy + Send + Sync + 'static {
+    /// What [`Int8::to_u8`] adds to a value (and so to its zero point).
+    const OFFSET: i32;
     fn widen(self) -> i32;
+    /// The value plus [`Int8::OFFSET`], as the u8 operand of the VNNI dot products.
+    fn to_u8(self) -> u8;
 }
 
 impl Int8 for u8 {
+    const OFFSET: i32 = 0;
     #[inline(always)]
     fn widen(self) -> i32 {
         i32::from(self)
     }
+    #[inline(always)]
+    fn to_u8(self) -> u8 {
+        self
+    }
 }
 
 impl Int8 for i8 {
+    const OFFSET: i32 = 128;
     #[inline(always)]
     fn widen(self) -> i32 {
         i32::from(self)
+    }
+    #[inline(always)]
+    fn to_u8(self) -> u8 {
+        (self as u8) ^ 0x80
     }
 }
 
@@ -90,24 +106,77 @@ impl std::fmt::Display for IgemmError {
 
 impl std::error::Error for IgemmError {}
 
-/// B (K x N, weights) packed for [`igemm`]: zero points subtracted, 16-bit, pairs of depths
-/// interleaved per column, panels of [`NR`] columns (the last padded with zero columns), the
-/// depth padded to even with a zero row.
+/// How [`PackedB`] holds B.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packing {
+    /// 16-bit, pairs of consecutive depths per column, panels of [`NR`] columns: every level
+    /// (`vpmaddwd` on AVX2), any zero point.
+    Pairs,
+    /// 8-bit signed, quads of consecutive depths per column, panels of [`NR_QUADS`] columns:
+    /// AVX-512 VNNI's `vpdpbusd` (u8 x s8, four products per i32 lane). Only when every
+    /// `B - zb` fits in i8.
+    Quads,
+}
+
+/// Columns per panel of the [`Packing::Quads`] format (two 16-lane i32 vectors).
+pub const NR_QUADS: usize = 32;
+/// Rows of A per micro-tile of the quads kernel.
+pub const MR_QUADS: usize = 8;
+/// Deepest block of the quads kernel: a panel of B for it is `NR_QUADS * 640` bytes (20 KiB),
+/// in L1 beside A's 5 KiB. Deeper products are cut into equal blocks no deeper than this.
+const KC_QUADS: usize = 640;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Data {
+    /// Panel `p`, depth pair `q`, column `j` of the panel, depth `d` of the pair:
+    /// `[(p * kpairs + q) * 2 * NR + 2 * j + d]`.
+    Pairs(Vec<i16>),
+    /// Panel `p`, depth quad `q`, column `j`, depth `d` of the quad:
+    /// `[(p * kquads + q) * 4 * NR_QUADS + 4 * j + d]`.
+    Quads(Vec<i8>),
+}
+
+/// B (K x N, weights) packed for [`igemm`]: zero points subtracted, pairs (16-bit) or quads
+/// (8-bit) of depths interleaved per column in panels (the last padded with zero columns),
+/// the depth padded with zero rows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackedB {
     k: usize,
     n: usize,
-    /// Panel `p`, depth pair `q`, column `j` of the panel, depth `d` of the pair:
-    /// `data[(p * kpairs + q) * 2 * NR + 2 * j + d]`.
-    data: Vec<i16>,
+    data: Data,
     /// `sum_k (B[k][n] - zb[n])` per column.
     col_sums: Vec<i32>,
 }
 
 impl PackedB {
     /// Packs the row-major K x N matrix `b` (`b[k * n + j]`) with the zero point of each
-    /// column (`zero_points` of one element applies to all; empty means 0).
+    /// column (`zero_points` of one element applies to all; empty means 0), in the format the
+    /// active level runs fastest.
     pub fn pack<T: Int8>(b: &[T], k: usize, n: usize, zero_points: &[T]) -> Result<PackedB, IgemmError> {
+        let packing = if isa::active().has_int8_dot() {
+            Packing::Quads
+        } else {
+            Packing::Pairs
+        };
+        match PackedB::pack_as(packing, b, k, n, zero_points)? {
+            Some(p) => Ok(p),
+            None => PackedB::pack_as(Packing::Pairs, b, k, n, zero_points)?.ok_or(IgemmError::Short {
+                what: "B",
+                got: b.len(),
+                want: k.saturating_mul(n),
+            }),
+        }
+    }
+
+    /// Packs in the given format; `None` for [`Packing::Quads`] when some `B - zb` does not
+    /// fit in i8 (u8 weights, or a zero point far from the values).
+    pub fn pack_as<T: Int8>(
+        packing: Packing,
+        b: &[T],
+        k: usize,
+        n: usize,
+        zero_points: &[T],
+    ) -> Result<Option<PackedB>, IgemmError> {
         let want = k.saturating_mul(n);
         if b.len() < want {
             return Err(IgemmError::Short {
@@ -128,24 +197,38 @@ impl PackedB {
             [z] => z.widen(),
             zs => zs.get(j).map_or(0, |z| z.widen()),
         };
-        let kpairs = k.div_ceil(2);
-        let panels = n.div_ceil(NR);
-        let mut data = vec![0i16; panels * kpairs * 2 * NR];
+        let (group, nr) = match packing {
+            Packing::Pairs => (2, NR),
+            Packing::Quads => (4, NR_QUADS),
+        };
+        let groups = k.div_ceil(group);
+        let panels = n.div_ceil(nr);
+        let mut wide = vec![0i32; panels * groups * group * nr];
         let mut col_sums = vec![0i32; n];
         for (kk, row) in b.chunks_exact(n.max(1)).take(k).enumerate() {
-            let (q, d) = (kk / 2, kk % 2);
+            let (q, d) = (kk / group, kk % group);
             for (j, &v) in row.iter().enumerate() {
                 let w = v.widen() - zb(j);
-                let (p, jj) = (j / NR, j % NR);
-                if let Some(slot) = data.get_mut((p * kpairs + q) * 2 * NR + 2 * jj + d) {
-                    *slot = w as i16;
+                let (p, jj) = (j / nr, j % nr);
+                if let Some(slot) = wide.get_mut((p * groups + q) * group * nr + group * jj + d) {
+                    *slot = w;
                 }
                 if let Some(s) = col_sums.get_mut(j) {
                     *s += w;
                 }
             }
         }
-        Ok(PackedB { k, n, data, col_sums })
+        let data = match packing {
+            Packing::Pairs => Data::Pairs(wide.iter().map(|&w| w as i16).collect()),
+            Packing::Quads => {
+                let narrow: Option<Vec<i8>> = wide.iter().map(|&w| i8::try_from(w).ok()).collect();
+                match narrow {
+                    Some(v) => Data::Quads(v),
+                    None => return Ok(None),
+                }
+            }
+        };
+        Ok(Some(PackedB { k, n, data, col_sums }))
     }
 
     pub fn depth(&self) -> usize {
@@ -154,6 +237,14 @@ impl PackedB {
 
     pub fn columns(&self) -> usize {
         self.n
+    }
+
+    /// The format B is held in.
+    pub fn packing(&self) -> Packing {
+        match self.data {
+            Data::Pairs(_) => Packing::Pairs,
+            Data::Quads(_) => Packing::Quads,
+        }
     }
 
     /// `sum_k (B[k][n] - zb[n])` of column `n`.
@@ -165,15 +256,41 @@ impl PackedB {
         self.k.div_ceil(2)
     }
 
-    /// Panel `p`'s depth pairs `q0..q1`.
+    /// Panel `p`'s depth pairs `q0..q1` (pairs format; empty otherwise).
     fn panel(&self, p: usize, q0: usize, q1: usize) -> &[i16] {
+        let Data::Pairs(data) = &self.data else { return &[] };
         let base = p * self.kpairs() * 2 * NR;
-        self.data.get(base + q0 * 2 * NR..base + q1 * 2 * NR).unwrap_or(&[])
+        data.get(base + q0 * 2 * NR..base + q1 * 2 * NR).unwrap_or(&[])
+    }
+
+    /// Panel `p`'s depth quads `q0..q1` (quads format; empty otherwise).
+    fn quad_panel(&self, p: usize, q0: usize, q1: usize) -> &[i8] {
+        let Data::Quads(data) = &self.data else { return &[] };
+        let base = p * self.k.div_ceil(4) * 4 * NR_QUADS;
+        data.get(base + q0 * 4 * NR_QUADS..base + q1 * 4 * NR_QUADS)
+            .unwrap_or(&[])
+    }
+
+    /// `B[k][j] - zb[j]` as packed (the deep path reads it one value at a time).
+    fn value(&self, kk: usize, j: usize) -> i64 {
+        match &self.data {
+            Data::Pairs(data) => {
+                let (p, jj, q, d) = (j / NR, j % NR, kk / 2, kk % 2);
+                let at = (p * self.kpairs() + q) * 2 * NR + 2 * jj + d;
+                data.get(at).copied().map_or(0, i64::from)
+            }
+            Data::Quads(data) => {
+                let (p, jj, q, d) = (j / NR_QUADS, j % NR_QUADS, kk / 4, kk % 4);
+                let at = (p * self.k.div_ceil(4) + q) * 4 * NR_QUADS + 4 * jj + d;
+                data.get(at).copied().map_or(0, i64::from)
+            }
+        }
     }
 }
 
 /// `C = (A - za) B` (see the module docs) for the row-major M x K matrix `a` (`lda` apart)
-/// into the row-major M x N matrix `c` (`ldc` apart), overwritten; on the active level.
+/// into the row-major M x N matrix `c` (`ldc` apart), overwritten; on the active level, rows
+/// split over the current pool.
 #[allow(clippy::too_many_arguments)]
 pub fn igemm<T: Int8>(
     m: usize,
@@ -188,25 +305,23 @@ pub fn igemm<T: Int8>(
     igemm_with(isa::active(), m, k, a, lda, a_zero, b, c, ldc)
 }
 
-/// [`igemm`] on a given level (tests and benchmarks compare levels).
+/// Checks the operands of a product; `Ok(false)` when it is empty.
 #[allow(clippy::too_many_arguments)]
-pub fn igemm_with<T: Int8>(
-    isa: Isa,
+fn check<T: Int8>(
     m: usize,
     k: usize,
     a: &[T],
     lda: usize,
-    a_zero: i32,
     b: &PackedB,
-    c: &mut [i32],
+    c: &[i32],
     ldc: usize,
-) -> Result<(), IgemmError> {
+) -> Result<bool, IgemmError> {
     let n = b.n;
     if k != b.k {
         return Err(IgemmError::Depth { m, k, bk: b.k, n });
     }
     if m == 0 || n == 0 {
-        return Ok(());
+        return Ok(false);
     }
     let a_need = (m - 1).saturating_mul(lda).saturating_add(k);
     if a.len() < a_need || lda < k {
@@ -224,13 +339,37 @@ pub fn igemm_with<T: Int8>(
             want: c_need,
         });
     }
+    Ok(true)
+}
+
+/// [`igemm`] on a given level (tests and benchmarks compare levels).
+#[allow(clippy::too_many_arguments)]
+pub fn igemm_with<T: Int8>(
+    isa: Isa,
+    m: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    a_zero: i32,
+    b: &PackedB,
+    c: &mut [i32],
+    ldc: usize,
+) -> Result<(), IgemmError> {
+    if !check(m, k, a, lda, b, c, ldc)? {
+        return Ok(());
+    }
     if k > MAX_EXACT_DEPTH {
         return igemm_deep(m, k, a, lda, a_zero, b, c, ldc);
     }
     // On the current pool: blocks of whole micro-tile rows, about two per thread.
     let threads = crate::pool::current_threads();
-    if threads > 1 && m >= 2 * MR {
-        let rows = m.div_ceil(2 * threads).div_ceil(MR) * MR;
+    if threads > 1 && m >= 2 * MR_QUADS {
+        let mr = match b.data {
+            Data::Pairs(_) => MR,
+            Data::Quads(_) => MR_QUADS,
+        };
+        let rows = m.div_ceil(2 * threads).div_ceil(mr) * mr;
+        let c_need = (m - 1) * ldc + b.n;
         let c = c.get_mut(..c_need).unwrap_or_default();
         crate::pool::for_each_chunk_mut(c, rows * ldc, &|i, chunk| {
             let r0 = i * rows;
@@ -245,9 +384,51 @@ pub fn igemm_with<T: Int8>(
     Ok(())
 }
 
+/// [`igemm_with`] on the calling thread alone: for callers that split the work themselves
+/// (the integer convolutions run it on blocks of output pixels).
+#[allow(clippy::too_many_arguments)]
+pub fn igemm_serial<T: Int8>(
+    isa: Isa,
+    m: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    a_zero: i32,
+    b: &PackedB,
+    c: &mut [i32],
+    ldc: usize,
+) -> Result<(), IgemmError> {
+    if !check(m, k, a, lda, b, c, ldc)? {
+        return Ok(());
+    }
+    if k > MAX_EXACT_DEPTH {
+        return igemm_deep(m, k, a, lda, a_zero, b, c, ldc);
+    }
+    serial(isa, m, k, a, lda, a_zero, b, c, ldc);
+    Ok(())
+}
+
 /// [`igemm_with`] on the calling thread, arguments already checked.
 #[allow(clippy::too_many_arguments)]
 fn serial<T: Int8>(
+    isa: Isa,
+    m: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    a_zero: i32,
+    b: &PackedB,
+    c: &mut [i32],
+    ldc: usize,
+) {
+    match b.data {
+        Data::Pairs(_) => serial_pairs(isa, m, k, a, lda, a_zero, b, c, ldc),
+        Data::Quads(_) => serial_quads(isa, m, k, a, lda, a_zero, b, c, ldc),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serial_pairs<T: Int8>(
     isa: Isa,
     m: usize,
     k: usize,
@@ -283,6 +464,149 @@ fn serial<T: Int8>(
                             *d = d.wrapping_add(t);
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The quads format: A's values offset to u8 (`T::OFFSET`, with its zero point), packed
+/// `[quad][row]` per block of [`MR_QUADS`] rows and depth block; the micro-tiles write C
+/// themselves, the first depth block adding `-za * colsum`.
+#[allow(clippy::too_many_arguments)]
+fn serial_quads<T: Int8>(
+    isa: Isa,
+    m: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    a_zero: i32,
+    b: &PackedB,
+    c: &mut [i32],
+    ldc: usize,
+) {
+    let n = b.n;
+    let kquads = k.div_ceil(4);
+    let blocks = kquads.div_ceil(KC_QUADS / 4).max(1);
+    let step = kquads.div_ceil(blocks);
+    let za = a_zero.wrapping_add(T::OFFSET);
+    let panels = n.div_ceil(NR_QUADS);
+    // `-za * colsum`, padded to whole panels.
+    let mut init = vec![0i32; panels * NR_QUADS];
+    for (d, &s) in init.iter_mut().zip(&b.col_sums) {
+        *d = za.wrapping_mul(s).wrapping_neg();
+    }
+    let mut apack: Vec<u32> = vec![0; MR_QUADS * step];
+    for q0 in (0..kquads).step_by(step.max(1)) {
+        let q1 = (q0 + step).min(kquads);
+        for m0 in (0..m).step_by(MR_QUADS) {
+            let rows = (m - m0).min(MR_QUADS);
+            pack_a_quads(a, lda, k, m0, rows, q0, q1, &mut apack);
+            for p in 0..panels {
+                let cols = (n - p * NR_QUADS).min(NR_QUADS);
+                let first = (q0 == 0).then(|| init.get(p * NR_QUADS..(p + 1) * NR_QUADS)).flatten();
+                let Some(cpart) = c.get_mut(m0 * ldc + p * NR_QUADS..) else {
+                    continue;
+                };
+                let tile = Tile {
+                    rows,
+                    cols,
+                    ldc,
+                    init: first,
+                };
+                micro_quads(isa, &apack, b.quad_panel(p, q0, q1), q1 - q0, cpart, tile);
+            }
+        }
+    }
+}
+
+/// Where a quads micro-tile writes: `rows x cols` of C, `ldc` apart; with `init`, C is
+/// overwritten by the sums plus `init[j]`, else the sums are added to C.
+#[derive(Clone, Copy)]
+struct Tile<'a> {
+    rows: usize,
+    cols: usize,
+    ldc: usize,
+    init: Option<&'a [i32]>,
+}
+
+/// Packs rows `m0..m0 + rows` of A, depth quads `q0..q1`, as `[quad][row]` u32 words of four
+/// offset u8 values (the lowest byte the first depth), rows past `rows` and depths past `k`
+/// zero.
+#[allow(clippy::too_many_arguments)]
+fn pack_a_quads<T: Int8>(a: &[T], lda: usize, k: usize, m0: usize, rows: usize, q0: usize, q1: usize, out: &mut [u32]) {
+    let quads = q1 - q0;
+    if rows < MR_QUADS {
+        out.iter_mut().for_each(|v| *v = 0);
+    }
+    for r in 0..rows {
+        let Some(row) = a.get((m0 + r) * lda + 4 * q0..(m0 + r) * lda + k) else {
+            continue;
+        };
+        let mut chunks = row.chunks_exact(4);
+        for (q, ch) in chunks.by_ref().take(quads).enumerate() {
+            let w = u32::from_le_bytes([ch[0].to_u8(), ch[1].to_u8(), ch[2].to_u8(), ch[3].to_u8()]);
+            if let Some(slot) = out.get_mut(q * MR_QUADS + r) {
+                *slot = w;
+            }
+        }
+        let full = (row.len() / 4).min(quads);
+        if full < quads {
+            // The last, partial quad: its missing depths are zero.
+            let mut bytes = [0u8; 4];
+            for (b, v) in bytes.iter_mut().zip(chunks.remainder()) {
+                *b = v.to_u8();
+            }
+            if let Some(slot) = out.get_mut(full * MR_QUADS + r) {
+                *slot = u32::from_le_bytes(bytes);
+            }
+        }
+    }
+}
+
+/// One quads micro-tile over `quads` depth quads, written to C as [`Tile`] says.
+fn micro_quads(isa: Isa, apack: &[u32], bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_int8_dot() {
+        vnni::micro(apack, bpanel, quads, c, tile);
+        return;
+    }
+    let _ = isa;
+    micro_quads_portable(apack, bpanel, quads, c, tile);
+}
+
+/// The portable twin of the VNNI micro-tile.
+fn micro_quads_portable(apack: &[u32], bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
+    let mut acc = [[0i32; NR_QUADS]; MR_QUADS];
+    for q in 0..quads {
+        let (Some(ap), Some(bp)) = (
+            apack.get(q * MR_QUADS..(q + 1) * MR_QUADS),
+            bpanel.get(q * 4 * NR_QUADS..(q + 1) * 4 * NR_QUADS),
+        ) else {
+            break;
+        };
+        for (row, &w) in acc.iter_mut().zip(ap) {
+            let av = w.to_le_bytes();
+            for (j, t) in row.iter_mut().enumerate() {
+                let Some(bq) = bp.get(4 * j..4 * j + 4) else { break };
+                let dot: i32 = av.iter().zip(bq).map(|(&x, &y)| i32::from(x) * i32::from(y)).sum();
+                *t = t.wrapping_add(dot);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate().take(tile.rows) {
+        let Some(dst) = c.get_mut(r * tile.ldc..r * tile.ldc + tile.cols) else {
+            continue;
+        };
+        match tile.init {
+            Some(init) => {
+                for ((d, &t), &i) in dst.iter_mut().zip(row).zip(init) {
+                    *d = t.wrapping_add(i);
+                }
+            }
+            None => {
+                for (d, &t) in dst.iter_mut().zip(row) {
+                    *d = d.wrapping_add(t);
                 }
             }
         }
@@ -349,21 +673,12 @@ fn igemm_deep<T: Int8>(
     ldc: usize,
 ) -> Result<(), IgemmError> {
     let n = b.n;
-    let kpairs = b.kpairs();
     for i in 0..m {
         for j in 0..n {
-            let (p, jj) = (j / NR, j % NR);
             let mut sum: i64 = 0;
-            for q in 0..kpairs {
-                let panel = b.panel(p, q, q + 1);
-                for d in 0..2 {
-                    let kk = 2 * q + d;
-                    let Some(av) = a.get(i * lda + kk).filter(|_| kk < k) else {
-                        continue;
-                    };
-                    let bv = panel.get(2 * jj + d).copied().map_or(0, i64::from);
-                    sum += i64::from(av.widen() - a_zero) * bv;
-                }
+            for kk in 0..k {
+                let Some(av) = a.get(i * lda + kk) else { continue };
+                sum += i64::from(av.widen() - a_zero) * b.value(kk, j);
             }
             let v = i32::try_from(sum).map_err(|_| IgemmError::Overflow { m: i, n: j, sum })?;
             if let Some(d) = c.get_mut(i * ldc + j) {

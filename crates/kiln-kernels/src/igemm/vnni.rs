@@ -1,0 +1,99 @@
+//! The AVX-512 VNNI micro-tile of the integer GEMM: [`MR_QUADS`] rows by [`NR_QUADS`] columns
+//! in sixteen 16-lane i32 accumulators; each step broadcasts four u8 depths of a row of A and
+//! multiplies them by two vectors of s8 quads of B with `vpdpbusd`, which adds the four
+//! products of each lane into its i32 exactly (wrapping, never saturating: the result is
+//! exact whenever the final sum fits, see the module docs).
+
+use super::{MR_QUADS, NR_QUADS, Tile};
+use std::arch::x86_64::*;
+
+/// Writes the tile's sums over `quads` depth quads into `c` (see [`Tile`]).
+pub(super) fn micro(apack: &[u32], bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
+    let quads = quads.min(apack.len() / MR_QUADS).min(bpanel.len() / (4 * NR_QUADS));
+    let rows = tile.rows.min(MR_QUADS);
+    let cols = tile.cols.min(NR_QUADS);
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    // The tile's last element must be inside `c`, and `init` must cover its columns.
+    let need = (rows - 1) * tile.ldc + cols;
+    if c.len() < need || tile.init.is_some_and(|i| i.len() < cols) {
+        return;
+    }
+    let init = tile.init.map(|i| i.as_ptr());
+    // SAFETY: the caller dispatches here only when `Isa::has_int8_dot` found AVX-512 F, BW
+    // and VNNI; `quads` is clamped to what both packed operands hold, C holds every element
+    // the masked stores touch (`need` above), and `init` at least `cols` values (masked loads).
+    unsafe {
+        micro_vnni(
+            apack.as_ptr(),
+            bpanel.as_ptr(),
+            quads,
+            c.as_mut_ptr(),
+            tile.ldc,
+            rows,
+            cols,
+            init,
+        )
+    }
+}
+
+/// # Safety
+/// AVX-512 F, BW and VNNI are available; `a` points to `quads * MR_QUADS` u32, `b` to
+/// `quads * 4 * NR_QUADS` i8; `c` holds `(rows - 1) * ldc + cols` i32; `init`, if any, `cols`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn micro_vnni(
+    a: *const u32,
+    b: *const i8,
+    quads: usize,
+    c: *mut i32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    init: Option<*const i32>,
+) {
+    let mut acc = [[_mm512_setzero_si512(); 2]; MR_QUADS];
+    for q in 0..quads {
+        // SAFETY: step `q < quads` of B is `4 * NR_QUADS` bytes (two 512-bit vectors) at
+        // `q * 4 * NR_QUADS`, within the caller's bound; unaligned loads.
+        let (b0, b1) = unsafe {
+            let p = b.add(q * 4 * NR_QUADS);
+            (_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast()))
+        };
+        for (r, row) in acc.iter_mut().enumerate() {
+            // SAFETY: step `q`'s MR_QUADS words of A are at `q * MR_QUADS`, within bounds.
+            let w = unsafe { *a.add(q * MR_QUADS + r) };
+            let av = _mm512_set1_epi32(w as i32);
+            row[0] = _mm512_dpbusd_epi32(row[0], av, b0);
+            row[1] = _mm512_dpbusd_epi32(row[1], av, b1);
+        }
+    }
+    let m0: __mmask16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
+    let m1: __mmask16 = match cols.saturating_sub(16) {
+        0 => 0,
+        n if n >= 16 => 0xFFFF,
+        n => (1u16 << n) - 1,
+    };
+    for (r, row) in acc.iter().enumerate().take(rows) {
+        // SAFETY: row `r < rows` of the tile starts at `r * ldc`; the masks limit both halves
+        // to the first `cols` columns, all within `need` (checked by the caller), and `init`
+        // holds `cols` values. The second half's address is formed with `wrapping_add`: it
+        // may lie past C when its mask is empty, and is then never touched.
+        unsafe {
+            let p = c.add(r * ldc);
+            let (base0, base1) = match init {
+                Some(i) => (
+                    _mm512_maskz_loadu_epi32(m0, i),
+                    _mm512_maskz_loadu_epi32(m1, i.wrapping_add(16)),
+                ),
+                None => (
+                    _mm512_maskz_loadu_epi32(m0, p),
+                    _mm512_maskz_loadu_epi32(m1, p.wrapping_add(16)),
+                ),
+            };
+            _mm512_mask_storeu_epi32(p, m0, _mm512_add_epi32(base0, row[0]));
+            _mm512_mask_storeu_epi32(p.wrapping_add(16), m1, _mm512_add_epi32(base1, row[1]));
+        }
+    }
+}
