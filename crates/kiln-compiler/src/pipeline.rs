@@ -10,7 +10,7 @@
 use crate::CompileError;
 use crate::passes::{
     attention, bn, captures, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout,
-    matmul_add, patterns, pointwise_depthwise, qdq_matmul, residual, shape, unit_transpose,
+    matmul_add, patterns, pointwise_depthwise, qdq_conv, qdq_matmul, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -108,6 +108,14 @@ const PIPELINE: &[Pass] = &[
         level: 2,
         deep: true,
         run: qdq_matmul::run,
+    },
+    // QDQ convolutions to QLinearConv (8-bit in, 8-bit out, the integer GEMM), for the same
+    // reason before folding.
+    Pass {
+        name: "qdq_conv",
+        level: 2,
+        deep: true,
+        run: qdq_conv::run,
     },
     // Collapses the shape arithmetic and constant subexpressions, with the runtime's kernels.
     Pass {

@@ -72,6 +72,34 @@ pub fn quantize_row<T: Q8>(x: &[f32], y: &mut [T], scale: f32, zero_point: f32) 
     })
 }
 
+/// `y[j] = clamp(round_half_even((acc[j] + bias[j]) * mult[j] + zero_point), lo, hi)` over
+/// `min(len)` elements, in f64 (the arithmetic of ONNX's QLinearConv reference: the int32 sums
+/// are exact, the multiplier `mult = sx * sw / sy`), `[lo, hi]` within `T`'s range. For the
+/// integer convolutions, one output row of channels at a time.
+pub fn requantize_row<T: Q8>(
+    acc: &[i32],
+    bias: &[f64],
+    mult: &[f64],
+    zero_point: f64,
+    (lo, hi): (f64, f64),
+    y: &mut [T],
+) {
+    /// Past this magnitude every value saturates; clamping keeps the rounding trick exact.
+    const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
+    /// Adding then subtracting 1.5 * 2^52 rounds to an integer, ties to even.
+    const ROUND: f64 = 6_755_399_441_055_744.0;
+    let (lo, hi) = (lo.max(f64::from(T::LO)), hi.min(f64::from(T::HI)));
+    crate::simd::vectorize(|| {
+        for (((o, &a), &b), &m) in y.iter_mut().zip(acc).zip(bias).zip(mult) {
+            let v = ((f64::from(a) + b) * m + zero_point).max(-BIG).min(BIG);
+            let q = ((v + ROUND) - ROUND).max(lo).min(hi);
+            // q is an integer in [-128, 255]: q + 1.5 * 2^52 holds it in its low mantissa
+            // bits, two's complement.
+            *o = T::from_low_byte((q + ROUND).to_bits() as u32);
+        }
+    })
+}
+
 /// `y[i] = (x[i] - zero_point) * scale` over `min(len)` elements.
 pub fn dequantize_row<T: Q8>(x: &[T], y: &mut [f32], scale: f32, zero_point: T) {
     let z = zero_point.to_f32();

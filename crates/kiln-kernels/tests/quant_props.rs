@@ -1,6 +1,6 @@
 //! The quantize / dequantize rows against the ONNX formulas computed directly.
 
-use kiln_kernels::quant::{Q8, dequantize_row, min_max, quantize_row};
+use kiln_kernels::quant::{Q8, dequantize_row, min_max, quantize_row, requantize_row};
 use proptest::prelude::*;
 
 fn reference<T: Q8>(x: f32, scale: f32, zp: f32) -> T {
@@ -33,6 +33,37 @@ proptest! {
         quantize_row(&x, &mut y, scale, f32::from(zp));
         for (i, (&xi, &yi)) in x.iter().zip(&y).enumerate() {
             prop_assert_eq!(yi, reference::<i8>(xi, scale, f32::from(zp)), "element {} ({})", i, xi);
+        }
+    }
+
+    /// QLinearConv's requantization of exact sums, per column bias and multiplier, against
+    /// the formula in f64 with `round_ties_even`, both output types, with a narrower clamp.
+    #[test]
+    fn requantize_matches_the_formula(
+        acc in prop::collection::vec(prop_oneof![4 => -100_000i32..100_000, 1 => any::<i32>()], 0..70),
+        seed in any::<u64>(),
+        zy in -128i32..=255,
+        clamp in prop::sample::select(vec![(-1e9f64, 1e9f64), (3.0, 200.0), (-5.0, 5.0)]),
+    ) {
+        let n = acc.len();
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 11) as f64 / (1u64 << 53) as f64 };
+        let bias: Vec<f64> = (0..n).map(|_| (next() * 2000.0 - 1000.0).round()).collect();
+        // Multipliers as the op makes them (f32 values), some giving exact halves.
+        let mult: Vec<f64> = (0..n).map(|j| if j % 5 == 0 { 0.5 } else { f64::from((next() * 0.01) as f32) }).collect();
+        fn want(a: i32, b: f64, m: f64, zy: f64, lo: f64, hi: f64) -> f64 {
+            ((f64::from(a) + b) * m + zy).round_ties_even().max(lo).min(hi)
+        }
+        let zyf = f64::from(zy);
+        let mut yu = vec![0u8; n];
+        requantize_row(&acc, &bias, &mult, zyf, clamp, &mut yu);
+        let mut yi = vec![0i8; n];
+        requantize_row(&acc, &bias, &mult, zyf - 128.0, clamp, &mut yi);
+        for j in 0..n {
+            let wu = want(acc[j], bias[j], mult[j], zyf, clamp.0.max(0.0), clamp.1.min(255.0));
+            prop_assert_eq!(f64::from(yu[j]), wu, "u8 element {}", j);
+            let wi = want(acc[j], bias[j], mult[j], zyf - 128.0, clamp.0.max(-128.0), clamp.1.min(127.0));
+            prop_assert_eq!(f64::from(yi[j]), wi, "i8 element {}", j);
         }
     }
 

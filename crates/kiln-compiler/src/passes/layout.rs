@@ -86,6 +86,10 @@ enum Kind {
     /// A QuantizeLinear or DequantizeLinear of a rank-4 value with one scale and zero point
     /// (per tensor): the same per element in either layout, whatever the two dtypes.
     Quant,
+    /// A 2-D dense `QLinearConv` (group 1) of an 8-bit rank-4 value with constant weights and
+    /// one scale and zero point for X and for Y: the integer GEMM channels-last
+    /// (`QConvPlan::channels_last`).
+    QConv,
 }
 
 /// A PRelu's constant slope for a channels-last X: one element as it is, one value per
@@ -136,6 +140,35 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             && dtype_of(g, *y).is_some()
             && node.inputs.iter().skip(1).all(one);
         return ok.then_some(Kind::Quant);
+    }
+    if let NodeKind::Op(Op::Quant(QuantOp::QLinearConv(q))) = &node.kind {
+        let (Some(Some(x)), Some(Some(w)), [Some(y)]) =
+            (node.inputs.first(), node.inputs.get(3), node.outputs.as_slice())
+        else {
+            return None;
+        };
+        let already = matches!(&node.plan, Some(Plan::QConv(p)) if p.channels_last);
+        let one = |slot: usize| {
+            node.inputs
+                .get(slot)
+                .copied()
+                .flatten()
+                .is_none_or(|v| fixed_shape(g, v).is_some_and(|s| s.iter().product::<usize>() == 1))
+        };
+        let int8 = |v: ValueId| matches!(dtype_of(g, v), Some(DType::U8 | DType::I8));
+        let (Some(xs), Some(ws)) = (fixed_shape(g, *x), index.tensor(g, *w).map(|t| t.shape().to_vec())) else {
+            return None;
+        };
+        let ok = !already
+            && int8(*x)
+            && int8(*y)
+            && q.conv.group.max(1) == 1
+            && xs.len() == 4
+            && ws.len() == 4
+            && ws.get(1) == xs.get(1)
+            && fixed_shape(g, *y).is_some_and(|s| s.len() == 4)
+            && [1, 2, 6, 7].into_iter().all(one);
+        return ok.then_some(Kind::QConv);
     }
     if let NodeKind::Op(Op::Nn(NnOp::Resize(r))) = &node.kind {
         let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
@@ -332,7 +365,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| kind(g, &index, n)).collect();
     if !kinds
         .iter()
-        .any(|k| matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped)))
+        .any(|k| matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped | Kind::QConv)))
     {
         return Ok(0);
     }
@@ -370,7 +403,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         };
         let reads_twin = twin_in(0);
         let Some(y) = node.outputs.first().copied().flatten().filter(|_| {
-            matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped))
+            matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped | Kind::QConv))
                 || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool | Kind::Affine)) && reads_twin)
                 || (k == Some(Kind::Binary) && (twin_in(0) || twin_in(1)))
                 || (matches!(k, Some(Kind::Unary | Kind::PRelu | Kind::Quant)) && reads_twin)
@@ -393,7 +426,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             && input_shape(1).is_some_and(|ws| ws.iter().skip(1).product::<usize>() <= GATHER_MAX_DEPTH);
         let slots: Vec<usize> = match k {
             Some(Kind::Binary) => vec![0, 1],
-            Some(Kind::Unary | Kind::Resize | Kind::PRelu | Kind::Quant) => vec![0],
+            Some(Kind::Unary | Kind::Resize | Kind::PRelu | Kind::Quant | Kind::QConv) => vec![0],
             Some(Kind::Concat) => (0..node.inputs.len()).collect(),
             _ => vec![0, 3],
         };
@@ -466,6 +499,11 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             }
             NodeKind::Op(Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_))) => {
                 if let Some(p) = node.plan_mut().and_then(Plan::pool_mut) {
+                    p.channels_last = true;
+                }
+            }
+            NodeKind::Op(Op::Quant(QuantOp::QLinearConv(_))) => {
+                if let Some(p) = node.plan_mut().and_then(Plan::qconv_mut) {
                     p.channels_last = true;
                 }
             }

@@ -38,6 +38,8 @@ pub trait Int8: Copy + Send + Sync + 'static {
     fn widen(self) -> i32;
     /// The value plus [`Int8::OFFSET`], as the u8 operand of the VNNI dot products.
     fn to_u8(self) -> u8;
+    /// The values' bytes (two's complement for i8).
+    fn bytes(v: &[Self]) -> &[u8];
 }
 
 impl Int8 for u8 {
@@ -50,6 +52,9 @@ impl Int8 for u8 {
     fn to_u8(self) -> u8 {
         self
     }
+    fn bytes(v: &[u8]) -> &[u8] {
+        v
+    }
 }
 
 impl Int8 for i8 {
@@ -61,6 +66,11 @@ impl Int8 for i8 {
     #[inline(always)]
     fn to_u8(self) -> u8 {
         (self as u8) ^ 0x80
+    }
+    fn bytes(v: &[i8]) -> &[u8] {
+        // SAFETY: i8 and u8 have the same size and alignment and every bit pattern is valid
+        // for both; the new slice covers exactly the same memory for the same lifetime.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len()) }
     }
 }
 
@@ -470,9 +480,11 @@ fn serial_pairs<T: Int8>(
     }
 }
 
-/// The quads format: A's values offset to u8 (`T::OFFSET`, with its zero point), packed
-/// `[quad][row]` per block of [`MR_QUADS`] rows and depth block; the micro-tiles write C
-/// themselves, the first depth block adding `-za * colsum`.
+/// The quads format: the micro-tiles read A's rows in place (four depths per broadcast,
+/// an i8 A flipped to u8 on the fly with its zero point offset, `T::OFFSET`), except a
+/// block whose last quad would read past A (a partial tile, or a depth not a multiple of 4
+/// at A's end), which is packed `[quad][row]` first; they write C themselves, the first
+/// depth block adding `-za * colsum`.
 #[allow(clippy::too_many_arguments)]
 fn serial_quads<T: Int8>(
     isa: Isa,
@@ -496,12 +508,33 @@ fn serial_quads<T: Int8>(
     for (d, &s) in init.iter_mut().zip(&b.col_sums) {
         *d = za.wrapping_mul(s).wrapping_neg();
     }
-    let mut apack: Vec<u32> = vec![0; MR_QUADS * step];
+    let bytes = T::bytes(a);
+    let flip = T::OFFSET != 0;
+    let mut apack: Vec<u8> = vec![0; 4 * MR_QUADS * step];
     for q0 in (0..kquads).step_by(step.max(1)) {
         let q1 = (q0 + step).min(kquads);
         for m0 in (0..m).step_by(MR_QUADS) {
             let rows = (m - m0).min(MR_QUADS);
-            pack_a_quads(a, lda, k, m0, rows, q0, q1, &mut apack);
+            // In place when all MR_QUADS rows' quads `q0..q1` lie within A.
+            let base = m0 * lda + 4 * q0;
+            let end = base + (MR_QUADS - 1) * lda + 4 * (q1 - q0);
+            let src = match bytes.get(base..end) {
+                Some(block) => AQuads {
+                    data: block,
+                    row: lda,
+                    quad: 4,
+                    flip,
+                },
+                None => {
+                    pack_a_quads(a, lda, k, m0, rows, q0, q1, &mut apack);
+                    AQuads {
+                        data: &apack,
+                        row: 4,
+                        quad: 4 * MR_QUADS,
+                        flip: false,
+                    }
+                }
+            };
             for p in 0..panels {
                 let cols = (n - p * NR_QUADS).min(NR_QUADS);
                 let first = (q0 == 0).then(|| init.get(p * NR_QUADS..(p + 1) * NR_QUADS)).flatten();
@@ -514,9 +547,26 @@ fn serial_quads<T: Int8>(
                     ldc,
                     init: first,
                 };
-                micro_quads(isa, &apack, b.quad_panel(p, q0, q1), q1 - q0, cpart, tile);
+                micro_quads(isa, src, b.quad_panel(p, q0, q1), q1 - q0, cpart, tile);
             }
         }
+    }
+}
+
+/// Where a quads micro-tile reads A: row `r`'s quad `q` is the four bytes at
+/// `r * row + q * quad` of `data`, XORed with 0x80 each when `flip` (an i8 A as u8).
+#[derive(Clone, Copy)]
+struct AQuads<'a> {
+    data: &'a [u8],
+    row: usize,
+    quad: usize,
+    flip: bool,
+}
+
+impl AQuads<'_> {
+    /// Whether `quads` quads of all [`MR_QUADS`] rows lie within `data`.
+    fn covers(&self, quads: usize) -> bool {
+        quads == 0 || (MR_QUADS - 1) * self.row + (quads - 1) * self.quad + 4 <= self.data.len()
     }
 }
 
@@ -530,66 +580,55 @@ struct Tile<'a> {
     init: Option<&'a [i32]>,
 }
 
-/// Packs rows `m0..m0 + rows` of A, depth quads `q0..q1`, as `[quad][row]` u32 words of four
-/// offset u8 values (the lowest byte the first depth), rows past `rows` and depths past `k`
-/// zero.
+/// Packs rows `m0..m0 + rows` of A, depth quads `q0..q1`, as `[quad][row]` groups of four
+/// offset u8 values, rows past `rows` and depths past `k` zero.
 #[allow(clippy::too_many_arguments)]
-fn pack_a_quads<T: Int8>(a: &[T], lda: usize, k: usize, m0: usize, rows: usize, q0: usize, q1: usize, out: &mut [u32]) {
-    let quads = q1 - q0;
-    if rows < MR_QUADS {
-        out.iter_mut().for_each(|v| *v = 0);
-    }
+fn pack_a_quads<T: Int8>(a: &[T], lda: usize, k: usize, m0: usize, rows: usize, q0: usize, q1: usize, out: &mut [u8]) {
+    out.iter_mut().for_each(|v| *v = 0);
     for r in 0..rows {
         let Some(row) = a.get((m0 + r) * lda + 4 * q0..(m0 + r) * lda + k) else {
             continue;
         };
-        let mut chunks = row.chunks_exact(4);
-        for (q, ch) in chunks.by_ref().take(quads).enumerate() {
-            let w = u32::from_le_bytes([ch[0].to_u8(), ch[1].to_u8(), ch[2].to_u8(), ch[3].to_u8()]);
-            if let Some(slot) = out.get_mut(q * MR_QUADS + r) {
-                *slot = w;
-            }
-        }
-        let full = (row.len() / 4).min(quads);
-        if full < quads {
-            // The last, partial quad: its missing depths are zero.
-            let mut bytes = [0u8; 4];
-            for (b, v) in bytes.iter_mut().zip(chunks.remainder()) {
-                *b = v.to_u8();
-            }
-            if let Some(slot) = out.get_mut(full * MR_QUADS + r) {
-                *slot = u32::from_le_bytes(bytes);
+        for (d, v) in row.iter().enumerate().take(4 * (q1 - q0)) {
+            if let Some(slot) = out.get_mut(((d / 4) * MR_QUADS + r) * 4 + d % 4) {
+                *slot = v.to_u8();
             }
         }
     }
 }
 
 /// One quads micro-tile over `quads` depth quads, written to C as [`Tile`] says.
-fn micro_quads(isa: Isa, apack: &[u32], bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
+fn micro_quads(isa: Isa, a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
+    if !a.covers(quads) {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.has_int8_dot() {
-        vnni::micro(apack, bpanel, quads, c, tile);
+        vnni::micro(a, bpanel, quads, c, tile);
         return;
     }
     let _ = isa;
-    micro_quads_portable(apack, bpanel, quads, c, tile);
+    micro_quads_portable(a, bpanel, quads, c, tile);
 }
 
 /// The portable twin of the VNNI micro-tile.
-fn micro_quads_portable(apack: &[u32], bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
+fn micro_quads_portable(a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
     let mut acc = [[0i32; NR_QUADS]; MR_QUADS];
+    let flip = if a.flip { 0x80 } else { 0 };
     for q in 0..quads {
-        let (Some(ap), Some(bp)) = (
-            apack.get(q * MR_QUADS..(q + 1) * MR_QUADS),
-            bpanel.get(q * 4 * NR_QUADS..(q + 1) * 4 * NR_QUADS),
-        ) else {
+        let Some(bp) = bpanel.get(q * 4 * NR_QUADS..(q + 1) * 4 * NR_QUADS) else {
             break;
         };
-        for (row, &w) in acc.iter_mut().zip(ap) {
-            let av = w.to_le_bytes();
+        for (r, row) in acc.iter_mut().enumerate() {
+            let at = r * a.row + q * a.quad;
+            let Some(av) = a.data.get(at..at + 4) else { break };
             for (j, t) in row.iter_mut().enumerate() {
                 let Some(bq) = bp.get(4 * j..4 * j + 4) else { break };
-                let dot: i32 = av.iter().zip(bq).map(|(&x, &y)| i32::from(x) * i32::from(y)).sum();
+                let dot: i32 = av
+                    .iter()
+                    .zip(bq)
+                    .map(|(&x, &y)| i32::from(x ^ flip) * i32::from(y))
+                    .sum();
                 *t = t.wrapping_add(dot);
             }
         }

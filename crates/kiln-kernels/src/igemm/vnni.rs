@@ -4,12 +4,15 @@
 //! products of each lane into its i32 exactly (wrapping, never saturating: the result is
 //! exact whenever the final sum fits, see the module docs).
 
-use super::{MR_QUADS, NR_QUADS, Tile};
+use super::{AQuads, MR_QUADS, NR_QUADS, Tile};
 use std::arch::x86_64::*;
 
 /// Writes the tile's sums over `quads` depth quads into `c` (see [`Tile`]).
-pub(super) fn micro(apack: &[u32], bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
-    let quads = quads.min(apack.len() / MR_QUADS).min(bpanel.len() / (4 * NR_QUADS));
+pub(super) fn micro(a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
+    let quads = quads.min(bpanel.len() / (4 * NR_QUADS));
+    if !a.covers(quads) {
+        return;
+    }
     let rows = tile.rows.min(MR_QUADS);
     let cols = tile.cols.min(NR_QUADS);
     if rows == 0 || cols == 0 {
@@ -21,39 +24,36 @@ pub(super) fn micro(apack: &[u32], bpanel: &[i8], quads: usize, c: &mut [i32], t
         return;
     }
     let init = tile.init.map(|i| i.as_ptr());
+    let geometry = (a.row, a.quad);
+    let out = (c.as_mut_ptr(), tile.ldc, rows, cols);
     // SAFETY: the caller dispatches here only when `Isa::has_int8_dot` found AVX-512 F, BW
-    // and VNNI; `quads` is clamped to what both packed operands hold, C holds every element
-    // the masked stores touch (`need` above), and `init` at least `cols` values (masked loads).
+    // and VNNI; `quads` is clamped to what B's panel holds and A covers it (`covers`), C
+    // holds every element the masked stores touch (`need` above), and `init` at least `cols`
+    // values (masked loads).
     unsafe {
-        micro_vnni(
-            apack.as_ptr(),
-            bpanel.as_ptr(),
-            quads,
-            c.as_mut_ptr(),
-            tile.ldc,
-            rows,
-            cols,
-            init,
-        )
+        if a.flip {
+            micro_vnni::<true>(a.data.as_ptr(), geometry, bpanel.as_ptr(), quads, out, init)
+        } else {
+            micro_vnni::<false>(a.data.as_ptr(), geometry, bpanel.as_ptr(), quads, out, init)
+        }
     }
 }
 
 /// # Safety
-/// AVX-512 F, BW and VNNI are available; `a` points to `quads * MR_QUADS` u32, `b` to
-/// `quads * 4 * NR_QUADS` i8; `c` holds `(rows - 1) * ldc + cols` i32; `init`, if any, `cols`.
-#[allow(clippy::too_many_arguments)]
+/// AVX-512 F, BW and VNNI are available; A's quad `q` of row `r < MR_QUADS` is the four bytes
+/// at `a + r * row + q * quad` for `q < quads`; `b` points to `quads * 4 * NR_QUADS` i8; C
+/// (`c`, `ldc` apart) holds `(rows - 1) * ldc + cols` i32; `init`, if any, `cols`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn micro_vnni(
-    a: *const u32,
+unsafe fn micro_vnni<const FLIP: bool>(
+    a: *const u8,
+    (row_step, quad_step): (usize, usize),
     b: *const i8,
     quads: usize,
-    c: *mut i32,
-    ldc: usize,
-    rows: usize,
-    cols: usize,
+    (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
     init: Option<*const i32>,
 ) {
     let mut acc = [[_mm512_setzero_si512(); 2]; MR_QUADS];
+    let flip = _mm512_set1_epi32(0x8080_8080_u32 as i32);
     for q in 0..quads {
         // SAFETY: step `q < quads` of B is `4 * NR_QUADS` bytes (two 512-bit vectors) at
         // `q * 4 * NR_QUADS`, within the caller's bound; unaligned loads.
@@ -62,9 +62,13 @@ unsafe fn micro_vnni(
             (_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast()))
         };
         for (r, row) in acc.iter_mut().enumerate() {
-            // SAFETY: step `q`'s MR_QUADS words of A are at `q * MR_QUADS`, within bounds.
-            let w = unsafe { *a.add(q * MR_QUADS + r) };
-            let av = _mm512_set1_epi32(w as i32);
+            // SAFETY: row `r`'s quad `q` is four bytes at `r * row + q * quad`, within the
+            // caller's bound; an unaligned read.
+            let w = unsafe { a.add(r * row_step + q * quad_step).cast::<i32>().read_unaligned() };
+            let mut av = _mm512_set1_epi32(w);
+            if FLIP {
+                av = _mm512_xor_si512(av, flip);
+            }
             row[0] = _mm512_dpbusd_epi32(row[0], av, b0);
             row[1] = _mm512_dpbusd_epi32(row[1], av, b1);
         }

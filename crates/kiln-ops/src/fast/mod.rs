@@ -24,6 +24,7 @@ mod group_norm;
 mod matmul;
 mod pointwise_depthwise;
 mod pool_nhwc;
+mod qconv_nhwc;
 mod recurrent;
 mod resize;
 
@@ -32,6 +33,7 @@ pub use pointwise_depthwise::{ConvStage, PointwiseDepthwise};
 
 use crate::error::{OpError, Result};
 use crate::nn::{Activation, NnOp};
+use crate::quant::QuantOp;
 use crate::value::{Args, InferInput, ValueType};
 use crate::{Op, Outputs};
 
@@ -44,6 +46,24 @@ pub enum Plan {
     Gemm(GemmPlan),
     /// MaxPool, AveragePool, LpPool and the global pools.
     Pool(PoolPlan),
+    /// `QLinearConv`: the 8-bit convolution on the integer GEMM.
+    QConv(QConvPlan),
+}
+
+/// The plan of a `QLinearConv`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
+pub struct QConvPlan {
+    /// X and Y are `[N, H, W, C]` (the `layout` pass): the convolution runs as the integer
+    /// GEMM of X's windows (X itself for a 1x1) by the packed weights, requantized in
+    /// blocks of output pixels.
+    pub channels_last: bool,
+    /// The quantized output clamped to `[lo, hi]`: a Relu or Clip that stood between the
+    /// float convolution and its QuantizeLinear (`qdq_conv`), exact because quantizing is
+    /// monotonic.
+    pub clamp: Option<(i32, i32)>,
+    /// The weights packed for the integer GEMM on the first run, kept for later ones.
+    #[serde(skip)]
+    pub packed: crate::quant::PackCache,
 }
 
 /// The plan of a `Conv`.
@@ -141,6 +161,13 @@ impl Plan {
                 s
             }
             Plan::Pool(p) => if p.channels_last { "nhwc" } else { "nchw" }.to_string(),
+            Plan::QConv(p) => {
+                let mut s = if p.channels_last { "nhwc int8" } else { "nchw int8" }.to_string();
+                if let Some((lo, hi)) = p.clamp {
+                    s.push_str(&format!(" clamp({lo}, {hi})"));
+                }
+                s
+            }
         }
     }
 
@@ -151,6 +178,7 @@ impl Plan {
             Op::Nn(NnOp::Conv(_)) => Some(Plan::Conv(ConvPlan::default())),
             Op::Nn(NnOp::MatMul(_) | NnOp::Gemm(_)) => Some(Plan::Gemm(GemmPlan::default())),
             Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_)) => Some(Plan::Pool(PoolPlan::default())),
+            Op::Quant(QuantOp::QLinearConv(_)) => Some(Plan::QConv(QConvPlan::default())),
             _ => None,
         }
     }
@@ -169,6 +197,13 @@ impl Plan {
         }
     }
 
+    pub fn qconv_mut(&mut self) -> Option<&mut QConvPlan> {
+        match self {
+            Plan::QConv(p) => Some(p),
+            _ => None,
+        }
+    }
+
     pub fn pool_mut(&mut self) -> Option<&mut PoolPlan> {
         match self {
             Plan::Pool(p) => Some(p),
@@ -181,7 +216,7 @@ impl Plan {
         match self {
             Plan::Conv(p) => p.activation = act,
             Plan::Gemm(p) => p.activation = act,
-            Plan::Pool(_) => return false,
+            Plan::Pool(_) | Plan::QConv(_) => return false,
         }
         true
     }
@@ -191,7 +226,7 @@ impl Plan {
         match self {
             Plan::Conv(p) => p.activation,
             Plan::Gemm(p) => p.activation,
-            Plan::Pool(_) => None,
+            Plan::Pool(_) | Plan::QConv(_) => None,
         }
     }
 }
@@ -242,6 +277,10 @@ pub fn validate(op: &Op, plan: Option<&Plan>) -> Result<()> {
         }
         (Op::Nn(NnOp::MatMul(_) | NnOp::Gemm(_)), Plan::Gemm(_)) => Ok(()),
         (Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_)), Plan::Pool(_)) => Ok(()),
+        (Op::Quant(QuantOp::QLinearConv(_)), Plan::QConv(p)) => match p.clamp {
+            Some((lo, hi)) if lo > hi => Err(misfit(op, plan, "the clamp's low bound is above its high bound")),
+            _ => Ok(()),
+        },
         _ => Err(mismatch(op, plan)),
     }
 }
@@ -257,6 +296,7 @@ pub fn eval(op: &Op, plan: Option<&Plan>, args: &Args<'_>) -> Result<Outputs> {
         (Op::Nn(NnOp::Pool(o)), Some(Plan::Pool(p))) if p.channels_last => o.eval_channels_last(args),
         (Op::Nn(NnOp::GlobalPool(o)), Some(Plan::Pool(p))) if p.channels_last => o.eval_channels_last(args),
         (Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_)), Some(Plan::Pool(_))) => op.eval(args),
+        (Op::Quant(QuantOp::QLinearConv(c)), Some(Plan::QConv(p))) => qconv_nhwc::eval(c, p, args),
         (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(r)), None) => recurrent::eval(r, args),
         (Op::Nn(NnOp::Resize(r)), None) => resize::eval(r, args),
         (Op::Nn(NnOp::ConvTranspose(c)), None) => conv_transpose::eval(c, args),
@@ -277,6 +317,7 @@ pub fn infer(op: &Op, plan: Option<&Plan>, inputs: &[InferInput<'_>]) -> Result<
         (Op::Nn(NnOp::Pool(o)), Some(Plan::Pool(p))) if p.channels_last => o.infer_channels_last(inputs),
         (Op::Nn(NnOp::GlobalPool(o)), Some(Plan::Pool(p))) if p.channels_last => o.infer_channels_last(inputs),
         (Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_)), Some(Plan::Pool(_))) => op.infer(inputs),
+        (Op::Quant(QuantOp::QLinearConv(c)), Some(Plan::QConv(p))) => qconv_nhwc::infer(c, p, inputs),
         (op, None) => op.infer(inputs),
         (op, Some(plan)) => Err(mismatch(op, plan)),
     }

@@ -155,6 +155,16 @@ pub struct MatMulInteger {
 #[derive(Debug, Clone, Default)]
 pub struct PackCache(std::sync::Arc<std::sync::OnceLock<Option<kiln_kernels::igemm::PackedB>>>);
 
+impl PackCache {
+    /// The packed weights, made by `pack` on the first call.
+    pub(crate) fn get_or_pack(
+        &self,
+        pack: impl FnOnce() -> Option<kiln_kernels::igemm::PackedB>,
+    ) -> Option<&kiln_kernels::igemm::PackedB> {
+        self.0.get_or_init(pack).as_ref()
+    }
+}
+
 impl PartialEq for PackCache {
     /// A cache says nothing about the op: any two compare equal.
     fn eq(&self, _: &PackCache) -> bool {
@@ -633,7 +643,7 @@ impl ConvAttrs {
         Ok((y, oshape))
     }
 
-    fn infer_shape(&self, x: Option<Vec<Dim>>, w: Option<Vec<Dim>>) -> Option<Vec<Dim>> {
+    pub(crate) fn infer_shape(&self, x: Option<Vec<Dim>>, w: Option<Vec<Dim>>) -> Option<Vec<Dim>> {
         let (x, w) = (x?, w?);
         let xs: Option<Vec<usize>> = x.iter().map(crate::recurrent::num::fixed).collect();
         let ws: Option<Vec<usize>> = w.iter().map(crate::recurrent::num::fixed).collect();
@@ -748,7 +758,7 @@ fn conv_fast(
 /// in two vectorisable operations: adding and subtracting 1.5 * 2^52 rounds exactly below 2^51
 /// in magnitude, and larger values saturate either way, so they are clamped to 2^50 first.
 #[inline(always)]
-fn round_saturate(v: f64, lo: f64, hi: f64) -> f64 {
+pub(crate) fn round_saturate(v: f64, lo: f64, hi: f64) -> f64 {
     const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
     const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
     ((v.clamp(-BIG, BIG) + ROUND) - ROUND).clamp(lo, hi)
@@ -808,7 +818,7 @@ fn requantize_columns<T: Copy>(
 /// QLinearConv's per-output-channel requantization of `m` channels: the bias (input 8, one
 /// value per channel, checked), the multipliers `f32(f32(sx * sw[ch]) / sy)` and the output
 /// zero point.
-fn conv_requant(args: &Args<'_>, m: usize) -> Result<(Option<Vec<f64>>, Vec<f64>, f64)> {
+pub(crate) fn conv_requant(args: &Args<'_>, m: usize) -> Result<(Option<Vec<f64>>, Vec<f64>, f64)> {
     let (sx, sw, sy) = (args.tensor(1)?, args.tensor(4)?, args.tensor(6)?);
     let bias = match args.opt_tensor(8)? {
         Some(b) if b.len() != m => {

@@ -5,7 +5,7 @@ pub mod integer;
 pub mod linear;
 mod qconv;
 
-pub use integer::{AutoPad, ConvAttrs, ConvInteger, MatMulInteger, QLinearConv, QLinearMatMul};
+pub use integer::{AutoPad, ConvAttrs, ConvInteger, MatMulInteger, PackCache, QLinearConv, QLinearMatMul};
 pub use linear::{DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear};
 
 op_family! {
