@@ -86,10 +86,19 @@ enum Kind {
     /// A QuantizeLinear or DequantizeLinear of a rank-4 value with one scale and zero point
     /// (per tensor): the same per element in either layout, whatever the two dtypes.
     Quant,
-    /// A 2-D dense `QLinearConv` (group 1) of an 8-bit rank-4 value with constant weights and
+    /// A 2-D dense (group 1) or depthwise `QLinearConv` of an 8-bit rank-4 value with constant weights and
     /// one scale and zero point for X and for Y: the integer GEMM channels-last
     /// (`QConvPlan::channels_last`).
     QConv,
+}
+
+/// Whether a QLinearConv of X `xs` by W `ws` has a channels-last kernel: dense (group 1) or
+/// depthwise (`group == C == M`, one input channel per group).
+fn qconv_channels_last(group: usize, xs: &[usize], ws: &[usize]) -> bool {
+    match (xs, ws) {
+        ([_, c, _, _], [m, cg, _, _]) => (group == 1 && cg == c) || (group == *c && m == c && *cg == 1 && *c > 1),
+        _ => false,
+    }
 }
 
 /// A PRelu's constant slope for a channels-last X: one element as it is, one value per
@@ -162,10 +171,9 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
         let ok = !already
             && int8(*x)
             && int8(*y)
-            && q.conv.group.max(1) == 1
             && xs.len() == 4
             && ws.len() == 4
-            && ws.get(1) == xs.get(1)
+            && qconv_channels_last(q.conv.group.max(1), &xs, &ws)
             && fixed_shape(g, *y).is_some_and(|s| s.len() == 4)
             && [1, 2, 6, 7].into_iter().all(one);
         return ok.then_some(Kind::QConv);

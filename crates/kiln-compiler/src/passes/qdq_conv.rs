@@ -412,8 +412,10 @@ mod tests {
 
     /// `x -> Q -> DQ -> Conv(DQ(W), DQ(bias_i32)) [-> act] -> Q -> DQ -> y`, the QDQ form ONNX
     /// Runtime's quantizer writes, per-channel s8 weights; 3x3 pad 1 stride `stride`.
-    fn graph(act: Act, stride: usize, signed_x: bool) -> Graph {
-        let (c, m, hw) = (5usize, 7usize, 6usize);
+    fn graph(act: Act, stride: usize, signed_x: bool, depthwise: bool) -> Graph {
+        let (c, hw) = (if depthwise { 20 } else { 5 }, 6usize);
+        let m = if depthwise { c } else { 7 };
+        let cg = if depthwise { 1 } else { c };
         let oh = (hw + 2 - 3) / stride + 1;
         let mut b = Builder::new();
         let x = b.input("x", &[1, c, hw, hw]);
@@ -425,10 +427,10 @@ mod tests {
         };
         let xq = b.node_typed(quantize(), &[Some(x), Some(sx), Some(zx)], &[(xdt, &[1, c, hw, hw])])[0];
         let xd = b.node(dequantize(1), &[Some(xq), Some(sx), Some(zx)], &[&[1, c, hw, hw]])[0];
-        let wv: Vec<i8> = (0..m * c * 9).map(|i| ((i * 37 + 11) % 255) as u8 as i8).collect();
+        let wv: Vec<i8> = (0..m * cg * 9).map(|i| ((i * 37 + 11) % 255) as u8 as i8).collect();
         let w = b.constant(
             "w",
-            Tensor::from_vec(vec![m, c, 3, 3], wv).unwrap_or_else(|e| panic!("{e}")),
+            Tensor::from_vec(vec![m, cg, 3, 3], wv).unwrap_or_else(|e| panic!("{e}")),
         );
         let swv: Vec<f32> = (0..m).map(|j| 0.002 + 0.0003 * j as f32).collect();
         let sw = b.constant("sw", f32s(&[m], &swv));
@@ -436,14 +438,14 @@ mod tests {
             "zw",
             Tensor::from_vec(vec![m], vec![0i8; m]).unwrap_or_else(|e| panic!("{e}")),
         );
-        let wd = b.node(dequantize(0), &[Some(w), Some(sw), Some(zw)], &[&[m, c, 3, 3]])[0];
+        let wd = b.node(dequantize(0), &[Some(w), Some(sw), Some(zw)], &[&[m, cg, 3, 3]])[0];
         let bq: Vec<i32> = (0..m as i32).map(|j| j * 97 - 300).collect();
         let bq = b.constant("bq", Tensor::from_vec(vec![m], bq).unwrap_or_else(|e| panic!("{e}")));
         let sb: Vec<f32> = swv.iter().map(|s| s * 0.01).collect();
         let sb = b.constant("sb", f32s(&[m], &sb));
         let bd = b.node(dequantize(0), &[Some(bq), Some(sb)], &[&[m]])[0];
         let conv = Op::Nn(NnOp::Conv(Conv {
-            group: 1,
+            group: if depthwise { c } else { 1 },
             pads: vec![1; 4],
             strides: vec![stride; 2],
             ..Default::default()
@@ -475,13 +477,15 @@ mod tests {
     /// as channels-first exactly.
     #[test]
     fn qdq_convolutions_become_integer_and_run_channels_last() {
-        for (act, stride, signed_x) in [
-            (Act::None, 1, false),
-            (Act::Relu, 1, false),
-            (Act::Clip6, 2, false),
-            (Act::Relu, 2, true),
+        for (act, stride, signed_x, depthwise) in [
+            (Act::None, 1, false, false),
+            (Act::Relu, 1, false, false),
+            (Act::Clip6, 2, false, false),
+            (Act::Relu, 2, true, false),
+            (Act::Relu, 1, false, true),
+            (Act::Clip6, 2, true, true),
         ] {
-            let mut g = graph(act, stride, signed_x);
+            let mut g = graph(act, stride, signed_x, depthwise);
             let before = g.clone();
             assert_eq!(run(&mut g).unwrap_or_else(|e| panic!("{e}")), 1);
             g.verify().unwrap_or_else(|e| panic!("{e}"));
@@ -491,7 +495,8 @@ mod tests {
                 !names.contains(&"Conv") && !names.contains(&"Relu") && !names.contains(&"Clip"),
                 "{names:?}"
             );
-            let x = noise(&[1, 5, 6, 6], 3);
+            let c = if depthwise { 20 } else { 5 };
+            let x = noise(&[1, c, 6, 6], 3);
             let want = run_graph(&before, vec![x.clone()]);
             let got = run_graph(&g, vec![x.clone()]);
             let (w, gv) = (want[0].to_f64_vec(), got[0].to_f64_vec());
@@ -520,7 +525,7 @@ mod tests {
 
     #[test]
     fn a_conv_whose_result_has_another_reader_stays_float() {
-        let mut g = graph(Act::Relu, 1, false);
+        let mut g = graph(Act::Relu, 1, false, false);
         // Make the Conv's output a graph output as well.
         let conv_out = g
             .nodes

@@ -18,8 +18,10 @@ use kiln_kernels::quant::{Q8, requantize_row};
 use kiln_tensor::{DType, Element, Tensor};
 use std::sync::Mutex;
 
-/// Bytes of im2col rows per block of output pixels: with the block's i32 sums, within L2.
-const BLOCK_BYTES: usize = 96 * 1024;
+/// Bytes of im2col rows (and of i32 sums) per block of output pixels: both within L2.
+const BLOCK_BYTES: usize = 256 * 1024;
+/// Fewest rows per block when the packed weights are larger than [`BLOCK_BYTES`].
+const MIN_ROWS_BIG_B: usize = 128;
 
 pub(crate) fn eval(op: &QLinearConv, plan: &QConvPlan, args: &Args<'_>) -> Result<Outputs> {
     if !plan.channels_last {
@@ -146,11 +148,13 @@ where
     let &[m, cg, kh, kw] = w.shape() else {
         return Err(OpError::input_shape(3, "[M, C, kH, kW]", w.shape()));
     };
-    if op.conv.group.max(1) != 1 || cg != c {
+    let group = op.conv.group.max(1);
+    let depthwise = group == c && m == c && cg == 1 && c > 1;
+    if !(depthwise || (group == 1 && cg == c)) {
         return Err(OpError::inputs(
             0,
             3,
-            "a dense convolution (group 1) channels-last",
+            "a dense (group 1) or depthwise convolution channels-last",
             x.shape(),
             w.shape(),
         ));
@@ -176,6 +180,38 @@ where
     }
     let zx = scalar_zero_point::<T>(args, 2)?;
     let zw = args.opt_tensor(5)?;
+    let (bias, mults, zy) = conv_requant(args, m)?;
+    let bias = bias.unwrap_or_else(|| vec![0.0; m]);
+    let odt = O::DTYPE;
+    let (mut lo, mut hi) = int_range(odt).ok_or(OpError::UnsupportedDType { index: 7, got: odt })?;
+    if let Some((a, b)) = plan.clamp {
+        lo = lo.max(f64::from(a));
+        hi = hi.min(f64::from(b));
+    }
+    let requant = Requant {
+        bias: &bias,
+        mults: &mults,
+        zy,
+        range: (lo, hi),
+    };
+    let xs = x.as_slice::<T>()?;
+    if depthwise {
+        let taps = depthwise_taps(w, zw)?;
+        let win = Window {
+            n,
+            h,
+            w: wd,
+            c,
+            kh,
+            kw,
+            oh,
+            ow,
+            stride: (sh, sw),
+            dilation: (dh, dw),
+            pad: (ph, pw),
+        };
+        return depthwise_conv::<T, O>(xs, zx, &taps, &win, &requant);
+    }
     let packed = match w.dtype() {
         DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw)),
         DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw)),
@@ -193,23 +229,20 @@ where
             w.shape(),
         ));
     }
-    let (bias, mults, zy) = conv_requant(args, m)?;
-    let bias = bias.unwrap_or_else(|| vec![0.0; m]);
-    let odt = O::DTYPE;
-    let (mut lo, mut hi) = int_range(odt).ok_or(OpError::UnsupportedDType { index: 7, got: odt })?;
-    if let Some((a, b)) = plan.clamp {
-        lo = lo.max(f64::from(a));
-        hi = hi.min(f64::from(b));
-    }
     let pixels = n * oh * ow;
     let mut y: Vec<O> = vec![O::default(); util::checked_numel(&[pixels, m])?];
-    let xs = x.as_slice::<T>()?;
     let pad = T::try_from_i32(zx);
     let pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == wd;
-    // Whole micro-tiles of rows; about two blocks per thread at least.
+    // Blocks of whole micro-tiles of rows whose im2col rows and i32 sums stay in L2; at
+    // least `MIN_ROWS_BIG_B` when the weights themselves outgrow L2, since each block reads
+    // all of them; about two blocks per thread when there are several threads.
     let threads = kiln_kernels::pool::current_threads().max(1);
-    let by_cache = (BLOCK_BYTES / (k + 4 * m).max(1)).clamp(8, 512);
-    let rows = by_cache.min(pixels.div_ceil(2 * threads)).div_ceil(8) * 8;
+    let mut rows = (BLOCK_BYTES / k.max(1)).min(BLOCK_BYTES / (4 * m).max(1)).clamp(8, 512);
+    if k * m > BLOCK_BYTES {
+        rows = rows.max(MIN_ROWS_BIG_B);
+    }
+    let split = if threads > 1 { 2 * threads } else { 1 };
+    let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
     let isa = kiln_kernels::isa::active();
     let failure: Mutex<Option<OpError>> = Mutex::new(None);
     let fail = |e: OpError| {
@@ -268,7 +301,7 @@ where
             return;
         }
         for (orow, arow) in out.chunks_exact_mut(m).zip(acc.chunks_exact(m)) {
-            requantize_row(arow, &bias, &mults, zy, (lo, hi), orow);
+            requant.row(arow, orow);
         }
     });
     if let Some(e) = failure.into_inner().ok().flatten() {
@@ -292,4 +325,181 @@ impl FromZeroPoint for i8 {
     fn try_from_i32(v: i32) -> i8 {
         v.clamp(-128, 127) as i8
     }
+}
+
+/// The requantization of one convolution: per output channel bias and multiplier, the
+/// output zero point and the clamped range.
+struct Requant<'a> {
+    bias: &'a [f64],
+    mults: &'a [f64],
+    zy: f64,
+    range: (f64, f64),
+}
+
+impl Requant<'_> {
+    fn row<O: Quantized>(&self, acc: &[i32], out: &mut [O]) {
+        requantize_row(acc, self.bias, self.mults, self.zy, self.range, out);
+    }
+}
+
+/// A depthwise convolution's geometry (X `[n, h, w, c]`, Y `[n, oh, ow, c]`).
+struct Window {
+    n: usize,
+    h: usize,
+    w: usize,
+    c: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    stride: (usize, usize),
+    dilation: (usize, usize),
+    pad: (usize, usize),
+}
+
+/// One output row `(b, oy)` of [`depthwise_conv`]: per pixel, blocks of [`LANES`] channels
+/// summed over the live taps in registers, then requantized.
+struct DepthwiseRow<'a, T, O> {
+    xs: &'a [T],
+    zx: i32,
+    taps: &'a [i32],
+    win: &'a Window,
+    b: usize,
+    oy: usize,
+    out: &'a mut [O],
+    acc: &'a mut [i32],
+    requant: &'a Requant<'a>,
+}
+
+impl<T: Int8, O: Quantized> kiln_kernels::simd::Kernel for DepthwiseRow<'_, T, O> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let DepthwiseRow {
+            xs,
+            zx,
+            taps,
+            win,
+            b,
+            oy,
+            out,
+            acc,
+            requant,
+        } = self;
+        let Window {
+            h,
+            w,
+            c,
+            kh,
+            kw,
+            stride: (sh, sw),
+            dilation: (dh, dw),
+            pad: (ph, pw),
+            ..
+        } = *win;
+        let mut live: Vec<(usize, usize)> = Vec::with_capacity(kh * kw);
+        for (ox, orow) in out.chunks_exact_mut(c).enumerate() {
+            live.clear();
+            for ky in 0..kh {
+                let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&v| v < h) else {
+                    continue;
+                };
+                for kx in 0..kw {
+                    if let Some(ix) = (ox * sw + kx * dw).checked_sub(pw).filter(|&v| v < w) {
+                        live.push((((b * h + iy) * w + ix) * c, (ky * kw + kx) * c));
+                    }
+                }
+            }
+            let mut j0 = 0;
+            while j0 + LANES <= c {
+                let mut a = [0i32; LANES];
+                for &(src, t) in &live {
+                    let (Some(xr), Some(wr)) = (xs.get(src + j0..src + j0 + LANES), taps.get(t + j0..t + j0 + LANES))
+                    else {
+                        continue;
+                    };
+                    for ((a, &xv), &wv) in a.iter_mut().zip(xr).zip(wr) {
+                        *a += (xv.widen() - zx) * wv;
+                    }
+                }
+                if let Some(d) = acc.get_mut(j0..j0 + LANES) {
+                    d.copy_from_slice(&a);
+                }
+                j0 += LANES;
+            }
+            if j0 < c {
+                let rest = acc.get_mut(j0..c).unwrap_or_default();
+                rest.iter_mut().for_each(|a| *a = 0);
+                for &(src, t) in &live {
+                    let (Some(xr), Some(wr)) = (xs.get(src + j0..src + c), taps.get(t + j0..t + c)) else {
+                        continue;
+                    };
+                    for ((a, &xv), &wv) in rest.iter_mut().zip(xr).zip(wr) {
+                        *a += (xv.widen() - zx) * wv;
+                    }
+                }
+            }
+            requant.row(acc, orow);
+        }
+    }
+}
+
+/// Channels per register block of the depthwise loop (one 512-bit vector of i32).
+const LANES: usize = 16;
+
+/// A depthwise W `[c, 1, kh, kw]` as `[tap][c]` i32 values with their zero points taken out.
+fn depthwise_taps(w: &Tensor, zw: Option<&Tensor>) -> Result<Vec<i32>> {
+    let &[c, _, kh, kw] = w.shape() else {
+        return Err(OpError::input_shape(3, "[C, 1, kH, kW]", w.shape()));
+    };
+    let wv: Vec<i32> = w.to_f64_vec().into_iter().map(|v| v as i32).collect();
+    let zv: Vec<i32> = zw.map_or_else(|| vec![0], |z| z.to_f64_vec().into_iter().map(|v| v as i32).collect());
+    if !(zv.len() == 1 || zv.len() == c) {
+        return Err(OpError::input_shape(
+            5,
+            format!("1 or {c} zero points"),
+            zw.map_or(&[][..], |z| z.shape()),
+        ));
+    }
+    let taps = kh * kw;
+    let mut out = vec![0i32; taps * c];
+    for ch in 0..c {
+        let z = zv.get(ch).or(zv.first()).copied().unwrap_or(0);
+        for t in 0..taps {
+            if let (Some(o), Some(&v)) = (out.get_mut(t * c + ch), wv.get(ch * taps + t)) {
+                *o = v - z;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The depthwise convolution channels-last: each output pixel's sums over its taps in i32,
+/// vectorised along channels, then requantized; rows of output pixels over the pool.
+fn depthwise_conv<T, O>(xs: &[T], zx: i32, taps: &[i32], win: &Window, requant: &Requant<'_>) -> Result<Tensor>
+where
+    T: Int8 + Element,
+    O: Quantized,
+{
+    let Window { n, c, oh, ow, .. } = *win;
+    let mut y: Vec<O> = vec![O::default(); util::checked_numel(&[n, oh, ow, c])?];
+    kiln_kernels::pool::for_each_chunk_mut(&mut y, ow * c, &|row, out| {
+        let (b, oy) = (row / oh.max(1), row % oh.max(1));
+        let mut acc = vec![0i32; c];
+        // One vectorised region for the whole row (a struct kernel: inlined into the
+        // level's compiled copy, which a closure this size may not be).
+        kiln_kernels::simd::vectorize_kernel(DepthwiseRow {
+            xs,
+            zx,
+            taps,
+            win,
+            b,
+            oy,
+            out,
+            acc: &mut acc,
+            requant,
+        });
+    });
+    Ok(Tensor::from_vec(vec![n, oh, ow, c], y)?)
 }

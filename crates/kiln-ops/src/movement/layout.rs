@@ -99,6 +99,26 @@ impl Transpose {
             }
             return Ok(Tensor::from_buf(out_shape, out)?);
         }
+        // 8-bit tensors (quantized models' channels-last edges) on the same loop nest, with
+        // the scalar block transpose.
+        macro_rules! bytes {
+            ($t:ty) => {
+                if let Ok(v) = x.as_slice::<$t>() {
+                    let mut out = v.to_vec();
+                    let block: BlockFn<'_, $t> = &kiln_kernels::transpose::transpose::<$t>;
+                    if !permute_into(v, x.shape(), &perm, &mut out, block) {
+                        return Err(OpError::input_shape(
+                            0,
+                            format!("a shape of {} elements, as its data", v.len()),
+                            x.shape(),
+                        ));
+                    }
+                    return Ok(Tensor::from_vec(out_shape.to_vec(), out)?);
+                }
+            };
+        }
+        bytes!(u8);
+        bytes!(i8);
         let (shape, idx) = transpose_map(x.shape(), &perm)?;
         Ok(x.gather_flat(shape, &idx)?)
     }
