@@ -10,7 +10,7 @@
 use crate::CompileError;
 use crate::passes::{
     attention, bn, captures, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout,
-    matmul_add, patterns, pointwise_depthwise, qdq_conv, qdq_matmul, residual, shape, unit_transpose,
+    matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_conv, qdq_matmul, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -116,6 +116,13 @@ const PIPELINE: &[Pass] = &[
         level: 2,
         deep: true,
         run: qdq_conv::run,
+    },
+    // QDQ additions (residuals) to QLinearAdd: one 8-bit pass, the same bits.
+    Pass {
+        name: "qdq_add",
+        level: 2,
+        deep: true,
+        run: qdq_add::run,
     },
     // Collapses the shape arithmetic and constant subexpressions, with the runtime's kernels.
     Pass {

@@ -100,6 +100,37 @@ pub fn requantize_row<T: Q8>(
     })
 }
 
+/// One 8-bit operand of [`add_dequantized_row`]: values, scale and zero point.
+#[derive(Clone, Copy)]
+pub struct Operand<'a, T> {
+    pub values: &'a [T],
+    pub scale: f32,
+    pub zero_point: f32,
+}
+
+/// `y[i] = quantize(dequantize(a[i]) + dequantize(b[i]))` over `min(len)` elements: ONNX's
+/// `QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b))` in its f32 arithmetic, every
+/// step rounded as the three ops round it (the same bits as [`dequantize_row`], an f32 add and
+/// [`quantize_row`]), in one pass.
+pub fn add_dequantized_row<A: Q8, B: Q8, T: Q8>(
+    a: Operand<'_, A>,
+    b: Operand<'_, B>,
+    y: &mut [T],
+    scale: f32,
+    zero_point: f32,
+) {
+    crate::simd::vectorize(|| {
+        for ((o, &x), &z) in y.iter_mut().zip(a.values).zip(b.values) {
+            let v = (x.to_f32() - a.zero_point) * a.scale + (z.to_f32() - b.zero_point) * b.scale;
+            let t = (v / scale).clamp(-BIG, BIG);
+            let r = (t + ROUND) - ROUND;
+            let q = (r + zero_point).clamp(T::LO, T::HI);
+            let q = if q.is_nan() { 0.0 } else { q };
+            *o = T::from_low_byte((q + ROUND).to_bits());
+        }
+    })
+}
+
 /// `y[i] = (x[i] - zero_point) * scale` over `min(len)` elements.
 pub fn dequantize_row<T: Q8>(x: &[T], y: &mut [f32], scale: f32, zero_point: T) {
     let z = zero_point.to_f32();

@@ -1,6 +1,6 @@
 //! The quantize / dequantize rows against the ONNX formulas computed directly.
 
-use kiln_kernels::quant::{Q8, dequantize_row, min_max, quantize_row, requantize_row};
+use kiln_kernels::quant::{Operand, Q8, add_dequantized_row, dequantize_row, min_max, quantize_row, requantize_row};
 use proptest::prelude::*;
 
 fn reference<T: Q8>(x: f32, scale: f32, zp: f32) -> T {
@@ -65,6 +65,34 @@ proptest! {
             let wi = want(acc[j], bias[j], mult[j], zyf - 128.0, clamp.0.max(-128.0), clamp.1.min(127.0));
             prop_assert_eq!(f64::from(yi[j]), wi, "i8 element {}", j);
         }
+    }
+
+    /// The fused add of two dequantized operands gives the bits of the three ops run apart.
+    #[test]
+    fn add_dequantized_matches_the_three_ops(
+        a in prop::collection::vec(any::<u8>(), 0..70),
+        seed in any::<u64>(),
+        sa in prop::sample::select(vec![0.02f32, 0.5, 1.0, 0.0173]),
+        sb in prop::sample::select(vec![0.03f32, 0.25, 1.0, 0.0091]),
+        sy in prop::sample::select(vec![0.05f32, 0.5, 1.0, 0.0231]),
+        za in any::<u8>(), zb in any::<i8>(), zy in any::<u8>(),
+    ) {
+        let n = a.len();
+        let mut s = seed;
+        let b: Vec<i8> = (0..n).map(|_| { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 40) as i8 }).collect();
+        let (mut fa, mut fb) = (vec![0f32; n], vec![0f32; n]);
+        dequantize_row(&a, &mut fa, sa, za);
+        dequantize_row(&b, &mut fb, sb, zb);
+        let sum: Vec<f32> = fa.iter().zip(&fb).map(|(x, y)| x + y).collect();
+        let mut want = vec![0u8; n];
+        quantize_row(&sum, &mut want, sy, f32::from(zy));
+        let mut got = vec![0u8; n];
+        add_dequantized_row(
+            Operand { values: &a, scale: sa, zero_point: f32::from(za) },
+            Operand { values: &b, scale: sb, zero_point: f32::from(zb) },
+            &mut got, sy, f32::from(zy),
+        );
+        prop_assert_eq!(got, want);
     }
 
     #[test]

@@ -86,6 +86,9 @@ enum Kind {
     /// A QuantizeLinear or DequantizeLinear of a rank-4 value with one scale and zero point
     /// (per tensor): the same per element in either layout, whatever the two dtypes.
     Quant,
+    /// A `QLinearAdd` of two same-shaped rank-4 values: the same per element in either
+    /// layout, its operands in slots 0 and 3.
+    QAdd,
     /// A 2-D dense (group 1) or depthwise `QLinearConv` of an 8-bit rank-4 value with constant weights and
     /// one scale and zero point for X and for Y: the integer GEMM channels-last
     /// (`QConvPlan::channels_last`).
@@ -149,6 +152,16 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             && dtype_of(g, *y).is_some()
             && node.inputs.iter().skip(1).all(one);
         return ok.then_some(Kind::Quant);
+    }
+    if let NodeKind::Op(Op::Quant(QuantOp::QLinearAdd(_))) = &node.kind {
+        let (Some(Some(a)), Some(Some(b)), [Some(y)]) =
+            (node.inputs.first(), node.inputs.get(3), node.outputs.as_slice())
+        else {
+            return None;
+        };
+        let s = fixed_shape(g, *a).filter(|s| s.len() == 4)?;
+        let ok = fixed_shape(g, *b).as_ref() == Some(&s) && fixed_shape(g, *y).as_ref() == Some(&s);
+        return ok.then_some(Kind::QAdd);
     }
     if let NodeKind::Op(Op::Quant(QuantOp::QLinearConv(q))) = &node.kind {
         let (Some(Some(x)), Some(Some(w)), [Some(y)]) =
@@ -414,6 +427,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             matches!(k, Some(Kind::Dense | Kind::Depthwise | Kind::Grouped | Kind::QConv))
                 || (matches!(k, Some(Kind::MaxPool | Kind::GlobalPool | Kind::Affine)) && reads_twin)
                 || (k == Some(Kind::Binary) && (twin_in(0) || twin_in(1)))
+                || (k == Some(Kind::QAdd) && (twin_in(0) || twin_in(3)))
                 || (matches!(k, Some(Kind::Unary | Kind::PRelu | Kind::Quant)) && reads_twin)
                 || (k == Some(Kind::Resize) && reads_twin && resize_ok)
                 || (k == Some(Kind::Concat) && (0..node.inputs.len()).any(twin_in))
@@ -434,6 +448,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             && input_shape(1).is_some_and(|ws| ws.iter().skip(1).product::<usize>() <= GATHER_MAX_DEPTH);
         let slots: Vec<usize> = match k {
             Some(Kind::Binary) => vec![0, 1],
+            Some(Kind::QAdd) => vec![0, 3],
             Some(Kind::Unary | Kind::Resize | Kind::PRelu | Kind::Quant | Kind::QConv) => vec![0],
             Some(Kind::Concat) => (0..node.inputs.len()).collect(),
             _ => vec![0, 3],

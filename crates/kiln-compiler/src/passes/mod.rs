@@ -22,6 +22,7 @@ pub mod layout;
 pub(crate) mod matmul_add;
 pub(crate) mod patterns;
 pub(crate) mod pointwise_depthwise;
+pub(crate) mod qdq_add;
 pub(crate) mod qdq_conv;
 pub(crate) mod qdq_matmul;
 pub(crate) mod residual;

@@ -244,6 +244,19 @@ where
     let split = if threads > 1 { 2 * threads } else { 1 };
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
     let isa = kiln_kernels::isa::active();
+    let geo = Window {
+        n,
+        h,
+        w: wd,
+        c,
+        kh,
+        kw,
+        oh,
+        ow,
+        stride: (sh, sw),
+        dilation: (dh, dw),
+        pad: (ph, pw),
+    };
     let failure: Mutex<Option<OpError>> = Mutex::new(None);
     let fail = |e: OpError| {
         if let Ok(mut f) = failure.lock() {
@@ -253,56 +266,35 @@ where
     kiln_kernels::pool::for_each_chunk_mut(&mut y, rows * m, &|i, out| {
         let p0 = i * rows;
         let r = out.len() / m.max(1);
-        let mut acc = vec![0i32; r * m];
-        let mut cols: Vec<T> = Vec::new();
-        let (a, lda) = if pointwise {
-            (xs.get(p0 * c..).unwrap_or(&[]), c)
-        } else {
-            cols.resize(r * k, pad);
-            for (rr, dst) in cols.chunks_exact_mut(k).enumerate() {
-                let p = p0 + rr;
-                let (b, oy, ox) = (p / (oh * ow), (p / ow) % oh, p % ow);
-                for ky in 0..kh {
-                    let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&v| v < h) else {
-                        continue;
-                    };
-                    // Undilated windows wholly inside the row: one run of `kw * c` values.
-                    let first = (ox * sw).checked_sub(pw);
-                    if dw == 1
-                        && let Some(ix) = first.filter(|&v| v + kw <= wd)
-                    {
-                        let src = ((b * h + iy) * wd + ix) * c;
-                        let d = ky * kw * c;
-                        if let (Some(s), Some(t)) = (xs.get(src..src + kw * c), dst.get_mut(d..d + kw * c)) {
-                            t.copy_from_slice(s);
-                        }
-                        continue;
-                    }
-                    for kx in 0..kw {
-                        let Some(ix) = (ox * sw + kx * dw).checked_sub(pw).filter(|&v| v < wd) else {
-                            continue;
-                        };
-                        let src = ((b * h + iy) * wd + ix) * c;
-                        let d = (ky * kw + kx) * c;
-                        if let (Some(s), Some(t)) = (xs.get(src..src + c), dst.get_mut(d..d + c)) {
-                            t.copy_from_slice(s);
-                        }
-                    }
-                }
+        // This thread's scratch: the block's i32 sums and im2col rows, kept between calls
+        // (every element is written before it is read).
+        ACC.with_borrow_mut(|acc| {
+            if acc.len() < r * m {
+                acc.resize(r * m, 0);
             }
-            (&cols[..], k)
-        };
-        if let Err(e) = igemm_serial(isa, r, k, a, lda, zx, packed, &mut acc, m) {
-            fail(OpError::input_value(
-                0,
-                "a convolution whose exact sums fit int32",
-                e.to_string(),
-            ));
-            return;
-        }
-        for (orow, arow) in out.chunks_exact_mut(m).zip(acc.chunks_exact(m)) {
-            requant.row(arow, orow);
-        }
+            T::with_cols(r * k, |cols| {
+                let (a, lda) = if pointwise {
+                    (xs.get(p0 * c..).unwrap_or(&[]), c)
+                } else {
+                    for (rr, dst) in cols.chunks_exact_mut(k).enumerate() {
+                        im2col_row(xs, &geo, p0 + rr, pad, dst);
+                    }
+                    (&cols[..], k)
+                };
+                let acc = acc.get_mut(..r * m).unwrap_or_default();
+                if let Err(e) = igemm_serial(isa, r, k, a, lda, zx, packed, acc, m) {
+                    fail(OpError::input_value(
+                        0,
+                        "a convolution whose exact sums fit int32",
+                        e.to_string(),
+                    ));
+                    return;
+                }
+                for (orow, arow) in out.chunks_exact_mut(m).zip(acc.chunks_exact(m)) {
+                    requant.row(arow, orow);
+                }
+            });
+        });
     });
     if let Some(e) = failure.into_inner().ok().flatten() {
         return Err(e);
@@ -310,20 +302,93 @@ where
     Ok(Tensor::from_vec(vec![n, oh, ow, m], y)?)
 }
 
-/// The padding value: X's zero point in X's type.
-trait FromZeroPoint: Sized {
+thread_local! {
+    /// Each thread's i32 sums of its current block of output pixels.
+    static ACC: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's im2col rows, per 8-bit type.
+    static COLS_U8: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static COLS_I8: std::cell::RefCell<Vec<i8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An 8-bit X element: its padding value, and this thread's im2col scratch of its type.
+trait FromZeroPoint: Sized + Copy + Default {
+    /// The padding value: X's zero point in X's type.
     fn try_from_i32(v: i32) -> Self;
+    /// Runs `f` on this thread's scratch of `len` values (contents unspecified).
+    fn with_cols<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
 }
 
 impl FromZeroPoint for u8 {
     fn try_from_i32(v: i32) -> u8 {
         v.clamp(0, 255) as u8
     }
+    fn with_cols<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        COLS_U8.with_borrow_mut(|v| {
+            if v.len() < len {
+                v.resize(len, 0);
+            }
+            f(v.get_mut(..len).unwrap_or_default())
+        })
+    }
 }
 
 impl FromZeroPoint for i8 {
     fn try_from_i32(v: i32) -> i8 {
         v.clamp(-128, 127) as i8
+    }
+    fn with_cols<R>(len: usize, f: impl FnOnce(&mut [i8]) -> R) -> R {
+        COLS_I8.with_borrow_mut(|v| {
+            if v.len() < len {
+                v.resize(len, 0);
+            }
+            f(v.get_mut(..len).unwrap_or_default())
+        })
+    }
+}
+
+/// The im2col row of output pixel `p` (`[ky][kx][c]`, `kh * kw * c` values), every value
+/// written: X's, or `pad` (X's zero point) outside it.
+fn im2col_row<T: Copy>(xs: &[T], g: &Window, p: usize, pad: T, dst: &mut [T]) {
+    let Window {
+        h,
+        w,
+        c,
+        kh,
+        kw,
+        oh,
+        ow,
+        stride: (sh, sw),
+        dilation: (dh, dw),
+        pad: (ph, pw),
+        ..
+    } = *g;
+    let (b, oy, ox) = (p / (oh * ow).max(1), (p / ow.max(1)) % oh.max(1), p % ow.max(1));
+    for (ky, seg) in dst.chunks_exact_mut(kw * c).enumerate().take(kh) {
+        let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&v| v < h) else {
+            seg.fill(pad);
+            continue;
+        };
+        // Undilated windows wholly inside the row: one run of `kw * c` values.
+        if dw == 1
+            && let Some(ix) = (ox * sw).checked_sub(pw).filter(|&v| v + kw <= w)
+        {
+            let src = ((b * h + iy) * w + ix) * c;
+            match xs.get(src..src + kw * c) {
+                Some(s) => seg.copy_from_slice(s),
+                None => seg.fill(pad),
+            }
+            continue;
+        }
+        for (kx, t) in seg.chunks_exact_mut(c).enumerate() {
+            let src = (ox * sw + kx * dw)
+                .checked_sub(pw)
+                .filter(|&v| v < w)
+                .and_then(|ix| xs.get(((b * h + iy) * w + ix) * c..((b * h + iy) * w + ix + 1) * c));
+            match src {
+                Some(s) => t.copy_from_slice(s),
+                None => t.fill(pad),
+            }
+        }
     }
 }
 

@@ -1,12 +1,15 @@
 //! Family module: quantization ops: `QuantizeLinear`, `DequantizeLinear`,
-//! `DynamicQuantizeLinear`, `MatMulInteger`, `ConvInteger`, `QLinearMatMul`, `QLinearConv`.
+//! `DynamicQuantizeLinear`, `MatMulInteger`, `ConvInteger`, `QLinearMatMul`, `QLinearConv`, and
+//! kiln's fused `QLinearAdd`.
 
 pub mod integer;
 pub mod linear;
+mod qadd;
 mod qconv;
 
 pub use integer::{AutoPad, ConvAttrs, ConvInteger, MatMulInteger, PackCache, QLinearConv, QLinearMatMul};
 pub use linear::{DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear};
+pub use qadd::QLinearAdd;
 
 op_family! {
     /// The quantization family.
@@ -18,5 +21,6 @@ op_family! {
         ConvInteger(ConvInteger),
         QLinearMatMul(QLinearMatMul),
         QLinearConv(QLinearConv),
+        QLinearAdd(QLinearAdd),
     }
 }

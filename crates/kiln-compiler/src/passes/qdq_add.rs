@@ -1,0 +1,185 @@
+//! QDQ residual additions to one 8-bit op: an f32 `Add` of two `DequantizeLinear`s (8-bit
+//! inputs, one constant scale and zero point each, the same fixed shape) whose sum only a
+//! per-tensor `QuantizeLinear` reads becomes
+//!
+//! ```text
+//! QLinearAdd(a_q, sa, za, b_q, sb, zb, sy, zy)
+//! ```
+//!
+//! one pass over 8-bit data instead of two dequantizations, an f32 add and a quantization,
+//! with the same value bit for bit (`QLinearAdd` rounds every step as the three ops do).
+//! With the integer convolutions (`qdq_conv`), a quantized ResNet keeps its activations
+//! 8-bit from block to block. The dequantize nodes stay for any other reader.
+
+use super::edit::{Index, dtype_of, fixed_shape};
+use crate::CompileError;
+use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
+use kiln_ops::elementwise::{Binary, BinaryOp, ElementwiseOp};
+use kiln_ops::quant::{DequantizeLinear, QLinearAdd, QuantOp, QuantizeLinear};
+use kiln_tensor::DType;
+use std::collections::HashMap;
+
+pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
+    let index = Index::new(g);
+    // Add node -> (its replacement, the QuantizeLinear it absorbs).
+    let mut found: HashMap<usize, (Node, usize)> = HashMap::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        if let Some(f) = find(g, &index, node) {
+            found.insert(i, f);
+        }
+    }
+    let count = found.len();
+    if count == 0 {
+        return Ok(0);
+    }
+    let dead: Vec<usize> = found.values().map(|(_, q)| *q).collect();
+    let old = std::mem::take(&mut g.nodes);
+    for (i, node) in old.into_iter().enumerate() {
+        if dead.contains(&i) {
+            continue;
+        }
+        match found.remove(&i) {
+            Some((new, _)) => g.nodes.push(new),
+            None => g.nodes.push(node),
+        }
+    }
+    Ok(count)
+}
+
+/// `v`'s per-tensor DequantizeLinear of an 8-bit value with constant one-element scale (f32)
+/// and zero point: its inputs.
+fn dequantized(g: &Graph, index: &Index, v: ValueId) -> Option<[Option<ValueId>; 3]> {
+    let node = g.nodes.get(index.producer(v)?)?;
+    let NodeKind::Op(Op::Quant(QuantOp::DequantizeLinear(DequantizeLinear {
+        block_size: 0,
+        output_dtype: None | Some(DType::F32),
+        ..
+    }))) = &node.kind
+    else {
+        return None;
+    };
+    let x = node.inputs.first().copied().flatten()?;
+    let s = node.inputs.get(1).copied().flatten()?;
+    let z = node.inputs.get(2).copied().flatten();
+    let one = |v: ValueId| index.tensor(g, v).is_some_and(|t| t.len() == 1);
+    let ok = matches!(dtype_of(g, x), Some(DType::U8 | DType::I8))
+        && one(s)
+        && dtype_of(g, s) == Some(DType::F32)
+        && z.is_none_or(|z| one(z) && dtype_of(g, z) == dtype_of(g, x));
+    ok.then_some([Some(x), Some(s), z])
+}
+
+fn find(g: &Graph, index: &Index, node: &Node) -> Option<(Node, usize)> {
+    let NodeKind::Op(Op::Elementwise(ElementwiseOp::Binary(Binary {
+        op: BinaryOp::Add,
+        legacy_axis: None,
+    }))) = &node.kind
+    else {
+        return None;
+    };
+    let ([Some(a), Some(b)], [Some(y)]) = (node.inputs.as_slice(), node.outputs.as_slice()) else {
+        return None;
+    };
+    let shape = fixed_shape(g, *a)?;
+    if fixed_shape(g, *b).as_ref() != Some(&shape) || fixed_shape(g, *y).as_ref() != Some(&shape) {
+        return None;
+    }
+    let (da, db) = (dequantized(g, index, *a)?, dequantized(g, index, *b)?);
+    // The sum's one reader: a per-tensor QuantizeLinear to 8 bits.
+    let (&[r], false) = (index.readers(*y), index.is_output(*y)) else {
+        return None;
+    };
+    let q = g.nodes.get(r)?;
+    let NodeKind::Op(Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear { block_size: 0, .. }))) = &q.kind else {
+        return None;
+    };
+    let (Some(Some(sy)), zy, [Some(yq)]) = (
+        q.inputs.get(1),
+        q.inputs.get(2).copied().flatten(),
+        q.outputs.as_slice(),
+    ) else {
+        return None;
+    };
+    let one = |v: ValueId| index.tensor(g, v).is_some_and(|t| t.len() == 1);
+    let ok = q.inputs.first().copied().flatten() == Some(*y)
+        && one(*sy)
+        && dtype_of(g, *sy) == Some(DType::F32)
+        && zy.is_none_or(one)
+        && matches!(dtype_of(g, *yq), Some(DType::U8 | DType::I8))
+        && (zy.is_some() || dtype_of(g, *yq) == Some(DType::U8));
+    if !ok {
+        return None;
+    }
+    let [xa, sa, za] = da;
+    let [xb, sb, zb] = db;
+    let new = Node {
+        name: node.name.clone(),
+        kind: NodeKind::Op(Op::Quant(QuantOp::QLinearAdd(QLinearAdd))),
+        inputs: vec![xa, sa, za, xb, sb, zb, Some(*sy), zy],
+        outputs: vec![Some(*yq)],
+        plan: None,
+    };
+    Some((new, r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::passes::testutil::*;
+    use kiln_tensor::Tensor;
+
+    fn quantize() -> Op {
+        Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear {
+            axis: 1,
+            saturate: true,
+            block_size: 0,
+            output_dtype: None,
+            precision: None,
+        }))
+    }
+
+    fn dequantize() -> Op {
+        Op::Quant(QuantOp::DequantizeLinear(DequantizeLinear {
+            axis: 1,
+            block_size: 0,
+            output_dtype: None,
+        }))
+    }
+
+    /// `Q(DQ(Q(x)) + DQ(Q(r))) -> DQ`: fused, the same output bit for bit, channels-last too.
+    #[test]
+    fn a_quantized_residual_add_becomes_one_op_with_the_same_bits() {
+        let shape = [1usize, 6, 5, 5];
+        let mut b = Builder::new();
+        let x = b.input("x", &shape);
+        let r = b.input("r", &shape);
+        let (sx, zx) = (
+            b.constant("sx", f32s(&[], &[0.013])),
+            b.constant("zx", Tensor::scalar(7u8)),
+        );
+        let (sr, zr) = (
+            b.constant("sr", f32s(&[], &[0.021])),
+            b.constant("zr", Tensor::scalar(131u8)),
+        );
+        let (sy, zy) = (
+            b.constant("sy", f32s(&[], &[0.017])),
+            b.constant("zy", Tensor::scalar(90u8)),
+        );
+        let xq = b.node_typed(quantize(), &[Some(x), Some(sx), Some(zx)], &[(DType::U8, &shape)])[0];
+        let rq = b.node_typed(quantize(), &[Some(r), Some(sr), Some(zr)], &[(DType::U8, &shape)])[0];
+        let xd = b.node(dequantize(), &[Some(xq), Some(sx), Some(zx)], &[&shape])[0];
+        let rd = b.node(dequantize(), &[Some(rq), Some(sr), Some(zr)], &[&shape])[0];
+        let s = b.binary(BinaryOp::Add, xd, rd, &shape);
+        let yq = b.node_typed(quantize(), &[Some(s), Some(sy), Some(zy)], &[(DType::U8, &shape)])[0];
+        let y = b.node(dequantize(), &[Some(yq), Some(sy), Some(zy)], &[&shape])[0];
+        let mut g = b.finish(&[y]);
+        let before = g.clone();
+        assert_eq!(run(&mut g).unwrap_or_else(|e| panic!("{e}")), 1);
+        g.verify().unwrap_or_else(|e| panic!("{e}"));
+        let names = op_names(&g);
+        assert!(names.contains(&"QLinearAdd") && !names.contains(&"Add"), "{names:?}");
+        let inputs = vec![noise(&shape, 1), noise(&shape, 2)];
+        let want = run_graph(&before, inputs.clone())[0].to_f64_vec();
+        assert_eq!(run_graph(&g, inputs)[0].to_f64_vec(), want);
+    }
+}
