@@ -100,6 +100,28 @@ pub fn requantize_row<T: Q8>(
     })
 }
 
+/// [`requantize_row`] in f32, as a QDQ graph's float convolution and QuantizeLinear compute
+/// it: `y[j] = clamp(round_half_even((f32(acc[j]) + bias[j]) * mult[j] + zero_point), lo, hi)`,
+/// every step rounded to f32 (`f32(acc)` is exact below 2^24 in magnitude), sixteen lanes a
+/// vector instead of eight.
+pub fn requantize_row_f32<T: Q8>(
+    acc: &[i32],
+    bias: &[f32],
+    mult: &[f32],
+    zero_point: f32,
+    (lo, hi): (f32, f32),
+    y: &mut [T],
+) {
+    let (lo, hi) = (lo.max(T::LO), hi.min(T::HI));
+    crate::simd::vectorize(|| {
+        for (((o, &a), &b), &m) in y.iter_mut().zip(acc).zip(bias).zip(mult) {
+            let v = ((a as f32 + b) * m + zero_point).max(-BIG).min(BIG);
+            let q = ((v + ROUND) - ROUND).max(lo).min(hi);
+            *o = T::from_low_byte((q + ROUND).to_bits());
+        }
+    })
+}
+
 /// One 8-bit operand of [`add_dequantized_row`]: values, scale and zero point.
 #[derive(Clone, Copy)]
 pub struct Operand<'a, T> {

@@ -1,6 +1,8 @@
 //! The quantize / dequantize rows against the ONNX formulas computed directly.
 
-use kiln_kernels::quant::{Operand, Q8, add_dequantized_row, dequantize_row, min_max, quantize_row, requantize_row};
+use kiln_kernels::quant::{
+    Operand, Q8, add_dequantized_row, dequantize_row, min_max, quantize_row, requantize_row, requantize_row_f32,
+};
 use proptest::prelude::*;
 
 fn reference<T: Q8>(x: f32, scale: f32, zp: f32) -> T {
@@ -64,6 +66,27 @@ proptest! {
             prop_assert_eq!(f64::from(yu[j]), wu, "u8 element {}", j);
             let wi = want(acc[j], bias[j], mult[j], zyf - 128.0, clamp.0.max(-128.0), clamp.1.min(127.0));
             prop_assert_eq!(f64::from(yi[j]), wi, "i8 element {}", j);
+        }
+    }
+
+    /// The f32 requantization against its formula in f32 with `round_ties_even`.
+    #[test]
+    fn requantize_f32_matches_the_formula(
+        acc in prop::collection::vec(-1_000_000i32..1_000_000, 0..70),
+        seed in any::<u64>(),
+        zy in 0i32..=255,
+        clamp in prop::sample::select(vec![(-1e9f32, 1e9f32), (3.0, 200.0)]),
+    ) {
+        let n = acc.len();
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 40) as f32 / (1u64 << 24) as f32 };
+        let bias: Vec<f32> = (0..n).map(|_| (next() * 2000.0 - 1000.0).round()).collect();
+        let mult: Vec<f32> = (0..n).map(|j| if j % 5 == 0 { 0.5 } else { next() * 0.01 }).collect();
+        let mut y = vec![0u8; n];
+        requantize_row_f32(&acc, &bias, &mult, zy as f32, clamp, &mut y);
+        for j in 0..n {
+            let want = ((acc[j] as f32 + bias[j]) * mult[j] + zy as f32).round_ties_even().max(clamp.0.max(0.0)).min(clamp.1.min(255.0));
+            prop_assert_eq!(f32::from(y[j]), want, "element {}", j);
         }
     }
 

@@ -167,6 +167,24 @@ impl Op {
         match self {
             Op::Nn(op) => op.macs(inputs, outputs),
             Op::Recurrent(op) => op.macs(inputs, outputs),
+            // An 8-bit convolution: every output element sums `C/group x kH x kW` products
+            // (W, input 3, is `[M, C/group, kH, kW]`).
+            Op::Quant(quant::QuantOp::QLinearConv(_) | quant::QuantOp::ConvInteger(_)) => {
+                let w = if matches!(self, Op::Quant(quant::QuantOp::QLinearConv(_))) {
+                    3
+                } else {
+                    1
+                };
+                let dims =
+                    |v: Option<&ValueType>| v.and_then(ValueType::tensor).and_then(value::TensorType::fixed_shape);
+                match (dims(inputs.get(w).map(|i| i.ty)), dims(outputs.first())) {
+                    (Some(ws), Some(ys)) => {
+                        let per: u64 = ws.iter().skip(1).fold(1u64, |a, &d| a.saturating_mul(d as u64));
+                        ys.iter().fold(per, |a, &d| a.saturating_mul(d as u64))
+                    }
+                    _ => 0,
+                }
+            }
             _ => 0,
         }
     }

@@ -372,6 +372,7 @@ fn rewrite(g: &mut Graph, i: usize, f: Found) -> Option<Node> {
         outputs: vec![Some(f.yq)],
         plan: Some(Plan::QConv(QConvPlan {
             clamp: f.clamp,
+            float_requant: true,
             ..QConvPlan::default()
         })),
     })

@@ -61,6 +61,11 @@ pub struct QConvPlan {
     /// float convolution and its QuantizeLinear (`qdq_conv`), exact because quantizing is
     /// monotonic.
     pub clamp: Option<(i32, i32)>,
+    /// Channels-last: requantize in f32 (`kiln_kernels::quant::requantize_row_f32`), as the QDQ graph this
+    /// node replaced computed its output (`qdq_conv` sets it), instead of the f64 of the
+    /// QLinearConv reference.
+    #[serde(default)]
+    pub float_requant: bool,
     /// The weights packed for the integer GEMM on the first run, kept for later ones.
     #[serde(skip)]
     pub packed: crate::quant::PackCache,

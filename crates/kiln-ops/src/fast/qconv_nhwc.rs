@@ -14,7 +14,7 @@ use crate::recurrent::num::{in_shape, tt};
 use crate::value::{Args, Dim, InferInput, ValueType};
 use crate::{Outputs, util};
 use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, igemm_serial};
-use kiln_kernels::quant::{Q8, requantize_row};
+use kiln_kernels::quant::{Q8, requantize_row, requantize_row_f32};
 use kiln_tensor::{DType, Element, Tensor};
 use std::sync::Mutex;
 
@@ -193,6 +193,12 @@ where
         mults: &mults,
         zy,
         range: (lo, hi),
+        f32s: plan.float_requant.then(|| {
+            (
+                bias.iter().map(|&b| b as f32).collect(),
+                mults.iter().map(|&m| m as f32).collect(),
+            )
+        }),
     };
     let xs = x.as_slice::<T>()?;
     if depthwise {
@@ -399,11 +405,19 @@ struct Requant<'a> {
     mults: &'a [f64],
     zy: f64,
     range: (f64, f64),
+    /// The bias and multipliers in f32, for the plan's f32 requantization.
+    f32s: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 impl Requant<'_> {
     fn row<O: Quantized>(&self, acc: &[i32], out: &mut [O]) {
-        requantize_row(acc, self.bias, self.mults, self.zy, self.range, out);
+        match &self.f32s {
+            Some((bias, mults)) => {
+                let (lo, hi) = self.range;
+                requantize_row_f32(acc, bias, mults, self.zy as f32, (lo as f32, hi as f32), out);
+            }
+            None => requantize_row(acc, self.bias, self.mults, self.zy, self.range, out),
+        }
     }
 }
 
