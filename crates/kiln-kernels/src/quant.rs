@@ -113,13 +113,47 @@ pub fn requantize_row_f32<T: Q8>(
     y: &mut [T],
 ) {
     let (lo, hi) = (lo.max(T::LO), hi.min(T::HI));
-    crate::simd::vectorize(|| {
+    crate::simd::vectorize_kernel(RequantizeF32 {
+        acc,
+        bias,
+        mult,
+        zero_point,
+        lo,
+        hi,
+        y,
+    })
+}
+
+/// [`requantize_row_f32`]'s loop as a struct kernel (inlined into each level's copy).
+struct RequantizeF32<'a, T> {
+    acc: &'a [i32],
+    bias: &'a [f32],
+    mult: &'a [f32],
+    zero_point: f32,
+    lo: f32,
+    hi: f32,
+    y: &'a mut [T],
+}
+
+impl<T: Q8> crate::simd::Kernel for RequantizeF32<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let RequantizeF32 {
+            acc,
+            bias,
+            mult,
+            zero_point,
+            lo,
+            hi,
+            y,
+        } = self;
         for (((o, &a), &b), &m) in y.iter_mut().zip(acc).zip(bias).zip(mult) {
             let v = ((a as f32 + b) * m + zero_point).max(-BIG).min(BIG);
             let q = ((v + ROUND) - ROUND).max(lo).min(hi);
             *o = T::from_low_byte((q + ROUND).to_bits());
         }
-    })
+    }
 }
 
 /// One 8-bit operand of [`add_dequantized_row`]: values, scale and zero point.
@@ -141,7 +175,35 @@ pub fn add_dequantized_row<A: Q8, B: Q8, T: Q8>(
     scale: f32,
     zero_point: f32,
 ) {
-    crate::simd::vectorize(|| {
+    crate::simd::vectorize_kernel(AddDequantized {
+        a,
+        b,
+        y,
+        scale,
+        zero_point,
+    })
+}
+
+/// [`add_dequantized_row`]'s loop as a struct kernel (inlined into each level's copy).
+struct AddDequantized<'a, A, B, T> {
+    a: Operand<'a, A>,
+    b: Operand<'a, B>,
+    y: &'a mut [T],
+    scale: f32,
+    zero_point: f32,
+}
+
+impl<A: Q8, B: Q8, T: Q8> crate::simd::Kernel for AddDequantized<'_, A, B, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let AddDequantized {
+            a,
+            b,
+            y,
+            scale,
+            zero_point,
+        } = self;
         for ((o, &x), &z) in y.iter_mut().zip(a.values).zip(b.values) {
             let v = (x.to_f32() - a.zero_point) * a.scale + (z.to_f32() - b.zero_point) * b.scale;
             let t = (v / scale).clamp(-BIG, BIG);
@@ -150,7 +212,7 @@ pub fn add_dequantized_row<A: Q8, B: Q8, T: Q8>(
             let q = if q.is_nan() { 0.0 } else { q };
             *o = T::from_low_byte((q + ROUND).to_bits());
         }
-    })
+    }
 }
 
 /// `y[i] = (x[i] - zero_point) * scale` over `min(len)` elements.

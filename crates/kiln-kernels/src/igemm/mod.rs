@@ -213,29 +213,49 @@ impl PackedB {
         };
         let groups = k.div_ceil(group);
         let panels = n.div_ceil(nr);
-        let mut wide = vec![0i32; panels * groups * group * nr];
+        let len = panels * groups * group * nr;
+        // The zero points per column, once.
+        let zbs: Vec<i32> = (0..n).map(zb).collect();
         let mut col_sums = vec![0i32; n];
-        for (kk, row) in b.chunks_exact(n.max(1)).take(k).enumerate() {
-            let (q, d) = (kk / group, kk % group);
-            for (j, &v) in row.iter().enumerate() {
-                let w = v.widen() - zb(j);
-                let (p, jj) = (j / nr, j % nr);
-                if let Some(slot) = wide.get_mut((p * groups + q) * group * nr + group * jj + d) {
-                    *slot = w;
-                }
-                if let Some(s) = col_sums.get_mut(j) {
+        // Writes each `B - zb` through `put(index, value)`; false when `put` refuses one.
+        let mut fill = |put: &mut dyn FnMut(usize, i32) -> bool| -> bool {
+            for (kk, row) in b.chunks_exact(n.max(1)).take(k).enumerate() {
+                let (q, d) = (kk / group, kk % group);
+                for (j, ((&v, &z), s)) in row.iter().zip(&zbs).zip(col_sums.iter_mut()).enumerate() {
+                    let w = v.widen() - z;
                     *s += w;
+                    if !put(((j / nr) * groups + q) * group * nr + group * (j % nr) + d, w) {
+                        return false;
+                    }
                 }
             }
-        }
+            true
+        };
         let data = match packing {
-            Packing::Pairs => Data::Pairs(wide.iter().map(|&w| w as i16).collect()),
+            Packing::Pairs => {
+                let mut v = vec![0i16; len];
+                fill(&mut |at, w| {
+                    if let Some(slot) = v.get_mut(at) {
+                        *slot = w as i16;
+                    }
+                    true
+                });
+                Data::Pairs(v)
+            }
             Packing::Quads => {
-                let narrow: Option<Vec<i8>> = wide.iter().map(|&w| i8::try_from(w).ok()).collect();
-                match narrow {
-                    Some(v) => Data::Quads(v),
-                    None => return Ok(None),
+                let mut v = vec![0i8; len];
+                let fits = fill(&mut |at, w| match (v.get_mut(at), i8::try_from(w)) {
+                    (Some(slot), Ok(x)) => {
+                        *slot = x;
+                        true
+                    }
+                    (None, Ok(_)) => true,
+                    (_, Err(_)) => false,
+                });
+                if !fits {
+                    return Ok(None);
                 }
+                Data::Quads(v)
             }
         };
         Ok(Some(PackedB { k, n, data, col_sums }))
