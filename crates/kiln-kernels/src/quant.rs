@@ -104,8 +104,8 @@ pub fn requantize_row<T: Q8>(
 /// it: `y[j] = clamp(round_half_even((f32(acc[j]) + bias[j]) * mult[j] + zero_point), lo, hi)`,
 /// every step rounded to f32 (`f32(acc)` is exact below 2^24 in magnitude), sixteen lanes a
 /// vector instead of eight.
-pub fn requantize_row_f32<T: Q8>(
-    acc: &[i32],
+pub fn requantize_row_f32<A: Sum, T: Q8>(
+    acc: &[A],
     bias: &[f32],
     mult: &[f32],
     zero_point: f32,
@@ -124,9 +124,29 @@ pub fn requantize_row_f32<T: Q8>(
     })
 }
 
+/// An exact integer sum as [`requantize_row_f32`] reads it: i32, or an f32 holding an integer
+/// (the f32 depthwise kernel's sums of 8-bit products).
+pub trait Sum: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+}
+
+impl Sum for i32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+}
+
+impl Sum for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
 /// [`requantize_row_f32`]'s loop as a struct kernel (inlined into each level's copy).
-struct RequantizeF32<'a, T> {
-    acc: &'a [i32],
+struct RequantizeF32<'a, A, T> {
+    acc: &'a [A],
     bias: &'a [f32],
     mult: &'a [f32],
     zero_point: f32,
@@ -135,7 +155,7 @@ struct RequantizeF32<'a, T> {
     y: &'a mut [T],
 }
 
-impl<T: Q8> crate::simd::Kernel for RequantizeF32<'_, T> {
+impl<A: Sum, T: Q8> crate::simd::Kernel for RequantizeF32<'_, A, T> {
     type Output = ();
     #[inline(always)]
     fn run(self) {
@@ -149,7 +169,7 @@ impl<T: Q8> crate::simd::Kernel for RequantizeF32<'_, T> {
             y,
         } = self;
         for (((o, &a), &b), &m) in y.iter_mut().zip(acc).zip(bias).zip(mult) {
-            let v = ((a as f32 + b) * m + zero_point).max(-BIG).min(BIG);
+            let v = ((a.to_f32() + b) * m + zero_point).max(-BIG).min(BIG);
             let q = ((v + ROUND) - ROUND).max(lo).min(hi);
             *o = T::from_low_byte((q + ROUND).to_bits());
         }

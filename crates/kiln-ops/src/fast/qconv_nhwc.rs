@@ -203,6 +203,18 @@ where
     let xs = x.as_slice::<T>()?;
     if depthwise {
         let taps = depthwise_taps(w, zw)?;
+        if kh * kw <= EXACT_F32_TAPS {
+            let dw = super::depthwise::Depthwise {
+                channels: c,
+                input: [h, wd],
+                output: [oh, ow],
+                kernel: [kh, kw],
+                strides: [sh, sw],
+                dilations: [dh, dw],
+                pad_begin: [ph, pw],
+            };
+            return depthwise_f32::<T, O>(xs, zx, &taps, &dw, n, &requant);
+        }
         let win = Window {
             n,
             h,
@@ -419,6 +431,20 @@ impl Requant<'_> {
             None => requantize_row(acc, self.bias, self.mults, self.zy, self.range, out),
         }
     }
+
+    /// [`Requant::row`] of exact sums held in f32 (the f32 depthwise kernel's).
+    fn row_f32<O: Quantized>(&self, acc: &[f32], out: &mut [O]) {
+        match &self.f32s {
+            Some((bias, mults)) => {
+                let (lo, hi) = self.range;
+                requantize_row_f32(acc, bias, mults, self.zy as f32, (lo as f32, hi as f32), out);
+            }
+            None => {
+                let ints: Vec<i32> = acc.iter().map(|&v| v as i32).collect();
+                requantize_row(&ints, self.bias, self.mults, self.zy, self.range, out);
+            }
+        }
+    }
 }
 
 /// A depthwise convolution's geometry (X `[n, h, w, c]`, Y `[n, oh, ow, c]`).
@@ -524,6 +550,73 @@ impl<T: Int8, O: Quantized> kiln_kernels::simd::Kernel for DepthwiseRow<'_, T, O
     }
 }
 
+/// Taps up to which the f32 depthwise kernel sums 8-bit products exactly: each product of
+/// two values in [-255, 255] is at most 65,025 in magnitude, and f32 holds every integer below
+/// 2^24, so 258 of them; 256 keeps a margin.
+const EXACT_F32_TAPS: usize = 256;
+
+kiln_kernels::scratch_kinds! {
+    /// The f32 input `x - zx` and output sums of [`depthwise_f32`] (per thread).
+    DwIn: Vec<f32>;
+    DwOut: Vec<f32>;
+}
+
+/// The depthwise convolution on the f32 channels-last kernel (`Depthwise::run_nhwc`): X's
+/// values minus its zero point and W's minus theirs are small integers, so every f32 sum is
+/// the exact integer sum (at most [`EXACT_F32_TAPS`] taps), requantized as the integer
+/// paths' sums are.
+fn depthwise_f32<T, O>(
+    xs: &[T],
+    zx: i32,
+    taps: &[i32],
+    dw: &super::depthwise::Depthwise,
+    n: usize,
+    requant: &Requant<'_>,
+) -> Result<Tensor>
+where
+    T: Int8 + Element,
+    O: Quantized,
+{
+    let c = dw.channels;
+    let ([h, w], [oh, ow]) = (dw.input, dw.output);
+    let (ipix, opix) = (h * w * c, oh * ow * c);
+    let tf: Vec<f32> = taps.iter().map(|&t| t as f32).collect();
+    let mut y: Vec<O> = vec![O::default(); util::checked_numel(&[n, oh, ow, c])?];
+    let mut xin = kiln_kernels::recycle::lend::<DwIn>();
+    let mut sums = kiln_kernels::recycle::lend::<DwOut>();
+    xin.clear();
+    xin.resize(ipix, 0.0);
+    sums.clear();
+    sums.resize(opix, 0.0);
+    let zf = zx as f32;
+    for b in 0..n {
+        let (Some(src), Some(dst)) = (xs.get(b * ipix..(b + 1) * ipix), y.get_mut(b * opix..(b + 1) * opix)) else {
+            break;
+        };
+        kiln_kernels::simd::vectorize(|| {
+            for (f, &v) in xin.iter_mut().zip(src) {
+                *f = v.widen() as f32 - zf;
+            }
+        });
+        if !dw.run_nhwc(&xin, &tf, None, None, &mut sums) {
+            return Err(OpError::input_shape(
+                0,
+                "a depthwise convolution's shapes",
+                &[n, h, w, c],
+            ));
+        }
+        let sums: &[f32] = &sums;
+        kiln_kernels::pool::for_each_chunk_mut(dst, ow * c, &|row, out| {
+            if let Some(acc) = sums.get(row * ow * c..row * ow * c + out.len()) {
+                for (orow, arow) in out.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
+                    requant.row_f32(arow, orow);
+                }
+            }
+        });
+    }
+    Ok(Tensor::from_vec(vec![n, oh, ow, c], y)?)
+}
+
 /// Channels per register block of the depthwise loop (one 512-bit vector of i32).
 const LANES: usize = 16;
 
@@ -581,4 +674,100 @@ where
         });
     });
     Ok(Tensor::from_vec(vec![n, oh, ow, c], y)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{AutoPad, ConvAttrs};
+    use crate::value::Value;
+
+    /// `[n, c, h, w]` values to `[n, h, w, c]`.
+    fn nhwc<T: Copy>(v: &[T], [n, c, h, w]: [usize; 4]) -> Vec<T> {
+        let mut out = Vec::with_capacity(v.len());
+        for b in 0..n {
+            for y in 0..h {
+                for x in 0..w {
+                    for ch in 0..c {
+                        out.push(v[((b * c + ch) * h + y) * w + x]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Channels-last plans (dense im2col, 1x1, depthwise on the f32 kernel and, past its exact
+    /// tap count, on the i32 loop) give the reference QLinearConv's values exactly.
+    #[test]
+    fn channels_last_plans_match_the_reference() {
+        // (channels in, channels out, group, kernel, pad, stride)
+        let cases = [
+            (3usize, 5usize, 1usize, 3usize, 1usize, 2usize),
+            (8, 6, 1, 1, 0, 1),
+            (6, 6, 6, 3, 1, 1),
+            (4, 4, 4, 17, 8, 1),
+        ];
+        for (ci, co, group, k, pad, stride) in cases {
+            let (n, h, w) = (1usize, 11usize, 9usize);
+            let mut s = 12345u64;
+            let mut next = || {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (s >> 33) as u32
+            };
+            let x: Vec<u8> = (0..n * ci * h * w).map(|_| next() as u8).collect();
+            let cg = ci / group;
+            let wv: Vec<i8> = (0..co * cg * k * k).map(|_| next() as i8).collect();
+            let bias: Vec<i32> = (0..co).map(|_| (next() % 2000) as i32 - 1000).collect();
+            let sw: Vec<f32> = (0..co).map(|j| 0.001 + 0.0002 * j as f32).collect();
+            let t = |v: Tensor| Value::Tensor(v);
+            let xs = t(Tensor::from_vec(vec![n, ci, h, w], x.clone()).unwrap());
+            let xl = t(Tensor::from_vec(vec![n, h, w, ci], nhwc(&x, [n, ci, h, w])).unwrap());
+            let rest = [
+                t(Tensor::from_vec(vec![], vec![0.02f32]).unwrap()),
+                t(Tensor::from_vec(vec![], vec![117u8]).unwrap()),
+                t(Tensor::from_vec(vec![co, cg, k, k], wv).unwrap()),
+                t(Tensor::from_vec(vec![co], sw).unwrap()),
+                t(Tensor::from_vec(vec![co], vec![0i8; co]).unwrap()),
+                t(Tensor::from_vec(vec![], vec![0.05f32]).unwrap()),
+                t(Tensor::from_vec(vec![], vec![128u8]).unwrap()),
+                t(Tensor::from_vec(vec![co], bias).unwrap()),
+            ];
+            let op = QLinearConv {
+                conv: ConvAttrs {
+                    auto_pad: AutoPad::NotSet,
+                    dilations: vec![],
+                    group,
+                    kernel_shape: None,
+                    pads: vec![pad; 4],
+                    strides: vec![stride; 2],
+                },
+            };
+            let args = |x: &Value| -> Vec<Option<Value>> {
+                std::iter::once(Some(x.clone()))
+                    .chain(rest.iter().cloned().map(Some))
+                    .collect()
+            };
+            let a = args(&xs);
+            let refs: Vec<Option<&Value>> = a.iter().map(Option::as_ref).collect();
+            let want = op.eval(&Args::new(&refs)).unwrap();
+            let want = want[0].as_tensor().unwrap();
+            let [_, _, oh, ow] = <[usize; 4]>::try_from(want.shape()).unwrap();
+            let b = args(&xl);
+            let refs: Vec<Option<&Value>> = b.iter().map(Option::as_ref).collect();
+            let plan = QConvPlan {
+                channels_last: true,
+                ..QConvPlan::default()
+            };
+            let got = eval(&op, &plan, &Args::new(&refs)).unwrap();
+            let got = got[0].as_tensor().unwrap();
+            assert_eq!(got.shape(), [n, oh, ow, co]);
+            let wantv = nhwc(want.as_slice::<u8>().unwrap(), [n, co, oh, ow]);
+            assert_eq!(
+                got.as_slice::<u8>().unwrap(),
+                wantv.as_slice(),
+                "case {ci}->{co} g{group} k{k}"
+            );
+        }
+    }
 }
