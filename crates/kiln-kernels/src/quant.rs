@@ -76,8 +76,8 @@ pub fn quantize_row<T: Q8>(x: &[f32], y: &mut [T], scale: f32, zero_point: f32) 
 /// `min(len)` elements, in f64 (the arithmetic of ONNX's QLinearConv reference: the int32 sums
 /// are exact, the multiplier `mult = sx * sw / sy`), `[lo, hi]` within `T`'s range. For the
 /// integer convolutions, one output row of channels at a time.
-pub fn requantize_row<T: Q8>(
-    acc: &[i32],
+pub fn requantize_row<A: Sum, T: Q8>(
+    acc: &[A],
     bias: &[f64],
     mult: &[f64],
     zero_point: f64,
@@ -91,7 +91,7 @@ pub fn requantize_row<T: Q8>(
     let (lo, hi) = (lo.max(f64::from(T::LO)), hi.min(f64::from(T::HI)));
     crate::simd::vectorize(|| {
         for (((o, &a), &b), &m) in y.iter_mut().zip(acc).zip(bias).zip(mult) {
-            let v = ((f64::from(a) + b) * m + zero_point).max(-BIG).min(BIG);
+            let v = ((a.to_f64() + b) * m + zero_point).max(-BIG).min(BIG);
             let q = ((v + ROUND) - ROUND).max(lo).min(hi);
             // q is an integer in [-128, 255]: q + 1.5 * 2^52 holds it in its low mantissa
             // bits, two's complement.
@@ -124,10 +124,12 @@ pub fn requantize_row_f32<A: Sum, T: Q8>(
     })
 }
 
-/// An exact integer sum as [`requantize_row_f32`] reads it: i32, or an f32 holding an integer
+/// An exact integer sum as [`requantize_row`] and [`requantize_row_f32`] read it: i32, or an f32 holding an integer
 /// (the f32 depthwise kernel's sums of 8-bit products).
 pub trait Sum: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
+    /// Exact: every i32 and f32 is an f64.
+    fn to_f64(self) -> f64;
 }
 
 impl Sum for i32 {
@@ -135,12 +137,20 @@ impl Sum for i32 {
     fn to_f32(self) -> f32 {
         self as f32
     }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
 }
 
 impl Sum for f32 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f64::from(self)
     }
 }
 

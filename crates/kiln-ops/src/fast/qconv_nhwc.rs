@@ -439,10 +439,7 @@ impl Requant<'_> {
                 let (lo, hi) = self.range;
                 requantize_row_f32(acc, bias, mults, self.zy as f32, (lo as f32, hi as f32), out);
             }
-            None => {
-                let ints: Vec<i32> = acc.iter().map(|&v| v as i32).collect();
-                requantize_row(&ints, self.bias, self.mults, self.zy, self.range, out);
-            }
+            None => requantize_row(acc, self.bias, self.mults, self.zy, self.range, out),
         }
     }
 }
