@@ -222,3 +222,18 @@ pub(crate) fn unary_io(node: &Node) -> Option<(ValueId, ValueId)> {
         _ => None,
     }
 }
+
+/// The DequantizeLinear (per tensor or per axis, no blocks) producing `v`, with its inputs.
+pub(crate) fn dequantize_of<'g>(
+    g: &'g Graph,
+    index: &Index,
+    v: ValueId,
+) -> Option<(&'g kiln_ops::quant::DequantizeLinear, &'g [Option<ValueId>])> {
+    let node = g.nodes.get(index.producer(v)?)?;
+    match &node.kind {
+        NodeKind::Op(Op::Quant(kiln_ops::quant::QuantOp::DequantizeLinear(dq))) if dq.block_size == 0 => {
+            Some((dq, node.inputs.as_slice()))
+        }
+        _ => None,
+    }
+}

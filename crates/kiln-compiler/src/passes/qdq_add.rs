@@ -128,24 +128,6 @@ mod tests {
     use crate::passes::testutil::*;
     use kiln_tensor::Tensor;
 
-    fn quantize() -> Op {
-        Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear {
-            axis: 1,
-            saturate: true,
-            block_size: 0,
-            output_dtype: None,
-            precision: None,
-        }))
-    }
-
-    fn dequantize() -> Op {
-        Op::Quant(QuantOp::DequantizeLinear(DequantizeLinear {
-            axis: 1,
-            block_size: 0,
-            output_dtype: None,
-        }))
-    }
-
     /// `Q(DQ(Q(x)) + DQ(Q(r))) -> DQ`: fused, the same output bit for bit, channels-last too.
     #[test]
     fn a_quantized_residual_add_becomes_one_op_with_the_same_bits() {
@@ -167,11 +149,11 @@ mod tests {
         );
         let xq = b.node_typed(quantize(), &[Some(x), Some(sx), Some(zx)], &[(DType::U8, &shape)])[0];
         let rq = b.node_typed(quantize(), &[Some(r), Some(sr), Some(zr)], &[(DType::U8, &shape)])[0];
-        let xd = b.node(dequantize(), &[Some(xq), Some(sx), Some(zx)], &[&shape])[0];
-        let rd = b.node(dequantize(), &[Some(rq), Some(sr), Some(zr)], &[&shape])[0];
+        let xd = b.node(dequantize(1), &[Some(xq), Some(sx), Some(zx)], &[&shape])[0];
+        let rd = b.node(dequantize(1), &[Some(rq), Some(sr), Some(zr)], &[&shape])[0];
         let s = b.binary(BinaryOp::Add, xd, rd, &shape);
         let yq = b.node_typed(quantize(), &[Some(s), Some(sy), Some(zy)], &[(DType::U8, &shape)])[0];
-        let y = b.node(dequantize(), &[Some(yq), Some(sy), Some(zy)], &[&shape])[0];
+        let y = b.node(dequantize(1), &[Some(yq), Some(sy), Some(zy)], &[&shape])[0];
         let mut g = b.finish(&[y]);
         let before = g.clone();
         assert_eq!(run(&mut g).unwrap_or_else(|e| panic!("{e}")), 1);

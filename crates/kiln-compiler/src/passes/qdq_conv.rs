@@ -19,13 +19,13 @@
 //! Runs before folding, which would turn `DequantizeLinear(W_q)` into f32 weights; the
 //! dequantize nodes stay for any other reader (dead-code elimination drops them otherwise).
 
-use super::edit::{Index, add_constant, dtype_of, fixed_shape};
+use super::edit::{Index, add_constant, dequantize_of, dtype_of, fixed_shape};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
 use kiln_ops::elementwise::{ElementwiseOp, UnaryOp};
 use kiln_ops::fast::{Plan, QConvPlan};
 use kiln_ops::nn::NnOp;
-use kiln_ops::quant::{AutoPad, ConvAttrs, DequantizeLinear, QLinearConv, QuantOp, QuantizeLinear};
+use kiln_ops::quant::{AutoPad, ConvAttrs, QLinearConv, QuantOp, QuantizeLinear};
 use kiln_tensor::{DType, Tensor};
 use std::collections::HashMap;
 
@@ -86,17 +86,6 @@ struct Found {
     yq: ValueId,
     /// The activation and QuantizeLinear nodes.
     removed: Vec<usize>,
-}
-
-/// The per-tensor DequantizeLinear producing `v`, with its inputs.
-fn dequantize_of<'g>(g: &'g Graph, index: &Index, v: ValueId) -> Option<(&'g DequantizeLinear, &'g [Option<ValueId>])> {
-    let node = g.nodes.get(index.producer(v)?)?;
-    match &node.kind {
-        NodeKind::Op(Op::Quant(QuantOp::DequantizeLinear(dq))) if dq.block_size == 0 => {
-            Some((dq, node.inputs.as_slice()))
-        }
-        _ => None,
-    }
 }
 
 /// One f32 value of a constant.
@@ -384,24 +373,6 @@ mod tests {
     use crate::passes::testutil::*;
     use kiln_ops::elementwise::Clip;
     use kiln_ops::nn::Conv;
-
-    fn quantize() -> Op {
-        Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear {
-            axis: 1,
-            saturate: true,
-            block_size: 0,
-            output_dtype: None,
-            precision: None,
-        }))
-    }
-
-    fn dequantize(axis: i64) -> Op {
-        Op::Quant(QuantOp::DequantizeLinear(DequantizeLinear {
-            axis,
-            block_size: 0,
-            output_dtype: None,
-        }))
-    }
 
     /// What follows the float convolution before its QuantizeLinear.
     #[derive(Clone, Copy, PartialEq)]

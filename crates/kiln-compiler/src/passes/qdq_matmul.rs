@@ -14,13 +14,13 @@
 //! `DequantizeLinear(W_q)` into f32 weights. The dequantize nodes stay for any other reader
 //! (dead-code elimination drops them when there is none).
 
-use super::edit::{Index, add_constant, dtype_of, fresh_name};
+use super::edit::{Index, add_constant, dequantize_of, dtype_of, fresh_name};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
 use kiln_ops::TensorType;
 use kiln_ops::elementwise::{Binary, BinaryOp, Cast, ElementwiseOp};
 use kiln_ops::nn::NnOp;
-use kiln_ops::quant::{DequantizeLinear, MatMulInteger, QuantOp};
+use kiln_ops::quant::{MatMulInteger, QuantOp};
 use kiln_tensor::{DType, Tensor, formats::RoundMode};
 use std::collections::HashMap;
 
@@ -68,17 +68,6 @@ struct Found {
 /// The constant tensor of `v`'s single element or 1-D values.
 fn constant(g: &Graph, index: &Index, v: ValueId) -> Option<Tensor> {
     index.tensor(g, v).cloned()
-}
-
-/// The DequantizeLinear (per tensor or per axis, no blocks) producing `v`, with its inputs.
-fn dequantize_of<'g>(g: &'g Graph, index: &Index, v: ValueId) -> Option<(&'g DequantizeLinear, &'g [Option<ValueId>])> {
-    let node = g.nodes.get(index.producer(v)?)?;
-    match &node.kind {
-        NodeKind::Op(Op::Quant(QuantOp::DequantizeLinear(dq))) if dq.block_size == 0 => {
-            Some((dq, node.inputs.as_slice()))
-        }
-        _ => None,
-    }
 }
 
 fn find(g: &Graph, index: &Index, node: &Node) -> Option<Found> {
@@ -280,25 +269,6 @@ mod tests {
     use super::*;
     use crate::passes::testutil::*;
     use kiln_ops::nn::{Gemm, MatMul};
-    use kiln_ops::quant::QuantizeLinear;
-
-    fn quantize() -> Op {
-        Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear {
-            axis: 1,
-            saturate: true,
-            block_size: 0,
-            output_dtype: None,
-            precision: None,
-        }))
-    }
-
-    fn dequantize(axis: i64) -> Op {
-        Op::Quant(QuantOp::DequantizeLinear(DequantizeLinear {
-            axis,
-            block_size: 0,
-            output_dtype: None,
-        }))
-    }
 
     /// `x -> Q -> DQ -> MatMul(DQ(W)) [+ bias]` with per-column weight scales: the integer
     /// form, and within float rounding of the QDQ float semantics.

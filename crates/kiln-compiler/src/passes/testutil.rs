@@ -165,3 +165,27 @@ pub(crate) fn assert_close(a: &Tensor, b: &Tensor, rtol: f64) {
         assert!((p - q).abs() <= rtol * scale, "{p} vs {q} (scale {scale})");
     }
 }
+
+/// A per-tensor QuantizeLinear (axis 1, saturating, the zero point's type).
+pub(crate) fn quantize() -> Op {
+    Op::Quant(kiln_ops::quant::QuantOp::QuantizeLinear(
+        kiln_ops::quant::QuantizeLinear {
+            axis: 1,
+            saturate: true,
+            block_size: 0,
+            output_dtype: None,
+            precision: None,
+        },
+    ))
+}
+
+/// A DequantizeLinear along `axis` (per axis when its scale has one value per index).
+pub(crate) fn dequantize(axis: i64) -> Op {
+    Op::Quant(kiln_ops::quant::QuantOp::DequantizeLinear(
+        kiln_ops::quant::DequantizeLinear {
+            axis,
+            block_size: 0,
+            output_dtype: None,
+        },
+    ))
+}

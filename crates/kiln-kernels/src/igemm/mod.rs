@@ -335,6 +335,17 @@ pub fn igemm<T: Int8>(
     igemm_with(isa::active(), m, k, a, lda, a_zero, b, c, ldc)
 }
 
+/// The operands of one product `(A - za) B`: A's `m` rows of depth `k`, `lda` apart.
+#[derive(Clone, Copy)]
+struct Product<'a, T> {
+    m: usize,
+    k: usize,
+    a: &'a [T],
+    lda: usize,
+    a_zero: i32,
+    b: &'a PackedB,
+}
+
 /// Checks the operands of a product; `Ok(false)` when it is empty.
 #[allow(clippy::too_many_arguments)]
 fn check<T: Int8>(
@@ -389,7 +400,18 @@ pub fn igemm_with<T: Int8>(
         return Ok(());
     }
     if k > MAX_EXACT_DEPTH {
-        return igemm_deep(m, k, a, lda, a_zero, b, c, ldc);
+        return igemm_deep(
+            Product {
+                m,
+                k,
+                a,
+                lda,
+                a_zero,
+                b,
+            },
+            c,
+            ldc,
+        );
     }
     // On the current pool: blocks of whole micro-tile rows, about two per thread.
     let threads = crate::pool::current_threads();
@@ -405,12 +427,32 @@ pub fn igemm_with<T: Int8>(
             let r0 = i * rows;
             let r = m.saturating_sub(r0).min(rows);
             if let Some(a) = a.get(r0 * lda..) {
-                serial(isa, r, k, a, lda, a_zero, b, chunk, ldc);
+                let p = Product {
+                    m: r,
+                    k,
+                    a,
+                    lda,
+                    a_zero,
+                    b,
+                };
+                serial(isa, p, chunk, ldc);
             }
         });
         return Ok(());
     }
-    serial(isa, m, k, a, lda, a_zero, b, c, ldc);
+    serial(
+        isa,
+        Product {
+            m,
+            k,
+            a,
+            lda,
+            a_zero,
+            b,
+        },
+        c,
+        ldc,
+    );
     Ok(())
 }
 
@@ -432,43 +474,52 @@ pub fn igemm_serial<T: Int8>(
         return Ok(());
     }
     if k > MAX_EXACT_DEPTH {
-        return igemm_deep(m, k, a, lda, a_zero, b, c, ldc);
+        return igemm_deep(
+            Product {
+                m,
+                k,
+                a,
+                lda,
+                a_zero,
+                b,
+            },
+            c,
+            ldc,
+        );
     }
-    serial(isa, m, k, a, lda, a_zero, b, c, ldc);
+    serial(
+        isa,
+        Product {
+            m,
+            k,
+            a,
+            lda,
+            a_zero,
+            b,
+        },
+        c,
+        ldc,
+    );
     Ok(())
 }
 
 /// [`igemm_with`] on the calling thread, arguments already checked.
-#[allow(clippy::too_many_arguments)]
-fn serial<T: Int8>(
-    isa: Isa,
-    m: usize,
-    k: usize,
-    a: &[T],
-    lda: usize,
-    a_zero: i32,
-    b: &PackedB,
-    c: &mut [i32],
-    ldc: usize,
-) {
-    match b.data {
-        Data::Pairs(_) => serial_pairs(isa, m, k, a, lda, a_zero, b, c, ldc),
-        Data::Quads(_) => serial_quads(isa, m, k, a, lda, a_zero, b, c, ldc),
+fn serial<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize) {
+    match p.b.data {
+        Data::Pairs(_) => serial_pairs(isa, p, c, ldc),
+        Data::Quads(_) => serial_quads(isa, p, c, ldc),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn serial_pairs<T: Int8>(
-    isa: Isa,
-    m: usize,
-    k: usize,
-    a: &[T],
-    lda: usize,
-    a_zero: i32,
-    b: &PackedB,
-    c: &mut [i32],
-    ldc: usize,
-) {
+fn serial_pairs<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize) {
+    let Product {
+        m,
+        k,
+        a,
+        lda,
+        a_zero,
+        b,
+    } = p;
     let n = b.n;
     let kpairs = b.kpairs();
     let mut apack: Vec<i32> = vec![0; MR * KC / 2];
@@ -505,18 +556,15 @@ fn serial_pairs<T: Int8>(
 /// block whose last quad would read past A (a partial tile, or a depth not a multiple of 4
 /// at A's end), which is packed `[quad][row]` first; they write C themselves, the first
 /// depth block adding `-za * colsum`.
-#[allow(clippy::too_many_arguments)]
-fn serial_quads<T: Int8>(
-    isa: Isa,
-    m: usize,
-    k: usize,
-    a: &[T],
-    lda: usize,
-    a_zero: i32,
-    b: &PackedB,
-    c: &mut [i32],
-    ldc: usize,
-) {
+fn serial_quads<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize) {
+    let Product {
+        m,
+        k,
+        a,
+        lda,
+        a_zero,
+        b,
+    } = p;
     let n = b.n;
     let kquads = k.div_ceil(4);
     let blocks = kquads.div_ceil(KC_QUADS / 4).max(1);
@@ -720,17 +768,15 @@ fn micro_portable(apack: &[i32], bpanel: &[i16], pairs: usize, tile: &mut [[i32;
 }
 
 /// Products deeper than [`MAX_EXACT_DEPTH`]: blocks of that depth summed in i64.
-#[allow(clippy::too_many_arguments)]
-fn igemm_deep<T: Int8>(
-    m: usize,
-    k: usize,
-    a: &[T],
-    lda: usize,
-    a_zero: i32,
-    b: &PackedB,
-    c: &mut [i32],
-    ldc: usize,
-) -> Result<(), IgemmError> {
+fn igemm_deep<T: Int8>(p: Product<'_, T>, c: &mut [i32], ldc: usize) -> Result<(), IgemmError> {
+    let Product {
+        m,
+        k,
+        a,
+        lda,
+        a_zero,
+        b,
+    } = p;
     let n = b.n;
     for i in 0..m {
         for j in 0..n {

@@ -201,6 +201,19 @@ where
         }),
     };
     let xs = x.as_slice::<T>()?;
+    let geo = Window {
+        n,
+        h,
+        w: wd,
+        c,
+        kh,
+        kw,
+        oh,
+        ow,
+        stride: (sh, sw),
+        dilation: (dh, dw),
+        pad: (ph, pw),
+    };
     if depthwise {
         let taps = depthwise_taps(w, zw)?;
         if kh * kw <= EXACT_F32_TAPS {
@@ -215,20 +228,7 @@ where
             };
             return depthwise_f32::<T, O>(xs, zx, &taps, &dw, n, &requant);
         }
-        let win = Window {
-            n,
-            h,
-            w: wd,
-            c,
-            kh,
-            kw,
-            oh,
-            ow,
-            stride: (sh, sw),
-            dilation: (dh, dw),
-            pad: (ph, pw),
-        };
-        return depthwise_conv::<T, O>(xs, zx, &taps, &win, &requant);
+        return depthwise_conv::<T, O>(xs, zx, &taps, &geo, &requant);
     }
     let packed = match w.dtype() {
         DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw)),
@@ -262,19 +262,6 @@ where
     let split = if threads > 1 { 2 * threads } else { 1 };
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
     let isa = kiln_kernels::isa::active();
-    let geo = Window {
-        n,
-        h,
-        w: wd,
-        c,
-        kh,
-        kw,
-        oh,
-        ow,
-        stride: (sh, sw),
-        dilation: (dh, dw),
-        pad: (ph, pw),
-    };
     let failure: Mutex<Option<OpError>> = Mutex::new(None);
     let fail = |e: OpError| {
         if let Ok(mut f) = failure.lock() {
