@@ -122,6 +122,23 @@ proptest! {
     }
 }
 
+/// A product of depth 0 is all zeros (whatever C held), on every level and format.
+#[test]
+fn depth_zero_writes_zeros() {
+    let (m, n) = (3, 5);
+    let b: Vec<i8> = vec![];
+    for packing in [Packing::Pairs, Packing::Quads] {
+        let packed = PackedB::pack_as(packing, &b, 0, n, &[])
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("empty B packs"));
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            let mut c = vec![7i32; m * n];
+            igemm_with(isa, m, 0, &[] as &[u8], 0, 3, &packed, &mut c, n).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(c, vec![0; m * n], "{isa:?} {packing:?}");
+        }
+    }
+}
+
 /// The largest terms at the deepest exact depth, and past it (summed in i64 blocks).
 #[test]
 fn extreme_values_at_and_past_the_exact_depth() {

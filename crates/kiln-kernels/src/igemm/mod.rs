@@ -346,7 +346,8 @@ struct Product<'a, T> {
     b: &'a PackedB,
 }
 
-/// Checks the operands of a product; `Ok(false)` when it is empty.
+/// Checks the operands of a product; `Ok(false)` when nothing is left to compute: an empty C,
+/// or a depth of 0 (then C is all zeros, written here).
 #[allow(clippy::too_many_arguments)]
 fn check<T: Int8>(
     m: usize,
@@ -354,7 +355,7 @@ fn check<T: Int8>(
     a: &[T],
     lda: usize,
     b: &PackedB,
-    c: &[i32],
+    c: &mut [i32],
     ldc: usize,
 ) -> Result<bool, IgemmError> {
     let n = b.n;
@@ -379,6 +380,12 @@ fn check<T: Int8>(
             got: c.len(),
             want: c_need,
         });
+    }
+    if k == 0 {
+        for row in c.chunks_mut(ldc).take(m) {
+            row.iter_mut().take(n).for_each(|v| *v = 0);
+        }
+        return Ok(false);
     }
     Ok(true)
 }
