@@ -95,15 +95,6 @@ enum Kind {
     QConv,
 }
 
-/// Whether a QLinearConv of X `xs` by W `ws` has a channels-last kernel: dense (group 1) or
-/// depthwise (`group == C == M`, one input channel per group).
-fn qconv_channels_last(group: usize, xs: &[usize], ws: &[usize]) -> bool {
-    match (xs, ws) {
-        ([_, c, _, _], [m, cg, _, _]) => (group == 1 && cg == c) || (group == *c && m == c && *cg == 1 && *c > 1),
-        _ => false,
-    }
-}
-
 /// A PRelu's constant slope for a channels-last X: one element as it is, one value per
 /// channel as `[1, 1, 1, C]`; `None` for any other slope.
 fn prelu_slope_nhwc(g: &Graph, index: &Index, x: ValueId, slope: ValueId) -> Option<Tensor> {
@@ -186,7 +177,8 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             && int8(*y)
             && xs.len() == 4
             && ws.len() == 4
-            && qconv_channels_last(q.conv.group.max(1), &xs, &ws)
+            && matches!((xs.as_slice(), ws.as_slice()), ([_, c, _, _], [m, cg, _, _])
+                if kiln_ops::fast::qconv_channels_last_kind(q.conv.group.max(1), [*c, *m, *cg]).is_some())
             && fixed_shape(g, *y).is_some_and(|s| s.len() == 4)
             && [1, 2, 6, 7].into_iter().all(one);
         return ok.then_some(Kind::QConv);

@@ -403,64 +403,15 @@ pub fn igemm_with<T: Int8>(
     c: &mut [i32],
     ldc: usize,
 ) -> Result<(), IgemmError> {
-    if !check(m, k, a, lda, b, c, ldc)? {
-        return Ok(());
-    }
-    if k > MAX_EXACT_DEPTH {
-        return igemm_deep(
-            Product {
-                m,
-                k,
-                a,
-                lda,
-                a_zero,
-                b,
-            },
-            c,
-            ldc,
-        );
-    }
-    // On the current pool: blocks of whole micro-tile rows, about two per thread.
-    let threads = crate::pool::current_threads();
-    if threads > 1 && m >= 2 * MR_QUADS {
-        let mr = match b.data {
-            Data::Pairs(_) => MR,
-            Data::Quads(_) => MR_QUADS,
-        };
-        let rows = m.div_ceil(2 * threads).div_ceil(mr) * mr;
-        let c_need = (m - 1) * ldc + b.n;
-        let c = c.get_mut(..c_need).unwrap_or_default();
-        crate::pool::for_each_chunk_mut(c, rows * ldc, &|i, chunk| {
-            let r0 = i * rows;
-            let r = m.saturating_sub(r0).min(rows);
-            if let Some(a) = a.get(r0 * lda..) {
-                let p = Product {
-                    m: r,
-                    k,
-                    a,
-                    lda,
-                    a_zero,
-                    b,
-                };
-                serial(isa, p, chunk, ldc);
-            }
-        });
-        return Ok(());
-    }
-    serial(
-        isa,
-        Product {
-            m,
-            k,
-            a,
-            lda,
-            a_zero,
-            b,
-        },
-        c,
-        ldc,
-    );
-    Ok(())
+    let p = Product {
+        m,
+        k,
+        a,
+        lda,
+        a_zero,
+        b,
+    };
+    checked(isa, p, c, ldc, true)
 }
 
 /// [`igemm_with`] on the calling thread alone: for callers that split the work themselves
@@ -477,36 +428,47 @@ pub fn igemm_serial<T: Int8>(
     c: &mut [i32],
     ldc: usize,
 ) -> Result<(), IgemmError> {
+    let p = Product {
+        m,
+        k,
+        a,
+        lda,
+        a_zero,
+        b,
+    };
+    checked(isa, p, c, ldc, false)
+}
+
+/// Checks the operands, then computes the product: deep products in i64 blocks, else on
+/// the micro-tiles, split by blocks of rows over the current pool when `split`.
+fn checked<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize, split: bool) -> Result<(), IgemmError> {
+    let Product { m, k, a, lda, b, .. } = p;
     if !check(m, k, a, lda, b, c, ldc)? {
         return Ok(());
     }
     if k > MAX_EXACT_DEPTH {
-        return igemm_deep(
-            Product {
-                m,
-                k,
-                a,
-                lda,
-                a_zero,
-                b,
-            },
-            c,
-            ldc,
-        );
+        return igemm_deep(p, c, ldc);
     }
-    serial(
-        isa,
-        Product {
-            m,
-            k,
-            a,
-            lda,
-            a_zero,
-            b,
-        },
-        c,
-        ldc,
-    );
+    // On the current pool: blocks of whole micro-tile rows, about two per thread.
+    let threads = crate::pool::current_threads();
+    if split && threads > 1 && m >= 2 * MR_QUADS {
+        let mr = match b.data {
+            Data::Pairs(_) => MR,
+            Data::Quads(_) => MR_QUADS,
+        };
+        let rows = m.div_ceil(2 * threads).div_ceil(mr) * mr;
+        let c_need = (m - 1) * ldc + b.n;
+        let c = c.get_mut(..c_need).unwrap_or_default();
+        crate::pool::for_each_chunk_mut(c, rows * ldc, &|i, chunk| {
+            let r0 = i * rows;
+            let r = m.saturating_sub(r0).min(rows);
+            if let Some(a) = a.get(r0 * lda..) {
+                serial(isa, Product { m: r, a, ..p }, chunk, ldc);
+            }
+        });
+        return Ok(());
+    }
+    serial(isa, p, c, ldc);
     Ok(())
 }
 

@@ -30,6 +30,7 @@ mod resize;
 
 pub use conv_nhwc::{pack_channels_last, pack_depthwise_taps};
 pub use pointwise_depthwise::{ConvStage, PointwiseDepthwise};
+pub use qconv_nhwc::channels_last_kind as qconv_channels_last_kind;
 
 use crate::error::{OpError, Result};
 use crate::nn::{Activation, NnOp};

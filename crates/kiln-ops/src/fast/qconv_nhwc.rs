@@ -14,7 +14,7 @@ use crate::recurrent::num::{in_shape, tt};
 use crate::value::{Args, Dim, InferInput, ValueType};
 use crate::{Outputs, util};
 use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, igemm_serial};
-use kiln_kernels::quant::{Q8, requantize_row, requantize_row_f32};
+use kiln_kernels::quant::{Q8, Sum, requantize_row, requantize_row_f32};
 use kiln_tensor::{DType, Element, Tensor};
 use std::sync::Mutex;
 
@@ -22,6 +22,20 @@ use std::sync::Mutex;
 const BLOCK_BYTES: usize = 256 * 1024;
 /// Fewest rows per block when the packed weights are larger than [`BLOCK_BYTES`].
 const MIN_ROWS_BIG_B: usize = 128;
+
+/// Whether a QLinearConv of `c` input channels into `m` by W `[m, cg, kh, kw]` in `group`s
+/// has a channels-last kernel: `Some(false)` dense (group 1), `Some(true)` depthwise
+/// (`group == c == m`, one input channel per group), `None` neither. The `layout` pass asks
+/// this before giving a QLinearConv a channels-last plan.
+pub fn channels_last_kind(group: usize, [c, m, cg]: [usize; 3]) -> Option<bool> {
+    if group == 1 && cg == c {
+        Some(false)
+    } else if group == c && m == c && cg == 1 && c > 1 {
+        Some(true)
+    } else {
+        None
+    }
+}
 
 pub(crate) fn eval(op: &QLinearConv, plan: &QConvPlan, args: &Args<'_>) -> Result<Outputs> {
     if !plan.channels_last {
@@ -68,21 +82,11 @@ pub(crate) fn infer(op: &QLinearConv, plan: &QConvPlan, inputs: &[InferInput<'_>
 }
 
 /// An 8-bit output element.
-trait Quantized: Element + Q8 + Default {
-    fn widen(self) -> i32;
-}
+trait Quantized: Element + Q8 + Int8 + Default {}
 
-impl Quantized for u8 {
-    fn widen(self) -> i32 {
-        i32::from(self)
-    }
-}
+impl Quantized for u8 {}
 
-impl Quantized for i8 {
-    fn widen(self) -> i32 {
-        i32::from(self)
-    }
-}
+impl Quantized for i8 {}
 
 /// A u8/i8 tensor with every value clamped to `[lo, hi]`.
 fn clamp_tensor(t: &Tensor, lo: i32, hi: i32) -> Result<Tensor> {
@@ -148,9 +152,7 @@ where
     let &[m, cg, kh, kw] = w.shape() else {
         return Err(OpError::input_shape(3, "[M, C, kH, kW]", w.shape()));
     };
-    let group = op.conv.group.max(1);
-    let depthwise = group == c && m == c && cg == 1 && c > 1;
-    if !(depthwise || (group == 1 && cg == c)) {
+    let Some(depthwise) = channels_last_kind(op.conv.group.max(1), [c, m, cg]) else {
         return Err(OpError::inputs(
             0,
             3,
@@ -158,7 +160,7 @@ where
             x.shape(),
             w.shape(),
         ));
-    }
+    };
     let g = op.conv.geometry(&[n, c, h, wd], w.shape(), 3)?;
     let (Some(&oh), Some(&ow)) = (g.out.first(), g.out.get(1)) else {
         return Err(OpError::input_shape(0, "a 2-D convolution", x.shape()));
@@ -409,18 +411,8 @@ struct Requant<'a> {
 }
 
 impl Requant<'_> {
-    fn row<O: Quantized>(&self, acc: &[i32], out: &mut [O]) {
-        match &self.f32s {
-            Some((bias, mults)) => {
-                let (lo, hi) = self.range;
-                requantize_row_f32(acc, bias, mults, self.zy as f32, (lo as f32, hi as f32), out);
-            }
-            None => requantize_row(acc, self.bias, self.mults, self.zy, self.range, out),
-        }
-    }
-
-    /// [`Requant::row`] of exact sums held in f32 (the f32 depthwise kernel's).
-    fn row_f32<O: Quantized>(&self, acc: &[f32], out: &mut [O]) {
+    /// One output pixel's channels from their exact sums (i32, or f32 holding integers).
+    fn row<A: Sum, O: Quantized>(&self, acc: &[A], out: &mut [O]) {
         match &self.f32s {
             Some((bias, mults)) => {
                 let (lo, hi) = self.range;
@@ -431,7 +423,7 @@ impl Requant<'_> {
     }
 }
 
-/// A depthwise convolution's geometry (X `[n, h, w, c]`, Y `[n, oh, ow, c]`).
+/// A channels-last convolution's geometry (X `[n, h, w, c]`, Y `[n, oh, ow, m]`).
 struct Window {
     n: usize,
     h: usize,
@@ -593,7 +585,7 @@ where
         kiln_kernels::pool::for_each_chunk_mut(dst, ow * c, &|row, out| {
             if let Some(acc) = sums.get(row * ow * c..row * ow * c + out.len()) {
                 for (orow, arow) in out.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
-                    requant.row_f32(arow, orow);
+                    requant.row(arow, orow);
                 }
             }
         });
