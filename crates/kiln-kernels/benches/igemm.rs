@@ -10,7 +10,8 @@ use kiln_kernels::isa::{self, Isa};
 use std::hint::black_box;
 
 /// (name, M, N, K).
-const SHAPES: [(&str, usize, usize, usize); 5] = [
+const SHAPES: [(&str, usize, usize, usize); 6] = [
+    ("resnet50 conv 1x1 56x56 64->256", 3136, 256, 64),
     ("resnet50 conv3 3x3 28x28x128", 784, 128, 1152),
     ("resnet50 conv4 1x1 14x14 1024->256", 196, 256, 1024),
     ("resnet50 conv5 3x3 7x7x512", 49, 512, 4608),

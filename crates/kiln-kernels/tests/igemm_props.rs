@@ -1,8 +1,11 @@
 //! The integer GEMM on every level against an exact i64 oracle: edge shapes, both 8-bit
 //! types on each side, zero points, depths across blocks and past the exact-i32 bound.
 
-use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, Packing, igemm_serial, igemm_with};
+use kiln_kernels::igemm::{
+    Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, igemm_requant_serial, igemm_serial, igemm_with,
+};
 use kiln_kernels::isa::Isa;
+use kiln_kernels::quant::{Q8, requantize_row_f32};
 use proptest::prelude::*;
 
 fn oracle<A: Int8, B: Int8>(m: usize, n: usize, k: usize, a: &[A], za: i32, b: &[B], zb: &[B]) -> Vec<i64> {
@@ -119,6 +122,100 @@ proptest! {
         check(m, n, k, &au, za + 128, &b, &zb)?;
         let bu: Vec<u8> = (0..k * n).map(|_| next() as u8).collect();
         check(m, n, k, &au, za + 128, &bu, &[128])?;
+    }
+}
+
+/// The fused product's bytes against `requantize_row_f32` on the oracle's sums, on every
+/// level and format, for u8 and i8 outputs, with and without a clamp inside the type's range.
+#[allow(clippy::too_many_arguments)]
+fn check_fused<
+    A: Int8 + std::fmt::Debug,
+    B: Int8 + std::fmt::Debug,
+    O: Int8 + Q8 + Default + PartialEq + std::fmt::Debug,
+>(
+    (m, n, k): (usize, usize, usize),
+    a: &[A],
+    za: i32,
+    b: &[B],
+    zb: &[B],
+    (bias, mult, zy): (&[f32], &[f32], f32),
+    range: (i32, i32),
+) -> Result<(), TestCaseError> {
+    let sums: Vec<i32> = oracle(m, n, k, a, za, b, zb).into_iter().map(|v| v as i32).collect();
+    let mut want = vec![O::default(); m * n];
+    for (row, out) in sums.chunks(n).zip(want.chunks_mut(n)) {
+        requantize_row_f32(row, bias, mult, zy, (range.0 as f32, range.1 as f32), out);
+    }
+    let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
+    let mut formats = vec![];
+    for packing in [Packing::Pairs, Packing::Quads] {
+        formats.extend(PackedB::pack_as(packing, b, k, n, zb).map_err(fail)?);
+    }
+    let stage = Requantize {
+        bias,
+        mult,
+        zero_point: zy,
+        range,
+    };
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for packed in &formats {
+            let ldy = n + 2;
+            let mut y = vec![O::default(); m * ldy];
+            let mut c = vec![-1i32; m * n];
+            igemm_requant_serial(isa, (m, k), a, k, za, packed, &mut c, stage, &mut y, ldy).map_err(fail)?;
+            for i in 0..m {
+                prop_assert_eq!(
+                    &y[i * ldy..i * ldy + n],
+                    &want[i * n..(i + 1) * n],
+                    "{:?} {:?} m={} n={} k={} row {}",
+                    isa,
+                    packed.packing(),
+                    m,
+                    n,
+                    k,
+                    i
+                );
+                prop_assert_eq!(
+                    &y[i * ldy + n..(i + 1) * ldy],
+                    &[O::default(); 2][..],
+                    "{:?} wrote past column {}",
+                    isa,
+                    n
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// Depths past one block of the quads kernel (2 560) too, where the last block adds the
+    /// earlier blocks' sums from C before requantizing.
+    #[test]
+    fn fused_requantization_matches_the_row_stage(
+        (m, n) in (1usize..20, 1usize..70),
+        k in prop_oneof![1usize..40, 60usize..300, 2561usize..2700],
+        seed in any::<u64>(),
+        za in -128i32..=127,
+        zy in -20i32..=20,
+        clamp in any::<bool>(),
+    ) {
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let a: Vec<i8> = (0..m * k).map(|_| next() as i8).collect();
+        let au: Vec<u8> = a.iter().map(|&v| v as u8).collect();
+        let b: Vec<i8> = (0..k * n).map(|_| (next() % 128) as i8 - 64).collect();
+        let zb: Vec<i8> = (0..n).map(|_| (next() % 16) as i8 - 8).collect();
+        // Multipliers that spread the sums (about sqrt(k) * 64 * 128 in size) over the byte.
+        let typical = (k as f32).sqrt() * 64.0 * 100.0;
+        let mult: Vec<f32> = (0..n).map(|_| (0.5 + (next() % 1000) as f32 / 500.0) * 60.0 / typical).collect();
+        let bias: Vec<f32> = (0..n).map(|_| (next() % 20_001) as f32 - 10_000.0 + 0.25).collect();
+        let (ru, ri) = if clamp { ((3, 200), (-100, 90)) } else { ((0, 255), (-128, 127)) };
+        check_fused::<i8, i8, u8>((m, n, k), &a, za, &b, &zb, (&bias, &mult, zy as f32 + 128.0), ru)?;
+        check_fused::<u8, i8, i8>((m, n, k), &au, za + 128, &b, &zb, (&bias, &mult, zy as f32), ri)?;
+        check_fused::<u8, i8, u8>((m, n, k), &au, za + 128, &b, &[], (&bias, &mult, zy as f32 + 100.0), ru)?;
     }
 }
 

@@ -40,6 +40,8 @@ pub trait Int8: Copy + Send + Sync + 'static {
     fn to_u8(self) -> u8;
     /// The values' bytes (two's complement for i8).
     fn bytes(v: &[Self]) -> &[u8];
+    /// [`Int8::bytes`], writable.
+    fn bytes_mut(v: &mut [Self]) -> &mut [u8];
 }
 
 impl Int8 for u8 {
@@ -53,6 +55,9 @@ impl Int8 for u8 {
         self
     }
     fn bytes(v: &[u8]) -> &[u8] {
+        v
+    }
+    fn bytes_mut(v: &mut [u8]) -> &mut [u8] {
         v
     }
 }
@@ -71,6 +76,11 @@ impl Int8 for i8 {
         // SAFETY: i8 and u8 have the same size and alignment and every bit pattern is valid
         // for both; the new slice covers exactly the same memory for the same lifetime.
         unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len()) }
+    }
+    fn bytes_mut(v: &mut [i8]) -> &mut [u8] {
+        // SAFETY: as in `bytes`; the new slice borrows `v` mutably for its lifetime, so no
+        // other reference to that memory exists meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len()) }
     }
 }
 
@@ -439,6 +449,81 @@ pub fn igemm_serial<T: Int8>(
     checked(isa, p, c, ldc, false)
 }
 
+/// `Y = requantize((A - za) B)` on the calling thread: [`igemm_serial`] fused with the
+/// output stage `stage` (see [`Requantize`]) into the 8-bit row-major M x N matrix `y`
+/// (`ldy` apart). `c` is scratch of at least `m` rows of N sums (`n` apart), written or not.
+/// On AVX-512 VNNI with B in quads the micro-tiles requantize their sums in registers;
+/// elsewhere the sums go to `c` first. Either way Y's bytes are those of
+/// [`crate::quant::requantize_row_f32`] on the exact sums.
+#[allow(clippy::too_many_arguments)]
+pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
+    isa: Isa,
+    (m, k): (usize, usize),
+    a: &[T],
+    lda: usize,
+    a_zero: i32,
+    b: &PackedB,
+    c: &mut [i32],
+    stage: Requantize<'_>,
+    y: &mut [O],
+    ldy: usize,
+) -> Result<(), IgemmError> {
+    let n = b.n;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let y_need = (m - 1).saturating_mul(ldy).saturating_add(n);
+    if y.len() < y_need || ldy < n {
+        return Err(IgemmError::Short {
+            what: "Y",
+            got: y.len(),
+            want: y_need,
+        });
+    }
+    for (what, v) in [("the bias", stage.bias), ("the multipliers", stage.mult)] {
+        if v.len() < n {
+            return Err(IgemmError::Short {
+                what,
+                got: v.len(),
+                want: n,
+            });
+        }
+    }
+    let (lo, hi) = (stage.range.0.max(O::LO as i32), stage.range.1.min(O::HI as i32));
+    let stage = Requantize {
+        range: (lo, hi),
+        ..stage
+    };
+    let p = Product {
+        m,
+        k,
+        a,
+        lda,
+        a_zero,
+        b,
+    };
+    let fused = matches!(b.data, Data::Quads(_)) && k <= MAX_EXACT_DEPTH && k > 0;
+    if fused {
+        if !check(m, k, a, lda, b, c, n)? {
+            return Ok(());
+        }
+        let out = Output {
+            y: O::bytes_mut(y),
+            ldy,
+            stage,
+        };
+        serial_quads(isa, p, c, n, Some(out));
+        return Ok(());
+    }
+    checked(isa, p, c, n, false)?;
+    let range = (lo as f32, hi as f32);
+    for (sums, row) in c.chunks(n).zip(y.chunks_mut(ldy)).take(m) {
+        let row = row.get_mut(..n).unwrap_or_default();
+        crate::quant::requantize_row_f32(sums, stage.bias, stage.mult, stage.zero_point, range, row);
+    }
+    Ok(())
+}
+
 /// Checks the operands, then computes the product: deep products in i64 blocks, else on
 /// the micro-tiles, split by blocks of rows over the current pool when `split`.
 fn checked<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize, split: bool) -> Result<(), IgemmError> {
@@ -476,7 +561,7 @@ fn checked<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize, spli
 fn serial<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize) {
     match p.b.data {
         Data::Pairs(_) => serial_pairs(isa, p, c, ldc),
-        Data::Quads(_) => serial_quads(isa, p, c, ldc),
+        Data::Quads(_) => serial_quads(isa, p, c, ldc, None),
     }
 }
 
@@ -525,7 +610,8 @@ fn serial_pairs<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize)
 /// block whose last quad would read past A (a partial tile, or a depth not a multiple of 4
 /// at A's end), which is packed `[quad][row]` first; they write C themselves, the first
 /// depth block adding `-za * colsum`.
-fn serial_quads<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize) {
+/// With `out`, the last depth block writes each tile's requantized bytes to Y instead of C.
+fn serial_quads<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize, mut out: Option<Output<'_, '_>>) {
     let Product {
         m,
         k,
@@ -584,7 +670,11 @@ fn serial_quads<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize)
                     ldc,
                     init: first,
                 };
-                micro_quads(isa, src, b.quad_panel(p, q0, q1), q1 - q0, cpart, tile);
+                let fin = match out.as_mut() {
+                    Some(o) if q1 == kquads => o.tile(m0, p * NR_QUADS, cols),
+                    _ => None,
+                };
+                micro_quads(isa, src, b.quad_panel(p, q0, q1), q1 - q0, cpart, tile, fin);
             }
         }
     }
@@ -617,6 +707,79 @@ struct Tile<'a> {
     init: Option<&'a [i32]>,
 }
 
+/// The output stage of a fused product ([`igemm_requant_serial`]): each exact sum `s` of
+/// column `j` becomes the 8-bit `clamp(round_half_even((f32(s) + bias[j]) * mult[j] +
+/// zero_point), lo, hi)`, every step rounded to f32 as [`crate::quant::requantize_row_f32`]
+/// rounds it (the same bits).
+#[derive(Debug, Clone, Copy)]
+pub struct Requantize<'a> {
+    pub bias: &'a [f32],
+    pub mult: &'a [f32],
+    pub zero_point: f32,
+    /// The clamp, already within the output type's range.
+    pub range: (i32, i32),
+}
+
+/// Where a fused product writes: Y's bytes, `ldy` apart, and the stage.
+struct Output<'y, 'r> {
+    y: &'y mut [u8],
+    ldy: usize,
+    stage: Requantize<'r>,
+}
+
+impl Output<'_, '_> {
+    /// The tile at row `m0`, column `j0`, `cols` wide.
+    fn tile(&mut self, m0: usize, j0: usize, cols: usize) -> Option<Final<'_>> {
+        let s = &self.stage;
+        Some(Final {
+            y: self.y.get_mut(m0 * self.ldy + j0..)?,
+            ldy: self.ldy,
+            bias: s.bias.get(j0..j0 + cols)?,
+            mult: s.mult.get(j0..j0 + cols)?,
+            zero_point: s.zero_point,
+            lo: s.range.0,
+            hi: s.range.1,
+        })
+    }
+}
+
+/// One tile's output stage: its bytes go to `y` (`ldy` apart), its columns' bias and mult.
+struct Final<'a> {
+    y: &'a mut [u8],
+    ldy: usize,
+    bias: &'a [f32],
+    mult: &'a [f32],
+    zero_point: f32,
+    lo: i32,
+    hi: i32,
+}
+
+impl Final<'_> {
+    /// The stage on sums already in C (the portable twin's), rows `rows`, `cols` wide.
+    fn requantize_sums(self, c: &[i32], ldc: usize, rows: usize, cols: usize) {
+        let range = (self.lo as f32, self.hi as f32);
+        for r in 0..rows {
+            let (Some(sums), Some(dst)) = (
+                c.get(r * ldc..r * ldc + cols),
+                self.y.get_mut(r * self.ldy..r * self.ldy + cols),
+            ) else {
+                continue;
+            };
+            if self.lo < 0 {
+                // An i8 output (its range reaches below 0): the row as i8, stored as bytes.
+                let mut row = [0i8; NR_QUADS];
+                let row = row.get_mut(..cols).unwrap_or_default();
+                crate::quant::requantize_row_f32(sums, self.bias, self.mult, self.zero_point, range, row);
+                for (d, &v) in dst.iter_mut().zip(row.iter()) {
+                    *d = v as u8;
+                }
+            } else {
+                crate::quant::requantize_row_f32(sums, self.bias, self.mult, self.zero_point, range, dst);
+            }
+        }
+    }
+}
+
 /// Packs rows `m0..m0 + rows` of A, depth quads `q0..q1`, as `[quad][row]` groups of four
 /// offset u8 values, rows past `rows` and depths past `k` zero.
 #[allow(clippy::too_many_arguments)]
@@ -634,18 +797,30 @@ fn pack_a_quads<T: Int8>(a: &[T], lda: usize, k: usize, m0: usize, rows: usize, 
     }
 }
 
-/// One quads micro-tile over `quads` depth quads, written to C as [`Tile`] says.
-fn micro_quads(isa: Isa, a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>) {
+/// One quads micro-tile over `quads` depth quads, written to C as [`Tile`] says, or with
+/// `fin` requantized into its Y.
+fn micro_quads(
+    isa: Isa,
+    a: AQuads<'_>,
+    bpanel: &[i8],
+    quads: usize,
+    c: &mut [i32],
+    tile: Tile<'_>,
+    fin: Option<Final<'_>>,
+) {
     if !a.covers(quads) {
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if isa.has_int8_dot() {
-        vnni::micro(a, bpanel, quads, c, tile);
+        vnni::micro(a, bpanel, quads, c, tile, fin);
         return;
     }
     let _ = isa;
     micro_quads_portable(a, bpanel, quads, c, tile);
+    if let Some(f) = fin {
+        f.requantize_sums(c, tile.ldc, tile.rows.min(MR_QUADS), tile.cols.min(NR_QUADS));
+    }
 }
 
 /// The portable twin of the VNNI micro-tile.

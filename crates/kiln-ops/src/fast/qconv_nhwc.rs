@@ -13,7 +13,7 @@ use crate::quant::linear::int_range;
 use crate::recurrent::num::{in_shape, tt};
 use crate::value::{Args, Dim, InferInput, ValueType};
 use crate::{Outputs, util};
-use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, igemm_serial};
+use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, Requantize, igemm_requant_serial, igemm_serial};
 use kiln_kernels::quant::{Q8, Sum, requantize_row, requantize_row_f32};
 use kiln_tensor::{DType, Element, Tensor};
 use std::sync::Mutex;
@@ -82,7 +82,7 @@ pub(crate) fn infer(op: &QLinearConv, plan: &QConvPlan, inputs: &[InferInput<'_>
 }
 
 /// An 8-bit output element.
-trait Quantized: Element + Q8 + Int8 + Default {}
+trait Quantized: Element + Q8 + Int8 + Default + kiln_kernels::recycle::Recycled {}
 
 impl Quantized for u8 {}
 
@@ -250,7 +250,7 @@ where
         ));
     }
     let pixels = n * oh * ow;
-    let mut y: Vec<O> = vec![O::default(); util::checked_numel(&[pixels, m])?];
+    let mut y = util::out_buf::<O>(util::checked_numel(&[pixels, m])?);
     let pad = T::try_from_i32(zx);
     let pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == wd;
     // Blocks of whole micro-tiles of rows whose im2col rows and i32 sums stay in L2; at
@@ -289,16 +289,29 @@ where
                     (&cols[..], k)
                 };
                 let acc = acc.get_mut(..r * m).unwrap_or_default();
-                if let Err(e) = igemm_serial(isa, r, k, a, lda, zx, packed, acc, m) {
+                let done = match &requant.f32s {
+                    // The f32 stage runs inside the GEMM's micro-tiles.
+                    Some((bias, mult)) => {
+                        let stage = Requantize {
+                            bias,
+                            mult,
+                            zero_point: requant.zy as f32,
+                            range: (requant.range.0 as i32, requant.range.1 as i32),
+                        };
+                        igemm_requant_serial(isa, (r, k), a, lda, zx, packed, acc, stage, out, m)
+                    }
+                    None => igemm_serial(isa, r, k, a, lda, zx, packed, acc, m).map(|()| {
+                        for (orow, arow) in out.chunks_exact_mut(m).zip(acc.chunks_exact(m)) {
+                            requant.row(arow, orow);
+                        }
+                    }),
+                };
+                if let Err(e) = done {
                     fail(OpError::input_value(
                         0,
                         "a convolution whose exact sums fit int32",
                         e.to_string(),
                     ));
-                    return;
-                }
-                for (orow, arow) in out.chunks_exact_mut(m).zip(acc.chunks_exact(m)) {
-                    requant.row(arow, orow);
                 }
             });
         });
@@ -306,7 +319,7 @@ where
     if let Some(e) = failure.into_inner().ok().flatten() {
         return Err(e);
     }
-    Ok(Tensor::from_vec(vec![n, oh, ow, m], y)?)
+    Ok(Tensor::from_buf(vec![n, oh, ow, m], y)?)
 }
 
 thread_local! {
@@ -557,7 +570,7 @@ where
     let ([h, w], [oh, ow]) = (dw.input, dw.output);
     let (ipix, opix) = (h * w * c, oh * ow * c);
     let tf: Vec<f32> = taps.iter().map(|&t| t as f32).collect();
-    let mut y: Vec<O> = vec![O::default(); util::checked_numel(&[n, oh, ow, c])?];
+    let mut y = util::out_buf::<O>(util::checked_numel(&[n, oh, ow, c])?);
     let mut xin = kiln_kernels::recycle::lend::<DwIn>();
     let mut sums = kiln_kernels::recycle::lend::<DwOut>();
     xin.clear();
@@ -590,7 +603,7 @@ where
             }
         });
     }
-    Ok(Tensor::from_vec(vec![n, oh, ow, c], y)?)
+    Ok(Tensor::from_buf(vec![n, oh, ow, c], y)?)
 }
 
 /// Channels per register block of the depthwise loop (one 512-bit vector of i32).
@@ -631,7 +644,7 @@ where
     O: Quantized,
 {
     let Window { n, c, oh, ow, .. } = *win;
-    let mut y: Vec<O> = vec![O::default(); util::checked_numel(&[n, oh, ow, c])?];
+    let mut y = util::out_buf::<O>(util::checked_numel(&[n, oh, ow, c])?);
     kiln_kernels::pool::for_each_chunk_mut(&mut y, ow * c, &|row, out| {
         let (b, oy) = (row / oh.max(1), row % oh.max(1));
         let mut acc = vec![0i32; c];
@@ -649,7 +662,7 @@ where
             requant,
         });
     });
-    Ok(Tensor::from_vec(vec![n, oh, ow, c], y)?)
+    Ok(Tensor::from_buf(vec![n, oh, ow, c], y)?)
 }
 
 #[cfg(test)]
@@ -744,6 +757,54 @@ mod tests {
                 wantv.as_slice(),
                 "case {ci}->{co} g{group} k{k}"
             );
+            if group != 1 {
+                continue;
+            }
+            // The f32 requantization of QDQ graphs (fused into the GEMM's micro-tiles on
+            // VNNI), against exact sums from a naive loop requantized by the row stage.
+            let plan = QConvPlan {
+                channels_last: true,
+                float_requant: true,
+                clamp: Some((20, 230)),
+                ..QConvPlan::default()
+            };
+            let got = eval(&op, &plan, &Args::new(&refs)).unwrap();
+            let got = got[0].as_tensor().unwrap().as_slice::<u8>().unwrap().to_vec();
+            let (bias, mults, zy) = conv_requant(&Args::new(&refs), co).unwrap();
+            let bias: Vec<f32> = bias.unwrap().iter().map(|&b| b as f32).collect();
+            let mults: Vec<f32> = mults.iter().map(|&m| m as f32).collect();
+            let Value::Tensor(wt) = &rest[2] else { unreachable!() };
+            let wv = wt.as_slice::<i8>().unwrap();
+            let xl = nhwc(&x, [n, ci, h, w]);
+            let mut expect = vec![0u8; oh * ow * co];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let sums: Vec<i32> = (0..co)
+                        .map(|o| {
+                            let mut acc = 0i32;
+                            for ky in 0..k {
+                                for kx in 0..k {
+                                    let (iy, ix) = (
+                                        (oy * stride + ky) as isize - pad as isize,
+                                        (ox * stride + kx) as isize - pad as isize,
+                                    );
+                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                        continue;
+                                    }
+                                    for c in 0..ci {
+                                        let xv = i32::from(xl[(iy as usize * w + ix as usize) * ci + c]) - 117;
+                                        acc += xv * i32::from(wv[((o * ci + c) * k + ky) * k + kx]);
+                                    }
+                                }
+                            }
+                            acc
+                        })
+                        .collect();
+                    let at = (oy * ow + ox) * co;
+                    requantize_row_f32(&sums, &bias, &mults, zy as f32, (20.0, 230.0), &mut expect[at..at + co]);
+                }
+            }
+            assert_eq!(got, expect, "f32 stage, case {ci}->{co} k{k}");
         }
     }
 }

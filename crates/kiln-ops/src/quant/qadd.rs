@@ -83,7 +83,7 @@ impl QLinearAdd {
             return Ok(None);
         }
         let ydt = zt.map_or(DType::U8, Tensor::dtype);
-        fn go<A: Q8 + Element, B: Q8 + Element, Y: Q8 + Element + Default>(
+        fn go<A: Q8 + Element, B: Q8 + Element, Y: Q8 + Element + kiln_kernels::recycle::Recycled>(
             a: &Tensor,
             (sa, za): (f32, f32),
             b: &Tensor,
@@ -91,7 +91,7 @@ impl QLinearAdd {
             (sy, zy): (f32, f32),
         ) -> Result<Tensor> {
             let (av, bv) = (a.as_slice::<A>()?, b.as_slice::<B>()?);
-            let mut y: Vec<Y> = vec![Y::default(); av.len()];
+            let mut y = crate::util::out_buf::<Y>(av.len());
             // Blocks over the current pool.
             const BLOCK: usize = 1 << 14;
             kiln_kernels::pool::for_each_chunk_mut(&mut y, BLOCK, &|i, out| {
@@ -115,7 +115,7 @@ impl QLinearAdd {
                     zy,
                 );
             });
-            Ok(Tensor::from_vec(a.shape().to_vec(), y)?)
+            Ok(Tensor::from_buf(a.shape().to_vec(), y)?)
         }
         let (pa, pb, py) = ((sa, za), (sb, zb), (sy, zy));
         let t = match (a.dtype(), b.dtype(), ydt) {
