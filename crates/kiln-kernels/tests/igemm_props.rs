@@ -2,7 +2,8 @@
 //! types on each side, zero points, depths across blocks and past the exact-i32 bound.
 
 use kiln_kernels::igemm::{
-    Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, igemm_requant_serial, igemm_serial, igemm_with,
+    ConvScratch, ConvWindow, Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, conv_requant_serial,
+    igemm_requant_serial, igemm_serial, igemm_with,
 };
 use kiln_kernels::isa::Isa;
 use kiln_kernels::quant::{Q8, requantize_row_f32};
@@ -216,6 +217,69 @@ proptest! {
         check_fused::<i8, i8, u8>((m, n, k), &a, za, &b, &zb, (&bias, &mult, zy as f32 + 128.0), ru)?;
         check_fused::<u8, i8, i8>((m, n, k), &au, za + 128, &b, &zb, (&bias, &mult, zy as f32), ri)?;
         check_fused::<u8, i8, u8>((m, n, k), &au, za + 128, &b, &[], (&bias, &mult, zy as f32 + 100.0), ru)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// The channels-last convolution (VNNI: window rows read in place through the tap table;
+    /// else copied) against exact sums from a naive window loop, requantized by the row
+    /// stage: padding, strides, dilation, a range of the output pixels, C not a multiple of
+    /// four, windows deeper than one block.
+    #[test]
+    fn convolution_matches_naive_windows(
+        c in prop_oneof![Just(3usize), Just(4), Just(8), Just(12), Just(96)],
+        m in 1usize..40,
+        (kh, kw) in (1usize..4, 1usize..4),
+        (h, w) in (1usize..9, 1usize..9),
+        (sh, sw, dh, dw) in (1usize..3, 1usize..3, 1usize..3, 1usize..3),
+        (ph, pw) in (0usize..3, 0usize..3),
+        seed in any::<u64>(),
+        zx in any::<u8>(),
+        cut in 0usize..5,
+    ) {
+        let (eh, ew) = ((kh - 1) * dh + 1, (kw - 1) * dw + 1);
+        prop_assume!(h + 2 * ph >= eh && w + 2 * pw >= ew);
+        let (oh, ow) = ((h + 2 * ph - eh) / sh + 1, (w + 2 * pw - ew) / sw + 1);
+        let batch = 2;
+        let win = ConvWindow { batch, input: (h, w), channels: c, kernel: (kh, kw), output: (oh, ow), stride: (sh, sw), dilation: (dh, dw), pad: (ph, pw) };
+        let k = win.depth();
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let x: Vec<u8> = (0..batch * h * w * c).map(|_| next() as u8).collect();
+        let b: Vec<i8> = (0..k * m).map(|_| (next() % 128) as i8 - 64).collect();
+        let typical = (k as f32).sqrt() * 64.0 * 100.0;
+        let mult: Vec<f32> = (0..m).map(|_| (0.5 + (next() % 1000) as f32 / 500.0) * 60.0 / typical).collect();
+        let bias: Vec<f32> = (0..m).map(|_| (next() % 2001) as f32 - 1000.0).collect();
+        // Exact sums, window by window.
+        let pixels = win.pixels();
+        let mut want = vec![0u8; pixels * m];
+        for p in 0..pixels {
+            let (bb, oy, ox) = (p / (oh * ow), (p / ow) % oh, p % ow);
+            let sums: Vec<i32> = (0..m).map(|j| {
+                let mut acc = 0i32;
+                for ky in 0..kh { for kx in 0..kw { for ch in 0..c {
+                    let (iy, ix) = ((oy * sh + ky * dh) as isize - ph as isize, (ox * sw + kx * dw) as isize - pw as isize);
+                    let v = if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize { i32::from(zx) } else { i32::from(x[((bb * h + iy as usize) * w + ix as usize) * c + ch]) };
+                    acc += (v - i32::from(zx)) * i32::from(b[((ky * kw + kx) * c + ch) * m + j]);
+                }}}
+                acc
+            }).collect();
+            requantize_row_f32(&sums, &bias, &mult, 3.0, (0.0, 255.0), &mut want[p * m..(p + 1) * m]);
+        }
+        let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
+        let stage = Requantize { bias: &bias, mult: &mult, zero_point: 3.0, range: (0, 255) };
+        let p0 = (cut * pixels / 7).min(pixels);
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            for packing in [Packing::Pairs, Packing::Quads] {
+                let Some(packed) = PackedB::pack_as(packing, &b, k, m, &[]).map_err(fail)? else { continue };
+                let mut scratch = ConvScratch::default();
+                let mut y = vec![0u8; (pixels - p0) * m];
+                conv_requant_serial(isa, &win, &x, p0..pixels, zx, &packed, &mut scratch, stage, &mut y).map_err(fail)?;
+                prop_assert_eq!(&y[..], &want[p0 * m..], "{:?} {:?} c={} k={}x{}", isa, packing, c, kh, kw);
+            }
+        }
     }
 }
 

@@ -19,8 +19,11 @@ use crate::isa::{self, Isa};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod conv;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+
+pub use conv::{ConvScratch, ConvWindow, conv_requant_serial};
 
 /// Columns per packed panel of B (two 8-lane i32 vectors).
 pub const NR: usize = 16;
@@ -633,6 +636,7 @@ fn serial_quads<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize,
     }
     let bytes = T::bytes(a);
     let flip = T::OFFSET != 0;
+    let vnni = isa.has_int8_dot();
     let mut apack: Vec<u8> = vec![0; 4 * MR_QUADS * step];
     for q0 in (0..kquads).step_by(step.max(1)) {
         let q1 = (q0 + step).min(kquads);
@@ -674,7 +678,7 @@ fn serial_quads<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize,
                     Some(o) if q1 == kquads => o.tile(m0, p * NR_QUADS, cols),
                     _ => None,
                 };
-                micro_quads(isa, src, b.quad_panel(p, q0, q1), q1 - q0, cpart, tile, fin);
+                micro_quads(vnni, src, b.quad_panel(p, q0, q1), q1 - q0, cpart, tile, fin);
             }
         }
     }
@@ -798,9 +802,10 @@ fn pack_a_quads<T: Int8>(a: &[T], lda: usize, k: usize, m0: usize, rows: usize, 
 }
 
 /// One quads micro-tile over `quads` depth quads, written to C as [`Tile`] says, or with
-/// `fin` requantized into its Y.
+/// `fin` requantized into its Y; on the VNNI kernel when `vnni` (`Isa::has_int8_dot`, which
+/// the caller asks once), else on the portable twin.
 fn micro_quads(
-    isa: Isa,
+    vnni: bool,
     a: AQuads<'_>,
     bpanel: &[i8],
     quads: usize,
@@ -812,11 +817,11 @@ fn micro_quads(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa.has_int8_dot() {
+    if vnni {
         vnni::micro(a, bpanel, quads, c, tile, fin);
         return;
     }
-    let _ = isa;
+    let _ = vnni;
     micro_quads_portable(a, bpanel, quads, c, tile);
     if let Some(f) = fin {
         f.requantize_sums(c, tile.ldc, tile.rows.min(MR_QUADS), tile.cols.min(NR_QUADS));

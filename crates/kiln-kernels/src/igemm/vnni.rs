@@ -12,9 +12,40 @@ const BIG: f32 = 4_194_304.0;
 
 /// Writes the tile's sums over `quads` depth quads into `c` (see [`Tile`]), or with `fin`,
 /// their requantized bytes into `fin.y` (C is then only read, for earlier blocks' sums).
+#[inline(always)]
 pub(super) fn micro(a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>, fin: Option<Final<'_>>) {
     let quads = quads.min(bpanel.len() / (4 * NR_QUADS));
     if !a.covers(quads) {
+        return;
+    }
+    let table = [[a.data.as_ptr(); MR_QUADS]];
+    // SAFETY: `covers` checked that quad `q < quads` of every row `r` (`r * row + q * quad`)
+    // lies within A's slice; B's panel holds `quads` steps (clamped above).
+    unsafe { micro_rows(&table, (a.row, a.quad), quads, a.flip, bpanel, c, tile, fin) }
+}
+
+/// The tile over A's rows as addresses: `table[t][r] + r * row` is row `r`'s first quad of tap
+/// `t`, its quad `q` at `q * quad` past it; B's panel holds the taps' quads one after another.
+/// `row` is 0 for a table of every row's address, else A is strided: one tap, every entry
+/// A's first row (the kernel then forms the addresses, as the fastest code for it).
+///
+/// # Safety
+/// For every `t < table.len()`, `r < MR_QUADS` and `q < quads_per_tap`, the four bytes at
+/// `table[t][r] + r * row + q * quad` are readable; `bpanel` holds `table.len() *
+/// quads_per_tap` steps.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn micro_rows(
+    table: &[[*const u8; MR_QUADS]],
+    (row, quad): (usize, usize),
+    quads_per_tap: usize,
+    flip: bool,
+    bpanel: &[i8],
+    c: &mut [i32],
+    tile: Tile<'_>,
+    fin: Option<Final<'_>>,
+) {
+    if bpanel.len() < table.len() * quads_per_tap * 4 * NR_QUADS {
         return;
     }
     let rows = tile.rows.min(MR_QUADS);
@@ -28,20 +59,28 @@ pub(super) fn micro(a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32], t
         return;
     }
     let init = tile.init.map(|i| i.as_ptr());
-    let geometry = (a.row, a.quad);
+    let a = (table.as_ptr(), table.len(), (row, quad), quads_per_tap);
     let out = (c.as_mut_ptr(), tile.ldc, rows, cols);
-    let (ap, bp) = (a.data.as_ptr(), bpanel.as_ptr());
+    let bp = bpanel.as_ptr();
     match fin {
         None => {
             // SAFETY: the caller dispatches here only when `Isa::has_int8_dot` found AVX-512
-            // F, BW and VNNI; `quads` is clamped to what B's panel holds and A covers it
-            // (`covers`), C holds every element the masked stores touch (`need` above), and
-            // `init` at least `cols` values (masked loads).
+            // F, BW and VNNI; A's quads are readable (this function's contract), B's panel
+            // holds every step (checked above), C every element the masked stores touch
+            // (`need` above), and `init` at least `cols` values (masked loads).
             unsafe {
-                if a.flip {
-                    micro_vnni::<true, false>(ap, geometry, bp, quads, out, init, None)
+                if flip {
+                    if row == 0 {
+                        micro_vnni::<true, false, false>(a, bp, out, init, None)
+                    } else {
+                        micro_vnni::<true, false, true>(a, bp, out, init, None)
+                    }
                 } else {
-                    micro_vnni::<false, false>(ap, geometry, bp, quads, out, init, None)
+                    if row == 0 {
+                        micro_vnni::<false, false, false>(a, bp, out, init, None)
+                    } else {
+                        micro_vnni::<false, false, true>(a, bp, out, init, None)
+                    }
                 }
             }
         }
@@ -62,10 +101,18 @@ pub(super) fn micro(a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32], t
             // SAFETY: as above for A, B, C and `init` (C is only read here); Y holds every
             // byte the masked stores touch (`y_need`), bias and mult at least `cols` values.
             unsafe {
-                if a.flip {
-                    micro_vnni::<true, true>(ap, geometry, bp, quads, out, init, Some(stage))
+                if flip {
+                    if row == 0 {
+                        micro_vnni::<true, true, false>(a, bp, out, init, Some(stage))
+                    } else {
+                        micro_vnni::<true, true, true>(a, bp, out, init, Some(stage))
+                    }
                 } else {
-                    micro_vnni::<false, true>(ap, geometry, bp, quads, out, init, Some(stage))
+                    if row == 0 {
+                        micro_vnni::<false, true, false>(a, bp, out, init, Some(stage))
+                    } else {
+                        micro_vnni::<false, true, true>(a, bp, out, init, Some(stage))
+                    }
                 }
             }
         }
@@ -84,40 +131,53 @@ struct Stage {
 }
 
 /// # Safety
-/// AVX-512 F, BW and VNNI are available; A's quad `q` of row `r < MR_QUADS` is the four bytes
-/// at `a + r * row + q * quad` for `q < quads`; `b` points to `quads * 4 * NR_QUADS` i8; C
-/// (`c`, `ldc` apart) holds `(rows - 1) * ldc + cols` i32; `init`, if any, `cols`; with
-/// `REQ`, `stage` is `Some`, its Y (`ldy` apart) holds `(rows - 1) * ldy + cols` bytes and its
-/// bias and mult `cols` values each.
+/// AVX-512 F, BW and VNNI are available; `a` is `(table, taps, (row, quad), quads_per_tap)`:
+/// for `t < taps`, `r < MR_QUADS`, `q < quads_per_tap`, the four bytes at `table[t][r] + q *
+/// quad` (`STRIDED`: `table[0][0] + r * row + q * quad`, one tap) are readable; `b` points to `taps * quads_per_tap * 4 * NR_QUADS` i8; C (`c`, `ldc`
+/// apart) holds `(rows - 1) * ldc + cols` i32; `init`, if any, `cols`; with `REQ`, `stage`
+/// is `Some`, its Y (`ldy` apart) holds `(rows - 1) * ldy + cols` bytes and its bias and mult
+/// `cols` values each.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn micro_vnni<const FLIP: bool, const REQ: bool>(
-    a: *const u8,
-    (row_step, quad_step): (usize, usize),
+unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
+    (table, taps, (row_step, quad_step), quads): (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
     b: *const i8,
-    quads: usize,
     (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
     init: Option<*const i32>,
     stage: Option<Stage>,
 ) {
     let mut acc = [[_mm512_setzero_si512(); 2]; MR_QUADS];
     let flip = _mm512_set1_epi32(0x8080_8080_u32 as i32);
-    for q in 0..quads {
-        // SAFETY: step `q < quads` of B is `4 * NR_QUADS` bytes (two 512-bit vectors) at
-        // `q * 4 * NR_QUADS`, within the caller's bound; unaligned loads.
-        let (b0, b1) = unsafe {
-            let p = b.add(q * 4 * NR_QUADS);
-            (_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast()))
-        };
-        for (r, row) in acc.iter_mut().enumerate() {
-            // SAFETY: row `r`'s quad `q` is four bytes at `r * row + q * quad`, within the
-            // caller's bound; an unaligned read.
-            let w = unsafe { a.add(r * row_step + q * quad_step).cast::<i32>().read_unaligned() };
-            let mut av = _mm512_set1_epi32(w);
-            if FLIP {
-                av = _mm512_xor_si512(av, flip);
+    let mut bq = b;
+    for t in 0..taps {
+        // SAFETY: `t < taps` entries of the table (caller).
+        let rows = unsafe { *table.add(t) };
+        for q in 0..quads {
+            // SAFETY: each step of B is `4 * NR_QUADS` bytes (two 512-bit vectors); `bq`
+            // advances one step per quad of every tap, within the caller's bound.
+            let (b0, b1) = unsafe {
+                let p = bq;
+                bq = bq.add(4 * NR_QUADS);
+                (_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast()))
+            };
+            for (r, (row, &base)) in acc.iter_mut().zip(rows.iter()).enumerate() {
+                // SAFETY: row `r`'s quad `q` of tap `t` is four readable bytes at
+                // `base + q * quad` (`STRIDED`: `rows[0] + r * row + q * quad`), caller's
+                // contract; an unaligned read.
+                let w = unsafe {
+                    let at = if STRIDED {
+                        rows[0].add(r * row_step + q * quad_step)
+                    } else {
+                        base.add(q * quad_step)
+                    };
+                    at.cast::<i32>().read_unaligned()
+                };
+                let mut av = _mm512_set1_epi32(w);
+                if FLIP {
+                    av = _mm512_xor_si512(av, flip);
+                }
+                row[0] = _mm512_dpbusd_epi32(row[0], av, b0);
+                row[1] = _mm512_dpbusd_epi32(row[1], av, b1);
             }
-            row[0] = _mm512_dpbusd_epi32(row[0], av, b0);
-            row[1] = _mm512_dpbusd_epi32(row[1], av, b1);
         }
     }
     let m0: __mmask16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };

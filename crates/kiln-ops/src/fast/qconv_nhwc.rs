@@ -13,7 +13,10 @@ use crate::quant::linear::int_range;
 use crate::recurrent::num::{in_shape, tt};
 use crate::value::{Args, Dim, InferInput, ValueType};
 use crate::{Outputs, util};
-use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, Requantize, igemm_requant_serial, igemm_serial};
+use kiln_kernels::igemm::{
+    ConvScratch, ConvWindow, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, conv_requant_serial, igemm_requant_serial,
+    igemm_serial,
+};
 use kiln_kernels::quant::{Q8, Sum, requantize_row, requantize_row_f32};
 use kiln_tensor::{DType, Element, Tensor};
 use std::sync::Mutex;
@@ -270,50 +273,62 @@ where
             f.get_or_insert(e);
         }
     };
+    let window = ConvWindow {
+        batch: n,
+        input: (h, wd),
+        channels: c,
+        kernel: (kh, kw),
+        output: (oh, ow),
+        stride: (sh, sw),
+        dilation: (dh, dw),
+        pad: (ph, pw),
+    };
     kiln_kernels::pool::for_each_chunk_mut(&mut y, rows * m, &|i, out| {
         let p0 = i * rows;
         let r = out.len() / m.max(1);
-        // This thread's scratch: the block's i32 sums and im2col rows, kept between calls
-        // (every element is written before it is read).
-        ACC.with_borrow_mut(|acc| {
-            if acc.len() < r * m {
-                acc.resize(r * m, 0);
-            }
-            T::with_cols(r * k, |cols| {
-                let (a, lda) = if pointwise {
-                    (xs.get(p0 * c..).unwrap_or(&[]), c)
-                } else {
-                    for (rr, dst) in cols.chunks_exact_mut(k).enumerate() {
-                        im2col_row(xs, &geo, p0 + rr, pad, dst);
+        // This thread's scratch (every element is written before it is read).
+        T::with_scratch(|scratch| {
+            let done = match &requant.f32s {
+                // The f32 stage runs inside the GEMM's micro-tiles.
+                Some((bias, mult)) => {
+                    let stage = Requantize {
+                        bias,
+                        mult,
+                        zero_point: requant.zy as f32,
+                        range: (requant.range.0 as i32, requant.range.1 as i32),
+                    };
+                    if pointwise {
+                        let (acc, _) = scratch.parts(r * m, 0);
+                        let a = xs.get(p0 * c..).unwrap_or(&[]);
+                        igemm_requant_serial(isa, (r, k), a, c, zx, packed, acc, stage, out, m)
+                    } else {
+                        conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out)
                     }
-                    (&cols[..], k)
-                };
-                let acc = acc.get_mut(..r * m).unwrap_or_default();
-                let done = match &requant.f32s {
-                    // The f32 stage runs inside the GEMM's micro-tiles.
-                    Some((bias, mult)) => {
-                        let stage = Requantize {
-                            bias,
-                            mult,
-                            zero_point: requant.zy as f32,
-                            range: (requant.range.0 as i32, requant.range.1 as i32),
-                        };
-                        igemm_requant_serial(isa, (r, k), a, lda, zx, packed, acc, stage, out, m)
-                    }
-                    None => igemm_serial(isa, r, k, a, lda, zx, packed, acc, m).map(|()| {
+                }
+                None => {
+                    let (acc, cols) = scratch.parts(r * m, if pointwise { 0 } else { r * k });
+                    let (a, lda) = if pointwise {
+                        (xs.get(p0 * c..).unwrap_or(&[]), c)
+                    } else {
+                        for (rr, dst) in cols.chunks_exact_mut(k).enumerate() {
+                            window.im2col_row(xs, p0 + rr, pad, dst);
+                        }
+                        (&cols[..], k)
+                    };
+                    igemm_serial(isa, r, k, a, lda, zx, packed, acc, m).map(|()| {
                         for (orow, arow) in out.chunks_exact_mut(m).zip(acc.chunks_exact(m)) {
                             requant.row(arow, orow);
                         }
-                    }),
-                };
-                if let Err(e) = done {
-                    fail(OpError::input_value(
-                        0,
-                        "a convolution whose exact sums fit int32",
-                        e.to_string(),
-                    ));
+                    })
                 }
-            });
+            };
+            if let Err(e) = done {
+                fail(OpError::input_value(
+                    0,
+                    "a convolution whose exact sums fit int32",
+                    e.to_string(),
+                ));
+            }
         });
     });
     if let Some(e) = failure.into_inner().ok().flatten() {
@@ -323,32 +338,25 @@ where
 }
 
 thread_local! {
-    /// Each thread's i32 sums of its current block of output pixels.
-    static ACC: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// Each thread's im2col rows, per 8-bit type.
-    static COLS_U8: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    static COLS_I8: std::cell::RefCell<Vec<i8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's convolution scratch, per 8-bit type.
+    static SCRATCH_U8: std::cell::RefCell<ConvScratch<u8>> = std::cell::RefCell::new(ConvScratch::default());
+    static SCRATCH_I8: std::cell::RefCell<ConvScratch<i8>> = std::cell::RefCell::new(ConvScratch::default());
 }
 
-/// An 8-bit X element: its padding value, and this thread's im2col scratch of its type.
+/// An 8-bit X element: its padding value, and this thread's convolution scratch of its type.
 trait FromZeroPoint: Sized + Copy + Default {
     /// The padding value: X's zero point in X's type.
     fn try_from_i32(v: i32) -> Self;
-    /// Runs `f` on this thread's scratch of `len` values (contents unspecified).
-    fn with_cols<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
+    /// Runs `f` on this thread's scratch.
+    fn with_scratch<R>(f: impl FnOnce(&mut ConvScratch<Self>) -> R) -> R;
 }
 
 impl FromZeroPoint for u8 {
     fn try_from_i32(v: i32) -> u8 {
         v.clamp(0, 255) as u8
     }
-    fn with_cols<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        COLS_U8.with_borrow_mut(|v| {
-            if v.len() < len {
-                v.resize(len, 0);
-            }
-            f(v.get_mut(..len).unwrap_or_default())
-        })
+    fn with_scratch<R>(f: impl FnOnce(&mut ConvScratch<u8>) -> R) -> R {
+        SCRATCH_U8.with_borrow_mut(f)
     }
 }
 
@@ -356,59 +364,8 @@ impl FromZeroPoint for i8 {
     fn try_from_i32(v: i32) -> i8 {
         v.clamp(-128, 127) as i8
     }
-    fn with_cols<R>(len: usize, f: impl FnOnce(&mut [i8]) -> R) -> R {
-        COLS_I8.with_borrow_mut(|v| {
-            if v.len() < len {
-                v.resize(len, 0);
-            }
-            f(v.get_mut(..len).unwrap_or_default())
-        })
-    }
-}
-
-/// The im2col row of output pixel `p` (`[ky][kx][c]`, `kh * kw * c` values), every value
-/// written: X's, or `pad` (X's zero point) outside it.
-fn im2col_row<T: Copy>(xs: &[T], g: &Window, p: usize, pad: T, dst: &mut [T]) {
-    let Window {
-        h,
-        w,
-        c,
-        kh,
-        kw,
-        oh,
-        ow,
-        stride: (sh, sw),
-        dilation: (dh, dw),
-        pad: (ph, pw),
-        ..
-    } = *g;
-    let (b, oy, ox) = (p / (oh * ow).max(1), (p / ow.max(1)) % oh.max(1), p % ow.max(1));
-    for (ky, seg) in dst.chunks_exact_mut(kw * c).enumerate().take(kh) {
-        let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&v| v < h) else {
-            seg.fill(pad);
-            continue;
-        };
-        // Undilated windows wholly inside the row: one run of `kw * c` values.
-        if dw == 1
-            && let Some(ix) = (ox * sw).checked_sub(pw).filter(|&v| v + kw <= w)
-        {
-            let src = ((b * h + iy) * w + ix) * c;
-            match xs.get(src..src + kw * c) {
-                Some(s) => seg.copy_from_slice(s),
-                None => seg.fill(pad),
-            }
-            continue;
-        }
-        for (kx, t) in seg.chunks_exact_mut(c).enumerate() {
-            let src = (ox * sw + kx * dw)
-                .checked_sub(pw)
-                .filter(|&v| v < w)
-                .and_then(|ix| xs.get(((b * h + iy) * w + ix) * c..((b * h + iy) * w + ix + 1) * c));
-            match src {
-                Some(s) => t.copy_from_slice(s),
-                None => t.fill(pad),
-            }
-        }
+    fn with_scratch<R>(f: impl FnOnce(&mut ConvScratch<i8>) -> R) -> R {
+        SCRATCH_I8.with_borrow_mut(f)
     }
 }
 

@@ -1,0 +1,269 @@
+//! Channels-last integer convolutions on the quads micro-tiles without an im2col copy: the
+//! depth of a window is ordered `[ky][kx][c]`, so when C is a multiple of four each tap of a
+//! pixel is a run of whole quads at one place in X. The micro-tile then reads its eight rows
+//! through a table of addresses per tap (a row of padding reads a run of X's zero point)
+//! instead of a copied row, and keeps its sums in registers across all taps of a depth
+//! block. Other cases (no VNNI, B in pairs, C not a multiple of four) copy the window rows
+//! ([`ConvWindow::im2col_row`]) and run the strided product; both give the same bytes.
+
+use super::{
+    Data, IgemmError, Int8, KC_QUADS, MAX_EXACT_DEPTH, MR_QUADS, NR_QUADS, Output, PackedB, Requantize, Tile,
+    igemm_requant_serial,
+};
+use crate::isa::Isa;
+use crate::quant::Q8;
+
+/// A channels-last convolution's geometry: X `[batch, h, w, channels]`, Y `[batch, oh, ow,
+/// m]`, the window's depth ordered `[ky][kx][c]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvWindow {
+    pub batch: usize,
+    pub input: (usize, usize),
+    pub channels: usize,
+    pub kernel: (usize, usize),
+    pub output: (usize, usize),
+    pub stride: (usize, usize),
+    pub dilation: (usize, usize),
+    /// Top and left padding (the bottom and right are implied by the output size).
+    pub pad: (usize, usize),
+}
+
+impl ConvWindow {
+    /// Output pixels over the batch.
+    pub fn pixels(&self) -> usize {
+        self.batch * self.output.0 * self.output.1
+    }
+
+    /// Values per window (`kh * kw * c`).
+    pub fn depth(&self) -> usize {
+        self.kernel.0 * self.kernel.1 * self.channels
+    }
+
+    /// X's elements.
+    fn input_len(&self) -> usize {
+        self.batch * self.input.0 * self.input.1 * self.channels
+    }
+
+    /// Where in X pixel `p`'s tap `(ky, kx)` starts, or `None` in the padding.
+    fn source(&self, p: usize, ky: usize, kx: usize) -> Option<usize> {
+        self.tap(self.origin(p), ky, kx)
+    }
+
+    /// Output pixel `p`'s batch and the input row and column of its window's first tap
+    /// (negative in the padding).
+    fn origin(&self, p: usize) -> (usize, isize, isize) {
+        let (oh, ow) = self.output;
+        let (b, oy, ox) = (p / (oh * ow).max(1), (p / ow.max(1)) % oh.max(1), p % ow.max(1));
+        (
+            b,
+            (oy * self.stride.0) as isize - self.pad.0 as isize,
+            (ox * self.stride.1) as isize - self.pad.1 as isize,
+        )
+    }
+
+    /// [`ConvWindow::source`] from the pixel's [`ConvWindow::origin`].
+    fn tap(&self, origin: (usize, isize, isize), ky: usize, kx: usize) -> Option<usize> {
+        self.tap_at(
+            origin,
+            ((ky * self.dilation.0) as isize, (kx * self.dilation.1) as isize),
+        )
+    }
+
+    /// [`ConvWindow::tap`] at the tap's offset from the window's origin (dilation applied).
+    #[inline]
+    fn tap_at(&self, (b, y0, x0): (usize, isize, isize), (dy, dx): (isize, isize)) -> Option<usize> {
+        let (h, w) = self.input;
+        let iy = usize::try_from(y0 + dy).ok().filter(|&v| v < h)?;
+        let ix = usize::try_from(x0 + dx).ok().filter(|&v| v < w)?;
+        Some(((b * h + iy) * w + ix) * self.channels)
+    }
+
+    /// The window row of output pixel `p` (`[ky][kx][c]`, [`ConvWindow::depth`] values), every
+    /// value written: X's, or `pad` (X's zero point) outside it.
+    pub fn im2col_row<T: Copy>(&self, x: &[T], p: usize, pad: T, dst: &mut [T]) {
+        let (c, (kh, kw)) = (self.channels, self.kernel);
+        for (t, seg) in dst.chunks_exact_mut(c.max(1)).enumerate().take(kh * kw) {
+            match self
+                .source(p, t / kw.max(1), t % kw.max(1))
+                .and_then(|at| x.get(at..at + c))
+            {
+                Some(s) => seg.copy_from_slice(s),
+                None => seg.fill(pad),
+            }
+        }
+    }
+}
+
+/// Per-thread scratch of [`conv_requant_serial`], kept between calls (contents stale).
+#[derive(Debug, Default)]
+pub struct ConvScratch<T> {
+    sums: Vec<i32>,
+    rows: Vec<T>,
+    pad: Vec<T>,
+}
+
+impl<T: Clone + Default> ConvScratch<T> {
+    /// `sums` i32 and `rows` values of the scratch (stale contents), for callers that run
+    /// the product themselves.
+    pub fn parts(&mut self, sums: usize, rows: usize) -> (&mut [i32], &mut [T]) {
+        (
+            crate::recycle::scratch(&mut self.sums, sums),
+            crate::recycle::scratch(&mut self.rows, rows),
+        )
+    }
+}
+
+/// `Y = requantize(conv(X - zx, B))` for output pixels `pixels` of `win` (rows of `y`, `n`
+/// apart, n = B's columns): the integer convolution with the output stage `stage` (see
+/// [`Requantize`]), X's zero point `pad` (the value of its padding too). The same bytes as
+/// [`igemm_requant_serial`] over the window rows.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
+    isa: Isa,
+    win: &ConvWindow,
+    x: &[T],
+    pixels: std::ops::Range<usize>,
+    pad: T,
+    b: &PackedB,
+    scratch: &mut ConvScratch<T>,
+    stage: Requantize<'_>,
+    y: &mut [O],
+) -> Result<(), IgemmError> {
+    let (k, n, m) = (win.depth(), b.n, pixels.len());
+    if k != b.k {
+        return Err(IgemmError::Depth { m, k, bk: b.k, n });
+    }
+    if x.len() < win.input_len() {
+        return Err(IgemmError::Short {
+            what: "X",
+            got: x.len(),
+            want: win.input_len(),
+        });
+    }
+    if pixels.end > win.pixels() {
+        return Err(IgemmError::Short {
+            what: "the output pixels",
+            got: win.pixels(),
+            want: pixels.end,
+        });
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let sums = crate::recycle::scratch(&mut scratch.sums, m * n);
+    let c = win.channels;
+    let gather =
+        isa.has_int8_dot() && matches!(b.data, Data::Quads(_)) && c.is_multiple_of(4) && c > 0 && k <= MAX_EXACT_DEPTH;
+    if !gather {
+        let rows = crate::recycle::scratch(&mut scratch.rows, m * k);
+        for (p, row) in pixels.clone().zip(rows.chunks_exact_mut(k.max(1))) {
+            win.im2col_row(x, p, pad, row);
+        }
+        return igemm_requant_serial(isa, (m, k), rows, k, pad.widen(), b, sums, stage, y, n);
+    }
+    let y_need = m * n;
+    if y.len() < y_need {
+        return Err(IgemmError::Short {
+            what: "Y",
+            got: y.len(),
+            want: y_need,
+        });
+    }
+    for (what, v) in [("the bias", stage.bias), ("the multipliers", stage.mult)] {
+        if v.len() < n {
+            return Err(IgemmError::Short {
+                what,
+                got: v.len(),
+                want: n,
+            });
+        }
+    }
+    let stage = Requantize {
+        range: (stage.range.0.max(O::LO as i32), stage.range.1.min(O::HI as i32)),
+        ..stage
+    };
+    let pad_row = crate::recycle::scratch(&mut scratch.pad, c);
+    pad_row.fill(pad);
+    let mut out = Output {
+        y: O::bytes_mut(y),
+        ldy: n,
+        stage,
+    };
+    let za = pad.widen().wrapping_add(T::OFFSET);
+    let panels = n.div_ceil(NR_QUADS);
+    let init: Vec<i32> = (0..panels * NR_QUADS)
+        .map(|j| b.col_sums.get(j).map_or(0, |&s| za.wrapping_mul(s).wrapping_neg()))
+        .collect();
+    let (quads_per_tap, taps) = (c / 4, win.kernel.0 * win.kernel.1);
+    let per_block = (KC_QUADS / 4 / quads_per_tap).max(1);
+    let kw = win.kernel.1.max(1);
+    // Each tap's offset from its window's origin.
+    let offsets: Vec<(isize, isize)> = (0..taps)
+        .map(|t| {
+            (
+                ((t / kw) * win.dilation.0) as isize,
+                ((t % kw) * win.dilation.1) as isize,
+            )
+        })
+        .collect();
+    let base = x.as_ptr().cast::<u8>();
+    let pad_ptr = pad_row.as_ptr().cast::<u8>();
+    let mut table: Vec<[*const u8; MR_QUADS]> = vec![[pad_ptr; MR_QUADS]; per_block.min(taps)];
+    for t0 in (0..taps).step_by(per_block) {
+        let t1 = (t0 + per_block).min(taps);
+        let (q0, q1) = (t0 * quads_per_tap, t1 * quads_per_tap);
+        let table = table.get_mut(..t1 - t0).unwrap_or_default();
+        for m0 in (0..m).step_by(MR_QUADS) {
+            let rows = (m - m0).min(MR_QUADS);
+            for r in 0..MR_QUADS {
+                let origin = (r < rows).then(|| win.origin(pixels.start + m0 + r));
+                for (&off, entry) in offsets.get(t0..t1).unwrap_or_default().iter().zip(table.iter_mut()) {
+                    let at = origin.and_then(|o| win.tap_at(o, off));
+                    // `tap` is within X (it checks the pixel against the input size, and X
+                    // holds `input_len` values, checked above): `wrapping_add` then stays in
+                    // X's allocation; padding rows read the pad row.
+                    if let Some(slot) = entry.get_mut(r) {
+                        *slot = at.map_or(pad_ptr, |at| base.wrapping_add(at * std::mem::size_of::<T>()));
+                    }
+                }
+            }
+            for p in 0..panels {
+                let cols = (n - p * NR_QUADS).min(NR_QUADS);
+                let first = (t0 == 0).then(|| init.get(p * NR_QUADS..(p + 1) * NR_QUADS)).flatten();
+                let Some(cpart) = sums.get_mut(m0 * n + p * NR_QUADS..) else {
+                    continue;
+                };
+                let tile = Tile {
+                    rows,
+                    cols,
+                    ldc: n,
+                    init: first,
+                };
+                let fin = if t1 == taps {
+                    out.tile(m0, p * NR_QUADS, cols)
+                } else {
+                    None
+                };
+                // SAFETY: every table entry is X's address of a pixel's tap (`source`, within
+                // X as said above) or the pad row's, each followed by the tap's `c` values =
+                // `quads_per_tap` whole quads; the panel holds the block's quads.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    super::vnni::micro_rows(
+                        table,
+                        (0, 4),
+                        quads_per_tap,
+                        T::OFFSET != 0,
+                        b.quad_panel(p, q0, q1),
+                        cpart,
+                        tile,
+                        fin,
+                    );
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = (tile, fin, q0, q1, cpart);
+            }
+        }
+    }
+    Ok(())
+}
