@@ -161,27 +161,7 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
         }
         return igemm_requant_serial(isa, (m, k), rows, k, pad.widen(), b, sums, stage, y, n);
     }
-    let y_need = m * n;
-    if y.len() < y_need {
-        return Err(IgemmError::Short {
-            what: "Y",
-            got: y.len(),
-            want: y_need,
-        });
-    }
-    for (what, v) in [("the bias", stage.bias), ("the multipliers", stage.mult)] {
-        if v.len() < n {
-            return Err(IgemmError::Short {
-                what,
-                got: v.len(),
-                want: n,
-            });
-        }
-    }
-    let stage = Requantize {
-        range: (stage.range.0.max(O::LO as i32), stage.range.1.min(O::HI as i32)),
-        ..stage
-    };
+    let stage = stage.checked::<O>(y.len(), m * n, n)?;
     let pad_row = crate::recycle::scratch(&mut scratch.pad, c);
     pad_row.fill(pad);
     let mut out = Output {

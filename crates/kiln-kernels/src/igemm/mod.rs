@@ -476,27 +476,15 @@ pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
         return Ok(());
     }
     let y_need = (m - 1).saturating_mul(ldy).saturating_add(n);
-    if y.len() < y_need || ldy < n {
+    if ldy < n {
         return Err(IgemmError::Short {
-            what: "Y",
-            got: y.len(),
-            want: y_need,
+            what: "Y's row stride",
+            got: ldy,
+            want: n,
         });
     }
-    for (what, v) in [("the bias", stage.bias), ("the multipliers", stage.mult)] {
-        if v.len() < n {
-            return Err(IgemmError::Short {
-                what,
-                got: v.len(),
-                want: n,
-            });
-        }
-    }
-    let (lo, hi) = (stage.range.0.max(O::LO as i32), stage.range.1.min(O::HI as i32));
-    let stage = Requantize {
-        range: (lo, hi),
-        ..stage
-    };
+    let stage = stage.checked::<O>(y.len(), y_need, n)?;
+    let (lo, hi) = stage.range;
     let p = Product {
         m,
         k,
@@ -722,6 +710,33 @@ pub struct Requantize<'a> {
     pub zero_point: f32,
     /// The clamp, already within the output type's range.
     pub range: (i32, i32),
+}
+
+impl Requantize<'_> {
+    /// Checks a Y of `y_len` values against the `y_need` its product writes and the stage's
+    /// bias and multipliers against `n` columns; the stage with its clamp cut to `O`'s range.
+    fn checked<O: crate::quant::Q8>(self, y_len: usize, y_need: usize, n: usize) -> Result<Self, IgemmError> {
+        if y_len < y_need {
+            return Err(IgemmError::Short {
+                what: "Y",
+                got: y_len,
+                want: y_need,
+            });
+        }
+        for (what, v) in [("the bias", self.bias), ("the multipliers", self.mult)] {
+            if v.len() < n {
+                return Err(IgemmError::Short {
+                    what,
+                    got: v.len(),
+                    want: n,
+                });
+            }
+        }
+        Ok(Requantize {
+            range: (self.range.0.max(O::LO as i32), self.range.1.min(O::HI as i32)),
+            ..self
+        })
+    }
 }
 
 /// Where a fused product writes: Y's bytes, `ldy` apart, and the stage.

@@ -186,7 +186,7 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
         n if n >= 16 => 0xFFFF,
         n => (1u16 << n) - 1,
     };
-    if REQ && let Some(st) = stage {
+    let stage = if REQ && let Some(st) = stage {
         // SAFETY: bias and mult hold `cols` values (caller); the masked loads read no more.
         let (bias, mult) = unsafe {
             (
@@ -206,43 +206,23 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
         // point, each rounded to f32 (no FMA); kept within +-BIG (NaN becomes -BIG, as
         // `f32::max` makes it: `vmaxps` returns its second operand for a NaN); rounded half
         // to even (`vcvtps2dq` under the default MXCSR); clamped; the low byte stored.
-        let requant = |s: __m512i, j: usize| -> __m512i {
+        let requant = move |s: __m512i, j: usize| -> __m512i {
             let v = _mm512_add_ps(_mm512_cvtepi32_ps(s), bias[j]);
             let v = _mm512_add_ps(_mm512_mul_ps(v, mult[j]), zp);
             let v = _mm512_min_ps(_mm512_max_ps(v, nbig), big);
             _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(v), lo), hi)
         };
-        for (r, row) in acc.iter().enumerate().take(rows) {
-            // SAFETY: as in the store loop below for C's (or `init`'s) reads; Y's row `r`
-            // starts at `r * ldy` and the masks limit its stores to `cols` bytes, within the
-            // caller's bound (the second half's address is formed with `wrapping_add`, never
-            // touched when its mask is empty).
-            unsafe {
-                let p = c.add(r * ldc);
-                let (base0, base1) = match init {
-                    Some(i) => (
-                        _mm512_maskz_loadu_epi32(m0, i),
-                        _mm512_maskz_loadu_epi32(m1, i.wrapping_add(16)),
-                    ),
-                    None => (
-                        _mm512_maskz_loadu_epi32(m0, p),
-                        _mm512_maskz_loadu_epi32(m1, p.wrapping_add(16)),
-                    ),
-                };
-                let y = st.y.add(r * st.ldy);
-                let q0 = requant(_mm512_add_epi32(base0, row[0]), 0);
-                let q1 = requant(_mm512_add_epi32(base1, row[1]), 1);
-                _mm512_mask_cvtepi32_storeu_epi8(y.cast(), m0, q0);
-                _mm512_mask_cvtepi32_storeu_epi8(y.wrapping_add(16).cast(), m1, q1);
-            }
-        }
-        return;
-    }
+        Some((st, requant))
+    } else {
+        None
+    };
     for (r, row) in acc.iter().enumerate().take(rows) {
         // SAFETY: row `r < rows` of the tile starts at `r * ldc`; the masks limit both halves
         // to the first `cols` columns, all within `need` (checked by the caller), and `init`
         // holds `cols` values. The second half's address is formed with `wrapping_add`: it
-        // may lie past C when its mask is empty, and is then never touched.
+        // may lie past C when its mask is empty, and is then never touched. With a stage, C
+        // is only read, and Y's row `r` starts at `r * ldy`, its stores masked the same way
+        // to `cols` bytes within the caller's bound.
         unsafe {
             let p = c.add(r * ldc);
             let (base0, base1) = match init {
@@ -255,8 +235,18 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
                     _mm512_maskz_loadu_epi32(m1, p.wrapping_add(16)),
                 ),
             };
-            _mm512_mask_storeu_epi32(p, m0, _mm512_add_epi32(base0, row[0]));
-            _mm512_mask_storeu_epi32(p.wrapping_add(16), m1, _mm512_add_epi32(base1, row[1]));
+            let (s0, s1) = (_mm512_add_epi32(base0, row[0]), _mm512_add_epi32(base1, row[1]));
+            match &stage {
+                Some((st, requant)) => {
+                    let y = st.y.add(r * st.ldy);
+                    _mm512_mask_cvtepi32_storeu_epi8(y.cast(), m0, requant(s0, 0));
+                    _mm512_mask_cvtepi32_storeu_epi8(y.wrapping_add(16).cast(), m1, requant(s1, 1));
+                }
+                None => {
+                    _mm512_mask_storeu_epi32(p, m0, s0);
+                    _mm512_mask_storeu_epi32(p.wrapping_add(16), m1, s1);
+                }
+            }
         }
     }
 }
