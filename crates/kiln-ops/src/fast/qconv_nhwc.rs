@@ -502,15 +502,22 @@ impl<T: Int8, O: Quantized> kiln_kernels::simd::Kernel for DepthwiseRow<'_, T, O
 const EXACT_F32_TAPS: usize = 256;
 
 kiln_kernels::scratch_kinds! {
-    /// The f32 input `x - zx` and output sums of [`depthwise_f32`] (per thread).
+    /// [`depthwise_f32`]'s ring of input rows as f32 `x - zx` and one output row's sums (per
+    /// thread).
     DwIn: Vec<f32>;
     DwOut: Vec<f32>;
 }
 
-/// The depthwise convolution on the f32 channels-last kernel (`Depthwise::run_nhwc`): X's
+/// Output pixels x taps x channels under which a depthwise layer runs on the calling thread
+/// alone (as the f32 layer does: splitting a small one costs more than it saves).
+const DW_SERIAL_MACS: usize = 1 << 18;
+
+/// The depthwise convolution on the f32 channels-last kernel (`Depthwise::nhwc_row`): X's
 /// values minus its zero point and W's minus theirs are small integers, so every f32 sum is
 /// the exact integer sum (at most [`EXACT_F32_TAPS`] taps), requantized as the integer
-/// paths' sums are.
+/// paths' sums are. Bands of output rows over the pool; each band converts the input rows
+/// its windows read into a ring (each row once per band) and requantizes each output row
+/// while its sums are in L1, so no image-sized f32 tensor is written.
 fn depthwise_f32<T, O>(
     xs: &[T],
     zx: i32,
@@ -525,40 +532,81 @@ where
 {
     let c = dw.channels;
     let ([h, w], [oh, ow]) = (dw.input, dw.output);
-    let (ipix, opix) = (h * w * c, oh * ow * c);
+    let ([kh, _], [sh, _], [dh, _], [ph, _]) = (dw.kernel, dw.strides, dw.dilations, dw.pad_begin);
+    let (ipix, opix, row_len) = (h * w * c, oh * ow * c, w * c);
     let tf: Vec<f32> = taps.iter().map(|&t| t as f32).collect();
     let mut y = util::out_buf::<O>(util::checked_numel(&[n, oh, ow, c])?);
-    let mut xin = kiln_kernels::recycle::lend::<DwIn>();
-    let mut sums = kiln_kernels::recycle::lend::<DwOut>();
-    xin.clear();
-    xin.resize(ipix, 0.0);
-    sums.clear();
-    sums.resize(opix, 0.0);
+    // Distinct input rows of one window: no two share a slot of the ring.
+    let slots = (kh.max(1) - 1) * dh + 1;
+    let threads = kiln_kernels::pool::current_threads().max(1);
+    let band = if opix * tf.len() / c.max(1) < DW_SERIAL_MACS || threads == 1 {
+        oh
+    } else {
+        oh.div_ceil(2 * threads)
+    };
     let zf = zx as f32;
+    let failed = std::sync::atomic::AtomicBool::new(false);
     for b in 0..n {
         let (Some(src), Some(dst)) = (xs.get(b * ipix..(b + 1) * ipix), y.get_mut(b * opix..(b + 1) * opix)) else {
             break;
         };
-        kiln_kernels::simd::vectorize(|| {
-            for (f, &v) in xin.iter_mut().zip(src) {
-                *f = v.widen() as f32 - zf;
-            }
-        });
-        if !dw.run_nhwc(&xin, &tf, None, None, &mut sums) {
-            return Err(OpError::input_shape(
-                0,
-                "a depthwise convolution's shapes",
-                &[n, h, w, c],
-            ));
-        }
-        let sums: &[f32] = &sums;
-        kiln_kernels::pool::for_each_chunk_mut(dst, ow * c, &|row, out| {
-            if let Some(acc) = sums.get(row * ow * c..row * ow * c + out.len()) {
-                for (orow, arow) in out.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
-                    requant.row(arow, orow);
+        let run = |i: usize, out: &mut [O]| {
+            let mut ring = kiln_kernels::recycle::lend::<DwIn>();
+            let mut sums = kiln_kernels::recycle::lend::<DwOut>();
+            ring.clear();
+            ring.resize(slots * row_len, 0.0);
+            sums.clear();
+            sums.resize(ow * c, 0.0);
+            // Which input row each slot holds.
+            let mut held = vec![usize::MAX; slots];
+            for (r, orow) in out.chunks_mut(ow * c).enumerate() {
+                let oy = i * band + r;
+                for ky in 0..kh {
+                    let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) else {
+                        continue;
+                    };
+                    let slot = iy % slots;
+                    if held.get(slot) == Some(&iy) {
+                        continue;
+                    }
+                    let (Some(from), Some(to)) = (
+                        src.get(iy * row_len..(iy + 1) * row_len),
+                        ring.get_mut(slot * row_len..(slot + 1) * row_len),
+                    ) else {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    };
+                    kiln_kernels::simd::vectorize(|| {
+                        for (f, &v) in to.iter_mut().zip(from) {
+                            *f = v.widen() as f32 - zf;
+                        }
+                    });
+                    if let Some(t) = held.get_mut(slot) {
+                        *t = iy;
+                    }
+                }
+                let clamp = kiln_kernels::dwconv::Clamp::NONE;
+                if !dw.nhwc_row(&ring, |iy| iy % slots, &tf, None, clamp, oy, &mut sums) {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+                for (o, acc) in orow.chunks_exact_mut(c).zip(sums.chunks_exact(c)) {
+                    requant.row(acc, o);
                 }
             }
-        });
+        };
+        if band >= oh {
+            run(0, dst);
+        } else {
+            kiln_kernels::pool::for_each_chunk_mut(dst, band * ow * c, &run);
+        }
+    }
+    if failed.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(OpError::input_shape(
+            0,
+            "a depthwise convolution's shapes",
+            &[n, h, w, c],
+        ));
     }
     Ok(Tensor::from_buf(vec![n, oh, ow, c], y)?)
 }
@@ -647,15 +695,19 @@ mod tests {
     /// tap count, on the i32 loop) give the reference QLinearConv's values exactly.
     #[test]
     fn channels_last_plans_match_the_reference() {
-        // (channels in, channels out, group, kernel, pad, stride)
+        // (channels in, channels out, group, kernel, pad, stride, (h, w)); the last two
+        // depthwise layers are large enough to run in bands over the 2-thread pool.
         let cases = [
-            (3usize, 5usize, 1usize, 3usize, 1usize, 2usize),
-            (8, 6, 1, 1, 0, 1),
-            (6, 6, 6, 3, 1, 1),
-            (4, 4, 4, 17, 8, 1),
+            (3usize, 5usize, 1usize, 3usize, 1usize, 2usize, (11usize, 9usize)),
+            (8, 6, 1, 1, 0, 1, (11, 9)),
+            (6, 6, 6, 3, 1, 1, (11, 9)),
+            (4, 4, 4, 17, 8, 1, (11, 9)),
+            (16, 16, 16, 3, 1, 1, (64, 72)),
+            (16, 16, 16, 3, 1, 2, (97, 130)),
         ];
-        for (ci, co, group, k, pad, stride) in cases {
-            let (n, h, w) = (1usize, 11usize, 9usize);
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        for (ci, co, group, k, pad, stride, (h, w)) in cases {
+            let n = 1usize;
             let mut s = 12345u64;
             let mut next = || {
                 s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -705,7 +757,7 @@ mod tests {
                 channels_last: true,
                 ..QConvPlan::default()
             };
-            let got = eval(&op, &plan, &Args::new(&refs)).unwrap();
+            let got = pool.install(|| eval(&op, &plan, &Args::new(&refs))).unwrap();
             let got = got[0].as_tensor().unwrap();
             assert_eq!(got.shape(), [n, oh, ow, co]);
             let wantv = nhwc(want.as_slice::<u8>().unwrap(), [n, co, oh, ow]);
