@@ -207,42 +207,34 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
                     }
                 }
             }
-            for p in 0..panels {
-                let cols = (n - p * NR_QUADS).min(NR_QUADS);
-                let first = (t0 == 0).then(|| init.get(p * NR_QUADS..(p + 1) * NR_QUADS)).flatten();
-                let Some(cpart) = sums.get_mut(m0 * n + p * NR_QUADS..) else {
-                    continue;
-                };
-                let tile = Tile {
-                    rows,
-                    cols,
-                    ldc: n,
-                    init: first,
-                };
-                let fin = if t1 == taps {
-                    out.tile(m0, p * NR_QUADS, cols)
-                } else {
-                    None
-                };
-                // SAFETY: every table entry is X's address of a pixel's tap (`source`, within
-                // X as said above) or the pad row's, each followed by the tap's `c` values =
-                // `quads_per_tap` whole quads; the panel holds the block's quads.
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    super::vnni::micro_rows(
-                        table,
-                        (0, 4),
-                        quads_per_tap,
-                        T::OFFSET != 0,
-                        b.quad_panel(p, q0, q1),
-                        cpart,
-                        tile,
-                        fin,
-                    );
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = (tile, fin, q0, q1, cpart);
+            let Some(cpart) = sums.get_mut(m0 * n..) else {
+                continue;
+            };
+            let tile = Tile {
+                rows,
+                cols: n,
+                ldc: n,
+                init: (t0 == 0).then_some(&init[..]),
+            };
+            let fin = if t1 == taps { out.tile(m0, 0, n) } else { None };
+            // SAFETY: every table entry is X's address of a pixel's tap (`tap_at`, within X
+            // as said above) or the pad row's, each followed by the tap's `c` values =
+            // `quads_per_tap` whole quads; `micro_rows` checks B's strip.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                super::vnni::micro_rows(
+                    table,
+                    (0, 4),
+                    quads_per_tap,
+                    T::OFFSET != 0,
+                    b.quad_strip(q0, q1),
+                    cpart,
+                    tile,
+                    fin,
+                );
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (tile, fin, q0, q1, cpart);
         }
     }
     Ok(())

@@ -306,12 +306,26 @@ impl PackedB {
         data.get(base + q0 * 2 * NR..base + q1 * 2 * NR).unwrap_or(&[])
     }
 
-    /// Panel `p`'s depth quads `q0..q1` (quads format; empty otherwise).
-    fn quad_panel(&self, p: usize, q0: usize, q1: usize) -> &[i8] {
-        let Data::Quads(data) = &self.data else { return &[] };
-        let base = p * self.k.div_ceil(4) * 4 * NR_QUADS;
-        data.get(base + q0 * 4 * NR_QUADS..base + q1 * 4 * NR_QUADS)
-            .unwrap_or(&[])
+    /// Depth quads `q0..q1` of every panel (quads format; empty otherwise): panel `p`'s at
+    /// `p * stride` of the strip.
+    fn quad_strip(&self, q0: usize, q1: usize) -> Strip<'_> {
+        let empty = Strip {
+            data: &[],
+            panels: 0,
+            stride: 0,
+        };
+        let Data::Quads(data) = &self.data else { return empty };
+        let stride = self.k.div_ceil(4) * 4 * NR_QUADS;
+        let panels = self.n.div_ceil(NR_QUADS);
+        let end = panels.saturating_sub(1) * stride + q1 * 4 * NR_QUADS;
+        match data.get(q0 * 4 * NR_QUADS..end) {
+            Some(d) if panels > 0 && q1 >= q0 => Strip {
+                data: d,
+                panels,
+                stride,
+            },
+            _ => empty,
+        }
     }
 
     /// `B[k][j] - zb[j]` as packed (the deep path reads it one value at a time).
@@ -650,25 +664,39 @@ fn serial_quads<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize,
                     }
                 }
             };
-            for p in 0..panels {
-                let cols = (n - p * NR_QUADS).min(NR_QUADS);
-                let first = (q0 == 0).then(|| init.get(p * NR_QUADS..(p + 1) * NR_QUADS)).flatten();
-                let Some(cpart) = c.get_mut(m0 * ldc + p * NR_QUADS..) else {
-                    continue;
-                };
-                let tile = Tile {
-                    rows,
-                    cols,
-                    ldc,
-                    init: first,
-                };
-                let fin = match out.as_mut() {
-                    Some(o) if q1 == kquads => o.tile(m0, p * NR_QUADS, cols),
-                    _ => None,
-                };
-                micro_quads(vnni, src, b.quad_panel(p, q0, q1), q1 - q0, cpart, tile, fin);
-            }
+            let Some(cpart) = c.get_mut(m0 * ldc..) else {
+                continue;
+            };
+            let tile = Tile {
+                rows,
+                cols: n,
+                ldc,
+                init: (q0 == 0).then_some(&init[..]),
+            };
+            let fin = match out.as_mut() {
+                Some(o) if q1 == kquads => o.tile(m0, 0, n),
+                _ => None,
+            };
+            micro_quads(vnni, src, b.quad_strip(q0, q1), q1 - q0, cpart, tile, fin);
         }
+    }
+}
+
+/// The quads of B one strip of micro-tiles reads: `panels` panels, panel `p`'s steps from
+/// `p * stride` of `data` on.
+#[derive(Clone, Copy)]
+struct Strip<'a> {
+    data: &'a [i8],
+    panels: usize,
+    stride: usize,
+}
+
+impl<'a> Strip<'a> {
+    /// Panel `p`'s `steps` steps.
+    fn panel(&self, p: usize, steps: usize) -> &'a [i8] {
+        self.data
+            .get(p * self.stride..p * self.stride + steps * 4 * NR_QUADS)
+            .unwrap_or(&[])
     }
 }
 
@@ -785,12 +813,19 @@ impl Final<'_> {
                 continue;
             };
             if self.lo < 0 {
-                // An i8 output (its range reaches below 0): the row as i8, stored as bytes.
+                // An i8 output (its range reaches below 0): the row as i8, a panel at a
+                // time, stored as bytes.
                 let mut row = [0i8; NR_QUADS];
-                let row = row.get_mut(..cols).unwrap_or_default();
-                crate::quant::requantize_row_f32(sums, self.bias, self.mult, self.zero_point, range, row);
-                for (d, &v) in dst.iter_mut().zip(row.iter()) {
-                    *d = v as u8;
+                for (j0, (s, d)) in sums.chunks(NR_QUADS).zip(dst.chunks_mut(NR_QUADS)).enumerate() {
+                    let j0 = j0 * NR_QUADS;
+                    let (Some(b), Some(m)) = (self.bias.get(j0..), self.mult.get(j0..)) else {
+                        break;
+                    };
+                    let row = row.get_mut(..s.len()).unwrap_or_default();
+                    crate::quant::requantize_row_f32(s, b, m, self.zero_point, range, row);
+                    for (d, &v) in d.iter_mut().zip(row.iter()) {
+                        *d = v as u8;
+                    }
                 }
             } else {
                 crate::quant::requantize_row_f32(sums, self.bias, self.mult, self.zero_point, range, dst);
@@ -822,7 +857,7 @@ fn pack_a_quads<T: Int8>(a: &[T], lda: usize, k: usize, m0: usize, rows: usize, 
 fn micro_quads(
     vnni: bool,
     a: AQuads<'_>,
-    bpanel: &[i8],
+    b: Strip<'_>,
     quads: usize,
     c: &mut [i32],
     tile: Tile<'_>,
@@ -833,13 +868,26 @@ fn micro_quads(
     }
     #[cfg(target_arch = "x86_64")]
     if vnni {
-        vnni::micro(a, bpanel, quads, c, tile, fin);
+        vnni::micro(a, b, quads, c, tile, fin);
         return;
     }
     let _ = vnni;
-    micro_quads_portable(a, bpanel, quads, c, tile);
+    for p in 0..b.panels {
+        let j0 = p * NR_QUADS;
+        let cols = tile.cols.saturating_sub(j0).min(NR_QUADS);
+        let Some(cpart) = c.get_mut(j0..) else { break };
+        if cols == 0 {
+            break;
+        }
+        let panel = Tile {
+            cols,
+            init: tile.init.and_then(|i| i.get(j0..)),
+            ..tile
+        };
+        micro_quads_portable(a, b.panel(p, quads), quads, cpart, panel);
+    }
     if let Some(f) = fin {
-        f.requantize_sums(c, tile.ldc, tile.rows.min(MR_QUADS), tile.cols.min(NR_QUADS));
+        f.requantize_sums(c, tile.ldc, tile.rows.min(MR_QUADS), tile.cols);
     }
 }
 

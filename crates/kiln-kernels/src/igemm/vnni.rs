@@ -4,7 +4,7 @@
 //! products of each lane into its i32 exactly (wrapping, never saturating: the result is
 //! exact whenever the final sum fits, see the module docs).
 
-use super::{AQuads, Final, MR_QUADS, NR_QUADS, Tile};
+use super::{AQuads, Final, MR_QUADS, NR_QUADS, Strip, Tile};
 use std::arch::x86_64::*;
 
 /// `quant::requantize_row_f32`'s bound on a value before rounding (2^22).
@@ -13,15 +13,14 @@ const BIG: f32 = 4_194_304.0;
 /// Writes the tile's sums over `quads` depth quads into `c` (see [`Tile`]), or with `fin`,
 /// their requantized bytes into `fin.y` (C is then only read, for earlier blocks' sums).
 #[inline(always)]
-pub(super) fn micro(a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32], tile: Tile<'_>, fin: Option<Final<'_>>) {
-    let quads = quads.min(bpanel.len() / (4 * NR_QUADS));
+pub(super) fn micro(a: AQuads<'_>, b: Strip<'_>, quads: usize, c: &mut [i32], tile: Tile<'_>, fin: Option<Final<'_>>) {
     if !a.covers(quads) {
         return;
     }
     let table = [[a.data.as_ptr(); MR_QUADS]];
     // SAFETY: `covers` checked that quad `q < quads` of every row `r` (`r * row + q * quad`)
-    // lies within A's slice; B's panel holds `quads` steps (clamped above).
-    unsafe { micro_rows(&table, (a.row, a.quad), quads, a.flip, bpanel, c, tile, fin) }
+    // lies within A's slice; `micro_rows` checks B's strip.
+    unsafe { micro_rows(&table, (a.row, a.quad), quads, a.flip, b, c, tile, fin) }
 }
 
 /// The tile over A's rows as addresses: `table[t][r] + r * row` is row `r`'s first quad of tap
@@ -31,8 +30,7 @@ pub(super) fn micro(a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32], t
 ///
 /// # Safety
 /// For every `t < table.len()`, `r < MR_QUADS` and `q < quads_per_tap`, the four bytes at
-/// `table[t][r] + r * row + q * quad` are readable; `bpanel` holds `table.len() *
-/// quads_per_tap` steps.
+/// `table[t][r] + r * row + q * quad` are readable (B's strip is checked here).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) unsafe fn micro_rows(
@@ -40,16 +38,17 @@ pub(super) unsafe fn micro_rows(
     (row, quad): (usize, usize),
     quads_per_tap: usize,
     flip: bool,
-    bpanel: &[i8],
+    b: Strip<'_>,
     c: &mut [i32],
     tile: Tile<'_>,
     fin: Option<Final<'_>>,
 ) {
-    if bpanel.len() < table.len() * quads_per_tap * 4 * NR_QUADS {
+    let steps = table.len() * quads_per_tap * 4 * NR_QUADS;
+    if b.panels == 0 || b.data.len() < (b.panels - 1) * b.stride + steps {
         return;
     }
     let rows = tile.rows.min(MR_QUADS);
-    let cols = tile.cols.min(NR_QUADS);
+    let cols = tile.cols.min(b.panels * NR_QUADS);
     if rows == 0 || cols == 0 {
         return;
     }
@@ -61,7 +60,7 @@ pub(super) unsafe fn micro_rows(
     let init = tile.init.map(|i| i.as_ptr());
     let a = (table.as_ptr(), table.len(), (row, quad), quads_per_tap);
     let out = (c.as_mut_ptr(), tile.ldc, rows, cols);
-    let bp = bpanel.as_ptr();
+    let bp = (b.data.as_ptr(), b.panels, b.stride);
     match fin {
         None => {
             // SAFETY: the caller dispatches here only when `Isa::has_int8_dot` found AVX-512
@@ -120,6 +119,7 @@ pub(super) unsafe fn micro_rows(
 }
 
 /// [`Final`] as the kernel reads it.
+#[derive(Clone, Copy)]
 struct Stage {
     y: *mut u8,
     ldy: usize,
@@ -133,12 +133,49 @@ struct Stage {
 /// # Safety
 /// AVX-512 F, BW and VNNI are available; `a` is `(table, taps, (row, quad), quads_per_tap)`:
 /// for `t < taps`, `r < MR_QUADS`, `q < quads_per_tap`, the four bytes at `table[t][r] + q *
-/// quad` (`STRIDED`: `table[0][0] + r * row + q * quad`, one tap) are readable; `b` points to `taps * quads_per_tap * 4 * NR_QUADS` i8; C (`c`, `ldc`
-/// apart) holds `(rows - 1) * ldc + cols` i32; `init`, if any, `cols`; with `REQ`, `stage`
-/// is `Some`, its Y (`ldy` apart) holds `(rows - 1) * ldy + cols` bytes and its bias and mult
-/// `cols` values each.
+/// quad` (`STRIDED`: `table[0][0] + r * row + q * quad`, one tap) are readable; B is
+/// `(b, panels, pstride)`: panel `p < panels` holds `taps * quads_per_tap * 4 * NR_QUADS` i8
+/// at `b + p * pstride`, and `cols <= panels * NR_QUADS` columns; C (`c`, `ldc` apart) holds
+/// `(rows - 1) * ldc + cols` i32; `init`, if any, `cols`; with `REQ`, `stage` is `Some`, its Y
+/// (`ldy` apart) holds `(rows - 1) * ldy + cols` bytes and its bias and mult `cols` values
+/// each.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
+    a: (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
+    (b, panels, pstride): (*const i8, usize, usize),
+    (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
+    init: Option<*const i32>,
+    stage: Option<Stage>,
+) {
+    for p in 0..panels {
+        let cols = cols.saturating_sub(p * NR_QUADS).min(NR_QUADS);
+        if cols == 0 {
+            break;
+        }
+        // Panel `p`: its B `p * pstride` on, its columns `p * NR_QUADS` on in C, `init`, Y,
+        // bias and mult (addresses formed with `wrapping_add`, read within the contract).
+        let b = b.wrapping_add(p * pstride);
+        let c = c.wrapping_add(p * NR_QUADS);
+        let init = init.map(|i| i.wrapping_add(p * NR_QUADS));
+        let stage = stage.map(|s| Stage {
+            y: s.y.wrapping_add(p * NR_QUADS),
+            bias: s.bias.wrapping_add(p * NR_QUADS),
+            mult: s.mult.wrapping_add(p * NR_QUADS),
+            ..s
+        });
+        // SAFETY: the caller's contract for this panel.
+        unsafe { panel_vnni::<FLIP, REQ, STRIDED>(a, b, (c, ldc, rows, cols), init, stage) };
+    }
+}
+
+/// One panel of [`micro_vnni`].
+///
+/// # Safety
+/// As for [`micro_vnni`], for one panel: `b` its steps, `cols <= NR_QUADS` and C, `init` and
+/// the stage from its first column.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
     (table, taps, (row_step, quad_step), quads): (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
     b: *const i8,
     (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
