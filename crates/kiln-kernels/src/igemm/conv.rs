@@ -44,11 +44,6 @@ impl ConvWindow {
         self.batch * self.input.0 * self.input.1 * self.channels
     }
 
-    /// Where in X pixel `p`'s tap `(ky, kx)` starts, or `None` in the padding.
-    fn source(&self, p: usize, ky: usize, kx: usize) -> Option<usize> {
-        self.tap(self.origin(p), ky, kx)
-    }
-
     /// Output pixel `p`'s batch and the input row and column of its window's first tap
     /// (negative in the padding).
     fn origin(&self, p: usize) -> (usize, isize, isize) {
@@ -61,7 +56,8 @@ impl ConvWindow {
         )
     }
 
-    /// [`ConvWindow::source`] from the pixel's [`ConvWindow::origin`].
+    /// Where in X the tap `(ky, kx)` of the pixel at `origin` ([`ConvWindow::origin`])
+    /// starts, or `None` in the padding.
     fn tap(&self, origin: (usize, isize, isize), ky: usize, kx: usize) -> Option<usize> {
         self.tap_at(
             origin,
@@ -82,13 +78,16 @@ impl ConvWindow {
     /// value written: X's, or `pad` (X's zero point) outside it.
     pub fn im2col_row<T: Copy>(&self, x: &[T], p: usize, pad: T, dst: &mut [T]) {
         let (c, (kh, kw)) = (self.channels, self.kernel);
-        for (t, seg) in dst.chunks_exact_mut(c.max(1)).enumerate().take(kh * kw) {
-            match self
-                .source(p, t / kw.max(1), t % kw.max(1))
-                .and_then(|at| x.get(at..at + c))
-            {
-                Some(s) => seg.copy_from_slice(s),
-                None => seg.fill(pad),
+        // The pixel's origin once; each tap then adds its offset.
+        let origin = self.origin(p);
+        let mut segs = dst.chunks_exact_mut(c.max(1));
+        for ky in 0..kh {
+            for kx in 0..kw {
+                let Some(seg) = segs.next() else { return };
+                match self.tap(origin, ky, kx).and_then(|at| x.get(at..at + c)) {
+                    Some(s) => seg.copy_from_slice(s),
+                    None => seg.fill(pad),
+                }
             }
         }
     }
