@@ -165,6 +165,82 @@ fn a_calibrated_model_is_quantized_and_close_to_the_float_one() {
     }
 }
 
+/// Conv, Relu, MaxPool, a 1x1 Conv added back to the pool's output, Relu, pool, Gemm: a
+/// ResNet block in small.
+fn residual() -> ModelProto {
+    model(
+        vec![
+            node(
+                "Conv",
+                "stem",
+                &["x", "w1", "b1"],
+                &["c1"],
+                vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])],
+            ),
+            node("Relu", "relu1", &["c1"], &["r1"], vec![]),
+            node(
+                "MaxPool",
+                "pool",
+                &["r1"],
+                &["p"],
+                vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])],
+            ),
+            node(
+                "Conv",
+                "conv2",
+                &["p", "w2", "b2"],
+                &["c2"],
+                vec![ints("kernel_shape", &[1, 1])],
+            ),
+            node("Add", "add", &["c2", "p"], &["s"], vec![]),
+            node("Relu", "relu2", &["s"], &["r2"], vec![]),
+            node("GlobalAveragePool", "gap", &["r2"], &["g"], vec![]),
+            node("Flatten", "flat", &["g"], &["f"], vec![]),
+            node("Gemm", "fc", &["f", "w3", "b3"], &["y"], vec![common::int("transB", 1)]),
+        ],
+        vec![f32_info("x", &[1, 3, 8, 8])],
+        vec![f32_info("y", &[1, 5])],
+        vec![
+            f32_tensor("w1", &[8, 3, 3, 3], noise(8 * 27, 1, 0.5)),
+            f32_tensor("b1", &[8], noise(8, 2, 0.1)),
+            f32_tensor("w2", &[8, 8, 1, 1], noise(64, 3, 0.5)),
+            f32_tensor("b2", &[8], noise(8, 4, 0.1)),
+            f32_tensor("w3", &[5, 8], noise(40, 5, 1.0)),
+            f32_tensor("b3", &[5], noise(5, 6, 0.1)),
+        ],
+    )
+}
+
+/// The residual sum and the pool are quantized too (so both convolutions end on a
+/// QuantizeLinear); the result stays close to the float model, and the passes that make the
+/// block 8-bit (`qdq_conv`, `qdq_add` with its Relu) compute what the QDQ graph computes.
+#[test]
+fn a_residual_block_is_quantized_through_its_sum_and_pool() {
+    let m = residual();
+    let f = session(&m, &SessionOptions::default()).unwrap();
+    let q = session(&m, &quantizing(Spec::default(), QuantizeMode::Calibrate, samples(8))).unwrap();
+    let r = q.quantization().expect("a report");
+    let count = |op: &str| r.nodes.iter().find(|(o, _)| o == op).map(|&(_, n)| n);
+    assert_eq!(
+        (count("Conv"), count("MaxPool"), count("Add"), count("Gemm")),
+        (Some(2), Some(1), Some(1), Some(1)),
+        "{:?}",
+        r.nodes
+    );
+    let db = held_out_sqnr(&f, &q);
+    assert!(db > 20.0 && db < 70.0, "held-out SQNR {db}");
+    let mut o0 = quantizing(Spec::default(), QuantizeMode::Calibrate, samples(8));
+    o0.compile.opt_level = 0;
+    let q0 = session(&m, &o0).unwrap();
+    for seed in [60, 61] {
+        let a = output(&q, sample(seed));
+        let b = output(&q0, sample(seed));
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + x.abs()), "{a:?} vs {b:?}");
+        }
+    }
+}
+
 #[test]
 fn every_method_and_schema_compiles_and_runs() {
     let m = cnn(false);

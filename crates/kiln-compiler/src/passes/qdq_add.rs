@@ -7,22 +7,23 @@
 //! ```
 //!
 //! one pass over 8-bit data instead of two dequantizations, an f32 add and a quantization,
-//! with the same value bit for bit (`QLinearAdd` rounds every step as the three ops do).
+//! with the same value bit for bit (a Relu between the sum and the QuantizeLinear is absorbed
+//! too, as the op's `relu`) (`QLinearAdd` rounds every step as the three ops do).
 //! With the integer convolutions (`qdq_conv`), a quantized ResNet keeps its activations
 //! 8-bit from block to block. The dequantize nodes stay for any other reader.
 
 use super::edit::{Index, dtype_of, fixed_shape};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
-use kiln_ops::elementwise::{Binary, BinaryOp, ElementwiseOp};
+use kiln_ops::elementwise::{Binary, BinaryOp, ElementwiseOp, UnaryOp};
 use kiln_ops::quant::{DequantizeLinear, QLinearAdd, QuantOp, QuantizeLinear};
 use kiln_tensor::DType;
 use std::collections::HashMap;
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let index = Index::new(g);
-    // Add node -> (its replacement, the QuantizeLinear it absorbs).
-    let mut found: HashMap<usize, (Node, usize)> = HashMap::new();
+    // Add node -> (its replacement, the QuantizeLinear it absorbs, the Relu between).
+    let mut found: HashMap<usize, (Node, usize, Option<usize>)> = HashMap::new();
     for (i, node) in g.nodes.iter().enumerate() {
         if let Some(f) = find(g, &index, node) {
             found.insert(i, f);
@@ -32,14 +33,17 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     if count == 0 {
         return Ok(0);
     }
-    let dead: Vec<usize> = found.values().map(|(_, q)| *q).collect();
+    let dead: Vec<usize> = found
+        .values()
+        .flat_map(|&(_, q, relu)| std::iter::once(q).chain(relu))
+        .collect();
     let old = std::mem::take(&mut g.nodes);
     for (i, node) in old.into_iter().enumerate() {
         if dead.contains(&i) {
             continue;
         }
         match found.remove(&i) {
-            Some((new, _)) => g.nodes.push(new),
+            Some((new, ..)) => g.nodes.push(new),
             None => g.nodes.push(node),
         }
     }
@@ -69,7 +73,8 @@ fn dequantized(g: &Graph, index: &Index, v: ValueId) -> Option<[Option<ValueId>;
     ok.then_some([Some(x), Some(s), z])
 }
 
-fn find(g: &Graph, index: &Index, node: &Node) -> Option<(Node, usize)> {
+/// The fused node, the QuantizeLinear it absorbs and the Relu between, if any.
+fn find(g: &Graph, index: &Index, node: &Node) -> Option<(Node, usize, Option<usize>)> {
     let NodeKind::Op(Op::Elementwise(ElementwiseOp::Binary(Binary {
         op: BinaryOp::Add,
         legacy_axis: None,
@@ -85,10 +90,21 @@ fn find(g: &Graph, index: &Index, node: &Node) -> Option<(Node, usize)> {
         return None;
     }
     let (da, db) = (dequantized(g, index, *a)?, dequantized(g, index, *b)?);
-    // The sum's one reader: a per-tensor QuantizeLinear to 8 bits.
+    // The sum's one reader: a per-tensor QuantizeLinear to 8 bits, or a Relu that one reads.
     let (&[r], false) = (index.readers(*y), index.is_output(*y)) else {
         return None;
     };
+    let (r, relu, y) = match &g.nodes.get(r)?.kind {
+        NodeKind::Op(Op::Elementwise(ElementwiseOp::Unary(UnaryOp::Relu))) => {
+            let h = g.nodes.get(r)?.outputs.first().copied().flatten()?;
+            let (&[q], false) = (index.readers(h), index.is_output(h)) else {
+                return None;
+            };
+            (q, Some(r), h)
+        }
+        _ => (r, None, *y),
+    };
+    let y = &y;
     let q = g.nodes.get(r)?;
     let NodeKind::Op(Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear { block_size: 0, .. }))) = &q.kind else {
         return None;
@@ -114,12 +130,12 @@ fn find(g: &Graph, index: &Index, node: &Node) -> Option<(Node, usize)> {
     let [xb, sb, zb] = db;
     let new = Node {
         name: node.name.clone(),
-        kind: NodeKind::Op(Op::Quant(QuantOp::QLinearAdd(QLinearAdd))),
+        kind: NodeKind::Op(Op::Quant(QuantOp::QLinearAdd(QLinearAdd { relu: relu.is_some() }))),
         inputs: vec![xa, sa, za, xb, sb, zb, Some(*sy), zy],
         outputs: vec![Some(*yq)],
         plan: None,
     };
-    Some((new, r))
+    Some((new, r, relu))
 }
 
 #[cfg(test)]
@@ -128,9 +144,16 @@ mod tests {
     use crate::passes::testutil::*;
     use kiln_tensor::Tensor;
 
-    /// `Q(DQ(Q(x)) + DQ(Q(r))) -> DQ`: fused, the same output bit for bit, channels-last too.
+    /// `Q(DQ(Q(x)) + DQ(Q(r))) -> DQ`, with and without a Relu before the Q: fused, the same
+    /// output bit for bit.
     #[test]
     fn a_quantized_residual_add_becomes_one_op_with_the_same_bits() {
+        for relu in [false, true] {
+            residual_add(relu);
+        }
+    }
+
+    fn residual_add(relu: bool) {
         let shape = [1usize, 6, 5, 5];
         let mut b = Builder::new();
         let x = b.input("x", &shape);
@@ -151,7 +174,10 @@ mod tests {
         let rq = b.node_typed(quantize(), &[Some(r), Some(sr), Some(zr)], &[(DType::U8, &shape)])[0];
         let xd = b.node(dequantize(1), &[Some(xq), Some(sx), Some(zx)], &[&shape])[0];
         let rd = b.node(dequantize(1), &[Some(rq), Some(sr), Some(zr)], &[&shape])[0];
-        let s = b.binary(BinaryOp::Add, xd, rd, &shape);
+        let mut s = b.binary(BinaryOp::Add, xd, rd, &shape);
+        if relu {
+            s = b.unary(UnaryOp::Relu, s, &shape);
+        }
         let yq = b.node_typed(quantize(), &[Some(s), Some(sy), Some(zy)], &[(DType::U8, &shape)])[0];
         let y = b.node(dequantize(1), &[Some(yq), Some(sy), Some(zy)], &[&shape])[0];
         let mut g = b.finish(&[y]);
@@ -159,9 +185,15 @@ mod tests {
         assert_eq!(run(&mut g).unwrap_or_else(|e| panic!("{e}")), 1);
         g.verify().unwrap_or_else(|e| panic!("{e}"));
         let names = op_names(&g);
-        assert!(names.contains(&"QLinearAdd") && !names.contains(&"Add"), "{names:?}");
+        assert!(
+            names.contains(&"QLinearAdd") && !names.contains(&"Add") && !names.contains(&"Relu"),
+            "{names:?}"
+        );
         let inputs = vec![noise(&shape, 1), noise(&shape, 2)];
         let want = run_graph(&before, inputs.clone())[0].to_f64_vec();
         assert_eq!(run_graph(&g, inputs)[0].to_f64_vec(), want);
+        // Negative sums exist without the Relu and are cut to 0 with it: not vacuous.
+        assert_eq!(want.iter().any(|&v| v < 0.0), !relu, "relu {relu}");
+        assert!(want.iter().any(|&v| v == 0.0));
     }
 }

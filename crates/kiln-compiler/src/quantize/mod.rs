@@ -5,7 +5,8 @@
 //! 1. [`prepare`] cleans the graph as the compiler would (constant folding, BatchNorm folded
 //!    into its Conv/Gemm) so the weights quantized are the weights that run.
 //! 2. [`targets`] names the activations to calibrate: the float inputs of every quantizable node
-//!    (Conv, ConvTranspose, MatMul, Gemm) that are not constants.
+//!    (Conv, ConvTranspose, MatMul, Gemm, Add of two activations of one shape, MaxPool) that
+//!    are not constants.
 //! 3. The caller profiles them into [`calib::Histogram`]s and picks ranges with a
 //!    [`calib::Method`].
 //! 4. [`quantize`] writes QDQ: each target activation passes through one
@@ -19,10 +20,11 @@ pub mod calib;
 pub mod params;
 
 use crate::CompileError;
-use crate::passes::edit::{Index, add_constant, dtype_of, fresh_name};
+use crate::passes::edit::{Index, add_constant, dtype_of, fixed_shape, fresh_name};
 use calib::Method;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
-use kiln_ops::nn::NnOp;
+use kiln_ops::elementwise::{Binary, BinaryOp, ElementwiseOp};
+use kiln_ops::nn::{NnOp, Pool, PoolKind};
 use kiln_ops::quant::{DequantizeLinear, QuantOp, QuantizeLinear};
 use kiln_tensor::{DType, Tensor};
 use params::{QParams, Schema};
@@ -68,7 +70,7 @@ impl Default for Spec {
 }
 
 /// The op types [`quantize`] rewrites.
-pub const QUANTIZABLE: &[&str] = &["Conv", "ConvTranspose", "MatMul", "Gemm"];
+pub const QUANTIZABLE: &[&str] = &["Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "MaxPool"];
 
 /// What [`quantize`] did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -130,11 +132,13 @@ fn roles(g: &Graph, index: &Index, node: &Node, spec: &Spec) -> Option<Roles> {
         .flatten()
         .all(|&v| dtype_of(g, v) == Some(DType::F32))
         || !float(0)
-        || !float(1)
     {
         return None;
     }
     let split = |weights: usize, axis: Option<usize>, bias: Option<usize>| {
+        if !float(weights) {
+            return None;
+        }
         let mut activations = vec![0];
         let weight = if is_const(weights) {
             Some((weights, axis))
@@ -172,6 +176,33 @@ fn roles(g: &Graph, index: &Index, node: &Node, spec: &Spec) -> Option<Roles> {
             spec.rowwise.then_some(if gm.trans_b { 0 } else { 1 }),
             (gm.beta == 1.0).then_some(2),
         ),
+        // A residual sum: two activations of one fixed shape (not a bias or a broadcast).
+        // Quantizing both makes the convolutions that feed it end on a QuantizeLinear (so
+        // they run in 8 bits) and the sum itself one 8-bit op (`qdq_add`).
+        Op::Elementwise(ElementwiseOp::Binary(Binary {
+            op: BinaryOp::Add,
+            legacy_axis: None,
+        })) => {
+            let shape = |i: usize| node.inputs.get(i).copied().flatten().and_then(|v| fixed_shape(g, v));
+            let residual = float(1) && !is_const(0) && !is_const(1) && shape(0).is_some() && shape(0) == shape(1);
+            residual.then(|| Roles {
+                op: name,
+                activations: vec![0, 1],
+                weight: None,
+                bias: None,
+            })
+        }
+        // Its input quantized, the convolution before it ends on a QuantizeLinear (a ResNet
+        // stem: Conv, Relu, MaxPool) and runs in 8 bits; the pool reads the dequantized grid.
+        Op::Nn(NnOp::Pool(Pool {
+            kind: PoolKind::Max { .. },
+            ..
+        })) if node.outputs.len() == 1 => Some(Roles {
+            op: name,
+            activations: vec![0],
+            weight: None,
+            bias: None,
+        }),
         _ => None,
     }
 }

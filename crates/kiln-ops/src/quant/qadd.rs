@@ -17,7 +17,12 @@ use kiln_tensor::{DType, Element, Tensor, broadcast_shapes};
 
 /// See the module docs.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct QLinearAdd;
+pub struct QLinearAdd {
+    /// A Relu between the sum and its quantization (kiln's QDQ fusion): `Q(Relu(DQ(a) +
+    /// DQ(b)))`, which is `max(Q(DQ(a) + DQ(b)), zy)` exactly (Q is monotonic, `Q(0) = zy`).
+    #[serde(default)]
+    pub relu: bool,
+}
 
 /// One f32 scale.
 fn scale(t: &Tensor) -> Option<f32> {
@@ -56,7 +61,14 @@ impl QLinearAdd {
             legacy_axis: None,
         };
         let mut sum = add.eval(&Args::new(&[Some(&a), Some(&b)]))?;
-        let sum = sum.pop().ok_or(OpError::MissingInput { index: 0 })?;
+        let mut sum = sum.pop().ok_or(OpError::MissingInput { index: 0 })?;
+        if self.relu {
+            let relu = crate::elementwise::UnaryOp::Relu;
+            sum = relu
+                .eval(&Args::new(&[Some(&sum)]))?
+                .pop()
+                .ok_or(OpError::MissingInput { index: 0 })?;
+        }
         let q = QuantizeLinear {
             axis: 1,
             saturate: true,
@@ -83,14 +95,17 @@ impl QLinearAdd {
             return Ok(None);
         }
         let ydt = zt.map_or(DType::U8, Tensor::dtype);
-        fn go<A: Q8 + Element, B: Q8 + Element, Y: Q8 + Element + kiln_kernels::recycle::Recycled>(
+        fn go<A: Q8 + Element, B: Q8 + Element, Y: Q8 + Element + Ord + kiln_kernels::recycle::Recycled>(
             a: &Tensor,
             (sa, za): (f32, f32),
             b: &Tensor,
             (sb, zb): (f32, f32),
             (sy, zy): (f32, f32),
+            relu: bool,
         ) -> Result<Tensor> {
             let (av, bv) = (a.as_slice::<A>()?, b.as_slice::<B>()?);
+            // The Relu's floor: the output's zero point (already within Y's range).
+            let floor = Y::from_clamped(zy.clamp(Y::LO, Y::HI));
             let mut y = crate::util::out_buf::<Y>(av.len());
             // Blocks over the current pool.
             const BLOCK: usize = 1 << 14;
@@ -114,17 +129,24 @@ impl QLinearAdd {
                     sy,
                     zy,
                 );
+                if relu {
+                    kiln_kernels::simd::vectorize(|| {
+                        for v in out.iter_mut() {
+                            *v = (*v).max(floor);
+                        }
+                    });
+                }
             });
             Ok(Tensor::from_buf(a.shape().to_vec(), y)?)
         }
         let (pa, pb, py) = ((sa, za), (sb, zb), (sy, zy));
         let t = match (a.dtype(), b.dtype(), ydt) {
-            (DType::U8, DType::U8, DType::U8) => go::<u8, u8, u8>(a, pa, b, pb, py)?,
-            (DType::U8, DType::U8, DType::I8) => go::<u8, u8, i8>(a, pa, b, pb, py)?,
-            (DType::I8, DType::I8, DType::I8) => go::<i8, i8, i8>(a, pa, b, pb, py)?,
-            (DType::I8, DType::I8, DType::U8) => go::<i8, i8, u8>(a, pa, b, pb, py)?,
-            (DType::U8, DType::I8, DType::U8) => go::<u8, i8, u8>(a, pa, b, pb, py)?,
-            (DType::I8, DType::U8, DType::U8) => go::<i8, u8, u8>(a, pa, b, pb, py)?,
+            (DType::U8, DType::U8, DType::U8) => go::<u8, u8, u8>(a, pa, b, pb, py, self.relu)?,
+            (DType::U8, DType::U8, DType::I8) => go::<u8, u8, i8>(a, pa, b, pb, py, self.relu)?,
+            (DType::I8, DType::I8, DType::I8) => go::<i8, i8, i8>(a, pa, b, pb, py, self.relu)?,
+            (DType::I8, DType::I8, DType::U8) => go::<i8, i8, u8>(a, pa, b, pb, py, self.relu)?,
+            (DType::U8, DType::I8, DType::U8) => go::<u8, i8, u8>(a, pa, b, pb, py, self.relu)?,
+            (DType::I8, DType::U8, DType::U8) => go::<i8, u8, u8>(a, pa, b, pb, py, self.relu)?,
             _ => return Ok(None),
         };
         Ok(Some(t))
