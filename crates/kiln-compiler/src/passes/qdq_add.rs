@@ -94,7 +94,8 @@ fn find(g: &Graph, index: &Index, node: &Node) -> Option<(Node, usize, Option<us
     let (&[r], false) = (index.readers(*y), index.is_output(*y)) else {
         return None;
     };
-    let (r, relu, y) = match &g.nodes.get(r)?.kind {
+    // `r` becomes the QuantizeLinear, `read` the value it reads.
+    let (r, relu, read) = match &g.nodes.get(r)?.kind {
         NodeKind::Op(Op::Elementwise(ElementwiseOp::Unary(UnaryOp::Relu))) => {
             let h = g.nodes.get(r)?.outputs.first().copied().flatten()?;
             let (&[q], false) = (index.readers(h), index.is_output(h)) else {
@@ -104,7 +105,6 @@ fn find(g: &Graph, index: &Index, node: &Node) -> Option<(Node, usize, Option<us
         }
         _ => (r, None, *y),
     };
-    let y = &y;
     let q = g.nodes.get(r)?;
     let NodeKind::Op(Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear { block_size: 0, .. }))) = &q.kind else {
         return None;
@@ -117,7 +117,7 @@ fn find(g: &Graph, index: &Index, node: &Node) -> Option<(Node, usize, Option<us
         return None;
     };
     let one = |v: ValueId| index.tensor(g, v).is_some_and(|t| t.len() == 1);
-    let ok = q.inputs.first().copied().flatten() == Some(*y)
+    let ok = q.inputs.first().copied().flatten() == Some(read)
         && one(*sy)
         && dtype_of(g, *sy) == Some(DType::F32)
         && zy.is_none_or(one)

@@ -7,7 +7,7 @@
 //! ([`ConvWindow::im2col_row`]) and run the strided product; both give the same bytes.
 
 use super::{
-    Data, IgemmError, Int8, KC_QUADS, MAX_EXACT_DEPTH, MR_QUADS, NR_QUADS, Output, PackedB, Requantize, Tile,
+    Data, IgemmError, Int8, KC_QUADS, MAX_EXACT_DEPTH, MR_QUADS, Output, PackedB, Requantize, Tile,
     igemm_requant_serial,
 };
 use crate::isa::Isa;
@@ -46,7 +46,7 @@ impl ConvWindow {
 
     /// Output pixel `p`'s batch and the input row and column of its window's first tap
     /// (negative in the padding).
-    fn origin(&self, p: usize) -> (usize, isize, isize) {
+    pub fn origin(&self, p: usize) -> (usize, isize, isize) {
         let (oh, ow) = self.output;
         let (b, oy, ox) = (p / (oh * ow).max(1), (p / ow.max(1)) % oh.max(1), p % ow.max(1));
         (
@@ -58,7 +58,7 @@ impl ConvWindow {
 
     /// Where in X the tap `(ky, kx)` of the pixel at `origin` ([`ConvWindow::origin`])
     /// starts, or `None` in the padding.
-    fn tap(&self, origin: (usize, isize, isize), ky: usize, kx: usize) -> Option<usize> {
+    pub fn tap(&self, origin: (usize, isize, isize), ky: usize, kx: usize) -> Option<usize> {
         self.tap_at(
             origin,
             ((ky * self.dilation.0) as isize, (kx * self.dilation.1) as isize),
@@ -99,6 +99,8 @@ pub struct ConvScratch<T> {
     sums: Vec<i32>,
     rows: Vec<T>,
     pad: Vec<T>,
+    /// The first depth block's `-za * colsum` (`PackedB::quads_init`).
+    init: Vec<i32>,
 }
 
 impl<T: Clone + Default> ConvScratch<T> {
@@ -168,11 +170,8 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
         ldy: n,
         stage,
     };
-    let za = pad.widen().wrapping_add(T::OFFSET);
-    let panels = n.div_ceil(NR_QUADS);
-    let init: Vec<i32> = (0..panels * NR_QUADS)
-        .map(|j| b.col_sums.get(j).map_or(0, |&s| za.wrapping_mul(s).wrapping_neg()))
-        .collect();
+    b.quads_init(pad.widen().wrapping_add(T::OFFSET), &mut scratch.init);
+    let init = &scratch.init;
     let (quads_per_tap, taps) = (c / 4, win.kernel.0 * win.kernel.1);
     let per_block = (KC_QUADS / 4 / quads_per_tap).max(1);
     let kw = win.kernel.1.max(1);

@@ -328,6 +328,15 @@ impl PackedB {
         }
     }
 
+    /// What the quads kernel's first depth block adds to its sums for an A whose zero point
+    /// (offset to u8) is `za`: `-za * colsum[j]`, padded with zeros to whole panels, into
+    /// `out` (its allocation reused).
+    fn quads_init(&self, za: i32, out: &mut Vec<i32>) {
+        out.clear();
+        out.extend(self.col_sums.iter().map(|&s| za.wrapping_mul(s).wrapping_neg()));
+        out.resize(self.n.div_ceil(NR_QUADS) * NR_QUADS, 0);
+    }
+
     /// `B[k][j] - zb[j]` as packed (the deep path reads it one value at a time).
     fn value(&self, kk: usize, j: usize) -> i64 {
         match &self.data {
@@ -630,12 +639,8 @@ fn serial_quads<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize,
     let blocks = kquads.div_ceil(KC_QUADS / 4).max(1);
     let step = kquads.div_ceil(blocks);
     let za = a_zero.wrapping_add(T::OFFSET);
-    let panels = n.div_ceil(NR_QUADS);
-    // `-za * colsum`, padded to whole panels.
-    let mut init = vec![0i32; panels * NR_QUADS];
-    for (d, &s) in init.iter_mut().zip(&b.col_sums) {
-        *d = za.wrapping_mul(s).wrapping_neg();
-    }
+    let mut init = Vec::new();
+    b.quads_init(za, &mut init);
     let bytes = T::bytes(a);
     let flip = T::OFFSET != 0;
     let vnni = isa.has_int8_dot();

@@ -61,34 +61,14 @@ pub(super) unsafe fn micro_rows(
     let a = (table.as_ptr(), table.len(), (row, quad), quads_per_tap);
     let out = (c.as_mut_ptr(), tile.ldc, rows, cols);
     let bp = (b.data.as_ptr(), b.panels, b.stride);
-    match fin {
-        None => {
-            // SAFETY: the caller dispatches here only when `Isa::has_int8_dot` found AVX-512
-            // F, BW and VNNI; A's quads are readable (this function's contract), B's panel
-            // holds every step (checked above), C every element the masked stores touch
-            // (`need` above), and `init` at least `cols` values (masked loads).
-            unsafe {
-                if flip {
-                    if row == 0 {
-                        micro_vnni::<true, false, false>(a, bp, out, init, None)
-                    } else {
-                        micro_vnni::<true, false, true>(a, bp, out, init, None)
-                    }
-                } else {
-                    if row == 0 {
-                        micro_vnni::<false, false, false>(a, bp, out, init, None)
-                    } else {
-                        micro_vnni::<false, false, true>(a, bp, out, init, None)
-                    }
-                }
-            }
-        }
+    let stage = match fin {
+        None => None,
         Some(f) => {
             let y_need = (rows - 1) * f.ldy + cols;
             if f.y.len() < y_need || f.bias.len() < cols || f.mult.len() < cols {
                 return;
             }
-            let stage = Stage {
+            Some(Stage {
                 y: f.y.as_mut_ptr(),
                 ldy: f.ldy,
                 bias: f.bias.as_ptr(),
@@ -96,24 +76,24 @@ pub(super) unsafe fn micro_rows(
                 zero_point: f.zero_point,
                 lo: f.lo,
                 hi: f.hi,
-            };
-            // SAFETY: as above for A, B, C and `init` (C is only read here); Y holds every
-            // byte the masked stores touch (`y_need`), bias and mult at least `cols` values.
-            unsafe {
-                if flip {
-                    if row == 0 {
-                        micro_vnni::<true, true, false>(a, bp, out, init, Some(stage))
-                    } else {
-                        micro_vnni::<true, true, true>(a, bp, out, init, Some(stage))
-                    }
-                } else {
-                    if row == 0 {
-                        micro_vnni::<false, true, false>(a, bp, out, init, Some(stage))
-                    } else {
-                        micro_vnni::<false, true, true>(a, bp, out, init, Some(stage))
-                    }
-                }
-            }
+            })
+        }
+    };
+    // SAFETY: the caller dispatches here only when `Isa::has_int8_dot` found AVX-512 F, BW
+    // and VNNI; A's quads are readable (this function's contract), B's panels hold every
+    // step (checked above), C every element the masked stores touch (`need` above), `init`
+    // at least `cols` values (masked loads); with a stage (C then only read), Y holds every
+    // byte its masked stores touch (`y_need`), bias and mult at least `cols` values.
+    unsafe {
+        match (flip, stage.is_some(), row != 0) {
+            (false, false, false) => micro_vnni::<false, false, false>(a, bp, out, init, stage),
+            (false, false, true) => micro_vnni::<false, false, true>(a, bp, out, init, stage),
+            (false, true, false) => micro_vnni::<false, true, false>(a, bp, out, init, stage),
+            (false, true, true) => micro_vnni::<false, true, true>(a, bp, out, init, stage),
+            (true, false, false) => micro_vnni::<true, false, false>(a, bp, out, init, stage),
+            (true, false, true) => micro_vnni::<true, false, true>(a, bp, out, init, stage),
+            (true, true, false) => micro_vnni::<true, true, false>(a, bp, out, init, stage),
+            (true, true, true) => micro_vnni::<true, true, true>(a, bp, out, init, stage),
         }
     }
 }

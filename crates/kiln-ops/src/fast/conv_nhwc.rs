@@ -1288,7 +1288,7 @@ pub(crate) mod tests {
     }
 
     /// `[N, C, H, W]` data as `[N, H, W, C]`.
-    pub(crate) fn to_last(v: &[f32], [n, c, h, w]: [usize; 4]) -> Vec<f32> {
+    pub(crate) fn to_last<T: Copy>(v: &[T], [n, c, h, w]: [usize; 4]) -> Vec<T> {
         let mut out = Vec::with_capacity(v.len());
         for i in 0..n {
             for y in 0..h {

@@ -206,15 +206,12 @@ where
         }),
     };
     let xs = x.as_slice::<T>()?;
-    let geo = Window {
-        n,
-        h,
-        w: wd,
-        c,
-        kh,
-        kw,
-        oh,
-        ow,
+    let window = ConvWindow {
+        batch: n,
+        input: (h, wd),
+        channels: c,
+        kernel: (kh, kw),
+        output: (oh, ow),
         stride: (sh, sw),
         dilation: (dh, dw),
         pad: (ph, pw),
@@ -233,7 +230,7 @@ where
             };
             return depthwise_f32::<T, O>(xs, zx, &taps, &dw, n, &requant);
         }
-        return depthwise_conv::<T, O>(xs, zx, &taps, &geo, &requant);
+        return depthwise_conv::<T, O>(xs, zx, &taps, &window, &requant);
     }
     let packed = match w.dtype() {
         DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw)),
@@ -272,16 +269,6 @@ where
         if let Ok(mut f) = failure.lock() {
             f.get_or_insert(e);
         }
-    };
-    let window = ConvWindow {
-        batch: n,
-        input: (h, wd),
-        channels: c,
-        kernel: (kh, kw),
-        output: (oh, ow),
-        stride: (sh, sw),
-        dilation: (dh, dw),
-        pad: (ph, pw),
     };
     kiln_kernels::pool::for_each_chunk_mut(&mut y, rows * m, &|i, out| {
         let p0 = i * rows;
@@ -393,30 +380,15 @@ impl Requant<'_> {
     }
 }
 
-/// A channels-last convolution's geometry (X `[n, h, w, c]`, Y `[n, oh, ow, m]`).
-struct Window {
-    n: usize,
-    h: usize,
-    w: usize,
-    c: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-    stride: (usize, usize),
-    dilation: (usize, usize),
-    pad: (usize, usize),
-}
-
-/// One output row `(b, oy)` of [`depthwise_conv`]: per pixel, blocks of [`LANES`] channels
+/// One output row of [`depthwise_conv`]: per pixel, blocks of [`LANES`] channels
 /// summed over the live taps in registers, then requantized.
 struct DepthwiseRow<'a, T, O> {
     xs: &'a [T],
     zx: i32,
     taps: &'a [i32],
-    win: &'a Window,
-    b: usize,
-    oy: usize,
+    win: &'a ConvWindow,
+    /// The row's first output pixel over the batch.
+    p0: usize,
     out: &'a mut [O],
     acc: &'a mut [i32],
     requant: &'a Requant<'a>,
@@ -432,33 +404,20 @@ impl<T: Int8, O: Quantized> kiln_kernels::simd::Kernel for DepthwiseRow<'_, T, O
             zx,
             taps,
             win,
-            b,
-            oy,
+            p0,
             out,
             acc,
             requant,
         } = self;
-        let Window {
-            h,
-            w,
-            c,
-            kh,
-            kw,
-            stride: (sh, sw),
-            dilation: (dh, dw),
-            pad: (ph, pw),
-            ..
-        } = *win;
+        let (c, (kh, kw)) = (win.channels, win.kernel);
         let mut live: Vec<(usize, usize)> = Vec::with_capacity(kh * kw);
         for (ox, orow) in out.chunks_exact_mut(c).enumerate() {
             live.clear();
+            let origin = win.origin(p0 + ox);
             for ky in 0..kh {
-                let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&v| v < h) else {
-                    continue;
-                };
                 for kx in 0..kw {
-                    if let Some(ix) = (ox * sw + kx * dw).checked_sub(pw).filter(|&v| v < w) {
-                        live.push((((b * h + iy) * w + ix) * c, (ky * kw + kx) * c));
+                    if let Some(src) = win.tap(origin, ky, kx) {
+                        live.push((src, (ky * kw + kx) * c));
                     }
                 }
             }
@@ -643,15 +602,14 @@ fn depthwise_taps(w: &Tensor, zw: Option<&Tensor>) -> Result<Vec<i32>> {
 
 /// The depthwise convolution channels-last: each output pixel's sums over its taps in i32,
 /// vectorised along channels, then requantized; rows of output pixels over the pool.
-fn depthwise_conv<T, O>(xs: &[T], zx: i32, taps: &[i32], win: &Window, requant: &Requant<'_>) -> Result<Tensor>
+fn depthwise_conv<T, O>(xs: &[T], zx: i32, taps: &[i32], win: &ConvWindow, requant: &Requant<'_>) -> Result<Tensor>
 where
     T: Int8 + Element,
     O: Quantized,
 {
-    let Window { n, c, oh, ow, .. } = *win;
+    let (n, c, (oh, ow)) = (win.batch, win.channels, win.output);
     let mut y = util::out_buf::<O>(util::checked_numel(&[n, oh, ow, c])?);
     kiln_kernels::pool::for_each_chunk_mut(&mut y, ow * c, &|row, out| {
-        let (b, oy) = (row / oh.max(1), row % oh.max(1));
         let mut acc = vec![0i32; c];
         // One vectorised region for the whole row (a struct kernel: inlined into the
         // level's compiled copy, which a closure this size may not be).
@@ -660,8 +618,7 @@ where
             zx,
             taps,
             win,
-            b,
-            oy,
+            p0: row * ow,
             out,
             acc: &mut acc,
             requant,
@@ -676,20 +633,7 @@ mod tests {
     use crate::quant::{AutoPad, ConvAttrs};
     use crate::value::Value;
 
-    /// `[n, c, h, w]` values to `[n, h, w, c]`.
-    fn nhwc<T: Copy>(v: &[T], [n, c, h, w]: [usize; 4]) -> Vec<T> {
-        let mut out = Vec::with_capacity(v.len());
-        for b in 0..n {
-            for y in 0..h {
-                for x in 0..w {
-                    for ch in 0..c {
-                        out.push(v[((b * c + ch) * h + y) * w + x]);
-                    }
-                }
-            }
-        }
-        out
-    }
+    use crate::fast::conv_nhwc::tests::to_last as nhwc;
 
     /// Channels-last plans (dense im2col, 1x1, depthwise on the f32 kernel and, past its exact
     /// tap count, on the i32 loop) give the reference QLinearConv's values exactly.
