@@ -10,7 +10,8 @@
 use crate::CompileError;
 use crate::passes::{
     attention, bn, captures, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout,
-    matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_conv, qdq_matmul, residual, shape, unit_transpose,
+    matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_conv, qdq_glue, qdq_matmul, residual, shape,
+    unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -226,6 +227,15 @@ const PIPELINE: &[Pass] = &[
         level: 2,
         deep: false,
         run: unit_transpose::run,
+    },
+    // After every pass that matches Q/DQ patterns (the integer products, convolutions and
+    // sums, and the layout's view of per-tensor Q/DQ as layout-free), before the chain pass,
+    // which joins the round trips it makes with the arithmetic around them.
+    Pass {
+        name: "qdq_glue",
+        level: 2,
+        deep: true,
+        run: qdq_glue::run,
     },
     // Removes the weights the folds replaced and anything the fusions left unread.
     Pass {

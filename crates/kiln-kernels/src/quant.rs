@@ -72,6 +72,26 @@ pub fn quantize_row<T: Q8>(x: &[f32], y: &mut [T], scale: f32, zero_point: f32) 
     })
 }
 
+/// `x[i] = (saturate(round_half_even(x[i] / scale) + zero_point) - zero_point) * scale` in
+/// place: a `QuantizeLinear` to the 8-bit type whose range is `[lo, hi]` and the
+/// `DequantizeLinear` back, in one pass, with the same bits as [`quantize_row`] then
+/// [`dequantize_row`] (the quantized value is an exact integer in f32 either way).
+pub fn fake_quantize_row(x: &mut [f32], scale: f32, zero_point: f32, (lo, hi): (f32, f32)) {
+    // The parameters by value in the closure: read through references, the compiler gathers
+    // them per lane.
+    crate::simd::vectorize(move || {
+        for v in x.iter_mut() {
+            let t = (*v / scale).clamp(-BIG, BIG);
+            let r = (t + ROUND) - ROUND;
+            let q = r + zero_point;
+            // NaN quantizes to 0 (as in `quantize_row`); `max`/`min` alone would give `lo`.
+            let c = q.max(lo).min(hi);
+            let c = if q.is_nan() { 0.0 } else { c };
+            *v = (c - zero_point) * scale;
+        }
+    })
+}
+
 /// `y[j] = clamp(round_half_even((acc[j] + bias[j]) * mult[j] + zero_point), lo, hi)` over
 /// `min(len)` elements, in f64 (the arithmetic of ONNX's QLinearConv reference: the int32 sums
 /// are exact, the multiplier `mult = sx * sw / sy`), `[lo, hi]` within `T`'s range. For the

@@ -1,7 +1,8 @@
 //! The quantize / dequantize rows against the ONNX formulas computed directly.
 
 use kiln_kernels::quant::{
-    Operand, Q8, add_dequantized_row, dequantize_row, min_max, quantize_row, requantize_row, requantize_row_f32,
+    Operand, Q8, add_dequantized_row, dequantize_row, fake_quantize_row, min_max, quantize_row, requantize_row,
+    requantize_row_f32,
 };
 use proptest::prelude::*;
 
@@ -36,6 +37,24 @@ proptest! {
         for (i, (&xi, &yi)) in x.iter().zip(&y).enumerate() {
             prop_assert_eq!(yi, reference::<i8>(xi, scale, f32::from(zp)), "element {} ({})", i, xi);
         }
+    }
+
+    /// The one-pass round trip gives the bits of quantize then dequantize, both types.
+    #[test]
+    fn fake_quantize_is_quantize_then_dequantize(x in prop::collection::vec(special(), 0..80), scale in prop::sample::select(vec![1.0f32, 0.5, 0.0173, 3.0, 1e-6, 250.0]), zu in 0u8..=255, zi in -128i8..=127) {
+        let mut qu = vec![0u8; x.len()];
+        let mut want = vec![0f32; x.len()];
+        quantize_row(&x, &mut qu, scale, f32::from(zu));
+        dequantize_row(&qu, &mut want, scale, zu);
+        let mut got = x.clone();
+        fake_quantize_row(&mut got, scale, f32::from(zu), (u8::LO, u8::HI));
+        prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        let mut qi = vec![0i8; x.len()];
+        quantize_row(&x, &mut qi, scale, f32::from(zi));
+        dequantize_row(&qi, &mut want, scale, zi);
+        let mut got = x.clone();
+        fake_quantize_row(&mut got, scale, f32::from(zi), (i8::LO, i8::HI));
+        prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 
     /// QLinearConv's requantization of exact sums, per column bias and multiplier, against

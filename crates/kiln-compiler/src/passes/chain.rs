@@ -1,8 +1,11 @@
 //! Elementwise chains: two or more f32 elementwise nodes in a row (unary ops that map f32 to
-//! f32, and Add/Sub/Mul/Div/Pow whose other operand has the chain's shape or one element),
-//! each reading the previous one's output alone, become one `ElementwiseChain` node: one
-//! pass over memory instead of one per op, and no intermediate tensors. The chain computes
-//! each op as its standalone evaluation does, so results are bit-identical.
+//! f32, Add/Sub/Mul/Div/Pow whose other operand has the chain's shape, one element or a
+//! trailing block of it, and the `FakeQuantize` round trips of the `qdq_glue` pass), each
+//! reading the previous one's output alone, become one `ElementwiseChain` node: one pass over
+//! memory instead of one per op, and no intermediate tensors. A chain may start at a `Cast`
+//! of int32 to f32 (an integer product's sums) and end at a per-tensor `QuantizeLinear` (its
+//! output then 8-bit). The chain computes each op as its standalone evaluation does, so
+//! results are bit-identical.
 //!
 //! Only static shapes: every value of the chain has the same fixed shape, which is then the
 //! output's. The fused node takes the last node's place (every operand is computed by then)
@@ -11,7 +14,7 @@
 use super::edit::{Index, binary, dtype_of, fixed_shape, mark, op, remove_nodes};
 use crate::CompileError;
 use kiln_ir::{Graph, NodeKind, Op, ValueId};
-use kiln_ops::elementwise::{BinaryOp, ChainBinary, ChainStep, ElementwiseChain, ElementwiseOp};
+use kiln_ops::elementwise::{BinaryOp, Cast, ChainBinary, ChainQuantize, ChainStep, ElementwiseChain, ElementwiseOp};
 use kiln_tensor::DType;
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
@@ -22,11 +25,12 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         if taken.get(i).copied().unwrap_or(true) {
             continue;
         }
-        let Some(head) = link(g, i, None) else { continue };
+        let Some(head) = link(g, &index, i, None) else { continue };
         let mut chain = Chain {
             nodes: vec![i],
             inputs: vec![head.start],
             steps: Vec::new(),
+            quantize: None,
         };
         chain.push(head);
         let mut cur = chain_output(g, i);
@@ -35,9 +39,13 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             if index.is_output(v) || taken.get(*j).copied().unwrap_or(true) {
                 break;
             }
-            let Some(l) = link(g, *j, Some(v)) else { break };
+            let Some(l) = link(g, &index, *j, Some(v)) else { break };
             chain.nodes.push(*j);
+            let last = matches!(l.step, Step::Quantize(_));
             chain.push(l);
+            if last {
+                break;
+            }
             cur = chain_output(g, *j);
         }
         if chain.nodes.len() < 2 {
@@ -54,7 +62,9 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         if let Some(node) = g.nodes.get_mut(last) {
             node.kind = NodeKind::Op(Op::Elementwise(ElementwiseOp::Chain(ElementwiseChain {
                 steps: c.steps.clone(),
+                quantize: c.quantize,
             })));
+            node.plan = None;
             node.inputs = c.inputs.iter().map(|&v| Some(v)).collect();
         }
         mark(&mut dead, rest.iter().copied());
@@ -69,11 +79,21 @@ struct Chain {
     nodes: Vec<usize>,
     inputs: Vec<ValueId>,
     steps: Vec<ChainStep>,
+    quantize: Option<ChainQuantize>,
 }
 
 impl Chain {
     fn push(&mut self, l: Link) {
         let step = match l.step {
+            Step::Start => return,
+            Step::Steps(steps) => {
+                self.steps.extend(steps);
+                return;
+            }
+            Step::Quantize(q) => {
+                self.quantize = Some(q);
+                return;
+            }
             Step::Unary(op) => ChainStep::Unary(op),
             Step::Binary { op, operand, swapped } => {
                 let at = match self.inputs.iter().position(|&v| v == operand) {
@@ -95,6 +115,12 @@ impl Chain {
 }
 
 enum Step {
+    /// A Cast of int32 to f32 starting the chain: the chain reads the int32 values.
+    Start,
+    /// The operand-free steps of a chain node already made (a `FakeQuantize`).
+    Steps(Vec<ChainStep>),
+    /// The final QuantizeLinear.
+    Quantize(ChainQuantize),
     Unary(kiln_ops::elementwise::UnaryOp),
     Binary {
         op: ChainBinary,
@@ -109,7 +135,7 @@ struct Link {
     step: Step,
 }
 
-/// The single f32 output of a chainable node.
+/// The single output of a chainable node.
 fn chain_output(g: &Graph, i: usize) -> Option<ValueId> {
     match g.nodes.get(i)?.outputs.as_slice() {
         [Some(o)] => Some(*o),
@@ -119,25 +145,64 @@ fn chain_output(g: &Graph, i: usize) -> Option<ValueId> {
 
 /// Node `i` as a chain step: reading `from` as the running value when given (else choosing
 /// it), with every value f32 and of the output's fixed shape (a binary operand may be one
-/// element of no higher rank).
-fn link(g: &Graph, i: usize, from: Option<ValueId>) -> Option<Link> {
+/// element of no higher rank, or a trailing block); the exceptions are the int32 `Cast` a
+/// chain starts with and the 8-bit `QuantizeLinear` it ends with.
+fn link(g: &Graph, index: &Index, i: usize, from: Option<ValueId>) -> Option<Link> {
     let node = g.nodes.get(i)?;
     let out = chain_output(g, i)?;
     let shape = fixed_shape(g, out)?;
     let f32_of = |v: ValueId| dtype_of(g, v) == Some(DType::F32);
-    if !f32_of(out) {
-        return None;
-    }
     let same = |v: ValueId| f32_of(v) && fixed_shape(g, v).as_deref() == Some(shape.as_slice());
-    if let Some(Op::Elementwise(ElementwiseOp::Unary(u))) = op(node) {
-        let [Some(x)] = node.inputs.as_slice() else { return None };
-        if !u.is_f32_map() || !same(*x) || from.is_some_and(|f| f != *x) {
+    if let Some((x, _, p)) = super::qdq_glue::quantize(g, index, node) {
+        // Only as the last step: the running value is f32 up to here.
+        if from != Some(x) || !same(x) {
             return None;
         }
         return Some(Link {
-            start: *x,
-            step: Step::Unary(*u),
+            start: x,
+            step: Step::Quantize(ChainQuantize {
+                scale: p.scale,
+                zero_point: p.zero_point as f32,
+                dtype: p.dtype,
+            }),
         });
+    }
+    if !f32_of(out) {
+        return None;
+    }
+    match op(node)? {
+        Op::Elementwise(ElementwiseOp::Unary(u)) => {
+            let [Some(x)] = node.inputs.as_slice() else { return None };
+            if !u.is_f32_map() || !same(*x) || from.is_some_and(|f| f != *x) {
+                return None;
+            }
+            return Some(Link {
+                start: *x,
+                step: Step::Unary(*u),
+            });
+        }
+        Op::Elementwise(ElementwiseOp::Cast(Cast { to: DType::F32, .. })) => {
+            let [Some(x)] = node.inputs.as_slice() else { return None };
+            let int_start = from.is_none()
+                && dtype_of(g, *x) == Some(DType::I32)
+                && fixed_shape(g, *x).as_deref() == Some(shape.as_slice());
+            return int_start.then_some(Link {
+                start: *x,
+                step: Step::Start,
+            });
+        }
+        Op::Elementwise(ElementwiseOp::Chain(c)) => {
+            let [Some(x)] = node.inputs.as_slice() else { return None };
+            let free = c.steps.iter().all(|s| !matches!(s, ChainStep::Binary { .. }));
+            if c.quantize.is_some() || !free || !same(*x) || from.is_some_and(|f| f != *x) {
+                return None;
+            }
+            return Some(Link {
+                start: *x,
+                step: Step::Steps(c.steps.clone()),
+            });
+        }
+        _ => {}
     }
     let (bop, a, b) = binary(node)?;
     let op = match bop {
@@ -148,10 +213,16 @@ fn link(g: &Graph, i: usize, from: Option<ValueId>) -> Option<Link> {
         BinaryOp::Pow => ChainBinary::Pow,
         _ => return None,
     };
-    let scalar = |v: ValueId| {
-        f32_of(v) && fixed_shape(g, v).is_some_and(|s| s.iter().product::<usize>() == 1 && s.len() <= shape.len())
+    // One element, or a block the chain's shape repeats (a bias along the last axes).
+    let block = |v: ValueId| {
+        f32_of(v)
+            && fixed_shape(g, v).is_some_and(|s| {
+                let lead = s.iter().take_while(|&&d| d == 1).count();
+                let core = s.get(lead..).unwrap_or(&[]);
+                s.len() <= shape.len() && shape.ends_with(core)
+            })
     };
-    let operand_ok = |v: ValueId| same(v) || scalar(v);
+    let operand_ok = |v: ValueId| same(v) || block(v);
     // The running value on the left (a op operand) or the right (operand op a).
     let (start, operand, swapped) = match from {
         Some(f) if a == f && b != f => (a, b, false),
@@ -234,11 +305,12 @@ mod tests {
         let mut g = b.finish(&[t, n]);
         assert_eq!(run(&mut g).unwrap(), 2);
         assert_eq!(op_names(&g), ["ElementwiseChain", "ElementwiseChain"]);
-        // A row-vector operand broadcasts (neither the chain's shape nor one element): the Add
-        // is left out, and the single Exp after it is no chain.
+        // A column operand broadcasts along the last axis (neither the chain's shape, one
+        // element nor a trailing block): the Add is left out, and the single Exp after it is
+        // no chain.
         let mut b = Builder::new();
         let x = b.input("x", &shape);
-        let r = b.input("r", &[1, 8]);
+        let r = b.input("r", &[4, 1]);
         let e = b.unary(UnaryOp::Exp, x, &shape);
         let a = b.binary(BinaryOp::Add, e, r, &shape);
         let t = b.unary(UnaryOp::Exp, a, &shape);

@@ -1,13 +1,18 @@
 //! `ElementwiseChain`: a run of f32 elementwise ops applied in one pass over memory, which the
 //! compiler's `chain` pass makes from unary ops and Add/Sub/Mul/Div/Pow nodes that each read
 //! the previous one's output alone (GELU or Swish spelled out, normalisation arithmetic,
-//! scale-and-shift). Input 0 is the chain's start; inputs 1.. are the binary steps' other
-//! operands, each of the start's shape or a single element.
+//! scale-and-shift), and from the quantize-dequantize round trips of QDQ graphs. Input 0 is
+//! the chain's start (f32, or int32 converted as `Cast` converts it: an integer product's
+//! sums); inputs 1.. are the binary steps' other operands, each of the start's shape, a single
+//! element, or a trailing block of it (a bias along the last axes, repeated). The output is
+//! f32, or 8-bit when the chain ends on a `QuantizeLinear` ([`ChainQuantize`]).
 //!
 //! The output is computed block by block (a block stays in L1 while every step runs over it),
 //! in parallel over the pool for large tensors. Each step computes exactly what its standalone
 //! op computes per element (unary ops through [`UnaryOp::apply_f32`], arithmetic in f32, Pow
-//! through f64 as the Pow op), so results are bit-identical to the unfused graph.
+//! through f64 as the Pow op, the round trip and the final quantization through the
+//! `QuantizeLinear` / `DequantizeLinear` rows), so results are bit-identical to the unfused
+//! graph.
 
 use super::UnaryOp;
 use crate::error::{OpError, Result};
@@ -51,12 +56,32 @@ pub enum ChainStep {
         operand: usize,
         swapped: bool,
     },
+    /// `QuantizeLinear` to the 8-bit type of range `[lo, hi]` (one scale and zero point) and
+    /// `DequantizeLinear` back: the value rounded onto the quantization grid.
+    FakeQuantize {
+        scale: f32,
+        zero_point: f32,
+        lo: f32,
+        hi: f32,
+    },
+}
+
+/// A chain's final `QuantizeLinear` (one scale and zero point): the output is 8-bit.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ChainQuantize {
+    pub scale: f32,
+    pub zero_point: f32,
+    /// U8 or I8.
+    pub dtype: DType,
 }
 
 /// The op: its steps in order (see the module docs).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ElementwiseChain {
     pub steps: Vec<ChainStep>,
+    /// The output's quantization, when the chain ends on a `QuantizeLinear`.
+    #[serde(default)]
+    pub quantize: Option<ChainQuantize>,
 }
 
 /// Inputs a chain gathers without allocating (GELU spelled out with tanh has six).
@@ -67,11 +92,21 @@ const BLOCK: usize = 4096;
 /// Elements from which the blocks are spread over the pool.
 const PAR_MIN: usize = 1 << 16;
 
-/// A binary step's operand: the whole tensor, or its one element.
+/// A binary step's operand: the whole tensor, its one element, or a block repeated along the
+/// leading axes (element `i` of the chain reads `d[i % d.len()]`).
 #[derive(Clone, Copy)]
 enum Operand<'a> {
     Full(&'a [f32]),
     Scalar(f32),
+    Periodic(&'a [f32]),
+}
+
+/// Whether an operand of shape `o` repeats along `x`'s leading axes: `o` without its leading
+/// ones is a suffix of `x`'s shape.
+fn is_trailing_block(o: &[usize], x: &[usize]) -> bool {
+    let lead = o.iter().take_while(|&&d| d == 1).count();
+    let core = o.get(lead..).unwrap_or(&[]);
+    o.len() <= x.len() && x.ends_with(core)
 }
 
 impl ElementwiseChain {
@@ -100,76 +135,171 @@ impl ElementwiseChain {
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         self.check_steps(inputs.len())?;
+        self.check_quantize()?;
         let x = inputs.first().ok_or(OpError::MissingInput { index: 0 })?;
         if let Some(d) = x.ty.tensor().and_then(|t| t.dtype)
             && d != DType::F32
+            && d != DType::I32
         {
             return Err(OpError::UnsupportedDType { index: 0, got: d });
         }
-        Ok(vec![x.ty.clone()])
+        let shape = x.ty.tensor().and_then(|t| t.shape.clone());
+        Ok(vec![ValueType::Tensor(crate::TensorType {
+            dtype: Some(self.quantize.map_or(DType::F32, |q| q.dtype)),
+            shape,
+        })])
+    }
+
+    fn check_quantize(&self) -> Result<()> {
+        match self.quantize {
+            Some(q) if !matches!(q.dtype, DType::U8 | DType::I8) => Err(OpError::attribute(
+                "quantize",
+                "a u8 or i8 output",
+                format!("{:?}", q.dtype),
+            )),
+            _ => Ok(()),
+        }
     }
 
     pub fn run(&self, args: &Args<'_>) -> Result<Tensor> {
         let x = args.tensor(0)?;
         let n_inputs = args.len();
         self.check_steps(n_inputs)?;
-        let f32_of = |i: usize, t: &Tensor| -> Result<()> {
-            if t.dtype() == DType::F32 {
-                Ok(())
-            } else {
-                Err(OpError::UnsupportedDType {
-                    index: i,
-                    got: t.dtype(),
-                })
-            }
+        self.check_quantize()?;
+        let start_values = match x.dtype() {
+            DType::F32 => Start::F32(x.as_slice::<f32>()?),
+            DType::I32 => Start::I32(x.as_slice::<i32>()?),
+            got => return Err(OpError::UnsupportedDType { index: 0, got }),
         };
-        f32_of(0, x)?;
-        let xd = x.as_slice::<f32>()?;
         let mut operands: smallvec::SmallVec<[Operand<'_>; INLINE_INPUTS]> = smallvec::SmallVec::new();
         for i in 0..n_inputs {
             let t = args.tensor(i)?;
-            f32_of(i, t)?;
+            if let (0, Start::I32(_)) = (i, start_values) {
+                // An int32 start is no operand (the chain pass only takes f32 ones); its slot
+                // keeps the operands' indices.
+                operands.push(Operand::Scalar(f32::NAN));
+                continue;
+            }
+            if t.dtype() != DType::F32 {
+                return Err(OpError::UnsupportedDType {
+                    index: i,
+                    got: t.dtype(),
+                });
+            }
             let d = t.as_slice::<f32>()?;
             operands.push(if t.shape() == x.shape() {
                 Operand::Full(d)
             } else if let ([v], true) = (d, t.rank() <= x.rank()) {
                 Operand::Scalar(*v)
+            } else if !d.is_empty() && is_trailing_block(t.shape(), x.shape()) {
+                Operand::Periodic(d)
             } else {
                 return Err(OpError::input_shape(
                     i,
-                    format!("X's shape {:?} or one element", x.shape()),
+                    format!("X's shape {:?}, one element or a trailing block of it", x.shape()),
                     t.shape(),
                 ));
             });
         }
-        // Every element is written below: a recycled buffer needs no clearing.
-        let mut y = crate::util::out_f32(xd.len());
         let run = |bi: usize, out: &mut [f32]| {
             let start = bi * BLOCK;
-            if let Some(src) = xd.get(start..start + out.len()) {
-                out.copy_from_slice(src);
+            match start_values {
+                Start::F32(xd) => {
+                    if let Some(src) = xd.get(start..start + out.len()) {
+                        out.copy_from_slice(src);
+                    }
+                }
+                Start::I32(xd) => {
+                    if let Some(src) = xd.get(start..start + out.len()) {
+                        // As the Cast op converts int32 to f32 (one rounding).
+                        kiln_kernels::simd::vectorize(|| out.iter_mut().zip(src).for_each(|(o, &a)| *o = a as f32));
+                    }
+                }
             }
             for s in &self.steps {
                 match *s {
                     ChainStep::Unary(op) => op.apply_f32(out),
-                    ChainStep::Binary { op, operand, swapped } => {
-                        let x = match operands.get(operand) {
-                            Some(Operand::Full(d)) => Operand::Full(d.get(start..start + out.len()).unwrap_or(&[])),
-                            Some(&x) => x,
-                            None => continue,
-                        };
-                        binary_step(op, swapped, out, x);
-                    }
+                    ChainStep::Binary { op, operand, swapped } => match operands.get(operand) {
+                        Some(Operand::Full(d)) => {
+                            let d = d.get(start..start + out.len()).unwrap_or(&[]);
+                            binary_step(op, swapped, out, Operand::Full(d));
+                        }
+                        Some(&Operand::Periodic(d)) => {
+                            // Run by run of the repeated block, each an aligned full operand.
+                            let mut at = start % d.len();
+                            for seg in split_runs(out, d.len(), at) {
+                                let len = seg.len();
+                                binary_step(op, swapped, seg, Operand::Full(d.get(at..at + len).unwrap_or(&[])));
+                                at = 0;
+                            }
+                        }
+                        Some(&x) => binary_step(op, swapped, out, x),
+                        None => {}
+                    },
+                    ChainStep::FakeQuantize {
+                        scale,
+                        zero_point,
+                        lo,
+                        hi,
+                    } => kiln_kernels::quant::fake_quantize_row(out, scale, zero_point, (lo, hi)),
                 }
             }
         };
-        if y.len() >= PAR_MIN {
-            kiln_kernels::pool::for_each_chunk_mut(&mut y, BLOCK, &run);
-        } else {
-            y.chunks_mut(BLOCK).enumerate().for_each(|(i, c)| run(i, c));
+        let n = x.len();
+        let parallel = n >= PAR_MIN;
+        match self.quantize {
+            None => {
+                // Every element is written below: a recycled buffer needs no clearing.
+                let mut y = crate::util::out_f32(n);
+                if parallel {
+                    kiln_kernels::pool::for_each_chunk_mut(&mut y, BLOCK, &run);
+                } else {
+                    y.chunks_mut(BLOCK).enumerate().for_each(|(i, c)| run(i, c));
+                }
+                Ok(Tensor::from_buf(x.shape(), y)?)
+            }
+            Some(q) => {
+                fn quantized<T: kiln_kernels::quant::Q8 + kiln_tensor::Element + kiln_kernels::recycle::Recycled>(
+                    x: &Tensor,
+                    q: ChainQuantize,
+                    parallel: bool,
+                    run: &(dyn Fn(usize, &mut [f32]) + Sync),
+                ) -> Result<Tensor> {
+                    let mut y = crate::util::out_buf::<T>(x.len());
+                    let one = |bi: usize, out: &mut [T]| {
+                        let mut block = [0f32; BLOCK];
+                        let Some(b) = block.get_mut(..out.len()) else { return };
+                        run(bi, b);
+                        kiln_kernels::quant::quantize_row(b, out, q.scale, q.zero_point);
+                    };
+                    if parallel {
+                        kiln_kernels::pool::for_each_chunk_mut(&mut y, BLOCK, &one);
+                    } else {
+                        y.chunks_mut(BLOCK).enumerate().for_each(|(i, c)| one(i, c));
+                    }
+                    Ok(Tensor::from_buf(x.shape(), y)?)
+                }
+                match q.dtype {
+                    DType::U8 => quantized::<u8>(x, q, parallel, &run),
+                    _ => quantized::<i8>(x, q, parallel, &run),
+                }
+            }
         }
-        Ok(Tensor::from_buf(x.shape(), y)?)
     }
+}
+
+/// The chain's start: f32 values, or int32 ones converted as they are read.
+#[derive(Clone, Copy)]
+enum Start<'a> {
+    F32(&'a [f32]),
+    I32(&'a [i32]),
+}
+
+/// `out` cut where a block of `period` elements repeats, the first run starting `at` into it.
+fn split_runs(out: &mut [f32], period: usize, at: usize) -> impl Iterator<Item = &mut [f32]> {
+    let first = period.saturating_sub(at).min(out.len());
+    let (head, rest) = out.split_at_mut(first);
+    std::iter::once(head).chain(rest.chunks_mut(period.max(1)))
 }
 
 /// `out[i] = out[i] op x[i]` (or `x[i] op out[i]` when `swapped`), `x` the operand or its one
@@ -187,8 +317,9 @@ fn binary_step(op: ChainBinary, swapped: bool, out: &mut [f32], operand: Operand
 #[inline(always)]
 fn step_with(f: impl Fn(f32, f32) -> f32 + Copy, swapped: bool, out: &mut [f32], operand: Operand<'_>) {
     kiln_kernels::simd::vectorize(|| match (operand, swapped) {
-        (Operand::Full(d), false) => out.iter_mut().zip(d).for_each(|(v, &b)| *v = f(*v, b)),
-        (Operand::Full(d), true) => out.iter_mut().zip(d).for_each(|(v, &b)| *v = f(b, *v)),
+        // A periodic operand arrives cut to the block's runs, as full ones.
+        (Operand::Full(d) | Operand::Periodic(d), false) => out.iter_mut().zip(d).for_each(|(v, &b)| *v = f(*v, b)),
+        (Operand::Full(d) | Operand::Periodic(d), true) => out.iter_mut().zip(d).for_each(|(v, &b)| *v = f(b, *v)),
         (Operand::Scalar(c), false) => out.iter_mut().for_each(|v| *v = f(*v, c)),
         (Operand::Scalar(c), true) => out.iter_mut().for_each(|v| *v = f(c, *v)),
     })
@@ -199,6 +330,7 @@ fn step_with(f: impl Fn(f32, f32) -> f32 + Copy, swapped: bool, out: &mut [f32],
 mod tests {
     use super::*;
     use crate::elementwise::{Binary, BinaryOp, ElementwiseOp};
+    use crate::quant::QuantOp;
     use crate::value::Value;
 
     fn values(shape: &[usize], seed: u32, lo: f32) -> Tensor {
@@ -225,7 +357,7 @@ mod tests {
     fn chained(steps: Vec<ChainStep>, inputs: &[&Tensor]) -> Result<Tensor> {
         let vals: Vec<Value> = inputs.iter().map(|t| Value::Tensor((*t).clone())).collect();
         let refs: Vec<Option<&Value>> = vals.iter().map(Some).collect();
-        ElementwiseChain { steps }.run(&Args::new(&refs))
+        ElementwiseChain { steps, quantize: None }.run(&Args::new(&refs))
     }
 
     fn bin(op: BinaryOp) -> ElementwiseOp {
@@ -281,6 +413,103 @@ mod tests {
         }
     }
 
+    fn quant(op: QuantOp, inputs: &[&Tensor]) -> Tensor {
+        let vals: Vec<Value> = inputs.iter().map(|t| Value::Tensor((*t).clone())).collect();
+        let refs: Vec<Option<&Value>> = vals.iter().map(Some).collect();
+        let out = op.eval(&Args::new(&refs)).unwrap();
+        out[0].as_tensor().unwrap().clone()
+    }
+
+    /// The QDQ glue a chain takes: int32 sums cast to f32, a per-column scale and a bias
+    /// along the last axis (a trailing block, across block edges: 3 x 1700 elements), the
+    /// quantize-dequantize round trip, an operand that is the chain's start itself, and a
+    /// final QuantizeLinear to u8 and to i8: bit for bit the ops in turn.
+    #[test]
+    fn int_starts_trailing_blocks_round_trips_and_quantized_ends_match_the_ops() {
+        use crate::elementwise::Cast;
+        use crate::quant::{DequantizeLinear, QuantizeLinear};
+        let shape = [3, 1700];
+        let sums: Vec<i32> = (0..5100).map(|i| (i * 7919 % 20011) - 10000).collect();
+        let acc = Tensor::from_vec(shape.to_vec(), sums).unwrap();
+        let scale = values(&[1700], 3, 0.0001);
+        let bias = values(&[1, 1700], 4, -1.0);
+        let (s1, z1) = (Tensor::scalar(0.0123f32), Tensor::scalar(131u8));
+        let q = |zp: &Tensor| {
+            QuantOp::QuantizeLinear(QuantizeLinear {
+                axis: 1,
+                saturate: true,
+                block_size: 0,
+                output_dtype: Some(zp.dtype()),
+                precision: None,
+            })
+        };
+        let dq = QuantOp::DequantizeLinear(DequantizeLinear {
+            axis: 1,
+            block_size: 0,
+            output_dtype: None,
+        });
+        let cast = ElementwiseOp::Cast(Cast {
+            to: DType::F32,
+            saturate: true,
+            round: kiln_tensor::formats::RoundMode::Up,
+        });
+        let mut want = standalone(cast, &[&acc]);
+        want = standalone(bin(BinaryOp::Mul), &[&want, &scale]);
+        want = quant(q(&z1), &[&want, &s1, &z1]);
+        want = quant(dq.clone(), &[&want, &s1, &z1]);
+        want = standalone(bin(BinaryOp::Add), &[&bias, &want]);
+        let fq = ChainStep::FakeQuantize {
+            scale: 0.0123,
+            zero_point: 131.0,
+            lo: 0.0,
+            hi: 255.0,
+        };
+        let b = |op, operand, swapped| ChainStep::Binary { op, operand, swapped };
+        let steps = vec![b(ChainBinary::Mul, 1, false), fq, b(ChainBinary::Add, 2, true)];
+        let got = chained(steps.clone(), &[&acc, &scale, &bias]).unwrap();
+        let bits = |t: &Tensor| {
+            t.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&got), bits(&want));
+        // An f32 start the chain also reads as an operand: x * FQ(x).
+        let x = values(&shape, 5, -2.0);
+        let mut w2 = quant(q(&z1), &[&x, &s1, &z1]);
+        w2 = quant(dq, &[&w2, &s1, &z1]);
+        w2 = standalone(bin(BinaryOp::Mul), &[&x, &w2]);
+        let got = chained(vec![fq, b(ChainBinary::Mul, 0, true)], &[&x]).unwrap();
+        assert_eq!(bits(&got), bits(&w2));
+        assert!(bits(&w2).iter().any(|&v| f32::from_bits(v) != 0.0));
+        // Ending on a QuantizeLinear, u8 and i8.
+        for (s2, z2) in [
+            (Tensor::scalar(0.05f32), Tensor::scalar(7u8)),
+            (Tensor::scalar(0.02f32), Tensor::scalar(-3i8)),
+        ] {
+            let want_q = quant(q(&z2), &[&want, &s2, &z2]);
+            let chain = ElementwiseChain {
+                steps: steps.clone(),
+                quantize: Some(ChainQuantize {
+                    scale: *s2.as_slice::<f32>().unwrap().first().unwrap(),
+                    zero_point: z2.to_f64_vec()[0] as f32,
+                    dtype: z2.dtype(),
+                }),
+            };
+            let vals: Vec<Value> = [&acc, &scale, &bias]
+                .iter()
+                .map(|t| Value::Tensor((*t).clone()))
+                .collect();
+            let refs: Vec<Option<&Value>> = vals.iter().map(Some).collect();
+            let got_q = chain.run(&Args::new(&refs)).unwrap();
+            assert_eq!(got_q.dtype(), z2.dtype());
+            assert_eq!(got_q.to_f64_vec(), want_q.to_f64_vec());
+            let distinct: std::collections::BTreeSet<i64> = got_q.to_f64_vec().iter().map(|&v| v as i64).collect();
+            assert!(distinct.len() > 20, "{distinct:?}");
+        }
+    }
+
     #[test]
     fn bad_operands_and_steps_are_refused() {
         let x = values(&[2, 3], 1, 0.0);
@@ -291,7 +520,10 @@ mod tests {
             swapped: false,
         };
         let e = chained(vec![step], &[&x, &wrong]).unwrap_err();
-        assert_eq!(e, OpError::input_shape(1, "X's shape [2, 3] or one element", &[3, 2]));
+        assert_eq!(
+            e,
+            OpError::input_shape(1, "X's shape [2, 3], one element or a trailing block of it", &[3, 2])
+        );
         let e = chained(vec![step], &[&x]).unwrap_err();
         assert_eq!(
             e,

@@ -21,7 +21,7 @@ pub mod unary;
 
 pub use binary::{Binary, BinaryOp};
 pub use cast::{BitCast, Cast, CastLike};
-pub use chain::{ChainBinary, ChainStep, ElementwiseChain};
+pub use chain::{ChainBinary, ChainQuantize, ChainStep, ElementwiseChain};
 pub use nary::{Clip, VariadicOp};
 pub use unary::UnaryOp;
 

@@ -1,0 +1,413 @@
+//! What QDQ graphs leave between their integer nodes. ONNX Runtime's quantizer puts a
+//! `QuantizeLinear -> DequantizeLinear` pair after nearly every op, data movement included;
+//! the ops kiln runs in float (Softmax, LayerNorm, GELU, a bias Add) read the dequantized
+//! values. Two exact rewrites, both with one scale and zero point (constants) per tensor:
+//!
+//! 1. **8-bit data movement.** `Q(M(DQ(x_q)))` with `M` an op that only moves or selects
+//!    elements (Reshape, Transpose, Slice, Gather, ...) and the same scale, zero point and type
+//!    on both sides is `M(x_q)`: requantizing a dequantized value gives it back (for an 8-bit
+//!    integer `k` and a scale between 1e-30 and 1e30, `round((k * s) / s) = k` in f32, the two
+//!    roundings being far below one half). The movement then moves a quarter of the bytes.
+//! 2. **Round trips.** A `QuantizeLinear` that only `DequantizeLinear`s of the same
+//!    parameters read becomes one `ElementwiseChain` step, `FakeQuantize`: one pass instead of
+//!    two and no 8-bit tensor in between, with the same bits (`fake_quantize_row`). The chain
+//!    pass then joins it with the arithmetic around it.
+//!
+//! Runs after the fusions that match `Q`/`DQ` patterns (the integer products, convolutions and
+//! sums) and after the layout is final, before the chain pass.
+
+use super::dce;
+use super::edit::{Index, dtype_of, op, replace_all};
+use crate::CompileError;
+use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
+use kiln_ops::elementwise::{ChainStep, ElementwiseChain, ElementwiseOp};
+use kiln_ops::movement::MovementOp;
+use kiln_ops::quant::{DequantizeLinear, QuantOp, QuantizeLinear};
+use kiln_tensor::DType;
+use std::collections::HashMap;
+
+pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
+    let mut count = 0;
+    // Each movement rewrite exposes the next one down a chain of movements; the graph has
+    // finitely many quantize nodes, each rewritten at most once.
+    for _ in 0..g.nodes.len() {
+        let n = movements(g);
+        if n == 0 {
+            break;
+        }
+        count += n;
+        dce::run(g)?;
+    }
+    count += round_trips(g);
+    Ok(count)
+}
+
+/// One scale and zero point of an 8-bit type, as constants.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) struct Params {
+    pub scale: f32,
+    pub zero_point: i32,
+    pub dtype: DType,
+}
+
+impl Params {
+    /// Scales between which requantizing a dequantized 8-bit value is exact.
+    fn invertible(&self) -> bool {
+        self.scale > 1e-30 && self.scale < 1e30
+    }
+
+    fn range(&self) -> (f32, f32) {
+        match self.dtype {
+            DType::I8 => (-128.0, 127.0),
+            _ => (0.0, 255.0),
+        }
+    }
+}
+
+/// The constant per-tensor parameters of a Q/DQ node's inputs 1 and 2, `dtype` its 8-bit side.
+fn params(g: &Graph, index: &Index, node: &Node, dtype: DType) -> Option<Params> {
+    if !matches!(dtype, DType::U8 | DType::I8) {
+        return None;
+    }
+    let s = index.tensor(g, (*node.inputs.get(1)?)?)?;
+    if s.len() != 1 || s.dtype() != DType::F32 {
+        return None;
+    }
+    let scale = *s.as_slice::<f32>().ok()?.first()?;
+    if !(scale.is_finite() && scale > 0.0) {
+        return None;
+    }
+    let zero_point = match node.inputs.get(2).copied().flatten() {
+        None => 0,
+        Some(z) => {
+            let t = index.tensor(g, z)?;
+            if t.len() != 1 || t.dtype() != dtype {
+                return None;
+            }
+            *t.to_f64_vec().first()? as i32
+        }
+    };
+    Some(Params {
+        scale,
+        zero_point,
+        dtype,
+    })
+}
+
+/// A per-tensor f32 -> 8-bit QuantizeLinear: its input, output and parameters.
+pub(crate) fn quantize(g: &Graph, index: &Index, node: &Node) -> Option<(ValueId, ValueId, Params)> {
+    let Some(Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear {
+        block_size: 0,
+        precision: None | Some(DType::F32),
+        ..
+    }))) = op(node)
+    else {
+        return None;
+    };
+    let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
+        return None;
+    };
+    if dtype_of(g, *x) != Some(DType::F32) {
+        return None;
+    }
+    Some((*x, *y, params(g, index, node, dtype_of(g, *y)?)?))
+}
+
+/// A per-tensor 8-bit -> f32 DequantizeLinear: its input, output and parameters.
+fn dequantize(g: &Graph, index: &Index, node: &Node) -> Option<(ValueId, ValueId, Params)> {
+    let Some(Op::Quant(QuantOp::DequantizeLinear(DequantizeLinear {
+        block_size: 0,
+        output_dtype: None | Some(DType::F32),
+        ..
+    }))) = op(node)
+    else {
+        return None;
+    };
+    let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
+        return None;
+    };
+    if dtype_of(g, *y) != Some(DType::F32) {
+        return None;
+    }
+    Some((*x, *y, params(g, index, node, dtype_of(g, *x)?)?))
+}
+
+/// Ops whose output's elements are elements of input 0 (the other inputs being indices,
+/// shapes or axes): they commute with any elementwise map, quantization included.
+fn moves_elements(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Movement(
+            MovementOp::Reshape(_)
+                | MovementOp::Flatten(_)
+                | MovementOp::Squeeze(_)
+                | MovementOp::Unsqueeze(_)
+                | MovementOp::Transpose(_)
+                | MovementOp::Slice(_)
+                | MovementOp::Expand(_)
+                | MovementOp::Tile(_)
+                | MovementOp::DepthToSpace(_)
+                | MovementOp::SpaceToDepth(_)
+                | MovementOp::Gather(_)
+                | MovementOp::Identity(_)
+        )
+    )
+}
+
+/// Rewrites every `Q(M(DQ(x_q)))` of equal parameters to `M(x_q)`, in the quantize node's
+/// place and with its output; returns how many.
+fn movements(g: &mut Graph) -> usize {
+    let index = Index::new(g);
+    let mut found: Vec<(usize, Node)> = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let Some((m_out, _, pq)) = quantize(g, &index, node) else {
+            continue;
+        };
+        let Some(mi) = index.producer(m_out) else { continue };
+        let Some(m) = g.nodes.get(mi) else { continue };
+        let (Some(mop), [Some(_)]) = (op(m), m.outputs.as_slice()) else {
+            continue;
+        };
+        if !moves_elements(mop) || m.plan.is_some() {
+            continue;
+        }
+        let Some(Some(m_in)) = m.inputs.first() else { continue };
+        let Some(di) = index.producer(*m_in) else { continue };
+        let Some((xq, _, pd)) = g.nodes.get(di).and_then(|d| dequantize(g, &index, d)) else {
+            continue;
+        };
+        if pd != pq || !pq.invertible() {
+            continue;
+        }
+        let mut inputs = m.inputs.clone();
+        if let Some(first) = inputs.first_mut() {
+            *first = Some(xq);
+        }
+        found.push((
+            i,
+            Node {
+                name: node.name.clone(),
+                kind: m.kind.clone(),
+                inputs,
+                outputs: node.outputs.clone(),
+                plan: None,
+            },
+        ));
+    }
+    let count = found.len();
+    for (i, new) in found {
+        if let Some(slot) = g.nodes.get_mut(i) {
+            *slot = new;
+        }
+    }
+    count
+}
+
+/// Rewrites every quantize node that only dequantize nodes of its parameters read into one
+/// `FakeQuantize` chain step producing the first one's output; returns how many.
+fn round_trips(g: &mut Graph) -> usize {
+    let index = Index::new(g);
+    let mut rename: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut dead = vec![false; g.nodes.len()];
+    let mut found: Vec<(usize, Node)> = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let Some((x, yq, p)) = quantize(g, &index, node) else {
+            continue;
+        };
+        let readers = index.readers(yq);
+        if index.is_output(yq) || readers.is_empty() {
+            continue;
+        }
+        let outs: Option<Vec<ValueId>> = readers
+            .iter()
+            .map(|&r| {
+                let (_, y, pd) = dequantize(g, &index, g.nodes.get(r)?)?;
+                (pd == p).then_some(y)
+            })
+            .collect();
+        let Some(outs) = outs else { continue };
+        let Some((&first, rest)) = outs.split_first() else {
+            continue;
+        };
+        if rest.iter().any(|&o| index.is_output(o)) {
+            continue;
+        }
+        for &o in rest {
+            rename.insert(o, first);
+        }
+        for &r in readers {
+            if let Some(d) = dead.get_mut(r) {
+                *d = true;
+            }
+        }
+        let (lo, hi) = p.range();
+        found.push((
+            i,
+            Node {
+                name: node.name.clone(),
+                kind: NodeKind::Op(Op::Elementwise(ElementwiseOp::Chain(ElementwiseChain {
+                    steps: vec![ChainStep::FakeQuantize {
+                        scale: p.scale,
+                        zero_point: p.zero_point as f32,
+                        lo,
+                        hi,
+                    }],
+                    quantize: None,
+                }))),
+                inputs: vec![Some(x)],
+                outputs: vec![Some(first)],
+                plan: None,
+            },
+        ));
+    }
+    let count = found.len();
+    for (i, new) in found {
+        if let Some(slot) = g.nodes.get_mut(i) {
+            *slot = new;
+        }
+    }
+    super::edit::remove_nodes(g, &dead);
+    replace_all(g, &rename);
+    count
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::passes::chain;
+    use crate::passes::testutil::{Builder, binary, dequantize, f32s, noise, op_names, quantize, reshape, run_graph};
+    use kiln_ops::elementwise::BinaryOp;
+    use kiln_ops::movement::Transpose;
+    use kiln_ops::reduce::{ReduceOp, Softmax, SoftmaxKind};
+    use kiln_tensor::Tensor;
+
+    /// What ONNX Runtime's quantizer writes around data movement and a float op: `x` quantized,
+    /// then Reshape and Transpose each between a DequantizeLinear and a QuantizeLinear of the
+    /// same parameters, a Softmax, its round trip (other parameters, read by two
+    /// DequantizeLinears) and a bias Add along the last axis.
+    fn qdq_graph() -> (kiln_ir::Graph, ValueId) {
+        let mut b = Builder::new();
+        let x = b.input("x", &[2, 4, 6]);
+        let (s0, z0) = (
+            b.constant("s0", Tensor::scalar(0.02f32)),
+            b.constant("z0", Tensor::scalar(120u8)),
+        );
+        let (s1, z1) = (
+            b.constant("s1", Tensor::scalar(1.0f32 / 255.0)),
+            b.constant("z1", Tensor::scalar(0u8)),
+        );
+        let shape = b.constant("shape", Tensor::from_vec(vec![2], vec![2i64, 24]).unwrap());
+        let bias = b.constant("bias", f32s(&[2], &[0.25, -0.5]));
+        let q = |b: &mut Builder, v, s, z, shape: &[usize]| {
+            b.node_typed(quantize(), &[Some(v), Some(s), Some(z)], &[(DType::U8, shape)])[0]
+        };
+        let dq = |b: &mut Builder, v, s, z, shape: &[usize]| {
+            b.node(dequantize(1), &[Some(v), Some(s), Some(z)], &[shape])[0]
+        };
+        let q0 = q(&mut b, x, s0, z0, &[2, 4, 6]);
+        let d0 = dq(&mut b, q0, s0, z0, &[2, 4, 6]);
+        let r = b.node(reshape(), &[Some(d0), Some(shape)], &[&[2, 24]])[0];
+        let q1 = q(&mut b, r, s0, z0, &[2, 24]);
+        let d1 = dq(&mut b, q1, s0, z0, &[2, 24]);
+        let transpose = Op::Movement(MovementOp::Transpose(Transpose { perm: Some(vec![1, 0]) }));
+        let t = b.node(transpose, &[Some(d1)], &[&[24, 2]])[0];
+        let q2 = q(&mut b, t, s0, z0, &[24, 2]);
+        let d2 = dq(&mut b, q2, s0, z0, &[24, 2]);
+        let softmax = Op::Reduce(ReduceOp::Softmax(Softmax {
+            kind: SoftmaxKind::Softmax,
+            axis: -1,
+            coerce_2d: false,
+        }));
+        let sm = b.node(softmax, &[Some(d2)], &[&[24, 2]])[0];
+        let q3 = q(&mut b, sm, s1, z1, &[24, 2]);
+        let d3 = dq(&mut b, q3, s1, z1, &[24, 2]);
+        let d3b = dq(&mut b, q3, s1, z1, &[24, 2]);
+        let sum = b.node(binary(BinaryOp::Add), &[Some(d3), Some(d3b)], &[&[24, 2]])[0];
+        let y = b.node(binary(BinaryOp::Add), &[Some(bias), Some(sum)], &[&[24, 2]])[0];
+        (b.finish(&[y]), y)
+    }
+
+    #[test]
+    fn data_movement_runs_on_8_bits_and_round_trips_join_the_arithmetic_with_the_same_bits() {
+        let (g, y) = qdq_graph();
+        let input = noise(&[2, 4, 6], 9);
+        let want = run_graph(&g, vec![input.clone()]);
+        let mut fused = g.clone();
+        // Two movements and one round trip.
+        assert_eq!(run(&mut fused).unwrap(), 3);
+        fused.verify().unwrap();
+        assert_eq!(
+            op_names(&fused),
+            [
+                "QuantizeLinear",
+                "Reshape",
+                "Transpose",
+                "DequantizeLinear",
+                "Softmax",
+                "ElementwiseChain",
+                "Add",
+                "Add"
+            ]
+        );
+        chain::run(&mut fused).unwrap();
+        fused.verify().unwrap();
+        // The sum of the round trip's two readers (now one value, `v + v`, which a chain
+        // step cannot read) and the bias: one pass.
+        assert_eq!(
+            op_names(&fused),
+            [
+                "QuantizeLinear",
+                "Reshape",
+                "Transpose",
+                "DequantizeLinear",
+                "Softmax",
+                "ElementwiseChain",
+                "ElementwiseChain"
+            ]
+        );
+        assert_eq!(fused.outputs, [y]);
+        let got = run_graph(&fused, vec![input]);
+        let bits = |t: &Tensor| {
+            t.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&got[0]), bits(&want[0]));
+        assert!(
+            want[0]
+                .as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .any(|&v| v != 0.25 && v != -0.5)
+        );
+    }
+
+    #[test]
+    fn different_parameters_or_graph_outputs_keep_the_quantize_nodes() {
+        // The Reshape's requantization uses another scale: not the identity, left alone (the
+        // first quantize node, which only its dequantize node reads, is a round trip).
+        let mut b = Builder::new();
+        let x = b.input("x", &[2, 6]);
+        let (s0, z0) = (
+            b.constant("s0", Tensor::scalar(0.02f32)),
+            b.constant("z0", Tensor::scalar(3u8)),
+        );
+        let s1 = b.constant("s1", Tensor::scalar(0.03f32));
+        let shape = b.constant("shape", Tensor::from_vec(vec![1], vec![12i64]).unwrap());
+        let q0 = b.node_typed(quantize(), &[Some(x), Some(s0), Some(z0)], &[(DType::U8, &[2, 6])])[0];
+        let d0 = b.node(dequantize(1), &[Some(q0), Some(s0), Some(z0)], &[&[2, 6]])[0];
+        let r = b.node(reshape(), &[Some(d0), Some(shape)], &[&[12]])[0];
+        let q1 = b.node_typed(quantize(), &[Some(r), Some(s1), Some(z0)], &[(DType::U8, &[12])])[0];
+        // q1 is a graph output: no round trip either.
+        let d1 = b.node(dequantize(0), &[Some(q1), Some(s1), Some(z0)], &[&[12]])[0];
+        let mut g = b.finish(&[d1, q1]);
+        assert_eq!(run(&mut g).unwrap(), 1);
+        assert_eq!(
+            op_names(&g),
+            ["ElementwiseChain", "Reshape", "QuantizeLinear", "DequantizeLinear"]
+        );
+    }
+}
