@@ -26,7 +26,9 @@ impl MatLayout {
 }
 
 /// Scalar element the reference GEMM runs on.
-pub trait GemmScalar: Copy + Default + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> {
+pub trait GemmScalar:
+    Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self>
+{
     /// A vector of `n` elements for a C that a product overwrites whole (f32: a recycled
     /// buffer with stale contents, see [`crate::recycle`]).
     fn out_buffer(n: usize) -> Vec<Self> {

@@ -90,7 +90,7 @@ const INLINE_INPUTS: usize = 8;
 /// Elements per block: 16 KiB of f32, which every step then reads from L1.
 const BLOCK: usize = 4096;
 /// Elements from which the blocks are spread over the pool.
-const PAR_MIN: usize = 1 << 16;
+const PAR_MIN: usize = 1 << 14;
 
 /// A binary step's operand: the whole tensor, its one element, or a block repeated along the
 /// leading axes (element `i` of the chain reads `d[i % d.len()]`).

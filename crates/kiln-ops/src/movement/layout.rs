@@ -104,7 +104,9 @@ impl Transpose {
         macro_rules! bytes {
             ($t:ty) => {
                 if let Ok(v) = x.as_slice::<$t>() {
-                    let mut out = v.to_vec();
+                    // Every element is written (as on the f32 path): a planned or recycled
+                    // buffer needs no copy of the input first.
+                    let mut out = crate::util::out_buf::<$t>(v.len());
                     let block: BlockFn<'_, $t> = &kiln_kernels::transpose::transpose::<$t>;
                     if !permute_into(v, x.shape(), &perm, &mut out, block) {
                         return Err(OpError::input_shape(
@@ -113,7 +115,7 @@ impl Transpose {
                             x.shape(),
                         ));
                     }
-                    return Ok(Tensor::from_vec(out_shape.to_vec(), out)?);
+                    return Ok(Tensor::from_buf(out_shape, out)?);
                 }
             };
         }

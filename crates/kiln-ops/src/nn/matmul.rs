@@ -120,6 +120,9 @@ fn no_fast_gemm<T>(
 /// The batched product, and whether every matrix went through `fast` (which then applied
 /// `ep`); otherwise nothing of `ep` was applied. `None` when the operands' data do not fill
 /// their shapes.
+/// Products of at most this many multiply-adds in a batch of two or more run one per thread.
+const BATCH_SPLIT_MAX_MACS: usize = 1 << 21;
+
 fn matmul_core<T: GemmScalar + kiln_tensor::Plain>(
     p: &MatMulPlan,
     a: &[T],
@@ -140,6 +143,33 @@ fn matmul_core<T: GemmScalar + kiln_tensor::Plain>(
         Some(r) => kiln_tensor::Buf::from_region(r),
         None => kiln_tensor::Buf::from_vec(T::out_buffer(len)),
     };
+    let (la, lb) = (MatLayout::row_major(k), MatLayout::row_major(n));
+    // A batch of small products (attention's heads: 128 x 128 x 32 each) splits over the pool
+    // by matrix, each product on one thread: a product that small splits poorly inside.
+    if nb >= 2 && m * n > 0 && m * n * k <= BATCH_SPLIT_MAX_MACS && kiln_kernels::pool::current_threads() > 1 {
+        let mut offsets = Vec::with_capacity(nb);
+        util::for_each_offset(&p.batch, [&sa, &sb], |[ai, bi]| offsets.push((ai, bi)));
+        let ok = std::sync::atomic::AtomicBool::new(offsets.len() == nb);
+        let all_fast = std::sync::atomic::AtomicBool::new(true);
+        kiln_kernels::pool::for_each_chunk_mut(&mut out, m * n, &|i, out_i| {
+            let done = offsets.get(i).and_then(|&(ai, bi)| {
+                let a_i = a.get(ai * m * k..(ai + 1) * m * k)?;
+                let b_i = b.get(bi * k * n..(bi + 1) * k * n)?;
+                Some(match fast(m, n, k, a_i, la, b_i, lb, out_i, ep) {
+                    Some(done) => done,
+                    None => {
+                        all_fast.store(false, std::sync::atomic::Ordering::Relaxed);
+                        gemm(m, n, k, a_i, la, b_i, lb, out_i)
+                    }
+                })
+            });
+            if done != Some(true) {
+                ok.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let ok = ok.into_inner();
+        return Ok(ok.then_some((out, all_fast.into_inner())));
+    }
     let mut all_fast = nb > 0;
     let mut ok = true;
     let mut outs = out.chunks_exact_mut((m * n).max(1));
@@ -157,7 +187,6 @@ fn matmul_core<T: GemmScalar + kiln_tensor::Plain>(
             ok = false;
             return;
         };
-        let (la, lb) = (MatLayout::row_major(k), MatLayout::row_major(n));
         ok &= match fast(m, n, k, a_i, la, b_i, lb, out_i, ep) {
             Some(done) => done,
             None => {
@@ -793,6 +822,47 @@ mod tests {
                 assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{got} vs {want}");
             }
         }
+    }
+
+    /// A broadcast batch of small products ([2, 3] x [3] heads, B shared along the first
+    /// axis) split one product per thread on a two-thread pool: each matrix is the naive
+    /// product, and the bits are those of the run without a pool.
+    #[test]
+    fn small_batched_products_split_over_the_pool_by_matrix() {
+        let (m, k, n) = (7usize, 5usize, 9usize);
+        let av: Vec<f32> = (0..2 * 3 * m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let bv: Vec<f32> = (0..3 * k * n).map(|i| (i as f32 * 0.61).cos()).collect();
+        let a = t(&[2, 3, m, k], av.clone());
+        let b = t(&[1, 3, k, n], bv.clone());
+        let args = [Some(&a), Some(&b)];
+        let serial = MatMul::default().eval(&Args::new(&args)).unwrap();
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        let split = pool.install(|| MatMul::default().eval(&Args::new(&args)).unwrap());
+        let (serial, split) = (serial[0].as_tensor().unwrap(), split[0].as_tensor().unwrap());
+        assert_eq!(split.shape(), &[2, 3, m, n]);
+        let got = split.as_slice::<f32>().unwrap();
+        for (bi, h) in (0..2).flat_map(|b| (0..3).map(move |h| (b, h))) {
+            for r in 0..m {
+                for j in 0..n {
+                    let dot: f32 = (0..k)
+                        .map(|p| av[((bi * 3 + h) * m + r) * k + p] * bv[(h * k + p) * n + j])
+                        .sum();
+                    let v = got[((bi * 3 + h) * m + r) * n + j];
+                    assert!(
+                        (v - dot).abs() <= 1e-5 * dot.abs().max(1.0),
+                        "{bi},{h},{r},{j}: {v} vs {dot}"
+                    );
+                }
+            }
+        }
+        let bits = |t: &Tensor| {
+            t.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(split), bits(serial));
     }
 
     #[test]

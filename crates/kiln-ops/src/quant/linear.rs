@@ -381,6 +381,9 @@ impl DequantizeLinear {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct DynamicQuantizeLinear;
 
+/// Elements per piece of `DynamicQuantizeLinear`'s two passes over the pool.
+const DYNAMIC_PIECE: usize = 1 << 14;
+
 impl DynamicQuantizeLinear {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
@@ -388,13 +391,28 @@ impl DynamicQuantizeLinear {
             index: 0,
             got: x.dtype(),
         })?;
-        // Without NaNs: the vectorised range, then the quantize row kernel (the same formulas).
-        if let Some((lo, hi)) = kiln_kernels::quant::min_max(xv) {
+        // Without NaNs: the vectorised range, then the quantize row kernel (the same formulas),
+        // both split over the pool by pieces (a range is the same whatever the split).
+        let piece = DYNAMIC_PIECE;
+        let mut ranges: Vec<Option<(f32, f32)>> = vec![None; xv.len().div_ceil(piece)];
+        kiln_kernels::pool::for_each_chunk_mut(&mut ranges, 1, &|i, r| {
+            if let (Some(slot), Some(part)) = (r.first_mut(), xv.get(i * piece..xv.len().min((i + 1) * piece))) {
+                *slot = kiln_kernels::quant::min_max(part);
+            }
+        });
+        let range = ranges.iter().try_fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), r| {
+            r.map(|(a, b)| (l.min(a), h.max(b)))
+        });
+        if let Some((lo, hi)) = range {
             let (minx, maxx) = (lo.min(0.0), hi.max(0.0));
             let scale = (if maxx == minx { 1.0 } else { maxx - minx }) / 255.0f32;
             let zp = (0.0f32 - minx / scale).clamp(0.0, 255.0).round_ties_even();
             let mut y = crate::util::out_buf::<u8>(xv.len());
-            kiln_kernels::quant::quantize_row(xv, y.as_mut_slice(), scale, zp);
+            kiln_kernels::pool::for_each_chunk_mut(y.as_mut_slice(), piece, &|i, out| {
+                if let Some(part) = xv.get(i * piece..) {
+                    kiln_kernels::quant::quantize_row(part, out, scale, zp);
+                }
+            });
             return Ok(smallvec::smallvec![
                 Tensor::from_buf(x.shape(), y)?.into(),
                 Tensor::scalar(scale).into(),
@@ -468,6 +486,29 @@ mod tests {
         let (vx, vs) = (Value::Tensor(x), Value::Tensor(s));
         let y = run1(op.eval(&Args::new(&[Some(&vx), Some(&vs)])));
         assert_eq!(y.as_slice::<f32>().unwrap(), &[-4.0, 3.5, 2.0, -2.0]);
+    }
+
+    /// Split over a two-thread pool by pieces, the range is the whole tensor's (its minimum
+    /// and maximum sit in different pieces) and every element is the formula's.
+    #[test]
+    fn dynamic_quantize_over_the_pool_takes_the_whole_range() {
+        let n = 50_000;
+        let mut v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.001).sin()).collect();
+        v[3] = -2.0;
+        v[n - 2] = 3.1;
+        let vx = Value::Tensor(Tensor::from_vec(vec![n], v.clone()).unwrap());
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        let out = pool.install(|| DynamicQuantizeLinear.eval(&Args::new(&[Some(&vx)])).unwrap());
+        let scale = out[1].as_tensor().unwrap().as_slice::<f32>().unwrap()[0];
+        let zp = out[2].as_tensor().unwrap().as_slice::<u8>().unwrap()[0];
+        assert_eq!(scale, 5.1f32 / 255.0);
+        let want_zp = (2.0f32 / scale).round_ties_even();
+        assert_eq!(f32::from(zp), want_zp);
+        let y = out[0].as_tensor().unwrap().as_slice::<u8>().unwrap();
+        for (i, (&q, &x)) in y.iter().zip(&v).enumerate() {
+            let want = ((x / scale).round_ties_even() + want_zp).clamp(0.0, 255.0) as u8;
+            assert_eq!(q, want, "element {i}");
+        }
     }
 
     #[test]
