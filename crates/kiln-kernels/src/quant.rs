@@ -144,6 +144,90 @@ pub fn requantize_row_f32<A: Sum, T: Q8>(
     })
 }
 
+/// [`requantize_row_f32`] over a run of pixels: `acc` and `y` hold whole pixels of `c =
+/// bias.len()` channels each (as many as both hold), every pixel requantized with the same
+/// per-channel `bias` and `mult`, in one call (a per-pixel call costs more than its work at
+/// a few dozen channels).
+pub fn requantize_pixels_f32<A: Sum, T: Q8>(
+    acc: &[A],
+    bias: &[f32],
+    mult: &[f32],
+    zero_point: f32,
+    (lo, hi): (f32, f32),
+    y: &mut [T],
+) {
+    let (lo, hi) = (lo.max(T::LO), hi.min(T::HI));
+    let c = bias.len().min(mult.len());
+    if c == 0 {
+        return;
+    }
+    crate::simd::vectorize_kernel(PixelsF32 {
+        acc,
+        bias,
+        mult,
+        zero_point,
+        lo,
+        hi,
+        y,
+        c,
+    })
+}
+
+/// [`requantize_pixels_f32`]'s loop as a struct kernel.
+struct PixelsF32<'a, A, T> {
+    acc: &'a [A],
+    bias: &'a [f32],
+    mult: &'a [f32],
+    zero_point: f32,
+    lo: f32,
+    hi: f32,
+    y: &'a mut [T],
+    c: usize,
+}
+
+impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF32<'_, A, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let PixelsF32 {
+            acc,
+            bias,
+            mult,
+            zero_point,
+            lo,
+            hi,
+            y,
+            c,
+        } = self;
+        for (yp, ap) in y.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
+            for (((o, &a), &b), &m) in yp.iter_mut().zip(ap).zip(bias).zip(mult) {
+                let v = ((a.to_f32() + b) * m + zero_point).max(-BIG).min(BIG);
+                let q = ((v + ROUND) - ROUND).max(lo).min(hi);
+                *o = T::from_low_byte((q + ROUND).to_bits());
+            }
+        }
+    }
+}
+
+/// [`requantize_row`] over a run of pixels of `c = bias.len()` channels, as
+/// [`requantize_pixels_f32`] is to [`requantize_row_f32`].
+pub fn requantize_pixels<A: Sum, T: Q8>(
+    acc: &[A],
+    bias: &[f64],
+    mult: &[f64],
+    zero_point: f64,
+    range: (f64, f64),
+    y: &mut [T],
+) {
+    let c = bias.len().min(mult.len());
+    if c == 0 {
+        return;
+    }
+    for (yp, ap) in y.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
+        requantize_row(ap, bias, mult, zero_point, range, yp);
+    }
+}
+
 /// An exact integer sum as [`requantize_row`] and [`requantize_row_f32`] read it: i32, or an f32 holding an integer
 /// (the f32 depthwise kernel's sums of 8-bit products).
 pub trait Sum: Copy + Send + Sync + 'static {

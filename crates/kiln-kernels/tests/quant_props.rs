@@ -1,8 +1,8 @@
 //! The quantize / dequantize rows against the ONNX formulas computed directly.
 
 use kiln_kernels::quant::{
-    Operand, Q8, add_dequantized_row, dequantize_row, fake_quantize_row, min_max, quantize_row, requantize_row,
-    requantize_row_f32,
+    Operand, Q8, add_dequantized_row, dequantize_row, fake_quantize_row, min_max, quantize_row, requantize_pixels,
+    requantize_pixels_f32, requantize_row, requantize_row_f32,
 };
 use proptest::prelude::*;
 
@@ -86,6 +86,38 @@ proptest! {
             let wi = want(acc[j], bias[j], mult[j], zyf - 128.0, clamp.0.max(-128.0), clamp.1.min(127.0));
             prop_assert_eq!(f64::from(yi[j]), wi, "i8 element {}", j);
         }
+    }
+
+    /// A run of pixels requantized in one call gives each pixel's row requantization, f32 and
+    /// f64, for channel counts below, at and past a vector.
+    #[test]
+    fn requantizing_pixels_is_requantizing_each_pixel(
+        c in 1usize..40,
+        pixels in 0usize..6,
+        seed in any::<u64>(),
+        zy in -128i32..=127,
+    ) {
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 11) as f64 / (1u64 << 53) as f64 };
+        let acc: Vec<i32> = (0..c * pixels).map(|_| (next() * 200_000.0 - 100_000.0) as i32).collect();
+        let bias: Vec<f32> = (0..c).map(|_| (next() * 2000.0 - 1000.0).round() as f32).collect();
+        let mult: Vec<f32> = (0..c).map(|_| (next() * 0.005) as f32).collect();
+        let range = (-100.0f32, 120.0f32);
+        let mut got = vec![0i8; c * pixels];
+        requantize_pixels_f32(&acc, &bias, &mult, zy as f32, range, &mut got);
+        let mut want = vec![0i8; c * pixels];
+        for (w, a) in want.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
+            requantize_row_f32(a, &bias, &mult, zy as f32, range, w);
+        }
+        prop_assert_eq!(&got, &want);
+        let (b64, m64): (Vec<f64>, Vec<f64>) = (bias.iter().map(|&v| f64::from(v)).collect(), mult.iter().map(|&v| f64::from(v)).collect());
+        let mut got = vec![0u8; c * pixels];
+        requantize_pixels(&acc, &b64, &m64, f64::from(zy + 128), (0.0, 255.0), &mut got);
+        let mut want = vec![0u8; c * pixels];
+        for (w, a) in want.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
+            requantize_row(a, &b64, &m64, f64::from(zy + 128), (0.0, 255.0), w);
+        }
+        prop_assert_eq!(&got, &want);
     }
 
     /// The f32 requantization against its formula in f32 with `round_ties_even`.

@@ -4,8 +4,9 @@
 //! values. Two exact rewrites, both with one scale and zero point (constants) per tensor:
 //!
 //! 1. **8-bit data movement.** `Q(M(DQ(x_q)))` with `M` an op that only moves or selects
-//!    elements (Reshape, Transpose, Slice, Gather, ...) and the same scale, zero point and type
-//!    on both sides is `M(x_q)`: requantizing a dequantized value gives it back (for an 8-bit
+//!    elements (Reshape, Transpose, Slice, Gather, ...) or a MaxPool (whose result is one of
+//!    its taps, and quantization keeps order) and the same scale, zero point and type on both
+//!    sides is `M(x_q)`: requantizing a dequantized value gives it back (for an 8-bit
 //!    integer `k` and a scale between 1e-30 and 1e30, `round((k * s) / s) = k` in f32, the two
 //!    roundings being far below one half). The movement then moves a quarter of the bytes.
 //! 2. **Round trips.** A `QuantizeLinear` that only `DequantizeLinear`s of the same
@@ -22,6 +23,7 @@ use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
 use kiln_ops::elementwise::{ChainStep, ElementwiseChain, ElementwiseOp};
 use kiln_ops::movement::MovementOp;
+use kiln_ops::nn::{NnOp, Pool, PoolKind};
 use kiln_ops::quant::{DequantizeLinear, QuantOp, QuantizeLinear};
 use kiln_tensor::DType;
 use std::collections::HashMap;
@@ -165,10 +167,18 @@ fn movements(g: &mut Graph) -> usize {
         };
         let Some(mi) = index.producer(m_out) else { continue };
         let Some(m) = g.nodes.get(mi) else { continue };
-        let (Some(mop), [Some(_)]) = (op(m), m.outputs.as_slice()) else {
-            continue;
-        };
-        if !moves_elements(mop) || m.plan.is_some() {
+        let Some(mop) = op(m) else { continue };
+        let one_output = matches!(m.outputs.as_slice(), [Some(_), rest @ ..] if rest.iter().all(Option::is_none));
+        // A MaxPool's plan (channels-last) holds for its 8-bit values too; other plans may
+        // be made for f32 alone.
+        let max_pool = matches!(
+            mop,
+            Op::Nn(NnOp::Pool(Pool {
+                kind: PoolKind::Max { .. },
+                ..
+            }))
+        );
+        if !one_output || !(moves_elements(mop) || max_pool) || (m.plan.is_some() && !max_pool) {
             continue;
         }
         let Some(Some(m_in)) = m.inputs.first() else { continue };
@@ -190,7 +200,7 @@ fn movements(g: &mut Graph) -> usize {
                 kind: m.kind.clone(),
                 inputs,
                 outputs: node.outputs.clone(),
-                plan: None,
+                plan: m.plan.clone(),
             },
         ));
     }
@@ -383,6 +393,56 @@ mod tests {
                 .iter()
                 .any(|&v| v != 0.25 && v != -0.5)
         );
+    }
+
+    /// `Q(MaxPool(DQ(x_q)))` of equal parameters pools the 8-bit values: the same bits.
+    #[test]
+    fn a_max_pool_between_equal_parameters_pools_the_8_bit_values() {
+        use kiln_ops::nn::AutoPad;
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 3, 6, 6]);
+        let (s0, z0) = (
+            b.constant("s0", Tensor::scalar(0.01f32)),
+            b.constant("z0", Tensor::scalar(-5i8)),
+        );
+        let q0 = b.node_typed(
+            quantize(),
+            &[Some(x), Some(s0), Some(z0)],
+            &[(DType::I8, &[1, 3, 6, 6])],
+        )[0];
+        let d0 = b.node(dequantize(1), &[Some(q0), Some(s0), Some(z0)], &[&[1, 3, 6, 6]])[0];
+        let pool = Op::Nn(NnOp::Pool(Pool {
+            kind: PoolKind::Max { storage_order: false },
+            auto_pad: AutoPad::NotSet,
+            ceil_mode: false,
+            dilations: vec![1, 1],
+            kernel_shape: vec![3, 3],
+            pads: vec![1, 1, 1, 1],
+            strides: vec![2, 2],
+        }));
+        let p = b.node(pool, &[Some(d0)], &[&[1, 3, 3, 3]])[0];
+        let q1 = b.node_typed(
+            quantize(),
+            &[Some(p), Some(s0), Some(z0)],
+            &[(DType::I8, &[1, 3, 3, 3])],
+        )[0];
+        let y = b.node(dequantize(1), &[Some(q1), Some(s0), Some(z0)], &[&[1, 3, 3, 3]])[0];
+        let g = b.finish(&[y]);
+        let input = noise(&[1, 3, 6, 6], 4);
+        let want = run_graph(&g, vec![input.clone()]);
+        let mut fused = g.clone();
+        assert_eq!(run(&mut fused).unwrap(), 1);
+        fused.verify().unwrap();
+        assert_eq!(op_names(&fused), ["QuantizeLinear", "MaxPool", "DequantizeLinear"]);
+        let got = run_graph(&fused, vec![input]);
+        let bits = |t: &Tensor| {
+            t.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&got[0]), bits(&want[0]));
     }
 
     #[test]

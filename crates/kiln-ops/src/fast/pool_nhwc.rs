@@ -65,6 +65,45 @@ impl Pool {
             }
             return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_buf(shape, y)?)]);
         }
+        // 8-bit MaxPool (QDQ models' pools run on their 8-bit values): a maximum is one of
+        // its taps, so the bytes pool directly.
+        if let (PoolKind::Max { .. }, DType::U8 | DType::I8, &[kh, kw]) =
+            (self.kind, x.dtype(), self.kernel_shape.as_slice())
+        {
+            let strides = spatial_attr(&self.strides, 2, 1, "strides")?;
+            let dil = spatial_attr(&self.dilations, 2, 1, "dilations")?;
+            let pads = pads_attr(&self.pads, 2)?;
+            let geo = |i: usize, k: usize| {
+                window_geom(
+                    x.shape(),
+                    i + 1,
+                    k,
+                    strides[i],
+                    dil[i],
+                    pads[i],
+                    pads[i + 2],
+                    self.auto_pad,
+                    self.ceil_mode,
+                )
+            };
+            let (gh, gw) = (geo(0, kh)?, geo(1, kw)?);
+            let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![n, gh.out, gw.out, c];
+            let rows = [
+                (ih, kh, strides[0], dil[0], gh.pad_begin),
+                (iw, kw, strides[1], dil[1], gw.pad_begin),
+            ];
+            let len = numel(&shape)?;
+            let y = if x.dtype() == DType::U8 {
+                let mut y = crate::util::out_buf::<u8>(len);
+                max_nhwc_8bit(x.as_slice::<u8>()?, [gh.out, gw.out], c, rows, &mut y);
+                Tensor::from_buf(shape, y)?
+            } else {
+                let mut y = crate::util::out_buf::<i8>(len);
+                max_nhwc_8bit(x.as_slice::<i8>()?, [gh.out, gw.out], c, rows, &mut y);
+                Tensor::from_buf(shape, y)?
+            };
+            return Ok(smallvec::smallvec![Value::Tensor(y)]);
+        }
         let xv = args.value(0).ok_or(OpError::MissingInput { index: 0 })?;
         let xt = transpose(xv, TO_FIRST)?;
         output_to_last(self.eval(&Args::new(&[Some(&xt)]).with_wanted(1))?, "pooling")
@@ -179,6 +218,43 @@ fn max_nhwc(x: &[f32], out: [usize; 2], c: usize, dims: [Dim1; 2], y: &mut [f32]
             c,
             dims,
             row,
+        });
+    });
+}
+
+/// MaxPool of 8-bit `x` (`[N, H, W, C]`) into `y` (`[N, OH, OW, C]`), output rows in
+/// parallel: per output pixel, the first tap inside the input, then the lane-wise maximum with
+/// every other (vectorised over the channels). A window with no tap inside the input (pads as
+/// large as the kernel, which ONNX does not allow) gives the type's smallest value.
+fn max_nhwc_8bit<T: Copy + Ord + Default + Send + Sync + kiln_kernels::quant::Q8>(
+    x: &[T],
+    out: [usize; 2],
+    c: usize,
+    dims: [Dim1; 2],
+    y: &mut [T],
+) {
+    let [oh, ow] = out;
+    let (ih, iw) = (dims[0].0, dims[1].0);
+    if c == 0 || ow == 0 || oh == 0 {
+        return;
+    }
+    let lowest = T::from_clamped(T::LO);
+    kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &|r, row| {
+        let (img, oy) = (r / oh, r % oh);
+        let xi = x.get(img * ih * iw * c..(img + 1) * ih * iw * c).unwrap_or(&[]);
+        let ys: smallvec::SmallVec<[usize; 8]> = taps_in(dims[0], oy).collect();
+        kiln_kernels::simd::vectorize(|| {
+            for (ox, dst) in row.chunks_exact_mut(c).enumerate() {
+                dst.fill(lowest);
+                for &iy in &ys {
+                    for ix in taps_in(dims[1], ox) {
+                        let o = (iy * iw + ix) * c;
+                        if let Some(src) = xi.get(o..o + c) {
+                            dst.iter_mut().zip(src).for_each(|(m, &v)| *m = (*m).max(v));
+                        }
+                    }
+                }
+            }
         });
     });
 }
@@ -526,6 +602,54 @@ mod tests {
                     g.to_bits() == r.to_bits() || (g - r).abs() <= 1e-6 * (1.0 + r.abs()),
                     "{kind:?} against f64: {g} vs {r}"
                 );
+            }
+        }
+    }
+
+    /// 8-bit MaxPool channels-last (the bytes pooled directly) against the channels-first
+    /// evaluation of the same values: u8 and i8, padded and strided, ceil mode, channel counts
+    /// below and past a vector, on a two-thread pool.
+    #[test]
+    fn channels_last_8_bit_max_pools_match_channels_first() {
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        for (k, s, p, ceil, xs) in [
+            ([3, 3], [2, 2], [1, 1, 1, 1], false, [1, 64, 12, 11]),
+            ([3, 2], [1, 2], [1, 0, 1, 1], true, [2, 5, 7, 9]),
+        ] {
+            let op = Pool {
+                kind: PoolKind::Max { storage_order: false },
+                auto_pad: AutoPad::NotSet,
+                ceil_mode: ceil,
+                dilations: vec![1, 1],
+                kernel_shape: k.to_vec(),
+                pads: p.to_vec(),
+                strides: s.to_vec(),
+            };
+            let op = crate::Op::Nn(NnOp::Pool(op));
+            let total: usize = xs.iter().product();
+            let bytes: Vec<u8> = (0..total).map(|i| ((i * 7919 + 13) % 251) as u8).collect();
+            let signed: Vec<i8> = bytes.iter().map(|&b| b.wrapping_sub(128) as i8).collect();
+            let last_shape = [xs[0], xs[2], xs[3], xs[1]];
+            for (first_x, last_x) in [
+                (
+                    Tensor::from_vec(&xs[..], bytes.clone()).unwrap(),
+                    Tensor::from_vec(&last_shape[..], to_last(&bytes, xs)).unwrap(),
+                ),
+                (
+                    Tensor::from_vec(&xs[..], signed.clone()).unwrap(),
+                    Tensor::from_vec(&last_shape[..], to_last(&signed, xs)).unwrap(),
+                ),
+            ] {
+                let want = planned(&op, false, &Value::Tensor(first_x));
+                let want = want[0].as_tensor().unwrap();
+                let &[n, c, oh, ow] = want.shape() else { panic!() };
+                let got = pool.install(|| planned(&op, true, &Value::Tensor(last_x)));
+                let got = got[0].as_tensor().unwrap();
+                assert_eq!(got.shape(), &[n, oh, ow, c]);
+                assert_eq!(got.dtype(), want.dtype());
+                let want = to_last(&want.to_f64_vec(), [n, c, oh, ow]);
+                assert_eq!(got.to_f64_vec(), want);
+                assert!(want.iter().any(|&v| v != want[0]));
             }
         }
     }

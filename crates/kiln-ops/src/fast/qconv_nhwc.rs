@@ -378,6 +378,24 @@ impl Requant<'_> {
             None => requantize_row(acc, self.bias, self.mults, self.zy, self.range, out),
         }
     }
+
+    /// A run of output pixels' channels (`acc` and `out` whole pixels), in one call.
+    fn pixels<A: Sum, O: Quantized>(&self, acc: &[A], out: &mut [O]) {
+        match &self.f32s {
+            Some((bias, mults)) => {
+                let (lo, hi) = self.range;
+                kiln_kernels::quant::requantize_pixels_f32(
+                    acc,
+                    bias,
+                    mults,
+                    self.zy as f32,
+                    (lo as f32, hi as f32),
+                    out,
+                );
+            }
+            None => kiln_kernels::quant::requantize_pixels(acc, self.bias, self.mults, self.zy, self.range, out),
+        }
+    }
 }
 
 /// One output row of [`depthwise_conv`]: per pixel, blocks of [`LANES`] channels
@@ -549,9 +567,7 @@ where
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
-                for (o, acc) in orow.chunks_exact_mut(c).zip(sums.chunks_exact(c)) {
-                    requant.row(acc, o);
-                }
+                requant.pixels(&sums, orow);
             }
         };
         if band >= oh {
