@@ -70,6 +70,9 @@ pub struct QConvPlan {
     /// The weights packed for the integer GEMM on the first run, kept for later ones.
     #[serde(skip)]
     pub packed: crate::quant::PackCache,
+    /// A depthwise convolution's taps, made on the first run, kept for later ones.
+    #[serde(skip)]
+    pub taps: crate::quant::TapsCache,
 }
 
 /// The plan of a `Conv`.

@@ -108,26 +108,32 @@ fn clamp_tensor(t: &Tensor, lo: i32, hi: i32) -> Result<Tensor> {
     }
 }
 
-/// W `[m, c, kh, kw]` as the GEMM's B `[(ky, kx, ci), m]`, with its zero points.
-fn pack_weights<W: Int8 + Element>(w: &Tensor, zw: Option<&Tensor>) -> Option<PackedB> {
+/// W `[m, c, kh, kw]` as the GEMM's B `[(ky, kx, ci), m]` with `cp >= c` channels per tap
+/// (those past `c` hold the column's zero point: a zero weight), with its zero points.
+fn pack_weights<W: Int8 + Element + Default>(w: &Tensor, zw: Option<&Tensor>, cp: usize) -> Option<PackedB> {
     let &[m, c, kh, kw] = w.shape() else { return None };
     let src = w.as_slice::<W>().ok()?;
-    let k = c * kh * kw;
-    let mut b = Vec::with_capacity(k * m);
-    for ky in 0..kh {
-        for kx in 0..kw {
-            for ci in 0..c {
-                for j in 0..m {
-                    b.push(*src.get(((j * c + ci) * kh + ky) * kw + kx)?);
-                }
-            }
-        }
-    }
+    let k = cp * kh * kw;
     let z = match zw {
         None => &[][..],
         Some(z) if z.len() == 1 || z.len() == m => z.as_slice::<W>().ok()?,
         Some(_) => return None,
     };
+    let zero = |j: usize| z.get(j).or(z.first()).copied().unwrap_or_default();
+    let mut b = Vec::with_capacity(k * m);
+    for ky in 0..kh {
+        for kx in 0..kw {
+            for ci in 0..cp {
+                for j in 0..m {
+                    b.push(if ci < c {
+                        *src.get(((j * c + ci) * kh + ky) * kw + kx)?
+                    } else {
+                        zero(j)
+                    });
+                }
+            }
+        }
+    }
     PackedB::pack(&b, k, m, z).ok()
 }
 
@@ -217,7 +223,7 @@ where
         pad: (ph, pw),
     };
     if depthwise {
-        let taps = depthwise_taps(w, zw)?;
+        let taps = plan.taps.get_or_make(|| depthwise_taps(w, zw))?;
         if kh * kw <= EXACT_F32_TAPS {
             let dw = super::depthwise::Depthwise {
                 channels: c,
@@ -228,13 +234,39 @@ where
                 dilations: [dh, dw],
                 pad_begin: [ph, pw],
             };
-            return depthwise_f32::<T, O>(xs, zx, &taps, &dw, n, &requant);
+            return depthwise_f32::<T, O>(xs, zx, taps, &dw, n, &requant);
         }
-        return depthwise_conv::<T, O>(xs, zx, &taps, &window, &requant);
+        return depthwise_conv::<T, O>(xs, zx, taps, &window, &requant);
     }
+    // A few input channels (an image's three) padded to a multiple of four with the zero
+    // point, and the weights with their own: the window's taps are then whole quads the VNNI
+    // tile reads in place, instead of an im2col copy of `c`-value runs per pixel. The padded
+    // products are `(zx - zx) * (zw - zw)`, nothing.
+    let pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == wd;
+    let isa = kiln_kernels::isa::active();
+    let cp = if !pointwise && c % 4 != 0 && c < 16 && isa.has_int8_dot() {
+        c.next_multiple_of(4)
+    } else {
+        c
+    };
+    let padded_x: Vec<T>;
+    let (xs, window, k) = if cp == c {
+        (xs, window, k)
+    } else {
+        let pad = T::try_from_i32(zx);
+        let mut v = vec![pad; util::checked_numel(&[n, h, wd, cp])?];
+        // Element by element: a library copy call per pixel of three bytes costs more.
+        for (dst, src) in v.chunks_exact_mut(cp).zip(xs.chunks_exact(c)) {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                *d = x;
+            }
+        }
+        padded_x = v;
+        (&padded_x[..], ConvWindow { channels: cp, ..window }, cp * kh * kw)
+    };
     let packed = match w.dtype() {
-        DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw)),
-        DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw)),
+        DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw, cp)),
+        DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw, cp)),
         got => return Err(OpError::UnsupportedDType { index: 3, got }),
     }
     .ok_or(OpError::input_value(
@@ -252,7 +284,6 @@ where
     let pixels = n * oh * ow;
     let mut y = util::out_buf::<O>(util::checked_numel(&[pixels, m])?);
     let pad = T::try_from_i32(zx);
-    let pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == wd;
     // Blocks of whole micro-tiles of rows whose im2col rows and i32 sums stay in L2; at
     // least `MIN_ROWS_BIG_B` when the weights themselves outgrow L2, since each block reads
     // all of them; about two blocks per thread when there are several threads.
@@ -263,7 +294,6 @@ where
     }
     let split = if threads > 1 { 2 * threads } else { 1 };
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
-    let isa = kiln_kernels::isa::active();
     let failure: Mutex<Option<OpError>> = Mutex::new(None);
     let fail = |e: OpError| {
         if let Ok(mut f) = failure.lock() {
@@ -678,6 +708,9 @@ mod tests {
             let wv: Vec<i8> = (0..co * cg * k * k).map(|_| next() as i8).collect();
             let bias: Vec<i32> = (0..co).map(|_| (next() % 2000) as i32 - 1000).collect();
             let sw: Vec<f32> = (0..co).map(|j| 0.001 + 0.0002 * j as f32).collect();
+            // Weight zero points on the three-channel case (its channels padded to four on
+            // VNNI, the padded weights their column's zero point).
+            let zwv: Vec<i8> = (0..co).map(|j| if ci == 3 { (j % 3) as i8 - 1 } else { 0 }).collect();
             let t = |v: Tensor| Value::Tensor(v);
             let xs = t(Tensor::from_vec(vec![n, ci, h, w], x.clone()).unwrap());
             let xl = t(Tensor::from_vec(vec![n, h, w, ci], nhwc(&x, [n, ci, h, w])).unwrap());
@@ -686,7 +719,7 @@ mod tests {
                 t(Tensor::from_vec(vec![], vec![117u8]).unwrap()),
                 t(Tensor::from_vec(vec![co, cg, k, k], wv).unwrap()),
                 t(Tensor::from_vec(vec![co], sw).unwrap()),
-                t(Tensor::from_vec(vec![co], vec![0i8; co]).unwrap()),
+                t(Tensor::from_vec(vec![co], zwv.clone()).unwrap()),
                 t(Tensor::from_vec(vec![], vec![0.05f32]).unwrap()),
                 t(Tensor::from_vec(vec![], vec![128u8]).unwrap()),
                 t(Tensor::from_vec(vec![co], bias).unwrap()),
@@ -762,7 +795,8 @@ mod tests {
                                     }
                                     for c in 0..ci {
                                         let xv = i32::from(xl[(iy as usize * w + ix as usize) * ci + c]) - 117;
-                                        acc += xv * i32::from(wv[((o * ci + c) * k + ky) * k + kx]);
+                                        acc +=
+                                            xv * (i32::from(wv[((o * ci + c) * k + ky) * k + kx]) - i32::from(zwv[o]));
                                     }
                                 }
                             }

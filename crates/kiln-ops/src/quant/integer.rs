@@ -165,6 +165,29 @@ impl PackCache {
     }
 }
 
+/// A depthwise convolution's taps as `[tap][channel]` i32 values with their zero points taken
+/// out, made on a plan's first run and kept (as [`PackCache`], the weights are the program's).
+#[derive(Debug, Clone, Default)]
+pub struct TapsCache(std::sync::Arc<std::sync::OnceLock<Vec<i32>>>);
+
+impl TapsCache {
+    /// The taps, made by `make` on the first call (an error is returned, not kept).
+    pub(crate) fn get_or_make(&self, make: impl FnOnce() -> Result<Vec<i32>>) -> Result<&[i32]> {
+        if let Some(t) = self.0.get() {
+            return Ok(t);
+        }
+        let t = make()?;
+        Ok(self.0.get_or_init(|| t))
+    }
+}
+
+impl PartialEq for TapsCache {
+    /// A cache says nothing about the op: any two compare equal.
+    fn eq(&self, _: &TapsCache) -> bool {
+        true
+    }
+}
+
 impl PartialEq for PackCache {
     /// A cache says nothing about the op: any two compare equal.
     fn eq(&self, _: &PackCache) -> bool {
