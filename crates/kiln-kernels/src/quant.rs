@@ -210,21 +210,68 @@ impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF32<'_, A, T> {
 }
 
 /// [`requantize_row`] over a run of pixels of `c = bias.len()` channels, as
-/// [`requantize_pixels_f32`] is to [`requantize_row_f32`].
+/// [`requantize_pixels_f32`] is to [`requantize_row_f32`]: one call, the same bits.
 pub fn requantize_pixels<A: Sum, T: Q8>(
     acc: &[A],
     bias: &[f64],
     mult: &[f64],
     zero_point: f64,
-    range: (f64, f64),
+    (lo, hi): (f64, f64),
     y: &mut [T],
 ) {
     let c = bias.len().min(mult.len());
     if c == 0 {
         return;
     }
-    for (yp, ap) in y.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
-        requantize_row(ap, bias, mult, zero_point, range, yp);
+    let (lo, hi) = (lo.max(f64::from(T::LO)), hi.min(f64::from(T::HI)));
+    crate::simd::vectorize_kernel(PixelsF64 {
+        acc,
+        bias,
+        mult,
+        zero_point,
+        lo,
+        hi,
+        y,
+        c,
+    })
+}
+
+/// [`requantize_pixels`]' loop as a struct kernel.
+struct PixelsF64<'a, A, T> {
+    acc: &'a [A],
+    bias: &'a [f64],
+    mult: &'a [f64],
+    zero_point: f64,
+    lo: f64,
+    hi: f64,
+    y: &'a mut [T],
+    c: usize,
+}
+
+impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF64<'_, A, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        /// As in [`requantize_row`].
+        const BIG: f64 = 1_125_899_906_842_624.0;
+        const ROUND: f64 = 6_755_399_441_055_744.0;
+        let PixelsF64 {
+            acc,
+            bias,
+            mult,
+            zero_point,
+            lo,
+            hi,
+            y,
+            c,
+        } = self;
+        for (yp, ap) in y.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
+            for (((o, &a), &b), &m) in yp.iter_mut().zip(ap).zip(bias).zip(mult) {
+                let v = ((a.to_f64() + b) * m + zero_point).max(-BIG).min(BIG);
+                let q = ((v + ROUND) - ROUND).max(lo).min(hi);
+                *o = T::from_low_byte((q + ROUND).to_bits() as u32);
+            }
+        }
     }
 }
 

@@ -332,11 +332,7 @@ where
                         }
                         (&cols[..], k)
                     };
-                    igemm_serial(isa, r, k, a, lda, zx, packed, acc, m).map(|()| {
-                        for (orow, arow) in out.chunks_exact_mut(m).zip(acc.chunks_exact(m)) {
-                            requant.row(arow, orow);
-                        }
-                    })
+                    igemm_serial(isa, r, k, a, lda, zx, packed, acc, m).map(|()| requant.pixels(acc, out))
                 }
             };
             if let Err(e) = done {
