@@ -348,3 +348,66 @@ fn profiles_and_calibration_flags_are_checked() {
     let e = err(&["compile", &model, "-o", &o, "-O", "convert_to_quantize=true"]);
     assert!(e.contains("no calibration data"), "{e}");
 }
+
+fn write_f32_npy(path: &Path, shape: &[usize], v: &[f32]) {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        dims.join(", ")
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for x in v {
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// qaic's custom I/O: the template lists the model's I/O; edited to take the image
+/// channels-last, the program's input is `[1, 32, 32, 3]` and, fed the transposed image, it
+/// gives ONNX Runtime's probabilities. A name the model lacks is refused naming it.
+#[test]
+fn custom_io_takes_the_image_channels_last_from_an_edited_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("template.yaml");
+    let dump = format!("dump_custom_io_config_template_file={}", template.display());
+    compile(dir.path(), &["-O", &dump]);
+    let t = std::fs::read_to_string(&template).unwrap();
+    for needle in ["IOName: image", "Layout: NCHW", "IOName: probs", "Precision: float"] {
+        assert!(t.contains(needle), "missing {needle:?} in\n{t}");
+    }
+    let io = dir.path().join("io.yaml");
+    std::fs::write(&io, t.replacen("Layout: NCHW", "Layout: NHWC", 1)).unwrap();
+    let custom = format!("custom_io_list_file={}", io.display());
+    let program = compile(dir.path(), &["-O", &custom]);
+    let p = program.display().to_string();
+    let info = ok(&["info", &p]);
+    assert!(info.contains("image: f32[1,32,32,3]"), "{info}");
+    let nchw = read_f32_npy(Path::new(&example("tiny_cnn_input.npy")));
+    let mut nhwc = vec![0f32; nchw.len()];
+    for c in 0..3 {
+        for hw in 0..32 * 32 {
+            nhwc[hw * 3 + c] = nchw[c * 32 * 32 + hw];
+        }
+    }
+    let input_path = dir.path().join("image_nhwc.npy");
+    write_f32_npy(&input_path, &[1, 32, 32, 3], &nhwc);
+    let outdir = dir.path().join("out");
+    let input = format!("image={}", input_path.display());
+    ok(&["run", &p, "--input", &input, "-o", &outdir.display().to_string()]);
+    let got = read_f32_npy(&outdir.join("probs.npy"));
+    let want = read_f32_npy(Path::new(&example("tiny_cnn_expected_probs.npy")));
+    assert_eq!(got.len(), 10);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-5 + 1e-4 * w.abs(), "got {got:?}\nwant {want:?}");
+    }
+    std::fs::write(&io, "- IOName: picture\n  Layout: NHWC\n").unwrap();
+    let model = example("tiny_cnn.onnx");
+    let e = err(&["compile", &model, "-o", &p, "-O", &custom]);
+    assert!(e.contains("'picture'") && e.contains("inputs: image"), "{e}");
+}

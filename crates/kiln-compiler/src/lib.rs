@@ -6,6 +6,7 @@
 //! plan (`plan.rs`) places every statically sized intermediate in one arena; at level 1 and up
 //! constant MatMul weights are prepacked for the GEMM kernels (`prepack.rs`).
 
+pub mod custom_io;
 mod error;
 mod lower;
 mod outputs;

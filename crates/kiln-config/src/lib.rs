@@ -18,6 +18,7 @@
 //! ```
 
 mod config;
+mod custom_io;
 mod docs;
 mod error;
 mod htp;
@@ -28,6 +29,7 @@ mod schema;
 mod tree;
 
 pub use config::Config;
+pub use custom_io::{CustomIoEntry, IoLayout, IoPrecision, custom_io_template, load_custom_io, parse_custom_io};
 pub use docs::{list_json, list_text, markdown, show_json, show_text};
 pub use error::{ConfigError, Location, Source, Unsupported, Warning, WarningKind};
 pub use htp::BackendExtensions;

@@ -437,10 +437,10 @@ section! {
             "File naming nodes to run in fp16 or fp32.";
         keep_original_precision_for_nodes: Vec<String> = Vec::new(), Kind::StrList, IMPLEMENTED, [qaic("keep_original_precision_for_nodes")],
             "Operator types kept in original precision when quantizing, as ONNX spells them (kiln quantizes Conv, ConvTranspose, MatMul and Gemm; listing one keeps it in float, other types are in float already).";
-        custom_io_list_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_error("custom I/O layouts and precisions are not yet implemented; the program's I/O would differ"), [qaic("custom_io_list_file")],
-            "YAML file with layout, precision, scale and offset of each input and output.";
-        dump_custom_io_config_template_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), nyi_warn("custom I/O configuration is not yet implemented, so there is no template to dump"), [qaic("dump_custom_io_config_template_file")],
-            "Write a template custom I/O configuration.";
+        custom_io_list_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [qaic("custom_io_list_file")],
+            "YAML list of inputs and outputs taken or returned otherwise than the model has them: per entry `IOName`, `Layout` (NCHW or NHWC, rank-4 tensors), `Precision` (float, float16, uint8, int8) and, for 8-bit ones, `Scale` and `Offset` (the zero point). An 8-bit input is dequantized on entry, an 8-bit output quantized on exit, an NHWC one transposed; f32 tensors only. Start from the template `dump_custom_io_config_template_file` writes.";
+        dump_custom_io_config_template_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [qaic("dump_custom_io_config_template_file")],
+            "Write the model's inputs and outputs as a custom I/O file to edit (every entry as the model has it: NCHW for rank-4 tensors, float), then compile as usual.";
         external_quantization_file: Option<PathBuf> = None, Kind::Nullable(&Kind::Path), IMPLEMENTED, [qaic("external_quantization_file")],
             "Ranges from a JSON file instead of profiling: an object of tensor name to {\"min\": a, \"max\": b}, [a, b] or ONNX Runtime's calibration-table {\"lowest\": a, \"highest\": b}; the activations it does not list are calibrated on calibration_data (an error naming them without it). The schema rules then apply as for calibrated ranges.";
         quantization_schema_activations: ActivationSchema = ActivationSchema::SymmetricWithUint8, Kind::Choice(ActivationSchema::CHOICES), IMPLEMENTED, [qaic("quantization_schema_activations")],

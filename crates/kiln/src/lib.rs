@@ -11,6 +11,7 @@
 pub mod artifact;
 mod bench;
 mod crc;
+mod custom_io;
 mod limits;
 mod monitor;
 pub mod npy;

@@ -281,7 +281,11 @@ pub fn compile_file(model: &Path, out: &Path, options: &SessionOptions) -> Resul
 fn compile_file_now(model: &Path, out: &Path, options: &SessionOptions) -> Result<CompileSummary, Error> {
     let imported = load_onnx(model, options)?;
     let (imported, quantization) = crate::quantize::apply(&imported, options)?;
-    let quantized = quantization.as_ref().is_some_and(|r| r.mode != "dump_profile");
+    let imported = crate::custom_io::apply(imported, options)?;
+    // A program whose I/O the options changed keeps no source to recompile other shapes from
+    // (as a quantized one: its source is the float model as exported).
+    let quantized = quantization.as_ref().is_some_and(|r| r.mode != "dump_profile")
+        || options.config.compile.custom_io_list_file.is_some();
     let symbols = kiln_ir::input_symbols(&imported.graph);
     let shapes = shape_programs(&imported.graph, &symbols, options)?;
     // A model with symbolic input dims carries its source, so a session can compile other shapes
@@ -482,6 +486,7 @@ impl Session {
     /// Compiles `model`, counting the load time from `started`.
     fn compiled(model: &Model, options: &SessionOptions, started: std::time::Instant) -> Result<Session, Error> {
         let (model, quantization) = options.compiling(|| crate::quantize::apply(model, options))?;
+        let model = crate::custom_io::apply(model, options)?;
         let model = &model;
         let symbols = kiln_ir::input_symbols(&model.graph);
         let (stored, compiled) = options.compiling(|| -> Result<_, Error> {
