@@ -110,6 +110,34 @@ fn boundary_dtype(p: IoPrecision) -> DType {
     }
 }
 
+/// The boundary shape of the model's value `v` (NHWC when asked) and the I/O name, `v`
+/// renamed `<name>_float` for the new boundary value to take the name.
+fn boundary(g: &mut Graph, v: ValueId, spec: &IoSpec) -> Result<(Option<Vec<Dim>>, String), CompileError> {
+    let shape = float_type(g, v, spec)?;
+    let outer = if spec.nhwc {
+        permute(&shape, [0, 2, 3, 1])
+    } else {
+        shape
+    };
+    let name = spec.name.clone();
+    let float_name = fresh_name(g, &format!("{name}_float"));
+    if let Some(x) = g.values.get_mut(v.index()) {
+        x.name = float_name;
+    }
+    Ok((outer, name))
+}
+
+/// A new value of `dtype` and `shape`.
+fn value(g: &mut Graph, name: String, dtype: DType, shape: &Option<Vec<Dim>>) -> ValueId {
+    g.add_value(
+        name,
+        ValueType::Tensor(TensorType {
+            dtype: Some(dtype),
+            shape: shape.clone(),
+        }),
+    )
+}
+
 fn permute(shape: &Option<Vec<Dim>>, perm: [usize; 4]) -> Option<Vec<Dim>> {
     let s = shape.as_ref()?;
     perm.iter().map(|&p| s.get(p).cloned()).collect()
@@ -145,24 +173,8 @@ fn grid(
 
 fn change_input(g: &mut Graph, slot: usize, spec: &IoSpec) -> Result<(), CompileError> {
     let Some(&x) = g.inputs.get(slot) else { return Ok(()) };
-    let shape = float_type(g, x, spec)?;
-    let outer_shape = if spec.nhwc {
-        permute(&shape, [0, 2, 3, 1])
-    } else {
-        shape.clone()
-    };
-    let name = spec.name.clone();
-    let float_name = fresh_name(g, &format!("{name}_float"));
-    if let Some(v) = g.values.get_mut(x.index()) {
-        v.name = float_name;
-    }
-    let outer = g.add_value(
-        name.clone(),
-        ValueType::Tensor(TensorType {
-            dtype: Some(boundary_dtype(spec.precision)),
-            shape: outer_shape.clone(),
-        }),
-    );
+    let (outer_shape, name) = boundary(g, x, spec)?;
+    let outer = value(g, name.clone(), boundary_dtype(spec.precision), &outer_shape);
     let mut nodes = Vec::new();
     let mut cur = outer;
     // Each conversion's output: `x` itself for the last one.
@@ -204,13 +216,7 @@ fn change_input(g: &mut Graph, slot: usize, spec: &IoSpec) -> Result<(), Compile
             x
         } else {
             let n = fresh_name(g, &format!("{name}_io{i}"));
-            g.add_value(
-                n,
-                ValueType::Tensor(TensorType {
-                    dtype: Some(DType::F32),
-                    shape: outer_shape.clone(),
-                }),
-            )
+            value(g, n, DType::F32, &outer_shape)
         };
         let mut inputs = vec![Some(cur)];
         inputs.extend(more);
@@ -229,37 +235,15 @@ fn change_output(g: &mut Graph, slot: usize, spec: &IoSpec) -> Result<(), Compil
     if g.inputs.contains(&y) {
         return Err(bad(&spec.name, "it is both an input and an output"));
     }
-    let shape = float_type(g, y, spec)?;
-    let outer_shape = if spec.nhwc {
-        permute(&shape, [0, 2, 3, 1])
-    } else {
-        shape.clone()
-    };
-    let name = spec.name.clone();
-    let float_name = fresh_name(g, &format!("{name}_float"));
-    if let Some(v) = g.values.get_mut(y.index()) {
-        v.name = float_name;
-    }
+    let (outer_shape, name) = boundary(g, y, spec)?;
     let mut cur = y;
     if spec.nhwc {
-        let t = if spec.precision == IoPrecision::Float {
-            g.add_value(
-                name.clone(),
-                ValueType::Tensor(TensorType {
-                    dtype: Some(DType::F32),
-                    shape: outer_shape.clone(),
-                }),
-            )
+        let n = if spec.precision == IoPrecision::Float {
+            name.clone()
         } else {
-            let n = fresh_name(g, &format!("{name}_nhwc"));
-            g.add_value(
-                n,
-                ValueType::Tensor(TensorType {
-                    dtype: Some(DType::F32),
-                    shape: outer_shape.clone(),
-                }),
-            )
+            fresh_name(g, &format!("{name}_nhwc"))
         };
+        let t = value(g, n, DType::F32, &outer_shape);
         let op = Op::Movement(MovementOp::Transpose(Transpose {
             perm: Some(vec![0, 2, 3, 1]),
         }));
@@ -269,13 +253,7 @@ fn change_output(g: &mut Graph, slot: usize, spec: &IoSpec) -> Result<(), Compil
     }
     let boundary = boundary_dtype(spec.precision);
     if boundary != DType::F32 {
-        let out = g.add_value(
-            name.clone(),
-            ValueType::Tensor(TensorType {
-                dtype: Some(boundary),
-                shape: outer_shape,
-            }),
-        );
+        let out = value(g, name.clone(), boundary, &outer_shape);
         let (op, inputs) = match spec.precision {
             IoPrecision::Quantized {
                 dtype,

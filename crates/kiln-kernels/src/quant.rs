@@ -101,23 +101,13 @@ pub fn requantize_row<A: Sum, T: Q8>(
     bias: &[f64],
     mult: &[f64],
     zero_point: f64,
-    (lo, hi): (f64, f64),
+    range: (f64, f64),
     y: &mut [T],
 ) {
-    /// Past this magnitude every value saturates; clamping keeps the rounding trick exact.
-    const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
-    /// Adding then subtracting 1.5 * 2^52 rounds to an integer, ties to even.
-    const ROUND: f64 = 6_755_399_441_055_744.0;
-    let (lo, hi) = (lo.max(f64::from(T::LO)), hi.min(f64::from(T::HI)));
-    crate::simd::vectorize(|| {
-        for (((o, &a), &b), &m) in y.iter_mut().zip(acc).zip(bias).zip(mult) {
-            let v = ((a.to_f64() + b) * m + zero_point).max(-BIG).min(BIG);
-            let q = ((v + ROUND) - ROUND).max(lo).min(hi);
-            // q is an integer in [-128, 255]: q + 1.5 * 2^52 holds it in its low mantissa
-            // bits, two's complement.
-            *o = T::from_low_byte((q + ROUND).to_bits() as u32);
-        }
-    })
+    // One pixel of all the channels every slice has.
+    let c = acc.len().min(bias.len()).min(mult.len()).min(y.len());
+    let (bias, mult) = (bias.get(..c).unwrap_or(&[]), mult.get(..c).unwrap_or(&[]));
+    requantize_pixels(acc.get(..c).unwrap_or(&[]), bias, mult, zero_point, range, y);
 }
 
 /// [`requantize_row`] in f32, as a QDQ graph's float convolution and QuantizeLinear compute
@@ -129,19 +119,12 @@ pub fn requantize_row_f32<A: Sum, T: Q8>(
     bias: &[f32],
     mult: &[f32],
     zero_point: f32,
-    (lo, hi): (f32, f32),
+    range: (f32, f32),
     y: &mut [T],
 ) {
-    let (lo, hi) = (lo.max(T::LO), hi.min(T::HI));
-    crate::simd::vectorize_kernel(RequantizeF32 {
-        acc,
-        bias,
-        mult,
-        zero_point,
-        lo,
-        hi,
-        y,
-    })
+    let c = acc.len().min(bias.len()).min(mult.len()).min(y.len());
+    let (bias, mult) = (bias.get(..c).unwrap_or(&[]), mult.get(..c).unwrap_or(&[]));
+    requantize_pixels_f32(acc.get(..c).unwrap_or(&[]), bias, mult, zero_point, range, y);
 }
 
 /// [`requantize_row_f32`] over a run of pixels: `acc` and `y` hold whole pixels of `c =
@@ -252,8 +235,9 @@ impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF64<'_, A, T> {
     type Output = ();
     #[inline(always)]
     fn run(self) {
-        /// As in [`requantize_row`].
-        const BIG: f64 = 1_125_899_906_842_624.0;
+        /// Past this magnitude every value saturates; clamping keeps the rounding trick exact.
+        const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
+        /// Adding then subtracting 1.5 * 2^52 rounds to an integer, ties to even.
         const ROUND: f64 = 6_755_399_441_055_744.0;
         let PixelsF64 {
             acc,
@@ -269,6 +253,8 @@ impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF64<'_, A, T> {
             for (((o, &a), &b), &m) in yp.iter_mut().zip(ap).zip(bias).zip(mult) {
                 let v = ((a.to_f64() + b) * m + zero_point).max(-BIG).min(BIG);
                 let q = ((v + ROUND) - ROUND).max(lo).min(hi);
+                // q is an integer in [-128, 255]: q + 1.5 * 2^52 holds it in its low mantissa
+                // bits, two's complement.
                 *o = T::from_low_byte((q + ROUND).to_bits() as u32);
             }
         }
@@ -302,38 +288,6 @@ impl Sum for f32 {
     #[inline(always)]
     fn to_f64(self) -> f64 {
         f64::from(self)
-    }
-}
-
-/// [`requantize_row_f32`]'s loop as a struct kernel (inlined into each level's copy).
-struct RequantizeF32<'a, A, T> {
-    acc: &'a [A],
-    bias: &'a [f32],
-    mult: &'a [f32],
-    zero_point: f32,
-    lo: f32,
-    hi: f32,
-    y: &'a mut [T],
-}
-
-impl<A: Sum, T: Q8> crate::simd::Kernel for RequantizeF32<'_, A, T> {
-    type Output = ();
-    #[inline(always)]
-    fn run(self) {
-        let RequantizeF32 {
-            acc,
-            bias,
-            mult,
-            zero_point,
-            lo,
-            hi,
-            y,
-        } = self;
-        for (((o, &a), &b), &m) in y.iter_mut().zip(acc).zip(bias).zip(mult) {
-            let v = ((a.to_f32() + b) * m + zero_point).max(-BIG).min(BIG);
-            let q = ((v + ROUND) - ROUND).max(lo).min(hi);
-            *o = T::from_low_byte((q + ROUND).to_bits());
-        }
     }
 }
 

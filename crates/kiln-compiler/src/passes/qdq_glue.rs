@@ -98,40 +98,41 @@ fn params(g: &Graph, index: &Index, node: &Node, dtype: DType) -> Option<Params>
 
 /// A per-tensor f32 -> 8-bit QuantizeLinear: its input, output and parameters.
 pub(crate) fn quantize(g: &Graph, index: &Index, node: &Node) -> Option<(ValueId, ValueId, Params)> {
-    let Some(Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear {
-        block_size: 0,
-        precision: None | Some(DType::F32),
-        ..
-    }))) = op(node)
-    else {
-        return None;
-    };
-    let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
-        return None;
-    };
-    if dtype_of(g, *x) != Some(DType::F32) {
-        return None;
-    }
-    Some((*x, *y, params(g, index, node, dtype_of(g, *y)?)?))
+    let ok = matches!(
+        op(node),
+        Some(Op::Quant(QuantOp::QuantizeLinear(QuantizeLinear {
+            block_size: 0,
+            precision: None | Some(DType::F32),
+            ..
+        })))
+    );
+    conversion(g, index, node, ok, true)
 }
 
 /// A per-tensor 8-bit -> f32 DequantizeLinear: its input, output and parameters.
 fn dequantize(g: &Graph, index: &Index, node: &Node) -> Option<(ValueId, ValueId, Params)> {
-    let Some(Op::Quant(QuantOp::DequantizeLinear(DequantizeLinear {
-        block_size: 0,
-        output_dtype: None | Some(DType::F32),
-        ..
-    }))) = op(node)
-    else {
+    let ok = matches!(
+        op(node),
+        Some(Op::Quant(QuantOp::DequantizeLinear(DequantizeLinear {
+            block_size: 0,
+            output_dtype: None | Some(DType::F32),
+            ..
+        })))
+    );
+    conversion(g, index, node, ok, false)
+}
+
+/// A one-in, one-out conversion between f32 and 8 bits (`to_8_bit`: f32 in) whose op `ok`
+/// accepted: its input, output and parameters.
+fn conversion(g: &Graph, index: &Index, node: &Node, ok: bool, to_8_bit: bool) -> Option<(ValueId, ValueId, Params)> {
+    let (true, Some(Some(x)), [Some(y)]) = (ok, node.inputs.first(), node.outputs.as_slice()) else {
         return None;
     };
-    let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
-        return None;
-    };
-    if dtype_of(g, *y) != Some(DType::F32) {
+    let (float, bytes) = if to_8_bit { (*x, *y) } else { (*y, *x) };
+    if dtype_of(g, float) != Some(DType::F32) {
         return None;
     }
-    Some((*x, *y, params(g, index, node, dtype_of(g, *x)?)?))
+    Some((*x, *y, params(g, index, node, dtype_of(g, bytes)?)?))
 }
 
 /// Ops whose output's elements are elements of input 0 (the other inputs being indices,

@@ -31,7 +31,8 @@ impl Pool {
             ));
         };
         let fast = matches!(self.kind, PoolKind::Max { .. } | PoolKind::Average { .. });
-        if let (true, DType::F32, &[kh, kw]) = (fast, x.dtype(), self.kernel_shape.as_slice()) {
+        // The output shape, each dim's window and the pads after, for a 2-D window.
+        let geometry = |[kh, kw]: [usize; 2]| -> Result<(kiln_tensor::Shape, [usize; 2], [Dim1; 2], [usize; 2])> {
             let strides = spatial_attr(&self.strides, 2, 1, "strides")?;
             let dil = spatial_attr(&self.dilations, 2, 1, "dilations")?;
             let pads = pads_attr(&self.pads, 2)?;
@@ -50,18 +51,22 @@ impl Pool {
             };
             let (gh, gw) = (geo(0, kh)?, geo(1, kw)?);
             let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![n, gh.out, gw.out, c];
-            // Every element is written below: a recycled buffer needs no clearing.
-            let mut y = crate::util::out_f32(numel(&shape)?);
             let rows = [
                 (ih, kh, strides[0], dil[0], gh.pad_begin),
                 (iw, kw, strides[1], dil[1], gw.pad_begin),
             ];
+            Ok((shape, [gh.out, gw.out], rows, [gh.pad_end, gw.pad_end]))
+        };
+        if let (true, DType::F32, &[kh, kw]) = (fast, x.dtype(), self.kernel_shape.as_slice()) {
+            let (shape, out, rows, pad_ends) = geometry([kh, kw])?;
+            // Every element is written below: a recycled buffer needs no clearing.
+            let mut y = crate::util::out_f32(numel(&shape)?);
             match self.kind {
                 PoolKind::Average { count_include_pad } => {
-                    let ends = count_include_pad.then_some([gh.pad_end, gw.pad_end]);
-                    avg_nhwc(x.as_slice::<f32>()?, [gh.out, gw.out], c, rows, ends, &mut y);
+                    let ends = count_include_pad.then_some(pad_ends);
+                    avg_nhwc(x.as_slice::<f32>()?, out, c, rows, ends, &mut y);
                 }
-                _ => max_nhwc(x.as_slice::<f32>()?, [gh.out, gw.out], c, rows, &mut y),
+                _ => max_nhwc(x.as_slice::<f32>()?, out, c, rows, &mut y),
             }
             return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_buf(shape, y)?)]);
         }
@@ -70,36 +75,15 @@ impl Pool {
         if let (PoolKind::Max { .. }, DType::U8 | DType::I8, &[kh, kw]) =
             (self.kind, x.dtype(), self.kernel_shape.as_slice())
         {
-            let strides = spatial_attr(&self.strides, 2, 1, "strides")?;
-            let dil = spatial_attr(&self.dilations, 2, 1, "dilations")?;
-            let pads = pads_attr(&self.pads, 2)?;
-            let geo = |i: usize, k: usize| {
-                window_geom(
-                    x.shape(),
-                    i + 1,
-                    k,
-                    strides[i],
-                    dil[i],
-                    pads[i],
-                    pads[i + 2],
-                    self.auto_pad,
-                    self.ceil_mode,
-                )
-            };
-            let (gh, gw) = (geo(0, kh)?, geo(1, kw)?);
-            let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![n, gh.out, gw.out, c];
-            let rows = [
-                (ih, kh, strides[0], dil[0], gh.pad_begin),
-                (iw, kw, strides[1], dil[1], gw.pad_begin),
-            ];
+            let (shape, out, rows, _) = geometry([kh, kw])?;
             let len = numel(&shape)?;
             let y = if x.dtype() == DType::U8 {
                 let mut y = crate::util::out_buf::<u8>(len);
-                max_nhwc_8bit(x.as_slice::<u8>()?, [gh.out, gw.out], c, rows, &mut y);
+                max_nhwc_8bit(x.as_slice::<u8>()?, out, c, rows, &mut y);
                 Tensor::from_buf(shape, y)?
             } else {
                 let mut y = crate::util::out_buf::<i8>(len);
-                max_nhwc_8bit(x.as_slice::<i8>()?, [gh.out, gw.out], c, rows, &mut y);
+                max_nhwc_8bit(x.as_slice::<i8>()?, out, c, rows, &mut y);
                 Tensor::from_buf(shape, y)?
             };
             return Ok(smallvec::smallvec![Value::Tensor(y)]);
