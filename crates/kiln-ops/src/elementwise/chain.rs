@@ -267,10 +267,19 @@ impl ElementwiseChain {
                 ) -> Result<Tensor> {
                     let mut y = crate::util::out_buf::<T>(x.len());
                     let one = |bi: usize, out: &mut [T]| {
-                        let mut block = [0f32; BLOCK];
-                        let Some(b) = block.get_mut(..out.len()) else { return };
-                        run(bi, b);
-                        kiln_kernels::quant::quantize_row(b, out, q.scale, q.zero_point);
+                        // The f32 block in this thread's scratch (`run` writes all of it
+                        // first): no 16 KiB zeroing per block.
+                        QUANTIZE_BLOCK.with(|cell| {
+                            let mut fresh = Vec::new();
+                            let mut kept = cell.try_borrow_mut();
+                            let scratch = match kept.as_deref_mut() {
+                                Ok(v) => v,
+                                Err(_) => &mut fresh,
+                            };
+                            let b = kiln_kernels::recycle::scratch(scratch, out.len());
+                            run(bi, b);
+                            kiln_kernels::quant::quantize_row(b, out, q.scale, q.zero_point);
+                        })
                     };
                     if parallel {
                         kiln_kernels::pool::for_each_chunk_mut(&mut y, BLOCK, &one);
@@ -286,6 +295,11 @@ impl ElementwiseChain {
             }
         }
     }
+}
+
+thread_local! {
+    /// Each thread's f32 block of a chain that ends quantized.
+    static QUANTIZE_BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The chain's start: f32 values, or int32 ones converted as they are read.

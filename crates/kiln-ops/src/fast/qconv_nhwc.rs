@@ -147,7 +147,7 @@ fn scalar_zero_point<T: Int8 + Element>(args: &Args<'_>, index: usize) -> Result
 
 fn run<T, O>(op: &QLinearConv, plan: &QConvPlan, args: &Args<'_>) -> Result<Tensor>
 where
-    T: Int8 + Element + Default + FromZeroPoint,
+    T: Int8 + Element + Default + FromZeroPoint + kiln_kernels::recycle::Recycled,
     O: Quantized,
 {
     let (x, w) = (args.tensor(0)?, args.tensor(3)?);
@@ -223,7 +223,7 @@ where
         pad: (ph, pw),
     };
     if depthwise {
-        let taps = plan.taps.get_or_make(|| depthwise_taps(w, zw))?;
+        let (taps, taps_f32) = plan.taps.get_or_make(|| depthwise_taps(w, zw))?;
         if kh * kw <= EXACT_F32_TAPS {
             let dw = super::depthwise::Depthwise {
                 channels: c,
@@ -234,7 +234,7 @@ where
                 dilations: [dh, dw],
                 pad_begin: [ph, pw],
             };
-            return depthwise_f32::<T, O>(xs, zx, taps, &dw, n, &requant);
+            return depthwise_f32::<T, O>(xs, zx, taps_f32, &dw, n, &requant);
         }
         return depthwise_conv::<T, O>(xs, zx, taps, &window, &requant);
     }
@@ -249,20 +249,24 @@ where
     } else {
         c
     };
-    let padded_x: Vec<T>;
-    let (xs, window, k) = if cp == c {
-        (xs, window, k)
+    // The padded copy comes from the run's recycled buffers and goes back at the end.
+    let padded: Option<Vec<T>> = if cp == c {
+        None
     } else {
         let pad = T::try_from_i32(zx);
-        let mut v = vec![pad; util::checked_numel(&[n, h, wd, cp])?];
-        // Element by element: a library copy call per pixel of three bytes costs more.
+        let mut v = kiln_kernels::recycle::take_of::<T>(util::checked_numel(&[n, h, wd, cp])?);
+        // Every element written (the buffer is stale), element by element: a library copy
+        // call per pixel of three bytes costs more.
         for (dst, src) in v.chunks_exact_mut(cp).zip(xs.chunks_exact(c)) {
-            for (d, &x) in dst.iter_mut().zip(src) {
-                *d = x;
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = src.get(i).copied().unwrap_or(pad);
             }
         }
-        padded_x = v;
-        (&padded_x[..], ConvWindow { channels: cp, ..window }, cp * kh * kw)
+        Some(v)
+    };
+    let (xs, window, k) = match &padded {
+        None => (xs, window, k),
+        Some(v) => (&v[..], ConvWindow { channels: cp, ..window }, cp * kh * kw),
     };
     let packed = match w.dtype() {
         DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw, cp)),
@@ -346,6 +350,9 @@ where
     });
     if let Some(e) = failure.into_inner().ok().flatten() {
         return Err(e);
+    }
+    if let Some(v) = padded {
+        kiln_kernels::recycle::give_of(v);
     }
     Ok(Tensor::from_buf(vec![n, oh, ow, m], y)?)
 }
@@ -524,7 +531,7 @@ const DW_SERIAL_MACS: usize = 1 << 18;
 fn depthwise_f32<T, O>(
     xs: &[T],
     zx: i32,
-    taps: &[i32],
+    tf: &[f32],
     dw: &super::depthwise::Depthwise,
     n: usize,
     requant: &Requant<'_>,
@@ -537,7 +544,6 @@ where
     let ([h, w], [oh, ow]) = (dw.input, dw.output);
     let ([kh, _], [sh, _], [dh, _], [ph, _]) = (dw.kernel, dw.strides, dw.dilations, dw.pad_begin);
     let (ipix, opix, row_len) = (h * w * c, oh * ow * c, w * c);
-    let tf: Vec<f32> = taps.iter().map(|&t| t as f32).collect();
     let mut y = util::out_buf::<O>(util::checked_numel(&[n, oh, ow, c])?);
     // Distinct input rows of one window: no two share a slot of the ring.
     let slots = (kh.max(1) - 1) * dh + 1;
@@ -589,7 +595,7 @@ where
                     }
                 }
                 let clamp = kiln_kernels::dwconv::Clamp::NONE;
-                if !dw.nhwc_row(&ring, |iy| iy % slots, &tf, None, clamp, oy, &mut sums) {
+                if !dw.nhwc_row(&ring, |iy| iy % slots, tf, None, clamp, oy, &mut sums) {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }

@@ -166,18 +166,21 @@ impl PackCache {
 }
 
 /// A depthwise convolution's taps as `[tap][channel]` i32 values with their zero points taken
-/// out, made on a plan's first run and kept (as [`PackCache`], the weights are the program's).
+/// out, and the same values in f32 (the f32 depthwise kernel's), made on a plan's first run
+/// and kept (as [`PackCache`], the weights are the program's).
 #[derive(Debug, Clone, Default)]
-pub struct TapsCache(std::sync::Arc<std::sync::OnceLock<Vec<i32>>>);
+pub struct TapsCache(std::sync::Arc<std::sync::OnceLock<(Vec<i32>, Vec<f32>)>>);
 
 impl TapsCache {
     /// The taps, made by `make` on the first call (an error is returned, not kept).
-    pub(crate) fn get_or_make(&self, make: impl FnOnce() -> Result<Vec<i32>>) -> Result<&[i32]> {
-        if let Some(t) = self.0.get() {
-            return Ok(t);
+    pub(crate) fn get_or_make(&self, make: impl FnOnce() -> Result<Vec<i32>>) -> Result<(&[i32], &[f32])> {
+        if let Some((i, f)) = self.0.get() {
+            return Ok((i, f));
         }
-        let t = make()?;
-        Ok(self.0.get_or_init(|| t))
+        let ints = make()?;
+        let floats = ints.iter().map(|&t| t as f32).collect();
+        let (i, f) = self.0.get_or_init(|| (ints, floats));
+        Ok((i, f))
     }
 }
 
