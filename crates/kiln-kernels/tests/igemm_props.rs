@@ -2,11 +2,23 @@
 //! types on each side, zero points, depths across blocks and past the exact-i32 bound.
 
 use kiln_kernels::igemm::{
-    ConvScratch, ConvWindow, Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, conv_requant_serial,
+    ConvScratch, ConvWindow, Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, Scales, conv_requant_serial,
     igemm_requant_serial, igemm_serial, igemm_with,
 };
 use kiln_kernels::isa::Isa;
-use kiln_kernels::quant::{Q8, requantize_row_f32};
+use kiln_kernels::quant::{Q8, requantize_row, requantize_row_f32};
+
+/// The row stage a fused stage must match: `requantize_row_f32` or `requantize_row`.
+fn row_stage<O: Q8>(scales: Scales<'_>, sums: &[i32], (lo, hi): (i32, i32), out: &mut [O]) {
+    match scales {
+        Scales::F32 { bias, mult, zero_point } => {
+            requantize_row_f32(sums, bias, mult, zero_point, (lo as f32, hi as f32), out)
+        }
+        Scales::F64 { bias, mult, zero_point } => {
+            requantize_row(sums, bias, mult, zero_point, (f64::from(lo), f64::from(hi)), out)
+        }
+    }
+}
 use proptest::prelude::*;
 
 fn oracle<A: Int8, B: Int8>(m: usize, n: usize, k: usize, a: &[A], za: i32, b: &[B], zb: &[B]) -> Vec<i64> {
@@ -126,8 +138,9 @@ proptest! {
     }
 }
 
-/// The fused product's bytes against `requantize_row_f32` on the oracle's sums, on every
-/// level and format, for u8 and i8 outputs, with and without a clamp inside the type's range.
+/// The fused product's bytes against the row stage (`requantize_row_f32`, or
+/// `requantize_row` for an f64 stage) on the oracle's sums, on every level and format, for u8
+/// and i8 outputs, with and without a clamp inside the type's range.
 #[allow(clippy::too_many_arguments)]
 fn check_fused<
     A: Int8 + std::fmt::Debug,
@@ -139,25 +152,20 @@ fn check_fused<
     za: i32,
     b: &[B],
     zb: &[B],
-    (bias, mult, zy): (&[f32], &[f32], f32),
+    scales: Scales<'_>,
     range: (i32, i32),
 ) -> Result<(), TestCaseError> {
     let sums: Vec<i32> = oracle(m, n, k, a, za, b, zb).into_iter().map(|v| v as i32).collect();
     let mut want = vec![O::default(); m * n];
     for (row, out) in sums.chunks(n).zip(want.chunks_mut(n)) {
-        requantize_row_f32(row, bias, mult, zy, (range.0 as f32, range.1 as f32), out);
+        row_stage(scales, row, range, out);
     }
     let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
     let mut formats = vec![];
     for packing in [Packing::Pairs, Packing::Quads] {
         formats.extend(PackedB::pack_as(packing, b, k, n, zb).map_err(fail)?);
     }
-    let stage = Requantize {
-        bias,
-        mult,
-        zero_point: zy,
-        range,
-    };
+    let stage = Requantize { scales, range };
     for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
         for packed in &formats {
             let ldy = n + 2;
@@ -214,9 +222,17 @@ proptest! {
         let mult: Vec<f32> = (0..n).map(|_| (0.5 + (next() % 1000) as f32 / 500.0) * 60.0 / typical).collect();
         let bias: Vec<f32> = (0..n).map(|_| (next() % 20_001) as f32 - 10_000.0 + 0.25).collect();
         let (ru, ri) = if clamp { ((3, 200), (-100, 90)) } else { ((0, 255), (-128, 127)) };
-        check_fused::<i8, i8, u8>((m, n, k), &a, za, &b, &zb, (&bias, &mult, zy as f32 + 128.0), ru)?;
-        check_fused::<u8, i8, i8>((m, n, k), &au, za + 128, &b, &zb, (&bias, &mult, zy as f32), ri)?;
-        check_fused::<u8, i8, u8>((m, n, k), &au, za + 128, &b, &[], (&bias, &mult, zy as f32 + 100.0), ru)?;
+        let f32s = |zero_point: f32| Scales::F32 { bias: &bias, mult: &mult, zero_point };
+        check_fused::<i8, i8, u8>((m, n, k), &a, za, &b, &zb, f32s(zy as f32 + 128.0), ru)?;
+        check_fused::<u8, i8, i8>((m, n, k), &au, za + 128, &b, &zb, f32s(zy as f32), ri)?;
+        check_fused::<u8, i8, u8>((m, n, k), &au, za + 128, &b, &[], f32s(zy as f32 + 100.0), ru)?;
+        // The f64 stage (QLinearConv's arithmetic), with multipliers of a few bits too, whose
+        // products land on halves: the ties round to even.
+        let bias64: Vec<f64> = bias.iter().map(|&v| f64::from(v)).collect();
+        let mult64: Vec<f64> = mult.iter().enumerate().map(|(j, &v)| if j % 3 == 0 { 0.5f64.powi(6 + (j % 5) as i32) } else { f64::from(v) / 3.0 }).collect();
+        let f64s = |zero_point: f64| Scales::F64 { bias: &bias64, mult: &mult64, zero_point };
+        check_fused::<i8, i8, u8>((m, n, k), &a, za, &b, &zb, f64s(f64::from(zy) + 128.0), ru)?;
+        check_fused::<u8, i8, i8>((m, n, k), &au, za + 128, &b, &zb, f64s(f64::from(zy)), ri)?;
     }
 }
 
@@ -255,6 +271,8 @@ proptest! {
         // Exact sums, window by window.
         let pixels = win.pixels();
         let mut want = vec![0u8; pixels * m];
+        let mut want64 = vec![0u8; pixels * m];
+        let (bias64, mult64): (Vec<f64>, Vec<f64>) = (bias.iter().map(|&v| f64::from(v)).collect(), mult.iter().map(|&v| f64::from(v) * 0.7).collect());
         for p in 0..pixels {
             let (bb, oy, ox) = (p / (oh * ow), (p / ow) % oh, p % ow);
             let sums: Vec<i32> = (0..m).map(|j| {
@@ -267,9 +285,11 @@ proptest! {
                 acc
             }).collect();
             requantize_row_f32(&sums, &bias, &mult, 3.0, (0.0, 255.0), &mut want[p * m..(p + 1) * m]);
+            requantize_row(&sums, &bias64, &mult64, 3.0, (0.0, 255.0), &mut want64[p * m..(p + 1) * m]);
         }
         let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
-        let stage = Requantize { bias: &bias, mult: &mult, zero_point: 3.0, range: (0, 255) };
+        let stage = Requantize { scales: Scales::F32 { bias: &bias, mult: &mult, zero_point: 3.0 }, range: (0, 255) };
+        let stage64 = Requantize { scales: Scales::F64 { bias: &bias64, mult: &mult64, zero_point: 3.0 }, range: (0, 255) };
         let p0 = (cut * pixels / 7).min(pixels);
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
             for packing in [Packing::Pairs, Packing::Quads] {
@@ -278,6 +298,8 @@ proptest! {
                 let mut y = vec![0u8; (pixels - p0) * m];
                 conv_requant_serial(isa, &win, &x, p0..pixels, zx, &packed, &mut scratch, stage, &mut y).map_err(fail)?;
                 prop_assert_eq!(&y[..], &want[p0 * m..], "{:?} {:?} c={} k={}x{}", isa, packing, c, kh, kw);
+                conv_requant_serial(isa, &win, &x, p0..pixels, zx, &packed, &mut scratch, stage64, &mut y).map_err(fail)?;
+                prop_assert_eq!(&y[..], &want64[p0 * m..], "f64 {:?} {:?} c={} k={}x{}", isa, packing, c, kh, kw);
             }
         }
     }

@@ -61,7 +61,7 @@ enum Kind {
     Dense,
     Depthwise,
     Grouped,
-    /// A 2-D f32 MaxPool whose Indices no one reads, or AveragePool.
+    /// A 2-D MaxPool (f32 or 8-bit) whose Indices no one reads, or an f32 AveragePool.
     MaxPool,
     /// An f32 GlobalAveragePool or GlobalMaxPool of a rank-4 value.
     GlobalPool,
@@ -248,7 +248,13 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             && pool.kernel_shape.len() == 2
             && indices_unread
             && node.outputs.len() <= 2
-            && dtype_of(g, *x) == Some(DType::F32)
+            && match dtype_of(g, *x) {
+                Some(DType::F32) => true,
+                // 8-bit values (a QOperator model's MaxPool between QLinearConvs) have a
+                // channels-last kernel for the max only.
+                Some(DType::U8 | DType::I8) => matches!(pool.kind, PoolKind::Max { .. }),
+                _ => false,
+            }
             && fixed_shape(g, *x).is_some_and(|s| s.len() == 4)
             && fixed_shape(g, *y).is_some_and(|s| s.len() == 4);
         return ok.then_some(Kind::MaxPool);
@@ -779,6 +785,106 @@ mod tests {
             ]
         );
         assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
+    }
+
+    /// A QOperator model's u8 MaxPool between two QLinearConvs runs channels-last on the
+    /// bytes, with no transpose around it, and gives the channels-first graph's bytes.
+    #[test]
+    fn an_8_bit_max_pool_between_quantized_convolutions_stays_channels_last() {
+        use kiln_ops::quant::{ConvAttrs, QLinearConv, QuantOp};
+        let qconv = |pads: usize| {
+            Op::Quant(QuantOp::QLinearConv(QLinearConv {
+                conv: ConvAttrs {
+                    auto_pad: kiln_ops::quant::AutoPad::NotSet,
+                    dilations: vec![],
+                    group: 1,
+                    kernel_shape: None,
+                    pads: vec![pads; 4],
+                    strides: vec![],
+                },
+            }))
+        };
+        let mut b = Builder::new();
+        let x = b.input_typed("x", DType::U8, &[1, 8, 10, 10]);
+        let (sx, zx) = (
+            b.constant("sx", Tensor::scalar(0.02f32)),
+            b.constant("zx", Tensor::scalar(120u8)),
+        );
+        let bytes = |shape: &[usize], seed: u64| {
+            let v: Vec<i8> = noise(shape, seed)
+                .as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| (v * 60.0) as i8)
+                .collect();
+            Tensor::from_vec(shape.to_vec(), v).unwrap()
+        };
+        let (w1, w2) = (
+            b.constant("w1", bytes(&[8, 8, 3, 3], 1)),
+            b.constant("w2", bytes(&[6, 8, 1, 1], 2)),
+        );
+        let sw = b.constant("sw", Tensor::scalar(0.01f32));
+        let zw = b.constant("zw", Tensor::scalar(0i8));
+        let sy = b.constant("sy", Tensor::scalar(0.05f32));
+        let c1 = b.node_typed(
+            qconv(1),
+            &[
+                Some(x),
+                Some(sx),
+                Some(zx),
+                Some(w1),
+                Some(sw),
+                Some(zw),
+                Some(sy),
+                Some(zx),
+            ],
+            &[(DType::U8, &[1, 8, 10, 10])],
+        )[0];
+        let pool = Op::Nn(NnOp::Pool(kiln_ops::nn::Pool {
+            kind: PoolKind::Max { storage_order: false },
+            auto_pad: kiln_ops::nn::AutoPad::NotSet,
+            ceil_mode: false,
+            dilations: vec![],
+            kernel_shape: vec![3, 3],
+            pads: vec![1; 4],
+            strides: vec![2, 2],
+        }));
+        let p = b.node_typed(pool, &[Some(c1)], &[(DType::U8, &[1, 8, 5, 5])])[0];
+        let y = b.node_typed(
+            qconv(0),
+            &[
+                Some(p),
+                Some(sy),
+                Some(zx),
+                Some(w2),
+                Some(sw),
+                Some(zw),
+                Some(sx),
+                Some(zx),
+            ],
+            &[(DType::U8, &[1, 6, 5, 5])],
+        )[0];
+        let g = b.finish(&[y]);
+        let (_, h) = laid_out(&g);
+        assert_eq!(
+            ops(&h),
+            ["Transpose", "QLinearConv", "MaxPool", "QLinearConv", "Transpose"]
+        );
+        let pooled = h.nodes.iter().find(|n| n.kind.name() == "MaxPool");
+        assert!(pooled.is_some_and(|n| n.pool_plan().channels_last));
+        let bytes_in: Vec<u8> = (0..800u32).map(|i| (i * 37 % 251) as u8).collect();
+        let input = vec![Tensor::from_vec(vec![1, 8, 10, 10], bytes_in).unwrap()];
+        let want = run_graph(&g, input.clone());
+        let got = run_graph(&h, input);
+        assert_eq!(got[0].as_slice::<u8>().unwrap(), want[0].as_slice::<u8>().unwrap());
+        // Not a constant output: the pool and convolutions did something.
+        assert!(
+            want[0]
+                .as_slice::<u8>()
+                .unwrap()
+                .iter()
+                .any(|&v| v != want[0].as_slice::<u8>().unwrap()[0])
+        );
     }
 
     #[test]

@@ -480,7 +480,8 @@ pub fn igemm_serial<T: Int8>(
 /// (`ldy` apart). `c` is scratch of at least `m` rows of N sums (`n` apart), written or not.
 /// On AVX-512 VNNI with B in quads the micro-tiles requantize their sums in registers;
 /// elsewhere the sums go to `c` first. Either way Y's bytes are those of
-/// [`crate::quant::requantize_row_f32`] on the exact sums.
+/// [`crate::quant::requantize_row_f32`] (or [`crate::quant::requantize_row`], as the stage's
+/// [`Scales`] say) on the exact sums.
 #[allow(clippy::too_many_arguments)]
 pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
     isa: Isa,
@@ -530,10 +531,9 @@ pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
         return Ok(());
     }
     checked(isa, p, c, n, false)?;
-    let range = (lo as f32, hi as f32);
     for (sums, row) in c.chunks(n).zip(y.chunks_mut(ldy)).take(m) {
         let row = row.get_mut(..n).unwrap_or_default();
-        crate::quant::requantize_row_f32(sums, stage.bias, stage.mult, stage.zero_point, range, row);
+        stage.scales.requantize_row(sums, (lo, hi), row);
     }
     Ok(())
 }
@@ -733,16 +733,72 @@ struct Tile<'a> {
 }
 
 /// The output stage of a fused product ([`igemm_requant_serial`]): each exact sum `s` of
-/// column `j` becomes the 8-bit `clamp(round_half_even((f32(s) + bias[j]) * mult[j] +
-/// zero_point), lo, hi)`, every step rounded to f32 as [`crate::quant::requantize_row_f32`]
-/// rounds it (the same bits).
+/// column `j` becomes the 8-bit `clamp(round_half_even((s + bias[j]) * mult[j] +
+/// zero_point), lo, hi)`, in the float type of its [`Scales`].
 #[derive(Debug, Clone, Copy)]
 pub struct Requantize<'a> {
-    pub bias: &'a [f32],
-    pub mult: &'a [f32],
-    pub zero_point: f32,
+    pub scales: Scales<'a>,
     /// The clamp, already within the output type's range.
     pub range: (i32, i32),
+}
+
+/// The per-column bias and multiplier of a [`Requantize`] stage and the output zero point,
+/// in the float type its arithmetic runs in.
+#[derive(Debug, Clone, Copy)]
+pub enum Scales<'a> {
+    /// Every step rounded to f32 as [`crate::quant::requantize_row_f32`] rounds it (the same
+    /// bits): the arithmetic of the QDQ graph a fused convolution replaced.
+    F32 {
+        bias: &'a [f32],
+        mult: &'a [f32],
+        zero_point: f32,
+    },
+    /// In f64 as [`crate::quant::requantize_row`] computes it (the same bits): the arithmetic
+    /// of ONNX's QLinearConv reference.
+    F64 {
+        bias: &'a [f64],
+        mult: &'a [f64],
+        zero_point: f64,
+    },
+}
+
+impl<'a> Scales<'a> {
+    /// Columns with both a bias and a multiplier.
+    fn columns(&self) -> usize {
+        match self {
+            Scales::F32 { bias, mult, .. } => bias.len().min(mult.len()),
+            Scales::F64 { bias, mult, .. } => bias.len().min(mult.len()),
+        }
+    }
+
+    /// The parameters of columns `j0..j0 + cols`.
+    fn columns_at(&self, j0: usize, cols: usize) -> Option<Scales<'a>> {
+        let r = j0..j0.checked_add(cols)?;
+        Some(match *self {
+            Scales::F32 { bias, mult, zero_point } => Scales::F32 {
+                bias: bias.get(r.clone())?,
+                mult: mult.get(r)?,
+                zero_point,
+            },
+            Scales::F64 { bias, mult, zero_point } => Scales::F64 {
+                bias: bias.get(r.clone())?,
+                mult: mult.get(r)?,
+                zero_point,
+            },
+        })
+    }
+
+    /// One row of sums requantized into `y` (`min` of the lengths), clamped to `range`.
+    fn requantize_row<O: crate::quant::Q8>(&self, sums: &[i32], (lo, hi): (i32, i32), y: &mut [O]) {
+        match *self {
+            Scales::F32 { bias, mult, zero_point } => {
+                crate::quant::requantize_row_f32(sums, bias, mult, zero_point, (lo as f32, hi as f32), y);
+            }
+            Scales::F64 { bias, mult, zero_point } => {
+                crate::quant::requantize_row(sums, bias, mult, zero_point, (f64::from(lo), f64::from(hi)), y);
+            }
+        }
+    }
 }
 
 impl Requantize<'_> {
@@ -756,14 +812,12 @@ impl Requantize<'_> {
                 want: y_need,
             });
         }
-        for (what, v) in [("the bias", self.bias), ("the multipliers", self.mult)] {
-            if v.len() < n {
-                return Err(IgemmError::Short {
-                    what,
-                    got: v.len(),
-                    want: n,
-                });
-            }
+        if self.scales.columns() < n {
+            return Err(IgemmError::Short {
+                what: "the bias and multipliers",
+                got: self.scales.columns(),
+                want: n,
+            });
         }
         Ok(Requantize {
             range: (self.range.0.max(O::LO as i32), self.range.1.min(O::HI as i32)),
@@ -786,22 +840,18 @@ impl Output<'_, '_> {
         Some(Final {
             y: self.y.get_mut(m0 * self.ldy + j0..)?,
             ldy: self.ldy,
-            bias: s.bias.get(j0..j0 + cols)?,
-            mult: s.mult.get(j0..j0 + cols)?,
-            zero_point: s.zero_point,
+            scales: s.scales.columns_at(j0, cols)?,
             lo: s.range.0,
             hi: s.range.1,
         })
     }
 }
 
-/// One tile's output stage: its bytes go to `y` (`ldy` apart), its columns' bias and mult.
+/// One tile's output stage: its bytes go to `y` (`ldy` apart), its columns' parameters.
 struct Final<'a> {
     y: &'a mut [u8],
     ldy: usize,
-    bias: &'a [f32],
-    mult: &'a [f32],
-    zero_point: f32,
+    scales: Scales<'a>,
     lo: i32,
     hi: i32,
 }
@@ -809,7 +859,7 @@ struct Final<'a> {
 impl Final<'_> {
     /// The stage on sums already in C (the portable twin's), rows `rows`, `cols` wide.
     fn requantize_sums(self, c: &[i32], ldc: usize, rows: usize, cols: usize) {
-        let range = (self.lo as f32, self.hi as f32);
+        let range = (self.lo, self.hi);
         for r in 0..rows {
             let (Some(sums), Some(dst)) = (
                 c.get(r * ldc..r * ldc + cols),
@@ -822,18 +872,17 @@ impl Final<'_> {
                 // time, stored as bytes.
                 let mut row = [0i8; NR_QUADS];
                 for (j0, (s, d)) in sums.chunks(NR_QUADS).zip(dst.chunks_mut(NR_QUADS)).enumerate() {
-                    let j0 = j0 * NR_QUADS;
-                    let (Some(b), Some(m)) = (self.bias.get(j0..), self.mult.get(j0..)) else {
+                    let Some(scales) = self.scales.columns_at(j0 * NR_QUADS, s.len()) else {
                         break;
                     };
                     let row = row.get_mut(..s.len()).unwrap_or_default();
-                    crate::quant::requantize_row_f32(s, b, m, self.zero_point, range, row);
+                    scales.requantize_row(s, range, row);
                     for (d, &v) in d.iter_mut().zip(row.iter()) {
                         *d = v as u8;
                     }
                 }
             } else {
-                crate::quant::requantize_row_f32(sums, self.bias, self.mult, self.zero_point, range, dst);
+                self.scales.requantize_row(sums, range, dst);
             }
         }
     }

@@ -4,7 +4,7 @@
 //! products of each lane into its i32 exactly (wrapping, never saturating: the result is
 //! exact whenever the final sum fits, see the module docs).
 
-use super::{AQuads, Final, MR_QUADS, NR_QUADS, Strip, Tile};
+use super::{AQuads, Final, MR_QUADS, NR_QUADS, Scales, Strip, Tile};
 use std::arch::x86_64::*;
 
 /// `quant::requantize_row_f32`'s bound on a value before rounding (2^22).
@@ -65,15 +65,25 @@ pub(super) unsafe fn micro_rows(
         None => None,
         Some(f) => {
             let y_need = (rows - 1) * f.ldy + cols;
-            if f.y.len() < y_need || f.bias.len() < cols || f.mult.len() < cols {
+            if f.y.len() < y_need || f.scales.columns() < cols {
                 return;
             }
+            let params = match f.scales {
+                Scales::F32 { bias, mult, zero_point } => Params::F32 {
+                    bias: bias.as_ptr(),
+                    mult: mult.as_ptr(),
+                    zero_point,
+                },
+                Scales::F64 { bias, mult, zero_point } => Params::F64 {
+                    bias: bias.as_ptr(),
+                    mult: mult.as_ptr(),
+                    zero_point,
+                },
+            };
             Some(Stage {
                 y: f.y.as_mut_ptr(),
                 ldy: f.ldy,
-                bias: f.bias.as_ptr(),
-                mult: f.mult.as_ptr(),
-                zero_point: f.zero_point,
+                params,
                 lo: f.lo,
                 hi: f.hi,
             })
@@ -85,15 +95,35 @@ pub(super) unsafe fn micro_rows(
     // at least `cols` values (masked loads); with a stage (C then only read), Y holds every
     // byte its masked stores touch (`y_need`), bias and mult at least `cols` values.
     unsafe {
-        match (flip, stage.is_some(), row != 0) {
-            (false, false, false) => micro_vnni::<false, false, false>(a, bp, out, init, stage),
-            (false, false, true) => micro_vnni::<false, false, true>(a, bp, out, init, stage),
-            (false, true, false) => micro_vnni::<false, true, false>(a, bp, out, init, stage),
-            (false, true, true) => micro_vnni::<false, true, true>(a, bp, out, init, stage),
-            (true, false, false) => micro_vnni::<true, false, false>(a, bp, out, init, stage),
-            (true, false, true) => micro_vnni::<true, false, true>(a, bp, out, init, stage),
-            (true, true, false) => micro_vnni::<true, true, false>(a, bp, out, init, stage),
-            (true, true, true) => micro_vnni::<true, true, true>(a, bp, out, init, stage),
+        match (flip, row != 0) {
+            (false, false) => by_stage::<false, false>(a, bp, out, init, stage),
+            (false, true) => by_stage::<false, true>(a, bp, out, init, stage),
+            (true, false) => by_stage::<true, false>(a, bp, out, init, stage),
+            (true, true) => by_stage::<true, true>(a, bp, out, init, stage),
+        }
+    }
+}
+
+/// [`micro_vnni`] for the stage's arithmetic: each kind its own kernel, so that its
+/// requantization inlines into the tile's stores (a call there would keep the accumulators
+/// in memory through the whole product).
+///
+/// # Safety
+/// As for [`micro_vnni`].
+#[inline(always)]
+unsafe fn by_stage<const FLIP: bool, const STRIDED: bool>(
+    a: (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
+    bp: (*const i8, usize, usize),
+    out: (*mut i32, usize, usize, usize),
+    init: Option<*const i32>,
+    stage: Option<Stage>,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match stage.map(|s| s.params) {
+            None => micro_vnni::<FLIP, false, STRIDED, F32Stage>(a, bp, out, init, stage),
+            Some(Params::F32 { .. }) => micro_vnni::<FLIP, true, STRIDED, F32Stage>(a, bp, out, init, stage),
+            Some(Params::F64 { .. }) => micro_vnni::<FLIP, true, STRIDED, F64Stage>(a, bp, out, init, stage),
         }
     }
 }
@@ -103,11 +133,160 @@ pub(super) unsafe fn micro_rows(
 struct Stage {
     y: *mut u8,
     ldy: usize,
-    bias: *const f32,
-    mult: *const f32,
-    zero_point: f32,
+    params: Params,
     lo: i32,
     hi: i32,
+}
+
+/// A stage's bias and multipliers (one per column) and zero point, as [`Scales`].
+#[derive(Clone, Copy)]
+enum Params {
+    F32 {
+        bias: *const f32,
+        mult: *const f32,
+        zero_point: f32,
+    },
+    F64 {
+        bias: *const f64,
+        mult: *const f64,
+        zero_point: f64,
+    },
+}
+
+impl Params {
+    /// The parameters from column `j` on (addresses formed with `wrapping_add`).
+    fn from_column(self, j: usize) -> Params {
+        match self {
+            Params::F32 { bias, mult, zero_point } => Params::F32 {
+                bias: bias.wrapping_add(j),
+                mult: mult.wrapping_add(j),
+                zero_point,
+            },
+            Params::F64 { bias, mult, zero_point } => Params::F64 {
+                bias: bias.wrapping_add(j),
+                mult: mult.wrapping_add(j),
+                zero_point,
+            },
+        }
+    }
+}
+
+/// A panel's stage in registers: its 32 columns' parameters, loaded once per tile, and the
+/// requantization of a vector of 16 sums with them.
+trait Epilogue: Copy {
+    /// The stage's parameters for the panel's columns (masks `m0`, `m1` of its two halves);
+    /// `None` for parameters of the other kind (`by_stage` never asks for them).
+    ///
+    /// # Safety
+    /// AVX-512 F and BW are available; the stage's bias and mult hold the masks' columns.
+    unsafe fn load(params: Params, lo: i32, hi: i32, m0: __mmask16, m1: __mmask16) -> Option<Self>;
+    /// The 16 sums of half `j` (columns `16 j..`) as the 32-bit lanes of the output bytes.
+    ///
+    /// # Safety
+    /// AVX-512 F is available.
+    unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i;
+}
+
+/// `quant::requantize_row_f32`'s steps: f32 sum plus bias, times mult, plus the zero point,
+/// each rounded to f32 (no FMA); kept within +-BIG (NaN becomes -BIG, as `f32::max` makes
+/// it: `vmaxps` returns its second operand for a NaN); rounded half to even (`vcvtps2dq`
+/// under the default MXCSR); clamped.
+#[derive(Clone, Copy)]
+struct F32Stage {
+    bias: [__m512; 2],
+    mult: [__m512; 2],
+    zero_point: __m512,
+    lo: __m512i,
+    hi: __m512i,
+}
+
+impl Epilogue for F32Stage {
+    #[inline(always)]
+    unsafe fn load(params: Params, lo: i32, hi: i32, m0: __mmask16, m1: __mmask16) -> Option<Self> {
+        let Params::F32 { bias, mult, zero_point } = params else {
+            return None;
+        };
+        // SAFETY: the masked loads read the columns the caller vouches for.
+        unsafe {
+            let load = |p: *const f32| {
+                [
+                    _mm512_maskz_loadu_ps(m0, p),
+                    _mm512_maskz_loadu_ps(m1, p.wrapping_add(16)),
+                ]
+            };
+            Some(F32Stage {
+                bias: load(bias),
+                mult: load(mult),
+                zero_point: _mm512_set1_ps(zero_point),
+                lo: _mm512_set1_epi32(lo),
+                hi: _mm512_set1_epi32(hi),
+            })
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i {
+        let j = j & 1;
+        // SAFETY: AVX-512 F (caller).
+        unsafe {
+            let (big, nbig) = (_mm512_set1_ps(BIG), _mm512_set1_ps(-BIG));
+            let v = _mm512_add_ps(_mm512_cvtepi32_ps(s), self.bias[j]);
+            let v = _mm512_add_ps(_mm512_mul_ps(v, self.mult[j]), self.zero_point);
+            let v = _mm512_min_ps(_mm512_max_ps(v, nbig), big);
+            _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(v), self.lo), self.hi)
+        }
+    }
+}
+
+/// `quant::requantize_row`'s steps in f64 (every i32 is exact), eight lanes a vector:
+/// clamped to `[lo, hi]` before rounding, which gives the same integer as rounding first
+/// since both bounds are integers (and a NaN becomes `lo`, as there: `vmaxpd` returns its
+/// second operand); rounded half to even by `vcvtpd2dq`.
+#[derive(Clone, Copy)]
+struct F64Stage {
+    bias: [__m512d; 4],
+    mult: [__m512d; 4],
+    zero_point: __m512d,
+    lo: __m512d,
+    hi: __m512d,
+}
+
+impl Epilogue for F64Stage {
+    #[inline(always)]
+    unsafe fn load(params: Params, lo: i32, hi: i32, m0: __mmask16, m1: __mmask16) -> Option<Self> {
+        let Params::F64 { bias, mult, zero_point } = params else {
+            return None;
+        };
+        // An f64 vector's mask is its half of the 16-lane mask.
+        let masks = [m0 as u8, (m0 >> 8) as u8, m1 as u8, (m1 >> 8) as u8];
+        // SAFETY: the masked loads read the columns the caller vouches for.
+        unsafe {
+            let load = |p: *const f64| [0, 1, 2, 3].map(|i| _mm512_maskz_loadu_pd(masks[i], p.wrapping_add(8 * i)));
+            Some(F64Stage {
+                bias: load(bias),
+                mult: load(mult),
+                zero_point: _mm512_set1_pd(zero_point),
+                lo: _mm512_set1_pd(f64::from(lo)),
+                hi: _mm512_set1_pd(f64::from(hi)),
+            })
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i {
+        let j = j & 1;
+        // SAFETY: AVX-512 F (caller).
+        unsafe {
+            let half = |v: __m256i, q: usize| {
+                let v = _mm512_add_pd(_mm512_cvtepi32_pd(v), self.bias[q]);
+                let v = _mm512_add_pd(_mm512_mul_pd(v, self.mult[q]), self.zero_point);
+                _mm512_cvtpd_epi32(_mm512_min_pd(_mm512_max_pd(v, self.lo), self.hi))
+            };
+            let low = half(_mm512_castsi512_si256(s), 2 * j);
+            let high = half(_mm512_extracti64x4_epi64::<1>(s), 2 * j + 1);
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high)
+        }
+    }
 }
 
 /// # Safety
@@ -120,7 +299,7 @@ struct Stage {
 /// (`ldy` apart) holds `(rows - 1) * ldy + cols` bytes and its bias and mult `cols` values
 /// each.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
+unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: Epilogue>(
     a: (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
     (b, panels, pstride): (*const i8, usize, usize),
     (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
@@ -139,12 +318,11 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
         let init = init.map(|i| i.wrapping_add(p * NR_QUADS));
         let stage = stage.map(|s| Stage {
             y: s.y.wrapping_add(p * NR_QUADS),
-            bias: s.bias.wrapping_add(p * NR_QUADS),
-            mult: s.mult.wrapping_add(p * NR_QUADS),
+            params: s.params.from_column(p * NR_QUADS),
             ..s
         });
         // SAFETY: the caller's contract for this panel.
-        unsafe { panel_vnni::<FLIP, REQ, STRIDED>(a, b, (c, ldc, rows, cols), init, stage) };
+        unsafe { panel_vnni::<FLIP, REQ, STRIDED, E>(a, b, (c, ldc, rows, cols), init, stage) };
     }
 }
 
@@ -155,7 +333,7 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
 /// the stage from its first column.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
+unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: Epilogue>(
     (table, taps, (row_step, quad_step), quads): (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
     b: *const i8,
     (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
@@ -203,37 +381,23 @@ unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
         n if n >= 16 => 0xFFFF,
         n => (1u16 << n) - 1,
     };
-    let stage = if REQ && let Some(st) = stage {
-        // SAFETY: bias and mult hold `cols` values (caller); the masked loads read no more.
-        let (bias, mult) = unsafe {
-            (
-                [
-                    _mm512_maskz_loadu_ps(m0, st.bias),
-                    _mm512_maskz_loadu_ps(m1, st.bias.wrapping_add(16)),
-                ],
-                [
-                    _mm512_maskz_loadu_ps(m0, st.mult),
-                    _mm512_maskz_loadu_ps(m1, st.mult.wrapping_add(16)),
-                ],
-            )
-        };
-        let (zp, big, nbig) = (_mm512_set1_ps(st.zero_point), _mm512_set1_ps(BIG), _mm512_set1_ps(-BIG));
-        let (lo, hi) = (_mm512_set1_epi32(st.lo), _mm512_set1_epi32(st.hi));
-        // `quant::requantize_row_f32`'s steps: f32 sum plus bias, times mult, plus the zero
-        // point, each rounded to f32 (no FMA); kept within +-BIG (NaN becomes -BIG, as
-        // `f32::max` makes it: `vmaxps` returns its second operand for a NaN); rounded half
-        // to even (`vcvtps2dq` under the default MXCSR); clamped; the low byte stored.
-        let requant = move |s: __m512i, j: usize| -> __m512i {
-            let v = _mm512_add_ps(_mm512_cvtepi32_ps(s), bias[j]);
-            let v = _mm512_add_ps(_mm512_mul_ps(v, mult[j]), zp);
-            let v = _mm512_min_ps(_mm512_max_ps(v, nbig), big);
-            _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(v), lo), hi)
-        };
-        Some((st, requant))
+    // SAFETY: AVX-512 F and BW (this function's features); bias and mult hold `cols` values
+    // (caller), the masks limit the loads to them.
+    let stage = if REQ
+        && let Some(st) = stage
+        && let Some(e) = unsafe { E::load(st.params, st.lo, st.hi, m0, m1) }
+    {
+        Some((st, e))
     } else {
         None
     };
-    for (r, row) in acc.iter().enumerate().take(rows) {
+    // Each row stored by a call with a constant index: a loop over the run-time row count
+    // that the compiler does not unroll (a long stage) would index the accumulators, keeping
+    // them in memory through the whole product.
+    let store = |r: usize, row: [__m512i; 2]| {
+        if r >= rows {
+            return;
+        }
         // SAFETY: row `r < rows` of the tile starts at `r * ldc`; the masks limit both halves
         // to the first `cols` columns, all within `need` (checked by the caller), and `init`
         // holds `cols` values. The second half's address is formed with `wrapping_add`: it
@@ -254,10 +418,10 @@ unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
             };
             let (s0, s1) = (_mm512_add_epi32(base0, row[0]), _mm512_add_epi32(base1, row[1]));
             match &stage {
-                Some((st, requant)) => {
+                Some((st, e)) => {
                     let y = st.y.add(r * st.ldy);
-                    _mm512_mask_cvtepi32_storeu_epi8(y.cast(), m0, requant(s0, 0));
-                    _mm512_mask_cvtepi32_storeu_epi8(y.wrapping_add(16).cast(), m1, requant(s1, 1));
+                    _mm512_mask_cvtepi32_storeu_epi8(y.cast(), m0, e.requant(s0, 0));
+                    _mm512_mask_cvtepi32_storeu_epi8(y.wrapping_add(16).cast(), m1, e.requant(s1, 1));
                 }
                 None => {
                     _mm512_mask_storeu_epi32(p, m0, s0);
@@ -265,5 +429,14 @@ unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool>(
                 }
             }
         }
-    }
+    };
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    store(0, a0);
+    store(1, a1);
+    store(2, a2);
+    store(3, a3);
+    store(4, a4);
+    store(5, a5);
+    store(6, a6);
+    store(7, a7);
 }

@@ -1,8 +1,8 @@
 //! `QLinearConv` as its plan says ([`QConvPlan`]): channels-last, the exact int32 sums of
 //! each block of output pixels by the integer GEMM (X's rows as they are for a 1x1
-//! stride-1 convolution, else an im2col of 8-bit windows, padding filled with X's zero
-//! point so it adds nothing), the weights packed once, then requantized to 8 bits in the
-//! reference's f64 arithmetic while the block is in cache. Channels-first plans run the
+//! stride-1 convolution, else its windows, padding filled with X's zero point so it adds
+//! nothing), the weights packed once, requantized to 8 bits in the micro-tiles: in the
+//! reference's f64 arithmetic, or in f32 for a node that replaced a QDQ graph. Channels-first plans run the
 //! op's own path; either way the plan's clamp (a fused Relu or Clip) applies last.
 
 use super::QConvPlan;
@@ -14,8 +14,8 @@ use crate::recurrent::num::{in_shape, tt};
 use crate::value::{Args, Dim, InferInput, ValueType};
 use crate::{Outputs, util};
 use kiln_kernels::igemm::{
-    ConvScratch, ConvWindow, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, conv_requant_serial, igemm_requant_serial,
-    igemm_serial,
+    ConvScratch, ConvWindow, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, Scales, conv_requant_serial,
+    igemm_requant_serial,
 };
 use kiln_kernels::quant::{Q8, Sum, requantize_row, requantize_row_f32};
 use kiln_tensor::{DType, Element, Tensor};
@@ -309,35 +309,30 @@ where
         let r = out.len() / m.max(1);
         // This thread's scratch (every element is written before it is read).
         T::with_scratch(|scratch| {
-            let done = match &requant.f32s {
-                // The f32 stage runs inside the GEMM's micro-tiles.
-                Some((bias, mult)) => {
-                    let stage = Requantize {
-                        bias,
-                        mult,
-                        zero_point: requant.zy as f32,
-                        range: (requant.range.0 as i32, requant.range.1 as i32),
-                    };
-                    if pointwise {
-                        let (acc, _) = scratch.parts(r * m, 0);
-                        let a = xs.get(p0 * c..).unwrap_or(&[]);
-                        igemm_requant_serial(isa, (r, k), a, c, zx, packed, acc, stage, out, m)
-                    } else {
-                        conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out)
-                    }
-                }
-                None => {
-                    let (acc, cols) = scratch.parts(r * m, if pointwise { 0 } else { r * k });
-                    let (a, lda) = if pointwise {
-                        (xs.get(p0 * c..).unwrap_or(&[]), c)
-                    } else {
-                        for (rr, dst) in cols.chunks_exact_mut(k).enumerate() {
-                            window.im2col_row(xs, p0 + rr, pad, dst);
-                        }
-                        (&cols[..], k)
-                    };
-                    igemm_serial(isa, r, k, a, lda, zx, packed, acc, m).map(|()| requant.pixels(acc, out))
-                }
+            // The stage runs inside the GEMM's micro-tiles, in f32 as the QDQ graph this node
+            // replaced computed it, or in the f64 of the QLinearConv reference.
+            let scales = match &requant.f32s {
+                Some((bias, mult)) => Scales::F32 {
+                    bias,
+                    mult,
+                    zero_point: requant.zy as f32,
+                },
+                None => Scales::F64 {
+                    bias: requant.bias,
+                    mult: requant.mults,
+                    zero_point: requant.zy,
+                },
+            };
+            let stage = Requantize {
+                scales,
+                range: (requant.range.0 as i32, requant.range.1 as i32),
+            };
+            let done = if pointwise {
+                let (acc, _) = scratch.parts(r * m, 0);
+                let a = xs.get(p0 * c..).unwrap_or(&[]);
+                igemm_requant_serial(isa, (r, k), a, c, zx, packed, acc, stage, out, m)
+            } else {
+                conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out)
             };
             if let Err(e) = done {
                 fail(OpError::input_value(
