@@ -155,7 +155,7 @@ enum Params {
 
 impl Params {
     /// The parameters from column `j` on (addresses formed with `wrapping_add`).
-    fn from_column(self, j: usize) -> Params {
+    fn at_column(self, j: usize) -> Params {
         match self {
             Params::F32 { bias, mult, zero_point } => Params::F32 {
                 bias: bias.wrapping_add(j),
@@ -318,7 +318,7 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
         let init = init.map(|i| i.wrapping_add(p * NR_QUADS));
         let stage = stage.map(|s| Stage {
             y: s.y.wrapping_add(p * NR_QUADS),
-            params: s.params.from_column(p * NR_QUADS),
+            params: s.params.at_column(p * NR_QUADS),
             ..s
         });
         // SAFETY: the caller's contract for this panel.
