@@ -200,7 +200,12 @@ def main():
                 continue
             flops = None
             for t in threads:
-                sess = ort_session(model, t)
+                try:
+                    sess = ort_session(model, t)
+                except Exception as e:  # nor one ONNX Runtime cannot load
+                    print(f"{name:<14} skipped: ONNX Runtime cannot load it: {str(e)[:300]}", flush=True)
+                    skipped.append(name)
+                    break
                 feeds = feeds_for(model, sess)
                 if flops is None:
                     flops = (macs(a.kiln, model, sess, feeds) or 0) * 2

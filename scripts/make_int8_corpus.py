@@ -1,6 +1,7 @@
 """Int8 twins of the real-model corpus (issue 27): each fp32 model of scripts/make_corpus.py's
 cache quantized with ONNX Runtime's own tools, as its users quantize: `quant_pre_process`
-(shape inference and ORT's graph clean-up), then `quantize_static` per-channel, once in QDQ
+(shape inference and ORT's graph clean-up; models below opset 13 converted to 13 first, as
+per-channel DequantizeLinear needs), then `quantize_static` per-channel, once in QDQ
 format and once in QOperator format (com.microsoft QLinear* ops), calibrated (MinMax) on the
 model's own inputs and variants of them (flipped images, shifted audio and token windows).
 
@@ -67,6 +68,14 @@ class Reader(CalibrationDataReader):
 
 def quantize(src, dst, fmt, samples):
     with tempfile.TemporaryDirectory() as tmp:
+        model = onnx.load(src)
+        opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+        if opset < 13:
+            # Per-channel DequantizeLinear (its `axis`) needs opset 13; ORT's quantizer writes
+            # it into older models as they are, which ORT then refuses to load.
+            from onnx import version_converter
+            src = os.path.join(tmp, "opset13.onnx")
+            onnx.save(version_converter.convert_version(model, 13), src)
         pre = os.path.join(tmp, "pre.onnx")
         try:
             quant_pre_process(src, pre, skip_symbolic_shape=False)

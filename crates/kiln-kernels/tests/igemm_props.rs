@@ -242,7 +242,8 @@ proptest! {
     /// The channels-last convolution (VNNI: window rows read in place through the tap table;
     /// else copied) against exact sums from a naive window loop, requantized by the row
     /// stage: padding, strides, dilation, a range of the output pixels, C not a multiple of
-    /// four, windows deeper than one block.
+    /// four, windows deeper than one block; one group's channels of a wider X (`extra`
+    /// channels around them per pixel) into one group's columns of a wider Y.
     #[test]
     fn convolution_matches_naive_windows(
         c in prop_oneof![Just(3usize), Just(4), Just(8), Just(12), Just(96)],
@@ -254,16 +255,19 @@ proptest! {
         seed in any::<u64>(),
         zx in any::<u8>(),
         cut in 0usize..5,
+        extra in prop_oneof![Just(0usize), Just(4), Just(5)],
     ) {
         let (eh, ew) = ((kh - 1) * dh + 1, (kw - 1) * dw + 1);
         prop_assume!(h + 2 * ph >= eh && w + 2 * pw >= ew);
         let (oh, ow) = ((h + 2 * ph - eh) / sh + 1, (w + 2 * pw - ew) / sw + 1);
         let batch = 2;
-        let win = ConvWindow { batch, input: (h, w), channels: c, kernel: (kh, kw), output: (oh, ow), stride: (sh, sw), dilation: (dh, dw), pad: (ph, pw) };
+        // The window reads channels `off..off + c` of pixels `ps` apart.
+        let (ps, off) = (c + extra, extra / 2);
+        let win = ConvWindow { batch, input: (h, w), channels: c, pixel_stride: ps, kernel: (kh, kw), output: (oh, ow), stride: (sh, sw), dilation: (dh, dw), pad: (ph, pw) };
         let k = win.depth();
         let mut s = seed;
         let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
-        let x: Vec<u8> = (0..batch * h * w * c).map(|_| next() as u8).collect();
+        let x: Vec<u8> = (0..batch * h * w * ps).map(|_| next() as u8).collect();
         let b: Vec<i8> = (0..k * m).map(|_| (next() % 128) as i8 - 64).collect();
         let typical = (k as f32).sqrt() * 64.0 * 100.0;
         let mult: Vec<f32> = (0..m).map(|_| (0.5 + (next() % 1000) as f32 / 500.0) * 60.0 / typical).collect();
@@ -279,7 +283,7 @@ proptest! {
                 let mut acc = 0i32;
                 for ky in 0..kh { for kx in 0..kw { for ch in 0..c {
                     let (iy, ix) = ((oy * sh + ky * dh) as isize - ph as isize, (ox * sw + kx * dw) as isize - pw as isize);
-                    let v = if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize { i32::from(zx) } else { i32::from(x[((bb * h + iy as usize) * w + ix as usize) * c + ch]) };
+                    let v = if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize { i32::from(zx) } else { i32::from(x[((bb * h + iy as usize) * w + ix as usize) * ps + off + ch]) };
                     acc += (v - i32::from(zx)) * i32::from(b[((ky * kw + kx) * c + ch) * m + j]);
                 }}}
                 acc
@@ -295,11 +299,18 @@ proptest! {
             for packing in [Packing::Pairs, Packing::Quads] {
                 let Some(packed) = PackedB::pack_as(packing, &b, k, m, &[]).map_err(fail)? else { continue };
                 let mut scratch = ConvScratch::default();
-                let mut y = vec![0u8; (pixels - p0) * m];
-                conv_requant_serial(isa, &win, &x, p0..pixels, zx, &packed, &mut scratch, stage, &mut y).map_err(fail)?;
-                prop_assert_eq!(&y[..], &want[p0 * m..], "{:?} {:?} c={} k={}x{}", isa, packing, c, kh, kw);
-                conv_requant_serial(isa, &win, &x, p0..pixels, zx, &packed, &mut scratch, stage64, &mut y).map_err(fail)?;
-                prop_assert_eq!(&y[..], &want64[p0 * m..], "f64 {:?} {:?} c={} k={}x{}", isa, packing, c, kh, kw);
+                // Y's rows `ldy` apart; the columns past `m` keep their 7s.
+                let ldy = m + extra;
+                let rows = pixels - p0;
+                let xs = &x[off..];
+                for (st, want, what) in [(stage, &want, "f32"), (stage64, &want64, "f64")] {
+                    let mut y = vec![7u8; rows * ldy];
+                    conv_requant_serial(isa, &win, xs, p0..pixels, zx, &packed, &mut scratch, st, &mut y, ldy).map_err(fail)?;
+                    for r in 0..rows {
+                        prop_assert_eq!(&y[r * ldy..r * ldy + m], &want[(p0 + r) * m..(p0 + r + 1) * m], "{} {:?} {:?} c={} k={}x{} row {}", what, isa, packing, c, kh, kw, r);
+                        prop_assert!(y[r * ldy + m..(r + 1) * ldy].iter().all(|&v| v == 7), "wrote past column {}", m);
+                    }
+                }
             }
         }
     }

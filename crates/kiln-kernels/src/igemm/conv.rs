@@ -13,13 +13,17 @@ use super::{
 use crate::isa::Isa;
 use crate::quant::Q8;
 
-/// A channels-last convolution's geometry: X `[batch, h, w, channels]`, Y `[batch, oh, ow,
-/// m]`, the window's depth ordered `[ky][kx][c]`.
+/// A channels-last convolution's geometry: X `[batch, h, w, channels]` (each pixel's
+/// channels `pixel_stride` apart from the next's), Y `[batch, oh, ow, m]`, the window's depth
+/// ordered `[ky][kx][c]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvWindow {
     pub batch: usize,
     pub input: (usize, usize),
     pub channels: usize,
+    /// X's values from one pixel to the next: `channels`, or more when the window reads one
+    /// group's channels of a grouped convolution's X.
+    pub pixel_stride: usize,
     pub kernel: (usize, usize),
     pub output: (usize, usize),
     pub stride: (usize, usize),
@@ -39,9 +43,12 @@ impl ConvWindow {
         self.kernel.0 * self.kernel.1 * self.channels
     }
 
-    /// X's elements.
+    /// X's elements the window reads up to (the last pixel's channels end there).
     fn input_len(&self) -> usize {
-        self.batch * self.input.0 * self.input.1 * self.channels
+        match self.batch * self.input.0 * self.input.1 {
+            0 => 0,
+            pixels => (pixels - 1) * self.pixel_stride + self.channels,
+        }
     }
 
     /// Output pixel `p`'s batch and the input row and column of its window's first tap
@@ -71,7 +78,7 @@ impl ConvWindow {
         let (h, w) = self.input;
         let iy = usize::try_from(y0 + dy).ok().filter(|&v| v < h)?;
         let ix = usize::try_from(x0 + dx).ok().filter(|&v| v < w)?;
-        Some(((b * h + iy) * w + ix) * self.channels)
+        Some(((b * h + iy) * w + ix) * self.pixel_stride)
     }
 
     /// The window row of output pixel `p` (`[ky][kx][c]`, [`ConvWindow::depth`] values), every
@@ -114,8 +121,8 @@ impl<T: Clone + Default> ConvScratch<T> {
     }
 }
 
-/// `Y = requantize(conv(X - zx, B))` for output pixels `pixels` of `win` (rows of `y`, `n`
-/// apart, n = B's columns): the integer convolution with the output stage `stage` (see
+/// `Y = requantize(conv(X - zx, B))` for output pixels `pixels` of `win` (rows of `y`, `ldy`
+/// apart, each B's `n` columns): the integer convolution with the output stage `stage` (see
 /// [`Requantize`]), X's zero point `pad` (the value of its padding too). The same bytes as
 /// [`igemm_requant_serial`] over the window rows.
 #[allow(clippy::too_many_arguments)]
@@ -129,10 +136,19 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
     scratch: &mut ConvScratch<T>,
     stage: Requantize<'_>,
     y: &mut [O],
+    ldy: usize,
 ) -> Result<(), IgemmError> {
     let (k, n, m) = (win.depth(), b.n, pixels.len());
     if k != b.k {
         return Err(IgemmError::Depth { m, k, bk: b.k, n });
+    }
+    for (what, got, want) in [
+        ("X's pixel stride", win.pixel_stride, win.channels),
+        ("Y's row stride", ldy, n),
+    ] {
+        if got < want {
+            return Err(IgemmError::Short { what, got, want });
+        }
     }
     if x.len() < win.input_len() {
         return Err(IgemmError::Short {
@@ -160,14 +176,14 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
         for (p, row) in pixels.clone().zip(rows.chunks_exact_mut(k.max(1))) {
             win.im2col_row(x, p, pad, row);
         }
-        return igemm_requant_serial(isa, (m, k), rows, k, pad.widen(), b, sums, stage, y, n);
+        return igemm_requant_serial(isa, (m, k), rows, k, pad.widen(), b, sums, stage, y, ldy);
     }
-    let stage = stage.checked::<O>(y.len(), m * n, n)?;
+    let stage = stage.checked::<O>(y.len(), (m - 1) * ldy + n, n)?;
     let pad_row = crate::recycle::scratch(&mut scratch.pad, c);
     pad_row.fill(pad);
     let mut out = Output {
         y: O::bytes_mut(y),
-        ldy: n,
+        ldy,
         stage,
     };
     b.quads_init(pad.widen().wrapping_add(T::OFFSET), &mut scratch.init);

@@ -30,7 +30,7 @@ mod resize;
 
 pub use conv_nhwc::{pack_channels_last, pack_depthwise_taps};
 pub use pointwise_depthwise::{ConvStage, PointwiseDepthwise};
-pub use qconv_nhwc::channels_last_kind as qconv_channels_last_kind;
+pub use qconv_nhwc::{QConvKind, channels_last_kind as qconv_channels_last_kind};
 
 use crate::error::{OpError, Result};
 use crate::nn::{Activation, NnOp};
@@ -73,6 +73,10 @@ pub struct QConvPlan {
     /// A depthwise convolution's taps, made on the first run, kept for later ones.
     #[serde(skip)]
     pub taps: crate::quant::TapsCache,
+    /// A grouped convolution's weights packed per group on the first run, kept for later
+    /// ones.
+    #[serde(skip)]
+    pub groups: crate::quant::GroupsPackCache,
 }
 
 /// The plan of a `Conv`.

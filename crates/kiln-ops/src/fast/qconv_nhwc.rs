@@ -26,18 +26,31 @@ const BLOCK_BYTES: usize = 256 * 1024;
 /// Fewest rows per block when the packed weights are larger than [`BLOCK_BYTES`].
 const MIN_ROWS_BIG_B: usize = 128;
 
-/// Whether a QLinearConv of `c` input channels into `m` by W `[m, cg, kh, kw]` in `group`s
-/// has a channels-last kernel: `Some(false)` dense (group 1), `Some(true)` depthwise
-/// (`group == c == m`, one input channel per group), `None` neither. The `layout` pass asks
-/// this before giving a QLinearConv a channels-last plan.
-pub fn channels_last_kind(group: usize, [c, m, cg]: [usize; 3]) -> Option<bool> {
+/// The channels-last kernel of a QLinearConv of `c` input channels into `m` by W `[m, cg, kh,
+/// kw]` in `group`s, or `None` when it has none. The `layout` pass asks this before giving a
+/// QLinearConv a channels-last plan.
+pub fn channels_last_kind(group: usize, [c, m, cg]: [usize; 3]) -> Option<QConvKind> {
     if group == 1 && cg == c {
-        Some(false)
+        Some(QConvKind::Dense)
     } else if group == c && m == c && cg == 1 && c > 1 {
-        Some(true)
+        Some(QConvKind::Depthwise)
+    } else if group > 1 && cg * group == c && m % group == 0 && m > 0 {
+        Some(QConvKind::Grouped)
     } else {
         None
     }
+}
+
+/// How a channels-last QLinearConv runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QConvKind {
+    /// One GEMM of the windows by all the weights.
+    Dense,
+    /// One input channel per group and output channel: the tap loops.
+    Depthwise,
+    /// Several channels per group: per group, the GEMM of its channels' windows (read in
+    /// place from X's pixels) by its weights, into its columns of Y.
+    Grouped,
 }
 
 pub(crate) fn eval(op: &QLinearConv, plan: &QConvPlan, args: &Args<'_>) -> Result<Outputs> {
@@ -108,33 +121,41 @@ fn clamp_tensor(t: &Tensor, lo: i32, hi: i32) -> Result<Tensor> {
     }
 }
 
-/// W `[m, c, kh, kw]` as the GEMM's B `[(ky, kx, ci), m]` with `cp >= c` channels per tap
-/// (those past `c` hold the column's zero point: a zero weight), with its zero points.
-fn pack_weights<W: Int8 + Element + Default>(w: &Tensor, zw: Option<&Tensor>, cp: usize) -> Option<PackedB> {
+/// Output channels `cols` of W `[m, c, kh, kw]` (all of them, or one group's) as the GEMM's B
+/// `[(ky, kx, ci), cols]` with `cp >= c` channels per tap (those past `c` hold the column's
+/// zero point: a zero weight), with their zero points.
+fn pack_weights<W: Int8 + Element + Default>(
+    w: &Tensor,
+    zw: Option<&Tensor>,
+    cp: usize,
+    cols: std::ops::Range<usize>,
+) -> Option<PackedB> {
     let &[m, c, kh, kw] = w.shape() else { return None };
     let src = w.as_slice::<W>().ok()?;
     let k = cp * kh * kw;
     let z = match zw {
         None => &[][..],
-        Some(z) if z.len() == 1 || z.len() == m => z.as_slice::<W>().ok()?,
+        Some(z) if z.len() == 1 => z.as_slice::<W>().ok()?,
+        Some(z) if z.len() == m => z.as_slice::<W>().ok()?.get(cols.clone())?,
         Some(_) => return None,
     };
     let zero = |j: usize| z.get(j).or(z.first()).copied().unwrap_or_default();
-    let mut b = Vec::with_capacity(k * m);
+    let n = cols.len();
+    let mut b = Vec::with_capacity(k * n);
     for ky in 0..kh {
         for kx in 0..kw {
             for ci in 0..cp {
-                for j in 0..m {
+                for (jj, j) in cols.clone().enumerate() {
                     b.push(if ci < c {
                         *src.get(((j * c + ci) * kh + ky) * kw + kx)?
                     } else {
-                        zero(j)
+                        zero(jj)
                     });
                 }
             }
         }
     }
-    PackedB::pack(&b, k, m, z).ok()
+    PackedB::pack(&b, k, n, z).ok()
 }
 
 fn scalar_zero_point<T: Int8 + Element>(args: &Args<'_>, index: usize) -> Result<i32> {
@@ -161,11 +182,12 @@ where
     let &[m, cg, kh, kw] = w.shape() else {
         return Err(OpError::input_shape(3, "[M, C, kH, kW]", w.shape()));
     };
-    let Some(depthwise) = channels_last_kind(op.conv.group.max(1), [c, m, cg]) else {
+    let groups = op.conv.group.max(1);
+    let Some(kind) = channels_last_kind(groups, [c, m, cg]) else {
         return Err(OpError::inputs(
             0,
             3,
-            "a dense (group 1) or depthwise convolution channels-last",
+            "a dense, grouped or depthwise convolution channels-last",
             x.shape(),
             w.shape(),
         ));
@@ -185,7 +207,7 @@ where
         g.pad_begin.first().copied().unwrap_or(0),
         g.pad_begin.get(1).copied().unwrap_or(0),
     );
-    let k = c * kh * kw;
+    let k = cg * kh * kw;
     if k > MAX_EXACT_DEPTH {
         return Err(OpError::input_shape(3, "windows of at most 33,024 values", w.shape()));
     }
@@ -216,13 +238,14 @@ where
         batch: n,
         input: (h, wd),
         channels: c,
+        pixel_stride: c,
         kernel: (kh, kw),
         output: (oh, ow),
         stride: (sh, sw),
         dilation: (dh, dw),
         pad: (ph, pw),
     };
-    if depthwise {
+    if kind == QConvKind::Depthwise {
         let (taps, taps_f32) = plan.taps.get_or_make(|| depthwise_taps(w, zw))?;
         if kh * kw <= EXACT_F32_TAPS {
             let dw = super::depthwise::Depthwise {
@@ -237,6 +260,9 @@ where
             return depthwise_f32::<T, O>(xs, zx, taps_f32, &dw, n, &requant);
         }
         return depthwise_conv::<T, O>(xs, zx, taps, &window, &requant);
+    }
+    if kind == QConvKind::Grouped {
+        return grouped::<T, O>(plan, w, zw, xs, zx, &window, groups, m, &requant);
     }
     // A few input channels (an image's three) padded to a multiple of four with the zero
     // point, and the weights with their own: the window's taps are then whole quads the VNNI
@@ -266,11 +292,19 @@ where
     };
     let (xs, window, k) = match &padded {
         None => (xs, window, k),
-        Some(v) => (&v[..], ConvWindow { channels: cp, ..window }, cp * kh * kw),
+        Some(v) => (
+            &v[..],
+            ConvWindow {
+                channels: cp,
+                pixel_stride: cp,
+                ..window
+            },
+            cp * kh * kw,
+        ),
     };
     let packed = match w.dtype() {
-        DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw, cp)),
-        DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw, cp)),
+        DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw, cp, 0..m)),
+        DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw, cp, 0..m)),
         got => return Err(OpError::UnsupportedDType { index: 3, got }),
     }
     .ok_or(OpError::input_value(
@@ -309,30 +343,13 @@ where
         let r = out.len() / m.max(1);
         // This thread's scratch (every element is written before it is read).
         T::with_scratch(|scratch| {
-            // The stage runs inside the GEMM's micro-tiles, in f32 as the QDQ graph this node
-            // replaced computed it, or in the f64 of the QLinearConv reference.
-            let scales = match &requant.f32s {
-                Some((bias, mult)) => Scales::F32 {
-                    bias,
-                    mult,
-                    zero_point: requant.zy as f32,
-                },
-                None => Scales::F64 {
-                    bias: requant.bias,
-                    mult: requant.mults,
-                    zero_point: requant.zy,
-                },
-            };
-            let stage = Requantize {
-                scales,
-                range: (requant.range.0 as i32, requant.range.1 as i32),
-            };
+            let stage = requant.stage(0..m);
             let done = if pointwise {
                 let (acc, _) = scratch.parts(r * m, 0);
                 let a = xs.get(p0 * c..).unwrap_or(&[]);
                 igemm_requant_serial(isa, (r, k), a, c, zx, packed, acc, stage, out, m)
             } else {
-                conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out)
+                conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out, m)
             };
             if let Err(e) = done {
                 fail(OpError::input_value(
@@ -349,6 +366,97 @@ where
     if let Some(v) = padded {
         kiln_kernels::recycle::give_of(v);
     }
+    Ok(Tensor::from_buf(vec![n, oh, ow, m], y)?)
+}
+
+/// A grouped convolution channels-last: per block of output pixels and per group, the
+/// integer GEMM of the group's channels of each window (read in place from X's pixels, `c`
+/// apart) by the group's packed weights, requantized into the group's columns of Y.
+#[allow(clippy::too_many_arguments)]
+fn grouped<T, O>(
+    plan: &QConvPlan,
+    w: &Tensor,
+    zw: Option<&Tensor>,
+    xs: &[T],
+    zx: i32,
+    win: &ConvWindow,
+    groups: usize,
+    m: usize,
+    requant: &Requant<'_>,
+) -> Result<Tensor>
+where
+    T: Int8 + Element + Default + FromZeroPoint,
+    O: Quantized,
+{
+    let c = win.channels;
+    let (cg, mg) = (c / groups.max(1), m / groups.max(1));
+    let gwin = ConvWindow {
+        channels: cg,
+        pixel_stride: c,
+        ..*win
+    };
+    let k = gwin.depth();
+    let pack = |g: usize| match w.dtype() {
+        DType::U8 => pack_weights::<u8>(w, zw, cg, g * mg..(g + 1) * mg),
+        DType::I8 => pack_weights::<i8>(w, zw, cg, g * mg..(g + 1) * mg),
+        _ => None,
+    };
+    let packed = plan
+        .groups
+        .get_or_pack(|| (0..groups).map(pack).collect())
+        .filter(|p| p.len() == groups && p.iter().all(|b| b.depth() == k && b.columns() == mg))
+        .ok_or(OpError::input_value(
+            3,
+            "8-bit weights with one zero point or one per output channel",
+            "another",
+        ))?;
+    let pixels = win.pixels();
+    let mut y = util::out_buf::<O>(util::checked_numel(&[pixels, m])?);
+    let pad = T::try_from_i32(zx);
+    let isa = kiln_kernels::isa::active();
+    // Blocks of whole micro-tiles of rows whose sums (one group's at a time) and outputs
+    // stay in cache; about two blocks per thread when there are several threads.
+    let threads = kiln_kernels::pool::current_threads().max(1);
+    let split = if threads > 1 { 2 * threads } else { 1 };
+    let rows = (BLOCK_BYTES / (2 * m).max(1)).clamp(8, 512);
+    let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
+    let failure: Mutex<Option<OpError>> = Mutex::new(None);
+    kiln_kernels::pool::for_each_chunk_mut(&mut y, rows * m, &|i, out| {
+        let p0 = i * rows;
+        let r = out.len() / m.max(1);
+        T::with_scratch(|scratch| {
+            for (g, b) in packed.iter().enumerate() {
+                let xg = xs.get(g * cg..).unwrap_or_default();
+                let Some(yg) = out.get_mut(g * mg..) else { break };
+                let done = conv_requant_serial(
+                    isa,
+                    &gwin,
+                    xg,
+                    p0..p0 + r,
+                    pad,
+                    b,
+                    scratch,
+                    requant.stage(g * mg..(g + 1) * mg),
+                    yg,
+                    m,
+                );
+                if let Err(e) = done {
+                    if let Ok(mut f) = failure.lock() {
+                        f.get_or_insert(OpError::input_value(
+                            0,
+                            "a convolution whose exact sums fit int32",
+                            e.to_string(),
+                        ));
+                    }
+                    return;
+                }
+            }
+        });
+    });
+    if let Some(e) = failure.into_inner().ok().flatten() {
+        return Err(e);
+    }
+    let (n, (oh, ow)) = (win.batch, win.output);
     Ok(Tensor::from_buf(vec![n, oh, ow, m], y)?)
 }
 
@@ -396,6 +504,28 @@ struct Requant<'a> {
 }
 
 impl Requant<'_> {
+    /// The micro-tiles' stage for output channels `cols`: in f32 as the QDQ graph this node
+    /// replaced computed it, or in the f64 of the QLinearConv reference (empty parameters for
+    /// channels out of range, which the kernels refuse).
+    fn stage(&self, cols: std::ops::Range<usize>) -> Requantize<'_> {
+        let scales = match &self.f32s {
+            Some((bias, mult)) => Scales::F32 {
+                bias: bias.get(cols.clone()).unwrap_or_default(),
+                mult: mult.get(cols).unwrap_or_default(),
+                zero_point: self.zy as f32,
+            },
+            None => Scales::F64 {
+                bias: self.bias.get(cols.clone()).unwrap_or_default(),
+                mult: self.mults.get(cols).unwrap_or_default(),
+                zero_point: self.zy,
+            },
+        };
+        Requantize {
+            scales,
+            range: (self.range.0 as i32, self.range.1 as i32),
+        }
+    }
+
     /// One output pixel's channels from their exact sums (i32, or f32 holding integers).
     fn row<A: Sum, O: Quantized>(&self, acc: &[A], out: &mut [O]) {
         match &self.f32s {
@@ -691,6 +821,10 @@ mod tests {
             (4, 4, 4, 17, 8, 1, (11, 9)),
             (16, 16, 16, 3, 1, 1, (64, 72)),
             (16, 16, 16, 3, 1, 2, (97, 130)),
+            // Grouped: 8 channels a group (read in place on VNNI), and 3 (copied).
+            (16, 32, 2, 3, 1, 1, (11, 9)),
+            (24, 12, 3, 3, 1, 2, (12, 10)),
+            (12, 8, 4, 1, 0, 1, (9, 7)),
         ];
         let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
         for (ci, co, group, k, pad, stride, (h, w)) in cases {
@@ -706,8 +840,17 @@ mod tests {
             let bias: Vec<i32> = (0..co).map(|_| (next() % 2000) as i32 - 1000).collect();
             let sw: Vec<f32> = (0..co).map(|j| 0.001 + 0.0002 * j as f32).collect();
             // Weight zero points on the three-channel case (its channels padded to four on
-            // VNNI, the padded weights their column's zero point).
-            let zwv: Vec<i8> = (0..co).map(|j| if ci == 3 { (j % 3) as i8 - 1 } else { 0 }).collect();
+            // VNNI, the padded weights their column's zero point) and the grouped ones (each
+            // group's slice of them).
+            let zwv: Vec<i8> = (0..co)
+                .map(|j| {
+                    if ci == 3 || (group > 1 && group < ci) {
+                        (j % 3) as i8 - 1
+                    } else {
+                        0
+                    }
+                })
+                .collect();
             let t = |v: Tensor| Value::Tensor(v);
             let xs = t(Tensor::from_vec(vec![n, ci, h, w], x.clone()).unwrap());
             let xl = t(Tensor::from_vec(vec![n, h, w, ci], nhwc(&x, [n, ci, h, w])).unwrap());

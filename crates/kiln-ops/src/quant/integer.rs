@@ -165,6 +165,27 @@ impl PackCache {
     }
 }
 
+/// The packed B of each group of a grouped convolution (as [`PackCache`]).
+#[derive(Debug, Clone, Default)]
+pub struct GroupsPackCache(std::sync::Arc<std::sync::OnceLock<Option<Vec<kiln_kernels::igemm::PackedB>>>>);
+
+impl GroupsPackCache {
+    /// The packed weights of every group, made by `pack` on the first call.
+    pub(crate) fn get_or_pack(
+        &self,
+        pack: impl FnOnce() -> Option<Vec<kiln_kernels::igemm::PackedB>>,
+    ) -> Option<&[kiln_kernels::igemm::PackedB]> {
+        self.0.get_or_init(pack).as_deref()
+    }
+}
+
+impl PartialEq for GroupsPackCache {
+    /// A cache says nothing about the op: any two compare equal.
+    fn eq(&self, _: &GroupsPackCache) -> bool {
+        true
+    }
+}
+
 /// A depthwise convolution's taps as `[tap][channel]` i32 values with their zero points taken
 /// out, and the same values in f32 (the f32 depthwise kernel's), made on a plan's first run
 /// and kept (as [`PackCache`], the weights are the program's).

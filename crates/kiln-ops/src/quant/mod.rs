@@ -7,7 +7,9 @@ pub mod linear;
 mod qadd;
 mod qconv;
 
-pub use integer::{AutoPad, ConvAttrs, ConvInteger, MatMulInteger, PackCache, QLinearConv, QLinearMatMul, TapsCache};
+pub use integer::{
+    AutoPad, ConvAttrs, ConvInteger, GroupsPackCache, MatMulInteger, PackCache, QLinearConv, QLinearMatMul, TapsCache,
+};
 pub use linear::{DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear};
 pub use qadd::QLinearAdd;
 
