@@ -10,7 +10,7 @@
 use crate::CompileError;
 use crate::passes::{
     attention, bn, captures, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout,
-    matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_conv, qdq_glue, qdq_matmul, residual, shape,
+    matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_conv, qdq_glue, qdq_lut, qdq_matmul, residual, shape,
     unit_transpose,
 };
 use kiln_ir::Graph;
@@ -261,6 +261,13 @@ const PIPELINE: &[Pass] = &[
         level: 2,
         deep: true,
         run: chain::run,
+    },
+    // After the chain pass: a chain that is a function of one 8-bit value becomes its table.
+    Pass {
+        name: "qdq_lut",
+        level: 2,
+        deep: true,
+        run: qdq_lut::run,
     },
 ];
 

@@ -31,6 +31,13 @@ impl Isa {
         self == Isa::Avx512 && self.is_supported() && has_vnni()
     }
 
+    /// Whether this level runs byte permutes across 64-byte tables (`vpermi2b` of AVX-512
+    /// VBMI, with BW): the 8-bit table lookups' fast path. A capability within
+    /// [`Isa::Avx512`], as [`Isa::has_int8_dot`].
+    pub fn has_byte_permute(self) -> bool {
+        self == Isa::Avx512 && self.is_supported() && has_vbmi()
+    }
+
     /// Every level, portable first.
     pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2Fma, Isa::Avx512];
 
@@ -79,6 +86,16 @@ fn has_vnni() -> bool {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn has_vnni() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_vbmi() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vbmi") && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_vbmi() -> bool {
     false
 }
 

@@ -34,6 +34,7 @@ pub mod gemm;
 pub mod grouped;
 pub mod igemm;
 pub mod isa;
+pub mod lut;
 pub mod pool;
 pub mod quant;
 pub mod recycle;

@@ -25,6 +25,7 @@ pub(crate) mod pointwise_depthwise;
 pub(crate) mod qdq_add;
 pub(crate) mod qdq_conv;
 pub(crate) mod qdq_glue;
+pub(crate) mod qdq_lut;
 pub(crate) mod qdq_matmul;
 pub(crate) mod residual;
 pub(crate) mod shape;

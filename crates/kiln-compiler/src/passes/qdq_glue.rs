@@ -110,7 +110,7 @@ pub(crate) fn quantize(g: &Graph, index: &Index, node: &Node) -> Option<(ValueId
 }
 
 /// A per-tensor 8-bit -> f32 DequantizeLinear: its input, output and parameters.
-fn dequantize(g: &Graph, index: &Index, node: &Node) -> Option<(ValueId, ValueId, Params)> {
+pub(crate) fn dequantize(g: &Graph, index: &Index, node: &Node) -> Option<(ValueId, ValueId, Params)> {
     let ok = matches!(
         op(node),
         Some(Op::Quant(QuantOp::DequantizeLinear(DequantizeLinear {

@@ -5,7 +5,8 @@
 //! - [`binary`]: arithmetic, Pow, Mod, bit shifts and bitwise ops, logic and comparisons;
 //! - [`nary`]: Sum/Mean/Max/Min, Clip, Where, PRelu;
 //! - [`cast`]: Cast, CastLike, BitCast;
-//! - [`chain`]: `ElementwiseChain`, f32 unary and arithmetic ops fused into one pass (compiler-made).
+//! - [`chain`]: `ElementwiseChain`, f32 unary and arithmetic ops fused into one pass (compiler-made);
+//! - [`lookup`]: `Lookup8`, a function of an 8-bit value as a 256-entry table (compiler-made).
 //!
 //! Semantics follow the ONNX operator specs (<https://onnx.ai/onnx/operators/>) and ONNX's
 //! numpy reference implementation; each submodule lists the opsets it covers.
@@ -16,12 +17,14 @@ pub(crate) mod scalar;
 pub mod binary;
 pub mod cast;
 pub mod chain;
+pub mod lookup;
 pub mod nary;
 pub mod unary;
 
 pub use binary::{Binary, BinaryOp};
 pub use cast::{BitCast, Cast, CastLike};
 pub use chain::{ChainBinary, ChainQuantize, ChainStep, ElementwiseChain};
+pub use lookup::{Lookup8, LookupTable};
 pub use nary::{Clip, VariadicOp};
 pub use unary::UnaryOp;
 
@@ -43,6 +46,8 @@ op_family! {
         BitCast(BitCast),
         /// A run of f32 elementwise ops in one pass (made by the compiler, never imported).
         Chain(ElementwiseChain) = ElementwiseChain::name,
+        /// An 8-bit value's function as a table (made by the compiler, never imported).
+        Lookup(Lookup8) = Lookup8::name,
     }
 }
 
