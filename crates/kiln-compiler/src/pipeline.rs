@@ -10,7 +10,7 @@
 use crate::CompileError;
 use crate::passes::{
     attention, bn, captures, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout,
-    matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_conv, qdq_glue, qdq_lut, qdq_matmul, residual, shape,
+    matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_chain, qdq_conv, qdq_glue, qdq_matmul, residual, shape,
     unit_transpose,
 };
 use kiln_ir::Graph;
@@ -262,12 +262,13 @@ const PIPELINE: &[Pass] = &[
         deep: true,
         run: chain::run,
     },
-    // After the chain pass: a chain that is a function of one 8-bit value becomes its table.
+    // After the chain pass: a chain that is a function of one 8-bit value becomes its table;
+    // the others read their dequantized inputs as the 8-bit values.
     Pass {
-        name: "qdq_lut",
+        name: "qdq_chain",
         level: 2,
         deep: true,
-        run: qdq_lut::run,
+        run: qdq_chain::run,
     },
 ];
 

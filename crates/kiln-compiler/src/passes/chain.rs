@@ -63,6 +63,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             node.kind = NodeKind::Op(Op::Elementwise(ElementwiseOp::Chain(ElementwiseChain {
                 steps: c.steps.clone(),
                 quantize: c.quantize,
+                dequantize: vec![],
             })));
             node.plan = None;
             node.inputs = c.inputs.iter().map(|&v| Some(v)).collect();

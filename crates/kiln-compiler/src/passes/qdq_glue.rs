@@ -264,6 +264,7 @@ fn round_trips(g: &mut Graph) -> usize {
                         hi,
                     }],
                     quantize: None,
+                    dequantize: vec![],
                 }))),
                 inputs: vec![Some(x)],
                 outputs: vec![Some(first)],

@@ -4,8 +4,11 @@
 //! scale-and-shift), and from the quantize-dequantize round trips of QDQ graphs. Input 0 is
 //! the chain's start (f32, or int32 converted as `Cast` converts it: an integer product's
 //! sums); inputs 1.. are the binary steps' other operands, each of the start's shape, a single
-//! element, or a trailing block of it (a bias along the last axes, repeated). The output is
-//! f32, or 8-bit when the chain ends on a `QuantizeLinear` ([`ChainQuantize`]).
+//! element, or a trailing block of it (a bias along the last axes, repeated). Any input may be
+//! 8-bit with its [`ChainDequantize`]: dequantized as it is read, as `DequantizeLinear`
+//! computes it (a quantized model's float arithmetic reads its 8-bit tensors, a quarter of the
+//! bytes, with no f32 tensor in between). The output is f32, or 8-bit when the chain ends on a
+//! `QuantizeLinear` ([`ChainQuantize`]).
 //!
 //! The output is computed block by block (a block stays in L1 while every step runs over it),
 //! in parallel over the pool for large tensors. Each step computes exactly what its standalone
@@ -75,6 +78,15 @@ pub struct ChainQuantize {
     pub dtype: DType,
 }
 
+/// A chain input's `DequantizeLinear` (one scale and zero point): the input is 8-bit.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ChainDequantize {
+    pub scale: f32,
+    pub zero_point: i32,
+    /// U8 or I8.
+    pub dtype: DType,
+}
+
 /// The op: its steps in order (see the module docs).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ElementwiseChain {
@@ -82,6 +94,9 @@ pub struct ElementwiseChain {
     /// The output's quantization, when the chain ends on a `QuantizeLinear`.
     #[serde(default)]
     pub quantize: Option<ChainQuantize>,
+    /// Per input, its dequantization when it is 8-bit (none past the end).
+    #[serde(default)]
+    pub dequantize: Vec<Option<ChainDequantize>>,
 }
 
 /// Inputs a chain gathers without allocating (GELU spelled out with tanh has six).
@@ -93,12 +108,54 @@ const BLOCK: usize = 4096;
 const PAR_MIN: usize = 1 << 14;
 
 /// A binary step's operand: the whole tensor, its one element, or a block repeated along the
-/// leading axes (element `i` of the chain reads `d[i % d.len()]`).
+/// leading axes (element `i` of the chain reads `d[i % d.len()]`), or a whole 8-bit tensor
+/// dequantized block by block.
 #[derive(Clone, Copy)]
 enum Operand<'a> {
     Full(&'a [f32]),
     Scalar(f32),
     Periodic(&'a [f32]),
+    Bytes(Bytes<'a>, ChainDequantize),
+}
+
+/// An 8-bit input's values.
+#[derive(Clone, Copy)]
+enum Bytes<'a> {
+    U8(&'a [u8]),
+    I8(&'a [i8]),
+}
+
+impl<'a> Bytes<'a> {
+    /// Input `i` as 8-bit values of `d`'s type.
+    fn of(t: &'a Tensor, d: ChainDequantize, i: usize) -> Result<Bytes<'a>> {
+        match (t.dtype(), d.dtype) {
+            (DType::U8, DType::U8) => Ok(Bytes::U8(t.as_slice::<u8>()?)),
+            (DType::I8, DType::I8) => Ok(Bytes::I8(t.as_slice::<i8>()?)),
+            (got, _) => Err(OpError::UnsupportedDType { index: i, got }),
+        }
+    }
+
+    /// Elements `start..start + out.len()` dequantized into `out` (as many as there are).
+    fn dequantize(self, d: ChainDequantize, start: usize, out: &mut [f32]) {
+        let end = start + out.len();
+        match self {
+            Bytes::U8(v) => {
+                let z = d.zero_point.clamp(0, 255) as u8;
+                kiln_kernels::quant::dequantize_row(v.get(start..end).unwrap_or(&[]), out, d.scale, z);
+            }
+            Bytes::I8(v) => {
+                let z = d.zero_point.clamp(-128, 127) as i8;
+                kiln_kernels::quant::dequantize_row(v.get(start..end).unwrap_or(&[]), out, d.scale, z);
+            }
+        }
+    }
+
+    fn len(self) -> usize {
+        match self {
+            Bytes::U8(v) => v.len(),
+            Bytes::I8(v) => v.len(),
+        }
+    }
 }
 
 /// Whether an operand of shape `o` repeats along `x`'s leading axes: `o` without its leading
@@ -137,9 +194,10 @@ impl ElementwiseChain {
         self.check_steps(inputs.len())?;
         self.check_quantize()?;
         let x = inputs.first().ok_or(OpError::MissingInput { index: 0 })?;
+        let dq = self.dequantize.first().copied().flatten();
         if let Some(d) = x.ty.tensor().and_then(|t| t.dtype)
-            && d != DType::F32
-            && d != DType::I32
+            && !matches!((d, dq), (DType::F32 | DType::I32, None))
+            && dq.is_none_or(|q| q.dtype != d)
         {
             return Err(OpError::UnsupportedDType { index: 0, got: d });
         }
@@ -166,11 +224,26 @@ impl ElementwiseChain {
         let n_inputs = args.len();
         self.check_steps(n_inputs)?;
         self.check_quantize()?;
-        let start_values = match x.dtype() {
-            DType::F32 => Start::F32(x.as_slice::<f32>()?),
-            DType::I32 => Start::I32(x.as_slice::<i32>()?),
-            got => return Err(OpError::UnsupportedDType { index: 0, got }),
+        let dq = |i: usize| self.dequantize.get(i).copied().flatten();
+        let start_values = match (x.dtype(), dq(0)) {
+            (DType::F32, None) => Start::F32(x.as_slice::<f32>()?),
+            (DType::I32, None) => Start::I32(x.as_slice::<i32>()?),
+            (_, Some(d)) => Start::Bytes(Bytes::of(x, d, 0)?, d),
+            (got, None) => return Err(OpError::UnsupportedDType { index: 0, got }),
         };
+        // 8-bit operands that are not of X's shape, dequantized once (they are small).
+        let mut small: smallvec::SmallVec<[(usize, Vec<f32>); 2]> = smallvec::SmallVec::new();
+        for i in 0..n_inputs {
+            let t = args.tensor(i)?;
+            if let Some(d) = dq(i)
+                && t.shape() != x.shape()
+            {
+                let b = Bytes::of(t, d, i)?;
+                let mut v = vec![0.0f32; b.len()];
+                b.dequantize(d, 0, &mut v);
+                small.push((i, v));
+            }
+        }
         let mut operands: smallvec::SmallVec<[Operand<'_>; INLINE_INPUTS]> = smallvec::SmallVec::new();
         for i in 0..n_inputs {
             let t = args.tensor(i)?;
@@ -180,13 +253,20 @@ impl ElementwiseChain {
                 operands.push(Operand::Scalar(f32::NAN));
                 continue;
             }
-            if t.dtype() != DType::F32 {
-                return Err(OpError::UnsupportedDType {
-                    index: i,
-                    got: t.dtype(),
-                });
-            }
-            let d = t.as_slice::<f32>()?;
+            let d: &[f32] = match (dq(i), small.iter().find(|(j, _)| *j == i)) {
+                (Some(q), None) => {
+                    operands.push(Operand::Bytes(Bytes::of(t, q, i)?, q));
+                    continue;
+                }
+                (Some(_), Some((_, v))) => v,
+                (None, _) if t.dtype() == DType::F32 => t.as_slice::<f32>()?,
+                (None, _) => {
+                    return Err(OpError::UnsupportedDType {
+                        index: i,
+                        got: t.dtype(),
+                    });
+                }
+            };
             operands.push(if t.shape() == x.shape() {
                 Operand::Full(d)
             } else if let ([v], true) = (d, t.rank() <= x.rank()) {
@@ -215,6 +295,7 @@ impl ElementwiseChain {
                         kiln_kernels::simd::vectorize(|| out.iter_mut().zip(src).for_each(|(o, &a)| *o = a as f32));
                     }
                 }
+                Start::Bytes(b, d) => b.dequantize(d, start, out),
             }
             for s in &self.steps {
                 match *s {
@@ -233,6 +314,19 @@ impl ElementwiseChain {
                                 at = 0;
                             }
                         }
+                        Some(&Operand::Bytes(b, d)) => OPERAND_BLOCK.with(|cell| {
+                            // The block's 8-bit operand dequantized into this thread's
+                            // scratch (written whole before it is read).
+                            let mut fresh = Vec::new();
+                            let mut kept = cell.try_borrow_mut();
+                            let scratch = match kept.as_deref_mut() {
+                                Ok(v) => v,
+                                Err(_) => &mut fresh,
+                            };
+                            let v = kiln_kernels::recycle::scratch(scratch, out.len());
+                            b.dequantize(d, start, v);
+                            binary_step(op, swapped, out, Operand::Full(v));
+                        }),
                         Some(&x) => binary_step(op, swapped, out, x),
                         None => {}
                     },
@@ -300,13 +394,16 @@ impl ElementwiseChain {
 thread_local! {
     /// Each thread's f32 block of a chain that ends quantized.
     static QUANTIZE_BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's f32 block of an 8-bit operand.
+    static OPERAND_BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The chain's start: f32 values, or int32 ones converted as they are read.
+/// The chain's start: f32 values, or int32 or 8-bit ones converted as they are read.
 #[derive(Clone, Copy)]
 enum Start<'a> {
     F32(&'a [f32]),
     I32(&'a [i32]),
+    Bytes(Bytes<'a>, ChainDequantize),
 }
 
 /// `out` cut where a block of `period` elements repeats, the first run starting `at` into it.
@@ -336,6 +433,8 @@ fn step_with(f: impl Fn(f32, f32) -> f32 + Copy, swapped: bool, out: &mut [f32],
         (Operand::Full(d) | Operand::Periodic(d), true) => out.iter_mut().zip(d).for_each(|(v, &b)| *v = f(b, *v)),
         (Operand::Scalar(c), false) => out.iter_mut().for_each(|v| *v = f(*v, c)),
         (Operand::Scalar(c), true) => out.iter_mut().for_each(|v| *v = f(c, *v)),
+        // Dequantized into a block first by the caller.
+        (Operand::Bytes(..), _) => {}
     })
 }
 
@@ -371,7 +470,12 @@ mod tests {
     fn chained(steps: Vec<ChainStep>, inputs: &[&Tensor]) -> Result<Tensor> {
         let vals: Vec<Value> = inputs.iter().map(|t| Value::Tensor((*t).clone())).collect();
         let refs: Vec<Option<&Value>> = vals.iter().map(Some).collect();
-        ElementwiseChain { steps, quantize: None }.run(&Args::new(&refs))
+        ElementwiseChain {
+            steps,
+            quantize: None,
+            dequantize: vec![],
+        }
+        .run(&Args::new(&refs))
     }
 
     fn bin(op: BinaryOp) -> ElementwiseOp {
@@ -510,6 +614,7 @@ mod tests {
                     zero_point: z2.to_f64_vec()[0] as f32,
                     dtype: z2.dtype(),
                 }),
+                dequantize: vec![],
             };
             let vals: Vec<Value> = [&acc, &scale, &bias]
                 .iter()

@@ -23,7 +23,7 @@ pub mod unary;
 
 pub use binary::{Binary, BinaryOp};
 pub use cast::{BitCast, Cast, CastLike};
-pub use chain::{ChainBinary, ChainQuantize, ChainStep, ElementwiseChain};
+pub use chain::{ChainBinary, ChainDequantize, ChainQuantize, ChainStep, ElementwiseChain};
 pub use lookup::{Lookup8, LookupTable};
 pub use nary::{Clip, VariadicOp};
 pub use unary::UnaryOp;
