@@ -207,6 +207,12 @@ def main():
                     skipped.append(name)
                     break
                 feeds = feeds_for(model, sess)
+                try:
+                    sess.run(None, feeds)
+                except Exception as e:  # nor one it cannot run on these inputs
+                    print(f"{name:<14} skipped: ONNX Runtime cannot run it: {str(e)[:300]}", flush=True)
+                    skipped.append(name)
+                    break
                 if flops is None:
                     flops = (macs(a.kiln, model, sess, feeds) or 0) * 2
                 npz = os.path.join(tmp, name + ".in.npz")
@@ -271,7 +277,7 @@ def main():
         if rbs:
             print(f"geometric mean kiln-b/kiln, {t} thread(s): {statistics.geometric_mean(rbs):.3f}")
     if skipped:
-        print(f"skipped (kiln compile failed): {', '.join(skipped)}")
+        print(f"skipped (kiln compile failed, or ONNX Runtime cannot load or run it): {', '.join(skipped)}")
     print(f"(ms: median of {a.rounds} rounds x {min(per_rounds, default=0)}-{max(per_rounds, default=0)} runs "
           "per runtime, interleaved; kiln/ORT: median of the per-round ratios, IQR their quartiles; "
           f"far: kiln rounds whose threads' cache-line round trip exceeded {FAR_NS} ns, i.e. the host "
