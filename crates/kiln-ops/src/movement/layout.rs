@@ -471,17 +471,16 @@ impl Split {
         let mut out = Vec::with_capacity(sizes.len());
         let mut start = 0;
         for s in sizes {
-            // Each part is a box of X: f32 and int64 copied in contiguous runs.
+            // Each part is a box of X, copied in contiguous runs (the types `box_any` takes).
             let mut starts = vec![0usize; x.rank()];
             let mut lens = x.shape().to_vec();
             if let (Some(b), Some(l)) = (starts.get_mut(axis), lens.get_mut(axis)) {
                 (*b, *l) = (start, s);
             }
             let ones = vec![1usize; x.rank()];
-            let part = match x.dtype() {
-                DType::F32 => box_of(x.as_slice::<f32>()?, x.shape(), &starts, &lens, &ones)?,
-                DType::I64 => box_of(x.as_slice::<i64>()?, x.shape(), &starts, &lens, &ones)?,
-                _ => {
+            let part = match box_any(x, &starts, &lens, &ones)? {
+                Some(t) => t,
+                None => {
                     let mut maps = identity_maps(x.shape());
                     maps[axis] = (start..start + s).map(Some).collect();
                     gather_axes(x, &maps, None)?
@@ -643,12 +642,7 @@ impl Slice {
                 let (first, len) = slice_positions(x.shape()[axis], start, end, step)?;
                 (*s, *l, *t) = (first.max(0) as usize, len, step as usize);
             }
-            let boxed = match x.dtype() {
-                DType::F32 => Some(box_of(x.as_slice::<f32>()?, x.shape(), &starts, &lens, &steps)?),
-                DType::I64 => Some(box_of(x.as_slice::<i64>()?, x.shape(), &starts, &lens, &steps)?),
-                _ => None,
-            };
-            if let Some(t) = boxed {
+            if let Some(t) = box_any(x, &starts, &lens, &steps)? {
                 return one(t);
             }
         }
@@ -762,6 +756,19 @@ fn copy_run<T: Copy>(src: &[T], from: usize, dst: &mut [T], to: usize, run: usiz
 }
 
 /// The box of `x` (row-major, `shape`; see [`box_runs`]) as a tensor.
+/// [`box_of`] of a tensor of the types it copies in runs (f32, int64, 8-bit, bool: what
+/// slices and splits of real models carry), `None` for the others.
+fn box_any(x: &Tensor, starts: &[usize], lens: &[usize], steps: &[usize]) -> Result<Option<Tensor>> {
+    Ok(Some(match x.dtype() {
+        DType::F32 => box_of(x.as_slice::<f32>()?, x.shape(), starts, lens, steps)?,
+        DType::I64 => box_of(x.as_slice::<i64>()?, x.shape(), starts, lens, steps)?,
+        DType::U8 => box_of(x.as_slice::<u8>()?, x.shape(), starts, lens, steps)?,
+        DType::I8 => box_of(x.as_slice::<i8>()?, x.shape(), starts, lens, steps)?,
+        DType::Bool => box_of(x.as_slice::<bool>()?, x.shape(), starts, lens, steps)?,
+        _ => return Ok(None),
+    }))
+}
+
 fn box_of<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
     x: &[T],
     shape: &[usize],

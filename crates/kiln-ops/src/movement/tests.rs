@@ -584,3 +584,55 @@ mod permute_plan {
         }
     }
 }
+
+/// 8-bit slices and splits (a quantized channel shuffle's) copy runs of bytes: the elements
+/// the indices name, strided slices and the last axis included.
+#[test]
+fn eight_bit_slices_and_splits_take_the_named_elements() {
+    let shape = [2usize, 6, 5];
+    let at = |b: usize, c: usize, w: usize| ((b * 6 + c) * 5 + w) as u32 * 7 % 256;
+    let v: Vec<u8> = (0..60u32).map(|i| (i * 7 % 256) as u8).collect();
+    let x = Tensor::from_vec(shape.to_vec(), v.clone()).unwrap();
+    // Channels 1, 3 of the last three columns.
+    let y = run1(
+        MovementOp::Slice(Slice { attrs: None }),
+        vec![
+            Some(x.clone()),
+            Some(i64t(&[2], &[1, 2])),
+            Some(i64t(&[2], &[5, 5])),
+            Some(i64t(&[2], &[1, 2])),
+            Some(i64t(&[2], &[2, 1])),
+        ],
+    );
+    let mut want = vec![];
+    for b in 0..2 {
+        for c in [1, 3] {
+            for w in 2..5 {
+                want.push(at(b, c, w) as u8);
+            }
+        }
+    }
+    assert_eq!(y.shape(), [2, 2, 3]);
+    assert_eq!(y.as_slice::<u8>().unwrap(), want.as_slice());
+    let xi = Tensor::from_vec(shape.to_vec(), v.iter().map(|&b| b as i8).collect::<Vec<i8>>()).unwrap();
+    let ys = run(
+        MovementOp::Split(Split {
+            axis: 1,
+            split: None,
+            num_outputs: Some(2),
+            outputs: 2,
+        }),
+        vec![Some(xi)],
+    );
+    for (part, y) in ys.iter().enumerate() {
+        let mut want = vec![];
+        for b in 0..2 {
+            for c in 3 * part..3 * part + 3 {
+                for w in 0..5 {
+                    want.push(at(b, c, w) as u8 as i8);
+                }
+            }
+        }
+        assert_eq!(y.as_slice::<i8>().unwrap(), want.as_slice());
+    }
+}
