@@ -1,4 +1,4 @@
-//! QDQ convolutions to integer ones. A 2-D Conv of `DequantizeLinear(x_q)` (one constant
+//! QDQ convolutions to integer ones. A 2-D (or 1-D) Conv of `DequantizeLinear(x_q)` (one constant
 //! scale and zero point) by `DequantizeLinear(W_q)` (8-bit constant weights, one scale and
 //! zero point or one per output channel), whose result only a `QuantizeLinear` (one scale and
 //! zero point) reads, directly or through a Relu or a Clip of constant bounds, becomes
@@ -117,7 +117,9 @@ fn find(g: &Graph, index: &Index, node: &Node) -> Option<Found> {
     else {
         return None;
     };
-    if dtype_of(g, *y) != Some(DType::F32) || fixed_shape(g, *y).is_none_or(|s| s.len() != 4) {
+    // 2-D, or 1-D (`conv1d` gives the QLinearConv a unit height later).
+    let rank = fixed_shape(g, *y).map(|s| s.len());
+    if dtype_of(g, *y) != Some(DType::F32) || !matches!(rank, Some(3 | 4)) {
         return None;
     }
     // X: an 8-bit activation with one scale and zero point.
@@ -138,14 +140,17 @@ fn find(g: &Graph, index: &Index, node: &Node) -> Option<Found> {
     }
     let wq = win.first().copied().flatten()?;
     let wt = index.tensor(g, wq)?;
-    let &[m, _, _, _] = wt.shape() else { return None };
+    let (Some(&m), true) = (wt.shape().first(), Some(wt.rank()) == rank) else {
+        return None;
+    };
     if !matches!(wt.dtype(), DType::U8 | DType::I8) {
         return None;
     }
     let sw_v = win.get(1).copied().flatten()?;
     let swt = index.tensor(g, sw_v)?;
     let sw = swt.as_slice::<f32>().ok()?.to_vec();
-    if sw.len() != 1 && (sw.len() != m || swt.shape().len() != 1 || !(dqw.axis == 0 || dqw.axis == -4)) {
+    if sw.len() != 1 && (sw.len() != m || swt.shape().len() != 1 || !(dqw.axis == 0 || dqw.axis == -(wt.rank() as i64)))
+    {
         return None;
     }
     let zw = win.get(2).copied().flatten();
@@ -493,6 +498,59 @@ mod tests {
             );
             assert_eq!(run_graph(&nhwc, vec![x])[0].to_f64_vec(), gv);
         }
+    }
+
+    /// A 1-D QDQ convolution (a quantized audio front end) becomes integer too, then runs
+    /// as a 2-D one channels-last: within one output step of the float emulation, and the
+    /// 2-D form's bytes those of the 1-D QLinearConv.
+    #[test]
+    fn one_dimensional_qdq_convolutions_become_integer() {
+        let (c, m, l) = (5usize, 7usize, 30usize);
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, c, l]);
+        let sx = b.constant("sx", f32s(&[], &[0.01]));
+        let zx = b.constant("zx", Tensor::scalar(120u8));
+        let xq = b.node_typed(quantize(), &[Some(x), Some(sx), Some(zx)], &[(DType::U8, &[1, c, l])])[0];
+        let xd = b.node(dequantize(1), &[Some(xq), Some(sx), Some(zx)], &[&[1, c, l]])[0];
+        let wv: Vec<i8> = (0..m * c * 3).map(|i| ((i * 37 + 11) % 255) as u8 as i8).collect();
+        let w = b.constant(
+            "w",
+            Tensor::from_vec(vec![m, c, 3], wv).unwrap_or_else(|e| panic!("{e}")),
+        );
+        let swv: Vec<f32> = (0..m).map(|j| 0.002 + 0.0003 * j as f32).collect();
+        let sw = b.constant("sw", f32s(&[m], &swv));
+        let wd = b.node(dequantize(0), &[Some(w), Some(sw)], &[&[m, c, 3]])[0];
+        let conv = Op::Nn(NnOp::Conv(Conv {
+            pads: vec![1, 1],
+            strides: vec![2],
+            ..Default::default()
+        }));
+        let shape = [1, m, 15];
+        let h = b.node(conv, &[Some(xd), Some(wd)], &[&shape])[0];
+        let sy = b.constant("sy", f32s(&[], &[0.004]));
+        let zy = b.constant("zy", Tensor::scalar(100u8));
+        let yq = b.node_typed(quantize(), &[Some(h), Some(sy), Some(zy)], &[(DType::U8, &shape)])[0];
+        let y = b.node(dequantize(1), &[Some(yq), Some(sy), Some(zy)], &[&shape])[0];
+        let g = b.finish(&[y]);
+        let mut q = g.clone();
+        assert_eq!(run(&mut q).unwrap_or_else(|e| panic!("{e}")), 1);
+        q.verify().unwrap_or_else(|e| panic!("{e}"));
+        assert!(op_names(&q).contains(&"QLinearConv"));
+        let xin = noise(&[1, c, l], 5);
+        let want = run_graph(&g, vec![xin.clone()])[0].to_f64_vec();
+        let got = run_graph(&q, vec![xin.clone()])[0].to_f64_vec();
+        assert_eq!(want.len(), got.len());
+        for (a, b) in want.iter().zip(&got) {
+            assert!((a - b).abs() <= 0.004 * 1.001, "{a} vs {b}");
+        }
+        let mut two = q.clone();
+        assert_eq!(
+            crate::passes::conv1d::run(&mut two).unwrap_or_else(|e| panic!("{e}")),
+            1
+        );
+        crate::passes::layout::run(&mut two).unwrap_or_else(|e| panic!("{e}"));
+        two.verify().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run_graph(&two, vec![xin])[0].to_f64_vec(), got);
     }
 
     #[test]

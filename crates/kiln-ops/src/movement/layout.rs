@@ -100,14 +100,14 @@ impl Transpose {
             return Ok(Tensor::from_buf(out_shape, out)?);
         }
         // 8-bit tensors (quantized models' channels-last edges) on the same loop nest, with
-        // the scalar block transpose.
+        // the 8x8-block byte transpose.
         macro_rules! bytes {
             ($t:ty) => {
                 if let Ok(v) = x.as_slice::<$t>() {
                     // Every element is written (as on the f32 path): a planned or recycled
                     // buffer needs no copy of the input first.
                     let mut out = crate::util::out_buf::<$t>(v.len());
-                    let block: BlockFn<'_, $t> = &kiln_kernels::transpose::transpose::<$t>;
+                    let block: BlockFn<'_, $t> = &kiln_kernels::transpose::transpose_bytes::<$t>;
                     if !permute_into(v, x.shape(), &perm, &mut out, block) {
                         return Err(OpError::input_shape(
                             0,
