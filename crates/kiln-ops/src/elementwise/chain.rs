@@ -314,16 +314,8 @@ impl ElementwiseChain {
                                 at = 0;
                             }
                         }
-                        Some(&Operand::Bytes(b, d)) => OPERAND_BLOCK.with(|cell| {
-                            // The block's 8-bit operand dequantized into this thread's
-                            // scratch (written whole before it is read).
-                            let mut fresh = Vec::new();
-                            let mut kept = cell.try_borrow_mut();
-                            let scratch = match kept.as_deref_mut() {
-                                Ok(v) => v,
-                                Err(_) => &mut fresh,
-                            };
-                            let v = kiln_kernels::recycle::scratch(scratch, out.len());
+                        // The block's 8-bit operand dequantized into this thread's scratch.
+                        Some(&Operand::Bytes(b, d)) => with_block(&OPERAND_BLOCK, out.len(), |v| {
                             b.dequantize(d, start, v);
                             binary_step(op, swapped, out, Operand::Full(v));
                         }),
@@ -363,14 +355,7 @@ impl ElementwiseChain {
                     let one = |bi: usize, out: &mut [T]| {
                         // The f32 block in this thread's scratch (`run` writes all of it
                         // first): no 16 KiB zeroing per block.
-                        QUANTIZE_BLOCK.with(|cell| {
-                            let mut fresh = Vec::new();
-                            let mut kept = cell.try_borrow_mut();
-                            let scratch = match kept.as_deref_mut() {
-                                Ok(v) => v,
-                                Err(_) => &mut fresh,
-                            };
-                            let b = kiln_kernels::recycle::scratch(scratch, out.len());
+                        with_block(&QUANTIZE_BLOCK, out.len(), |b| {
                             run(bi, b);
                             kiln_kernels::quant::quantize_row(b, out, q.scale, q.zero_point);
                         })
@@ -396,6 +381,24 @@ thread_local! {
     static QUANTIZE_BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Each thread's f32 block of an 8-bit operand.
     static OPERAND_BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `len` f32 values of this thread's block `key` (stale contents: `f` writes
+/// every value before it reads it), or of a fresh vector when the block is in use.
+fn with_block<R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<f32>>>,
+    len: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    key.with(|cell| {
+        let mut fresh = Vec::new();
+        let mut kept = cell.try_borrow_mut();
+        let scratch = match kept.as_deref_mut() {
+            Ok(v) => v,
+            Err(_) => &mut fresh,
+        };
+        f(kiln_kernels::recycle::scratch(scratch, len))
+    })
 }
 
 /// The chain's start: f32 values, or int32 or 8-bit ones converted as they are read.
