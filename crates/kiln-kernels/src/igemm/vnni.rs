@@ -89,7 +89,7 @@ pub(super) unsafe fn micro_rows(
             })
         }
     };
-    // SAFETY: the caller dispatches here only when `Isa::has_int8_dot` found AVX-512 F, BW
+    // SAFETY: the caller dispatches here only when `Isa::has_int8_dot` found AVX-512 F, VL, BW
     // and VNNI; A's quads are readable (this function's contract), B's panels hold every
     // step (checked above), C every element the masked stores touch (`need` above), `init`
     // at least `cols` values (masked loads); with a stage (C then only read), Y holds every
@@ -290,7 +290,7 @@ impl Epilogue for F64Stage {
 }
 
 /// # Safety
-/// AVX-512 F, BW and VNNI are available; `a` is `(table, taps, (row, quad), quads_per_tap)`:
+/// AVX-512 F, BW, VL and VNNI are available; `a` is `(table, taps, (row, quad), quads_per_tap)`:
 /// for `t < taps`, `r < MR_QUADS`, `q < quads_per_tap`, the four bytes at `table[t][r] + q *
 /// quad` (`STRIDED`: `table[0][0] + r * row + q * quad`, one tap) are readable; B is
 /// `(b, panels, pstride)`: panel `p < panels` holds `taps * quads_per_tap * 4 * NR_QUADS` i8
@@ -298,7 +298,7 @@ impl Epilogue for F64Stage {
 /// `(rows - 1) * ldc + cols` i32; `init`, if any, `cols`; with `REQ`, `stage` is `Some`, its Y
 /// (`ldy` apart) holds `(rows - 1) * ldy + cols` bytes and its bias and mult `cols` values
 /// each.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: Epilogue>(
     a: (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
     (b, panels, pstride): (*const i8, usize, usize),
@@ -331,7 +331,7 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
 /// # Safety
 /// As for [`micro_vnni`], for one panel: `b` its steps, `cols <= NR_QUADS` and C, `init` and
 /// the stage from its first column.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: Epilogue>(
     (table, taps, (row_step, quad_step), quads): (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
@@ -419,9 +419,13 @@ unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
             let (s0, s1) = (_mm512_add_epi32(base0, row[0]), _mm512_add_epi32(base1, row[1]));
             match &stage {
                 Some((st, e)) => {
+                    // Both halves narrowed in registers and stored as one masked 32-byte
+                    // write (the memory forms of `vpmovdb` are slow on Zen 4).
                     let y = st.y.add(r * st.ldy);
-                    _mm512_mask_cvtepi32_storeu_epi8(y.cast(), m0, e.requant(s0, 0));
-                    _mm512_mask_cvtepi32_storeu_epi8(y.wrapping_add(16).cast(), m1, e.requant(s1, 1));
+                    let low = _mm512_cvtepi32_epi8(e.requant(s0, 0));
+                    let high = _mm512_cvtepi32_epi8(e.requant(s1, 1));
+                    let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high);
+                    _mm256_mask_storeu_epi8(y.cast(), u32::from(m0) | (u32::from(m1) << 16), both);
                 }
                 None => {
                     _mm512_mask_storeu_epi32(p, m0, s0);
