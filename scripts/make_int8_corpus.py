@@ -67,24 +67,36 @@ class Reader(CalibrationDataReader):
 
 
 def quantize(src, dst, fmt, samples):
+    src, dst = os.path.abspath(src), os.path.abspath(dst)
+    cwd = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp:
-        model = onnx.load(src)
-        opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-        if opset < 13:
-            # Per-channel DequantizeLinear (its `axis`) needs opset 13; ORT's quantizer writes
-            # it into older models as they are, which ORT then refuses to load.
-            from onnx import version_converter
-            src = os.path.join(tmp, "opset13.onnx")
-            onnx.save(version_converter.convert_version(model, 13), src)
-        pre = os.path.join(tmp, "pre.onnx")
+        # ORT's tools write their temporary files (symbolic shape inference's model, large
+        # models' external data) into the working directory: keep them in `tmp`.
+        os.chdir(tmp)
         try:
-            quant_pre_process(src, pre, skip_symbolic_shape=False)
-        except Exception:
-            # Symbolic shape inference fails on some graphs; ORT's docs then skip it.
-            quant_pre_process(src, pre, skip_symbolic_shape=True)
-        quantize_static(pre, dst + ".part", Reader(samples), quant_format=fmt, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+            quantize_in(src, dst, fmt, samples, tmp)
+        finally:
+            os.chdir(cwd)
+
+
+def quantize_in(src, dst, fmt, samples, tmp):
+    model = onnx.load(src)
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset < 13:
+        # Per-channel DequantizeLinear (its `axis`) needs opset 13; ORT's quantizer writes it
+        # into older models as they are, which ORT then refuses to load.
+        from onnx import version_converter
+        src = os.path.join(tmp, "opset13.onnx")
+        onnx.save(version_converter.convert_version(model, 13), src)
+    pre = os.path.join(tmp, "pre.onnx")
+    try:
+        quant_pre_process(src, pre, skip_symbolic_shape=False)
+    except Exception:
+        # Symbolic shape inference fails on some graphs; ORT's docs then skip it.
+        quant_pre_process(src, pre, skip_symbolic_shape=True)
+    quantize_static(pre, dst + ".part", Reader(samples), quant_format=fmt, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
     os.replace(dst + ".part", dst)
 
 
