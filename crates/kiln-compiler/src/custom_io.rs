@@ -7,8 +7,8 @@
 //! channels-last first or last convolution.
 
 use crate::CompileError;
-use crate::passes::edit::{add_constant, dtype_of, fresh_name};
-use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
+use crate::passes::edit::{add_constant, dtype_of, fresh_name, op_node as node};
+use kiln_ir::{Graph, Op, ValueId, ValueType};
 use kiln_ops::elementwise::{Cast, ElementwiseOp};
 use kiln_ops::movement::{MovementOp, Transpose};
 use kiln_ops::quant::{DequantizeLinear, QuantOp, QuantizeLinear};
@@ -141,16 +141,6 @@ fn value(g: &mut Graph, name: String, dtype: DType, shape: &Option<Vec<Dim>>) ->
 fn permute(shape: &Option<Vec<Dim>>, perm: [usize; 4]) -> Option<Vec<Dim>> {
     let s = shape.as_ref()?;
     perm.iter().map(|&p| s.get(p).cloned()).collect()
-}
-
-fn node(name: String, op: Op, inputs: Vec<Option<ValueId>>, output: ValueId) -> Node {
-    Node {
-        name,
-        kind: NodeKind::Op(op),
-        inputs,
-        outputs: vec![Some(output)],
-        plan: None,
-    }
 }
 
 /// The 8-bit grid's scale and zero point as constants.

@@ -223,6 +223,17 @@ pub(crate) fn unary_io(node: &Node) -> Option<(ValueId, ValueId)> {
     }
 }
 
+/// A node of `op` writing `output` alone, with no plan.
+pub(crate) fn op_node(name: String, op: Op, inputs: Vec<Option<ValueId>>, output: ValueId) -> Node {
+    Node {
+        name,
+        kind: NodeKind::Op(op),
+        inputs,
+        outputs: vec![Some(output)],
+        plan: None,
+    }
+}
+
 /// The DequantizeLinear (per tensor or per axis, no blocks) producing `v`, with its inputs.
 pub(crate) fn dequantize_of<'g>(
     g: &'g Graph,

@@ -14,7 +14,7 @@
 //! `DequantizeLinear(W_q)` into f32 weights. The dequantize nodes stay for any other reader
 //! (dead-code elimination drops them when there is none).
 
-use super::edit::{Index, add_constant, dequantize_of, dtype_of, fresh_name};
+use super::edit::{Index, add_constant, dequantize_of, dtype_of, fresh_name, op_node as node};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId, ValueType};
 use kiln_ops::TensorType;
@@ -164,16 +164,6 @@ fn transpose_2d(t: &Tensor) -> Option<Tensor> {
         DType::U8 => Tensor::from_vec(vec![c, r], tr(t.as_slice::<u8>().ok()?, r, c)).ok(),
         DType::I8 => Tensor::from_vec(vec![c, r], tr(t.as_slice::<i8>().ok()?, r, c)).ok(),
         _ => None,
-    }
-}
-
-fn node(name: String, op: Op, inputs: Vec<Option<ValueId>>, output: ValueId) -> Node {
-    Node {
-        name,
-        kind: NodeKind::Op(op),
-        inputs,
-        outputs: vec![Some(output)],
-        plan: None,
     }
 }
 

@@ -115,11 +115,11 @@ impl Lookup8 {
                 Tensor::from_buf(shape, y)?
             }
             LookupTable::I8(t) => {
-                let t = entries(t)?;
-                let tb: [u8; 256] = std::array::from_fn(|i| t[i] as u8);
+                // The i8 entries as their bytes, looked up as a byte table.
+                let t = entries(Int8::bytes(entries(t)?))?;
                 let mut y = crate::util::out_buf::<i8>(n);
                 look(bytes, &mut y, &|x, y| {
-                    kiln_kernels::lut::lookup_bytes(isa, x, &tb, Int8::bytes_mut(y))
+                    kiln_kernels::lut::lookup_bytes(isa, x, t, Int8::bytes_mut(y))
                 });
                 Tensor::from_buf(shape, y)?
             }

@@ -14,7 +14,7 @@ use crate::recurrent::num::{in_shape, tt};
 use crate::value::{Args, Dim, InferInput, ValueType};
 use crate::{Outputs, util};
 use kiln_kernels::igemm::{
-    ConvScratch, ConvWindow, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, Scales, conv_requant_serial,
+    ConvScratch, ConvWindow, IgemmError, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, Scales, conv_requant_serial,
     igemm_requant_serial,
 };
 use kiln_kernels::quant::{Q8, Sum, requantize_row, requantize_row_f32};
@@ -332,37 +332,16 @@ where
     }
     let split = if threads > 1 { 2 * threads } else { 1 };
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
-    let failure: Mutex<Option<OpError>> = Mutex::new(None);
-    let fail = |e: OpError| {
-        if let Ok(mut f) = failure.lock() {
-            f.get_or_insert(e);
+    over_blocks::<T, O>(&mut y, rows, m, &|p0, r, out, scratch| {
+        let stage = requant.stage(0..m);
+        if pointwise {
+            let (acc, _) = scratch.parts(r * m, 0);
+            let a = xs.get(p0 * c..).unwrap_or(&[]);
+            igemm_requant_serial(isa, (r, k), a, c, zx, packed, acc, stage, out, m)
+        } else {
+            conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out, m)
         }
-    };
-    kiln_kernels::pool::for_each_chunk_mut(&mut y, rows * m, &|i, out| {
-        let p0 = i * rows;
-        let r = out.len() / m.max(1);
-        // This thread's scratch (every element is written before it is read).
-        T::with_scratch(|scratch| {
-            let stage = requant.stage(0..m);
-            let done = if pointwise {
-                let (acc, _) = scratch.parts(r * m, 0);
-                let a = xs.get(p0 * c..).unwrap_or(&[]);
-                igemm_requant_serial(isa, (r, k), a, c, zx, packed, acc, stage, out, m)
-            } else {
-                conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out, m)
-            };
-            if let Err(e) = done {
-                fail(OpError::input_value(
-                    0,
-                    "a convolution whose exact sums fit int32",
-                    e.to_string(),
-                ));
-            }
-        });
-    });
-    if let Some(e) = failure.into_inner().ok().flatten() {
-        return Err(e);
-    }
+    })?;
     if let Some(v) = padded {
         kiln_kernels::recycle::give_of(v);
     }
@@ -420,44 +399,46 @@ where
     let split = if threads > 1 { 2 * threads } else { 1 };
     let rows = (BLOCK_BYTES / (2 * m).max(1)).clamp(8, 512);
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
-    let failure: Mutex<Option<OpError>> = Mutex::new(None);
-    kiln_kernels::pool::for_each_chunk_mut(&mut y, rows * m, &|i, out| {
-        let p0 = i * rows;
-        let r = out.len() / m.max(1);
-        T::with_scratch(|scratch| {
-            for (g, b) in packed.iter().enumerate() {
-                let xg = xs.get(g * cg..).unwrap_or_default();
-                let Some(yg) = out.get_mut(g * mg..) else { break };
-                let done = conv_requant_serial(
-                    isa,
-                    &gwin,
-                    xg,
-                    p0..p0 + r,
-                    pad,
-                    b,
-                    scratch,
-                    requant.stage(g * mg..(g + 1) * mg),
-                    yg,
-                    m,
-                );
-                if let Err(e) = done {
-                    if let Ok(mut f) = failure.lock() {
-                        f.get_or_insert(OpError::input_value(
-                            0,
-                            "a convolution whose exact sums fit int32",
-                            e.to_string(),
-                        ));
-                    }
-                    return;
-                }
-            }
-        });
-    });
-    if let Some(e) = failure.into_inner().ok().flatten() {
-        return Err(e);
-    }
+    over_blocks::<T, O>(&mut y, rows, m, &|p0, r, out, scratch| {
+        for (g, b) in packed.iter().enumerate() {
+            let xg = xs.get(g * cg..).unwrap_or_default();
+            let Some(yg) = out.get_mut(g * mg..) else { break };
+            let stage = requant.stage(g * mg..(g + 1) * mg);
+            conv_requant_serial(isa, &gwin, xg, p0..p0 + r, pad, b, scratch, stage, yg, m)?;
+        }
+        Ok(())
+    })?;
     let (n, (oh, ow)) = (win.batch, win.output);
     Ok(Tensor::from_buf(vec![n, oh, ow, m], y)?)
+}
+
+/// Runs `each(first pixel, pixels, their rows of Y, this thread's scratch)` over blocks of
+/// `rows` output pixels of `y` (`m` channels each), over the pool; the first failure is the
+/// op's error.
+fn over_blocks<T: FromZeroPoint, O: Send>(
+    y: &mut [O],
+    rows: usize,
+    m: usize,
+    each: &(dyn Fn(usize, usize, &mut [O], &mut ConvScratch<T>) -> std::result::Result<(), IgemmError> + Sync),
+) -> Result<()> {
+    let failure: Mutex<Option<OpError>> = Mutex::new(None);
+    kiln_kernels::pool::for_each_chunk_mut(y, rows * m, &|i, out| {
+        let r = out.len() / m.max(1);
+        // This thread's scratch (every element is written before it is read).
+        if let Err(e) = T::with_scratch(|scratch| each(i * rows, r, out, scratch))
+            && let Ok(mut f) = failure.lock()
+        {
+            f.get_or_insert(OpError::input_value(
+                0,
+                "a convolution whose exact sums fit int32",
+                e.to_string(),
+            ));
+        }
+    });
+    match failure.into_inner().ok().flatten() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 thread_local! {
