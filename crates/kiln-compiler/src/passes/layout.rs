@@ -28,7 +28,7 @@ use kiln_ops::TensorType;
 use kiln_ops::elementwise::ElementwiseOp;
 use kiln_ops::fast::Plan;
 use kiln_ops::movement::{MovementOp, Transpose};
-use kiln_ops::nn::resize::{CoordMode, Resize};
+use kiln_ops::nn::resize::{CoordMode, Resize, ResizeMode};
 use kiln_ops::nn::{GlobalPoolKind, NnOp, PoolKind};
 use kiln_ops::quant::{DequantizeLinear, QuantOp, QuantizeLinear};
 use kiln_tensor::{DType, Tensor};
@@ -76,7 +76,7 @@ enum Kind {
     /// A one-tensor elementwise op (an activation, Clip with scalar bounds) of a rank-4 f32
     /// value: the same per element in either layout.
     Unary,
-    /// An f32 Resize of a rank-4 value by constant scales or sizes over all four axes (no
+    /// An f32 (or nearest 8-bit) Resize of a rank-4 value by constant scales or sizes over all four axes (no
     /// `axes`, no roi): channels-last, the same constant in `[N, H, W, C]` order.
     Resize,
     /// An f32 PRelu of a rank-4 value whose slope is a constant of one element or one per
@@ -187,7 +187,13 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
         let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
             return None;
         };
-        let ok = rank4_f32(*x) && rank4_f32(*y) && resize_target(g, index, node, r).is_some();
+        // 8-bit values resize channels-last too when nearest: copies, in any layout.
+        let rank4_8bit = |v: ValueId| {
+            matches!(dtype_of(g, v), Some(DType::U8 | DType::I8)) && fixed_shape(g, v).is_some_and(|s| s.len() == 4)
+        };
+        let values =
+            (rank4_f32(*x) && rank4_f32(*y)) || (r.mode == ResizeMode::Nearest && rank4_8bit(*x) && rank4_8bit(*y));
+        let ok = values && resize_target(g, index, node, r).is_some();
         return ok.then_some(Kind::Resize);
     }
     if let NodeKind::Op(Op::Elementwise(ElementwiseOp::PRelu(_))) = &node.kind {
@@ -677,7 +683,7 @@ mod tests {
         // x → Conv 3x3 → HardSwish → Clip(0, 6) → Resize nearest 2x → Conv 1x1: no transpose
         // between the convolutions, the Resize's scales in [N, H, W, C] order.
         use kiln_ops::elementwise::{Clip, ElementwiseOp, UnaryOp};
-        use kiln_ops::nn::resize::{Resize, ResizeMode};
+        use kiln_ops::nn::resize::Resize;
         let mut b = Builder::new();
         let x = b.input("x", &[1, 8, 6, 5]);
         let w1 = b.constant("w1", noise(&[8, 8, 3, 3], 1));
@@ -787,10 +793,9 @@ mod tests {
         assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
     }
 
-    /// A QOperator model's u8 MaxPool between two QLinearConvs runs channels-last on the
-    /// bytes, with no transpose around it, and gives the channels-first graph's bytes.
-    #[test]
-    fn an_8_bit_max_pool_between_quantized_convolutions_stays_channels_last() {
+    /// x (u8 `[1, 8, 10, 10]`) → QLinearConv 3x3 → `middle` (of the convolution's output,
+    /// giving 8 channels of `hw` x `hw`) → QLinearConv 1x1.
+    fn around_two_qconvs(middle: &dyn Fn(&mut Builder, ValueId) -> ValueId, hw: usize) -> Graph {
         use kiln_ops::quant::{ConvAttrs, QLinearConv, QuantOp};
         let qconv = |pads: usize| {
             Op::Quant(QuantOp::QLinearConv(QLinearConv {
@@ -840,16 +845,7 @@ mod tests {
             ],
             &[(DType::U8, &[1, 8, 10, 10])],
         )[0];
-        let pool = Op::Nn(NnOp::Pool(kiln_ops::nn::Pool {
-            kind: PoolKind::Max { storage_order: false },
-            auto_pad: kiln_ops::nn::AutoPad::NotSet,
-            ceil_mode: false,
-            dilations: vec![],
-            kernel_shape: vec![3, 3],
-            pads: vec![1; 4],
-            strides: vec![2, 2],
-        }));
-        let p = b.node_typed(pool, &[Some(c1)], &[(DType::U8, &[1, 8, 5, 5])])[0];
+        let p = middle(&mut b, c1);
         let y = b.node_typed(
             qconv(0),
             &[
@@ -862,9 +858,39 @@ mod tests {
                 Some(sx),
                 Some(zx),
             ],
-            &[(DType::U8, &[1, 6, 5, 5])],
+            &[(DType::U8, &[1, 6, hw, hw])],
         )[0];
-        let g = b.finish(&[y]);
+        b.finish(&[y])
+    }
+
+    /// `h`'s output bytes are `g`'s on one u8 input, and vary (the graph did something).
+    fn same_bytes(g: &Graph, h: &Graph) {
+        let bytes_in: Vec<u8> = (0..800u32).map(|i| (i * 37 % 251) as u8).collect();
+        let input = vec![Tensor::from_vec(vec![1, 8, 10, 10], bytes_in).unwrap()];
+        let want = run_graph(g, input.clone());
+        let got = run_graph(h, input);
+        assert_eq!(got[0].as_slice::<u8>().unwrap(), want[0].as_slice::<u8>().unwrap());
+        let w = want[0].as_slice::<u8>().unwrap();
+        assert!(w.iter().any(|&v| v != w[0]));
+    }
+
+    /// A QOperator model's u8 MaxPool between two QLinearConvs runs channels-last on the
+    /// bytes, with no transpose around it, and gives the channels-first graph's bytes.
+    #[test]
+    fn an_8_bit_max_pool_between_quantized_convolutions_stays_channels_last() {
+        let pool = |b: &mut Builder, c: ValueId| {
+            let pool = Op::Nn(NnOp::Pool(kiln_ops::nn::Pool {
+                kind: PoolKind::Max { storage_order: false },
+                auto_pad: kiln_ops::nn::AutoPad::NotSet,
+                ceil_mode: false,
+                dilations: vec![],
+                kernel_shape: vec![3, 3],
+                pads: vec![1; 4],
+                strides: vec![2, 2],
+            }));
+            b.node_typed(pool, &[Some(c)], &[(DType::U8, &[1, 8, 5, 5])])[0]
+        };
+        let g = around_two_qconvs(&pool, 5);
         let (_, h) = laid_out(&g);
         assert_eq!(
             ops(&h),
@@ -872,19 +898,32 @@ mod tests {
         );
         let pooled = h.nodes.iter().find(|n| n.kind.name() == "MaxPool");
         assert!(pooled.is_some_and(|n| n.pool_plan().channels_last));
-        let bytes_in: Vec<u8> = (0..800u32).map(|i| (i * 37 % 251) as u8).collect();
-        let input = vec![Tensor::from_vec(vec![1, 8, 10, 10], bytes_in).unwrap()];
-        let want = run_graph(&g, input.clone());
-        let got = run_graph(&h, input);
-        assert_eq!(got[0].as_slice::<u8>().unwrap(), want[0].as_slice::<u8>().unwrap());
-        // Not a constant output: the pool and convolutions did something.
-        assert!(
-            want[0]
-                .as_slice::<u8>()
-                .unwrap()
-                .iter()
-                .any(|&v| v != want[0].as_slice::<u8>().unwrap()[0])
+        same_bytes(&g, &h);
+    }
+
+    /// A nearest u8 Resize between two QLinearConvs (a detector's FPN upsampling) runs
+    /// channels-last, its scales in `[N, H, W, C]` order, with the channels-first bytes.
+    #[test]
+    fn an_8_bit_nearest_resize_between_quantized_convolutions_stays_channels_last() {
+        use kiln_ops::nn::resize::Resize;
+        let resize = |b: &mut Builder, c: ValueId| {
+            let scales = b.constant(
+                "scales",
+                Tensor::from_vec(vec![4], vec![1.0f32, 1.0, 2.0, 2.0]).unwrap(),
+            );
+            let op = Op::Nn(NnOp::Resize(Resize {
+                mode: ResizeMode::Nearest,
+                ..Resize::default()
+            }));
+            b.node_typed(op, &[Some(c), None, Some(scales)], &[(DType::U8, &[1, 8, 20, 20])])[0]
+        };
+        let g = around_two_qconvs(&resize, 20);
+        let (_, h) = laid_out(&g);
+        assert_eq!(
+            ops(&h),
+            ["Transpose", "QLinearConv", "Resize", "QLinearConv", "Transpose"]
         );
+        same_bytes(&g, &h);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! applied in f32 without the f64 round trip, innermost resized axis first so the other
 //! axes move whole rows. Nearest taps are copies (bit-exact); weighted taps sum in f32 where
 //! the reference sums in f64 (within a few ulp of the output's magnitude). Works in any
-//! layout: a channels-last tensor resized on H and W copies whole channel vectors.
+//! layout: a channels-last tensor resized on H and W copies whole channel vectors. Other
+//! element types (8-bit activations between quantized convolutions, int64, bool) take the
+//! same path when every resized axis is a nearest copy: data movement, bit-exact.
 
 use crate::Outputs;
 use crate::error::Result;
@@ -15,8 +17,16 @@ use kiln_tensor::{DType, Tensor};
 /// Runs `op` on the fast path for f32, else on the reference.
 pub(crate) fn eval(op: &Resize, args: &Args<'_>) -> Result<Outputs> {
     let x = args.tensor(0)?;
-    if x.dtype() != DType::F32 || x.shape().contains(&0) {
+    if x.shape().contains(&0) {
         return op.eval(args);
+    }
+    match x.dtype() {
+        DType::F32 => {}
+        DType::U8 => return nearest::<u8>(op, args, x),
+        DType::I8 => return nearest::<i8>(op, args, x),
+        DType::I64 => return nearest::<i64>(op, args, x),
+        DType::Bool => return nearest::<bool>(op, args, x),
+        _ => return op.eval(args),
     }
     let g = op.call_geometry(args, x.shape())?;
     let mut shape = x.shape().to_vec();
@@ -54,6 +64,98 @@ pub(crate) fn eval(op: &Resize, args: &Args<'_>) -> Result<Outputs> {
     }
     // No axis resized.
     Ok(smallvec::smallvec![x.clone().into()])
+}
+
+/// Runs `op` on `x` of a non-f32 type when every resized axis copies (nearest, nothing
+/// extrapolated), else on the reference.
+fn nearest<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element + Send + Sync>(
+    op: &Resize,
+    args: &Args<'_>,
+    x: &Tensor,
+) -> Result<Outputs> {
+    let g = op.call_geometry(args, x.shape())?;
+    let mut shape = x.shape().to_vec();
+    let mut passes = Vec::new();
+    for a in (0..shape.len()).rev().filter(|&a| g.resizes(a, &shape)) {
+        let (Some(&out), Some(&scale)) = (g.out.get(a), g.scales.get(a)) else {
+            return op.eval(args);
+        };
+        let roi = g.roi.as_ref().and_then(|r| r.get(a).copied());
+        let taps = Flat::new(&op.axis_taps(shape[a], out, scale, roi));
+        if !taps.copies {
+            return op.eval(args);
+        }
+        passes.push((a, out, taps));
+    }
+    let mut data: Option<Vec<T>> = None;
+    let count = passes.len();
+    for (i, (a, out, taps)) in passes.into_iter().enumerate() {
+        let src: &[T] = match &data {
+            Some(d) => d,
+            None => x.as_slice::<T>()?,
+        };
+        let mut next = shape.clone();
+        next[a] = out;
+        let n = numel(&next)?;
+        if i + 1 == count {
+            let mut y = crate::util::out_buf::<T>(n);
+            copy_axis(src, &shape, a, out, &taps, &mut y);
+            if let Some(d) = data.take() {
+                kiln_kernels::recycle::give_of(d);
+            }
+            return Ok(smallvec::smallvec![Tensor::from_buf(next, y)?.into()]);
+        }
+        let mut y = kiln_kernels::recycle::take_of::<T>(n);
+        copy_axis(src, &shape, a, out, &taps, &mut y);
+        if let Some(d) = data.replace(y) {
+            kiln_kernels::recycle::give_of(d);
+        }
+        shape = next;
+    }
+    Ok(smallvec::smallvec![x.clone().into()])
+}
+
+/// [`resize_axis`] for taps that all copy (`t.copies`), of any element type.
+fn copy_axis<T: Copy + Default + Send + Sync>(
+    src: &[T],
+    shape: &[usize],
+    a: usize,
+    out: usize,
+    t: &Flat,
+    dst: &mut [T],
+) {
+    let input = shape.get(a).copied().unwrap_or(0);
+    let inner: usize = shape.get(a + 1..).unwrap_or(&[]).iter().product();
+    let (ilen, olen) = (input * inner, out * inner);
+    if olen == 0 {
+        return;
+    }
+    let at = |y: usize| t.taps(y).0.first().copied().unwrap_or(0);
+    if inner == 1 {
+        let rows = (PIECE / olen).max(1);
+        kiln_kernels::pool::for_each_chunk_mut(dst, rows * olen, &|ci, d| {
+            for (r, d) in d.chunks_mut(olen).enumerate() {
+                let o = ci * rows + r;
+                let s = src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]);
+                for (y, dv) in d.iter_mut().enumerate() {
+                    *dv = s.get(at(y)).copied().unwrap_or_default();
+                }
+            }
+        });
+        return;
+    }
+    let rows = (PIECE / inner).max(1);
+    kiln_kernels::pool::for_each_chunk_mut(dst, rows * inner, &|ci, d| {
+        for (r, row) in d.chunks_mut(inner).enumerate() {
+            let g = ci * rows + r;
+            let (o, y) = (g / out, g % out);
+            let i = at(y);
+            match src.get(o * ilen + i * inner..o * ilen + (i + 1) * inner) {
+                Some(s) if s.len() == row.len() => row.copy_from_slice(s),
+                _ => row.fill(T::default()),
+            }
+        }
+    });
 }
 
 /// Taps as flat arrays: position `y` sums `idx[start[y]..start[y + 1]]` with their weights;
@@ -296,6 +398,56 @@ mod tests {
         assert!(w.contains(&9.5));
         for (a, b) in w.iter().zip(g) {
             assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn nearest_bytes_and_integers_match_the_reference() {
+        // u8 and i64 through every nearest rule and coordinate mode, up, down and mixed, in
+        // both layouts' shapes (channels inner or outer): the generic copy path, bit-exact.
+        let nearests = [
+            NearestMode::RoundPreferFloor,
+            NearestMode::RoundPreferCeil,
+            NearestMode::Floor,
+            NearestMode::Ceil,
+        ];
+        let coords = [CoordMode::HalfPixel, CoordMode::AlignCorners, CoordMode::Asymmetric];
+        let targets: [(Option<Vec<f32>>, Option<Vec<i64>>); 3] = [
+            (Some(vec![1.0, 1.0, 2.0, 2.0]), None),
+            (Some(vec![1.0, 1.0, 0.6, 1.7]), None),
+            (None, Some(vec![2, 9, 3, 5])),
+        ];
+        for shape in [[2, 3, 5, 7], [2, 5, 7, 3]] {
+            let n: usize = shape.iter().product();
+            let bytes: Vec<u8> = (0..n).map(|i| (i * 37 % 251) as u8).collect();
+            let longs: Vec<i64> = (0..n).map(|i| i as i64 * 1_000_003 - 7).collect();
+            let inputs = [
+                Value::Tensor(Tensor::from_vec(shape.to_vec(), bytes).unwrap()),
+                Value::Tensor(Tensor::from_vec(shape.to_vec(), longs).unwrap()),
+            ];
+            for xv in &inputs {
+                for nearest in nearests {
+                    for coord in coords {
+                        for (scales, sizes) in &targets {
+                            let op = Resize {
+                                mode: ResizeMode::Nearest,
+                                coord,
+                                nearest,
+                                ..Resize::default()
+                            };
+                            let empty = f32s(&[]);
+                            let sv = scales.as_ref().map(|s| f32s(s));
+                            let zv = sizes.as_ref().map(|s| i64s(s));
+                            let args = [Some(xv), Some(&empty), sv.as_ref(), zv.as_ref()];
+                            let args = Args::new(&args);
+                            let want = op.eval(&args).unwrap();
+                            let got = eval(&op, &args).unwrap();
+                            let (w, g) = (want[0].as_tensor().unwrap(), got[0].as_tensor().unwrap());
+                            assert_eq!(w, g, "{nearest:?} {coord:?} {shape:?} {scales:?} {sizes:?}");
+                        }
+                    }
+                }
+            }
         }
     }
 }
