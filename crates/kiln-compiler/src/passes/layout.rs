@@ -28,7 +28,7 @@ use kiln_ops::TensorType;
 use kiln_ops::elementwise::ElementwiseOp;
 use kiln_ops::fast::Plan;
 use kiln_ops::movement::{MovementOp, Transpose};
-use kiln_ops::nn::resize::{CoordMode, Resize, ResizeMode};
+use kiln_ops::nn::resize::{CoordMode, Resize};
 use kiln_ops::nn::{GlobalPoolKind, NnOp, PoolKind};
 use kiln_ops::quant::{DequantizeLinear, QuantOp, QuantizeLinear};
 use kiln_tensor::{DType, Tensor};
@@ -76,7 +76,7 @@ enum Kind {
     /// A one-tensor elementwise op (an activation, Clip with scalar bounds) of a rank-4 f32
     /// value: the same per element in either layout.
     Unary,
-    /// An f32 (or nearest 8-bit) Resize of a rank-4 value by constant scales or sizes over all four axes (no
+    /// An f32 or 8-bit Resize of a rank-4 value by constant scales or sizes over all four axes (no
     /// `axes`, no roi): channels-last, the same constant in `[N, H, W, C]` order.
     Resize,
     /// An f32 PRelu of a rank-4 value whose slope is a constant of one element or one per
@@ -187,12 +187,12 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
         let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
             return None;
         };
-        // 8-bit values resize channels-last too when nearest: copies, in any layout.
+        // 8-bit values too (QOperator models resize the u8 tensors): the fast path resizes
+        // W before H in either layout, so the same sums round to the same bytes.
         let rank4_8bit = |v: ValueId| {
             matches!(dtype_of(g, v), Some(DType::U8 | DType::I8)) && fixed_shape(g, v).is_some_and(|s| s.len() == 4)
         };
-        let values =
-            (rank4_f32(*x) && rank4_f32(*y)) || (r.mode == ResizeMode::Nearest && rank4_8bit(*x) && rank4_8bit(*y));
+        let values = (rank4_f32(*x) && rank4_f32(*y)) || (rank4_8bit(*x) && rank4_8bit(*y));
         let ok = values && resize_target(g, index, node, r).is_some();
         return ok.then_some(Kind::Resize);
     }
@@ -394,21 +394,35 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     {
         return Ok(0);
     }
-    // A Resize that grows its input converts only when a reader can take the channels-last
+    // A Resize that grows its input converts only when a reader needs the channels-last
     // result: else the transpose back would be of the larger tensor (a segmentation head's
-    // final upsampling), where the one it saves was of the smaller.
-    let layout_readers = |y: ValueId| {
-        index
-            .readers(y)
-            .iter()
-            .any(|&r| kinds.get(r).is_some_and(Option::is_some))
-    };
+    // final upsampling), where the one it saves was of the smaller. Per-element readers
+    // (activations, quantize and dequantize, PRelu, affines) need it only if a reader of
+    // theirs does, looked up a few levels deep.
+    fn needs_twin(g: &Graph, index: &Index, kinds: &[Option<Kind>], y: ValueId, depth: usize) -> bool {
+        index.readers(y).iter().any(|&r| match kinds.get(r).copied().flatten() {
+            None => false,
+            Some(Kind::Unary | Kind::Quant | Kind::PRelu | Kind::Affine) => {
+                depth > 0
+                    && g.nodes
+                        .get(r)
+                        .and_then(|n| n.outputs.first().copied().flatten())
+                        .is_some_and(|v| needs_twin(g, index, kinds, v, depth - 1))
+            }
+            Some(_) => true,
+        })
+    }
     let resize_ok: Vec<bool> = g
         .nodes
         .iter()
         .zip(&kinds)
         .map(|(n, k)| {
-            k != &Some(Kind::Resize) || n.outputs.first().copied().flatten().is_some_and(|y| layout_readers(y))
+            k != &Some(Kind::Resize)
+                || n.outputs
+                    .first()
+                    .copied()
+                    .flatten()
+                    .is_some_and(|y| needs_twin(g, &index, &kinds, y, 4))
         })
         .collect();
     let old = std::mem::take(&mut g.nodes);
@@ -683,7 +697,7 @@ mod tests {
         // x → Conv 3x3 → HardSwish → Clip(0, 6) → Resize nearest 2x → Conv 1x1: no transpose
         // between the convolutions, the Resize's scales in [N, H, W, C] order.
         use kiln_ops::elementwise::{Clip, ElementwiseOp, UnaryOp};
-        use kiln_ops::nn::resize::Resize;
+        use kiln_ops::nn::resize::{Resize, ResizeMode};
         let mut b = Builder::new();
         let x = b.input("x", &[1, 8, 6, 5]);
         let w1 = b.constant("w1", noise(&[8, 8, 3, 3], 1));
@@ -794,8 +808,8 @@ mod tests {
     }
 
     /// x (u8 `[1, 8, 10, 10]`) → QLinearConv 3x3 → `middle` (of the convolution's output,
-    /// giving 8 channels of `hw` x `hw`) → QLinearConv 1x1.
-    fn around_two_qconvs(middle: &dyn Fn(&mut Builder, ValueId) -> ValueId, hw: usize) -> Graph {
+    /// giving 8 channels of `hw`) → QLinearConv 1x1.
+    fn around_two_qconvs(middle: &dyn Fn(&mut Builder, ValueId) -> ValueId, hw: [usize; 2]) -> Graph {
         use kiln_ops::quant::{ConvAttrs, QLinearConv, QuantOp};
         let qconv = |pads: usize| {
             Op::Quant(QuantOp::QLinearConv(QLinearConv {
@@ -858,7 +872,7 @@ mod tests {
                 Some(sx),
                 Some(zx),
             ],
-            &[(DType::U8, &[1, 6, hw, hw])],
+            &[(DType::U8, &[1, 6, hw[0], hw[1]])],
         )[0];
         b.finish(&[y])
     }
@@ -890,7 +904,7 @@ mod tests {
             }));
             b.node_typed(pool, &[Some(c)], &[(DType::U8, &[1, 8, 5, 5])])[0]
         };
-        let g = around_two_qconvs(&pool, 5);
+        let g = around_two_qconvs(&pool, [5, 5]);
         let (_, h) = laid_out(&g);
         assert_eq!(
             ops(&h),
@@ -901,29 +915,32 @@ mod tests {
         same_bytes(&g, &h);
     }
 
-    /// A nearest u8 Resize between two QLinearConvs (a detector's FPN upsampling) runs
-    /// channels-last, its scales in `[N, H, W, C]` order, with the channels-first bytes.
+    /// A u8 Resize between two QLinearConvs (a detector's FPN upsampling, a segmentation
+    /// head's bilinear one) runs channels-last, its scales in `[N, H, W, C]` order, with the
+    /// channels-first bytes.
     #[test]
-    fn an_8_bit_nearest_resize_between_quantized_convolutions_stays_channels_last() {
-        use kiln_ops::nn::resize::Resize;
-        let resize = |b: &mut Builder, c: ValueId| {
-            let scales = b.constant(
-                "scales",
-                Tensor::from_vec(vec![4], vec![1.0f32, 1.0, 2.0, 2.0]).unwrap(),
+    fn an_8_bit_resize_between_quantized_convolutions_stays_channels_last() {
+        use kiln_ops::nn::resize::{Resize, ResizeMode};
+        for mode in [ResizeMode::Nearest, ResizeMode::Linear] {
+            let resize = |b: &mut Builder, c: ValueId| {
+                let scales = b.constant(
+                    "scales",
+                    Tensor::from_vec(vec![4], vec![1.0f32, 1.0, 2.0, 1.5]).unwrap(),
+                );
+                let op = Op::Nn(NnOp::Resize(Resize {
+                    mode,
+                    ..Resize::default()
+                }));
+                b.node_typed(op, &[Some(c), None, Some(scales)], &[(DType::U8, &[1, 8, 20, 15])])[0]
+            };
+            let g = around_two_qconvs(&resize, [20, 15]);
+            let (_, h) = laid_out(&g);
+            assert_eq!(
+                ops(&h),
+                ["Transpose", "QLinearConv", "Resize", "QLinearConv", "Transpose"]
             );
-            let op = Op::Nn(NnOp::Resize(Resize {
-                mode: ResizeMode::Nearest,
-                ..Resize::default()
-            }));
-            b.node_typed(op, &[Some(c), None, Some(scales)], &[(DType::U8, &[1, 8, 20, 20])])[0]
-        };
-        let g = around_two_qconvs(&resize, 20);
-        let (_, h) = laid_out(&g);
-        assert_eq!(
-            ops(&h),
-            ["Transpose", "QLinearConv", "Resize", "QLinearConv", "Transpose"]
-        );
-        same_bytes(&g, &h);
+            same_bytes(&g, &h);
+        }
     }
 
     #[test]

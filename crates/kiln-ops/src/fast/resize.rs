@@ -1,64 +1,148 @@
-//! The f32 `Resize`: the reference's per-axis taps (`Resize::axis_taps`, so every mode,
+//! The `Resize` fast path: the reference's per-axis taps (`Resize::axis_taps`, so every mode,
 //! coordinate transformation, nearest rule, antialias and `exclude_outside` behave the same),
-//! applied in f32 without the f64 round trip, innermost resized axis first so the other
-//! axes move whole rows. Nearest taps are copies (bit-exact); weighted taps sum in f32 where
-//! the reference sums in f64 (within a few ulp of the output's magnitude). Works in any
-//! layout: a channels-last tensor resized on H and W copies whole channel vectors. Other
-//! element types (8-bit activations between quantized convolutions, int64, bool) take the
-//! same path when every resized axis is a nearest copy: data movement, bit-exact.
+//! applied one axis at a time, innermost resized axis first so the other axes move whole rows.
+//! Works in any layout: a channels-last tensor resized on H and W moves whole channel vectors.
+//!
+//! - Nearest (every axis's taps copies): data movement of any element type (f32, the 8-bit
+//!   activations between quantized convolutions, int64, bool), bit-exact.
+//! - Weighted taps (linear, cubic, antialias) of f32, u8 and i8: sums in f32 where the
+//!   reference sums in f64 (f32 outputs within a few ulp of their magnitude); 8-bit values
+//!   pass between axes as f32 and are rounded half to even and saturated once at the end,
+//!   as the reference does, so they match it except where the exact value lies within f32
+//!   rounding of a half (exactly, for scales whose weights are dyadic such as 2x or 4x).
 
 use crate::Outputs;
 use crate::error::Result;
 use crate::nn::numel;
 use crate::nn::resize::Resize;
 use crate::value::Args;
-use kiln_tensor::{DType, Tensor};
+use kiln_kernels::recycle::Recycled;
+use kiln_tensor::{DType, Element, Tensor};
 
-/// Runs `op` on the fast path for f32, else on the reference.
+/// Runs `op` on the fast path where it has one (see the module doc), else on the reference.
 pub(crate) fn eval(op: &Resize, args: &Args<'_>) -> Result<Outputs> {
     let x = args.tensor(0)?;
-    if x.shape().contains(&0) {
+    if x.shape().contains(&0) || !matches!(x.dtype(), DType::F32 | DType::U8 | DType::I8 | DType::I64 | DType::Bool) {
         return op.eval(args);
-    }
-    match x.dtype() {
-        DType::F32 => {}
-        DType::U8 => return nearest::<u8>(op, args, x),
-        DType::I8 => return nearest::<i8>(op, args, x),
-        DType::I64 => return nearest::<i64>(op, args, x),
-        DType::Bool => return nearest::<bool>(op, args, x),
-        _ => return op.eval(args),
     }
     let g = op.call_geometry(args, x.shape())?;
     let mut shape = x.shape().to_vec();
+    let mut passes = Vec::new();
     let axes: Vec<usize> = (0..shape.len()).rev().filter(|&a| g.resizes(a, &shape)).collect();
-    // Innermost axis first: it shrinks or grows the rows the outer axes then copy whole. The
-    // last pass writes the output buffer; the ones before, recycled scratch.
-    let mut data: Option<Vec<f32>> = None;
-    for (i, &a) in axes.iter().enumerate() {
+    for a in axes {
         let (Some(&out), Some(&scale)) = (g.out.get(a), g.scales.get(a)) else {
             return op.eval(args);
         };
         let roi = g.roi.as_ref().and_then(|r| r.get(a).copied());
-        let taps = Flat::new(&op.axis_taps(shape[a], out, scale, roi));
-        let src: &[f32] = match &data {
+        passes.push(Pass {
+            a,
+            taps: Flat::new(&op.axis_taps(shape[a], out, scale, roi)),
+        });
+        shape[a] = out;
+    }
+    let copies = passes.iter().all(|p| p.taps.copies);
+    let ext = op.extrapolation_value;
+    match (x.dtype(), copies) {
+        (DType::F32, true) => copied::<f32>(x, &passes),
+        (DType::U8, true) => copied::<u8>(x, &passes),
+        (DType::I8, true) => copied::<i8>(x, &passes),
+        (DType::I64, true) => copied::<i64>(x, &passes),
+        (DType::Bool, true) => copied::<bool>(x, &passes),
+        (DType::F32, false) => weighted::<f32>(x, &passes, ext),
+        (DType::U8, false) => weighted::<u8>(x, &passes, ext),
+        (DType::I8, false) => weighted::<i8>(x, &passes, ext),
+        _ => op.eval(args),
+    }
+}
+
+/// One resized axis: which, and its taps (their count is the axis' new size).
+struct Pass {
+    a: usize,
+    taps: Flat,
+}
+
+impl Pass {
+    fn out(&self) -> usize {
+        self.taps.ext.len()
+    }
+}
+
+/// A value a weighted tap reads (as f32).
+trait Sample: Copy + Send + Sync {
+    fn get(self) -> f32;
+}
+
+/// A value a weighted pass writes from its f32 sum.
+trait Store: Copy + Send + Sync {
+    fn put(v: f32) -> Self;
+}
+
+impl Sample for f32 {
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self
+    }
+}
+
+impl Store for f32 {
+    #[inline(always)]
+    fn put(v: f32) -> f32 {
+        v
+    }
+}
+
+/// Adding 1.5 * 2^23 to an f32 of magnitude below 2^22 rounds it half to even (the default
+/// mode) to an integer whose two's complement sits in the sum's low mantissa bits: no
+/// float-to-int conversion, so the loops around it vectorise.
+const MAGIC: f32 = 12_582_912.0;
+
+macro_rules! byte_sample {
+    ($t:ty) => {
+        impl Sample for $t {
+            #[inline(always)]
+            fn get(self) -> f32 {
+                f32::from(self)
+            }
+        }
+
+        impl Store for $t {
+            /// Saturated (NaN to the low bound) and rounded half to even, as the reference's
+            /// round-then-cast: the low byte of the rounded sum's bits.
+            #[inline(always)]
+            fn put(v: f32) -> $t {
+                let v = v.max(f32::from(<$t>::MIN)).min(f32::from(<$t>::MAX));
+                (v + MAGIC).to_bits() as u8 as $t
+            }
+        }
+    };
+}
+byte_sample!(u8);
+byte_sample!(i8);
+
+/// `x` resized by `passes` whose taps all copy: data movement, any element type.
+fn copied<T: Recycled + Element + Send + Sync>(x: &Tensor, passes: &[Pass]) -> Result<Outputs> {
+    let mut shape = x.shape().to_vec();
+    let mut data: Option<Vec<T>> = None;
+    for (i, p) in passes.iter().enumerate() {
+        let src: &[T] = match &data {
             Some(d) => d,
-            None => x.as_slice::<f32>()?,
+            None => x.as_slice::<T>()?,
         };
         let mut next = shape.clone();
-        next[a] = out;
+        next[p.a] = p.out();
         let n = numel(&next)?;
-        if i + 1 == axes.len() {
-            let mut y = crate::util::out_f32(n);
-            resize_axis(src, &shape, a, out, &taps, op.extrapolation_value, &mut y);
+        if i + 1 == passes.len() {
+            let mut y = crate::util::out_buf::<T>(n);
+            copy_axis(src, &shape, p.a, p.out(), &p.taps, &mut y);
             if let Some(d) = data.take() {
-                kiln_kernels::recycle::give(d);
+                kiln_kernels::recycle::give_of(d);
             }
             return Ok(smallvec::smallvec![Tensor::from_buf(next, y)?.into()]);
         }
-        let mut y = kiln_kernels::recycle::take(n);
-        resize_axis(src, &shape, a, out, &taps, op.extrapolation_value, &mut y);
+        let mut y = kiln_kernels::recycle::take_of::<T>(n);
+        copy_axis(src, &shape, p.a, p.out(), &p.taps, &mut y);
         if let Some(d) = data.replace(y) {
-            kiln_kernels::recycle::give(d);
+            kiln_kernels::recycle::give_of(d);
         }
         shape = next;
     }
@@ -66,49 +150,35 @@ pub(crate) fn eval(op: &Resize, args: &Args<'_>) -> Result<Outputs> {
     Ok(smallvec::smallvec![x.clone().into()])
 }
 
-/// Runs `op` on `x` of a non-f32 type when every resized axis copies (nearest, nothing
-/// extrapolated), else on the reference.
-fn nearest<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element + Send + Sync>(
-    op: &Resize,
-    args: &Args<'_>,
-    x: &Tensor,
-) -> Result<Outputs> {
-    let g = op.call_geometry(args, x.shape())?;
+/// `x` resized by `passes` with weighted taps: the first pass reads `T`, the ones between
+/// pass f32 (recycled scratch), the last writes `T` into the output buffer.
+fn weighted<T: Recycled + Element + Sample + Store>(x: &Tensor, passes: &[Pass], ext: f32) -> Result<Outputs> {
     let mut shape = x.shape().to_vec();
-    let mut passes = Vec::new();
-    for a in (0..shape.len()).rev().filter(|&a| g.resizes(a, &shape)) {
-        let (Some(&out), Some(&scale)) = (g.out.get(a), g.scales.get(a)) else {
-            return op.eval(args);
-        };
-        let roi = g.roi.as_ref().and_then(|r| r.get(a).copied());
-        let taps = Flat::new(&op.axis_taps(shape[a], out, scale, roi));
-        if !taps.copies {
-            return op.eval(args);
-        }
-        passes.push((a, out, taps));
-    }
-    let mut data: Option<Vec<T>> = None;
-    let count = passes.len();
-    for (i, (a, out, taps)) in passes.into_iter().enumerate() {
-        let src: &[T] = match &data {
-            Some(d) => d,
-            None => x.as_slice::<T>()?,
-        };
+    let src = x.as_slice::<T>()?;
+    let mut data: Option<Vec<f32>> = None;
+    for (i, p) in passes.iter().enumerate() {
         let mut next = shape.clone();
-        next[a] = out;
+        next[p.a] = p.out();
         let n = numel(&next)?;
-        if i + 1 == count {
+        let (a, out, t) = (p.a, p.out(), &p.taps);
+        if i + 1 == passes.len() {
             let mut y = crate::util::out_buf::<T>(n);
-            copy_axis(src, &shape, a, out, &taps, &mut y);
-            if let Some(d) = data.take() {
-                kiln_kernels::recycle::give_of(d);
+            match data.take() {
+                Some(d) => {
+                    resize_axis(&d, &shape, a, out, t, ext, &mut y);
+                    kiln_kernels::recycle::give(d);
+                }
+                None => resize_axis(src, &shape, a, out, t, ext, &mut y),
             }
             return Ok(smallvec::smallvec![Tensor::from_buf(next, y)?.into()]);
         }
-        let mut y = kiln_kernels::recycle::take_of::<T>(n);
-        copy_axis(src, &shape, a, out, &taps, &mut y);
+        let mut y = kiln_kernels::recycle::take(n);
+        match &data {
+            Some(d) => resize_axis(d, &shape, a, out, t, ext, &mut y),
+            None => resize_axis(src, &shape, a, out, t, ext, &mut y),
+        }
         if let Some(d) = data.replace(y) {
-            kiln_kernels::recycle::give_of(d);
+            kiln_kernels::recycle::give(d);
         }
         shape = next;
     }
@@ -216,8 +286,16 @@ impl Flat {
 const PIECE: usize = 1 << 15;
 
 /// Resizes axis `a` of `src` (of `shape`) to `out` positions, into `dst` (every element
-/// written), the rows split over the pool.
-fn resize_axis(src: &[f32], shape: &[usize], a: usize, out: usize, t: &Flat, ext: f32, dst: &mut [f32]) {
+/// written), the rows split over the pool. Sums in f32 whatever `S` and `D` are.
+fn resize_axis<S: Sample, D: Store>(
+    src: &[S],
+    shape: &[usize],
+    a: usize,
+    out: usize,
+    t: &Flat,
+    ext: f32,
+    dst: &mut [D],
+) {
     let input = shape.get(a).copied().unwrap_or(0);
     let inner: usize = shape.get(a + 1..).unwrap_or(&[]).iter().product();
     let (ilen, olen) = (input * inner, out * inner);
@@ -232,7 +310,7 @@ fn resize_axis(src: &[f32], shape: &[usize], a: usize, out: usize, t: &Flat, ext
                 let o = ci * rows + r;
                 let s = src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]);
                 for (y, dv) in d.iter_mut().enumerate() {
-                    *dv = position(s, y, t, ext);
+                    *dv = D::put(position(s, y, t, ext));
                 }
             }
         });
@@ -240,36 +318,42 @@ fn resize_axis(src: &[f32], shape: &[usize], a: usize, out: usize, t: &Flat, ext
     }
     let rows = (PIECE / inner).max(1);
     kiln_kernels::pool::for_each_chunk_mut(dst, rows * inner, &|ci, d| {
+        // Sums of three or more taps, when `D` cannot hold them.
+        let mut acc: Vec<f32> = Vec::new();
         for (r, row) in d.chunks_mut(inner).enumerate() {
             let g = ci * rows + r;
             let (o, y) = (g / out, g % out);
             let s = src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]);
             let src_row = |i: usize| s.get(i * inner..(i + 1) * inner).unwrap_or(&[]);
             if t.ext.get(y).copied().unwrap_or(true) {
-                row.fill(ext);
+                row.fill(D::put(ext));
                 continue;
             }
             let (idx, w) = t.taps(y);
             match (idx, w) {
                 // Nearest (or a tap of weight 1): a copy.
-                ([i], _) if t.copies => copy_or_zero(row, src_row(*i)),
+                ([i], _) if t.copies => convert_or_zero(row, src_row(*i)),
                 // Linear: both taps in one pass (the same sum, `w0 a + w1 b`, as tap by tap).
                 ([i0, i1], [w0, w1]) => {
                     let (r0, r1) = (src_row(*i0), src_row(*i1));
                     if r0.len() == row.len() && r1.len() == row.len() {
                         for ((d, &p), &q) in row.iter_mut().zip(r0).zip(r1) {
-                            *d = w0 * p + w1 * q;
+                            *d = D::put(w0 * p.get() + w1 * q.get());
                         }
                     } else {
-                        row.fill(0.0);
+                        row.fill(D::put(0.0));
                     }
                 }
                 _ => {
-                    row.fill(0.0);
+                    acc.clear();
+                    acc.resize(row.len(), 0.0);
                     for (&i, &wv) in idx.iter().zip(w) {
-                        for (dv, sv) in row.iter_mut().zip(src_row(i)) {
-                            *dv += wv * sv;
+                        for (av, sv) in acc.iter_mut().zip(src_row(i)) {
+                            *av += wv * sv.get();
                         }
+                    }
+                    for (d, &v) in row.iter_mut().zip(&acc) {
+                        *d = D::put(v);
                     }
                 }
             }
@@ -277,27 +361,30 @@ fn resize_axis(src: &[f32], shape: &[usize], a: usize, out: usize, t: &Flat, ext
     });
 }
 
-/// `dst = src`, or zeros if the lengths differ (not reached: the taps index the input).
-fn copy_or_zero(dst: &mut [f32], src: &[f32]) {
+/// `dst = src` converted, or zeros if the lengths differ (not reached: the taps index the
+/// input).
+fn convert_or_zero<S: Sample, D: Store>(dst: &mut [D], src: &[S]) {
     if dst.len() == src.len() {
-        dst.copy_from_slice(src);
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = D::put(s.get());
+        }
     } else {
-        dst.fill(0.0);
+        dst.fill(D::put(0.0));
     }
 }
 
 /// Output position `y` of a last-axis resize of the row `s`.
-fn position(s: &[f32], y: usize, t: &Flat, ext: f32) -> f32 {
+fn position<S: Sample>(s: &[S], y: usize, t: &Flat, ext: f32) -> f32 {
     if t.ext.get(y).copied().unwrap_or(true) {
         return ext;
     }
     let (idx, w) = t.taps(y);
     if t.copies {
-        return idx.first().and_then(|&i| s.get(i)).copied().unwrap_or(ext);
+        return idx.first().and_then(|&i| s.get(i)).map_or(ext, |v| v.get());
     }
     let mut acc = 0f32;
     for (&i, &wv) in idx.iter().zip(w) {
-        acc += wv * s.get(i).copied().unwrap_or(0.0);
+        acc += wv * s.get(i).map_or(0.0, |v| v.get());
     }
     acc
 }
@@ -449,5 +536,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn weighted_bytes_round_like_the_reference() {
+        // u8 and i8 through linear and cubic (antialias too), up and down: within one step of
+        // the reference (f32 sums where it sums f64), and exactly it at 2x, whose weights are
+        // dyadic; the sums saturate (cubic overshoots) and round half to even.
+        let targets: [(Vec<f32>, bool); 3] = [
+            (vec![1.0, 1.0, 2.0, 2.0], true),
+            (vec![1.0, 1.0, 0.6, 1.7], false),
+            (vec![1.0, 1.0, 3.3, 0.5], false),
+        ];
+        let shape = [1, 3, 6, 7];
+        let n: usize = shape.iter().product();
+        // Extremes side by side, so cubic overshoots past the type's range.
+        let u: Vec<u8> = (0..n)
+            .map(|i| if i % 3 == 0 { 255 } else { (i * 37 % 7) as u8 })
+            .collect();
+        let s: Vec<i8> = u.iter().map(|&v| (v as i16 - 128) as i8).collect();
+        let inputs = [
+            Value::Tensor(Tensor::from_vec(shape.to_vec(), u).unwrap()),
+            Value::Tensor(Tensor::from_vec(shape.to_vec(), s).unwrap()),
+        ];
+        let as_i32 = |t: &Tensor| -> Vec<i32> {
+            match t.dtype() {
+                DType::U8 => t.as_slice::<u8>().unwrap().iter().map(|&v| v as i32).collect(),
+                _ => t.as_slice::<i8>().unwrap().iter().map(|&v| v as i32).collect(),
+            }
+        };
+        let mut saturated = false;
+        for xv in &inputs {
+            for mode in [ResizeMode::Linear, ResizeMode::Cubic] {
+                for antialias in [false, true] {
+                    for (scales, dyadic) in &targets {
+                        let op = Resize {
+                            mode,
+                            antialias,
+                            ..Resize::default()
+                        };
+                        let empty = f32s(&[]);
+                        let sv = f32s(scales);
+                        let args = [Some(xv), Some(&empty), Some(&sv)];
+                        let args = Args::new(&args);
+                        let want = op.eval(&args).unwrap();
+                        let got = eval(&op, &args).unwrap();
+                        let (w, g) = (want[0].as_tensor().unwrap(), got[0].as_tensor().unwrap());
+                        assert_eq!((w.shape(), w.dtype()), (g.shape(), g.dtype()));
+                        let (w, g) = (as_i32(w), as_i32(g));
+                        saturated |= w.iter().any(|&v| v == 0 || v == -128);
+                        for (a, b) in w.iter().zip(&g) {
+                            let tol = if *dyadic && !antialias { 0 } else { 1 };
+                            assert!((a - b).abs() <= tol, "{a} vs {b}: {mode:?} {scales:?} aa {antialias}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(saturated);
     }
 }
