@@ -2,7 +2,7 @@
 //! types on each side, zero points, depths across blocks and past the exact-i32 bound.
 
 use kiln_kernels::igemm::{
-    ConvScratch, ConvWindow, Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, Scales, conv_requant_serial,
+    ConvScratch, ConvWindow, F32Twin, Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, Scales, conv_requant_serial,
     igemm_requant_serial, igemm_serial, igemm_with,
 };
 use kiln_kernels::isa::Isa;
@@ -14,9 +14,9 @@ fn row_stage<O: Q8>(scales: Scales<'_>, sums: &[i32], (lo, hi): (i32, i32), out:
         Scales::F32 { bias, mult, zero_point } => {
             requantize_row_f32(sums, bias, mult, zero_point, (lo as f32, hi as f32), out)
         }
-        Scales::F64 { bias, mult, zero_point } => {
-            requantize_row(sums, bias, mult, zero_point, (f64::from(lo), f64::from(hi)), out)
-        }
+        Scales::F64 {
+            bias, mult, zero_point, ..
+        } => requantize_row(sums, bias, mult, zero_point, (f64::from(lo), f64::from(hi)), out),
     }
 }
 use proptest::prelude::*;
@@ -228,11 +228,25 @@ proptest! {
         check_fused::<u8, i8, u8>((m, n, k), &au, za + 128, &b, &[], f32s(zy as f32 + 100.0), ru)?;
         // The f64 stage (QLinearConv's arithmetic), with multipliers of a few bits too, whose
         // products land on halves: the ties round to even.
-        let bias64: Vec<f64> = bias.iter().map(|&v| f64::from(v)).collect();
+        // (Integer biases in those columns: with the +0.25 no product would be a half.)
+        let bias64: Vec<f64> = bias.iter().enumerate().map(|(j, &v)| if j % 3 == 0 { f64::from(v).floor() } else { f64::from(v) }).collect();
         let mult64: Vec<f64> = mult.iter().enumerate().map(|(j, &v)| if j % 3 == 0 { 0.5f64.powi(6 + (j % 5) as i32) } else { f64::from(v) / 3.0 }).collect();
-        let f64s = |zero_point: f64| Scales::F64 { bias: &bias64, mult: &mult64, zero_point };
+        let f64s = |zero_point: f64| Scales::F64 { bias: &bias64, mult: &mult64, zero_point, twin: None };
         check_fused::<i8, i8, u8>((m, n, k), &a, za, &b, &zb, f64s(f64::from(zy) + 128.0), ru)?;
         check_fused::<u8, i8, i8>((m, n, k), &au, za + 128, &b, &zb, f64s(f64::from(zy)), ri)?;
+        // And with its f32 twin (the VNNI tile's f32 arithmetic, f64 near the halves): the
+        // same bits, ties and near-ties included.
+        let (bias32, mult32): (Vec<f32>, Vec<f32>) = (bias64.iter().map(|&v| v as f32).collect(), mult64.iter().map(|&v| v as f32).collect());
+        for zero_point in [f64::from(zy) + 128.0, f64::from(zy)] {
+            let margin = F32Twin::margin(&bias64, &mult64, zero_point).ok_or_else(|| TestCaseError::fail("no twin"))?;
+            let twin = F32Twin { bias: &bias32, mult: &mult32, margin };
+            let scales = Scales::F64 { bias: &bias64, mult: &mult64, zero_point, twin: Some(twin) };
+            if zero_point > 100.0 {
+                check_fused::<i8, i8, u8>((m, n, k), &a, za, &b, &zb, scales, ru)?;
+            } else {
+                check_fused::<u8, i8, i8>((m, n, k), &au, za + 128, &b, &zb, scales, ri)?;
+            }
+        }
     }
 }
 
@@ -293,7 +307,7 @@ proptest! {
         }
         let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
         let stage = Requantize { scales: Scales::F32 { bias: &bias, mult: &mult, zero_point: 3.0 }, range: (0, 255) };
-        let stage64 = Requantize { scales: Scales::F64 { bias: &bias64, mult: &mult64, zero_point: 3.0 }, range: (0, 255) };
+        let stage64 = Requantize { scales: Scales::F64 { bias: &bias64, mult: &mult64, zero_point: 3.0, twin: None }, range: (0, 255) };
         let p0 = (cut * pixels / 7).min(pixels);
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
             for packing in [Packing::Pairs, Packing::Quads] {
@@ -387,4 +401,48 @@ fn split_over_threads_matches_the_oracle() {
             }
         }
     }
+}
+
+/// The f64 stage with its f32 twin where f32 and f64 round apart: products a hair above or
+/// below a half (`(k + 0.5) / t`, nudged by one part in 10^9, times a sum of exactly `t`),
+/// which f32 cannot tell from the half itself. Every such value must take the tile's f64
+/// path and round as the row stage does (up or down, not to even).
+#[test]
+fn near_halves_take_the_f64_path() {
+    // Sums 1..=64 (one depth, weight 1); 32 columns, each aiming one row at a near-half.
+    let (m, n, k) = (64usize, 32usize, 1usize);
+    let a: Vec<u8> = (1..=m as u8).collect();
+    let b = vec![1i8; n];
+    let mult64: Vec<f64> = (0..n)
+        .map(|j| {
+            let (t, half) = ((j % 16 + 3) as f64 * 3.0, (j % 7) as f64 * 2.0 + 0.5);
+            let nudge = if j % 2 == 0 { 1.0 + 1e-9 } else { 1.0 - 1e-9 };
+            half / t * nudge
+        })
+        .collect();
+    let bias64 = vec![0.0f64; n];
+    let (bias32, mult32): (Vec<f32>, Vec<f32>) = (vec![0.0; n], mult64.iter().map(|&v| v as f32).collect());
+    for zero_point in [0.0, 1.0] {
+        let margin = F32Twin::margin(&bias64, &mult64, zero_point).unwrap_or_else(|| panic!("a twin"));
+        let twin = F32Twin {
+            bias: &bias32,
+            mult: &mult32,
+            margin,
+        };
+        let scales = Scales::F64 {
+            bias: &bias64,
+            mult: &mult64,
+            zero_point,
+            twin: Some(twin),
+        };
+        check_fused::<u8, i8, u8>((m, n, k), &a, 0, &b, &[], scales, (0, 255)).unwrap_or_else(|e| panic!("{e}"));
+    }
+    // The case is real: f32 alone rounds some of these values otherwise.
+    let mut apart = 0;
+    for (j, (&m64, &m32)) in mult64.iter().zip(&mult32).enumerate() {
+        let t = (j % 16 + 3) * 3;
+        let (v64, v32) = (t as f64 * m64, t as f32 * m32);
+        apart += usize::from(v64.round_ties_even() != f64::from(v32.round_ties_even()));
+    }
+    assert!(apart >= 4, "{apart}");
 }

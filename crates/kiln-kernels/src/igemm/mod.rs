@@ -754,12 +754,47 @@ pub enum Scales<'a> {
         zero_point: f32,
     },
     /// In f64 as [`crate::quant::requantize_row`] computes it (the same bits): the arithmetic
-    /// of ONNX's QLinearConv reference.
+    /// of ONNX's QLinearConv reference. With a `twin`, the VNNI tile computes in f32 and
+    /// redoes in f64 only the vectors with a value near a rounding boundary (the same bits).
     F64 {
         bias: &'a [f64],
         mult: &'a [f64],
         zero_point: f64,
+        twin: Option<F32Twin<'a>>,
     },
+}
+
+/// An f64 stage's parameters rounded to f32, and how far the f32 arithmetic can be from the
+/// f64 one for a value that can matter: a value whose f32 result lies more than `margin`
+/// from every half-integer (or beyond +-1024, where the clamp decides) rounds to the same
+/// integer in both. Made by [`F32Twin::of`].
+#[derive(Debug, Clone, Copy)]
+pub struct F32Twin<'a> {
+    pub bias: &'a [f32],
+    pub mult: &'a [f32],
+    pub margin: f32,
+}
+
+impl<'a> F32Twin<'a> {
+    /// The bound `margin` for f64 `bias`, `mult` and `zero_point`, or `None` when f32 cannot
+    /// stand in for them (a value not finite or beyond 2^40, or a bound too wide to help).
+    ///
+    /// The bound: with `a` the exact sum and `X = (a + b) m + z`, each f32 step (rounding
+    /// `a`, `b` and `m` to f32, the sum, the product, the addition of `z`) errs by at most
+    /// 2^-24 of its operands' magnitude, so `|u - X| <= 2^-24 (4 |m| (|a| + |b|) + |u|)`;
+    /// and `|m a| <= |X| + |z| + |m b|`. For a value that can matter (`|u| < 1024`, so
+    /// `|X| < 1025`) that is at most `2^-24 (5 * 1025 + 4 |z| + 8 max |m b|)`; twice it
+    /// covers the f64 reference's own rounding with room to spare.
+    pub fn margin(bias: &[f64], mult: &[f64], zero_point: f64) -> Option<f32> {
+        const LIMIT: f64 = 1_099_511_627_776.0; // 2^40
+        let fine = |v: f64| v.is_finite() && v.abs() < LIMIT;
+        if !(fine(zero_point) && bias.iter().chain(mult).all(|&v| fine(v))) {
+            return None;
+        }
+        let mb = bias.iter().zip(mult).map(|(b, m)| (b * m).abs()).fold(0.0f64, f64::max);
+        let bound = 2.0 * (5.0 * 1025.0 + 4.0 * zero_point.abs() + 8.0 * mb) / 16_777_216.0 + 1e-12;
+        (bound < 0.125).then_some(bound as f32)
+    }
 }
 
 impl<'a> Scales<'a> {
@@ -767,7 +802,10 @@ impl<'a> Scales<'a> {
     fn columns(&self) -> usize {
         match self {
             Scales::F32 { bias, mult, .. } => bias.len().min(mult.len()),
-            Scales::F64 { bias, mult, .. } => bias.len().min(mult.len()),
+            Scales::F64 { bias, mult, twin, .. } => {
+                let n = bias.len().min(mult.len());
+                twin.map_or(n, |t| n.min(t.bias.len()).min(t.mult.len()))
+            }
         }
     }
 
@@ -780,10 +818,23 @@ impl<'a> Scales<'a> {
                 mult: mult.get(r)?,
                 zero_point,
             },
-            Scales::F64 { bias, mult, zero_point } => Scales::F64 {
-                bias: bias.get(r.clone())?,
-                mult: mult.get(r)?,
+            Scales::F64 {
+                bias,
+                mult,
                 zero_point,
+                twin,
+            } => Scales::F64 {
+                bias: bias.get(r.clone())?,
+                mult: mult.get(r.clone())?,
+                zero_point,
+                twin: match twin {
+                    Some(t) => Some(F32Twin {
+                        bias: t.bias.get(r.clone())?,
+                        mult: t.mult.get(r)?,
+                        margin: t.margin,
+                    }),
+                    None => None,
+                },
             },
         })
     }
@@ -794,7 +845,9 @@ impl<'a> Scales<'a> {
             Scales::F32 { bias, mult, zero_point } => {
                 crate::quant::requantize_row_f32(sums, bias, mult, zero_point, (lo as f32, hi as f32), y);
             }
-            Scales::F64 { bias, mult, zero_point } => {
+            Scales::F64 {
+                bias, mult, zero_point, ..
+            } => {
                 crate::quant::requantize_row(sums, bias, mult, zero_point, (f64::from(lo), f64::from(hi)), y);
             }
         }

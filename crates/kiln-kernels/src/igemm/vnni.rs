@@ -7,9 +7,6 @@
 use super::{AQuads, Final, MR_QUADS, NR_QUADS, Scales, Strip, Tile};
 use std::arch::x86_64::*;
 
-/// `quant::requantize_row_f32`'s bound on a value before rounding (2^22).
-const BIG: f32 = 4_194_304.0;
-
 /// Writes the tile's sums over `quads` depth quads into `c` (see [`Tile`]), or with `fin`,
 /// their requantized bytes into `fin.y` (C is then only read, for earlier blocks' sums).
 #[inline(always)]
@@ -74,10 +71,16 @@ pub(super) unsafe fn micro_rows(
                     mult: mult.as_ptr(),
                     zero_point,
                 },
-                Scales::F64 { bias, mult, zero_point } => Params::F64 {
+                Scales::F64 {
+                    bias,
+                    mult,
+                    zero_point,
+                    twin,
+                } => Params::F64 {
                     bias: bias.as_ptr(),
                     mult: mult.as_ptr(),
                     zero_point,
+                    twin: twin.map(|t| (t.bias.as_ptr(), t.mult.as_ptr(), t.margin)),
                 },
             };
             Some(Stage {
@@ -123,7 +126,12 @@ unsafe fn by_stage<const FLIP: bool, const STRIDED: bool>(
         match stage.map(|s| s.params) {
             None => micro_vnni::<FLIP, false, STRIDED, F32Stage>(a, bp, out, init, stage),
             Some(Params::F32 { .. }) => micro_vnni::<FLIP, true, STRIDED, F32Stage>(a, bp, out, init, stage),
-            Some(Params::F64 { .. }) => micro_vnni::<FLIP, true, STRIDED, F64Stage>(a, bp, out, init, stage),
+            Some(Params::F64 { twin: None, .. }) => {
+                micro_vnni::<FLIP, true, STRIDED, F64Stage>(a, bp, out, init, stage)
+            }
+            Some(Params::F64 { twin: Some(_), .. }) => {
+                micro_vnni::<FLIP, true, STRIDED, CheckedStage>(a, bp, out, init, stage)
+            }
         }
     }
 }
@@ -150,6 +158,8 @@ enum Params {
         bias: *const f64,
         mult: *const f64,
         zero_point: f64,
+        /// The f32 twin's bias, mult and margin ([`super::F32Twin`]).
+        twin: Option<(*const f32, *const f32, f32)>,
     },
 }
 
@@ -162,10 +172,16 @@ impl Params {
                 mult: mult.wrapping_add(j),
                 zero_point,
             },
-            Params::F64 { bias, mult, zero_point } => Params::F64 {
+            Params::F64 {
+                bias,
+                mult,
+                zero_point,
+                twin,
+            } => Params::F64 {
                 bias: bias.wrapping_add(j),
                 mult: mult.wrapping_add(j),
                 zero_point,
+                twin: twin.map(|(b, m, margin)| (b.wrapping_add(j), m.wrapping_add(j), margin)),
             },
         }
     }
@@ -188,16 +204,15 @@ trait Epilogue: Copy {
 }
 
 /// `quant::requantize_row_f32`'s steps: f32 sum plus bias, times mult, plus the zero point,
-/// each rounded to f32 (no FMA); kept within +-BIG (NaN becomes -BIG, as `f32::max` makes
-/// it: `vmaxps` returns its second operand for a NaN); rounded half to even (`vcvtps2dq`
-/// under the default MXCSR); clamped.
+/// each rounded to f32 (no FMA); then (see [`F32Stage::finish`]) clamped to the output's
+/// bounds and rounded half to even (`vcvtps2dq` under the default MXCSR).
 #[derive(Clone, Copy)]
 struct F32Stage {
     bias: [__m512; 2],
     mult: [__m512; 2],
     zero_point: __m512,
-    lo: __m512i,
-    hi: __m512i,
+    lo: __m512,
+    hi: __m512,
 }
 
 impl Epilogue for F32Stage {
@@ -218,23 +233,44 @@ impl Epilogue for F32Stage {
                 bias: load(bias),
                 mult: load(mult),
                 zero_point: _mm512_set1_ps(zero_point),
-                lo: _mm512_set1_epi32(lo),
-                hi: _mm512_set1_epi32(hi),
+                lo: _mm512_set1_ps(lo as f32),
+                hi: _mm512_set1_ps(hi as f32),
             })
         }
     }
 
     #[inline(always)]
     unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i {
+        // SAFETY: AVX-512 F (caller).
+        unsafe { self.finish(self.value(s, j)) }
+    }
+}
+
+impl F32Stage {
+    /// The unrounded values of half `j`'s sums `s`.
+    ///
+    /// # Safety
+    /// AVX-512 F is available.
+    #[inline(always)]
+    unsafe fn value(&self, s: __m512i, j: usize) -> __m512 {
         let j = j & 1;
         // SAFETY: AVX-512 F (caller).
         unsafe {
-            let (big, nbig) = (_mm512_set1_ps(BIG), _mm512_set1_ps(-BIG));
             let v = _mm512_add_ps(_mm512_cvtepi32_ps(s), self.bias[j]);
-            let v = _mm512_add_ps(_mm512_mul_ps(v, self.mult[j]), self.zero_point);
-            let v = _mm512_min_ps(_mm512_max_ps(v, nbig), big);
-            _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(v), self.lo), self.hi)
+            _mm512_add_ps(_mm512_mul_ps(v, self.mult[j]), self.zero_point)
         }
+    }
+
+    /// Values `v` clamped and rounded: the row stage's clamp to +-2^22, rounding, and clamp
+    /// to `[lo, hi]` in fewer steps. Clamping to the integer bounds first gives the same
+    /// integers (and a NaN still becomes `lo`: `vmaxps` returns its second operand).
+    ///
+    /// # Safety
+    /// AVX-512 F is available.
+    #[inline(always)]
+    unsafe fn finish(&self, v: __m512) -> __m512i {
+        // SAFETY: AVX-512 F (caller).
+        unsafe { _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, self.lo), self.hi)) }
     }
 }
 
@@ -254,7 +290,10 @@ struct F64Stage {
 impl Epilogue for F64Stage {
     #[inline(always)]
     unsafe fn load(params: Params, lo: i32, hi: i32, m0: __mmask16, m1: __mmask16) -> Option<Self> {
-        let Params::F64 { bias, mult, zero_point } = params else {
+        let Params::F64 {
+            bias, mult, zero_point, ..
+        } = params
+        else {
             return None;
         };
         // An f64 vector's mask is its half of the 16-lane mask.
@@ -275,16 +314,119 @@ impl Epilogue for F64Stage {
     #[inline(always)]
     unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i {
         let j = j & 1;
+        let q = 2 * j;
         // SAFETY: AVX-512 F (caller).
         unsafe {
-            let half = |v: __m256i, q: usize| {
-                let v = _mm512_add_pd(_mm512_cvtepi32_pd(v), self.bias[q]);
-                let v = _mm512_add_pd(_mm512_mul_pd(v, self.mult[q]), self.zero_point);
-                _mm512_cvtpd_epi32(_mm512_min_pd(_mm512_max_pd(v, self.lo), self.hi))
-            };
-            let low = half(_mm512_castsi512_si256(s), 2 * j);
-            let high = half(_mm512_extracti64x4_epi64::<1>(s), 2 * j + 1);
-            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high)
+            requant_f64(
+                s,
+                [self.bias[q], self.bias[q + 1]],
+                [self.mult[q], self.mult[q + 1]],
+                (self.zero_point, self.lo, self.hi),
+            )
+        }
+    }
+}
+
+/// Sixteen sums `s` requantized in f64 (see [`F64Stage`]) with the bias and mult of their
+/// low and high eight lanes, and the zero point and bounds.
+///
+/// # Safety
+/// AVX-512 F is available.
+#[inline(always)]
+unsafe fn requant_f64(
+    s: __m512i,
+    bias: [__m512d; 2],
+    mult: [__m512d; 2],
+    (zero_point, lo, hi): (__m512d, __m512d, __m512d),
+) -> __m512i {
+    // SAFETY: AVX-512 F (caller).
+    unsafe {
+        let half = |v: __m256i, q: usize| {
+            let v = _mm512_add_pd(_mm512_cvtepi32_pd(v), bias[q & 1]);
+            let v = _mm512_add_pd(_mm512_mul_pd(v, mult[q & 1]), zero_point);
+            _mm512_cvtpd_epi32(_mm512_min_pd(_mm512_max_pd(v, lo), hi))
+        };
+        let low = half(_mm512_castsi512_si256(s), 0);
+        let high = half(_mm512_extracti64x4_epi64::<1>(s), 1);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high)
+    }
+}
+
+/// [`F64Stage`]'s bits at about [`F32Stage`]'s cost: the values in f32 from the twin's
+/// parameters ([`super::F32Twin`]); a vector with a value within the margin of a
+/// half-integer (and small enough for the clamp not to decide) is redone in f64 from the
+/// parameters in memory. Holds as few registers as the f32 stage, so the tile's
+/// accumulators stay in registers.
+#[derive(Clone, Copy)]
+struct CheckedStage {
+    fast: F32Stage,
+    /// 0.5 minus the twin's margin.
+    edge: f32,
+    bias: *const f64,
+    mult: *const f64,
+    zero_point: f64,
+    masks: [__mmask16; 2],
+    bounds: (f64, f64),
+}
+
+impl Epilogue for CheckedStage {
+    #[inline(always)]
+    unsafe fn load(params: Params, lo: i32, hi: i32, m0: __mmask16, m1: __mmask16) -> Option<Self> {
+        let Params::F64 {
+            bias,
+            mult,
+            zero_point,
+            twin: Some((bias32, mult32, margin)),
+        } = params
+        else {
+            return None;
+        };
+        let twin = Params::F32 {
+            bias: bias32,
+            mult: mult32,
+            zero_point: zero_point as f32,
+        };
+        // SAFETY: the twin's columns are the stage's (the caller's contract).
+        let fast = unsafe { F32Stage::load(twin, lo, hi, m0, m1) }?;
+        Some(CheckedStage {
+            fast,
+            edge: 0.5 - margin,
+            bias,
+            mult,
+            zero_point,
+            masks: [m0, m1],
+            bounds: (f64::from(lo), f64::from(hi)),
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i {
+        let j = j & 1;
+        // SAFETY: AVX-512 F (caller); the f64 loads read the masks' columns of this half,
+        // which the stage's parameters hold (`load`'s contract).
+        unsafe {
+            let u = self.fast.value(s, j);
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(u);
+            let d = _mm512_abs_ps(_mm512_sub_ps(u, r));
+            // Beyond `TWIN_LIMIT` the clamp decides, but testing for it costs more than the
+            // few large values near a half that take the f64 path without need.
+            let near = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(d, _mm512_set1_ps(self.edge));
+            if near == 0 {
+                return self.fast.finish(u);
+            }
+            let m = self.masks[j];
+            let load =
+                |p: *const f64, q: usize| _mm512_maskz_loadu_pd((m >> (8 * q)) as u8, p.wrapping_add(16 * j + 8 * q));
+            requant_f64(
+                s,
+                [load(self.bias, 0), load(self.bias, 1)],
+                [load(self.mult, 0), load(self.mult, 1)],
+                (
+                    _mm512_set1_pd(self.zero_point),
+                    _mm512_set1_pd(self.bounds.0),
+                    _mm512_set1_pd(self.bounds.1),
+                ),
+            )
         }
     }
 }
@@ -393,8 +535,57 @@ unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
     };
     // Each row stored by a call with a constant index: a loop over the run-time row count
     // that the compiler does not unroll (a long stage) would index the accumulators, keeping
-    // them in memory through the whole product.
-    let store = |r: usize, row: [__m512i; 2]| {
+    // them in memory through the whole product. A function that always inlines, not a
+    // closure: the compiler kept a closure with a long stage out of line, the tile's rows
+    // then passing through memory.
+    let tile = RowStore {
+        c,
+        ldc,
+        rows,
+        init,
+        masks: (m0, m1),
+        stage,
+    };
+    // SAFETY: the contract `RowStore::store` states is this function's.
+    let store = |r: usize, row: [__m512i; 2]| unsafe { tile.store(r, row) };
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    store(0, a0);
+    store(1, a1);
+    store(2, a2);
+    store(3, a3);
+    store(4, a4);
+    store(5, a5);
+    store(6, a6);
+    store(7, a7);
+}
+
+/// Where [`panel_vnni`] stores its rows: C (`ldc` apart, `rows` rows, `init` or C itself
+/// added), or with a stage, the requantized bytes of Y; the masks select the panel's columns.
+struct RowStore<E> {
+    c: *mut i32,
+    ldc: usize,
+    rows: usize,
+    init: Option<*const i32>,
+    masks: (__mmask16, __mmask16),
+    stage: Option<(Stage, E)>,
+}
+
+impl<E: Epilogue> RowStore<E> {
+    /// Stores row `r` (nothing for `r >= rows`).
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VL are available; [`panel_vnni`]'s contract for its C, `init` and
+    /// stage.
+    #[inline(always)]
+    unsafe fn store(&self, r: usize, row: [__m512i; 2]) {
+        let RowStore {
+            c,
+            ldc,
+            rows,
+            init,
+            masks: (m0, m1),
+            ref stage,
+        } = *self;
         if r >= rows {
             return;
         }
@@ -433,14 +624,5 @@ unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
                 }
             }
         }
-    };
-    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
-    store(0, a0);
-    store(1, a1);
-    store(2, a2);
-    store(3, a3);
-    store(4, a4);
-    store(5, a5);
-    store(6, a6);
-    store(7, a7);
+    }
 }

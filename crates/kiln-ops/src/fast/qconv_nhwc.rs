@@ -14,8 +14,8 @@ use crate::recurrent::num::{in_shape, tt};
 use crate::value::{Args, Dim, InferInput, ValueType};
 use crate::{Outputs, util};
 use kiln_kernels::igemm::{
-    ConvScratch, ConvWindow, IgemmError, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, Scales, conv_requant_serial,
-    igemm_requant_serial,
+    ConvScratch, ConvWindow, F32Twin, IgemmError, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, Scales,
+    conv_requant_serial, igemm_requant_serial,
 };
 use kiln_kernels::quant::{Q8, Sum, requantize_row, requantize_row_f32};
 use kiln_tensor::{DType, Element, Tensor};
@@ -232,6 +232,17 @@ where
                 mults.iter().map(|&m| m as f32).collect(),
             )
         }),
+        twin: if plan.float_requant {
+            None
+        } else {
+            F32Twin::margin(&bias, &mults, zy).map(|margin| {
+                (
+                    bias.iter().map(|&b| b as f32).collect(),
+                    mults.iter().map(|&m| m as f32).collect(),
+                    margin,
+                )
+            })
+        },
     };
     let xs = x.as_slice::<T>()?;
     let window = ConvWindow {
@@ -482,6 +493,9 @@ struct Requant<'a> {
     range: (f64, f64),
     /// The bias and multipliers in f32, for the plan's f32 requantization.
     f32s: Option<(Vec<f32>, Vec<f32>)>,
+    /// For the f64 requantization, its f32 twin's bias, multipliers and margin (see
+    /// `F32Twin`): the VNNI tile's f32 arithmetic with f64 where it could round otherwise.
+    twin: Option<(Vec<f32>, Vec<f32>, f32)>,
 }
 
 impl Requant<'_> {
@@ -497,8 +511,13 @@ impl Requant<'_> {
             },
             None => Scales::F64 {
                 bias: self.bias.get(cols.clone()).unwrap_or_default(),
-                mult: self.mults.get(cols).unwrap_or_default(),
+                mult: self.mults.get(cols.clone()).unwrap_or_default(),
                 zero_point: self.zy,
+                twin: self.twin.as_ref().map(|(bias, mult, margin)| F32Twin {
+                    bias: bias.get(cols.clone()).unwrap_or_default(),
+                    mult: mult.get(cols).unwrap_or_default(),
+                    margin: *margin,
+                }),
             },
         };
         Requantize {
