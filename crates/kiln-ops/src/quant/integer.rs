@@ -338,6 +338,148 @@ fn integer_product(
     Ok(Some((c, shape)))
 }
 
+/// Output bytes per block of rows in [`fused_product`] (with their i32 scratch, in L2).
+const FUSED_BLOCK_BYTES: usize = 256 * 1024;
+
+thread_local! {
+    /// Each thread's i32 scratch for [`fused_product`]'s blocks (earlier depth blocks' sums).
+    static FUSED_SUMS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// QLinearMatMul with a 2-D B, one A scale and zero point and an 8-bit output, fused: the
+/// integer GEMM requantizes each micro-tile as it leaves the registers (the f64 arithmetic
+/// of the unfused path below, the same bits: the VNNI tile through its f32 twin), in blocks
+/// of rows over the pool. `None` when the operands do not fit that form.
+fn fused_product(
+    a: &Tensor,
+    (sa, za): (&Tensor, Option<&Tensor>),
+    (b, sb, zb): (&Tensor, &Tensor, Option<&Tensor>),
+    (sy, zy): (&Tensor, Option<&Tensor>),
+    cache: Option<&PackCache>,
+) -> Result<Option<Tensor>> {
+    let odt = zy.map_or(a.dtype(), Tensor::dtype);
+    let sdt = sa.dtype();
+    let (ashape, &[k, n]) = (a.shape(), b.shape()) else {
+        return Ok(None);
+    };
+    let fits = sa.len() == 1
+        && matches!(odt, DType::U8 | DType::I8)
+        && matches!(a.dtype(), DType::U8 | DType::I8)
+        && matches!(sdt, DType::F32 | DType::F16 | DType::BF16)
+        && sb.dtype() == sdt
+        && sy.dtype() == sdt
+        && ashape.len() >= 2
+        && ashape.last() == Some(&k)
+        && za.is_none_or(|z| z.len() == 1 && z.dtype() == a.dtype())
+        && zy.is_none_or(|z| z.len() == 1);
+    let Some(range) = int_range(odt).filter(|_| fits && n > 0 && k > 0) else {
+        return Ok(None);
+    };
+    let a_zero = za.map_or(0.0, |z| params(z).first().copied().unwrap_or(0.0)) as i32;
+    let fresh;
+    let packed = match cache {
+        Some(c) => c.0.get_or_init(|| pack_b(b, zb)).as_ref(),
+        None => {
+            fresh = pack_b(b, zb);
+            fresh.as_ref()
+        }
+    };
+    let Some(packed) = packed.filter(|p| p.depth() == k && p.columns() == n) else {
+        return Ok(None);
+    };
+    let (sav, sbv, syv) = (params(sa), params(sb), params(sy));
+    let zy0 = pick(&zy.map(params).unwrap_or_else(|| vec![0.0]), 0, 7)?;
+    let (sa0, sy0) = (pick(&sav, 0, 1)?, pick(&syv, 0, 6)?);
+    let mults = (0..n)
+        .map(|col| Ok(round_to(sdt, round_to(sdt, sa0 * pick(&sbv, col, 4)?) / sy0)))
+        .collect::<Result<Vec<f64>>>()?;
+    // Not finite (a NaN or infinite scale): the unfused path's saturation, which differs.
+    if !(zy0.is_finite() && mults.iter().all(|v| v.is_finite())) {
+        return Ok(None);
+    }
+    let bias = vec![0.0f64; n];
+    let twin = kiln_kernels::igemm::F32Twin::margin(&bias, &mults, zy0).map(|margin| {
+        (
+            vec![0.0f32; n],
+            mults.iter().map(|&v| v as f32).collect::<Vec<f32>>(),
+            margin,
+        )
+    });
+    let stage = kiln_kernels::igemm::Requantize {
+        scales: kiln_kernels::igemm::Scales::F64 {
+            bias: &bias,
+            mult: &mults,
+            zero_point: zy0,
+            twin: twin.as_ref().map(|(bias, mult, margin)| kiln_kernels::igemm::F32Twin {
+                bias,
+                mult,
+                margin: *margin,
+            }),
+        },
+        range: (range.0 as i32, range.1 as i32),
+    };
+    let m: usize = ashape.iter().rev().skip(1).product();
+    let mut shape = ashape.to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    let t = match (a.dtype(), odt) {
+        (DType::U8, DType::U8) => fused_rows::<u8, u8>(a.as_slice::<u8>()?, a_zero, packed, (m, k, n), stage, shape)?,
+        (DType::U8, DType::I8) => fused_rows::<u8, i8>(a.as_slice::<u8>()?, a_zero, packed, (m, k, n), stage, shape)?,
+        (DType::I8, DType::U8) => fused_rows::<i8, u8>(a.as_slice::<i8>()?, a_zero, packed, (m, k, n), stage, shape)?,
+        (DType::I8, DType::I8) => fused_rows::<i8, i8>(a.as_slice::<i8>()?, a_zero, packed, (m, k, n), stage, shape)?,
+        _ => return Ok(None),
+    };
+    Ok(Some(t))
+}
+
+/// [`fused_product`]'s rows: blocks of whole micro-tiles whose outputs and sums stay in
+/// cache, about two per thread when there are several.
+fn fused_rows<T, O>(
+    a: &[T],
+    a_zero: i32,
+    packed: &kiln_kernels::igemm::PackedB,
+    (m, k, n): (usize, usize, usize),
+    stage: kiln_kernels::igemm::Requantize<'_>,
+    shape: Vec<usize>,
+) -> Result<Tensor>
+where
+    T: kiln_kernels::igemm::Int8 + Sync,
+    O: kiln_kernels::igemm::Int8
+        + kiln_kernels::quant::Q8
+        + kiln_kernels::recycle::Recycled
+        + kiln_tensor::Element
+        + Send,
+{
+    let mut y = crate::util::out_buf::<O>(checked_numel(&[m, n])?);
+    let threads = kiln_kernels::pool::current_threads().max(1);
+    let split = if threads > 1 { 2 * threads } else { 1 };
+    let rows = (FUSED_BLOCK_BYTES / (4 * n)).clamp(8, 512);
+    let rows = rows.min(m.div_ceil(split)).div_ceil(8) * 8;
+    let isa = kiln_kernels::isa::active();
+    let failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    kiln_kernels::pool::for_each_chunk_mut(&mut y, rows * n, &|i, out| {
+        let r = out.len() / n;
+        let p0 = i * rows;
+        let Some(rows_of_a) = a.get(p0 * k..(p0 + r) * k) else {
+            return;
+        };
+        let result = FUSED_SUMS.with_borrow_mut(|c| {
+            let c = kiln_kernels::recycle::scratch(c, r * n);
+            kiln_kernels::igemm::igemm_requant_serial(isa, (r, k), rows_of_a, k, a_zero, packed, c, stage, out, n)
+        });
+        if let Err(e) = result
+            && let Ok(mut f) = failure.lock()
+        {
+            f.get_or_insert(e.to_string());
+        }
+    });
+    if let Some(e) = failure.into_inner().ok().flatten() {
+        return Err(OpError::input_value(0, "a product whose exact sums fit int32", e));
+    }
+    Ok(Tensor::from_buf(shape, y)?)
+}
+
 /// [`integer_product`] of batched operands with the same batch dims (`[..., M, K]` by
 /// `[..., K, N]`, as attention's products of activations), one zero point each: each B
 /// matrix packed on the spot.
@@ -440,6 +582,9 @@ impl QLinearMatMul {
         let (za, zb, zy) = (args.opt_tensor(2)?, args.opt_tensor(5)?, args.opt_tensor(7)?);
         let odt = zy.map_or(a.dtype(), Tensor::dtype);
         let cache = self.b_constant.then_some(&self.packed);
+        if let Some(t) = fused_product(a, (sa, za), (b, sb, zb), (sy, zy), cache)? {
+            return Ok(smallvec::smallvec![t.into()]);
+        }
         let fast = integer_product(a, za, b, zb, cache)?;
         // One A scale (the multiplier then depends on the column only) and an 8-bit output:
         // requantized in one pass, in the same f64 arithmetic as below.
@@ -1007,6 +1152,74 @@ mod tests {
                     .sum();
                 assert_eq!(i64::from(got.as_slice::<i32>().unwrap()[r * n + j]), s);
             }
+        }
+    }
+
+    /// The fused QLinearMatMul (requantized in the GEMM's tiles, row blocks over the pool)
+    /// against its formula by hand in f64: `round_half_even(sum * f32(f32(sa sb[j]) / sy) +
+    /// zy)`, saturated; u8 and i8 outputs, per-column B scales and zero points, rows not a
+    /// multiple of the tile's, B constant (packed once) and not.
+    #[test]
+    fn fused_qlinear_matmul_matches_the_formula() {
+        let (m, k, n) = (2 * 21usize, 70usize, 45usize);
+        let a: Vec<u8> = (0..m * k).map(|i| (i * 29 % 251) as u8).collect();
+        let b: Vec<i8> = (0..k * n).map(|i| (i * 11 % 256) as u8 as i8).collect();
+        let zb: Vec<i8> = (0..n).map(|j| (j % 9) as i8 - 4).collect();
+        let sb: Vec<f32> = (0..n).map(|j| 0.001 + 0.0003 * (j % 7) as f32).collect();
+        let (sa, sy, za) = (0.02f32, 0.05f32, 3u8);
+        let t = |v: Tensor| Value::Tensor(v);
+        let (va, vb) = (
+            t(Tensor::from_vec(vec![2, m / 2, k], a.clone()).unwrap()),
+            t(Tensor::from_vec(vec![k, n], b.clone()).unwrap()),
+        );
+        let (vsa, vza, vsb, vzb, vsy) = (
+            t(Tensor::scalar(sa)),
+            t(Tensor::scalar(za)),
+            t(Tensor::from_vec(vec![n], sb.clone()).unwrap()),
+            t(Tensor::from_vec(vec![n], zb.clone()).unwrap()),
+            t(Tensor::scalar(sy)),
+        );
+        for (zy, lo, hi) in [
+            (Tensor::scalar(120u8), 0.0, 255.0),
+            (Tensor::scalar(-7i8), -128.0, 127.0),
+        ] {
+            let vzy = t(zy.clone());
+            let inputs = [
+                Some(&va),
+                Some(&vsa),
+                Some(&vza),
+                Some(&vb),
+                Some(&vsb),
+                Some(&vzb),
+                Some(&vsy),
+                Some(&vzy),
+            ];
+            let zyf = params(&zy)[0];
+            let mut want = vec![0.0f64; m * n];
+            for r in 0..m {
+                for j in 0..n {
+                    let s: i64 = (0..k)
+                        .map(|p| {
+                            (i64::from(a[r * k + p]) - i64::from(za)) * (i64::from(b[p * n + j]) - i64::from(zb[j]))
+                        })
+                        .sum();
+                    let mult = f64::from((sa * sb[j]) / sy);
+                    want[r * n + j] = (s as f64 * mult + zyf).round_ties_even().clamp(lo, hi);
+                }
+            }
+            for b_constant in [true, false] {
+                let op = QLinearMatMul {
+                    b_constant,
+                    ..QLinearMatMul::default()
+                };
+                for _ in 0..2 {
+                    let got = op.eval(&Args::new(&inputs)).unwrap().remove(0);
+                    let got = got.as_tensor().unwrap();
+                    assert_eq!(got.shape(), &[2, m / 2, n]);
+                    assert_eq!(got.to_f64_vec(), want);
+                }
+            }
+            assert!(want.iter().any(|&v| v != want[0]));
         }
     }
 
