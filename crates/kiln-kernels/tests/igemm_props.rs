@@ -446,3 +446,44 @@ fn near_halves_take_the_f64_path() {
     }
     assert!(apart >= 4, "{apart}");
 }
+
+/// A B wider than one column block of the quads kernel (its packed depth block past
+/// `B_BLOCK_BYTES`), deep enough for several depth blocks: the sums and the fused stage
+/// against the oracle, on every level.
+#[test]
+fn wide_products_in_column_blocks() {
+    let (m, n, k) = (11usize, 1100usize, 2600usize);
+    let mut s = 7u64;
+    let mut next = || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    };
+    let a: Vec<u8> = (0..m * k).map(|_| next() as u8).collect();
+    let b: Vec<i8> = (0..k * n).map(|_| (next() % 128) as i8 - 64).collect();
+    let zb: Vec<i8> = (0..n).map(|j| (j % 11) as i8 - 5).collect();
+    let want = oracle(m, n, k, &a, 9, &b, &zb);
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for packing in [Packing::Pairs, Packing::Quads] {
+            let Some(packed) = PackedB::pack_as(packing, &b, k, n, &zb).unwrap_or_else(|e| panic!("{e}")) else {
+                continue;
+            };
+            let mut c = vec![0i32; m * n];
+            igemm_with(isa, m, k, &a, k, 9, &packed, &mut c, n).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                c.iter().zip(&want).all(|(&g, &w)| i64::from(g) == w),
+                "{isa:?} {packing:?}"
+            );
+        }
+    }
+    let typical = (k as f32).sqrt() * 64.0 * 100.0;
+    let mult: Vec<f32> = (0..n)
+        .map(|j| (0.5 + (j % 13) as f32 / 10.0) * 60.0 / typical)
+        .collect();
+    let bias: Vec<f32> = (0..n).map(|j| (j % 101) as f32 * 20.0 - 1000.0).collect();
+    let scales = Scales::F32 {
+        bias: &bias,
+        mult: &mult,
+        zero_point: 128.0,
+    };
+    check_fused::<u8, i8, u8>((m, n, k), &a, 9, &b, &zb, scales, (0, 255)).unwrap_or_else(|e| panic!("{e}"));
+}

@@ -148,6 +148,8 @@ pub const MR_QUADS: usize = 8;
 /// Deepest block of the quads kernel: a panel of B for it is `NR_QUADS * 640` bytes (20 KiB),
 /// in L1 beside A's 5 KiB. Deeper products are cut into equal blocks no deeper than this.
 const KC_QUADS: usize = 640;
+/// Bytes of packed B one column block of [`serial_quads`] holds per depth block.
+const B_BLOCK_BYTES: usize = 512 * 1024;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Data {
@@ -645,44 +647,53 @@ fn serial_quads<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize,
     let flip = T::OFFSET != 0;
     let vnni = isa.has_int8_dot();
     let mut apack: Vec<u8> = vec![0; 4 * MR_QUADS * step];
+    // Columns in blocks whose B of one depth block stays in L2 while every row tile reads
+    // it: a wide B (a language model's head) would otherwise stream from memory once per
+    // row tile.
+    let nc = (B_BLOCK_BYTES / (4 * step).max(1)).max(NR_QUADS) / NR_QUADS * NR_QUADS;
     for q0 in (0..kquads).step_by(step.max(1)) {
         let q1 = (q0 + step).min(kquads);
-        for m0 in (0..m).step_by(MR_QUADS) {
-            let rows = (m - m0).min(MR_QUADS);
-            // In place when all MR_QUADS rows' quads `q0..q1` lie within A.
-            let base = m0 * lda + 4 * q0;
-            let end = base + (MR_QUADS - 1) * lda + 4 * (q1 - q0);
-            let src = match bytes.get(base..end) {
-                Some(block) => AQuads {
-                    data: block,
-                    row: lda,
-                    quad: 4,
-                    flip,
-                },
-                None => {
-                    pack_a_quads(a, lda, k, m0, rows, q0, q1, &mut apack);
-                    AQuads {
-                        data: &apack,
-                        row: 4,
-                        quad: 4 * MR_QUADS,
-                        flip: false,
+        let strip = b.quad_strip(q0, q1);
+        for j0 in (0..n).step_by(nc) {
+            let cols = (n - j0).min(nc);
+            let panels = strip.columns(j0, cols);
+            for m0 in (0..m).step_by(MR_QUADS) {
+                let rows = (m - m0).min(MR_QUADS);
+                // In place when all MR_QUADS rows' quads `q0..q1` lie within A.
+                let base = m0 * lda + 4 * q0;
+                let end = base + (MR_QUADS - 1) * lda + 4 * (q1 - q0);
+                let src = match bytes.get(base..end) {
+                    Some(block) => AQuads {
+                        data: block,
+                        row: lda,
+                        quad: 4,
+                        flip,
+                    },
+                    None => {
+                        pack_a_quads(a, lda, k, m0, rows, q0, q1, &mut apack);
+                        AQuads {
+                            data: &apack,
+                            row: 4,
+                            quad: 4 * MR_QUADS,
+                            flip: false,
+                        }
                     }
-                }
-            };
-            let Some(cpart) = c.get_mut(m0 * ldc..) else {
-                continue;
-            };
-            let tile = Tile {
-                rows,
-                cols: n,
-                ldc,
-                init: (q0 == 0).then_some(&init[..]),
-            };
-            let fin = match out.as_mut() {
-                Some(o) if q1 == kquads => o.tile(m0, 0, n),
-                _ => None,
-            };
-            micro_quads(vnni, src, b.quad_strip(q0, q1), q1 - q0, cpart, tile, fin);
+                };
+                let Some(cpart) = c.get_mut(m0 * ldc + j0..) else {
+                    continue;
+                };
+                let tile = Tile {
+                    rows,
+                    cols,
+                    ldc,
+                    init: (q0 == 0).then(|| init.get(j0..).unwrap_or_default()),
+                };
+                let fin = match out.as_mut() {
+                    Some(o) if q1 == kquads => o.tile(m0, j0, cols),
+                    _ => None,
+                };
+                micro_quads(vnni, src, panels, q1 - q0, cpart, tile, fin);
+            }
         }
     }
 }
@@ -697,6 +708,16 @@ struct Strip<'a> {
 }
 
 impl<'a> Strip<'a> {
+    /// The panels of columns `j0..j0 + cols` (`j0` a multiple of [`NR_QUADS`]).
+    fn columns(&self, j0: usize, cols: usize) -> Strip<'a> {
+        let (p0, count) = (j0 / NR_QUADS, cols.div_ceil(NR_QUADS));
+        Strip {
+            data: self.data.get(p0 * self.stride..).unwrap_or(&[]),
+            panels: count.min(self.panels.saturating_sub(p0)),
+            stride: self.stride,
+        }
+    }
+
     /// Panel `p`'s `steps` steps.
     fn panel(&self, p: usize, steps: usize) -> &'a [i8] {
         self.data

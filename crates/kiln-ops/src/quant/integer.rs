@@ -453,8 +453,19 @@ where
 {
     let mut y = crate::util::out_buf::<O>(checked_numel(&[m, n])?);
     let threads = kiln_kernels::pool::current_threads().max(1);
-    let split = if threads > 1 { 2 * threads } else { 1 };
-    let rows = (FUSED_BLOCK_BYTES / (4 * n)).clamp(8, 512);
+    // Each block reads all of B: when B outgrows the cache, as few blocks as threads.
+    let big_b = k.saturating_mul(n) > FUSED_BLOCK_BYTES;
+    let split = if threads == 1 {
+        1
+    } else if big_b {
+        threads
+    } else {
+        2 * threads
+    };
+    let mut rows = (FUSED_BLOCK_BYTES / (4 * n)).clamp(8, 512);
+    if big_b {
+        rows = rows.max(128);
+    }
     let rows = rows.min(m.div_ceil(split)).div_ceil(8) * 8;
     let isa = kiln_kernels::isa::active();
     let failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
