@@ -888,20 +888,25 @@ mod tests {
         assert!(w.iter().any(|&v| v != w[0]));
     }
 
+    /// MaxPool 3x3, stride 2, padding 1.
+    fn max_pool_3x3_s2() -> Op {
+        Op::Nn(NnOp::Pool(kiln_ops::nn::Pool {
+            kind: PoolKind::Max { storage_order: false },
+            auto_pad: kiln_ops::nn::AutoPad::NotSet,
+            ceil_mode: false,
+            dilations: vec![],
+            kernel_shape: vec![3, 3],
+            pads: vec![1; 4],
+            strides: vec![2, 2],
+        }))
+    }
+
     /// A QOperator model's u8 MaxPool between two QLinearConvs runs channels-last on the
     /// bytes, with no transpose around it, and gives the channels-first graph's bytes.
     #[test]
     fn an_8_bit_max_pool_between_quantized_convolutions_stays_channels_last() {
         let pool = |b: &mut Builder, c: ValueId| {
-            let pool = Op::Nn(NnOp::Pool(kiln_ops::nn::Pool {
-                kind: PoolKind::Max { storage_order: false },
-                auto_pad: kiln_ops::nn::AutoPad::NotSet,
-                ceil_mode: false,
-                dilations: vec![],
-                kernel_shape: vec![3, 3],
-                pads: vec![1; 4],
-                strides: vec![2, 2],
-            }));
+            let pool = max_pool_3x3_s2();
             b.node_typed(pool, &[Some(c)], &[(DType::U8, &[1, 8, 5, 5])])[0]
         };
         let g = around_two_qconvs(&pool, [5, 5]);
@@ -956,15 +961,7 @@ mod tests {
             &[Some(x), Some(w1)],
             &[&[1, 8, 12, 12]],
         )[0];
-        let pool = Op::Nn(NnOp::Pool(kiln_ops::nn::Pool {
-            kind: PoolKind::Max { storage_order: false },
-            auto_pad: kiln_ops::nn::AutoPad::NotSet,
-            ceil_mode: false,
-            dilations: vec![],
-            kernel_shape: vec![3, 3],
-            pads: vec![1; 4],
-            strides: vec![2, 2],
-        }));
+        let pool = max_pool_3x3_s2();
         let p = b.node(pool, &[Some(c)], &[&[1, 8, 6, 6]])[0];
         let y = b.node_act(conv(1, 0, 1), None, &[Some(p), Some(w2)], &[&[1, 6, 6, 6]])[0];
         // A global average of the last convolution follows it too: the transpose back is of

@@ -194,36 +194,56 @@ fn copy_axis<T: Copy + Default + Send + Sync>(
     t: &Flat,
     dst: &mut [T],
 ) {
+    let inner: usize = shape.get(a + 1..).unwrap_or(&[]).iter().product();
+    let at = |y: usize| t.taps(y).0.first().copied().unwrap_or(0);
+    let gather = |s: &[T], d: &mut [T]| {
+        for (y, dv) in d.iter_mut().enumerate() {
+            *dv = s.get(at(y)).copied().unwrap_or_default();
+        }
+    };
+    let copy = |s: &[T], y: usize, row: &mut [T]| match s.get(at(y) * inner..(at(y) + 1) * inner) {
+        Some(s) if s.len() == row.len() => row.copy_from_slice(s),
+        _ => row.fill(T::default()),
+    };
+    over_rows(src, shape, a, out, dst, gather, copy);
+}
+
+/// An axis-`a` resize of `src` (of `shape`) to `out` positions into `dst`, split over the
+/// pool: on the last axis, `last(s, d)` fills the output row `d` from the input row `s`;
+/// else `row(s, y, d)` fills position `y`'s row `d` of the values inside the axis, `s` the
+/// input of its outer index.
+fn over_rows<S: Sync, D: Send>(
+    src: &[S],
+    shape: &[usize],
+    a: usize,
+    out: usize,
+    dst: &mut [D],
+    last: impl Fn(&[S], &mut [D]) + Sync,
+    row: impl Fn(&[S], usize, &mut [D]) + Sync,
+) {
     let input = shape.get(a).copied().unwrap_or(0);
     let inner: usize = shape.get(a + 1..).unwrap_or(&[]).iter().product();
     let (ilen, olen) = (input * inner, out * inner);
     if olen == 0 {
         return;
     }
-    let at = |y: usize| t.taps(y).0.first().copied().unwrap_or(0);
     if inner == 1 {
+        // Whole rows per piece.
         let rows = (PIECE / olen).max(1);
         kiln_kernels::pool::for_each_chunk_mut(dst, rows * olen, &|ci, d| {
             for (r, d) in d.chunks_mut(olen).enumerate() {
                 let o = ci * rows + r;
-                let s = src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]);
-                for (y, dv) in d.iter_mut().enumerate() {
-                    *dv = s.get(at(y)).copied().unwrap_or_default();
-                }
+                last(src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]), d);
             }
         });
         return;
     }
     let rows = (PIECE / inner).max(1);
     kiln_kernels::pool::for_each_chunk_mut(dst, rows * inner, &|ci, d| {
-        for (r, row) in d.chunks_mut(inner).enumerate() {
+        for (r, d) in d.chunks_mut(inner).enumerate() {
             let g = ci * rows + r;
             let (o, y) = (g / out, g % out);
-            let i = at(y);
-            match src.get(o * ilen + i * inner..o * ilen + (i + 1) * inner) {
-                Some(s) if s.len() == row.len() => row.copy_from_slice(s),
-                _ => row.fill(T::default()),
-            }
+            row(src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]), y, d);
         }
     });
 }
@@ -296,38 +316,24 @@ fn resize_axis<S: Sample, D: Store>(
     ext: f32,
     dst: &mut [D],
 ) {
-    let input = shape.get(a).copied().unwrap_or(0);
     let inner: usize = shape.get(a + 1..).unwrap_or(&[]).iter().product();
-    let (ilen, olen) = (input * inner, out * inner);
-    if olen == 0 {
-        return;
-    }
-    if inner == 1 {
-        // The last axis: one gather (nearest) or weighted sum per element, whole rows per piece.
-        let rows = (PIECE / olen).max(1);
-        kiln_kernels::pool::for_each_chunk_mut(dst, rows * olen, &|ci, d| {
-            for (r, d) in d.chunks_mut(olen).enumerate() {
-                let o = ci * rows + r;
-                let s = src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]);
-                for (y, dv) in d.iter_mut().enumerate() {
-                    *dv = D::put(position(s, y, t, ext));
-                }
+    over_rows(
+        src,
+        shape,
+        a,
+        out,
+        dst,
+        // The last axis: one gather (nearest) or weighted sum per element.
+        |s, d| {
+            for (y, dv) in d.iter_mut().enumerate() {
+                *dv = D::put(position(s, y, t, ext));
             }
-        });
-        return;
-    }
-    let rows = (PIECE / inner).max(1);
-    kiln_kernels::pool::for_each_chunk_mut(dst, rows * inner, &|ci, d| {
-        // Sums of three or more taps, when `D` cannot hold them.
-        let mut acc: Vec<f32> = Vec::new();
-        for (r, row) in d.chunks_mut(inner).enumerate() {
-            let g = ci * rows + r;
-            let (o, y) = (g / out, g % out);
-            let s = src.get(o * ilen..(o + 1) * ilen).unwrap_or(&[]);
+        },
+        |s, y, row| {
             let src_row = |i: usize| s.get(i * inner..(i + 1) * inner).unwrap_or(&[]);
             if t.ext.get(y).copied().unwrap_or(true) {
                 row.fill(D::put(ext));
-                continue;
+                return;
             }
             let (idx, w) = t.taps(y);
             match (idx, w) {
@@ -345,8 +351,8 @@ fn resize_axis<S: Sample, D: Store>(
                     }
                 }
                 _ => {
-                    acc.clear();
-                    acc.resize(row.len(), 0.0);
+                    // Sums of three or more taps in f32, whatever `D` holds.
+                    let mut acc = vec![0.0f32; row.len()];
                     for (&i, &wv) in idx.iter().zip(w) {
                         for (av, sv) in acc.iter_mut().zip(src_row(i)) {
                             *av += wv * sv.get();
@@ -357,8 +363,8 @@ fn resize_axis<S: Sample, D: Store>(
                     }
                 }
             }
-        }
-    });
+        },
+    );
 }
 
 /// `dst = src` converted, or zeros if the lengths differ (not reached: the taps index the

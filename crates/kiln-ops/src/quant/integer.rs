@@ -387,12 +387,7 @@ fn fused_product(
     let Some(packed) = packed.filter(|p| p.depth() == k && p.columns() == n) else {
         return Ok(None);
     };
-    let (sav, sbv, syv) = (params(sa), params(sb), params(sy));
-    let zy0 = pick(&zy.map(params).unwrap_or_else(|| vec![0.0]), 0, 7)?;
-    let (sa0, sy0) = (pick(&sav, 0, 1)?, pick(&syv, 0, 6)?);
-    let mults = (0..n)
-        .map(|col| Ok(round_to(sdt, round_to(sdt, sa0 * pick(&sbv, col, 4)?) / sy0)))
-        .collect::<Result<Vec<f64>>>()?;
+    let (zy0, mults) = column_mults(sa, sb, (sy, zy), n)?;
     // Not finite (a NaN or infinite scale): the unfused path's saturation, which differs.
     if !(zy0.is_finite() && mults.iter().all(|v| v.is_finite())) {
         return Ok(None);
@@ -431,6 +426,19 @@ fn fused_product(
         _ => return Ok(None),
     };
     Ok(Some(t))
+}
+
+/// QLinearMatMul's output zero point and its `n` per-column multipliers for one A scale:
+/// `round(round(sa * sb[j]) / sy)` in the scales' type.
+fn column_mults(sa: &Tensor, sb: &Tensor, (sy, zy): (&Tensor, Option<&Tensor>), n: usize) -> Result<(f64, Vec<f64>)> {
+    let sdt = sa.dtype();
+    let (sav, sbv, syv) = (params(sa), params(sb), params(sy));
+    let zy0 = pick(&zy.map(params).unwrap_or_else(|| vec![0.0]), 0, 7)?;
+    let (sa0, sy0) = (pick(&sav, 0, 1)?, pick(&syv, 0, 6)?);
+    let mults = (0..n)
+        .map(|col| Ok(round_to(sdt, round_to(sdt, sa0 * pick(&sbv, col, 4)?) / sy0)))
+        .collect::<Result<Vec<f64>>>()?;
+    Ok((zy0, mults))
 }
 
 /// [`fused_product`]'s rows: blocks of whole micro-tiles whose outputs and sums stay in
@@ -608,13 +616,7 @@ impl QLinearMatMul {
             && let Some(range) = int_range(odt)
         {
             let n = shape.last().copied().unwrap_or(1).max(1);
-            let sdt = sa.dtype();
-            let (sav, sbv, syv) = (params(sa), params(sb), params(sy));
-            let zy0 = pick(&zy.map(params).unwrap_or_else(|| vec![0.0]), 0, 7)?;
-            let (sa0, sy0) = (pick(&sav, 0, 1)?, pick(&syv, 0, 6)?);
-            let mults = (0..n)
-                .map(|col| Ok(round_to(sdt, round_to(sdt, sa0 * pick(&sbv, col, 4)?) / sy0)))
-                .collect::<Result<Vec<f64>>>()?;
+            let (zy0, mults) = column_mults(sa, sb, (sy, zy), n)?;
             let t = if odt == DType::U8 {
                 Tensor::from_vec(shape.clone(), requantize_columns(c, &mults, zy0, range, |v| v as u8))?
             } else {
