@@ -788,12 +788,43 @@ pub enum Scales<'a> {
 /// An f64 stage's parameters rounded to f32, and how far the f32 arithmetic can be from the
 /// f64 one for a value that can matter: a value whose f32 result lies more than `margin`
 /// from every half-integer (or beyond +-1024, where the clamp decides) rounds to the same
-/// integer in both. Made by [`F32Twin::of`].
+/// integer in both. Held by a [`TwinParams`].
 #[derive(Debug, Clone, Copy)]
 pub struct F32Twin<'a> {
     pub bias: &'a [f32],
     pub mult: &'a [f32],
     pub margin: f32,
+}
+
+/// The f32 twin of an f64 stage's parameters, owned: made once per stage, lent per range
+/// of columns.
+#[derive(Debug, Clone)]
+pub struct TwinParams {
+    bias: Vec<f32>,
+    mult: Vec<f32>,
+    margin: f32,
+}
+
+impl TwinParams {
+    /// The twin of f64 `bias`, `mult` and `zero_point`, or `None` where f32 cannot stand in
+    /// for them (see [`F32Twin::margin`]).
+    pub fn of(bias: &[f64], mult: &[f64], zero_point: f64) -> Option<TwinParams> {
+        Some(TwinParams {
+            margin: F32Twin::margin(bias, mult, zero_point)?,
+            bias: bias.iter().map(|&v| v as f32).collect(),
+            mult: mult.iter().map(|&v| v as f32).collect(),
+        })
+    }
+
+    /// The twin of columns `cols` (empty parameters for columns out of range, which the
+    /// kernels refuse).
+    pub fn columns(&self, cols: std::ops::Range<usize>) -> F32Twin<'_> {
+        F32Twin {
+            bias: self.bias.get(cols.clone()).unwrap_or_default(),
+            mult: self.mult.get(cols).unwrap_or_default(),
+            margin: self.margin,
+        }
+    }
 }
 
 impl<'a> F32Twin<'a> {

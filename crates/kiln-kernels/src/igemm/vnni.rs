@@ -354,8 +354,7 @@ unsafe fn requant_f64(
 
 /// [`F64Stage`]'s bits at about [`F32Stage`]'s cost: the values in f32 from the twin's
 /// parameters ([`super::F32Twin`]); a vector with a value within the margin of a
-/// half-integer (and small enough for the clamp not to decide) is redone in f64 from the
-/// parameters in memory. Holds as few registers as the f32 stage, so the tile's
+/// half-integer is redone in f64 from the parameters in memory. Holds as few registers as the f32 stage, so the tile's
 /// accumulators stay in registers.
 #[derive(Clone, Copy)]
 struct CheckedStage {
@@ -408,8 +407,8 @@ impl Epilogue for CheckedStage {
             let u = self.fast.value(s, j);
             let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(u);
             let d = _mm512_abs_ps(_mm512_sub_ps(u, r));
-            // Beyond `TWIN_LIMIT` the clamp decides, but testing for it costs more than the
-            // few large values near a half that take the f64 path without need.
+            // Past +-1024 the clamp decides alone, but testing for it costs more than the few
+            // large values near a half that take the f64 path without need.
             let near = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(d, _mm512_set1_ps(self.edge));
             if near == 0 {
                 return self.fast.finish(u);

@@ -24,7 +24,7 @@ mod group_norm;
 mod matmul;
 mod pointwise_depthwise;
 mod pool_nhwc;
-mod qconv_nhwc;
+pub(crate) mod qconv_nhwc;
 mod recurrent;
 mod resize;
 

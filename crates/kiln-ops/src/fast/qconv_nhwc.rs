@@ -14,7 +14,7 @@ use crate::recurrent::num::{in_shape, tt};
 use crate::value::{Args, Dim, InferInput, ValueType};
 use crate::{Outputs, util};
 use kiln_kernels::igemm::{
-    ConvScratch, ConvWindow, F32Twin, IgemmError, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, Scales,
+    ConvScratch, ConvWindow, IgemmError, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, Scales, TwinParams,
     conv_requant_serial, igemm_requant_serial,
 };
 use kiln_kernels::quant::{Q8, Sum, requantize_row, requantize_row_f32};
@@ -235,13 +235,7 @@ where
         twin: if plan.float_requant {
             None
         } else {
-            F32Twin::margin(&bias, &mults, zy).map(|margin| {
-                (
-                    bias.iter().map(|&b| b as f32).collect(),
-                    mults.iter().map(|&m| m as f32).collect(),
-                    margin,
-                )
-            })
+            TwinParams::of(&bias, &mults, zy)
         },
     };
     let xs = x.as_slice::<T>()?;
@@ -343,7 +337,7 @@ where
     }
     let split = if threads > 1 { 2 * threads } else { 1 };
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
-    over_blocks::<T, O>(&mut y, rows, m, &|p0, r, out, scratch| {
+    over_blocks::<T, O>(&mut y, rows, m, CONV_SUMS, &|p0, r, out, scratch| {
         let stage = requant.stage(0..m);
         if pointwise {
             let (acc, _) = scratch.parts(r * m, 0);
@@ -410,7 +404,7 @@ where
     let split = if threads > 1 { 2 * threads } else { 1 };
     let rows = (BLOCK_BYTES / (2 * m).max(1)).clamp(8, 512);
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
-    over_blocks::<T, O>(&mut y, rows, m, &|p0, r, out, scratch| {
+    over_blocks::<T, O>(&mut y, rows, m, CONV_SUMS, &|p0, r, out, scratch| {
         for (g, b) in packed.iter().enumerate() {
             let xg = xs.get(g * cg..).unwrap_or_default();
             let Some(yg) = out.get_mut(g * mg..) else { break };
@@ -424,12 +418,13 @@ where
 }
 
 /// Runs `each(first pixel, pixels, their rows of Y, this thread's scratch)` over blocks of
-/// `rows` output pixels of `y` (`m` channels each), over the pool; the first failure is the
-/// op's error.
-fn over_blocks<T: FromZeroPoint, O: Send>(
+/// `rows` output pixels (or rows of a product) of `y` (`m` channels each), over the pool;
+/// the first failure is the op's error, input 0 expected to be `what`.
+pub(crate) fn over_blocks<T: FromZeroPoint, O: Send>(
     y: &mut [O],
     rows: usize,
     m: usize,
+    what: &'static str,
     each: &(dyn Fn(usize, usize, &mut [O], &mut ConvScratch<T>) -> std::result::Result<(), IgemmError> + Sync),
 ) -> Result<()> {
     let failure: Mutex<Option<OpError>> = Mutex::new(None);
@@ -439,11 +434,7 @@ fn over_blocks<T: FromZeroPoint, O: Send>(
         if let Err(e) = T::with_scratch(|scratch| each(i * rows, r, out, scratch))
             && let Ok(mut f) = failure.lock()
         {
-            f.get_or_insert(OpError::input_value(
-                0,
-                "a convolution whose exact sums fit int32",
-                e.to_string(),
-            ));
+            f.get_or_insert(OpError::input_value(0, what, e.to_string()));
         }
     });
     match failure.into_inner().ok().flatten() {
@@ -452,6 +443,9 @@ fn over_blocks<T: FromZeroPoint, O: Send>(
     }
 }
 
+/// What a convolution's X must be for [`over_blocks`]' kernels.
+const CONV_SUMS: &str = "a convolution whose exact sums fit int32";
+
 thread_local! {
     /// Each thread's convolution scratch, per 8-bit type.
     static SCRATCH_U8: std::cell::RefCell<ConvScratch<u8>> = std::cell::RefCell::new(ConvScratch::default());
@@ -459,7 +453,7 @@ thread_local! {
 }
 
 /// An 8-bit X element: its padding value, and this thread's convolution scratch of its type.
-trait FromZeroPoint: Sized + Copy + Default {
+pub(crate) trait FromZeroPoint: Sized + Copy + Default {
     /// The padding value: X's zero point in X's type.
     fn try_from_i32(v: i32) -> Self;
     /// Runs `f` on this thread's scratch.
@@ -493,9 +487,9 @@ struct Requant<'a> {
     range: (f64, f64),
     /// The bias and multipliers in f32, for the plan's f32 requantization.
     f32s: Option<(Vec<f32>, Vec<f32>)>,
-    /// For the f64 requantization, its f32 twin's bias, multipliers and margin (see
-    /// `F32Twin`): the VNNI tile's f32 arithmetic with f64 where it could round otherwise.
-    twin: Option<(Vec<f32>, Vec<f32>, f32)>,
+    /// For the f64 requantization, its f32 twin: the VNNI tile's f32 arithmetic with f64
+    /// where it could round otherwise.
+    twin: Option<TwinParams>,
 }
 
 impl Requant<'_> {
@@ -513,11 +507,7 @@ impl Requant<'_> {
                 bias: self.bias.get(cols.clone()).unwrap_or_default(),
                 mult: self.mults.get(cols.clone()).unwrap_or_default(),
                 zero_point: self.zy,
-                twin: self.twin.as_ref().map(|(bias, mult, margin)| F32Twin {
-                    bias: bias.get(cols.clone()).unwrap_or_default(),
-                    mult: mult.get(cols).unwrap_or_default(),
-                    margin: *margin,
-                }),
+                twin: self.twin.as_ref().map(|t| t.columns(cols)),
             },
         };
         Requantize {

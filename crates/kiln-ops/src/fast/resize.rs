@@ -42,15 +42,16 @@ pub(crate) fn eval(op: &Resize, args: &Args<'_>) -> Result<Outputs> {
     }
     let copies = passes.iter().all(|p| p.taps.copies);
     let ext = op.extrapolation_value;
+    let weighted = Weighted { ext };
     match (x.dtype(), copies) {
-        (DType::F32, true) => copied::<f32>(x, &passes),
-        (DType::U8, true) => copied::<u8>(x, &passes),
-        (DType::I8, true) => copied::<i8>(x, &passes),
-        (DType::I64, true) => copied::<i64>(x, &passes),
-        (DType::Bool, true) => copied::<bool>(x, &passes),
-        (DType::F32, false) => weighted::<f32>(x, &passes, ext),
-        (DType::U8, false) => weighted::<u8>(x, &passes, ext),
-        (DType::I8, false) => weighted::<i8>(x, &passes, ext),
+        (DType::F32, true) => run::<f32, f32, _>(x, &passes, &Copies),
+        (DType::U8, true) => run::<u8, u8, _>(x, &passes, &Copies),
+        (DType::I8, true) => run::<i8, i8, _>(x, &passes, &Copies),
+        (DType::I64, true) => run::<i64, i64, _>(x, &passes, &Copies),
+        (DType::Bool, true) => run::<bool, bool, _>(x, &passes, &Copies),
+        (DType::F32, false) => run::<f32, f32, _>(x, &passes, &weighted),
+        (DType::U8, false) => run::<u8, f32, _>(x, &passes, &weighted),
+        (DType::I8, false) => run::<i8, f32, _>(x, &passes, &weighted),
         _ => op.eval(args),
     }
 }
@@ -119,69 +120,68 @@ macro_rules! byte_sample {
 byte_sample!(u8);
 byte_sample!(i8);
 
-/// `x` resized by `passes` whose taps all copy: data movement, any element type.
-fn copied<T: Recycled + Element + Send + Sync>(x: &Tensor, passes: &[Pass]) -> Result<Outputs> {
+/// How a pass resizes its axis, reading `S` values and writing `D` values.
+trait Resample<S, D> {
+    fn axis(&self, src: &[S], shape: &[usize], p: &Pass, dst: &mut [D]);
+}
+
+/// Taps that all copy: data movement, any element type.
+struct Copies;
+
+impl<T: Copy + Default + Send + Sync> Resample<T, T> for Copies {
+    fn axis(&self, src: &[T], shape: &[usize], p: &Pass, dst: &mut [T]) {
+        copy_axis(src, shape, p.a, p.out(), &p.taps, dst);
+    }
+}
+
+/// Weighted taps, summed in f32; `ext` where a position extrapolates.
+struct Weighted {
+    ext: f32,
+}
+
+impl<S: Sample, D: Store> Resample<S, D> for Weighted {
+    fn axis(&self, src: &[S], shape: &[usize], p: &Pass, dst: &mut [D]) {
+        resize_axis(src, shape, p.a, p.out(), &p.taps, self.ext, dst);
+    }
+}
+
+/// `x` resized by `passes` with `r`: the first pass reads `T`, the ones between pass `M`
+/// (recycled scratch), the last writes `T` into the output buffer.
+fn run<T, M, R>(x: &Tensor, passes: &[Pass], r: &R) -> Result<Outputs>
+where
+    T: Recycled + Element,
+    M: Recycled,
+    R: Resample<T, T> + Resample<T, M> + Resample<M, M> + Resample<M, T>,
+{
     let mut shape = x.shape().to_vec();
-    let mut data: Option<Vec<T>> = None;
+    let src = x.as_slice::<T>()?;
+    let mut data: Option<Vec<M>> = None;
     for (i, p) in passes.iter().enumerate() {
-        let src: &[T] = match &data {
-            Some(d) => d,
-            None => x.as_slice::<T>()?,
-        };
         let mut next = shape.clone();
         next[p.a] = p.out();
         let n = numel(&next)?;
         if i + 1 == passes.len() {
             let mut y = crate::util::out_buf::<T>(n);
-            copy_axis(src, &shape, p.a, p.out(), &p.taps, &mut y);
-            if let Some(d) = data.take() {
-                kiln_kernels::recycle::give_of(d);
+            match data.take() {
+                Some(d) => {
+                    <R as Resample<M, T>>::axis(r, &d, &shape, p, &mut y);
+                    kiln_kernels::recycle::give_of(d);
+                }
+                None => <R as Resample<T, T>>::axis(r, src, &shape, p, &mut y),
             }
             return Ok(smallvec::smallvec![Tensor::from_buf(next, y)?.into()]);
         }
-        let mut y = kiln_kernels::recycle::take_of::<T>(n);
-        copy_axis(src, &shape, p.a, p.out(), &p.taps, &mut y);
+        let mut y = kiln_kernels::recycle::take_of::<M>(n);
+        match &data {
+            Some(d) => <R as Resample<M, M>>::axis(r, d, &shape, p, &mut y),
+            None => <R as Resample<T, M>>::axis(r, src, &shape, p, &mut y),
+        }
         if let Some(d) = data.replace(y) {
             kiln_kernels::recycle::give_of(d);
         }
         shape = next;
     }
     // No axis resized.
-    Ok(smallvec::smallvec![x.clone().into()])
-}
-
-/// `x` resized by `passes` with weighted taps: the first pass reads `T`, the ones between
-/// pass f32 (recycled scratch), the last writes `T` into the output buffer.
-fn weighted<T: Recycled + Element + Sample + Store>(x: &Tensor, passes: &[Pass], ext: f32) -> Result<Outputs> {
-    let mut shape = x.shape().to_vec();
-    let src = x.as_slice::<T>()?;
-    let mut data: Option<Vec<f32>> = None;
-    for (i, p) in passes.iter().enumerate() {
-        let mut next = shape.clone();
-        next[p.a] = p.out();
-        let n = numel(&next)?;
-        let (a, out, t) = (p.a, p.out(), &p.taps);
-        if i + 1 == passes.len() {
-            let mut y = crate::util::out_buf::<T>(n);
-            match data.take() {
-                Some(d) => {
-                    resize_axis(&d, &shape, a, out, t, ext, &mut y);
-                    kiln_kernels::recycle::give(d);
-                }
-                None => resize_axis(src, &shape, a, out, t, ext, &mut y),
-            }
-            return Ok(smallvec::smallvec![Tensor::from_buf(next, y)?.into()]);
-        }
-        let mut y = kiln_kernels::recycle::take(n);
-        match &data {
-            Some(d) => resize_axis(d, &shape, a, out, t, ext, &mut y),
-            None => resize_axis(src, &shape, a, out, t, ext, &mut y),
-        }
-        if let Some(d) = data.replace(y) {
-            kiln_kernels::recycle::give(d);
-        }
-        shape = next;
-    }
     Ok(smallvec::smallvec![x.clone().into()])
 }
 
@@ -556,9 +556,10 @@ mod tests {
         ];
         let shape = [1, 3, 6, 7];
         let n: usize = shape.iter().product();
-        // Extremes side by side, so cubic overshoots past the type's range.
+        // Extremes side by side, so cubic overshoots past the type's range; the low values
+        // start at 5, so a 0 (-128 in i8) in an output can only come from saturation.
         let u: Vec<u8> = (0..n)
-            .map(|i| if i % 3 == 0 { 255 } else { (i * 37 % 7) as u8 })
+            .map(|i| if i % 3 == 0 { 255 } else { (i * 37 % 7) as u8 + 5 })
             .collect();
         let s: Vec<i8> = u.iter().map(|&v| (v as i16 - 128) as i8).collect();
         let inputs = [

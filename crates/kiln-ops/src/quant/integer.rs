@@ -341,11 +341,6 @@ fn integer_product(
 /// Output bytes per block of rows in [`fused_product`] (with their i32 scratch, in L2).
 const FUSED_BLOCK_BYTES: usize = 256 * 1024;
 
-thread_local! {
-    /// Each thread's i32 scratch for [`fused_product`]'s blocks (earlier depth blocks' sums).
-    static FUSED_SUMS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// QLinearMatMul with a 2-D B, one A scale and zero point and an 8-bit output, fused: the
 /// integer GEMM requantizes each micro-tile as it leaves the registers (the f64 arithmetic
 /// of the unfused path below, the same bits: the VNNI tile through its f32 twin), in blocks
@@ -393,23 +388,13 @@ fn fused_product(
         return Ok(None);
     }
     let bias = vec![0.0f64; n];
-    let twin = kiln_kernels::igemm::F32Twin::margin(&bias, &mults, zy0).map(|margin| {
-        (
-            vec![0.0f32; n],
-            mults.iter().map(|&v| v as f32).collect::<Vec<f32>>(),
-            margin,
-        )
-    });
+    let twin = kiln_kernels::igemm::TwinParams::of(&bias, &mults, zy0);
     let stage = kiln_kernels::igemm::Requantize {
         scales: kiln_kernels::igemm::Scales::F64 {
             bias: &bias,
             mult: &mults,
             zero_point: zy0,
-            twin: twin.as_ref().map(|(bias, mult, margin)| kiln_kernels::igemm::F32Twin {
-                bias,
-                mult,
-                margin: *margin,
-            }),
+            twin: twin.as_ref().map(|t| t.columns(0..n)),
         },
         range: (range.0 as i32, range.1 as i32),
     };
@@ -452,7 +437,7 @@ fn fused_rows<T, O>(
     shape: Vec<usize>,
 ) -> Result<Tensor>
 where
-    T: kiln_kernels::igemm::Int8 + Sync,
+    T: kiln_kernels::igemm::Int8 + crate::fast::qconv_nhwc::FromZeroPoint + Sync,
     O: kiln_kernels::igemm::Int8
         + kiln_kernels::quant::Q8
         + kiln_kernels::recycle::Recycled
@@ -476,26 +461,12 @@ where
     }
     let rows = rows.min(m.div_ceil(split)).div_ceil(8) * 8;
     let isa = kiln_kernels::isa::active();
-    let failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-    kiln_kernels::pool::for_each_chunk_mut(&mut y, rows * n, &|i, out| {
-        let r = out.len() / n;
-        let p0 = i * rows;
-        let Some(rows_of_a) = a.get(p0 * k..(p0 + r) * k) else {
-            return;
-        };
-        let result = FUSED_SUMS.with_borrow_mut(|c| {
-            let c = kiln_kernels::recycle::scratch(c, r * n);
-            kiln_kernels::igemm::igemm_requant_serial(isa, (r, k), rows_of_a, k, a_zero, packed, c, stage, out, n)
-        });
-        if let Err(e) = result
-            && let Ok(mut f) = failure.lock()
-        {
-            f.get_or_insert(e.to_string());
-        }
-    });
-    if let Some(e) = failure.into_inner().ok().flatten() {
-        return Err(OpError::input_value(0, "a product whose exact sums fit int32", e));
-    }
+    let what = "a product whose exact sums fit int32";
+    crate::fast::qconv_nhwc::over_blocks::<T, O>(&mut y, rows, n, what, &|p0, r, out, scratch| {
+        let (c, _) = scratch.parts(r * n, 0);
+        let rows_of_a = a.get(p0 * k..(p0 + r) * k).unwrap_or_default();
+        kiln_kernels::igemm::igemm_requant_serial(isa, (r, k), rows_of_a, k, a_zero, packed, c, stage, out, n)
+    })?;
     Ok(Tensor::from_buf(shape, y)?)
 }
 
