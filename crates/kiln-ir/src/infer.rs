@@ -18,7 +18,7 @@ pub struct InferError {
 ///
 /// Small shape-arithmetic values are propagated along the way: a node whose output follows from
 /// input types (Shape, Size of fixed-shape inputs) or from small known inputs (elementwise and
-/// data-movement ops over at most [`FOLD_LIMIT`] elements) gets its output value computed by
+/// data-movement ops and reductions over at most [`FOLD_LIMIT`] elements) gets its output value computed by
 /// the op's own evaluation, so e.g. a Reshape fed by Shape→Gather→Concat still gets its shape.
 /// These values only inform inference; the graph itself is not changed.
 pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
@@ -93,8 +93,10 @@ fn fold(op: &Op, inputs: &[InferInput<'_>]) -> Vec<Option<Value>> {
     if let Some(v) = op.fold_static(inputs) {
         return vec![Some(v)];
     }
-    // Only deterministic families; a node with no inputs (e.g. a random generator) is not folded.
-    if !matches!(op, Op::Elementwise(_) | Op::Movement(_)) || inputs.is_empty() {
+    // Only deterministic families (reductions too: image-size arithmetic takes the larger of
+    // two dims with a ReduceMax); a node with no inputs (e.g. a random generator) is not
+    // folded.
+    if !matches!(op, Op::Elementwise(_) | Op::Movement(_) | Op::Reduce(_)) || inputs.is_empty() {
         return Vec::new();
     }
     let mut args = Vec::with_capacity(inputs.len());

@@ -316,6 +316,36 @@ fn shape_arithmetic_is_folded_for_inference() {
 }
 
 #[test]
+fn reductions_in_shape_arithmetic_are_folded_for_inference() {
+    // y = Reshape(x, Concat(ReduceMax(Shape(x)), [-1])): [2,3,4] -> [4,6], the way a
+    // detector's transform sizes its padded batch from the larger image dim; without the
+    // reduction's value every shape below it is unknown and no fast path applies.
+    let axis0 = AttributeProto {
+        name: Some("axis".into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(0),
+        ..Default::default()
+    };
+    let m = model(
+        vec![
+            node("Shape", "shape", &["x"], &["s"], vec![]),
+            node("ReduceMax", "largest", &["s"], &["n"], vec![]),
+            node("Concat", "cat", &["n", "minus1"], &["target"], vec![axis0]),
+            node("Reshape", "reshape", &["x", "target"], &["y"], vec![]),
+        ],
+        vec![value_info("x", F32, &[Dim::N(2), Dim::N(3), Dim::N(4)])],
+        vec![ValueInfoProto {
+            name: Some("y".into()),
+            ..Default::default()
+        }],
+        vec![i64_tensor("minus1", &[1], &[-1])],
+    );
+    let g = import(&m).unwrap();
+    let y = g.graph.value(g.graph.outputs[0]).unwrap();
+    assert_eq!(y.ty.to_string(), "f32[4,6]");
+}
+
+#[test]
 fn model_local_functions_are_inlined() {
     use kiln::raw::onnx::proto::FunctionProto;
     // AddLeaky(a, b) = LeakyRelu(a + b, alpha = @slope), called twice with different slopes.
