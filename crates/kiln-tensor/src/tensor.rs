@@ -531,6 +531,25 @@ impl Tensor {
         Tensor::new(self.dtype, shape, data)
     }
 
+    /// A tensor of `shape` whose every element is this tensor's first (a fill: no index
+    /// array). An empty tensor is an error unless `shape` has no elements.
+    pub fn filled(&self, shape: impl Into<Shape>) -> Result<Tensor, TensorError> {
+        let shape: Shape = shape.into();
+        let n = numel(&shape).ok_or_else(|| TensorError::TooLarge {
+            shape: shape.to_vec(),
+            max: MAX_ELEMENTS,
+        })?;
+        if n > 0 && self.is_empty() {
+            return Err(TensorError::LengthMismatch {
+                shape: shape.to_vec(),
+                len: n,
+                got: 0,
+            });
+        }
+        let data = map_data!(&self.data, v => v.first().map_or_else(Vec::new, |x| vec![x.clone(); n]));
+        Tensor::new(self.dtype, shape, data)
+    }
+
     /// [`Tensor::gather_flat`] with the indices produced one by one, in output order, by
     /// `index` (no index array: its 8 bytes per element outweighed a byte-sized output 8 to
     /// 1). An index out of range is an error. Answers a stop (`kiln_kernels::stop`) every

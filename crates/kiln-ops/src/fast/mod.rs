@@ -27,6 +27,7 @@ mod pool_nhwc;
 pub(crate) mod qconv_nhwc;
 mod recurrent;
 mod resize;
+mod roi_align;
 
 pub use conv_nhwc::{pack_channels_last, pack_depthwise_taps};
 pub use pointwise_depthwise::{ConvStage, PointwiseDepthwise};
@@ -312,6 +313,7 @@ pub fn eval(op: &Op, plan: Option<&Plan>, args: &Args<'_>) -> Result<Outputs> {
         (Op::Quant(QuantOp::QLinearConv(c)), Some(Plan::QConv(p))) => qconv_nhwc::eval(c, p, args),
         (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(r)), None) => recurrent::eval(r, args),
         (Op::Nn(NnOp::Resize(r)), None) => resize::eval(r, args),
+        (Op::Nn(NnOp::RoiAlign(r)), None) => roi_align::eval(r, args),
         (Op::Nn(NnOp::ConvTranspose(c)), None) => conv_transpose::eval(c, args),
         (Op::Reduce(crate::reduce::ReduceOp::InstanceNormalization(o)), None) => group_norm::eval_instance(o, args),
         (Op::Reduce(crate::reduce::ReduceOp::GroupNormalization(o)), None) => group_norm::eval_group(o, args),

@@ -4,10 +4,38 @@
 use super::*;
 use crate::util::{checked_numel, const_tensor, input_dtype, norm_axis};
 
-/// The values of an integer index input (input `index`).
-fn indices_of(t: &Tensor, index: usize) -> Result<Vec<i64>> {
+/// The values of an integer index input (input `index`): i64 indices in place, others
+/// widened.
+fn indices_of(t: &Tensor, index: usize) -> Result<std::borrow::Cow<'_, [i64]>> {
+    if let Ok(v) = t.as_slice::<i64>() {
+        return Ok(std::borrow::Cow::Borrowed(v));
+    }
     t.to_i64_vec()
+        .map(std::borrow::Cow::Owned)
         .ok_or_else(|| OpError::input_value(index, "integer indices", format!("a {} tensor", t.dtype())))
+}
+
+/// Copies `src` into `dst` (equal lengths): runs of a few elements element by element,
+/// where `copy_from_slice` would call `memmove` for each (a column gather of one element
+/// per row spent most of its time in those calls).
+#[inline(always)]
+fn copy_run<T: Copy>(dst: &mut [T], src: &[T]) {
+    // Fixed-size moves (an element loop would be turned back into a `memmove` call).
+    fn fixed<T: Copy, const N: usize>(dst: &mut [T], src: &[T]) -> bool {
+        if dst.len() != N {
+            return false;
+        }
+        match (dst.first_chunk_mut::<N>(), src.first_chunk::<N>()) {
+            (Some(d), Some(s)) => {
+                *d = *s;
+                true
+            }
+            _ => false,
+        }
+    }
+    if !(fixed::<T, 1>(dst, src) || fixed::<T, 2>(dst, src) || fixed::<T, 4>(dst, src)) {
+        dst.copy_from_slice(src);
+    }
 }
 
 /// Gather's output for element types the arena recycles: the rows of `inner` elements starting
@@ -24,7 +52,7 @@ fn gather_rows<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
         let src = xs
             .get(base..base + inner)
             .ok_or_else(|| OpError::input_shape(0, format!("a shape of {} elements, as its data", xs.len()), shape))?;
-        dst.copy_from_slice(src);
+        copy_run(dst, src);
     }
     Ok(out)
 }
@@ -137,15 +165,42 @@ fn along_axis_targets(data_shape: &[usize], ind_shape: &[usize], idx: &[i64], ax
         }
     }
     let st = strides(data_shape);
-    let mut pos = vec![0usize; ind_shape.len()];
-    idx.iter()
-        .enumerate()
-        .map(|(f, &i)| {
-            unravel(f, ind_shape, &mut pos);
-            pos[axis] = norm_index(i, data_shape[axis])?;
-            Ok(pos.iter().zip(&st).map(|(p, s)| p * s).sum())
-        })
-        .collect()
+    let (rank, len, step) = (ind_shape.len(), data_shape[axis], st[axis]);
+    let Some(&inner) = ind_shape.last() else {
+        // Rank 0: one index, on a scalar that has no axis; norm_axis refused it already.
+        return idx.iter().map(|&i| Ok(norm_index(i, len)? * step)).collect();
+    };
+    let last = rank - 1;
+    // An odometer over the index rows (all dims but the last): `base` is the offset of the
+    // row's first position without its axis coordinate, kept up to date as the row advances.
+    let mut pos = vec![0usize; last];
+    let mut base = 0usize;
+    let mut out = Vec::with_capacity(idx.len());
+    for row in idx.chunks(inner.max(1)) {
+        if axis == last {
+            for &i in row {
+                out.push(base + norm_index(i, len)?);
+            }
+        } else {
+            for (k, &i) in row.iter().enumerate() {
+                out.push(base + k + norm_index(i, len)? * step);
+            }
+        }
+        for d in (0..last).rev() {
+            pos[d] += 1;
+            if pos[d] < ind_shape[d] {
+                if d != axis {
+                    base += st[d];
+                }
+                break;
+            }
+            if d != axis {
+                base -= st[d] * (pos[d] - 1);
+            }
+            pos[d] = 0;
+        }
+    }
+    Ok(out)
 }
 
 impl GatherElements {
@@ -197,22 +252,30 @@ impl GatherND {
         let per_batch: usize = is[b..is.len() - 1].iter().product();
         // f32 data: each addressed slice copied whole (SSD's box gathers, [3234, 4] by
         // [3234, 1], had gone through a per-element index list at 8 ns per element).
-        if let (Ok(xs), true) = (x.as_slice::<f32>(), inner > 0) {
-            let mut out = crate::util::out_f32(nb * per_batch * inner);
-            for (row, dst) in out.chunks_exact_mut(inner).enumerate() {
-                let (batch, t) = (row / per_batch.max(1), row % per_batch.max(1));
-                let tuple = idx
-                    .get((batch * per_batch + t) * k..(batch * per_batch + t + 1) * k)
-                    .ok_or_else(|| OpError::input_shape(1, format!("{} index tuples of {k}", nb * per_batch), is))?;
-                let mut off = batch * batch_stride;
-                for (j, &i) in tuple.iter().enumerate() {
-                    off += norm_index(i, ds[b + j])? * st[b + j];
+        if let (Ok(xs), true) = (x.as_slice::<f32>(), inner > 0 && k > 0) {
+            let rows = nb * per_batch;
+            if idx.len() != rows * k {
+                return Err(OpError::input_shape(1, format!("{rows} index tuples of {k}"), is));
+            }
+            let mut out = crate::util::out_f32(rows * inner);
+            // Rows in order, the batch offset stepped every `per_batch` rows (no division
+            // per row).
+            let (mut batch_off, mut left) = (0usize, per_batch);
+            for (dst, tuple) in out.chunks_exact_mut(inner).zip(idx.chunks_exact(k)) {
+                if left == 0 {
+                    batch_off += batch_stride;
+                    left = per_batch;
                 }
-                let src = xs.get(off..off + inner).ok_or(OpError::IndexOutOfRange {
+                left -= 1;
+                let mut off = batch_off;
+                for ((&i, &d), &s) in tuple.iter().zip(&ds[b..]).zip(&st[b..]) {
+                    off += norm_index(i, d)? * s;
+                }
+                let src = xs.get(off..off + inner).ok_or_else(|| OpError::IndexOutOfRange {
                     index: off as i64,
                     size: xs.len(),
                 })?;
-                dst.copy_from_slice(src);
+                copy_run(dst, src);
             }
             return one(Tensor::from_buf(shape, out)?);
         }
@@ -257,8 +320,16 @@ pub enum Reduction {
 
 fn reduce_into<T: Num>(data: &[T], upd: &[T], targets: &[usize], red: Reduction) -> Result<Vec<T>> {
     let mut out = data.to_vec();
+    if red == Reduction::None {
+        for (&t, &u) in targets.iter().zip(upd) {
+            if let Some(o) = out.get_mut(t) {
+                *o = u;
+            }
+        }
+        return Ok(out);
+    }
     for (&t, &u) in targets.iter().zip(upd) {
-        let o = &mut out[t];
+        let Some(o) = out.get_mut(t) else { continue };
         *o = match red {
             Reduction::None => u,
             Reduction::Add => o.add(u),
@@ -286,6 +357,20 @@ fn scatter(data: &Tensor, updates: &Tensor, targets: &[usize], red: Reduction) -
         ));
     }
     let n = data.len();
+    // Numeric values (any reduction, none too) are written in place into a copy of data.
+    macro_rules! numeric {
+        ($($v:ident),*) => {
+            match (data.data(), updates.data()) {
+                $((Data::$v(d), Data::$v(u)) => {
+                    Some(reduce_into(d, u, targets, red).map(|v| Data::$v(kiln_tensor::Buf::from_vec(v))))
+                })*
+                _ => None,
+            }
+        };
+    }
+    if let Some(out) = numeric!(F32, F64, F16, BF16, I8, I16, I32, I64, U8, U16, U32, U64) {
+        return Ok(Tensor::new(data.dtype(), data.shape().to_vec(), out?)?);
+    }
     let all = concat_flat(&[data, updates])?;
     if red == Reduction::None {
         let mut idx: Vec<usize> = (0..n).collect();
@@ -306,7 +391,10 @@ fn scatter(data: &Tensor, updates: &Tensor, targets: &[usize], red: Reduction) -
         }
         Data::Bool(out.into())
     } else {
-        try_map_num!(all, 0, v => reduce_into(&v[..n], &v[n..], targets, red))?
+        return Err(OpError::UnsupportedDType {
+            index: 0,
+            got: data.dtype(),
+        });
     };
     Ok(Tensor::new(data.dtype(), data.shape().to_vec(), out)?)
 }
@@ -429,7 +517,7 @@ impl TensorScatter {
                     t.shape(),
                 ));
             }
-            Some(t) => indices_of(t, 2)?,
+            Some(t) => indices_of(t, 2)?.into_owned(),
             None => vec![0; ps[0]],
         };
         let max_len = ps[axis] as i64;
@@ -581,12 +669,33 @@ pub struct NonZero;
 impl NonZero {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        let nz: Vec<bool> = match x.data() {
-            Data::Str(v) => v.iter().map(|s| !s.is_empty()).collect(),
-            _ => x.to_f64_vec().iter().map(|&v| v != 0.0).collect(),
+        // The flat positions of the nonzero elements, read in each element type directly.
+        fn hits<T: Copy>(v: &[T], nonzero: impl Fn(T) -> bool) -> Vec<usize> {
+            v.iter()
+                .enumerate()
+                .filter(|&(_, &e)| nonzero(e))
+                .map(|(i, _)| i)
+                .collect()
+        }
+        let hits: Vec<usize> = match x.data() {
+            Data::Str(v) => v
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_empty())
+                .map(|(i, _)| i)
+                .collect(),
+            Data::Bool(v) => hits(v, |e| e),
+            Data::F32(v) => hits(v, |e| e != 0.0),
+            Data::I64(v) => hits(v, |e| e != 0),
+            Data::I32(v) => hits(v, |e| e != 0),
+            Data::U8(v) => hits(v, |e| e != 0),
+            _ => hits(&x.to_f64_vec(), |e| e != 0.0),
         };
         let r = x.rank();
-        let hits: Vec<usize> = nz.iter().enumerate().filter(|(_, b)| **b).map(|(i, _)| i).collect();
+        if r == 1 {
+            let out: Vec<i64> = hits.iter().map(|&f| f as i64).collect();
+            return one(Tensor::from_vec(vec![1, out.len()], out)?);
+        }
         let mut out = vec![0i64; r * hits.len()];
         let mut pos = vec![0usize; r];
         for (j, &f) in hits.iter().enumerate() {

@@ -88,6 +88,12 @@ impl Transpose {
     pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let perm = self.perm(x.rank())?;
         let out_shape: kiln_tensor::Shape = perm.iter().map(|&p| x.shape()[p]).collect();
+        // Only dims of size 1 move (a `[1, N]` index list turned into `[N, 1]`): the elements
+        // keep their order, so the result is the input under the new shape.
+        let kept: Vec<usize> = perm.iter().copied().filter(|&p| x.shape().get(p) != Some(&1)).collect();
+        if kept.windows(2).all(|w| w.first() < w.get(1)) {
+            return Ok(x.clone().reshape(out_shape)?);
+        }
         if let Ok(v) = x.as_slice::<f32>() {
             let mut out = crate::util::out_f32(v.len());
             if !permute_into(v, x.shape(), &perm, &mut out, &kiln_kernels::transpose::transpose_f32) {
@@ -121,6 +127,27 @@ impl Transpose {
         }
         bytes!(u8);
         bytes!(i8);
+        // Other plain element types (index tensors, f64) on the same loop nest, the matrix
+        // transposes through the scalar block.
+        macro_rules! plain {
+            ($t:ty) => {
+                if let Ok(v) = x.as_slice::<$t>() {
+                    let mut out = v.to_vec();
+                    let block: BlockFn<'_, $t> = &kiln_kernels::transpose::transpose::<$t>;
+                    if !permute_into(v, x.shape(), &perm, &mut out, block) {
+                        return Err(OpError::input_shape(
+                            0,
+                            format!("a shape of {} elements, as its data", v.len()),
+                            x.shape(),
+                        ));
+                    }
+                    return Ok(Tensor::from_vec(out_shape, out)?);
+                }
+            };
+        }
+        plain!(i64);
+        plain!(i32);
+        plain!(f64);
         let (shape, idx) = transpose_map(x.shape(), &perm)?;
         Ok(x.gather_flat(shape, &idx)?)
     }

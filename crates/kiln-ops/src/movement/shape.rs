@@ -467,8 +467,8 @@ impl ConstantOfShape {
             .iter()
             .map(|&d| crate::util::dim(d, 0, "shape"))
             .collect::<Result<_>>()?;
-        let n = checked_numel(&shape)?;
-        one(self.value()?.gather_flat(shape, &vec![0; n])?)
+        checked_numel(&shape)?;
+        one(self.value()?.filled(shape)?)
     }
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
         let dtype = Some(self.value.as_ref().map_or(DType::F32, |v| v.dtype()));

@@ -258,6 +258,95 @@ fn scatter_reductions() {
 }
 
 #[test]
+fn scatter_and_gather_elements_of_smaller_indices_on_every_axis() {
+    // Data [3, 4, 5]; indices [2, 3, 4] (smaller off the axis too), against nested loops.
+    let ds = [3usize, 4, 5];
+    let is = [2usize, 3, 4];
+    let data: Vec<f32> = (0..60).map(|v| v as f32).collect();
+    let x = f32t(&ds, &data);
+    for axis in 0..3 {
+        let idx: Vec<i64> = (0..24)
+            .map(|f| ((f * 7 + axis * 3) % ds[axis]) as i64 - (f % 2) as i64 * ds[axis] as i64)
+            .collect();
+        let upd: Vec<f32> = (0..24).map(|f| 100.0 + f as f32).collect();
+        let mut want = data.clone();
+        let mut gathered = Vec::new();
+        let mut f = 0;
+        for a in 0..is[0] {
+            for b in 0..is[1] {
+                for c in 0..is[2] {
+                    let mut p = [a, b, c];
+                    p[axis] = idx[f].rem_euclid(ds[axis] as i64) as usize;
+                    let at = (p[0] * ds[1] + p[1]) * ds[2] + p[2];
+                    want[at] = upd[f];
+                    gathered.push(data[at] as f64);
+                    f += 1;
+                }
+            }
+        }
+        let y = run1(
+            MovementOp::ScatterElements(ScatterElements {
+                axis: axis as i64,
+                reduction: Reduction::None,
+            }),
+            vec![Some(x.clone()), Some(i64t(&is, &idx)), Some(f32t(&is, &upd))],
+        );
+        assert_eq!(y.as_slice::<f32>().unwrap(), want.as_slice(), "scatter, axis {axis}");
+        let y = run1(
+            MovementOp::GatherElements(GatherElements { axis: axis as i64 }),
+            vec![Some(x.clone()), Some(i64t(&is, &idx))],
+        );
+        assert_eq!(vals(&y), gathered, "gather, axis {axis}");
+    }
+}
+
+#[test]
+fn transposes_of_index_tensors_and_unit_dims() {
+    // i64 on the loop nest: [2, 3, 4] by (2, 0, 1), against the definition.
+    let v: Vec<i64> = (0..24).map(|i| i * 3 - 7).collect();
+    let y = run1(
+        MovementOp::Transpose(Transpose {
+            perm: Some(vec![2, 0, 1]),
+        }),
+        vec![Some(i64t(&[2, 3, 4], &v))],
+    );
+    assert_eq!(y.shape(), &[4, 2, 3]);
+    let want: Vec<i64> = (0..4)
+        .flat_map(|k| (0..2).flat_map(move |i| (0..3).map(move |j| (i * 12 + j * 4 + k) as i64 * 3 - 7)))
+        .collect();
+    assert_eq!(y.as_slice::<i64>().unwrap(), want.as_slice());
+    // Only a unit dim moves: the same elements in the same order, under the new shape.
+    let y = run1(
+        MovementOp::Transpose(Transpose { perm: Some(vec![1, 0]) }),
+        vec![Some(i64t(&[1, 5], &[4, 1, 3, 0, 2]))],
+    );
+    assert_eq!(y.shape(), &[5, 1]);
+    assert_eq!(y.as_slice::<i64>().unwrap(), &[4, 1, 3, 0, 2]);
+    let y = run1(
+        MovementOp::Transpose(Transpose {
+            perm: Some(vec![0, 2, 3, 1]),
+        }),
+        vec![Some(f32t(&[2, 1, 1, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))],
+    );
+    assert_eq!(y.shape(), &[2, 1, 3, 1]);
+    assert_eq!(vals(&y), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+}
+
+#[test]
+fn nonzero_of_bools_and_matrices() {
+    let b = Tensor::from_vec(vec![5], vec![false, true, true, false, true]).unwrap();
+    let y = run1(MovementOp::NonZero(NonZero), vec![Some(b)]);
+    assert_eq!(y.shape(), &[1, 3]);
+    assert_eq!(y.as_slice::<i64>().unwrap(), &[1, 2, 4]);
+    let y = run1(
+        MovementOp::NonZero(NonZero),
+        vec![Some(i64t(&[2, 3], &[0, 7, 0, -1, 0, 2]))],
+    );
+    assert_eq!(y.shape(), &[2, 3]);
+    assert_eq!(y.as_slice::<i64>().unwrap(), &[0, 1, 1, 1, 0, 2]);
+}
+
+#[test]
 fn topk_ties_prefer_lower_index() {
     let x = f32t(&[5], &[1.0, 3.0, 3.0, 2.0, 3.0]);
     let ys = run(

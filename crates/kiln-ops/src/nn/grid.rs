@@ -324,7 +324,90 @@ pub struct RoiAlign {
     pub spatial_scale: f32,
 }
 
+/// One roi's bilinear taps: `per_bin` samples for each of the `output_height x output_width`
+/// bins, bin after bin, each sample four (flat `y * W + x` offset, weight) taps into an
+/// `H x W` plane (all-zero weights for a sample outside the image); `count` is what an
+/// average divides by.
+pub(crate) struct RoiSamples {
+    pub taps: Vec<[(usize, f64); 4]>,
+    pub per_bin: usize,
+    pub count: f64,
+}
+
 impl RoiAlign {
+    /// The taps of the roi `[x1, y1, x2, y2]` over an `h x w` plane (the spec's sampling
+    /// grid, shared by the reference and the fast path, so both sample the same points).
+    pub(crate) fn samples(&self, roi: [f64; 4], h: usize, w: usize) -> Result<RoiSamples> {
+        let (oh, ow) = (self.output_height, self.output_width);
+        let scale = self.spatial_scale as f64;
+        let offset = if self.half_pixel { 0.5 } else { 0.0 };
+        let (hf, wf) = (h as f64, w as f64);
+        let (sw, sh) = (roi[0] * scale - offset, roi[1] * scale - offset);
+        let (ew, eh) = (roi[2] * scale - offset, roi[3] * scale - offset);
+        let (mut rw, mut rh) = (ew - sw, eh - sh);
+        if !self.half_pixel {
+            rw = rw.max(1.0);
+            rh = rh.max(1.0);
+        }
+        let (bh, bw) = (rh / oh as f64, rw / ow as f64);
+        let gh = if self.sampling_ratio > 0 {
+            self.sampling_ratio
+        } else {
+            (rh / oh as f64).ceil().max(0.0) as usize
+        };
+        let gw = if self.sampling_ratio > 0 {
+            self.sampling_ratio
+        } else {
+            (rw / ow as f64).ceil().max(0.0) as usize
+        };
+        // Sampling grids come from roi values: bound them before allocating.
+        let total = numel(&[oh, ow, gh, gw])?;
+        let mut taps = Vec::with_capacity(total);
+        for ph in 0..oh {
+            for pw in 0..ow {
+                for iy in 0..gh {
+                    let yy = sh + ph as f64 * bh + (iy as f64 + 0.5) * bh / gh as f64;
+                    for ix in 0..gw {
+                        let xx = sw + pw as f64 * bw + (ix as f64 + 0.5) * bw / gw as f64;
+                        if yy < -1.0 || yy > hf || xx < -1.0 || xx > wf || h == 0 || w == 0 {
+                            taps.push([(0, 0.0); 4]);
+                            continue;
+                        }
+                        let (mut yv, mut xv) = (yy.max(0.0), xx.max(0.0));
+                        let (mut yl, mut xl) = (yv as usize, xv as usize);
+                        let yhi = if yl >= h - 1 {
+                            yl = h - 1;
+                            yv = yl as f64;
+                            yl
+                        } else {
+                            yl + 1
+                        };
+                        let xhi = if xl >= w - 1 {
+                            xl = w - 1;
+                            xv = xl as f64;
+                            xl
+                        } else {
+                            xl + 1
+                        };
+                        let (ly, lx) = (yv - yl as f64, xv - xl as f64);
+                        let (hy, hx) = (1.0 - ly, 1.0 - lx);
+                        taps.push([
+                            (yl * w + xl, hy * hx),
+                            (yl * w + xhi, hy * lx),
+                            (yhi * w + xl, ly * hx),
+                            (yhi * w + xhi, ly * lx),
+                        ]);
+                    }
+                }
+            }
+        }
+        Ok(RoiSamples {
+            taps,
+            per_bin: gh * gw,
+            count: (gh * gw).max(1) as f64,
+        })
+    }
+
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let rois = args.tensor(1)?;
@@ -352,78 +435,14 @@ impl RoiAlign {
         let xd = x.to_f64_vec();
         let rd = rois.to_f64_vec();
         let bd = util::read_i64s(bi, 2, "batch_indices")?;
-        let scale = self.spatial_scale as f64;
-        let offset = if self.half_pixel { 0.5 } else { 0.0 };
-        let (hf, wf) = (h as f64, w as f64);
         for r in 0..nr {
             let b = usize::try_from(bd[r])
                 .ok()
                 .filter(|&b| b < nb)
                 .ok_or(OpError::IndexOutOfRange { index: bd[r], size: nb })?;
-            let roi = &rd[r * 4..r * 4 + 4];
-            let (sw, sh) = (roi[0] * scale - offset, roi[1] * scale - offset);
-            let (ew, eh) = (roi[2] * scale - offset, roi[3] * scale - offset);
-            let (mut rw, mut rh) = (ew - sw, eh - sh);
-            if !self.half_pixel {
-                rw = rw.max(1.0);
-                rh = rh.max(1.0);
-            }
-            let (bh, bw) = (rh / oh as f64, rw / ow as f64);
-            let gh = if self.sampling_ratio > 0 {
-                self.sampling_ratio
-            } else {
-                (rh / oh as f64).ceil().max(0.0) as usize
-            };
-            let gw = if self.sampling_ratio > 0 {
-                self.sampling_ratio
-            } else {
-                (rw / ow as f64).ceil().max(0.0) as usize
-            };
-            // Sampling grids come from roi values: bound them before allocating.
-            numel(&[oh, ow, gh, gw])?;
-            let count = (gh * gw).max(1) as f64;
-            // Bilinear taps for every sample of every bin, shared by the channels.
-            let mut samples: Vec<Vec<[(usize, f64); 4]>> = Vec::with_capacity(oh * ow);
-            for ph in 0..oh {
-                for pw in 0..ow {
-                    let mut s = Vec::with_capacity(gh * gw);
-                    for iy in 0..gh {
-                        let yy = sh + ph as f64 * bh + (iy as f64 + 0.5) * bh / gh as f64;
-                        for ix in 0..gw {
-                            let xx = sw + pw as f64 * bw + (ix as f64 + 0.5) * bw / gw as f64;
-                            if yy < -1.0 || yy > hf || xx < -1.0 || xx > wf || h == 0 || w == 0 {
-                                s.push([(0, 0.0); 4]);
-                                continue;
-                            }
-                            let (mut yv, mut xv) = (yy.max(0.0), xx.max(0.0));
-                            let (mut yl, mut xl) = (yv as usize, xv as usize);
-                            let yhi = if yl >= h - 1 {
-                                yl = h - 1;
-                                yv = yl as f64;
-                                yl
-                            } else {
-                                yl + 1
-                            };
-                            let xhi = if xl >= w - 1 {
-                                xl = w - 1;
-                                xv = xl as f64;
-                                xl
-                            } else {
-                                xl + 1
-                            };
-                            let (ly, lx) = (yv - yl as f64, xv - xl as f64);
-                            let (hy, hx) = (1.0 - ly, 1.0 - lx);
-                            s.push([
-                                (yl * w + xl, hy * hx),
-                                (yl * w + xhi, hy * lx),
-                                (yhi * w + xl, ly * hx),
-                                (yhi * w + xhi, ly * lx),
-                            ]);
-                        }
-                    }
-                    samples.push(s);
-                }
-            }
+            let roi = [rd[r * 4], rd[r * 4 + 1], rd[r * 4 + 2], rd[r * 4 + 3]];
+            let RoiSamples { taps, per_bin, count } = self.samples(roi, h, w)?;
+            let samples: Vec<&[[(usize, f64); 4]]> = taps.chunks(per_bin.max(1)).collect();
             for ch in 0..c {
                 let plane = &xd[(b * c + ch) * h * w..(b * c + ch + 1) * h * w];
                 for (bin, s) in samples.iter().enumerate() {
