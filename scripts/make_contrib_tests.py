@@ -74,6 +74,13 @@ def activations(out):
          [("x", F, [2, 3, 8])], [("y", F, None)], {"x": x})
     case(out, "quick_gelu_alpha", [helper.make_node("QuickGelu", ["x"], ["y"], domain=MS, alpha=1.25)],
          [("x", F, [2, 3, 8])], [("y", F, None)], {"x": x})
+    # alpha 1 is SiLU, as ONNX Runtime's optimiser writes EfficientNet's: after a Conv, it
+    # becomes the convolution's epilogue.
+    xi, w, b = randn(1, 3, 9, 9), randn(8, 3, 3, 3, scale=0.5), randn(8)
+    case(out, "conv_quick_gelu_silu",
+         [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+          helper.make_node("QuickGelu", ["c"], ["y"], domain=MS, alpha=1.0)],
+         [("x", F, [1, 3, 9, 9])], [("y", F, None)], {"x": xi}, inits=[("w", w), ("b", b)])
 
 
 def norms(out):

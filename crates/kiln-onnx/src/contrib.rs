@@ -100,8 +100,14 @@ pub fn expand(ctx: &NodeCtx<'_>, np: &NodeProto) -> Result<Vec<NodeProto>> {
         "QuickGelu" => {
             let x = e.need(0, "X")?;
             let alpha = ctx.attr_f32_or("alpha", 1.702)?;
-            let a = e.scalar_like(alpha, &x);
-            let t = e.one("Mul", &[&x, &a], vec![]);
+            // alpha 1 is SiLU (ONNX Runtime's fusion of EfficientNet's Mul(x, Sigmoid(x))):
+            // spelled as that pair, the activation fusion puts it back into its producer.
+            let t = if alpha == 1.0 {
+                x.clone()
+            } else {
+                let a = e.scalar_like(alpha, &x);
+                e.one("Mul", &[&x, &a], vec![])
+            };
             let s = e.one("Sigmoid", &[&t], vec![]);
             e.last("Mul", &[&x, &s], vec![])?;
         }
