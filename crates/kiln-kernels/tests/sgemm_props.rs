@@ -342,7 +342,7 @@ fn activation_special_values() {
 #[test]
 fn edge_shapes() {
     let ms = [1, 3, 4, 5, 6, 7, 8, 9, 13, 17, 97, 197];
-    let ns = [1, 15, 16, 17, 24, 31, 32, 33, 49, 56];
+    let ns = [1, 5, 8, 15, 16, 17, 24, 31, 32, 33, 40, 49, 56];
     let ks = [0, 1, 255, 256, 257, 513, 769];
     for &m in &ms {
         for &n in &ns {

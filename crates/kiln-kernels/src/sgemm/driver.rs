@@ -53,6 +53,8 @@ pub(crate) struct Kernels {
     pub tiles: &'static [TileFn],
     /// Tiles of half the width for edge columns (`nr <= NR / 2`), or empty.
     pub half: &'static [TileFn],
+    /// Tiles for edge columns `nr <= NR / 4` multiplying in vectors of that width, or empty.
+    pub quarter: &'static [TileFn],
     /// Tiles for edge columns `NR / 2 < nr <= 3 NR / 4` that spend no multiplies on the
     /// panel's last quarter, or empty.
     pub narrow: &'static [TileFn],
@@ -255,7 +257,9 @@ pub(crate) unsafe fn run_raw(
                     // cycles, and per-tile bookkeeping showed (114x96, k = 16: 28 GFLOP/s
                     // with it, 37 without, 40 for a bare loop of tile calls; Zen 3).
                     let nr = kn.min(n - jr);
-                    let table = if nr <= kn / 2 && !kernels.half.is_empty() {
+                    let table = if nr <= kn / 4 && !kernels.quarter.is_empty() {
+                        kernels.quarter
+                    } else if nr <= kn / 2 && !kernels.half.is_empty() {
                         kernels.half
                     } else if nr <= kn / 4 * 3 && !kernels.narrow.is_empty() {
                         kernels.narrow

@@ -76,6 +76,7 @@ pub(crate) fn kernels() -> Kernels {
         kc: super::KC,
         tiles: &TILES,
         half: &[],
+        quarter: &[],
         narrow: &[],
         fused: false,
         prefetch: true,

@@ -889,6 +889,25 @@ impl Planned<'_> {
             }
             return Ok(Tensor::from_buf(shape, y)?);
         }
+        if !self.plan.x_channels_first
+            && m <= DIRECT_MAX_M
+            && k >= DIRECT_MIN_K
+            && geo.dw == 1
+            && rd.is_none()
+            && packed.data().len() >= k * BLayout::NR32.nr()
+        {
+            let bias = match bias {
+                Bias::Col(v) => Some(v),
+                _ => None,
+            };
+            if !narrow_direct(&geo, xd, packed.data(), bias, &mut y) {
+                return Err(bad());
+            }
+            if let Some(a) = act {
+                kiln_kernels::sgemm::act_slice(a, &mut y);
+            }
+            return Ok(Tensor::from_buf(shape, y)?);
+        }
         // Row blocks of A, each copied and multiplied by one thread. Every block streams all
         // of B: when B outgrows the L2 cache, blocks get at least B_ROWS rows, so B's traffic
         // is paid over many rows (deep layers have few rows and large weights).
@@ -1257,6 +1276,131 @@ impl Planned<'_> {
     }
 }
 
+/// Output channels up to which a channels-last convolution runs as direct dot products
+/// ([`narrow_direct`]).
+const DIRECT_MAX_M: usize = 4;
+/// Shallowest depth (taps x channels) [`narrow_direct`] takes.
+const DIRECT_MIN_K: usize = 32;
+
+kiln_kernels::scratch_kinds! {
+    /// [`narrow_direct`]'s weights as columns over the depth (per thread).
+    DirectCols: Vec<f32>;
+}
+
+/// A channels-last convolution to at most [`DIRECT_MAX_M`] channels with no dilation along
+/// the width (a transcription or segmentation head's k x k convolution to one map): each
+/// output is its bias plus, for every kernel row that reads the image, one dot product of
+/// the row's taps inside the image (a contiguous run of X, all channels) with the matching
+/// run of W's column. No im2col row is written; the GEMM had copied one per pixel and spent
+/// 31 of its 32 tile columns on padding (basic-pitch's 5x5 and 3x7 heads: 5 GFLOP/s).
+/// `w` is the packed B of one 32-column panel (`w[q * 32 + j]`); rows of output pixels go
+/// over the pool. `false` when X or W is shorter than the geometry says.
+fn narrow_direct(geo: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) -> bool {
+    let (m, k, c) = (geo.m, geo.k(), geo.c);
+    let nr = kiln_kernels::sgemm::BLayout::NR32.nr();
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    kiln_kernels::pool::for_each_chunk_mut(y, geo.ow * m, &|row, out| {
+        let (b, oy) = (row / geo.oh.max(1), row % geo.oh.max(1));
+        let mut cols = kiln_kernels::recycle::lend::<DirectCols>();
+        cols.clear();
+        for j in 0..m {
+            cols.extend((0..k).map(|q| w.get(q * nr + j).copied().unwrap_or(0.0)));
+        }
+        let cols: &[f32] = &cols;
+        let ok = kiln_kernels::simd::vectorize(|| {
+            for (ox, o) in out.chunks_exact_mut(m).enumerate() {
+                for (j, v) in o.iter_mut().enumerate() {
+                    *v = bias.and_then(|b| b.get(j)).copied().unwrap_or(0.0);
+                }
+                let x0 = (ox * geo.sw) as isize - geo.pw as isize;
+                let lo = (-x0).clamp(0, geo.kw as isize) as usize;
+                let hi = (geo.iw as isize - x0).clamp(0, geo.kw as isize) as usize;
+                if lo >= hi {
+                    continue;
+                }
+                let rows = (0..geo.kh).filter_map(|ky| {
+                    let iy = (oy * geo.sh + ky * geo.dh) as isize - geo.ph as isize;
+                    (iy >= 0 && (iy as usize) < geo.ih).then_some((ky, iy as usize))
+                });
+                if let [v] = o {
+                    // One channel (the common head): one set of partial sums over every live
+                    // kernel row (their runs have the pixel's width clip, so one length),
+                    // reduced once.
+                    let mut acc = [0f32; 16];
+                    let mut tail = 0f32;
+                    for (ky, iy) in rows {
+                        let s = ((b * geo.ih + iy) * geo.iw + (x0 + lo as isize) as usize) * c;
+                        let t = (ky * geo.kw + lo) * c;
+                        let (Some(xs), Some(ws)) = (x.get(s..s + (hi - lo) * c), cols.get(t..t + (hi - lo) * c)) else {
+                            return false;
+                        };
+                        let (mut xc, mut wc) = (xs.chunks_exact(16), ws.chunks_exact(16));
+                        for (xv, wv) in (&mut xc).zip(&mut wc) {
+                            for l in 0..16 {
+                                acc[l] += xv[l] * wv[l];
+                            }
+                        }
+                        for (xv, wv) in xc.remainder().iter().zip(wc.remainder()) {
+                            tail += xv * wv;
+                        }
+                    }
+                    *v += reduce16(acc) + tail;
+                    continue;
+                }
+                for (ky, iy) in rows {
+                    let s = ((b * geo.ih + iy) * geo.iw + (x0 + lo as isize) as usize) * c;
+                    let Some(xs) = x.get(s..s + (hi - lo) * c) else {
+                        return false;
+                    };
+                    let t = (ky * geo.kw + lo) * c;
+                    for (j, v) in o.iter_mut().enumerate() {
+                        let Some(ws) = cols.get(j * k + t..j * k + t + (hi - lo) * c) else {
+                            return false;
+                        };
+                        *v += dot16(xs, ws);
+                    }
+                }
+            }
+            true
+        });
+        if !ok {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    !failed.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `sum a[p] * b[p]` in sixteen interleaved partial sums, then pairwise, then the tail.
+#[inline(always)]
+fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut ac = a.chunks_exact(16);
+    let mut bc = b.chunks_exact(16);
+    for (x, y) in (&mut ac).zip(&mut bc) {
+        for l in 0..16 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
+        tail += x * y;
+    }
+    reduce16(acc) + tail
+}
+
+/// The sum of sixteen partial sums, pairwise.
+#[inline(always)]
+fn reduce16(mut acc: [f32; 16]) -> f32 {
+    let mut w = 16;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+    }
+    acc[0]
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -1575,6 +1719,14 @@ pub(crate) mod tests {
             false,
             13,
         );
+        // One to four channels out as direct dot products: 5x5 padded over two images, 3x7
+        // strided with asymmetric pads wider than the kernel reaches at the edges, dilated
+        // rows, a kernel wider than the image; with a residual, the GEMM path.
+        check(2, 8, 1, [12, 17], [5, 5], [1, 1], [1, 1], [2; 4], 1, false, 16);
+        check(1, 33, 3, [9, 10], [3, 7], [2, 1], [1, 1], [1, 4, 1, 5], 1, false, 17);
+        check(1, 6, 4, [11, 9], [3, 3], [1, 2], [2, 1], [2, 1, 2, 1], 1, false, 18);
+        check(1, 4, 2, [5, 3], [3, 5], [1, 1], [1, 1], [1, 2, 1, 2], 1, false, 19);
+        check(1, 8, 1, [12, 17], [5, 5], [1, 1], [1, 1], [2; 4], 1, true, 20);
     }
 
     #[test]

@@ -386,11 +386,15 @@ static NARROW_TILES: [TileFn; MR] = [
 ];
 
 /// # Safety
-/// The [`TileFn`] contract with `MR = 8`, `NR = 16` (edge columns: `nr <= 16`); the CPU has
-/// AVX-512 F + VL, AVX2, FMA.
+/// The [`TileFn`] contract with `MR = 8`, `NR = 16` (edge columns: `nr <= 16`; `QUARTER`:
+/// `nr <= 8`); the CPU has AVX-512 F + VL, AVX2, FMA.
+///
+/// `QUARTER` multiplies in ymm (8 lanes): Zen 4 runs a zmm FMA on both of its 256-bit pipes,
+/// so for an edge of at most 8 columns (an 8-channel convolution's whole output) the
+/// 16-lane tile spent half of every multiply on the panel's zero columns.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn half_tile<const R: usize>(
+unsafe fn half_tile<const R: usize, const QUARTER: bool>(
     kc: usize,
     a: *const f32,
     ars: usize,
@@ -404,13 +408,30 @@ unsafe fn half_tile<const R: usize>(
     epi: Option<&TileEpi>,
 ) {
     let mut acc = [_mm512_setzero_ps(); R];
-    for p in 0..kc {
-        // SAFETY: the TileFn contract gives 16 readable floats at `b + p*bs` for `p < kc`.
-        let b0 = unsafe { _mm512_loadu_ps(b.add(p * bs)) };
-        for (i, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
-            let av = _mm512_set1_ps(unsafe { *a.add(i * ars + p * acs) });
-            *acc = _mm512_fmadd_ps(av, b0, *acc);
+    if QUARTER {
+        let mut q = [_mm256_setzero_ps(); R];
+        for p in 0..kc {
+            // SAFETY: the TileFn contract gives 16 (so 8) readable floats at `b + p*bs` for
+            // `p < kc`.
+            let b0 = unsafe { _mm256_loadu_ps(b.add(p * bs)) };
+            for (i, q) in q.iter_mut().enumerate() {
+                // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
+                let av = _mm256_set1_ps(unsafe { *a.add(i * ars + p * acs) });
+                *q = _mm256_fmadd_ps(av, b0, *q);
+            }
+        }
+        for (acc, &q) in acc.iter_mut().zip(&q) {
+            *acc = _mm512_zextps256_ps512(q);
+        }
+    } else {
+        for p in 0..kc {
+            // SAFETY: the TileFn contract gives 16 readable floats at `b + p*bs` for `p < kc`.
+            let b0 = unsafe { _mm512_loadu_ps(b.add(p * bs)) };
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
+                let av = _mm512_set1_ps(unsafe { *a.add(i * ars + p * acs) });
+                *acc = _mm512_fmadd_ps(av, b0, *acc);
+            }
         }
     }
     let m0 = lanes(nr);
@@ -461,14 +482,25 @@ unsafe fn half_tile<const R: usize>(
 }
 
 static HALF_TILES: [TileFn; MR] = [
-    half_tile::<1>,
-    half_tile::<2>,
-    half_tile::<3>,
-    half_tile::<4>,
-    half_tile::<5>,
-    half_tile::<6>,
-    half_tile::<7>,
-    half_tile::<8>,
+    half_tile::<1, false>,
+    half_tile::<2, false>,
+    half_tile::<3, false>,
+    half_tile::<4, false>,
+    half_tile::<5, false>,
+    half_tile::<6, false>,
+    half_tile::<7, false>,
+    half_tile::<8, false>,
+];
+
+static QUARTER_TILES: [TileFn; MR] = [
+    half_tile::<1, true>,
+    half_tile::<2, true>,
+    half_tile::<3, true>,
+    half_tile::<4, true>,
+    half_tile::<5, true>,
+    half_tile::<6, true>,
+    half_tile::<7, true>,
+    half_tile::<8, true>,
 ];
 
 /// Loads the first `n <= 16` floats at `p` (others zero).
@@ -529,6 +561,7 @@ pub(crate) fn kernels() -> Kernels {
         kc: super::super::KC_MAX,
         tiles: &TILES,
         half: &HALF_TILES,
+        quarter: &QUARTER_TILES,
         narrow: &NARROW_TILES,
         fused: true,
         prefetch: false,
