@@ -73,6 +73,40 @@ fn tree_max<const N: usize>(a: [f32; N]) -> f32 {
     tree(a, |a, x| if x > a { x } else { a }).unwrap_or(f32::NEG_INFINITY)
 }
 
+/// `sum a[p] * b[p]` over the shorter slice, in sixteen interleaved partial sums (lane
+/// `p % 16`), reduced pairwise, then the tail in order: plain code the callers' vectorised
+/// regions compile to one 512-bit (or two 256-bit) multiply-add per sixteen values, the same
+/// bits at every level.
+#[inline(always)]
+pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut ac = a.chunks_exact(16);
+    let mut bc = b.chunks_exact(16);
+    for (x, y) in (&mut ac).zip(&mut bc) {
+        for l in 0..16 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
+        tail += x * y;
+    }
+    reduce16(acc) + tail
+}
+
+/// The sum of sixteen partial sums, pairwise (lane `l` with `l + 8`, then `+ 4`, ...).
+#[inline(always)]
+pub fn reduce16(mut acc: [f32; 16]) -> f32 {
+    let mut w = 16;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+    }
+    acc[0]
+}
+
 /// The largest element of `v` (NaNs skipped; -inf for an empty or all-NaN slice), compiled
 /// for the active level (16 lanes with AVX-512).
 pub fn max(v: &[f32]) -> f32 {

@@ -1344,7 +1344,7 @@ fn narrow_direct(geo: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: 
                             tail += xv * wv;
                         }
                     }
-                    *v += reduce16(acc) + tail;
+                    *v += kiln_kernels::vector::reduce16(acc) + tail;
                     continue;
                 }
                 for (ky, iy) in rows {
@@ -1357,7 +1357,7 @@ fn narrow_direct(geo: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: 
                         let Some(ws) = cols.get(j * k + t..j * k + t + (hi - lo) * c) else {
                             return false;
                         };
-                        *v += dot16(xs, ws);
+                        *v += kiln_kernels::vector::dot16(xs, ws);
                     }
                 }
             }
@@ -1368,37 +1368,6 @@ fn narrow_direct(geo: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: 
         }
     });
     !failed.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// `sum a[p] * b[p]` in sixteen interleaved partial sums, then pairwise, then the tail.
-#[inline(always)]
-fn dot16(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut ac = a.chunks_exact(16);
-    let mut bc = b.chunks_exact(16);
-    for (x, y) in (&mut ac).zip(&mut bc) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut tail = 0f32;
-    for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
-        tail += x * y;
-    }
-    reduce16(acc) + tail
-}
-
-/// The sum of sixteen partial sums, pairwise.
-#[inline(always)]
-fn reduce16(mut acc: [f32; 16]) -> f32 {
-    let mut w = 16;
-    while w > 1 {
-        w /= 2;
-        for l in 0..w {
-            acc[l] += acc[l + w];
-        }
-    }
-    acc[0]
 }
 
 #[cfg(test)]

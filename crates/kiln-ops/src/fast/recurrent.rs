@@ -245,6 +245,58 @@ fn fast(op: &Recurrent, args: &Args<'_>) -> Result<Option<Outputs>> {
 /// One direction over the whole sequence; `None` if a GEMM refuses its operands (never for
 /// the shapes checked above), which sends the call to the reference.
 #[allow(clippy::too_many_arguments)]
+/// Rows of A (projections over a whole call) up to which a product reads its weights in
+/// place as dot products instead of packing them: packing costs a pass over the weights, as
+/// much as one row's product, so a call of a step or two (a streaming VAD's one chunk) spent
+/// half its time packing.
+const DIRECT_ROWS: usize = 4;
+
+/// Weights `[n, k]` (row-major: W or R of one direction) as the B of `A · Wᵀ`: packed, or
+/// read in place when the call multiplies few rows by them.
+enum Weights<'a> {
+    Packed(PackedB),
+    Rows { w: &'a [f32], k: usize, n: usize },
+}
+
+impl<'a> Weights<'a> {
+    /// Packed when the call's products take more than [`DIRECT_ROWS`] rows in all.
+    fn new(layout: BLayout, rows: usize, k: usize, n: usize, w: &'a [f32]) -> Option<Weights<'a>> {
+        if rows <= DIRECT_ROWS {
+            let w = w.get(..k.checked_mul(n)?)?;
+            return Some(Weights::Rows { w, k, n });
+        }
+        PackedB::pack(layout, k, n, w, MatLayout::transposed(k))
+            .ok()
+            .map(Weights::Packed)
+    }
+
+    /// `out[r, j] = bias[j] + a[r, :] · w[j, :]` for `r < rows`.
+    fn product(&self, rows: usize, a: &[f32], out: &mut [f32], bias: Option<&[f32]>) -> Option<()> {
+        match self {
+            Weights::Packed(p) => {
+                let epi = Epilogue {
+                    bias: bias.map_or(Bias::None, Bias::Col),
+                    ..Epilogue::NONE
+                };
+                sgemm(rows, AMatrix::row_major(a, p.k()), p.view(), out, p.n(), &epi).ok()
+            }
+            &Weights::Rows { w, k, n } => {
+                let a = a.get(..rows.checked_mul(k)?)?;
+                let out = out.get_mut(..rows.checked_mul(n)?)?;
+                kiln_kernels::simd::vectorize(|| {
+                    for (ar, or) in a.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
+                        for (j, (o, wr)) in or.iter_mut().zip(w.chunks_exact(k.max(1))).enumerate() {
+                            let b = bias.and_then(|b| b.get(j)).copied().unwrap_or(0.0);
+                            *o = b + kiln_kernels::vector::dot16(ar, wr);
+                        }
+                    }
+                });
+                Some(())
+            }
+        }
+    }
+}
+
 fn run_direction(
     cell: Cell,
     clip: Option<f32>,
@@ -261,8 +313,9 @@ fn run_direction(
     } = *dims;
     let gh = dims.gates * hs;
     let layout = BLayout::for_isa(kiln_kernels::isa::active());
+    let rows = seq.checked_mul(batch)?;
     // Input projections of every step: Gx = X · Wᵀ + bias, rows in X's order.
-    let wt = PackedB::pack(layout, input, gh, dir.w, MatLayout::transposed(input)).ok()?;
+    let wt = Weights::new(layout, rows, input, gh, dir.w)?;
     let (wb, rb) = match dir.b {
         Some(b) => (b.get(..gh)?, Some(b.get(gh..2 * gh)?)),
         None => (&[][..], None),
@@ -276,29 +329,17 @@ fn run_direction(
             *v += rb.and_then(|rb| rb.get(j)).copied().unwrap_or(0.0);
         }
     }
-    let rows = seq.checked_mul(batch)?;
     let mut gx = vec![0f32; rows.checked_mul(gh)?];
-    let epi = Epilogue {
-        bias: Bias::Col(&bias),
-        ..Epilogue::NONE
-    };
-    sgemm(rows, AMatrix::row_major(x, input), wt.view(), &mut gx, gh, &epi).ok()?;
+    wt.product(rows, x, &mut gx, Some(&bias))?;
     drop(wt);
     // Recurrent weights: Rᵀ for all gates, except GRU's candidate gate, packed apart (its
     // product takes the reset-gated state when linear_before_reset is 0).
     let split = if matches!(cell, Cell::Gru { .. }) { 2 * hs } else { gh };
-    let rt = PackedB::pack(layout, hs, split, dir.r.get(..split * hs)?, MatLayout::transposed(hs)).ok()?;
+    let steps = lens.iter().copied().max().unwrap_or(0);
+    let products = steps.checked_mul(batch)?;
+    let rt = Weights::new(layout, products, hs, split, dir.r.get(..split * hs)?)?;
     let rt_h = if split < gh {
-        Some(
-            PackedB::pack(
-                layout,
-                hs,
-                hs,
-                dir.r.get(split * hs..gh * hs)?,
-                MatLayout::transposed(hs),
-            )
-            .ok()?,
-        )
+        Some(Weights::new(layout, products, hs, hs, dir.r.get(split * hs..gh * hs)?)?)
     } else {
         None
     };
@@ -326,17 +367,8 @@ fn run_direction(
             v.iter_mut().for_each(|x| *x = x.clamp(-cl, cl));
         }
     };
-    let steps = lens.iter().copied().max().unwrap_or(0);
     for step in 0..steps {
-        sgemm(
-            batch,
-            AMatrix::row_major(&h, hs),
-            rt.view(),
-            &mut ghm,
-            split,
-            &Epilogue::NONE,
-        )
-        .ok()?;
+        rt.product(batch, &h, &mut ghm, None)?;
         // Time index and projection row of each batch entry still running at this step.
         let at = |bi: usize| -> Option<(usize, usize)> {
             let len = *lens.get(bi)?;
@@ -438,15 +470,7 @@ fn run_direction(
                     }
                 }
                 let a = if linear_before_reset { &h } else { &reset_h };
-                sgemm(
-                    batch,
-                    AMatrix::row_major(a, hs),
-                    rt_h.view(),
-                    &mut gh_h,
-                    hs,
-                    &Epilogue::NONE,
-                )
-                .ok()?;
+                rt_h.product(batch, a, &mut gh_h, None)?;
                 for bi in 0..batch {
                     let Some((t, row)) = at(bi) else { continue };
                     let gxh = gx.get(row * gh + split..(row + 1) * gh)?;
@@ -546,36 +570,38 @@ mod tests {
             Cell::Lstm { input_forget: false },
             Cell::Lstm { input_forget: true },
         ];
-        let (seq, batch, input, hs) = (7, 3, 5, 20);
-        for (ci, cell) in cells.into_iter().enumerate() {
-            for direction in [Direction::Forward, Direction::Reverse, Direction::Bidirectional] {
-                for batch_first in [false, true] {
-                    for (with_all, clip) in [(false, None), (true, Some(0.7))] {
-                        let o = op(cell, direction, batch_first, clip);
-                        let (nd, g) = (direction.count(), cell.gates());
-                        let seed = ci as u64 * 100 + nd as u64 * 10 + u64::from(batch_first);
-                        let x = if batch_first {
-                            t(&[batch, seq, input], seed, 1.0)
-                        } else {
-                            t(&[seq, batch, input], seed, 1.0)
-                        };
-                        let state = if batch_first { [batch, nd, hs] } else { [nd, batch, hs] };
-                        let mut ins = vec![
-                            Some(x),
-                            Some(t(&[nd, g * hs, input], seed + 1, 0.5)),
-                            Some(t(&[nd, g * hs, hs], seed + 2, 0.5)),
-                        ];
-                        if with_all {
-                            let lens: Vec<i64> = (0..batch as i64).map(|b| (seq as i64 - 2 * b).max(0)).collect();
-                            ins.push(Some(t(&[nd, 2 * g * hs], seed + 3, 0.3)));
-                            ins.push(Some(Value::Tensor(Tensor::from_vec(vec![batch], lens).unwrap())));
-                            ins.push(Some(t(&state, seed + 4, 0.8)));
-                            if matches!(cell, Cell::Lstm { .. }) {
-                                ins.push(Some(t(&state, seed + 5, 0.8)));
-                                ins.push(Some(t(&[nd, 3 * hs], seed + 6, 0.4)));
+        // Many rows (weights packed), and calls of one or two steps (weights read in place).
+        for (seq, batch, input, hs) in [(7, 3, 5, 20), (1, 1, 19, 20), (2, 2, 5, 33)] {
+            for (ci, cell) in cells.into_iter().enumerate() {
+                for direction in [Direction::Forward, Direction::Reverse, Direction::Bidirectional] {
+                    for batch_first in [false, true] {
+                        for (with_all, clip) in [(false, None), (true, Some(0.7))] {
+                            let o = op(cell, direction, batch_first, clip);
+                            let (nd, g) = (direction.count(), cell.gates());
+                            let seed = ci as u64 * 100 + nd as u64 * 10 + u64::from(batch_first);
+                            let x = if batch_first {
+                                t(&[batch, seq, input], seed, 1.0)
+                            } else {
+                                t(&[seq, batch, input], seed, 1.0)
+                            };
+                            let state = if batch_first { [batch, nd, hs] } else { [nd, batch, hs] };
+                            let mut ins = vec![
+                                Some(x),
+                                Some(t(&[nd, g * hs, input], seed + 1, 0.5)),
+                                Some(t(&[nd, g * hs, hs], seed + 2, 0.5)),
+                            ];
+                            if with_all {
+                                let lens: Vec<i64> = (0..batch as i64).map(|b| (seq as i64 - 2 * b).max(0)).collect();
+                                ins.push(Some(t(&[nd, 2 * g * hs], seed + 3, 0.3)));
+                                ins.push(Some(Value::Tensor(Tensor::from_vec(vec![batch], lens).unwrap())));
+                                ins.push(Some(t(&state, seed + 4, 0.8)));
+                                if matches!(cell, Cell::Lstm { .. }) {
+                                    ins.push(Some(t(&state, seed + 5, 0.8)));
+                                    ins.push(Some(t(&[nd, 3 * hs], seed + 6, 0.4)));
+                                }
                             }
+                            check(&o, &ins);
                         }
-                        check(&o, &ins);
                     }
                 }
             }
