@@ -278,16 +278,21 @@ fn a_broken_program_file_gets_a_clear_error() {
     assert!(e.to_string().contains("missing.kiln"), "{e}");
 }
 
+/// An integer `axis` attribute.
+fn axis_attr(axis: i64) -> AttributeProto {
+    AttributeProto {
+        name: Some("axis".into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(axis),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn shape_arithmetic_is_folded_for_inference() {
     // y = Reshape(x, Concat(Gather(Shape(x), 0), [-1])): [2,3,4] -> [2,12] only if the shape
     // computation is evaluated during inference.
-    let axis0 = AttributeProto {
-        name: Some("axis".into()),
-        r#type: Some(AttributeType::Int as i32),
-        i: Some(0),
-        ..Default::default()
-    };
+    let axis0 = axis_attr(0);
     let m = model(
         vec![
             node("Shape", "shape", &["x"], &["s"], vec![]),
@@ -320,12 +325,7 @@ fn reductions_in_shape_arithmetic_are_folded_for_inference() {
     // y = Reshape(x, Concat(ReduceMax(Shape(x)), [-1])): [2,3,4] -> [4,6], the way a
     // detector's transform sizes its padded batch from the larger image dim; without the
     // reduction's value every shape below it is unknown and no fast path applies.
-    let axis0 = AttributeProto {
-        name: Some("axis".into()),
-        r#type: Some(AttributeType::Int as i32),
-        i: Some(0),
-        ..Default::default()
-    };
+    let axis0 = axis_attr(0);
     let m = model(
         vec![
             node("Shape", "shape", &["x"], &["s"], vec![]),
