@@ -89,9 +89,15 @@ impl Transpose {
         let perm = self.perm(x.rank())?;
         let out_shape: kiln_tensor::Shape = perm.iter().map(|&p| x.shape()[p]).collect();
         // Only dims of size 1 move (a `[1, N]` index list turned into `[N, 1]`): the elements
-        // keep their order, so the result is the input under the new shape.
-        let kept: Vec<usize> = perm.iter().copied().filter(|&p| x.shape().get(p) != Some(&1)).collect();
-        if kept.windows(2).all(|w| w.first() < w.get(1)) {
+        // keep their order, so the result is a copy of the input under the new shape. Not
+        // for the element types below, whose loop nest makes that one copy into a planned or
+        // recycled buffer (a clone would allocate every run).
+        let recycled = matches!(x.dtype(), DType::F32 | DType::U8 | DType::I8);
+        let mut kept = perm.iter().copied().filter(|&p| x.shape().get(p) != Some(&1));
+        let in_order = kept
+            .next()
+            .is_none_or(|first| kept.try_fold(first, |last, p| (last < p).then_some(p)).is_some());
+        if !recycled && in_order {
             return Ok(x.clone().reshape(out_shape)?);
         }
         if let Ok(v) = x.as_slice::<f32>() {
