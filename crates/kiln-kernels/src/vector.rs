@@ -80,6 +80,16 @@ fn tree_max<const N: usize>(a: [f32; N]) -> f32 {
 #[inline(always)]
 pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
+    let mut tail = 0f32;
+    dot16_into(&mut acc, &mut tail, a, b);
+    reduce16(acc) + tail
+}
+
+/// [`dot16`]'s sums added into `acc` (lane `p % 16`) and `tail` (the last `len % 16` products,
+/// in order), not reduced: several runs of one dot product (a convolution's kernel rows)
+/// share one set of partial sums.
+#[inline(always)]
+pub fn dot16_into(acc: &mut [f32; 16], tail: &mut f32, a: &[f32], b: &[f32]) {
     let mut ac = a.chunks_exact(16);
     let mut bc = b.chunks_exact(16);
     for (x, y) in (&mut ac).zip(&mut bc) {
@@ -87,11 +97,9 @@ pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += x[l] * y[l];
         }
     }
-    let mut tail = 0f32;
     for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
-        tail += x * y;
+        *tail += x * y;
     }
-    reduce16(acc) + tail
 }
 
 /// The sum of sixteen partial sums, pairwise (lane `l` with `l + 8`, then `+ 4`, ...).

@@ -1283,7 +1283,7 @@ const DIRECT_MAX_M: usize = 4;
 const DIRECT_MIN_K: usize = 32;
 
 kiln_kernels::scratch_kinds! {
-    /// [`narrow_direct`]'s weights as columns over the depth (per thread).
+    /// [`narrow_direct`]'s weights as columns over the depth (the calling thread's).
     DirectCols: Vec<f32>;
 }
 
@@ -1299,14 +1299,15 @@ fn narrow_direct(geo: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: 
     let (m, k, c) = (geo.m, geo.k(), geo.c);
     let nr = kiln_kernels::sgemm::BLayout::NR32.nr();
     let failed = std::sync::atomic::AtomicBool::new(false);
+    // W's columns, each contiguous over the depth, once per call.
+    let mut cols = kiln_kernels::recycle::lend::<DirectCols>();
+    cols.clear();
+    for j in 0..m {
+        cols.extend((0..k).map(|q| w.get(q * nr + j).copied().unwrap_or(0.0)));
+    }
+    let cols: &[f32] = &cols;
     kiln_kernels::pool::for_each_chunk_mut(y, geo.ow * m, &|row, out| {
         let (b, oy) = (row / geo.oh.max(1), row % geo.oh.max(1));
-        let mut cols = kiln_kernels::recycle::lend::<DirectCols>();
-        cols.clear();
-        for j in 0..m {
-            cols.extend((0..k).map(|q| w.get(q * nr + j).copied().unwrap_or(0.0)));
-        }
-        let cols: &[f32] = &cols;
         let ok = kiln_kernels::simd::vectorize(|| {
             for (ox, o) in out.chunks_exact_mut(m).enumerate() {
                 for (j, v) in o.iter_mut().enumerate() {
@@ -1334,15 +1335,7 @@ fn narrow_direct(geo: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: 
                         let (Some(xs), Some(ws)) = (x.get(s..s + (hi - lo) * c), cols.get(t..t + (hi - lo) * c)) else {
                             return false;
                         };
-                        let (mut xc, mut wc) = (xs.chunks_exact(16), ws.chunks_exact(16));
-                        for (xv, wv) in (&mut xc).zip(&mut wc) {
-                            for l in 0..16 {
-                                acc[l] += xv[l] * wv[l];
-                            }
-                        }
-                        for (xv, wv) in xc.remainder().iter().zip(wc.remainder()) {
-                            tail += xv * wv;
-                        }
+                        kiln_kernels::vector::dot16_into(&mut acc, &mut tail, xs, ws);
                     }
                     *v += kiln_kernels::vector::reduce16(acc) + tail;
                     continue;

@@ -242,9 +242,6 @@ fn fast(op: &Recurrent, args: &Args<'_>) -> Result<Option<Outputs>> {
     Ok(Some(outs))
 }
 
-/// One direction over the whole sequence; `None` if a GEMM refuses its operands (never for
-/// the shapes checked above), which sends the call to the reference.
-#[allow(clippy::too_many_arguments)]
 /// Rows of A (projections over a whole call) up to which a product reads its weights in
 /// place as dot products instead of packing them: packing costs a pass over the weights, as
 /// much as one row's product, so a call of a step or two (a streaming VAD's one chunk) spent
@@ -297,6 +294,9 @@ impl<'a> Weights<'a> {
     }
 }
 
+/// One direction over the whole sequence; `None` if a GEMM refuses its operands (never for
+/// the shapes checked above), which sends the call to the reference.
+#[allow(clippy::too_many_arguments)]
 fn run_direction(
     cell: Cell,
     clip: Option<f32>,

@@ -59,7 +59,7 @@ pub(crate) fn eval(op: &RoiAlign, args: &Args<'_>) -> Result<Outputs> {
             failed.store(true, Ordering::Relaxed);
             return;
         };
-        let inv = (1.0 / s.count) as f32;
+        let inv = (1.0 / s.count()) as f32;
         // The roi's sums bin-major (`[bins][c]`), scaled, then transposed into its
         // channel-major output block.
         let mut acc = kiln_kernels::recycle::lend::<RoiBin>();

@@ -100,26 +100,16 @@ impl Transpose {
         if !recycled && in_order {
             return Ok(x.clone().reshape(out_shape)?);
         }
-        if let Ok(v) = x.as_slice::<f32>() {
-            let mut out = crate::util::out_f32(v.len());
-            if !permute_into(v, x.shape(), &perm, &mut out, &kiln_kernels::transpose::transpose_f32) {
-                return Err(OpError::input_shape(
-                    0,
-                    format!("a shape of {} elements, as its data", v.len()),
-                    x.shape(),
-                ));
-            }
-            return Ok(Tensor::from_buf(out_shape, out)?);
-        }
-        // 8-bit tensors (quantized models' channels-last edges) on the same loop nest, with
-        // the 8x8-block byte transpose.
-        macro_rules! bytes {
-            ($t:ty) => {
+        // The loop nest, for each element type it has a matrix block for: `$out` makes the
+        // output buffer (planned or recycled for f32 and 8-bit values, whose every element
+        // is written, so no copy of the input first), `$block` moves the matrix transposes
+        // (8x8 blocks through registers for f32 and bytes, the scalar block for index
+        // tensors and f64).
+        macro_rules! nest {
+            ($t:ty, $out:expr, $block:expr) => {
                 if let Ok(v) = x.as_slice::<$t>() {
-                    // Every element is written (as on the f32 path): a planned or recycled
-                    // buffer needs no copy of the input first.
-                    let mut out = crate::util::out_buf::<$t>(v.len());
-                    let block: BlockFn<'_, $t> = &kiln_kernels::transpose::transpose_bytes::<$t>;
+                    let mut out: kiln_tensor::Buf<$t> = ($out)(v);
+                    let block: BlockFn<'_, $t> = $block;
                     if !permute_into(v, x.shape(), &perm, &mut out, block) {
                         return Err(OpError::input_shape(
                             0,
@@ -131,29 +121,33 @@ impl Transpose {
                 }
             };
         }
-        bytes!(u8);
-        bytes!(i8);
-        // Other plain element types (index tensors, f64) on the same loop nest, the matrix
-        // transposes through the scalar block.
-        macro_rules! plain {
-            ($t:ty) => {
-                if let Ok(v) = x.as_slice::<$t>() {
-                    let mut out = v.to_vec();
-                    let block: BlockFn<'_, $t> = &kiln_kernels::transpose::transpose::<$t>;
-                    if !permute_into(v, x.shape(), &perm, &mut out, block) {
-                        return Err(OpError::input_shape(
-                            0,
-                            format!("a shape of {} elements, as its data", v.len()),
-                            x.shape(),
-                        ));
-                    }
-                    return Ok(Tensor::from_vec(out_shape, out)?);
-                }
-            };
-        }
-        plain!(i64);
-        plain!(i32);
-        plain!(f64);
+        use kiln_kernels::transpose::{transpose, transpose_bytes, transpose_f32};
+        nest!(f32, |v: &[f32]| crate::util::out_f32(v.len()), &transpose_f32);
+        nest!(
+            u8,
+            |v: &[u8]| crate::util::out_buf::<u8>(v.len()),
+            &transpose_bytes::<u8>
+        );
+        nest!(
+            i8,
+            |v: &[i8]| crate::util::out_buf::<i8>(v.len()),
+            &transpose_bytes::<i8>
+        );
+        nest!(
+            i64,
+            |v: &[i64]| kiln_tensor::Buf::from_vec(v.to_vec()),
+            &transpose::<i64>
+        );
+        nest!(
+            i32,
+            |v: &[i32]| kiln_tensor::Buf::from_vec(v.to_vec()),
+            &transpose::<i32>
+        );
+        nest!(
+            f64,
+            |v: &[f64]| kiln_tensor::Buf::from_vec(v.to_vec()),
+            &transpose::<f64>
+        );
         let (shape, idx) = transpose_map(x.shape(), &perm)?;
         Ok(x.gather_flat(shape, &idx)?)
     }

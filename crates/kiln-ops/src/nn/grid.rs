@@ -326,12 +326,17 @@ pub struct RoiAlign {
 
 /// One roi's bilinear taps: `per_bin` samples for each of the `output_height x output_width`
 /// bins, bin after bin, each sample four (flat `y * W + x` offset, weight) taps into an
-/// `H x W` plane (all-zero weights for a sample outside the image); `count` is what an
-/// average divides by.
+/// `H x W` plane (all-zero weights for a sample outside the image).
 pub(crate) struct RoiSamples {
     pub taps: Vec<[(usize, f64); 4]>,
     pub per_bin: usize,
-    pub count: f64,
+}
+
+impl RoiSamples {
+    /// What an average divides by: the samples per bin (at least 1).
+    pub fn count(&self) -> f64 {
+        self.per_bin.max(1) as f64
+    }
 }
 
 impl RoiAlign {
@@ -401,11 +406,7 @@ impl RoiAlign {
                 }
             }
         }
-        Ok(RoiSamples {
-            taps,
-            per_bin: gh * gw,
-            count: (gh * gw).max(1) as f64,
-        })
+        Ok(RoiSamples { taps, per_bin: gh * gw })
     }
 
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
@@ -441,7 +442,9 @@ impl RoiAlign {
                 .filter(|&b| b < nb)
                 .ok_or(OpError::IndexOutOfRange { index: bd[r], size: nb })?;
             let roi = [rd[r * 4], rd[r * 4 + 1], rd[r * 4 + 2], rd[r * 4 + 3]];
-            let RoiSamples { taps, per_bin, count } = self.samples(roi, h, w)?;
+            let samples = self.samples(roi, h, w)?;
+            let count = samples.count();
+            let RoiSamples { taps, per_bin } = samples;
             let samples: Vec<&[[(usize, f64); 4]]> = taps.chunks(per_bin.max(1)).collect();
             for ch in 0..c {
                 let plane = &xd[(b * c + ch) * h * w..(b * c + ch + 1) * h * w];
