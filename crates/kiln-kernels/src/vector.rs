@@ -147,6 +147,43 @@ fn max_lanes(v: &[f32]) -> f32 {
     tree_max(m)
 }
 
+/// The largest (`largest`) or smallest element of `v` with NaNs skipped (-inf / +inf for an
+/// empty or all-NaN slice), and whether `v` holds a NaN; compiled for the active level.
+pub fn extreme(v: &[f32], largest: bool) -> (f32, bool) {
+    if largest {
+        crate::simd::vectorize_kernel(Extreme::<true>(v))
+    } else {
+        crate::simd::vectorize_kernel(Extreme::<false>(v))
+    }
+}
+
+/// [`extreme`]'s loop, always inlined into its vectorised caller.
+struct Extreme<'a, const MAX: bool>(&'a [f32]);
+
+impl<const MAX: bool> crate::simd::Kernel for Extreme<'_, MAX> {
+    type Output = (f32, bool);
+    #[inline(always)]
+    fn run(self) -> (f32, bool) {
+        let start = if MAX { f32::NEG_INFINITY } else { f32::INFINITY };
+        let better = |x: f32, a: f32| if MAX { x > a } else { x < a };
+        let mut m = [start; W];
+        let mut nan = [false; W];
+        let mut chunks = self.0.chunks_exact(W);
+        for c in &mut chunks {
+            for ((a, n), &x) in m.iter_mut().zip(nan.iter_mut()).zip(c) {
+                *a = if better(x, *a) { x } else { *a };
+                *n |= x.is_nan();
+            }
+        }
+        for ((a, n), &x) in m.iter_mut().zip(nan.iter_mut()).zip(chunks.remainder()) {
+            *a = if better(x, *a) { x } else { *a };
+            *n |= x.is_nan();
+        }
+        let best = tree(m, |a, x| if better(x, a) { x } else { a }).unwrap_or(start);
+        (best, nan.iter().any(|&n| n))
+    }
+}
+
 /// The sum of `v` in f64 (16 partial sums, then added pairwise), compiled for the active
 /// level (the same sums at every level: the lanes are explicit).
 pub fn sum_f64(v: &[f32]) -> f64 {

@@ -14,7 +14,7 @@
 
 use kiln_kernels::isa::Isa;
 use kiln_kernels::vector::{
-    exp_shift_sum_with, layer_norm_row, log_softmax_row_with, max, softmax_row_with, softmax_unnormalized_row_with,
+    exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, softmax_row_with, softmax_unnormalized_row_with,
 };
 use proptest::prelude::*;
 
@@ -50,6 +50,19 @@ proptest! {
     fn max_matches_fold(x in row()) {
         let want = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         prop_assert_eq!(max(&x), want);
+    }
+
+    #[test]
+    fn extremes_match_folds(mut x in row(), nans in proptest::collection::vec(0usize..70, 0..3)) {
+        for &i in &nans {
+            if let Some(v) = x.get_mut(i) {
+                *v = f32::NAN;
+            }
+        }
+        let numbers = x.iter().copied().filter(|v| !v.is_nan());
+        let has_nan = x.iter().any(|v| v.is_nan());
+        prop_assert_eq!(extreme(&x, true), (numbers.clone().fold(f32::NEG_INFINITY, f32::max), has_nan));
+        prop_assert_eq!(extreme(&x, false), (numbers.fold(f32::INFINITY, f32::min), has_nan));
     }
 
     #[test]

@@ -54,8 +54,31 @@ impl ConvWindow {
     /// Output pixel `p`'s batch and the input row and column of its window's first tap
     /// (negative in the padding).
     pub fn origin(&self, p: usize) -> (usize, isize, isize) {
-        let (oh, ow) = self.output;
-        let (b, oy, ox) = (p / (oh * ow).max(1), (p / ow.max(1)) % oh.max(1), p % ow.max(1));
+        self.cursor_origin(self.cursor(p))
+    }
+
+    /// The output pixel `p` as `(batch, row, column)`, for stepping through pixels in order
+    /// ([`ConvWindow::advance`]) without a division per pixel.
+    pub fn cursor(&self, p: usize) -> (usize, usize, usize) {
+        let (oh, ow) = (self.output.0.max(1), self.output.1.max(1));
+        (p / (oh * ow), (p / ow) % oh, p % ow)
+    }
+
+    /// The output pixel after `cursor`.
+    #[inline]
+    pub fn advance(&self, (b, oy, ox): (usize, usize, usize)) -> (usize, usize, usize) {
+        if ox + 1 < self.output.1 {
+            (b, oy, ox + 1)
+        } else if oy + 1 < self.output.0 {
+            (b, oy + 1, 0)
+        } else {
+            (b + 1, 0, 0)
+        }
+    }
+
+    /// [`ConvWindow::origin`] of the pixel at `cursor`.
+    #[inline]
+    pub fn cursor_origin(&self, (b, oy, ox): (usize, usize, usize)) -> (usize, isize, isize) {
         (
             b,
             (oy * self.stride.0) as isize - self.pad.0 as isize,
@@ -191,15 +214,23 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
     let (quads_per_tap, taps) = (c / 4, win.kernel.0 * win.kernel.1);
     let per_block = (KC_QUADS / 4 / quads_per_tap).max(1);
     let kw = win.kernel.1.max(1);
-    // Each tap's offset from its window's origin.
-    let offsets: Vec<(isize, isize)> = (0..taps)
+    // Each tap's offset from its window's origin, as (rows, columns) and in bytes: windows
+    // wholly inside X (most of them) then find each tap's address by one addition, no
+    // bounds to check.
+    let (h, w) = win.input;
+    let pixel_bytes = win.pixel_stride * std::mem::size_of::<T>();
+    let offsets: Vec<((isize, isize), usize)> = (0..taps)
         .map(|t| {
-            (
-                ((t / kw) * win.dilation.0) as isize,
-                ((t % kw) * win.dilation.1) as isize,
-            )
+            let (dy, dx) = ((t / kw) * win.dilation.0, (t % kw) * win.dilation.1);
+            // Saturating: a window larger than X is never `inside`, its bytes never used.
+            let bytes = dy.saturating_mul(w).saturating_add(dx).saturating_mul(pixel_bytes);
+            ((dy as isize, dx as isize), bytes)
         })
         .collect();
+    let ((last_y, last_x), _) = offsets.last().copied().unwrap_or_default();
+    let inside = |(_, y0, x0): (usize, isize, isize)| {
+        y0 >= 0 && x0 >= 0 && y0 + last_y < h as isize && x0 + last_x < w as isize
+    };
     let base = x.as_ptr().cast::<u8>();
     let pad_ptr = pad_row.as_ptr().cast::<u8>();
     let mut table: Vec<[*const u8; MR_QUADS]> = vec![[pad_ptr; MR_QUADS]; per_block.min(taps)];
@@ -207,11 +238,30 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
         let t1 = (t0 + per_block).min(taps);
         let (q0, q1) = (t0 * quads_per_tap, t1 * quads_per_tap);
         let table = table.get_mut(..t1 - t0).unwrap_or_default();
+        let block = offsets.get(t0..t1).unwrap_or_default();
+        let mut cursor = win.cursor(pixels.start);
         for m0 in (0..m).step_by(MR_QUADS) {
             let rows = (m - m0).min(MR_QUADS);
             for r in 0..MR_QUADS {
-                let origin = (r < rows).then(|| win.origin(pixels.start + m0 + r));
-                for (&off, entry) in offsets.get(t0..t1).unwrap_or_default().iter().zip(table.iter_mut()) {
+                let origin = (r < rows).then(|| {
+                    let o = win.cursor_origin(cursor);
+                    cursor = win.advance(cursor);
+                    o
+                });
+                if let Some(o @ (b, y0, x0)) = origin
+                    && inside(o)
+                {
+                    // The whole window is in X (`inside`): its first pixel and every tap's
+                    // offset from it stay within `input_len` values, checked above.
+                    let first = ((b * h + y0.unsigned_abs()) * w + x0.unsigned_abs()) * pixel_bytes;
+                    for (&(_, off), entry) in block.iter().zip(table.iter_mut()) {
+                        if let Some(slot) = entry.get_mut(r) {
+                            *slot = base.wrapping_add(first + off);
+                        }
+                    }
+                    continue;
+                }
+                for (&(off, _), entry) in block.iter().zip(table.iter_mut()) {
                     let at = origin.and_then(|o| win.tap_at(o, off));
                     // `tap` is within X (it checks the pixel against the input size, and X
                     // holds `input_len` values, checked above): `wrapping_add` then stays in

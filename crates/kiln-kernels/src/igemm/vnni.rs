@@ -462,19 +462,27 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
             params: s.params.at_column(p * NR_QUADS),
             ..s
         });
-        // SAFETY: the caller's contract for this panel.
-        unsafe { panel_vnni::<FLIP, REQ, STRIDED, E>(a, b, (c, ldc, rows, cols), init, stage) };
+        // SAFETY: the caller's contract for this panel. A panel of at most 16 columns (a
+        // narrow output's only one, or the last) multiplies only the first vector of B's
+        // step: the second's products would all be masked off.
+        unsafe {
+            if cols > 16 {
+                panel_vnni::<FLIP, REQ, STRIDED, true, E>(a, b, (c, ldc, rows, cols), init, stage)
+            } else {
+                panel_vnni::<FLIP, REQ, STRIDED, false, E>(a, b, (c, ldc, rows, cols), init, stage)
+            }
+        };
     }
 }
 
 /// One panel of [`micro_vnni`].
 ///
 /// # Safety
-/// As for [`micro_vnni`], for one panel: `b` its steps, `cols <= NR_QUADS` and C, `init` and
-/// the stage from its first column.
+/// As for [`micro_vnni`], for one panel: `b` its steps, `cols <= NR_QUADS` (`cols <= 16`
+/// unless `WIDE`) and C, `init` and the stage from its first column.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: Epilogue>(
+unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, const WIDE: bool, E: Epilogue>(
     (table, taps, (row_step, quad_step), quads): (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
     b: *const i8,
     (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
@@ -493,7 +501,12 @@ unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
             let (b0, b1) = unsafe {
                 let p = bq;
                 bq = bq.add(4 * NR_QUADS);
-                (_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast()))
+                let b1 = if WIDE {
+                    _mm512_loadu_si512(p.add(64).cast())
+                } else {
+                    _mm512_setzero_si512()
+                };
+                (_mm512_loadu_si512(p.cast()), b1)
             };
             for (r, (row, &base)) in acc.iter_mut().zip(rows.iter()).enumerate() {
                 // SAFETY: row `r`'s quad `q` of tap `t` is four readable bytes at
@@ -512,7 +525,9 @@ unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
                     av = _mm512_xor_si512(av, flip);
                 }
                 row[0] = _mm512_dpbusd_epi32(row[0], av, b0);
-                row[1] = _mm512_dpbusd_epi32(row[1], av, b1);
+                if WIDE {
+                    row[1] = _mm512_dpbusd_epi32(row[1], av, b1);
+                }
             }
         }
     }
@@ -613,7 +628,12 @@ impl<E: Epilogue> RowStore<E> {
                     // write (the memory forms of `vpmovdb` are slow on Zen 4).
                     let y = st.y.add(r * st.ldy);
                     let low = _mm512_cvtepi32_epi8(e.requant(s0, 0));
-                    let high = _mm512_cvtepi32_epi8(e.requant(s1, 1));
+                    // A narrow panel's second half is all masked off: not requantized.
+                    let high = if m1 == 0 {
+                        _mm_setzero_si128()
+                    } else {
+                        _mm512_cvtepi32_epi8(e.requant(s1, 1))
+                    };
                     let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high);
                     _mm256_mask_storeu_epi8(y.cast(), u32::from(m0) | (u32::from(m1) << 16), both);
                 }

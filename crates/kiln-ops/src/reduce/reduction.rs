@@ -287,6 +287,27 @@ impl Reduce {
             }
             return Ok(smallvec::smallvec![Tensor::from_buf(out_shape, out)?.into()]);
         }
+        // f32 Max or Min over trailing dims: rows of contiguous values; a row holding a NaN
+        // takes the reference's order (its NaN rule depends on where the NaNs are).
+        if dtype == kiln_tensor::DType::F32 && trailing && matches!(self.kind, ReduceKind::Max | ReduceKind::Min) {
+            let cols: usize = shape.iter().skip(shape.len() - axes.len()).product();
+            let rows: usize = shape.iter().take(shape.len() - axes.len()).product();
+            if cols > 0 {
+                let largest = self.kind == ReduceKind::Max;
+                let rule = if largest { max_nan } else { min_nan };
+                let start = if largest { f64::NEG_INFINITY } else { f64::INFINITY };
+                let mut out = util::out_f32(rows);
+                for (o, row) in out.iter_mut().zip(x.as_slice::<f32>()?.chunks_exact(cols)) {
+                    let (best, nan) = kiln_kernels::vector::extreme(row, largest);
+                    *o = if nan {
+                        row.iter().fold(start, |a, &v| rule(a, f64::from(v))) as f32
+                    } else {
+                        best
+                    };
+                }
+                return Ok(smallvec::smallvec![Tensor::from_buf(out_shape, out)?.into()]);
+            }
+        }
         // f32 Sum, Mean, Max or Min over consecutive axes with others after them: [outer,
         // group, inner] blocks, each output row accumulated from `group` contiguous rows (in
         // f64 for sums, in the reference's order: the same values).
@@ -410,7 +431,7 @@ mod tests {
     }
 
     #[test]
-    fn middle_axis_f32_reductions_match_the_f64_path() {
+    fn middle_and_trailing_axis_f32_reductions_match_the_f64_path() {
         let shape = vec![3, 4, 5, 6];
         let mut v: Vec<f32> = (0..360).map(|i| ((i * 53 % 41) as f32 - 20.0) * 0.29).collect();
         v[17] = f32::NAN;
@@ -422,6 +443,9 @@ mod tests {
                 (vec![1, 2], true),
                 (vec![0], false),
                 (vec![0, 1, 2], false),
+                (vec![3], true),
+                (vec![2, 3], false),
+                (vec![1, 2, 3], false),
             ] {
                 let fast = run(kind, axes.clone(), keep, x32.clone());
                 let slow = run(kind, axes.clone(), keep, x64.clone());
