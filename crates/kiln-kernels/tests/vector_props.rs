@@ -14,7 +14,8 @@
 
 use kiln_kernels::isa::Isa;
 use kiln_kernels::vector::{
-    exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, softmax_row_with, softmax_unnormalized_row_with,
+    exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, softmax_row_with,
+    softmax_unnormalized_row_with,
 };
 use proptest::prelude::*;
 

@@ -228,9 +228,8 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
         })
         .collect();
     let ((last_y, last_x), _) = offsets.last().copied().unwrap_or_default();
-    let inside = |(_, y0, x0): (usize, isize, isize)| {
-        y0 >= 0 && x0 >= 0 && y0 + last_y < h as isize && x0 + last_x < w as isize
-    };
+    let inside =
+        |(_, y0, x0): (usize, isize, isize)| y0 >= 0 && x0 >= 0 && y0 + last_y < h as isize && x0 + last_x < w as isize;
     let base = x.as_ptr().cast::<u8>();
     let pad_ptr = pad_row.as_ptr().cast::<u8>();
     let mut table: Vec<[*const u8; MR_QUADS]> = vec![[pad_ptr; MR_QUADS]; per_block.min(taps)];
@@ -242,7 +241,30 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
         let mut cursor = win.cursor(pixels.start);
         for m0 in (0..m).step_by(MR_QUADS) {
             let rows = (m - m0).min(MR_QUADS);
+            // A whole tile of pixels along one output row, every window inside X: row `r`'s
+            // taps are row 0's plus `r` strides, which the kernel adds itself (`STRIDED`):
+            // one address per tap.
+            let (batch, oy, ox) = cursor;
+            let first = win.cursor_origin(cursor);
+            let (_, _, last_x0) = win.cursor_origin((batch, oy, ox + rows - 1));
+            let strided =
+                rows == MR_QUADS && ox + rows <= win.output.1 && inside(first) && inside((batch, first.1, last_x0));
+            if strided {
+                let (_, y0, x0) = first;
+                let at = ((batch * h + y0.unsigned_abs()) * w + x0.unsigned_abs()) * pixel_bytes;
+                for (&(_, off), entry) in block.iter().zip(table.iter_mut()) {
+                    if let Some(slot) = entry.first_mut() {
+                        *slot = base.wrapping_add(at + off);
+                    }
+                }
+                for _ in 0..rows {
+                    cursor = win.advance(cursor);
+                }
+            }
             for r in 0..MR_QUADS {
+                if strided {
+                    break;
+                }
                 let origin = (r < rows).then(|| {
                     let o = win.cursor_origin(cursor);
                     cursor = win.advance(cursor);
@@ -283,12 +305,14 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
             let fin = if t1 == taps { out.tile(m0, 0, n) } else { None };
             // SAFETY: every table entry is X's address of a pixel's tap (`tap_at`, within X
             // as said above) or the pad row's, each followed by the tap's `c` values =
-            // `quads_per_tap` whole quads; `micro_rows` checks B's strip.
+            // `quads_per_tap` whole quads; strided, each tap's first entry is row 0's, and
+            // row `r`'s tap `r * sw` pixels on is inside X too (`inside` of the tile's last
+            // window, on the same row); `micro_rows` checks B's strip.
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 super::vnni::micro_rows(
                     table,
-                    (0, 4),
+                    (if strided { win.stride.1 * pixel_bytes } else { 0 }, 4),
                     quads_per_tap,
                     T::OFFSET != 0,
                     b.quad_strip(q0, q1),

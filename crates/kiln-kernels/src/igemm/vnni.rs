@@ -20,14 +20,15 @@ pub(super) fn micro(a: AQuads<'_>, b: Strip<'_>, quads: usize, c: &mut [i32], ti
     unsafe { micro_rows(&table, (a.row, a.quad), quads, a.flip, b, c, tile, fin) }
 }
 
-/// The tile over A's rows as addresses: `table[t][r] + r * row` is row `r`'s first quad of tap
-/// `t`, its quad `q` at `q * quad` past it; B's panel holds the taps' quads one after another.
-/// `row` is 0 for a table of every row's address, else A is strided: one tap, every entry
-/// A's first row (the kernel then forms the addresses, as the fastest code for it).
+/// The tile over A's rows as addresses: with `row` 0, `table[t][r]` is row `r`'s first quad
+/// of tap `t`; else A is strided and row `r`'s is `table[t][0] + r * row` (the kernel forms
+/// the addresses, as the fastest code for it; the other entries are not read). Quad `q` of a
+/// tap is `q * quad` past its first; B's panel holds the taps' quads one after another.
 ///
 /// # Safety
 /// For every `t < table.len()`, `r < MR_QUADS` and `q < quads_per_tap`, the four bytes at
-/// `table[t][r] + r * row + q * quad` are readable (B's strip is checked here).
+/// `table[t][r] + q * quad` (strided: `table[t][0] + r * row + q * quad`) are readable (B's
+/// strip is checked here).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) unsafe fn micro_rows(
@@ -433,7 +434,7 @@ impl Epilogue for CheckedStage {
 /// # Safety
 /// AVX-512 F, BW, VL and VNNI are available; `a` is `(table, taps, (row, quad), quads_per_tap)`:
 /// for `t < taps`, `r < MR_QUADS`, `q < quads_per_tap`, the four bytes at `table[t][r] + q *
-/// quad` (`STRIDED`: `table[0][0] + r * row + q * quad`, one tap) are readable; B is
+/// quad` (`STRIDED`: `table[t][0] + r * row + q * quad`) are readable; B is
 /// `(b, panels, pstride)`: panel `p < panels` holds `taps * quads_per_tap * 4 * NR_QUADS` i8
 /// at `b + p * pstride`, and `cols <= panels * NR_QUADS` columns; C (`c`, `ldc` apart) holds
 /// `(rows - 1) * ldc + cols` i32; `init`, if any, `cols`; with `REQ`, `stage` is `Some`, its Y

@@ -25,6 +25,9 @@ use std::sync::Mutex;
 const BLOCK_BYTES: usize = 256 * 1024;
 /// Fewest rows per block when the packed weights are larger than [`BLOCK_BYTES`].
 const MIN_ROWS_BIG_B: usize = 128;
+/// Most values of a kernel row copied out per output pixel (`Depth::Rows`): a 1-D kernel of
+/// 1,024 taps over one channel.
+const MAX_ROW_RUN: usize = 1024;
 
 /// The channels-last kernel of a QLinearConv of `c` input channels into `m` by W `[m, cg, kh,
 /// kw]` in `group`s, or `None` when it has none. The `layout` pass asks this before giving a
@@ -124,15 +127,22 @@ fn clamp_tensor(t: &Tensor, lo: i32, hi: i32) -> Result<Tensor> {
 /// Output channels `cols` of W `[m, c, kh, kw]` (all of them, or one group's) as the GEMM's B
 /// `[(ky, kx, ci), cols]` with `cp >= c` channels per tap (those past `c` hold the column's
 /// zero point: a zero weight), with their zero points.
+/// Output channels `cols` of W `[M, C, kH, kW]` packed for the window depth `[ky][kx][c]`
+/// with `c` padded to `cp` by the weights' zero point (`Depth::Taps`), or `[ky][kx * C + c]`
+/// padded to `cp` (`Depth::Rows`: a kernel row's taps as one run of channels).
 fn pack_weights<W: Int8 + Element + Default>(
     w: &Tensor,
     zw: Option<&Tensor>,
-    cp: usize,
+    depth: Depth,
     cols: std::ops::Range<usize>,
 ) -> Option<PackedB> {
     let &[m, c, kh, kw] = w.shape() else { return None };
     let src = w.as_slice::<W>().ok()?;
-    let k = cp * kh * kw;
+    let (cp, taps_x) = match depth {
+        Depth::Taps(cp) => (cp, kw),
+        Depth::Rows(cp) => (cp, 1),
+    };
+    let k = cp * kh * taps_x;
     let z = match zw {
         None => &[][..],
         Some(z) if z.len() == 1 => z.as_slice::<W>().ok()?,
@@ -143,10 +153,14 @@ fn pack_weights<W: Int8 + Element + Default>(
     let n = cols.len();
     let mut b = Vec::with_capacity(k * n);
     for ky in 0..kh {
-        for kx in 0..kw {
-            for ci in 0..cp {
+        for tx in 0..taps_x {
+            for slot in 0..cp {
+                let (kx, ci, real) = match depth {
+                    Depth::Taps(_) => (tx, slot, slot < c),
+                    Depth::Rows(_) => (slot / c.max(1), slot % c.max(1), slot < kw * c),
+                };
                 for (jj, j) in cols.clone().enumerate() {
-                    b.push(if ci < c {
+                    b.push(if real {
                         *src.get(((j * c + ci) * kh + ky) * kw + kx)?
                     } else {
                         zero(jj)
@@ -156,6 +170,62 @@ fn pack_weights<W: Int8 + Element + Default>(
         }
     }
     PackedB::pack(&b, k, n, z).ok()
+}
+
+/// How a window's depth is laid out for the quads tile: see [`pack_weights`].
+#[derive(Debug, Clone, Copy)]
+enum Depth {
+    /// `[ky][kx][c]`, `c` padded to this many channels.
+    Taps(usize),
+    /// `[ky][kx * C + c]`, padded to this many values: X's kernel rows copied out per output
+    /// pixel ([`fold_rows`]), the window then `kh x 1` over them.
+    Rows(usize),
+}
+
+/// Kernel rows `kw` wide (stride `sw`, dilation `dw`, left padding `pw`) of X `[rows, wd, c]`
+/// copied out per output column: `out[row][ox]` is X's `kw` pixels of that window row (the
+/// zero point `pad` outside X) followed by `pad` up to `cf` values.
+#[allow(clippy::too_many_arguments)]
+fn fold_rows<T: Copy>(
+    xs: &[T],
+    wd: usize,
+    c: usize,
+    (kw, sw, dw, pw): (usize, usize, usize, usize),
+    ow: usize,
+    cf: usize,
+    pad: T,
+    out: &mut [T],
+) {
+    let c = c.max(1);
+    // Each slot's tap column offset and channel, or `None` for the padding after the taps;
+    // element by element (no library call per few-byte run).
+    let slots: Vec<Option<(usize, usize)>> = (0..cf).map(|s| (s < kw * c).then(|| ((s / c) * dw, s % c))).collect();
+    let span = kw.saturating_sub(1) * dw;
+    for (dst_row, src_row) in out
+        .chunks_exact_mut((ow * cf).max(1))
+        .zip(xs.chunks_exact((wd * c).max(1)))
+    {
+        for (ox, dst) in dst_row.chunks_exact_mut(cf.max(1)).enumerate() {
+            let x0 = (ox * sw) as isize - pw as isize;
+            if x0 >= 0 && x0.unsigned_abs() + span < wd {
+                let first = x0.unsigned_abs() * c;
+                for (d, slot) in dst.iter_mut().zip(&slots) {
+                    *d = slot
+                        .and_then(|(dx, ch)| src_row.get(first + dx * c + ch))
+                        .copied()
+                        .unwrap_or(pad);
+                }
+            } else {
+                for (d, slot) in dst.iter_mut().zip(&slots) {
+                    let at = slot.and_then(|(dx, ch)| {
+                        let ix = usize::try_from(x0 + dx as isize).ok().filter(|&ix| ix < wd)?;
+                        src_row.get(ix * c + ch)
+                    });
+                    *d = at.copied().unwrap_or(pad);
+                }
+            }
+        }
+    }
 }
 
 fn scalar_zero_point<T: Int8 + Element>(args: &Args<'_>, index: usize) -> Result<i32> {
@@ -272,32 +342,45 @@ where
     // A few input channels (an image's three) padded to a multiple of four with the zero
     // point, and the weights with their own: the window's taps are then whole quads the VNNI
     // tile reads in place, instead of an im2col copy of `c`-value runs per pixel. The padded
-    // products are `(zx - zx) * (zw - zw)`, nothing.
+    // products are `(zx - zx) * (zw - zw)`, nothing. When a kernel row's `kw * c` values fill
+    // fewer quads than its taps padded one by one (one or two channels: spectrograms,
+    // waveforms), each output pixel's kernel rows are copied out instead, padded as one run
+    // (`Depth::Rows`): a single channel's 3-wide rows take one quad, not three.
     let pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == wd;
     let isa = kiln_kernels::isa::active();
-    let cp = if !pointwise && c % 4 != 0 && c < 16 && isa.has_int8_dot() {
-        c.next_multiple_of(4)
+    let small = !pointwise && c % 4 != 0 && c < 16 && isa.has_int8_dot();
+    let row_run = (kw * c).next_multiple_of(4);
+    let depth = if small && row_run / 4 < kw * c.div_ceil(4) && row_run <= MAX_ROW_RUN {
+        Depth::Rows(row_run)
+    } else if small {
+        Depth::Taps(c.next_multiple_of(4))
     } else {
-        c
+        Depth::Taps(c)
     };
-    // The padded copy comes from the run's recycled buffers and goes back at the end.
-    let padded: Option<Vec<T>> = if cp == c {
-        None
-    } else {
-        let pad = T::try_from_i32(zx);
-        let mut v = kiln_kernels::recycle::take_of::<T>(util::checked_numel(&[n, h, wd, cp])?);
-        // Every element written (the buffer is stale), element by element: a library copy
-        // call per pixel of three bytes costs more.
-        for (dst, src) in v.chunks_exact_mut(cp).zip(xs.chunks_exact(c)) {
-            for (i, d) in dst.iter_mut().enumerate() {
-                *d = src.get(i).copied().unwrap_or(pad);
+    // The copy comes from the run's recycled buffers and goes back at the end.
+    let pad = T::try_from_i32(zx);
+    let copied: Option<Vec<T>> = match depth {
+        Depth::Taps(cp) if cp == c => None,
+        Depth::Taps(cp) => {
+            let mut v = kiln_kernels::recycle::take_of::<T>(util::checked_numel(&[n, h, wd, cp])?);
+            // Every element written (the buffer is stale), element by element: a library copy
+            // call per pixel of three bytes costs more.
+            for (dst, src) in v.chunks_exact_mut(cp).zip(xs.chunks_exact(c)) {
+                for (i, d) in dst.iter_mut().enumerate() {
+                    *d = src.get(i).copied().unwrap_or(pad);
+                }
             }
+            Some(v)
         }
-        Some(v)
+        Depth::Rows(cf) => {
+            let mut v = kiln_kernels::recycle::take_of::<T>(util::checked_numel(&[n, h, ow, cf])?);
+            fold_rows(xs, wd, c, (kw, sw, dw, pw), ow, cf, pad, &mut v);
+            Some(v)
+        }
     };
-    let (xs, window, k) = match &padded {
-        None => (xs, window, k),
-        Some(v) => (
+    let (xs, window, k) = match (&copied, depth) {
+        (None, _) => (xs, window, k),
+        (Some(v), Depth::Taps(cp)) => (
             &v[..],
             ConvWindow {
                 channels: cp,
@@ -306,10 +389,24 @@ where
             },
             cp * kh * kw,
         ),
+        (Some(v), Depth::Rows(cf)) => (
+            &v[..],
+            ConvWindow {
+                input: (h, ow),
+                channels: cf,
+                pixel_stride: cf,
+                kernel: (kh, 1),
+                stride: (sh, 1),
+                dilation: (dh, 1),
+                pad: (ph, 0),
+                ..window
+            },
+            cf * kh,
+        ),
     };
     let packed = match w.dtype() {
-        DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw, cp, 0..m)),
-        DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw, cp, 0..m)),
+        DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw, depth, 0..m)),
+        DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw, depth, 0..m)),
         got => return Err(OpError::UnsupportedDType { index: 3, got }),
     }
     .ok_or(OpError::input_value(
@@ -326,7 +423,6 @@ where
     }
     let pixels = n * oh * ow;
     let mut y = util::out_buf::<O>(util::checked_numel(&[pixels, m])?);
-    let pad = T::try_from_i32(zx);
     // Blocks of whole micro-tiles of rows whose im2col rows and i32 sums stay in L2; at
     // least `MIN_ROWS_BIG_B` when the weights themselves outgrow L2, since each block reads
     // all of them; about two blocks per thread when there are several threads.
@@ -347,7 +443,7 @@ where
             conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out, m)
         }
     })?;
-    if let Some(v) = padded {
+    if let Some(v) = copied {
         kiln_kernels::recycle::give_of(v);
     }
     Ok(Tensor::from_buf(vec![n, oh, ow, m], y)?)
@@ -381,8 +477,8 @@ where
     };
     let k = gwin.depth();
     let pack = |g: usize| match w.dtype() {
-        DType::U8 => pack_weights::<u8>(w, zw, cg, g * mg..(g + 1) * mg),
-        DType::I8 => pack_weights::<i8>(w, zw, cg, g * mg..(g + 1) * mg),
+        DType::U8 => pack_weights::<u8>(w, zw, Depth::Taps(cg), g * mg..(g + 1) * mg),
+        DType::I8 => pack_weights::<i8>(w, zw, Depth::Taps(cg), g * mg..(g + 1) * mg),
         _ => None,
     };
     let packed = plan
@@ -815,10 +911,16 @@ mod tests {
             (16, 32, 2, 3, 1, 1, (11, 9)),
             (24, 12, 3, 3, 1, 2, (12, 10)),
             (12, 8, 4, 1, 0, 1, (9, 7)),
+            // One or two channels: kernel rows copied out as runs (`Depth::Rows`), the
+            // 5-wide one dilated by 2.
+            (1, 32, 1, 3, 1, 1, (20, 17)),
+            (2, 5, 1, 3, 1, 2, (11, 9)),
+            (1, 7, 1, 5, 2, 2, (13, 12)),
         ];
         let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
         for (ci, co, group, k, pad, stride, (h, w)) in cases {
             let n = 1usize;
+            let dil = if ci == 1 && k == 5 { 2 } else { 1 };
             let mut s = 12345u64;
             let mut next = || {
                 s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -834,7 +936,7 @@ mod tests {
             // group's slice of them).
             let zwv: Vec<i8> = (0..co)
                 .map(|j| {
-                    if ci == 3 || (group > 1 && group < ci) {
+                    if ci <= 3 || (group > 1 && group < ci) {
                         (j % 3) as i8 - 1
                     } else {
                         0
@@ -857,7 +959,7 @@ mod tests {
             let op = QLinearConv {
                 conv: ConvAttrs {
                     auto_pad: AutoPad::NotSet,
-                    dilations: vec![],
+                    dilations: if dil > 1 { vec![dil; 2] } else { vec![] },
                     group,
                     kernel_shape: None,
                     pads: vec![pad; 4],
@@ -917,8 +1019,8 @@ mod tests {
                             for ky in 0..k {
                                 for kx in 0..k {
                                     let (iy, ix) = (
-                                        (oy * stride + ky) as isize - pad as isize,
-                                        (ox * stride + kx) as isize - pad as isize,
+                                        (oy * stride + ky * dil) as isize - pad as isize,
+                                        (ox * stride + kx * dil) as isize - pad as isize,
                                     );
                                     if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
                                         continue;
