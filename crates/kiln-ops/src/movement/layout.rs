@@ -22,6 +22,20 @@ pub(crate) fn gather_axes(x: &Tensor, maps: &[Vec<Option<usize>>], fill: Option<
     {
         return Err(misfit());
     }
+    // Every output element read from X (Tile, reflect/edge/wrap Pad, ...): the typed copy.
+    if maps.iter().all(|m| m.iter().all(Option::is_some)) {
+        let maps: Vec<Vec<usize>> = maps.iter().map(|m| m.iter().flatten().copied().collect()).collect();
+        let typed = match x.dtype() {
+            DType::F32 => Some(gather_rows(x.as_slice::<f32>()?, &st, &maps, &out_shape)?),
+            DType::I64 => Some(gather_rows(x.as_slice::<i64>()?, &st, &maps, &out_shape)?),
+            DType::U8 => Some(gather_rows(x.as_slice::<u8>()?, &st, &maps, &out_shape)?),
+            DType::I8 => Some(gather_rows(x.as_slice::<i8>()?, &st, &maps, &out_shape)?),
+            _ => None,
+        };
+        if let Some(t) = typed {
+            return Ok(t);
+        }
+    }
     let ext;
     let src = match fill {
         Some(f) => {
@@ -53,6 +67,49 @@ pub(crate) fn gather_axes(x: &Tensor, maps: &[Vec<Option<usize>>], fill: Option<
         flat.unwrap_or(outside)
     };
     Ok(src.gather_flat_fn(out_shape.clone(), next)?)
+}
+
+/// [`gather_axes`] with every output element inside X (`maps[d]` X's index along dim `d` of
+/// each output position; X's `strides`): an odometer over the output's rows, each row one
+/// indexed copy along the last dim.
+fn gather_rows<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
+    x: &[T],
+    strides: &[usize],
+    maps: &[Vec<usize>],
+    out_shape: &[usize],
+) -> Result<Tensor> {
+    let n = checked_numel(out_shape)?;
+    let mut out = crate::util::out_buf::<T>(n);
+    let misfit = || OpError::input_shape(0, "a shape holding every element the op reads", out_shape);
+    let (Some(last), Some(&cols)) = (maps.last(), out_shape.last()) else {
+        // A scalar: its one element.
+        if let (Some(d), Some(&v)) = (out.first_mut(), x.first()) {
+            *d = v;
+        }
+        return Ok(Tensor::from_buf(out_shape.to_vec(), out)?);
+    };
+    let outer = maps.len() - 1;
+    let mut pos = vec![0usize; outer];
+    for row in out.chunks_exact_mut(cols.max(1)) {
+        let from: usize = pos
+            .iter()
+            .zip(maps)
+            .zip(strides)
+            .map(|((&p, m), &st)| m.get(p).copied().unwrap_or(0) * st)
+            .sum();
+        let src = x.get(from..).ok_or_else(misfit)?;
+        for (d, &i) in row.iter_mut().zip(last) {
+            *d = *src.get(i).ok_or_else(misfit)?;
+        }
+        for d in (0..outer).rev() {
+            pos[d] += 1;
+            if pos[d] < out_shape[d] {
+                break;
+            }
+            pos[d] = 0;
+        }
+    }
+    Ok(Tensor::from_buf(out_shape.to_vec(), out)?)
 }
 
 fn identity_maps(shape: &[usize]) -> Vec<Vec<Option<usize>>> {
