@@ -194,6 +194,34 @@ fn pad_modes() {
 }
 
 #[test]
+fn reflect_pads_every_axis_in_every_copied_type() {
+    // [2, 3] padded by (1, 0) rows and (2, 1) columns: rows [1, 0, 1], columns reflected
+    // [2, 1, 0, 1, 2, 1] of each row.
+    let v = [1i64, 2, 3, 4, 5, 6];
+    let want = [6i64, 5, 4, 5, 6, 5, 3, 2, 1, 2, 3, 2, 6, 5, 4, 5, 6, 5];
+    let inputs = [
+        Tensor::from_vec(vec![2, 3], v.to_vec()).unwrap(),
+        Tensor::from_vec(vec![2, 3], v.iter().map(|&a| a as u8).collect::<Vec<u8>>()).unwrap(),
+        Tensor::from_vec(vec![2, 3], v.iter().map(|&a| -a as i8).collect::<Vec<i8>>()).unwrap(),
+        Tensor::from_vec(vec![2, 3], v.iter().map(|&a| a as f32).collect::<Vec<f32>>()).unwrap(),
+    ];
+    for x in inputs {
+        let sign = if x.dtype() == kiln_tensor::DType::I8 { -1.0 } else { 1.0 };
+        let y = run1(
+            MovementOp::Pad(Pad {
+                mode: PadMode::Reflect,
+                pads: None,
+                value: 0.0,
+            }),
+            vec![Some(x), Some(i64t(&[4], &[1, 2, 0, 1]))],
+        );
+        assert_eq!(y.shape(), &[3, 6]);
+        let want: Vec<f64> = want.iter().map(|&a| sign * a as f64).collect();
+        assert_eq!(y.to_f64_vec(), want, "{:?}", y.dtype());
+    }
+}
+
+#[test]
 fn gather_and_gather_elements() {
     let x = f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     let y = run1(
