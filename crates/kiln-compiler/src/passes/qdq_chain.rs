@@ -100,9 +100,12 @@ fn tabulate(g: &Graph, index: &Index, node: &Node) -> Option<(kiln_ir::ValueId, 
     // Each input: a one-element constant, or a DequantizeLinear of the root 8-bit value `x`
     // or of a table of it (an earlier rewrite's: `x * sigmoid(x)` over two quantized
     // tensors is a function of `x`).
+    // Or a float table of `x` (a dequantized HardSwish an earlier round made, which the
+    // chain then scales and shifts: PP-OCR's learnable HardSwish).
     enum Input<'g> {
         Constant(&'g Value),
         Dequantized { dq: &'g Node, table: Option<&'g Lookup8> },
+        Looked(&'g Lookup8),
     }
     let mut root: Option<(kiln_ir::ValueId, DType)> = None;
     let mut inputs = Vec::new();
@@ -115,7 +118,19 @@ fn tabulate(g: &Graph, index: &Index, node: &Node) -> Option<(kiln_ir::ValueId, 
             }
             return None;
         }
-        let dq = g.nodes.get(index.producer(v)?)?;
+        let producer = g.nodes.get(index.producer(v)?)?;
+        if let Some(Op::Elementwise(ElementwiseOp::Lookup(l))) = op(producer)
+            && matches!(l.table, LookupTable::F32(_))
+        {
+            let x = (*producer.inputs.first()?)?;
+            if root.is_some_and(|r| r != (x, l.input)) {
+                return None;
+            }
+            root = Some((x, l.input));
+            inputs.push(Input::Looked(l));
+            continue;
+        }
+        let dq = producer;
         let (bytes, _, params) = dequantize(g, index, dq)?;
         let from_table = index
             .producer(bytes)
@@ -151,6 +166,7 @@ fn tabulate(g: &Graph, index: &Index, node: &Node) -> Option<(kiln_ir::ValueId, 
     for input in &inputs {
         values.push(match input {
             Input::Constant(c) => (*c).clone(),
+            Input::Looked(l) => l.eval(&Args::new(&[Some(&codes)])).ok()?.into_iter().next()?,
             Input::Dequantized { dq, table } => {
                 let looked;
                 let bytes = match table {
@@ -169,7 +185,7 @@ fn tabulate(g: &Graph, index: &Index, node: &Node) -> Option<(kiln_ir::ValueId, 
         });
     }
     // The start must be one of the 256-value inputs (the chain's output takes its shape).
-    if !matches!(inputs.first(), Some(Input::Dequantized { .. })) {
+    if !matches!(inputs.first(), Some(Input::Dequantized { .. } | Input::Looked(_))) {
         return None;
     }
     let refs: Vec<Option<&Value>> = values.iter().map(Some).collect();
@@ -381,5 +397,44 @@ mod tests {
         // No table; the chain reads the 8-bit X instead of its dequantized value.
         assert_eq!(run(&mut g).unwrap(), 1);
         assert_eq!(op_names(&g), ["ElementwiseChain"]);
+    }
+
+    /// A float table of an 8-bit value that a chain scales, shifts and quantizes (PP-OCR's
+    /// learnable HardSwish: `Q(a * hardswish(DQ(x)) + b)`, the HardSwish's float also read
+    /// elsewhere): the chain becomes a table of `x` too, with the same bits.
+    #[test]
+    fn chains_over_a_float_table_become_tables() {
+        let shape = [2usize, 3, 50];
+        let mut b = Builder::new();
+        let x = b.input_typed("x", DType::U8, &shape);
+        let (s, z) = (
+            b.constant("s", Tensor::scalar(0.05f32)),
+            b.constant("z", Tensor::scalar(120u8)),
+        );
+        let d = b.node(dequantize(1), &[Some(x), Some(s), Some(z)], &[&shape])[0];
+        let sig = b.unary(UnaryOp::Sigmoid, d, &shape);
+        let hs = b.binary(BinaryOp::Mul, d, sig, &shape);
+        let a = b.constant("a", Tensor::scalar(0.8f32));
+        let scaled = b.binary(BinaryOp::Mul, hs, a, &shape);
+        let c = b.constant("c", Tensor::scalar(-0.3f32));
+        let shifted = b.binary(BinaryOp::Add, scaled, c, &shape);
+        let (sy, zy) = (
+            b.constant("sy", Tensor::scalar(0.02f32)),
+            b.constant("zy", Tensor::scalar(30u8)),
+        );
+        let y = b.node_typed(quantize(), &[Some(shifted), Some(sy), Some(zy)], &[(DType::U8, &shape)])[0];
+        let g = b.finish(&[y, hs]);
+        let want = run_graph(&g, vec![codes(DType::U8)]);
+        let mut h = g.clone();
+        assert!(crate::passes::chain::run(&mut h).unwrap() >= 1);
+        assert!(run(&mut h).unwrap() >= 2);
+        h.verify().unwrap();
+        assert_eq!(op_names(&h), ["Lookup8", "Lookup8"]);
+        let got = run_graph(&h, vec![codes(DType::U8)]);
+        assert_eq!(got[0].as_slice::<u8>().unwrap(), want[0].as_slice::<u8>().unwrap());
+        let bits = |t: &Tensor| -> Vec<u32> { t.as_slice::<f32>().unwrap().iter().map(|v| v.to_bits()).collect() };
+        assert_eq!(bits(&got[1]), bits(&want[1]));
+        let v = want[0].to_f64_vec();
+        assert!(v.iter().any(|&a| a != v[0]));
     }
 }
