@@ -97,6 +97,8 @@ pub fn compile(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, C
     // Integer MatMul weights pack on their first run (not counted as prepacked).
     if options.opt_level >= 1 {
         each_program(&graph, &mut program, &mut |_, p| prepack::integer_weights(p));
+        // So do recurrent weights.
+        each_program(&graph, &mut program, &mut |_, p| prepack::recurrent_weights(p));
     }
     error::check_stop(|| "while packing weights".into())?;
     Ok(Compiled {

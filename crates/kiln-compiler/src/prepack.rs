@@ -7,9 +7,10 @@
 use kiln_ir::Graph;
 use kiln_kernels::gemm::MatLayout;
 use kiln_kernels::sgemm::{BLayout, PackedB};
-use kiln_ops::fast::{ConvPlan, PackedConvWeights, PackedWeight, Plan, WinogradWeights};
+use kiln_ops::fast::{ConvPlan, PackedConvWeights, PackedWeight, Plan, RecurrentPlan, WinogradWeights};
 use kiln_ops::nn::NnOp;
 use kiln_ops::quant::QuantOp;
+use kiln_ops::recurrent::RecurrentOp;
 use kiln_ops::{Op, Value, ValueType};
 use kiln_runtime::{Program, StepKind};
 use kiln_tensor::{DType, Tensor};
@@ -77,6 +78,32 @@ pub fn integer_weights(program: &mut Program) -> usize {
             Some(StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m)))) => m.b_constant = true,
             Some(StepKind::Op(Op::Quant(QuantOp::QLinearMatMul(q)))) => q.b_constant = true,
             _ => {}
+        }
+    }
+    marks.len()
+}
+
+/// Gives the RNN, GRU and LSTM steps whose W and R are program constants a
+/// [`Plan::Recurrent`]: they pack those weights on their first run and keep them. Returns how
+/// many it planned.
+pub fn recurrent_weights(program: &mut Program) -> usize {
+    let is_constant = |slot: usize| program.constants.iter().any(|(s, _)| *s == slot);
+    let marks: Vec<usize> = program
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, step)| {
+            matches!(step.kind, StepKind::Op(Op::Recurrent(RecurrentOp::Recurrent(_))))
+                && step.plan.is_none()
+                && [1, 2]
+                    .iter()
+                    .all(|&i| step.inputs.get(i).copied().flatten().is_some_and(is_constant))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    for &i in &marks {
+        if let Some(step) = program.steps.get_mut(i) {
+            step.plan = Some(Plan::Recurrent(RecurrentPlan::default()));
         }
     }
     marks.len()
@@ -399,6 +426,47 @@ mod tests {
             &run_program(&plain.program, x),
             1e-5,
         );
+    }
+
+    /// A bidirectional LSTM of constant weights gets the kept-packing plan; its outputs, on
+    /// the run that packs and on a later one, are the unplanned program's.
+    #[test]
+    fn recurrent_weights_are_planned_to_pack_once() {
+        use kiln_ops::recurrent::{Activation, Cell, Direction, Recurrent};
+        let (seq, batch, input, hs) = (6, 1, 5, 12);
+        let mut b = Builder::new();
+        let x = b.input("x", &[seq, batch, input]);
+        let w = b.constant("w", noise(&[2, 4 * hs, input], 6));
+        let r = b.constant("r", noise(&[2, 4 * hs, hs], 7));
+        let bias = b.constant("b", noise(&[2, 8 * hs], 8));
+        let lstm = Op::Recurrent(RecurrentOp::Recurrent(Recurrent {
+            cell: Cell::Lstm { input_forget: false },
+            hidden_size: Some(hs),
+            direction: Direction::Bidirectional,
+            activations: [Activation::Sigmoid, Activation::Tanh, Activation::Tanh].repeat(2),
+            clip: None,
+            batch_first: false,
+        }));
+        let y = b.node(lstm, &[Some(x), Some(w), Some(r), Some(bias)], &[&[seq, 2, batch, hs]])[0];
+        let g = b.finish(&[y]);
+        let level = |opt_level| CompileOptions {
+            opt_level,
+            ..CompileOptions::default()
+        };
+        let planned = compile(g.clone(), &level(2)).unwrap();
+        let plain = compile(g, &level(0)).unwrap();
+        let plans = |p: &Program| {
+            p.steps
+                .iter()
+                .filter(|s| matches!(s.plan, Some(Plan::Recurrent(_))))
+                .count()
+        };
+        assert_eq!((plans(&planned.program), plans(&plain.program)), (1, 0));
+        let x = noise(&[seq, batch, input], 9);
+        let want = run_program(&plain.program, x.clone());
+        for _ in 0..2 {
+            assert_close(&run_program(&planned.program, x.clone()), &want, 1e-5);
+        }
     }
 
     #[test]

@@ -32,6 +32,7 @@ mod roi_align;
 pub use conv_nhwc::{pack_channels_last, pack_depthwise_taps};
 pub use pointwise_depthwise::{ConvStage, PointwiseDepthwise};
 pub use qconv_nhwc::{QConvKind, channels_last_kind as qconv_channels_last_kind};
+pub use recurrent::PackedWeightsCache;
 
 use crate::error::{OpError, Result};
 use crate::nn::{Activation, NnOp};
@@ -50,6 +51,17 @@ pub enum Plan {
     Pool(PoolPlan),
     /// `QLinearConv`: the 8-bit convolution on the integer GEMM.
     QConv(QConvPlan),
+    /// RNN, GRU and LSTM whose W and R are the program's constants.
+    Recurrent(RecurrentPlan),
+}
+
+/// The plan of an RNN, GRU or LSTM whose W and R are program constants (`prepack` sets it):
+/// the weights are packed for the GEMM on the first run and kept for later ones, instead of
+/// on every call.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
+pub struct RecurrentPlan {
+    #[serde(skip)]
+    pub packed: PackedWeightsCache,
 }
 
 /// The plan of a `QLinearConv`.
@@ -182,6 +194,7 @@ impl Plan {
                 }
                 s
             }
+            Plan::Recurrent(_) => "constant weights, packed once".to_string(),
         }
     }
 
@@ -230,7 +243,7 @@ impl Plan {
         match self {
             Plan::Conv(p) => p.activation = act,
             Plan::Gemm(p) => p.activation = act,
-            Plan::Pool(_) | Plan::QConv(_) => return false,
+            Plan::Pool(_) | Plan::QConv(_) | Plan::Recurrent(_) => return false,
         }
         true
     }
@@ -240,7 +253,7 @@ impl Plan {
         match self {
             Plan::Conv(p) => p.activation,
             Plan::Gemm(p) => p.activation,
-            Plan::Pool(_) | Plan::QConv(_) => None,
+            Plan::Pool(_) | Plan::QConv(_) | Plan::Recurrent(_) => None,
         }
     }
 }
@@ -291,6 +304,7 @@ pub fn validate(op: &Op, plan: Option<&Plan>) -> Result<()> {
         }
         (Op::Nn(NnOp::MatMul(_) | NnOp::Gemm(_)), Plan::Gemm(_)) => Ok(()),
         (Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_)), Plan::Pool(_)) => Ok(()),
+        (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(_)), Plan::Recurrent(_)) => Ok(()),
         (Op::Quant(QuantOp::QLinearConv(_)), Plan::QConv(p)) => match p.clamp {
             Some((lo, hi)) if lo > hi => Err(misfit(op, plan, "the clamp's low bound is above its high bound")),
             _ => Ok(()),
@@ -311,7 +325,10 @@ pub fn eval(op: &Op, plan: Option<&Plan>, args: &Args<'_>) -> Result<Outputs> {
         (Op::Nn(NnOp::GlobalPool(o)), Some(Plan::Pool(p))) if p.channels_last => o.eval_channels_last(args),
         (Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_)), Some(Plan::Pool(_))) => op.eval(args),
         (Op::Quant(QuantOp::QLinearConv(c)), Some(Plan::QConv(p))) => qconv_nhwc::eval(c, p, args),
-        (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(r)), None) => recurrent::eval(r, args),
+        (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(r)), None) => recurrent::eval(r, None, args),
+        (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(r)), Some(Plan::Recurrent(p))) => {
+            recurrent::eval(r, Some(&p.packed), args)
+        }
         (Op::Nn(NnOp::Resize(r)), None) => resize::eval(r, args),
         (Op::Nn(NnOp::RoiAlign(r)), None) => roi_align::eval(r, args),
         (Op::Nn(NnOp::ConvTranspose(c)), None) => conv_transpose::eval(c, args),
@@ -333,6 +350,7 @@ pub fn infer(op: &Op, plan: Option<&Plan>, inputs: &[InferInput<'_>]) -> Result<
         (Op::Nn(NnOp::GlobalPool(o)), Some(Plan::Pool(p))) if p.channels_last => o.infer_channels_last(inputs),
         (Op::Nn(NnOp::Pool(_) | NnOp::GlobalPool(_)), Some(Plan::Pool(_))) => op.infer(inputs),
         (Op::Quant(QuantOp::QLinearConv(c)), Some(Plan::QConv(p))) => qconv_nhwc::infer(c, p, inputs),
+        (Op::Recurrent(_), Some(Plan::Recurrent(_))) => op.infer(inputs),
         (op, None) => op.infer(inputs),
         (op, Some(plan)) => Err(mismatch(op, plan)),
     }

@@ -21,12 +21,62 @@ use kiln_kernels::sgemm::{AMatrix, Act, BLayout, Bias, Epilogue, PackedB, act_sl
 use kiln_tensor::{DType, Tensor};
 use std::sync::Mutex;
 
-/// Runs `op` on the fast path when it applies, else on the reference.
-pub(crate) fn eval(op: &Recurrent, args: &Args<'_>) -> Result<Outputs> {
-    match fast(op, args)? {
+/// Runs `op` on the fast path when it applies, else on the reference; with `cache` (W and R
+/// are the program's constants), the weights packed on the first call serve every later one.
+pub(crate) fn eval(op: &Recurrent, cache: Option<&PackedWeightsCache>, args: &Args<'_>) -> Result<Outputs> {
+    match fast(op, cache, args)? {
         Some(out) => Ok(out),
         None => op.eval(args),
     }
+}
+
+/// One direction's weights packed for the GEMM: W (`k` = input), R's gates (all, or GRU's
+/// update and reset gates) and GRU's candidate gate apart.
+#[derive(Debug)]
+pub struct PackedDirection {
+    w: PackedB,
+    r: PackedB,
+    r_h: Option<PackedB>,
+}
+
+/// A recurrent op's packed weights per direction, made on its first run and shared by every
+/// later run (on any thread) of the program holding it; `None` inside when they cannot be
+/// packed (the call then runs as without a cache).
+#[derive(Debug, Clone, Default)]
+pub struct PackedWeightsCache(std::sync::Arc<std::sync::OnceLock<Option<Vec<PackedDirection>>>>);
+
+impl PartialEq for PackedWeightsCache {
+    /// A cache says nothing about the op: any two compare equal.
+    fn eq(&self, _: &PackedWeightsCache) -> bool {
+        true
+    }
+}
+
+/// W and R of every direction packed (`split`: R's columns packed together, the rest apart).
+fn pack_directions(
+    layout: BLayout,
+    (nd, gh, input, hs, split): (usize, usize, usize, usize, usize),
+    w: &[f32],
+    r: &[f32],
+) -> Option<Vec<PackedDirection>> {
+    let pack = |k: usize, n: usize, v: &[f32]| PackedB::pack(layout, k, n, v, MatLayout::transposed(k)).ok();
+    (0..nd)
+        .map(|d| {
+            let (wd, rd) = (
+                w.get(d * gh * input..(d + 1) * gh * input)?,
+                r.get(d * gh * hs..(d + 1) * gh * hs)?,
+            );
+            Some(PackedDirection {
+                w: pack(input, gh, wd)?,
+                r: pack(hs, split, rd.get(..split * hs)?)?,
+                r_h: if split < gh {
+                    Some(pack(hs, hs, rd.get(split * hs..)?)?)
+                } else {
+                    None
+                },
+            })
+        })
+        .collect()
 }
 
 /// The GEMM epilogue's twin of a recurrent activation, when it has one.
@@ -93,7 +143,7 @@ struct DirOutput {
 }
 
 /// The fast path's result, or `None` when it does not apply (see the module docs).
-fn fast(op: &Recurrent, args: &Args<'_>) -> Result<Option<Outputs>> {
+fn fast(op: &Recurrent, cache: Option<&PackedWeightsCache>, args: &Args<'_>) -> Result<Option<Outputs>> {
     let (x, w, r) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
     if [x, w, r].iter().any(|t| t.dtype() != DType::F32 || t.rank() != 3) {
         return Ok(None);
@@ -182,9 +232,20 @@ fn fast(op: &Recurrent, args: &Args<'_>) -> Result<Option<Outputs>> {
         p: p.and_then(|p| p.get(d * 3 * hs..(d + 1) * 3 * hs)),
         acts: acts.get(d * apd..(d + 1) * apd).unwrap_or(&[]).to_vec(),
     };
+    let split = if matches!(op.cell, Cell::Gru { .. }) {
+        2 * hs
+    } else {
+        gh
+    };
+    let layout = BLayout::for_isa(kiln_kernels::isa::active());
+    let packed = cache.and_then(|c| {
+        c.0.get_or_init(|| pack_directions(layout, (nd, gh, input, hs, split), wd, rd))
+            .as_deref()
+    });
     let results: Vec<Mutex<Option<DirOutput>>> = (0..nd).map(|_| Mutex::new(None)).collect();
     let task = |d: usize| {
-        let out = run_direction(op.cell, op.clip, &dims, &dir(d), d, xd, &lens, h0, c0);
+        let packed = packed.and_then(|p| p.get(d));
+        let out = run_direction(op.cell, op.clip, &dims, &dir(d), d, xd, &lens, h0, c0, packed);
         if let Some(slot) = results.get(d) {
             *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = out;
         }
@@ -252,7 +313,13 @@ const DIRECT_ROWS: usize = 4;
 /// read in place when the call multiplies few rows by them.
 enum Weights<'a> {
     Packed(PackedB),
-    Rows { w: &'a [f32], k: usize, n: usize },
+    /// Packed on an earlier call ([`PackedWeightsCache`]).
+    Kept(&'a PackedB),
+    Rows {
+        w: &'a [f32],
+        k: usize,
+        n: usize,
+    },
 }
 
 impl<'a> Weights<'a> {
@@ -267,10 +334,25 @@ impl<'a> Weights<'a> {
             .map(Weights::Packed)
     }
 
+    /// [`Weights::new`], or the kept packing when there is one.
+    fn kept_or_new(
+        kept: Option<&'a PackedB>,
+        layout: BLayout,
+        rows: usize,
+        k: usize,
+        n: usize,
+        w: &'a [f32],
+    ) -> Option<Weights<'a>> {
+        match kept {
+            Some(p) if p.k() == k && p.n() == n => Some(Weights::Kept(p)),
+            _ => Weights::new(layout, rows, k, n, w),
+        }
+    }
+
     /// `out[r, j] = bias[j] + a[r, :] · w[j, :]` for `r < rows`.
     fn product(&self, rows: usize, a: &[f32], out: &mut [f32], bias: Option<&[f32]>) -> Option<()> {
         match self {
-            Weights::Packed(p) => {
+            Weights::Packed(p) | &Weights::Kept(p) => {
                 let epi = Epilogue {
                     bias: bias.map_or(Bias::None, Bias::Col),
                     ..Epilogue::NONE
@@ -307,6 +389,7 @@ fn run_direction(
     lens: &[usize],
     h0: Option<&[f32]>,
     c0: Option<&[f32]>,
+    packed: Option<&PackedDirection>,
 ) -> Option<DirOutput> {
     let Dims {
         seq, batch, input, hs, ..
@@ -315,7 +398,7 @@ fn run_direction(
     let layout = BLayout::for_isa(kiln_kernels::isa::active());
     let rows = seq.checked_mul(batch)?;
     // Input projections of every step: Gx = X · Wᵀ + bias, rows in X's order.
-    let wt = Weights::new(layout, rows, input, gh, dir.w)?;
+    let wt = Weights::kept_or_new(packed.map(|p| &p.w), layout, rows, input, gh, dir.w)?;
     let (wb, rb) = match dir.b {
         Some(b) => (b.get(..gh)?, Some(b.get(gh..2 * gh)?)),
         None => (&[][..], None),
@@ -337,9 +420,24 @@ fn run_direction(
     let split = if matches!(cell, Cell::Gru { .. }) { 2 * hs } else { gh };
     let steps = lens.iter().copied().max().unwrap_or(0);
     let products = steps.checked_mul(batch)?;
-    let rt = Weights::new(layout, products, hs, split, dir.r.get(..split * hs)?)?;
+    let rt = Weights::kept_or_new(
+        packed.map(|p| &p.r),
+        layout,
+        products,
+        hs,
+        split,
+        dir.r.get(..split * hs)?,
+    )?;
     let rt_h = if split < gh {
-        Some(Weights::new(layout, products, hs, hs, dir.r.get(split * hs..gh * hs)?)?)
+        let kept = packed.and_then(|p| p.r_h.as_ref());
+        Some(Weights::kept_or_new(
+            kept,
+            layout,
+            products,
+            hs,
+            hs,
+            dir.r.get(split * hs..gh * hs)?,
+        )?)
     } else {
         None
     };
@@ -527,17 +625,26 @@ mod tests {
         let refs: Vec<Option<&Value>> = inputs.iter().map(Option::as_ref).collect();
         let args = Args::new(&refs);
         let want = op.eval(&args).unwrap();
-        let got = fast(op, &args).unwrap().expect("the fast path applies");
-        assert_eq!(want.len(), got.len());
-        for (w, g) in want.iter().zip(got.iter()) {
-            let (w, g) = (w.as_tensor().unwrap(), g.as_tensor().unwrap());
-            assert_eq!(w.shape(), g.shape());
-            let (w, g) = (w.as_slice::<f32>().unwrap(), g.as_slice::<f32>().unwrap());
-            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
-            for (a, b) in w.iter().zip(g) {
-                assert!((a - b).abs() <= 2e-5 * scale, "{a} vs {b} ({op:?})");
+        // Without a cache, then twice with one (the first call packs the weights into it, the
+        // second multiplies by the kept packing, whatever its row count).
+        let cache = PackedWeightsCache::default();
+        for cached in [None, Some(&cache), Some(&cache)] {
+            let got = fast(op, cached, &args).unwrap().expect("the fast path applies");
+            assert_eq!(want.len(), got.len());
+            for (w, g) in want.iter().zip(got.iter()) {
+                let (w, g) = (w.as_tensor().unwrap(), g.as_tensor().unwrap());
+                assert_eq!(w.shape(), g.shape());
+                let (w, g) = (w.as_slice::<f32>().unwrap(), g.as_slice::<f32>().unwrap());
+                let scale = w.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+                for (a, b) in w.iter().zip(g) {
+                    assert!((a - b).abs() <= 2e-5 * scale, "{a} vs {b} ({op:?})");
+                }
             }
         }
+        assert!(
+            cache.0.get().is_some_and(Option::is_some),
+            "the weights were packed and kept"
+        );
     }
 
     fn op(cell: Cell, direction: Direction, batch_first: bool, clip: Option<f32>) -> Recurrent {
@@ -570,8 +677,9 @@ mod tests {
             Cell::Lstm { input_forget: false },
             Cell::Lstm { input_forget: true },
         ];
-        // Many rows (weights packed), and calls of one or two steps (weights read in place).
-        for (seq, batch, input, hs) in [(7, 3, 5, 20), (1, 1, 19, 20), (2, 2, 5, 33)] {
+        // Many rows (weights packed), and calls of one or two steps (weights read in place);
+        // a sequence of one row a step.
+        for (seq, batch, input, hs) in [(7, 3, 5, 20), (1, 1, 19, 20), (2, 2, 5, 33), (9, 1, 6, 17)] {
             for (ci, cell) in cells.into_iter().enumerate() {
                 for direction in [Direction::Forward, Direction::Reverse, Direction::Bidirectional] {
                     for batch_first in [false, true] {
@@ -614,7 +722,7 @@ mod tests {
         o.activations = vec![Activation::Softsign];
         let ins = [t(&[2, 1, 3], 1, 1.0), t(&[1, 4, 3], 2, 0.5), t(&[1, 4, 4], 3, 0.5)];
         let refs: Vec<Option<&Value>> = ins.iter().map(Some).collect();
-        assert!(fast(&o, &Args::new(&refs)).unwrap().is_none());
-        assert!(eval(&o, &Args::new(&refs)).is_ok());
+        assert!(fast(&o, None, &Args::new(&refs)).unwrap().is_none());
+        assert!(eval(&o, None, &Args::new(&refs)).is_ok());
     }
 }
