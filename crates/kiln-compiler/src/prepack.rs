@@ -12,7 +12,7 @@ use kiln_ops::nn::NnOp;
 use kiln_ops::quant::QuantOp;
 use kiln_ops::recurrent::RecurrentOp;
 use kiln_ops::{Op, Value, ValueType};
-use kiln_runtime::{Program, StepKind};
+use kiln_runtime::{Program, Step, StepKind};
 use kiln_tensor::{DType, Tensor};
 
 /// The packing used: fixed, so a program runs on every kernel level and machine.
@@ -50,17 +50,33 @@ fn sole_constant<'p>(
     }
 }
 
+/// Applies `mark` to every step that `select` picks, given which slots hold program
+/// constants; returns how many it marked.
+fn mark_steps(
+    program: &mut Program,
+    select: impl Fn(&Step, &dyn Fn(usize) -> bool) -> bool,
+    mark: impl Fn(&mut Step),
+) -> usize {
+    let constants = &program.constants;
+    let is_constant = |slot: usize| constants.iter().any(|(s, _)| *s == slot);
+    let mut marked = 0;
+    for step in program.steps.iter_mut() {
+        if select(step, &is_constant) {
+            mark(step);
+            marked += 1;
+        }
+    }
+    marked
+}
+
 /// Marks the MatMulInteger and QLinearMatMul steps whose B and B zero point are program
 /// constants: they pack B for the integer GEMM on their first run and keep it
 /// (`b_constant`).
 /// Returns how many it marked.
 pub fn integer_weights(program: &mut Program) -> usize {
-    let is_constant = |slot: usize| program.constants.iter().any(|(s, _)| *s == slot);
-    let marks: Vec<usize> = program
-        .steps
-        .iter()
-        .enumerate()
-        .filter(|(_, step)| {
+    mark_steps(
+        program,
+        |step, is_constant| {
             // The weights and their zero point: inputs 1 and 3 of MatMulInteger, 3 and 5 of
             // QLinearMatMul.
             let (w, zw) = match &step.kind {
@@ -70,43 +86,30 @@ pub fn integer_weights(program: &mut Program) -> usize {
             };
             step.inputs.get(w).copied().flatten().is_some_and(is_constant)
                 && step.inputs.get(zw).copied().flatten().is_none_or(is_constant)
-        })
-        .map(|(i, _)| i)
-        .collect();
-    for &i in &marks {
-        match program.steps.get_mut(i).map(|s| &mut s.kind) {
-            Some(StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m)))) => m.b_constant = true,
-            Some(StepKind::Op(Op::Quant(QuantOp::QLinearMatMul(q)))) => q.b_constant = true,
+        },
+        |step| match &mut step.kind {
+            StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m))) => m.b_constant = true,
+            StepKind::Op(Op::Quant(QuantOp::QLinearMatMul(q))) => q.b_constant = true,
             _ => {}
-        }
-    }
-    marks.len()
+        },
+    )
 }
 
 /// Gives the RNN, GRU and LSTM steps whose W and R are program constants a
 /// [`Plan::Recurrent`]: they pack those weights on their first run and keep them. Returns how
 /// many it planned.
 pub fn recurrent_weights(program: &mut Program) -> usize {
-    let is_constant = |slot: usize| program.constants.iter().any(|(s, _)| *s == slot);
-    let marks: Vec<usize> = program
-        .steps
-        .iter()
-        .enumerate()
-        .filter(|(_, step)| {
+    mark_steps(
+        program,
+        |step, is_constant| {
             matches!(step.kind, StepKind::Op(Op::Recurrent(RecurrentOp::Recurrent(_))))
                 && step.plan.is_none()
                 && [1, 2]
                     .iter()
                     .all(|&i| step.inputs.get(i).copied().flatten().is_some_and(is_constant))
-        })
-        .map(|(i, _)| i)
-        .collect();
-    for &i in &marks {
-        if let Some(step) = program.steps.get_mut(i) {
-            step.plan = Some(Plan::Recurrent(RecurrentPlan::default()));
-        }
-    }
-    marks.len()
+        },
+        |step| step.plan = Some(Plan::Recurrent(RecurrentPlan::default())),
+    )
 }
 
 /// Prepacks the main program's eligible MatMul and Gemm weights; returns how many it packed.
@@ -371,6 +374,14 @@ mod tests {
         Op::Nn(NnOp::MatMul(MatMul::default()))
     }
 
+    /// The default options at optimisation level `opt_level`.
+    fn level(opt_level: u8) -> CompileOptions {
+        CompileOptions {
+            opt_level,
+            ..CompileOptions::default()
+        }
+    }
+
     fn run_program(p: &Program, x: Tensor) -> Tensor {
         let out = kiln_runtime::run(p, vec![("x".into(), Value::Tensor(x))]).unwrap();
         out[0].1.as_tensor().unwrap().clone()
@@ -386,10 +397,6 @@ mod tests {
         let h = b.node(matmul(), &[Some(x), Some(w1)], &[&[2, 5, 40]])[0];
         let y = b.node(matmul(), &[Some(h), Some(w2)], &[&[2, 5, 3]])[0];
         let g = b.finish(&[y]);
-        let level = |opt_level| CompileOptions {
-            opt_level,
-            ..CompileOptions::default()
-        };
         let packed = compile(g.clone(), &level(2)).unwrap();
         let plain = compile(g, &level(0)).unwrap();
         assert_eq!((packed.prepacked, plain.prepacked), (2, 0));
@@ -449,10 +456,6 @@ mod tests {
         }));
         let y = b.node(lstm, &[Some(x), Some(w), Some(r), Some(bias)], &[&[seq, 2, batch, hs]])[0];
         let g = b.finish(&[y]);
-        let level = |opt_level| CompileOptions {
-            opt_level,
-            ..CompileOptions::default()
-        };
         let planned = compile(g.clone(), &level(2)).unwrap();
         let plain = compile(g, &level(0)).unwrap();
         let plans = |p: &Program| {
@@ -484,10 +487,6 @@ mod tests {
         }));
         let y = b.node(gemm, &[Some(x), Some(w), Some(c)], &[&[3, 37]])[0];
         let g = b.finish(&[y]);
-        let level = |opt_level| CompileOptions {
-            opt_level,
-            ..CompileOptions::default()
-        };
         let packed = compile(g.clone(), &level(1)).unwrap();
         let plain = compile(g, &level(0)).unwrap();
         assert_eq!(packed.prepacked, 1);
@@ -544,10 +543,6 @@ mod tests {
                 c
             };
             b.finish(&[y])
-        };
-        let level = |opt_level| CompileOptions {
-            opt_level,
-            ..CompileOptions::default()
         };
         let g = block(18, 1);
         let fast = compile(g.clone(), &level(2)).unwrap();
