@@ -3,7 +3,7 @@
 
 use kiln_kernels::igemm::{
     ConvScratch, ConvWindow, F32Twin, Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, Scales, conv_requant_serial,
-    igemm_requant_serial, igemm_serial, igemm_with,
+    igemm_requant_columns, igemm_requant_serial, igemm_serial, igemm_with, splits_by_columns,
 };
 use kiln_kernels::isa::Isa;
 use kiln_kernels::quant::{Q8, requantize_row, requantize_row_f32};
@@ -398,6 +398,82 @@ fn split_over_threads_matches_the_oracle() {
                         "{isa:?} {:?} {threads} threads {m}x{n}x{k}",
                         packed.packing()
                     );
+                }
+            }
+        }
+    }
+}
+
+/// Products of few rows split over a pool's threads by whole panels (in place for one row,
+/// through scratch for several): the exact sums, and the fused stage's bytes, with nothing
+/// written past the last column.
+#[test]
+fn few_rows_split_by_columns_match_the_oracle() {
+    let mut s = 11u64;
+    let mut next = || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    };
+    for threads in [2usize, 3] {
+        let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap_or_else(|e| panic!("{e}"));
+        for (m, n, k) in [
+            (1, 1000, 300),
+            (1, 200, 2700),
+            (5, 330, 200),
+            (15, 2 * threads * 32 + 1, 2600),
+        ] {
+            assert!(
+                pool.install(|| splits_by_columns(m, k, n)),
+                "{m}x{n}x{k} must split by columns"
+            );
+            let a: Vec<u8> = (0..m * k).map(|_| next() as u8).collect();
+            let b: Vec<i8> = (0..k * n).map(|_| (next() % 128) as i8 - 64).collect();
+            let zb: Vec<i8> = (0..n).map(|j| (j % 7) as i8 - 3).collect();
+            let want = oracle(m, n, k, &a, 9, &b, &zb);
+            let typical = (k as f32).sqrt() * 64.0 * 100.0;
+            let mult: Vec<f32> = (0..n)
+                .map(|_| (0.5 + (next() % 1000) as f32 / 500.0) * 60.0 / typical)
+                .collect();
+            let bias: Vec<f32> = (0..n).map(|_| (next() % 2001) as f32 - 1000.0 + 0.25).collect();
+            let scales = Scales::F32 {
+                bias: &bias,
+                mult: &mult,
+                zero_point: 3.0,
+            };
+            let mut want_y = vec![0u8; m * n];
+            for (row, out) in want.chunks(n).zip(want_y.chunks_mut(n)) {
+                let sums: Vec<i32> = row.iter().map(|&v| v as i32).collect();
+                row_stage(scales, &sums, (0, 255), out);
+            }
+            let packed = PackedB::pack_as(Packing::Quads, &b, k, n, &zb)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("quads"));
+            for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+                let ld = n + 3;
+                let mut c = vec![-5i32; m * ld];
+                pool.install(|| igemm_with(isa, m, k, &a, k, 9, &packed, &mut c, ld))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let mut y = vec![7u8; m * ld];
+                let stage = Requantize {
+                    scales,
+                    range: (0, 255),
+                };
+                pool.install(|| igemm_requant_columns(isa, (m, k), &a, k, 9, &packed, stage, &mut y, ld))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                for i in 0..m {
+                    let got: Vec<i64> = c[i * ld..i * ld + n].iter().map(|&v| i64::from(v)).collect();
+                    assert_eq!(
+                        got,
+                        want[i * n..(i + 1) * n],
+                        "{isa:?} {threads} threads {m}x{n}x{k} row {i}"
+                    );
+                    assert_eq!(
+                        &y[i * ld..i * ld + n],
+                        &want_y[i * n..(i + 1) * n],
+                        "{isa:?} {m}x{n}x{k} row {i}"
+                    );
+                    assert_eq!(c[i * ld + n..(i + 1) * ld], [-5; 3], "{isa:?} wrote past column {n}");
+                    assert_eq!(y[i * ld + n..(i + 1) * ld], [7; 3], "{isa:?} wrote past column {n}");
                 }
             }
         }

@@ -302,7 +302,7 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
                 ldc: n,
                 init: (t0 == 0).then_some(&init[..]),
             };
-            let fin = if t1 == taps { out.tile(m0, 0, n) } else { None };
+            let fin = if t1 == taps { out.tile(m0, 0, 0, n) } else { None };
             // SAFETY: every table entry is X's address of a pixel's tap (`tap_at`, within X
             // as said above) or the pad row's, each followed by the tap's `c` values =
             // `quads_per_tap` whole quads; strided, each tap's first entry is row 0's, and

@@ -445,6 +445,14 @@ where
         + Send,
 {
     let mut y = crate::util::out_buf::<O>(checked_numel(&[m, n])?);
+    let isa = kiln_kernels::isa::active();
+    let what = "a product whose exact sums fit int32";
+    if kiln_kernels::igemm::splits_by_columns(m, k, n) {
+        // Too few rows for two blocks of micro-tiles: the threads take whole panels instead.
+        kiln_kernels::igemm::igemm_requant_columns(isa, (m, k), a, k, a_zero, packed, stage, &mut y, n)
+            .map_err(|e| OpError::input_value(0, what, e.to_string()))?;
+        return Ok(Tensor::from_buf(shape, y)?);
+    }
     let threads = kiln_kernels::pool::current_threads().max(1);
     // Each block reads all of B: when B outgrows the cache, as few blocks as threads.
     let big_b = k.saturating_mul(n) > FUSED_BLOCK_BYTES;
@@ -460,8 +468,6 @@ where
         rows = rows.max(128);
     }
     let rows = rows.min(m.div_ceil(split)).div_ceil(8) * 8;
-    let isa = kiln_kernels::isa::active();
-    let what = "a product whose exact sums fit int32";
     crate::fast::qconv_nhwc::over_blocks::<T, O>(&mut y, rows, n, what, &|p0, r, out, scratch| {
         let (c, _) = scratch.parts(r * n, 0);
         let rows_of_a = a.get(p0 * k..(p0 + r) * k).unwrap_or_default();
