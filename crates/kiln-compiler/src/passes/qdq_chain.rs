@@ -15,20 +15,26 @@
 //!    DequantizeLinear's arithmetic: a quarter of the bytes read, no f32 tensor written (a
 //!    SiLU spelled `x * sigmoid(x)` over two quantized tensors, a squeeze-excitation scale).
 //!
+//! First, a chain that ends on a quantize-dequantize round trip (a QOperator model's
+//! `QLinearAdd` of a bias, expanded and fused, whose float output feeds a GELU spelled out)
+//! and whose readers are all chains ends on the `QuantizeLinear` instead, with a
+//! `DequantizeLinear` after it: the same values, and its readers then read an 8-bit value by
+//! the two rules (one byte per element written and read instead of four, or a table).
+//!
 //! Runs last, after the chain pass made the chains; a DequantizeLinear goes when nothing else
 //! reads it.
 
 use super::dce;
-use super::edit::{Index, op};
+use super::edit::{Index, add_constant, fresh_name, op, op_node};
 use super::qdq_glue::dequantize;
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, Value};
-use kiln_ops::elementwise::{ChainDequantize, ElementwiseOp, Lookup8, LookupTable};
+use kiln_ops::elementwise::{ChainDequantize, ChainQuantize, ChainStep, ElementwiseOp, Lookup8, LookupTable};
 use kiln_ops::value::Args;
 use kiln_tensor::{DType, Tensor};
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
-    let mut count = 0;
+    let mut count = split_round_trips(g);
     // A table can make the chain reading it a function of one value too: rounds until none
     // is left (each round turns at least one of finitely many chains into a table).
     for _ in 0..g.nodes.len() {
@@ -89,6 +95,92 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         dce::run(g)?;
     }
     Ok(count)
+}
+
+/// Chains ending on a round trip to 8 bits, read by chains alone, end on the quantization,
+/// a DequantizeLinear restoring their float output (see the module docs). How many.
+fn split_round_trips(g: &mut Graph) -> usize {
+    let is_chain = |n: &Node| matches!(op(n), Some(Op::Elementwise(ElementwiseOp::Chain(_))));
+    let index = Index::new(g);
+    let mut splits = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let Some(Op::Elementwise(ElementwiseOp::Chain(c))) = op(node) else {
+            continue;
+        };
+        let (
+            None,
+            Some(&ChainStep::FakeQuantize {
+                scale,
+                zero_point,
+                lo,
+                hi,
+            }),
+        ) = (c.quantize, c.steps.last())
+        else {
+            continue;
+        };
+        let dtype = match (lo, hi) {
+            (0.0, 255.0) => DType::U8,
+            (-128.0, 127.0) => DType::I8,
+            _ => continue,
+        };
+        let [Some(v)] = node.outputs.as_slice() else { continue };
+        let readers = index.readers(*v);
+        let by_chains = !readers.is_empty() && readers.iter().all(|&r| g.nodes.get(r).is_some_and(is_chain));
+        if by_chains && !index.is_output(*v) && zero_point.fract() == 0.0 && zero_point.abs() <= 255.0 {
+            splits.push((i, *v, scale, zero_point, dtype));
+        }
+    }
+    // From the back, so the indices of the chains before stay put.
+    for &(i, v, scale, zero_point, dtype) in splits.iter().rev() {
+        let Some(info) = g.values.get(v.0 as usize) else {
+            continue;
+        };
+        let (name, shape) = match &info.ty {
+            kiln_ir::ValueType::Tensor(t) => (info.name.clone(), t.shape.clone()),
+            _ => continue,
+        };
+        let bytes_name = fresh_name(g, &format!("{name}_quantized"));
+        let bytes = g.add_value(
+            bytes_name,
+            kiln_ir::ValueType::Tensor(kiln_ops::TensorType {
+                dtype: Some(dtype),
+                shape,
+            }),
+        );
+        let z = match dtype {
+            DType::U8 => Tensor::scalar(zero_point as u8),
+            _ => Tensor::scalar(zero_point as i8),
+        };
+        let s = add_constant(g, &format!("{name}_scale"), Tensor::scalar(scale));
+        let z = add_constant(g, &format!("{name}_zero_point"), z);
+        let Some(node) = g.nodes.get_mut(i) else { continue };
+        if let NodeKind::Op(Op::Elementwise(ElementwiseOp::Chain(c))) = &mut node.kind {
+            c.steps.pop();
+            c.quantize = Some(ChainQuantize {
+                scale,
+                zero_point,
+                dtype,
+            });
+        }
+        node.outputs = vec![Some(bytes)];
+        node.plan = None;
+        let dq_name = format!("{}#dequantized", node.name);
+        let dq = op_node(dq_name, dequantize_op(), vec![Some(bytes), Some(s), Some(z)], v);
+        g.nodes.insert(i + 1, dq);
+    }
+    splits.len()
+}
+
+/// A per-tensor DequantizeLinear to f32.
+fn dequantize_op() -> Op {
+    Op::Quant(kiln_ops::quant::QuantOp::DequantizeLinear(
+        kiln_ops::quant::DequantizeLinear {
+            axis: 1,
+            block_size: 0,
+            output_dtype: None,
+        },
+    ))
 }
 
 /// The table of chain `node` when it reads a per-tensor DequantizeLinear of an 8-bit value
@@ -339,6 +431,73 @@ mod tests {
         assert_eq!(got[0].as_slice::<u8>().unwrap(), want[0].as_slice::<u8>().unwrap());
         let v = want[0].as_slice::<u8>().unwrap();
         assert!(v.iter().any(|&a| a != v[0]));
+    }
+
+    /// A QOperator GELU: `v = DQ(Q(DQ(x) + bias))` (a QLinearAdd of a bias, expanded), then
+    /// `Q(v * (erf(v / sqrt 2) + 1) * 0.5)`. The first chain ends on its quantization, so the
+    /// GELU becomes a table of its bytes: the same bits, and only the bias chain and the
+    /// table left.
+    #[test]
+    fn a_round_trip_read_by_a_chain_ends_the_chain_in_8_bits() {
+        for dtype in [DType::U8, DType::I8] {
+            let mut b = Builder::new();
+            let x = b.input_typed("x", DType::U8, &[3, 700]);
+            let (sx, zx) = (
+                b.constant("sx", Tensor::scalar(0.05f32)),
+                b.constant("zx", Tensor::scalar(120u8)),
+            );
+            let bias: Vec<f32> = (0..700).map(|i| (i % 13) as f32 * 0.3 - 2.0).collect();
+            let bias = b.constant("bias", Tensor::from_vec(vec![700], bias).unwrap());
+            let dx = b.node(dequantize(1), &[Some(x), Some(sx), Some(zx)], &[&[3, 700]])[0];
+            let t = b.binary(BinaryOp::Add, dx, bias, &[3, 700]);
+            let (sv, zv) = match dtype {
+                DType::U8 => (
+                    b.constant("sv", Tensor::scalar(0.07f32)),
+                    b.constant("zv", Tensor::scalar(100u8)),
+                ),
+                _ => (
+                    b.constant("sv", Tensor::scalar(0.07f32)),
+                    b.constant("zv", Tensor::scalar(-20i8)),
+                ),
+            };
+            let q = b.node_typed(quantize(), &[Some(t), Some(sv), Some(zv)], &[(dtype, &[3, 700])])[0];
+            let v = b.node(dequantize(1), &[Some(q), Some(sv), Some(zv)], &[&[3, 700]])[0];
+            let root2 = b.constant("root2", Tensor::scalar(std::f32::consts::SQRT_2));
+            let d = b.binary(BinaryOp::Div, v, root2, &[3, 700]);
+            let e = b.unary(UnaryOp::Erf, d, &[3, 700]);
+            let one = b.constant("one", Tensor::scalar(1.0f32));
+            let e1 = b.binary(BinaryOp::Add, e, one, &[3, 700]);
+            let m = b.binary(BinaryOp::Mul, v, e1, &[3, 700]);
+            let half = b.constant("half", Tensor::scalar(0.5f32));
+            let g = b.binary(BinaryOp::Mul, m, half, &[3, 700]);
+            let (sy, zy) = (
+                b.constant("sy", Tensor::scalar(0.04f32)),
+                b.constant("zy", Tensor::scalar(10u8)),
+            );
+            let y = b.node_typed(quantize(), &[Some(g), Some(sy), Some(zy)], &[(DType::U8, &[3, 700])])[0];
+            let g = b.finish(&[y]);
+            let input = Tensor::from_vec(
+                vec![3, 700],
+                (0..2100u32).map(|i| (i * 37 % 256) as u8).collect::<Vec<u8>>(),
+            )
+            .unwrap();
+            let want = run_graph(&g, vec![input.clone()]);
+            let mut h = g.clone();
+            // The glue pass makes the round trip a chain step, as in the pipeline.
+            assert!(crate::passes::qdq_glue::run(&mut h).unwrap() >= 1);
+            assert!(crate::passes::chain::run(&mut h).unwrap() >= 1);
+            assert!(run(&mut h).unwrap() >= 2, "{dtype:?}");
+            h.verify().unwrap();
+            assert_eq!(op_names(&h), ["ElementwiseChain", "Lookup8"], "{dtype:?}");
+            let got = run_graph(&h, vec![input]);
+            assert_eq!(
+                got[0].as_slice::<u8>().unwrap(),
+                want[0].as_slice::<u8>().unwrap(),
+                "{dtype:?}"
+            );
+            let w = want[0].as_slice::<u8>().unwrap();
+            assert!(w.iter().any(|&a| a != w[0]));
+        }
     }
 
     /// SiLU as ONNX Runtime's quantizer writes it: `s = Q(sigmoid(DQ(x)))`, then
