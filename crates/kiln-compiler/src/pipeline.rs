@@ -9,9 +9,9 @@
 
 use crate::CompileError;
 use crate::passes::{
-    attention, bn, captures, chain, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity, layout,
-    matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_chain, qdq_conv, qdq_glue, qdq_matmul, residual, shape,
-    unit_transpose,
+    attention, bn, captures, chain, conv_tail, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity,
+    layout, matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_chain, qdq_conv, qdq_glue, qdq_matmul, residual,
+    shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -261,6 +261,14 @@ const PIPELINE: &[Pass] = &[
         level: 2,
         deep: true,
         run: chain::run,
+    },
+    // After the chain pass: a scale and shift after a convolution's activation goes into
+    // the convolution (its kernels apply it as they write the output).
+    Pass {
+        name: "conv_tail",
+        level: 2,
+        deep: true,
+        run: conv_tail::run,
     },
     // After the chain pass: a chain that is a function of one 8-bit value becomes its table;
     // the others read their dequantized inputs as the 8-bit values.

@@ -173,6 +173,7 @@ fn bench(c: &mut Criterion) {
                 bias: Bias::Col(&bias),
                 residual: None,
                 act: Some(act),
+                post: None,
             };
             g.throughput(Throughput::Elements(case.flops() as u64));
             g.bench_function(
@@ -215,6 +216,7 @@ fn epilogue_cost(isa: Isa) {
             bias: Bias::Col(&bias),
             residual: None,
             act: Some(act),
+            post: None,
         };
         let epis = [
             ("none", Epilogue::NONE),

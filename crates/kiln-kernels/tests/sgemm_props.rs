@@ -20,7 +20,7 @@
 use kiln_kernels::gemm::{MatLayout, gemm};
 use kiln_kernels::isa::Isa;
 use kiln_kernels::sgemm::{
-    AMatrix, Act, BLayout, Bias, Epilogue, PackedB, PackedBRef, Residual, act_slice_with_isa, sgemm_with,
+    AMatrix, Act, Affine, BLayout, Bias, Epilogue, PackedB, PackedBRef, Residual, act_slice_with_isa, sgemm_with,
 };
 use proptest::prelude::*;
 
@@ -123,6 +123,7 @@ fn check(p: &Problem) -> Result<(), TestCaseError> {
         bias,
         residual: p.residual.then_some(Residual { data: &resid, ld: ldc }),
         act: p.act,
+        post: None,
     };
     let a_at = |i: usize, q: usize| if p.transposed { a[q * lda + i] } else { a[i * lda + q] };
     let pb =
@@ -207,6 +208,35 @@ fn check(p: &Problem) -> Result<(), TestCaseError> {
                     tol
                 );
             }
+        }
+        // A scale and shift after the activation: exactly the same epilogue's values, then
+        // the multiply and the add (each rounded), whichever parts are given.
+        let post = Affine {
+            scale: (p.seed % 3 != 0).then_some(-1.375f32 + (p.seed % 7) as f32 * 0.5),
+            shift: (p.seed % 3 != 1).then_some(0.3125f32 * (p.seed % 5) as f32 - 0.5),
+        };
+        let mut c_post = vec![sentinel; m * ldc];
+        let with_post = Epilogue {
+            post: Some(post),
+            ..epi
+        };
+        sgemm_with(isa, m, amat, pb.view(), &mut c_post, ldc, &with_post)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for (idx, (&g, &c0)) in c_post.iter().zip(&c).enumerate() {
+            let want = if idx % ldc < n { post.apply(c0) } else { sentinel };
+            prop_assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "{:?} post {:?} at {} of {}x{}x{} ({:?}): got {} want {}",
+                isa,
+                post,
+                idx,
+                m,
+                n,
+                k,
+                p.act,
+                g,
+                want
+            );
         }
     }
     Ok(())
@@ -690,6 +720,7 @@ fn check_gathered(
         bias: Bias::Col(&bias_v),
         residual: None,
         act,
+        post: None,
     };
     let pb =
         PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).map_err(|e| TestCaseError::fail(e.to_string()))?;

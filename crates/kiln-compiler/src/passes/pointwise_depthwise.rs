@@ -34,6 +34,7 @@ fn ones(v: &[usize]) -> bool {
 fn is_pointwise(op: &Conv, plan: &ConvPlan) -> bool {
     plan.channels_last
         && !plan.x_channels_first
+        && plan.post.is_none()
         && plan.winograd.is_none()
         && plan.packed.is_none()
         && op.group.max(1) == 1
@@ -57,6 +58,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         let dw_plan = node.conv_plan();
         if !dw_plan.channels_last
             || dw_plan.x_channels_first
+            || dw_plan.post.is_some()
             || dw_plan.winograd.is_some()
             || dw_plan.packed.is_some()
             || node.inputs.len() > 3

@@ -32,6 +32,8 @@ pub(crate) struct TileEpi {
     pub resid: *const f32,
     pub resid_ld: usize,
     pub act: Option<Act>,
+    /// Applied after the activation (see [`super::Affine`]).
+    pub post: Option<super::Affine>,
 }
 
 /// An epilogue on one row segment of C: `row += row_bias; row += col_bias; row += resid;
@@ -419,8 +421,8 @@ unsafe fn small_n(kernels: &Kernels, m: usize, a: &AMatrix<'_>, b: &PackedBRef<'
     // A column bias alone is added here (the same f32 addition the epilogue makes); a row
     // bias, a residual or an activation goes through the epilogue row by row.
     let col_bias = match epi.bias {
-        Bias::Col(v) if epi.residual.is_none() && epi.act.is_none() => Some(v),
-        Bias::None if epi.residual.is_none() && epi.act.is_none() => Some(&[][..]),
+        Bias::Col(v) if epi.residual.is_none() && epi.act.is_none() && epi.post.is_none() => Some(v),
+        Bias::None if epi.residual.is_none() && epi.act.is_none() && epi.post.is_none() => Some(&[][..]),
         _ => None,
     };
     const BLOCK: usize = 256;
@@ -540,6 +542,7 @@ fn tile_epi(epi: &Epilogue<'_>, i0: usize, j0: usize) -> TileEpi {
         resid,
         resid_ld,
         act: epi.act,
+        post: epi.post,
     }
 }
 
@@ -553,6 +556,9 @@ fn finish_row(kernels: &Kernels, epi: &Epilogue<'_>, i: usize, j0: usize, row: &
     };
     let resid = epi.residual.and_then(|r| r.data.get(i * r.ld + j0..i * r.ld + j0 + w));
     (kernels.epi)(row, row_bias, col_bias, resid, epi.act);
+    if let Some(post) = epi.post {
+        post.apply_slice(row);
+    }
 }
 
 #[cfg(test)]

@@ -90,12 +90,13 @@ pub struct Residual<'a> {
 }
 
 /// What is applied to each element of C after the product, in this order:
-/// `act(acc + bias + residual)`, each addition rounded to f32 as the unfused ops would.
+/// `post(act(acc + bias + residual))`, each operation rounded to f32 as the unfused ops would.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Epilogue<'a> {
     pub bias: Bias<'a>,
     pub residual: Option<Residual<'a>>,
     pub act: Option<Act>,
+    pub post: Option<Affine>,
 }
 
 impl Epilogue<'_> {
@@ -104,10 +105,46 @@ impl Epilogue<'_> {
         bias: Bias::None,
         residual: None,
         act: None,
+        post: None,
     };
 
     fn is_empty(&self) -> bool {
-        matches!(self.bias, Bias::None) && self.residual.is_none() && self.act.is_none()
+        matches!(self.bias, Bias::None) && self.residual.is_none() && self.act.is_none() && self.post.is_none()
+    }
+}
+
+/// A scale and shift after the activation, `v * scale + shift`, each part optional and each
+/// rounded on its own (a multiply, then an add: the `Mul` and `Add` of one-element constants
+/// that followed the product, as PP-LCNet's learnable affine blocks write them).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Affine {
+    pub scale: Option<f32>,
+    pub shift: Option<f32>,
+}
+
+impl Affine {
+    /// The value of one element.
+    #[inline(always)]
+    pub fn apply(self, v: f32) -> f32 {
+        let v = match self.scale {
+            Some(s) => v * s,
+            None => v,
+        };
+        match self.shift {
+            Some(b) => v + b,
+            None => v,
+        }
+    }
+
+    /// [`Affine::apply`] on every element, vectorised on the active level.
+    pub fn apply_slice(self, v: &mut [f32]) {
+        let Affine { scale, shift } = self;
+        crate::simd::vectorize(move || match (scale, shift) {
+            (Some(s), Some(b)) => v.iter_mut().for_each(|x| *x = *x * s + b),
+            (Some(s), None) => v.iter_mut().for_each(|x| *x *= s),
+            (None, Some(b)) => v.iter_mut().for_each(|x| *x += b),
+            (None, None) => {}
+        })
     }
 }
 
@@ -250,6 +287,7 @@ pub fn sgemm_with(
                 ld: r.ld,
             }),
             act: epilogue.act,
+            post: epilogue.post,
         };
         // The sub-problem satisfies `validate` because the whole did: its rows are a subset.
         driver::run(&kernels, rows, &sub_a, &b, &mut guard, ldc, &sub_epi);
@@ -292,6 +330,7 @@ fn split_columns(
                 ld: r.ld,
             }),
             act: epilogue.act,
+            post: epilogue.post,
         };
         let sub_c = cm.at_column(j0);
         // SAFETY: `validate` checked C's `m x n` elements with `ldc` for the whole product;
@@ -431,6 +470,7 @@ mod tests {
                     bias: Bias::Col(&[1.0, 2.0]),
                     residual: Some(Residual { data: &resid, ld: 2 }),
                     act: Some(Act::Relu),
+                    post: None,
                 };
                 sgemm_with(isa, 2, AMatrix::transposed(&a, 2), pb.view(), &mut c, 2, &epi).unwrap();
                 assert_eq!(c, [27.0, 0.0, 39.0, 46.0], "{isa:?}");

@@ -74,6 +74,11 @@ impl<'a> Planned<'a> {
 
     /// Runs the convolution under this plan (see the module docs).
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        // The channels-last paths apply a scale and shift after the activation themselves
+        // (or come back here for it); the others leave it to `post_after`.
+        if self.plan.post.is_some() && !(self.plan.channels_last && self.plan.winograd.is_none()) {
+            return self.post_after(args);
+        }
         if self.plan.channels_last {
             return self.eval_channels_last(args);
         }
@@ -107,6 +112,27 @@ impl<'a> Planned<'a> {
         Ok(smallvec::smallvec![
             activation::apply(self.plan.activation.as_ref(), y)?.into()
         ])
+    }
+
+    /// The convolution without its scale and shift ([`ConvPlan::post`]), then those over the
+    /// whole f32 output.
+    pub(super) fn post_after(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        let plain = self.with(ConvPlan {
+            post: None,
+            ..self.plan
+        });
+        let mut out = plain.eval(args)?;
+        if let Some(post) = self.plan.post
+            && let Some(Value::Tensor(y)) = out.first_mut()
+        {
+            let mut v = y
+                .as_slice::<f32>()
+                .map_err(|_| self.misfit("a scale and shift after a non-f32 Conv"))?
+                .to_vec();
+            post.kernel().apply_slice(&mut v);
+            *y = Tensor::from_vec(y.shape().to_vec(), v)?;
+        }
+        Ok(out)
     }
 
     /// The Winograd path (see [`ConvPlan::winograd`]): f32 X `[N, c, H, W]` (or `[N, H, W, c]`
@@ -337,7 +363,12 @@ impl<'a> Planned<'a> {
                                     .and_then(|r| r.get(ys + j0..ys + mg * osz))
                                     .map(|data| kiln_kernels::sgemm::Residual { data, ld: osz });
                                 ok &= rd.is_none() || residual.is_some();
-                                let epi = Epilogue { bias, residual, act };
+                                let epi = Epilogue {
+                                    bias,
+                                    residual,
+                                    act,
+                                    post: None,
+                                };
                                 ok &= PackedBRef::new(layout, kdim, nb, &pbuf)
                                     .ok()
                                     .and_then(|packed| {
@@ -413,6 +444,7 @@ impl<'a> Planned<'a> {
                                 None => None,
                             },
                             act,
+                            post: None,
                         };
                         let yb = yg.get_mut(j0..).ok_or_else(bad)?;
                         sgemm(mg, AMatrix::row_major(wg, kdim), packed, yb, osz, &epi).map_err(|_| bad())?;
@@ -553,6 +585,7 @@ pub(crate) fn f32_bias(b: Option<&Tensor>, m: usize, index: usize) -> Result<Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fast::PostAffine;
     use crate::nn::Activation;
 
     fn run(op: &Conv, plan: &ConvPlan, x: Tensor, w: Tensor, b: Option<Tensor>) -> Tensor {
@@ -599,6 +632,42 @@ mod tests {
         for (i, &v) in wv.iter().enumerate() {
             assert_eq!(v, ov[i * w], "row {i}");
         }
+    }
+
+    /// A scale and shift after the activation on the paths that apply it after the whole
+    /// output (channels-first here, with and without a residual): the plain convolution's
+    /// values, then the multiply and the add, bit for bit.
+    #[test]
+    fn a_scale_and_shift_after_the_activation_follow_it() {
+        let (c, m, h, w) = (3, 4, 6, 5);
+        let x: Vec<f32> = (0..c * h * w).map(|i| (i % 11) as f32 * 0.25 - 1.2).collect();
+        let wt: Vec<f32> = (0..m * c * 9).map(|i| (i % 7) as f32 * 0.3 - 0.9).collect();
+        let t = |shape: Vec<usize>, v: &[f32]| Tensor::from_vec(shape, v.to_vec()).unwrap();
+        let op = Conv {
+            pads: vec![1, 1, 1, 1],
+            ..Default::default()
+        };
+        let plain = ConvPlan {
+            activation: Some(Activation::HardSwish),
+            ..ConvPlan::default()
+        };
+        let post = PostAffine {
+            scale: Some(-1.5),
+            shift: Some(0.375),
+        };
+        let with_post = ConvPlan {
+            post: Some(post),
+            ..plain
+        };
+        let (xs, ws) = (vec![1, c, h, w], vec![m, c, 3, 3]);
+        let want = run(&op, &plain, t(xs.clone(), &x), t(ws.clone(), &wt), None);
+        let got = run(&op, &with_post, t(xs, &x), t(ws, &wt), None);
+        let (wv, gv) = (want.as_slice::<f32>().unwrap(), got.as_slice::<f32>().unwrap());
+        assert_eq!(gv.len(), wv.len());
+        for (g, w) in gv.iter().zip(wv) {
+            assert_eq!(g.to_bits(), post.kernel().apply(*w).to_bits());
+        }
+        assert!(wv.iter().any(|&v| v != wv[0]));
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //!   evaluation between two transposes (the reference semantics, exact but not fast).
 
 use super::conv::{Planned, f32_bias, f32_residual};
-use super::{ConvPlan, PackedConvWeights};
+use super::{ConvPlan, PackedConvWeights, PostAffine};
 use crate::error::{OpError, Result};
 use crate::movement::Transpose;
 use crate::nn::{input_shape, numel, tensor_type};
@@ -497,6 +497,7 @@ fn run_tap_classes(
         .collect();
     let gemm_epi = kiln_kernels::sgemm::Epilogue {
         act: if residual.is_some() { None } else { epi.act },
+        post: if residual.is_some() { None } else { epi.post },
         ..epi
     };
     let y = std::sync::Mutex::new(y);
@@ -543,6 +544,9 @@ fn run_tap_classes(
                         match residual.map(|r| r.get(at..at + len)) {
                             Some(Some(r)) => {
                                 kiln_kernels::sgemm::residual_act(dst, Some(r), epi.act);
+                                if let Some(p) = epi.post {
+                                    p.apply_slice(dst);
+                                }
                                 true
                             }
                             Some(None) => false,
@@ -739,6 +743,10 @@ impl Planned<'_> {
         {
             return Ok(smallvec::smallvec![y.into()]);
         }
+        // The paths below leave a scale and shift after the activation to `post_after`.
+        if self.plan.post.is_some() {
+            return self.post_after(args);
+        }
         if !self.plan.x_channels_first
             && let Some(y) = self.grouped_nhwc(args)?
         {
@@ -852,6 +860,7 @@ impl Planned<'_> {
         }
         let bias = f32_bias(b, m, 2)?.map_or(Bias::None, Bias::Col);
         let act = self.plan.activation.map(|a| a.kernel_act());
+        let post = self.plan.post.map(PostAffine::kernel);
         let xd = x.as_slice::<f32>()?;
         let bad = || {
             OpError::input_shape(
@@ -868,6 +877,7 @@ impl Planned<'_> {
                 bias,
                 residual: rd.map(|data| Residual { data, ld: m }),
                 act,
+                post,
             };
             sgemm(rows, AMatrix::row_major(xd, k), packed, &mut y, m, &epi).map_err(|_| bad())?;
             return Ok(Tensor::from_buf(shape, y)?);
@@ -884,7 +894,12 @@ impl Planned<'_> {
                     }),
                     None => None,
                 };
-                let epi = Epilogue { bias, residual, act };
+                let epi = Epilogue {
+                    bias,
+                    residual,
+                    act,
+                    post,
+                };
                 sgemm(per_image, AMatrix::windows(xi, step), packed, out, m, &epi).map_err(|_| bad())?;
             }
             return Ok(Tensor::from_buf(shape, y)?);
@@ -905,6 +920,9 @@ impl Planned<'_> {
             }
             if let Some(a) = act {
                 kiln_kernels::sgemm::act_slice(a, &mut y);
+            }
+            if let Some(p) = post {
+                p.apply_slice(&mut y);
             }
             return Ok(Tensor::from_buf(shape, y)?);
         }
@@ -938,6 +956,7 @@ impl Planned<'_> {
                     bias,
                     residual: None,
                     act,
+                    post,
                 },
                 rd,
                 &mut y,
@@ -981,6 +1000,7 @@ impl Planned<'_> {
                     bias,
                     residual: rd.map(|data| Residual { data, ld: m }),
                     act,
+                    post,
                 };
                 let ok = ok && sgemm(rows, a_block(&a, rows, k, columns), packed, &mut y, m, &epi).is_ok();
                 drop(a);
@@ -1019,7 +1039,12 @@ impl Planned<'_> {
                     None => None,
                 };
                 ok &= rd.is_none() || residual.is_some();
-                let epi = Epilogue { bias, residual, act };
+                let epi = Epilogue {
+                    bias,
+                    residual,
+                    act,
+                    post,
+                };
                 match b {
                     Some(b) => ok && sgemm(nrows, a_block(&a, nrows, kb, columns), b, out, m, &epi).is_ok(),
                     None => false,
@@ -1098,7 +1123,7 @@ impl Planned<'_> {
             let (Some(xi), Some(yi)) = (xd.get(n * ip..(n + 1) * ip), y.get_mut(n * op..(n + 1) * op)) else {
                 return Ok(None);
             };
-            if !dw.run_nhwc(xi, &wt, bd, act, yi) {
+            if !dw.run_nhwc(xi, &wt, bd, (act, self.plan.post.map(PostAffine::kernel)), yi) {
                 return Err(OpError::inputs(0, 1, "X and W that fit a depthwise Conv", xs, ws));
             }
         }

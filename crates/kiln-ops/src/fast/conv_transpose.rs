@@ -198,6 +198,7 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
                 .map_or(kiln_kernels::sgemm::Bias::None, kiln_kernels::sgemm::Bias::Col),
             residual: None,
             act: None,
+            post: None,
         };
         for bn in 0..t.batch {
             let x0 = (bn * c + gi * t.cg) * isz;

@@ -239,12 +239,19 @@ impl ScratchKey for RowWindows {
 }
 
 impl Depthwise {
-    /// `y = act(bias + conv(x, w))` for one channels-last image: `x` is `[H, W, C]`, `taps`
+    /// `y = post(act(bias + conv(x, w)))` for one channels-last image: `x` is `[H, W, C]`, `taps`
     /// is `[kh * kw, C]` (tap-major: W transposed), `y` is `[OH, OW, C]`. Output rows in
     /// parallel over the current pool; each pixel's channels from `kiln_kernels::dwconv`
     /// (bias, then the window's taps inside the input in kernel order). Returns `false` when
     /// a slice does not match the shape.
-    pub fn run_nhwc(&self, x: &[f32], taps: &[f32], bias: Option<&[f32]>, act: Option<Act>, y: &mut [f32]) -> bool {
+    pub fn run_nhwc(
+        &self,
+        x: &[f32],
+        taps: &[f32],
+        bias: Option<&[f32]>,
+        (act, post): (Option<Act>, Option<kiln_kernels::sgemm::Affine>),
+        y: &mut [f32],
+    ) -> bool {
         let [ih, iw] = self.input;
         let [oh, ow] = self.output;
         let [kh, kw] = self.kernel;
@@ -267,6 +274,9 @@ impl Depthwise {
             }
             if let Some(a) = after {
                 act_slice(a, row);
+            }
+            if let Some(p) = post {
+                p.apply_slice(row);
             }
         };
         // A small layer runs on the calling thread: split, it ran slower than alone

@@ -142,6 +142,7 @@ fn eval_packed(
             bias: col_bias.map_or(Bias::None, Bias::Col),
             residual: residual.map(|data| Residual { data, ld: n }),
             act: act.map(|a| a.kernel_act()),
+            post: None,
         }
     } else {
         Epilogue::NONE

@@ -110,6 +110,30 @@ pub struct ConvPlan {
     /// Input 1 holds W Winograd-transformed and packed (`kiln_kernels::winograd::pack_weights`,
     /// layout `f32/nr32/v1`): a 3x3 stride-1 f32 convolution run as F(4x4, 3x3).
     pub winograd: Option<WinogradWeights>,
+    /// A scale and shift after the activation (the `conv_tail` pass: a chain of a `Mul` and
+    /// an `Add` of one-element constants that read the output alone). The channels-last
+    /// packed and depthwise paths apply it to each block of the output as it is made; the
+    /// others after the whole output.
+    #[serde(default)]
+    pub post: Option<PostAffine>,
+}
+
+/// `v * scale + shift` after a Conv's activation, each part optional and rounded on its own
+/// (see [`kiln_kernels::sgemm::Affine`]).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Default)]
+pub struct PostAffine {
+    pub scale: Option<f32>,
+    pub shift: Option<f32>,
+}
+
+impl PostAffine {
+    /// The kernels' form.
+    pub fn kernel(self) -> kiln_kernels::sgemm::Affine {
+        kiln_kernels::sgemm::Affine {
+            scale: self.scale,
+            shift: self.shift,
+        }
+    }
 }
 
 /// What a channels-last Conv's packed weights stand for: W of shape `[m, c, kh, kw]`. With
@@ -176,7 +200,11 @@ impl Plan {
                 if let Some(w) = p.winograd {
                     s.push_str(&format!(" winograd(m={} c={})", w.m, w.c));
                 }
-                s + &act(&p.activation)
+                s.push_str(&act(&p.activation));
+                if let Some(PostAffine { scale, shift }) = p.post {
+                    s.push_str(&format!(" then x{} +{}", scale.unwrap_or(1.0), shift.unwrap_or(0.0)));
+                }
+                s
             }
             Plan::Gemm(p) => {
                 let mut s = match &p.packed_b {

@@ -171,6 +171,7 @@ impl PointwiseDepthwise {
             bias: bias1,
             residual: None,
             act: self.pointwise.plan.activation.map(|a| a.kernel_act()),
+            post: None,
         };
         let dw_act = self.depthwise.plan.activation.map(|a| a.kernel_act());
         let (clamp, after) = split_act(dw_act);
@@ -208,7 +209,7 @@ impl PointwiseDepthwise {
             if apart {
                 let mut mid = kiln_kernels::recycle::take(numel(&[ih, iw, e])?);
                 let ok = sgemm(ih * iw, AMatrix::row_major(xi, c), packed, &mut mid, e, &epi).is_ok()
-                    && dw.run_nhwc(&mid, taps, bias2, dw_act, yi);
+                    && dw.run_nhwc(&mid, taps, bias2, (dw_act, None), yi);
                 kiln_kernels::recycle::give(mid);
                 if !ok {
                     return Err(inconsistent());

@@ -240,6 +240,7 @@ impl Real for f32 {
             bias,
             residual: None,
             act: ep.act,
+            post: None,
         };
         Some(sgemm(m, a, packed.view(), c, n, &epilogue).is_ok())
     }

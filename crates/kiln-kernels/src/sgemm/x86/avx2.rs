@@ -4,8 +4,8 @@
 //! Every function here requires AVX2 and FMA; they are reached only through [`kernels`],
 //! which the dispatcher hands out after detection.
 
-use super::super::Act;
 use super::super::driver::{Kernels, TileEpi, TileFn};
+use super::super::{Act, Affine};
 use std::arch::x86_64::*;
 
 /// Rows of the full tile.
@@ -242,9 +242,9 @@ unsafe fn tile<const R: usize, const NV: usize>(
         return;
     }
     let null = std::ptr::null::<f32>();
-    let (row_bias, col_bias, resid, resid_ld, act) = match epi {
-        Some(e) => (e.row_bias, e.col_bias, e.resid, e.resid_ld, e.act),
-        None => (null, null, null, 0, None),
+    let (row_bias, col_bias, resid, resid_ld, act, post) = match epi {
+        Some(e) => (e.row_bias, e.col_bias, e.resid, e.resid_ld, e.act, e.post),
+        None => (null, null, null, 0, None, None),
     };
     // SAFETY: TileEpi's contract: a non-null column bias has `nr` readable floats, here `width`.
     let cb: Option<[V; NV]> = if nr == width && !col_bias.is_null() {
@@ -258,7 +258,7 @@ unsafe fn tile<const R: usize, const NV: usize>(
     // stored rows after the loop (as on AVX-512): applied per vector, its out-of-line call
     // spilled every live accumulator (all ymm registers are caller-saved), and a bias + SiLU
     // epilogue cost 3.5x the 12544x96x16 product it followed (1.0x after).
-    let cheap = cheap_of(act);
+    let cheap = cheap_of(act, post);
     let costly = match act {
         Some(a) if !a.is_cheap() => Some(a),
         _ => None,
@@ -342,6 +342,8 @@ unsafe fn tile<const R: usize, const NV: usize>(
         // SAFETY: the TileFn contract gives `nr` writable, now initialised floats at
         // `c + i*ldc` for `i < R`, used by no one else during the call.
         unsafe { act_rows(a, c, ldc, R, nr) };
+        // SAFETY: as above.
+        unsafe { post_rows(post, c, ldc, R, nr) };
     }
 }
 

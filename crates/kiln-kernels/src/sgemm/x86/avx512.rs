@@ -3,8 +3,8 @@
 //! and the vectorised epilogue. Every function here requires AVX-512 F + VL, AVX2 and FMA;
 //! they are reached only through [`kernels`], which the dispatcher hands out after detection.
 
-use super::super::Act;
 use super::super::driver::{Kernels, TileEpi, TileFn};
+use super::super::{Act, Affine};
 use std::arch::x86_64::*;
 
 /// Rows of the full tile.
@@ -300,7 +300,7 @@ unsafe fn tile<const R: usize, const NARROW: bool>(
     // The epilogue's decisions, once per tile (see `Cheap`).
     let null = std::ptr::null::<f32>();
     let (row_bias, resid, resid_ld) = epi.map_or((null, null, 0), |e| (e.row_bias, e.resid, e.resid_ld));
-    let cheap = cheap_of(epi.and_then(|e| e.act));
+    let cheap = cheap_of(epi.and_then(|e| e.act), epi.and_then(|e| e.post));
     // One copy of the row epilogue per row (see `unrolled!`): the accumulators stay in
     // registers instead of going through the stack.
     unrolled!(R, I => {
@@ -360,6 +360,8 @@ unsafe fn tile<const R: usize, const NARROW: bool>(
         // SAFETY: the TileFn contract gives `nr` writable, now initialised floats at
         // `c + i*ldc` for `i < R`, used by no one else during the call.
         unsafe { act_rows(a, c, ldc, R, nr) };
+        // SAFETY: as above.
+        unsafe { post_rows(epi.and_then(|e| e.post), c, ldc, R, nr) };
     }
 }
 
@@ -444,7 +446,7 @@ unsafe fn half_tile<const R: usize, const QUARTER: bool>(
     // The epilogue's decisions, once per tile (see `Cheap`).
     let null = std::ptr::null::<f32>();
     let (row_bias, resid, resid_ld) = epi.map_or((null, null, 0), |e| (e.row_bias, e.resid, e.resid_ld));
-    let cheap = cheap_of(epi.and_then(|e| e.act));
+    let cheap = cheap_of(epi.and_then(|e| e.act), epi.and_then(|e| e.post));
     unrolled!(R, I => {
         if let Some(&acc) = acc.get(I) {
             // SAFETY: `nr <= 16` writable (initialised unless `first`) floats at `c + I*ldc`
@@ -478,6 +480,8 @@ unsafe fn half_tile<const R: usize, const QUARTER: bool>(
         // SAFETY: the TileFn contract gives `nr` writable, now initialised floats at
         // `c + i*ldc` for `i < R`, used by no one else during the call.
         unsafe { act_rows(a, c, ldc, R, nr) };
+        // SAFETY: as above.
+        unsafe { post_rows(epi.and_then(|e| e.post), c, ldc, R, nr) };
     }
 }
 

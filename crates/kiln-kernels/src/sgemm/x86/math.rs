@@ -241,7 +241,7 @@ macro_rules! simd_math {
                 | Act::Clip { .. }
                 | Act::HardSigmoid { .. }
                 | Act::HardSwish
-                | Act::LeakyRelu { .. } => apply_cheap(cheap_of(Some(a)), x),
+                | Act::LeakyRelu { .. } => apply_cheap(cheap_of(Some(a), None), x),
                 _ => act_call(a, x),
             }
         }
@@ -252,6 +252,24 @@ macro_rules! simd_math {
         fn act_row(a: Act, row: &mut [f32]) {
             // SAFETY: one row of `row.len()` floats, borrowed exclusively.
             unsafe { act_rows(a, row.as_mut_ptr(), 0, 1, row.len()) }
+        }
+
+        /// `post` over `rows` stored rows of `width` floats, `ld` apart (after a costly
+        /// activation, which runs over the stored rows too).
+        ///
+        /// # Safety
+        /// `c + i*ld` has `width` writable, initialised floats for `i < rows`, used by no
+        /// one else during the call.
+        #[inline]
+        unsafe fn post_rows(post: Option<Affine>, c: *mut f32, ld: usize, rows: usize, width: usize) {
+            let Some(post) = post else { return };
+            for i in 0..rows {
+                // SAFETY: the caller's contract for row `i`.
+                let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ld), width) };
+                for v in row.iter_mut() {
+                    *v = post.apply(*v);
+                }
+            }
         }
 
         /// `act` over `rows` rows of `width` floats, `ld` apart (a GEMM tile of C), in one
@@ -370,26 +388,44 @@ macro_rules! simd_math {
             swish: bool,
             /// `x < 0 ? p x : x`.
             leaky: bool,
+            /// Then `x * s` and `+ b` (the epilogue's `post`, each rounded on its own).
+            scale: bool,
+            shift: bool,
             lo: V,
             hi: V,
             p: V,
             q: V,
+            s: V,
+            b: V,
         }
 
         #[target_feature(enable = $feat)]
         #[inline]
-        fn cheap_of(a: Option<Act>) -> Cheap {
+        fn cheap_of(a: Option<Act>, post: Option<Affine>) -> Cheap {
             let mut c = Cheap {
                 relu: false,
                 clamp: false,
                 line: false,
                 swish: false,
                 leaky: false,
+                scale: false,
+                shift: false,
                 lo: zero(),
                 hi: zero(),
                 p: zero(),
                 q: zero(),
+                s: zero(),
+                b: zero(),
             };
+            // After a costly activation the caller applies `post` itself, over the stored rows.
+            if let Some(Affine { scale, shift }) = post.filter(|_| a.is_none_or(Act::is_cheap)) {
+                if let Some(s) = scale {
+                    (c.scale, c.s) = (true, splat(s));
+                }
+                if let Some(b) = shift {
+                    (c.shift, c.b) = (true, splat(b));
+                }
+            }
             match a {
                 Some(Act::Relu) => c.relu = true,
                 Some(Act::Clip { min: lo, max: hi }) => {
@@ -434,6 +470,12 @@ macro_rules! simd_math {
             }
             if c.leaky {
                 v = blend(lt(v, zero()), mul(v, c.p), v);
+            }
+            if c.scale {
+                v = mul(v, c.s);
+            }
+            if c.shift {
+                v = add(v, c.b);
             }
             v
         }
