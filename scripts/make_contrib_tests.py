@@ -274,6 +274,31 @@ def fused_gemm_and_integer(out):
                 ("wz", wz), ("bias", bias)])
 
 
+def dynamic_quantize_lstm(out):
+    """DynamicQuantizeLSTM: 8-bit W and R, a scale and zero point per direction or per direction
+    and gate column, bidirectional. ONNX Runtime also quantizes X and H to 8 bits at each step
+    while kiln keeps them float (the exact product of the stored weights), so the outputs agree
+    to about that quantization's step, not to the last bit; a wrong gate order or layout would
+    miss by the outputs' own size."""
+    hs, isz, seq = 8, 6, 5
+    for name, per_column in (("dynamic_quantize_lstm", False), ("dynamic_quantize_lstm_per_column", True)):
+        pshape = (2, 4 * hs) if per_column else (2,)
+        w = RNG.integers(-64, 64, (2, isz, 4 * hs)).astype(np.int8)
+        r = RNG.integers(-64, 64, (2, hs, 4 * hs)).astype(np.int8)
+        ws = (RNG.random(pshape) * 0.02 + 0.01).astype(np.float32)
+        rs = (RNG.random(pshape) * 0.02 + 0.01).astype(np.float32)
+        # ONNX Runtime takes symmetric weights only (zero points of 0).
+        wz = np.zeros(pshape, np.int8)
+        rz = np.zeros(pshape, np.int8)
+        b = randn(2, 8 * hs, scale=0.1)
+        x = randn(seq, 1, isz)
+        node = helper.make_node("DynamicQuantizeLSTM", ["x", "w", "r", "b", "", "", "", "", "ws", "wz", "rs", "rz"],
+                                ["y", "yh", "yc"], domain=MS, direction="bidirectional", hidden_size=hs)
+        case(out, name, [node], [("x", F, [seq, 1, isz])], [("y", F, None), ("yh", F, None), ("yc", F, None)],
+             {"x": x}, inits=[("w", w), ("r", r), ("b", b), ("ws", ws), ("wz", wz), ("rs", rs), ("rz", rz)],
+             rtol=5e-2, atol=3e-2)
+
+
 def qlinear_ops(out):
     """ONNX Runtime's QOperator ops (its quantiser's QOperator format). Each case quantizes float
     inputs with QuantizeLinear, runs the op, and dequantizes its output, so the comparison is in
@@ -352,7 +377,8 @@ def main() -> int:
     out = os.path.join(sys.argv[1], "contrib")
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    for make in (activations, norms, attention, mha, rotary, fused, fused_gemm_and_integer, qlinear_ops):
+    for make in (activations, norms, attention, mha, rotary, fused, fused_gemm_and_integer, qlinear_ops,
+                 dynamic_quantize_lstm):
         make(out)
     print(f"{len(os.listdir(out))} com.microsoft cases written to {out}")
     return 0

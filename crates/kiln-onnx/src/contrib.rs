@@ -46,6 +46,7 @@ pub fn expands(domain: &str, op_type: &str) -> bool {
                 | "FusedConv"
                 | "FusedGemm"
                 | "DynamicQuantizeMatMul"
+                | "DynamicQuantizeLSTM"
                 | "MatMulIntegerToFloat"
                 | "QLinearAdd"
                 | "QLinearMul"
@@ -158,6 +159,7 @@ pub fn expand(ctx: &NodeCtx<'_>, np: &NodeProto) -> Result<Vec<NodeProto>> {
             let bias = e.input(4);
             integer_to_float(&mut e, &aq, &b, &a_scale, &b_scale, Some(a_zp), b_zp, bias)?;
         }
+        "DynamicQuantizeLSTM" => dynamic_quantize_lstm(&mut e, np)?,
         "MatMulIntegerToFloat" => {
             let (a, b) = (e.need(0, "A")?, e.need(1, "B")?);
             let (a_scale, b_scale) = (e.need(2, "a_scale")?, e.need(3, "b_scale")?);
@@ -243,6 +245,57 @@ pub fn expand(ctx: &NodeCtx<'_>, np: &NodeProto) -> Result<Vec<NodeProto>> {
         other => return Err(ctx.node_err(format!("no expansion for {other}"))),
     }
     Ok(e.nodes)
+}
+
+/// `DynamicQuantizeLSTM`: an LSTM whose W `[D, input, 4H]` and R `[D, H, 4H]` are 8-bit with
+/// a scale and zero point per direction (`[D]`) or per direction and gate column (`[D, 4H]`),
+/// inputs 8-11. The weights are dequantized (`(q - zero_point) * scale`, as
+/// `DequantizeLinear`) and transposed to the standard LSTM's `[D, 4H, input]`; being constants,
+/// the compiler folds that and packs them for the recurrent kernel. ONNX Runtime also
+/// quantizes X and H on the fly at each step; here they stay float, which is the exact
+/// product of the stored weights (closer to the float model, not bit-equal to ONNX Runtime).
+fn dynamic_quantize_lstm(e: &mut Emit<'_>, np: &NodeProto) -> Result<()> {
+    let x = e.need(0, "X")?;
+    let mut weights = Vec::new();
+    for (slot, what) in [(1, "W"), (2, "R")] {
+        let q = e.need(slot, what)?;
+        let scale_slot = if slot == 1 { 8 } else { 10 };
+        let scale = e.need(scale_slot, &format!("{what}_scale"))?;
+        let zero = e.need(scale_slot + 1, &format!("{what}_zero_point"))?;
+        // [D] or [D, 4H] as [D, 1, 1] or [D, 1, 4H]: along W's directions and gate columns.
+        let shape = e.i64s(&[0, 1, -1]);
+        let qf = e.one("Cast", &[&q], vec![attr_i("to", DataType::Float as i64)]);
+        let zf = e.one("Cast", &[&zero], vec![attr_i("to", DataType::Float as i64)]);
+        let zf = e.one("Reshape", &[&zf, &shape], vec![]);
+        let sf = e.one("Reshape", &[&scale, &shape], vec![]);
+        let centred = e.one("Sub", &[&qf, &zf], vec![]);
+        let real = e.one("Mul", &[&centred, &sf], vec![]);
+        weights.push(e.one("Transpose", &[&real], vec![attr_ints("perm", &[0, 2, 1])]));
+    }
+    // X, W, R, then B, sequence_lens, initial_h, initial_c, P as given (empty names kept).
+    let opt = |i: usize| e.input(i).unwrap_or_default();
+    let (b, lens, h0, c0, p) = (opt(3), opt(4), opt(5), opt(6), opt(7));
+    let mut inputs = vec![
+        x.as_str(),
+        weights[0].as_str(),
+        weights[1].as_str(),
+        &b,
+        &lens,
+        &h0,
+        &c0,
+        &p,
+    ];
+    while inputs.last().is_some_and(|s| s.is_empty()) {
+        inputs.pop();
+    }
+    let outs: Vec<String> = (0..3).map(|i| e.output(i).unwrap_or_default()).collect();
+    let mut outs: Vec<&str> = outs.iter().map(String::as_str).collect();
+    while outs.last().is_some_and(|s| s.is_empty()) {
+        outs.pop();
+    }
+    // The LSTM attributes (direction, hidden_size, activations, clip, input_forget) as given.
+    e.emit("", "LSTM", &inputs, &outs, np.attribute.clone());
+    Ok(())
 }
 
 /// `DequantizeLinear` of input `i` with its scale (`i + 1`) and zero point (`i + 2`, optional).
@@ -872,6 +925,13 @@ fn attr_i(name: &str, v: i64) -> AttributeProto {
     AttributeProto {
         i: Some(v),
         ..attr(name, AttributeType::Int)
+    }
+}
+
+fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        ints: v.to_vec(),
+        ..attr(name, AttributeType::Ints)
     }
 }
 
