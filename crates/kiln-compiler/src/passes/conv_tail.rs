@@ -142,15 +142,6 @@ mod tests {
     use kiln_runtime::StepKind;
     use kiln_tensor::Tensor;
 
-    fn conv(group: usize, pads: usize, stride: usize) -> Op {
-        Op::Nn(NnOp::Conv(kiln_ops::nn::Conv {
-            group,
-            pads: vec![pads; 4],
-            strides: vec![stride; 2],
-            ..Default::default()
-        }))
-    }
-
     /// x [1, 8, 12, 12] -> 1x1 8 -> 16 (Relu) -> * a + b -> depthwise 3x3 (HardSwish) -> * c +
     /// d -> 3x3 stride 2, 16 -> 8 (Relu) -> * e; with `extra_reader`, the depthwise's output is also
     /// read by another op (so its scale and shift stay a chain).
@@ -170,7 +161,7 @@ mod tests {
             s(&mut b, "e", -2.5),
         );
         let h = b.node_act(
-            conv(1, 0, 1),
+            conv2d(1, 0, 1),
             Some(Activation::Relu),
             &[Some(x), Some(w1), Some(b1)],
             &[&[1, 16, 12, 12]],
@@ -178,7 +169,7 @@ mod tests {
         let h = b.binary(BinaryOp::Mul, h, a, &[1, 16, 12, 12]);
         let h = b.binary(BinaryOp::Add, bb, h, &[1, 16, 12, 12]);
         let dw = b.node_act(
-            conv(16, 1, 1),
+            conv2d(16, 1, 1),
             Some(Activation::HardSwish),
             &[Some(h), Some(w2)],
             &[&[1, 16, 12, 12]],
@@ -186,7 +177,7 @@ mod tests {
         let t = b.binary(BinaryOp::Mul, c, dw, &[1, 16, 12, 12]);
         let t = b.binary(BinaryOp::Add, t, d, &[1, 16, 12, 12]);
         let y = b.node_act(
-            conv(1, 1, 2),
+            conv2d(1, 1, 2),
             Some(Activation::Relu),
             &[Some(t), Some(w3)],
             &[&[1, 8, 6, 6]],

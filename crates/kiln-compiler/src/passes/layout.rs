@@ -570,15 +570,6 @@ mod tests {
     use kiln_ops::fast::ConvPlan;
     use kiln_ops::nn::Activation;
 
-    fn conv(group: usize, pads: usize, stride: usize) -> Op {
-        Op::Nn(NnOp::Conv(kiln_ops::nn::Conv {
-            group,
-            pads: vec![pads; 4],
-            strides: vec![stride; 2],
-            ..Default::default()
-        }))
-    }
-
     /// x [1,8,9,9] → pointwise 8→16 (Relu) → depthwise 3x3 stride 2 → pointwise 16→8 (+x
     /// pooled: a residual from outside the chain) → y; the depthwise output is also a graph
     /// output, so one transpose back stays.
@@ -592,14 +583,19 @@ mod tests {
         let b2 = b.constant("b2", noise(&[16], 4));
         let w3 = b.constant("w3", noise(&[8, 16, 1, 1], 5));
         let h = b.node_act(
-            conv(1, 0, 1),
+            conv2d(1, 0, 1),
             Some(Activation::Relu),
             &[Some(x), Some(w1), Some(b1)],
             &[&[1, 16, 9, 9]],
         )[0];
-        let d = b.node_act(conv(16, 1, 2), None, &[Some(h), Some(w2), Some(b2)], &[&[1, 16, 5, 5]])[0];
+        let d = b.node_act(
+            conv2d(16, 1, 2),
+            None,
+            &[Some(h), Some(w2), Some(b2)],
+            &[&[1, 16, 5, 5]],
+        )[0];
         let y = b.node_act(
-            conv(1, 0, 1),
+            conv2d(1, 0, 1),
             None,
             &[Some(d), Some(w3), None, Some(r)],
             &[&[1, 8, 5, 5]],
@@ -708,7 +704,7 @@ mod tests {
         );
         let lo = b.constant("lo", Tensor::scalar(0.0f32));
         let hi = b.constant("hi", Tensor::scalar(0.5f32));
-        let c = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 5]])[0];
+        let c = b.node_act(conv2d(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 5]])[0];
         let hs = b.node(
             Op::Elementwise(ElementwiseOp::Unary(UnaryOp::HardSwish)),
             &[Some(c)],
@@ -724,7 +720,7 @@ mod tests {
             ..Resize::default()
         }));
         let r = b.node(resize, &[Some(cl), None, Some(scales)], &[&[1, 8, 12, 15]])[0];
-        let y = b.node_act(conv(1, 0, 1), None, &[Some(r), Some(w2)], &[&[1, 4, 12, 15]])[0];
+        let y = b.node_act(conv2d(1, 0, 1), None, &[Some(r), Some(w2)], &[&[1, 4, 12, 15]])[0];
         let g = b.finish(&[y]);
         let (n, h) = laid_out(&g);
         assert_eq!(n, 5);
@@ -752,7 +748,7 @@ mod tests {
             "scales",
             Tensor::from_vec(vec![4], vec![1.0f32, 1.0, 4.0, 4.0]).unwrap(),
         );
-        let c = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 5]])[0];
+        let c = b.node_act(conv2d(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 5]])[0];
         let resize = Op::Nn(NnOp::Resize(Resize::default()));
         let r = b.node(resize, &[Some(c), None, Some(scales)], &[&[1, 8, 24, 20]])[0];
         let g = b.finish(&[r]);
@@ -771,13 +767,13 @@ mod tests {
             let w1 = b.constant("w1", noise(&[8, 8, 3, 3], 1));
             let w2 = b.constant("w2", noise(&[4, 8, 1, 1], 2));
             let s = b.constant("slope", slope);
-            let c = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 5]])[0];
+            let c = b.node_act(conv2d(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 5]])[0];
             let p = b.node(
                 Op::Elementwise(ElementwiseOp::PRelu(PRelu)),
                 &[Some(c), Some(s)],
                 &[&[1, 8, 6, 5]],
             )[0];
-            let y = b.node_act(conv(1, 0, 1), None, &[Some(p), Some(w2)], &[&[1, 4, 6, 5]])[0];
+            let y = b.node_act(conv2d(1, 0, 1), None, &[Some(p), Some(w2)], &[&[1, 4, 6, 5]])[0];
             b.finish(&[y])
         };
         let g = build(noise(&[8, 1, 1], 4));
@@ -956,14 +952,14 @@ mod tests {
         let w1 = b.constant("w1", noise(&[8, 4, 3, 3], 1));
         let w2 = b.constant("w2", noise(&[6, 8, 1, 1], 2));
         let c = b.node_act(
-            conv(1, 1, 1),
+            conv2d(1, 1, 1),
             Some(Activation::Relu),
             &[Some(x), Some(w1)],
             &[&[1, 8, 12, 12]],
         )[0];
         let pool = max_pool_3x3_s2();
         let p = b.node(pool, &[Some(c)], &[&[1, 8, 6, 6]])[0];
-        let y = b.node_act(conv(1, 0, 1), None, &[Some(p), Some(w2)], &[&[1, 6, 6, 6]])[0];
+        let y = b.node_act(conv2d(1, 0, 1), None, &[Some(p), Some(w2)], &[&[1, 6, 6, 6]])[0];
         // A global average of the last convolution follows it too: the transpose back is of
         // the pooled [1, 1, 1, 6] value.
         let gap = Op::Nn(NnOp::GlobalPool(kiln_ops::nn::GlobalPool::new(GlobalPoolKind::Average)));
@@ -989,7 +985,7 @@ mod tests {
         let mut b = Builder::new();
         let x = b.input("x", &[1, 8, 9, 9]);
         let w = b.input("w", &[8, 8, 3, 3]);
-        let y = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w)], &[&[1, 8, 9, 9]])[0];
+        let y = b.node_act(conv2d(1, 1, 1), None, &[Some(x), Some(w)], &[&[1, 8, 9, 9]])[0];
         let mut g = b.finish(&[y]);
         assert_eq!(run(&mut g).unwrap(), 0);
         assert_eq!(ops(&g), ["Conv"]);
@@ -1030,7 +1026,7 @@ mod tests {
         let w2 = b.constant("w2", noise(&[4, 8, 1, 1], 2));
         let half = b.constant("half", noise(&[1], 3));
         let h = b.node_act(
-            conv(1, 1, 1),
+            conv2d(1, 1, 1),
             Some(Activation::Relu),
             &[Some(x), Some(w1)],
             &[&[1, 8, 6, 6]],
@@ -1045,7 +1041,7 @@ mod tests {
             &[Some(half), Some(m)],
             &[&[1, 8, 6, 6]],
         )[0];
-        let c = b.node_act(conv(1, 0, 1), None, &[Some(a), Some(w2)], &[&[1, 4, 6, 6]])[0];
+        let c = b.node_act(conv2d(1, 0, 1), None, &[Some(a), Some(w2)], &[&[1, 4, 6, 6]])[0];
         let y = b.node(
             crate::passes::testutil::binary(BinaryOp::Mul),
             &[Some(c), Some(t)],
@@ -1090,8 +1086,8 @@ mod tests {
             let w1 = b.constant("w1", noise(&[8, 4, 3, 3], 1));
             let w2 = b.constant("w2", noise(&[4, 4, 1, 1], 2));
             let w3 = b.constant("w3", noise(&[6, 12, 1, 1], 3));
-            let c1 = b.node_act(conv(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 6]])[0];
-            let c2 = b.node_act(conv(1, 0, 1), None, &[Some(x), Some(w2)], &[&[1, 4, 6, 6]])[0];
+            let c1 = b.node_act(conv2d(1, 1, 1), None, &[Some(x), Some(w1)], &[&[1, 8, 6, 6]])[0];
+            let c2 = b.node_act(conv2d(1, 0, 1), None, &[Some(x), Some(w2)], &[&[1, 4, 6, 6]])[0];
             let concat = Op::Movement(MovementOp::Concat(kiln_ops::movement::Concat { axis: 1 }));
             let cat = b.node(concat, &[Some(c1), Some(c2)], &[&[1, 12, 6, 6]])[0];
             let params: Vec<_> = (0..4)
@@ -1124,7 +1120,7 @@ mod tests {
             let n = b.node(bn, &ins, &[&[1, 12, 6, 6]])[0];
             let relu = Op::Elementwise(ElementwiseOp::Unary(UnaryOp::Relu));
             let r = b.node(relu, &[Some(n)], &[&[1, 12, 6, 6]])[0];
-            let y = b.node_act(conv(1, 0, 1), None, &[Some(r), Some(w3)], &[&[1, 6, 6, 6]])[0];
+            let y = b.node_act(conv2d(1, 0, 1), None, &[Some(r), Some(w3)], &[&[1, 6, 6, 6]])[0];
             b.finish(&[y])
         };
         let (fast, plain) = at_levels_2_and_0(graph);
@@ -1167,19 +1163,19 @@ mod tests {
         let w3 = b.constant("w3", noise(&[16, 32, 1, 1], 4));
         let w4 = b.constant("w4", noise(&[6, 8, 3, 3], 5));
         let h = b.node_act(
-            conv(1, 0, 1),
+            conv2d(1, 0, 1),
             Some(Activation::Relu),
             &[Some(x), Some(w1)],
             &[&[1, 32, 10, 10]],
         )[0];
         let d = b.node_act(
-            conv(8, 1, 1),
+            conv2d(8, 1, 1),
             Some(Activation::Relu),
             &[Some(h), Some(w2), Some(b2)],
             &[&[1, 32, 10, 10]],
         )[0];
-        let e = b.node_act(conv(1, 0, 1), None, &[Some(d), Some(w3)], &[&[1, 16, 10, 10]])[0];
-        let y = b.node_act(conv(2, 1, 1), None, &[Some(e), Some(w4)], &[&[1, 6, 10, 10]])[0];
+        let e = b.node_act(conv2d(1, 0, 1), None, &[Some(d), Some(w3)], &[&[1, 16, 10, 10]])[0];
+        let y = b.node_act(conv2d(2, 1, 1), None, &[Some(e), Some(w4)], &[&[1, 6, 10, 10]])[0];
         b.finish(&[y])
     }
 

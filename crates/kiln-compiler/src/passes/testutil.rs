@@ -189,3 +189,13 @@ pub(crate) fn dequantize(axis: i64) -> Op {
         },
     ))
 }
+
+/// A 2-D Conv of `group` groups, square `pads` and `stride`.
+pub(crate) fn conv2d(group: usize, pads: usize, stride: usize) -> Op {
+    Op::Nn(kiln_ops::nn::NnOp::Conv(kiln_ops::nn::Conv {
+        group,
+        pads: vec![pads; 4],
+        strides: vec![stride; 2],
+        ..Default::default()
+    }))
+}

@@ -512,15 +512,7 @@ pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let y_need = (m - 1).saturating_mul(ldy).saturating_add(n);
-    if ldy < n {
-        return Err(IgemmError::Short {
-            what: "Y's row stride",
-            got: ldy,
-            want: n,
-        });
-    }
-    let stage = stage.checked::<O>(y.len(), y_need, n)?;
+    let stage = check_y::<O>(m, n, ldy, y.len(), stage)?;
     let (lo, hi) = stage.range;
     let p = Product {
         m,
@@ -641,16 +633,42 @@ fn split_columns<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize
         let j0 = i * width;
         serial_quads(isa, p, part, width, None, j0..(j0 + width).min(n));
     });
+    copy_pieces(&scratch, (m, n, width), c, ldc);
+}
+
+/// The pieces of a column split, each `m` rows of `width` (its first `min(width, n - j0)`
+/// columns real), into the `m x n` matrix `dst` (`ld` apart).
+fn copy_pieces<T: Copy>(scratch: &[T], (m, n, width): (usize, usize, usize), dst: &mut [T], ld: usize) {
     for (i, part) in scratch.chunks(m * width).enumerate() {
         let j0 = i * width;
-        let cols = width.min(n - j0);
+        let cols = width.min(n.saturating_sub(j0));
         for (r, src) in part.chunks(width).enumerate() {
-            let at = r * ldc + j0;
-            if let (Some(dst), Some(src)) = (c.get_mut(at..at + cols), src.get(..cols)) {
-                dst.copy_from_slice(src);
+            let at = r * ld + j0;
+            if let (Some(d), Some(src)) = (dst.get_mut(at..at + cols), src.get(..cols)) {
+                d.copy_from_slice(src);
             }
         }
     }
+}
+
+/// Checks Y (`m` rows of `n` 8-bit values, `ldy` apart, in `y_len` elements) and the stage's
+/// columns; returns the stage with its range clamped to O's.
+fn check_y<O: crate::quant::Q8>(
+    m: usize,
+    n: usize,
+    ldy: usize,
+    y_len: usize,
+    stage: Requantize<'_>,
+) -> Result<Requantize<'_>, IgemmError> {
+    if ldy < n {
+        return Err(IgemmError::Short {
+            what: "Y's row stride",
+            got: ldy,
+            want: n,
+        });
+    }
+    let y_need = m.saturating_sub(1).saturating_mul(ldy).saturating_add(n);
+    stage.checked::<O>(y_len, y_need, n)
 }
 
 /// [`igemm_requant_serial`] split by columns over the current pool when
@@ -676,15 +694,7 @@ pub fn igemm_requant_columns<T: Int8, O: Int8 + crate::quant::Q8 + Default + Sen
         let mut c = vec![0i32; m.saturating_mul(n)];
         return igemm_requant_serial(isa, (m, k), a, lda, a_zero, b, &mut c, stage, y, ldy);
     }
-    let y_need = (m - 1).saturating_mul(ldy).saturating_add(n);
-    if ldy < n {
-        return Err(IgemmError::Short {
-            what: "Y's row stride",
-            got: ldy,
-            want: n,
-        });
-    }
-    let stage = stage.checked::<O>(y.len(), y_need, n)?;
+    let stage = check_y::<O>(m, n, ldy, y.len(), stage)?;
     check_a(m, k, a, lda, b)?;
     let p = Product {
         m,
@@ -714,16 +724,7 @@ pub fn igemm_requant_columns<T: Int8, O: Int8 + crate::quant::Q8 + Default + Sen
     let pieces = n.div_ceil(width);
     let mut scratch = vec![O::default(); pieces * m * width];
     crate::pool::for_each_chunk_mut(&mut scratch, m * width, &|i, part| piece(i, part, width));
-    for (i, part) in scratch.chunks(m * width).enumerate() {
-        let j0 = i * width;
-        let cols = width.min(n - j0);
-        for (r, src) in part.chunks(width).enumerate() {
-            let at = r * ldy + j0;
-            if let (Some(dst), Some(src)) = (y.get_mut(at..at + cols), src.get(..cols)) {
-                dst.copy_from_slice(src);
-            }
-        }
-    }
+    copy_pieces(&scratch, (m, n, width), y, ldy);
     Ok(())
 }
 
