@@ -10,7 +10,7 @@
 //!
 //! Runs after the chain pass made the chains.
 
-use super::edit::{Index, mark, op, remove_nodes};
+use super::edit::{Index, mark, op, remove_nodes, shape_of};
 use crate::CompileError;
 use kiln_ir::{Graph, NodeKind, Op};
 use kiln_ops::elementwise::{Binary, BinaryOp, ChainBinary, ChainStep, ElementwiseOp};
@@ -90,28 +90,28 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         };
         let step =
             |&(op, operand): &(ChainBinary, usize), want: ChainBinary| (op == want).then(|| scalar(operand)).flatten();
+        // A multiply then an add, or either alone.
         let post = match steps.as_slice() {
-            [m, a] => match (step(m, ChainBinary::Mul), step(a, ChainBinary::Add)) {
-                (Some(scale), Some(shift)) => PostAffine {
-                    scale: Some(scale),
-                    shift: Some(shift),
-                },
-                _ => continue,
+            [m, a] => PostAffine {
+                scale: step(m, ChainBinary::Mul),
+                shift: step(a, ChainBinary::Add),
             },
-            [s] => match (step(s, ChainBinary::Mul), step(s, ChainBinary::Add)) {
-                (Some(scale), _) => PostAffine {
-                    scale: Some(scale),
-                    shift: None,
-                },
-                (_, Some(shift)) => PostAffine {
-                    scale: None,
-                    shift: Some(shift),
-                },
-                _ => continue,
+            [s] => PostAffine {
+                scale: step(s, ChainBinary::Mul),
+                shift: step(s, ChainBinary::Add),
             },
             _ => continue,
         };
-        fusions.push((p, i, post));
+        let complete = match steps.len() {
+            2 => post.scale.is_some() && post.shift.is_some(),
+            _ => post.scale.is_some() || post.shift.is_some(),
+        };
+        // The output keeps the Conv's shape (a one-element operand of higher rank would
+        // broadcast it to more dims).
+        let [Some(out)] = node.outputs.as_slice() else { continue };
+        if complete && shape_of(g, *out) == shape_of(g, *y) && shape_of(g, *y).is_some() {
+            fusions.push((p, i, post));
+        }
     }
     let mut dead = vec![false; g.nodes.len()];
     for &(p, i, post) in &fusions {

@@ -612,33 +612,35 @@ fn piece_width(n: usize, threads: usize) -> usize {
     n.div_ceil(NR_QUADS).div_ceil(2 * threads.max(1)).max(1) * NR_QUADS
 }
 
-/// [`checked`]'s split by columns (quads format, arguments checked): each piece computes all
-/// rows of its columns, in place when C is one row, else into its own block of a scratch
-/// matrix that is copied to C afterwards (`m * n` sums, small beside the `m * n * k`
-/// products).
+/// [`checked`]'s split by columns (quads format, arguments checked).
 fn split_columns<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize, threads: usize) {
     let (m, n) = (p.m, p.b.n);
     let width = piece_width(n, threads);
+    over_pieces(c, (m, n, ldc), width, &|i, part, ld| {
+        let j0 = i * width;
+        serial_quads(isa, p, part, ld, None, j0..(j0 + width).min(n));
+    });
+}
+
+/// Runs `piece(i, part, ld)` over the current pool for each column piece `i` of the `m x n`
+/// output `dst` (`ld` apart), `width` columns each: `part` is the piece's own rows, `ld`
+/// apart, its first column the piece's first. In place when `dst` is one row; else each
+/// piece writes its own block of a scratch matrix, copied to `dst` afterwards (`m * n`
+/// values, small beside the `m * n * k` products).
+fn over_pieces<T: Copy + Default + Send>(
+    dst: &mut [T],
+    (m, n, ld): (usize, usize, usize),
+    width: usize,
+    piece: &(dyn Fn(usize, &mut [T], usize) + Sync),
+) {
     if m == 1 {
-        let row = c.get_mut(..n).unwrap_or_default();
-        crate::pool::for_each_chunk_mut(row, width, &|i, part| {
-            let j0 = i * width;
-            serial_quads(isa, p, part, width, None, j0..j0 + part.len());
-        });
+        let row = dst.get_mut(..n).unwrap_or_default();
+        crate::pool::for_each_chunk_mut(row, width, &|i, part| piece(i, part, width));
         return;
     }
     let pieces = n.div_ceil(width);
-    let mut scratch = vec![0i32; pieces * m * width];
-    crate::pool::for_each_chunk_mut(&mut scratch, m * width, &|i, part| {
-        let j0 = i * width;
-        serial_quads(isa, p, part, width, None, j0..(j0 + width).min(n));
-    });
-    copy_pieces(&scratch, (m, n, width), c, ldc);
-}
-
-/// The pieces of a column split, each `m` rows of `width` (its first `min(width, n - j0)`
-/// columns real), into the `m x n` matrix `dst` (`ld` apart).
-fn copy_pieces<T: Copy>(scratch: &[T], (m, n, width): (usize, usize, usize), dst: &mut [T], ld: usize) {
+    let mut scratch = vec![T::default(); pieces * m * width];
+    crate::pool::for_each_chunk_mut(&mut scratch, m * width, &|i, part| piece(i, part, width));
     for (i, part) in scratch.chunks(m * width).enumerate() {
         let j0 = i * width;
         let cols = width.min(n.saturating_sub(j0));
@@ -706,7 +708,7 @@ pub fn igemm_requant_columns<T: Int8, O: Int8 + crate::quant::Q8 + Default + Sen
     };
     let width = piece_width(n, threads);
     // One piece's columns `j0..` of all rows, requantized into `part` (`ld` apart).
-    let piece = |i: usize, part: &mut [O], ld: usize| {
+    over_pieces(y, (m, n, ldy), width, &|i, part, ld| {
         let j0 = i * width;
         let mut sums = vec![0i32; m * width];
         let out = Output {
@@ -715,16 +717,7 @@ pub fn igemm_requant_columns<T: Int8, O: Int8 + crate::quant::Q8 + Default + Sen
             stage,
         };
         serial_quads(isa, p, &mut sums, width, Some(out), j0..(j0 + width).min(n));
-    };
-    if m == 1 {
-        let row = y.get_mut(..n).unwrap_or_default();
-        crate::pool::for_each_chunk_mut(row, width, &|i, part| piece(i, part, width));
-        return Ok(());
-    }
-    let pieces = n.div_ceil(width);
-    let mut scratch = vec![O::default(); pieces * m * width];
-    crate::pool::for_each_chunk_mut(&mut scratch, m * width, &|i, part| piece(i, part, width));
-    copy_pieces(&scratch, (m, n, width), y, ldy);
+    });
     Ok(())
 }
 

@@ -125,12 +125,14 @@ impl<'a> Planned<'a> {
         if let Some(post) = self.plan.post
             && let Some(Value::Tensor(y)) = out.first_mut()
         {
-            let mut v = y
-                .as_slice::<f32>()
-                .map_err(|_| self.misfit("a scale and shift after a non-f32 Conv"))?
-                .to_vec();
+            // The output's own storage when no one else holds it (the usual case).
+            let shape = y.shape().to_vec();
+            let t = std::mem::replace(y, Tensor::scalar(0.0f32));
+            let mut v = t
+                .into_vec::<f32>()
+                .map_err(|_| self.misfit("a scale and shift after a non-f32 Conv"))?;
             post.kernel().apply_slice(&mut v);
-            *y = Tensor::from_vec(y.shape().to_vec(), v)?;
+            *y = Tensor::from_vec(shape, v)?;
         }
         Ok(out)
     }
@@ -635,7 +637,7 @@ mod tests {
     }
 
     /// A scale and shift after the activation on the paths that apply it after the whole
-    /// output (channels-first here, with and without a residual): the plain convolution's
+    /// output (channels-first here): the plain convolution's
     /// values, then the multiply and the add, bit for bit.
     #[test]
     fn a_scale_and_shift_after_the_activation_follow_it() {
