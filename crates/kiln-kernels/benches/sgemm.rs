@@ -28,7 +28,7 @@ const PEAK_GFLOPS: f64 = 117.0;
 /// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed,
 /// one ending in `NR32` packs B in 32-column panels (what the compiler stores, for every
 /// level) where the others take the level's own layout.
-const SHAPES: [(&str, usize, usize, usize); 44] = [
+const SHAPES: [(&str, usize, usize, usize); 45] = [
     ("aspp 1x1 NHWC 33x49", 1617, 256, 960),
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),
@@ -73,6 +73,7 @@ const SHAPES: [(&str, usize, usize, usize); 44] = [
     ("resnet stem 7x7 s2 NHWC NR32", 12544, 64, 147),
     ("small bert ffn up m=80 NR32", 80, 2048, 512),
     ("square 480 k512 NR32", 480, 512, 512),
+    ("text-line 1x1 NHWC k160 NR32", 4374, 320, 160),
 ];
 
 struct Case {
