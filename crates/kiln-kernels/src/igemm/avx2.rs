@@ -8,16 +8,19 @@ use std::arch::x86_64::*;
 /// `out += sum_q a[q][r] . b[q][j]` over `pairs` depth pairs (or `out = init + ...`; see
 /// [`PairsOut`] and `micro_portable`).
 pub(super) fn micro(apack: &[i32], bpanel: &[i16], pairs: usize, out: PairsOut<'_, '_>) {
-    let pairs = pairs.min(apack.len() / MR).min(bpanel.len() / (2 * NR));
+    // A is `MR` rows of `stride` words (`[row][pair]`, see `pack_a`).
+    let stride = apack.len() / MR;
+    let pairs = pairs.min(stride).min(bpanel.len() / (2 * NR));
     // SAFETY: the dispatcher calls this only when `Isa` detection found AVX2 (and FMA); the
     // slices hold at least `pairs` steps (clamped just above), which is all the kernel reads.
-    unsafe { micro_avx2(apack.as_ptr(), bpanel.as_ptr(), pairs, out) }
+    unsafe { micro_avx2(apack.as_ptr(), stride, bpanel.as_ptr(), pairs, out) }
 }
 
 /// # Safety
-/// AVX2 is available; `a` points to `pairs * MR` i32 and `b` to `pairs * 2 * NR` i16.
+/// AVX2 is available; `a` points to `MR` rows of `stride >= pairs` i32 and `b` to
+/// `pairs * 2 * NR` i16.
 #[target_feature(enable = "avx2")]
-unsafe fn micro_avx2(a: *const i32, b: *const i16, pairs: usize, out: PairsOut<'_, '_>) {
+unsafe fn micro_avx2(a: *const i32, stride: usize, b: *const i16, pairs: usize, out: PairsOut<'_, '_>) {
     let mut acc = [[_mm256_setzero_si256(); 2]; MR];
     for q in 0..pairs {
         // SAFETY: step `q < pairs` of B is `2 * NR` i16 (two 256-bit vectors) at `q * 2 * NR`,
@@ -30,8 +33,8 @@ unsafe fn micro_avx2(a: *const i32, b: *const i16, pairs: usize, out: PairsOut<'
             )
         };
         for (r, row) in acc.iter_mut().enumerate() {
-            // SAFETY: step `q`'s MR words of A are at `q * MR`, within the caller's bound.
-            let w = unsafe { *a.add(q * MR + r) };
+            // SAFETY: row `r < MR`, pair `q < pairs <= stride`: within the caller's bound.
+            let w = unsafe { *a.add(r * stride + q) };
             let av = _mm256_set1_epi32(w);
             row[0] = _mm256_add_epi32(row[0], _mm256_madd_epi16(av, b0));
             row[1] = _mm256_add_epi32(row[1], _mm256_madd_epi16(av, b1));

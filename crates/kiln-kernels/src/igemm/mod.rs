@@ -1312,21 +1312,44 @@ fn micro_quads_portable(a: AQuads<'_>, bpanel: &[i8], quads: usize, c: &mut [i32
     }
 }
 
-/// Packs rows `m0..m0 + rows` of A, depth pairs `q0..q1`, as `[pair][row]` i32 words holding
-/// two i16 (low: the even depth), rows past `rows` and depths past `k` zero.
+/// Packs rows `m0..m0 + rows` of A, depth pairs `q0..q1`, into `out` (`MR` rows of
+/// `q1 - q0` words, `[row][pair]`): each i32 word holds two i16 (low: the even depth), rows
+/// past `rows` and depths past `k` zero. A row is a contiguous run (the compiler vectorises
+/// it); the `[pair][row]` order before took a bounds-checked store per pair, as long as the
+/// products themselves for a 64-column B.
 #[allow(clippy::too_many_arguments)]
 fn pack_a<T: Int8>(a: &[T], lda: usize, k: usize, m0: usize, rows: usize, q0: usize, q1: usize, out: &mut [i32]) {
-    out.iter_mut().for_each(|v| *v = 0);
-    for r in 0..rows {
-        let Some(row) = a.get((m0 + r) * lda..(m0 + r) * lda + k) else {
+    let np = q1.saturating_sub(q0);
+    if np == 0 {
+        return;
+    }
+    let (d0, d1) = ((2 * q0).min(k), (2 * q1).min(k));
+    for (r, dst) in out.chunks_exact_mut(np).take(MR).enumerate() {
+        let start = (m0 + r) * lda + d0;
+        let src = if r < rows {
+            a.get(start..start + (d1 - d0))
+        } else {
+            None
+        };
+        let Some(src) = src else {
+            dst.fill(0);
             continue;
         };
-        for q in q0..q1 {
-            let lo = row.get(2 * q).map_or(0, |v| v.widen());
-            let hi = row.get(2 * q + 1).map_or(0, |v| v.widen());
-            if let Some(slot) = out.get_mut((q - q0) * MR + r) {
-                *slot = (lo & 0xFFFF) | (hi << 16);
+        let pairs = src.chunks_exact(2);
+        let odd = pairs.remainder().first().map(|v| v.widen() & 0xFFFF);
+        let mut filled = 0;
+        for (d, p) in dst.iter_mut().zip(pairs) {
+            if let [lo, hi] = p {
+                *d = (lo.widen() & 0xFFFF) | (hi.widen() << 16);
             }
+            filled += 1;
+        }
+        if let (Some(w), Some(d)) = (odd, dst.get_mut(filled)) {
+            *d = w;
+            filled += 1;
+        }
+        if let Some(rest) = dst.get_mut(filled..) {
+            rest.fill(0);
         }
     }
 }
@@ -1345,11 +1368,12 @@ fn micro(isa: Isa, apack: &[i32], bpanel: &[i16], pairs: usize, out: PairsOut<'_
 }
 
 fn micro_portable(apack: &[i32], bpanel: &[i16], pairs: usize, tile: &mut [[i32; NR]; MR]) {
-    for q in 0..pairs {
-        let (Some(ap), Some(bp)) = (apack.get(q * MR..q * MR + MR), bpanel.get(q * 2 * NR..(q + 1) * 2 * NR)) else {
+    let stride = apack.len() / MR;
+    for q in 0..pairs.min(stride) {
+        let Some(bp) = bpanel.get(q * 2 * NR..(q + 1) * 2 * NR) else {
             return;
         };
-        for (r, &w) in ap.iter().enumerate() {
+        for (r, &w) in apack.iter().skip(q).step_by(stride.max(1)).take(MR).enumerate() {
             let (lo, hi) = (i32::from(w as i16), w >> 16);
             if let Some(row) = tile.get_mut(r) {
                 for (j, t) in row.iter_mut().enumerate() {
