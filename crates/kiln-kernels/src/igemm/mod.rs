@@ -5,10 +5,14 @@
 //! B is packed once (at compile time for constant weights) with its zero points already
 //! subtracted, as 16-bit pairs of consecutive depths in panels of [`NR`] columns
 //! ([`PackedB`]); with the column sums of the packed values, A's zero point folds into the
-//! result as `- za * colsum[n]`, so A is used as it is. Each step multiplies a broadcast pair
-//! of A values by a pair row of B and adds both products into an i32 lane: AVX2's
-//! `vpmaddwd`, exact for any 16-bit operands (unlike `vpmaddubsw`, whose 16-bit sums saturate
-//! for u8 x s8 products: kiln never uses it). The portable twin computes the same sums in
+//! result as `- za * colsum[n]`, so A's values are used as they are: widened to 16-bit pairs
+//! per micro-tile (blocks of 96 rows packed together, each 16 KiB panel of B then run against
+//! the block's tiles from L1, Goto's order). Each step multiplies a broadcast pair of A
+//! values by a pair row of B and adds both products into an i32 lane: AVX2's `vpmaddwd`,
+//! exact for any 16-bit operands (unlike `vpmaddubsw`, whose 16-bit sums saturate for u8 x
+//! s8 products: kiln never uses it). On AVX2 this caps the integer GEMM at about 1.5x the
+//! f32 GEMM's rate (one `vpmaddwd` and one add per 16 multiply-adds); ONNX Runtime's AVX2
+//! path uses `vpmaddubsw` and accepts its saturation. The portable twin computes the same sums in
 //! plain Rust; the property tests (`tests/igemm_props.rs`) hold both against an i64 oracle.
 //!
 //! Exactness: every term is at most 255 * 255 in magnitude, so the i32 sum is exact while
