@@ -110,6 +110,32 @@ impl ConvWindow {
         let (c, (kh, kw)) = (self.channels, self.kernel);
         // The pixel's origin once; each tap then adds its offset.
         let origin = self.origin(p);
+        // A kernel row whose taps are adjacent pixels (no dilation across, the same pixel
+        // stride as channels), all inside X, is one contiguous run of `kw * c` values: one
+        // copy. Tap by tap, an image's three channels took a library copy call per tap, nine
+        // per pixel of a 3x3 stem.
+        let (_, y0, x0) = origin;
+        let (h, w) = self.input;
+        let row_run = self.dilation.1 == 1
+            && self.pixel_stride == c
+            && kw > 1
+            && x0 >= 0
+            && usize::try_from(x0).is_ok_and(|x| x + kw <= w);
+        if row_run {
+            let run = kw * c;
+            for (ky, seg) in dst.chunks_exact_mut(run.max(1)).take(kh).enumerate() {
+                let iy = y0 + (ky * self.dilation.0) as isize;
+                let at = usize::try_from(iy)
+                    .ok()
+                    .filter(|&v| v < h)
+                    .and_then(|_| self.tap(origin, ky, 0));
+                match at.and_then(|at| x.get(at..at + run)) {
+                    Some(s) => seg.copy_from_slice(s),
+                    None => seg.fill(pad),
+                }
+            }
+            return;
+        }
         let mut segs = dst.chunks_exact_mut(c.max(1));
         for ky in 0..kh {
             for kx in 0..kw {
