@@ -748,8 +748,10 @@ fn serial_pairs<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize)
     // then per panel of B (16 KiB, in L1 across the block's tiles) every tile of the block.
     // Tile by tile over all of B instead, B was streamed from memory once per six rows
     // (BERT's 768 x 3072 FFN: 4.7 MB per tile row).
-    let tiles = MC_PAIRS / MR;
-    let mut apack: Vec<i32> = vec![0; tiles * MR * KC / 2];
+    // Sized to this product (a convolution calls this per block of pixels: 96 KiB zeroed
+    // each time for a 16-deep 1x1 was a memset as long as its products).
+    let tiles = m.min(MC_PAIRS).div_ceil(MR);
+    let mut apack: Vec<i32> = vec![0; tiles * MR * kpairs.min(KC / 2)];
     // The first depth block starts each column's sums at `-za * colsum`.
     let init: Vec<i32> = b
         .col_sums
