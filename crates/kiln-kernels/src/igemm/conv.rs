@@ -114,8 +114,8 @@ impl ConvWindow {
         // stride as channels), all inside X, is one contiguous run of `kw * c` values: one
         // copy. Tap by tap, an image's three channels took a library copy call per tap, nine
         // per pixel of a 3x3 stem.
-        let (_, y0, x0) = origin;
-        let (h, w) = self.input;
+        let (_, _, x0) = origin;
+        let w = self.input.1;
         let row_run = self.dilation.1 == 1
             && self.pixel_stride == c
             && kw > 1
@@ -124,12 +124,8 @@ impl ConvWindow {
         if row_run {
             let run = kw * c;
             for (ky, seg) in dst.chunks_exact_mut(run.max(1)).take(kh).enumerate() {
-                let iy = y0 + (ky * self.dilation.0) as isize;
-                let at = usize::try_from(iy)
-                    .ok()
-                    .filter(|&v| v < h)
-                    .and_then(|_| self.tap(origin, ky, 0));
-                match at.and_then(|at| x.get(at..at + run)) {
+                // The row's first tap is inside across, so `tap` checks only its row.
+                match self.tap(origin, ky, 0).and_then(|at| x.get(at..at + run)) {
                     Some(s) => seg.copy_from_slice(s),
                     None => seg.fill(pad),
                 }

@@ -165,14 +165,14 @@ pub(crate) fn run(
     }
 }
 
-/// Rows per block of A for `m` rows, about `target` (a multiple of `mr`): the blocks come out
-/// equal, and a remainder of up to a quarter block joins the others instead of making a block
-/// of its own, since every block streams all of B once more (ResNet's 14 x 14 layers: 196
-/// rows were 192 + 4, reading B's megabyte twice for four more rows).
 /// Bytes of packed B up to which [`run_raw`] does not prefetch its micro-panels: the whole of
 /// B stays in L2 (Zen 3's 512 KiB) after the first row block reads it.
 const B_CACHED_BYTES: usize = 128 * 1024;
 
+/// Rows per block of A for `m` rows, about `target` (a multiple of `mr`): the blocks come out
+/// equal, and a remainder of up to a quarter block joins the others instead of making a block
+/// of its own, since every block streams all of B once more (ResNet's 14 x 14 layers: 196
+/// rows were 192 + 4, reading B's megabyte twice for four more rows).
 pub(super) fn row_block(m: usize, target: usize, mr: usize) -> usize {
     let target = (target / mr).max(1) * mr;
     let blocks = m.saturating_sub(target / 4).div_ceil(target).max(1);
