@@ -10,8 +10,8 @@
 use crate::CompileError;
 use crate::passes::{
     attention, bn, captures, chain, conv_tail, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity,
-    layout, matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_chain, qdq_conv, qdq_glue, qdq_matmul, residual,
-    shape, unit_transpose,
+    inline_if, layout, matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_chain, qdq_conv, qdq_glue, qdq_matmul,
+    residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -131,6 +131,14 @@ const PIPELINE: &[Pass] = &[
         level: 1,
         deep: false,
         run: fold::run,
+    },
+    // Ifs whose conditions folding made constant (exporters' guards on shapes) become their
+    // taken branch's nodes, before anything below plans or fuses the graph around them.
+    Pass {
+        name: "inline_if",
+        level: 1,
+        deep: false,
+        run: inline_if::run,
     },
     // After folding, equal constants (e.g. repeated Reshape targets) and the nodes reading them
     // become equal and merge.
@@ -303,7 +311,7 @@ pub fn optimize(graph: &mut Graph, level: u8) -> Result<PipelineReport, CompileE
 /// The passes run before quantizing (`quantize::prepare`): the level-1 cleanup and BatchNorm
 /// folding, so the weights quantized are those the program runs, and no fusion has yet hidden a
 /// value a quantized node reads.
-const PREPARE: &[&str] = &["captures", "identity", "shape", "fold", "cse", "dce", "bn", "dce"];
+const PREPARE: &[&str] = &["captures", "identity", "shape", "fold", "inline_if", "cse", "dce", "bn", "dce"];
 
 pub(crate) fn prepare_for_quantization(graph: &mut Graph) -> Result<(), CompileError> {
     for name in PREPARE {
@@ -388,7 +396,7 @@ mod tests {
         let mut g = cnn();
         let r = optimize(&mut g, 1).unwrap();
         let names: Vec<_> = r.passes.iter().map(|p| p.pass).collect();
-        assert_eq!(names, ["captures", "identity", "shape", "fold", "cse", "dce"]);
+        assert_eq!(names, ["captures", "identity", "shape", "fold", "inline_if", "cse", "dce"]);
         assert_eq!(op_names(&g), ["Conv", "BatchNormalization", "Relu"]);
         assert_eq!(run_graph(&g, vec![xin.clone()]), reference);
 

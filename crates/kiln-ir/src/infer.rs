@@ -22,9 +22,14 @@ pub struct InferError {
 /// the op's own evaluation, so e.g. a Reshape fed by Shape→Gather→Concat still gets its shape.
 /// These values only inform inference; the graph itself is not changed.
 pub fn infer_types(graph: &mut Graph) -> Result<(), InferError> {
-    let mut known: HashMap<ValueId, Value> = HashMap::new();
+    infer_with(graph, HashMap::new())
+}
+
+/// [`infer_types`] with `known` values to start from (an If branch's captures of values its
+/// enclosing graph knows).
+fn infer_with(graph: &mut Graph, mut known: HashMap<ValueId, Value>) -> Result<(), InferError> {
     for i in 0..graph.nodes.len() {
-        infer_branches(graph, i)?;
+        infer_branches(graph, i, &known)?;
         let inferred = {
             let node = &graph.nodes[i];
             let input_types: Vec<ValueType> = node
@@ -129,21 +134,49 @@ fn fold(op: &Op, inputs: &[InferInput<'_>]) -> Vec<Option<Value>> {
 /// inferred like a graph of its own, so its nodes get the shapes the passes and fast paths
 /// need (a model whose work sits in a branch, as Silero VAD's sample-rate If). Loop and Scan
 /// bodies keep their declared types: their carried values may change shape per iteration.
-fn infer_branches(graph: &mut Graph, i: usize) -> Result<(), InferError> {
+fn infer_branches(graph: &mut Graph, i: usize, known: &HashMap<ValueId, Value>) -> Result<(), InferError> {
     let Some(NodeKind::Control(ControlFlow::If(node))) = graph.nodes.get(i).map(|n| &n.kind) else {
         return Ok(());
     };
     let outer_type = |v: ValueId| graph.value(v).map_or(ValueType::Unknown, |x| x.ty.clone());
     let types: [Vec<(ValueId, ValueType)>; 2] = [&node.then_branch, &node.else_branch]
         .map(|b| b.captures.iter().map(|c| (c.inner, outer_type(c.outer))).collect());
+    // Captured constants (and small values inference computed) are known inside too: a
+    // branch's Pad or Reshape reading the enclosing graph's pads or shape gets its shape.
+    let values: [HashMap<ValueId, Value>; 2] = [&node.then_branch, &node.else_branch].map(|b| {
+        b.captures
+            .iter()
+            .filter_map(|c| {
+                Some((
+                    c.inner,
+                    graph.constant(c.outer).or_else(|| known.get(&c.outer))?.clone(),
+                ))
+            })
+            .collect()
+    });
     let Some(NodeKind::Control(ControlFlow::If(node))) = graph.nodes.get_mut(i).map(|n| &mut n.kind) else {
         return Ok(());
     };
-    for (branch, types) in [&mut node.then_branch, &mut node.else_branch].into_iter().zip(types) {
+    let mut failed = None;
+    for ((branch, types), values) in [&mut node.then_branch, &mut node.else_branch]
+        .into_iter()
+        .zip(types)
+        .zip(values)
+    {
+        let before = branch.clone();
         for (inner, ty) in types {
             merge_into(branch, inner, ty);
         }
-        infer_types(branch)?;
+        if let Err(e) = infer_with(branch, values) {
+            // A branch that cannot run on these shapes is an error only when it is taken (the
+            // 8 kHz branch of a sample-rate If, given a 16 kHz window): it keeps the types it
+            // had, and if it ever runs, the runtime reports the node that fails.
+            *branch = before;
+            if let Some(first) = failed.replace(e) {
+                // Neither branch can run: every run would fail.
+                return Err(first);
+            }
+        }
     }
     Ok(())
 }
@@ -334,4 +367,92 @@ pub fn input_symbols(graph: &Graph) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Capture, IfNode, Node};
+    use kiln_ops::movement::{MovementOp, Reshape, Squeeze};
+    use kiln_tensor::{DType, Tensor};
+
+    /// `y = If(c) { Squeeze(x, axes = [0]) } else { Reshape(x, [2]) }`, `x: f32[n]`: the then
+    /// branch runs for n = 1, the else branch for n = 2.
+    fn graph() -> Graph {
+        let mut g = Graph::default();
+        let x = g.add_value(
+            "x",
+            ValueType::Tensor(TensorType::new(DType::F32, vec![Dim::Sym("n".into())])),
+        );
+        let c = g.add_value("c", ValueType::Tensor(TensorType::fixed(DType::Bool, &[])));
+        let y = g.add_value("y", ValueType::Tensor(TensorType::dtype_only(Some(DType::F32))));
+        g.inputs = vec![x, c];
+        g.outputs = vec![y];
+        let branch = |op: Op, spec: Option<Tensor>| {
+            let mut b = Graph::default();
+            let bx = b.add_value("x", ValueType::Unknown);
+            let out = b.add_value("out", ValueType::Unknown);
+            b.captures = vec![Capture { outer: x, inner: bx }];
+            let mut inputs = vec![Some(bx)];
+            if let Some(t) = spec {
+                let s = b.add_value("shape", ValueType::Tensor(TensorType::of(&t)));
+                b.constants.push((s, Value::Tensor(t)));
+                inputs.push(Some(s));
+            }
+            b.nodes.push(Node {
+                name: op.name().to_lowercase(),
+                kind: NodeKind::Op(op),
+                inputs,
+                outputs: vec![Some(out)],
+                plan: None,
+            });
+            b.outputs = vec![out];
+            b
+        };
+        let squeeze = Op::Movement(MovementOp::Squeeze(Squeeze { axes: Some(vec![0]) }));
+        let reshape = Op::Movement(MovementOp::Reshape(Reshape {
+            shape: None,
+            allowzero: false,
+        }));
+        let spec = Tensor::from_vec(vec![1], vec![2i64]).unwrap();
+        g.nodes.push(Node {
+            name: "if".into(),
+            kind: NodeKind::Control(ControlFlow::If(IfNode {
+                then_branch: branch(squeeze, None),
+                else_branch: branch(reshape, Some(spec)),
+            })),
+            inputs: vec![Some(c)],
+            outputs: vec![Some(y)],
+            plan: None,
+        });
+        g
+    }
+
+    fn branch_output_shape(g: &Graph, then: bool) -> Option<Vec<usize>> {
+        let NodeKind::Control(ControlFlow::If(n)) = &g.nodes[0].kind else {
+            panic!("not an If")
+        };
+        let b = if then { &n.then_branch } else { &n.else_branch };
+        b.value(b.outputs[0])?.ty.tensor()?.fixed_shape()
+    }
+
+    #[test]
+    fn a_branch_that_cannot_run_on_the_bound_shapes_keeps_its_types() {
+        let mut g = graph();
+        bind_symbols(&mut g, &[("n".into(), 2)]).unwrap();
+        // The then branch (squeezing a dim of 2) is left as it was: unknown shapes, no error.
+        assert_eq!(branch_output_shape(&g, true), None);
+        assert_eq!(branch_output_shape(&g, false), Some(vec![2]));
+        let mut g = graph();
+        bind_symbols(&mut g, &[("n".into(), 1)]).unwrap();
+        assert_eq!(branch_output_shape(&g, true), Some(vec![]));
+        assert_eq!(branch_output_shape(&g, false), None);
+    }
+
+    #[test]
+    fn neither_branch_running_is_an_error_naming_the_node() {
+        let mut g = graph();
+        let e = bind_symbols(&mut g, &[("n".into(), 5)]).unwrap_err();
+        assert_eq!(e.node, "squeeze", "{e}");
+    }
 }

@@ -19,6 +19,7 @@ pub(crate) mod f16;
 pub(crate) mod fold;
 pub(crate) mod fuse_act;
 pub(crate) mod identity;
+pub(crate) mod inline_if;
 pub mod layout;
 pub(crate) mod matmul_add;
 pub(crate) mod patterns;

@@ -901,6 +901,77 @@ fn padded<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
     Ok(Tensor::from_buf(shape.to_vec(), out)?)
 }
 
+/// `x` (of `shape`) padded by non-negative `pads` in a reflect, edge or wrap `mode`: each
+/// output row is the input row copied, with its padded ends mapped through [`pad_source`];
+/// padded rows of outer axes repeat the rows they map to.
+fn mirrored<T: kiln_kernels::recycle::Recycled + kiln_tensor::Element>(
+    x: &[T],
+    shape: &[usize],
+    pads: &[(i64, i64)],
+    mode: PadMode,
+) -> Result<Tensor> {
+    let too_large = || OpError::too_large("padded shape of", format!("{shape:?} with pads {pads:?}"));
+    let out_shape: Vec<usize> = shape
+        .iter()
+        .zip(pads)
+        .map(|(&n, &(b, e))| {
+            let (b, e) = (usize::try_from(b).ok()?, usize::try_from(e).ok()?);
+            n.checked_add(b)?.checked_add(e)
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(too_large)?;
+    let total = checked_numel(&out_shape)?;
+    if x.len() != checked_numel(shape)? {
+        return Err(OpError::input_shape(0, format!("{} elements", x.len()), shape));
+    }
+    let mut out = crate::util::out_buf::<T>(total);
+    if total > 0 {
+        let (Some(&n), Some(&(b, _)), Some(&cols)) = (shape.last(), pads.last(), out_shape.last()) else {
+            // A scalar: nothing to pad.
+            out.copy_from_slice(x);
+            return Ok(Tensor::from_buf(out_shape, out)?);
+        };
+        let b = b as usize;
+        // Output position -> input position along each outer axis.
+        let outer: Vec<Vec<usize>> = shape
+            .iter()
+            .zip(pads)
+            .zip(&out_shape)
+            .take(shape.len() - 1)
+            .map(|((&n, &(b, _)), &o)| (0..o).map(|k| pad_source(mode, k, b, n).unwrap_or(0)).collect())
+            .collect();
+        let in_strides = strides(shape);
+        let edge: Vec<(usize, usize)> = (0..cols)
+            .filter(|k| !(b..b + n).contains(k))
+            .map(|k| (k, pad_source(mode, k, b as i64, n).unwrap_or(0)))
+            .collect();
+        let mut pos = vec![0usize; outer.len()];
+        for row in out.chunks_exact_mut(cols) {
+            let from: usize = pos
+                .iter()
+                .zip(&outer)
+                .zip(&in_strides)
+                .map(|((&p, m), &st)| m.get(p).copied().unwrap_or(0) * st)
+                .sum();
+            let src = x.get(from..from + n).ok_or_else(too_large)?;
+            row.get_mut(b..b + n).ok_or_else(too_large)?.copy_from_slice(src);
+            for &(k, i) in &edge {
+                if let (Some(d), Some(&v)) = (row.get_mut(k), src.get(i)) {
+                    *d = v;
+                }
+            }
+            for d in (0..pos.len()).rev() {
+                pos[d] += 1;
+                if pos[d] < out_shape[d] {
+                    break;
+                }
+                pos[d] = 0;
+            }
+        }
+    }
+    Ok(Tensor::from_buf(out_shape, out)?)
+}
+
 /// ONNX `Tile` (opsets 1-13): input 1 gives the repeat count of each dim.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Tile;
@@ -1074,6 +1145,25 @@ impl Pad {
                     x.shape(),
                     fill.as_slice::<i64>()?.first().copied().unwrap_or(0),
                 )?),
+                _ => None,
+            };
+            if let Some(t) = out {
+                return one(t);
+            }
+        }
+        // Reflect, edge or wrap padding by non-negative amounts of non-empty axes: rows copied,
+        // only the padded positions mapped.
+        if self.mode != PadMode::Constant
+            && pads
+                .iter()
+                .zip(x.shape())
+                .all(|(&(b, e), &n)| b >= 0 && e >= 0 && (n > 0 || b + e == 0))
+        {
+            let out = match x.dtype() {
+                DType::F32 => Some(mirrored(x.as_slice::<f32>()?, x.shape(), &pads, self.mode)?),
+                DType::I64 => Some(mirrored(x.as_slice::<i64>()?, x.shape(), &pads, self.mode)?),
+                DType::U8 => Some(mirrored(x.as_slice::<u8>()?, x.shape(), &pads, self.mode)?),
+                DType::I8 => Some(mirrored(x.as_slice::<i8>()?, x.shape(), &pads, self.mode)?),
                 _ => None,
             };
             if let Some(t) = out {
