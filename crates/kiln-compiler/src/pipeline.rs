@@ -311,7 +311,17 @@ pub fn optimize(graph: &mut Graph, level: u8) -> Result<PipelineReport, CompileE
 /// The passes run before quantizing (`quantize::prepare`): the level-1 cleanup and BatchNorm
 /// folding, so the weights quantized are those the program runs, and no fusion has yet hidden a
 /// value a quantized node reads.
-const PREPARE: &[&str] = &["captures", "identity", "shape", "fold", "inline_if", "cse", "dce", "bn", "dce"];
+const PREPARE: &[&str] = &[
+    "captures",
+    "identity",
+    "shape",
+    "fold",
+    "inline_if",
+    "cse",
+    "dce",
+    "bn",
+    "dce",
+];
 
 pub(crate) fn prepare_for_quantization(graph: &mut Graph) -> Result<(), CompileError> {
     for name in PREPARE {
@@ -396,7 +406,10 @@ mod tests {
         let mut g = cnn();
         let r = optimize(&mut g, 1).unwrap();
         let names: Vec<_> = r.passes.iter().map(|p| p.pass).collect();
-        assert_eq!(names, ["captures", "identity", "shape", "fold", "inline_if", "cse", "dce"]);
+        assert_eq!(
+            names,
+            ["captures", "identity", "shape", "fold", "inline_if", "cse", "dce"]
+        );
         assert_eq!(op_names(&g), ["Conv", "BatchNormalization", "Relu"]);
         assert_eq!(run_graph(&g, vec![xin.clone()]), reference);
 

@@ -1557,6 +1557,23 @@ mod box_tests {
             ..pad
         };
         same_as_reference(|a| none.eval(a), &[2, 3, 4, 5], &[]);
+        // Reflect, edge and wrap pads wider than the dims (wrap and reflect go round more
+        // than once), of outer and inner axes, of one-element axes, and none at all.
+        for mode in [PadMode::Reflect, PadMode::Edge, PadMode::Wrap] {
+            for (shape, pads) in [
+                (vec![2usize, 3, 4, 5], vec![0, 1, 0, 2, 0, 0, 3, 1]),
+                (vec![1, 576], vec![0, 0, 0, 64]),
+                (vec![3, 1, 4], vec![2, 3, 5, 1, 2, 9]),
+                (vec![2, 3], vec![0, 0, 0, 0]),
+            ] {
+                let pad = Pad {
+                    mode,
+                    pads: Some(pads),
+                    value: 0.0,
+                };
+                same_as_reference(|a| pad.eval(a), &shape, &[]);
+            }
+        }
     }
 
     #[test]
