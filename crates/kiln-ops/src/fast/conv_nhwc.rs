@@ -820,6 +820,10 @@ impl Planned<'_> {
 
     /// The packed GEMM path (see the module docs).
     fn packed_nhwc(&self, args: &Args<'_>, pk: PackedConvWeights) -> Result<Tensor> {
+        // A batch of images of few windows each (an STFT over 31 chunks of audio: 5 windows a
+        // chunk) is better copied into one im2col A of every image's rows than run as one
+        // GEMM per image: a 5-row GEMM streams all of B for 5 rows (64 -> 100+ GFLOP/s).
+        const WINDOWS_MIN_ROWS: usize = 64;
         use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, Residual, sgemm};
         let ([x, w], [b, r], f32s) = operands(args)?;
         if !f32s {
@@ -842,6 +846,9 @@ impl Planned<'_> {
                 x.shape(),
             ));
         }
+        // One input channel: X channels-first is X channels-last, byte for byte (an STFT's
+        // audio), and takes the channels-last paths (windows read in place, im2col rows).
+        let cf = self.plan.x_channels_first && geo.c != 1;
         let (k, m) = (geo.k(), geo.m);
         let packed = PackedBRef::new(BLayout::NR32, k, m, w.as_slice::<f32>()?).map_err(|e| {
             OpError::input_value(
@@ -872,7 +879,7 @@ impl Planned<'_> {
                 x.shape(),
             )
         };
-        if geo.is_pointwise() && !self.plan.x_channels_first {
+        if geo.is_pointwise() && !cf {
             let epi = Epilogue {
                 bias,
                 residual: rd.map(|data| Residual { data, ld: m }),
@@ -882,7 +889,9 @@ impl Planned<'_> {
             sgemm(rows, AMatrix::row_major(xd, k), packed, &mut y, m, &epi).map_err(|_| bad())?;
             return Ok(Tensor::from_buf(shape, y)?);
         }
-        if let (false, Some((per_image, step))) = (self.plan.x_channels_first, geo.windows()) {
+        if let (false, Some((per_image, step))) = (cf, geo.windows())
+            && (geo.batch == 1 || per_image >= WINDOWS_MIN_ROWS)
+        {
             // One GEMM per image on X's own overlapping rows (it splits its rows over the pool).
             let image = geo.ih * geo.iw * geo.c;
             for (n, out) in y.chunks_exact_mut(per_image * m).enumerate() {
@@ -904,7 +913,7 @@ impl Planned<'_> {
             }
             return Ok(Tensor::from_buf(shape, y)?);
         }
-        if !self.plan.x_channels_first
+        if !cf
             && m <= DIRECT_MAX_M
             && k >= DIRECT_MIN_K
             && geo.dw == 1
@@ -946,7 +955,7 @@ impl Planned<'_> {
             }
         }
         numel(&[block, k])?;
-        if let (false, Some(classes)) = (self.plan.x_channels_first, geo.tap_classes()) {
+        if let (false, Some(classes)) = (cf, geo.tap_classes()) {
             let ok = run_tap_classes(
                 &geo,
                 &classes,
@@ -970,7 +979,7 @@ impl Planned<'_> {
         // A block of A: im2col rows from channels-last X, or the transposed block (one row
         // per tap, one column per pixel) gathered from channels-first X.
         let fill = |xd: &[f32], r0: usize, n: usize, a: &mut [f32]| {
-            if self.plan.x_channels_first {
+            if cf {
                 kiln_kernels::simd::vectorize_kernel(FillColumns {
                     geo: &geo,
                     x: xd,
@@ -989,7 +998,7 @@ impl Planned<'_> {
                 AMatrix::row_major(a, k)
             }
         }
-        let columns = self.plan.x_channels_first;
+        let columns = cf;
         if rows <= block {
             // One block: the GEMM itself splits its rows over the pool.
             return {
@@ -1684,6 +1693,10 @@ pub(crate) mod tests {
         check(2, 5, 12, [20, 3], [4, 3], [1, 1], [1, 1], [0; 4], 1, false, 9);
         check(2, 6, 10, [1, 40], [1, 5], [1, 3], [1, 1], [0; 4], 1, true, 10);
         check(1, 6, 10, [1, 40], [1, 5], [1, 1], [1, 1], [0, 2, 0, 2], 1, false, 11);
+        // One input channel (an STFT over chunks of audio): X channels-first is X
+        // channels-last; few windows per image over several images copy them into one A.
+        check(4, 1, 10, [1, 40], [1, 8], [1, 4], [1, 1], [0; 4], 1, false, 21);
+        check(1, 1, 34, [1, 64], [1, 16], [1, 8], [1, 1], [0; 4], 1, true, 22);
         // ASPP-like dilated windows on a small image (K = 576: blocks of 56 rows, under 3
         // image rows): blocks whose first or last kernel rows read only padding skip them;
         // with dilation 8 on 20 rows, the middle kernel row alone for some blocks; two images
