@@ -5,6 +5,7 @@
 //! - `conv`: im2col/col2im layout helpers of convolution;
 //! - `dwconv`, `grouped`: the inner kernels of channels-last depthwise and grouped
 //!   convolution;
+//! - `fp`: denormals flushed to zero during a run (MXCSR FTZ/DAZ);
 //! - `isa`: the dispatch choice (AVX-512, AVX2+FMA or portable), detected once per process,
 //!   forced to portable with `KILN_KERNELS=reference`;
 //! - `sgemm`: the f32 GEMM with our own microkernels over prepacked B panels and a fused
@@ -30,6 +31,7 @@
 pub mod alloc;
 pub mod conv;
 pub mod dwconv;
+pub mod fp;
 pub mod gemm;
 pub mod grouped;
 pub mod igemm;

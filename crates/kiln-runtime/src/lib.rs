@@ -16,6 +16,8 @@ pub use error::RuntimeError;
 pub use exec::{Limits, run, run_limited, run_with};
 /// The allocator that keeps freed activation buffers for the next run (see its docs).
 pub use kiln_kernels::alloc::{AllocCounts, CachingAlloc, CountingAlloc};
+/// Denormals flushed to zero on the calling thread while the guard lives (a Session's runs).
+pub use kiln_kernels::fp::FlushDenormals;
 /// The compute thread pool a Session runs its programs on (kernels split over the pool
 /// installed on the running thread).
 pub use kiln_kernels::pool::ThreadPool;

@@ -803,6 +803,8 @@ impl Session {
         let mut arena = lock().pop().unwrap_or_default();
         let r = {
             let _entered = arena.enter();
+            // Denormals flushed for the run (`kiln_kernels::fp`), the caller's setting after.
+            let _flush = kiln_runtime::FlushDenormals::enter();
             match &self.pool {
                 None => f(),
                 Some(pool) => {

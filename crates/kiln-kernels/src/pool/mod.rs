@@ -333,6 +333,8 @@ fn run_inline(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
 
 /// Worker `slot` (1-based: the caller is slot 0 of the run's scratch).
 fn worker(s: &Shared, slot: usize) {
+    // Runs are computed with denormals flushed (see `crate::fp`); a worker runs nothing else.
+    crate::fp::flush_denormals_here();
     let mut seen = 0u64;
     loop {
         // Wait for a new generation: spin while a run is active, else sleep.
