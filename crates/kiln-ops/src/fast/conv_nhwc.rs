@@ -451,9 +451,7 @@ impl Geometry {
         }
         true
     }
-}
 
-impl Geometry {
     /// [`Geometry::fill_rows_of`] for one input channel without dilation along the width (a
     /// spectrogram's first convolution): a row of A is `kw` floats per kernel row, so the
     /// pixels of one output row whose window lies inside the width are filled a column of A
@@ -481,10 +479,9 @@ impl Geometry {
             let Some(seg) = a.get_mut(r * k..(r + len) * k) else {
                 return false;
             };
-            let (i0, i1) = (
-                lo.clamp(ox0, ox0 + len),
-                hi.clamp(ox0, ox0 + len).max(lo.clamp(ox0, ox0 + len)),
-            );
+            // The interior pixels of this segment: `i0..i1`, empty when `i1 == i0`.
+            let i0 = lo.clamp(ox0, ox0 + len);
+            let i1 = hi.clamp(i0, ox0 + len);
             for (j, ox) in (ox0..ox0 + len).enumerate() {
                 if (i0..i1).contains(&ox) {
                     continue;

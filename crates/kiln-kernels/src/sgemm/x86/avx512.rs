@@ -605,7 +605,6 @@ fn epi(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f32]>, 
     unsafe { epi_impl(row, rb, cb, r, a) }
 }
 
-/// The AVX-512 kernel table. Only for a CPU with AVX-512 F + VL, AVX2 and FMA.
 /// One row of A (a GEMV) by 32-column panels: the depth in four chains (see [`tile`]).
 static GEMV_TILES: [TileFn; 1] = [tile::<1, false, true>];
 
@@ -622,6 +621,7 @@ pub(crate) fn gemv_kernels() -> Kernels {
     }
 }
 
+/// The AVX-512 kernel table. Only for a CPU with AVX-512 F + VL, AVX2 and FMA.
 pub(crate) fn kernels() -> Kernels {
     Kernels {
         mr: MR,
