@@ -10,7 +10,11 @@ use kiln_kernels::isa::{self, Isa};
 use std::hint::black_box;
 
 /// (name, M, N, K).
-const SHAPES: [(&str, usize, usize, usize); 6] = [
+const SHAPES: [(&str, usize, usize, usize); 10] = [
+    ("resnet50 stem 7x7x3 (147 deep) -> 64", 3136, 64, 147),
+    ("mobilenet 1x1 112x112 16->64", 12544, 64, 16),
+    ("mobilenet 1x1 56x56 24->72", 3136, 72, 24),
+    ("resnet50 layer4 1x1 7x7 512->2048", 98, 2048, 512),
     ("resnet50 conv 1x1 56x56 64->256", 3136, 256, 64),
     ("resnet50 conv3 3x3 28x28x128", 784, 128, 1152),
     ("resnet50 conv4 1x1 14x14 1024->256", 196, 256, 1024),

@@ -6,9 +6,14 @@
 //! detection said the CPU has those features.
 //!
 //! `KILN_KERNELS` values: `reference` or `portable` force the portable scalar kernels, `avx2`
-//! caps the choice at AVX2+FMA, `auto` (or unset) takes the best the CPU has. An ISA asked for
-//! but missing falls back to the best available one; an unknown value is ignored. Either way
-//! [`Dispatch::describe`] says what happened.
+//! caps the choice at AVX2+FMA, `vnni` at AVX-512 without AMX tiles, `auto` (or unset) takes
+//! the best the CPU has. An ISA asked for but missing falls back to the best available one;
+//! an unknown value is ignored. Either way [`Dispatch::describe`] says what happened.
+//!
+//! AMX (the 8-bit tile multiplies of AMX-INT8) is a capability within [`Isa::Avx512`], like
+//! VNNI: used when the CPU has it, Linux granted this process the tile state
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, asked once at detection) and `KILN_KERNELS` does not
+//! cap the level below it.
 
 use std::sync::OnceLock;
 
@@ -29,6 +34,13 @@ impl Isa {
     /// not a level of its own.
     pub fn has_int8_dot(self) -> bool {
         self == Isa::Avx512 && self.is_supported() && has_vnni()
+    }
+
+    /// Whether this level runs the integer GEMM on AMX tiles (`tdpbusd` / `tdpbssd`, 16 x 16
+    /// x 64 products per instruction): AVX-512 VNNI's level on a CPU with AMX-INT8 whose
+    /// tile state the OS granted, unless `KILN_KERNELS` capped the choice below it.
+    pub fn has_int8_tiles(self) -> bool {
+        self.has_int8_dot() && dispatch().tiles
     }
 
     /// Whether this level runs byte permutes across 64-byte tables (`vpermi2b` of AVX-512
@@ -99,6 +111,21 @@ fn has_vbmi() -> bool {
     false
 }
 
+/// Whether the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25) and Linux
+/// granted this process the tile data state; asks for it (once per process, the grant is
+/// process-wide) when the CPU has them.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn amx_granted() -> bool {
+    let leaf = std::arch::x86_64::__cpuid_count(7, 0);
+    let cpu = (leaf.edx >> 24) & 1 == 1 && (leaf.edx >> 25) & 1 == 1;
+    cpu && crate::igemm::request_tile_state()
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn amx_granted() -> bool {
+    false
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 fn has_avx2_fma() -> bool {
     false
@@ -126,58 +153,49 @@ pub struct Dispatch {
     pub isa: Isa,
     pub detected: Isa,
     pub choice: Choice,
+    /// Whether the integer GEMM runs on AMX tiles ([`Isa::has_int8_tiles`]).
+    pub tiles: bool,
 }
 
 impl Dispatch {
-    /// Resolves a `KILN_KERNELS` value (None: unset) against the detected level.
-    pub fn resolve(env: Option<&str>, detected: Isa) -> Dispatch {
+    /// Resolves a `KILN_KERNELS` value (None: unset) against the detected level and whether
+    /// the CPU's AMX tiles are usable (`amx`).
+    pub fn resolve(env: Option<&str>, detected: Isa, amx: bool) -> Dispatch {
         let value = env.map(|s| s.trim().to_ascii_lowercase());
+        // (level, whether AMX may be used at it)
         let wanted = match value.as_deref() {
             None | Some("") | Some("auto") => None,
-            Some("reference") | Some("portable") | Some("scalar") => Some(Isa::Portable),
-            Some("avx2") => Some(Isa::Avx2Fma),
-            Some("avx512") => Some(Isa::Avx512),
-            Some(_) => {
-                return Dispatch {
-                    isa: detected,
-                    detected,
-                    choice: Choice::Ignored(value.unwrap_or_default()),
-                };
-            }
+            Some("reference") | Some("portable") | Some("scalar") => Some((Isa::Portable, false)),
+            Some("avx2") => Some((Isa::Avx2Fma, false)),
+            Some("vnni") => Some((Isa::Avx512, false)),
+            Some("avx512") => Some((Isa::Avx512, true)),
+            Some(_) => None,
         };
-        match (wanted, value) {
-            (Some(w), Some(v)) if w <= detected => Dispatch {
-                isa: w,
-                detected,
-                choice: Choice::Forced(v),
-            },
-            (Some(_), Some(v)) => Dispatch {
-                isa: detected,
-                detected,
-                choice: Choice::Ignored(v),
-            },
-            _ => Dispatch {
-                isa: detected,
-                detected,
-                choice: Choice::Detected,
-            },
+        let (isa, tiles, choice) = match (wanted, value) {
+            (Some((w, t)), Some(v)) if w <= detected => (w, t, Choice::Forced(v)),
+            (_, Some(v)) if !matches!(v.as_str(), "" | "auto") => (detected, true, Choice::Ignored(v)),
+            _ => (detected, true, Choice::Detected),
+        };
+        Dispatch {
+            isa,
+            detected,
+            choice,
+            tiles: tiles && amx && isa == Isa::Avx512,
         }
     }
 
     /// One line for `kiln info` and benchmark headers, e.g. `avx512 (detected)` or
     /// `portable (KILN_KERNELS=reference; CPU has avx512)`.
     pub fn describe(&self) -> String {
+        let name = if self.tiles {
+            format!("{}+amx", self.isa.name())
+        } else {
+            self.isa.name().to_string()
+        };
         match &self.choice {
-            Choice::Detected => format!("{} (detected)", self.isa.name()),
-            Choice::Forced(v) => format!(
-                "{} (KILN_KERNELS={v}; CPU has {})",
-                self.isa.name(),
-                self.detected.name()
-            ),
-            Choice::Ignored(v) => format!(
-                "{} (detected; KILN_KERNELS={v} ignored: unknown or unsupported here)",
-                self.isa.name()
-            ),
+            Choice::Detected => format!("{name} (detected)"),
+            Choice::Forced(v) => format!("{name} (KILN_KERNELS={v}; CPU has {})", self.detected.name()),
+            Choice::Ignored(v) => format!("{name} (detected; KILN_KERNELS={v} ignored: unknown or unsupported here)"),
         }
     }
 }
@@ -188,7 +206,10 @@ static DISPATCH: OnceLock<Dispatch> = OnceLock::new();
 pub fn dispatch() -> &'static Dispatch {
     DISPATCH.get_or_init(|| {
         let env = std::env::var("KILN_KERNELS").ok();
-        Dispatch::resolve(env.as_deref(), Isa::detect())
+        let detected = Isa::detect();
+        // Only asked for (a system call) where the tiles could be used.
+        let amx = detected == Isa::Avx512 && has_vnni() && amx_granted();
+        Dispatch::resolve(env.as_deref(), detected, amx)
     })
 }
 
@@ -203,18 +224,31 @@ mod tests {
 
     #[test]
     fn environment_switch() {
-        let d = Dispatch::resolve(Some("reference"), Isa::Avx512);
+        let d = Dispatch::resolve(Some("reference"), Isa::Avx512, true);
         assert_eq!(d.isa, Isa::Portable);
+        assert!(!d.tiles);
         assert!(d.describe().starts_with("portable (KILN_KERNELS=reference"));
-        assert_eq!(Dispatch::resolve(Some("Portable"), Isa::Avx2Fma).isa, Isa::Portable);
-        assert_eq!(Dispatch::resolve(None, Isa::Avx512).isa, Isa::Avx512);
-        assert_eq!(Dispatch::resolve(Some("auto"), Isa::Avx2Fma).isa, Isa::Avx2Fma);
-        assert_eq!(Dispatch::resolve(Some("avx2"), Isa::Avx512).isa, Isa::Avx2Fma);
+        assert_eq!(
+            Dispatch::resolve(Some("Portable"), Isa::Avx2Fma, false).isa,
+            Isa::Portable
+        );
+        assert_eq!(Dispatch::resolve(None, Isa::Avx512, false).isa, Isa::Avx512);
+        assert_eq!(Dispatch::resolve(Some("auto"), Isa::Avx2Fma, false).isa, Isa::Avx2Fma);
+        assert_eq!(Dispatch::resolve(Some("avx2"), Isa::Avx512, true).isa, Isa::Avx2Fma);
         // Asking for more than the CPU has, or for nonsense, keeps the detected level.
-        let d = Dispatch::resolve(Some("avx512"), Isa::Avx2Fma);
+        let d = Dispatch::resolve(Some("avx512"), Isa::Avx2Fma, false);
         assert_eq!(d.isa, Isa::Avx2Fma);
         assert!(matches!(d.choice, Choice::Ignored(_)));
-        assert_eq!(Dispatch::resolve(Some("fast"), Isa::Portable).isa, Isa::Portable);
+        assert_eq!(Dispatch::resolve(Some("fast"), Isa::Portable, false).isa, Isa::Portable);
+        // AMX tiles: where usable, unless capped below them.
+        let d = Dispatch::resolve(None, Isa::Avx512, true);
+        assert!(d.tiles);
+        assert_eq!(d.describe(), "avx512+amx (detected)");
+        assert!(Dispatch::resolve(Some("avx512"), Isa::Avx512, true).tiles);
+        assert!(Dispatch::resolve(Some("fast"), Isa::Avx512, true).tiles);
+        let d = Dispatch::resolve(Some("vnni"), Isa::Avx512, true);
+        assert_eq!((d.isa, d.tiles), (Isa::Avx512, false));
+        assert!(!Dispatch::resolve(None, Isa::Avx512, false).tiles);
     }
 
     #[test]

@@ -569,3 +569,26 @@ fn wide_products_in_column_blocks() {
     };
     check_fused::<u8, i8, u8>((m, n, k), &a, 9, &b, &zb, scales, (0, 255)).unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Where the integer GEMM runs on AMX tiles, products of 16 rows or more never reach the VNNI
+/// micro-tiles in this process: the whole file again in a child process capped at VNNI
+/// (`KILN_KERNELS=vnni`), so both paths are held against the oracle on such a CPU.
+#[test]
+fn vnni_micro_tiles_where_amx_runs() {
+    if !Isa::Avx512.has_int8_tiles() || std::env::var_os("KILN_KERNELS").is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(exe)
+        .env("KILN_KERNELS", "vnni")
+        .args(["--skip", "vnni_micro_tiles_where_amx_runs"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    // The child ran the tests (not zero of them) on VNNI.
+    assert!(
+        text.contains("test result: ok.") && !text.contains("ok. 0 passed"),
+        "{text}"
+    );
+}

@@ -214,8 +214,16 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
     }
     let sums = crate::recycle::scratch(&mut scratch.sums, m * n);
     let c = win.channels;
-    let gather =
-        isa.has_int8_dot() && matches!(b.data, Data::Quads(_)) && c.is_multiple_of(4) && c > 0 && k <= MAX_EXACT_DEPTH;
+    // On AMX the rows are copied and multiplied on the tiles (which load A with one stride)
+    // when each tap's channels are a long run to copy; windows of few channels (a stem's
+    // folded rows) are read in place by the VNNI micro-tiles, cheaper than their copy.
+    let tiles = super::on_tiles(isa, m, k) && c >= 64;
+    let gather = isa.has_int8_dot()
+        && !tiles
+        && matches!(b.data, Data::Quads(_))
+        && c.is_multiple_of(4)
+        && c > 0
+        && k <= MAX_EXACT_DEPTH;
     if !gather {
         let rows = crate::recycle::scratch(&mut scratch.rows, m * k);
         for (p, row) in pixels.clone().zip(rows.chunks_exact_mut(k.max(1))) {

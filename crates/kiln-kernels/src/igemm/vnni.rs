@@ -61,37 +61,10 @@ pub(super) unsafe fn micro_rows(
     let bp = (b.data.as_ptr(), b.panels, b.stride);
     let stage = match fin {
         None => None,
-        Some(f) => {
-            let y_need = (rows - 1) * f.ldy + cols;
-            if f.y.len() < y_need || f.scales.columns() < cols {
-                return;
-            }
-            let params = match f.scales {
-                Scales::F32 { bias, mult, zero_point } => Params::F32 {
-                    bias: bias.as_ptr(),
-                    mult: mult.as_ptr(),
-                    zero_point,
-                },
-                Scales::F64 {
-                    bias,
-                    mult,
-                    zero_point,
-                    twin,
-                } => Params::F64 {
-                    bias: bias.as_ptr(),
-                    mult: mult.as_ptr(),
-                    zero_point,
-                    twin: twin.map(|t| (t.bias.as_ptr(), t.mult.as_ptr(), t.margin)),
-                },
-            };
-            Some(Stage {
-                y: f.y.as_mut_ptr(),
-                ldy: f.ldy,
-                params,
-                lo: f.lo,
-                hi: f.hi,
-            })
-        }
+        Some(f) => match Stage::of(f, rows, cols) {
+            Some(st) => Some(st),
+            None => return,
+        },
     };
     // SAFETY: the caller dispatches here only when `Isa::has_int8_dot` found AVX-512 F, VL, BW
     // and VNNI; A's quads are readable (this function's contract), B's panels hold every
@@ -145,6 +118,99 @@ struct Stage {
     params: Params,
     lo: i32,
     hi: i32,
+}
+
+impl Stage {
+    /// `fin` as the kernel reads it, for a tile of `rows` rows (>= 1) and `cols` columns;
+    /// `None` when its Y or its parameters are too short for them.
+    fn of(f: Final<'_>, rows: usize, cols: usize) -> Option<Stage> {
+        let y_need = (rows - 1) * f.ldy + cols;
+        if f.y.len() < y_need || f.scales.columns() < cols {
+            return None;
+        }
+        let params = match f.scales {
+            Scales::F32 { bias, mult, zero_point } => Params::F32 {
+                bias: bias.as_ptr(),
+                mult: mult.as_ptr(),
+                zero_point,
+            },
+            Scales::F64 {
+                bias,
+                mult,
+                zero_point,
+                twin,
+            } => Params::F64 {
+                bias: bias.as_ptr(),
+                mult: mult.as_ptr(),
+                zero_point,
+                twin: twin.map(|t| (t.bias.as_ptr(), t.mult.as_ptr(), t.margin)),
+            },
+        };
+        Some(Stage {
+            y: f.y.as_mut_ptr(),
+            ldy: f.ldy,
+            params,
+            lo: f.lo,
+            hi: f.hi,
+        })
+    }
+}
+
+/// The output stage of the VNNI micro-tiles on sums already in C: `rows` rows of one panel's
+/// `cols <= NR_QUADS` columns (`ldc` apart) requantized into `fin`'s Y, the same bytes the
+/// micro-tiles write for those sums (the AMX tiles' epilogue). Only where
+/// `Isa::has_int8_dot`; nothing is written if C, Y or the parameters are too short.
+pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin: Final<'_>) {
+    let cols = cols.min(NR_QUADS);
+    if rows == 0 || cols == 0 || c.len() < (rows - 1) * ldc + cols {
+        return;
+    }
+    let Some(st) = Stage::of(fin, rows, cols) else { return };
+    let at = (c.as_ptr().cast_mut(), ldc, rows, cols);
+    // SAFETY: the callers run this only where `Isa::has_int8_dot` found AVX-512 F, VL, BW and
+    // VNNI; C holds the rows' `cols` columns (checked above; the kernel only reads C when
+    // it has a stage), Y and the parameters theirs (`Stage::of`).
+    unsafe {
+        match st.params {
+            Params::F32 { .. } => requant_rows::<F32Stage>(at, st),
+            Params::F64 { twin: None, .. } => requant_rows::<F64Stage>(at, st),
+            Params::F64 { twin: Some(_), .. } => requant_rows::<CheckedStage>(at, st),
+        }
+    }
+}
+
+/// [`requant_panel`] for one kind of stage.
+///
+/// # Safety
+/// AVX-512 F, VL, BW and VNNI are available; C holds `(rows - 1) * ldc + cols` i32 (only
+/// read), the stage's Y `(rows - 1) * ldy + cols` bytes, its bias and mult `cols` values;
+/// `cols <= NR_QUADS`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn requant_rows<E: Epilogue>((c, ldc, rows, cols): (*mut i32, usize, usize, usize), st: Stage) {
+    let m0: __mmask16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
+    let m1: __mmask16 = match cols.saturating_sub(16) {
+        0 => 0,
+        n if n >= 16 => 0xFFFF,
+        n => (1u16 << n) - 1,
+    };
+    // SAFETY: this function's features; bias and mult hold `cols` values (the masks).
+    let Some(e) = (unsafe { E::load(st.params, st.lo, st.hi, m0, m1) }) else {
+        return;
+    };
+    let store = RowStore {
+        c,
+        ldc,
+        rows,
+        init: None,
+        masks: (m0, m1),
+        stage: Some((st, e)),
+    };
+    let zero = [_mm512_setzero_si512(); 2];
+    for r in 0..rows {
+        // SAFETY: `RowStore::store`'s contract: row `r < rows` of C and Y within the bounds
+        // above, C only read (a stage), the masks within `cols`.
+        unsafe { store.store(r, zero) };
+    }
 }
 
 /// A stage's bias and multipliers (one per column) and zero point, as [`Scales`].
