@@ -262,14 +262,15 @@ proptest! {
     /// else copied) against exact sums from a naive window loop, requantized by the row
     /// stage: padding, strides, dilation, a range of the output pixels, C not a multiple of
     /// four, windows deeper than one block, rows wide enough for whole tiles of windows
-    /// inside X (their addresses formed by the kernel); one group's channels of a wider X (`extra`
+    /// inside X (their addresses formed by the kernel), whole 64-channel taps (read in place
+    /// by the AMX tiles, 16 or 32 pixels of a row at a time); one group's channels of a wider X (`extra`
     /// channels around them per pixel) into one group's columns of a wider Y.
     #[test]
     fn convolution_matches_naive_windows(
-        c in prop_oneof![Just(3usize), Just(4), Just(8), Just(12), Just(96)],
+        c in prop_oneof![Just(3usize), Just(4), Just(8), Just(12), Just(96), Just(64), Just(128)],
         m in 1usize..40,
         (kh, kw) in (1usize..4, 1usize..4),
-        (h, w) in (1usize..9, 1usize..30),
+        (h, w) in (1usize..9, 1usize..40),
         (sh, sw, dh, dw) in (1usize..3, 1usize..3, 1usize..3, 1usize..3),
         (ph, pw) in (0usize..3, 0usize..3),
         seed in any::<u64>(),

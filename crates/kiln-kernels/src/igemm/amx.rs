@@ -105,6 +105,147 @@ impl Drop for Tiles {
     }
 }
 
+/// B's quads as the tiles read them, and the per-column start `-za * colsum`.
+struct Panels<'a> {
+    data: &'a [i8],
+    /// Bytes from one panel to the next.
+    stride: usize,
+    /// 64-deep chunks of the depth.
+    chunks: usize,
+    /// `-za * colsum`, padded to whole panels.
+    init: Vec<i32>,
+    /// Panels per column block: one depth's worth of B for them stays in L2 while every block
+    /// of rows reads it.
+    per_block: usize,
+}
+
+impl<'a> Panels<'a> {
+    /// B's panels for A's zero point `za`; `None` when B is not in quads or its data does not
+    /// cover the tiles' reads (a panel's last chunk read whole).
+    fn of(b: &'a super::PackedB, za: i32) -> Option<Panels<'a>> {
+        let Data::Quads(data) = &b.data else { return None };
+        let kq = b.k.div_ceil(4);
+        let chunks = kq.div_ceil(TILE_QUADS);
+        let stride = kq * 4 * NR_QUADS;
+        let panels = b.n.div_ceil(NR_QUADS);
+        if chunks == 0 || panels == 0 || data.len() < (panels - 1) * stride + chunks * B_CHUNK {
+            return None;
+        }
+        let mut init = Vec::new();
+        b.quads_init(za, &mut init);
+        Some(Panels {
+            data,
+            stride,
+            chunks,
+            init,
+            per_block: (B_BLOCK_BYTES / stride.max(1)).max(1),
+        })
+    }
+}
+
+/// Where a run of blocks writes: C (`ldc` apart; its first column is B's column `first`)
+/// and, fused, Y.
+struct Sink<'c, 'o, 'y, 'r> {
+    c: &'c mut [i32],
+    ldc: usize,
+    first: usize,
+    out: Option<&'o mut Output<'y, 'r>>,
+}
+
+/// Blocks of rows multiplied panel by panel, each block's epilogue run after the next
+/// block's products are issued (the tiles' stores are still draining; the epilogue, vector
+/// code, then runs beside the next products instead of waiting for them).
+struct Runner {
+    signed: bool,
+    /// Blocks that are not whole tiles of C go through one of two scratch tiles, alternating.
+    scratch: [[i32; BLOCK_ROWS * NR_QUADS]; 2],
+    slot: usize,
+    pending: Option<Done>,
+}
+
+impl Runner {
+    fn new(signed: bool) -> Runner {
+        Runner {
+            signed,
+            scratch: [[0i32; BLOCK_ROWS * NR_QUADS]; 2],
+            slot: 0,
+            pending: None,
+        }
+    }
+
+    /// Rows `m0..m0 + rows` (at most [`BLOCK_ROWS`]) of C, columns of panels `panels` (cut at
+    /// B's column `n`): A's chunks are `a` (row 0's 64 bytes of each chunk and the block's
+    /// row stride, in B's chunk order).
+    ///
+    /// # Safety
+    /// The tiles are configured; for each entry `(ptr, lda)` of `a`, 16 rows (32 when `rows >
+    /// 16`) of 64 bytes `lda` apart are readable from `ptr`.
+    unsafe fn block_row(
+        &mut self,
+        b: &Panels<'_>,
+        a: &[(*const u8, usize)],
+        (m0, rows): (usize, usize),
+        (panels, n): (Range<usize>, usize),
+        sink: &mut Sink<'_, '_, '_, '_>,
+    ) {
+        if a.len() != b.chunks || rows == 0 || rows > BLOCK_ROWS {
+            return;
+        }
+        let two = rows > TILE_ROWS;
+        for p in panels {
+            let j0 = p * NR_QUADS;
+            let cols = n.saturating_sub(j0).min(NR_QUADS);
+            if cols == 0 {
+                break;
+            }
+            let (Some(panel), Some(start), Some(at)) = (
+                b.data.get(p * b.stride..p * b.stride + b.chunks * B_CHUNK),
+                b.init.get(j0..j0 + NR_QUADS),
+                (m0 * sink.ldc + j0).checked_sub(sink.first),
+            ) else {
+                continue;
+            };
+            // Whole tiles go straight to C; a block of other rows, or a partial last panel,
+            // through a scratch tile.
+            let direct = (rows == TILE_ROWS || rows == BLOCK_ROWS)
+                && cols == NR_QUADS
+                && at + (rows - 1) * sink.ldc + NR_QUADS <= sink.c.len();
+            let via = (!direct).then(|| {
+                self.slot ^= 1;
+                self.slot
+            });
+            let dst = match via {
+                None => sink.c.get_mut(at..).map(|d| (d.as_mut_ptr(), 4 * sink.ldc)),
+                Some(s) => self.scratch.get_mut(s).map(|t| (t.as_mut_ptr(), 4 * NR_QUADS)),
+            };
+            let Some(dst) = dst else { continue };
+            // SAFETY: A's chunks as this function's contract says (`two` exactly when `rows >
+            // 16`); `panel` holds `chunks` chunks of 16 quads of 128 bytes; `start` 32 i32;
+            // `dst` is a scratch tile (32 rows of 32 i32) or, `direct`, C at the block's first
+            // element with `rows` rows of 32 columns `ldc` apart inside `c` (checked). The
+            // tiles are configured (contract).
+            unsafe { block((self.signed, two), a, panel.as_ptr().cast::<u8>(), start.as_ptr(), dst) };
+            let done = Done {
+                m0,
+                j0,
+                rows,
+                cols,
+                via,
+            };
+            if let Some(prev) = self.pending.replace(done) {
+                prev.finish(&self.scratch, sink);
+            }
+        }
+    }
+
+    /// Runs the last block's epilogue.
+    fn finish(mut self, sink: &mut Sink<'_, '_, '_, '_>) {
+        if let Some(prev) = self.pending.take() {
+            prev.finish(&self.scratch, sink);
+        }
+    }
+}
+
 /// The product of A's rows with B's columns `span` (its start a multiple of [`NR_QUADS`])
 /// into C (`ldc` apart, C's first column the span's first), each sum plus `-za * colsum`;
 /// with `out`, each block also requantized into Y. False (nothing written) when B is not in
@@ -113,7 +254,7 @@ pub(super) fn serial<T: Int8>(
     p: Product<'_, T>,
     c: &mut [i32],
     ldc: usize,
-    mut out: Option<&mut Output<'_, '_>>,
+    out: Option<&mut Output<'_, '_>>,
     span: Range<usize>,
 ) -> bool {
     let Product {
@@ -124,14 +265,10 @@ pub(super) fn serial<T: Int8>(
         a_zero,
         b,
     } = p;
-    let Data::Quads(data) = &b.data else { return false };
-    let kq = k.div_ceil(4);
-    let chunks = kq.div_ceil(TILE_QUADS);
-    let stride = kq * 4 * NR_QUADS;
-    let panels = b.n.div_ceil(NR_QUADS);
-    if chunks == 0 || panels == 0 || data.len() < (panels - 1) * stride + chunks * B_CHUNK {
+    let Some(panels) = Panels::of(b, a_zero) else {
         return false;
-    }
+    };
+    let chunks = panels.chunks;
     let (first, n) = (span.start, span.end.min(b.n));
     if first >= n {
         return true;
@@ -139,106 +276,145 @@ pub(super) fn serial<T: Int8>(
     if !first.is_multiple_of(NR_QUADS) {
         return false;
     }
-    let signed = T::OFFSET != 0;
-    // Each column's starting value, `-za * colsum`, padded to whole panels: the C tiles start
-    // from it (loaded with a row stride of 0).
-    let mut init = Vec::new();
-    b.quads_init(a_zero, &mut init);
     let bytes = T::bytes(a);
     // Whole 64-deep chunks of A are read in place; a depth's last partial chunk, and every
     // chunk of a block of other than 16 or 32 rows, are copied zero-padded into `apack`
     // (rows `width` apart).
     let full = k / (4 * TILE_QUADS);
     let mut apack = vec![0u8; BLOCK_ROWS * chunks * 4 * TILE_QUADS];
-    // Blocks that are not whole tiles of C go through one of two scratch tiles (alternating,
-    // since a block's epilogue runs after the next block's products).
-    let mut scratch = [[0i32; BLOCK_ROWS * NR_QUADS]; 2];
-    let mut slot = 0;
-    // The last block computed, its epilogue not yet run: the tiles' stores are still
-    // draining when the next block's products are issued, and the epilogue (vector code)
-    // then runs beside them instead of waiting for the stores.
-    let mut pending: Option<Done> = None;
-    // Panels per column block: one depth's worth of B for them stays in L2 while every block
-    // of rows reads it.
-    let per_block = (B_BLOCK_BYTES / stride.max(1)).max(1);
+    let mut addrs: Vec<(*const u8, usize)> = Vec::with_capacity(chunks);
+    let mut run = Runner::new(T::OFFSET != 0);
+    let mut sink = Sink { c, ldc, first, out };
     let (p_first, p_end) = (first / NR_QUADS, n.div_ceil(NR_QUADS));
     let _tiles = Tiles::configure();
-    for p0 in (p_first..p_end).step_by(per_block) {
+    for p0 in (p_first..p_end).step_by(panels.per_block) {
         for m0 in (0..m).step_by(BLOCK_ROWS) {
             let rows = (m - m0).min(BLOCK_ROWS);
             let in_place = rows == TILE_ROWS || rows == BLOCK_ROWS;
             let from = if in_place { full } else { 0 };
             let width = pack_a(bytes, (lda, k), (m0, rows), from, &mut apack);
-            // The chunks from A itself, then those from `apack`.
-            let (a_main, a_tail) = match in_place {
-                true => (
-                    (
-                        bytes.get(m0 * lda..).map_or(std::ptr::null(), <[u8]>::as_ptr),
-                        lda,
-                        full,
-                    ),
-                    (apack.as_ptr(), width, chunks - full),
-                ),
-                false => ((apack.as_ptr(), width, chunks), (apack.as_ptr(), width, 0)),
-            };
-            for p in p0..(p0 + per_block).min(p_end) {
-                let j0 = p * NR_QUADS;
-                let cols = (n - j0).min(NR_QUADS);
-                let (Some(panel), Some(start)) = (
-                    data.get(p * stride..p * stride + chunks * B_CHUNK),
-                    init.get(j0..j0 + NR_QUADS),
-                ) else {
-                    continue;
-                };
-                let at = m0 * ldc + j0 - first;
-                // Whole tiles go straight to C; a block of other rows, or the span's last
-                // panel when partial, through a scratch tile.
-                let direct = (rows == TILE_ROWS || rows == BLOCK_ROWS)
-                    && cols == NR_QUADS
-                    && at + (rows - 1) * ldc + NR_QUADS <= c.len();
-                let two = rows > TILE_ROWS;
-                let via = (!direct).then(|| {
-                    slot ^= 1;
-                    slot
-                });
-                let dst = match via {
-                    None => c.get_mut(at..).map(|d| (d.as_mut_ptr(), 4 * ldc)),
-                    Some(s) => scratch.get_mut(s).map(|t| (t.as_mut_ptr(), 4 * NR_QUADS)),
-                };
-                let Some((dst, ld_bytes)) = dst else { continue };
-                // SAFETY: in place (16 or 32 rows), A holds the block's rows (`lda` apart,
-                // `rows > 16` exactly when `two`) to depth `k >= 64 * full`; `apack` holds
-                // BLOCK_ROWS rows of `width = 64 * (chunks - from)` bytes (the kernel reads
-                // rows 0-15, and 16-31 when `two`); `panel` holds `chunks` chunks of 16 quads
-                // of 128 bytes; `start` 32 i32; `dst` is a scratch tile
-                // (32 rows of 32 i32) or, `direct`, C at the block's first element with `rows`
-                // rows of 32 columns `ldc` apart inside `c` (checked). The tiles are
-                // configured.
-                unsafe {
-                    block(
-                        (signed, two),
-                        [a_main, a_tail],
-                        panel.as_ptr().cast::<u8>(),
-                        start.as_ptr(),
-                        (dst, ld_bytes),
-                    )
-                };
-                let done = Done {
-                    m0,
-                    j0,
-                    rows,
-                    cols,
-                    via,
-                };
-                if let Some(prev) = pending.replace(done) {
-                    prev.finish(&scratch, (c, ldc), out.as_deref_mut(), first);
-                }
+            addrs.clear();
+            if in_place && let Some(rows_a) = bytes.get(m0 * lda..) {
+                addrs.extend((0..full).map(|ch| (rows_a.as_ptr().wrapping_add(64 * ch), lda)));
             }
+            addrs.extend((0..chunks - from).map(|ch| (apack.as_ptr().wrapping_add(64 * ch), width)));
+            // SAFETY: in place (16 or 32 rows) A holds the block's rows, `lda` apart, to
+            // depth `k >= 64 * full`; `apack` holds BLOCK_ROWS rows of `width = 64 * (chunks
+            // - from)` bytes; one address per chunk. The tiles are configured.
+            unsafe {
+                run.block_row(
+                    &panels,
+                    &addrs,
+                    (m0, rows),
+                    (p0..(p0 + panels.per_block).min(p_end), n),
+                    &mut sink,
+                )
+            };
         }
     }
-    if let Some(prev) = pending {
-        prev.finish(&scratch, (c, ldc), out, first);
+    run.finish(&mut sink);
+    true
+}
+
+/// `Y = requantize(conv(X - zx, B))` for output pixels `pixels` of `win` on the tiles,
+/// their sums in `sums` (`pixels.len()` rows of B's columns): blocks of 16 or 32 pixels of
+/// one output row whose windows lie inside X read each tap's channels in place (rows `stride
+/// * pixel_stride` apart, one 64-channel chunk per tile), the others (windows in the padding,
+/// a row's last few pixels) from their im2col rows, copied into `rows`. Only for channels a
+/// multiple of 64 (whole chunks per tap); false (nothing written) otherwise, or when B is not
+/// in quads.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn conv<T: Int8 + Default>(
+    win: &super::ConvWindow,
+    x: &[T],
+    pixels: Range<usize>,
+    pad: T,
+    b: &super::PackedB,
+    sums: &mut [i32],
+    rows: &mut Vec<T>,
+    out: &mut Output<'_, '_>,
+) -> bool {
+    let (c, (kh, kw)) = (win.channels, win.kernel);
+    let k = win.depth();
+    if c == 0 || !c.is_multiple_of(4 * TILE_QUADS) || b.k != k || x.len() < win.input_len() || kh == 0 || kw == 0 {
+        return false;
     }
+    let Some(panels) = Panels::of(b, pad.widen()) else {
+        return false;
+    };
+    let (n, m) = (b.n, pixels.len());
+    if sums.len() < m * n || pixels.end > win.pixels() {
+        return false;
+    }
+    let size = std::mem::size_of::<T>();
+    let per_tap = c / (4 * TILE_QUADS);
+    let bytes = T::bytes(x);
+    let (h, w) = win.input;
+    let (sw, (dh, dw), ps) = (win.stride.1, win.dilation, win.pixel_stride);
+    let lda = sw * ps * size;
+    let buf = crate::recycle::scratch(rows, BLOCK_ROWS * k);
+    let mut addrs: Vec<(*const u8, usize)> = Vec::with_capacity(panels.chunks);
+    let mut run = Runner::new(T::OFFSET != 0);
+    let mut sink = Sink {
+        c: sums,
+        ldc: n,
+        first: 0,
+        out: Some(out),
+    };
+    let p_end = n.div_ceil(NR_QUADS);
+    let _tiles = Tiles::configure();
+    for p0 in (0..p_end).step_by(panels.per_block) {
+        let cols = p0..(p0 + panels.per_block).min(p_end);
+        let mut p = pixels.start;
+        while p < pixels.end {
+            let cursor @ (batch, _, ox) = win.cursor(p);
+            // This output row's pixels from `ox` on, within the range, 32 or 16 at a time.
+            let seg = win.output.1.saturating_sub(ox).min(pixels.end - p).max(1);
+            let here = match seg {
+                s if s >= BLOCK_ROWS => BLOCK_ROWS,
+                s if s >= TILE_ROWS => TILE_ROWS,
+                s => s,
+            };
+            let (_, y0, x0) = win.cursor_origin(cursor);
+            let last_x = x0 + ((here - 1) * sw + (kw - 1) * dw) as isize;
+            let inside = here >= TILE_ROWS
+                && y0 >= 0
+                && x0 >= 0
+                && y0 + (((kh - 1) * dh) as isize) < (h as isize)
+                && last_x < (w as isize);
+            addrs.clear();
+            if inside {
+                let (y0, x0) = (y0.unsigned_abs(), x0.unsigned_abs());
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        let at = ((batch * h + y0 + ky * dh) * w + x0 + kx * dw) * ps;
+                        addrs.extend(
+                            (0..per_tap)
+                                .map(|cc| (bytes.as_ptr().wrapping_add((at + cc * 4 * TILE_QUADS) * size), lda)),
+                        );
+                    }
+                }
+            } else {
+                for (r, row) in buf.chunks_exact_mut(k).take(BLOCK_ROWS).enumerate() {
+                    if r < here {
+                        win.im2col_row(x, p + r, pad, row);
+                    } else {
+                        row.fill(pad);
+                    }
+                }
+                let base = T::bytes(buf).as_ptr();
+                addrs.extend((0..panels.chunks).map(|ch| (base.wrapping_add(64 * ch), k * size)));
+            }
+            // SAFETY: inside, every tap of the block's `here` (16 or 32) windows lies within X
+            // (checked above; X holds `input_len` values): row `r`'s tap is `r * sw` pixels
+            // after row 0's, `lda` bytes apart, and each chunk's 64 channels lie within the
+            // tap's `c`; otherwise the chunks are `buf`'s BLOCK_ROWS rows of `k` values. One
+            // address per chunk, in B's `[ky][kx][c]` order. The tiles are configured.
+            unsafe { run.block_row(&panels, &addrs, (p - pixels.start, here), (cols.clone(), n), &mut sink) };
+            p += here;
+        }
+    }
+    run.finish(&mut sink);
     true
 }
 
@@ -253,15 +429,9 @@ struct Done {
 }
 
 impl Done {
-    /// The block's epilogue: its sums copied from its scratch tile into C, then with `out`
+    /// The block's epilogue: its sums copied from its scratch tile into C, then, fused,
     /// requantized into Y.
-    fn finish(
-        &self,
-        scratch: &[[i32; BLOCK_ROWS * NR_QUADS]; 2],
-        (c, ldc): (&mut [i32], usize),
-        out: Option<&mut Output<'_, '_>>,
-        first: usize,
-    ) {
+    fn finish(&self, scratch: &[[i32; BLOCK_ROWS * NR_QUADS]; 2], sink: &mut Sink<'_, '_, '_, '_>) {
         let Done {
             m0,
             j0,
@@ -269,17 +439,23 @@ impl Done {
             cols,
             via,
         } = *self;
-        let at = m0 * ldc + j0 - first;
+        let ldc = sink.ldc;
+        let Some(at) = (m0 * ldc + j0).checked_sub(sink.first) else {
+            return;
+        };
         if let Some(tile) = via.and_then(|s| scratch.get(s)) {
             for (r, sums) in tile.chunks_exact(NR_QUADS).take(rows).enumerate() {
-                let (Some(d), Some(s)) = (c.get_mut(at + r * ldc..at + r * ldc + cols), sums.get(..cols)) else {
+                let (Some(d), Some(s)) = (sink.c.get_mut(at + r * ldc..at + r * ldc + cols), sums.get(..cols)) else {
                     break;
                 };
                 d.copy_from_slice(s);
             }
         }
-        if let Some(f) = out.and_then(|o| o.tile(m0, j0 - first, j0, cols))
-            && let Some(sums) = c.get(at..)
+        if let Some(f) = sink
+            .out
+            .as_deref_mut()
+            .and_then(|o| o.tile(m0, j0 - sink.first, j0, cols))
+            && let Some(sums) = sink.c.get(at..)
         {
             super::vnni::requant_panel(sums, ldc, rows, cols, f);
         }
@@ -314,18 +490,17 @@ fn pack_a(a: &[u8], (lda, k): (usize, usize), (m0, rows): (usize, usize), from: 
 }
 
 /// One block's tile products: C's 16 rows (32 when `two`) of 32 i32, `ld_bytes` apart at
-/// `c`, become `init` (32 i32, every row) plus A's rows times the panel's 32 columns; A's
-/// chunks come from two sources in turn, each `(rows, row stride, chunks)` (row `r`'s chunk
-/// `i` at `rows + r * stride + 64 i`), B's chunks one after another from `b`; `tdpbssd`
-/// (i8 A) when `signed`, else `tdpbusd`.
+/// `c`, become `init` (32 i32, every row) plus A's rows times the panel's 32 columns: A's
+/// chunk `i` is 16 (32) rows of 64 bytes from `a[i].0`, `a[i].1` apart, B's chunks one after
+/// another from `b`; `tdpbssd` (i8 A) when `signed`, else `tdpbusd`.
 ///
 /// # Safety
-/// The tiles are configured ([`Tiles`]); each A source holds 16 rows (32 when `two`) of its
-/// chunks, `b` the chunks of both sources ([`B_CHUNK`] bytes each), `init` 32 i32, and `c`
-/// 16 (32 when `two`) rows of 32 i32, `ld_bytes` apart.
+/// The tiles are configured ([`Tiles`]); each A chunk's rows are readable, `b` holds
+/// `a.len()` chunks of [`B_CHUNK`] bytes, `init` 32 i32, and `c` 16 (32 when `two`) rows of 32
+/// i32, `ld_bytes` apart.
 unsafe fn block(
     (signed, two): (bool, bool),
-    sources: [(*const u8, usize, usize); 2],
+    a: &[(*const u8, usize)],
     b: *const u8,
     init: *const i32,
     (c, ld_bytes): (*mut i32, usize),
@@ -343,14 +518,10 @@ unsafe fn block(
         )
     };
     let mut bp = b;
-    for (ch, (base, lda)) in sources
-        .iter()
-        .flat_map(|&(a, lda, n)| (0..n).map(move |i| (i, (a, lda))))
-    {
-        // SAFETY: chunk `ch` of the source: its rows' 64 bytes at `base + 64 ch`, `lda`
-        // apart; the second tile's rows 16 rows on (read only when `two`). Addresses formed
-        // with `wrapping_add`, read within the caller's contract.
-        let (ap, ap1) = (base.wrapping_add(64 * ch), base.wrapping_add(64 * ch + TILE_ROWS * lda));
+    for &(ap, lda) in a {
+        // The second tile's rows 16 rows on (read only when `two`); formed with
+        // `wrapping_add`, read within the caller's contract.
+        let ap1 = ap.wrapping_add(TILE_ROWS * lda);
         let s64 = lda;
         // SAFETY: the loads read 16 rows of 64 bytes: A's at `ap` (and `ap1`), `lda` apart,
         // B's at `bp` and `bp + 64`, 128 apart: within the caller's buffers (see above).

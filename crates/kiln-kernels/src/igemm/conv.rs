@@ -44,7 +44,7 @@ impl ConvWindow {
     }
 
     /// X's elements the window reads up to (the last pixel's channels end there).
-    fn input_len(&self) -> usize {
+    pub(super) fn input_len(&self) -> usize {
         match self.batch * self.input.0 * self.input.1 {
             0 => 0,
             pixels => (pixels - 1) * self.pixel_stride + self.channels,
@@ -214,6 +214,22 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
     }
     let sums = crate::recycle::scratch(&mut scratch.sums, m * n);
     let c = win.channels;
+    // On AMX with whole 64-channel chunks per tap and output rows of at least one whole
+    // block of 32 pixels: the tiles read the windows in place, a row at a time. Narrower rows
+    // would leave most of each tile empty (7 of 16 rows of a 7x7 map); their im2col rows
+    // below fill whole tiles across output rows.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if super::on_tiles(isa, m, k) && c.is_multiple_of(64) && win.output.1 >= 32 {
+        let stage = stage.checked::<O>(y.len(), (m - 1) * ldy + n, n)?;
+        let mut out = Output {
+            y: O::bytes_mut(y),
+            ldy,
+            stage,
+        };
+        if super::amx::conv(win, x, pixels.clone(), pad, b, sums, &mut scratch.rows, &mut out) {
+            return Ok(());
+        }
+    }
     // On AMX the rows are copied and multiplied on the tiles (which load A with one stride)
     // when each tap's channels are a long run to copy; windows of few channels (a stem's
     // folded rows) are read in place by the VNNI micro-tiles, cheaper than their copy.
