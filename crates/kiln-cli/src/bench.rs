@@ -30,8 +30,9 @@ pub struct BenchArgs {
     pub activations: Option<u32>,
     /// Print one JSON object: inferences, inf_per_s, total_s, batch_size, load_s,
     /// latency_ms {min, max, avg, p25, p50, p75, p90, p99, p999}, thread_round_trip_ns
-    /// {before, after} (null on one thread) and shape_cache {stored, cached, failed, compiled,
-    /// limit, can_compile} (null for a model without symbolic input dims).
+    /// {before, after} (null on one thread), shape_cache {stored, cached, failed, compiled,
+    /// limit, can_compile} (null for a model without symbolic input dims), cancelled, io_crc
+    /// and kernels (the instruction set used and why, e.g. "avx512+amx (detected)").
     #[arg(long)]
     pub json: bool,
     /// No progress bar (there is none either when stderr is not a terminal).

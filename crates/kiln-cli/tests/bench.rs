@@ -48,6 +48,7 @@ fn bench_json_carries_every_key_with_sane_values() {
         "shape_cache",
         "cancelled",
         "io_crc",
+        "kernels",
     ];
     want.sort_unstable();
     let mut got = keys.clone();
@@ -55,6 +56,12 @@ fn bench_json_carries_every_key_with_sane_values() {
     assert_eq!(got, want);
     assert_eq!(v["inferences"].as_u64(), Some(20));
     assert_eq!(v["batch_size"].as_u64(), Some(1));
+    // The level and why, e.g. "avx512+amx (detected)".
+    let kernels = v["kernels"].as_str().unwrap_or_default();
+    assert!(
+        ["portable", "avx2", "avx512"].iter().any(|l| kernels.starts_with(l)),
+        "{kernels}"
+    );
     assert!(
         v["shape_cache"].is_null(),
         "a static model has no shape specialisations"

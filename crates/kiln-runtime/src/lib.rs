@@ -18,6 +18,12 @@ pub use exec::{Limits, run, run_limited, run_with};
 pub use kiln_kernels::alloc::{AllocCounts, CachingAlloc, CountingAlloc};
 /// Denormals flushed to zero on the calling thread while the guard lives (a Session's runs).
 pub use kiln_kernels::fp::FlushDenormals;
+
+/// The kernels this process runs and why, e.g. `avx512+amx (detected)` (see
+/// `kiln_kernels::isa`).
+pub fn kernels() -> String {
+    kiln_kernels::isa::dispatch().describe()
+}
 /// The compute thread pool a Session runs its programs on (kernels split over the pool
 /// installed on the running thread).
 pub use kiln_kernels::pool::ThreadPool;

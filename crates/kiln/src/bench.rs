@@ -94,6 +94,9 @@ pub struct BenchReport {
     /// With `gen_crc` on (one activation): the CRCs of the last measured inference's inputs
     /// and outputs; `null` otherwise.
     pub io_crc: Option<crate::IoCrc>,
+    /// The kernels the run used and why (`avx512+amx (detected)`, or what `KILN_KERNELS`
+    /// asked for).
+    pub kernels: String,
 }
 
 /// A cache-line round trip between two compute threads, in ns, before and after a
@@ -119,6 +122,7 @@ impl fmt::Display for BenchReport {
             }
         )?;
         writeln!(f, "total time     {:.4} s", self.total_s)?;
+        writeln!(f, "kernels        {}", self.kernels)?;
         writeln!(
             f,
             "inferences/s   {:.2} ({:.2} samples/s)",
@@ -312,6 +316,7 @@ impl Session {
             shape_cache: self.shape_cache(),
             cancelled,
             io_crc: None,
+            kernels: kiln_runtime::kernels(),
         })
     }
 
@@ -530,6 +535,7 @@ mod tests {
             shape_cache: None,
             cancelled: false,
             io_crc: None,
+            kernels: "avx512 (detected)".into(),
         };
         let v = serde_json::to_value(&r).unwrap_or_default();
         let mut keys: Vec<&str> = v
@@ -545,6 +551,7 @@ mod tests {
                 "inf_per_s",
                 "inferences",
                 "io_crc",
+                "kernels",
                 "latency_ms",
                 "load_s",
                 "shape_cache",
