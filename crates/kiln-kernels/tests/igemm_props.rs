@@ -535,7 +535,15 @@ fn near_halves_take_the_f64_path() {
 /// against the oracle, on every level.
 #[test]
 fn wide_products_in_column_blocks() {
-    let (m, n, k) = (11usize, 1100usize, 2600usize);
+    // 11 rows (VNNI) and 50 (on AMX: a whole block of 32 and an edge block of 18, whose
+    // partial sums wait in scratch between depth blocks).
+    for m in [11usize, 50] {
+        wide_product(m);
+    }
+}
+
+fn wide_product(m: usize) {
+    let (n, k) = (1100usize, 2600usize);
     let mut s = 7u64;
     let mut next = || {
         s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
