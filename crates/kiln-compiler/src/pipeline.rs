@@ -10,8 +10,8 @@
 use crate::CompileError;
 use crate::passes::{
     attention, bn, captures, chain, conv_tail, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity,
-    inline_if, layout, matmul_add, patterns, pointwise_depthwise, qdq_add, qdq_chain, qdq_conv, qdq_glue, qdq_matmul,
-    residual, shape, unit_transpose,
+    inline_if, layout, matmul_add, patterns, pointwise_depthwise, qconv_residual, qdq_add, qdq_chain, qdq_conv,
+    qdq_glue, qdq_matmul, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -244,6 +244,14 @@ const PIPELINE: &[Pass] = &[
         level: 2,
         deep: true,
         run: qdq_glue::run,
+    },
+    // After layout (only a channels-last QLinearConv takes a sum, and the sum's operands
+    // are then in its layout) and after the glue, whose requantizations may feed a sum.
+    Pass {
+        name: "qconv_residual",
+        level: 2,
+        deep: true,
+        run: qconv_residual::run,
     },
     // Removes the weights the folds replaced and anything the fusions left unread.
     Pass {

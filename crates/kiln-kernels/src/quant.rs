@@ -340,12 +340,69 @@ impl<A: Q8, B: Q8, T: Q8> crate::simd::Kernel for AddDequantized<'_, A, B, T> {
             zero_point,
         } = self;
         for ((o, &x), &z) in y.iter_mut().zip(a.values).zip(b.values) {
-            let v = (x.to_f32() - a.zero_point) * a.scale + (z.to_f32() - b.zero_point) * b.scale;
-            let t = (v / scale).clamp(-BIG, BIG);
-            let r = (t + ROUND) - ROUND;
-            let q = (r + zero_point).clamp(T::LO, T::HI);
-            let q = if q.is_nan() { 0.0 } else { q };
-            *o = T::from_low_byte((q + ROUND).to_bits());
+            *o = requantized_sum((x.to_f32(), a.scale, a.zero_point), (z, b), (scale, zero_point), T::LO);
+        }
+    }
+}
+
+/// One element of [`add_dequantized_row`]: `x` (with its scale and zero point) and `z`
+/// dequantized, added, quantized to `T` with the output's scale and zero point; the result
+/// at least `lo` (`T::LO`, or the output's zero point for a fused Relu: `max(q, zy)` is the
+/// clamp from `zy` up, since `zy` lies within `T`'s range). A NaN sum gives 0 (raised to `lo`).
+#[inline(always)]
+fn requantized_sum<B: Q8, T: Q8>(
+    (x, sx, zx): (f32, f32, f32),
+    (z, b): (B, Operand<'_, B>),
+    (scale, zero_point): (f32, f32),
+    lo: f32,
+) -> T {
+    let v = (x - zx) * sx + (z.to_f32() - b.zero_point) * b.scale;
+    let t = (v / scale).clamp(-BIG, BIG);
+    let r = (t + ROUND) - ROUND;
+    let q = if r.is_nan() {
+        lo.max(0.0)
+    } else {
+        (r + zero_point).max(lo).min(T::HI)
+    };
+    T::from_low_byte((q + ROUND).to_bits())
+}
+
+/// [`add_dequantized_row`] with `y` as its first operand, in place: `y[i] =
+/// max(quantize(dequantize(y[i]) + dequantize(b[i])), floor)` (the same bits), `own` being
+/// y's scale and zero point before the sum. With `floor` the output's zero point, this is a
+/// QDQ residual block's `Q(Relu(DQ(y) + DQ(b)))`; `None` clamps to `T`'s range alone.
+pub fn add_dequantized_in_place<B: Q8, T: Q8>(
+    y: &mut [T],
+    own: (f32, f32),
+    b: Operand<'_, B>,
+    (scale, zero_point): (f32, f32),
+    floor: Option<f32>,
+) {
+    crate::simd::vectorize_kernel(AddInPlace {
+        y,
+        own,
+        b,
+        out: (scale, zero_point),
+        lo: floor.filter(|f| !f.is_nan()).map_or(T::LO, |f| f.clamp(T::LO, T::HI)),
+    })
+}
+
+/// [`add_dequantized_in_place`]'s loop as a struct kernel.
+struct AddInPlace<'a, B, T> {
+    y: &'a mut [T],
+    own: (f32, f32),
+    b: Operand<'a, B>,
+    out: (f32, f32),
+    lo: f32,
+}
+
+impl<B: Q8, T: Q8> crate::simd::Kernel for AddInPlace<'_, B, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let AddInPlace { y, own, b, out, lo } = self;
+        for (o, &z) in y.iter_mut().zip(b.values) {
+            *o = requantized_sum((o.to_f32(), own.0, own.1), (z, b), out, lo);
         }
     }
 }

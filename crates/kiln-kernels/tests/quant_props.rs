@@ -1,8 +1,8 @@
 //! The quantize / dequantize rows against the ONNX formulas computed directly.
 
 use kiln_kernels::quant::{
-    Operand, Q8, add_dequantized_row, dequantize_row, fake_quantize_row, min_max, quantize_row, requantize_pixels,
-    requantize_pixels_f32, requantize_row, requantize_row_f32,
+    Operand, Q8, add_dequantized_in_place, add_dequantized_row, dequantize_row, fake_quantize_row, min_max,
+    quantize_row, requantize_pixels, requantize_pixels_f32, requantize_row, requantize_row_f32,
 };
 use proptest::prelude::*;
 
@@ -166,6 +166,49 @@ proptest! {
             Operand { values: &b, scale: sb, zero_point: f32::from(zb) },
             &mut got, sy, f32::from(zy),
         );
+        prop_assert_eq!(got, want);
+    }
+
+    /// In place (a convolution's output plus its residual): the bits of the three ops run
+    /// apart, then the Relu's `max(q, zy)` when it has a floor; u8 and i8 outputs.
+    #[test]
+    fn add_in_place_matches_the_three_ops(
+        y0 in prop::collection::vec(any::<u8>(), 0..70),
+        seed in any::<u64>(),
+        sa in prop::sample::select(vec![0.02f32, 0.5, 1.0, 0.0173]),
+        sb in prop::sample::select(vec![0.03f32, 0.25, 1.0, 0.0091]),
+        sy in prop::sample::select(vec![0.05f32, 0.5, 1.0, 0.0231]),
+        za in any::<u8>(), zb in any::<u8>(), zy in any::<u8>(), relu in any::<bool>(),
+    ) {
+        let n = y0.len();
+        let mut s = seed;
+        let b: Vec<u8> = (0..n).map(|_| { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 40) as u8 }).collect();
+        let (mut fa, mut fb) = (vec![0f32; n], vec![0f32; n]);
+        dequantize_row(&y0, &mut fa, sa, za);
+        dequantize_row(&b, &mut fb, sb, zb);
+        let sum: Vec<f32> = fa.iter().zip(&fb).map(|(x, y)| x + y).collect();
+        let bop = Operand { values: &b, scale: sb, zero_point: f32::from(zb) };
+        // u8 out
+        let mut want = vec![0u8; n];
+        quantize_row(&sum, &mut want, sy, f32::from(zy));
+        if relu {
+            want.iter_mut().for_each(|q| *q = (*q).max(zy));
+        }
+        let mut got = y0.clone();
+        add_dequantized_in_place(&mut got, (sa, f32::from(za)), bop, (sy, f32::from(zy)), relu.then_some(f32::from(zy)));
+        prop_assert_eq!(got, want);
+        // i8 out (y's values reinterpreted, its zero point shifted into i8's range)
+        let yi: Vec<i8> = y0.iter().map(|&v| (v ^ 0x80) as i8).collect();
+        let (zai, zyi) = ((za ^ 0x80) as i8, (zy ^ 0x80) as i8);
+        dequantize_row(&yi, &mut fa, sa, zai);
+        let sum: Vec<f32> = fa.iter().zip(&fb).map(|(x, y)| x + y).collect();
+        let mut want = vec![0i8; n];
+        quantize_row(&sum, &mut want, sy, f32::from(zyi));
+        if relu {
+            want.iter_mut().for_each(|q| *q = (*q).max(zyi));
+        }
+        let mut got = yi.clone();
+        add_dequantized_in_place(&mut got, (sa, f32::from(zai)), bop, (sy, f32::from(zyi)), relu.then_some(f32::from(zyi)));
         prop_assert_eq!(got, want);
     }
 

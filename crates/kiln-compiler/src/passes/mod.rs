@@ -24,6 +24,7 @@ pub mod layout;
 pub(crate) mod matmul_add;
 pub(crate) mod patterns;
 pub(crate) mod pointwise_depthwise;
+pub(crate) mod qconv_residual;
 pub(crate) mod qdq_add;
 pub(crate) mod qdq_chain;
 pub(crate) mod qdq_conv;

@@ -80,6 +80,13 @@ pub struct QConvPlan {
     /// QLinearConv reference.
     #[serde(default)]
     pub float_requant: bool,
+    /// Channels-last: a `QLinearAdd` of this convolution's output and another 8-bit value
+    /// of its shape, fused (the `qconv_residual` pass). Inputs 9-15 are then the sum's: the
+    /// scale and zero point it dequantizes this output with, R, R's scale and zero point,
+    /// the sum's scale and zero point; the node's output is the sum. Each block of output
+    /// pixels gets its sum while it is still in cache.
+    #[serde(default)]
+    pub residual: Option<QResidual>,
     /// The weights packed for the integer GEMM on the first run, kept for later ones.
     #[serde(skip)]
     pub packed: crate::quant::PackCache,
@@ -90,6 +97,13 @@ pub struct QConvPlan {
     /// ones.
     #[serde(skip)]
     pub groups: crate::quant::GroupsPackCache,
+}
+
+/// A [`QConvPlan`]'s fused residual sum.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq, Default)]
+pub struct QResidual {
+    /// A Relu between the sum and its quantization, as `QLinearAdd::relu`.
+    pub relu: bool,
 }
 
 /// The plan of a `Conv`.
@@ -220,6 +234,9 @@ impl Plan {
                 if let Some((lo, hi)) = p.clamp {
                     s.push_str(&format!(" clamp({lo}, {hi})"));
                 }
+                if let Some(r) = p.residual {
+                    s.push_str(if r.relu { " +residual relu" } else { " +residual" });
+                }
                 s
             }
             Plan::Recurrent(_) => "constant weights, packed once".to_string(),
@@ -335,6 +352,11 @@ pub fn validate(op: &Op, plan: Option<&Plan>) -> Result<()> {
         (Op::Recurrent(crate::recurrent::RecurrentOp::Recurrent(_)), Plan::Recurrent(_)) => Ok(()),
         (Op::Quant(QuantOp::QLinearConv(_)), Plan::QConv(p)) => match p.clamp {
             Some((lo, hi)) if lo > hi => Err(misfit(op, plan, "the clamp's low bound is above its high bound")),
+            _ if p.residual.is_some() && !p.channels_last => Err(misfit(
+                op,
+                plan,
+                "a fused residual sum needs a channels-last convolution",
+            )),
             _ => Ok(()),
         },
         _ => Err(mismatch(op, plan)),

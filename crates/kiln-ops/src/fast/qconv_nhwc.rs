@@ -70,14 +70,90 @@ pub(crate) fn eval(op: &QLinearConv, plan: &QConvPlan, args: &Args<'_>) -> Resul
     let x = args.tensor(0)?;
     let zy = args.opt_tensor(7)?;
     let odt = zy.map_or(x.dtype(), Tensor::dtype);
-    let y = match (x.dtype(), odt) {
+    let (y, summed) = match (x.dtype(), odt) {
         (DType::U8, DType::U8) => run::<u8, u8>(op, plan, args)?,
         (DType::U8, DType::I8) => run::<u8, i8>(op, plan, args)?,
         (DType::I8, DType::U8) => run::<i8, u8>(op, plan, args)?,
         (DType::I8, DType::I8) => run::<i8, i8>(op, plan, args)?,
         (got, _) => return Err(OpError::UnsupportedDType { index: 0, got }),
     };
-    Ok(smallvec::smallvec![y.into()])
+    match plan.residual {
+        // The sum the blocks could not make in place (other types or shapes, per-channel
+        // parameters, a depthwise convolution): the QLinearAdd itself, on the output.
+        Some(res) if !summed => {
+            let y = crate::Value::from(y);
+            let inputs: Vec<Option<&crate::Value>> = std::iter::once(Some(&y))
+                .chain((RESIDUAL_INPUTS..RESIDUAL_INPUTS + 7).map(|i| args.value(i)))
+                .collect();
+            crate::quant::QLinearAdd { relu: res.relu }.eval(&Args::new(&inputs))
+        }
+        _ => Ok(smallvec::smallvec![y.into()]),
+    }
+}
+
+/// The first of a fused residual sum's inputs ([`super::QResidual`]).
+const RESIDUAL_INPUTS: usize = 9;
+
+/// A fused residual sum made in place on each block of output pixels: `y = Q(DQ(y) +
+/// DQ(r))`, as `QLinearAdd`'s one-pass arithmetic (the same bits).
+struct Residual<'a, O> {
+    values: &'a [O],
+    /// Y's scale and zero point as the sum dequantizes it.
+    own: (f32, f32),
+    /// R's.
+    of_r: (f32, f32),
+    /// The sum's.
+    out: (f32, f32),
+    /// The fused Relu's floor: the sum's zero point.
+    floor: Option<f32>,
+}
+
+impl<'a, O: Quantized> Residual<'a, O> {
+    /// The sum of a plan with a residual, when it can be made in place on Y `[N, OH, OW,
+    /// M]`: R of that shape and Y's type, the sum of Y's type too, every scale and zero point
+    /// one value. `None` otherwise (the op then adds afterwards).
+    fn of(plan: &QConvPlan, args: &Args<'a>, shape: &[usize]) -> Result<Option<Residual<'a, O>>> {
+        use crate::quant::qadd::{scale, zero};
+        let Some(res) = plan.residual else { return Ok(None) };
+        let at = |i: usize| RESIDUAL_INPUTS + i;
+        let r = args.tensor(at(2))?;
+        let zt = args.opt_tensor(at(6))?;
+        let out_type = zt.map_or(DType::U8, Tensor::dtype);
+        if r.shape() != shape || r.dtype() != O::DTYPE || out_type != O::DTYPE {
+            return Ok(None);
+        }
+        let (Some(sc), Some(sr), Some(so)) = (
+            scale(args.tensor(at(0))?),
+            scale(args.tensor(at(3))?),
+            scale(args.tensor(at(5))?),
+        ) else {
+            return Ok(None);
+        };
+        let (Some(zc), Some(zr), Some(zo)) = (zero(args.opt_tensor(at(1))?), zero(args.opt_tensor(at(4))?), zero(zt))
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Residual {
+            values: r.as_slice::<O>()?,
+            own: (sc, zc),
+            of_r: (sr, zr),
+            out: (so, zo),
+            floor: res.relu.then_some(zo),
+        }))
+    }
+
+    /// The sum on `out`, Y's elements from `first` on.
+    fn apply(&self, first: usize, out: &mut [O]) {
+        let Some(r) = self.values.get(first..first + out.len()) else {
+            return;
+        };
+        let b = kiln_kernels::quant::Operand {
+            values: r,
+            scale: self.of_r.0,
+            zero_point: self.of_r.1,
+        };
+        kiln_kernels::quant::add_dequantized_in_place(out, self.own, b, self.out, self.floor);
+    }
 }
 
 /// A channels-last plan's output type: `[N, OH, OW, M]` for X `[N, H, W, C]`.
@@ -85,7 +161,11 @@ pub(crate) fn infer(op: &QLinearConv, plan: &QConvPlan, inputs: &[InferInput<'_>
     if !plan.channels_last {
         return op.infer(inputs);
     }
-    let dt = util::input_dtype(inputs, 7).or_else(|| util::input_dtype(inputs, 0));
+    let dt = match plan.residual {
+        // The sum's type: its zero point's, u8 without one (QLinearAdd's).
+        Some(_) => util::input_dtype(inputs, RESIDUAL_INPUTS + 6).or(Some(DType::U8)),
+        None => util::input_dtype(inputs, 7).or_else(|| util::input_dtype(inputs, 0)),
+    };
     let nchw = in_shape(inputs, 0).and_then(|s| match s.as_slice() {
         [n, h, w, c] => Some(vec![n.clone(), c.clone(), h.clone(), w.clone()]),
         _ => None,
@@ -236,7 +316,8 @@ fn scalar_zero_point<T: Int8 + Element>(args: &Args<'_>, index: usize) -> Result
     }
 }
 
-fn run<T, O>(op: &QLinearConv, plan: &QConvPlan, args: &Args<'_>) -> Result<Tensor>
+/// The convolution's output, and whether the plan's residual sum is already in it.
+fn run<T, O>(op: &QLinearConv, plan: &QConvPlan, args: &Args<'_>) -> Result<(Tensor, bool)>
 where
     T: Int8 + Element + Default + FromZeroPoint + kiln_kernels::recycle::Recycled,
     O: Quantized,
@@ -332,12 +413,15 @@ where
                 dilations: [dh, dw],
                 pad_begin: [ph, pw],
             };
-            return depthwise_f32::<T, O>(xs, zx, taps_f32, &dw, n, &requant);
+            return Ok((depthwise_f32::<T, O>(xs, zx, taps_f32, &dw, n, &requant)?, false));
         }
-        return depthwise_conv::<T, O>(xs, zx, taps, &window, &requant);
+        return Ok((depthwise_conv::<T, O>(xs, zx, taps, &window, &requant)?, false));
     }
+    let residual = Residual::<O>::of(plan, args, &[n, oh, ow, m])?;
+    let summed = residual.is_some();
     if kind == QConvKind::Grouped {
-        return grouped::<T, O>(plan, w, zw, xs, zx, &window, groups, m, &requant);
+        let y = grouped::<T, O>(plan, w, zw, xs, zx, &window, groups, m, &requant, residual.as_ref())?;
+        return Ok((y, summed));
     }
     // A few input channels (an image's three) padded to a multiple of four with the zero
     // point, and the weights with their own: the window's taps are then whole quads the VNNI
@@ -438,15 +522,19 @@ where
         if pointwise {
             let (acc, _) = scratch.parts(r * m, 0);
             let a = xs.get(p0 * c..).unwrap_or(&[]);
-            igemm_requant_serial(isa, (r, k), a, c, zx, packed, acc, stage, out, m)
+            igemm_requant_serial(isa, (r, k), a, c, zx, packed, acc, stage, out, m)?;
         } else {
-            conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out, m)
+            conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out, m)?;
         }
+        if let Some(res) = &residual {
+            res.apply(p0 * m, out);
+        }
+        Ok(())
     })?;
     if let Some(v) = copied {
         kiln_kernels::recycle::give_of(v);
     }
-    Ok(Tensor::from_buf(vec![n, oh, ow, m], y)?)
+    Ok((Tensor::from_buf(vec![n, oh, ow, m], y)?, summed))
 }
 
 /// A grouped convolution channels-last: per block of output pixels and per group, the
@@ -463,6 +551,7 @@ fn grouped<T, O>(
     groups: usize,
     m: usize,
     requant: &Requant<'_>,
+    residual: Option<&Residual<'_, O>>,
 ) -> Result<Tensor>
 where
     T: Int8 + Element + Default + FromZeroPoint,
@@ -506,6 +595,9 @@ where
             let Some(yg) = out.get_mut(g * mg..) else { break };
             let stage = requant.stage(g * mg..(g + 1) * mg);
             conv_requant_serial(isa, &gwin, xg, p0..p0 + r, pad, b, scratch, stage, yg, m)?;
+        }
+        if let Some(res) = residual {
+            res.apply(p0 * m, out);
         }
         Ok(())
     })?;

@@ -4,7 +4,7 @@
 
 pub mod integer;
 pub mod linear;
-mod qadd;
+pub(crate) mod qadd;
 mod qconv;
 
 pub use integer::{

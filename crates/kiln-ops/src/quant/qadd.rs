@@ -25,14 +25,14 @@ pub struct QLinearAdd {
 }
 
 /// One f32 scale.
-fn scale(t: &Tensor) -> Option<f32> {
+pub(crate) fn scale(t: &Tensor) -> Option<f32> {
     (t.len() == 1)
         .then(|| t.as_slice::<f32>().ok()?.first().copied())
         .flatten()
 }
 
 /// One zero point as f32 (absent: 0).
-fn zero(t: Option<&Tensor>) -> Option<f32> {
+pub(crate) fn zero(t: Option<&Tensor>) -> Option<f32> {
     match t {
         None => Some(0.0),
         Some(t) if t.len() == 1 => t.to_f64_vec().first().map(|&v| v as f32),
