@@ -14,6 +14,20 @@
 //!    two and no 8-bit tensor in between, with the same bits (`fake_quantize_row`). The chain
 //!    pass then joins it with the arithmetic around it.
 //!
+//! 3. **8-bit concatenation.** `Q(Concat(DQ(x_1), ..., DQ(x_n)))` is `Concat(Q(DQ(x_1)), ...,
+//!    Q(DQ(x_n)))` element for element (a concatenation only moves elements): the inputs
+//!    quantized with the output's parameters already are `x_i` (rule 1's argument); the others
+//!    are requantized by a 256-entry table of their bytes (`Lookup8`, made by running the two
+//!    ops on the 256 codes: the same bits), and the concatenation moves bytes. DenseNet's
+//!    and SqueezeNet's blocks, and detectors' feature pyramids, concatenate branches on
+//!    different scales this way.
+//!
+//! 4. **Per-channel affines on 8 bits.** A `ChannelAffine` (a BatchNormalization no
+//!    convolution absorbed: DenseNet's `BN -> ReLU` before each convolution) reading a
+//!    DequantizeLinear reads its 8-bit input instead, and one whose only reader is a
+//!    QuantizeLinear writes that 8-bit output itself: one pass over a quarter of the bytes,
+//!    by the two ops' own kernels (the same bits).
+//!
 //! Runs after the fusions that match `Q`/`DQ` patterns (the integer products, convolutions and
 //! sums) and after the layout is final, before the chain pass.
 
@@ -21,11 +35,14 @@ use super::dce;
 use super::edit::{Index, dtype_of, op, replace_all};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
+use kiln_ops::elementwise::{ChainDequantize, ChainQuantize, Lookup8, LookupTable};
 use kiln_ops::elementwise::{ChainStep, ElementwiseChain, ElementwiseOp};
 use kiln_ops::movement::MovementOp;
 use kiln_ops::nn::{NnOp, Pool, PoolKind};
 use kiln_ops::quant::{DequantizeLinear, QuantOp, QuantizeLinear};
-use kiln_tensor::DType;
+use kiln_ops::value::Args;
+use kiln_ops::{TensorType, Value, ValueType};
+use kiln_tensor::{DType, Tensor};
 use std::collections::HashMap;
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
@@ -37,6 +54,11 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         if n == 0 {
             break;
         }
+        count += n;
+        dce::run(g)?;
+    }
+    let n = concats(g) + affines(g);
+    if n > 0 {
         count += n;
         dce::run(g)?;
     }
@@ -212,6 +234,192 @@ fn movements(g: &mut Graph) -> usize {
         }
     }
     count
+}
+
+/// One input of an 8-bit concatenation: its bytes as they are, or requantized by a table.
+enum Part {
+    Same(ValueId),
+    Table(ValueId, Lookup8),
+}
+
+/// Rewrites every `Q(Concat(DQ(x_1), ..., DQ(x_n)))` (per-tensor constant parameters, the
+/// Concat read by the Q alone) to a Concat of the `x_i`, each requantized to the Q's
+/// parameters by a table unless it has them; returns how many.
+fn concats(g: &mut Graph) -> usize {
+    let index = Index::new(g);
+    // (the Q's position, the inputs, the Concat node to put there)
+    let mut found: Vec<(usize, Vec<Part>, Node)> = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let Some((c_out, _, pq)) = quantize(g, &index, node) else {
+            continue;
+        };
+        let Some(ci) = index.producer(c_out) else { continue };
+        let Some(concat) = g.nodes.get(ci) else { continue };
+        let is_concat = matches!(op(concat), Some(Op::Movement(MovementOp::Concat(_))));
+        if !is_concat || !index.sole_use(c_out, i) || concat.outputs.len() != 1 || !pq.invertible() {
+            continue;
+        }
+        let parts: Option<Vec<Part>> = concat
+            .inputs
+            .iter()
+            .map(|v| {
+                let d = g.nodes.get(index.producer((*v)?)?)?;
+                let (xq, _, pd) = dequantize(g, &index, d)?;
+                if pd == pq {
+                    return Some(Part::Same(xq));
+                }
+                Some(Part::Table(
+                    xq,
+                    requantize_table(g, &index, d, node, pd.dtype, pq.dtype)?,
+                ))
+            })
+            .collect();
+        let Some(parts) = parts else { continue };
+        found.push((
+            i,
+            parts,
+            Node {
+                name: concat.name.clone(),
+                kind: concat.kind.clone(),
+                inputs: vec![],
+                outputs: node.outputs.clone(),
+                plan: concat.plan.clone(),
+            },
+        ));
+    }
+    let count = found.len();
+    // From the back: the tables go in before their Concat, which moves the later nodes on.
+    for (i, parts, mut new) in found.into_iter().rev() {
+        let mut tables = Vec::new();
+        for part in parts {
+            match part {
+                Part::Same(x) => new.inputs.push(Some(x)),
+                Part::Table(x, lookup) => {
+                    let Some(info) = g.value(x) else { return count };
+                    let shape = match &info.ty {
+                        ValueType::Tensor(t) => t.shape.clone(),
+                        _ => None,
+                    };
+                    let dtype = match lookup.table {
+                        LookupTable::I8(_) => DType::I8,
+                        _ => DType::U8,
+                    };
+                    let name = super::edit::fresh_name(g, &format!("{}_requantized", info.name));
+                    let y = g.add_value(
+                        name.clone(),
+                        ValueType::Tensor(TensorType {
+                            dtype: Some(dtype),
+                            shape,
+                        }),
+                    );
+                    let op = Op::Elementwise(ElementwiseOp::Lookup(lookup));
+                    tables.push(super::edit::op_node(name, op, vec![Some(x)], y));
+                    new.inputs.push(Some(y));
+                }
+            }
+        }
+        if let Some(slot) = g.nodes.get_mut(i) {
+            *slot = new;
+        }
+        for (k, t) in tables.into_iter().enumerate() {
+            g.nodes.insert(i + k, t);
+        }
+    }
+    count
+}
+
+/// Gives every `ChannelAffine` its input's DequantizeLinear and its sole reader's
+/// QuantizeLinear (per tensor, constant parameters), each where there is one; returns how
+/// many it changed.
+fn affines(g: &mut Graph) -> usize {
+    let index = Index::new(g);
+    // (the affine's position, its 8-bit input and parameters, its 8-bit output, the Q's
+    // position and parameters)
+    type Found = (usize, Option<(ValueId, Params)>, Option<(ValueId, usize, Params)>);
+    let mut found: Vec<Found> = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let Some(Op::Nn(NnOp::ChannelAffine(a))) = op(node) else {
+            continue;
+        };
+        if a.dequantize.is_some() || a.quantize.is_some() {
+            continue;
+        }
+        let (Some(Some(x)), [Some(y)]) = (node.inputs.first(), node.outputs.as_slice()) else {
+            continue;
+        };
+        let input = index
+            .producer(*x)
+            .and_then(|d| g.nodes.get(d))
+            .and_then(|d| dequantize(g, &index, d))
+            .map(|(xq, _, p)| (xq, p));
+        let output = match (index.readers(*y), index.is_output(*y)) {
+            (&[r], false) => g
+                .nodes
+                .get(r)
+                .and_then(|q| quantize(g, &index, q))
+                .map(|(_, yq, p)| (yq, r, p)),
+            _ => None,
+        };
+        if input.is_some() || output.is_some() {
+            found.push((i, input, output));
+        }
+    }
+    let mut dead = vec![false; g.nodes.len()];
+    for (i, input, output) in &found {
+        let Some(node) = g.nodes.get_mut(*i) else { continue };
+        let NodeKind::Op(Op::Nn(NnOp::ChannelAffine(a))) = &mut node.kind else {
+            continue;
+        };
+        if let Some((xq, p)) = input {
+            a.dequantize = Some(ChainDequantize {
+                scale: p.scale,
+                zero_point: p.zero_point,
+                dtype: p.dtype,
+            });
+            if let Some(first) = node.inputs.first_mut() {
+                *first = Some(*xq);
+            }
+        }
+        if let Some((yq, r, p)) = output {
+            a.quantize = Some(ChainQuantize {
+                scale: p.scale,
+                zero_point: p.zero_point as f32,
+                dtype: p.dtype,
+            });
+            node.outputs = vec![Some(*yq)];
+            if let Some(d) = dead.get_mut(*r) {
+                *d = true;
+            }
+        }
+    }
+    super::edit::remove_nodes(g, &dead);
+    found.len()
+}
+
+/// `q(dq(code))` for the 256 codes of `from`, by the two nodes' own ops and constant
+/// inputs: the table of a requantization to `to`.
+fn requantize_table(g: &Graph, index: &Index, dq: &Node, q: &Node, from: DType, to: DType) -> Option<Lookup8> {
+    let codes = match from {
+        DType::U8 => Tensor::from_vec(vec![256], (0..=255u8).collect::<Vec<u8>>()).ok()?,
+        DType::I8 => Tensor::from_vec(vec![256], (0..=255u8).map(|b| b as i8).collect::<Vec<i8>>()).ok()?,
+        _ => return None,
+    };
+    let mut v = Value::Tensor(codes);
+    for n in [dq, q] {
+        let Some(Op::Quant(qop)) = op(n) else { return None };
+        let args: Vec<Option<&Value>> = std::iter::once(Some(&v))
+            .chain(n.inputs.iter().skip(1).map(|i| i.and_then(|i| index.constant(g, i))))
+            .collect();
+        let out = qop.eval(&Args::new(&args)).ok()?.into_iter().next()?;
+        v = out;
+    }
+    let t = v.as_tensor()?;
+    let table = match (to, t.dtype()) {
+        (DType::U8, DType::U8) => LookupTable::U8(t.as_slice::<u8>().ok()?.to_vec()),
+        (DType::I8, DType::I8) => LookupTable::I8(t.as_slice::<i8>().ok()?.to_vec()),
+        _ => return None,
+    };
+    (t.len() == 256).then_some(Lookup8 { input: from, table })
 }
 
 /// Rewrites every quantize node that only dequantize nodes of its parameters read into one
@@ -445,6 +653,141 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(bits(&got[0]), bits(&want[0]));
+    }
+
+    /// `Q(Concat(DQ(a), DQ(b), DQ(c)))` with `c` on the output's parameters, `a` on other u8
+    /// ones and `b` an i8 tensor: one Concat of bytes, `a` and `b` requantized by tables, `c`
+    /// as it is; the same output bits.
+    #[test]
+    fn a_concatenation_of_quantized_branches_concatenates_bytes() {
+        let shapes: [&[usize]; 3] = [&[1, 2, 3, 4], &[1, 3, 3, 4], &[1, 1, 3, 4]];
+        let params: [(f32, Tensor); 3] = [
+            (0.013, Tensor::scalar(7u8)),
+            (0.031, Tensor::scalar(-9i8)),
+            (0.02, Tensor::scalar(128u8)),
+        ];
+        let mut b = Builder::new();
+        let mut parts = Vec::new();
+        for (k, (shape, (scale, zero))) in shapes.iter().zip(params).enumerate() {
+            let x = b.input(&format!("x{k}"), shape);
+            let dtype = zero.dtype();
+            let (s, z) = (
+                b.constant(&format!("s{k}"), Tensor::scalar(scale)),
+                b.constant(&format!("z{k}"), zero),
+            );
+            let q = b.node_typed(quantize(), &[Some(x), Some(s), Some(z)], &[(dtype, shape)])[0];
+            parts.push(Some(b.node(dequantize(1), &[Some(q), Some(s), Some(z)], &[shape])[0]));
+        }
+        let out = [1, 6, 3, 4];
+        let c = b.node(
+            Op::Movement(MovementOp::Concat(kiln_ops::movement::Concat { axis: 1 })),
+            &parts,
+            &[&out],
+        )[0];
+        let (s, z) = (
+            b.constant("s", Tensor::scalar(0.02f32)),
+            b.constant("z", Tensor::scalar(128u8)),
+        );
+        let q = b.node_typed(quantize(), &[Some(c), Some(s), Some(z)], &[(DType::U8, &out)])[0];
+        let y = b.node(dequantize(1), &[Some(q), Some(s), Some(z)], &[&out])[0];
+        let g = b.finish(&[y]);
+        let inputs: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(k, s)| noise(s, 11 + k as u64))
+            .collect();
+        let want = run_graph(&g, inputs.clone());
+        let mut fused = g.clone();
+        assert!(run(&mut fused).unwrap() >= 1);
+        fused.verify().unwrap();
+        let names = op_names(&fused);
+        assert_eq!(names.iter().filter(|&&n| n == "Lookup8").count(), 2, "{names:?}");
+        assert_eq!(names.iter().filter(|&&n| n == "QuantizeLinear").count(), 3, "{names:?}");
+        assert_eq!(
+            names.iter().filter(|&&n| n == "DequantizeLinear").count(),
+            1,
+            "{names:?}"
+        );
+        let concat = fused.nodes.iter().find(|n| n.kind.name() == "Concat").unwrap();
+        let out_type = concat
+            .outputs
+            .first()
+            .copied()
+            .flatten()
+            .and_then(|v| dtype_of(&fused, v));
+        assert_eq!(out_type, Some(DType::U8));
+        let got = run_graph(&fused, inputs);
+        assert_eq!(got[0].to_f64_vec(), want[0].to_f64_vec());
+        // Not vacuous: each table moves codes (neither input is on the output's parameters).
+        for n in fused.nodes.iter().filter(|n| n.kind.name() == "Lookup8") {
+            let Some(Op::Elementwise(ElementwiseOp::Lookup(l))) = op(n) else {
+                panic!("not a lookup")
+            };
+            let LookupTable::U8(t) = &l.table else {
+                panic!("not to u8")
+            };
+            assert!(
+                t.iter().enumerate().any(|(i, &v)| usize::from(v) != i),
+                "an identity table"
+            );
+        }
+    }
+
+    /// `Q(Relu(x * scale[c] + shift[c]))` of a dequantized 8-bit `x`, channels first and
+    /// last: one ChannelAffine from bytes to bytes, the same output bits; with a second reader
+    /// of its float output, it keeps writing floats (reading bytes all the same).
+    #[test]
+    fn a_channel_affine_between_quantized_tensors_runs_on_bytes() {
+        use kiln_ops::nn::{Activation, ChannelAffine};
+        for (channels_last, second_reader) in [(false, false), (true, false), (true, true)] {
+            let shape: &[usize] = if channels_last { &[1, 5, 6, 7] } else { &[1, 7, 5, 6] };
+            let c = 7;
+            let mut b = Builder::new();
+            let x = b.input("x", shape);
+            let (s0, z0) = (
+                b.constant("s0", Tensor::scalar(0.02f32)),
+                b.constant("z0", Tensor::scalar(-3i8)),
+            );
+            let q0 = b.node_typed(quantize(), &[Some(x), Some(s0), Some(z0)], &[(DType::I8, shape)])[0];
+            let d0 = b.node(dequantize(1), &[Some(q0), Some(s0), Some(z0)], &[shape])[0];
+            let sc: Vec<f32> = (0..c).map(|k| 0.3 + 0.2 * k as f32).collect();
+            let sh: Vec<f32> = (0..c).map(|k| 0.1 * k as f32 - 0.3).collect();
+            let (sc, sh) = (b.constant("sc", f32s(&[c], &sc)), b.constant("sh", f32s(&[c], &sh)));
+            let affine = Op::Nn(NnOp::ChannelAffine(ChannelAffine {
+                channels_last,
+                activation: Some(Activation::Relu),
+                ..ChannelAffine::default()
+            }));
+            let a = b.node(affine, &[Some(d0), Some(sc), Some(sh)], &[shape])[0];
+            let (s1, z1) = (
+                b.constant("s1", Tensor::scalar(0.011f32)),
+                b.constant("z1", Tensor::scalar(9u8)),
+            );
+            let q1 = b.node_typed(quantize(), &[Some(a), Some(s1), Some(z1)], &[(DType::U8, shape)])[0];
+            let y = b.node(dequantize(1), &[Some(q1), Some(s1), Some(z1)], &[shape])[0];
+            let outs = if second_reader { vec![y, a] } else { vec![y] };
+            let g = b.finish(&outs);
+            let input = noise(shape, 21);
+            let want = run_graph(&g, vec![input.clone()]);
+            let mut fused = g.clone();
+            assert!(run(&mut fused).unwrap() >= 1);
+            fused.verify().unwrap();
+            let names = op_names(&fused);
+            let expect: &[&str] = if second_reader {
+                // (the round trip on the float output one chain step)
+                &["QuantizeLinear", "ChannelAffine", "ElementwiseChain"]
+            } else {
+                &["QuantizeLinear", "ChannelAffine", "DequantizeLinear"]
+            };
+            assert_eq!(names, expect, "channels_last {channels_last}");
+            let got = run_graph(&fused, vec![input]);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.to_f64_vec(), w.to_f64_vec(), "channels_last {channels_last}");
+            }
+            // The Relu's floor and values above it both occur.
+            let v = want[0].to_f64_vec();
+            assert!(v.iter().any(|&e| e == 0.0) && v.iter().any(|&e| e > 0.5), "{v:?}");
+        }
     }
 
     #[test]

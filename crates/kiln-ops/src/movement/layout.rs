@@ -373,6 +373,32 @@ fn batched_transpose<T: Copy + Send + Sync>(
     true
 }
 
+/// [`Concat`] of inputs all of element type `T` (`None` otherwise): per step of the outer
+/// dims, each input's run of `axis` rows copied in order. A copy that does not fit (a short
+/// input) leaves the result short, which `Tensor::from_buf` refuses.
+fn concat_runs<T: kiln_tensor::Element + kiln_kernels::recycle::Recycled>(
+    xs: &[&Tensor],
+    (axis, outer, inner, n): (usize, usize, usize, usize),
+    out_shape: &[usize],
+) -> Option<Result<Tensor>> {
+    let parts: Option<smallvec::SmallVec<[&[T]; 8]>> = xs.iter().map(|x| x.as_slice::<T>().ok()).collect();
+    let parts = parts?;
+    let mut out = crate::util::out_buf::<T>(n);
+    let mut pos = 0usize;
+    'outer: for o in 0..outer {
+        for (x, part) in xs.iter().zip(&parts) {
+            let chunk = x.shape().get(axis).copied().unwrap_or(0) * inner;
+            let (Some(src), Some(dst)) = (part.get(o * chunk..(o + 1) * chunk), out.get_mut(pos..pos + chunk)) else {
+                out.make_mut().truncate(pos);
+                break 'outer;
+            };
+            dst.copy_from_slice(src);
+            pos += chunk;
+        }
+    }
+    Some(Tensor::from_buf(out_shape.to_vec(), out).map_err(Into::into))
+}
+
 /// ONNX `Concat` (opsets 1-13) along `axis`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct Concat {
@@ -403,26 +429,19 @@ impl Concat {
         let outer: usize = out_shape[..axis].iter().product();
         let inner: usize = out_shape[axis + 1..].iter().product();
         let n = checked_numel(&out_shape)?;
-        let f32s: Option<smallvec::SmallVec<[&[f32]; 8]>> = xs.iter().map(|x| x.as_slice::<f32>().ok()).collect();
-        if let Some(parts) = f32s {
-            // Per step of the outer dims, each input's run of `axis` rows, copied in order into
-            // a recycled buffer; a copy that does not fit (a short input) leaves the result
-            // short, which `Tensor::from_vec` refuses.
-            let mut out = crate::util::out_f32(n);
-            let mut pos = 0usize;
-            for o in 0..outer {
-                for (x, part) in xs.iter().zip(&parts) {
-                    let chunk = x.shape()[axis] * inner;
-                    let (Some(src), Some(dst)) = (part.get(o * chunk..(o + 1) * chunk), out.get_mut(pos..pos + chunk))
-                    else {
-                        out.make_mut().truncate(pos);
-                        return one(Tensor::from_buf(out_shape, out)?);
-                    };
-                    dst.copy_from_slice(src);
-                    pos += chunk;
-                }
-            }
-            return one(Tensor::from_buf(out_shape, out)?);
+        // The element types activations have (8-bit ones in quantized models): each input's
+        // run of `axis` rows per step of the outer dims, copied in order into a recycled
+        // buffer. Other types gather.
+        let geometry = (axis, outer, inner, n);
+        let copied = match first.dtype() {
+            kiln_tensor::DType::F32 => concat_runs::<f32>(&xs, geometry, &out_shape),
+            kiln_tensor::DType::U8 => concat_runs::<u8>(&xs, geometry, &out_shape),
+            kiln_tensor::DType::I8 => concat_runs::<i8>(&xs, geometry, &out_shape),
+            kiln_tensor::DType::I64 => concat_runs::<i64>(&xs, geometry, &out_shape),
+            _ => None,
+        };
+        if let Some(t) = copied {
+            return one(t?);
         }
         let all = concat_flat(&xs)?;
         let mut idx = Vec::with_capacity(n);
