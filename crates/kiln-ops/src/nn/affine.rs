@@ -53,31 +53,12 @@ impl ChannelAffine {
             return self.eval_8bit(x, scale, shift);
         }
         let shape = x.shape();
-        let c = if self.channels_last {
-            shape.last().copied()
-        } else {
-            shape.get(1).copied()
-        }
-        .ok_or_else(|| OpError::input_shape(0, "a channel dim", shape))?;
-        for (index, t) in [(1, scale), (2, shift)] {
-            if t.shape() != [c] {
-                return Err(OpError::input_shape(
-                    index,
-                    format!("[{c}], one per channel of X"),
-                    t.shape(),
-                ));
-            }
-        }
+        // Channels-first: rows are planes of one channel; channels-last: rows are pixels.
+        let (c, row) = self.geometry(shape, scale, shift)?;
         let (xd, s, t) = (x.as_slice::<f32>()?, scale.as_slice::<f32>()?, shift.as_slice::<f32>()?);
         let act = self.activation.map(|a| a.kernel_act());
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = crate::util::out_f32(xd.len());
-        // Channels-first: rows are planes of one channel; channels-last: rows are pixels.
-        let row = if self.channels_last {
-            c
-        } else {
-            shape.iter().skip(2).product::<usize>()
-        };
         if row > 0 && c > 0 {
             let apply = |i: usize, out: &mut [f32]| {
                 let Some(src) = xd.get(i * row..i * row + out.len()) else {
