@@ -82,9 +82,8 @@ pub(crate) fn eval(op: &QLinearConv, plan: &QConvPlan, args: &Args<'_>) -> Resul
         // parameters, a depthwise convolution): the QLinearAdd itself, on the output.
         Some(res) if !summed => {
             let y = crate::Value::from(y);
-            let inputs: Vec<Option<&crate::Value>> = std::iter::once(Some(&y))
-                .chain((RESIDUAL_INPUTS..RESIDUAL_INPUTS + 7).map(|i| args.value(i)))
-                .collect();
+            let at = |i: usize| args.value(RESIDUAL_INPUTS + i);
+            let inputs = [Some(&y), at(0), at(1), at(2), at(3), at(4), at(5), at(6)];
             crate::quant::QLinearAdd { relu: res.relu }.eval(&Args::new(&inputs))
         }
         _ => Ok(smallvec::smallvec![y.into()]),

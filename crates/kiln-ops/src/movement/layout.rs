@@ -379,7 +379,7 @@ fn batched_transpose<T: Copy + Send + Sync>(
 fn concat_runs<T: kiln_tensor::Element + kiln_kernels::recycle::Recycled>(
     xs: &[&Tensor],
     (axis, outer, inner, n): (usize, usize, usize, usize),
-    out_shape: &[usize],
+    out_shape: &kiln_tensor::Shape,
 ) -> Option<Result<Tensor>> {
     let parts: Option<smallvec::SmallVec<[&[T]; 8]>> = xs.iter().map(|x| x.as_slice::<T>().ok()).collect();
     let parts = parts?;
@@ -396,7 +396,8 @@ fn concat_runs<T: kiln_tensor::Element + kiln_kernels::recycle::Recycled>(
             pos += chunk;
         }
     }
-    Some(Tensor::from_buf(out_shape.to_vec(), out).map_err(Into::into))
+    // The shape inline (no allocation: a steady-state run allocates nothing but outputs).
+    Some(Tensor::from_buf(out_shape.clone(), out).map_err(Into::into))
 }
 
 /// ONNX `Concat` (opsets 1-13) along `axis`.

@@ -34,6 +34,11 @@ pub struct ChannelAffine {
 /// Elements per block of an 8-bit ChannelAffine's f32 values (in L1).
 const BLOCK: usize = 4096;
 
+kiln_kernels::scratch_kinds! {
+    /// An 8-bit ChannelAffine's block of f32 values (per thread).
+    AffineBlock: Vec<f32>;
+}
+
 impl ChannelAffine {
     /// Inputs: X (f32), scale and shift (f32, `[C]`).
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
@@ -157,8 +162,12 @@ impl ChannelAffine {
             let Some(src) = xd.get(first..first + out.len()) else {
                 return;
             };
-            let mut v = vec![0f32; out.len()];
-            X::load(src, &mut v, dq);
+            // This thread's block of f32 values, kept for the next block and run.
+            let mut block = kiln_kernels::recycle::lend::<AffineBlock>();
+            block.clear();
+            block.resize(out.len(), 0.0);
+            let v = &mut block[..];
+            X::load(src, v, dq);
             for (k, r) in v.chunks_mut(row.max(1)).enumerate() {
                 if self.channels_last {
                     kiln_kernels::simd::vectorize(|| {
@@ -177,9 +186,9 @@ impl ChannelAffine {
                 }
             }
             if let Some(a) = act {
-                kiln_kernels::sgemm::act_slice(a, &mut v);
+                kiln_kernels::sgemm::act_slice(a, v);
             }
-            Y::store(&v, out, q);
+            Y::store(v, out, q);
         };
         if row > 0 && c > 0 {
             if xd.len() < PAR_MIN {
