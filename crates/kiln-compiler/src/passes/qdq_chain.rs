@@ -246,13 +246,7 @@ fn tabulate(g: &Graph, index: &Index, node: &Node) -> Option<(kiln_ir::ValueId, 
         inputs.push(Input::Dequantized { dq, table });
     }
     let (x, dtype) = root?;
-    // The 256 codes in byte order (an i8 code by its two's-complement byte).
-    let codes = match dtype {
-        DType::U8 => Tensor::from_vec(vec![256], (0..=255u8).collect::<Vec<u8>>()).ok()?,
-        DType::I8 => Tensor::from_vec(vec![256], (0..=255u8).map(|b| b as i8).collect::<Vec<i8>>()).ok()?,
-        _ => return None,
-    };
-    let codes = Value::Tensor(codes);
+    let codes = super::qdq_glue::codes(dtype)?;
     // Each input's 256 values, by the ops that compute it.
     let mut values = Vec::new();
     for input in &inputs {

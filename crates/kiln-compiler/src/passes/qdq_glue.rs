@@ -396,15 +396,21 @@ fn affines(g: &mut Graph) -> usize {
     found.len()
 }
 
-/// `q(dq(code))` for the 256 codes of `from`, by the two nodes' own ops and constant
-/// inputs: the table of a requantization to `to`.
-fn requantize_table(g: &Graph, index: &Index, dq: &Node, q: &Node, from: DType, to: DType) -> Option<Lookup8> {
-    let codes = match from {
+/// The 256 codes of an 8-bit type in byte order (an i8 code by its two's-complement byte):
+/// what a table of that type's values is computed on.
+pub(crate) fn codes(dtype: DType) -> Option<Value> {
+    let t = match dtype {
         DType::U8 => Tensor::from_vec(vec![256], (0..=255u8).collect::<Vec<u8>>()).ok()?,
         DType::I8 => Tensor::from_vec(vec![256], (0..=255u8).map(|b| b as i8).collect::<Vec<i8>>()).ok()?,
         _ => return None,
     };
-    let mut v = Value::Tensor(codes);
+    Some(Value::Tensor(t))
+}
+
+/// `q(dq(code))` for the 256 codes of `from`, by the two nodes' own ops and constant
+/// inputs: the table of a requantization to `to`.
+fn requantize_table(g: &Graph, index: &Index, dq: &Node, q: &Node, from: DType, to: DType) -> Option<Lookup8> {
+    let mut v = codes(from)?;
     for n in [dq, q] {
         let Some(Op::Quant(qop)) = op(n) else { return None };
         let args: Vec<Option<&Value>> = std::iter::once(Some(&v))
