@@ -193,6 +193,36 @@ macro_rules! unrolled {
     };
 }
 
+/// `$step!(p, acs)` for each depth step `p` in `$from..$kc`. Row-major A (`acs == 1`) goes
+/// four steps a turn with the column stride a constant: the row addresses of a turn share
+/// their base registers (displacements 0, 4, 8, 12) and advance once, where a step at a time
+/// spent 4-8 address additions on the eight rows. Those share ports with the FMAs on Intel
+/// cores (two 512-bit FMA ports): on a Xeon, 3 interleaved rounds of the sgemm bench, +4-15%
+/// on depths 256-4608 (128x3072x768: 132 -> 141 GFLOP/s; 49x512x4608: 122 -> 141), none on
+/// depths of 64-160; whole transformers 0.92x the time.
+macro_rules! depth_steps {
+    ($from:expr, $kc:expr, $acs:expr, $step:ident) => {{
+        let (from, kc, acs): (usize, usize, usize) = ($from, $kc, $acs);
+        if acs == 1 {
+            let mut p = from;
+            while p + 4 <= kc {
+                $step!(p, 1);
+                $step!(p + 1, 1);
+                $step!(p + 2, 1);
+                $step!(p + 3, 1);
+                p += 4;
+            }
+            for p in p..kc {
+                $step!(p, 1);
+            }
+        } else {
+            for p in from..kc {
+                $step!(p, acs);
+            }
+        }
+    }};
+}
+
 /// The full-width tile, and (`NARROW`) its twin for edge panels of 17 to 24 columns: that
 /// one multiplies the second half in ymm (8 lanes, half an FMA slot of Zen 4's 256-bit pipes)
 /// rather than zmm, so a 24-column C (MobileNet's 24-channel projections) spends no FMAs on
@@ -323,30 +353,7 @@ unsafe fn tile<const R: usize, const NARROW: bool, const CHAINS: bool>(
             step!(p);
             _mm_prefetch::<_MM_HINT_ET0>(line(p));
         }
-        if acs == 1 {
-            // Row-major A, four steps a turn with the column stride a constant: the eight
-            // row addresses of a turn share their base registers (displacements 0, 4, 8, 12)
-            // and advance once, where a step at a time spent 4-8 address additions on them.
-            // Those share ports with the FMAs on Intel cores (two 512-bit FMA ports): on a
-            // Xeon, 3 interleaved rounds of the sgemm bench, +4-15% on depths 256-4608
-            // (128x3072x768: 132 -> 141 GFLOP/s; 49x512x4608: 122 -> 141), none on depths
-            // of 64-160.
-            let mut p = head;
-            while p + 4 <= kc {
-                step!(p, 1);
-                step!(p + 1, 1);
-                step!(p + 2, 1);
-                step!(p + 3, 1);
-                p += 4;
-            }
-            for p in p..kc {
-                step!(p, 1);
-            }
-        } else {
-            for p in head..kc {
-                step!(p);
-            }
-        }
+        depth_steps!(head, kc, acs, step);
         for q in head..n {
             _mm_prefetch::<_MM_HINT_ET0>(line(q));
         }
@@ -484,29 +491,37 @@ unsafe fn half_tile<const R: usize, const QUARTER: bool>(
     let mut acc = [_mm512_setzero_ps(); R];
     if QUARTER {
         let mut q = [_mm256_setzero_ps(); R];
-        for p in 0..kc {
-            // SAFETY: the TileFn contract gives 16 (so 8) readable floats at `b + p*bs` for
-            // `p < kc`.
-            let b0 = unsafe { _mm256_loadu_ps(b.add(p * bs)) };
-            for (i, q) in q.iter_mut().enumerate() {
-                // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
-                let av = _mm256_set1_ps(unsafe { *a.add(i * ars + p * acs) });
-                *q = _mm256_fmadd_ps(av, b0, *q);
-            }
+        macro_rules! quarter_step {
+            ($p:expr, $acs:expr) => {{
+                let (p, acs) = ($p, $acs);
+                // SAFETY: the TileFn contract gives 16 (so 8) readable floats at `b + p*bs`
+                // for `p < kc`.
+                let b0 = unsafe { _mm256_loadu_ps(b.add(p * bs)) };
+                for (i, q) in q.iter_mut().enumerate() {
+                    // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
+                    let av = _mm256_set1_ps(unsafe { *a.add(i * ars + p * acs) });
+                    *q = _mm256_fmadd_ps(av, b0, *q);
+                }
+            }};
         }
+        depth_steps!(0, kc, acs, quarter_step);
         for (acc, &q) in acc.iter_mut().zip(&q) {
             *acc = _mm512_zextps256_ps512(q);
         }
     } else {
-        for p in 0..kc {
-            // SAFETY: the TileFn contract gives 16 readable floats at `b + p*bs` for `p < kc`.
-            let b0 = unsafe { _mm512_loadu_ps(b.add(p * bs)) };
-            for (i, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
-                let av = _mm512_set1_ps(unsafe { *a.add(i * ars + p * acs) });
-                *acc = _mm512_fmadd_ps(av, b0, *acc);
-            }
+        macro_rules! half_step {
+            ($p:expr, $acs:expr) => {{
+                let (p, acs) = ($p, $acs);
+                // SAFETY: the TileFn contract gives 16 readable floats at `b + p*bs` for `p < kc`.
+                let b0 = unsafe { _mm512_loadu_ps(b.add(p * bs)) };
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: the TileFn contract: `a + i*ars + p*acs` readable for `i < R`, `p < kc`.
+                    let av = _mm512_set1_ps(unsafe { *a.add(i * ars + p * acs) });
+                    *acc = _mm512_fmadd_ps(av, b0, *acc);
+                }
+            }};
         }
+        depth_steps!(0, kc, acs, half_step);
     }
     let m0 = lanes(nr);
     let cb = match epi {
