@@ -1347,21 +1347,29 @@ impl Planned<'_> {
             let xi: &[f32] = if inside {
                 xi
             } else {
-                // Rows of the padding zero, the image's rows copied in at column `pw`.
-                padded.clear();
+                // Rows of the padding zero, the image's rows copied in at column `pw` between
+                // zero margins: each element written once (zeroing the whole buffer first
+                // wrote the image's part twice; a stride-2 layer's input is 4x its output).
                 padded.resize(padded_len, 0.0);
                 let cols = geo.iw.min(piw.saturating_sub(geo.pw));
                 for (r, dst) in padded.chunks_exact_mut(pitch).enumerate() {
                     let Some(iy) = r.checked_sub(geo.ph).filter(|&iy| iy < geo.ih) else {
+                        dst.fill(0.0);
                         continue;
                     };
-                    let (Some(src), Some(d)) = (
+                    let (lo, hi) = (geo.pw * c, (geo.pw + cols) * c);
+                    let (Some(src), Some((left, rest))) = (
                         xi.get(iy * geo.iw * c..(iy * geo.iw + cols) * c),
-                        dst.get_mut(geo.pw * c..(geo.pw + cols) * c),
+                        dst.split_at_mut_checked(lo),
                     ) else {
                         return Err(bad());
                     };
+                    let Some((d, right)) = rest.split_at_mut_checked(hi - lo) else {
+                        return Err(bad());
+                    };
+                    left.fill(0.0);
                     d.copy_from_slice(src);
+                    right.fill(0.0);
                 }
                 &padded
             };
