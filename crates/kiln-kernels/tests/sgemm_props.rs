@@ -438,6 +438,32 @@ fn small_m_wide_products() {
     }
 }
 
+/// Packed weights over the driver's 1 MiB threshold (600 x 513 floats, 1.2 MB), which take
+/// row blocks of twice the usual height: rows over two such blocks and a remainder, depth in
+/// one block and in two, A read in place and transposed, with an epilogue.
+#[test]
+fn streamed_weights_in_double_row_blocks() {
+    for (k, transposed, layout) in [(513, false, BLayout::NR32), (769, true, BLayout::NR16)] {
+        let p = Problem {
+            m: 417,
+            n: 600,
+            k,
+            transposed,
+            lda_pad: 1,
+            ldc_pad: 3,
+            bias: 1,
+            residual: true,
+            act: Some(Act::Relu),
+            layout,
+            seed: k as u64,
+            wide: false,
+        };
+        if let Err(e) = check(&p) {
+            panic!("{p:?}: {e}");
+        }
+    }
+}
+
 #[test]
 fn packed_bytes_round_trip_into_sgemm() {
     let (m, n, k) = (5, 37, 19);

@@ -172,10 +172,10 @@ const B_CACHED_BYTES: usize = 128 * 1024;
 
 /// Bytes of packed B above which [`run_raw`] sweeps `2 * MC` rows of A per block (an A block
 /// of 384 KiB): B is read once per row block, from L3 or memory once it outgrows L2. On an
-/// Intel Xeon (2 MiB L2), interleaved `kiln profile` rounds, one thread: ViT-small 0.94x the
-/// time, DistilBERT 0.91x, wav2vec2 0.97x (their 1.2-2.4 MB projections: ViT's 197 rows in one
-/// block instead of two). Every product taking twice the rows made SqueezeNet's small-weight
-/// convolutions slower (1.07x), hence the threshold.
+/// Intel Xeon (2 MiB L2), interleaved `kiln profile` rounds, one thread: DistilBERT 0.89x the
+/// time, ResNet-50 0.94x, BERT-small 0.96x (their 1.2-2.4 MB projections and late-stage
+/// weights; ViT's 197 rows in one block instead of two). Twice the rows for every product
+/// made SqueezeNet's small-weight convolutions 1.07x slower, hence the threshold.
 const B_STREAMED_BYTES: usize = 1 << 20;
 
 /// Rows per block of A for `m` rows, about `target` (a multiple of `mr`): the blocks come out
@@ -244,9 +244,8 @@ pub(crate) unsafe fn run_raw(
     let kc_max = blocks.iter().map(|blk| blk.2).max().unwrap_or(k);
     // Rows per block: MC x KC floats of A (192 KiB) in L2, more rows when the depth block is
     // shorter (a transformer's 197 x 192 A in one block: B is then streamed once instead of
-    // once per 96 rows).
-    // A B too large to stay in L2 between row blocks (a transformer's weights) is read from
-    // L3 or memory once per block: twice the rows then halves those reads.
+    // once per 96 rows), and twice as many when B is too large to stay in L2 between blocks
+    // (`B_STREAMED_BYTES`): each block reads it from L3 or memory.
     let b_bytes = bdata.len().saturating_mul(4);
     let mc = if b_bytes > B_STREAMED_BYTES { 2 * MC } else { MC };
     let mc_max = if m <= mr {

@@ -18,7 +18,8 @@
 //! for jc in 0..n step NC            B columns
 //!   for pc in 0..k step KC          depth block: C is stored after each (first: overwritten)
 //!     for ic in 0..m step ~MC       an MC x KC block of A (192 KiB) stays in L2 (equal
-//!                                   blocks, a short remainder folded in: B is read once a block)
+//!                                   blocks, a short remainder folded in: B is read once a block;
+//!                                   2 x MC rows when B outgrows L2)
 //!       for jr in jc.. step NR      one B micro-panel (KC x NR: 64 KiB for AVX-512, streamed
 //!                                   from L2; 16 KiB for AVX2, held in L1: see KC_AVX2)
 //!         for ir in ic.. step MR    the microkernel: an MR x NR tile of C in registers
