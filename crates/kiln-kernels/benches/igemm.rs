@@ -5,9 +5,13 @@
 //! `cargo bench -p kiln-kernels --bench igemm -- --warm-up-time 1 --measurement-time 3`.
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use kiln_kernels::igemm::{PackedB, igemm_with};
+use kiln_kernels::igemm::{ConvScratch, ConvWindow, PackedB, Requantize, Scales, conv_requant_serial, igemm_with};
 use kiln_kernels::isa::{self, Isa};
 use std::hint::black_box;
+
+/// The binary's allocator: its large blocks start on cache lines, as the tiles want A.
+#[global_allocator]
+static ALLOC: kiln_kernels::alloc::CachingAlloc = kiln_kernels::alloc::CachingAlloc::new();
 
 /// (name, M, N, K).
 const SHAPES: [(&str, usize, usize, usize); 10] = [
@@ -50,8 +54,75 @@ fn bench(c: &mut Criterion) {
     }
 }
 
+/// (name, batch, input side, channels, kernel side, stride, output channels): channels-last
+/// 8-bit convolutions requantized to u8, one block of pixels of the size the op runs.
+const CONVS: [(&str, usize, usize, usize, usize, usize, usize); 5] = [
+    ("resnet50 layer1 3x3 56x56x64", 2, 56, 64, 3, 1, 64),
+    ("resnet50 layer2 3x3 28x28x128", 2, 28, 128, 3, 1, 128),
+    ("resnet50 layer3 3x3 14x14x256", 2, 14, 256, 3, 1, 256),
+    ("resnet50 layer4 3x3 7x7x512", 2, 7, 512, 3, 1, 512),
+    ("resnet50 layer3.0 3x3 s2 28x28x256", 2, 28, 256, 3, 2, 256),
+];
+
+fn bench_conv(c: &mut Criterion) {
+    let level = isa::active();
+    let mut g = c.benchmark_group(format!("qconv/{}", level.name()));
+    for (name, batch, side, ch, ks, stride, m) in CONVS {
+        let out = (side + 2 - ks) / stride + 1;
+        let win = ConvWindow {
+            batch,
+            input: (side, side),
+            channels: ch,
+            pixel_stride: ch,
+            kernel: (ks, ks),
+            output: (out, out),
+            stride: (stride, stride),
+            dilation: (1, 1),
+            pad: (1, 1),
+        };
+        let k = win.depth();
+        let x: Vec<u8> = (0..batch * side * side * ch).map(|i| (i * 7 % 251) as u8).collect();
+        let b: Vec<i8> = (0..k * m).map(|i| (i * 13 % 255) as u8 as i8).collect();
+        let Ok(packed) = PackedB::pack(&b, k, m, &[]) else {
+            return;
+        };
+        let (bias, mult) = (vec![10.0f32; m], vec![1e-4f32; m]);
+        let stage = Requantize {
+            scales: Scales::F32 {
+                bias: &bias,
+                mult: &mult,
+                zero_point: 3.0,
+            },
+            range: (0, 255),
+        };
+        let pixels = win.pixels();
+        let mut y = vec![0u8; pixels * m];
+        let mut scratch = ConvScratch::default();
+        g.throughput(Throughput::Elements((2 * pixels * m * k) as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(name), &(), |bch, ()| {
+            bch.iter(|| {
+                let r = conv_requant_serial(
+                    level,
+                    &win,
+                    black_box(&x),
+                    0..pixels,
+                    5,
+                    &packed,
+                    &mut scratch,
+                    stage,
+                    &mut y,
+                    m,
+                );
+                black_box((r, &y));
+            })
+        });
+    }
+    g.finish();
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
+    bench_conv(&mut c);
     bench(&mut c);
     c.final_summary();
 }

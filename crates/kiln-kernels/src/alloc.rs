@@ -12,8 +12,13 @@
 //! output is larger than what is left faults its pages in again (DeepLab-v3's 34 MB output:
 //! 8,300 page faults, 15 ms of a 6 ms Resize, every run).
 //!
-//! The kiln binary installs it (`#[global_allocator]`); a program embedding the library
-//! chooses its own allocator. Peak memory does not grow beyond what a run needs at once plus
+//! Blocks of [`LINE_FROM`] bytes or more start on a 64-byte boundary (a cache line): the
+//! system allocator puts a large block 16 bytes past a page, and the AMX tiles' 64-byte rows
+//! of a tensor, its im2col copy or its packed weights then straddle two lines each, which
+//! halved the integer products' speed (1.2 against 3.1 TOP/s in a C loop of the tiles).
+//!
+//! The kiln binary and the Python module install it (`#[global_allocator]`); a program
+//! embedding the library chooses its own allocator. Peak memory does not grow beyond what a run needs at once plus
 //! the cache's bound; blocks in the cache are resident (they were touched by the last run).
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -25,6 +30,22 @@ pub const MIN_BLOCK: usize = 256 * 1024;
 pub const MAX_BLOCKS: usize = 64;
 /// Most bytes kept at once.
 pub const MAX_CACHED: usize = 512 * 1024 * 1024;
+/// Smallest block aligned to a cache line (64 bytes) whatever its type asks for.
+pub const LINE_FROM: usize = 4096;
+
+/// The layout a block is really allocated with: at least 64-byte aligned from [`LINE_FROM`]
+/// bytes on. A function of the caller's layout alone, so `alloc`, `realloc` and `dealloc`
+/// agree on it.
+fn lined(layout: Layout) -> Layout {
+    if layout.size() >= LINE_FROM && layout.align() < 64 {
+        // A size of at least LINE_FROM rounded up to a multiple of 64 stays far below
+        // isize::MAX for any size the caller could have laid out; if it did not, the
+        // caller's layout is kept.
+        Layout::from_size_align(layout.size(), 64).unwrap_or(layout)
+    } else {
+        layout
+    }
+}
 
 struct Cache {
     /// (pointer as address, size, align) of each kept block.
@@ -110,12 +131,15 @@ impl Default for CachingAlloc {
     }
 }
 
-// SAFETY: every block handed out is either fresh from `System` for this layout or a block
-// `System` allocated for exactly this size and alignment earlier and that the program freed
-// (so nothing else refers to it); every block returned to `System` was allocated by it with
-// the layout passed back. The cache's lock never allocates (a futex on Linux).
+// SAFETY: every block handed out is either fresh from `System` for the caller's layout as
+// [`lined`] widens it (at least as aligned as asked) or a block `System` allocated for exactly
+// that size and alignment earlier and that the program freed (so nothing else refers to it);
+// every block returned to `System` was allocated by it with the layout passed back, since
+// `lined` is a function of the caller's layout, which `dealloc` and `realloc` receive as
+// `alloc` did. The cache's lock never allocates (a futex on Linux).
 unsafe impl GlobalAlloc for CachingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let layout = lined(layout);
         match self.take(layout) {
             Some(p) => p,
             // SAFETY: the caller's contract (non-zero size) carries over.
@@ -124,6 +148,7 @@ unsafe impl GlobalAlloc for CachingAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let layout = lined(layout);
         match self.take(layout) {
             Some(p) => {
                 // SAFETY: `p` is a block of `layout.size()` writable bytes (see above).
@@ -136,6 +161,7 @@ unsafe impl GlobalAlloc for CachingAlloc {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let layout = lined(layout);
         if !self.keep(ptr, layout) {
             // SAFETY: `ptr` came from `System` with this layout (blocks are only ever created
             // by `System` and kept with their layout).
@@ -144,8 +170,9 @@ unsafe impl GlobalAlloc for CachingAlloc {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if layout.size() < MIN_BLOCK && new_size < MIN_BLOCK {
-            // SAFETY: the caller's contract carries over; small blocks are always `System`'s.
+        if layout.size() < LINE_FROM && new_size < LINE_FROM {
+            // SAFETY: the caller's contract carries over; small blocks are always `System`'s,
+            // with the caller's layout.
             return unsafe { System.realloc(ptr, layout, new_size) };
         }
         // SAFETY: the caller guarantees `new_size` and the alignment form a valid layout.
@@ -259,6 +286,37 @@ unsafe impl GlobalAlloc for CountingAlloc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Blocks from LINE_FROM bytes on start on a 64-byte boundary whatever their type asks,
+    /// fresh, reused or grown into (the system allocator puts large blocks 16 bytes past a
+    /// page); contents survive growing across the threshold.
+    #[test]
+    fn large_blocks_start_on_cache_lines() {
+        let a = CachingAlloc::new();
+        let lay = |size: usize| Layout::from_size_align(size, 1).unwrap_or(Layout::new::<u8>());
+        // SAFETY: non-zero layouts; every block is freed with its layout exactly once.
+        unsafe {
+            for size in [LINE_FROM, LINE_FROM + 5, 3 * MIN_BLOCK + 16, 1 << 22] {
+                for _ in 0..2 {
+                    let p = a.alloc(lay(size));
+                    assert!(!p.is_null());
+                    assert_eq!(p as usize % 64, 0, "{size} bytes at {p:?}");
+                    a.dealloc(p, lay(size));
+                }
+                let z = a.alloc_zeroed(lay(size));
+                assert_eq!(z as usize % 64, 0, "{size} bytes zeroed at {z:?}");
+                a.dealloc(z, lay(size));
+            }
+            let s = a.alloc(lay(100));
+            std::ptr::write_bytes(s, 5, 100);
+            let g = a.realloc(s, lay(100), LINE_FROM * 3);
+            assert_eq!(g as usize % 64, 0);
+            assert!((0..100).all(|i| *g.add(i) == 5));
+            let h = a.realloc(g, lay(LINE_FROM * 3), 50);
+            assert!((0..50).all(|i| *h.add(i) == 5));
+            a.dealloc(h, lay(50));
+        }
+    }
 
     #[test]
     fn large_blocks_are_reused_and_zeroed_small_ones_are_not_kept() {

@@ -300,9 +300,12 @@ pub struct Operand<'a, T> {
 }
 
 /// `y[i] = quantize(dequantize(a[i]) + dequantize(b[i]))` over `min(len)` elements: ONNX's
-/// `QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b))` in its f32 arithmetic, every
-/// step rounded as the three ops round it (the same bits as [`dequantize_row`], an f32 add and
-/// [`quantize_row`]), in one pass.
+/// `QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b))` as one affine map of the two
+/// codes ([`SumMap`]: `a * ra + (b * rb + shift)`, the scale ratios `ra = sa / scale`,
+/// `rb = sb / scale` and the operands' zero points folded into `shift`), rounded half to even,
+/// plus the output's zero point, saturated. ONNX Runtime's `QLinearAdd` computes such a map;
+/// against the three ops run apart (a division per element, which costs 16 cycles a vector
+/// on AVX-512) a code may differ by one where the sum lies within an f32 rounding of a tie.
 pub fn add_dequantized_row<A: Q8, B: Q8, T: Q8>(
     a: Operand<'_, A>,
     b: Operand<'_, B>,
@@ -310,79 +313,91 @@ pub fn add_dequantized_row<A: Q8, B: Q8, T: Q8>(
     scale: f32,
     zero_point: f32,
 ) {
+    let map = SumMap::of((a.scale, a.zero_point), (b.scale, b.zero_point), (scale, zero_point));
     crate::simd::vectorize_kernel(AddDequantized {
-        a,
-        b,
+        a: a.values,
+        b: b.values,
         y,
-        scale,
-        zero_point,
+        map,
+        lo: T::LO,
     })
+}
+
+/// The sum of two dequantized codes as a code of the output: `round(x * ra + (z * rb +
+/// shift)) + zero_point` (two products and two sums in that order on every ISA: no fused
+/// multiply-add, so the portable path gives the same bits; the zero point added after the
+/// rounding, as QuantizeLinear adds it, so exact ties round to even as there).
+#[derive(Clone, Copy, Debug)]
+pub struct SumMap {
+    pub ra: f32,
+    pub rb: f32,
+    pub shift: f32,
+    pub zero_point: f32,
+}
+
+impl SumMap {
+    /// The map for operands of scales and zero points `(sa, za)` and `(sb, zb)` summed into
+    /// an output of `(scale, zero_point)`.
+    pub fn of((sa, za): (f32, f32), (sb, zb): (f32, f32), (scale, zero_point): (f32, f32)) -> SumMap {
+        let (ra, rb) = (sa / scale, sb / scale);
+        SumMap {
+            ra,
+            rb,
+            shift: -(za * ra) - zb * rb,
+            zero_point,
+        }
+    }
+
+    /// The code of `x + z` (both codes as f32), at least `lo` and at most `T::HI`; a NaN
+    /// (a zero or non-finite scale) gives 0 raised to `lo`.
+    #[inline(always)]
+    pub fn code<T: Q8>(self, x: f32, z: f32, lo: f32) -> T {
+        let t = (x * self.ra + (z * self.rb + self.shift)).clamp(-BIG, BIG);
+        let r = (t + ROUND) - ROUND;
+        let q = if r.is_nan() {
+            lo.max(0.0)
+        } else {
+            (r + self.zero_point).max(lo).min(T::HI)
+        };
+        T::from_low_byte((q + ROUND).to_bits())
+    }
 }
 
 /// [`add_dequantized_row`]'s loop as a struct kernel (inlined into each level's copy).
 struct AddDequantized<'a, A, B, T> {
-    a: Operand<'a, A>,
-    b: Operand<'a, B>,
+    a: &'a [A],
+    b: &'a [B],
     y: &'a mut [T],
-    scale: f32,
-    zero_point: f32,
+    map: SumMap,
+    lo: f32,
 }
 
 impl<A: Q8, B: Q8, T: Q8> crate::simd::Kernel for AddDequantized<'_, A, B, T> {
     type Output = ();
     #[inline(always)]
     fn run(self) {
-        let AddDequantized {
-            a,
-            b,
-            y,
-            scale,
-            zero_point,
-        } = self;
-        for ((o, &x), &z) in y.iter_mut().zip(a.values).zip(b.values) {
-            *o = requantized_sum((x.to_f32(), a.scale, a.zero_point), (z, b), (scale, zero_point), T::LO);
+        let AddDequantized { a, b, y, map, lo } = self;
+        for ((o, &x), &z) in y.iter_mut().zip(a).zip(b) {
+            *o = map.code(x.to_f32(), z.to_f32(), lo);
         }
     }
 }
 
-/// One element of [`add_dequantized_row`]: `x` (with its scale and zero point) and `z`
-/// dequantized, added, quantized to `T` with the output's scale and zero point; the result
-/// at least `lo` (`T::LO`, or the output's zero point for a fused Relu: `max(q, zy)` is the
-/// clamp from `zy` up, since `zy` lies within `T`'s range). A NaN sum gives 0 (raised to `lo`).
-#[inline(always)]
-fn requantized_sum<B: Q8, T: Q8>(
-    (x, sx, zx): (f32, f32, f32),
-    (z, b): (B, Operand<'_, B>),
-    (scale, zero_point): (f32, f32),
-    lo: f32,
-) -> T {
-    let v = (x - zx) * sx + (z.to_f32() - b.zero_point) * b.scale;
-    let t = (v / scale).clamp(-BIG, BIG);
-    let r = (t + ROUND) - ROUND;
-    let q = if r.is_nan() {
-        lo.max(0.0)
-    } else {
-        (r + zero_point).max(lo).min(T::HI)
-    };
-    T::from_low_byte((q + ROUND).to_bits())
-}
-
 /// [`add_dequantized_row`] with `y` as its first operand, in place: `y[i] =
-/// max(quantize(dequantize(y[i]) + dequantize(b[i])), floor)` (the same bits), `own` being
-/// y's scale and zero point before the sum. With `floor` the output's zero point, this is a
-/// QDQ residual block's `Q(Relu(DQ(y) + DQ(b)))`; `None` clamps to `T`'s range alone.
+/// max(quantize(dequantize(y[i]) + dequantize(b[i])), floor)` (the same map and rounding),
+/// `own` being y's scale and zero point before the sum. With `floor` the output's zero point,
+/// this is a QDQ residual block's `Q(Relu(DQ(y) + DQ(b)))`; `None` clamps to `T`'s range alone.
 pub fn add_dequantized_in_place<B: Q8, T: Q8>(
     y: &mut [T],
     own: (f32, f32),
     b: Operand<'_, B>,
-    (scale, zero_point): (f32, f32),
+    out: (f32, f32),
     floor: Option<f32>,
 ) {
     crate::simd::vectorize_kernel(AddInPlace {
         y,
-        own,
-        b,
-        out: (scale, zero_point),
+        b: b.values,
+        map: SumMap::of(own, (b.scale, b.zero_point), out),
         lo: floor.filter(|f| !f.is_nan()).map_or(T::LO, |f| f.clamp(T::LO, T::HI)),
     })
 }
@@ -390,9 +405,8 @@ pub fn add_dequantized_in_place<B: Q8, T: Q8>(
 /// [`add_dequantized_in_place`]'s loop as a struct kernel.
 struct AddInPlace<'a, B, T> {
     y: &'a mut [T],
-    own: (f32, f32),
-    b: Operand<'a, B>,
-    out: (f32, f32),
+    b: &'a [B],
+    map: SumMap,
     lo: f32,
 }
 
@@ -400,9 +414,9 @@ impl<B: Q8, T: Q8> crate::simd::Kernel for AddInPlace<'_, B, T> {
     type Output = ();
     #[inline(always)]
     fn run(self) {
-        let AddInPlace { y, own, b, out, lo } = self;
-        for (o, &z) in y.iter_mut().zip(b.values) {
-            *o = requantized_sum((o.to_f32(), own.0, own.1), (z, b), out, lo);
+        let AddInPlace { y, b, map, lo } = self;
+        for (o, &z) in y.iter_mut().zip(b) {
+            *o = map.code(o.to_f32(), z.to_f32(), lo);
         }
     }
 }

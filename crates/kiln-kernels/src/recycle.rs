@@ -447,6 +447,17 @@ pub fn scratch<T: Clone + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
     v.get_mut(..len).unwrap_or_default()
 }
 
+/// [`scratch`] starting on a 64-byte boundary (a cache line), whatever `v`'s allocation
+/// gives: `len` elements from the first such boundary of `v`, grown by up to a line.
+pub fn scratch_lined<T: Clone + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    let extra = 64 / std::mem::size_of::<T>().clamp(1, 64);
+    if v.len() < len + extra {
+        v.resize(len + extra, T::default());
+    }
+    let off = v.as_ptr().align_offset(64).min(extra);
+    v.get_mut(off..off + len).unwrap_or_default()
+}
+
 /// [`take`] for any recycled element type (new or grown elements are `T::default()`).
 pub fn take_of<T: Recycled>(n: usize) -> Vec<T> {
     CURRENT.with(|c| {

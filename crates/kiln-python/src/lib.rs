@@ -13,6 +13,11 @@ mod convert;
 mod errors;
 mod session;
 
+/// kiln's allocator, as in the `kiln` binary: freed activation buffers kept for the next
+/// inference, and large blocks on 64-byte boundaries (see `kiln_kernels::alloc`).
+#[global_allocator]
+static ALLOC: kiln::CachingAlloc = kiln::CachingAlloc::new();
+
 #[pymodule]
 fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;

@@ -6,9 +6,11 @@
 //! QLinearAdd(a_q, sa, za, b_q, sb, zb, sy, zy)
 //! ```
 //!
-//! one pass over 8-bit data instead of two dequantizations, an f32 add and a quantization,
-//! with the same value bit for bit (a Relu between the sum and the QuantizeLinear is absorbed
-//! too, as the op's `relu`) (`QLinearAdd` rounds every step as the three ops do).
+//! one pass over 8-bit data instead of two dequantizations, an f32 add and a quantization (a
+//! Relu between the sum and the QuantizeLinear is absorbed too, as the op's `relu`). The
+//! value is the three ops' except where a sum lies within an f32 rounding of a tie between
+//! two codes, which may round to the other (`QLinearAdd` multiplies by scale ratios, as ONNX
+//! Runtime's does, instead of dividing each element by the output scale).
 //! With the integer convolutions (`qdq_conv`), a quantized ResNet keeps its activations
 //! 8-bit from block to block. The dequantize nodes stay for any other reader.
 
@@ -145,7 +147,7 @@ mod tests {
     use kiln_tensor::Tensor;
 
     /// `Q(DQ(Q(x)) + DQ(Q(r))) -> DQ`, with and without a Relu before the Q: fused, the same
-    /// output bit for bit.
+    /// output bit for bit (these scales put no sum within an f32 rounding of a tie).
     #[test]
     fn a_quantized_residual_add_becomes_one_op_with_the_same_bits() {
         for relu in [false, true] {

@@ -155,10 +155,15 @@ struct Sink<'c, 'o, 'y, 'r> {
 /// Blocks of rows multiplied panel by panel, each block's epilogue run after the next
 /// block's products are issued (the tiles' stores are still draining; the epilogue, vector
 /// code, then runs beside the next products instead of waiting for them).
+/// One block's sums, 32 rows of 32 i32, on a cache line (a tile's 64-byte rows across two
+/// lines would cost a second line each).
+#[repr(C, align(64))]
+struct TileBuf([i32; BLOCK_ROWS * NR_QUADS]);
+
 struct Runner {
     signed: bool,
     /// Blocks that are not whole tiles of C go through one of two scratch tiles, alternating.
-    scratch: [[i32; BLOCK_ROWS * NR_QUADS]; 2],
+    scratch: [TileBuf; 2],
     slot: usize,
     pending: Option<Done>,
 }
@@ -167,7 +172,7 @@ impl Runner {
     fn new(signed: bool) -> Runner {
         Runner {
             signed,
-            scratch: [[0i32; BLOCK_ROWS * NR_QUADS]; 2],
+            scratch: [TileBuf([0; BLOCK_ROWS * NR_QUADS]), TileBuf([0; BLOCK_ROWS * NR_QUADS])],
             slot: 0,
             pending: None,
         }
@@ -205,9 +210,12 @@ impl Runner {
             ) else {
                 continue;
             };
-            // Whole tiles go straight to C; a block of other rows, or a partial last panel,
-            // through a scratch tile.
-            let direct = (rows == TILE_ROWS || rows == BLOCK_ROWS)
+            // Unfused, whole tiles go straight to C; fused products (whose C is scratch), a
+            // block of other rows or a partial last panel through a scratch tile, which stays
+            // in L1 for the epilogue (storing the tiles into a C of a few MB halved the
+            // speed of a 6272 x 256 x 128 product).
+            let direct = sink.out.is_none()
+                && (rows == TILE_ROWS || rows == BLOCK_ROWS)
                 && cols == NR_QUADS
                 && at + (rows - 1) * sink.ldc + NR_QUADS <= sink.c.len();
             let via = (!direct).then(|| {
@@ -216,7 +224,7 @@ impl Runner {
             });
             let dst = match via {
                 None => sink.c.get_mut(at..).map(|d| (d.as_mut_ptr(), 4 * sink.ldc)),
-                Some(s) => self.scratch.get_mut(s).map(|t| (t.as_mut_ptr(), 4 * NR_QUADS)),
+                Some(s) => self.scratch.get_mut(s).map(|t| (t.0.as_mut_ptr(), 4 * NR_QUADS)),
             };
             let Some(dst) = dst else { continue };
             // SAFETY: A's chunks as this function's contract says (`two` exactly when `rows >
@@ -281,7 +289,8 @@ pub(super) fn serial<T: Int8>(
     // chunk of a block of other than 16 or 32 rows, are copied zero-padded into `apack`
     // (rows `width` apart).
     let full = k / (4 * TILE_QUADS);
-    let mut apack = vec![0u8; BLOCK_ROWS * chunks * 4 * TILE_QUADS];
+    let mut apack_buf = Vec::new();
+    let apack = crate::recycle::scratch_lined(&mut apack_buf, BLOCK_ROWS * chunks * 4 * TILE_QUADS);
     let mut addrs: Vec<(*const u8, usize)> = Vec::with_capacity(chunks);
     let mut run = Runner::new(T::OFFSET != 0);
     let mut sink = Sink { c, ldc, first, out };
@@ -292,7 +301,7 @@ pub(super) fn serial<T: Int8>(
             let rows = (m - m0).min(BLOCK_ROWS);
             let in_place = rows == TILE_ROWS || rows == BLOCK_ROWS;
             let from = if in_place { full } else { 0 };
-            let width = pack_a(bytes, (lda, k), (m0, rows), from, &mut apack);
+            let width = pack_a(bytes, (lda, k), (m0, rows), from, apack);
             addrs.clear();
             if in_place && let Some(rows_a) = bytes.get(m0 * lda..) {
                 addrs.extend((0..full).map(|ch| (rows_a.as_ptr().wrapping_add(64 * ch), lda)));
@@ -352,7 +361,7 @@ pub(super) fn conv<T: Int8 + Default>(
     let (h, w) = win.input;
     let (sw, (dh, dw), ps) = (win.stride.1, win.dilation, win.pixel_stride);
     let lda = sw * ps * size;
-    let buf = crate::recycle::scratch(rows, BLOCK_ROWS * k);
+    let buf = crate::recycle::scratch_lined(rows, BLOCK_ROWS * k);
     let mut addrs: Vec<(*const u8, usize)> = Vec::with_capacity(panels.chunks);
     let mut run = Runner::new(T::OFFSET != 0);
     let mut sink = Sink {
@@ -382,6 +391,10 @@ pub(super) fn conv<T: Int8 + Default>(
                 && x0 >= 0
                 && y0 + (((kh - 1) * dh) as isize) < (h as isize)
                 && last_x < (w as isize);
+            // Copied windows fill whole blocks, across output rows: rows narrower than 16
+            // pixels (ResNet's 14 x 14 and 7 x 7 layers) would otherwise run every block on
+            // one half-empty tile of rows.
+            let here = if inside { here } else { (pixels.end - p).min(BLOCK_ROWS) };
             addrs.clear();
             if inside {
                 let (y0, x0) = (y0.unsigned_abs(), x0.unsigned_abs());
@@ -429,9 +442,9 @@ struct Done {
 }
 
 impl Done {
-    /// The block's epilogue: its sums copied from its scratch tile into C, then, fused,
-    /// requantized into Y.
-    fn finish(&self, scratch: &[[i32; BLOCK_ROWS * NR_QUADS]; 2], sink: &mut Sink<'_, '_, '_, '_>) {
+    /// The block's epilogue: fused, its sums requantized into Y from where they are;
+    /// otherwise copied from its scratch tile into C.
+    fn finish(&self, scratch: &[TileBuf; 2], sink: &mut Sink<'_, '_, '_, '_>) {
         let Done {
             m0,
             j0,
@@ -443,21 +456,29 @@ impl Done {
         let Some(at) = (m0 * ldc + j0).checked_sub(sink.first) else {
             return;
         };
-        if let Some(tile) = via.and_then(|s| scratch.get(s)) {
+        let tile = via.and_then(|s| scratch.get(s)).map(|t| &t.0[..]);
+        if let Some(f) = sink
+            .out
+            .as_deref_mut()
+            .and_then(|o| o.tile(m0, j0 - sink.first, j0, cols))
+        {
+            match tile {
+                Some(t) => super::vnni::requant_panel(t, NR_QUADS, rows, cols, f),
+                None => {
+                    if let Some(sums) = sink.c.get(at..) {
+                        super::vnni::requant_panel(sums, ldc, rows, cols, f);
+                    }
+                }
+            }
+            return;
+        }
+        if let Some(tile) = tile {
             for (r, sums) in tile.chunks_exact(NR_QUADS).take(rows).enumerate() {
                 let (Some(d), Some(s)) = (sink.c.get_mut(at + r * ldc..at + r * ldc + cols), sums.get(..cols)) else {
                     break;
                 };
                 d.copy_from_slice(s);
             }
-        }
-        if let Some(f) = sink
-            .out
-            .as_deref_mut()
-            .and_then(|o| o.tile(m0, j0 - sink.first, j0, cols))
-            && let Some(sums) = sink.c.get(at..)
-        {
-            super::vnni::requant_panel(sums, ldc, rows, cols, f);
         }
     }
 }

@@ -242,7 +242,7 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
         && c > 0
         && k <= MAX_EXACT_DEPTH;
     if !gather {
-        let rows = crate::recycle::scratch(&mut scratch.rows, m * k);
+        let rows = crate::recycle::scratch_lined(&mut scratch.rows, m * k);
         for (p, row) in pixels.clone().zip(rows.chunks_exact_mut(k.max(1))) {
             win.im2col_row(x, p, pad, row);
         }

@@ -158,14 +158,14 @@ pub const MR_QUADS: usize = 8;
 /// in L1 beside A's 5 KiB. Deeper products are cut into equal blocks no deeper than this.
 const KC_QUADS: usize = 640;
 /// Whether a product of `m` rows and depth `k` runs on AMX tiles: where
-/// [`Isa::has_int8_tiles`], at least one 16-row tile of rows and two 64-deep chunks of
-/// depth. Shallower products (small-channel 1x1 convolutions) spend more on the tiles' cost
-/// per block (their sums stored, then read back by the epilogue) than the VNNI micro-tiles,
-/// which requantize in registers, spend on the products: 16 -> 64 channels ran at 72 GOP/s
-/// on the tiles and 107 on VNNI; ResNet-50's fused 64 -> 256 took 0.64 ms on VNNI and
-/// 0.9 on the tiles.
+/// [`Isa::has_int8_tiles`], at least one 16-row tile of rows and one whole 64-deep chunk of
+/// depth. Shallower products (16 -> 64 channels ran at 72 GOP/s on the tiles, 107 on VNNI)
+/// fill too little of each tile. ResNet-50's fused 64 -> 256 1x1 convolutions, 0.9 ms on the
+/// tiles against 0.64 on VNNI while the tiles' rows straddled cache lines and their sums went
+/// to a C of megabytes, became faster on the tiles once both were fixed (the three 1x1 layers
+/// of its first stage 4.4 ms against 5.1 per run).
 fn on_tiles(isa: Isa, m: usize, k: usize) -> bool {
-    m >= 16 && k >= 128 && k <= MAX_EXACT_DEPTH && isa.has_int8_tiles()
+    m >= 16 && k >= 64 && k <= MAX_EXACT_DEPTH && isa.has_int8_tiles()
 }
 /// Zero bytes after the last panel of the quads format: the AMX tiles read a panel's depth in
 /// whole chunks of 16 quads, so up to 15 quads (of 128 bytes) past its end.
@@ -180,7 +180,54 @@ enum Data {
     Pairs(Vec<i16>),
     /// Panel `p`, depth quad `q`, column `j`, depth `d` of the quad:
     /// `[(p * kquads + q) * 4 * NR_QUADS + 4 * j + d]`.
-    Quads(Vec<i8>),
+    Quads(Lines),
+}
+
+/// Bytes that start on a 64-byte boundary (a cache line), wherever the allocator puts them:
+/// every 128-byte row of a panel of quads then lies on whole lines, as the AMX tiles and the
+/// VNNI loads read them (a row across two lines halved the tiles' speed).
+#[derive(Clone, PartialEq, Default)]
+pub(crate) struct Lines {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+#[repr(C, align(64))]
+struct Line([i8; 64]);
+
+impl Lines {
+    /// `len` zero bytes.
+    fn zeroed(len: usize) -> Lines {
+        Lines {
+            lines: vec![Line([0; 64]); len.div_ceil(64)],
+            len,
+        }
+    }
+}
+
+impl std::fmt::Debug for Lines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lines({} bytes)", self.len)
+    }
+}
+
+impl std::ops::Deref for Lines {
+    type Target = [i8];
+    fn deref(&self) -> &[i8] {
+        // SAFETY: `lines` holds `len.div_ceil(64)` lines of 64 initialised i8, contiguous
+        // (`Line` is `repr(C)` of one `[i8; 64]`, size 64), so its first `len` bytes are
+        // initialised i8 borrowed with `self`.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<i8>(), self.len.min(64 * self.lines.len())) }
+    }
+}
+
+impl std::ops::DerefMut for Lines {
+    fn deref_mut(&mut self) -> &mut [i8] {
+        let len = self.len.min(64 * self.lines.len());
+        // SAFETY: as in `deref`, borrowed mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<i8>(), len) }
+    }
 }
 
 /// B (K x N, weights) packed for [`igemm`]: zero points subtracted, pairs (16-bit) or quads
@@ -280,7 +327,7 @@ impl PackedB {
                 Data::Pairs(v)
             }
             Packing::Quads => {
-                let mut v = vec![0i8; len + QUADS_TAIL];
+                let mut v = Lines::zeroed(len + QUADS_TAIL);
                 let fits = fill(&mut |at, w| match (v.get_mut(at), i8::try_from(w)) {
                     (Some(slot), Ok(x)) => {
                         *slot = x;

@@ -4,8 +4,10 @@
 //! B_scale, B_zero_point, C_scale, C_zero_point`. Its value is defined as that composition:
 //! per-tensor (or per-axis) DequantizeLinear of A and of B, an f32 Add with broadcasting, and
 //! QuantizeLinear to C's zero point type. Same-shaped 8-bit operands with one scale and zero
-//! point each run in one fused pass that rounds every step as the three ops do (the same
-//! bits); anything else runs the three ops.
+//! point each run in one fused pass: the sum as an affine map of the two codes with the
+//! scale ratios (`kiln_kernels::quant::SumMap`, as ONNX Runtime's QLinearAdd computes it),
+//! which gives the three ops' codes except where a sum lies within an f32 rounding of a tie
+//! (then the neighbouring code); anything else runs the three ops.
 
 use crate::elementwise::{Binary, BinaryOp};
 use crate::error::{OpError, Result};
