@@ -88,6 +88,7 @@ impl ConvWindow {
 
     /// Where in X the tap `(ky, kx)` of the pixel at `origin` ([`ConvWindow::origin`])
     /// starts, or `None` in the padding.
+    #[inline]
     pub fn tap(&self, origin: (usize, isize, isize), ky: usize, kx: usize) -> Option<usize> {
         self.tap_at(
             origin,
@@ -242,11 +243,14 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
         && c > 0
         && k <= MAX_EXACT_DEPTH;
     if !gather {
-        let rows = crate::recycle::scratch_lined(&mut scratch.rows, m * k);
-        for (p, row) in pixels.clone().zip(rows.chunks_exact_mut(k.max(1))) {
-            win.im2col_row(x, p, pad, row);
+        // On the tiles each copied row starts on a cache line (its pitch a whole number of
+        // 64-byte chunks; the tiles copy a row's last partial chunk zero-padded themselves).
+        let pitch = if tiles { k.next_multiple_of(64) } else { k };
+        let rows = crate::recycle::scratch_lined(&mut scratch.rows, m * pitch);
+        for (p, row) in pixels.clone().zip(rows.chunks_exact_mut(pitch.max(1))) {
+            win.im2col_row(x, p, pad, row.get_mut(..k).unwrap_or_default());
         }
-        return igemm_requant_serial(isa, (m, k), rows, k, pad.widen(), b, sums, stage, y, ldy);
+        return igemm_requant_serial(isa, (m, k), rows, pitch, pad.widen(), b, sums, stage, y, ldy);
     }
     let stage = stage.checked::<O>(y.len(), (m - 1) * ldy + n, n)?;
     let pad_row = crate::recycle::scratch(&mut scratch.pad, c);

@@ -288,6 +288,17 @@ fn fold_rows<T: Copy>(
             let x0 = (ox * sw) as isize - pw as isize;
             if x0 >= 0 && x0.unsigned_abs() + span < wd {
                 let first = x0.unsigned_abs() * c;
+                // Adjacent taps (no dilation): one run of `kw * c` values, then the padding.
+                let run = kw * c;
+                if dw == 1
+                    && run <= dst.len()
+                    && let Some(src) = src_row.get(first..first + run)
+                {
+                    let (head, tail) = dst.split_at_mut(run);
+                    head.copy_from_slice(src);
+                    tail.fill(pad);
+                    continue;
+                }
                 for (d, slot) in dst.iter_mut().zip(&slots) {
                     *d = slot
                         .and_then(|(dx, ch)| src_row.get(first + dx * c + ch))
