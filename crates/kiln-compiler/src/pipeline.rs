@@ -236,6 +236,15 @@ const PIPELINE: &[Pass] = &[
         deep: false,
         run: unit_transpose::run,
     },
+    // Removes the transposes back to channels-first the layout pass left unread: the glue's
+    // patterns want each 8-bit value read by its one consumer (a channels-last Concat that
+    // the unread transpose still read kept SqueezeNet's fire modules in f32).
+    Pass {
+        name: "dce",
+        level: 2,
+        deep: false,
+        run: dce::run,
+    },
     // After every pass that matches Q/DQ patterns (the integer products, convolutions and
     // sums, and the layout's view of per-tensor Q/DQ as layout-free), before the chain pass,
     // which joins the round trips it makes with the arithmetic around them.
