@@ -243,14 +243,36 @@ fn fast(op: &Recurrent, cache: Option<&PackedWeightsCache>, args: &Args<'_>) -> 
             .as_deref()
     });
     let results: Vec<Mutex<Option<DirOutput>>> = (0..nd).map(|_| Mutex::new(None)).collect();
+    // One batch row whose recurrent weights outgrow a core's L2: the directions one after the
+    // other, each step's product split by columns over the pool (each thread the same
+    // columns every step, so its share of R stays in its core's cache); otherwise the
+    // directions side by side, one thread each.
+    let split_steps = batch == 1
+        && kiln_kernels::pool::current_threads() > 1
+        && gh.saturating_mul(hs).saturating_mul(4) > SPLIT_R_BYTES;
     let task = |d: usize| {
         let packed = packed.and_then(|p| p.get(d));
-        let out = run_direction(op.cell, op.clip, &dims, &dir(d), d, xd, &lens, h0, c0, packed);
+        let out = run_direction(
+            op.cell,
+            op.clip,
+            &dims,
+            &dir(d),
+            d,
+            xd,
+            &lens,
+            (h0, c0),
+            packed,
+            split_steps,
+        );
         if let Some(slot) = results.get(d) {
             *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = out;
         }
     };
-    kiln_kernels::pool::parallel_for(nd, &task);
+    if split_steps {
+        (0..nd).for_each(task);
+    } else {
+        kiln_kernels::pool::parallel_for(nd, &task);
+    }
     let mut dirs = Vec::with_capacity(nd);
     for slot in results {
         match slot.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
@@ -303,6 +325,12 @@ fn fast(op: &Recurrent, cache: Option<&PackedWeightsCache>, args: &Args<'_>) -> 
     Ok(Some(outs))
 }
 
+/// Recurrent weights of one direction past which a one-row step's product is split by
+/// columns over the threads (directions then run one after the other): ddddocr's 512-wide
+/// bidirectional LSTM has 4 MB of R per direction, read from L3 at every one of its 80 steps
+/// by one thread per direction; split, each core keeps its half of one direction in L2.
+const SPLIT_R_BYTES: usize = 1 << 20;
+
 /// Rows of A (projections over a whole call) up to which a product reads its weights in
 /// place as dot products instead of packing them: packing costs a pass over the weights, as
 /// much as one row's product, so a call of a step or two (a streaming VAD's one chunk) spent
@@ -349,6 +377,31 @@ impl<'a> Weights<'a> {
         }
     }
 
+    /// [`Weights::product`] of one row, its columns split over the current pool in whole
+    /// panels: thread `t` takes the `t`-th range every call ([`kiln_kernels::pool::for_each_chunk_mut`]), so
+    /// its share of packed weights stays in its core's cache from one call to the next.
+    fn product_row_split(&self, a: &[f32], out: &mut [f32]) -> Option<()> {
+        let p = match self {
+            Weights::Packed(p) | &Weights::Kept(p) => p,
+            Weights::Rows { .. } => return self.product(1, a, out, None),
+        };
+        let (n, nr) = (p.n(), p.layout().nr().max(1));
+        let threads = kiln_kernels::pool::current_threads().max(1);
+        let width = n.div_ceil(nr).div_ceil(threads) * nr;
+        let view = p.view();
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        kiln_kernels::pool::for_each_chunk_mut(out.get_mut(..n)?, width, &|i, piece| {
+            let p0 = i * width / nr;
+            let done = view
+                .panels(p0, p0 + width / nr)
+                .and_then(|b| sgemm(1, AMatrix::row_major(a, p.k()), b, piece, piece.len(), &Epilogue::NONE).ok());
+            if done.is_none() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        (!failed.into_inner()).then_some(())
+    }
+
     /// `out[r, j] = bias[j] + a[r, :] · w[j, :]` for `r < rows`.
     fn product(&self, rows: usize, a: &[f32], out: &mut [f32], bias: Option<&[f32]>) -> Option<()> {
         match self {
@@ -387,9 +440,9 @@ fn run_direction(
     d: usize,
     x: &[f32],
     lens: &[usize],
-    h0: Option<&[f32]>,
-    c0: Option<&[f32]>,
+    (h0, c0): (Option<&[f32]>, Option<&[f32]>),
     packed: Option<&PackedDirection>,
+    split_steps: bool,
 ) -> Option<DirOutput> {
     let Dims {
         seq, batch, input, hs, ..
@@ -466,7 +519,11 @@ fn run_direction(
         }
     };
     for step in 0..steps {
-        rt.product(batch, &h, &mut ghm, None)?;
+        if split_steps && batch == 1 {
+            rt.product_row_split(&h, &mut ghm)?;
+        } else {
+            rt.product(batch, &h, &mut ghm, None)?;
+        }
         // Time index and projection row of each batch entry still running at this step.
         let at = |bi: usize| -> Option<(usize, usize)> {
             let len = *lens.get(bi)?;
@@ -661,6 +718,36 @@ mod tests {
             activations: acts.iter().cycle().take(nd * acts.len()).copied().collect(),
             clip,
             batch_first,
+        }
+    }
+
+    /// Recurrent weights past `SPLIT_R_BYTES` on a two-thread pool, one batch row: the
+    /// directions one after the other, each step's product split by columns over the
+    /// threads; the same values as the reference, for LSTM and GRU (whose candidate gate's
+    /// weights stay apart), both directions.
+    #[test]
+    fn large_recurrent_weights_split_over_threads_match_the_reference() {
+        let hs = 300;
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        for (ci, cell) in [
+            Cell::Lstm { input_forget: false },
+            Cell::Gru {
+                linear_before_reset: false,
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (nd, g) = (2, cell.gates());
+            assert!(g * hs * hs * 4 > SPLIT_R_BYTES, "the split path is taken");
+            let seed = 900 + ci as u64;
+            let ins = vec![
+                Some(t(&[4, 1, 7], seed, 1.0)),
+                Some(t(&[nd, g * hs, 7], seed + 1, 0.3)),
+                Some(t(&[nd, g * hs, hs], seed + 2, 0.06)),
+                Some(t(&[nd, 2 * g * hs], seed + 3, 0.3)),
+            ];
+            pool.install(|| check(&op(cell, Direction::Bidirectional, false, None), &ins));
         }
     }
 
