@@ -13,9 +13,10 @@
 //! packed data's zero tail, [`QUADS_TAIL`](super::QUADS_TAIL)) adds nothing. A keeps its own
 //! type: i8 A is multiplied as signed (`tdpbssd`), so A's zero point folds in as it is, `-za *
 //! colsum` (no offset to u8 as on VNNI). The C tiles start from those values (loaded with a
-//! row stride of 0) and are stored straight into C when whole; each block's epilogue (the
-//! requantization of a fused product, [`vnni::requant_panel`](super::vnni)) runs after the
-//! next block's products are issued, beside them rather than waiting for the tile stores.
+//! row stride of 0) and are stored straight into C when whole and the product unfused; a
+//! fused product's blocks go through an L1 scratch tile, and each block's epilogue (the
+//! requantization, [`vnni::requant_panel`](super::vnni)) runs after the next block's
+//! products are issued, beside them rather than waiting for the tile stores.
 //!
 //! Sums are exact as on VNNI: the tile multiplies add each lane's four products into its i32
 //! without saturating (see the module docs of [`super`] for the depth bound).
@@ -152,17 +153,18 @@ struct Sink<'c, 'o, 'y, 'r> {
     out: Option<&'o mut Output<'y, 'r>>,
 }
 
-/// Blocks of rows multiplied panel by panel, each block's epilogue run after the next
-/// block's products are issued (the tiles' stores are still draining; the epilogue, vector
-/// code, then runs beside the next products instead of waiting for them).
 /// One block's sums, 32 rows of 32 i32, on a cache line (a tile's 64-byte rows across two
 /// lines would cost a second line each).
 #[repr(C, align(64))]
 struct TileBuf([i32; BLOCK_ROWS * NR_QUADS]);
 
+/// Blocks of rows multiplied panel by panel, each block's epilogue run after the next
+/// block's products are issued (the tiles' stores are still draining; the epilogue, vector
+/// code, then runs beside the next products instead of waiting for them).
 struct Runner {
     signed: bool,
-    /// Blocks that are not whole tiles of C go through one of two scratch tiles, alternating.
+    /// Fused products' blocks, and blocks that are not whole tiles of C, go through one of two
+    /// scratch tiles, alternating.
     scratch: [TileBuf; 2],
     slot: usize,
     pending: Option<Done>,
