@@ -299,3 +299,62 @@ proptest! {
         }
     }
 }
+
+/// Scale ratios too large for the rounding trick without its clamp (the unbounded map):
+/// sums saturate, a zero sum lands on the zero point, a NaN scale gives 0, as the three ops.
+#[test]
+fn extreme_scale_ratios_saturate_as_the_three_ops() {
+    let a: Vec<u8> = vec![0, 10, 255, 9, 11];
+    let b: Vec<u8> = vec![0, 0, 0, 0, 0];
+    for (sa, sy) in [(1.0f32, 1e-6f32), (3e5, 1.0), (1.0, 1e-30)] {
+        let (mut fa, mut fb) = (vec![0f32; a.len()], vec![0f32; b.len()]);
+        dequantize_row(&a, &mut fa, sa, 10);
+        dequantize_row(&b, &mut fb, 1.0, 0);
+        let sum: Vec<f32> = fa.iter().zip(&fb).map(|(x, y)| x + y).collect();
+        let mut want = vec![0u8; a.len()];
+        quantize_row(&sum, &mut want, sy, 5.0);
+        let mut got = vec![0u8; a.len()];
+        let bop = Operand {
+            values: &b[..],
+            scale: 1.0,
+            zero_point: 0.0,
+        };
+        add_dequantized_row(
+            Operand {
+                values: &a[..],
+                scale: sa,
+                zero_point: 10.0,
+            },
+            bop,
+            &mut got,
+            sy,
+            5.0,
+        );
+        assert_eq!(got, want, "sa {sa} sy {sy}");
+        assert_eq!(&got[..3], &[0, 5, 255], "saturated both ways, zero at the zero point");
+        let mut inplace = a.clone();
+        add_dequantized_in_place(&mut inplace, (sa, 10.0), bop, (sy, 5.0), None);
+        assert_eq!(inplace, want, "in place, sa {sa} sy {sy}");
+    }
+    // A NaN scale: every sum NaN, quantized to 0 by the three ops and by the map.
+    let mut got = vec![7u8; a.len()];
+    let bop = Operand {
+        values: &b[..],
+        scale: 1.0,
+        zero_point: 0.0,
+    };
+    add_dequantized_row(
+        Operand {
+            values: &a[..],
+            scale: f32::NAN,
+            zero_point: 10.0,
+        },
+        bop,
+        &mut got,
+        0.5,
+        5.0,
+    );
+    let mut want = vec![0u8; a.len()];
+    quantize_row(&vec![f32::NAN; a.len()], &mut want, 0.5, 5.0);
+    assert_eq!(got, want);
+}

@@ -378,8 +378,9 @@ impl<'a> Weights<'a> {
     }
 
     /// [`Weights::product`] of one row, its columns split over the current pool in whole
-    /// panels: thread `t` takes the `t`-th range every call ([`kiln_kernels::pool::for_each_chunk_mut`]), so
-    /// its share of packed weights stays in its core's cache from one call to the next.
+    /// panels: thread `t` takes the `t`-th range every call
+    /// ([`kiln_kernels::pool::for_each_chunk_mut`]), so its share of packed weights stays in
+    /// its core's cache from one call to the next.
     fn product_row_split(&self, a: &[f32], out: &mut [f32]) -> Option<()> {
         let p = match self {
             Weights::Packed(p) | &Weights::Kept(p) => p,
