@@ -306,6 +306,16 @@ proptest! {
 fn extreme_scale_ratios_saturate_as_the_three_ops() {
     let a: Vec<u8> = vec![0, 10, 255, 9, 11];
     let b: Vec<u8> = vec![0, 0, 0, 0, 0];
+    let bop = Operand {
+        values: &b[..],
+        scale: 1.0,
+        zero_point: 0.0,
+    };
+    let a_with = |scale: f32| Operand {
+        values: &a[..],
+        scale,
+        zero_point: 10.0,
+    };
     for (sa, sy) in [(1.0f32, 1e-6f32), (3e5, 1.0), (1.0, 1e-30)] {
         let (mut fa, mut fb) = (vec![0f32; a.len()], vec![0f32; b.len()]);
         dequantize_row(&a, &mut fa, sa, 10);
@@ -314,22 +324,7 @@ fn extreme_scale_ratios_saturate_as_the_three_ops() {
         let mut want = vec![0u8; a.len()];
         quantize_row(&sum, &mut want, sy, 5.0);
         let mut got = vec![0u8; a.len()];
-        let bop = Operand {
-            values: &b[..],
-            scale: 1.0,
-            zero_point: 0.0,
-        };
-        add_dequantized_row(
-            Operand {
-                values: &a[..],
-                scale: sa,
-                zero_point: 10.0,
-            },
-            bop,
-            &mut got,
-            sy,
-            5.0,
-        );
+        add_dequantized_row(a_with(sa), bop, &mut got, sy, 5.0);
         assert_eq!(got, want, "sa {sa} sy {sy}");
         assert_eq!(&got[..3], &[0, 5, 255], "saturated both ways, zero at the zero point");
         let mut inplace = a.clone();
@@ -338,22 +333,7 @@ fn extreme_scale_ratios_saturate_as_the_three_ops() {
     }
     // A NaN scale: every sum NaN, quantized to 0 by the three ops and by the map.
     let mut got = vec![7u8; a.len()];
-    let bop = Operand {
-        values: &b[..],
-        scale: 1.0,
-        zero_point: 0.0,
-    };
-    add_dequantized_row(
-        Operand {
-            values: &a[..],
-            scale: f32::NAN,
-            zero_point: 10.0,
-        },
-        bop,
-        &mut got,
-        0.5,
-        5.0,
-    );
+    add_dequantized_row(a_with(f32::NAN), bop, &mut got, 0.5, 5.0);
     let mut want = vec![0u8; a.len()];
     quantize_row(&vec![f32::NAN; a.len()], &mut want, 0.5, 5.0);
     assert_eq!(got, want);

@@ -444,8 +444,8 @@ struct Done {
 }
 
 impl Done {
-    /// The block's epilogue: fused, its sums requantized into Y from where they are;
-    /// otherwise copied from its scratch tile into C.
+    /// The block's epilogue: fused, its sums requantized into Y from its scratch tile;
+    /// otherwise copied from its scratch tile into C (whole tiles are already there).
     fn finish(&self, scratch: &[TileBuf; 2], sink: &mut Sink<'_, '_, '_, '_>) {
         let Done {
             m0,
@@ -458,29 +458,24 @@ impl Done {
         let Some(at) = (m0 * ldc + j0).checked_sub(sink.first) else {
             return;
         };
-        let tile = via.and_then(|s| scratch.get(s)).map(|t| &t.0[..]);
+        // Fused blocks always go through a scratch tile (`block_row`'s `direct` is for unfused
+        // products only): requantized from there, C untouched.
+        let Some(tile) = via.and_then(|s| scratch.get(s)).map(|t| &t.0[..]) else {
+            return;
+        };
         if let Some(f) = sink
             .out
             .as_deref_mut()
             .and_then(|o| o.tile(m0, j0 - sink.first, j0, cols))
         {
-            match tile {
-                Some(t) => super::vnni::requant_panel(t, NR_QUADS, rows, cols, f),
-                None => {
-                    if let Some(sums) = sink.c.get(at..) {
-                        super::vnni::requant_panel(sums, ldc, rows, cols, f);
-                    }
-                }
-            }
+            super::vnni::requant_panel(tile, NR_QUADS, rows, cols, f);
             return;
         }
-        if let Some(tile) = tile {
-            for (r, sums) in tile.chunks_exact(NR_QUADS).take(rows).enumerate() {
-                let (Some(d), Some(s)) = (sink.c.get_mut(at + r * ldc..at + r * ldc + cols), sums.get(..cols)) else {
-                    break;
-                };
-                d.copy_from_slice(s);
-            }
+        for (r, sums) in tile.chunks_exact(NR_QUADS).take(rows).enumerate() {
+            let (Some(d), Some(s)) = (sink.c.get_mut(at + r * ldc..at + r * ldc + cols), sums.get(..cols)) else {
+                break;
+            };
+            d.copy_from_slice(s);
         }
     }
 }

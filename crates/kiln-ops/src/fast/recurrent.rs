@@ -520,7 +520,7 @@ fn run_direction(
         }
     };
     for step in 0..steps {
-        if split_steps && batch == 1 {
+        if split_steps {
             rt.product_row_split(&h, &mut ghm)?;
         } else {
             rt.product(batch, &h, &mut ghm, None)?;
