@@ -94,6 +94,7 @@ fn bench_conv(c: &mut Criterion) {
                 zero_point: 3.0,
             },
             range: (0, 255),
+            sum: None,
         };
         let pixels = win.pixels();
         let mut y = vec![0u8; pixels * m];

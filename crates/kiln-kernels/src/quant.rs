@@ -53,7 +53,7 @@ impl Q8 for i8 {
 const BIG: f32 = 4_194_304.0; // 2^22
 /// Adding then subtracting 1.5 * 2^23 rounds an f32 of magnitude at most 2^22 to an integer,
 /// ties to even (the default rounding mode), in two vectorisable operations.
-const ROUND: f32 = 12_582_912.0;
+pub(crate) const ROUND: f32 = 12_582_912.0;
 
 /// `y[i] = saturate(round_half_even(x[i] / scale) + zero_point)` over `min(len)` elements;
 /// NaN gives 0.

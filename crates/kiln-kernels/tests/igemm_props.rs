@@ -2,11 +2,11 @@
 //! types on each side, zero points, depths across blocks and past the exact-i32 bound.
 
 use kiln_kernels::igemm::{
-    ConvScratch, ConvWindow, F32Twin, Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, Scales, conv_requant_serial,
-    igemm_requant_columns, igemm_requant_serial, igemm_serial, igemm_with, splits_by_columns,
+    ConvScratch, ConvWindow, F32Twin, Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, ResidualSum, Scales,
+    conv_requant_serial, igemm_requant_columns, igemm_requant_serial, igemm_serial, igemm_with, splits_by_columns,
 };
 use kiln_kernels::isa::Isa;
-use kiln_kernels::quant::{Q8, requantize_row, requantize_row_f32};
+use kiln_kernels::quant::{Operand, Q8, SumMap, add_dequantized_in_place, requantize_row, requantize_row_f32};
 
 /// The row stage a fused stage must match: `requantize_row_f32` or `requantize_row`.
 fn row_stage<O: Q8>(scales: Scales<'_>, sums: &[i32], (lo, hi): (i32, i32), out: &mut [O]) {
@@ -170,7 +170,11 @@ fn check_fused<
     for packing in [Packing::Pairs, Packing::Quads] {
         formats.extend(PackedB::pack_as(packing, b, k, n, zb).map_err(fail)?);
     }
-    let stage = Requantize { scales, range };
+    let stage = Requantize {
+        scales,
+        range,
+        sum: None,
+    };
     for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
         for packed in &formats {
             let ldy = n + 2;
@@ -195,6 +199,39 @@ fn check_fused<
                     "{:?} wrote past column {}",
                     isa,
                     n
+                );
+            }
+            // With a residual sum in the stage (R in Y's layout; a floor on every other
+            // size): the sum run on the plain output after, byte for byte.
+            let resid: Vec<O> = (0..m * ldy).map(|i| O::from_low_byte((i * 37 + k) as u32)).collect();
+            let (own, of_r, out) = ((0.05, 3.0), (0.021 + (n % 5) as f32 * 0.013, -7.0), (0.07, 2.0));
+            let floor = (m % 2 == 0).then_some(5.0);
+            let sum = ResidualSum::new(&resid, SumMap::of(own, of_r, out), floor)
+                .ok_or_else(|| TestCaseError::fail("unbounded map"))?;
+            let mut summed = vec![O::default(); m * ldy];
+            let with_sum = Requantize {
+                sum: Some(sum),
+                ..stage
+            };
+            igemm_requant_serial(isa, (m, k), a, k, za, packed, &mut c, with_sum, &mut summed, ldy).map_err(fail)?;
+            for i in 0..m {
+                let mut after = y[i * ldy..i * ldy + n].to_vec();
+                let r = Operand {
+                    values: &resid[i * ldy..i * ldy + n],
+                    scale: of_r.0,
+                    zero_point: of_r.1,
+                };
+                add_dequantized_in_place(&mut after, own, r, out, floor);
+                prop_assert_eq!(
+                    &summed[i * ldy..i * ldy + n],
+                    &after[..],
+                    "sum {:?} {:?} m={} n={} k={} row {}",
+                    isa,
+                    packed.packing(),
+                    m,
+                    n,
+                    k,
+                    i
                 );
             }
         }
@@ -313,9 +350,10 @@ proptest! {
             requantize_row(&sums, &bias64, &mult64, 3.0, (0.0, 255.0), &mut want64[p * m..(p + 1) * m]);
         }
         let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
-        let stage = Requantize { scales: Scales::F32 { bias: &bias, mult: &mult, zero_point: 3.0 }, range: (0, 255) };
-        let stage64 = Requantize { scales: Scales::F64 { bias: &bias64, mult: &mult64, zero_point: 3.0, twin: None }, range: (0, 255) };
+        let stage = Requantize { scales: Scales::F32 { bias: &bias, mult: &mult, zero_point: 3.0 }, range: (0, 255), sum: None };
+        let stage64 = Requantize { scales: Scales::F64 { bias: &bias64, mult: &mult64, zero_point: 3.0, twin: None }, range: (0, 255), sum: None };
         let p0 = (cut * pixels / 7).min(pixels);
+        let resid: Vec<u8> = (0..pixels * (m + extra)).map(|_| next() as u8).collect();
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
             for packing in [Packing::Pairs, Packing::Quads] {
                 let Some(packed) = PackedB::pack_as(packing, &b, k, m, &[]).map_err(fail)? else { continue };
@@ -330,6 +368,20 @@ proptest! {
                     for r in 0..rows {
                         prop_assert_eq!(&y[r * ldy..r * ldy + m], &want[(p0 + r) * m..(p0 + r + 1) * m], "{} {:?} {:?} c={} k={}x{} row {}", what, isa, packing, c, kh, kw, r);
                         prop_assert!(y[r * ldy + m..(r + 1) * ldy].iter().all(|&v| v == 7), "wrote past column {}", m);
+                    }
+                    // A residual sum in the stage: the same bytes as the sum run on Y after.
+                    let map = SumMap::of((0.05, 3.0), (0.03 + (seed % 7) as f32 * 0.01, 128.0), (0.07, 9.0));
+                    let floor = (seed % 3 == 0).then_some(9.0);
+                    let sum = ResidualSum::new(&resid[..rows * ldy], map, floor).ok_or_else(|| TestCaseError::fail("unbounded map"))?;
+                    let mut summed = vec![7u8; rows * ldy];
+                    let st_sum = Requantize { sum: Some(sum), ..st };
+                    conv_requant_serial(isa, &win, xs, p0..pixels, zx, &packed, &mut scratch, st_sum, &mut summed, ldy).map_err(fail)?;
+                    for r in 0..rows {
+                        let mut after = y[r * ldy..r * ldy + m].to_vec();
+                        let b = Operand { values: &resid[r * ldy..r * ldy + m], scale: 0.03 + (seed % 7) as f32 * 0.01, zero_point: 128.0 };
+                        add_dequantized_in_place(&mut after, (0.05, 3.0), b, (0.07, 9.0), floor);
+                        prop_assert_eq!(&summed[r * ldy..r * ldy + m], &after[..], "sum {} {:?} {:?} c={} k={}x{} row {}", what, isa, packing, c, kh, kw, r);
+                        prop_assert!(summed[r * ldy + m..(r + 1) * ldy].iter().all(|&v| v == 7), "sum wrote past column {}", m);
                     }
                 }
             }
@@ -463,6 +515,7 @@ fn few_rows_split_by_columns_match_the_oracle() {
                 let stage = Requantize {
                     scales,
                     range: (0, 255),
+                    sum: None,
                 };
                 pool.install(|| igemm_requant_columns(isa, (m, k), &a, k, 9, &packed, stage, &mut y, ld))
                     .unwrap_or_else(|e| panic!("{e}"));

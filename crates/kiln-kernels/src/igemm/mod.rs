@@ -604,9 +604,14 @@ pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
         return Ok(());
     }
     checked(isa, p, c, n, false)?;
-    for (sums, row) in c.chunks(n).zip(y.chunks_mut(ldy)).take(m) {
+    for (i, (sums, row)) in c.chunks(n).zip(y.chunks_mut(ldy)).take(m).enumerate() {
         let row = row.get_mut(..n).unwrap_or_default();
         stage.scales.requantize_row(sums, (lo, hi), row);
+        if let Some(sum) = &stage.sum
+            && let Some(r) = sum.values.get(i * ldy..i * ldy + n)
+        {
+            sum.row(O::bytes_mut(row), r);
+        }
     }
     Ok(())
 }
@@ -760,7 +765,8 @@ pub fn igemm_requant_columns<T: Int8, O: Int8 + crate::quant::Q8 + Default + Sen
     let n = b.n;
     let threads = crate::pool::current_threads();
     let fused = matches!(b.data, Data::Quads(_)) && k <= MAX_EXACT_DEPTH && k > 0;
-    if !fused || !splits_by_columns(m, k, n) {
+    // A residual sum reads R in Y's layout; the pieces write their own buffers: serial.
+    if !fused || !splits_by_columns(m, k, n) || stage.sum.is_some() {
         let mut c = vec![0i32; m.saturating_mul(n)];
         return igemm_requant_serial(isa, (m, k), a, lda, a_zero, b, &mut c, stage, y, ldy);
     }
@@ -1055,6 +1061,64 @@ pub struct Requantize<'a> {
     pub scales: Scales<'a>,
     /// The clamp, already within the output type's range.
     pub range: (i32, i32),
+    /// A residual sum after the clamp (a fused `QLinearAdd`), or none.
+    pub sum: Option<ResidualSum<'a>>,
+}
+
+/// A residual sum in the output stage: each clamped output code `q` becomes
+/// `map.code_bounded(q, r, floor)` ([`crate::quant::SumMap`]) with R's code `r` at the same
+/// row and column; R has Y's type and layout (rows `ldy` apart). The same bits as
+/// [`crate::quant::add_dequantized_in_place`] run on Y afterwards, without the second pass
+/// over Y.
+#[derive(Debug, Clone, Copy)]
+pub struct ResidualSum<'a> {
+    /// R's bytes (two's complement when `signed`).
+    values: &'a [u8],
+    signed: bool,
+    map: crate::quant::SumMap,
+    /// The sum's lowest code: its type's, or a fused Relu's floor.
+    floor: f32,
+}
+
+impl<'a> ResidualSum<'a> {
+    /// The sum with R `values` of the output's type `O`, for a map `bounded` (see
+    /// [`crate::quant::SumMap::bounded`]; `None` otherwise: the caller then adds afterwards)
+    /// and an optional floor (as [`crate::quant::add_dequantized_in_place`] takes it).
+    pub fn new<O: Int8 + crate::quant::Q8>(
+        values: &'a [O],
+        map: crate::quant::SumMap,
+        floor: Option<f32>,
+    ) -> Option<ResidualSum<'a>> {
+        map.bounded().then(|| ResidualSum {
+            values: O::bytes(values),
+            signed: O::OFFSET != 0,
+            map,
+            floor: floor.filter(|f| !f.is_nan()).map_or(O::LO, |f| f.clamp(O::LO, O::HI)),
+        })
+    }
+
+    /// R from element `at` on.
+    fn from(self, at: usize) -> Option<ResidualSum<'a>> {
+        Some(ResidualSum {
+            values: self.values.get(at..)?,
+            ..self
+        })
+    }
+
+    /// The sum on one row of output bytes `y` (R's row `r`), element by element.
+    fn row(&self, y: &mut [u8], r: &[u8]) {
+        let (map, lo) = (self.map, self.floor);
+        if self.signed {
+            for (d, &z) in y.iter_mut().zip(r) {
+                let q: i8 = map.code_bounded(f32::from(*d as i8), f32::from(z as i8), lo);
+                *d = q as u8;
+            }
+        } else {
+            for (d, &z) in y.iter_mut().zip(r) {
+                *d = map.code_bounded(f32::from(*d), f32::from(z), lo);
+            }
+        }
+    }
 }
 
 /// The per-column bias and multiplier of a [`Requantize`] stage and the output zero point,
@@ -1211,6 +1275,15 @@ impl Requantize<'_> {
                 want: y_need,
             });
         }
+        if let Some(sum) = self.sum
+            && sum.values.len() < y_need
+        {
+            return Err(IgemmError::Short {
+                what: "the residual sum's R",
+                got: sum.values.len(),
+                want: y_need,
+            });
+        }
         if self.scales.columns() < n {
             return Err(IgemmError::Short {
                 what: "the bias and multipliers",
@@ -1237,23 +1310,31 @@ impl Output<'_, '_> {
     /// of Y.
     fn tile(&mut self, m0: usize, at: usize, j0: usize, cols: usize) -> Option<Final<'_>> {
         let s = &self.stage;
+        let first = m0 * self.ldy + at;
+        let sum = match s.sum {
+            Some(sum) => Some(sum.from(first)?),
+            None => None,
+        };
         Some(Final {
-            y: self.y.get_mut(m0 * self.ldy + at..)?,
+            y: self.y.get_mut(first..)?,
             ldy: self.ldy,
             scales: s.scales.columns_at(j0, cols)?,
             lo: s.range.0,
             hi: s.range.1,
+            sum,
         })
     }
 }
 
-/// One tile's output stage: its bytes go to `y` (`ldy` apart), its columns' parameters.
+/// One tile's output stage: its bytes go to `y` (`ldy` apart), its columns' parameters, and
+/// the residual sum's R from the tile's first element (Y's layout).
 struct Final<'a> {
     y: &'a mut [u8],
     ldy: usize,
     scales: Scales<'a>,
     lo: i32,
     hi: i32,
+    sum: Option<ResidualSum<'a>>,
 }
 
 impl Final<'_> {
@@ -1283,6 +1364,11 @@ impl Final<'_> {
                 }
             } else {
                 self.scales.requantize_row(sums, range, dst);
+            }
+            if let Some(sum) = &self.sum
+                && let Some(res) = sum.values.get(r * self.ldy..r * self.ldy + cols)
+            {
+                sum.row(dst, res);
             }
         }
     }

@@ -118,6 +118,56 @@ struct Stage {
     params: Params,
     lo: i32,
     hi: i32,
+    /// The residual sum's R (Y's layout) and map ([`super::ResidualSum`]).
+    sum: Option<SumStage>,
+}
+
+/// [`super::ResidualSum`] as the kernel reads it.
+#[derive(Clone, Copy)]
+struct SumStage {
+    r: *const u8,
+    signed: bool,
+    map: crate::quant::SumMap,
+    floor: f32,
+}
+
+impl SumStage {
+    /// The sum of 16 clamped output codes `q` (i32 lanes) with R's 16 codes at `r` (lanes
+    /// `mask`): [`crate::quant::SumMap::code_bounded`]'s steps in the same order (no fused
+    /// multiply-add), the code an integer-valued f32 converted exactly.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VL are available; the mask's bytes at `r` are readable.
+    #[inline(always)]
+    unsafe fn add(&self, q: __m512i, r: *const u8, mask: __mmask16) -> __m512i {
+        let crate::quant::SumMap {
+            ra,
+            rb,
+            shift,
+            zero_point,
+        } = self.map;
+        let hi = if self.signed { 127.0 } else { 255.0 };
+        // SAFETY: the caller's features and bytes.
+        unsafe {
+            let bytes = _mm_maskz_loadu_epi8(mask, r.cast());
+            let z = if self.signed {
+                _mm512_cvtepi8_epi32(bytes)
+            } else {
+                _mm512_cvtepu8_epi32(bytes)
+            };
+            let x = _mm512_cvtepi32_ps(q);
+            let z = _mm512_cvtepi32_ps(z);
+            let t = _mm512_add_ps(
+                _mm512_mul_ps(x, _mm512_set1_ps(ra)),
+                _mm512_add_ps(_mm512_mul_ps(z, _mm512_set1_ps(rb)), _mm512_set1_ps(shift)),
+            );
+            let round = _mm512_set1_ps(crate::quant::ROUND);
+            let t = _mm512_sub_ps(_mm512_add_ps(t, round), round);
+            let t = _mm512_add_ps(t, _mm512_set1_ps(zero_point));
+            let t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(self.floor)), _mm512_set1_ps(hi));
+            _mm512_cvtps_epi32(t)
+        }
+    }
 }
 
 impl Stage {
@@ -125,9 +175,15 @@ impl Stage {
     /// `None` when its Y or its parameters are too short for them.
     fn of(f: Final<'_>, rows: usize, cols: usize) -> Option<Stage> {
         let y_need = (rows - 1) * f.ldy + cols;
-        if f.y.len() < y_need || f.scales.columns() < cols {
+        if f.y.len() < y_need || f.scales.columns() < cols || f.sum.is_some_and(|s| s.values.len() < y_need) {
             return None;
         }
+        let sum = f.sum.map(|s| SumStage {
+            r: s.values.as_ptr(),
+            signed: s.signed,
+            map: s.map,
+            floor: s.floor,
+        });
         let params = match f.scales {
             Scales::F32 { bias, mult, zero_point } => Params::F32 {
                 bias: bias.as_ptr(),
@@ -152,6 +208,7 @@ impl Stage {
             params,
             lo: f.lo,
             hi: f.hi,
+            sum,
         })
     }
 }
@@ -527,6 +584,10 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
         let stage = stage.map(|s| Stage {
             y: s.y.wrapping_add(p * NR_QUADS),
             params: s.params.at_column(p * NR_QUADS),
+            sum: s.sum.map(|sum| SumStage {
+                r: sum.r.wrapping_add(p * NR_QUADS),
+                ..sum
+            }),
             ..s
         });
         // SAFETY: the caller's contract for this panel. A panel of at most 16 columns (a
@@ -675,7 +736,8 @@ impl<E: Epilogue> RowStore<E> {
         // holds `cols` values. The second half's address is formed with `wrapping_add`: it
         // may lie past C when its mask is empty, and is then never touched. With a stage, C
         // is only read, and Y's row `r` starts at `r * ldy`, its stores masked the same way
-        // to `cols` bytes within the caller's bound.
+        // to `cols` bytes within the caller's bound, and R's row read the same way (R has Y's
+        // layout and length, `Stage::of`).
         unsafe {
             let p = c.add(r * ldc);
             let (base0, base1) = match init {
@@ -694,12 +756,17 @@ impl<E: Epilogue> RowStore<E> {
                     // Both halves narrowed in registers and stored as one masked 32-byte
                     // write (the memory forms of `vpmovdb` are slow on Zen 4).
                     let y = st.y.add(r * st.ldy);
-                    let low = _mm512_cvtepi32_epi8(e.requant(s0, 0));
+                    // With a residual sum, R's row `r` (Y's layout) read under the same masks.
+                    let sum = |q: __m512i, j: usize, mask: __mmask16| match &st.sum {
+                        Some(sum) => sum.add(q, sum.r.wrapping_add(r * st.ldy + 16 * j), mask),
+                        None => q,
+                    };
+                    let low = _mm512_cvtepi32_epi8(sum(e.requant(s0, 0), 0, m0));
                     // A narrow panel's second half is all masked off: not requantized.
                     let high = if m1 == 0 {
                         _mm_setzero_si128()
                     } else {
-                        _mm512_cvtepi32_epi8(e.requant(s1, 1))
+                        _mm512_cvtepi32_epi8(sum(e.requant(s1, 1), 1, m1))
                     };
                     let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high);
                     _mm256_mask_storeu_epi8(y.cast(), u32::from(m0) | (u32::from(m1) << 16), both);

@@ -141,6 +141,13 @@ impl<'a, O: Quantized> Residual<'a, O> {
         }))
     }
 
+    /// The sum as the output stage makes it, for Y's elements from `first` on (R then has
+    /// Y's layout); `None` when the map is not bounded (then [`Residual::apply`] adds after).
+    fn in_stage(&self, first: usize) -> Option<kiln_kernels::igemm::ResidualSum<'a>> {
+        let map = kiln_kernels::quant::SumMap::of(self.own, self.of_r, self.out);
+        kiln_kernels::igemm::ResidualSum::new(self.values.get(first..)?, map, self.floor)
+    }
+
     /// The sum on `out`, Y's elements from `first` on.
     fn apply(&self, first: usize, out: &mut [O]) {
         let Some(r) = self.values.get(first..first + out.len()) else {
@@ -528,7 +535,12 @@ where
     let split = if threads > 1 { 2 * threads } else { 1 };
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
     over_blocks::<T, O>(&mut y, rows, m, CONV_SUMS, &|p0, r, out, scratch| {
-        let stage = requant.stage(0..m);
+        // The residual sum in the output stage (R's block from its first pixel on), or after.
+        let sum = residual.as_ref().and_then(|res| res.in_stage(p0 * m));
+        let stage = Requantize {
+            sum,
+            ..requant.stage(0..m)
+        };
         if pointwise {
             let (acc, _) = scratch.parts(r * m, 0);
             let a = xs.get(p0 * c..).unwrap_or(&[]);
@@ -536,7 +548,9 @@ where
         } else {
             conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out, m)?;
         }
-        if let Some(res) = &residual {
+        if sum.is_none()
+            && let Some(res) = &residual
+        {
             res.apply(p0 * m, out);
         }
         Ok(())
@@ -600,13 +614,20 @@ where
     let rows = (BLOCK_BYTES / (2 * m).max(1)).clamp(8, 512);
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
     over_blocks::<T, O>(&mut y, rows, m, CONV_SUMS, &|p0, r, out, scratch| {
+        let mut summed = residual.is_none();
         for (g, b) in packed.iter().enumerate() {
             let xg = xs.get(g * cg..).unwrap_or_default();
             let Some(yg) = out.get_mut(g * mg..) else { break };
-            let stage = requant.stage(g * mg..(g + 1) * mg);
+            // The residual sum in the stage, R from the group's first column (Y's layout).
+            let sum = residual.and_then(|res| res.in_stage(p0 * m + g * mg));
+            summed |= sum.is_some();
+            let stage = Requantize {
+                sum,
+                ..requant.stage(g * mg..(g + 1) * mg)
+            };
             conv_requant_serial(isa, &gwin, xg, p0..p0 + r, pad, b, scratch, stage, yg, m)?;
         }
-        if let Some(res) = residual {
+        if !summed && let Some(res) = residual {
             res.apply(p0 * m, out);
         }
         Ok(())
@@ -711,6 +732,7 @@ impl Requant<'_> {
         Requantize {
             scales,
             range: (self.range.0 as i32, self.range.1 as i32),
+            sum: None,
         }
     }
 

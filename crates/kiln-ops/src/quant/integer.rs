@@ -397,6 +397,7 @@ fn fused_product(
             twin: twin.as_ref().map(|t| t.columns(0..n)),
         },
         range: (range.0 as i32, range.1 as i32),
+        sum: None,
     };
     let m: usize = ashape.iter().rev().skip(1).product();
     let mut shape = ashape.to_vec();
