@@ -292,6 +292,199 @@ proptest! {
     }
 }
 
+/// The body of [`convolution_matches_naive_windows`] for one case.
+#[allow(clippy::too_many_arguments)]
+fn check_conv(
+    c: usize,
+    m: usize,
+    (kh, kw): (usize, usize),
+    (h, w): (usize, usize),
+    (sh, sw, dh, dw): (usize, usize, usize, usize),
+    (ph, pw): (usize, usize),
+    seed: u64,
+    zx: u8,
+    cut: usize,
+    extra: usize,
+) -> Result<(), TestCaseError> {
+    let (eh, ew) = ((kh - 1) * dh + 1, (kw - 1) * dw + 1);
+    prop_assume!(h + 2 * ph >= eh && w + 2 * pw >= ew);
+    let (oh, ow) = ((h + 2 * ph - eh) / sh + 1, (w + 2 * pw - ew) / sw + 1);
+    let batch = 2;
+    // The window reads channels `off..off + c` of pixels `ps` apart.
+    let (ps, off) = (c + extra, extra / 2);
+    let win = ConvWindow {
+        batch,
+        input: (h, w),
+        channels: c,
+        pixel_stride: ps,
+        kernel: (kh, kw),
+        output: (oh, ow),
+        stride: (sh, sw),
+        dilation: (dh, dw),
+        pad: (ph, pw),
+    };
+    let k = win.depth();
+    let mut s = seed;
+    let mut next = || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    };
+    let x: Vec<u8> = (0..batch * h * w * ps).map(|_| next() as u8).collect();
+    let b: Vec<i8> = (0..k * m).map(|_| (next() % 128) as i8 - 64).collect();
+    let typical = (k as f32).sqrt() * 64.0 * 100.0;
+    let mult: Vec<f32> = (0..m)
+        .map(|_| (0.5 + (next() % 1000) as f32 / 500.0) * 60.0 / typical)
+        .collect();
+    let bias: Vec<f32> = (0..m).map(|_| (next() % 2001) as f32 - 1000.0).collect();
+    // Exact sums, window by window.
+    let pixels = win.pixels();
+    let mut want = vec![0u8; pixels * m];
+    let mut want64 = vec![0u8; pixels * m];
+    let (bias64, mult64): (Vec<f64>, Vec<f64>) = (
+        bias.iter().map(|&v| f64::from(v)).collect(),
+        mult.iter().map(|&v| f64::from(v) * 0.7).collect(),
+    );
+    for p in 0..pixels {
+        let (bb, oy, ox) = (p / (oh * ow), (p / ow) % oh, p % ow);
+        let sums: Vec<i32> = (0..m)
+            .map(|j| {
+                let mut acc = 0i32;
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        for ch in 0..c {
+                            let (iy, ix) = (
+                                (oy * sh + ky * dh) as isize - ph as isize,
+                                (ox * sw + kx * dw) as isize - pw as isize,
+                            );
+                            let v = if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                i32::from(zx)
+                            } else {
+                                i32::from(x[((bb * h + iy as usize) * w + ix as usize) * ps + off + ch])
+                            };
+                            acc += (v - i32::from(zx)) * i32::from(b[((ky * kw + kx) * c + ch) * m + j]);
+                        }
+                    }
+                }
+                acc
+            })
+            .collect();
+        requantize_row_f32(&sums, &bias, &mult, 3.0, (0.0, 255.0), &mut want[p * m..(p + 1) * m]);
+        requantize_row(
+            &sums,
+            &bias64,
+            &mult64,
+            3.0,
+            (0.0, 255.0),
+            &mut want64[p * m..(p + 1) * m],
+        );
+    }
+    let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
+    let stage = Requantize {
+        scales: Scales::F32 {
+            bias: &bias,
+            mult: &mult,
+            zero_point: 3.0,
+        },
+        range: (0, 255),
+        sum: None,
+    };
+    let stage64 = Requantize {
+        scales: Scales::F64 {
+            bias: &bias64,
+            mult: &mult64,
+            zero_point: 3.0,
+            twin: None,
+        },
+        range: (0, 255),
+        sum: None,
+    };
+    let p0 = (cut * pixels / 7).min(pixels);
+    let resid: Vec<u8> = (0..pixels * (m + extra)).map(|_| next() as u8).collect();
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for packing in [Packing::Pairs, Packing::Quads] {
+            let Some(packed) = PackedB::pack_as(packing, &b, k, m, &[]).map_err(fail)? else {
+                continue;
+            };
+            let mut scratch = ConvScratch::default();
+            // Y's rows `ldy` apart; the columns past `m` keep their 7s.
+            let ldy = m + extra;
+            let rows = pixels - p0;
+            let xs = &x[off..];
+            for (st, want, what) in [(stage, &want, "f32"), (stage64, &want64, "f64")] {
+                let mut y = vec![7u8; rows * ldy];
+                conv_requant_serial(isa, &win, xs, p0..pixels, zx, &packed, &mut scratch, st, &mut y, ldy)
+                    .map_err(fail)?;
+                for r in 0..rows {
+                    prop_assert_eq!(
+                        &y[r * ldy..r * ldy + m],
+                        &want[(p0 + r) * m..(p0 + r + 1) * m],
+                        "{} {:?} {:?} c={} k={}x{} row {}",
+                        what,
+                        isa,
+                        packing,
+                        c,
+                        kh,
+                        kw,
+                        r
+                    );
+                    prop_assert!(
+                        y[r * ldy + m..(r + 1) * ldy].iter().all(|&v| v == 7),
+                        "wrote past column {}",
+                        m
+                    );
+                }
+                // A residual sum in the stage: the same bytes as the sum run on Y after.
+                let map = SumMap::of((0.05, 3.0), (0.03 + (seed % 7) as f32 * 0.01, 128.0), (0.07, 9.0));
+                let floor = (seed % 3 == 0).then_some(9.0);
+                let sum = ResidualSum::new(&resid[..rows * ldy], map, floor)
+                    .ok_or_else(|| TestCaseError::fail("unbounded map"))?;
+                let mut summed = vec![7u8; rows * ldy];
+                let st_sum = Requantize { sum: Some(sum), ..st };
+                conv_requant_serial(
+                    isa,
+                    &win,
+                    xs,
+                    p0..pixels,
+                    zx,
+                    &packed,
+                    &mut scratch,
+                    st_sum,
+                    &mut summed,
+                    ldy,
+                )
+                .map_err(fail)?;
+                for r in 0..rows {
+                    let mut after = y[r * ldy..r * ldy + m].to_vec();
+                    let b = Operand {
+                        values: &resid[r * ldy..r * ldy + m],
+                        scale: 0.03 + (seed % 7) as f32 * 0.01,
+                        zero_point: 128.0,
+                    };
+                    add_dequantized_in_place(&mut after, (0.05, 3.0), b, (0.07, 9.0), floor);
+                    prop_assert_eq!(
+                        &summed[r * ldy..r * ldy + m],
+                        &after[..],
+                        "sum {} {:?} {:?} c={} k={}x{} row {}",
+                        what,
+                        isa,
+                        packing,
+                        c,
+                        kh,
+                        kw,
+                        r
+                    );
+                    prop_assert!(
+                        summed[r * ldy + m..(r + 1) * ldy].iter().all(|&v| v == 7),
+                        "sum wrote past column {}",
+                        m
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
 
@@ -315,77 +508,28 @@ proptest! {
         cut in 0usize..5,
         extra in prop_oneof![Just(0usize), Just(4), Just(5)],
     ) {
-        let (eh, ew) = ((kh - 1) * dh + 1, (kw - 1) * dw + 1);
-        prop_assume!(h + 2 * ph >= eh && w + 2 * pw >= ew);
-        let (oh, ow) = ((h + 2 * ph - eh) / sh + 1, (w + 2 * pw - ew) / sw + 1);
-        let batch = 2;
-        // The window reads channels `off..off + c` of pixels `ps` apart.
-        let (ps, off) = (c + extra, extra / 2);
-        let win = ConvWindow { batch, input: (h, w), channels: c, pixel_stride: ps, kernel: (kh, kw), output: (oh, ow), stride: (sh, sw), dilation: (dh, dw), pad: (ph, pw) };
-        let k = win.depth();
-        let mut s = seed;
-        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
-        let x: Vec<u8> = (0..batch * h * w * ps).map(|_| next() as u8).collect();
-        let b: Vec<i8> = (0..k * m).map(|_| (next() % 128) as i8 - 64).collect();
-        let typical = (k as f32).sqrt() * 64.0 * 100.0;
-        let mult: Vec<f32> = (0..m).map(|_| (0.5 + (next() % 1000) as f32 / 500.0) * 60.0 / typical).collect();
-        let bias: Vec<f32> = (0..m).map(|_| (next() % 2001) as f32 - 1000.0).collect();
-        // Exact sums, window by window.
-        let pixels = win.pixels();
-        let mut want = vec![0u8; pixels * m];
-        let mut want64 = vec![0u8; pixels * m];
-        let (bias64, mult64): (Vec<f64>, Vec<f64>) = (bias.iter().map(|&v| f64::from(v)).collect(), mult.iter().map(|&v| f64::from(v) * 0.7).collect());
-        for p in 0..pixels {
-            let (bb, oy, ox) = (p / (oh * ow), (p / ow) % oh, p % ow);
-            let sums: Vec<i32> = (0..m).map(|j| {
-                let mut acc = 0i32;
-                for ky in 0..kh { for kx in 0..kw { for ch in 0..c {
-                    let (iy, ix) = ((oy * sh + ky * dh) as isize - ph as isize, (ox * sw + kx * dw) as isize - pw as isize);
-                    let v = if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize { i32::from(zx) } else { i32::from(x[((bb * h + iy as usize) * w + ix as usize) * ps + off + ch]) };
-                    acc += (v - i32::from(zx)) * i32::from(b[((ky * kw + kx) * c + ch) * m + j]);
-                }}}
-                acc
-            }).collect();
-            requantize_row_f32(&sums, &bias, &mult, 3.0, (0.0, 255.0), &mut want[p * m..(p + 1) * m]);
-            requantize_row(&sums, &bias64, &mult64, 3.0, (0.0, 255.0), &mut want64[p * m..(p + 1) * m]);
-        }
-        let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
-        let stage = Requantize { scales: Scales::F32 { bias: &bias, mult: &mult, zero_point: 3.0 }, range: (0, 255), sum: None };
-        let stage64 = Requantize { scales: Scales::F64 { bias: &bias64, mult: &mult64, zero_point: 3.0, twin: None }, range: (0, 255), sum: None };
-        let p0 = (cut * pixels / 7).min(pixels);
-        let resid: Vec<u8> = (0..pixels * (m + extra)).map(|_| next() as u8).collect();
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
-            for packing in [Packing::Pairs, Packing::Quads] {
-                let Some(packed) = PackedB::pack_as(packing, &b, k, m, &[]).map_err(fail)? else { continue };
-                let mut scratch = ConvScratch::default();
-                // Y's rows `ldy` apart; the columns past `m` keep their 7s.
-                let ldy = m + extra;
-                let rows = pixels - p0;
-                let xs = &x[off..];
-                for (st, want, what) in [(stage, &want, "f32"), (stage64, &want64, "f64")] {
-                    let mut y = vec![7u8; rows * ldy];
-                    conv_requant_serial(isa, &win, xs, p0..pixels, zx, &packed, &mut scratch, st, &mut y, ldy).map_err(fail)?;
-                    for r in 0..rows {
-                        prop_assert_eq!(&y[r * ldy..r * ldy + m], &want[(p0 + r) * m..(p0 + r + 1) * m], "{} {:?} {:?} c={} k={}x{} row {}", what, isa, packing, c, kh, kw, r);
-                        prop_assert!(y[r * ldy + m..(r + 1) * ldy].iter().all(|&v| v == 7), "wrote past column {}", m);
-                    }
-                    // A residual sum in the stage: the same bytes as the sum run on Y after.
-                    let map = SumMap::of((0.05, 3.0), (0.03 + (seed % 7) as f32 * 0.01, 128.0), (0.07, 9.0));
-                    let floor = (seed % 3 == 0).then_some(9.0);
-                    let sum = ResidualSum::new(&resid[..rows * ldy], map, floor).ok_or_else(|| TestCaseError::fail("unbounded map"))?;
-                    let mut summed = vec![7u8; rows * ldy];
-                    let st_sum = Requantize { sum: Some(sum), ..st };
-                    conv_requant_serial(isa, &win, xs, p0..pixels, zx, &packed, &mut scratch, st_sum, &mut summed, ldy).map_err(fail)?;
-                    for r in 0..rows {
-                        let mut after = y[r * ldy..r * ldy + m].to_vec();
-                        let b = Operand { values: &resid[r * ldy..r * ldy + m], scale: 0.03 + (seed % 7) as f32 * 0.01, zero_point: 128.0 };
-                        add_dequantized_in_place(&mut after, (0.05, 3.0), b, (0.07, 9.0), floor);
-                        prop_assert_eq!(&summed[r * ldy..r * ldy + m], &after[..], "sum {} {:?} {:?} c={} k={}x{} row {}", what, isa, packing, c, kh, kw, r);
-                        prop_assert!(summed[r * ldy + m..(r + 1) * ldy].iter().all(|&v| v == 7), "sum wrote past column {}", m);
-                    }
-                }
-            }
-        }
+        check_conv(c, m, (kh, kw), (h, w), (sh, sw, dh, dw), (ph, pw), seed, zx, cut, extra)?;
+    }
+
+    /// Stride-1 convolutions of whole 64-channel taps, which the AMX tiles read from a padded
+    /// copy of the input rows (flat rows of `ow + (kw - 1) * dw` pixels, the padding columns'
+    /// sums dropped): every padding, dilation, narrow and wide rows, a range of pixels that
+    /// starts and ends inside an image's row, on every level.
+    #[test]
+    fn stride_one_convolutions_of_whole_chunks(
+        c in prop_oneof![Just(64usize), Just(128)],
+        m in 1usize..40,
+        (kh, kw) in (1usize..4, 1usize..6),
+        (h, w) in (1usize..12, 1usize..24),
+        (dh, dw) in (1usize..3, 1usize..3),
+        (ph, pw) in (0usize..3, 0usize..3),
+        seed in any::<u64>(),
+        zx in any::<u8>(),
+        cut in 0usize..5,
+        extra in prop_oneof![Just(0usize), Just(4)],
+    ) {
+        check_conv(c, m, (kh, kw), (h, w), (1, 1, dh, dw), (ph, pw), seed, zx, cut, extra)?;
+
     }
 }
 

@@ -194,6 +194,7 @@ impl Runner {
         (m0, rows): (usize, usize),
         (panels, n): (Range<usize>, usize),
         sink: &mut Sink<'_, '_, '_, '_>,
+        flat: Option<FlatRows>,
     ) {
         if a.len() != b.chunks || rows == 0 || rows > BLOCK_ROWS {
             return;
@@ -217,6 +218,7 @@ impl Runner {
             // in L1 for the epilogue (storing the tiles into a C of a few MB halved the
             // speed of a 6272 x 256 x 128 product).
             let direct = sink.out.is_none()
+                && flat.is_none()
                 && (rows == TILE_ROWS || rows == BLOCK_ROWS)
                 && cols == NR_QUADS
                 && at + (rows - 1) * sink.ldc + NR_QUADS <= sink.c.len();
@@ -241,6 +243,7 @@ impl Runner {
                 rows,
                 cols,
                 via,
+                flat,
             };
             if let Some(prev) = self.pending.replace(done) {
                 prev.finish(&self.scratch, sink);
@@ -319,6 +322,7 @@ pub(super) fn serial<T: Int8>(
                     (m0, rows),
                     (p0..(p0 + panels.per_block).min(p_end), n),
                     &mut sink,
+                    None,
                 )
             };
         }
@@ -425,8 +429,176 @@ pub(super) fn conv<T: Int8 + Default>(
             // after row 0's, `lda` bytes apart, and each chunk's 64 channels lie within the
             // tap's `c`; otherwise the chunks are `buf`'s BLOCK_ROWS rows of `k` values. One
             // address per chunk, in B's `[ky][kx][c]` order. The tiles are configured.
-            unsafe { run.block_row(&panels, &addrs, (p - pixels.start, here), (cols.clone(), n), &mut sink) };
+            unsafe {
+                run.block_row(
+                    &panels,
+                    &addrs,
+                    (p - pixels.start, here),
+                    (cols.clone(), n),
+                    &mut sink,
+                    None,
+                )
+            };
             p += here;
+        }
+    }
+    run.finish(&mut sink);
+    true
+}
+
+/// One image's run of output pixels for [`conv_flat`]: output rows `oy0..` of image `batch`,
+/// its flat rows `lo..hi` (the first pixel's column on the first row to the last pixel's),
+/// the first pixel Y's row `y_first`; its padded input rows (`nrows`) start at element `at`
+/// of the copy.
+struct Segment {
+    batch: usize,
+    oy0: usize,
+    lo: usize,
+    hi: usize,
+    y_first: usize,
+    nrows: usize,
+    at: usize,
+}
+
+/// Whether [`conv_flat`] takes a convolution: stride 1, whole 64-channel chunks per tap, and
+/// at most half again as many flat rows as outputs (the padding columns of each row are
+/// computed and dropped: 16 of 14 on ResNet's 14 x 14 layers, 9 of 7 on its 7 x 7 ones,
+/// still faster there than copying each window).
+pub(super) fn flat_fits(win: &super::ConvWindow) -> bool {
+    let (kw, dw) = (win.kernel.1, win.dilation.1);
+    let ow = win.output.1;
+    win.stride == (1, 1)
+        && win.channels > 0
+        && win.channels.is_multiple_of(4 * TILE_QUADS)
+        && win.kernel.0 > 0
+        && kw > 0
+        && 2 * (kw - 1) * dw <= ow
+}
+
+/// [`conv`] for a stride-1 convolution over a padded copy: the input rows the pixels'
+/// windows read are copied once per image into `rows` with the padding written out (X's
+/// zero point `pad`), `wp = ow + (kw - 1) * dw` pixels a row, so that flat pixel `f` of an
+/// image's copy is the window origin of output column `f % wp` of its row `f / wp`. Every
+/// block of 32 flat rows is then read in place by the tiles (each tap `(ky * dh * wp + kx *
+/// dw)` pixels on), whatever the padding; the `wp - ow` padding columns of each row are
+/// computed and their sums dropped. False (nothing written) unless [`flat_fits`] and B is in
+/// quads of the window's depth.
+pub(super) fn conv_flat<T: Int8 + Default>(
+    win: &super::ConvWindow,
+    x: &[T],
+    pixels: Range<usize>,
+    pad: T,
+    b: &super::PackedB,
+    rows: &mut Vec<T>,
+    out: &mut Output<'_, '_>,
+) -> bool {
+    let (c, (kh, kw)) = (win.channels, win.kernel);
+    if !flat_fits(win) || b.k != win.depth() || x.len() < win.input_len() || pixels.end > win.pixels() {
+        return false;
+    }
+    if pixels.is_empty() {
+        return true;
+    }
+    let Some(panels) = Panels::of(b, pad.widen()) else {
+        return false;
+    };
+    let ((h, w), (oh, ow)) = (win.input, win.output);
+    let ((dh, dw), (ph, pw), ps) = (win.dilation, win.pad, win.pixel_stride);
+    let wp = ow + (kw - 1) * dw;
+    // The pixels by image: each image's output rows and its padded input rows, plus a
+    // block's rows of slack (a block may start at the segment's last flat row).
+    let mut segments = Vec::new();
+    let mut total = 0usize;
+    let mut p = pixels.start;
+    while p < pixels.end {
+        let (batch, oy0, lo) = win.cursor(p);
+        let end = pixels.end.min((batch + 1) * oh * ow);
+        let (_, oy1, ox1) = win.cursor(end - 1);
+        let nrows = oy1 - oy0 + 1 + (kh - 1) * dh;
+        segments.push(Segment {
+            batch,
+            oy0,
+            lo,
+            hi: (oy1 - oy0) * wp + ox1 + 1,
+            y_first: p - pixels.start,
+            nrows,
+            at: total,
+        });
+        total += (nrows * wp + BLOCK_ROWS) * c;
+        p = end;
+    }
+    let buf = crate::recycle::scratch_lined(rows, total);
+    for s in &segments {
+        let Some(seg) = buf.get_mut(s.at..s.at + (s.nrows * wp + BLOCK_ROWS) * c) else {
+            return false;
+        };
+        let (body, slack) = seg.split_at_mut(s.nrows * wp * c);
+        slack.fill(pad);
+        for (i, row) in body.chunks_exact_mut(wp * c).enumerate() {
+            let iy = (s.oy0 + i).checked_sub(ph).filter(|&iy| iy < h);
+            for (j, px) in row.chunks_exact_mut(c).enumerate() {
+                let src = iy.zip(j.checked_sub(pw).filter(|&ix| ix < w)).and_then(|(iy, ix)| {
+                    let at = ((s.batch * h + iy) * w + ix) * ps;
+                    x.get(at..at + c)
+                });
+                match src {
+                    Some(v) => px.copy_from_slice(v),
+                    None => px.fill(pad),
+                }
+            }
+        }
+    }
+    let size = std::mem::size_of::<T>();
+    let (n, lda, per_tap) = (b.n, c * size, c / (4 * TILE_QUADS));
+    let base = T::bytes(buf).as_ptr();
+    let mut addrs: Vec<(*const u8, usize)> = Vec::with_capacity(panels.chunks);
+    let mut run = Runner::new(T::OFFSET != 0);
+    let mut sink = Sink {
+        c: &mut [],
+        ldc: n,
+        first: 0,
+        out: Some(out),
+    };
+    let p_end = n.div_ceil(NR_QUADS);
+    let _tiles = Tiles::configure();
+    for p0 in (0..p_end).step_by(panels.per_block) {
+        let cols = p0..(p0 + panels.per_block).min(p_end);
+        for s in &segments {
+            for f in (s.lo..s.hi).step_by(BLOCK_ROWS) {
+                addrs.clear();
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        let at = s.at + (f + ky * dh * wp + kx * dw) * c;
+                        addrs
+                            .extend((0..per_tap).map(|cc| (base.wrapping_add((at + cc * 4 * TILE_QUADS) * size), lda)));
+                    }
+                }
+                let flat = FlatRows {
+                    f0: f,
+                    wp,
+                    ow,
+                    lo: s.lo,
+                    hi: s.hi,
+                    y_first: s.y_first,
+                };
+                // SAFETY: the block's 32 flat rows from `f`, each tap's `(ky * dh * wp + kx *
+                // dw)` pixels on, lie within the segment's copy and its slack: the last read
+                // pixel is at most `hi - 1 + 31 + (kh - 1) * dh * wp + (kw - 1) * dw <
+                // nrows * wp + BLOCK_ROWS` (as `hi <= (nrows - 1 - (kh - 1) * dh) * wp + ow`
+                // and `ow + (kw - 1) * dw = wp`), and each chunk's 64 channels within the
+                // pixel's `c`. One address per chunk, in B's `[ky][kx][c]` order. The tiles
+                // are configured.
+                unsafe {
+                    run.block_row(
+                        &panels,
+                        &addrs,
+                        (0, BLOCK_ROWS),
+                        (cols.clone(), n),
+                        &mut sink,
+                        Some(flat),
+                    )
+                };
+            }
         }
     }
     run.finish(&mut sink);
@@ -441,6 +613,23 @@ struct Done {
     rows: usize,
     cols: usize,
     via: Option<usize>,
+    /// The block's rows are flat rows of a padded image ([`conv_flat`]): which are outputs.
+    flat: Option<FlatRows>,
+}
+
+/// Where a block of flat rows of [`conv_flat`] goes: flat row `f` of a segment is output
+/// column `f % wp` of the segment's output row `f / wp`, an output pixel when that column
+/// is below `ow` and `f` within `lo..hi` (the segment's pixels); the segment's flat row `lo`
+/// is Y's row `y_first`.
+#[derive(Clone, Copy)]
+struct FlatRows {
+    /// The block's first flat row.
+    f0: usize,
+    wp: usize,
+    ow: usize,
+    lo: usize,
+    hi: usize,
+    y_first: usize,
 }
 
 impl Done {
@@ -453,7 +642,40 @@ impl Done {
             rows,
             cols,
             via,
+            flat,
         } = *self;
+        if let Some(fr) = flat {
+            // Runs of flat rows that are output pixels of one output row, each requantized
+            // into its Y rows; the padding columns' sums are dropped.
+            let (Some(tile), Some(o)) = (via.and_then(|s| scratch.get(s)), sink.out.as_deref_mut()) else {
+                return;
+            };
+            let mut r = 0;
+            while r < rows {
+                let f = fr.f0 + r;
+                if f >= fr.hi {
+                    break;
+                }
+                let ox = f % fr.wp.max(1);
+                if f < fr.lo {
+                    r += fr.lo - f;
+                    continue;
+                }
+                if ox >= fr.ow {
+                    r += fr.wp - ox;
+                    continue;
+                }
+                let run = (fr.ow - ox).min(rows - r).min(fr.hi - f);
+                // Y's row of flat row `f`: the output rows before it, its column, less the
+                // segment's first column (`lo`, on its first output row).
+                let y = fr.y_first + (f / fr.wp) * fr.ow + ox - fr.lo;
+                if let (Some(sums), Some(fin)) = (tile.0.get(r * NR_QUADS..), o.tile(y, j0 - sink.first, j0, cols)) {
+                    super::vnni::requant_panel(sums, NR_QUADS, run, cols, fin);
+                }
+                r += run;
+            }
+            return;
+        }
         let ldc = sink.ldc;
         let Some(at) = (m0 * ldc + j0).checked_sub(sink.first) else {
             return;

@@ -220,6 +220,18 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
     // would leave most of each tile empty (7 of 16 rows of a 7x7 map); their im2col rows
     // below fill whole tiles across output rows.
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if super::on_tiles(isa, m, k) && super::amx::flat_fits(win) {
+        let stage = stage.checked::<O>(y.len(), (m - 1) * ldy + n, n)?;
+        let mut out = Output {
+            y: O::bytes_mut(y),
+            ldy,
+            stage,
+        };
+        if super::amx::conv_flat(win, x, pixels.clone(), pad, b, &mut scratch.rows, &mut out) {
+            return Ok(());
+        }
+    }
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     if super::on_tiles(isa, m, k) && c.is_multiple_of(64) && win.output.1 >= 32 {
         let stage = stage.checked::<O>(y.len(), (m - 1) * ldy + n, n)?;
         let mut out = Output {

@@ -164,6 +164,20 @@ const KC_QUADS: usize = 640;
 /// tiles against 0.64 on VNNI while the tiles' rows straddled cache lines and their sums went
 /// to a C of megabytes, became faster on the tiles once both were fixed (the three 1x1 layers
 /// of its first stage 4.4 ms against 5.1 per run).
+/// Whether [`conv_requant_serial`] reads this convolution's windows on the AMX tiles from a
+/// padded copy of its input rows (stride 1, whole 64-channel chunks, few padding columns):
+/// no im2col rows and no sums in memory, so its callers may hand it many pixels at once
+/// (each call copies its rows and streams all of B once).
+pub fn conv_reads_flat(isa: Isa, win: &ConvWindow) -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    return on_tiles(isa, 16, win.depth()) && amx::flat_fits(win);
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    return {
+        let _ = (isa, win);
+        false
+    };
+}
+
 fn on_tiles(isa: Isa, m: usize, k: usize) -> bool {
     m >= 16 && k >= 64 && k <= MAX_EXACT_DEPTH && isa.has_int8_tiles()
 }

@@ -534,6 +534,14 @@ where
     }
     let split = if threads > 1 { 2 * threads } else { 1 };
     let rows = rows.min(pixels.div_ceil(split)).div_ceil(8) * 8;
+    // Read from a padded copy on the tiles, no rows or sums are kept: one block of whole
+    // output rows per thread (each block copies its input rows and streams all of B once;
+    // blocks of 120 pixels cut ResNet's 14 x 14 rows into ragged runs of tile rows).
+    let rows = if !pointwise && kiln_kernels::igemm::conv_reads_flat(isa, &window) {
+        pixels.div_ceil(threads).div_ceil(ow.max(1)) * ow.max(1)
+    } else {
+        rows
+    };
     over_blocks::<T, O>(&mut y, rows, m, CONV_SUMS, &|p0, r, out, scratch| {
         // The residual sum in the output stage (R's block from its first pixel on), or after.
         let sum = residual.as_ref().and_then(|res| res.in_stage(p0 * m));
