@@ -798,3 +798,78 @@ fn vnni_micro_tiles_where_amx_runs() {
         "{text}"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// Stride-1 convolutions whose taps are not whole 64-channel chunks, on the AMX tiles by
+    /// kernel rows (B `[ky][kx * c + ch]`, each row padded with zero weights to
+    /// `conv_row_run`'s run): the padded copy's runs read past each kernel row's taps, times
+    /// zero. Against exact sums of a naive window loop, requantized by the row stage; where
+    /// `conv_reads_flat` says the tiles take it, they must.
+    #[test]
+    fn convolutions_by_kernel_rows_match_naive_windows(
+        c in prop_oneof![Just(16usize), Just(32), Just(48), Just(96)],
+        m in 1usize..40,
+        (kh, kw) in (1usize..4, 2usize..4),
+        (h, w) in (1usize..10, 4usize..24),
+        dh in 1usize..3,
+        (ph, pw) in (0usize..3, 0usize..3),
+        seed in any::<u64>(),
+        zx in any::<u8>(),
+        cut in 0usize..5,
+        extra in prop_oneof![Just(0usize), Just(8)],
+    ) {
+        let eh = (kh - 1) * dh + 1;
+        prop_assume!(h + 2 * ph >= eh && w + 2 * pw >= kw);
+        let (oh, ow) = (h + 2 * ph - eh + 1, w + 2 * pw - kw + 1);
+        let batch = 2;
+        let ps = c + extra;
+        let win = ConvWindow { batch, input: (h, w), channels: c, pixel_stride: ps, kernel: (kh, kw), output: (oh, ow), stride: (1, 1), dilation: (dh, 1), pad: (ph, pw) };
+        let isa = Isa::Avx512;
+        let Some(kr) = kiln_kernels::igemm::conv_row_run(isa, &win) else { return Ok(()) };
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let x: Vec<u8> = (0..batch * h * w * ps).map(|_| next() as u8).collect();
+        // Weights [ky][kx][ch][j], and B by kernel rows with zero weights past each row's taps.
+        let wt: Vec<i8> = (0..kh * kw * c * m).map(|_| (next() % 128) as i8 - 64).collect();
+        let mut b = vec![0i8; kh * kr * m];
+        for ky in 0..kh { for t in 0..kw * c { for j in 0..m {
+            b[(ky * kr + t) * m + j] = wt[(ky * kw * c + t) * m + j];
+        }}}
+        let typical = ((kh * kw * c) as f32).sqrt() * 64.0 * 100.0;
+        let mult: Vec<f32> = (0..m).map(|_| (0.5 + (next() % 1000) as f32 / 500.0) * 60.0 / typical).collect();
+        let bias: Vec<f32> = (0..m).map(|_| (next() % 2001) as f32 - 1000.0).collect();
+        let pixels = win.pixels();
+        let mut want = vec![0u8; pixels * m];
+        for p in 0..pixels {
+            let (bb, oy, ox) = (p / (oh * ow), (p / ow) % oh, p % ow);
+            let sums: Vec<i32> = (0..m).map(|j| {
+                let mut acc = 0i32;
+                for ky in 0..kh { for kx in 0..kw { for ch in 0..c {
+                    let (iy, ix) = ((oy + ky * dh) as isize - ph as isize, (ox + kx) as isize - pw as isize);
+                    let v = if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize { i32::from(zx) } else { i32::from(x[((bb * h + iy as usize) * w + ix as usize) * ps + ch]) };
+                    acc += (v - i32::from(zx)) * i32::from(wt[((ky * kw + kx) * c + ch) * m + j]);
+                }}}
+                acc
+            }).collect();
+            requantize_row_f32(&sums, &bias, &mult, 3.0, (0.0, 255.0), &mut want[p * m..(p + 1) * m]);
+        }
+        let fail = |e: kiln_kernels::igemm::IgemmError| TestCaseError::fail(e.to_string());
+        let stage = Requantize { scales: Scales::F32 { bias: &bias, mult: &mult, zero_point: 3.0 }, range: (0, 255), sum: None };
+        let packed = PackedB::pack_as(Packing::Quads, &b, kh * kr, m, &[]).map_err(fail)?.ok_or_else(|| TestCaseError::fail("no quads"))?;
+        let p0 = (cut * pixels / 7).min(pixels);
+        let rows = pixels - p0;
+        let ldy = m + 3;
+        let mut y = vec![7u8; rows * ldy];
+        let mut scratch = ConvScratch::default();
+        let ran = kiln_kernels::igemm::conv_rows_requant_serial(isa, &win, kr, &x, p0..pixels, zx, &packed, &mut scratch, stage, &mut y, ldy).map_err(fail)?;
+        prop_assert_eq!(ran, kiln_kernels::igemm::conv_reads_flat(isa, &win, Some(kr)) || rows == 0, "ran on the tiles where they fit");
+        if ran {
+            for r in 0..rows {
+                prop_assert_eq!(&y[r * ldy..r * ldy + m], &want[(p0 + r) * m..(p0 + r + 1) * m], "c={} k={}x{} dh={} row {}", c, kh, kw, dh, r);
+                prop_assert!(y[r * ldy + m..(r + 1) * ldy].iter().all(|&v| v == 7), "wrote past column {}", m);
+            }
+        }
+    }
+}

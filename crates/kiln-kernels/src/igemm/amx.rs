@@ -460,31 +460,36 @@ struct Segment {
     at: usize,
 }
 
-/// Whether [`conv_flat`] takes a convolution: stride 1, whole 64-channel chunks per tap, and
-/// at most half again as many flat rows as outputs (the padding columns of each row are
-/// computed and dropped: 16 of 14 on ResNet's 14 x 14 layers, 9 of 7 on its 7 x 7 ones,
-/// still faster there than copying each window).
-pub(super) fn flat_fits(win: &super::ConvWindow) -> bool {
+/// Whether [`conv_flat`] takes a convolution with B's depth laid out as `row_run` (see
+/// there): stride 1 and at most half again as many flat rows as outputs (the padding
+/// columns of each row are computed and dropped: 16 of 14 on ResNet's 14 x 14 layers, 9 of
+/// 7 on its 7 x 7 ones, still faster there than copying each window); by taps, whole
+/// 64-channel chunks; by kernel rows, adjacent taps (no dilation across).
+pub(super) fn flat_fits(win: &super::ConvWindow, row_run: Option<usize>) -> bool {
     let (kw, dw) = (win.kernel.1, win.dilation.1);
-    let ow = win.output.1;
-    win.stride == (1, 1)
-        && win.channels > 0
-        && win.channels.is_multiple_of(4 * TILE_QUADS)
-        && win.kernel.0 > 0
-        && kw > 0
-        && 2 * (kw - 1) * dw <= ow
+    let c = win.channels;
+    let by = match row_run {
+        None => c.is_multiple_of(4 * TILE_QUADS),
+        Some(kr) => dw == 1 && kr.is_multiple_of(4 * TILE_QUADS) && kr >= kw * c,
+    };
+    by && win.stride == (1, 1) && c > 0 && win.kernel.0 > 0 && kw > 0 && 2 * (kw - 1) * dw <= win.output.1
 }
 
 /// [`conv`] for a stride-1 convolution over a padded copy: the input rows the pixels'
 /// windows read are copied once per image into `rows` with the padding written out (X's
 /// zero point `pad`), `wp = ow + (kw - 1) * dw` pixels a row, so that flat pixel `f` of an
 /// image's copy is the window origin of output column `f % wp` of its row `f / wp`. Every
-/// block of 32 flat rows is then read in place by the tiles (each tap `(ky * dh * wp + kx *
-/// dw)` pixels on), whatever the padding; the `wp - ow` padding columns of each row are
-/// computed and their sums dropped. False (nothing written) unless [`flat_fits`] and B is in
-/// quads of the window's depth.
+/// block of 32 flat rows is then read in place by the tiles, whatever the padding; the `wp -
+/// ow` padding columns of each row are computed and their sums dropped. B's depth is
+/// `[ky][kx][c]` by taps (`row_run` `None`: each tap's 64-channel chunks `(ky * dh * wp + kx
+/// * dw)` pixels on), or by kernel rows of `row_run` values (`[ky][kx * c + ch]` padded with
+/// zero weights to a multiple of 64: each kernel row one run of its adjacent taps' channels
+/// read `ky * dh * wp` pixels on, the padding reading the next pixels' values, times zero).
+/// False (nothing written) unless [`flat_fits`] and B is in quads of that depth.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn conv_flat<T: Int8 + Default>(
     win: &super::ConvWindow,
+    row_run: Option<usize>,
     x: &[T],
     pixels: Range<usize>,
     pad: T,
@@ -493,7 +498,8 @@ pub(super) fn conv_flat<T: Int8 + Default>(
     out: &mut Output<'_, '_>,
 ) -> bool {
     let (c, (kh, kw)) = (win.channels, win.kernel);
-    if !flat_fits(win) || b.k != win.depth() || x.len() < win.input_len() || pixels.end > win.pixels() {
+    let depth = row_run.map_or(win.depth(), |kr| kh * kr);
+    if !flat_fits(win, row_run) || b.k != depth || x.len() < win.input_len() || pixels.end > win.pixels() {
         return false;
     }
     if pixels.is_empty() {
@@ -506,7 +512,9 @@ pub(super) fn conv_flat<T: Int8 + Default>(
     let ((dh, dw), (ph, pw), ps) = (win.dilation, win.pad, win.pixel_stride);
     let wp = ow + (kw - 1) * dw;
     // The pixels by image: each image's output rows and its padded input rows, plus a
-    // block's rows of slack (a block may start at the segment's last flat row).
+    // block's rows of slack (a block may start at the segment's last flat row) and the
+    // pixels a kernel row's padded run reads past its taps.
+    let slack = BLOCK_ROWS + row_run.map_or(0, |kr| (kr - kw * c).div_ceil(c));
     let mut segments = Vec::new();
     let mut total = 0usize;
     let mut p = pixels.start;
@@ -524,12 +532,12 @@ pub(super) fn conv_flat<T: Int8 + Default>(
             nrows,
             at: total,
         });
-        total += (nrows * wp + BLOCK_ROWS) * c;
+        total += (nrows * wp + slack) * c;
         p = end;
     }
     let buf = crate::recycle::scratch_lined(rows, total);
     for s in &segments {
-        let Some(seg) = buf.get_mut(s.at..s.at + (s.nrows * wp + BLOCK_ROWS) * c) else {
+        let Some(seg) = buf.get_mut(s.at..s.at + (s.nrows * wp + slack) * c) else {
             return false;
         };
         let (body, slack) = seg.split_at_mut(s.nrows * wp * c);
@@ -567,10 +575,18 @@ pub(super) fn conv_flat<T: Int8 + Default>(
             for f in (s.lo..s.hi).step_by(BLOCK_ROWS) {
                 addrs.clear();
                 for ky in 0..kh {
-                    for kx in 0..kw {
-                        let at = s.at + (f + ky * dh * wp + kx * dw) * c;
-                        addrs
-                            .extend((0..per_tap).map(|cc| (base.wrapping_add((at + cc * 4 * TILE_QUADS) * size), lda)));
+                    let chunk = |at: usize, cc: usize| (base.wrapping_add((at + cc * 4 * TILE_QUADS) * size), lda);
+                    match row_run {
+                        None => {
+                            for kx in 0..kw {
+                                let at = s.at + (f + ky * dh * wp + kx * dw) * c;
+                                addrs.extend((0..per_tap).map(|cc| chunk(at, cc)));
+                            }
+                        }
+                        Some(kr) => {
+                            let at = s.at + (f + ky * dh * wp) * c;
+                            addrs.extend((0..kr / (4 * TILE_QUADS)).map(|cc| chunk(at, cc)));
+                        }
                     }
                 }
                 let flat = FlatRows {
@@ -585,9 +601,10 @@ pub(super) fn conv_flat<T: Int8 + Default>(
                 // dw)` pixels on, lie within the segment's copy and its slack: the last read
                 // pixel is at most `hi - 1 + 31 + (kh - 1) * dh * wp + (kw - 1) * dw <
                 // nrows * wp + BLOCK_ROWS` (as `hi <= (nrows - 1 - (kh - 1) * dh) * wp + ow`
-                // and `ow + (kw - 1) * dw = wp`), and each chunk's 64 channels within the
-                // pixel's `c`. One address per chunk, in B's `[ky][kx][c]` order. The tiles
-                // are configured.
+                // and `ow + (kw - 1) * dw = wp`); by taps each chunk's 64 channels lie within
+                // the pixel's `c`, by kernel rows a run's `kr - kw * c` values past its taps
+                // within the slack's further pixels. One address per chunk, in B's depth
+                // order. The tiles are configured.
                 unsafe {
                     run.block_row(
                         &panels,

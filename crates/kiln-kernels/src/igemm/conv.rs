@@ -167,6 +167,76 @@ impl<T: Clone + Default> ConvScratch<T> {
     }
 }
 
+/// The kernel-row run for [`conv_rows_requant_serial`]: on the AMX tiles, a stride-1
+/// convolution without dilation across whose taps' channels are not whole 64-channel chunks
+/// (`conv_requant_serial` reads those in place) reads each kernel row's `kw * c` values as
+/// one run padded to a multiple of 64, when that pads by at most a half. Depends only on the
+/// weights' shape and the attributes (B is packed for it once), not on X's size.
+pub fn conv_row_run(isa: Isa, win: &ConvWindow) -> Option<usize> {
+    let (c, (kh, kw)) = (win.channels, win.kernel);
+    let kr = (kw * c).next_multiple_of(64);
+    let fits = win.stride == (1, 1)
+        && win.dilation.1 == 1
+        && c > 0
+        && !c.is_multiple_of(64)
+        && 2 * kr <= 3 * kw * c
+        && super::on_tiles(isa, 16, kh * kr);
+    fits.then_some(kr)
+}
+
+/// [`conv_requant_serial`] with B's depth by kernel rows: `[ky][kx * c + ch]`, each kernel
+/// row padded with zero weights to `row_run` values ([`conv_row_run`]), read in place from a
+/// padded copy of X's rows on the AMX tiles. `Ok(false)` (nothing written) where that path
+/// does not run (no tiles, or output rows too narrow for the padded copy): the caller then
+/// copies the kernel rows out itself.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_rows_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
+    isa: Isa,
+    win: &ConvWindow,
+    row_run: usize,
+    x: &[T],
+    pixels: std::ops::Range<usize>,
+    pad: T,
+    b: &PackedB,
+    scratch: &mut ConvScratch<T>,
+    stage: Requantize<'_>,
+    y: &mut [O],
+    ldy: usize,
+) -> Result<bool, IgemmError> {
+    let (n, m) = (b.n, pixels.len());
+    if m == 0 || n == 0 {
+        return Ok(true);
+    }
+    if ldy < n {
+        return Err(IgemmError::Short {
+            what: "Y's row stride",
+            got: ldy,
+            want: n,
+        });
+    }
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if super::on_tiles(isa, 16, b.k) && super::amx::flat_fits(win, Some(row_run)) {
+        let stage = stage.checked::<O>(y.len(), (m - 1) * ldy + n, n)?;
+        let mut out = Output {
+            y: O::bytes_mut(y),
+            ldy,
+            stage,
+        };
+        return Ok(super::amx::conv_flat(
+            win,
+            Some(row_run),
+            x,
+            pixels,
+            pad,
+            b,
+            &mut scratch.rows,
+            &mut out,
+        ));
+    }
+    let _ = (isa, win, row_run, x, pad, scratch, stage, y);
+    Ok(false)
+}
+
 /// `Y = requantize(conv(X - zx, B))` for output pixels `pixels` of `win` (rows of `y`, `ldy`
 /// apart, each B's `n` columns): the integer convolution with the output stage `stage` (see
 /// [`Requantize`]), X's zero point `pad` (the value of its padding too). The same bytes as
@@ -220,14 +290,14 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
     // would leave most of each tile empty (7 of 16 rows of a 7x7 map); their im2col rows
     // below fill whole tiles across output rows.
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    if super::on_tiles(isa, m, k) && super::amx::flat_fits(win) {
+    if super::on_tiles(isa, m, k) && super::amx::flat_fits(win, None) {
         let stage = stage.checked::<O>(y.len(), (m - 1) * ldy + n, n)?;
         let mut out = Output {
             y: O::bytes_mut(y),
             ldy,
             stage,
         };
-        if super::amx::conv_flat(win, x, pixels.clone(), pad, b, &mut scratch.rows, &mut out) {
+        if super::amx::conv_flat(win, None, x, pixels.clone(), pad, b, &mut scratch.rows, &mut out) {
             return Ok(());
         }
     }

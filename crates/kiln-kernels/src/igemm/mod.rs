@@ -32,7 +32,7 @@ mod vnni;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) use amx::request_tile_state;
-pub use conv::{ConvScratch, ConvWindow, conv_requant_serial};
+pub use conv::{ConvScratch, ConvWindow, conv_requant_serial, conv_row_run, conv_rows_requant_serial};
 
 /// Columns per packed panel of B (two 8-lane i32 vectors).
 pub const NR: usize = 16;
@@ -164,18 +164,27 @@ const KC_QUADS: usize = 640;
 /// tiles against 0.64 on VNNI while the tiles' rows straddled cache lines and their sums went
 /// to a C of megabytes, became faster on the tiles once both were fixed (the three 1x1 layers
 /// of its first stage 4.4 ms against 5.1 per run).
-/// Whether [`conv_requant_serial`] reads this convolution's windows on the AMX tiles from a
-/// padded copy of its input rows (stride 1, whole 64-channel chunks, few padding columns):
-/// no im2col rows and no sums in memory, so its callers may hand it many pixels at once
-/// (each call copies its rows and streams all of B once).
-pub fn conv_reads_flat(isa: Isa, win: &ConvWindow) -> bool {
+/// Whether this convolution's windows are read on the AMX tiles from a padded copy of its
+/// input rows ([`conv_requant_serial`] by taps, `row_run` `None`; [`conv_rows_requant_serial`]
+/// by kernel rows of `row_run` values): stride 1, few padding columns. No im2col rows and no
+/// sums in memory, so callers may hand it many pixels at once (each call copies its rows
+/// and streams all of B once).
+pub fn conv_reads_flat(isa: Isa, win: &ConvWindow, row_run: Option<usize>) -> bool {
+    let depth = row_run.map_or(win.depth(), |kr| win.kernel.0 * kr);
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    return on_tiles(isa, 16, win.depth()) && amx::flat_fits(win);
+    return on_tiles(isa, 16, depth) && amx::flat_fits(win, row_run);
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     return {
-        let _ = (isa, win);
+        let _ = (isa, depth);
         false
     };
+}
+
+/// Whether [`igemm_requant_serial`] multiplies a product of depth `k` (and at least 16 rows)
+/// on the AMX tiles, whose fused epilogue keeps no sums in memory: its callers may then hand
+/// it many rows at once (each call streams all of B once).
+pub fn requant_on_tiles(isa: Isa, k: usize) -> bool {
+    on_tiles(isa, 16, k)
 }
 
 fn on_tiles(isa: Isa, m: usize, k: usize) -> bool {

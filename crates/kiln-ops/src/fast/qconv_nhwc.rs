@@ -14,8 +14,8 @@ use crate::recurrent::num::{in_shape, tt};
 use crate::value::{Args, Dim, InferInput, ValueType};
 use crate::{Outputs, util};
 use kiln_kernels::igemm::{
-    ConvScratch, ConvWindow, IgemmError, Int8, MAX_EXACT_DEPTH, PackedB, Requantize, Scales, TwinParams,
-    conv_requant_serial, igemm_requant_serial,
+    ConvScratch, ConvWindow, IgemmError, Int8, MAX_EXACT_DEPTH, PackedB, Packing, Requantize, Scales, TwinParams,
+    conv_requant_serial, conv_rows_requant_serial, igemm_requant_serial,
 };
 use kiln_kernels::quant::{Q8, Sum, requantize_row, requantize_row_f32};
 use kiln_tensor::{DType, Element, Tensor};
@@ -451,7 +451,18 @@ where
     let isa = kiln_kernels::isa::active();
     let small = !pointwise && c % 4 != 0 && c < 16 && isa.has_int8_dot();
     let row_run = (kw * c).next_multiple_of(4);
-    let depth = if small && row_run / 4 < kw * c.div_ceil(4) && row_run <= MAX_ROW_RUN {
+    // On the AMX tiles, channels not in whole 64-channel chunks: kernel rows read as runs
+    // from a padded copy of X's rows (B by kernel rows), where the output rows are wide
+    // enough; else the kernel rows are copied out per pixel below.
+    let tile_run = if pointwise {
+        None
+    } else {
+        kiln_kernels::igemm::conv_row_run(isa, &window)
+    };
+    let flat_rows = tile_run.filter(|&kr| kiln_kernels::igemm::conv_reads_flat(isa, &window, Some(kr)));
+    let depth = if let Some(kr) = tile_run {
+        Depth::Rows(kr)
+    } else if small && row_run / 4 < kw * c.div_ceil(4) && row_run <= MAX_ROW_RUN {
         Depth::Rows(row_run)
     } else if small {
         Depth::Taps(c.next_multiple_of(4))
@@ -462,6 +473,7 @@ where
     let pad = T::try_from_i32(zx);
     let copied: Option<Vec<T>> = match depth {
         Depth::Taps(cp) if cp == c => None,
+        Depth::Rows(_) if flat_rows.is_some() => None,
         Depth::Taps(cp) => {
             let mut v = kiln_kernels::recycle::take_of::<T>(util::checked_numel(&[n, h, wd, cp])?);
             // Every element written (the buffer is stale), element by element: a library copy
@@ -480,6 +492,7 @@ where
         }
     };
     let (xs, window, k) = match (&copied, depth) {
+        (None, Depth::Rows(kr)) => (xs, window, kh * kr),
         (None, _) => (xs, window, k),
         (Some(v), Depth::Taps(cp)) => (
             &v[..],
@@ -537,8 +550,10 @@ where
     // Read from a padded copy on the tiles, no rows or sums are kept: one block of whole
     // output rows per thread (each block copies its input rows and streams all of B once;
     // blocks of 120 pixels cut ResNet's 14 x 14 rows into ragged runs of tile rows).
-    let rows = if !pointwise && kiln_kernels::igemm::conv_reads_flat(isa, &window) {
+    let rows = if !pointwise && (flat_rows.is_some() || kiln_kernels::igemm::conv_reads_flat(isa, &window, None)) {
         pixels.div_ceil(threads).div_ceil(ow.max(1)) * ow.max(1)
+    } else if pointwise && kiln_kernels::igemm::requant_on_tiles(isa, k) && matches!(packed.packing(), Packing::Quads) {
+        pixels.div_ceil(threads).div_ceil(32) * 32
     } else {
         rows
     };
@@ -553,6 +568,15 @@ where
             let (acc, _) = scratch.parts(r * m, 0);
             let a = xs.get(p0 * c..).unwrap_or(&[]);
             igemm_requant_serial(isa, (r, k), a, c, zx, packed, acc, stage, out, m)?;
+        } else if let Some(kr) = flat_rows {
+            let pixels = p0..p0 + r;
+            if !conv_rows_requant_serial(isa, &window, kr, xs, pixels, pad, packed, scratch, stage, out, m)? {
+                return Err(IgemmError::Short {
+                    what: "the tiles for a convolution by kernel rows",
+                    got: 0,
+                    want: 1,
+                });
+            }
         } else {
             conv_requant_serial(isa, &window, xs, p0..p0 + r, pad, packed, scratch, stage, out, m)?;
         }
