@@ -543,15 +543,29 @@ pub(super) fn conv_flat<T: Int8 + Default>(
         let (body, slack) = seg.split_at_mut(s.nrows * wp * c);
         slack.fill(pad);
         for (i, row) in body.chunks_exact_mut(wp * c).enumerate() {
-            let iy = (s.oy0 + i).checked_sub(ph).filter(|&iy| iy < h);
-            for (j, px) in row.chunks_exact_mut(c).enumerate() {
-                let src = iy.zip(j.checked_sub(pw).filter(|&ix| ix < w)).and_then(|(iy, ix)| {
-                    let at = ((s.batch * h + iy) * w + ix) * ps;
-                    x.get(at..at + c)
-                });
-                match src {
-                    Some(v) => px.copy_from_slice(v),
-                    None => px.fill(pad),
+            let Some(iy) = (s.oy0 + i).checked_sub(ph).filter(|&iy| iy < h) else {
+                row.fill(pad);
+                continue;
+            };
+            // The row's left padding, X's pixels, the right padding; X's pixels one run
+            // when they are adjacent (a copy call per pixel of a few channels costs more).
+            let (left, rest) = row.split_at_mut((pw * c).min(row.len()));
+            left.fill(pad);
+            let inside = w.min(rest.len() / c);
+            let (mid, right) = rest.split_at_mut(inside * c);
+            right.fill(pad);
+            let at = (s.batch * h + iy) * w * ps;
+            if ps == c {
+                match x.get(at..at + inside * c) {
+                    Some(v) => mid.copy_from_slice(v),
+                    None => mid.fill(pad),
+                }
+            } else {
+                for (ix, px) in mid.chunks_exact_mut(c).enumerate() {
+                    match x.get(at + ix * ps..at + ix * ps + c) {
+                        Some(v) => px.copy_from_slice(v),
+                        None => px.fill(pad),
+                    }
                 }
             }
         }

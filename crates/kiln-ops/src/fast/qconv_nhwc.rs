@@ -210,6 +210,110 @@ fn clamp_tensor(t: &Tensor, lo: i32, hi: i32) -> Result<Tensor> {
     }
 }
 
+/// The depth of a stride-2 convolution run as a stride-1 one over X's 2 x 2 blocks
+/// ([`space_to_depth`], [`s2d_weights`]), when that pays: on the AMX tiles, no dilation, a
+/// kernel larger than one pixel, fewer than 64 channels, and the blocks' window (`ceil(kh / 2) x ceil(kw / 2)` taps
+/// of `4 c` channels) read in place by the tiles (whole 64-channel chunks, or kernel rows
+/// padded by at most a half) at most twice as deep as the original window. Depends on the
+/// weights' shape and the attributes only (B is packed for it once).
+fn s2d_depth(
+    isa: kiln_kernels::isa::Isa,
+    stride: (usize, usize),
+    dilation: (usize, usize),
+    (kh, kw): (usize, usize),
+    c: usize,
+) -> Option<usize> {
+    // Only channels the tiles would not take by taps (an image's three, 16 or 32): a wider
+    // X's windows are copied for the tiles already, and almost twice the depth costs more
+    // (ResNet's stride-2 3x3 layers of 128-512 channels 1.45 -> 2.2 ms).
+    if stride != (2, 2) || dilation != (1, 1) || (kh == 1 && kw == 1) || c == 0 || c >= 64 {
+        return None;
+    }
+    let (kh2, kw2, c2) = (kh.div_ceil(2), kw.div_ceil(2), 4 * c);
+    let depth = if c2.is_multiple_of(64) {
+        kh2 * kw2 * c2
+    } else {
+        let probe = ConvWindow {
+            batch: 1,
+            input: (kh2, kw2),
+            channels: c2,
+            pixel_stride: c2,
+            kernel: (kh2, kw2),
+            output: (1, 1),
+            stride: (1, 1),
+            dilation: (1, 1),
+            pad: (0, 0),
+        };
+        kh2 * kiln_kernels::igemm::conv_row_run(isa, &probe)?
+    };
+    (kiln_kernels::igemm::requant_on_tiles(isa, depth) && depth <= 2 * kh * kw * c).then_some(depth)
+}
+
+/// X `[n, h, w, c]` padded by `pad` (top, left; the rest up to `h2 x w2` blocks) with `zero`
+/// and cut into 2 x 2 blocks of pixels: `out[b][y][x]` holds the padded input's pixels
+/// `(2y + a, 2x + e)` for `a, e` in `0..2`, in that order, `c` values each. A stride-2
+/// convolution over X is then a stride-1 one over `out` with [`s2d_weights`].
+fn space_to_depth<T: Copy>(
+    x: &[T],
+    (n, h, w, c): (usize, usize, usize, usize),
+    (ph, pw): (usize, usize),
+    (h2, w2): (usize, usize),
+    zero: T,
+    out: &mut [T],
+) {
+    let pixel = 4 * c;
+    for (i, block) in out.chunks_exact_mut(pixel.max(1)).take(n * h2 * w2).enumerate() {
+        let (b, y, xb) = (i / (h2 * w2), (i / w2) % h2, i % w2);
+        for (q, dst) in block.chunks_exact_mut(c.max(1)).enumerate() {
+            let (iy, ix) = ((2 * y + q / 2).checked_sub(ph), (2 * xb + q % 2).checked_sub(pw));
+            let src = iy
+                .zip(ix)
+                .filter(|&(iy, ix)| iy < h && ix < w)
+                .and_then(|(iy, ix)| x.get(((b * h + iy) * w + ix) * c..((b * h + iy) * w + ix + 1) * c));
+            match src {
+                // A few channels element by element: a library copy call per pixel of three
+                // values costs more than the copy.
+                Some(s) if c < 16 => dst.iter_mut().zip(s).for_each(|(d, &v)| *d = v),
+                Some(s) => dst.copy_from_slice(s),
+                None => dst.fill(zero),
+            }
+        }
+    }
+}
+
+/// The weights `[m, c, kh, kw]` of a stride-2 convolution as those of the stride-1 one over
+/// [`space_to_depth`]'s blocks: `[m, 4 c, ceil(kh / 2), ceil(kw / 2)]`, channel `(2 a + e) c
+/// + ch` of tap `(ky, kx)` the original's `(2 ky + a, 2 kx + e)`, or the column's zero point
+/// (a product of nothing) past the kernel.
+fn s2d_weights<W: Int8 + Element + Default>(w: &Tensor, zw: Option<&Tensor>) -> Option<Tensor> {
+    let &[m, c, kh, kw] = w.shape() else { return None };
+    let src = w.as_slice::<W>().ok()?;
+    let z: &[W] = match zw {
+        None => &[],
+        Some(z) => z.as_slice::<W>().ok()?,
+    };
+    let (kh2, kw2) = (kh.div_ceil(2), kw.div_ceil(2));
+    let mut v = Vec::with_capacity(m * 4 * c * kh2 * kw2);
+    for j in 0..m {
+        let zero = z.get(j).or(z.first()).copied().unwrap_or_default();
+        for q in 0..4 {
+            for ch in 0..c {
+                for ky2 in 0..kh2 {
+                    for kx2 in 0..kw2 {
+                        let (ky, kx) = (2 * ky2 + q / 2, 2 * kx2 + q % 2);
+                        v.push(if ky < kh && kx < kw {
+                            *src.get(((j * c + ch) * kh + ky) * kw + kx)?
+                        } else {
+                            zero
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Tensor::from_vec(vec![m, 4 * c, kh2, kw2], v).ok()
+}
+
 /// Output channels `cols` of W `[m, c, kh, kw]` (all of them, or one group's) as the GEMM's B
 /// `[(ky, kx, ci), cols]` with `cp >= c` channels per tap (those past `c` hold the column's
 /// zero point: a zero weight), with their zero points.
@@ -440,6 +544,39 @@ where
         let y = grouped::<T, O>(plan, w, zw, xs, zx, &window, groups, m, &requant, residual.as_ref())?;
         return Ok((y, summed));
     }
+    let pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == wd;
+    let isa = kiln_kernels::isa::active();
+    // A stride-2 convolution on the AMX tiles as a stride-1 one over X's 2 x 2 blocks of
+    // pixels (space to depth, the padding written out): the tiles then read its windows in
+    // place from a padded copy instead of an im2col row per pixel.
+    let s2d = !pointwise && s2d_depth(isa, (sh, sw), (dh, dw), (kh, kw), c).is_some();
+    let blocks: Option<Vec<T>> = if s2d {
+        let (kh2, kw2) = (kh.div_ceil(2), kw.div_ceil(2));
+        let (h2, w2) = (oh + kh2 - 1, ow + kw2 - 1);
+        let mut v = kiln_kernels::recycle::take_of::<T>(util::checked_numel(&[n, h2, w2, 4 * c])?);
+        space_to_depth(xs, (n, h, wd, c), (ph, pw), (h2, w2), T::try_from_i32(zx), &mut v);
+        Some(v)
+    } else {
+        None
+    };
+    let (xs, window, c, (kh, kw), (sh, sw), (ph, pw), (h, wd)) = match &blocks {
+        Some(v) => {
+            let (kh2, kw2) = (kh.div_ceil(2), kw.div_ceil(2));
+            let (h2, w2) = (oh + kh2 - 1, ow + kw2 - 1);
+            let win = ConvWindow {
+                input: (h2, w2),
+                channels: 4 * c,
+                pixel_stride: 4 * c,
+                kernel: (kh2, kw2),
+                stride: (1, 1),
+                pad: (0, 0),
+                ..window
+            };
+            (&v[..], win, 4 * c, (kh2, kw2), (1, 1), (0, 0), (h2, w2))
+        }
+        None => (xs, window, c, (kh, kw), (sh, sw), (ph, pw), (h, wd)),
+    };
+    let k = kh * kw * c;
     // A few input channels (an image's three) padded to a multiple of four with the zero
     // point, and the weights with their own: the window's taps are then whole quads the VNNI
     // tile reads in place, instead of an im2col copy of `c`-value runs per pixel. The padded
@@ -447,8 +584,6 @@ where
     // fewer quads than its taps padded one by one (one or two channels: spectrograms,
     // waveforms), each output pixel's kernel rows are copied out instead, padded as one run
     // (`Depth::Rows`): a single channel's 3-wide rows take one quad, not three.
-    let pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == wd;
-    let isa = kiln_kernels::isa::active();
     let small = !pointwise && c % 4 != 0 && c < 16 && isa.has_int8_dot();
     let row_run = (kw * c).next_multiple_of(4);
     // On the AMX tiles, channels not in whole 64-channel chunks: kernel rows read as runs
@@ -469,6 +604,25 @@ where
     } else {
         Depth::Taps(c)
     };
+    // Over X's 2 x 2 blocks, the weights of the stride-1 convolution (made once, to pack).
+    let packed = match w.dtype() {
+        DType::U8 if s2d => plan
+            .packed
+            .get_or_pack(|| pack_weights::<u8>(&s2d_weights::<u8>(w, zw)?, zw, depth, 0..m)),
+        DType::I8 if s2d => plan
+            .packed
+            .get_or_pack(|| pack_weights::<i8>(&s2d_weights::<i8>(w, zw)?, zw, depth, 0..m)),
+        DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw, depth, 0..m)),
+        DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw, depth, 0..m)),
+        got => return Err(OpError::UnsupportedDType { index: 3, got }),
+    }
+    .ok_or(OpError::input_value(
+        3,
+        "8-bit weights with one zero point or one per output channel",
+        "another",
+    ))?;
+    // The tiles read B only in quads (weights whose zero points leave them in i8).
+    let flat_rows = flat_rows.filter(|_| matches!(packed.packing(), Packing::Quads));
     // The copy comes from the run's recycled buffers and goes back at the end.
     let pad = T::try_from_i32(zx);
     let copied: Option<Vec<T>> = match depth {
@@ -518,16 +672,6 @@ where
             cf * kh,
         ),
     };
-    let packed = match w.dtype() {
-        DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw, depth, 0..m)),
-        DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw, depth, 0..m)),
-        got => return Err(OpError::UnsupportedDType { index: 3, got }),
-    }
-    .ok_or(OpError::input_value(
-        3,
-        "8-bit weights with one zero point or one per output channel",
-        "another",
-    ))?;
     if packed.depth() != k || packed.columns() != m {
         return Err(OpError::input_shape(
             3,
@@ -550,9 +694,11 @@ where
     // Read from a padded copy on the tiles, no rows or sums are kept: one block of whole
     // output rows per thread (each block copies its input rows and streams all of B once;
     // blocks of 120 pixels cut ResNet's 14 x 14 rows into ragged runs of tile rows).
-    let rows = if !pointwise && (flat_rows.is_some() || kiln_kernels::igemm::conv_reads_flat(isa, &window, None)) {
+    let quads = matches!(packed.packing(), Packing::Quads);
+    let flat_taps = copied.is_none() && kiln_kernels::igemm::conv_reads_flat(isa, &window, None);
+    let rows = if !pointwise && (flat_rows.is_some() || (flat_taps && quads)) {
         pixels.div_ceil(threads).div_ceil(ow.max(1)) * ow.max(1)
-    } else if pointwise && kiln_kernels::igemm::requant_on_tiles(isa, k) && matches!(packed.packing(), Packing::Quads) {
+    } else if pointwise && kiln_kernels::igemm::requant_on_tiles(isa, k) && quads {
         pixels.div_ceil(threads).div_ceil(32) * 32
     } else {
         rows
@@ -588,6 +734,9 @@ where
         Ok(())
     })?;
     if let Some(v) = copied {
+        kiln_kernels::recycle::give_of(v);
+    }
+    if let Some(v) = blocks {
         kiln_kernels::recycle::give_of(v);
     }
     Ok((Tensor::from_buf(vec![n, oh, ow, m], y)?, summed))
@@ -1072,6 +1221,11 @@ mod tests {
             (1, 32, 1, 3, 1, 1, (20, 17)),
             (2, 5, 1, 3, 1, 2, (11, 9)),
             (1, 7, 1, 5, 2, 2, (13, 12)),
+            // Stride 2 on the AMX tiles as stride 1 over 2 x 2 blocks of pixels (a 7x7 stem
+            // of three channels with weight zero points, 64 channels, 16 channels; odd sizes).
+            (3, 64, 1, 7, 3, 2, (40, 38)),
+            (64, 32, 1, 3, 1, 2, (20, 22)),
+            (16, 24, 1, 3, 1, 2, (17, 15)),
         ];
         let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
         for (ci, co, group, k, pad, stride, (h, w)) in cases {
