@@ -170,8 +170,10 @@ impl<T: Clone + Default> ConvScratch<T> {
 /// The kernel-row run for [`conv_rows_requant_serial`]: on the AMX tiles, a stride-1
 /// convolution without dilation across whose taps' channels are not whole 64-channel chunks
 /// (`conv_requant_serial` reads those in place) reads each kernel row's `kw * c` values as
-/// one run padded to a multiple of 64, when that pads by at most a half. Depends only on the
-/// weights' shape and the attributes (B is packed for it once), not on X's size.
+/// one run padded to a multiple of 64, when that pads by at most a half or the run is one
+/// 64-value chunk (a single channel's 3-wide rows: a tile multiply per kernel row, still
+/// several times faster than the VNNI tile on the 3 values). Depends only on the weights'
+/// shape and the attributes (B is packed for it once), not on X's size.
 pub fn conv_row_run(isa: Isa, win: &ConvWindow) -> Option<usize> {
     let (c, (kh, kw)) = (win.channels, win.kernel);
     let kr = (kw * c).next_multiple_of(64);
@@ -179,7 +181,7 @@ pub fn conv_row_run(isa: Isa, win: &ConvWindow) -> Option<usize> {
         && win.dilation.1 == 1
         && c > 0
         && !c.is_multiple_of(64)
-        && 2 * kr <= 3 * kw * c
+        && (2 * kr <= 3 * kw * c || kr == 64)
         && super::on_tiles(isa, 16, kh * kr);
     fits.then_some(kr)
 }

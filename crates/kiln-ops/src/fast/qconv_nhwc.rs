@@ -23,6 +23,9 @@ use std::sync::Mutex;
 
 /// Bytes of im2col rows (and of i32 sums) per block of output pixels: both within L2.
 const BLOCK_BYTES: usize = 256 * 1024;
+/// Largest padded copy of X's rows one block of a convolution read from such a copy on the
+/// AMX tiles makes (it stays in L2 while the tiles read each row for every kernel row).
+const FLAT_COPY_BYTES: usize = 512 * 1024;
 /// Fewest rows per block when the packed weights are larger than [`BLOCK_BYTES`].
 const MIN_ROWS_BIG_B: usize = 128;
 /// Most values of a kernel row copied out per output pixel (`Depth::Rows`): a 1-D kernel of
@@ -697,7 +700,15 @@ where
     let quads = matches!(packed.packing(), Packing::Quads);
     let flat_taps = copied.is_none() && kiln_kernels::igemm::conv_reads_flat(isa, &window, None);
     let rows = if !pointwise && (flat_rows.is_some() || (flat_taps && quads)) {
-        pixels.div_ceil(threads).div_ceil(ow.max(1)) * ow.max(1)
+        // Whole output rows, as many as a thread's share but no more than a padded copy of
+        // `FLAT_COPY_BYTES` holds (a large image's whole copy, 19 MB for a 900 x 161 x 128
+        // spectrogram, would stream from memory).
+        let ow = ow.max(1);
+        let row_bytes = (ow + (kw - 1) * dw) * c * std::mem::size_of::<T>();
+        let most = (FLAT_COPY_BYTES / row_bytes.max(1))
+            .saturating_sub((kh - 1) * dh)
+            .max(1);
+        pixels.div_ceil(threads).div_ceil(ow).min(most) * ow
     } else if pointwise && kiln_kernels::igemm::requant_on_tiles(isa, k) && quads {
         pixels.div_ceil(threads).div_ceil(32) * 32
     } else {
