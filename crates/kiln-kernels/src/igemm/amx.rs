@@ -463,8 +463,9 @@ struct Segment {
 /// Whether [`conv_flat`] takes a convolution with B's depth laid out as `row_run` (see
 /// there): stride 1 and at most half again as many flat rows as outputs (the padding
 /// columns of each row are computed and dropped: 16 of 14 on ResNet's 14 x 14 layers, 9 of
-/// 7 on its 7 x 7 ones, still faster there than copying each window); by taps, whole
-/// 64-channel chunks; by kernel rows, adjacent taps (no dilation across).
+/// 7 on its 7 x 7 ones, still faster there than copying each window) and a halo of rows
+/// no taller than the output (or 64 rows); by taps, whole 64-channel chunks; by kernel
+/// rows, adjacent taps (no dilation across).
 pub(super) fn flat_fits(win: &super::ConvWindow, row_run: Option<usize>) -> bool {
     let (kw, dw) = (win.kernel.1, win.dilation.1);
     let c = win.channels;
@@ -472,7 +473,15 @@ pub(super) fn flat_fits(win: &super::ConvWindow, row_run: Option<usize>) -> bool
         None => c.is_multiple_of(4 * TILE_QUADS),
         Some(kr) => dw == 1 && kr.is_multiple_of(4 * TILE_QUADS) && kr >= kw * c,
     };
-    by && win.stride == (1, 1) && c > 0 && win.kernel.0 > 0 && kw > 0 && 2 * (kw - 1) * dw <= win.output.1
+    // The copy's halo of `(kh - 1) * dh` rows is bounded too (a huge dilation with huge
+    // padding would otherwise copy rows nothing reads but the padding).
+    let halo = (win.kernel.0.max(1) - 1).saturating_mul(win.dilation.0);
+    by && win.stride == (1, 1)
+        && c > 0
+        && win.kernel.0 > 0
+        && kw > 0
+        && (kw - 1).saturating_mul(dw).saturating_mul(2) <= win.output.1
+        && halo <= win.output.0.max(64)
 }
 
 /// [`conv`] for a stride-1 convolution over a padded copy: the input rows the pixels'

@@ -215,10 +215,11 @@ fn clamp_tensor(t: &Tensor, lo: i32, hi: i32) -> Result<Tensor> {
 
 /// The depth of a stride-2 convolution run as a stride-1 one over X's 2 x 2 blocks
 /// ([`space_to_depth`], [`s2d_weights`]), when that pays: on the AMX tiles, no dilation, a
-/// kernel larger than one pixel, fewer than 64 channels, and the blocks' window (`ceil(kh / 2) x ceil(kw / 2)` taps
-/// of `4 c` channels) read in place by the tiles (whole 64-channel chunks, or kernel rows
-/// padded by at most a half) at most twice as deep as the original window. Depends on the
-/// weights' shape and the attributes only (B is packed for it once).
+/// kernel larger than one pixel, fewer than 64 channels, and the blocks' window (`ceil(kh /
+/// 2) x ceil(kw / 2)` taps of `4 c` channels) read in place by the tiles (whole 64-channel
+/// chunks, or kernel rows as `igemm::conv_row_run` pads them) at most twice as deep as the
+/// original window. Depends on the weights' shape and the attributes only (B is packed for
+/// it once).
 fn s2d_depth(
     isa: kiln_kernels::isa::Isa,
     stride: (usize, usize),
