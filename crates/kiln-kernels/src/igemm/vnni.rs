@@ -594,10 +594,19 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
         // narrow output's only one, or the last) multiplies only the first vector of B's
         // step: the second's products would all be masked off.
         unsafe {
-            if cols > 16 {
-                panel_vnni::<FLIP, REQ, STRIDED, true, E>(a, b, (c, ldc, rows, cols), init, stage)
-            } else {
-                panel_vnni::<FLIP, REQ, STRIDED, false, E>(a, b, (c, ldc, rows, cols), init, stage)
+            match (cols > 16, rows == 1) {
+                (true, false) => {
+                    panel_vnni::<FLIP, REQ, STRIDED, true, false, E>(a, b, (c, ldc, rows, cols), init, stage)
+                }
+                (false, false) => {
+                    panel_vnni::<FLIP, REQ, STRIDED, false, false, E>(a, b, (c, ldc, rows, cols), init, stage)
+                }
+                (true, true) => {
+                    panel_vnni::<FLIP, REQ, STRIDED, true, true, E>(a, b, (c, ldc, rows, cols), init, stage)
+                }
+                (false, true) => {
+                    panel_vnni::<FLIP, REQ, STRIDED, false, true, E>(a, b, (c, ldc, rows, cols), init, stage)
+                }
             }
         };
     }
@@ -610,7 +619,14 @@ unsafe fn micro_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, E: 
 /// unless `WIDE`) and C, `init` and the stage from its first column.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, const WIDE: bool, E: Epilogue>(
+unsafe fn panel_vnni<
+    const FLIP: bool,
+    const REQ: bool,
+    const STRIDED: bool,
+    const WIDE: bool,
+    const ONE: bool,
+    E: Epilogue,
+>(
     (table, taps, (row_step, quad_step), quads): (*const [*const u8; MR_QUADS], usize, (usize, usize), usize),
     b: *const i8,
     (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
@@ -637,6 +653,11 @@ unsafe fn panel_vnni<const FLIP: bool, const REQ: bool, const STRIDED: bool, con
                 (_mm512_loadu_si512(p.cast()), b1)
             };
             for (r, (row, &base)) in acc.iter_mut().zip(rows.iter()).enumerate() {
+                // One row (a decoder's token): its products only, the other seven rows'
+                // would only be dropped (eight times the multiplies on a stream of B).
+                if ONE && r > 0 {
+                    break;
+                }
                 // SAFETY: row `r`'s quad `q` of tap `t` is four readable bytes at
                 // `base + q * quad` (`STRIDED`: `rows[0] + r * row + q * quad`), caller's
                 // contract; an unaligned read.
