@@ -463,8 +463,9 @@ struct Segment {
 /// Whether [`conv_flat`] takes a convolution with B's depth laid out as `row_run` (see
 /// there): stride 1 and at most half again as many flat rows as outputs (the padding
 /// columns of each row are computed and dropped: 16 of 14 on ResNet's 14 x 14 layers, 9 of
-/// 7 on its 7 x 7 ones, still faster there than copying each window) and a halo of rows
-/// no taller than the output (or 64 rows); by taps, whole 64-channel chunks; by kernel
+/// 7 on its 7 x 7 ones, still faster there than copying each window), an image's flat rows
+/// at most twice its outputs in whole 32-row blocks, and a halo of rows no taller than the
+/// output (or 64 rows); by taps, whole 64-channel chunks; by kernel
 /// rows, adjacent taps (no dilation across).
 pub(super) fn flat_fits(win: &super::ConvWindow, row_run: Option<usize>) -> bool {
     let (kw, dw) = (win.kernel.1, win.dilation.1);
@@ -476,7 +477,14 @@ pub(super) fn flat_fits(win: &super::ConvWindow, row_run: Option<usize>) -> bool
     // The copy's halo of `(kh - 1) * dh` rows is bounded too (a huge dilation with huge
     // padding would otherwise copy rows nothing reads but the padding).
     let halo = (win.kernel.0.max(1) - 1).saturating_mul(win.dilation.0);
-    by && win.stride == (1, 1)
+    // Each image's flat rows run in whole 32-row blocks: at most twice its outputs (a batch
+    // of 1 x 5 outputs would compute 32 rows for 5).
+    let (oh, ow) = win.output;
+    let wp = ow.saturating_add(kw.saturating_sub(1).saturating_mul(dw));
+    let flat = oh.saturating_sub(1).saturating_mul(wp).saturating_add(ow);
+    let blocks = flat.div_ceil(BLOCK_ROWS).saturating_mul(BLOCK_ROWS);
+    by && blocks <= oh.saturating_mul(ow).saturating_mul(2)
+        && win.stride == (1, 1)
         && c > 0
         && win.kernel.0 > 0
         && kw > 0

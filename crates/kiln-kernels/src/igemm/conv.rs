@@ -168,8 +168,10 @@ impl<T: Clone + Default> ConvScratch<T> {
 }
 
 /// The kernel-row run for [`conv_rows_requant_serial`]: on the AMX tiles, a stride-1
-/// convolution without dilation across whose taps' channels are not whole 64-channel chunks
-/// (`conv_requant_serial` reads those in place) reads each kernel row's `kw * c` values as
+/// convolution without dilation across of fewer than 64 channels (wider taps the tiles read
+/// from copied windows, or in place in whole chunks; by kernel rows, where the output is too
+/// narrow for the padded copy, each pixel's kernel rows are copied out: 129 channels of a
+/// 1 x 4 output took twice as long that way) reads each kernel row's `kw * c` values as
 /// one run padded to a multiple of 64, when that pads by at most a half or the run is one
 /// 64-value chunk (a single channel's 3-wide rows: a tile multiply per kernel row, still
 /// several times faster than the VNNI tile on the 3 values). Depends only on the weights'
@@ -180,7 +182,7 @@ pub fn conv_row_run(isa: Isa, win: &ConvWindow) -> Option<usize> {
     let fits = win.stride == (1, 1)
         && win.dilation.1 == 1
         && c > 0
-        && !c.is_multiple_of(64)
+        && c < 64
         && (2 * kr <= 3 * kw * c || kr == 64)
         && super::on_tiles(isa, 16, kh * kr);
     fits.then_some(kr)
