@@ -704,11 +704,8 @@ impl Done {
                 if f >= fr.hi {
                     break;
                 }
+                // Blocks start at the segment's first flat row, so `f >= lo`.
                 let ox = f % fr.wp.max(1);
-                if f < fr.lo {
-                    r += fr.lo - f;
-                    continue;
-                }
                 if ox >= fr.ow {
                     r += fr.wp - ox;
                     continue;
