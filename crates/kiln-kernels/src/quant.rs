@@ -418,12 +418,14 @@ pub fn add_dequantized_in_place<B: Q8, T: Q8>(
     out: (f32, f32),
     floor: Option<f32>,
 ) {
-    crate::simd::vectorize_kernel(AddInPlace {
-        y,
-        b: b.values,
-        map: SumMap::of(own, (b.scale, b.zero_point), out),
-        lo: floor.filter(|f| !f.is_nan()).map_or(T::LO, |f| f.clamp(T::LO, T::HI)),
-    })
+    let map = SumMap::of(own, (b.scale, b.zero_point), out);
+    let lo = floor.filter(|f| !f.is_nan()).map_or(T::LO, |f| f.clamp(T::LO, T::HI));
+    add_by_map_in_place(y, b.values, map, lo);
+}
+
+/// [`add_dequantized_in_place`] with its map made and its floor `lo` clamped to `T`'s range.
+pub fn add_by_map_in_place<B: Q8, T: Q8>(y: &mut [T], b: &[B], map: SumMap, lo: f32) {
+    crate::simd::vectorize_kernel(AddInPlace { y, b, map, lo })
 }
 
 /// [`add_dequantized_in_place`]'s loop as a struct kernel.

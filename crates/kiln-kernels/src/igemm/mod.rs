@@ -54,6 +54,10 @@ pub trait Int8: Copy + Send + Sync + 'static {
     fn bytes(v: &[Self]) -> &[u8];
     /// [`Int8::bytes`], writable.
     fn bytes_mut(v: &mut [Self]) -> &mut [u8];
+    /// Bytes as values (the inverse of [`Int8::bytes`]).
+    fn of_bytes(v: &[u8]) -> &[Self];
+    /// [`Int8::of_bytes`], writable.
+    fn of_bytes_mut(v: &mut [u8]) -> &mut [Self];
 }
 
 impl Int8 for u8 {
@@ -70,6 +74,12 @@ impl Int8 for u8 {
         v
     }
     fn bytes_mut(v: &mut [u8]) -> &mut [u8] {
+        v
+    }
+    fn of_bytes(v: &[u8]) -> &[u8] {
+        v
+    }
+    fn of_bytes_mut(v: &mut [u8]) -> &mut [u8] {
         v
     }
 }
@@ -93,6 +103,14 @@ impl Int8 for i8 {
         // SAFETY: as in `bytes`; the new slice borrows `v` mutably for its lifetime, so no
         // other reference to that memory exists meanwhile.
         unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len()) }
+    }
+    fn of_bytes(v: &[u8]) -> &[i8] {
+        // SAFETY: as in `bytes`, the other way round.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<i8>(), v.len()) }
+    }
+    fn of_bytes_mut(v: &mut [u8]) -> &mut [i8] {
+        // SAFETY: as in `bytes_mut`, the other way round.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<i8>(), v.len()) }
     }
 }
 
@@ -1128,18 +1146,12 @@ impl<'a> ResidualSum<'a> {
         })
     }
 
-    /// The sum on one row of output bytes `y` (R's row `r`), element by element.
+    /// The sum on one row of output bytes `y` (R's row `r`), by the residual sums' own loop.
     fn row(&self, y: &mut [u8], r: &[u8]) {
-        let (map, lo) = (self.map, self.floor);
         if self.signed {
-            for (d, &z) in y.iter_mut().zip(r) {
-                let q: i8 = map.code_bounded(f32::from(*d as i8), f32::from(z as i8), lo);
-                *d = q as u8;
-            }
+            crate::quant::add_by_map_in_place(i8::of_bytes_mut(y), i8::of_bytes(r), self.map, self.floor);
         } else {
-            for (d, &z) in y.iter_mut().zip(r) {
-                *d = map.code_bounded(f32::from(*d), f32::from(z), lo);
-            }
+            crate::quant::add_by_map_in_place(y, r, self.map, self.floor);
         }
     }
 }
