@@ -70,17 +70,18 @@ fn mark_steps(
 }
 
 /// Marks the MatMulInteger and QLinearMatMul steps whose B and B zero point are program
-/// constants: they pack B for the integer GEMM on their first run and keep it
-/// (`b_constant`).
+/// constants, and the ConvInteger steps whose W and W zero point are: they pack it for the
+/// integer GEMM on their first run and keep it (`b_constant`, `w_constant`).
 /// Returns how many it marked.
 pub fn integer_weights(program: &mut Program) -> usize {
     mark_steps(
         program,
         |step, is_constant| {
-            // The weights and their zero point: inputs 1 and 3 of MatMulInteger, 3 and 5 of
-            // QLinearMatMul.
+            // The weights and their zero point: inputs 1 and 3 of MatMulInteger and
+            // ConvInteger, 3 and 5 of QLinearMatMul.
             let (w, zw) = match &step.kind {
                 StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m))) if !m.b_constant => (1, 3),
+                StepKind::Op(Op::Quant(QuantOp::ConvInteger(c))) if !c.w_constant => (1, 3),
                 StepKind::Op(Op::Quant(QuantOp::QLinearMatMul(q))) if !q.b_constant => (3, 5),
                 _ => return false,
             };
@@ -90,6 +91,7 @@ pub fn integer_weights(program: &mut Program) -> usize {
         |step| match &mut step.kind {
             StepKind::Op(Op::Quant(QuantOp::MatMulInteger(m))) => m.b_constant = true,
             StepKind::Op(Op::Quant(QuantOp::QLinearMatMul(q))) => q.b_constant = true,
+            StepKind::Op(Op::Quant(QuantOp::ConvInteger(c))) => c.w_constant = true,
             _ => {}
         },
     )

@@ -55,6 +55,8 @@ fn check<A: Int8 + std::fmt::Debug, B: Int8 + std::fmt::Debug>(
         // quads' portable twin where VNNI is missing).
         formats.extend(PackedB::pack_as(packing, b, k, n, zb).map_err(fail)?);
     }
+    // For int32 sums alone: quads about B's type's center where `B - zb` does not fit.
+    formats.push(PackedB::pack_for_sums(b, k, n, zb).map_err(fail)?);
     let runs = Isa::ALL
         .into_iter()
         .filter(|i| i.is_supported())
@@ -534,6 +536,41 @@ proptest! {
 }
 
 /// A product of depth 0 is all zeros (whatever C held), on every level and format.
+/// A B held about its type's center (u8 weights whose zero point leaves `B - zb` outside i8)
+/// serves int32 sums only: the requantizing paths refuse it rather than drop its correction.
+#[test]
+fn requantizing_paths_refuse_a_centered_b() {
+    let (m, k, n) = (20, 70, 40);
+    let a: Vec<u8> = (0..m * k).map(|i| (i * 7 % 256) as u8).collect();
+    let b: Vec<u8> = (0..k * n).map(|i| (i * 13 % 256) as u8).collect();
+    let packed = PackedB::pack_for_sums(&b, k, n, &[3]).unwrap();
+    let mut c = vec![0i32; m * n];
+    igemm_serial(Isa::Portable, m, k, &a, k, 5, &packed, &mut c, n).unwrap();
+    let want = oracle(m, n, k, &a, 5, &b, &[3u8]);
+    assert!(c.iter().zip(&want).all(|(&x, &y)| i64::from(x) == y));
+    if !kiln_kernels::isa::active().has_int8_dot() {
+        // Without quads B falls back to pairs, which every path takes.
+        assert_eq!(packed.packing(), Packing::Pairs);
+        return;
+    }
+    let (bias, mult) = (vec![0.0f32; n], vec![0.01f32; n]);
+    let stage = Requantize {
+        scales: Scales::F32 {
+            bias: &bias,
+            mult: &mult,
+            zero_point: 0.0,
+        },
+        range: (0, 255),
+        sum: None,
+    };
+    let mut y = vec![0u8; m * n];
+    let isa = kiln_kernels::isa::active();
+    let got = igemm_requant_serial(isa, (m, k), &a, k, 5, &packed, &mut c, stage, &mut y, n);
+    assert_eq!(got, Err(kiln_kernels::igemm::IgemmError::Centered));
+    let got = igemm_requant_columns(isa, (m, k), &a, k, 5, &packed, stage, &mut y, n);
+    assert_eq!(got, Err(kiln_kernels::igemm::IgemmError::Centered));
+}
+
 #[test]
 fn depth_zero_writes_zeros() {
     let (m, n) = (3, 5);

@@ -208,6 +208,7 @@ pub fn conv_rows_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
     ldy: usize,
 ) -> Result<bool, IgemmError> {
     let (n, m) = (b.n, pixels.len());
+    b.uncentered()?;
     if m == 0 || n == 0 {
         return Ok(true);
     }
@@ -259,6 +260,7 @@ pub fn conv_requant_serial<T: Int8 + Default, O: Int8 + Q8>(
     ldy: usize,
 ) -> Result<(), IgemmError> {
     let (k, n, m) = (win.depth(), b.n, pixels.len());
+    b.uncentered()?;
     if k != b.k {
         return Err(IgemmError::Depth { m, k, bk: b.k, n });
     }

@@ -133,6 +133,9 @@ pub enum IgemmError {
         n: usize,
         sum: i64,
     },
+    /// A requantizing path was handed a B packed about its type's center
+    /// ([`PackedB::pack_for_sums`]), whose sums need a correction only the i32 paths apply.
+    Centered,
 }
 
 impl std::fmt::Display for IgemmError {
@@ -150,6 +153,10 @@ impl std::fmt::Display for IgemmError {
                     "integer GEMM: row {m}, column {n}: the exact sum {sum} does not fit in int32"
                 )
             }
+            IgemmError::Centered => write!(
+                f,
+                "integer GEMM: B was packed about its type's center, for int32 sums only, not for a requantizing product"
+            ),
         }
     }
 }
@@ -281,6 +288,20 @@ pub struct PackedB {
     data: Data,
     /// `sum_k (B[k][n] - zb[n])` per column.
     col_sums: Vec<i32>,
+    /// Set when B is held about its type's center `c` rather than its zero points
+    /// ([`PackedB::pack_for_sums`]).
+    centered: Option<Centered>,
+}
+
+/// B held as `B - c` (`c` 128 for u8, 0 for i8: always an i8, so always in quads) where some
+/// `B - zb` does not fit in i8: `(A - za)(B - zb) = (A - za)(B - c) + (c - zb[n]) S[m]`, with
+/// `S[m] = sum_k (A[m][k] - za)` the row sums of A, added after the product.
+#[derive(Debug, Clone, PartialEq)]
+struct Centered {
+    /// `c - zb[n]` per column.
+    shift: Vec<i32>,
+    /// `sum_k (B[k][n] - c)` per column: what A's zero point folds in with.
+    sums: Vec<i32>,
 }
 
 impl PackedB {
@@ -303,6 +324,41 @@ impl PackedB {
         }
     }
 
+    /// [`PackedB::pack`] for the products whose exact sums go to C ([`igemm`],
+    /// [`igemm_with`], [`igemm_serial`]; the requantizing paths refuse it): where the level
+    /// has quads but some `B - zb` does not fit in i8 (u8 weights, a zero point far from the
+    /// values), B is held about its type's center instead of falling back to pairs, and the
+    /// product adds `(c - zb[n])` times A's row sums after the quads (see [`Centered`]).
+    pub fn pack_for_sums<T: Int8>(b: &[T], k: usize, n: usize, zero_points: &[T]) -> Result<PackedB, IgemmError> {
+        if isa::active().has_int8_dot()
+            && let Some(p) = PackedB::pack_as(Packing::Quads, b, k, n, zero_points)?
+        {
+            return Ok(p);
+        }
+        if !isa::active().has_int8_dot() || k > MAX_EXACT_DEPTH {
+            return PackedB::pack(b, k, n, zero_points);
+        }
+        // The type's center: `T::to_u8` maps it to 128.
+        let center = 128 - T::OFFSET;
+        let mut p = PackedB::pack_with(Packing::Quads, b, k, n, &|_| center)?.ok_or(IgemmError::Short {
+            what: "B",
+            got: b.len(),
+            want: k.saturating_mul(n),
+        })?;
+        let zbs = column_zero_points(zero_points, n)?;
+        let shift: Vec<i32> = zbs.iter().map(|&z| center - z).collect();
+        let k32 = i32::try_from(k).unwrap_or(i32::MAX);
+        // True sums: sum (B - zb) = sum (B - c) + k (c - zb).
+        let sums = std::mem::take(&mut p.col_sums);
+        p.col_sums = sums
+            .iter()
+            .zip(&shift)
+            .map(|(&s, &d)| s.wrapping_add(k32.wrapping_mul(d)))
+            .collect();
+        p.centered = Some(Centered { shift, sums });
+        Ok(p)
+    }
+
     /// Packs in the given format; `None` for [`Packing::Quads`] when some `B - zb` does not
     /// fit in i8 (u8 weights, or a zero point far from the values).
     pub fn pack_as<T: Int8>(
@@ -320,18 +376,26 @@ impl PackedB {
                 want,
             });
         }
-        if zero_points.len() > 1 && zero_points.len() < n {
+        let zbs = column_zero_points(zero_points, n)?;
+        PackedB::pack_with(packing, b, k, n, &|j| zbs.get(j).copied().unwrap_or(0))
+    }
+
+    /// [`PackedB::pack_as`] with the value `zb(j)` subtracted from column `j`.
+    fn pack_with<T: Int8>(
+        packing: Packing,
+        b: &[T],
+        k: usize,
+        n: usize,
+        zb: &dyn Fn(usize) -> i32,
+    ) -> Result<Option<PackedB>, IgemmError> {
+        let want = k.saturating_mul(n);
+        if b.len() < want {
             return Err(IgemmError::Short {
-                what: "B's zero points",
-                got: zero_points.len(),
-                want: n,
+                what: "B",
+                got: b.len(),
+                want,
             });
         }
-        let zb = |j: usize| match zero_points {
-            [] => 0,
-            [z] => z.widen(),
-            zs => zs.get(j).map_or(0, |z| z.widen()),
-        };
         let (group, nr) = match packing {
             Packing::Pairs => (2, NR),
             Packing::Quads => (4, NR_QUADS),
@@ -383,7 +447,13 @@ impl PackedB {
                 Data::Quads(v)
             }
         };
-        Ok(Some(PackedB { k, n, data, col_sums }))
+        Ok(Some(PackedB {
+            k,
+            n,
+            data,
+            col_sums,
+            centered: None,
+        }))
     }
 
     pub fn depth(&self) -> usize {
@@ -405,6 +475,47 @@ impl PackedB {
     /// `sum_k (B[k][n] - zb[n])` of column `n`.
     pub fn col_sums(&self) -> &[i32] {
         &self.col_sums
+    }
+
+    /// The sums of the packed values per column, which A's zero point folds in with.
+    fn fold_sums(&self) -> &[i32] {
+        self.centered.as_ref().map_or(&self.col_sums, |c| &c.sums)
+    }
+
+    /// Refuses a centered B (see [`Centered`]) on the requantizing paths.
+    fn uncentered(&self) -> Result<(), IgemmError> {
+        match self.centered {
+            Some(_) => Err(IgemmError::Centered),
+            None => Ok(()),
+        }
+    }
+
+    /// Adds the centered B's correction `(c - zb[n]) S[m]` to the `m` rows of C (`ldc`
+    /// apart), `S[m]` the sum of row `m` of `A - za`; rows over the current pool when `split`.
+    fn add_centering<T: Int8>(&self, p: Product<'_, T>, c: &mut [i32], ldc: usize, split: bool) {
+        let Some(centered) = &self.centered else { return };
+        let (k, lda, za) = (p.k, p.lda, p.a_zero);
+        let k32 = i32::try_from(k).unwrap_or(i32::MAX);
+        let fix = |i: usize, row: &mut [i32]| {
+            let Some(a) = p.a.get(i * lda..i * lda + k) else { return };
+            let sum = a.iter().fold(0i32, |acc, v| acc.wrapping_add(v.widen()));
+            let s = sum.wrapping_sub(za.wrapping_mul(k32));
+            // `zip` stops at B's columns: C's rows may be longer (`ldc`).
+            for (o, &d) in row.iter_mut().zip(&centered.shift) {
+                *o = o.wrapping_add(s.wrapping_mul(d));
+            }
+        };
+        let c = match c.get_mut(..(p.m.saturating_sub(1)) * ldc + self.n) {
+            Some(c) => c,
+            None => return,
+        };
+        if split && p.m * self.n >= 1 << 15 {
+            crate::pool::for_each_chunk_mut(c, ldc, &fix);
+        } else {
+            for (i, row) in c.chunks_mut(ldc).enumerate() {
+                fix(i, row);
+            }
+        }
     }
 
     fn kpairs(&self) -> usize {
@@ -445,24 +556,44 @@ impl PackedB {
     /// `out` (its allocation reused).
     fn quads_init(&self, za: i32, out: &mut Vec<i32>) {
         out.clear();
-        out.extend(self.col_sums.iter().map(|&s| za.wrapping_mul(s).wrapping_neg()));
+        out.extend(self.fold_sums().iter().map(|&s| za.wrapping_mul(s).wrapping_neg()));
         out.resize(self.n.div_ceil(NR_QUADS) * NR_QUADS, 0);
     }
 
     /// `B[k][j] - zb[j]` as packed (the deep path reads it one value at a time).
     fn value(&self, kk: usize, j: usize) -> i64 {
-        match &self.data {
-            Data::Pairs(data) => {
-                let (p, jj, q, d) = (j / NR, j % NR, kk / 2, kk % 2);
-                let at = (p * self.kpairs() + q) * 2 * NR + 2 * jj + d;
-                data.get(at).copied().map_or(0, i64::from)
+        let shift = self
+            .centered
+            .as_ref()
+            .and_then(|c| c.shift.get(j))
+            .map_or(0, |&d| i64::from(d));
+        shift
+            + match &self.data {
+                Data::Pairs(data) => {
+                    let (p, jj, q, d) = (j / NR, j % NR, kk / 2, kk % 2);
+                    let at = (p * self.kpairs() + q) * 2 * NR + 2 * jj + d;
+                    data.get(at).copied().map_or(0, i64::from)
+                }
+                Data::Quads(data) => {
+                    let (p, jj, q, d) = (j / NR_QUADS, j % NR_QUADS, kk / 4, kk % 4);
+                    let at = (p * self.k.div_ceil(4) + q) * 4 * NR_QUADS + 4 * jj + d;
+                    data.get(at).copied().map_or(0, i64::from)
+                }
             }
-            Data::Quads(data) => {
-                let (p, jj, q, d) = (j / NR_QUADS, j % NR_QUADS, kk / 4, kk % 4);
-                let at = (p * self.k.div_ceil(4) + q) * 4 * NR_QUADS + 4 * jj + d;
-                data.get(at).copied().map_or(0, i64::from)
-            }
-        }
+    }
+}
+
+/// One zero point per column of `n` from none (0), one, or `n` of them.
+fn column_zero_points<T: Int8>(zero_points: &[T], n: usize) -> Result<Vec<i32>, IgemmError> {
+    match zero_points {
+        [] => Ok(vec![0; n]),
+        [z] => Ok(vec![z.widen(); n]),
+        zs if zs.len() >= n => Ok(zs.iter().take(n).map(|z| z.widen()).collect()),
+        zs => Err(IgemmError::Short {
+            what: "B's zero points",
+            got: zs.len(),
+            want: n,
+        }),
     }
 }
 
@@ -621,6 +752,7 @@ pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    b.uncentered()?;
     let stage = check_y::<O>(m, n, ldy, y.len(), stage)?;
     let (lo, hi) = stage.range;
     let p = Product {
@@ -667,12 +799,20 @@ fn checked<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize, spli
     if k > MAX_EXACT_DEPTH {
         return igemm_deep(p, c, ldc);
     }
+    product(isa, p, c, ldc, split);
+    b.add_centering(p, c, ldc, split);
+    Ok(())
+}
+
+/// [`checked`]'s product of checked operands, before any centering.
+fn product<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize, split: bool) {
+    let Product { m, lda, a, b, .. } = p;
     // On the current pool: blocks of whole micro-tile rows, about two per thread; for few
     // rows, blocks of whole panels.
     let threads = crate::pool::current_threads();
-    if split && matches!(b.data, Data::Quads(_)) && splits_by_columns(m, k, b.n) {
+    if split && matches!(b.data, Data::Quads(_)) && splits_by_columns(m, p.k, b.n) {
         split_columns(isa, p, c, ldc, threads);
-        return Ok(());
+        return;
     }
     if split && threads > 1 && m >= 2 * MR_QUADS {
         let mr = match b.data {
@@ -689,10 +829,9 @@ fn checked<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize, spli
                 serial(isa, Product { m: r, a, ..p }, chunk, ldc);
             }
         });
-        return Ok(());
+        return;
     }
     serial(isa, p, c, ldc);
-    Ok(())
 }
 
 /// Multiply-adds below which a product of few rows runs on one thread: ~20 us of one core's
@@ -811,6 +950,7 @@ pub fn igemm_requant_columns<T: Int8, O: Int8 + crate::quant::Q8 + Default + Sen
         let mut c = vec![0i32; m.saturating_mul(n)];
         return igemm_requant_serial(isa, (m, k), a, lda, a_zero, b, &mut c, stage, y, ldy);
     }
+    b.uncentered()?;
     let stage = check_y::<O>(m, n, ldy, y.len(), stage)?;
     check_a(m, k, a, lda, b)?;
     let p = Product {
@@ -865,7 +1005,7 @@ fn serial_pairs<T: Int8>(isa: Isa, p: Product<'_, T>, c: &mut [i32], ldc: usize)
     let mut apack: Vec<i32> = vec![0; tiles * MR * kpairs.min(KC / 2)];
     // The first depth block starts each column's sums at `-za * colsum`.
     let init: Vec<i32> = b
-        .col_sums
+        .fold_sums()
         .iter()
         .map(|&s| a_zero.wrapping_mul(s).wrapping_neg())
         .collect();

@@ -76,7 +76,11 @@ pub fn import(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
         }
         "ConvInteger" => {
             ctx.check_inputs(2, 4)?;
-            QuantOp::ConvInteger(ConvInteger { conv: conv_attrs(ctx)? })
+            QuantOp::ConvInteger(ConvInteger {
+                conv: conv_attrs(ctx)?,
+                w_constant: false,
+                packed: Default::default(),
+            })
         }
         "QLinearConv" => {
             ctx.check_inputs(8, 9)?;

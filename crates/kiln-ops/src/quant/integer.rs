@@ -153,7 +153,7 @@ pub struct MatMulInteger {
 /// The packed B of a [`MatMulInteger`] whose B is constant, made on first use and shared by
 /// every later run (on any thread) of the program holding the op.
 #[derive(Debug, Clone, Default)]
-pub struct PackCache(std::sync::Arc<std::sync::OnceLock<Option<kiln_kernels::igemm::PackedB>>>);
+pub struct PackCache(pub(crate) std::sync::Arc<std::sync::OnceLock<Option<kiln_kernels::igemm::PackedB>>>);
 
 impl PackCache {
     /// The packed weights, made by `pack` on the first call.
@@ -220,8 +220,11 @@ impl PartialEq for PackCache {
 }
 
 /// B of shape `[k, n]` and its zero point (none, one, or one per column) packed for the
-/// integer GEMM; `None` when the types or shapes are not the GEMM's.
-fn pack_b(b: &Tensor, zp: Option<&Tensor>) -> Option<kiln_kernels::igemm::PackedB> {
+/// integer GEMM (for int32 sums alone when `sums`: see [`PackedB::pack_for_sums`]); `None`
+/// when the types or shapes are not the GEMM's.
+///
+/// [`PackedB::pack_for_sums`]: kiln_kernels::igemm::PackedB::pack_for_sums
+fn pack_b(b: &Tensor, zp: Option<&Tensor>, sums: bool) -> Option<kiln_kernels::igemm::PackedB> {
     use kiln_kernels::igemm::PackedB;
     let &[k, n] = b.shape() else { return None };
     if zp.is_some_and(|z| z.dtype() != b.dtype() || !(z.len() == 1 || (z.len() == n && z.shape().len() == 1))) {
@@ -230,11 +233,13 @@ fn pack_b(b: &Tensor, zp: Option<&Tensor>) -> Option<kiln_kernels::igemm::Packed
     match b.dtype() {
         DType::I8 => {
             let z = zp.map_or(Ok(&[][..]), |z| z.as_slice::<i8>()).ok()?;
-            PackedB::pack(b.as_slice::<i8>().ok()?, k, n, z).ok()
+            let pack = if sums { PackedB::pack_for_sums } else { PackedB::pack };
+            pack(b.as_slice::<i8>().ok()?, k, n, z).ok()
         }
         DType::U8 => {
             let z = zp.map_or(Ok(&[][..]), |z| z.as_slice::<u8>()).ok()?;
-            PackedB::pack(b.as_slice::<u8>().ok()?, k, n, z).ok()
+            let pack = if sums { PackedB::pack_for_sums } else { PackedB::pack };
+            pack(b.as_slice::<u8>().ok()?, k, n, z).ok()
         }
         _ => None,
     }
@@ -308,11 +313,11 @@ fn integer_product(
     };
     let fresh;
     let packed: &PackedB = match cache {
-        Some(c) => match c.0.get_or_init(|| pack_b(b, zb)) {
+        Some(c) => match c.0.get_or_init(|| pack_b(b, zb, true)) {
             Some(p) => p,
             None => return Ok(None),
         },
-        None => match pack_b(b, zb) {
+        None => match pack_b(b, zb, true) {
             Some(p) => {
                 fresh = p;
                 &fresh
@@ -373,9 +378,9 @@ fn fused_product(
     let a_zero = za.map_or(0.0, |z| params(z).first().copied().unwrap_or(0.0)) as i32;
     let fresh;
     let packed = match cache {
-        Some(c) => c.0.get_or_init(|| pack_b(b, zb)).as_ref(),
+        Some(c) => c.0.get_or_init(|| pack_b(b, zb, false)).as_ref(),
         None => {
-            fresh = pack_b(b, zb);
+            fresh = pack_b(b, zb, false);
             fresh.as_ref()
         }
     };
@@ -861,6 +866,12 @@ fn sub_channel_zp(w: &mut [f64], ws: &[usize], zp: Option<&Tensor>, index: usize
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ConvInteger {
     pub conv: ConvAttrs,
+    /// W (input 1) and its zero point (input 3) are program constants (set by the compiler):
+    /// W is then packed for the integer GEMM once, on the first run, and kept.
+    #[serde(default)]
+    pub w_constant: bool,
+    #[serde(skip)]
+    pub packed: PackCache,
 }
 
 /// The general path's sums of an integer convolution in f64 (any rank, any 8-bit layout):
@@ -883,7 +894,8 @@ fn general_sums(attrs: &ConvAttrs, args: &Args<'_>, [xi, zxi, wi, zwi]: [usize; 
 impl ConvInteger {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(1)?);
-        if let Some((y, shape)) = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(3)?, 1)? {
+        let cache = self.w_constant.then_some(&self.packed);
+        if let Some((y, shape)) = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(3)?, 1, cache)? {
             return Ok(smallvec::smallvec![Tensor::from_vec(shape, y)?.into()]);
         }
         let (y, shape) = general_sums(&self.conv, args, [0, 2, 1, 3])?;
@@ -916,6 +928,7 @@ fn conv_fast(
     w: &Tensor,
     zw: Option<&Tensor>,
     wi: usize,
+    cache: Option<&PackCache>,
 ) -> Result<Option<(Vec<i32>, Vec<usize>)>> {
     let (xs, ws) = (x.shape(), w.shape());
     let (Ok(g), [_, _, _, _], [m, _, _, _]) = (attrs.geometry(xs, ws, wi), xs, ws) else {
@@ -929,7 +942,7 @@ fn conv_fast(
     if zw.is_some_and(|z| z.dtype() != w.dtype() || !(z.len() == 1 || z.len() == *m)) {
         return Ok(None);
     }
-    let Some(acc) = super::qconv::conv2d(attrs, &g, x, zx, w, zw)? else {
+    let Some(acc) = super::qconv::conv2d(attrs, &g, x, zx, w, zw, cache)? else {
         return Ok(None);
     };
     let mut shape = vec![xs[0], *m];
@@ -1031,7 +1044,7 @@ pub(crate) fn conv_requant(args: &Args<'_>, m: usize) -> Result<(Option<Vec<f64>
 impl QLinearConv {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let (x, w) = (args.tensor(0)?, args.tensor(3)?);
-        let fast = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(5)?, 3)?;
+        let fast = conv_fast(&self.conv, x, args.opt_tensor(2)?, w, args.opt_tensor(5)?, 3, None)?;
         let zy = args.opt_tensor(7)?;
         let odt = zy.map_or(x.dtype(), Tensor::dtype);
         if let Some((acc, shape)) = &fast
@@ -1214,6 +1227,68 @@ mod tests {
         }
     }
 
+    /// ConvInteger's pixel-major path (weights packed once as the GEMM's B, kept when
+    /// constant; u8 weights whose zero points leave `W - zw` outside i8 held about their
+    /// center) against the general f64 path: u8 and i8 inputs and weights, per-channel zero
+    /// points anywhere in the type, padding, stride and dilation, depths past one AMX chunk.
+    #[test]
+    fn conv_integer_by_pixels_matches_the_general_path() {
+        fn run<X, W>(n: usize, c: usize, m: usize, hw: usize, seed: usize, stride: usize, pads: [usize; 4])
+        where
+            X: kiln_tensor::Element + Copy + TryFrom<i32>,
+            W: kiln_tensor::Element + Copy + TryFrom<i32>,
+            <X as TryFrom<i32>>::Error: std::fmt::Debug,
+            <W as TryFrom<i32>>::Error: std::fmt::Debug,
+        {
+            let (lo_x, lo_w) = (
+                if X::DTYPE == DType::I8 { -128 } else { 0 },
+                if W::DTYPE == DType::I8 { -128 } else { 0 },
+            );
+            let val = |i: usize, mul: usize, lo: i32| (((i * mul + seed * 31) % 256) as i32) + lo;
+            let x: Vec<X> = (0..n * c * hw * hw)
+                .map(|i| X::try_from(val(i, 37, lo_x)).unwrap())
+                .collect();
+            let w: Vec<W> = (0..m * c * 9).map(|i| W::try_from(val(i, 53, lo_w)).unwrap()).collect();
+            // Zero points across the whole type: W - zw leaves i8 for most channels.
+            let zw: Vec<W> = (0..m).map(|j| W::try_from(val(j, 97, lo_w)).unwrap()).collect();
+            let zx = X::try_from(val(3, 11, lo_x)).unwrap();
+            let attrs = ConvAttrs {
+                auto_pad: AutoPad::NotSet,
+                dilations: vec![1, 1 + seed % 2],
+                group: 1,
+                kernel_shape: Some(vec![3, 3]),
+                pads: pads.to_vec(),
+                strides: vec![stride, stride],
+            };
+            let xt = Value::Tensor(Tensor::from_vec(vec![n, c, hw, hw], x).unwrap());
+            let wt = Value::Tensor(Tensor::from_vec(vec![m, c, 3, 3], w).unwrap());
+            let zxt = Value::Tensor(Tensor::scalar(zx));
+            let zwt = Value::Tensor(Tensor::from_vec(vec![m], zw).unwrap());
+            let inputs = [Some(&xt), Some(&wt), Some(&zxt), Some(&zwt)];
+            let args = Args::new(&inputs);
+            let (want, shape) = general_sums(&attrs, &args, [0, 2, 1, 3]).unwrap();
+            for w_constant in [false, true] {
+                let op = ConvInteger {
+                    conv: attrs.clone(),
+                    w_constant,
+                    packed: PackCache::default(),
+                };
+                for _ in 0..2 {
+                    let y = op.eval(&args).unwrap();
+                    let t = y[0].as_tensor().unwrap();
+                    assert_eq!(t.shape(), shape.as_slice());
+                    let got: Vec<f64> = t.as_slice::<i32>().unwrap().iter().map(|&v| f64::from(v)).collect();
+                    assert_eq!(got, want, "{:?} x {:?}, c={c} m={m} seed={seed}", X::DTYPE, W::DTYPE);
+                }
+            }
+        }
+        run::<u8, u8>(1, 24, 24, 9, 0, 1, [1, 1, 1, 1]);
+        run::<u8, u8>(2, 16, 40, 8, 1, 2, [1, 0, 0, 1]);
+        run::<i8, u8>(1, 8, 20, 11, 2, 1, [0, 0, 0, 0]);
+        run::<u8, i8>(1, 12, 17, 7, 3, 1, [2, 2, 2, 2]);
+        run::<i8, i8>(1, 3, 5, 6, 4, 1, [1, 1, 1, 1]);
+    }
+
     /// The integer convolution path (im2col + integer GEMM per group, the depthwise loop)
     /// against the general f64 path, over strides, dilations, padding, groups and zero points.
     #[test]
@@ -1249,7 +1324,7 @@ mod tests {
             let w = Tensor::from_vec(ws.clone(), wv.clone()).unwrap();
             let zxt = Tensor::scalar(zx);
             let zwt = Tensor::from_vec(vec![m], zw.clone()).unwrap();
-            let (got, shape) = conv_fast(&attrs, &x, Some(&zxt), &w, Some(&zwt), 3)
+            let (got, shape) = conv_fast(&attrs, &x, Some(&zxt), &w, Some(&zwt), 3, None)
                 .unwrap()
                 .expect("the integer path applies");
             let xf: Vec<f64> = xv.iter().map(|&v| f64::from(v) - f64::from(zx)).collect();
@@ -1293,6 +1368,8 @@ mod tests {
                 pads: vec![1, 1, 1, 1],
                 strides: vec![],
             },
+            w_constant: false,
+            packed: PackCache::default(),
         };
         let y = op.eval(&Args::new(&[Some(&x), Some(&w)])).unwrap();
         let t = y[0].as_tensor().unwrap();

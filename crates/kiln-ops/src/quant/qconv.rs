@@ -5,7 +5,7 @@
 //! values exactly (it sums the same integers in f64), so the requantization that follows gives
 //! identical results.
 
-use super::integer::{ConvAttrs, Geometry};
+use super::integer::{ConvAttrs, Geometry, PackCache};
 use crate::error::Result;
 use kiln_kernels::igemm::{Int8, MAX_EXACT_DEPTH, PackedB, igemm};
 use kiln_tensor::{DType, Tensor};
@@ -21,9 +21,22 @@ pub(crate) fn conv2d(
     zx: i32,
     w: &Tensor,
     zw: Option<&Tensor>,
+    cache: Option<&PackCache>,
 ) -> Result<Option<Vec<i32>>> {
     if g.out.len() != 2 || x.shape().len() != 4 || w.shape().len() != 4 {
         return Ok(None);
+    }
+    if attrs.group <= 1 {
+        let done = match (x.dtype(), w.dtype()) {
+            (DType::U8, DType::U8) => by_pixels::<u8, u8>(g, x, zx, w, zw, cache)?,
+            (DType::U8, DType::I8) => by_pixels::<u8, i8>(g, x, zx, w, zw, cache)?,
+            (DType::I8, DType::U8) => by_pixels::<i8, u8>(g, x, zx, w, zw, cache)?,
+            (DType::I8, DType::I8) => by_pixels::<i8, i8>(g, x, zx, w, zw, cache)?,
+            _ => None,
+        };
+        if done.is_some() {
+            return Ok(done);
+        }
     }
     match x.dtype() {
         DType::U8 => conv_typed::<u8>(attrs, g, x.as_slice()?, x.shape(), zx, w, zw),
@@ -232,7 +245,7 @@ fn gemm_groups<T: Int8, W: Int8>(
                     }
                 }
             });
-            let Ok(packed) = PackedB::pack(&taps, k, opix, &[pad]) else {
+            let Ok(packed) = PackedB::pack_for_sums(&taps, k, opix, &[pad]) else {
                 return false;
             };
             let (Some(wg), Some(out)) = (
@@ -256,4 +269,152 @@ fn gemm_groups<T: Int8, W: Int8>(
         }
     }
     true
+}
+
+/// Output pixels per block of [`by_pixels`]: their window rows (`K` bytes each) and sums stay
+/// in L2.
+const PIXEL_BLOCK: usize = 256;
+
+/// W `[m, c, kh, kw]` as the `[kh * kw * c, m]` matrix B of the pixel-major product (depth in
+/// window order: kernel row, kernel column, channel), packed for int32 sums with W's zero
+/// points (one, or one per output channel) as its columns'.
+fn pack_weights<W: Int8 + Default>(w: &[W], zw: &[W], [m, c, kh, kw]: [usize; 4]) -> Option<PackedB> {
+    let k = c * kh * kw;
+    let mut b = vec![W::default(); k.checked_mul(m)?];
+    for (mi, filter) in w.chunks_exact(k.max(1)).take(m).enumerate() {
+        for (ci, plane) in filter.chunks_exact((kh * kw).max(1)).enumerate() {
+            for (t, &v) in plane.iter().enumerate() {
+                *b.get_mut((t * c + ci) * m + mi)? = v;
+            }
+        }
+    }
+    PackedB::pack_for_sums(&b, k, m, zw).ok()
+}
+
+/// The exact sums of an ungrouped convolution with the output pixels as the GEMM's rows: X
+/// copied channels-last once, each block of [`PIXEL_BLOCK`] pixels' windows gathered as rows
+/// of `kh * kw * c` values (padding X's zero point), multiplied by the packed weights (kept
+/// in `cache` when W is a constant), and the `[pixel, m]` sums written back channel-major.
+/// The weights are then the GEMM's packed operand (quads on VNNI and AMX, u8 weights held
+/// about their center) and X is never packed. `None` where it does not apply.
+fn by_pixels<T: Int8 + Default + TryFrom<i32> + TensorSlice, W: Int8 + Default + TensorSlice>(
+    g: &Geometry,
+    x: &Tensor,
+    zx: i32,
+    w: &Tensor,
+    zw: Option<&Tensor>,
+    cache: Option<&PackCache>,
+) -> Result<Option<Vec<i32>>> {
+    let (&[n, c, h, wd], &[m, cw, kh, kw]) = (x.shape(), w.shape()) else {
+        return Ok(None);
+    };
+    let (Some(&oh), Some(&ow)) = (g.out.first(), g.out.get(1)) else {
+        return Ok(None);
+    };
+    let k = c * kh * kw;
+    if cw != c || k == 0 || k > MAX_EXACT_DEPTH || m == 0 {
+        return Ok(None);
+    }
+    let Ok(pad) = T::try_from(zx) else { return Ok(None) };
+    let zws: &[W] = match zw {
+        None => &[],
+        Some(z) => W::slice(z)?,
+    };
+    let pack = || pack_weights::<W>(W::slice(w).ok()?, zws, [m, c, kh, kw]);
+    let fresh;
+    let packed = match cache {
+        Some(cache) => cache.0.get_or_init(pack).as_ref(),
+        None => {
+            fresh = pack();
+            fresh.as_ref()
+        }
+    };
+    let Some(packed) = packed.filter(|p| p.depth() == k && p.columns() == m) else {
+        return Ok(None);
+    };
+    let xv: &[T] = T::slice(x)?;
+    let geo = |v: &[usize], d: usize| v.get(d).copied().unwrap_or(1);
+    let (sh, sw) = (geo(&g.strides, 0), geo(&g.strides, 1));
+    let (dh, dw) = (geo(&g.dilations, 0), geo(&g.dilations, 1));
+    let (ph, pw) = (
+        g.pad_begin.first().copied().unwrap_or(0),
+        g.pad_begin.get(1).copied().unwrap_or(0),
+    );
+    let (opix, ipix) = (oh * ow, h * wd);
+    let mut acc = vec![0i32; crate::util::checked_numel(&[n, m, opix])?];
+    let mut nhwc: Vec<T> = vec![pad; crate::util::checked_numel(&[ipix, c])?];
+    let mut sums = vec![0i32; crate::util::checked_numel(&[opix, m])?];
+    let isa = kiln_kernels::isa::active();
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    for (image, out) in xv
+        .chunks_exact((c * ipix).max(1))
+        .zip(acc.chunks_exact_mut((m * opix).max(1)))
+        .take(n)
+    {
+        // Channels-last, one pixel's channels together.
+        for (ci, plane) in image.chunks_exact(ipix.max(1)).enumerate() {
+            for (p, &v) in plane.iter().enumerate() {
+                if let Some(d) = nhwc.get_mut(p * c + ci) {
+                    *d = v;
+                }
+            }
+        }
+        let nhwc = &nhwc;
+        kiln_kernels::pool::for_each_chunk_mut(&mut sums, PIXEL_BLOCK * m, &|b, block| {
+            let p0 = b * PIXEL_BLOCK;
+            let rows = block.len() / m;
+            let mut a: Vec<T> = vec![pad; rows * k];
+            for (r, row) in a.chunks_exact_mut(k).enumerate() {
+                let (oy, ox) = ((p0 + r) / ow.max(1), (p0 + r) % ow.max(1));
+                for ky in 0..kh {
+                    let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&i| i < h) else {
+                        continue;
+                    };
+                    for kx in 0..kw {
+                        let Some(ix) = (ox * sw + kx * dw).checked_sub(pw).filter(|&i| i < wd) else {
+                            continue;
+                        };
+                        let at = (iy * wd + ix) * c;
+                        if let (Some(dst), Some(src)) = (
+                            row.get_mut((ky * kw + kx) * c..(ky * kw + kx + 1) * c),
+                            nhwc.get(at..at + c),
+                        ) {
+                            dst.copy_from_slice(src);
+                        }
+                    }
+                }
+            }
+            if kiln_kernels::igemm::igemm_serial(isa, rows, k, &a, k, zx, packed, block, m).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
+        // Back to channel-major, one output channel's plane per task.
+        let sums = &sums;
+        kiln_kernels::pool::for_each_chunk_mut(out, opix.max(1), &|mi, plane| {
+            for (p, o) in plane.iter_mut().enumerate() {
+                *o = sums.get(p * m + mi).copied().unwrap_or(0);
+            }
+        });
+    }
+    Ok(Some(acc))
+}
+
+/// A tensor's elements as this 8-bit type (an error for another type).
+trait TensorSlice: Sized {
+    fn slice(t: &Tensor) -> Result<&[Self]>;
+}
+
+impl TensorSlice for u8 {
+    fn slice(t: &Tensor) -> Result<&[u8]> {
+        Ok(t.as_slice::<u8>()?)
+    }
+}
+
+impl TensorSlice for i8 {
+    fn slice(t: &Tensor) -> Result<&[i8]> {
+        Ok(t.as_slice::<i8>()?)
+    }
 }
