@@ -102,6 +102,94 @@ pub fn dot16_into(acc: &mut [f32; 16], tail: &mut f32, a: &[f32], b: &[f32]) {
     }
 }
 
+/// `scale[j] * sum_p a[p] * q[j][p]` for every row `j` of the row-major int8 matrix `q` (rows
+/// of `k` = `a.len()` values), into `out[j]`: the product of a vector by weights stored as
+/// int8 codes with one scale per row (a recurrent cell's dequantized weights, read as a
+/// quarter of the bytes). Four rows at a time share each load of `a`; each row keeps
+/// [`dot16`]'s sixteen partial sums and order, so the result is that of `dot16` on the row's
+/// codes as floats, then scaled; the same bits at every level. Rows past `out` or `scale` are
+/// skipped.
+pub fn dot_rows_i8(a: &[f32], q: &[i8], scale: &[f32], out: &mut [f32]) {
+    crate::simd::vectorize_kernel(RowsI8 { a, q, scale, out })
+}
+
+/// [`dot_rows_i8`]'s loops, always inlined into its vectorised caller.
+struct RowsI8<'a> {
+    a: &'a [f32],
+    q: &'a [i8],
+    scale: &'a [f32],
+    out: &'a mut [f32],
+}
+
+impl crate::simd::Kernel for RowsI8<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let RowsI8 { a, q, scale, out } = self;
+        let k = a.len();
+        if k == 0 {
+            out.iter_mut().for_each(|o| *o = 0.0);
+            return;
+        }
+        let full = k / 16 * 16;
+        let (a16, a_tail) = a.split_at(full);
+        let n = out.len().min(scale.len()).min(q.len() / k);
+        let (mut j, mut acc) = (0, [[0f32; 16]; 4]);
+        while j < n {
+            let rows = (n - j).min(4);
+            acc.iter_mut().for_each(|r| *r = [0.0; 16]);
+            if rows == 4 {
+                // Four rows side by side: four independent chains of multiply-adds.
+                let (Some(q0), Some(q1), Some(q2), Some(q3)) = (
+                    q.get(j * k..j * k + full),
+                    q.get((j + 1) * k..(j + 1) * k + full),
+                    q.get((j + 2) * k..(j + 2) * k + full),
+                    q.get((j + 3) * k..(j + 3) * k + full),
+                ) else {
+                    return;
+                };
+                let [mut s0, mut s1, mut s2, mut s3] = [[0f32; 16]; 4];
+                for (c, x) in a16.chunks_exact(16).enumerate() {
+                    let x: &[f32; 16] = x.try_into().unwrap_or(&[0.0; 16]);
+                    let at = c * 16..c * 16 + 16;
+                    step16(&mut s0, x, q0.get(at.clone()));
+                    step16(&mut s1, x, q1.get(at.clone()));
+                    step16(&mut s2, x, q2.get(at.clone()));
+                    step16(&mut s3, x, q3.get(at));
+                }
+                acc = [s0, s1, s2, s3];
+            } else {
+                for (r, accr) in acc.iter_mut().enumerate().take(rows) {
+                    let qr = q.get((j + r) * k..(j + r) * k + full).unwrap_or(&[]);
+                    for (x, qc) in a16.chunks_exact(16).zip(qr.chunks_exact(16)) {
+                        step16(accr, x.try_into().unwrap_or(&[0.0; 16]), Some(qc));
+                    }
+                }
+            }
+            for (r, accr) in acc.iter().enumerate().take(rows) {
+                let row = q.get((j + r) * k + full..(j + r + 1) * k).unwrap_or(&[]);
+                let tail = a_tail.iter().zip(row).fold(0f32, |t, (x, &v)| t + x * f32::from(v));
+                if let (Some(o), Some(&s)) = (out.get_mut(j + r), scale.get(j + r)) {
+                    *o = s * (reduce16(*accr) + tail);
+                }
+            }
+            j += rows;
+        }
+    }
+}
+
+/// `acc[l] += x[l] * q[l]` for sixteen lanes of codes (none: nothing added).
+#[inline(always)]
+fn step16(acc: &mut [f32; 16], x: &[f32; 16], q: Option<&[i8]>) {
+    let Some(q) = q.and_then(|q| <&[i8; 16]>::try_from(q).ok()) else {
+        return;
+    };
+    let qf: [f32; 16] = std::array::from_fn(|l| f32::from(q[l]));
+    for l in 0..16 {
+        acc[l] += x[l] * qf[l];
+    }
+}
+
 /// The sum of sixteen partial sums, pairwise (lane `l` with `l + 8`, then `+ 4`, ...).
 #[inline(always)]
 pub fn reduce16(mut acc: [f32; 16]) -> f32 {

@@ -14,7 +14,7 @@
 
 use kiln_kernels::isa::Isa;
 use kiln_kernels::vector::{
-    exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, softmax_row_with,
+    dot_rows_i8, exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, softmax_row_with,
     softmax_unnormalized_row_with,
 };
 use proptest::prelude::*;
@@ -202,5 +202,32 @@ fn softmax_special_rows() {
             r.iter().all(|&v| (v - 0.025).abs() <= 0.025 * 4.0 * U as f32),
             "{isa:?}: {r:?}"
         );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Products of a vector by int8 rows with a scale per row, against the f64 sums: any
+    /// depth (the sixteen-lane body and its tail), any row count (groups of four and the
+    /// rest), within the f32 rounding of a sum of `k` terms (`(k + 2) u` of the sum of the
+    /// terms' magnitudes); rows past `out` untouched.
+    #[test]
+    fn int8_rows_match_f64_sums(k in 0usize..90, n in 0usize..11, seed in any::<u64>()) {
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let a: Vec<f32> = (0..k).map(|_| next() as f32 / 2_147_483_648.0 - 1.0).collect();
+        let q: Vec<i8> = (0..n * k).map(|_| next() as i8).collect();
+        let scale: Vec<f32> = (0..n).map(|_| (next() % 1000) as f32 * 1e-4).collect();
+        let mut out = vec![7f32; n + 1];
+        dot_rows_i8(&a, &q, &scale, &mut out[..n]);
+        for j in 0..n {
+            let row = &q[j * k..(j + 1) * k];
+            let exact: f64 = row.iter().zip(&a).map(|(&c, &x)| f64::from(c) * f64::from(x)).sum::<f64>() * f64::from(scale[j]);
+            let mag: f64 = row.iter().zip(&a).map(|(&c, &x)| (f64::from(c) * f64::from(x)).abs()).sum::<f64>() * f64::from(scale[j]);
+            let tol = (k as f64 + 2.0) * f64::from(f32::EPSILON) * mag + 1e-30;
+            prop_assert!((f64::from(out[j]) - exact).abs() <= tol, "row {} of {}: {} vs {}", j, n, out[j], exact);
+        }
+        prop_assert_eq!(out[n], 7.0);
     }
 }

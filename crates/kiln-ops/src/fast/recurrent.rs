@@ -37,6 +37,82 @@ pub struct PackedDirection {
     w: PackedB,
     r: PackedB,
     r_h: Option<PackedB>,
+    /// R (all gates) as int8 codes, when its values are such codes times a scale per
+    /// direction or per row (the dequantized weights of a quantized model).
+    r_codes: Option<Codes>,
+}
+
+/// How far (relative) a weight may be from its code times the scale: a few ulps.
+const TOLERANCE: f32 = 1.0 / 1_048_576.0;
+
+/// Weights `[n, k]` held as int8 codes `q` with a scale per row: `w[j][p] = scale[j] * q[j][p]`
+/// to within a few ulps of every weight ([`Codes::of`]).
+#[derive(Debug)]
+pub struct Codes {
+    q: Vec<i8>,
+    scale: Vec<f32>,
+    k: usize,
+}
+
+impl Codes {
+    /// `w` (`n` rows of `k`) as codes, if every weight is `scale * q` with an integer `q` in
+    /// [-127, 127] for one scale per row, to within a few ulps (`|w - scale q| <= 2^-20 |w|`:
+    /// the scale is recovered from the weights, two roundings away from the model's):
+    /// the scales tried are the largest magnitude over 127 and the smallest nonzero one, for
+    /// the whole matrix (a per-tensor quantization) and then per row (per output channel). A product over such codes is
+    /// that of the weights within the f32 rounding of the sums. `None` otherwise (any model
+    /// whose weights are not on such a grid).
+    fn of(w: &[f32], n: usize, k: usize) -> Option<Codes> {
+        let w = w.get(..n.checked_mul(k)?)?;
+        if k == 0 || n == 0 {
+            return None;
+        }
+        let largest = |v: &[f32]| v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        // The smallest nonzero magnitude: code 1 where the largest code is not 127 (a scale
+        // shared with another direction or tensor).
+        let smallest = |v: &[f32]| {
+            v.iter()
+                .map(|x| x.abs())
+                .filter(|&x| x > 0.0)
+                .fold(f32::INFINITY, f32::min)
+        };
+        // Codes of one row for scale `s` (a row of zeros has scale 0 and codes 0).
+        let on_grid = |row: &[f32], s: f32, q: &mut [i8]| -> bool {
+            if s == 0.0 {
+                return row.iter().all(|&x| x == 0.0);
+            }
+            s.is_finite()
+                && row.iter().zip(q.iter_mut()).all(|(&x, c)| {
+                    let r = (x / s).round();
+                    *c = r as i8;
+                    r.abs() <= 127.0 && (x - r * s).abs() <= x.abs() * TOLERANCE
+                })
+        };
+        let mut q = vec![0i8; w.len()];
+        for whole in [largest(w) / 127.0, smallest(w)] {
+            if w.chunks_exact(k)
+                .zip(q.chunks_exact_mut(k))
+                .all(|(row, qr)| on_grid(row, whole, qr))
+            {
+                return Some(Codes {
+                    q,
+                    scale: vec![whole; n],
+                    k,
+                });
+            }
+        }
+        let mut scale = vec![0f32; n];
+        for ((row, qr), s) in w.chunks_exact(k).zip(q.chunks_exact_mut(k)).zip(scale.iter_mut()) {
+            *s = if row.iter().all(|&x| x == 0.0) {
+                0.0
+            } else {
+                [largest(row) / 127.0, smallest(row)]
+                    .into_iter()
+                    .find(|&s| on_grid(row, s, qr))?
+            };
+        }
+        Some(Codes { q, scale, k })
+    }
 }
 
 /// A recurrent op's packed weights per direction, made on its first run and shared by every
@@ -68,6 +144,7 @@ fn pack_directions(
             );
             Some(PackedDirection {
                 w: pack(input, gh, wd)?,
+                r_codes: if split == gh { Codes::of(rd, gh, hs) } else { None },
                 r: pack(hs, split, rd.get(..split * hs)?)?,
                 r_h: if split < gh {
                     Some(pack(hs, hs, rd.get(split * hs..)?)?)
@@ -247,9 +324,10 @@ fn fast(op: &Recurrent, cache: Option<&PackedWeightsCache>, args: &Args<'_>) -> 
     // other, each step's product split by columns over the pool (each thread the same
     // columns every step, so its share of R stays in its core's cache); otherwise the
     // directions side by side, one thread each.
+    let coded = batch <= CODES_ROWS && packed.is_some_and(|p| p.iter().all(|d| d.r_codes.is_some()));
     let split_steps = batch == 1
         && kiln_kernels::pool::current_threads() > 1
-        && gh.saturating_mul(hs).saturating_mul(4) > SPLIT_R_BYTES;
+        && gh.saturating_mul(hs).saturating_mul(if coded { 1 } else { 4 }) > SPLIT_R_BYTES;
     let task = |d: usize| {
         let packed = packed.and_then(|p| p.get(d));
         let out = run_direction(
@@ -331,6 +409,11 @@ fn fast(op: &Recurrent, cache: Option<&PackedWeightsCache>, args: &Args<'_>) -> 
 /// by one thread per direction; split, each core keeps its half of one direction in L2.
 const SPLIT_R_BYTES: usize = 1 << 20;
 
+/// Batch rows up to which a step multiplies R's int8 codes ([`Codes`]), when it has them,
+/// rather than its packed floats: each row reads the codes once (a quarter of the floats'
+/// bytes), where the packed product reads its weights once for all rows.
+const CODES_ROWS: usize = 4;
+
 /// Rows of A (projections over a whole call) up to which a product reads its weights in
 /// place as dot products instead of packing them: packing costs a pass over the weights, as
 /// much as one row's product, so a call of a step or two (a streaming VAD's one chunk) spent
@@ -348,6 +431,8 @@ enum Weights<'a> {
         k: usize,
         n: usize,
     },
+    /// Int8 codes with a scale per row ([`Codes`]): a quarter of the bytes to read per step.
+    Codes(&'a Codes),
 }
 
 impl<'a> Weights<'a> {
@@ -385,6 +470,20 @@ impl<'a> Weights<'a> {
         let p = match self {
             Weights::Packed(p) | &Weights::Kept(p) => p,
             Weights::Rows { .. } => return self.product(1, a, out, None),
+            &Weights::Codes(c) => {
+                // Whole blocks of 16 rows per piece, thread `t` the same piece every call.
+                let n = c.scale.len();
+                let threads = kiln_kernels::pool::current_threads().max(1);
+                let width = n.div_ceil(16).div_ceil(threads) * 16;
+                let a = a.get(..c.k)?;
+                kiln_kernels::pool::for_each_chunk_mut(out.get_mut(..n)?, width, &|i, piece| {
+                    let j0 = i * width;
+                    let q = c.q.get(j0 * c.k..(j0 + piece.len()) * c.k).unwrap_or(&[]);
+                    let scale = c.scale.get(j0..j0 + piece.len()).unwrap_or(&[]);
+                    kiln_kernels::vector::dot_rows_i8(a, q, scale, piece);
+                });
+                return Some(());
+            }
         };
         let (n, nr) = (p.n(), p.layout().nr().max(1));
         let threads = kiln_kernels::pool::current_threads().max(1);
@@ -424,6 +523,18 @@ impl<'a> Weights<'a> {
                         }
                     }
                 });
+                Some(())
+            }
+            &Weights::Codes(c) => {
+                let (k, n) = (c.k, c.scale.len());
+                let a = a.get(..rows.checked_mul(k)?)?;
+                let out = out.get_mut(..rows.checked_mul(n)?)?;
+                for (ar, or) in a.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
+                    kiln_kernels::vector::dot_rows_i8(ar, &c.q, &c.scale, or);
+                    if let Some(b) = bias {
+                        or.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+                    }
+                }
                 Some(())
             }
         }
@@ -474,14 +585,17 @@ fn run_direction(
     let split = if matches!(cell, Cell::Gru { .. }) { 2 * hs } else { gh };
     let steps = lens.iter().copied().max().unwrap_or(0);
     let products = steps.checked_mul(batch)?;
-    let rt = Weights::kept_or_new(
-        packed.map(|p| &p.r),
-        layout,
-        products,
-        hs,
-        split,
-        dir.r.get(..split * hs)?,
-    )?;
+    let rt = match packed.and_then(|p| p.r_codes.as_ref()).filter(|_| batch <= CODES_ROWS) {
+        Some(codes) => Weights::Codes(codes),
+        None => Weights::kept_or_new(
+            packed.map(|p| &p.r),
+            layout,
+            products,
+            hs,
+            split,
+            dir.r.get(..split * hs)?,
+        )?,
+    };
     let rt_h = if split < gh {
         let kept = packed.and_then(|p| p.r_h.as_ref());
         Some(Weights::kept_or_new(
@@ -750,6 +864,68 @@ mod tests {
             ];
             pool.install(|| check(&op(cell, Direction::Bidirectional, false, None), &ins));
         }
+    }
+
+    /// R on an int8 grid (a quantized model's dequantized weights, one scale per direction,
+    /// then one per row): the steps multiply its codes ([`Codes`]); the same values as the
+    /// reference within f32 rounding, for RNN and LSTM, one and three batch rows, on one and
+    /// two threads (one large R split by columns). Weights off the grid keep the floats.
+    #[test]
+    fn recurrent_weights_on_an_int8_grid_run_as_codes() {
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        let grid = |shape: &[usize], seed: u64, per_row: bool| -> Value {
+            let (rows, k) = (shape[0] * shape[1], shape[2]);
+            let mut codes = data(rows * k, seed, 127.0);
+            // Symmetric quantization gives each row's (per-row) or the matrix's largest
+            // weight the code 127; one direction's largest may be less (a shared scale).
+            for row in codes
+                .chunks_mut(k)
+                .skip(usize::from(!per_row))
+                .step_by(if per_row { 1 } else { rows })
+            {
+                row[0] = 127.0;
+            }
+            let v: Vec<f32> = codes
+                .chunks(k)
+                .enumerate()
+                .flat_map(|(j, row)| {
+                    let s = if per_row { 0.0004 * (1 + j % 7) as f32 } else { 0.00047 };
+                    row.iter().map(move |&c| c.round() * s).collect::<Vec<f32>>()
+                })
+                .collect();
+            Value::Tensor(Tensor::from_vec(shape.to_vec(), v).unwrap())
+        };
+        for (case, (cell, hs, batch, per_row)) in [
+            (Cell::Lstm { input_forget: false }, 40, 1, false),
+            (Cell::Lstm { input_forget: false }, 37, 3, true),
+            (Cell::Rnn, 24, 1, true),
+            (Cell::Lstm { input_forget: false }, 300, 1, true),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (nd, g) = (2, cell.gates());
+            let seed = 1300 + 10 * case as u64;
+            let r = grid(&[nd, g * hs, hs], seed + 2, per_row);
+            let rv = r.as_tensor().unwrap().as_slice::<f32>().unwrap();
+            let codes = Codes::of(rv.get(..g * hs * hs).unwrap(), g * hs, hs).expect("R is on the grid");
+            assert!(codes.q.iter().any(|&c| c.abs() > 100));
+            let ins = vec![
+                Some(t(&[5, batch, 6], seed, 1.0)),
+                Some(t(&[nd, g * hs, 6], seed + 1, 0.3)),
+                Some(r),
+                Some(t(&[nd, 2 * g * hs], seed + 3, 0.3)),
+            ];
+            let op = op(cell, Direction::Bidirectional, false, None);
+            check(&op, &ins);
+            pool.install(|| check(&op, &ins));
+        }
+        // Off the grid by more than the tolerance: no codes.
+        let mut w: Vec<f32> = (0..64).map(|i| (i as f32 - 30.0) * 0.01).collect();
+        assert!(Codes::of(&w, 8, 8).is_some());
+        w[5] *= 1.0001;
+        assert!(Codes::of(&w, 8, 8).is_none());
+        assert!(Codes::of(&data(64, 5, 1.0), 8, 8).is_none());
     }
 
     #[test]
