@@ -53,6 +53,22 @@ pub fn transpose<T: Copy>(src: &[T], lds: usize, rows: usize, cols: usize, dst: 
     true
 }
 
+/// [`transpose_f32`] for i32 (the integer convolutions' sums): the same moves of 32-bit
+/// words, which the f32 path never does arithmetic on.
+pub fn transpose_i32(src: &[i32], lds: usize, rows: usize, cols: usize, dst: &mut [i32], ldd: usize) -> bool {
+    // SAFETY: i32 and f32 have the same size and alignment, and every bit pattern is a valid
+    // f32; the views cover exactly the slices' memory for their borrows (`dst` mutably, so
+    // nothing else reads or writes it meanwhile). The f32 transpose only loads, shuffles and
+    // stores the words, so each i32 arrives with its bits unchanged.
+    let (s, d) = unsafe {
+        (
+            std::slice::from_raw_parts(src.as_ptr().cast::<f32>(), src.len()),
+            std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<f32>(), dst.len()),
+        )
+    };
+    transpose_f32(s, lds, rows, cols, d, ldd)
+}
+
 /// An 8-bit element: [`transpose_bytes`] moves it as its byte.
 pub trait Byte: Copy {
     fn to_byte(self) -> u8;
@@ -274,6 +290,22 @@ mod tests {
             for j in 0..cols {
                 for i in 0..rows {
                     prop_assert_eq!(dsts[j * ldd + i], signed[i * lds + j]);
+                }
+            }
+        }
+
+        /// i32 words through the f32 path keep their bits: NaN and subnormal patterns too.
+        #[test]
+        fn i32_transposes_keep_every_bit(rows in 1usize..30, cols in 1usize..30, pad in 0usize..4) {
+            let (lds, ldd) = (cols + pad, rows + pad);
+            let src: Vec<i32> = (0..rows * lds)
+                .map(|v| [i32::MIN, -1, 0x7FC0_0001, 1, 0x7F80_0001][v % 5].wrapping_add(v as i32 * 7919))
+                .collect();
+            let mut dst = vec![3i32; cols * ldd];
+            prop_assert!(transpose_i32(&src, lds, rows, cols, &mut dst, ldd));
+            for j in 0..cols {
+                for i in 0..rows {
+                    prop_assert_eq!(dst[j * ldd + i], src[i * lds + j]);
                 }
             }
         }

@@ -1233,7 +1233,7 @@ mod tests {
     /// points anywhere in the type, padding, stride and dilation, depths past one AMX chunk.
     #[test]
     fn conv_integer_by_pixels_matches_the_general_path() {
-        fn run<X, W>(n: usize, c: usize, m: usize, hw: usize, seed: usize, stride: usize, pads: [usize; 4])
+        fn run<X, W>(n: usize, c: usize, m: usize, hw: usize, seed: usize, stride: usize, pads: [usize; 4], ks: usize)
         where
             X: kiln_tensor::Element + Copy + TryFrom<i32>,
             W: kiln_tensor::Element + Copy + TryFrom<i32>,
@@ -1248,7 +1248,9 @@ mod tests {
             let x: Vec<X> = (0..n * c * hw * hw)
                 .map(|i| X::try_from(val(i, 37, lo_x)).unwrap())
                 .collect();
-            let w: Vec<W> = (0..m * c * 9).map(|i| W::try_from(val(i, 53, lo_w)).unwrap()).collect();
+            let w: Vec<W> = (0..m * c * ks * ks)
+                .map(|i| W::try_from(val(i, 53, lo_w)).unwrap())
+                .collect();
             // Zero points across the whole type: W - zw leaves i8 for most channels.
             let zw: Vec<W> = (0..m).map(|j| W::try_from(val(j, 97, lo_w)).unwrap()).collect();
             let zx = X::try_from(val(3, 11, lo_x)).unwrap();
@@ -1256,12 +1258,12 @@ mod tests {
                 auto_pad: AutoPad::NotSet,
                 dilations: vec![1, 1 + seed % 2],
                 group: 1,
-                kernel_shape: Some(vec![3, 3]),
+                kernel_shape: Some(vec![ks, ks]),
                 pads: pads.to_vec(),
                 strides: vec![stride, stride],
             };
             let xt = Value::Tensor(Tensor::from_vec(vec![n, c, hw, hw], x).unwrap());
-            let wt = Value::Tensor(Tensor::from_vec(vec![m, c, 3, 3], w).unwrap());
+            let wt = Value::Tensor(Tensor::from_vec(vec![m, c, ks, ks], w).unwrap());
             let zxt = Value::Tensor(Tensor::scalar(zx));
             let zwt = Value::Tensor(Tensor::from_vec(vec![m], zw).unwrap());
             let inputs = [Some(&xt), Some(&wt), Some(&zxt), Some(&zwt)];
@@ -1282,11 +1284,16 @@ mod tests {
                 }
             }
         }
-        run::<u8, u8>(1, 24, 24, 9, 0, 1, [1, 1, 1, 1]);
-        run::<u8, u8>(2, 16, 40, 8, 1, 2, [1, 0, 0, 1]);
-        run::<i8, u8>(1, 8, 20, 11, 2, 1, [0, 0, 0, 0]);
-        run::<u8, i8>(1, 12, 17, 7, 3, 1, [2, 2, 2, 2]);
-        run::<i8, i8>(1, 3, 5, 6, 4, 1, [1, 1, 1, 1]);
+        run::<u8, u8>(1, 24, 24, 9, 0, 1, [1, 1, 1, 1], 3);
+        run::<u8, u8>(2, 16, 40, 8, 1, 2, [1, 0, 0, 1], 3);
+        run::<i8, u8>(1, 8, 20, 11, 2, 1, [0, 0, 0, 0], 3);
+        run::<u8, i8>(1, 12, 17, 7, 3, 1, [2, 2, 2, 2], 3);
+        run::<i8, i8>(1, 4, 5, 6, 4, 1, [1, 1, 1, 1], 3);
+        // Pointwise: the channels-last rows read in place; and strided.
+        run::<u8, u8>(2, 70, 33, 6, 6, 1, [0, 0, 0, 0], 1);
+        run::<u8, i8>(1, 20, 16, 7, 7, 2, [0, 0, 0, 0], 1);
+        // Fewer than four channels: the channel-major path.
+        run::<u8, u8>(1, 1, 24, 9, 5, 2, [1, 1, 1, 1], 3);
     }
 
     /// The integer convolution path (im2col + integer GEMM per group, the depthwise loop)
