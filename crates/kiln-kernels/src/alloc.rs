@@ -25,9 +25,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
 
 /// Smallest block kept for reuse (smaller ones are cheap for the system allocator).
-pub const MIN_BLOCK: usize = 256 * 1024;
+pub const MIN_BLOCK: usize = 64 * 1024;
 /// Most blocks kept at once.
-pub const MAX_BLOCKS: usize = 64;
+pub const MAX_BLOCKS: usize = 128;
 /// Most bytes kept at once.
 pub const MAX_CACHED: usize = 512 * 1024 * 1024;
 /// Smallest block aligned to a cache line (64 bytes) whatever its type asks for.

@@ -90,6 +90,25 @@ const COLUMN_LANES: usize = 64;
 /// [`softmax_axis_f32`]'s column-wise block (`n <= COLUMN_LANES`): per lane the shift is its
 /// maximum (0 when that is infinite, as the row kernel), each value `e^(x - shift)`, then
 /// scaled by `1 / sum` (Softmax) or the log-sum taken (LogSoftmax).
+/// [`softmax_columns`]' arguments, to compile it for the active level (AVX-512 where there
+/// is: its passes are elementwise over `inner` values).
+struct Columns<'a> {
+    isa: kiln_kernels::isa::Isa,
+    kind: SoftmaxKind,
+    src: &'a [f32],
+    inner: usize,
+    dst: &'a mut [f32],
+}
+
+impl kiln_kernels::simd::Kernel for Columns<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        softmax_columns(self.isa, self.kind, self.src, self.inner, self.dst)
+    }
+}
+
+#[inline(always)]
 fn softmax_columns(isa: kiln_kernels::isa::Isa, kind: SoftmaxKind, src: &[f32], inner: usize, dst: &mut [f32]) {
     let mut stats = kiln_kernels::recycle::lend::<LaneStats>();
     stats.clear();
@@ -97,10 +116,9 @@ fn softmax_columns(isa: kiln_kernels::isa::Isa, kind: SoftmaxKind, src: &[f32], 
     let (shift, sum) = stats.split_at_mut(inner);
     shift.fill(f32::NEG_INFINITY);
     for row in src.chunks_exact(inner) {
+        // `max` skips NaNs, as the comparison did.
         for (m, &x) in shift.iter_mut().zip(row) {
-            if x > *m {
-                *m = x;
-            }
+            *m = m.max(x);
         }
     }
     shift.iter_mut().filter(|m| !m.is_finite()).for_each(|m| *m = 0.0);
@@ -147,7 +165,13 @@ fn softmax_axis_f32(kind: SoftmaxKind, xs: &[f32], n: usize, inner: usize) -> ki
             return;
         };
         if n <= COLUMN_LANES {
-            return softmax_columns(isa, kind, src, inner, dst);
+            return kiln_kernels::simd::vectorize_kernel(Columns {
+                isa,
+                kind,
+                src,
+                inner,
+                dst,
+            });
         }
         let mut rows = kiln_kernels::recycle::lend::<LaneRows>();
         rows.clear();
