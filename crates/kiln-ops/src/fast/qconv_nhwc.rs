@@ -323,12 +323,14 @@ fn s2d_weights<W: Int8 + Element + Default>(w: &Tensor, zw: Option<&Tensor>) -> 
 /// zero point: a zero weight), with their zero points.
 /// Output channels `cols` of W `[M, C, kH, kW]` packed for the window depth `[ky][kx][c]`
 /// with `c` padded to `cp` by the weights' zero point (`Depth::Taps`), or `[ky][kx * C + c]`
-/// padded to `cp` (`Depth::Rows`: a kernel row's taps as one run of channels).
-fn pack_weights<W: Int8 + Element + Default>(
+/// padded to `cp` (`Depth::Rows`: a kernel row's taps as one run of channels), by `pack`
+/// ([`PackedB::pack`], or [`PackedB::pack_for_sums`] for int32 sums alone).
+pub(crate) fn pack_weights<W: Int8 + Element + Default>(
     w: &Tensor,
     zw: Option<&Tensor>,
     depth: Depth,
     cols: std::ops::Range<usize>,
+    pack: Pack<W>,
 ) -> Option<PackedB> {
     let &[m, c, kh, kw] = w.shape() else { return None };
     let src = w.as_slice::<W>().ok()?;
@@ -363,12 +365,15 @@ fn pack_weights<W: Int8 + Element + Default>(
             }
         }
     }
-    PackedB::pack(&b, k, n, z).ok()
+    pack(&b, k, n, z).ok()
 }
+
+/// A packing of B: [`PackedB::pack`] or [`PackedB::pack_for_sums`].
+pub(crate) type Pack<W> = fn(&[W], usize, usize, &[W]) -> std::result::Result<PackedB, kiln_kernels::igemm::IgemmError>;
 
 /// How a window's depth is laid out for the quads tile: see [`pack_weights`].
 #[derive(Debug, Clone, Copy)]
-enum Depth {
+pub(crate) enum Depth {
     /// `[ky][kx][c]`, `c` padded to this many channels.
     Taps(usize),
     /// `[ky][kx * C + c]`, padded to this many values: X's kernel rows copied out per output
@@ -612,12 +617,16 @@ where
     let packed = match w.dtype() {
         DType::U8 if s2d => plan
             .packed
-            .get_or_pack(|| pack_weights::<u8>(&s2d_weights::<u8>(w, zw)?, zw, depth, 0..m)),
+            .get_or_pack(|| pack_weights::<u8>(&s2d_weights::<u8>(w, zw)?, zw, depth, 0..m, PackedB::pack)),
         DType::I8 if s2d => plan
             .packed
-            .get_or_pack(|| pack_weights::<i8>(&s2d_weights::<i8>(w, zw)?, zw, depth, 0..m)),
-        DType::U8 => plan.packed.get_or_pack(|| pack_weights::<u8>(w, zw, depth, 0..m)),
-        DType::I8 => plan.packed.get_or_pack(|| pack_weights::<i8>(w, zw, depth, 0..m)),
+            .get_or_pack(|| pack_weights::<i8>(&s2d_weights::<i8>(w, zw)?, zw, depth, 0..m, PackedB::pack)),
+        DType::U8 => plan
+            .packed
+            .get_or_pack(|| pack_weights::<u8>(w, zw, depth, 0..m, PackedB::pack)),
+        DType::I8 => plan
+            .packed
+            .get_or_pack(|| pack_weights::<i8>(w, zw, depth, 0..m, PackedB::pack)),
         got => return Err(OpError::UnsupportedDType { index: 3, got }),
     }
     .ok_or(OpError::input_value(
@@ -783,8 +792,8 @@ where
     };
     let k = gwin.depth();
     let pack = |g: usize| match w.dtype() {
-        DType::U8 => pack_weights::<u8>(w, zw, Depth::Taps(cg), g * mg..(g + 1) * mg),
-        DType::I8 => pack_weights::<i8>(w, zw, Depth::Taps(cg), g * mg..(g + 1) * mg),
+        DType::U8 => pack_weights::<u8>(w, zw, Depth::Taps(cg), g * mg..(g + 1) * mg, PackedB::pack),
+        DType::I8 => pack_weights::<i8>(w, zw, Depth::Taps(cg), g * mg..(g + 1) * mg, PackedB::pack),
         _ => None,
     };
     let packed = plan

@@ -55,23 +55,28 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
     w: &Tensor,
     zw: Option<&Tensor>,
 ) -> Result<Option<Vec<i32>>> {
-    let (&[n, c, h, wd], &[m, cg, kh, kw]) = (xs, w.shape()) else {
+    let (&[n, c, _, _], &[m, cg, _, _]) = (xs, w.shape()) else {
         return Ok(None);
     };
     let groups = attrs.group.max(1);
     if c != cg * groups || m % groups != 0 {
         return Ok(None);
     }
-    let (Some(&oh), Some(&ow)) = (g.out.first(), g.out.get(1)) else {
+    let Some(geo) = Geo::of(g, xs, w.shape()) else {
         return Ok(None);
     };
-    let geo = |v: &[usize], d: usize| v.get(d).copied().unwrap_or(1);
-    let (sh, sw) = (geo(&g.strides, 0), geo(&g.strides, 1));
-    let (dh, dw) = (geo(&g.dilations, 0), geo(&g.dilations, 1));
-    let (ph, pw) = (
-        g.pad_begin.first().copied().unwrap_or(0),
-        g.pad_begin.get(1).copied().unwrap_or(0),
-    );
+    let Geo {
+        h,
+        wd,
+        kh,
+        kw,
+        oh,
+        ow,
+        s: (sh, sw),
+        d: (dh, dw),
+        p: (ph, pw),
+        ..
+    } = geo;
     let (opix, ipix, kpix, mpg) = (oh * ow, h * wd, kh * kw, m / groups);
     let mut acc = vec![0i32; crate::util::checked_numel(&[n, m, opix])?];
     // The input row / column a tap reads, or None in the padding.
@@ -157,19 +162,6 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
         Some(z) if z.dtype() == DType::I8 => z.as_slice::<i8>()?.iter().map(|&v| i32::from(v)).collect(),
         Some(_) => return Ok(None),
     };
-    let geo = Geo {
-        c,
-        h,
-        wd,
-        cg,
-        kh,
-        kw,
-        oh,
-        ow,
-        s: (sh, sw),
-        d: (dh, dw),
-        p: (ph, pw),
-    };
     let done = match w.dtype() {
         DType::I8 => gemm_groups(x, w.as_slice::<i8>()?, &zwv, &geo, n, m, groups, pad, &mut acc),
         DType::U8 => gemm_groups(x, w.as_slice::<u8>()?, &zwv, &geo, n, m, groups, pad, &mut acc),
@@ -183,6 +175,7 @@ fn conv_typed<T: Int8 + Default + TryFrom<i32>>(
 
 /// The sizes of one 2-D convolution: channels, input, channels per group, kernel, output,
 /// strides, dilations and leading pads.
+#[derive(Clone, Copy)]
 struct Geo {
     c: usize,
     h: usize,
@@ -195,6 +188,33 @@ struct Geo {
     s: (usize, usize),
     d: (usize, usize),
     p: (usize, usize),
+}
+
+impl Geo {
+    /// The sizes of X `[n, c, h, w]` convolved by W `[m, cg, kh, kw]` with `g`'s output,
+    /// strides, dilations (1 where absent) and leading pads (0).
+    fn of(g: &Geometry, xs: &[usize], ws: &[usize]) -> Option<Geo> {
+        let (&[_, c, h, wd], &[_, cg, kh, kw], [oh, ow]) = (xs, ws, g.out.as_slice()) else {
+            return None;
+        };
+        let one = |v: &[usize], d: usize| v.get(d).copied().unwrap_or(1);
+        Some(Geo {
+            c,
+            h,
+            wd,
+            cg,
+            kh,
+            kw,
+            oh: *oh,
+            ow: *ow,
+            s: (one(&g.strides, 0), one(&g.strides, 1)),
+            d: (one(&g.dilations, 0), one(&g.dilations, 1)),
+            p: (
+                g.pad_begin.first().copied().unwrap_or(0),
+                g.pad_begin.get(1).copied().unwrap_or(0),
+            ),
+        })
+    }
 }
 
 /// Each image's group as one GEMM with the weights on the left: `acc[m][pixel] = sum_k W[m][k]
@@ -275,22 +295,6 @@ fn gemm_groups<T: Int8, W: Int8>(
 /// in L2.
 const PIXEL_BLOCK: usize = 256;
 
-/// W `[m, c, kh, kw]` as the `[kh * kw * c, m]` matrix B of the pixel-major product (depth in
-/// window order: kernel row, kernel column, channel), packed for int32 sums with W's zero
-/// points (one, or one per output channel) as its columns'.
-fn pack_weights<W: Int8 + Default>(w: &[W], zw: &[W], [m, c, kh, kw]: [usize; 4]) -> Option<PackedB> {
-    let k = c * kh * kw;
-    let mut b = vec![W::default(); k.checked_mul(m)?];
-    for (mi, filter) in w.chunks_exact(k.max(1)).take(m).enumerate() {
-        for (ci, plane) in filter.chunks_exact((kh * kw).max(1)).enumerate() {
-            for (t, &v) in plane.iter().enumerate() {
-                *b.get_mut((t * c + ci) * m + mi)? = v;
-            }
-        }
-    }
-    PackedB::pack_for_sums(&b, k, m, zw).ok()
-}
-
 /// The exact sums of an ungrouped convolution with the output pixels as the GEMM's rows: X
 /// copied channels-last once, each block of [`PIXEL_BLOCK`] pixels' windows gathered as rows
 /// of `kh * kw * c` values (padding X's zero point), multiplied by the packed weights (kept
@@ -298,8 +302,8 @@ fn pack_weights<W: Int8 + Default>(w: &[W], zw: &[W], [m, c, kh, kw]: [usize; 4]
 /// The weights are then the GEMM's packed operand (quads on VNNI and AMX, u8 weights held
 /// about their center) and X is never packed. `None` where it does not apply.
 fn by_pixels<
-    T: Int8 + Default + TryFrom<i32> + TensorSlice + kiln_kernels::transpose::Byte,
-    W: Int8 + Default + TensorSlice,
+    T: Int8 + Default + TryFrom<i32> + kiln_tensor::Element + kiln_kernels::transpose::Byte,
+    W: Int8 + Default + kiln_tensor::Element,
 >(
     g: &Geometry,
     x: &Tensor,
@@ -308,10 +312,23 @@ fn by_pixels<
     zw: Option<&Tensor>,
     cache: Option<&PackCache>,
 ) -> Result<Option<Vec<i32>>> {
-    let (&[n, c, h, wd], &[m, cw, kh, kw]) = (x.shape(), w.shape()) else {
+    let (&[n, _, _, _], &[m, _, _, _]) = (x.shape(), w.shape()) else {
         return Ok(None);
     };
-    let (Some(&oh), Some(&ow)) = (g.out.first(), g.out.get(1)) else {
+    let Some(Geo {
+        c,
+        h,
+        wd,
+        cg: cw,
+        kh,
+        kw,
+        oh,
+        ow,
+        s: (sh, sw),
+        d: (dh, dw),
+        p: (ph, pw),
+    }) = Geo::of(g, x.shape(), w.shape())
+    else {
         return Ok(None);
     };
     let k = c * kh * kw;
@@ -321,11 +338,11 @@ fn by_pixels<
         return Ok(None);
     }
     let Ok(pad) = T::try_from(zx) else { return Ok(None) };
-    let zws: &[W] = match zw {
-        None => &[],
-        Some(z) => W::slice(z)?,
+    // B is `[(ky, kx, ci), m]`: the QLinearConv plans' packing, for int32 sums.
+    let pack = || {
+        let depth = crate::fast::qconv_nhwc::Depth::Taps(c);
+        crate::fast::qconv_nhwc::pack_weights::<W>(w, zw, depth, 0..m, PackedB::pack_for_sums)
     };
-    let pack = || pack_weights::<W>(W::slice(w).ok()?, zws, [m, c, kh, kw]);
     let fresh;
     let packed = match cache {
         Some(cache) => cache.0.get_or_init(pack).as_ref(),
@@ -337,14 +354,7 @@ fn by_pixels<
     let Some(packed) = packed.filter(|p| p.depth() == k && p.columns() == m) else {
         return Ok(None);
     };
-    let xv: &[T] = T::slice(x)?;
-    let geo = |v: &[usize], d: usize| v.get(d).copied().unwrap_or(1);
-    let (sh, sw) = (geo(&g.strides, 0), geo(&g.strides, 1));
-    let (dh, dw) = (geo(&g.dilations, 0), geo(&g.dilations, 1));
-    let (ph, pw) = (
-        g.pad_begin.first().copied().unwrap_or(0),
-        g.pad_begin.get(1).copied().unwrap_or(0),
-    );
+    let xv: &[T] = x.as_slice()?;
     let (opix, ipix) = (oh * ow, h * wd);
     let mut acc = vec![0i32; crate::util::checked_numel(&[n, m, opix])?];
     let mut nhwc: Vec<T> = vec![pad; crate::util::checked_numel(&[ipix, c])?];
@@ -375,7 +385,10 @@ fn by_pixels<
                 }
                 return;
             }
-            let mut a: Vec<T> = vec![pad; rows * k];
+            let mut rows_scratch = kiln_kernels::recycle::lend::<WindowRows>();
+            rows_scratch.clear();
+            rows_scratch.resize(rows * k, T::bytes(&[pad]).first().copied().unwrap_or(0));
+            let a = T::of_bytes_mut(&mut rows_scratch);
             for (r, row) in a.chunks_exact_mut(k).enumerate() {
                 let (oy, ox) = ((p0 + r) / ow.max(1), (p0 + r) % ow.max(1));
                 // The window's first input column; its kernel row is one run of `kw * c`
@@ -408,7 +421,7 @@ fn by_pixels<
                     }
                 }
             }
-            if kiln_kernels::igemm::igemm_serial(isa, rows, k, &a, k, zx, packed, block, m).is_err() {
+            if kiln_kernels::igemm::igemm_serial(isa, rows, k, a, k, zx, packed, block, m).is_err() {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         });
@@ -423,19 +436,7 @@ fn by_pixels<
     Ok(Some(acc))
 }
 
-/// A tensor's elements as this 8-bit type (an error for another type).
-trait TensorSlice: Sized {
-    fn slice(t: &Tensor) -> Result<&[Self]>;
-}
-
-impl TensorSlice for u8 {
-    fn slice(t: &Tensor) -> Result<&[u8]> {
-        Ok(t.as_slice::<u8>()?)
-    }
-}
-
-impl TensorSlice for i8 {
-    fn slice(t: &Tensor) -> Result<&[i8]> {
-        Ok(t.as_slice::<i8>()?)
-    }
+kiln_kernels::scratch_kinds! {
+    /// [`by_pixels`]' window rows of one block of pixels, as bytes (per thread).
+    WindowRows: Vec<u8>;
 }
