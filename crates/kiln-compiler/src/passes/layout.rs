@@ -70,8 +70,9 @@ enum Kind {
     /// An f32 Concat of rank-4 values along channels.
     Concat,
     /// An f32 Add, Sub, Mul or Div of rank-4 values broadcasting to a rank-4 output, every
-    /// input either full-sized or varying along channels alone (a squeeze-excitation scale
-    /// `[N, C, 1, 1]`), or one element of any rank.
+    /// input either full-sized or varying along batch and channels alone (a
+    /// squeeze-excitation scale `[N, C, 1, 1]`, whose twin `[N, 1, 1, C]` is a reshape), or
+    /// one element of any rank.
     Binary,
     /// A one-tensor elementwise op (an activation, Clip with scalar bounds) of a rank-4 f32
     /// value: the same per element in either layout.
@@ -236,7 +237,9 @@ fn kind(g: &Graph, index: &Index, node: &Node) -> Option<Kind> {
             dtype_of(g, v) == Some(DType::F32)
                 && (n == 1
                     || s == ys
-                    || (s.len() == 4 && s.iter().zip(&ys).all(|(&d, &y)| d == 1 || d == y) && Some(&n) == s.get(1)))
+                    || (s.len() == 4
+                        && s.iter().zip(&ys).all(|(&d, &y)| d == 1 || d == y)
+                        && s.get(2..) == Some(&[1, 1][..])))
         };
         let ok = matches!(op, Add | Sub | Mul | Div) && ys.len() == 4 && node.outputs.len() == 1 && fits(a) && fits(b);
         return ok.then_some(Kind::Binary);
@@ -1015,12 +1018,18 @@ mod tests {
 
     #[test]
     fn a_channel_scale_and_a_scalar_add_follow_a_channels_last_convolution() {
+        channel_scale_case(1);
+        // A batch of images: the scale [2,8,1,1] varies along batch and channels.
+        channel_scale_case(2);
+    }
+
+    /// x [batch,8,6,6] → Conv 3x3 (Relu) → × s [batch,8,1,1] (a squeeze-excitation scale) → + 0.5 →
+    /// Conv 1x1 → × t [1,1,6,6] (varies along H and W: stays channels-first) → y.
+    fn channel_scale_case(batch: usize) {
         use kiln_ops::elementwise::BinaryOp;
-        // x → Conv 3x3 (Relu) → × s [1,8,1,1] (a squeeze-excitation scale) → + 0.5 → Conv 1x1
-        // → × t [1,1,6,6] (varies along H and W: stays channels-first) → y.
         let mut b = Builder::new();
-        let x = b.input("x", &[1, 8, 6, 6]);
-        let s = b.input("s", &[1, 8, 1, 1]);
+        let x = b.input("x", &[batch, 8, 6, 6]);
+        let s = b.input("s", &[batch, 8, 1, 1]);
         let t = b.input("t", &[1, 1, 6, 6]);
         let w1 = b.constant("w1", noise(&[8, 8, 3, 3], 1));
         let w2 = b.constant("w2", noise(&[4, 8, 1, 1], 2));
@@ -1029,23 +1038,23 @@ mod tests {
             conv2d(1, 1, 1),
             Some(Activation::Relu),
             &[Some(x), Some(w1)],
-            &[&[1, 8, 6, 6]],
+            &[&[batch, 8, 6, 6]],
         )[0];
         let m = b.node(
             crate::passes::testutil::binary(BinaryOp::Mul),
             &[Some(h), Some(s)],
-            &[&[1, 8, 6, 6]],
+            &[&[batch, 8, 6, 6]],
         )[0];
         let a = b.node(
             crate::passes::testutil::binary(BinaryOp::Add),
             &[Some(half), Some(m)],
-            &[&[1, 8, 6, 6]],
+            &[&[batch, 8, 6, 6]],
         )[0];
-        let c = b.node_act(conv2d(1, 0, 1), None, &[Some(a), Some(w2)], &[&[1, 4, 6, 6]])[0];
+        let c = b.node_act(conv2d(1, 0, 1), None, &[Some(a), Some(w2)], &[&[batch, 4, 6, 6]])[0];
         let y = b.node(
             crate::passes::testutil::binary(BinaryOp::Mul),
             &[Some(c), Some(t)],
-            &[&[1, 4, 6, 6]],
+            &[&[batch, 4, 6, 6]],
         )[0];
         let g = b.finish(&[y]);
         let (n, h) = laid_out(&g);
@@ -1063,12 +1072,12 @@ mod tests {
                 "Mul"
             ]
         );
-        // The scale's transpose moves only unit dims: [1, 8, 1, 1] → [1, 1, 1, 8].
+        // The scale's transpose moves only unit dims: [batch, 8, 1, 1] → [batch, 1, 1, 8].
         let scale = h.nodes[2].outputs[0].and_then(|v| fixed_shape(&h, v));
-        assert_eq!(scale, Some(vec![1, 1, 1, 8]));
+        assert_eq!(scale, Some(vec![batch, 1, 1, 8]));
         let inputs = vec![
-            noise(&[1, 8, 6, 6], 4),
-            noise(&[1, 8, 1, 1], 5),
+            noise(&[batch, 8, 6, 6], 4),
+            noise(&[batch, 8, 1, 1], 5),
             noise(&[1, 1, 6, 6], 6),
         ];
         assert_close(&run_graph(&h, inputs.clone())[0], &run_graph(&g, inputs)[0], 1e-5);
