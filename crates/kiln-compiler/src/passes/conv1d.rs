@@ -26,6 +26,12 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     }
     let old = std::mem::take(&mut g.nodes);
     let mut nodes = Vec::with_capacity(old.len() + 3 * count);
+    // The height-1 value behind each output this pass squeezed: a convolution reading one
+    // reads it directly, so a stack of 1-D convolutions (wav2vec2's feature extractor) has no
+    // Squeeze -> Unsqueeze between its layers, which `layout` would have had to run
+    // channels-first (a transpose back and forth per layer). The Squeeze stays for other
+    // readers; `dce` drops it when there are none.
+    let mut unit_height: std::collections::HashMap<ValueId, ValueId> = std::collections::HashMap::new();
     for (mut node, ok) in old.into_iter().zip(eligible) {
         if !ok {
             nodes.push(node);
@@ -39,6 +45,12 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             let Some(Some(v)) = node.inputs.get(slot).copied() else {
                 continue;
             };
+            if let Some(&v2) = unit_height.get(&v) {
+                if let Some(i) = node.inputs.get_mut(slot) {
+                    *i = Some(v2);
+                }
+                continue;
+            }
             let Some(v2) = with_unit_height(g, v) else { continue };
             let name = fresh_name(g, &format!("{}_2d", g.value_name(v)));
             nodes.push(reshape_node(name, true, v, v2));
@@ -92,6 +104,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
             continue;
         };
         node.outputs = vec![Some(y2)];
+        unit_height.insert(y, y2);
         let name = fresh_name(g, &format!("{}_1d", node.name));
         nodes.push(node);
         nodes.push(reshape_node(name, false, y2, y));
@@ -221,6 +234,59 @@ mod tests {
             &run_graph(&before, vec![xin])[0],
             1e-6,
         );
+    }
+
+    /// A stack of 1-D convolutions (wav2vec2's feature extractor): the second reads the first's
+    /// height-1 output, with no Squeeze -> Unsqueeze between them, so after `layout` no
+    /// transpose runs between the layers; the first's 1-D output, also a graph output, keeps
+    /// its Squeeze.
+    #[test]
+    fn stacked_one_dimensional_convolutions_read_each_other_at_height_1() {
+        use kiln_ops::nn::Activation;
+        let conv = |k: usize| {
+            Op::Nn(NnOp::Conv(Conv {
+                kernel_shape: vec![k],
+                strides: vec![2],
+                group: 1,
+                ..Conv::default()
+            }))
+        };
+        for first_is_output in [false, true] {
+            let mut b = Builder::new();
+            let x = b.input("x", &[1, 4, 41]);
+            let w1 = b.constant("w1", noise(&[8, 4, 3], 1));
+            let w2 = b.constant("w2", noise(&[8, 8, 3], 2));
+            let w3 = b.constant("w3", noise(&[6, 8, 3], 3));
+            let h1 = b.node_act(conv(3), Some(Activation::Relu), &[Some(x), Some(w1)], &[&[1, 8, 20]])[0];
+            let h2 = b.node_act(conv(3), Some(Activation::Relu), &[Some(h1), Some(w2)], &[&[1, 8, 9]])[0];
+            let y = b.node(conv(3), &[Some(h2), Some(w3)], &[&[1, 6, 4]])[0];
+            let outputs = if first_is_output { vec![y, h1] } else { vec![y] };
+            let mut g = b.finish(&outputs);
+            let before = g.clone();
+            assert_eq!(run(&mut g).unwrap(), 3);
+            crate::passes::dce::run(&mut g).unwrap();
+            g.verify().unwrap();
+            let squeezes = if first_is_output { 2 } else { 1 };
+            let names = op_names(&g);
+            assert_eq!(names.iter().filter(|n| **n == "Unsqueeze").count(), 1, "{names:?}");
+            assert_eq!(names.iter().filter(|n| **n == "Squeeze").count(), squeezes, "{names:?}");
+            crate::passes::layout::run(&mut g).unwrap();
+            crate::passes::dce::run(&mut g).unwrap();
+            g.verify().unwrap();
+            let names = op_names(&g);
+            // The first reads its four-channel input as it is (`x_channels_first`): a
+            // transpose back per 1-D output only.
+            assert_eq!(
+                names.iter().filter(|n| **n == "Transpose").count(),
+                squeezes,
+                "{names:?}"
+            );
+            let xin = noise(&[1, 4, 41], 4);
+            let (got, want) = (run_graph(&g, vec![xin.clone()]), run_graph(&before, vec![xin]));
+            for (a, e) in got.iter().zip(&want) {
+                assert_close(a, e, 1e-6);
+            }
+        }
     }
 
     /// An 8-bit QLinearConv of `[N, C, L]` (a quantized VAD's front end) the same way, then
