@@ -373,10 +373,17 @@ fn batched_transpose<T: Copy + Send + Sync>(
     true
 }
 
+/// Longest run (elements of one input per step of the outer dims) that [`concat_runs`]
+/// writes element by element rather than as a copy call.
+const NARROW_RUN: usize = 32;
+
+/// Elements of the output per block of rows when short runs are interleaved.
+const NARROW_BLOCK: usize = 1 << 14;
+
 /// [`Concat`] of inputs all of element type `T` (`None` otherwise): per step of the outer
 /// dims, each input's run of `axis` rows copied in order. A copy that does not fit (a short
 /// input) leaves the result short, which `Tensor::from_buf` refuses.
-fn concat_runs<T: kiln_tensor::Element + kiln_kernels::recycle::Recycled>(
+fn concat_runs<T: kiln_tensor::Element + kiln_kernels::recycle::Recycled + Send + Sync>(
     xs: &[&Tensor],
     (axis, outer, inner, n): (usize, usize, usize, usize),
     out_shape: &kiln_tensor::Shape,
@@ -384,6 +391,49 @@ fn concat_runs<T: kiln_tensor::Element + kiln_kernels::recycle::Recycled>(
     let parts: Option<smallvec::SmallVec<[&[T]; 8]>> = xs.iter().map(|x| x.as_slice::<T>().ok()).collect();
     let parts = parts?;
     let mut out = crate::util::out_buf::<T>(n);
+    let chunks: smallvec::SmallVec<[usize; 8]> = xs
+        .iter()
+        .map(|x| x.shape().get(axis).copied().unwrap_or(0) * inner)
+        .collect();
+    let step: usize = chunks.iter().sum();
+    if chunks.iter().all(|&c| c <= NARROW_RUN) && step > 0 && step * outer == n {
+        // Short runs (a channels-last concatenation of few-channel values, a `stack` of
+        // single values): a call per run costs more than the run, so each output row is
+        // written element by element, blocks of rows over the pool.
+        let rows = (NARROW_BLOCK / step).max(1);
+        let short = std::sync::atomic::AtomicBool::new(false);
+        kiln_kernels::pool::for_each_chunk_mut(out.as_mut_slice(), rows * step, &|b, block| {
+            let o0 = b * rows;
+            let mut off = 0;
+            for (part, &c) in parts.iter().zip(&chunks) {
+                let nrows = block.len() / step;
+                let Some(src) = part.get(o0 * c..(o0 + nrows) * c) else {
+                    short.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                };
+                if c == 1 {
+                    for (row, &v) in block.chunks_exact_mut(step).zip(src) {
+                        if let Some(d) = row.get_mut(off) {
+                            *d = v;
+                        }
+                    }
+                } else if c > 0 {
+                    for (row, run) in block.chunks_exact_mut(step).zip(src.chunks_exact(c)) {
+                        if let Some(d) = row.get_mut(off..off + c) {
+                            for (d, &v) in d.iter_mut().zip(run) {
+                                *d = v;
+                            }
+                        }
+                    }
+                }
+                off += c;
+            }
+        });
+        if short.load(std::sync::atomic::Ordering::Relaxed) {
+            out.make_mut().truncate(0);
+        }
+        return Some(Tensor::from_buf(out_shape.clone(), out).map_err(Into::into));
+    }
     let mut pos = 0usize;
     'outer: for o in 0..outer {
         for (x, part) in xs.iter().zip(&parts) {

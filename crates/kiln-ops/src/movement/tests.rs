@@ -753,3 +753,76 @@ fn eight_bit_slices_and_splits_take_the_named_elements() {
         assert_eq!(y.as_slice::<i8>().unwrap(), want.as_slice());
     }
 }
+
+/// Concatenations whose runs are short (channels-last concatenations of few-channel values,
+/// a `stack` of single values) are written element by element in blocks of rows over the
+/// pool: every element where the definition puts it, for f32 and u8, runs of 1 to 33
+/// elements mixed, output sizes across several blocks, on 1 and 2 threads.
+#[test]
+fn concatenations_of_short_runs_put_every_element_in_place() {
+    // (the shape off the axis, the axis, each input's size along it)
+    let cases: [(&[usize], usize, &[usize]); 6] = [
+        (&[1, 172, 309, 0], 3, &[1, 1, 1, 1, 1, 1, 1, 1]),
+        (&[1, 172, 36, 0], 3, &[1, 1]),
+        (&[2, 0, 5, 3], 1, &[1, 3, 2]),
+        (&[40, 51, 0], 2, &[33, 1]),
+        (&[7, 0], 1, &[32, 16, 5]),
+        (&[0, 4], 0, &[3, 2]),
+    ];
+    for (shape, axis, sizes) in cases {
+        let outer: usize = shape[..axis].iter().product();
+        let inner: usize = shape[axis + 1..].iter().product();
+        let inputs: Vec<Vec<f32>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| (0..outer * a * inner).map(|e| (i * 100_000 + e) as f32).collect())
+            .collect();
+        let total: usize = sizes.iter().sum();
+        let mut want = Vec::with_capacity(outer * total * inner);
+        for o in 0..outer {
+            for (x, &a) in inputs.iter().zip(sizes) {
+                want.extend_from_slice(&x[o * a * inner..(o + 1) * a * inner]);
+            }
+        }
+        let shape_of = |a: usize| {
+            let mut s = shape.to_vec();
+            s[axis] = a;
+            s
+        };
+        for threads in [1, 2] {
+            let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap();
+            let f32s: Vec<Option<Tensor>> = inputs
+                .iter()
+                .zip(sizes)
+                .map(|(x, &a)| Some(Tensor::from_vec(shape_of(a), x.clone()).unwrap()))
+                .collect();
+            let y = pool.install(|| run1(MovementOp::Concat(Concat { axis: axis as i64 }), f32s));
+            assert_eq!(y.shape(), shape_of(total).as_slice());
+            assert_eq!(
+                y.as_slice::<f32>().unwrap(),
+                want.as_slice(),
+                "{shape:?} {axis} {sizes:?}"
+            );
+            let bytes: Vec<Option<Tensor>> = inputs
+                .iter()
+                .zip(sizes)
+                .map(|(x, &a)| {
+                    Some(
+                        Tensor::from_vec(
+                            shape_of(a),
+                            x.iter().map(|&v| (v as usize % 251) as u8).collect::<Vec<u8>>(),
+                        )
+                        .unwrap(),
+                    )
+                })
+                .collect();
+            let y = pool.install(|| run1(MovementOp::Concat(Concat { axis: axis as i64 }), bytes));
+            let want8: Vec<u8> = want.iter().map(|&v| (v as usize % 251) as u8).collect();
+            assert_eq!(
+                y.as_slice::<u8>().unwrap(),
+                want8.as_slice(),
+                "u8 {shape:?} {axis} {sizes:?}"
+            );
+        }
+    }
+}
