@@ -278,6 +278,36 @@ pub fn sum_f64(v: &[f32]) -> f64 {
     crate::simd::vectorize_kernel(SumF64(v))
 }
 
+/// [`sum_f64`] of each `cols`-long row of `x`, times `scale`, rounded into `out` (one per
+/// row; `out.len()` rows, `x` at least `out.len() * cols` long, else the rows `x` lacks are
+/// left as they are): the same sums, with one dispatch for all the rows rather than one a
+/// row (rows of a few values, a reduction over a short last axis, had spent most of their
+/// time in the call).
+pub fn sum_rows_f64(x: &[f32], cols: usize, scale: f64, out: &mut [f32]) {
+    crate::simd::vectorize_kernel(SumRows { x, cols, scale, out })
+}
+
+/// [`sum_rows_f64`]'s loop.
+struct SumRows<'a> {
+    x: &'a [f32],
+    cols: usize,
+    scale: f64,
+    out: &'a mut [f32],
+}
+
+impl crate::simd::Kernel for SumRows<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        if self.cols == 0 {
+            return;
+        }
+        for (o, row) in self.out.iter_mut().zip(self.x.chunks_exact(self.cols)) {
+            *o = (SumF64(row).run() * self.scale) as f32;
+        }
+    }
+}
+
 /// [`sum_f64`]'s loop.
 struct SumF64<'a>(&'a [f32]);
 

@@ -133,6 +133,9 @@ kiln_kernels::scratch_kinds! {
 /// Sum, Mean, Max or Min of `[outer, group, inner]` f32 values over the middle dim (`group`
 /// and `inner` at least 1): sums in f64 in group order (the reference's order), Max/Min with
 /// the reference's NaN rule.
+/// Input elements per block of rows of a trailing-axes f32 sum.
+const SUM_BLOCK: usize = 1 << 16;
+
 fn reduce_middle_f32(kind: ReduceKind, xs: &[f32], outer: usize, group: usize, inner: usize) -> kiln_tensor::Buf<f32> {
     let mut out = crate::util::out_f32(outer * inner);
     let mut acc = kiln_kernels::recycle::lend::<RowSums>();
@@ -278,9 +281,13 @@ impl Reduce {
                 } else {
                     1.0
                 };
-                for (o, row) in out.iter_mut().zip(x.as_slice::<f32>()?.chunks_exact(cols)) {
-                    *o = (kiln_kernels::vector::sum_f64(row) * scale) as f32;
-                }
+                let xs = x.as_slice::<f32>()?;
+                // Blocks of rows over the pool, each summed in one vectorised loop.
+                let block = (SUM_BLOCK / cols).max(1);
+                kiln_kernels::pool::for_each_chunk_mut(out.as_mut_slice(), block, &|b, o| {
+                    let x = xs.get(b * block * cols..).unwrap_or(&[]);
+                    kiln_kernels::vector::sum_rows_f64(x, cols, scale, o);
+                });
             } else {
                 // Sums of nothing: 0; means of nothing: NaN (0 / 0), as the reference gives.
                 out.fill(if self.kind == ReduceKind::Mean { f32::NAN } else { 0.0 });
@@ -422,6 +429,24 @@ mod tests {
             assert_eq!(fast.shape(), slow.shape(), "{kind:?} {axes:?}");
             for (a, b) in fast.to_f64_vec().iter().zip(slow.to_f64_vec()) {
                 assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{kind:?} {axes:?}: {a} vs {b}");
+            }
+        }
+        // A short last axis over many rows (several blocks, one and two threads): each
+        // output the sum of its row's values, which are small integers (exact in f32).
+        for cols in [2, 3, 17] {
+            let rows = 309 * 172;
+            let v: Vec<f32> = (0..rows * cols).map(|i| (i % 1013) as f32 - 500.0).collect();
+            let want: Vec<f32> = v.chunks_exact(cols).map(|r| r.iter().sum()).collect();
+            let x = Tensor::from_vec(vec![1, 309, 172, cols], v).unwrap();
+            for threads in [1, 2] {
+                let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap();
+                let got = pool.install(|| run(ReduceKind::Sum, vec![-1], false, x.clone()));
+                assert_eq!(got.shape(), &[1, 309, 172]);
+                assert_eq!(
+                    got.as_slice::<f32>().unwrap(),
+                    want.as_slice(),
+                    "{cols} columns, {threads} threads"
+                );
             }
         }
         // Mean over an empty axis: NaN, as 0 / 0.
