@@ -56,7 +56,17 @@ fn winograd(c: &mut Criterion) {
         g.throughput(Throughput::Elements((2 * hw * hw * ch * ch * 9) as u64));
         g.bench_function(BenchmarkId::new(name, "bias+relu"), |b| {
             b.iter(|| {
-                let ok = conv.run(&x, &u, layout, Some(&bias), None, Some(Act::Relu), &mut y, &mut scratch);
+                let ok = conv.run(
+                    &x,
+                    &u,
+                    layout,
+                    Some(&bias),
+                    None,
+                    Some(Act::Relu),
+                    None,
+                    &mut y,
+                    &mut scratch,
+                );
                 if !ok {
                     fail("winograd: shapes refused");
                 }

@@ -179,6 +179,7 @@ fn bench(c: &mut Criterion) {
                 residual: None,
                 act: Some(act),
                 post: None,
+                prelu: kiln_kernels::sgemm::Bias::None,
             };
             g.throughput(Throughput::Elements(case.flops() as u64));
             g.bench_function(
@@ -222,6 +223,7 @@ fn epilogue_cost(isa: Isa) {
             residual: None,
             act: Some(act),
             post: None,
+            prelu: kiln_kernels::sgemm::Bias::None,
         };
         let epis = [
             ("none", Epilogue::NONE),

@@ -278,6 +278,31 @@ pub fn sum_f64(v: &[f32]) -> f64 {
     crate::simd::vectorize_kernel(SumF64(v))
 }
 
+/// PRelu over channels-last values: `v < 0 ? v * slopes[c] : v` for each element of channel
+/// `c` (`slopes.len()` channels a pixel; a partial last pixel is left as it is). NaN and -0
+/// are kept (the standalone op's f32 multiply).
+pub fn prelu_channels(v: &mut [f32], slopes: &[f32]) {
+    if slopes.is_empty() {
+        return;
+    }
+    crate::simd::vectorize(|| {
+        for px in v.chunks_exact_mut(slopes.len()) {
+            for (x, &s) in px.iter_mut().zip(slopes) {
+                *x = if *x < 0.0 { *x * s } else { *x };
+            }
+        }
+    });
+}
+
+/// PRelu with one slope for all of `v` (a channel's plane, a row of C).
+pub fn prelu_one(v: &mut [f32], slope: f32) {
+    crate::simd::vectorize(|| {
+        for x in v.iter_mut() {
+            *x = if *x < 0.0 { *x * slope } else { *x };
+        }
+    });
+}
+
 /// [`sum_f64`] of each `cols`-long row of `x`, times `scale`, rounded into `out` (one per
 /// row; `out.len()` rows, `x` at least `out.len() * cols` long, else the rows `x` lacks are
 /// left as they are): the same sums, with one dispatch for all the rows rather than one a

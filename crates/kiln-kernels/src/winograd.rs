@@ -161,6 +161,7 @@ impl Winograd {
         bias: Option<&[f32]>,
         residual: Option<&[f32]>,
         act: Option<Act>,
+        prelu: Option<&[f32]>,
         y: &mut [f32],
         scratch: &mut Vec<f32>,
     ) -> bool {
@@ -175,6 +176,7 @@ impl Winograd {
             || y.len() < m * self.oh * self.ow
             || u.len() < upacked * POSITIONS
             || bias.is_some_and(|b| b.len() < m)
+            || prelu.is_some_and(|p| p.len() != m)
             || residual.is_some_and(|r| r.len() < m * self.oh * self.ow)
             || c == 0
             || m == 0
@@ -191,6 +193,7 @@ impl Winograd {
             bias,
             residual,
             act,
+            prelu,
             y: RawOut {
                 ptr: y.as_mut_ptr(),
                 len: m * self.oh * self.ow,
@@ -293,6 +296,11 @@ impl Winograd {
             });
             let at = g * per * plane;
             residual_act(ys, residual.and_then(|r| r.get(at..at + ys.len())), act);
+            if let (Some(p), true) = (prelu, plane > 0) {
+                for (ys, &s) in ys.chunks_exact_mut(plane).zip(p.get(m0..m1).unwrap_or(&[])) {
+                    crate::vector::prelu_one(ys, s);
+                }
+            }
         });
         true
     }
@@ -345,6 +353,8 @@ struct Ctx<'a> {
     bias: Option<&'a [f32]>,
     residual: Option<&'a [f32]>,
     act: Option<Act>,
+    /// PRelu slopes, one per output channel, after the activation (never with one).
+    prelu: Option<&'a [f32]>,
     /// The whole output (`m x oh x ow` floats); tasks write the pixels of their own tiles.
     y: RawOut,
 }
@@ -488,7 +498,7 @@ impl Ctx<'_> {
             oh: w.oh,
             ow: w.ow,
         });
-        if self.residual.is_none() && self.act.is_none() {
+        if self.residual.is_none() && self.act.is_none() && self.prelu.is_none() {
             return;
         }
         let x0 = (tiles.start - ty * tw) * TILE;
@@ -501,6 +511,9 @@ impl Ctx<'_> {
                 return;
             };
             residual_act(seg, self.residual.and_then(|r| r.get(o0..o1)), self.act);
+            if let Some(p) = self.prelu {
+                crate::vector::prelu_channels(seg, p);
+            }
         }
     }
 }

@@ -124,6 +124,7 @@ fn check(p: &Problem) -> Result<(), TestCaseError> {
         residual: p.residual.then_some(Residual { data: &resid, ld: ldc }),
         act: p.act,
         post: None,
+        prelu: kiln_kernels::sgemm::Bias::None,
     };
     let a_at = |i: usize, q: usize| if p.transposed { a[q * lda + i] } else { a[i * lda + q] };
     let pb =
@@ -652,13 +653,26 @@ fn winograd_matches_direct_convolution() {
                 .zip(&residual)
                 .map(|(&v, &r)| (v + f64::from(r)).max(0.0))
                 .collect();
+            // PRelu slopes per output channel (the third epilogue form).
+            let slopes = data(m, (3 * m + c) as u64, false);
+            let with_prelu: Vec<f64> = want
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let s = f64::from(slopes[i / (oh * ow)]);
+                    if v < 0.0 { v * s } else { v }
+                })
+                .collect();
             for (threads, channels_last, post) in [
-                (1, false, false),
-                (2, false, false),
-                (1, true, false),
-                (2, true, false),
-                (2, false, true),
-                (2, true, true),
+                (1, false, 0),
+                (2, false, 0),
+                (1, true, 0),
+                (2, true, 0),
+                (2, false, 1),
+                (2, true, 1),
+                (1, false, 2),
+                (1, true, 2),
+                (2, true, 2),
             ] {
                 let g = Winograd {
                     c,
@@ -682,19 +696,19 @@ fn winograd_matches_direct_convolution() {
                 } else {
                     residual.clone()
                 };
-                let (r, act, want) = if post {
-                    (Some(rin.as_slice()), Some(Act::Relu), &with_post)
-                } else {
-                    (None, None, &want)
+                let (r, act, prelu, want) = match post {
+                    1 => (Some(rin.as_slice()), Some(Act::Relu), None, &with_post),
+                    2 => (None, None, Some(slopes.as_slice()), &with_prelu),
+                    _ => (None, None, None, &want),
                 };
                 let mut y = vec![f32::NAN; m * oh * ow];
                 // A scratch left by a larger layer (longer, and NaN wherever the run would
                 // read an element it did not write first): kept as it is, never re-zeroed.
                 let mut scratch = vec![f32::NAN; g.scratch_len().unwrap() + 1000];
                 let ok = if threads == 1 {
-                    g.run(&xin, &u, layout, Some(&bias), r, act, &mut y, &mut scratch)
+                    g.run(&xin, &u, layout, Some(&bias), r, act, prelu, &mut y, &mut scratch)
                 } else {
-                    pool.install(|| g.run(&xin, &u, layout, Some(&bias), r, act, &mut y, &mut scratch))
+                    pool.install(|| g.run(&xin, &u, layout, Some(&bias), r, act, prelu, &mut y, &mut scratch))
                 };
                 assert!(ok, "{g:?}");
                 if channels_last {
@@ -712,7 +726,7 @@ fn winograd_matches_direct_convolution() {
             }
         }
     }
-    assert_eq!(cases, 60);
+    assert_eq!(cases, 90);
 }
 
 /// A product over chosen row ranges of a packed B ([`PackedBRef::gather`]: ranges anywhere in
@@ -747,6 +761,7 @@ fn check_gathered(
         residual: None,
         act,
         post: None,
+        prelu: kiln_kernels::sgemm::Bias::None,
     };
     let pb =
         PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -799,4 +814,76 @@ fn gather_refuses_ranges_outside_b() {
     assert_eq!(g.k(), 4);
     assert!(g.gather(&[0..1]).is_none());
     assert!(g.rows(0, 1).is_none());
+}
+
+/// PRelu slopes in the epilogue (one per row or per column of C): every level, both panel
+/// widths, the tiles' edges, `k = 0`, the few-column dot products, transposed A, and
+/// products split over threads by rows and by columns, bit for bit the same as the product
+/// with the bias alone followed by `v < 0 ? v * s : v` over C. The slope pair with an
+/// activation or an affine is refused.
+#[test]
+fn prelu_slopes_match_the_product_then_the_slopes() {
+    let shapes = [
+        (1, 1, 1),
+        (3, 5, 0),
+        (7, 3, 40),
+        (8, 16, 9),
+        (13, 17, 33),
+        (40, 32, 64),
+        (9, 70, 5),
+        (200, 48, 300),
+        (64, 650, 100),
+    ];
+    for threads in [1, 2] {
+        let pool = kiln_kernels::pool::ThreadPool::new(threads).unwrap();
+        pool.install(|| {
+            for isa in levels() {
+                for layout in [BLayout::NR16, BLayout::NR32] {
+                    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+                        for (transposed, per_row) in [(false, false), (false, true), (true, false)] {
+                            let seed = (i * 7 + usize::from(per_row)) as u64;
+                            let (a, b) = (data(m * k, seed, false), data(k * n, seed + 1, false));
+                            let lda = if transposed { m } else { k };
+                            let am = if transposed {
+                                AMatrix::transposed(&a, lda)
+                            } else {
+                                AMatrix::row_major(&a, lda)
+                            };
+                            let pb = PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).unwrap();
+                            let bias = data(n, seed + 2, false);
+                            let slopes = data(if per_row { m } else { n }, seed + 3, true);
+                            let plain = Epilogue {
+                                bias: Bias::Col(&bias),
+                                ..Epilogue::NONE
+                            };
+                            let mut want = vec![f32::NAN; m * n];
+                            sgemm_with(isa, m, am, pb.view(), &mut want, n, &plain).unwrap();
+                            for (r, row) in want.chunks_mut(n.max(1)).enumerate() {
+                                for (j, v) in row.iter_mut().enumerate() {
+                                    let s = if per_row { slopes[r] } else { slopes[j] };
+                                    *v = if *v < 0.0 { *v * s } else { *v };
+                                }
+                            }
+                            let epi = Epilogue {
+                                prelu: if per_row { Bias::Row(&slopes) } else { Bias::Col(&slopes) },
+                                ..plain
+                            };
+                            let mut got = vec![f32::NAN; m * n];
+                            sgemm_with(isa, m, am, pb.view(), &mut got, n, &epi).unwrap();
+                            let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                            assert!(
+                                same,
+                                "{isa:?} {layout:?} {threads} threads, {m}x{n}x{k} transposed {transposed} per row {per_row}"
+                            );
+                            let refused = Epilogue {
+                                act: Some(Act::Relu),
+                                ..epi
+                            };
+                            assert!(sgemm_with(isa, m, am, pb.view(), &mut got, n, &refused).is_err());
+                        }
+                    }
+                }
+            }
+        });
+    }
 }

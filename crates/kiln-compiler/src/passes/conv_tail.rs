@@ -72,6 +72,7 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         let is_conv = matches!(&conv.kind, NodeKind::Op(Op::Nn(NnOp::Conv(_))));
         if !is_conv
             || conv.conv_plan().post.is_some()
+            || conv.conv_plan().prelu
             || !matches!(conv.plan, None | Some(Plan::Conv(_)))
             || conv.outputs.len() != 1
             || !index.sole_use(*y, i)

@@ -5,11 +5,13 @@
 //! the product, so results are bit-identical. Only when the product is float, has no
 //! epilogue yet, and is read by the activation alone (SiLU: by its Sigmoid and Mul alone).
 
-use super::edit::{Index, binary, dtype_of, is_float, mark, remove_nodes, unary_io};
+use super::edit::{Index, add_constant, binary, dtype_of, fixed_shape, is_float, mark, remove_nodes, unary_io};
 use crate::CompileError;
 use kiln_ir::{Graph, Node, NodeKind, Op, ValueId};
 use kiln_ops::elementwise::{BinaryOp, ElementwiseOp, UnaryOp};
+use kiln_ops::fast::Plan as OpPlan;
 use kiln_ops::nn::{Activation, NnOp};
+use kiln_tensor::DType;
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
     let index = Index::new(g);
@@ -28,28 +30,58 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         plans.push(p);
     }
     let mut dead = vec![false; g.nodes.len()];
-    for p in &plans {
-        if let Some(node) = g.nodes.get_mut(p.producer) {
-            if let NodeKind::Op(Op::Nn(NnOp::ChannelAffine(c))) = &mut node.kind {
-                c.activation = Some(p.act);
-            } else if !node.plan_mut().is_some_and(|plan| plan.set_activation(Some(p.act))) {
-                continue;
+    let count = plans.len();
+    for p in plans {
+        // A PRelu's slopes become the Conv's input 4, a constant of its own.
+        let slopes = match (&p.fused, g.nodes.get(p.producer)) {
+            (Fused::Slopes(t), Some(n)) => {
+                let name = format!("{}_prelu_slopes", n.name);
+                Some(add_constant(g, &name, t.clone()))
             }
-            node.outputs = vec![Some(p.output)];
-            mark(&mut dead, p.remove.iter().copied());
+            _ => None,
+        };
+        let Some(node) = g.nodes.get_mut(p.producer) else {
+            continue;
+        };
+        match p.fused {
+            Fused::Act(act) => {
+                if let NodeKind::Op(Op::Nn(NnOp::ChannelAffine(c))) = &mut node.kind {
+                    c.activation = Some(act);
+                } else if !node.plan_mut().is_some_and(|plan| plan.set_activation(Some(act))) {
+                    continue;
+                }
+            }
+            Fused::Slopes(_) => {
+                let (Some(plan), Some(v)) = (node.plan_mut().and_then(OpPlan::conv_mut), slopes) else {
+                    continue;
+                };
+                plan.prelu = true;
+                node.inputs.resize(4, None);
+                node.inputs.push(Some(v));
+            }
         }
+        node.outputs = vec![Some(p.output)];
+        mark(&mut dead, p.remove.iter().copied());
     }
     remove_nodes(g, &dead);
-    Ok(plans.len())
+    Ok(count)
 }
 
 struct Plan {
     producer: usize,
-    act: Activation,
+    fused: Fused,
     /// The activation's nodes.
     remove: Vec<usize>,
     /// The activation's output, which the producer now writes.
     output: ValueId,
+}
+
+/// What the producer takes over.
+enum Fused {
+    /// An activation ([`NodeKind`]'s plan or the ChannelAffine's).
+    Act(Activation),
+    /// A PRelu's slopes, one per output channel (`[M]` f32): a Conv's `prelu` and input 4.
+    Slopes(kiln_tensor::Tensor),
 }
 
 /// The node producing `v` when it is an epilogue-free float Conv/Gemm/MatMul with one output.
@@ -61,7 +93,8 @@ fn fusable_producer(g: &Graph, index: &Index, v: ValueId) -> Option<usize> {
         NodeKind::Op(Op::Nn(
             NnOp::Conv(_) | NnOp::Gemm(_) | NnOp::MatMul(_) | NnOp::ChannelAffine(_)
         ))
-    ) && node.activation().is_none();
+    ) && node.activation().is_none()
+        && !matches!(&node.plan, Some(OpPlan::Conv(p)) if p.prelu || p.post.is_some());
     (free && node.outputs.len() == 1 && dtype_of(g, v).is_some_and(is_float)).then_some(p)
 }
 
@@ -92,7 +125,7 @@ fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
             let producer = fusable_producer(g, index, x)?;
             return Some(Plan {
                 producer,
-                act: Activation::Silu,
+                fused: Fused::Act(Activation::Silu),
                 remove: vec![sp, i],
                 output,
             });
@@ -103,6 +136,9 @@ fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
     let output = node.outputs.first().copied().flatten()?;
     if node.outputs.len() != 1 || !index.sole_use(x, i) {
         return None;
+    }
+    if let ElementwiseOp::PRelu(_) = op {
+        return prelu_plan(g, index, i, node, x, output);
     }
     let act = match op {
         ElementwiseOp::Unary(u) if node.inputs.len() == 1 => Activation::from_unary(*u)?,
@@ -130,7 +166,51 @@ fn plan(g: &Graph, index: &Index, i: usize, node: &Node) -> Option<Plan> {
     let producer = fusable_producer(g, index, x)?;
     Some(Plan {
         producer,
-        act,
+        fused: Fused::Act(act),
+        remove: vec![i],
+        output,
+    })
+}
+
+/// A PRelu of an f32 Conv's output (read by it alone) whose slope is a constant: one
+/// element, as a LeakyRelu (the same f32 multiply), or one per output channel (`[M, 1, ..]`
+/// or `[1, M, 1, ..]` against the output's `[N, M, ..]`), as the Conv's `prelu` slopes.
+fn prelu_plan(g: &Graph, index: &Index, i: usize, node: &Node, x: ValueId, output: ValueId) -> Option<Plan> {
+    let slope = node.inputs.get(1).copied().flatten()?;
+    let t = index.tensor(g, slope)?;
+    let shape = fixed_shape(g, x)?;
+    if node.inputs.len() != 2 || t.dtype() != DType::F32 || dtype_of(g, x) != Some(DType::F32) {
+        return None;
+    }
+    let producer = fusable_producer(g, index, x)?;
+    let is_conv = g.nodes.get(producer).is_some_and(|n| {
+        matches!(&n.kind, NodeKind::Op(Op::Nn(NnOp::Conv(_)))) && matches!(n.plan, None | Some(OpPlan::Conv(_)))
+    });
+    let values = t.as_slice::<f32>().ok()?;
+    if let [alpha] = values {
+        return Some(Plan {
+            producer,
+            fused: Fused::Act(Activation::LeakyRelu { alpha: *alpha }),
+            remove: vec![i],
+            output,
+        });
+    }
+    let m = *shape.get(1)?;
+    // The slope's dims right-aligned with the output's: M on the channel axis, 1 elsewhere.
+    let ts = t.shape();
+    let per_channel = ts.len() <= shape.len()
+        && ts.len() + 1 >= shape.len()
+        && ts.iter().rev().enumerate().all(|(k, &d)| {
+            let axis = shape.len() - 1 - k;
+            d == if axis == 1 { m } else { 1 }
+        });
+    if !is_conv || !per_channel || values.len() != m {
+        return None;
+    }
+    let slopes = kiln_tensor::Tensor::from_vec(vec![m], values.to_vec()).ok()?;
+    Some(Plan {
+        producer,
+        fused: Fused::Slopes(slopes),
         remove: vec![i],
         output,
     })
@@ -262,5 +342,98 @@ mod tests {
         // Exp is not an epilogue.
         let mut g = conv_graph(|b, c| b.unary(UnaryOp::Exp, c, &[1, 4, 3, 3]));
         assert_eq!(run(&mut g).unwrap(), 0);
+    }
+
+    /// A PRelu with a slope per output channel after a Conv becomes the Conv's `prelu` (the
+    /// slopes its input 4), one with a single slope a LeakyRelu; compiled programs then match
+    /// level 0 on every convolution path the slopes can meet: packed channels-last (3x3 stride
+    /// 2, 1x1, a few-channel image read channels-first), Winograd (3x3 stride 1), depthwise,
+    /// grouped, one-dimensional, and a Conv with a fused residual.
+    #[test]
+    fn prelu_fuses_into_conv_and_compiled_programs_match_level_0() {
+        use kiln_ops::elementwise::PRelu;
+        use kiln_ops::nn::Conv;
+        // (x shape, W shape, group, pads, stride, slope shape, with a residual)
+        let cases: [(&[usize], &[usize], usize, usize, usize, &[usize], bool); 8] = [
+            (&[1, 8, 11, 11], &[16, 8, 3, 3], 1, 1, 2, &[1, 16, 1, 1], false),
+            (&[2, 16, 9, 9], &[24, 16, 1, 1], 1, 0, 1, &[24, 1, 1], false),
+            (&[1, 3, 20, 20], &[10, 3, 3, 3], 1, 0, 1, &[1, 10, 1, 1], false),
+            (&[1, 16, 12, 12], &[32, 16, 3, 3], 1, 1, 1, &[32, 1, 1], false),
+            (&[1, 16, 10, 10], &[16, 1, 3, 3], 16, 1, 1, &[1, 16, 1, 1], false),
+            (&[1, 16, 10, 10], &[32, 4, 3, 3], 4, 1, 1, &[1, 32, 1, 1], false),
+            (&[1, 8, 30], &[12, 8, 5], 1, 2, 1, &[12, 1], false),
+            (&[1, 8, 9, 9], &[8, 8, 3, 3], 1, 1, 1, &[1, 8, 1, 1], true),
+        ];
+        for (i, (xs, ws, group, pads, stride, ss, residual)) in cases.into_iter().enumerate() {
+            let rank = xs.len();
+            let spatial = |d: usize, k: usize| (d + 2 * pads - k) / stride + 1;
+            let mut ys = vec![xs[0], ws[0]];
+            for a in 2..rank {
+                ys.push(spatial(xs[a], ws[a]));
+            }
+            let graph = || {
+                let mut b = Builder::new();
+                let x = b.input("x", xs);
+                let w = b.constant("w", noise(ws, 1 + i as u64));
+                let bias = b.constant("b", noise(&ws[..1], 2));
+                let slope = b.constant("s", noise(ss, 3));
+                let conv = Op::Nn(NnOp::Conv(Conv {
+                    group,
+                    pads: vec![pads; 2 * (rank - 2)],
+                    strides: vec![stride; rank - 2],
+                    ..Conv::default()
+                }));
+                let mut c = b.node(conv, &[Some(x), Some(w), Some(bias)], &[&ys])[0];
+                if residual {
+                    let r = b.input("r", &ys);
+                    c = b.binary(BinaryOp::Add, c, r, &ys);
+                }
+                let y = b.node(
+                    Op::Elementwise(ElementwiseOp::PRelu(PRelu)),
+                    &[Some(c), Some(slope)],
+                    &[&ys],
+                )[0];
+                b.finish(&[y])
+            };
+            let level = |opt_level| crate::CompileOptions {
+                opt_level,
+                ..crate::CompileOptions::default()
+            };
+            let fast = crate::compile(graph(), &level(2)).unwrap();
+            let plain = crate::compile(graph(), &level(0)).unwrap();
+            let ops: Vec<(&str, bool)> = fast
+                .program
+                .steps
+                .iter()
+                .filter_map(|s| match (&s.kind, &s.plan) {
+                    (kiln_runtime::StepKind::Op(op), Some(OpPlan::Conv(p))) => Some((op.name(), p.prelu)),
+                    (kiln_runtime::StepKind::Op(op), _) => Some((op.name(), false)),
+                    _ => None,
+                })
+                .filter(|(n, _)| *n != "Transpose" && *n != "Squeeze" && *n != "Unsqueeze")
+                .collect();
+            assert_eq!(ops, [("Conv", true)], "case {i}");
+            let mut inputs = vec![("x".to_string(), kiln_ops::Value::Tensor(noise(xs, 9)))];
+            if residual {
+                inputs.push(("r".to_string(), kiln_ops::Value::Tensor(noise(&ys, 10))));
+            }
+            let a = kiln_runtime::run(&fast.program, inputs.clone()).unwrap();
+            let b = kiln_runtime::run(&plain.program, inputs).unwrap();
+            let (a, b) = (a[0].1.as_tensor().unwrap(), b[0].1.as_tensor().unwrap());
+            assert!(b.to_f64_vec().iter().any(|&v| v < 0.0), "case {i}: no negative output");
+            assert_close(a, b, 1e-5);
+        }
+        // One slope: a LeakyRelu.
+        check_fused(
+            conv_graph(|b, c| {
+                let s = b.constant("s", kiln_tensor::Tensor::from_vec(vec![1], vec![0.25f32]).unwrap());
+                b.node(
+                    Op::Elementwise(ElementwiseOp::PRelu(kiln_ops::elementwise::PRelu)),
+                    &[Some(c), Some(s)],
+                    &[&[1, 4, 3, 3]],
+                )[0]
+            }),
+            Activation::LeakyRelu { alpha: 0.25 },
+        );
     }
 }

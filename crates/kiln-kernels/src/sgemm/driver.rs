@@ -34,6 +34,11 @@ pub(crate) struct TileEpi {
     pub act: Option<Act>,
     /// Applied after the activation (see [`super::Affine`]).
     pub post: Option<super::Affine>,
+    /// PRelu slopes (see [`Epilogue::prelu`]), each null or valid for the tile: `R` floats,
+    /// one per row, or `nr` floats, one per column. Applied by kernels with
+    /// [`Kernels::prelu`] set; the driver applies them after the others' tiles.
+    pub prelu_row: *const f32,
+    pub prelu_col: *const f32,
 }
 
 /// An epilogue on one row segment of C: `row += row_bias; row += col_bias; row += resid;
@@ -62,6 +67,9 @@ pub(crate) struct Kernels {
     pub narrow: &'static [TileFn],
     /// Whether the tiles apply the epilogue themselves (else `epi` runs after each tile).
     pub fused: bool,
+    /// Whether fused tiles apply the PRelu slopes in registers too (else the driver applies
+    /// them over each stored tile).
+    pub prelu: bool,
     /// Whether the loop nest issues its software prefetches: the next B micro-panel into L2,
     /// a slice per tile, while the current one's tiles run, and C's (and the residual's) rows
     /// `AHEAD` tiles down the column. Measured per microarchitecture, each on the kernels it
@@ -368,6 +376,11 @@ pub(crate) unsafe fn run_raw(
                                 tile_epi.as_ref(),
                             );
                         }
+                        if fuse && !kernels.prelu && !matches!(epi.prelu, Bias::None) {
+                            // SAFETY: rows `row .. row+rows < m`, columns `jr .. jr+nr <= n`:
+                            // this call's elements, which the tile has just stored.
+                            unsafe { prelu_tile(epi.prelu, c, row..row + rows, jr, nr) };
+                        }
                         if unfused {
                             for i in row..row + rows {
                                 // SAFETY: row `i < m`, columns `jr .. jr+nr <= n`: this call's.
@@ -441,8 +454,10 @@ unsafe fn small_n(kernels: &Kernels, m: usize, a: &AMatrix<'_>, b: &PackedBRef<'
     // A column bias alone is added here (the same f32 addition the epilogue makes); a row
     // bias, a residual or an activation goes through the epilogue row by row.
     let col_bias = match epi.bias {
-        Bias::Col(v) if epi.residual.is_none() && epi.act.is_none() && epi.post.is_none() => Some(v),
-        Bias::None if epi.residual.is_none() && epi.act.is_none() && epi.post.is_none() => Some(&[][..]),
+        _ if epi.residual.is_some() || epi.act.is_some() || epi.post.is_some() => None,
+        _ if !matches!(epi.prelu, Bias::None) => None,
+        Bias::Col(v) => Some(v),
+        Bias::None => Some(&[][..]),
         _ => None,
     };
     const BLOCK: usize = 256;
@@ -556,6 +571,11 @@ fn tile_epi(epi: &Epilogue<'_>, i0: usize, j0: usize) -> TileEpi {
         Some(r) => (at(r.data, i0 * r.ld + j0), r.ld),
         None => (null, 0),
     };
+    let (prelu_row, prelu_col) = match epi.prelu {
+        Bias::None => (null, null),
+        Bias::Row(v) => (at(v, i0), null),
+        Bias::Col(v) => (null, at(v, j0)),
+    };
     TileEpi {
         row_bias,
         col_bias,
@@ -563,6 +583,39 @@ fn tile_epi(epi: &Epilogue<'_>, i0: usize, j0: usize) -> TileEpi {
         resid_ld,
         act: epi.act,
         post: epi.post,
+        prelu_row,
+        prelu_col,
+    }
+}
+
+/// `v < 0 ? v * slope : v` over row `i`, columns `j0 .. j0 + row.len()` of C, the slope of
+/// the row or of each column (nothing for `Bias::None` or slopes shorter than C).
+fn prelu_row(slopes: Bias<'_>, i: usize, j0: usize, row: &mut [f32]) {
+    match slopes {
+        Bias::None => {}
+        Bias::Row(v) => {
+            if let Some(&s) = v.get(i) {
+                crate::vector::prelu_one(row, s);
+            }
+        }
+        Bias::Col(v) => {
+            if let Some(s) = v.get(j0..j0 + row.len()) {
+                crate::vector::prelu_channels(row, s);
+            }
+        }
+    }
+}
+
+/// [`prelu_row`] over the rows `rows`, columns `j0 .. j0 + w` of a stored tile (for kernels
+/// whose tiles do not apply the slopes).
+///
+/// # Safety
+/// The elements exist and no one else reads or writes them during the call.
+unsafe fn prelu_tile(slopes: Bias<'_>, c: CMut, rows: std::ops::Range<usize>, j0: usize, w: usize) {
+    for i in rows {
+        // SAFETY: the caller's contract.
+        let row = unsafe { c.row(i, j0, w) };
+        prelu_row(slopes, i, j0, row);
     }
 }
 
@@ -576,6 +629,7 @@ fn finish_row(kernels: &Kernels, epi: &Epilogue<'_>, i: usize, j0: usize, row: &
     };
     let resid = epi.residual.and_then(|r| r.data.get(i * r.ld + j0..i * r.ld + j0 + w));
     (kernels.epi)(row, row_bias, col_bias, resid, epi.act);
+    prelu_row(epi.prelu, i, j0, row);
     if let Some(post) = epi.post {
         post.apply_slice(row);
     }

@@ -98,6 +98,10 @@ pub struct Epilogue<'a> {
     pub residual: Option<Residual<'a>>,
     pub act: Option<Act>,
     pub post: Option<Affine>,
+    /// PRelu slopes after the bias and residual, one per row or per column of C: `v < 0 ? v
+    /// * slope : v`, the standalone op's f32 multiply (a PRelu that followed a convolution).
+    /// Not with `act` or `post` ([`sgemm`] refuses the pair).
+    pub prelu: Bias<'a>,
 }
 
 impl Epilogue<'_> {
@@ -107,10 +111,51 @@ impl Epilogue<'_> {
         residual: None,
         act: None,
         post: None,
+        prelu: Bias::None,
     };
 
     fn is_empty(&self) -> bool {
-        matches!(self.bias, Bias::None) && self.residual.is_none() && self.act.is_none() && self.post.is_none()
+        matches!(self.bias, Bias::None)
+            && self.residual.is_none()
+            && self.act.is_none()
+            && self.post.is_none()
+            && matches!(self.prelu, Bias::None)
+    }
+}
+
+impl<'a> Bias<'a> {
+    /// The vector of the sub-product from row `i0` on (a row vector offset; others as they are).
+    fn from_row(self, i0: usize) -> Bias<'a> {
+        match self {
+            Bias::Row(v) => Bias::Row(v.get(i0..).unwrap_or(&[])),
+            other => other,
+        }
+    }
+
+    /// The vector of the sub-product of columns `j0 .. j0 + n` (a column vector cut; others as
+    /// they are).
+    fn columns(self, j0: usize, n: usize) -> Bias<'a> {
+        match self {
+            Bias::Col(v) => Bias::Col(v.get(j0..j0 + n).unwrap_or(&[])),
+            other => other,
+        }
+    }
+
+    /// Its length, checked against `m` rows or `n` columns.
+    fn check(self, what: [&'static str; 2], m: usize, n: usize) -> Result<(), SgemmError> {
+        match self {
+            Bias::Row(v) if v.len() != m => Err(SgemmError::Mismatch {
+                what: what[0],
+                want: m,
+                got: v.len(),
+            }),
+            Bias::Col(v) if v.len() != n => Err(SgemmError::Mismatch {
+                what: what[1],
+                want: n,
+                got: v.len(),
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -177,6 +222,8 @@ pub enum SgemmError {
     TooLarge,
     /// The kernels of this level cannot run on this CPU.
     Unsupported(Isa),
+    /// Epilogue parts that do not go together.
+    Epilogue(&'static str),
 }
 
 impl std::fmt::Display for SgemmError {
@@ -199,6 +246,7 @@ impl std::fmt::Display for SgemmError {
             SgemmError::BigEndian => write!(f, "sgemm: packed B bytes are little-endian, this target is not"),
             SgemmError::TooLarge => write!(f, "sgemm: a size overflows"),
             SgemmError::Unsupported(i) => write!(f, "sgemm: the {} kernels cannot run on this CPU", i.name()),
+            SgemmError::Epilogue(what) => write!(f, "sgemm: the epilogue has {what}"),
         }
     }
 }
@@ -279,16 +327,14 @@ pub fn sgemm_with(
             ..a
         };
         let sub_epi = Epilogue {
-            bias: match epilogue.bias {
-                Bias::Row(v) => Bias::Row(v.get(i0..).unwrap_or(&[])),
-                other => other,
-            },
+            bias: epilogue.bias.from_row(i0),
             residual: epilogue.residual.map(|r| Residual {
                 data: r.data.get(i0 * r.ld..).unwrap_or(&[]),
                 ld: r.ld,
             }),
             act: epilogue.act,
             post: epilogue.post,
+            prelu: epilogue.prelu.from_row(i0),
         };
         // The sub-problem satisfies `validate` because the whole did: its rows are a subset.
         driver::run(&kernels, rows, &sub_a, &b, &mut guard, ldc, &sub_epi);
@@ -322,16 +368,14 @@ fn split_columns(
         let Some(sub_b) = b.panels(p0, p1) else { return };
         let j0 = p0 * nr;
         let sub_epi = Epilogue {
-            bias: match epilogue.bias {
-                Bias::Col(v) => Bias::Col(v.get(j0..j0 + sub_b.n()).unwrap_or(&[])),
-                other => other,
-            },
+            bias: epilogue.bias.columns(j0, sub_b.n()),
             residual: epilogue.residual.map(|r| Residual {
                 data: r.data.get(j0..).unwrap_or(&[]),
                 ld: r.ld,
             }),
             act: epilogue.act,
             post: epilogue.post,
+            prelu: epilogue.prelu.columns(j0, sub_b.n()),
         };
         let sub_c = cm.at_column(j0);
         // SAFETY: `validate` checked C's `m x n` elements with `ldc` for the whole product;
@@ -418,23 +462,13 @@ fn validate(
         });
     }
     need("C", c_len, pack::span(m, n, ldc, 1))?;
-    match epi.bias {
-        Bias::None => {}
-        Bias::Row(v) if v.len() != m => {
-            return Err(SgemmError::Mismatch {
-                what: "row bias length",
-                want: m,
-                got: v.len(),
-            });
-        }
-        Bias::Col(v) if v.len() != n => {
-            return Err(SgemmError::Mismatch {
-                what: "column bias length",
-                want: n,
-                got: v.len(),
-            });
-        }
-        Bias::Row(_) | Bias::Col(_) => {}
+    epi.bias.check(["row bias length", "column bias length"], m, n)?;
+    epi.prelu
+        .check(["row PRelu slopes length", "column PRelu slopes length"], m, n)?;
+    if !matches!(epi.prelu, Bias::None) && (epi.act.is_some() || epi.post.is_some()) {
+        return Err(SgemmError::Epilogue(
+            "PRelu slopes with an activation or an affine after it",
+        ));
     }
     if let Some(r) = epi.residual {
         if m > 0 && r.ld < n {
@@ -472,6 +506,7 @@ mod tests {
                     residual: Some(Residual { data: &resid, ld: 2 }),
                     act: Some(Act::Relu),
                     post: None,
+                    prelu: Bias::None,
                 };
                 sgemm_with(isa, 2, AMatrix::transposed(&a, 2), pb.view(), &mut c, 2, &epi).unwrap();
                 assert_eq!(c, [27.0, 0.0, 39.0, 46.0], "{isa:?}");

@@ -79,6 +79,7 @@ pub(crate) fn kernels() -> Kernels {
         quarter: &[],
         narrow: &[],
         fused: false,
+        prelu: false,
         prefetch: true,
         epi,
     }

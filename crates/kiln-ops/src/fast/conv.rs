@@ -38,6 +38,20 @@ kiln_kernels::scratch_kinds! {
     WinogradScratch: Vec<f32>;
 }
 
+/// `f(shape, values)` on an f32 tensor's own storage (a run arena's region or its vector,
+/// written in place); `None` for another element type.
+fn in_place_f32(y: &mut Tensor, f: impl FnOnce(&[usize], &mut [f32])) -> Option<Result<()>> {
+    if y.dtype() != kiln_tensor::DType::F32 {
+        return None;
+    }
+    let shape = kiln_tensor::Shape::from_slice(y.shape());
+    let kiln_tensor::Data::F32(mut b) = std::mem::replace(y, Tensor::scalar(0.0f32)).into_data() else {
+        return None;
+    };
+    f(&shape, b.as_mut_slice());
+    Some(Tensor::from_buf(shape, b).map(|t| *y = t).map_err(Into::into))
+}
+
 /// A `Conv` with the plan it runs under. Derefs to the op, so its attributes read as they do
 /// in the reference.
 #[derive(Clone, Copy)]
@@ -74,6 +88,9 @@ impl<'a> Planned<'a> {
 
     /// Runs the convolution under this plan (see the module docs).
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        if self.plan.prelu {
+            return self.eval_prelu(args);
+        }
         // The channels-last paths apply a scale and shift after the activation themselves
         // (or come back here for it); the others leave it to `post_after`.
         if self.plan.post.is_some() && !(self.plan.channels_last && self.plan.winograd.is_none()) {
@@ -83,7 +100,7 @@ impl<'a> Planned<'a> {
             return self.eval_channels_last(args);
         }
         if let Some(info) = self.plan.winograd {
-            return Ok(smallvec::smallvec![self.eval_winograd(args, info)?.into()]);
+            return Ok(smallvec::smallvec![self.eval_winograd(args, info, None)?.into()]);
         }
         let x = args.tensor(0)?;
         let w = args.tensor(1)?;
@@ -114,6 +131,80 @@ impl<'a> Planned<'a> {
         ])
     }
 
+    /// The convolution and its PRelu ([`ConvPlan::prelu`], the slopes in input 4): in the
+    /// epilogue of the channels-last packed path, else over the whole f32 output after the
+    /// convolution of inputs 0-3.
+    fn eval_prelu(&self, args: &Args<'_>) -> Result<crate::Outputs> {
+        let slopes = args.tensor(4)?;
+        let s = slopes.as_slice::<f32>().map_err(|_| OpError::UnsupportedDType {
+            index: 4,
+            got: slopes.dtype(),
+        })?;
+        // One slope per output channel: checked against the packed weights, or the output.
+        let bad_slopes =
+            |m: usize| OpError::input_shape(4, format!("[{m}] (a PRelu slope per output channel)"), slopes.shape());
+        if slopes.rank() != 1 {
+            return Err(bad_slopes(s.len()));
+        }
+        if self.plan.activation.is_some() || self.plan.post.is_some() {
+            return Err(self.misfit("PRelu slopes with an activation or a scale and shift"));
+        }
+        let plain = self.with(ConvPlan {
+            prelu: false,
+            ..self.plan
+        });
+        if let (true, None, Some(pk), 1) = (
+            self.plan.channels_last,
+            self.plan.winograd,
+            self.plan.packed,
+            self.group.max(1),
+        ) {
+            let x = args.tensor(0)?;
+            if x.rank() != 4 {
+                return Err(OpError::input_shape(
+                    0,
+                    "[N, H, W, C] (a channels-last Conv)",
+                    x.shape(),
+                ));
+            }
+            if s.len() != pk.m {
+                return Err(bad_slopes(pk.m));
+            }
+            return Ok(smallvec::smallvec![plain.packed_nhwc(args, pk, Some(s))?.into()]);
+        }
+        if let Some(info) = self.plan.winograd {
+            if s.len() != info.m {
+                return Err(bad_slopes(info.m));
+            }
+            return Ok(smallvec::smallvec![plain.eval_winograd(args, info, Some(s))?.into()]);
+        }
+        let inputs: smallvec::SmallVec<[Option<&Value>; 4]> = (0..4).map(|i| args.value(i)).collect();
+        let mut out = plain.eval(&Args::new(&inputs))?;
+        if let Some(Value::Tensor(y)) = out.first_mut() {
+            let m = match (self.plan.channels_last, y.shape()) {
+                (true, [.., m]) | (false, [_, m, ..]) => *m,
+                _ => 0,
+            };
+            if s.len() != m {
+                return Err(bad_slopes(m));
+            }
+            let channels_last = self.plan.channels_last;
+            in_place_f32(y, |shape, v| {
+                if channels_last {
+                    kiln_kernels::vector::prelu_channels(v, s);
+                } else {
+                    // [N, M, spatial...]: one slope per plane.
+                    let plane: usize = shape.iter().skip(2).product();
+                    for (i, p) in v.chunks_exact_mut(plane.max(1)).enumerate() {
+                        kiln_kernels::vector::prelu_one(p, s.get(i % m).copied().unwrap_or(1.0));
+                    }
+                }
+            })
+            .ok_or_else(|| self.misfit("a PRelu after a non-f32 Conv"))??;
+        }
+        Ok(out)
+    }
+
     /// The convolution without its scale and shift ([`ConvPlan::post`]), then those over the
     /// whole f32 output.
     pub(super) fn post_after(&self, args: &Args<'_>) -> Result<crate::Outputs> {
@@ -125,14 +216,8 @@ impl<'a> Planned<'a> {
         if let Some(post) = self.plan.post
             && let Some(Value::Tensor(y)) = out.first_mut()
         {
-            // The output's own storage when no one else holds it (the usual case).
-            let shape = y.shape().to_vec();
-            let t = std::mem::replace(y, Tensor::scalar(0.0f32));
-            let mut v = t
-                .into_vec::<f32>()
-                .map_err(|_| self.misfit("a scale and shift after a non-f32 Conv"))?;
-            post.kernel().apply_slice(&mut v);
-            *y = Tensor::from_vec(shape, v)?;
+            in_place_f32(y, |_, v| post.kernel().apply_slice(v))
+                .ok_or_else(|| self.misfit("a scale and shift after a non-f32 Conv"))??;
         }
         Ok(out)
     }
@@ -140,7 +225,12 @@ impl<'a> Planned<'a> {
     /// The Winograd path (see [`ConvPlan::winograd`]): f32 X `[N, c, H, W]` (or `[N, H, W, c]`
     /// channels-last), the packed weights,
     /// optional bias and residual; 3x3, stride 1, no dilation, group 1 by construction.
-    pub(super) fn eval_winograd(&self, args: &Args<'_>, info: WinogradWeights) -> Result<Tensor> {
+    pub(super) fn eval_winograd(
+        &self,
+        args: &Args<'_>,
+        info: WinogradWeights,
+        prelu: Option<&[f32]>,
+    ) -> Result<Tensor> {
         use kiln_kernels::sgemm::BLayout;
         use kiln_kernels::winograd::{Winograd, packed_weights_len};
         let x = args.tensor(0)?;
@@ -211,7 +301,7 @@ impl<'a> Planned<'a> {
                 Some(rd) => Some(rd.get(n * op..(n + 1) * op).ok_or_else(bad)?),
                 None => None,
             };
-            if !g.run(xi, ud, layout, bd, ri, act, yi, &mut scratch) {
+            if !g.run(xi, ud, layout, bd, ri, act, prelu, yi, &mut scratch) {
                 return Err(bad());
             }
         }
@@ -370,6 +460,7 @@ impl<'a> Planned<'a> {
                                     residual,
                                     act,
                                     post: None,
+                                    prelu: kiln_kernels::sgemm::Bias::None,
                                 };
                                 ok &= PackedBRef::new(layout, kdim, nb, &pbuf)
                                     .ok()
@@ -447,6 +538,7 @@ impl<'a> Planned<'a> {
                             },
                             act,
                             post: None,
+                            prelu: kiln_kernels::sgemm::Bias::None,
                         };
                         let yb = yg.get_mut(j0..).ok_or_else(bad)?;
                         sgemm(mg, AMatrix::row_major(wg, kdim), packed, yb, osz, &epi).map_err(|_| bad())?;

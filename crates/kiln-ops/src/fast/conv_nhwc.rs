@@ -588,6 +588,11 @@ fn run_tap_classes(
     let gemm_epi = kiln_kernels::sgemm::Epilogue {
         act: if residual.is_some() { None } else { epi.act },
         post: if residual.is_some() { None } else { epi.post },
+        prelu: if residual.is_some() {
+            kiln_kernels::sgemm::Bias::None
+        } else {
+            epi.prelu
+        },
         ..epi
     };
     let y = std::sync::Mutex::new(y);
@@ -634,6 +639,9 @@ fn run_tap_classes(
                         match residual.map(|r| r.get(at..at + len)) {
                             Some(Some(r)) => {
                                 kiln_kernels::sgemm::residual_act(dst, Some(r), epi.act);
+                                if let kiln_kernels::sgemm::Bias::Col(s) = epi.prelu {
+                                    kiln_kernels::vector::prelu_channels(dst, s);
+                                }
                                 if let Some(p) = epi.post {
                                     p.apply_slice(dst);
                                 }
@@ -813,7 +821,7 @@ impl Planned<'_> {
     /// The channels-last evaluation (see the module docs).
     pub(crate) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         if let Some(info) = self.plan.winograd {
-            return Ok(smallvec::smallvec![self.eval_winograd(args, info)?.into()]);
+            return Ok(smallvec::smallvec![self.eval_winograd(args, info, None)?.into()]);
         }
         let x = args.tensor(0)?;
         if x.rank() != 4 {
@@ -826,7 +834,7 @@ impl Planned<'_> {
         if let Some(pw) = self.plan.packed
             && self.group.max(1) == 1
         {
-            return Ok(smallvec::smallvec![self.packed_nhwc(args, pw)?.into()]);
+            return Ok(smallvec::smallvec![self.packed_nhwc(args, pw, None)?.into()]);
         }
         if !self.plan.x_channels_first
             && let Some(y) = self.depthwise_nhwc(args)?
@@ -909,7 +917,7 @@ impl Planned<'_> {
     }
 
     /// The packed GEMM path (see the module docs).
-    fn packed_nhwc(&self, args: &Args<'_>, pk: PackedConvWeights) -> Result<Tensor> {
+    pub(super) fn packed_nhwc(&self, args: &Args<'_>, pk: PackedConvWeights, slopes: Option<&[f32]>) -> Result<Tensor> {
         // A batch of images of few windows each (an STFT over 31 chunks of audio: 5 windows a
         // chunk) is better copied into one im2col A of every image's rows than run as one
         // GEMM per image: a 5-row GEMM streams all of B for 5 rows (64 -> 100+ GFLOP/s).
@@ -958,6 +966,7 @@ impl Planned<'_> {
         let bias = f32_bias(b, m, 2)?.map_or(Bias::None, Bias::Col);
         let act = self.plan.activation.map(|a| a.kernel_act());
         let post = self.plan.post.map(PostAffine::kernel);
+        let prelu = slopes.map_or(Bias::None, Bias::Col);
         let xd = x.as_slice::<f32>()?;
         let bad = || {
             OpError::input_shape(
@@ -975,6 +984,7 @@ impl Planned<'_> {
                 residual: rd.map(|data| Residual { data, ld: m }),
                 act,
                 post,
+                prelu,
             };
             sgemm(rows, AMatrix::row_major(xd, k), packed, &mut y, m, &epi).map_err(|_| bad())?;
             return Ok(Tensor::from_buf(shape, y)?);
@@ -998,6 +1008,7 @@ impl Planned<'_> {
                     residual,
                     act,
                     post,
+                    prelu,
                 };
                 sgemm(per_image, AMatrix::windows(xi, step), packed, out, m, &epi).map_err(|_| bad())?;
             }
@@ -1019,6 +1030,9 @@ impl Planned<'_> {
             }
             if let Some(a) = act {
                 kiln_kernels::sgemm::act_slice(a, &mut y);
+            }
+            if let Some(s) = slopes {
+                kiln_kernels::vector::prelu_channels(&mut y, s);
             }
             if let Some(p) = post {
                 p.apply_slice(&mut y);
@@ -1056,6 +1070,7 @@ impl Planned<'_> {
                     residual: None,
                     act,
                     post,
+                    prelu,
                 },
                 rd,
                 &mut y,
@@ -1100,6 +1115,7 @@ impl Planned<'_> {
                     residual: rd.map(|data| Residual { data, ld: m }),
                     act,
                     post,
+                    prelu,
                 };
                 let ok = ok && sgemm(rows, a_block(&a, rows, k, columns), packed, &mut y, m, &epi).is_ok();
                 drop(a);
@@ -1143,6 +1159,7 @@ impl Planned<'_> {
                     residual,
                     act,
                     post,
+                    prelu,
                 };
                 match b {
                     Some(b) => ok && sgemm(nrows, a_block(&a, nrows, kb, columns), b, out, m, &epi).is_ok(),

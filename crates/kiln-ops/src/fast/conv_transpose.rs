@@ -199,6 +199,7 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
             residual: None,
             act: None,
             post: None,
+            prelu: kiln_kernels::sgemm::Bias::None,
         };
         for bn in 0..t.batch {
             let x0 = (bn * c + gi * t.cg) * isz;

@@ -143,6 +143,7 @@ fn eval_packed(
             residual: residual.map(|data| Residual { data, ld: n }),
             act: act.map(|a| a.kernel_act()),
             post: None,
+            prelu: kiln_kernels::sgemm::Bias::None,
         }
     } else {
         Epilogue::NONE

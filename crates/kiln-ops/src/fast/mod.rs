@@ -130,6 +130,12 @@ pub struct ConvPlan {
     /// others after the whole output.
     #[serde(default)]
     pub post: Option<PostAffine>,
+    /// Input 4 holds one PRelu slope per output channel (`[M]` f32), applied after the bias
+    /// and residual: `v < 0 ? v * slope : v` (the `fuse_act` pass: a PRelu that followed the
+    /// convolution). Not with `activation` or `post`. The channels-last packed path applies
+    /// it to each block of the output as it is made; the others after the whole output.
+    #[serde(default)]
+    pub prelu: bool,
 }
 
 /// `v * scale + shift` after a Conv's activation, each part optional and rounded on its own
@@ -215,6 +221,9 @@ impl Plan {
                     s.push_str(&format!(" winograd(m={} c={})", w.m, w.c));
                 }
                 s.push_str(&act(&p.activation));
+                if p.prelu {
+                    s.push_str(" +PRelu");
+                }
                 if let Some(PostAffine { scale, shift }) = p.post {
                     s.push_str(&format!(" then x{} +{}", scale.unwrap_or(1.0), shift.unwrap_or(0.0)));
                 }
@@ -326,6 +335,13 @@ pub fn validate(op: &Op, plan: Option<&Plan>) -> Result<()> {
                     op,
                     plan,
                     "X read channels-first needs a channels-last convolution",
+                ));
+            }
+            if p.prelu && (p.activation.is_some() || p.post.is_some()) {
+                return Err(misfit(
+                    op,
+                    plan,
+                    "PRelu slopes go with neither an activation nor a scale and shift",
                 ));
             }
             if p.packed.is_some() && p.winograd.is_some() {

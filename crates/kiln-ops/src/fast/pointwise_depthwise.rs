@@ -172,6 +172,7 @@ impl PointwiseDepthwise {
             residual: None,
             act: self.pointwise.plan.activation.map(|a| a.kernel_act()),
             post: None,
+            prelu: kiln_kernels::sgemm::Bias::None,
         };
         let dw_act = self.depthwise.plan.activation.map(|a| a.kernel_act());
         let (clamp, after) = split_act(dw_act);

@@ -241,6 +241,7 @@ impl Real for f32 {
             residual: None,
             act: ep.act,
             post: None,
+            prelu: kiln_kernels::sgemm::Bias::None,
         };
         Some(sgemm(m, a, packed.view(), c, n, &epilogue).is_ok())
     }

@@ -436,6 +436,7 @@ pub(crate) fn gemv_kernels() -> Kernels {
         quarter: &[],
         narrow: &[],
         fused: true,
+        prelu: false,
         prefetch: true,
         epi,
     }
@@ -452,6 +453,7 @@ pub(crate) fn kernels() -> Kernels {
         quarter: &[],
         narrow: &[],
         fused: true,
+        prelu: false,
         prefetch: true,
         epi,
     }

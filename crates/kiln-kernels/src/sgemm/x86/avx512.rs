@@ -177,6 +177,14 @@ fn lanes(n: usize) -> M {
     if n >= 16 { 0xFFFF } else { ((1u32 << n) - 1) as M }
 }
 
+/// `v < 0 ? v * s : v` in each lane (a PRelu slope; NaN and -0 kept).
+macro_rules! prelu {
+    ($v:expr, $s:expr) => {{
+        let v = $v;
+        _mm512_mask_mul_ps(v, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, _mm512_setzero_ps()), v, $s)
+    }};
+}
+
 /// `$body` once for each `$i` in `0..$r` (`$r <= MR`), `$i` a constant in each copy: a row
 /// loop over the accumulator array, not unrolled, made the compiler keep the array on the
 /// stack (16 stores after the depth loop and a load per row), a fixed cost per tile that
@@ -376,9 +384,20 @@ unsafe fn tile<const R: usize, const NARROW: bool, const CHAINS: bool>(
         },
         _ => (None, None),
     };
+    // SAFETY: as for the column bias (TileEpi's contract for the column slopes).
+    let (ps0, ps1) = match epi {
+        Some(e) if !e.prelu_col.is_null() => unsafe {
+            (
+                Some(_mm512_maskz_loadu_ps(m0, e.prelu_col)),
+                (m1 != 0).then(|| _mm512_maskz_loadu_ps(m1, e.prelu_col.add(16))),
+            )
+        },
+        _ => (None, None),
+    };
     // The epilogue's decisions, once per tile (see `Cheap`).
     let null = std::ptr::null::<f32>();
     let (row_bias, resid, resid_ld) = epi.map_or((null, null, 0), |e| (e.row_bias, e.resid, e.resid_ld));
+    let prelu_row = epi.map_or(null, |e| e.prelu_row);
     let cheap = cheap_of(epi.and_then(|e| e.act), epi.and_then(|e| e.post));
     // One copy of the row epilogue per row (see `unrolled!`): the accumulators stay in
     // registers instead of going through the stack.
@@ -420,6 +439,18 @@ unsafe fn tile<const R: usize, const NARROW: bool, const CHAINS: bool>(
                 }
                 v0 = apply_cheap(cheap, v0);
                 v1 = apply_cheap(cheap, v1);
+                // PRelu slopes (never with an activation or affine: `validate`).
+                if let Some(s) = ps0 {
+                    v0 = prelu!(v0, s);
+                }
+                if let Some(s) = ps1 {
+                    v1 = prelu!(v1, s);
+                }
+                if !prelu_row.is_null() {
+                    let s = _mm512_set1_ps(*prelu_row.add(I));
+                    v0 = prelu!(v0, s);
+                    v1 = prelu!(v1, s);
+                }
                 if m0 == 0xFFFF {
                     _mm512_storeu_ps(cp, v0);
                 } else {
@@ -530,9 +561,15 @@ unsafe fn half_tile<const R: usize, const QUARTER: bool>(
         Some(e) if !e.col_bias.is_null() => Some(unsafe { _mm512_maskz_loadu_ps(m0, e.col_bias) }),
         _ => None,
     };
+    let ps = match epi {
+        // SAFETY: as for the column bias (TileEpi's contract for the column slopes).
+        Some(e) if !e.prelu_col.is_null() => Some(unsafe { _mm512_maskz_loadu_ps(m0, e.prelu_col) }),
+        _ => None,
+    };
     // The epilogue's decisions, once per tile (see `Cheap`).
     let null = std::ptr::null::<f32>();
     let (row_bias, resid, resid_ld) = epi.map_or((null, null, 0), |e| (e.row_bias, e.resid, e.resid_ld));
+    let prelu_row = epi.map_or(null, |e| e.prelu_row);
     let cheap = cheap_of(epi.and_then(|e| e.act), epi.and_then(|e| e.post));
     unrolled!(R, I => {
         if let Some(&acc) = acc.get(I) {
@@ -558,6 +595,12 @@ unsafe fn half_tile<const R: usize, const QUARTER: bool>(
                     v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m0, resid.add(I * resid_ld)));
                 }
                 v = apply_cheap(cheap, v);
+                if let Some(s) = ps {
+                    v = prelu!(v, s);
+                }
+                if !prelu_row.is_null() {
+                    v = prelu!(v, _mm512_set1_ps(*prelu_row.add(I)));
+                }
                 _mm512_mask_storeu_ps(cp, m0, v);
             }
         }
@@ -671,6 +714,7 @@ pub(crate) fn kernels() -> Kernels {
         quarter: &QUARTER_TILES,
         narrow: &NARROW_TILES,
         fused: true,
+        prelu: true,
         prefetch: false,
         epi,
     }
