@@ -271,32 +271,29 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
         let iw = dims[1].0;
         let ys: smallvec::SmallVec<[usize; 8]> = taps_in(dims[0], oy).collect();
         if c.is_multiple_of(L) {
-            // Whole 16-channel blocks: the running maximum of a block stays in a register
-            // across the window's taps, instead of a pass over the output row per tap.
+            // Whole 16-channel blocks: the output pixel itself holds the running maximum
+            // (in L1) across the window's taps, the first tap copied, each other one compared
+            // in place, whole vectors a time.
             for (ox, out) in row.chunks_exact_mut(c).enumerate() {
-                let xs: smallvec::SmallVec<[usize; 8]> = taps_in(dims[1], ox).collect();
-                for (b, dst) in out.chunks_exact_mut(L).enumerate() {
-                    let mut acc = [f32::NAN; L];
-                    let mut first = true;
-                    for &iy in &ys {
-                        for &ix in &xs {
-                            let o = (iy * iw + ix) * c + b * L;
-                            let Some(src) = x.get(o..o + L).and_then(|s| <&[f32; L]>::try_from(s).ok()) else {
-                                continue;
-                            };
-                            if first {
-                                acc = *src;
-                                first = false;
-                            } else {
-                                for (m, &v) in acc.iter_mut().zip(src) {
-                                    *m = if v > *m { v } else { *m };
-                                }
+                let mut first = true;
+                for &iy in &ys {
+                    for ix in taps_in(dims[1], ox) {
+                        let o = (iy * iw + ix) * c;
+                        let Some(src) = x.get(o..o + c) else { continue };
+                        if first {
+                            for (m, &v) in out.iter_mut().zip(src) {
+                                *m = v;
+                            }
+                            first = false;
+                        } else {
+                            for (m, &v) in out.iter_mut().zip(src) {
+                                *m = if v > *m { v } else { *m };
                             }
                         }
                     }
-                    if let Ok(d) = <&mut [f32; L]>::try_from(dst) {
-                        *d = acc;
-                    }
+                }
+                if first {
+                    out.fill(f32::NAN);
                 }
             }
             return;
