@@ -347,9 +347,15 @@ impl UnaryOp {
             }
             _ if dt == DType::F32 && self.is_f32_map() => match x.data() {
                 Data::F32(v) => {
-                    let mut out = v.to_vec();
-                    self.apply_f32(&mut out);
-                    Data::F32(out.into())
+                    // The run's planned (or recycled) buffer: a fresh vector of a large
+                    // activation faulted its pages in on every run (wav2vec2's first GELU,
+                    // 13 MB).
+                    let mut out = crate::util::out_f32(v.len());
+                    for (d, &s) in out.as_mut_slice().iter_mut().zip(v.iter()) {
+                        *d = s;
+                    }
+                    self.apply_f32(out.as_mut_slice());
+                    Data::F32(out)
                 }
                 _ => return Err(OpError::UnsupportedDType { index: 0, got: dt }),
             },
