@@ -39,17 +39,18 @@ kiln_kernels::scratch_kinds! {
 }
 
 /// `f(shape, values)` on an f32 tensor's own storage (a run arena's region or its vector,
-/// written in place); `None` for another element type.
-fn in_place_f32(y: &mut Tensor, f: impl FnOnce(&[usize], &mut [f32])) -> Option<Result<()>> {
+/// written in place); `not_f32`'s error for another element type.
+fn in_place_f32(y: &mut Tensor, not_f32: impl FnOnce() -> OpError, f: impl FnOnce(&[usize], &mut [f32])) -> Result<()> {
     if y.dtype() != kiln_tensor::DType::F32 {
-        return None;
+        return Err(not_f32());
     }
     let shape = kiln_tensor::Shape::from_slice(y.shape());
     let kiln_tensor::Data::F32(mut b) = std::mem::replace(y, Tensor::scalar(0.0f32)).into_data() else {
-        return None;
+        return Err(not_f32());
     };
     f(&shape, b.as_mut_slice());
-    Some(Tensor::from_buf(shape, b).map(|t| *y = t).map_err(Into::into))
+    *y = Tensor::from_buf(shape, b)?;
+    Ok(())
 }
 
 /// A `Conv` with the plan it runs under. Derefs to the op, so its attributes read as they do
@@ -146,9 +147,6 @@ impl<'a> Planned<'a> {
         if slopes.rank() != 1 {
             return Err(bad_slopes(s.len()));
         }
-        if self.plan.activation.is_some() || self.plan.post.is_some() {
-            return Err(self.misfit("PRelu slopes with an activation or a scale and shift"));
-        }
         let plain = self.with(ConvPlan {
             prelu: false,
             ..self.plan
@@ -189,18 +187,21 @@ impl<'a> Planned<'a> {
                 return Err(bad_slopes(m));
             }
             let channels_last = self.plan.channels_last;
-            in_place_f32(y, |shape, v| {
-                if channels_last {
-                    kiln_kernels::vector::prelu_channels(v, s);
-                } else {
-                    // [N, M, spatial...]: one slope per plane.
-                    let plane: usize = shape.iter().skip(2).product();
-                    for (i, p) in v.chunks_exact_mut(plane.max(1)).enumerate() {
-                        kiln_kernels::vector::prelu_one(p, s.get(i % m).copied().unwrap_or(1.0));
+            in_place_f32(
+                y,
+                || self.misfit("a PRelu after a non-f32 Conv"),
+                |shape, v| {
+                    if channels_last {
+                        kiln_kernels::vector::prelu_channels(v, s);
+                    } else {
+                        // [N, M, spatial...]: one slope per plane.
+                        let plane: usize = shape.iter().skip(2).product();
+                        for (i, p) in v.chunks_exact_mut(plane.max(1)).enumerate() {
+                            kiln_kernels::vector::prelu_one(p, s.get(i % m).copied().unwrap_or(1.0));
+                        }
                     }
-                }
-            })
-            .ok_or_else(|| self.misfit("a PRelu after a non-f32 Conv"))??;
+                },
+            )?;
         }
         Ok(out)
     }
@@ -216,8 +217,11 @@ impl<'a> Planned<'a> {
         if let Some(post) = self.plan.post
             && let Some(Value::Tensor(y)) = out.first_mut()
         {
-            in_place_f32(y, |_, v| post.kernel().apply_slice(v))
-                .ok_or_else(|| self.misfit("a scale and shift after a non-f32 Conv"))??;
+            in_place_f32(
+                y,
+                || self.misfit("a scale and shift after a non-f32 Conv"),
+                |_, v| post.kernel().apply_slice(v),
+            )?;
         }
         Ok(out)
     }

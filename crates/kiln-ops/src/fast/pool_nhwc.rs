@@ -243,7 +243,8 @@ fn max_nhwc_8bit<T: Copy + Ord + Default + Send + Sync + kiln_kernels::quant::Q8
     });
 }
 
-/// Channels per block of [`MaxRow`]'s register path.
+/// Channel counts that are multiples of this take [`MaxRow`]'s pixel-by-pixel path (whole
+/// vectors per tap); others its row-reduction path.
 const L: usize = 16;
 
 /// One output row of [`max_nhwc`].
