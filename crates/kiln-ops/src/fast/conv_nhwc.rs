@@ -817,6 +817,188 @@ impl kiln_kernels::simd::Kernel for FillColumns<'_> {
     }
 }
 
+/// Fewest output rows per image of a batch whose windows run as one GEMM per image: a batch
+/// of images of few windows each (an STFT over 31 chunks of audio: 5 windows a chunk) is
+/// better copied into one im2col A of every image's rows than run as one GEMM per image: a
+/// 5-row GEMM streams all of B for 5 rows (64 -> 100+ GFLOP/s).
+const WINDOWS_MIN_ROWS: usize = 64;
+
+/// Floats of convolution output a band of [`Planned::packed_pooled`] makes before pooling
+/// them (512 KiB: half of Zen 4's L2, beside the A block and the weights).
+const BAND_FLOATS: usize = 128 * 1024;
+
+/// How a packed channels-last call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// A 1x1 stride-1 window: A is X itself.
+    Pointwise,
+    /// Every image's im2col rows are X read as overlapping windows (rows per image, step).
+    Windows(usize, usize),
+    /// [`narrow_direct`]: few output channels.
+    Direct,
+    /// Blocks of im2col rows (or tap classes), each multiplied by one thread.
+    Blocks,
+}
+
+/// The operands and epilogue of one packed channels-last call (see
+/// [`Planned::packed_nhwc`]).
+struct PackedCall<'a> {
+    geo: Geometry,
+    pk: PackedConvWeights,
+    packed: kiln_kernels::sgemm::PackedBRef<'a>,
+    xd: &'a [f32],
+    x_shape: kiln_tensor::Shape,
+    rd: Option<&'a [f32]>,
+    bias: kiln_kernels::sgemm::Bias<'a>,
+    act: Option<kiln_kernels::sgemm::Act>,
+    post: Option<kiln_kernels::sgemm::Affine>,
+    prelu: kiln_kernels::sgemm::Bias<'a>,
+    /// X is channels-first with more than one channel: A's blocks are gathered transposed
+    /// (one row per tap, one column per pixel).
+    cf: bool,
+    /// The convolution's output shape `[N, OH, OW, M]`.
+    shape: kiln_tensor::Shape,
+}
+
+impl<'a> PackedCall<'a> {
+    /// The error for X that does not fit the packed weights.
+    fn misfit(&self) -> OpError {
+        let pk = self.pk;
+        OpError::input_shape(
+            0,
+            format!(
+                "a shape that fits the packed weights [{}, {}, {}, {}]",
+                pk.m, pk.c, pk.kh, pk.kw
+            ),
+            &self.x_shape,
+        )
+    }
+
+    fn route(&self) -> Route {
+        use kiln_kernels::sgemm::BLayout;
+        let (geo, cf) = (&self.geo, self.cf);
+        let (k, m) = (geo.k(), geo.m);
+        if geo.is_pointwise() && !cf {
+            return Route::Pointwise;
+        }
+        if let (false, Some((per_image, step))) = (cf, geo.windows())
+            && (geo.batch == 1 || per_image >= WINDOWS_MIN_ROWS)
+        {
+            return Route::Windows(per_image, step);
+        }
+        if !cf
+            && m <= DIRECT_MAX_M
+            && k >= DIRECT_MIN_K
+            && geo.dw == 1
+            && self.rd.is_none()
+            && self.packed.data().len() >= k * BLayout::NR32.nr()
+        {
+            return Route::Direct;
+        }
+        Route::Blocks
+    }
+
+    /// The epilogue with `residual`.
+    fn epilogue<'r>(&self, residual: Option<kiln_kernels::sgemm::Residual<'r>>) -> kiln_kernels::sgemm::Epilogue<'r>
+    where
+        'a: 'r,
+    {
+        kiln_kernels::sgemm::Epilogue {
+            bias: self.bias,
+            residual,
+            act: self.act,
+            post: self.post,
+            prelu: self.prelu,
+        }
+    }
+
+    /// Rows of A a block: each block streams all of B, so when B outgrows the L2 cache,
+    /// blocks get at least B_ROWS rows and B's traffic is paid over many rows (deep layers
+    /// have few rows and large weights). With several blocks and threads, the block count is
+    /// made a multiple of the threads (blocks shrink a little) so each thread's contiguous
+    /// group is equal (MobileNet-v2's stem: 11 blocks had split 6/5 over two threads).
+    fn block(&self) -> usize {
+        let (k, m, rows) = (self.geo.k(), self.geo.m, self.geo.rows());
+        let mut block = (BLOCK_FLOATS / k.max(1)).next_multiple_of(8).max(8);
+        if k * m > B_L2_FLOATS {
+            block = block.max(B_ROWS);
+        }
+        let mut block = block.min(rows.next_multiple_of(8));
+        let threads = kiln_kernels::pool::current_threads();
+        if threads > 1 && rows > block {
+            let blocks = rows.div_ceil(block).next_multiple_of(threads);
+            let even = rows.div_ceil(blocks).next_multiple_of(8);
+            if k * m <= B_L2_FLOATS || even >= B_ROWS {
+                block = even;
+            }
+        }
+        block
+    }
+
+    /// A block of A for output pixels `r0 .. r0 + n`: im2col rows from channels-last X, or
+    /// the transposed block gathered from channels-first X. `false` if X is short.
+    fn fill(&self, r0: usize, n: usize, a: &mut [f32]) -> bool {
+        if self.cf {
+            kiln_kernels::simd::vectorize_kernel(FillColumns {
+                geo: &self.geo,
+                x: self.xd,
+                r0,
+                n,
+                a,
+            })
+        } else {
+            self.geo.fill_rows(self.xd, r0, a)
+        }
+    }
+
+    /// A block of `n` rows and depth `k` as the GEMM's A.
+    fn a_block<'b>(&self, a: &'b [f32], n: usize, k: usize) -> kiln_kernels::sgemm::AMatrix<'b> {
+        if self.cf {
+            kiln_kernels::sgemm::AMatrix::transposed(a, n)
+        } else {
+            kiln_kernels::sgemm::AMatrix::row_major(a, k)
+        }
+    }
+
+    /// Output pixels `r0 .. r0 + out.len() / M` into `out`, as one block of A made and
+    /// multiplied by the calling thread. Channels-last X: only the kernel rows that read
+    /// the image for this block, and the matching rows of the packed weights (taps are
+    /// ordered (ky, kx, c)). `false` when X or the residual is shorter than the geometry.
+    fn rows(&self, r0: usize, out: &mut [f32]) -> bool {
+        use kiln_kernels::sgemm::{Residual, sgemm};
+        let geo = &self.geo;
+        let (k, m) = (geo.k(), geo.m);
+        let nrows = out.len() / m.max(1);
+        let kys = if self.cf {
+            0..geo.kh
+        } else {
+            geo.live_kernel_rows(r0, nrows)
+        };
+        let per_row = geo.kw * geo.c;
+        let mut a = lend::<Rows>();
+        let kb = kys.len() * per_row;
+        a.resize(nrows * kb, 0.0);
+        let (mut ok, b) = if kb == k {
+            (self.fill(r0, nrows, &mut a), Some(self.packed))
+        } else {
+            (
+                geo.fill_rows_of(self.xd, r0, kys.clone(), &mut a),
+                self.packed.rows(kys.start * per_row, kys.end * per_row),
+            )
+        };
+        let residual = match self.rd {
+            Some(r) => r.get(r0 * m..).map(|data| Residual { data, ld: m }),
+            None => None,
+        };
+        ok &= self.rd.is_none() || residual.is_some();
+        let epi = self.epilogue(residual);
+        match b {
+            Some(b) => ok && sgemm(nrows, self.a_block(&a, nrows, kb), b, out, m, &epi).is_ok(),
+            None => false,
+        }
+    }
+}
+
 impl Planned<'_> {
     /// The channels-last evaluation (see the module docs).
     pub(crate) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
@@ -916,13 +1098,15 @@ impl Planned<'_> {
         Ok(Geometry { batch, m, conv })
     }
 
-    /// The packed GEMM path (see the module docs).
-    pub(super) fn packed_nhwc(&self, args: &Args<'_>, pk: PackedConvWeights, slopes: Option<&[f32]>) -> Result<Tensor> {
-        // A batch of images of few windows each (an STFT over 31 chunks of audio: 5 windows a
-        // chunk) is better copied into one im2col A of every image's rows than run as one
-        // GEMM per image: a 5-row GEMM streams all of B for 5 rows (64 -> 100+ GFLOP/s).
-        const WINDOWS_MIN_ROWS: usize = 64;
-        use kiln_kernels::sgemm::{AMatrix, BLayout, Bias, Epilogue, PackedBRef, Residual, sgemm};
+    /// The operands and epilogue of a packed channels-last call, checked against the packed
+    /// weights.
+    fn packed_call<'b>(
+        &self,
+        args: &Args<'b>,
+        pk: PackedConvWeights,
+        slopes: Option<&'b [f32]>,
+    ) -> Result<PackedCall<'b>> {
+        use kiln_kernels::sgemm::{BLayout, Bias, PackedBRef};
         let ([x, w], [b, r], f32s) = operands(args)?;
         if !f32s {
             return Err(self.misfit("packed weights take f32 X, bias and residual"));
@@ -956,217 +1140,114 @@ impl Planned<'_> {
             )
         })?;
         let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![geo.batch, geo.oh, geo.ow, m];
-        let rd = f32_residual(r, &shape)?;
+        Ok(PackedCall {
+            rd: f32_residual(r, &shape)?,
+            bias: f32_bias(b, m, 2)?.map_or(Bias::None, Bias::Col),
+            act: self.plan.activation.map(|a| a.kernel_act()),
+            post: self.plan.post.map(PostAffine::kernel),
+            prelu: slopes.map_or(Bias::None, Bias::Col),
+            xd: x.as_slice::<f32>()?,
+            x_shape: kiln_tensor::Shape::from_slice(x.shape()),
+            pk,
+            geo,
+            packed,
+            cf,
+            shape,
+        })
+    }
+
+    /// The packed GEMM path (see the module docs).
+    pub(super) fn packed_nhwc(&self, args: &Args<'_>, pk: PackedConvWeights, slopes: Option<&[f32]>) -> Result<Tensor> {
+        use kiln_kernels::sgemm::{AMatrix, Bias, Residual, sgemm};
+        let call = self.packed_call(args, pk, slopes)?;
+        let PackedCall {
+            ref geo,
+            packed,
+            xd,
+            rd,
+            bias,
+            act,
+            post,
+            cf,
+            ..
+        } = call;
+        let (k, m) = (geo.k(), geo.m);
+        let shape = call.shape.clone();
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = crate::util::out_f32(numel(&shape)?);
         let rows = geo.rows();
         if y.is_empty() {
             return Ok(Tensor::from_buf(shape, y)?);
         }
-        let bias = f32_bias(b, m, 2)?.map_or(Bias::None, Bias::Col);
-        let act = self.plan.activation.map(|a| a.kernel_act());
-        let post = self.plan.post.map(PostAffine::kernel);
-        let prelu = slopes.map_or(Bias::None, Bias::Col);
-        let xd = x.as_slice::<f32>()?;
-        let bad = || {
-            OpError::input_shape(
-                0,
-                format!(
-                    "a shape that fits the packed weights [{}, {}, {}, {}]",
-                    pk.m, pk.c, pk.kh, pk.kw
-                ),
-                x.shape(),
-            )
-        };
-        if geo.is_pointwise() && !cf {
-            let epi = Epilogue {
-                bias,
-                residual: rd.map(|data| Residual { data, ld: m }),
-                act,
-                post,
-                prelu,
-            };
-            sgemm(rows, AMatrix::row_major(xd, k), packed, &mut y, m, &epi).map_err(|_| bad())?;
-            return Ok(Tensor::from_buf(shape, y)?);
-        }
-        if let (false, Some((per_image, step))) = (cf, geo.windows())
-            && (geo.batch == 1 || per_image >= WINDOWS_MIN_ROWS)
-        {
-            // One GEMM per image on X's own overlapping rows (it splits its rows over the pool).
-            let image = geo.ih * geo.iw * geo.c;
-            for (n, out) in y.chunks_exact_mut(per_image * m).enumerate() {
-                let xi = xd.get(n * image..(n + 1) * image).ok_or_else(bad)?;
-                let residual = match rd {
-                    Some(r) => Some(Residual {
-                        data: r.get(n * per_image * m..).ok_or_else(bad)?,
-                        ld: m,
-                    }),
-                    None => None,
+        let bad = || call.misfit();
+        match call.route() {
+            Route::Pointwise => {
+                let epi = call.epilogue(rd.map(|data| Residual { data, ld: m }));
+                sgemm(rows, AMatrix::row_major(xd, k), packed, &mut y, m, &epi).map_err(|_| bad())?;
+                return Ok(Tensor::from_buf(shape, y)?);
+            }
+            Route::Windows(per_image, step) => {
+                // One GEMM per image on X's own overlapping rows (it splits its rows over the pool).
+                let image = geo.ih * geo.iw * geo.c;
+                for (n, out) in y.chunks_exact_mut(per_image * m).enumerate() {
+                    let xi = xd.get(n * image..(n + 1) * image).ok_or_else(bad)?;
+                    let residual = match rd {
+                        Some(r) => Some(Residual {
+                            data: r.get(n * per_image * m..).ok_or_else(bad)?,
+                            ld: m,
+                        }),
+                        None => None,
+                    };
+                    let epi = call.epilogue(residual);
+                    sgemm(per_image, AMatrix::windows(xi, step), packed, out, m, &epi).map_err(|_| bad())?;
+                }
+                return Ok(Tensor::from_buf(shape, y)?);
+            }
+            Route::Direct => {
+                let bias = match bias {
+                    Bias::Col(v) => Some(v),
+                    _ => None,
                 };
-                let epi = Epilogue {
-                    bias,
-                    residual,
-                    act,
-                    post,
-                    prelu,
-                };
-                sgemm(per_image, AMatrix::windows(xi, step), packed, out, m, &epi).map_err(|_| bad())?;
+                if !narrow_direct(geo, xd, packed.data(), bias, &mut y) {
+                    return Err(bad());
+                }
+                if let Some(a) = act {
+                    kiln_kernels::sgemm::act_slice(a, &mut y);
+                }
+                if let Some(s) = slopes {
+                    kiln_kernels::vector::prelu_channels(&mut y, s);
+                }
+                if let Some(p) = post {
+                    p.apply_slice(&mut y);
+                }
+                return Ok(Tensor::from_buf(shape, y)?);
             }
-            return Ok(Tensor::from_buf(shape, y)?);
+            Route::Blocks => {}
         }
-        if !cf
-            && m <= DIRECT_MAX_M
-            && k >= DIRECT_MIN_K
-            && geo.dw == 1
-            && rd.is_none()
-            && packed.data().len() >= k * BLayout::NR32.nr()
-        {
-            let bias = match bias {
-                Bias::Col(v) => Some(v),
-                _ => None,
-            };
-            if !narrow_direct(&geo, xd, packed.data(), bias, &mut y) {
-                return Err(bad());
-            }
-            if let Some(a) = act {
-                kiln_kernels::sgemm::act_slice(a, &mut y);
-            }
-            if let Some(s) = slopes {
-                kiln_kernels::vector::prelu_channels(&mut y, s);
-            }
-            if let Some(p) = post {
-                p.apply_slice(&mut y);
-            }
-            return Ok(Tensor::from_buf(shape, y)?);
-        }
-        // Row blocks of A, each copied and multiplied by one thread. Every block streams all
-        // of B: when B outgrows the L2 cache, blocks get at least B_ROWS rows, so B's traffic
-        // is paid over many rows (deep layers have few rows and large weights).
-        let mut block = (BLOCK_FLOATS / k.max(1)).next_multiple_of(8).max(8);
-        if k * m > B_L2_FLOATS {
-            block = block.max(B_ROWS);
-        }
-        let mut block = block.min(rows.next_multiple_of(8));
-        // Each thread takes a contiguous group of blocks: with several blocks, their count is
-        // made a multiple of the threads (blocks shrink a little), so the groups are equal
-        // (MobileNet-v2's stem: 11 blocks had split 6/5 over two threads).
-        let threads = kiln_kernels::pool::current_threads();
-        if threads > 1 && rows > block {
-            let blocks = rows.div_ceil(block).next_multiple_of(threads);
-            let even = rows.div_ceil(blocks).next_multiple_of(8);
-            if k * m <= B_L2_FLOATS || even >= B_ROWS {
-                block = even;
-            }
-        }
-        numel(&[block, k])?;
+        let block = call.block();
         if let (false, Some(classes)) = (cf, geo.tap_classes()) {
-            let ok = run_tap_classes(
-                &geo,
-                &classes,
-                xd,
-                packed,
-                Epilogue {
-                    bias,
-                    residual: None,
-                    act,
-                    post,
-                    prelu,
-                },
-                rd,
-                &mut y,
-                block,
-            );
+            let ok = run_tap_classes(geo, &classes, xd, packed, call.epilogue(None), rd, &mut y, block);
             if !ok {
                 return Err(bad());
             }
             return Ok(Tensor::from_buf(shape, y)?);
         }
-        // A block of A: im2col rows from channels-last X, or the transposed block (one row
-        // per tap, one column per pixel) gathered from channels-first X.
-        let fill = |xd: &[f32], r0: usize, n: usize, a: &mut [f32]| {
-            if cf {
-                kiln_kernels::simd::vectorize_kernel(FillColumns {
-                    geo: &geo,
-                    x: xd,
-                    r0,
-                    n,
-                    a,
-                })
-            } else {
-                geo.fill_rows(xd, r0, a)
-            }
-        };
-        fn a_block(a: &[f32], n: usize, k: usize, columns: bool) -> AMatrix<'_> {
-            if columns {
-                AMatrix::transposed(a, n)
-            } else {
-                AMatrix::row_major(a, k)
-            }
-        }
-        let columns = cf;
         if rows <= block {
             // One block: the GEMM itself splits its rows over the pool.
-            return {
-                let mut a = lend::<Rows>();
-                a.resize(rows * k, 0.0);
-                let ok = fill(xd, 0, rows, &mut a);
-                let epi = Epilogue {
-                    bias,
-                    residual: rd.map(|data| Residual { data, ld: m }),
-                    act,
-                    post,
-                    prelu,
-                };
-                let ok = ok && sgemm(rows, a_block(&a, rows, k, columns), packed, &mut y, m, &epi).is_ok();
-                drop(a);
-                if !ok {
-                    return Err(bad());
-                }
-                Ok(Tensor::from_buf(shape, y)?)
-            };
+            let mut a = lend::<Rows>();
+            a.resize(rows * k, 0.0);
+            let ok = call.fill(0, rows, &mut a);
+            let epi = call.epilogue(rd.map(|data| Residual { data, ld: m }));
+            let ok = ok && sgemm(rows, call.a_block(&a, rows, k), packed, &mut y, m, &epi).is_ok();
+            drop(a);
+            if !ok {
+                return Err(bad());
+            }
+            return Ok(Tensor::from_buf(shape, y)?);
         }
         let failed = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::for_each_chunk_mut(&mut y, block * m, &|bi, out| {
-            let r0 = bi * block;
-            let nrows = out.len() / m.max(1);
-            // Channels-last X: only the kernel rows that read the image for this block, and
-            // the matching rows of the packed weights (taps are ordered (ky, kx, c)).
-            let kys = if columns {
-                0..geo.kh
-            } else {
-                geo.live_kernel_rows(r0, nrows)
-            };
-            let per_row = geo.kw * geo.c;
-            let ok = {
-                let mut a = lend::<Rows>();
-                let kb = kys.len() * per_row;
-                a.resize(nrows * kb, 0.0);
-                let (mut ok, b) = if kb == k {
-                    (fill(xd, r0, nrows, &mut a), Some(packed))
-                } else {
-                    (
-                        geo.fill_rows_of(xd, r0, kys.clone(), &mut a),
-                        packed.rows(kys.start * per_row, kys.end * per_row),
-                    )
-                };
-                let residual = match rd {
-                    Some(r) => r.get(r0 * m..).map(|data| Residual { data, ld: m }),
-                    None => None,
-                };
-                ok &= rd.is_none() || residual.is_some();
-                let epi = Epilogue {
-                    bias,
-                    residual,
-                    act,
-                    post,
-                    prelu,
-                };
-                match b {
-                    Some(b) => ok && sgemm(nrows, a_block(&a, nrows, kb, columns), b, out, m, &epi).is_ok(),
-                    None => false,
-                }
-            };
-            if !ok {
+            if !call.rows(bi * block, out) {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         });
@@ -1174,6 +1255,88 @@ impl Planned<'_> {
             return Err(bad());
         }
         Ok(Tensor::from_buf(shape, y)?)
+    }
+
+    /// The packed path with the plan's MaxPool fused ([`super::ConvPlan::pool`], here
+    /// `pool`): bands of pooled output rows over the pool, each band's convolution rows made
+    /// into a scratch band (in blocks of A rows, as the unfused path makes them) and pooled
+    /// from it into Y, so the convolution's output never goes to memory whole (a spectrogram
+    /// stem's 14 MB, written then read back by its 2x2 pool). A pool with overlapping windows
+    /// makes the rows two bands share twice. `None` when the call takes one of the other
+    /// routes (a pointwise, 1-D windowed, narrow or tap-class convolution, or a residual):
+    /// the caller pools after.
+    pub(super) fn packed_pooled(
+        &self,
+        args: &Args<'_>,
+        pk: PackedConvWeights,
+        slopes: Option<&[f32]>,
+        pool: &crate::nn::Pool,
+    ) -> Result<Option<Tensor>> {
+        let call = self.packed_call(args, pk, slopes)?;
+        let geo = &call.geo;
+        if call.rd.is_some() || call.route() != Route::Blocks || (!call.cf && geo.tap_classes().is_some()) {
+            return Ok(None);
+        }
+        let (oh, ow, m) = (geo.oh, geo.ow, geo.m);
+        let (shape, dims) = pool.max_window_nhwc([geo.batch, oh, ow, m])?;
+        let &[_, ph, pw, _] = shape.as_slice() else {
+            return Err(call.misfit());
+        };
+        let mut y = crate::util::out_f32(numel(&shape)?);
+        if y.is_empty() || ph == 0 || pw == 0 {
+            return Ok(Some(Tensor::from_buf(shape, y)?));
+        }
+        let (_, kh, sh, dh, pbh) = dims[0];
+        let sh = sh.max(1);
+        // Pooled rows a band: as many as keep its convolution rows within BAND_FLOATS, the
+        // bands made a multiple of the threads in count.
+        let reach = kh.saturating_sub(1) * dh + 1;
+        let fit = BAND_FLOATS / (ow * m).max(1);
+        let mut band = if fit > reach { (fit - reach) / sh + 1 } else { 1 };
+        let total = geo.batch * ph;
+        let threads = kiln_kernels::pool::current_threads();
+        if threads > 1 && total > band {
+            let bands = total.div_ceil(band).next_multiple_of(threads);
+            band = total.div_ceil(bands).max(1);
+        }
+        let band = band.min(total);
+        let block = call.block();
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        kiln_kernels::pool::for_each_chunk_mut(&mut y, band * pw * m, &|bi, out| {
+            let mut conv = lend::<PoolBand>();
+            let (mut q, mut dst) = (bi * band, out);
+            while !dst.is_empty() {
+                // Pooled rows p0..p1 of image `img` (a band may end one image and start the
+                // next), made from its convolution rows r_lo..r_hi.
+                let (img, p0) = (q / ph, q % ph);
+                let p1 = (p0 + dst.len() / (pw * m)).min(ph);
+                let (here, rest) = std::mem::take(&mut dst).split_at_mut((p1 - p0) * pw * m);
+                let r_lo = (p0 * sh).saturating_sub(pbh).min(oh);
+                let r_hi = ((p1 - 1) * sh + reach).saturating_sub(pbh).clamp(r_lo, oh);
+                conv.resize((r_hi - r_lo) * ow * m, 0.0);
+                let r0 = (img * oh + r_lo) * ow;
+                let mut ok = true;
+                for (j, part) in conv.chunks_mut(block * m).enumerate() {
+                    ok &= call.rows(r0 + j * block, part);
+                }
+                if !ok {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+                // The band's first row is the image's row r_lo: the window's padding before
+                // it shrinks by as much (r_lo = p0 * sh - pbh when that is above 0).
+                let local = [(r_hi - r_lo, kh, sh, dh, pbh + r_lo - p0 * sh), dims[1]];
+                for (i, row) in here.chunks_exact_mut(pw * m).enumerate() {
+                    super::pool_nhwc::max_row(&conv, i, m, local, row);
+                }
+                q += p1 - p0;
+                dst = rest;
+            }
+        });
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(call.misfit());
+        }
+        Ok(Some(Tensor::from_buf(shape, y)?))
     }
 
     /// The depthwise path: f32, `group == C`, W `[C, 1, kh, kw]`, or W already tap-major
@@ -1432,6 +1595,9 @@ const DIRECT_MAX_M: usize = 4;
 const DIRECT_MIN_K: usize = 32;
 
 kiln_kernels::scratch_kinds! {
+    /// A band of convolution output rows before [`Planned::packed_pooled`] pools them (the
+    /// calling thread's).
+    PoolBand: Vec<f32>;
     /// [`narrow_direct`]'s weights as columns over the depth (the calling thread's).
     DirectCols: Vec<f32>;
 }
