@@ -211,8 +211,7 @@ fn profile_trace_has_one_complete_event_per_node_run() {
     assert_eq!(per_name.len(), steps);
     assert!(per_name.values().all(|&c| c == runs), "{per_name:?}");
     // The first Conv reads the 3-channel image as it is and writes channels-last (the
-    // `layout` pass's choice), its 2x2 MaxPool fused in (`conv_pool`): the shapes in the
-    // trace are the real ones.
+    // `layout` pass's choice); the shapes in the trace are the real ones.
     let conv = nodes.iter().find(|n| n["args"]["op_name"] == "Conv").unwrap();
     assert_eq!(
         conv["args"]["input_type_shape"][0]["float"],
@@ -220,7 +219,7 @@ fn profile_trace_has_one_complete_event_per_node_run() {
     );
     assert_eq!(
         conv["args"]["output_type_shape"][0]["float"],
-        serde_json::json!([1, 16, 16, 8])
+        serde_json::json!([1, 32, 32, 8])
     );
 }
 

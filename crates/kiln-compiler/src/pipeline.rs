@@ -9,9 +9,9 @@
 
 use crate::CompileError;
 use crate::passes::{
-    attention, bn, captures, chain, conv_pool, conv_tail, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act,
-    identity, inline_if, layout, matmul_add, patterns, pointwise_depthwise, qconv_residual, qdq_add, qdq_chain,
-    qdq_conv, qdq_glue, qdq_matmul, residual, shape, unit_transpose,
+    attention, bn, captures, chain, conv_tail, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity,
+    inline_if, layout, matmul_add, patterns, pointwise_depthwise, qconv_residual, qdq_add, qdq_chain, qdq_conv,
+    qdq_glue, qdq_matmul, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -294,14 +294,6 @@ const PIPELINE: &[Pass] = &[
         level: 2,
         deep: true,
         run: conv_tail::run,
-    },
-    // After conv_tail and the other fusions into a convolution (each acts before the pool,
-    // in its epilogue): a MaxPool of its output alone goes in too.
-    Pass {
-        name: "conv_pool",
-        level: 2,
-        deep: true,
-        run: conv_pool::run,
     },
     // After the chain pass: a chain that is a function of one 8-bit value becomes its table;
     // the others read their dequantized inputs as the 8-bit values.

@@ -335,18 +335,13 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
         let Some((ci, wt)) = sole_constant(program, &reads, &outputs, w) else {
             continue;
         };
-        let (Ok(data), &[m, c, 3, 3], &[_, x1, x2, x3], &[_, y1, y2, y3]) =
+        let (Ok(data), &[m, c, 3, 3], &[_, x1, _, x3], &[_, y1, y2, y3]) =
             (wt.as_slice::<f32>(), wt.shape(), xs.as_slice(), ys.as_slice())
         else {
             continue;
         };
-        // Channels-last X is [N, H, W, C] and Y [N, OH, OW, M]; with a fused pool, Y is
-        // pooled and the convolution's own output about X's size (3x3, stride 1).
-        let (xc, oh, ow) = match (plan.channels_last, plan.pool.is_some()) {
-            (true, true) => (x3, x1, x2),
-            (true, false) => (x3, y1, y2),
-            (false, _) => (x1, y2, y3),
-        };
+        // Channels-last X is [N, H, W, C] and Y [N, OH, OW, M].
+        let (xc, oh, ow) = if plan.channels_last { (x3, y1, y2) } else { (x1, y2, y3) };
         let tiles = oh.div_ceil(4) * ow.div_ceil(4);
         if xc != c || tiles < WINOGRAD_MIN_TILES || c < WINOGRAD_MIN_CHANNELS || m < WINOGRAD_MIN_CHANNELS {
             continue;

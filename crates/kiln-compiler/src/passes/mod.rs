@@ -9,7 +9,6 @@ pub(crate) mod bn;
 pub(crate) mod captures;
 pub(crate) mod chain;
 pub(crate) mod conv1d;
-pub(crate) mod conv_pool;
 pub(crate) mod conv_tail;
 pub(crate) mod conv_taps;
 pub(crate) mod cse;

@@ -89,9 +89,6 @@ impl<'a> Planned<'a> {
 
     /// Runs the convolution under this plan (see the module docs).
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        if let Some(window) = self.plan.pool {
-            return self.eval_pooled(args, window);
-        }
         if self.plan.prelu {
             return self.eval_prelu(args);
         }
@@ -139,7 +136,17 @@ impl<'a> Planned<'a> {
     /// epilogue of the channels-last packed path, else over the whole f32 output after the
     /// convolution of inputs 0-3.
     fn eval_prelu(&self, args: &Args<'_>) -> Result<crate::Outputs> {
-        let (s, bad_slopes) = slopes_of(args)?;
+        let slopes = args.tensor(4)?;
+        let s = slopes.as_slice::<f32>().map_err(|_| OpError::UnsupportedDType {
+            index: 4,
+            got: slopes.dtype(),
+        })?;
+        // One slope per output channel: checked against the packed weights, or the output.
+        let bad_slopes =
+            |m: usize| OpError::input_shape(4, format!("[{m}] (a PRelu slope per output channel)"), slopes.shape());
+        if slopes.rank() != 1 {
+            return Err(bad_slopes(s.len()));
+        }
         let plain = self.with(ConvPlan {
             prelu: false,
             ..self.plan
@@ -197,44 +204,6 @@ impl<'a> Planned<'a> {
             )?;
         }
         Ok(out)
-    }
-
-    /// The convolution and its MaxPool ([`ConvPlan::pool`]): pooled band by band on the
-    /// channels-last packed path's blocks, else the convolution whole, then the pool.
-    fn eval_pooled(&self, args: &Args<'_>, window: super::MaxPoolWindow) -> Result<crate::Outputs> {
-        let pool = window.pool();
-        let plain = self.with(ConvPlan {
-            pool: None,
-            ..self.plan
-        });
-        if let (true, None, Some(pk), 1) = (
-            self.plan.channels_last,
-            self.plan.winograd,
-            self.plan.packed,
-            self.group.max(1),
-        ) && args.tensor(0)?.rank() == 4
-        {
-            let slopes = match self.plan.prelu {
-                true => {
-                    let (s, bad_slopes) = slopes_of(args)?;
-                    if s.len() != pk.m {
-                        return Err(bad_slopes(pk.m));
-                    }
-                    Some(s)
-                }
-                false => None,
-            };
-            let bare = plain.with(ConvPlan {
-                prelu: false,
-                ..plain.plan
-            });
-            if let Some(y) = bare.packed_pooled(args, pk, slopes, &pool)? {
-                return Ok(smallvec::smallvec![y.into()]);
-            }
-        }
-        let out = plain.eval(args)?;
-        let y = out.into_iter().next().ok_or(OpError::MissingInput { index: 0 })?;
-        pool.eval_channels_last(&Args::new(&[Some(&y)]))
     }
 
     /// The convolution without its scale and shift ([`ConvPlan::post`]), then those over the
@@ -648,19 +617,6 @@ impl<'a> Planned<'a> {
     /// The output types under this plan (channels-last permutes them; Winograd weights
     /// record the shape W had).
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
-        if let Some(window) = self.plan.pool {
-            let plain = self.with(ConvPlan {
-                pool: None,
-                ..self.plan
-            });
-            let y = plain.infer(inputs)?.into_iter().next().unwrap_or(ValueType::Unknown);
-            let input = InferInput {
-                ty: &y,
-                konst: None,
-                present: true,
-            };
-            return window.pool().infer_channels_last(&[input]);
-        }
         if self.plan.channels_last {
             return self.infer_channels_last(inputs);
         }
@@ -696,22 +652,6 @@ impl<'a> Planned<'a> {
         }
         self.op.infer(inputs)
     }
-}
-
-/// The PRelu slopes of input 4 (f32, rank 1), and the error for a count other than `m`.
-fn slopes_of<'b>(args: &Args<'b>) -> Result<(&'b [f32], impl Fn(usize) -> OpError + 'b)> {
-    let slopes = args.tensor(4)?;
-    let s = slopes.as_slice::<f32>().map_err(|_| OpError::UnsupportedDType {
-        index: 4,
-        got: slopes.dtype(),
-    })?;
-    // One slope per output channel: checked against the packed weights, or the output.
-    let bad_slopes =
-        move |m: usize| OpError::input_shape(4, format!("[{m}] (a PRelu slope per output channel)"), slopes.shape());
-    if slopes.rank() != 1 {
-        return Err(bad_slopes(s.len()));
-    }
-    Ok((s, bad_slopes))
 }
 
 fn residual_misfit(r: &Tensor, shape: &[usize]) -> OpError {

@@ -513,17 +513,50 @@ impl Geometry {
                     let Some(src) = x.get(start..start + span) else {
                         return false;
                     };
-                    for kx in 0..kw {
-                        let col = inner.iter_mut().skip(q * kw + kx).step_by(k);
-                        for (d, s) in col.zip(src.iter().skip(kx).step_by(self.sw.max(1))) {
-                            *d = *s;
-                        }
+                    // Pixel by pixel: `kw` consecutive floats each (a strided walk per
+                    // column of A compiled to an iterator loop of ~10 cycles a float).
+                    let sw = self.sw.max(1);
+                    for (j, row) in inner.chunks_exact_mut(k).enumerate() {
+                        let (Some(d), Some(s)) = (row.get_mut(q * kw..(q + 1) * kw), src.get(j * sw..j * sw + kw))
+                        else {
+                            return false;
+                        };
+                        copy_short(d, s);
                     }
                 }
             }
             r += len;
         }
         true
+    }
+}
+
+/// `d = s` for a few floats (a kernel row of a one-channel window): the common widths as
+/// fixed-size moves, since a copy of a run-time length became a library call per row.
+#[inline(always)]
+fn copy_short(d: &mut [f32], s: &[f32]) {
+    fn fixed<const N: usize>(d: &mut [f32], s: &[f32]) -> bool {
+        match (<&mut [f32; N]>::try_from(d), <&[f32; N]>::try_from(s)) {
+            (Ok(d), Ok(s)) => {
+                *d = *s;
+                true
+            }
+            _ => false,
+        }
+    }
+    let done = match d.len() {
+        1 => fixed::<1>(d, s),
+        2 => fixed::<2>(d, s),
+        3 => fixed::<3>(d, s),
+        4 => fixed::<4>(d, s),
+        5 => fixed::<5>(d, s),
+        7 => fixed::<7>(d, s),
+        _ => false,
+    };
+    if !done {
+        for (d, &s) in d.iter_mut().zip(s) {
+            *d = s;
+        }
     }
 }
 
@@ -822,10 +855,6 @@ impl kiln_kernels::simd::Kernel for FillColumns<'_> {
 /// better copied into one im2col A of every image's rows than run as one GEMM per image: a
 /// 5-row GEMM streams all of B for 5 rows (64 -> 100+ GFLOP/s).
 const WINDOWS_MIN_ROWS: usize = 64;
-
-/// Floats of convolution output a band of [`Planned::packed_pooled`] makes before pooling
-/// them (512 KiB: half of Zen 4's L2, beside the A block and the weights).
-const BAND_FLOATS: usize = 128 * 1024;
 
 /// How a packed channels-last call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1257,88 +1286,6 @@ impl Planned<'_> {
         Ok(Tensor::from_buf(shape, y)?)
     }
 
-    /// The packed path with the plan's MaxPool fused ([`super::ConvPlan::pool`], here
-    /// `pool`): bands of pooled output rows over the pool, each band's convolution rows made
-    /// into a scratch band (in blocks of A rows, as the unfused path makes them) and pooled
-    /// from it into Y, so the convolution's output never goes to memory whole (a spectrogram
-    /// stem's 14 MB, written then read back by its 2x2 pool). A pool with overlapping windows
-    /// makes the rows two bands share twice. `None` when the call takes one of the other
-    /// routes (a pointwise, 1-D windowed, narrow or tap-class convolution, or a residual):
-    /// the caller pools after.
-    pub(super) fn packed_pooled(
-        &self,
-        args: &Args<'_>,
-        pk: PackedConvWeights,
-        slopes: Option<&[f32]>,
-        pool: &crate::nn::Pool,
-    ) -> Result<Option<Tensor>> {
-        let call = self.packed_call(args, pk, slopes)?;
-        let geo = &call.geo;
-        if call.rd.is_some() || call.route() != Route::Blocks || (!call.cf && geo.tap_classes().is_some()) {
-            return Ok(None);
-        }
-        let (oh, ow, m) = (geo.oh, geo.ow, geo.m);
-        let (shape, dims) = pool.max_window_nhwc([geo.batch, oh, ow, m])?;
-        let &[_, ph, pw, _] = shape.as_slice() else {
-            return Err(call.misfit());
-        };
-        let mut y = crate::util::out_f32(numel(&shape)?);
-        if y.is_empty() || ph == 0 || pw == 0 {
-            return Ok(Some(Tensor::from_buf(shape, y)?));
-        }
-        let (_, kh, sh, dh, pbh) = dims[0];
-        let sh = sh.max(1);
-        // Pooled rows a band: as many as keep its convolution rows within BAND_FLOATS, the
-        // bands made a multiple of the threads in count.
-        let reach = kh.saturating_sub(1) * dh + 1;
-        let fit = BAND_FLOATS / (ow * m).max(1);
-        let mut band = if fit > reach { (fit - reach) / sh + 1 } else { 1 };
-        let total = geo.batch * ph;
-        let threads = kiln_kernels::pool::current_threads();
-        if threads > 1 && total > band {
-            let bands = total.div_ceil(band).next_multiple_of(threads);
-            band = total.div_ceil(bands).max(1);
-        }
-        let band = band.min(total);
-        let block = call.block();
-        let failed = std::sync::atomic::AtomicBool::new(false);
-        kiln_kernels::pool::for_each_chunk_mut(&mut y, band * pw * m, &|bi, out| {
-            let mut conv = lend::<PoolBand>();
-            let (mut q, mut dst) = (bi * band, out);
-            while !dst.is_empty() {
-                // Pooled rows p0..p1 of image `img` (a band may end one image and start the
-                // next), made from its convolution rows r_lo..r_hi.
-                let (img, p0) = (q / ph, q % ph);
-                let p1 = (p0 + dst.len() / (pw * m)).min(ph);
-                let (here, rest) = std::mem::take(&mut dst).split_at_mut((p1 - p0) * pw * m);
-                let r_lo = (p0 * sh).saturating_sub(pbh).min(oh);
-                let r_hi = ((p1 - 1) * sh + reach).saturating_sub(pbh).clamp(r_lo, oh);
-                conv.resize((r_hi - r_lo) * ow * m, 0.0);
-                let r0 = (img * oh + r_lo) * ow;
-                let mut ok = true;
-                for (j, part) in conv.chunks_mut(block * m).enumerate() {
-                    ok &= call.rows(r0 + j * block, part);
-                }
-                if !ok {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return;
-                }
-                // The band's first row is the image's row r_lo: the window's padding before
-                // it shrinks by as much (r_lo = p0 * sh - pbh when that is above 0).
-                let local = [(r_hi - r_lo, kh, sh, dh, pbh + r_lo - p0 * sh), dims[1]];
-                for (i, row) in here.chunks_exact_mut(pw * m).enumerate() {
-                    super::pool_nhwc::max_row(&conv, i, m, local, row);
-                }
-                q += p1 - p0;
-                dst = rest;
-            }
-        });
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(call.misfit());
-        }
-        Ok(Some(Tensor::from_buf(shape, y)?))
-    }
-
     /// The depthwise path: f32, `group == C`, W `[C, 1, kh, kw]`, or W already tap-major
     /// `[kh * kw * C]` when `packed` says so (see [`pack_depthwise_taps`]). `None` when the
     /// call is not of that kind.
@@ -1595,9 +1542,6 @@ const DIRECT_MAX_M: usize = 4;
 const DIRECT_MIN_K: usize = 32;
 
 kiln_kernels::scratch_kinds! {
-    /// A band of convolution output rows before [`Planned::packed_pooled`] pools them (the
-    /// calling thread's).
-    PoolBand: Vec<f32>;
     /// [`narrow_direct`]'s weights as columns over the depth (the calling thread's).
     DirectCols: Vec<f32>;
 }
@@ -1983,6 +1927,9 @@ pub(crate) mod tests {
         check(2, 1, 32, [19, 13], [3, 3], [1, 1], [1, 1], [1; 4], 1, true, 23);
         check(1, 1, 16, [17, 21], [3, 5], [2, 2], [2, 1], [1, 2, 0, 3], 1, false, 24);
         check(1, 1, 8, [6, 3], [3, 5], [1, 1], [1, 1], [1, 2, 1, 2], 1, false, 25);
+        // Kernel rows of 6 (copied by the general loop) and 7 floats, strided.
+        check(1, 1, 16, [12, 30], [2, 6], [1, 2], [1, 1], [1; 4], 1, false, 26);
+        check(2, 1, 16, [23, 29], [7, 7], [2, 2], [1, 1], [3; 4], 1, false, 27);
         // ASPP-like dilated windows on a small image (K = 576: blocks of 56 rows, under 3
         // image rows): blocks whose first or last kernel rows read only padding skip them;
         // with dilation 8 on 20 rows, the middle kernel row alone for some blocks; two images

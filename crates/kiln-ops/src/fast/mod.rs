@@ -136,65 +136,6 @@ pub struct ConvPlan {
     /// it to each block of the output as it is made; the others after the whole output.
     #[serde(default)]
     pub prelu: bool,
-    /// A 2-D MaxPool over the output (the `conv_pool` pass: a channels-last MaxPool that read
-    /// the output alone): Y is the pooled output. The channels-last packed path pools each
-    /// band of output rows as it makes it, so the whole convolution output is never written
-    /// out; the others pool after the whole output. Only with `channels_last`.
-    #[serde(default)]
-    pub pool: Option<MaxPoolWindow>,
-}
-
-/// The window of a MaxPool fused into a convolution ([`ConvPlan::pool`]): the MaxPool's
-/// attributes, two spatial dims.
-#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct MaxPoolWindow {
-    pub kernel: [usize; 2],
-    pub strides: [usize; 2],
-    pub dilations: [usize; 2],
-    /// Begin and end pads, ONNX order: `[top, left, bottom, right]`.
-    pub pads: [usize; 4],
-    pub auto_pad: crate::nn::AutoPad,
-    pub ceil_mode: bool,
-}
-
-impl MaxPoolWindow {
-    /// The window of a 2-D MaxPool (no Indices output is implied); `None` for another pool.
-    pub fn of(pool: &crate::nn::Pool) -> Option<MaxPoolWindow> {
-        let two = |v: &[usize], default: usize| -> Option<[usize; 2]> {
-            match *v {
-                [] => Some([default; 2]),
-                [a, b] => Some([a, b]),
-                _ => None,
-            }
-        };
-        let pads = match *pool.pads.as_slice() {
-            [] => [0; 4],
-            [a, b, c, d] => [a, b, c, d],
-            _ => return None,
-        };
-        matches!(pool.kind, crate::nn::PoolKind::Max { .. }).then_some(())?;
-        Some(MaxPoolWindow {
-            kernel: two(&pool.kernel_shape, 0).filter(|k| k.iter().all(|&k| k > 0))?,
-            strides: two(&pool.strides, 1)?,
-            dilations: two(&pool.dilations, 1)?,
-            pads,
-            auto_pad: pool.auto_pad,
-            ceil_mode: pool.ceil_mode,
-        })
-    }
-
-    /// The MaxPool op this window is.
-    pub fn pool(&self) -> crate::nn::Pool {
-        crate::nn::Pool {
-            kind: crate::nn::PoolKind::Max { storage_order: false },
-            auto_pad: self.auto_pad,
-            ceil_mode: self.ceil_mode,
-            dilations: self.dilations.to_vec(),
-            kernel_shape: self.kernel.to_vec(),
-            pads: self.pads.to_vec(),
-            strides: self.strides.to_vec(),
-        }
-    }
 }
 
 /// `v * scale + shift` after a Conv's activation, each part optional and rounded on its own
@@ -285,9 +226,6 @@ impl Plan {
                 }
                 if let Some(PostAffine { scale, shift }) = p.post {
                     s.push_str(&format!(" then x{} +{}", scale.unwrap_or(1.0), shift.unwrap_or(0.0)));
-                }
-                if let Some(w) = p.pool {
-                    s.push_str(&format!(" +MaxPool({}x{}/{})", w.kernel[0], w.kernel[1], w.strides[0]));
                 }
                 s
             }
@@ -406,9 +344,6 @@ pub fn validate(op: &Op, plan: Option<&Plan>) -> Result<()> {
                     "PRelu slopes go with neither an activation nor a scale and shift",
                 ));
             }
-            if p.pool.is_some() && !p.channels_last {
-                return Err(misfit(op, plan, "a fused MaxPool needs a channels-last convolution"));
-            }
             if p.packed.is_some() && p.winograd.is_some() {
                 return Err(misfit(
                     op,
@@ -491,14 +426,6 @@ pub fn infer(op: &Op, plan: Option<&Plan>, inputs: &[InferInput<'_>]) -> Result<
 /// Winograd Conv's input 1 no longer has W's shape; its plan records it).
 pub fn macs(op: &Op, plan: Option<&Plan>, inputs: &[InferInput<'_>], outputs: &[ValueType]) -> u64 {
     use crate::value::TensorType;
-    // A fused MaxPool: the convolution's own output counts (the pooled one is smaller).
-    if let Some(Plan::Conv(p)) = plan
-        && p.pool.is_some()
-    {
-        let plain = Plan::Conv(ConvPlan { pool: None, ..*p });
-        let outs = infer(op, Some(&plain), inputs).unwrap_or_default();
-        return macs(op, Some(&plain), inputs, &outs);
-    }
     let out = outputs
         .first()
         .and_then(ValueType::tensor)

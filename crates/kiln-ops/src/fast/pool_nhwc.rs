@@ -18,55 +18,9 @@ use crate::value::{Args, InferInput, Value, ValueType};
 use kiln_tensor::{DType, Tensor};
 
 /// One dim of a window: `(input size, kernel, stride, dilation, pad_begin)`.
-pub(crate) type Dim1 = (usize, usize, usize, usize, usize);
-
-/// A 2-D pool's output shape `[N, OH, OW, C]`, output extent, each dim's window and the pads
-/// after.
-type Geometry2 = (kiln_tensor::Shape, [usize; 2], [Dim1; 2], [usize; 2]);
+type Dim1 = (usize, usize, usize, usize, usize);
 
 impl Pool {
-    /// The geometry of this pool with a `[kh, kw]` window over channels-last X of shape `xs`.
-    fn geometry_nhwc(&self, xs: [usize; 4], [kh, kw]: [usize; 2]) -> Result<Geometry2> {
-        let [n, ih, iw, c] = xs;
-        let strides = spatial_attr(&self.strides, 2, 1, "strides")?;
-        let dil = spatial_attr(&self.dilations, 2, 1, "dilations")?;
-        let pads = pads_attr(&self.pads, 2)?;
-        let geo = |i: usize, k: usize| {
-            window_geom(
-                &xs,
-                i + 1,
-                k,
-                strides[i],
-                dil[i],
-                pads[i],
-                pads[i + 2],
-                self.auto_pad,
-                self.ceil_mode,
-            )
-        };
-        let (gh, gw) = (geo(0, kh)?, geo(1, kw)?);
-        let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![n, gh.out, gw.out, c];
-        let rows = [
-            (ih, kh, strides[0], dil[0], gh.pad_begin),
-            (iw, kw, strides[1], dil[1], gw.pad_begin),
-        ];
-        Ok((shape, [gh.out, gw.out], rows, [gh.pad_end, gw.pad_end]))
-    }
-
-    /// A 2-D MaxPool's window over channels-last f32 X of shape `xs` (`[N, H, W, C]`): the
-    /// output shape and the window of each dim, for [`max_row`].
-    pub(crate) fn max_window_nhwc(&self, xs: [usize; 4]) -> Result<(kiln_tensor::Shape, [Dim1; 2])> {
-        let &[kh, kw] = self.kernel_shape.as_slice() else {
-            return Err(OpError::attribute(
-                "kernel_shape",
-                "two dims (a channels-last pool)",
-                format!("{:?}", self.kernel_shape),
-            ));
-        };
-        let (shape, _, dims, _) = self.geometry_nhwc(xs, [kh, kw])?;
-        Ok((shape, dims))
-    }
-
     pub(crate) fn eval_channels_last(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
         let &[n, ih, iw, c] = x.shape() else {
@@ -77,7 +31,32 @@ impl Pool {
             ));
         };
         let fast = matches!(self.kind, PoolKind::Max { .. } | PoolKind::Average { .. });
-        let geometry = |k: [usize; 2]| self.geometry_nhwc([n, ih, iw, c], k);
+        // The output shape, each dim's window and the pads after, for a 2-D window.
+        let geometry = |[kh, kw]: [usize; 2]| -> Result<(kiln_tensor::Shape, [usize; 2], [Dim1; 2], [usize; 2])> {
+            let strides = spatial_attr(&self.strides, 2, 1, "strides")?;
+            let dil = spatial_attr(&self.dilations, 2, 1, "dilations")?;
+            let pads = pads_attr(&self.pads, 2)?;
+            let geo = |i: usize, k: usize| {
+                window_geom(
+                    x.shape(),
+                    i + 1,
+                    k,
+                    strides[i],
+                    dil[i],
+                    pads[i],
+                    pads[i + 2],
+                    self.auto_pad,
+                    self.ceil_mode,
+                )
+            };
+            let (gh, gw) = (geo(0, kh)?, geo(1, kw)?);
+            let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![n, gh.out, gw.out, c];
+            let rows = [
+                (ih, kh, strides[0], dil[0], gh.pad_begin),
+                (iw, kw, strides[1], dil[1], gw.pad_begin),
+            ];
+            Ok((shape, [gh.out, gw.out], rows, [gh.pad_end, gw.pad_end]))
+        };
         if let (true, DType::F32, &[kh, kw]) = (fast, x.dtype(), self.kernel_shape.as_slice()) {
             let (shape, out, rows, pad_ends) = geometry([kh, kw])?;
             // Every element is written below: a recycled buffer needs no clearing.
@@ -267,13 +246,6 @@ fn max_nhwc_8bit<T: Copy + Ord + Default + Send + Sync + kiln_kernels::quant::Q8
 /// Channel counts that are multiples of this take [`MaxRow`]'s pixel-by-pixel path (whole
 /// vectors per tap); others its row-reduction path.
 const L: usize = 16;
-
-/// One output row `oy` of a channels-last f32 MaxPool of one image `x` (`[H, W, C]`, the
-/// windows `dims`) into `row` (`[OW, C]`), compiled for the active level. X may be a band of
-/// an image's rows: its first row is row 0 of `dims[0]`'s input.
-pub(crate) fn max_row(x: &[f32], oy: usize, c: usize, dims: [Dim1; 2], row: &mut [f32]) {
-    kiln_kernels::simd::vectorize_kernel(MaxRow { x, oy, c, dims, row });
-}
 
 /// One output row of [`max_nhwc`].
 struct MaxRow<'a> {

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 pub const MAGIC: [u8; 8] = *b"KILNPROG";
 /// Version of the layout and of the program encoding; files of another version are refused.
-pub const FORMAT_VERSION: u32 = 13;
+pub const FORMAT_VERSION: u32 = 12;
 const HEADER_LEN: usize = 64;
 const ENTRY_LEN: usize = 32;
 const NAME_LEN: usize = 12;
