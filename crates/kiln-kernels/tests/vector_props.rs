@@ -14,7 +14,7 @@
 
 use kiln_kernels::isa::Isa;
 use kiln_kernels::vector::{
-    dot_rows_i8, exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, softmax_row_with,
+    copy_run, dot_rows_i8, exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, softmax_row_with,
     softmax_unnormalized_row_with,
 };
 use proptest::prelude::*;
@@ -229,5 +229,18 @@ proptest! {
             prop_assert!((f64::from(out[j]) - exact).abs() <= tol, "row {} of {}: {} vs {}", j, n, out[j], exact);
         }
         prop_assert_eq!(out[n], 7.0);
+    }
+}
+
+/// Runs of every length from 0 to 69 (the fixed-size moves below 8, the 8-float chunks and
+/// their 4/2/1 tails, the library copy from 64): a copy, bit for bit, and nothing past it.
+#[test]
+fn copy_run_copies_every_length() {
+    for n in 0..70usize {
+        let src: Vec<f32> = (0..n).map(|i| i as f32 * 1.5 - 7.0).collect();
+        let mut dst = vec![f32::NAN; n + 3];
+        copy_run(&mut dst[..n], &src);
+        assert_eq!(&dst[..n], &src[..], "length {n}");
+        assert!(dst[n..].iter().all(|v| v.is_nan()), "length {n}: wrote past the run");
     }
 }

@@ -513,50 +513,22 @@ impl Geometry {
                     let Some(src) = x.get(start..start + span) else {
                         return false;
                     };
-                    // Pixel by pixel: `kw` consecutive floats each (a strided walk per
-                    // column of A compiled to an iterator loop of ~10 cycles a float).
+                    // Pixel by pixel: `kw` consecutive floats each, as fixed-size moves (a
+                    // strided walk per column of A compiled to an iterator loop of ~10
+                    // cycles a float).
                     let sw = self.sw.max(1);
                     for (j, row) in inner.chunks_exact_mut(k).enumerate() {
                         let (Some(d), Some(s)) = (row.get_mut(q * kw..(q + 1) * kw), src.get(j * sw..j * sw + kw))
                         else {
                             return false;
                         };
-                        copy_short(d, s);
+                        kiln_kernels::vector::copy_run(d, s);
                     }
                 }
             }
             r += len;
         }
         true
-    }
-}
-
-/// `d = s` for a few floats (a kernel row of a one-channel window): the common widths as
-/// fixed-size moves, since a copy of a run-time length became a library call per row.
-#[inline(always)]
-fn copy_short(d: &mut [f32], s: &[f32]) {
-    fn fixed<const N: usize>(d: &mut [f32], s: &[f32]) -> bool {
-        match (<&mut [f32; N]>::try_from(d), <&[f32; N]>::try_from(s)) {
-            (Ok(d), Ok(s)) => {
-                *d = *s;
-                true
-            }
-            _ => false,
-        }
-    }
-    let done = match d.len() {
-        1 => fixed::<1>(d, s),
-        2 => fixed::<2>(d, s),
-        3 => fixed::<3>(d, s),
-        4 => fixed::<4>(d, s),
-        5 => fixed::<5>(d, s),
-        7 => fixed::<7>(d, s),
-        _ => false,
-    };
-    if !done {
-        for (d, &s) in d.iter_mut().zip(s) {
-            *d = s;
-        }
     }
 }
 
