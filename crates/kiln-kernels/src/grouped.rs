@@ -7,9 +7,9 @@
 //! and of its weights, `[cg, m]` per tap (so W packed tap-major is `[kh * kw, cg, m]`,
 //! [`pack_taps`]). Every pixel has the whole window: the caller pads the input.
 //!
-//! The AVX-512 path computes 16 outputs (a block) for 8 pixels at a time, the accumulators in
-//! registers, each weight vector loaded once for the 8 pixels; the pixels left over, 4 blocks
-//! at a time. How a block gets its inputs ([`Lanes`]):
+//! The AVX-512 path computes two blocks of 16 outputs (one where one is left) for 8 pixels at
+//! a time, the accumulators in registers, each weight vector loaded once for the 8 pixels; the
+//! pixels left over, 4 blocks at a time. How a block gets its inputs ([`Lanes`]):
 //! - **broadcast** (`mg` a multiple of 16: a block lies inside one group): each input value
 //!   is broadcast to the 16 lanes (ResNeXt's and RegNet's 16- and 32-wide groups);
 //! - **permute** (`mg` divides 16 and `cg <= mg`: a block's `16 / mg` groups read at most 16
@@ -309,7 +309,17 @@ mod avx512 {
         let (win, bases) = (call.window, call.bases);
         // SAFETY: the caller's contract, passed on: pixels below `count`, blocks inside `outs`.
         unsafe {
-            for o in (o0..o1).step_by(16) {
+            // Two blocks a tile where there are two (16 independent chains: with 8, the
+            // FMA's latency held a 16-wide group's layer to one FMA a cycle), then one.
+            let mut o = o0;
+            while o + 16 < o1 {
+                let blk = [block(o), block(o + 16)];
+                for p in (0..full).step_by(P) {
+                    tile::<P, 2>(shape, blk, &idx, win, bases, p);
+                }
+                o += 32;
+            }
+            if o < o1 {
                 let blk = [block(o)];
                 for p in (0..full).step_by(P) {
                     tile::<P, 1>(shape, blk, &idx, win, bases, p);
