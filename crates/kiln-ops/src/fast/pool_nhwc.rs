@@ -243,6 +243,11 @@ fn max_nhwc_8bit<T: Copy + Ord + Default + Send + Sync + kiln_kernels::quant::Q8
     });
 }
 
+kiln_kernels::scratch_kinds! {
+    /// [`MaxRow`]'s reduced input row and its windows across (the calling thread's).
+    PoolRows: (Vec<f32>, Vec<f32>);
+}
+
 /// Channel counts that are multiples of this take [`MaxRow`]'s pixel-by-pixel path (whole
 /// vectors per tap); others its row-reduction path.
 const L: usize = 16;
@@ -312,7 +317,12 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
             return;
         };
         let width = iw * c;
-        let mut rmax = vec![f32::NEG_INFINITY; width];
+        // Both rows in the thread's scratch (fresh vectors per output row had cost MTCNN's
+        // 10-channel pool two allocations a row).
+        let mut rows = kiln_kernels::recycle::lend::<PoolRows>();
+        let (rmax, h) = &mut *rows;
+        rmax.clear();
+        rmax.resize(width, f32::NEG_INFINITY);
         for &iy in &ys {
             if let Some(src) = x.get(iy * width..(iy + 1) * width) {
                 for (m, &v) in rmax.iter_mut().zip(src) {
@@ -327,9 +337,9 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
         // `c` floats from `h`; the pixels whose windows leave the row go tap by tap.
         let (_, kw, sw, dw, pb) = dims[1];
         let reach = (kw.max(1) - 1) * dw;
-        let mut h: Vec<f32> = Vec::new();
+        h.clear();
         if iw > reach {
-            h = rmax.get(..(iw - reach) * c).unwrap_or(&[]).to_vec();
+            h.extend_from_slice(rmax.get(..(iw - reach) * c).unwrap_or(&[]));
             for t in 1..kw {
                 for (m, &v) in h.iter_mut().zip(rmax.get(t * dw * c..).unwrap_or(&[])) {
                     *m = if v > *m { v } else { *m };
