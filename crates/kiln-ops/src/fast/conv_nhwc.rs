@@ -857,11 +857,15 @@ struct PackedCall<'a> {
     /// X is channels-first with more than one channel: A's blocks are gathered transposed
     /// (one row per tap, one column per pixel).
     cf: bool,
-    /// The convolution's output shape `[N, OH, OW, M]`.
-    shape: kiln_tensor::Shape,
 }
 
 impl<'a> PackedCall<'a> {
+    /// The convolution's output shape `[N, OH, OW, M]`.
+    fn shape(&self) -> kiln_tensor::Shape {
+        let g = &self.geo;
+        kiln_tensor::smallvec::smallvec![g.batch, g.oh, g.ow, g.m]
+    }
+
     /// The error for X that does not fit the packed weights.
     fn misfit(&self) -> OpError {
         let pk = self.pk;
@@ -1153,7 +1157,6 @@ impl Planned<'_> {
             geo,
             packed,
             cf,
-            shape,
         })
     }
 
@@ -1173,7 +1176,7 @@ impl Planned<'_> {
             ..
         } = call;
         let (k, m) = (geo.k(), geo.m);
-        let shape = call.shape.clone();
+        let shape = call.shape();
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = crate::util::out_f32(numel(&shape)?);
         let rows = geo.rows();
