@@ -55,6 +55,15 @@ const BIG: f32 = 4_194_304.0; // 2^22
 /// ties to even (the default rounding mode), in two vectorisable operations.
 pub(crate) const ROUND: f32 = 12_582_912.0;
 
+/// `v` clamped to `[lo, hi]`, a NaN to `lo`, as two comparisons: one `vmaxps` / `vminps` each
+/// in a vectorised loop, where `f32::max` and `min` take three instructions each (their NaN
+/// rule: a compare and a blend besides).
+#[inline(always)]
+fn clamp_to<F: PartialOrd + Copy>(v: F, lo: F, hi: F) -> F {
+    let v = if v > lo { v } else { lo };
+    if v < hi { v } else { hi }
+}
+
 /// `y[i] = saturate(round_half_even(x[i] / scale) + zero_point)` over `min(len)` elements;
 /// NaN gives 0.
 pub fn quantize_row<T: Q8>(x: &[f32], y: &mut [T], scale: f32, zero_point: f32) {
@@ -139,7 +148,9 @@ pub fn requantize_pixels_f32<A: Sum, T: Q8>(
     (lo, hi): (f32, f32),
     y: &mut [T],
 ) {
-    let (lo, hi) = (lo.max(T::LO), hi.min(T::HI));
+    // Whole bounds (every caller's are): clamping before rounding then gives the integer
+    // rounding before clamping gives.
+    let (lo, hi) = (lo.max(T::LO).ceil(), hi.min(T::HI).floor());
     let c = bias.len().min(mult.len());
     if c == 0 {
         return;
@@ -184,8 +195,9 @@ impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF32<'_, A, T> {
         } = self;
         for (yp, ap) in y.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
             for (((o, &a), &b), &m) in yp.iter_mut().zip(ap).zip(bias).zip(mult) {
-                let v = ((a.to_f32() + b) * m + zero_point).max(-BIG).min(BIG);
-                let q = ((v + ROUND) - ROUND).max(lo).min(hi);
+                // Clamped to the integer bounds, then rounded as the low bits are read: the
+                // integer rounding first and clamping after give.
+                let q = clamp_to((a.to_f32() + b) * m + zero_point, lo, hi);
                 *o = T::from_low_byte((q + ROUND).to_bits());
             }
         }
@@ -206,7 +218,7 @@ pub fn requantize_pixels<A: Sum, T: Q8>(
     if c == 0 {
         return;
     }
-    let (lo, hi) = (lo.max(f64::from(T::LO)), hi.min(f64::from(T::HI)));
+    let (lo, hi) = (lo.max(f64::from(T::LO)).ceil(), hi.min(f64::from(T::HI)).floor());
     crate::simd::vectorize_kernel(PixelsF64 {
         acc,
         bias,
@@ -235,9 +247,7 @@ impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF64<'_, A, T> {
     type Output = ();
     #[inline(always)]
     fn run(self) {
-        /// Past this magnitude every value saturates; clamping keeps the rounding trick exact.
-        const BIG: f64 = 1_125_899_906_842_624.0; // 2^50
-        /// Adding then subtracting 1.5 * 2^52 rounds to an integer, ties to even.
+        /// Adding 1.5 * 2^52 rounds a value of magnitude below 2^51 to an integer, ties to even.
         const ROUND: f64 = 6_755_399_441_055_744.0;
         let PixelsF64 {
             acc,
@@ -251,10 +261,9 @@ impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF64<'_, A, T> {
         } = self;
         for (yp, ap) in y.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
             for (((o, &a), &b), &m) in yp.iter_mut().zip(ap).zip(bias).zip(mult) {
-                let v = ((a.to_f64() + b) * m + zero_point).max(-BIG).min(BIG);
-                let q = ((v + ROUND) - ROUND).max(lo).min(hi);
-                // q is an integer in [-128, 255]: q + 1.5 * 2^52 holds it in its low mantissa
-                // bits, two's complement.
+                // q lies in [-128, 255] (integer bounds): q + 1.5 * 2^52 rounds it half to
+                // even and holds the integer in its low mantissa bits, two's complement.
+                let q = clamp_to((a.to_f64() + b) * m + zero_point, lo, hi);
                 *o = T::from_low_byte((q + ROUND).to_bits() as u32);
             }
         }
@@ -362,7 +371,7 @@ impl SumMap {
     pub fn code_bounded<T: Q8>(self, x: f32, z: f32, lo: f32) -> T {
         let t = x * self.ra + (z * self.rb + self.shift);
         let r = (t + ROUND) - ROUND;
-        let q = (r + self.zero_point).max(lo).min(T::HI);
+        let q = clamp_to(r + self.zero_point, lo, T::HI);
         T::from_low_byte((q + ROUND).to_bits())
     }
 

@@ -338,3 +338,37 @@ fn extreme_scale_ratios_saturate_as_the_three_ops() {
     quantize_row(&vec![f32::NAN; a.len()], &mut want, 0.5, 5.0);
     assert_eq!(got, want);
 }
+
+/// Non-finite requantized values: a NaN (a zero sum times an infinite multiplier) gives the
+/// lower bound, an infinity the bound on its side, in f32 and f64, for a vector's worth of
+/// channels and its tail; finite values still round half to even inside the bounds.
+#[test]
+fn requantizing_non_finite_values_gives_the_bounds() {
+    let c = 19;
+    let acc: Vec<i32> = (0..c as i32).map(|j| [0, 7, -7][j as usize % 3]).collect();
+    let bias = vec![0.0f32; c];
+    let mult: Vec<f32> = (0..c).map(|j| if j < 16 { f32::INFINITY } else { 0.5 }).collect();
+    let want: Vec<u8> = acc
+        .iter()
+        .zip(&mult)
+        .map(|(&a, &m)| match (a, m.is_finite()) {
+            (0, false) => 10,
+            (a, false) if a > 0 => 200,
+            (_, false) => 10,
+            // 7 * 0.5 + 3 = 6.5 rounds to 6; -3.5 + 3 = -0.5 to 0, then up to the bound.
+            (a, true) => ((a as f32 * 0.5 + 3.0).round_ties_even()).clamp(10.0, 200.0) as u8,
+        })
+        .collect();
+    let mut got = vec![0u8; c];
+    requantize_pixels_f32(&acc, &bias, &mult, 3.0, (10.0, 200.0), &mut got);
+    assert_eq!(got, want);
+    let (b64, m64): (Vec<f64>, Vec<f64>) = (vec![0.0; c], mult.iter().map(|&m| f64::from(m)).collect());
+    let mut got = vec![0u8; c];
+    requantize_pixels(&acc, &b64, &m64, 3.0, (10.0, 200.0), &mut got);
+    assert_eq!(got, want);
+    // Finite values inside the bounds: ties to even.
+    let (acc, mult) = ([5i32, 3, -5, -3], [0.5f32; 4]);
+    let mut got = [0i8; 4];
+    requantize_row_f32(&acc, &[0.0; 4], &mult, 0.0, (-128.0, 127.0), &mut got);
+    assert_eq!(got, [2, 2, -2, -2]);
+}
