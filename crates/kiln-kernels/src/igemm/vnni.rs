@@ -266,7 +266,7 @@ unsafe fn requant_rows<E: Epilogue>((c, ldc, rows, cols): (*mut i32, usize, usiz
     for r in 0..rows {
         // SAFETY: `RowStore::store`'s contract: row `r < rows` of C and Y within the bounds
         // above, C only read (a stage), the masks within `cols`.
-        unsafe { store.store(r, zero) };
+        unsafe { store.store_with::<false>(r, zero) };
     }
 }
 
@@ -741,6 +741,18 @@ impl<E: Epilogue> RowStore<E> {
     /// stage.
     #[inline(always)]
     unsafe fn store(&self, r: usize, row: [__m512i; 2]) {
+        // SAFETY: this function's contract.
+        unsafe { self.store_with::<true>(r, row) }
+    }
+
+    /// [`RowStore::store`], adding `row` to the start values only when `ADD` (the AMX
+    /// epilogue's sums are whole in C already: the add of a zero row was a tenth of its
+    /// instructions).
+    ///
+    /// # Safety
+    /// As [`RowStore::store`].
+    #[inline(always)]
+    unsafe fn store_with<const ADD: bool>(&self, r: usize, row: [__m512i; 2]) {
         let RowStore {
             c,
             ldc,
@@ -771,7 +783,11 @@ impl<E: Epilogue> RowStore<E> {
                     _mm512_maskz_loadu_epi32(m1, p.wrapping_add(16)),
                 ),
             };
-            let (s0, s1) = (_mm512_add_epi32(base0, row[0]), _mm512_add_epi32(base1, row[1]));
+            let (s0, s1) = if ADD {
+                (_mm512_add_epi32(base0, row[0]), _mm512_add_epi32(base1, row[1]))
+            } else {
+                (base0, base1)
+            };
             match &stage {
                 Some((st, e)) => {
                     // Both halves narrowed in registers and stored as one masked 32-byte
