@@ -132,14 +132,15 @@ struct SumStage {
 }
 
 impl SumStage {
-    /// The sum of 16 clamped output codes `q` (i32 lanes) with R's 16 codes at `r` (lanes
-    /// `mask`): [`crate::quant::SumMap::code_bounded`]'s steps in the same order (no fused
-    /// multiply-add), the code an integer-valued f32 converted exactly.
+    /// The sum of 16 clamped output codes `x` (integers as f32) with R's 16 codes at `r`
+    /// (lanes `mask`): [`crate::quant::SumMap::code_bounded`]'s steps in the same order (no
+    /// fused multiply-add), rounded by `vrndscaleps` (the bounded map keeps every value
+    /// within the rounding trick's range, where both round half to even alike).
     ///
     /// # Safety
     /// AVX-512 F, BW and VL are available; the mask's bytes at `r` are readable.
     #[inline(always)]
-    unsafe fn add(&self, q: __m512i, r: *const u8, mask: __mmask16) -> __m512i {
+    unsafe fn add(&self, x: __m512, r: *const u8, mask: __mmask16) -> __m512i {
         let crate::quant::SumMap {
             ra,
             rb,
@@ -155,14 +156,12 @@ impl SumStage {
             } else {
                 _mm512_cvtepu8_epi32(bytes)
             };
-            let x = _mm512_cvtepi32_ps(q);
             let z = _mm512_cvtepi32_ps(z);
             let t = _mm512_add_ps(
                 _mm512_mul_ps(x, _mm512_set1_ps(ra)),
                 _mm512_add_ps(_mm512_mul_ps(z, _mm512_set1_ps(rb)), _mm512_set1_ps(shift)),
             );
-            let round = _mm512_set1_ps(crate::quant::ROUND);
-            let t = _mm512_sub_ps(_mm512_add_ps(t, round), round);
+            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
             let t = _mm512_add_ps(t, _mm512_set1_ps(zero_point));
             let t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(self.floor)), _mm512_set1_ps(hi));
             _mm512_cvtps_epi32(t)
@@ -224,14 +223,18 @@ pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin
     }
     let Some(st) = Stage::of(fin, rows, cols) else { return };
     let at = (c.as_ptr().cast_mut(), ldc, rows, cols);
+    let vbmi = crate::isa::active().has_byte_permute();
     // SAFETY: the callers run this only where `Isa::has_int8_dot` found AVX-512 F, VL, BW and
-    // VNNI; C holds the rows' `cols` columns (checked above; the kernel only reads C when
-    // it has a stage), Y and the parameters theirs (`Stage::of`).
+    // VNNI (and VBMI where `vbmi`); C holds the rows' `cols` columns (checked above; the
+    // kernel only reads C when it has a stage), Y and the parameters theirs (`Stage::of`).
     unsafe {
-        match st.params {
-            Params::F32 { .. } => requant_rows::<F32Stage>(at, st),
-            Params::F64 { twin: None, .. } => requant_rows::<F64Stage>(at, st),
-            Params::F64 { twin: Some(_), .. } => requant_rows::<CheckedStage>(at, st),
+        match (st.params, vbmi) {
+            (Params::F32 { .. }, false) => requant_rows::<F32Stage>(at, st),
+            (Params::F64 { twin: None, .. }, false) => requant_rows::<F64Stage>(at, st),
+            (Params::F64 { twin: Some(_), .. }, false) => requant_rows::<CheckedStage>(at, st),
+            (Params::F32 { .. }, true) => requant_rows_vbmi::<F32Stage>(at, st),
+            (Params::F64 { twin: None, .. }, true) => requant_rows_vbmi::<F64Stage>(at, st),
+            (Params::F64 { twin: Some(_), .. }, true) => requant_rows_vbmi::<CheckedStage>(at, st),
         }
     }
 }
@@ -239,18 +242,41 @@ pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin
 /// [`requant_panel`] for one kind of stage.
 ///
 /// # Safety
-/// AVX-512 F, VL, BW and VNNI are available; C holds `(rows - 1) * ldc + cols` i32 (only
+/// AVX-512 F, BW, VL and VNNI are available; C holds `(rows - 1) * ldc + cols` i32 (only
 /// read), the stage's Y `(rows - 1) * ldy + cols` bytes, its bias and mult `cols` values;
 /// `cols <= NR_QUADS`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn requant_rows<E: Epilogue>((c, ldc, rows, cols): (*mut i32, usize, usize, usize), st: Stage) {
+unsafe fn requant_rows<E: Epilogue>(at: (*mut i32, usize, usize, usize), st: Stage) {
+    // SAFETY: this function's contract and features.
+    unsafe { requant_rows_with::<E, false>(at, st) }
+}
+
+/// [`requant_rows`] narrowing each row's codes to bytes with one byte permute.
+///
+/// # Safety
+/// As [`requant_rows`], and AVX-512 VBMI is available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn requant_rows_vbmi<E: Epilogue>(at: (*mut i32, usize, usize, usize), st: Stage) {
+    // SAFETY: this function's contract and features.
+    unsafe { requant_rows_with::<E, true>(at, st) }
+}
+
+/// The body of [`requant_rows`] and [`requant_rows_vbmi`] (`VBMI` only where it is enabled).
+///
+/// # Safety
+/// As [`requant_rows`] (and [`requant_rows_vbmi`] with `VBMI`).
+#[inline(always)]
+unsafe fn requant_rows_with<E: Epilogue, const VBMI: bool>(
+    (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
+    st: Stage,
+) {
     let m0: __mmask16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
     let m1: __mmask16 = match cols.saturating_sub(16) {
         0 => 0,
         n if n >= 16 => 0xFFFF,
         n => (1u16 << n) - 1,
     };
-    // SAFETY: this function's features; bias and mult hold `cols` values (the masks).
+    // SAFETY: the caller's features; bias and mult hold `cols` values (the masks).
     let Some(e) = (unsafe { E::load(st.params, st.lo, st.hi, m0, m1) }) else {
         return;
     };
@@ -262,13 +288,48 @@ unsafe fn requant_rows<E: Epilogue>((c, ldc, rows, cols): (*mut i32, usize, usiz
         masks: (m0, m1),
         stage: Some((st, e)),
     };
-    let zero = [_mm512_setzero_si512(); 2];
+    let zero = [unsafe { _mm512_setzero_si512() }; 2];
     for r in 0..rows {
         // SAFETY: `RowStore::store`'s contract: row `r < rows` of C and Y within the bounds
-        // above, C only read (a stage), the masks within `cols`.
-        unsafe { store.store_with::<false>(r, zero) };
+        // above, C only read (a stage), the masks within `cols`; VBMI as the caller says.
+        unsafe { store.store_with::<false, VBMI>(r, zero) };
     }
 }
+
+/// Half `j` of row `r`'s sums `s` requantized by `e` into codes (i32 lanes within the
+/// output's range), with the stage's residual sum when it has one (R's lanes `mask`). A
+/// function that always inlines rather than a closure, which the compiler kept out of line
+/// without the caller's vector features.
+///
+/// # Safety
+/// AVX-512 F, BW and VL are available; with a sum, R's row `r` holds the mask's bytes from
+/// column `16 j`.
+#[inline(always)]
+unsafe fn codes<E: Epilogue>(st: &Stage, e: &E, (r, j): (usize, usize), s: __m512i, mask: __mmask16) -> __m512i {
+    // SAFETY: the caller's features and R's bytes.
+    unsafe {
+        match &st.sum {
+            Some(sum) => sum.add(e.code(s, j), sum.r.wrapping_add(r * st.ldy + 16 * j), mask),
+            None => e.requant(s, j),
+        }
+    }
+}
+
+/// The byte permute's indices that pick each i32 lane's low byte, of the first source's 16
+/// lanes and then the second's.
+#[repr(C, align(64))]
+struct LowBytes([u8; 64]);
+
+const LOW_BYTES: LowBytes = {
+    let mut idx = [0u8; 64];
+    let mut i = 0;
+    while i < 32 {
+        // Lane `i % 16` of source `i / 16` (bit 6 selects the second).
+        idx[i] = ((i / 16) * 64 + (i % 16) * 4) as u8;
+        i += 1;
+    }
+    LowBytes(idx)
+};
 
 /// A stage's bias and multipliers (one per column) and zero point, as [`Scales`].
 #[derive(Clone, Copy)]
@@ -325,6 +386,16 @@ trait Epilogue: Copy {
     /// # Safety
     /// AVX-512 F is available.
     unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i;
+
+    /// [`Epilogue::requant`]'s codes as f32 (integers, exact): what a residual sum adds.
+    ///
+    /// # Safety
+    /// AVX-512 F is available.
+    #[inline(always)]
+    unsafe fn code(&self, s: __m512i, j: usize) -> __m512 {
+        // SAFETY: AVX-512 F (caller).
+        unsafe { _mm512_cvtepi32_ps(self.requant(s, j)) }
+    }
 }
 
 /// `quant::requantize_row_f32`'s steps: f32 sum plus bias, times mult, plus the zero point,
@@ -367,6 +438,17 @@ impl Epilogue for F32Stage {
     unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i {
         // SAFETY: AVX-512 F (caller).
         unsafe { self.finish(self.value(s, j)) }
+    }
+
+    /// Clamped and rounded in f32 (`vrndscaleps`, half to even as `vcvtps2dq`): the same
+    /// integers without the round trip through i32.
+    #[inline(always)]
+    unsafe fn code(&self, s: __m512i, j: usize) -> __m512 {
+        // SAFETY: AVX-512 F (caller).
+        unsafe {
+            let v = _mm512_min_ps(_mm512_max_ps(self.value(s, j), self.lo), self.hi);
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+        }
     }
 }
 
@@ -742,7 +824,7 @@ impl<E: Epilogue> RowStore<E> {
     #[inline(always)]
     unsafe fn store(&self, r: usize, row: [__m512i; 2]) {
         // SAFETY: this function's contract.
-        unsafe { self.store_with::<true>(r, row) }
+        unsafe { self.store_with::<true, false>(r, row) }
     }
 
     /// [`RowStore::store`], adding `row` to the start values only when `ADD` (the AMX
@@ -752,7 +834,7 @@ impl<E: Epilogue> RowStore<E> {
     /// # Safety
     /// As [`RowStore::store`].
     #[inline(always)]
-    unsafe fn store_with<const ADD: bool>(&self, r: usize, row: [__m512i; 2]) {
+    unsafe fn store_with<const ADD: bool, const VBMI: bool>(&self, r: usize, row: [__m512i; 2]) {
         let RowStore {
             c,
             ldc,
@@ -794,18 +876,28 @@ impl<E: Epilogue> RowStore<E> {
                     // write (the memory forms of `vpmovdb` are slow on Zen 4).
                     let y = st.y.add(r * st.ldy);
                     // With a residual sum, R's row `r` (Y's layout) read under the same masks.
-                    let sum = |q: __m512i, j: usize, mask: __mmask16| match &st.sum {
-                        Some(sum) => sum.add(q, sum.r.wrapping_add(r * st.ldy + 16 * j), mask),
-                        None => q,
-                    };
-                    let low = _mm512_cvtepi32_epi8(sum(e.requant(s0, 0), 0, m0));
+                    let low = codes(st, e, (r, 0), s0, m0);
                     // A narrow panel's second half is all masked off: not requantized.
                     let high = if m1 == 0 {
-                        _mm_setzero_si128()
+                        _mm512_setzero_si512()
                     } else {
-                        _mm512_cvtepi32_epi8(sum(e.requant(s1, 1), 1, m1))
+                        codes(st, e, (r, 1), s1, m1)
                     };
-                    let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high);
+                    // Each lane's code is within the output's range: its low byte is the
+                    // output byte.
+                    let both = if VBMI {
+                        // One byte permute picks the 32 low bytes of both halves.
+                        _mm512_castsi512_si256(_mm512_permutex2var_epi8(
+                            low,
+                            _mm512_loadu_si512(LOW_BYTES.0.as_ptr().cast()),
+                            high,
+                        ))
+                    } else {
+                        _mm256_inserti128_si256::<1>(
+                            _mm256_castsi128_si256(_mm512_cvtepi32_epi8(low)),
+                            _mm512_cvtepi32_epi8(high),
+                        )
+                    };
                     _mm256_mask_storeu_epi8(y.cast(), u32::from(m0) | (u32::from(m1) << 16), both);
                 }
                 None => {
