@@ -12,11 +12,12 @@
 //! whatever the last chunk reads of B past the panel's depth (the next panel's quads, or the
 //! packed data's zero tail, [`QUADS_TAIL`](super::QUADS_TAIL)) adds nothing. A keeps its own
 //! type: i8 A is multiplied as signed (`tdpbssd`), so A's zero point folds in as it is, `-za *
-//! colsum` (no offset to u8 as on VNNI). The C tiles start from those values (loaded with a
-//! row stride of 0) and are stored straight into C when whole and the product unfused; a
-//! fused product's blocks go through an L1 scratch tile, and each block's epilogue (the
-//! requantization, [`vnni::requant_panel`](super::vnni)) runs after the next block's
-//! products are issued, beside them rather than waiting for the tile stores.
+//! colsum` (no offset to u8 as on VNNI). Blocks stored straight into C (whole, the product
+//! unfused) start their tiles from those values (loaded with a row stride of 0); a fused
+//! product's blocks, and the others, go through an L1 scratch tile from zeroed tiles (a
+//! stride-0 load costs as much as a data tile's: a quarter of a 64-deep block's tile time),
+//! and each block's epilogue (the requantization, [`vnni::requant_panel`](super::vnni), or
+//! the copy into C) adds them, after the next block's products are issued.
 //!
 //! Sums are exact as on VNNI: the tile multiplies add each lane's four products into its i32
 //! without saturating (see the module docs of [`super`] for the depth bound).
@@ -146,11 +147,14 @@ impl<'a> Panels<'a> {
 
 /// Where a run of blocks writes: C (`ldc` apart; its first column is B's column `first`)
 /// and, fused, Y.
-struct Sink<'c, 'o, 'y, 'r> {
+struct Sink<'c, 'o, 'y, 'r, 'i> {
     c: &'c mut [i32],
     ldc: usize,
     first: usize,
     out: Option<&'o mut Output<'y, 'r>>,
+    /// B's `-za * colsum` by column ([`Panels::init`]): what a block through a scratch tile,
+    /// whose tiles started from zero, gets added in its epilogue.
+    init: &'i [i32],
 }
 
 /// One block's sums, 32 rows of 32 i32, on a cache line (a tile's 64-byte rows across two
@@ -193,7 +197,7 @@ impl Runner {
         a: &[(*const u8, usize)],
         (m0, rows): (usize, usize),
         (panels, n): (Range<usize>, usize),
-        sink: &mut Sink<'_, '_, '_, '_>,
+        sink: &mut Sink<'_, '_, '_, '_, '_>,
         flat: Option<FlatRows>,
     ) {
         if a.len() != b.chunks || rows == 0 || rows > BLOCK_ROWS {
@@ -236,7 +240,16 @@ impl Runner {
             // `dst` is a scratch tile (32 rows of 32 i32) or, `direct`, C at the block's first
             // element with `rows` rows of 32 columns `ldc` apart inside `c` (checked). The
             // tiles are configured (contract).
-            unsafe { block((self.signed, two), a, panel.as_ptr().cast::<u8>(), start.as_ptr(), dst) };
+            unsafe {
+                block(
+                    (self.signed, two),
+                    a,
+                    panel.as_ptr().cast::<u8>(),
+                    start.as_ptr(),
+                    dst,
+                    via.is_some(),
+                )
+            };
             let done = Done {
                 m0,
                 j0,
@@ -252,7 +265,7 @@ impl Runner {
     }
 
     /// Runs the last block's epilogue.
-    fn finish(mut self, sink: &mut Sink<'_, '_, '_, '_>) {
+    fn finish(mut self, sink: &mut Sink<'_, '_, '_, '_, '_>) {
         if let Some(prev) = self.pending.take() {
             prev.finish(&self.scratch, sink);
         }
@@ -298,7 +311,13 @@ pub(super) fn serial<T: Int8>(
     let apack = crate::recycle::scratch_lined(&mut apack_buf, BLOCK_ROWS * chunks * 4 * TILE_QUADS);
     let mut addrs: Vec<(*const u8, usize)> = Vec::with_capacity(chunks);
     let mut run = Runner::new(T::OFFSET != 0);
-    let mut sink = Sink { c, ldc, first, out };
+    let mut sink = Sink {
+        c,
+        ldc,
+        first,
+        out,
+        init: &panels.init,
+    };
     let (p_first, p_end) = (first / NR_QUADS, n.div_ceil(NR_QUADS));
     let _tiles = Tiles::configure();
     for p0 in (p_first..p_end).step_by(panels.per_block) {
@@ -375,6 +394,7 @@ pub(super) fn conv<T: Int8 + Default>(
         ldc: n,
         first: 0,
         out: Some(out),
+        init: &panels.init,
     };
     let p_end = n.div_ceil(NR_QUADS);
     let _tiles = Tiles::configure();
@@ -597,6 +617,7 @@ pub(super) fn conv_flat<T: Int8 + Default>(
         ldc: n,
         first: 0,
         out: Some(out),
+        init: &panels.init,
     };
     let p_end = n.div_ceil(NR_QUADS);
     let _tiles = Tiles::configure();
@@ -683,7 +704,7 @@ struct FlatRows {
 impl Done {
     /// The block's epilogue: fused, its sums requantized into Y from its scratch tile;
     /// otherwise copied from its scratch tile into C (whole tiles are already there).
-    fn finish(&self, scratch: &[TileBuf; 2], sink: &mut Sink<'_, '_, '_, '_>) {
+    fn finish(&self, scratch: &[TileBuf; 2], sink: &mut Sink<'_, '_, '_, '_, '_>) {
         let Done {
             m0,
             j0,
@@ -692,6 +713,8 @@ impl Done {
             via,
             flat,
         } = *self;
+        // Blocks through a scratch tile started from zero: their columns' `init` is added here.
+        let init = sink.init.get(j0..).unwrap_or_default();
         if let Some(fr) = flat {
             // Runs of flat rows that are output pixels of one output row, each requantized
             // into its Y rows; the padding columns' sums are dropped.
@@ -715,7 +738,7 @@ impl Done {
                 // segment's first column (`lo`, on its first output row).
                 let y = fr.y_first + (f / fr.wp) * fr.ow + ox - fr.lo;
                 if let (Some(sums), Some(fin)) = (tile.0.get(r * NR_QUADS..), o.tile(y, j0 - sink.first, j0, cols)) {
-                    super::vnni::requant_panel(sums, NR_QUADS, run, cols, fin);
+                    super::vnni::requant_panel(sums, NR_QUADS, run, cols, fin, Some(init));
                 }
                 r += run;
             }
@@ -735,14 +758,16 @@ impl Done {
             .as_deref_mut()
             .and_then(|o| o.tile(m0, j0 - sink.first, j0, cols))
         {
-            super::vnni::requant_panel(tile, NR_QUADS, rows, cols, f);
+            super::vnni::requant_panel(tile, NR_QUADS, rows, cols, f, Some(init));
             return;
         }
         for (r, sums) in tile.chunks_exact(NR_QUADS).take(rows).enumerate() {
             let (Some(d), Some(s)) = (sink.c.get_mut(at + r * ldc..at + r * ldc + cols), sums.get(..cols)) else {
                 break;
             };
-            d.copy_from_slice(s);
+            for ((d, &s), &i) in d.iter_mut().zip(s).zip(init) {
+                *d = s.wrapping_add(i);
+            }
         }
     }
 }
@@ -775,7 +800,8 @@ fn pack_a(a: &[u8], (lda, k): (usize, usize), (m0, rows): (usize, usize), from: 
 }
 
 /// One block's tile products: C's 16 rows (32 when `two`) of 32 i32, `ld_bytes` apart at
-/// `c`, become `init` (32 i32, every row) plus A's rows times the panel's 32 columns: A's
+/// `c`, become `init` (32 i32, every row; nothing when `zeroed`, the tiles then start from
+/// zero) plus A's rows times the panel's 32 columns: A's
 /// chunk `i` is 16 (32) rows of 64 bytes from `a[i].0`, `a[i].1` apart, B's chunks one after
 /// another from `b`; `tdpbssd` (i8 A) when `signed`, else `tdpbusd`.
 ///
@@ -789,19 +815,33 @@ unsafe fn block(
     b: *const u8,
     init: *const i32,
     (c, ld_bytes): (*mut i32, usize),
+    zeroed: bool,
 ) {
     let (s0, s128) = (0usize, 128usize);
-    // SAFETY: each C tile loads its 16 columns of `init` into all 16 rows (row stride 0).
-    unsafe {
-        asm!(
-            "tileloadd tmm0, [{i} + {s0}*1]",
-            "tileloadd tmm1, [{i} + {s0}*1 + 64]",
-            "tileloadd tmm2, [{i} + {s0}*1]",
-            "tileloadd tmm3, [{i} + {s0}*1 + 64]",
-            i = in(reg) init, s0 = in(reg) s0,
-            options(nostack, readonly),
-        )
-    };
+    if zeroed {
+        // SAFETY: zeroes the configured C tiles; no memory access.
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            )
+        };
+    } else {
+        // SAFETY: each C tile loads its 16 columns of `init` into all 16 rows (row stride 0).
+        unsafe {
+            asm!(
+                "tileloadd tmm0, [{i} + {s0}*1]",
+                "tileloadd tmm1, [{i} + {s0}*1 + 64]",
+                "tileloadd tmm2, [{i} + {s0}*1]",
+                "tileloadd tmm3, [{i} + {s0}*1 + 64]",
+                i = in(reg) init, s0 = in(reg) s0,
+                options(nostack, readonly),
+            )
+        };
+    }
     let mut bp = b;
     for &(ap, lda) in a {
         // The second tile's rows 16 rows on (read only when `two`); formed with

@@ -213,14 +213,16 @@ impl Stage {
 }
 
 /// The output stage of the VNNI micro-tiles on sums already in C: `rows` rows of one panel's
-/// `cols <= NR_QUADS` columns (`ldc` apart) requantized into `fin`'s Y, the same bytes the
-/// micro-tiles write for those sums (the AMX tiles' epilogue). Only where
-/// `Isa::has_int8_dot`; nothing is written if C, Y or the parameters are too short.
-pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin: Final<'_>) {
+/// `cols <= NR_QUADS` columns (`ldc` apart), each row plus `init` (by column) when given,
+/// requantized into `fin`'s Y, the same bytes the micro-tiles write for those sums (the AMX
+/// tiles' epilogue). Only where `Isa::has_int8_dot`; nothing is written if C, `init`, Y or
+/// the parameters are too short.
+pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin: Final<'_>, init: Option<&[i32]>) {
     let cols = cols.min(NR_QUADS);
-    if rows == 0 || cols == 0 || c.len() < (rows - 1) * ldc + cols {
+    if rows == 0 || cols == 0 || c.len() < (rows - 1) * ldc + cols || init.is_some_and(|i| i.len() < cols) {
         return;
     }
+    let init = init.map(<[i32]>::as_ptr);
     let Some(st) = Stage::of(fin, rows, cols) else { return };
     let at = (c.as_ptr().cast_mut(), ldc, rows, cols);
     let vbmi = crate::isa::active().has_byte_permute();
@@ -229,12 +231,12 @@ pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin
     // kernel only reads C when it has a stage), Y and the parameters theirs (`Stage::of`).
     unsafe {
         match (st.params, vbmi) {
-            (Params::F32 { .. }, false) => requant_rows::<F32Stage>(at, st),
-            (Params::F64 { twin: None, .. }, false) => requant_rows::<F64Stage>(at, st),
-            (Params::F64 { twin: Some(_), .. }, false) => requant_rows::<CheckedStage>(at, st),
-            (Params::F32 { .. }, true) => requant_rows_vbmi::<F32Stage>(at, st),
-            (Params::F64 { twin: None, .. }, true) => requant_rows_vbmi::<F64Stage>(at, st),
-            (Params::F64 { twin: Some(_), .. }, true) => requant_rows_vbmi::<CheckedStage>(at, st),
+            (Params::F32 { .. }, false) => requant_rows::<F32Stage>(at, init, st),
+            (Params::F64 { twin: None, .. }, false) => requant_rows::<F64Stage>(at, init, st),
+            (Params::F64 { twin: Some(_), .. }, false) => requant_rows::<CheckedStage>(at, init, st),
+            (Params::F32 { .. }, true) => requant_rows_vbmi::<F32Stage>(at, init, st),
+            (Params::F64 { twin: None, .. }, true) => requant_rows_vbmi::<F64Stage>(at, init, st),
+            (Params::F64 { twin: Some(_), .. }, true) => requant_rows_vbmi::<CheckedStage>(at, init, st),
         }
     }
 }
@@ -243,12 +245,12 @@ pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin
 ///
 /// # Safety
 /// AVX-512 F, BW, VL and VNNI are available; C holds `(rows - 1) * ldc + cols` i32 (only
-/// read), the stage's Y `(rows - 1) * ldy + cols` bytes, its bias and mult `cols` values;
-/// `cols <= NR_QUADS`.
+/// read), `init` (if any) `cols`, the stage's Y `(rows - 1) * ldy + cols` bytes, its bias and
+/// mult `cols` values; `cols <= NR_QUADS`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn requant_rows<E: Epilogue>(at: (*mut i32, usize, usize, usize), st: Stage) {
+unsafe fn requant_rows<E: Epilogue>(at: (*mut i32, usize, usize, usize), init: Option<*const i32>, st: Stage) {
     // SAFETY: this function's contract and features.
-    unsafe { requant_rows_with::<E, false>(at, st) }
+    unsafe { requant_rows_with::<E, false>(at, init, st) }
 }
 
 /// [`requant_rows`] narrowing each row's codes to bytes with one byte permute.
@@ -256,9 +258,9 @@ unsafe fn requant_rows<E: Epilogue>(at: (*mut i32, usize, usize, usize), st: Sta
 /// # Safety
 /// As [`requant_rows`], and AVX-512 VBMI is available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn requant_rows_vbmi<E: Epilogue>(at: (*mut i32, usize, usize, usize), st: Stage) {
+unsafe fn requant_rows_vbmi<E: Epilogue>(at: (*mut i32, usize, usize, usize), init: Option<*const i32>, st: Stage) {
     // SAFETY: this function's contract and features.
-    unsafe { requant_rows_with::<E, true>(at, st) }
+    unsafe { requant_rows_with::<E, true>(at, init, st) }
 }
 
 /// The body of [`requant_rows`] and [`requant_rows_vbmi`] (`VBMI` only where it is enabled).
@@ -268,6 +270,7 @@ unsafe fn requant_rows_vbmi<E: Epilogue>(at: (*mut i32, usize, usize, usize), st
 #[inline(always)]
 unsafe fn requant_rows_with<E: Epilogue, const VBMI: bool>(
     (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
+    init: Option<*const i32>,
     st: Stage,
 ) {
     let m0: __mmask16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
@@ -288,11 +291,29 @@ unsafe fn requant_rows_with<E: Epilogue, const VBMI: bool>(
         masks: (m0, m1),
         stage: Some((st, e)),
     };
-    let zero = [unsafe { _mm512_setzero_si512() }; 2];
-    for r in 0..rows {
-        // SAFETY: `RowStore::store`'s contract: row `r < rows` of C and Y within the bounds
-        // above, C only read (a stage), the masks within `cols`; VBMI as the caller says.
-        unsafe { store.store_with::<false, VBMI>(r, zero) };
+    match init {
+        Some(i) => {
+            // SAFETY: `init` holds `cols` values, the masks' lanes.
+            let add = unsafe {
+                [
+                    _mm512_maskz_loadu_epi32(m0, i),
+                    _mm512_maskz_loadu_epi32(m1, i.wrapping_add(16)),
+                ]
+            };
+            for r in 0..rows {
+                // SAFETY: `RowStore::store`'s contract: row `r < rows` of C and Y within the
+                // bounds above, C only read (a stage), the masks within `cols`; VBMI as the
+                // caller says.
+                unsafe { store.store_with::<true, VBMI>(r, add) };
+            }
+        }
+        None => {
+            let zero = [unsafe { _mm512_setzero_si512() }; 2];
+            for r in 0..rows {
+                // SAFETY: as above.
+                unsafe { store.store_with::<false, VBMI>(r, zero) };
+            }
+        }
     }
 }
 
