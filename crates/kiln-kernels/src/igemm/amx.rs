@@ -29,6 +29,7 @@
 
 use super::{B_BLOCK_BYTES, Data, Int8, NR_QUADS, Output, Product};
 use std::arch::asm;
+use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
 use std::ops::Range;
 
 /// Rows of one A tile (and of one C tile).
@@ -39,6 +40,10 @@ const TILE_QUADS: usize = 16;
 const BLOCK_ROWS: usize = 2 * TILE_ROWS;
 /// Bytes of one chunk of a B panel: 16 quads of 128 bytes.
 const B_CHUNK: usize = TILE_QUADS * 4 * NR_QUADS;
+/// How far ahead of the tile loads B is prefetched, in chunks (1, 2, 4 and 8 measured on
+/// twelve chained 960-channel 1x1 convolutions, whose 11 MB of weights stream from L3: 2
+/// about 8% faster than none, 8 slower).
+const PREFETCH_CHUNKS: usize = 2;
 
 /// Asks Linux for this process' AMX tile data state; whether it was granted (false on a kernel
 /// without AMX support). The grant is process-wide and covers threads started before it.
@@ -844,6 +849,15 @@ unsafe fn block(
     }
     let mut bp = b;
     for &(ap, lda) in a {
+        // B's chunk [`PREFETCH_CHUNKS`] on (the next panel's, past a panel's end: panels lie
+        // one after another) asked for now: a B of a few hundred KB streams from L3 for each
+        // product, and the tile loads alone keep too few lines in flight. A prefetch never
+        // faults; addresses past B's data are only formed (`wrapping_add`), never read.
+        let ahead = bp.wrapping_add(PREFETCH_CHUNKS * B_CHUNK);
+        for line in 0..B_CHUNK / 64 {
+            // SAFETY: a prefetch hint reads nothing the program can observe, at any address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast()) };
+        }
         // The second tile's rows 16 rows on (read only when `two`); formed with
         // `wrapping_add`, read within the caller's contract.
         let ap1 = ap.wrapping_add(TILE_ROWS * lda);
