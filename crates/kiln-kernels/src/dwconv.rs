@@ -78,14 +78,7 @@ impl Pixels<'_> {
             return out.is_empty();
         }
         let count = out.len() / c;
-        // The last pixel's input offset: every pixel's reads lie below it plus the window.
-        let last = (count.max(1) - 1).checked_mul(step).and_then(|v| v.checked_add(base));
-        let fits = |o: Option<usize>, len: usize| o.and_then(|o| o.checked_add(c)).is_some_and(|e| e <= len);
-        if bias.is_some_and(|b| b.len() != c)
-            || !window
-                .iter()
-                .all(|&(xo, wo)| fits(last.and_then(|l| l.checked_add(xo)), x.len()) && fits(Some(wo), w.len()))
-        {
+        if bias.is_some_and(|b| b.len() != c) || !window_fits(window, (base, step, count, c), (x.len(), w.len())) {
             return false;
         }
         // SAFETY (both levels): the level's features are present (checked just above), and
@@ -124,6 +117,21 @@ impl Pixels<'_> {
         }
         true
     }
+}
+
+/// Whether `count` pixels of `c` channels, pixel `p` at input offset `base + p * step`, read
+/// through `window`'s (input, tap) offsets, stay inside an input of `x_len` values and taps
+/// of `w_len` (the last pixel's reads are the furthest).
+pub(crate) fn window_fits(
+    window: &[(usize, usize)],
+    (base, step, count, c): (usize, usize, usize, usize),
+    (x_len, w_len): (usize, usize),
+) -> bool {
+    let last = (count.max(1) - 1).checked_mul(step).and_then(|v| v.checked_add(base));
+    let fits = |o: Option<usize>, len: usize| o.and_then(|o| o.checked_add(c)).is_some_and(|e| e <= len);
+    window
+        .iter()
+        .all(|&(xo, wo)| fits(last.and_then(|l| l.checked_add(xo)), x_len) && fits(Some(wo), w_len))
 }
 
 /// The x86 kernels, written once over a vector type: the invoking module (one per level)

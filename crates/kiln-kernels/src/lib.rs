@@ -38,6 +38,7 @@ pub mod igemm;
 pub mod isa;
 pub mod lut;
 pub mod pool;
+pub mod qdwconv;
 pub mod quant;
 pub mod recycle;
 pub mod sgemm;

@@ -291,11 +291,9 @@ impl Depthwise {
     }
 
     /// One output row of [`Self::run_nhwc`]: per pixel, the window's (input, tap) offsets for
-    /// `kiln_kernels::dwconv::Pixels`. Interior pixels (every column tap inside the input)
-    /// share one window of offsets relative to the pixel; border pixels list their taps inside
-    /// the input. Input row `iy` is row `row_of(iy)` of `x` (`[rows, W, C]`): the image
-    /// itself, or a ring of its rows. `false` when the kernel refused an offset (shapes
-    /// inconsistent).
+    /// `kiln_kernels::dwconv::Pixels` ([`Self::row_spans`]). Input row `iy` is row
+    /// `row_of(iy)` of `x` (`[rows, W, C]`): the image itself, or a ring of its rows. `false`
+    /// when the kernel refused an offset (shapes inconsistent).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn nhwc_row(
         &self,
@@ -306,6 +304,37 @@ impl Depthwise {
         clamp: Clamp,
         oy: usize,
         row: &mut [f32],
+    ) -> bool {
+        let c = self.channels;
+        self.row_spans(row_of, oy, |span| {
+            let Some(out) = row.get_mut(span.pixels.start * c..span.pixels.end * c) else {
+                return false;
+            };
+            Pixels {
+                x,
+                w: taps,
+                bias,
+                window: span.window,
+                base: span.base,
+                step: span.step,
+                c,
+                clamp,
+            }
+            .run(out)
+        })
+    }
+
+    /// Output row `oy`'s pixels as runs that share a window of (input, tap) offsets, each
+    /// given to `each` in turn: interior pixels (every column tap inside the input) in one
+    /// run, pixel `p` at input offset `base + p * step`; border pixels one by one, their
+    /// window the taps inside the input, offsets from the input's start. Input row `iy` is
+    /// row `row_of(iy)` of the input (`[rows, W, C]`). `false` when `each` refused a run
+    /// (every run is still offered).
+    pub(super) fn row_spans(
+        &self,
+        row_of: impl Fn(usize) -> usize,
+        oy: usize,
+        mut each: impl FnMut(RowSpan<'_>) -> bool,
     ) -> bool {
         let [ih, iw] = self.input;
         let [kh, kw] = self.kernel;
@@ -339,28 +368,14 @@ impl Depthwise {
         );
         let mut ok = true;
         let ow = self.output[1];
-        // One border pixel: its own window, offsets from the input's start.
-        let pixel = Pixels {
-            x,
-            w: taps,
-            bias,
-            window: &[],
-            base: 0,
-            step: 0,
-            c,
-            clamp,
-        };
-        // The interior pixels in one call: bases `(ox*sw - pw) * c` step `sw * c`.
-        if let Some(out) = row.get_mut(lo * c..hi * c)
-            && hi > lo
-        {
-            let call = Pixels {
+        // The interior pixels in one run: bases `(ox*sw - pw) * c` step `sw * c`.
+        if hi > lo {
+            ok &= each(RowSpan {
+                pixels: lo..hi,
                 window: interior,
                 base: (lo * sw - pw) * c,
                 step: sw * c,
-                ..pixel
-            };
-            ok &= call.run(out);
+            });
         }
         for ox in (0..lo).chain(hi.max(lo)..ow) {
             window.clear();
@@ -372,10 +387,23 @@ impl Depthwise {
                     }
                 }
             }
-            if let Some(out) = row.get_mut(ox * c..(ox + 1) * c) {
-                ok &= Pixels { window, ..pixel }.run(out);
-            }
+            ok &= each(RowSpan {
+                pixels: ox..ox + 1,
+                window,
+                base: 0,
+                step: 0,
+            });
         }
         ok
     }
+}
+
+/// A run of one output row's pixels sharing a window ([`Depthwise::row_spans`]): pixel
+/// `p` of the run (output column `pixels.start + p`) reads the input at `base + p * step`
+/// plus each input offset of `window`, with the taps at its tap offsets.
+pub(super) struct RowSpan<'w> {
+    pub pixels: std::ops::Range<usize>,
+    pub window: &'w [(usize, usize)],
+    pub base: usize,
+    pub step: usize,
 }

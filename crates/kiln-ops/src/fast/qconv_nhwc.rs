@@ -532,7 +532,7 @@ where
         pad: (ph, pw),
     };
     if kind == QConvKind::Depthwise {
-        let (taps, taps_f32) = plan.taps.get_or_make(|| depthwise_taps(w, zw))?;
+        let taps = plan.taps.get_or_make(|| depthwise_taps(w, zw))?;
         if kh * kw <= EXACT_F32_TAPS {
             let dw = super::depthwise::Depthwise {
                 channels: c,
@@ -543,9 +543,21 @@ where
                 dilations: [dh, dw],
                 pad_begin: [ph, pw],
             };
-            return Ok((depthwise_f32::<T, O>(xs, zx, taps_f32, &dw, n, &requant)?, false));
+            // Strided, on VNNI, the integer taps read X's bytes in place; otherwise X's rows
+            // as f32 through the f32 kernel. The f32 path converts every input pixel once,
+            // which a stride of 2 makes four per output; its multiply-adds issue on two
+            // ports where `vpdpwssd` has one, which wins at stride 1 (MobileNet-v2's 3x3
+            // layers on an AVX-512 Xeon, one thread: stride 2 0.28 -> 0.17 ms and 0.11 ->
+            // 0.07 ms on the integer taps, stride 1 0.22 -> 0.24 ms).
+            if sh * sw > 1 && kiln_kernels::isa::active().has_int8_dot() && !taps.shorts.is_empty() {
+                return Ok((
+                    depthwise_i8::<T, O>(xs, zx, (&taps.ints, &taps.shorts), &dw, n, &requant)?,
+                    false,
+                ));
+            }
+            return Ok((depthwise_f32::<T, O>(xs, zx, &taps.floats, &dw, n, &requant)?, false));
         }
-        return Ok((depthwise_conv::<T, O>(xs, zx, taps, &window, &requant)?, false));
+        return Ok((depthwise_conv::<T, O>(xs, zx, &taps.ints, &window, &requant)?, false));
     }
     let residual = Residual::<O>::of(plan, args, &[n, oh, ow, m])?;
     let summed = residual.is_some();
@@ -1053,6 +1065,8 @@ kiln_kernels::scratch_kinds! {
     /// thread).
     DwIn: Vec<f32>;
     DwOut: Vec<f32>;
+    /// [`depthwise_i8`]'s sums of one output row (per thread).
+    DwSums: Vec<i32>;
 }
 
 /// Output pixels x taps x channels under which a depthwise layer runs on the calling thread
@@ -1078,65 +1092,155 @@ where
     O: Quantized,
 {
     let c = dw.channels;
-    let ([h, w], [oh, ow]) = (dw.input, dw.output);
+    let ([h, w], [_, ow]) = (dw.input, dw.output);
     let ([kh, _], [sh, _], [dh, _], [ph, _]) = (dw.kernel, dw.strides, dw.dilations, dw.pad_begin);
-    let (ipix, opix, row_len) = (h * w * c, oh * ow * c, w * c);
-    let mut y = util::out_buf::<O>(util::checked_numel(&[n, oh, ow, c])?);
+    let row_len = w * c;
     // Distinct input rows of one window: no two share a slot of the ring.
     let slots = (kh.max(1) - 1) * dh + 1;
+    let zf = zx as f32;
+    depthwise_bands(xs, dw, n, tf.len() / c.max(1), |src, oy0, out: &mut [O]| {
+        let mut ring = kiln_kernels::recycle::lend::<DwIn>();
+        let mut sums = kiln_kernels::recycle::lend::<DwOut>();
+        ring.clear();
+        ring.resize(slots * row_len, 0.0);
+        sums.clear();
+        sums.resize(ow * c, 0.0);
+        // Which input row each slot holds.
+        let mut held = vec![usize::MAX; slots];
+        for (r, orow) in out.chunks_mut(ow * c).enumerate() {
+            let oy = oy0 + r;
+            for ky in 0..kh {
+                let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) else {
+                    continue;
+                };
+                let slot = iy % slots;
+                if held.get(slot) == Some(&iy) {
+                    continue;
+                }
+                let (Some(from), Some(to)) = (
+                    src.get(iy * row_len..(iy + 1) * row_len),
+                    ring.get_mut(slot * row_len..(slot + 1) * row_len),
+                ) else {
+                    return false;
+                };
+                kiln_kernels::simd::vectorize(|| {
+                    for (f, &v) in to.iter_mut().zip(from) {
+                        *f = v.widen() as f32 - zf;
+                    }
+                });
+                if let Some(t) = held.get_mut(slot) {
+                    *t = iy;
+                }
+            }
+            let clamp = kiln_kernels::dwconv::Clamp::NONE;
+            if !dw.nhwc_row(&ring, |iy| iy % slots, tf, None, clamp, oy, &mut sums) {
+                return false;
+            }
+            requant.pixels(&sums, orow);
+        }
+        true
+    })
+}
+
+/// The depthwise convolution summed in i32 from X's bytes in place
+/// (`kiln_kernels::qdwconv`): per output row, each run of pixels sharing a window
+/// (`Depthwise::row_spans`) starts from `-zx` times the sum of its window's taps (X's zero
+/// point taken out once, not per value; taps in the padding are not in the window: padding
+/// is X's zero point), then the row is requantized. Rows in bands over the pool, as
+/// [`depthwise_f32`].
+fn depthwise_i8<T, O>(
+    xs: &[T],
+    zx: i32,
+    (taps, shorts): (&[i32], &[i16]),
+    dw: &super::depthwise::Depthwise,
+    n: usize,
+    requant: &Requant<'_>,
+) -> Result<Tensor>
+where
+    T: Int8 + Element,
+    O: Quantized,
+{
+    let c = dw.channels;
+    let ow = dw.output[1];
+    let signed = T::OFFSET != 0;
+    depthwise_bands(xs, dw, n, taps.len() / c.max(1), |src, oy0, out: &mut [O]| {
+        let x = T::bytes(src);
+        let mut sums = kiln_kernels::recycle::lend::<DwSums>();
+        sums.clear();
+        sums.resize(ow * c, 0);
+        let mut init = vec![0i32; c];
+        for (r, orow) in out.chunks_mut(ow * c).enumerate() {
+            let ok = dw.row_spans(
+                |iy| iy,
+                oy0 + r,
+                |span| {
+                    init.fill(0);
+                    for &(_, wo) in span.window {
+                        let Some(t) = taps.get(wo..wo + c) else {
+                            return false;
+                        };
+                        for (v, &t) in init.iter_mut().zip(t) {
+                            *v = v.wrapping_sub(t);
+                        }
+                    }
+                    init.iter_mut().for_each(|v| *v = v.wrapping_mul(zx));
+                    let Some(out) = sums.get_mut(span.pixels.start * c..span.pixels.end * c) else {
+                        return false;
+                    };
+                    kiln_kernels::qdwconv::QPixels {
+                        x,
+                        signed,
+                        w: shorts,
+                        init: &init,
+                        window: span.window,
+                        base: span.base,
+                        step: span.step,
+                        c,
+                    }
+                    .run(out)
+                },
+            );
+            if !ok {
+                return false;
+            }
+            requant.pixels(&sums, orow);
+        }
+        true
+    })
+}
+
+/// A channels-last depthwise layer's output, image by image, in bands of output rows over
+/// the pool (the calling thread alone for a small layer): `band(x, oy0, out)` fills the rows
+/// from `oy0` on of `out` from image `x`, `false` when a shape did not fit.
+fn depthwise_bands<T, O>(
+    xs: &[T],
+    dw: &super::depthwise::Depthwise,
+    n: usize,
+    taps: usize,
+    band_rows: impl Fn(&[T], usize, &mut [O]) -> bool + Sync,
+) -> Result<Tensor>
+where
+    T: Int8 + Element,
+    O: Quantized,
+{
+    let c = dw.channels;
+    let ([h, w], [oh, ow]) = (dw.input, dw.output);
+    let (ipix, opix) = (h * w * c, oh * ow * c);
+    let mut y = util::out_buf::<O>(util::checked_numel(&[n, oh, ow, c])?);
     let threads = kiln_kernels::pool::current_threads().max(1);
-    let band = if opix * tf.len() / c.max(1) < DW_SERIAL_MACS || threads == 1 {
+    let band = if opix * taps < DW_SERIAL_MACS || threads == 1 {
         oh
     } else {
         oh.div_ceil(2 * threads)
     };
-    let zf = zx as f32;
     let failed = std::sync::atomic::AtomicBool::new(false);
     for b in 0..n {
         let (Some(src), Some(dst)) = (xs.get(b * ipix..(b + 1) * ipix), y.get_mut(b * opix..(b + 1) * opix)) else {
             break;
         };
         let run = |i: usize, out: &mut [O]| {
-            let mut ring = kiln_kernels::recycle::lend::<DwIn>();
-            let mut sums = kiln_kernels::recycle::lend::<DwOut>();
-            ring.clear();
-            ring.resize(slots * row_len, 0.0);
-            sums.clear();
-            sums.resize(ow * c, 0.0);
-            // Which input row each slot holds.
-            let mut held = vec![usize::MAX; slots];
-            for (r, orow) in out.chunks_mut(ow * c).enumerate() {
-                let oy = i * band + r;
-                for ky in 0..kh {
-                    let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) else {
-                        continue;
-                    };
-                    let slot = iy % slots;
-                    if held.get(slot) == Some(&iy) {
-                        continue;
-                    }
-                    let (Some(from), Some(to)) = (
-                        src.get(iy * row_len..(iy + 1) * row_len),
-                        ring.get_mut(slot * row_len..(slot + 1) * row_len),
-                    ) else {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                        return;
-                    };
-                    kiln_kernels::simd::vectorize(|| {
-                        for (f, &v) in to.iter_mut().zip(from) {
-                            *f = v.widen() as f32 - zf;
-                        }
-                    });
-                    if let Some(t) = held.get_mut(slot) {
-                        *t = iy;
-                    }
-                }
-                let clamp = kiln_kernels::dwconv::Clamp::NONE;
-                if !dw.nhwc_row(&ring, |iy| iy % slots, tf, None, clamp, oy, &mut sums) {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return;
-                }
-                requant.pixels(&sums, orow);
+            if !band_rows(src, i * band, out) {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         };
         if band >= oh {
@@ -1219,6 +1323,81 @@ mod tests {
     use crate::value::Value;
 
     use crate::fast::conv_nhwc::tests::to_last as nhwc;
+
+    /// The two depthwise paths (X's bytes in place summed in i32 on VNNI, X's rows as f32
+    /// through the f32 kernel elsewhere) give the same bytes, whichever runs here: u8 and i8
+    /// X, strides, pads, dilations, a batch of two, the f32 and the f64 requantization.
+    #[test]
+    fn depthwise_in_i32_and_in_f32_agree() {
+        fn case<T: Int8 + Element>(signed: bool) {
+            // (channels, (h, w), kernel, stride, pad, dilation)
+            let shapes = [
+                (96usize, (13usize, 11usize), 3usize, 2usize, 1usize, 1usize),
+                (17, (9, 10), 3, 1, 1, 1),
+                (32, (7, 7), 5, 1, 2, 1),
+                (24, (8, 9), 3, 1, 2, 2),
+                (5, (6, 4), 3, 2, 0, 1),
+            ];
+            for (c, (h, w), k, st, pad, dil) in shapes {
+                let n = 2;
+                let span = (k - 1) * dil;
+                let (oh, ow) = ((h + 2 * pad - span - 1) / st + 1, (w + 2 * pad - span - 1) / st + 1);
+                let mut s = 99u64 + c as u64;
+                let mut next = || {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (s >> 33) as u32
+                };
+                let bytes: Vec<u8> = (0..n * h * w * c).map(|_| next() as u8).collect();
+                let xs = T::of_bytes(&bytes);
+                let wq: Vec<i8> = (0..c * k * k).map(|_| next() as i8).collect();
+                let zw: Vec<i8> = (0..c).map(|j| (j % 5) as i8 - 2).collect();
+                let wt = Tensor::from_vec(vec![c, 1, k, k], wq).unwrap();
+                let zt = Tensor::from_vec(vec![c], zw).unwrap();
+                let taps = depthwise_taps(&wt, Some(&zt)).unwrap();
+                let taps_f32: Vec<f32> = taps.iter().map(|&t| t as f32).collect();
+                let shorts: Vec<i16> = taps.iter().map(|&t| i16::try_from(t).unwrap()).collect();
+                let dw = crate::fast::depthwise::Depthwise {
+                    channels: c,
+                    input: [h, w],
+                    output: [oh, ow],
+                    kernel: [k, k],
+                    strides: [st, st],
+                    dilations: [dil, dil],
+                    pad_begin: [pad, pad],
+                };
+                let bias: Vec<f64> = (0..c).map(|j| j as f64 * 7.0 - 100.0).collect();
+                let mults: Vec<f64> = (0..c).map(|j| 0.0007 + 0.00003 * j as f64).collect();
+                let zx = if signed { -3 } else { 121 };
+                for float in [true, false] {
+                    let requant = Requant {
+                        bias: &bias,
+                        mults: &mults,
+                        zy: 11.0,
+                        range: (0.0, 255.0),
+                        f32s: float.then(|| {
+                            (
+                                bias.iter().map(|&b| b as f32).collect(),
+                                mults.iter().map(|&m| m as f32).collect(),
+                            )
+                        }),
+                        twin: None,
+                    };
+                    let a = depthwise_i8::<T, u8>(xs, zx, (&taps, &shorts), &dw, n, &requant).unwrap();
+                    let b = depthwise_f32::<T, u8>(xs, zx, &taps_f32, &dw, n, &requant).unwrap();
+                    assert_eq!(a.shape(), [n, oh, ow, c]);
+                    let (a, b) = (a.as_slice::<u8>().unwrap(), b.as_slice::<u8>().unwrap());
+                    assert_eq!(
+                        a, b,
+                        "c{c} {h}x{w} k{k} s{st} p{pad} d{dil} signed {signed} f32 {float}"
+                    );
+                    // Not all one value: the sums reach the requantization.
+                    assert!(a.iter().any(|&v| v != a[0]), "c{c}: a constant output");
+                }
+            }
+        }
+        case::<u8>(false);
+        case::<i8>(true);
+    }
 
     /// Channels-last plans (dense im2col, 1x1, depthwise on the f32 kernel and, past its exact
     /// tap count, on the i32 loop) give the reference QLinearConv's values exactly.

@@ -187,21 +187,38 @@ impl PartialEq for GroupsPackCache {
 }
 
 /// A depthwise convolution's taps as `[tap][channel]` i32 values with their zero points taken
-/// out, and the same values in f32 (the f32 depthwise kernel's), made on a plan's first run
-/// and kept (as [`PackCache`], the weights are the program's).
+/// out, and the same values in f32 (the f32 depthwise kernel's) and i16 (the integer one's;
+/// empty when a value does not fit), made on a plan's first run and kept (as [`PackCache`],
+/// the weights are the program's).
 #[derive(Debug, Clone, Default)]
-pub struct TapsCache(std::sync::Arc<std::sync::OnceLock<(Vec<i32>, Vec<f32>)>>);
+pub struct TapsCache(std::sync::Arc<std::sync::OnceLock<Taps>>);
+
+/// The taps a [`TapsCache`] keeps.
+#[derive(Debug)]
+pub(crate) struct Taps {
+    pub ints: Vec<i32>,
+    pub floats: Vec<f32>,
+    /// Empty when a tap lies beyond i16.
+    pub shorts: Vec<i16>,
+}
 
 impl TapsCache {
     /// The taps, made by `make` on the first call (an error is returned, not kept).
-    pub(crate) fn get_or_make(&self, make: impl FnOnce() -> Result<Vec<i32>>) -> Result<(&[i32], &[f32])> {
-        if let Some((i, f)) = self.0.get() {
-            return Ok((i, f));
+    pub(crate) fn get_or_make(&self, make: impl FnOnce() -> Result<Vec<i32>>) -> Result<&Taps> {
+        if let Some(t) = self.0.get() {
+            return Ok(t);
         }
         let ints = make()?;
         let floats = ints.iter().map(|&t| t as f32).collect();
-        let (i, f) = self.0.get_or_init(|| (ints, floats));
-        Ok((i, f))
+        let shorts = ints
+            .iter()
+            .map(|&t| i16::try_from(t).ok())
+            .collect::<Option<Vec<i16>>>();
+        Ok(self.0.get_or_init(|| Taps {
+            ints,
+            floats,
+            shorts: shorts.unwrap_or_default(),
+        }))
     }
 }
 
