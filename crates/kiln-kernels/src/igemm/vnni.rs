@@ -308,6 +308,7 @@ unsafe fn requant_rows_with<E: Epilogue, const VBMI: bool>(
             }
         }
         None => {
+            // SAFETY: AVX-512 F (the caller's features); a register-only instruction.
             let zero = [unsafe { _mm512_setzero_si512() }; 2];
             for r in 0..rows {
                 // SAFETY: as above.
