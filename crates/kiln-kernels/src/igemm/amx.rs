@@ -743,7 +743,7 @@ impl Done {
                 // segment's first column (`lo`, on its first output row).
                 let y = fr.y_first + (f / fr.wp) * fr.ow + ox - fr.lo;
                 if let (Some(sums), Some(fin)) = (tile.0.get(r * NR_QUADS..), o.tile(y, j0 - sink.first, j0, cols)) {
-                    super::vnni::requant_panel(sums, NR_QUADS, run, cols, fin, Some(init));
+                    super::vnni::requant_panel(sums, NR_QUADS, run, cols, fin, init);
                 }
                 r += run;
             }
@@ -763,7 +763,7 @@ impl Done {
             .as_deref_mut()
             .and_then(|o| o.tile(m0, j0 - sink.first, j0, cols))
         {
-            super::vnni::requant_panel(tile, NR_QUADS, rows, cols, f, Some(init));
+            super::vnni::requant_panel(tile, NR_QUADS, rows, cols, f, init);
             return;
         }
         for (r, sums) in tile.chunks_exact(NR_QUADS).take(rows).enumerate() {

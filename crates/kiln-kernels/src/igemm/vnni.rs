@@ -213,16 +213,16 @@ impl Stage {
 }
 
 /// The output stage of the VNNI micro-tiles on sums already in C: `rows` rows of one panel's
-/// `cols <= NR_QUADS` columns (`ldc` apart), each row plus `init` (by column) when given,
-/// requantized into `fin`'s Y, the same bytes the micro-tiles write for those sums (the AMX
-/// tiles' epilogue). Only where `Isa::has_int8_dot`; nothing is written if C, `init`, Y or
-/// the parameters are too short.
-pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin: Final<'_>, init: Option<&[i32]>) {
+/// `cols <= NR_QUADS` columns (`ldc` apart), each row plus `init` (by column), requantized
+/// into `fin`'s Y, the same bytes the micro-tiles write for those sums (the AMX tiles'
+/// epilogue). Only where `Isa::has_int8_dot`; nothing is written if C, `init`, Y or the
+/// parameters are too short.
+pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin: Final<'_>, init: &[i32]) {
     let cols = cols.min(NR_QUADS);
-    if rows == 0 || cols == 0 || c.len() < (rows - 1) * ldc + cols || init.is_some_and(|i| i.len() < cols) {
+    if rows == 0 || cols == 0 || c.len() < (rows - 1) * ldc + cols || init.len() < cols {
         return;
     }
-    let init = init.map(<[i32]>::as_ptr);
+    let init = init.as_ptr();
     let Some(st) = Stage::of(fin, rows, cols) else { return };
     let at = (c.as_ptr().cast_mut(), ldc, rows, cols);
     let vbmi = crate::isa::active().has_byte_permute();
@@ -245,10 +245,10 @@ pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin
 ///
 /// # Safety
 /// AVX-512 F, BW, VL and VNNI are available; C holds `(rows - 1) * ldc + cols` i32 (only
-/// read), `init` (if any) `cols`, the stage's Y `(rows - 1) * ldy + cols` bytes, its bias and
+/// read), `init` `cols`, the stage's Y `(rows - 1) * ldy + cols` bytes, its bias and
 /// mult `cols` values; `cols <= NR_QUADS`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn requant_rows<E: Epilogue>(at: (*mut i32, usize, usize, usize), init: Option<*const i32>, st: Stage) {
+unsafe fn requant_rows<E: Epilogue>(at: (*mut i32, usize, usize, usize), init: *const i32, st: Stage) {
     // SAFETY: this function's contract and features.
     unsafe { requant_rows_with::<E, false>(at, init, st) }
 }
@@ -258,7 +258,7 @@ unsafe fn requant_rows<E: Epilogue>(at: (*mut i32, usize, usize, usize), init: O
 /// # Safety
 /// As [`requant_rows`], and AVX-512 VBMI is available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn requant_rows_vbmi<E: Epilogue>(at: (*mut i32, usize, usize, usize), init: Option<*const i32>, st: Stage) {
+unsafe fn requant_rows_vbmi<E: Epilogue>(at: (*mut i32, usize, usize, usize), init: *const i32, st: Stage) {
     // SAFETY: this function's contract and features.
     unsafe { requant_rows_with::<E, true>(at, init, st) }
 }
@@ -270,7 +270,7 @@ unsafe fn requant_rows_vbmi<E: Epilogue>(at: (*mut i32, usize, usize, usize), in
 #[inline(always)]
 unsafe fn requant_rows_with<E: Epilogue, const VBMI: bool>(
     (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
-    init: Option<*const i32>,
+    init: *const i32,
     st: Stage,
 ) {
     let m0: __mmask16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
@@ -291,30 +291,17 @@ unsafe fn requant_rows_with<E: Epilogue, const VBMI: bool>(
         masks: (m0, m1),
         stage: Some((st, e)),
     };
-    match init {
-        Some(i) => {
-            // SAFETY: `init` holds `cols` values, the masks' lanes.
-            let add = unsafe {
-                [
-                    _mm512_maskz_loadu_epi32(m0, i),
-                    _mm512_maskz_loadu_epi32(m1, i.wrapping_add(16)),
-                ]
-            };
-            for r in 0..rows {
-                // SAFETY: `RowStore::store`'s contract: row `r < rows` of C and Y within the
-                // bounds above, C only read (a stage), the masks within `cols`; VBMI as the
-                // caller says.
-                unsafe { store.store_with::<true, VBMI>(r, add) };
-            }
-        }
-        None => {
-            // SAFETY: AVX-512 F (the caller's features); a register-only instruction.
-            let zero = [unsafe { _mm512_setzero_si512() }; 2];
-            for r in 0..rows {
-                // SAFETY: as above.
-                unsafe { store.store_with::<false, VBMI>(r, zero) };
-            }
-        }
+    // SAFETY: `init` holds `cols` values, the masks' lanes.
+    let add = unsafe {
+        [
+            _mm512_maskz_loadu_epi32(m0, init),
+            _mm512_maskz_loadu_epi32(m1, init.wrapping_add(16)),
+        ]
+    };
+    for r in 0..rows {
+        // SAFETY: `RowStore::store`'s contract: row `r < rows` of C and Y within the bounds
+        // above, C only read (a stage), the masks within `cols`; VBMI as the caller says.
+        unsafe { store.store_with::<VBMI>(r, add) };
     }
 }
 
@@ -846,17 +833,16 @@ impl<E: Epilogue> RowStore<E> {
     #[inline(always)]
     unsafe fn store(&self, r: usize, row: [__m512i; 2]) {
         // SAFETY: this function's contract.
-        unsafe { self.store_with::<true, false>(r, row) }
+        unsafe { self.store_with::<false>(r, row) }
     }
 
-    /// [`RowStore::store`], adding `row` to the start values only when `ADD` (the AMX
-    /// epilogue's sums are whole in C already: the add of a zero row was a tenth of its
-    /// instructions).
+    /// [`RowStore::store`], its codes narrowed to bytes by one byte permute when `VBMI` (only
+    /// where the caller enables AVX-512 VBMI).
     ///
     /// # Safety
     /// As [`RowStore::store`].
     #[inline(always)]
-    unsafe fn store_with<const ADD: bool, const VBMI: bool>(&self, r: usize, row: [__m512i; 2]) {
+    unsafe fn store_with<const VBMI: bool>(&self, r: usize, row: [__m512i; 2]) {
         let RowStore {
             c,
             ldc,
@@ -887,11 +873,7 @@ impl<E: Epilogue> RowStore<E> {
                     _mm512_maskz_loadu_epi32(m1, p.wrapping_add(16)),
                 ),
             };
-            let (s0, s1) = if ADD {
-                (_mm512_add_epi32(base0, row[0]), _mm512_add_epi32(base1, row[1]))
-            } else {
-                (base0, base1)
-            };
+            let (s0, s1) = (_mm512_add_epi32(base0, row[0]), _mm512_add_epi32(base1, row[1]));
             match &stage {
                 Some((st, e)) => {
                     // Both halves narrowed in registers and stored as one masked 32-byte

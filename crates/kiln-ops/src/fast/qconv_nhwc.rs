@@ -1147,7 +1147,9 @@ where
 /// (`Depthwise::row_spans`) starts from `-zx` times the sum of its window's taps (X's zero
 /// point taken out once, not per value; taps in the padding are not in the window: padding
 /// is X's zero point), then the row is requantized. Rows in bands over the pool, as
-/// [`depthwise_f32`].
+/// [`depthwise_f32`]; a band makes each window's start once, the first time it meets the
+/// window (its rows share a few: the interior's and each border column's, others only at the
+/// top and bottom), not once per row.
 fn depthwise_i8<T, O>(
     xs: &[T],
     zx: i32,
@@ -1168,30 +1170,42 @@ where
         let mut sums = kiln_kernels::recycle::lend::<DwSums>();
         sums.clear();
         sums.resize(ow * c, 0);
-        let mut init = vec![0i32; c];
+        // The starts made so far, by their window's tap offsets.
+        let mut starts: Vec<(Vec<usize>, Vec<i32>)> = Vec::new();
         for (r, orow) in out.chunks_mut(ow * c).enumerate() {
             let ok = dw.row_spans(
                 |iy| iy,
                 oy0 + r,
                 |span| {
-                    init.fill(0);
-                    for &(_, wo) in span.window {
-                        let Some(t) = taps.get(wo..wo + c) else {
-                            return false;
-                        };
-                        for (v, &t) in init.iter_mut().zip(t) {
-                            *v = v.wrapping_sub(t);
+                    let key = span.window.iter().map(|&(_, wo)| wo);
+                    let made = starts.iter().position(|(k, _)| k.iter().copied().eq(key.clone()));
+                    let at = match made {
+                        Some(at) => at,
+                        None => {
+                            let mut start = vec![0i32; c];
+                            for wo in key.clone() {
+                                let Some(t) = taps.get(wo..wo + c) else {
+                                    return false;
+                                };
+                                for (v, &t) in start.iter_mut().zip(t) {
+                                    *v = v.wrapping_sub(t);
+                                }
+                            }
+                            start.iter_mut().for_each(|v| *v = v.wrapping_mul(zx));
+                            starts.push((key.collect(), start));
+                            starts.len() - 1
                         }
-                    }
-                    init.iter_mut().for_each(|v| *v = v.wrapping_mul(zx));
-                    let Some(out) = sums.get_mut(span.pixels.start * c..span.pixels.end * c) else {
+                    };
+                    let (Some((_, init)), Some(out)) =
+                        (starts.get(at), sums.get_mut(span.pixels.start * c..span.pixels.end * c))
+                    else {
                         return false;
                     };
                     kiln_kernels::qdwconv::QPixels {
                         x,
                         signed,
                         w: shorts,
-                        init: &init,
+                        init,
                         window: span.window,
                         base: span.base,
                         step: span.step,
