@@ -59,7 +59,7 @@ pub(crate) const ROUND: f32 = 12_582_912.0;
 /// in a vectorised loop, where `f32::max` and `min` take three instructions each (their NaN
 /// rule: a compare and a blend besides).
 #[inline(always)]
-fn clamp_to<F: PartialOrd + Copy>(v: F, lo: F, hi: F) -> F {
+pub(crate) fn clamp_to<F: PartialOrd + Copy>(v: F, lo: F, hi: F) -> F {
     let v = if v > lo { v } else { lo };
     if v < hi { v } else { hi }
 }

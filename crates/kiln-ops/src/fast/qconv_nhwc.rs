@@ -532,7 +532,7 @@ where
         pad: (ph, pw),
     };
     if kind == QConvKind::Depthwise {
-        let taps = plan.taps.get_or_make(|| depthwise_taps(w, zw))?;
+        let taps = plan.taps.get_or_make((kh, kw), || depthwise_taps(w, zw))?;
         if kh * kw <= EXACT_F32_TAPS {
             let dw = super::depthwise::Depthwise {
                 channels: c,
@@ -543,13 +543,32 @@ where
                 dilations: [dh, dw],
                 pad_begin: [ph, pw],
             };
-            // Strided, on VNNI, the integer taps read X's bytes in place; otherwise X's rows
-            // as f32 through the f32 kernel. The f32 path converts every input pixel once,
-            // which a stride of 2 makes four per output; its multiply-adds issue on two
-            // ports where `vpdpwssd` has one, which wins at stride 1 (MobileNet-v2's 3x3
-            // layers on an AVX-512 Xeon, one thread: stride 2 0.28 -> 0.17 ms and 0.11 ->
-            // 0.07 ms on the integer taps, stride 1 0.22 -> 0.24 ms).
-            if sh * sw > 1 && kiln_kernels::isa::active().has_int8_dot() && !taps.shorts.is_empty() {
+            // On VNNI at stride 1, X's rows packed as quads, four taps of a kernel row to a
+            // `vpdpbusd` (the f32 requantization fused: MobileNet-v2's 3x3 layers on an
+            // AVX-512 Xeon, one thread, in the model: 56x56x144 0.23 -> 0.13 ms, 112x112x32
+            // 0.19 -> 0.11 ms against the f32 kernel). Strided, the integer taps read X's
+            // bytes in place (the quads pack every column, which a stride of 2 wastes: 0.14
+            // -> 0.17 ms); otherwise X's rows as f32 through the f32 kernel.
+            let dot = kiln_kernels::isa::active().has_int8_dot();
+            if sw == 1 && dot && !taps.quads.is_empty() {
+                if let Some((bias, mults)) = &requant.f32s {
+                    let range = (requant.range.0 as f32, requant.range.1 as f32);
+                    let y = depthwise_quad_bands::<T, O>(
+                        xs,
+                        zx,
+                        (&taps.quads, &taps.sums),
+                        &dw,
+                        n,
+                        (bias, mults, requant.zy as f32, range),
+                    )?;
+                    return Ok((y, false));
+                }
+                return Ok((
+                    depthwise_quads::<T, O>(xs, zx, (&taps.quads, &taps.sums), &dw, n, &requant)?,
+                    false,
+                ));
+            }
+            if sh * sw > 1 && dot && !taps.shorts.is_empty() {
                 return Ok((
                     depthwise_i8::<T, O>(xs, zx, (&taps.ints, &taps.shorts), &dw, n, &requant)?,
                     false,
@@ -1065,8 +1084,10 @@ kiln_kernels::scratch_kinds! {
     /// thread).
     DwIn: Vec<f32>;
     DwOut: Vec<f32>;
-    /// [`depthwise_i8`]'s sums of one output row (per thread).
+    /// [`depthwise_i8`]'s and [`depthwise_quads`]' sums of one output row (per thread).
     DwSums: Vec<i32>;
+    /// [`depthwise_quads`]' ring of input rows packed as quads (per thread).
+    DwQuads: Vec<u32>;
 }
 
 /// Output pixels x taps x channels under which a depthwise layer runs on the calling thread
@@ -1223,6 +1244,163 @@ where
     })
 }
 
+/// [`depthwise_quads`] with the f32 requantization fused (`kiln_kernels::qdwconv::QuadBand`):
+/// a band's blocks of 16 channels packed, summed and requantized in registers, the block's
+/// packed rows in L1. Bands of output rows over the pool, as the other depthwise paths.
+fn depthwise_quad_bands<T, O>(
+    xs: &[T],
+    zx: i32,
+    (quads, tap_sums): (&[i8], &[i32]),
+    dw: &super::depthwise::Depthwise,
+    n: usize,
+    (bias, mult, zy, range): (&[f32], &[f32], f32, (f32, f32)),
+) -> Result<Tensor>
+where
+    T: Int8 + Element,
+    O: Quantized,
+{
+    use kiln_kernels::qdwconv::{QUAD, QuadBand, QuadRequant, quad_code};
+    let c = dw.channels;
+    let signed = T::OFFSET != 0;
+    let fill = zx as u8;
+    let code = i32::from(quad_code(fill, signed));
+    let init: Vec<i32> = tap_sums.iter().map(|&s| s.wrapping_mul(-code)).collect();
+    depthwise_bands(xs, dw, n, quads.len() / (QUAD * c.max(1)), |src, oy0, out: &mut [O]| {
+        QuadBand {
+            x: T::bytes(src),
+            signed,
+            fill,
+            input: dw.input,
+            output: dw.output,
+            c,
+            kernel: dw.kernel,
+            strides: dw.strides,
+            dilations: dw.dilations,
+            pad: dw.pad_begin,
+            taps: quads,
+            init: &init,
+            requant: QuadRequant {
+                bias,
+                mult,
+                zero_point: zy,
+                range,
+            },
+        }
+        .run(oy0, out)
+    })
+}
+
+/// The depthwise convolution four taps of a kernel row to a `vpdpbusd`
+/// (`kiln_kernels::qdwconv::QuadTaps`, the taps i8): each input row a band's windows read is
+/// packed once into quads (a channel's bytes of four neighbouring columns in a dword, the
+/// padding X's zero point), then each output row is one pass over the packed rows of its
+/// kernel rows (a row of padding above and below the image) and requantized. X's zero point
+/// comes out once: every window holds `kh * kw` values, so each sum starts from `-zx` times
+/// its channel's sum of taps.
+fn depthwise_quads<T, O>(
+    xs: &[T],
+    zx: i32,
+    (quads, tap_sums): (&[i8], &[i32]),
+    dw: &super::depthwise::Depthwise,
+    n: usize,
+    requant: &Requant<'_>,
+) -> Result<Tensor>
+where
+    T: Int8 + Element,
+    O: Quantized,
+{
+    use kiln_kernels::qdwconv::{QUAD, QuadRow, QuadTaps, quad_code};
+    let c = dw.channels;
+    let ([h, w], [_, ow]) = (dw.input, dw.output);
+    let ([kh, kw], [sh, sw], [dh, dw_], [ph, pw]) = (dw.kernel, dw.strides, dw.dilations, dw.pad_begin);
+    let groups = kw.div_ceil(QUAD);
+    let row_len = w * c;
+    // Quads a packed row holds: the last pixel's last group.
+    let width = (ow.max(1) - 1) * sw + (groups.max(1) - 1) * QUAD * dw_ + 1;
+    let packed = width * c;
+    let slots = (kh.max(1) - 1) * dh + 1;
+    let signed = T::OFFSET != 0;
+    let fill = zx as u8;
+    let code = i32::from(quad_code(fill, signed));
+    let init: Vec<i32> = tap_sums.iter().map(|&s| s.wrapping_mul(-code)).collect();
+    depthwise_bands(xs, dw, n, quads.len() / (QUAD * c.max(1)), |src, oy0, out: &mut [O]| {
+        let x = T::bytes(src);
+        let mut ring = kiln_kernels::recycle::lend::<DwQuads>();
+        let mut sums = kiln_kernels::recycle::lend::<DwSums>();
+        ring.clear();
+        // The slots, then a row of padding.
+        ring.resize((slots + 1) * packed, 0);
+        sums.clear();
+        sums.resize(ow * c, 0);
+        let pad_row = QuadRow {
+            x: &[],
+            signed,
+            c,
+            pad: 0,
+            fill,
+            dilation: dw_,
+        };
+        if !pad_row.pack(ring.get_mut(slots * packed..).unwrap_or_default()) {
+            return false;
+        }
+        let mut held = vec![usize::MAX; slots];
+        let mut at: Vec<usize> = Vec::with_capacity(kh);
+        for (r, orow) in out.chunks_mut(ow * c).enumerate() {
+            let oy = oy0 + r;
+            at.clear();
+            for ky in 0..kh {
+                let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) else {
+                    at.push(slots);
+                    continue;
+                };
+                let slot = iy % slots;
+                at.push(slot);
+                if held.get(slot) == Some(&iy) {
+                    continue;
+                }
+                let (Some(from), Some(to)) = (
+                    x.get(iy * row_len..(iy + 1) * row_len),
+                    ring.get_mut(slot * packed..(slot + 1) * packed),
+                ) else {
+                    return false;
+                };
+                let row = QuadRow {
+                    x: from,
+                    signed,
+                    c,
+                    pad: pw,
+                    fill,
+                    dilation: dw_,
+                };
+                if !row.pack(to) {
+                    return false;
+                }
+                if let Some(t) = held.get_mut(slot) {
+                    *t = iy;
+                }
+            }
+            let rows: Vec<&[u32]> = at
+                .iter()
+                .map(|&s| ring.get(s * packed..(s + 1) * packed).unwrap_or_default())
+                .collect();
+            let call = QuadTaps {
+                rows: &rows,
+                taps: quads,
+                init: &init,
+                groups,
+                stride: sw,
+                reach: QUAD * dw_,
+                c,
+            };
+            if !call.run(&mut sums) {
+                return false;
+            }
+            requant.pixels(&sums, orow);
+        }
+        true
+    })
+}
+
 /// A channels-last depthwise layer's output, image by image, in bands of output rows over
 /// the pool (the calling thread alone for a small layer): `band(x, oy0, out)` fills the rows
 /// from `oy0` on of `out` from image `x`, `false` when a shape did not fit.
@@ -1338,9 +1516,11 @@ mod tests {
 
     use crate::fast::conv_nhwc::tests::to_last as nhwc;
 
-    /// The two depthwise paths (X's bytes in place summed in i32 on VNNI, X's rows as f32
-    /// through the f32 kernel elsewhere) give the same bytes, whichever runs here: u8 and i8
-    /// X, strides, pads, dilations, a batch of two, the f32 and the f64 requantization.
+    /// The depthwise paths (X's bytes in place summed in i32, X's rows packed as quads with
+    /// the requantization apart or fused on VNNI, X's rows as f32 through the f32 kernel
+    /// elsewhere) give the same bytes, whichever runs here: u8 and i8 X, strides, pads,
+    /// dilations, kernel rows of one and two quads, a batch of two, the f32 and the f64
+    /// requantization.
     #[test]
     fn depthwise_in_i32_and_in_f32_agree() {
         fn case<T: Int8 + Element>(signed: bool) {
@@ -1351,6 +1531,7 @@ mod tests {
                 (32, (7, 7), 5, 1, 2, 1),
                 (24, (8, 9), 3, 1, 2, 2),
                 (5, (6, 4), 3, 2, 0, 1),
+                (20, (9, 13), 7, 1, 3, 1),
             ];
             for (c, (h, w), k, st, pad, dil) in shapes {
                 let n = 2;
@@ -1363,13 +1544,20 @@ mod tests {
                 };
                 let bytes: Vec<u8> = (0..n * h * w * c).map(|_| next() as u8).collect();
                 let xs = T::of_bytes(&bytes);
-                let wq: Vec<i8> = (0..c * k * k).map(|_| next() as i8).collect();
+                // Within i8 once the zero points are out (the quads' taps are i8).
+                let wq: Vec<i8> = (0..c * k * k).map(|_| ((next() % 251) as i32 - 125) as i8).collect();
                 let zw: Vec<i8> = (0..c).map(|j| (j % 5) as i8 - 2).collect();
                 let wt = Tensor::from_vec(vec![c, 1, k, k], wq).unwrap();
                 let zt = Tensor::from_vec(vec![c], zw).unwrap();
                 let taps = depthwise_taps(&wt, Some(&zt)).unwrap();
                 let taps_f32: Vec<f32> = taps.iter().map(|&t| t as f32).collect();
                 let shorts: Vec<i16> = taps.iter().map(|&t| i16::try_from(t).unwrap()).collect();
+                let bytes8: Vec<i8> = taps.iter().map(|&t| i8::try_from(t).unwrap()).collect();
+                let quads = kiln_kernels::qdwconv::pack_quad_taps(&bytes8, (k, k), c).unwrap();
+                let mut tap_sums = vec![0i32; c];
+                for row in taps.chunks_exact(c) {
+                    tap_sums.iter_mut().zip(row).for_each(|(s, &t)| *s += t);
+                }
                 let dw = crate::fast::depthwise::Depthwise {
                     channels: c,
                     input: [h, w],
@@ -1398,12 +1586,20 @@ mod tests {
                     };
                     let a = depthwise_i8::<T, u8>(xs, zx, (&taps, &shorts), &dw, n, &requant).unwrap();
                     let b = depthwise_f32::<T, u8>(xs, zx, &taps_f32, &dw, n, &requant).unwrap();
+                    let q = depthwise_quads::<T, u8>(xs, zx, (&quads, &tap_sums), &dw, n, &requant).unwrap();
+                    let fused = requant.f32s.as_ref().map(|(bias, mults)| {
+                        let args = (&bias[..], &mults[..], 11.0f32, (0.0f32, 255.0f32));
+                        depthwise_quad_bands::<T, u8>(xs, zx, (&quads, &tap_sums), &dw, n, args).unwrap()
+                    });
                     assert_eq!(a.shape(), [n, oh, ow, c]);
+                    assert_eq!(q.shape(), [n, oh, ow, c]);
                     let (a, b) = (a.as_slice::<u8>().unwrap(), b.as_slice::<u8>().unwrap());
-                    assert_eq!(
-                        a, b,
-                        "c{c} {h}x{w} k{k} s{st} p{pad} d{dil} signed {signed} f32 {float}"
-                    );
+                    let what = format!("c{c} {h}x{w} k{k} s{st} p{pad} d{dil} signed {signed} f32 {float}");
+                    assert_eq!(a, b, "{what}");
+                    assert_eq!(q.as_slice::<u8>().unwrap(), b, "quads: {what}");
+                    if let Some(f) = fused {
+                        assert_eq!(f.as_slice::<u8>().unwrap(), b, "fused quads: {what}");
+                    }
                     // Not all one value: the sums reach the requantization.
                     assert!(a.iter().any(|&v| v != a[0]), "c{c}: a constant output");
                 }

@@ -200,11 +200,16 @@ pub(crate) struct Taps {
     pub floats: Vec<f32>,
     /// Empty when a tap lies beyond i16.
     pub shorts: Vec<i16>,
+    /// The taps as i8 packed for `kiln_kernels::qdwconv::QuadTaps` (empty when one lies
+    /// beyond i8), and each channel's sum of taps.
+    pub quads: Vec<i8>,
+    pub sums: Vec<i32>,
 }
 
 impl TapsCache {
     /// The taps, made by `make` on the first call (an error is returned, not kept).
-    pub(crate) fn get_or_make(&self, make: impl FnOnce() -> Result<Vec<i32>>) -> Result<&Taps> {
+    /// `kernel` is the window's `(kh, kw)`, the taps `[kh * kw][c]`.
+    pub(crate) fn get_or_make(&self, kernel: (usize, usize), make: impl FnOnce() -> Result<Vec<i32>>) -> Result<&Taps> {
         if let Some(t) = self.0.get() {
             return Ok(t);
         }
@@ -214,10 +219,26 @@ impl TapsCache {
             .iter()
             .map(|&t| i16::try_from(t).ok())
             .collect::<Option<Vec<i16>>>();
+        let taps = (kernel.0 * kernel.1).max(1);
+        let c = ints.len() / taps;
+        let mut sums = vec![0i32; c];
+        for row in ints.chunks_exact(c.max(1)) {
+            for (s, &t) in sums.iter_mut().zip(row) {
+                *s = s.saturating_add(t);
+            }
+        }
+        let quads = ints
+            .iter()
+            .map(|&t| i8::try_from(t).ok())
+            .collect::<Option<Vec<i8>>>()
+            .and_then(|b| kiln_kernels::qdwconv::pack_quad_taps(&b, kernel, c))
+            .unwrap_or_default();
         Ok(self.0.get_or_init(|| Taps {
             ints,
             floats,
             shorts: shorts.unwrap_or_default(),
+            quads,
+            sums,
         }))
     }
 }
