@@ -751,15 +751,21 @@ mod quads {
                     unsafe { pixels::<8>(&geo, px, m, (init, bias, mult), &epi, o) };
                     px += 8;
                 }
-                while px + 4 <= ow {
-                    // SAFETY: pixels `px..px + 4 <= ow`, as above.
-                    unsafe { pixels::<4>(&geo, px, m, (init, bias, mult), &epi, o) };
-                    px += 4;
-                }
-                while px < ow {
-                    // SAFETY: pixel `px < ow`, as above.
-                    unsafe { pixels::<1>(&geo, px, m, (init, bias, mult), &epi, o) };
-                    px += 1;
+                // The last pixels (fewer than 8) as one group: independent chains hide the
+                // `vpdpbusd` latency a pixel at a time would wait on.
+                let ops = (init, bias, mult);
+                // SAFETY: pixels `px..ow`, fewer than 8, as above.
+                unsafe {
+                    match ow - px {
+                        1 => pixels::<1>(&geo, px, m, ops, &epi, o),
+                        2 => pixels::<2>(&geo, px, m, ops, &epi, o),
+                        3 => pixels::<3>(&geo, px, m, ops, &epi, o),
+                        4 => pixels::<4>(&geo, px, m, ops, &epi, o),
+                        5 => pixels::<5>(&geo, px, m, ops, &epi, o),
+                        6 => pixels::<6>(&geo, px, m, ops, &epi, o),
+                        7 => pixels::<7>(&geo, px, m, ops, &epi, o),
+                        _ => {}
+                    }
                 }
             }
             j0 += LANES;
