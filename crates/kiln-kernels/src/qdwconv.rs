@@ -674,6 +674,7 @@ mod quads {
         let mut ring = vec![0u32; (slots + 1) * pw * LANES];
         let mut held = vec![usize::MAX; slots];
         let mut at = vec![0usize; kh];
+        let mut rowp: Vec<*const u32> = Vec::with_capacity(kh);
         // The padding's code: in a quad's low byte (a column), in all four (a row of padding).
         let fill = _mm512_set1_epi32(i32::from(super::quad_code(b.fill, b.signed)));
         let fill_row = _mm512_set1_epi32(i32::from(super::quad_code(b.fill, b.signed)) * 0x0101_0101);
@@ -726,11 +727,9 @@ mod quads {
                         };
                     }
                 }
+                rowp.clear();
                 // SAFETY: slot `s <= slots` of the ring's `slots + 1` rows.
-                let rowp: Vec<*const u32> = at
-                    .iter()
-                    .map(|&s| unsafe { r0.add(s * pw * LANES) }.cast_const())
-                    .collect();
+                rowp.extend(at.iter().map(|&s| unsafe { r0.add(s * pw * LANES) }.cast_const()));
                 let geo = Geometry {
                     rows: &rowp,
                     taps: b.taps.as_ptr(),
