@@ -183,9 +183,12 @@ pub const MR_QUADS: usize = 8;
 /// in L1 beside A's 5 KiB. Deeper products are cut into equal blocks no deeper than this.
 const KC_QUADS: usize = 640;
 /// Whether a product of `m` rows and depth `k` runs on AMX tiles: where
-/// [`Isa::has_int8_tiles`], at least one 16-row tile of rows and one whole 64-deep chunk of
-/// depth. Shallower products (16 -> 64 channels ran at 72 GOP/s on the tiles, 107 on VNNI)
-/// fill too little of each tile. ResNet-50's fused 64 -> 256 1x1 convolutions, 0.9 ms on the
+/// [`Isa::has_int8_tiles`], at least one 16-row tile of rows and 16 depths (a quarter of a
+/// tile's 64). Shallower products fill too little of each tile. Once the tiles started from
+/// zero and their epilogue narrowed by a byte permute, depths 16-63 ran faster on them than on
+/// VNNI, whose epilogue is the larger part of so shallow a product (MobileNet-v2's 24- and
+/// 32-deep 1x1 layers 10-20% faster, its 27-deep stem 9%; once, before those, 16 -> 64
+/// channels ran at 72 GOP/s on the tiles, 107 on VNNI). ResNet-50's fused 64 -> 256 1x1 convolutions, 0.9 ms on the
 /// tiles against 0.64 on VNNI while the tiles' rows straddled cache lines and their sums went
 /// to a C of megabytes, became faster on the tiles once both were fixed (the three 1x1 layers
 /// of its first stage 4.4 ms against 5.1 per run).
@@ -213,7 +216,7 @@ pub fn requant_on_tiles(isa: Isa, k: usize) -> bool {
 }
 
 fn on_tiles(isa: Isa, m: usize, k: usize) -> bool {
-    m >= 16 && k >= 64 && k <= MAX_EXACT_DEPTH && isa.has_int8_tiles()
+    m >= 16 && k >= 16 && k <= MAX_EXACT_DEPTH && isa.has_int8_tiles()
 }
 /// Zero bytes after the last panel of the quads format: the AMX tiles read a panel's depth in
 /// whole chunks of 16 quads, so up to 15 quads (of 128 bytes) past its end.
