@@ -665,7 +665,10 @@ mod quads {
         let ow = b.output[1];
         let w = b.input[1];
         let groups = kw.div_ceil(QUAD);
-        let Some(pw) = b.width() else {
+        // At stride 2 (undilated), only every other column's quad is read: each packed
+        // quad holds columns `2k..2k + 3` (`step` 2), half the packing.
+        let step = if sw == 2 && dw == 1 { 2 } else { 1 };
+        let Some(pw) = b.width().map(|w| (w - 1) / step + 1) else {
             return;
         };
         let rows = out.len() / (ow * c);
@@ -718,11 +721,27 @@ mod quads {
                         // the ring's slot `slot < slots` holds `pw` quads of 16 lanes.
                         unsafe {
                             let (row, dims, to) = (x.add(iy * w * c), (w, c, b.pad[1], dw), r0.add(slot * pw * LANES));
-                            match (b.signed, j0 + LANES <= c) {
-                                (false, true) => pack_block::<false, true>(row, dims, j0, m, (flip, fill), to, pw),
-                                (false, false) => pack_block::<false, false>(row, dims, j0, m, (flip, fill), to, pw),
-                                (true, true) => pack_block::<true, true>(row, dims, j0, m, (flip, fill), to, pw),
-                                (true, false) => pack_block::<true, false>(row, dims, j0, m, (flip, fill), to, pw),
+                            match (step == 2, b.signed, j0 + LANES <= c) {
+                                (false, false, true) => {
+                                    pack_block::<false, true>(row, dims, j0, m, (flip, fill), to, pw)
+                                }
+                                (false, false, false) => {
+                                    pack_block::<false, false>(row, dims, j0, m, (flip, fill), to, pw)
+                                }
+                                (false, true, true) => pack_block::<true, true>(row, dims, j0, m, (flip, fill), to, pw),
+                                (false, true, false) => {
+                                    pack_block::<true, false>(row, dims, j0, m, (flip, fill), to, pw)
+                                }
+                                (true, false, true) => {
+                                    pack_pairs::<false, true>(row, dims, j0, m, (flip, fill), to, pw)
+                                }
+                                (true, false, false) => {
+                                    pack_pairs::<false, false>(row, dims, j0, m, (flip, fill), to, pw)
+                                }
+                                (true, true, true) => pack_pairs::<true, true>(row, dims, j0, m, (flip, fill), to, pw),
+                                (true, true, false) => {
+                                    pack_pairs::<true, false>(row, dims, j0, m, (flip, fill), to, pw)
+                                }
                             }
                         };
                     }
@@ -736,15 +755,15 @@ mod quads {
                     groups,
                     c,
                     j0,
-                    stride: sw,
-                    reach: QUAD * dw,
+                    stride: sw / step,
+                    reach: QUAD * dw / step,
                 };
                 // SAFETY: output row `r < rows`, channel `j0 < c`.
                 let o = unsafe { out.as_mut_ptr().add(r * ow * c + j0) };
                 let mut px = 0;
-                // SAFETY (the three loops): pixels `px..px + N <= ow` of the output row `r <
-                // rows`, the mask's channels; quads `(px + N - 1) * sw + (groups - 1) * reach
-                // < pw` of each ring row.
+                // SAFETY (the loops below): pixels `px..px + N <= ow` of the output row `r <
+                // rows`, the mask's channels; quads `((px + N - 1) * sw + (groups - 1) *
+                // QUAD * dw) / step < pw` of each ring row.
                 while px + 8 <= ow {
                     // SAFETY: pixels `px..px + 8 <= ow`, as above.
                     unsafe { pixels::<8>(&geo, px, m, (init, bias, mult), &epi, o) };
@@ -823,6 +842,76 @@ mod quads {
                 let v = _mm512_min_ps(_mm512_max_ps(v, e.lo), e.hi);
                 let bits = _mm512_castps_si512(_mm512_add_ps(v, e.round));
                 _mm_mask_storeu_epi8(o.add((px + k) * g.c).cast(), m, _mm512_cvtepi32_epi8(bits));
+            }
+        }
+    }
+
+    /// The mask's 16 bytes at `at` as quad codes in dwords (`FULL`: all 16, unmasked).
+    ///
+    /// # Safety
+    /// AVX-512 F and BW are present; the mask's bytes at `at` (all 16 when `FULL`) are
+    /// readable.
+    #[inline(always)]
+    unsafe fn codes<const SIGNED: bool, const FULL: bool>(at: *const u8, m: __mmask16, flip32: __m512i) -> __m512i {
+        // SAFETY: the caller's features and bytes.
+        unsafe {
+            let v = if FULL {
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(at.cast()))
+            } else {
+                _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, at.cast()))
+            };
+            if SIGNED { _mm512_xor_si512(v, flip32) } else { v }
+        }
+    }
+
+    /// [`pack_block`] at stride 2 (no dilation): quad `k` of `to` holds padded columns `2k..2k
+    /// + 3`, each the last moved down two bytes with two new columns on top.
+    ///
+    /// # Safety
+    /// As [`pack_block`] (its `d` is 1 here).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pack_pairs<const SIGNED: bool, const FULL: bool>(
+        x: *const u8,
+        (w, c, pad, _): (usize, usize, usize, usize),
+        j0: usize,
+        m: __mmask16,
+        (flip, fill): (__m128i, __m512i),
+        to: *mut u32,
+        pw: usize,
+    ) {
+        let dims = (w, c, pad);
+        // SAFETY: the mask's channels of `x`'s `w` pixels (columns `2k + 2 - pad` and `2k + 3
+        // - pad` below `w` in the middle loop); quads `k < pw` of `to`.
+        unsafe {
+            let flip32 = _mm512_set1_epi32(0x80);
+            let mut q = _mm512_setzero_si512();
+            for j in 0..QUAD {
+                q = _mm512_or_si512(q, column(x, dims, j0, m, flip, fill, j));
+                q = _mm512_ror_epi32::<8>(q);
+            }
+            if pw > 0 {
+                _mm512_storeu_si512(to.cast(), q);
+            }
+            let mut k = 1;
+            while k < pw {
+                let col = 2 * k + 2;
+                let (a, b) = if col >= pad && col + 1 < pad + w {
+                    let at = x.add((col - pad) * c + j0);
+                    (
+                        codes::<SIGNED, FULL>(at, m, flip32),
+                        codes::<SIGNED, FULL>(at.add(c), m, flip32),
+                    )
+                } else {
+                    (
+                        column(x, dims, j0, m, flip, fill, col),
+                        column(x, dims, j0, m, flip, fill, col + 1),
+                    )
+                };
+                let top = _mm512_or_si512(_mm512_slli_epi32::<16>(a), _mm512_slli_epi32::<24>(b));
+                q = _mm512_or_si512(_mm512_srli_epi32::<16>(q), top);
+                _mm512_storeu_si512(to.add(k * LANES).cast(), q);
+                k += 1;
             }
         }
     }

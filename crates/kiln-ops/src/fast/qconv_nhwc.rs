@@ -550,19 +550,21 @@ where
             // bytes in place (the quads pack every column, which a stride of 2 wastes: 0.14
             // -> 0.17 ms); otherwise X's rows as f32 through the f32 kernel.
             let dot = kiln_kernels::isa::active().has_int8_dot();
+            // The fused band packs only the quads a stride of 2 reads (no dilation then).
+            let band_stride = sw == 1 || (sw == 2 && dw.dilations[1] == 1);
+            if let (true, false, true, Some((bias, mults))) = (dot, taps.quads.is_empty(), band_stride, &requant.f32s) {
+                let range = (requant.range.0 as f32, requant.range.1 as f32);
+                let y = depthwise_quad_bands::<T, O>(
+                    xs,
+                    zx,
+                    (&taps.quads, &taps.sums),
+                    &dw,
+                    n,
+                    (bias, mults, requant.zy as f32, range),
+                )?;
+                return Ok((y, false));
+            }
             if sw == 1 && dot && !taps.quads.is_empty() {
-                if let Some((bias, mults)) = &requant.f32s {
-                    let range = (requant.range.0 as f32, requant.range.1 as f32);
-                    let y = depthwise_quad_bands::<T, O>(
-                        xs,
-                        zx,
-                        (&taps.quads, &taps.sums),
-                        &dw,
-                        n,
-                        (bias, mults, requant.zy as f32, range),
-                    )?;
-                    return Ok((y, false));
-                }
                 return Ok((
                     depthwise_quads::<T, O>(xs, zx, (&taps.quads, &taps.sums), &dw, n, &requant)?,
                     false,
