@@ -104,6 +104,19 @@ pub fn transpose_bytes<T: Byte>(src: &[T], lds: usize, rows: usize, cols: usize,
     if !fits(src.len(), lds, rows, cols, dst.len(), ldd) {
         return false;
     }
+    // A few rows into dense columns (an image's 1-4 channels to channels-last): interleaved
+    // row by row in one compiler-vectorised pass, where the 8x8 blocks would leave it all
+    // to the scalar edge path.
+    if ldd == rows && (1..=4).contains(&rows) && cols > 0 {
+        crate::simd::vectorize_kernel(Interleave {
+            src,
+            lds,
+            rows,
+            cols,
+            dst,
+        });
+        return true;
+    }
     let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
     for r0 in (0..r8).step_by(8) {
         for c0 in (0..c8).step_by(8) {
@@ -133,6 +146,56 @@ pub fn transpose_bytes<T: Byte>(src: &[T], lds: usize, rows: usize, cols: usize,
     bands(src, lds, r8..rows, 0..cols, dst, ldd);
     bands(src, lds, 0..r8, c8..cols, dst, ldd);
     true
+}
+
+/// [`transpose_bytes`] of 1-4 rows into a dense destination (`ldd == rows`): column `j` of
+/// the rows becomes `dst[j * rows..][..rows]`.
+struct Interleave<'a, T> {
+    src: &'a [T],
+    lds: usize,
+    rows: usize,
+    cols: usize,
+    dst: &'a mut [T],
+}
+
+impl<T: Copy> crate::simd::Kernel for Interleave<'_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let Interleave {
+            src,
+            lds,
+            rows,
+            cols,
+            dst,
+        } = self;
+        let row = |r: usize| src.get(r * lds..r * lds + cols).unwrap_or_default();
+        let dst = dst.get_mut(..rows * cols).unwrap_or_default();
+        match rows {
+            1 => {
+                for (o, &a) in dst.iter_mut().zip(row(0)) {
+                    *o = a;
+                }
+            }
+            2 => {
+                for ((o, &a), &b) in dst.chunks_exact_mut(2).zip(row(0)).zip(row(1)) {
+                    o.copy_from_slice(&[a, b]);
+                }
+            }
+            3 => {
+                for (((o, &a), &b), &c) in dst.chunks_exact_mut(3).zip(row(0)).zip(row(1)).zip(row(2)) {
+                    o.copy_from_slice(&[a, b, c]);
+                }
+            }
+            _ => {
+                for ((((o, &a), &b), &c), &d) in dst.chunks_exact_mut(4).zip(row(0)).zip(row(1)).zip(row(2)).zip(row(3))
+                {
+                    o.copy_from_slice(&[a, b, c, d]);
+                }
+            }
+        }
+    }
 }
 
 /// One round of [`transpose_bytes`]' block transpose: for each pair `(a, b)` of rows, the
@@ -290,6 +353,21 @@ mod tests {
             for j in 0..cols {
                 for i in 0..rows {
                     prop_assert_eq!(dsts[j * ldd + i], signed[i * lds + j]);
+                }
+            }
+        }
+
+        /// 1-4 rows into a dense destination (an image's channels to channels-last, the
+        /// interleaving path) against the definition, long rows included.
+        #[test]
+        fn few_rows_interleave_as_defined(rows in 1usize..=4, cols in 1usize..300, pad_s in 0usize..3) {
+            let lds = cols + pad_s;
+            let src: Vec<u8> = (0..rows * lds).map(|v| (v * 37 % 253) as u8).collect();
+            let mut dst = vec![0xEEu8; cols * rows];
+            prop_assert!(transpose_bytes(&src, lds, rows, cols, &mut dst, rows));
+            for j in 0..cols {
+                for i in 0..rows {
+                    prop_assert_eq!(dst[j * rows + i], src[i * lds + j], "({}, {})", i, j);
                 }
             }
         }
