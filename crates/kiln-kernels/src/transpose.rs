@@ -31,6 +31,18 @@ pub fn transpose_f32_with(
     if !fits(src.len(), lds, rows, cols, dst.len(), ldd) {
         return false;
     }
+    // A few rows into dense columns: interleaved (see `transpose_bytes`), where the 8x8
+    // blocks would leave them all to the scalar edge path.
+    if ldd == rows && (1..=4).contains(&rows) && cols > 0 {
+        crate::simd::vectorize_kernel(Interleave {
+            src,
+            lds,
+            rows,
+            cols,
+            dst,
+        });
+        return true;
+    }
     #[cfg(target_arch = "x86_64")]
     if rows > 0 && cols > 0 && isa >= Isa::Avx2Fma && isa.is_supported() {
         // SAFETY: AVX2 is present (checked just above; AVX-512 machines have it too) and the
@@ -368,6 +380,14 @@ mod tests {
             for j in 0..cols {
                 for i in 0..rows {
                     prop_assert_eq!(dst[j * rows + i], src[i * lds + j], "({}, {})", i, j);
+                }
+            }
+            let floats: Vec<f32> = src.iter().map(|&b| f32::from(b) - 0.5).collect();
+            let mut dstf = vec![-1.0f32; cols * rows];
+            prop_assert!(transpose_f32(&floats, lds, rows, cols, &mut dstf, rows));
+            for j in 0..cols {
+                for i in 0..rows {
+                    prop_assert_eq!(dstf[j * rows + i], floats[i * lds + j], "f32 ({}, {})", i, j);
                 }
             }
         }
