@@ -31,9 +31,7 @@ pub fn transpose_f32_with(
     if !fits(src.len(), lds, rows, cols, dst.len(), ldd) {
         return false;
     }
-    // A few rows into dense columns: interleaved (see `transpose_bytes`), where the 8x8
-    // blocks would leave them all to the scalar edge path.
-    if ldd == rows && (1..=4).contains(&rows) && cols > 0 {
+    if Interleave::<f32>::fits(rows, cols, ldd) {
         crate::simd::vectorize_kernel(Interleave {
             src,
             lds,
@@ -116,10 +114,7 @@ pub fn transpose_bytes<T: Byte>(src: &[T], lds: usize, rows: usize, cols: usize,
     if !fits(src.len(), lds, rows, cols, dst.len(), ldd) {
         return false;
     }
-    // A few rows into dense columns (an image's 1-4 channels to channels-last): interleaved
-    // row by row in one compiler-vectorised pass, where the 8x8 blocks would leave it all
-    // to the scalar edge path.
-    if ldd == rows && (1..=4).contains(&rows) && cols > 0 {
+    if Interleave::<T>::fits(rows, cols, ldd) {
         crate::simd::vectorize_kernel(Interleave {
             src,
             lds,
@@ -168,6 +163,15 @@ struct Interleave<'a, T> {
     rows: usize,
     cols: usize,
     dst: &'a mut [T],
+}
+
+impl<T> Interleave<'_, T> {
+    /// A few rows into dense columns (an image's 1-4 channels to channels-last): interleaved
+    /// row by row in one compiler-vectorised pass, where the 8x8 blocks would leave it all
+    /// to the scalar edge path.
+    fn fits(rows: usize, cols: usize, ldd: usize) -> bool {
+        ldd == rows && (1..=4).contains(&rows) && cols > 0
+    }
 }
 
 impl<T: Copy> crate::simd::Kernel for Interleave<'_, T> {

@@ -1096,6 +1096,60 @@ kiln_kernels::scratch_kinds! {
 /// alone (as the f32 layer does: splitting a small one costs more than it saves).
 const DW_SERIAL_MACS: usize = 1 << 18;
 
+/// Which input row each slot of a band's ring holds (the f32 and the quad depthwise paths
+/// keep a band's input rows converted in a ring of `(kh - 1) * dh + 1` slots, so that no two
+/// rows of one window share a slot).
+struct InputRing {
+    held: Vec<usize>,
+}
+
+impl InputRing {
+    fn new(dw: &super::depthwise::Depthwise) -> InputRing {
+        InputRing {
+            held: vec![usize::MAX; (dw.kernel[0].max(1) - 1) * dw.dilations[0] + 1],
+        }
+    }
+
+    /// Output row `oy`'s kernel rows as slots in `at` (`None` in the padding), `fill(slot,
+    /// iy)` converting input row `iy` into a slot that does not hold it yet; `false` when a
+    /// fill failed.
+    fn rows(
+        &mut self,
+        dw: &super::depthwise::Depthwise,
+        oy: usize,
+        at: &mut Vec<Option<usize>>,
+        mut fill: impl FnMut(usize, usize) -> bool,
+    ) -> bool {
+        let (h, kh, sh, dh, ph) = (
+            dw.input[0],
+            dw.kernel[0],
+            dw.strides[0],
+            dw.dilations[0],
+            dw.pad_begin[0],
+        );
+        let slots = self.held.len().max(1);
+        at.clear();
+        for ky in 0..kh {
+            let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) else {
+                at.push(None);
+                continue;
+            };
+            let slot = iy % slots;
+            at.push(Some(slot));
+            if self.held.get(slot) == Some(&iy) {
+                continue;
+            }
+            if !fill(slot, iy) {
+                return false;
+            }
+            if let Some(t) = self.held.get_mut(slot) {
+                *t = iy;
+            }
+        }
+        true
+    }
+}
+
 /// The depthwise convolution on the f32 channels-last kernel (`Depthwise::nhwc_row`): X's
 /// values minus its zero point and W's minus theirs are small integers, so every f32 sum is
 /// the exact integer sum (at most [`EXACT_F32_TAPS`] taps), requantized as the integer
@@ -1115,8 +1169,8 @@ where
     O: Quantized,
 {
     let c = dw.channels;
-    let ([h, w], [_, ow]) = (dw.input, dw.output);
-    let ([kh, _], [sh, _], [dh, _], [ph, _]) = (dw.kernel, dw.strides, dw.dilations, dw.pad_begin);
+    let ([_, w], [_, ow]) = (dw.input, dw.output);
+    let ([kh, _], [dh, _]) = (dw.kernel, dw.dilations);
     let row_len = w * c;
     // Distinct input rows of one window: no two share a slot of the ring.
     let slots = (kh.max(1) - 1) * dh + 1;
@@ -1128,18 +1182,11 @@ where
         ring.resize(slots * row_len, 0.0);
         sums.clear();
         sums.resize(ow * c, 0.0);
-        // Which input row each slot holds.
-        let mut held = vec![usize::MAX; slots];
+        let mut ring_rows = InputRing::new(dw);
+        let mut at = Vec::with_capacity(kh);
         for (r, orow) in out.chunks_mut(ow * c).enumerate() {
             let oy = oy0 + r;
-            for ky in 0..kh {
-                let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) else {
-                    continue;
-                };
-                let slot = iy % slots;
-                if held.get(slot) == Some(&iy) {
-                    continue;
-                }
+            let filled = ring_rows.rows(dw, oy, &mut at, |slot, iy| {
                 let (Some(from), Some(to)) = (
                     src.get(iy * row_len..(iy + 1) * row_len),
                     ring.get_mut(slot * row_len..(slot + 1) * row_len),
@@ -1151,9 +1198,10 @@ where
                         *f = v.widen() as f32 - zf;
                     }
                 });
-                if let Some(t) = held.get_mut(slot) {
-                    *t = iy;
-                }
+                true
+            });
+            if !filled {
+                return false;
             }
             let clamp = kiln_kernels::dwconv::Clamp::NONE;
             if !dw.nhwc_row(&ring, |iy| iy % slots, tf, None, clamp, oy, &mut sums) {
@@ -1313,8 +1361,8 @@ where
 {
     use kiln_kernels::qdwconv::{QUAD, QuadRow, QuadTaps, quad_code};
     let c = dw.channels;
-    let ([h, w], [_, ow]) = (dw.input, dw.output);
-    let ([kh, kw], [sh, sw], [dh, dw_], [ph, pw]) = (dw.kernel, dw.strides, dw.dilations, dw.pad_begin);
+    let ([_, w], [_, ow]) = (dw.input, dw.output);
+    let ([kh, kw], [_, sw], [dh, dw_], [_, pw]) = (dw.kernel, dw.strides, dw.dilations, dw.pad_begin);
     let groups = kw.div_ceil(QUAD);
     let row_len = w * c;
     // Quads a packed row holds: the last pixel's last group.
@@ -1345,45 +1393,37 @@ where
         if !pad_row.pack(ring.get_mut(slots * packed..).unwrap_or_default()) {
             return false;
         }
-        let mut held = vec![usize::MAX; slots];
-        let mut at: Vec<usize> = Vec::with_capacity(kh);
+        let mut ring_rows = InputRing::new(dw);
+        let mut at = Vec::with_capacity(kh);
         for (r, orow) in out.chunks_mut(ow * c).enumerate() {
             let oy = oy0 + r;
-            at.clear();
-            for ky in 0..kh {
-                let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) else {
-                    at.push(slots);
-                    continue;
-                };
-                let slot = iy % slots;
-                at.push(slot);
-                if held.get(slot) == Some(&iy) {
-                    continue;
-                }
+            let filled = ring_rows.rows(dw, oy, &mut at, |slot, iy| {
                 let (Some(from), Some(to)) = (
                     x.get(iy * row_len..(iy + 1) * row_len),
                     ring.get_mut(slot * packed..(slot + 1) * packed),
                 ) else {
                     return false;
                 };
-                let row = QuadRow {
+                QuadRow {
                     x: from,
                     signed,
                     c,
                     pad: pw,
                     fill,
                     dilation: dw_,
-                };
-                if !row.pack(to) {
-                    return false;
                 }
-                if let Some(t) = held.get_mut(slot) {
-                    *t = iy;
-                }
+                .pack(to)
+            });
+            if !filled {
+                return false;
             }
+            // A kernel row in the padding reads the row of padding after the slots.
             let rows: Vec<&[u32]> = at
                 .iter()
-                .map(|&s| ring.get(s * packed..(s + 1) * packed).unwrap_or_default())
+                .map(|s| {
+                    let s = s.unwrap_or(slots);
+                    ring.get(s * packed..(s + 1) * packed).unwrap_or_default()
+                })
                 .collect();
             let call = QuadTaps {
                 rows: &rows,
