@@ -224,25 +224,13 @@ pub struct QuadRow<'a> {
 
 impl QuadRow<'_> {
     /// Fills `out` (`out.len() / c` quads a channel); `false`, writing nothing, when `c` is 0,
-    /// `out` is not whole pixels, `x` is not whole pixels or the dilation is 0.
+    /// `out` is not whole pixels, `x` is not whole pixels or the dilation is 0. Portable: the
+    /// definition [`QuadBand`]'s twin packs with (its SIMD kernel packs blocks of its own).
     pub fn pack(&self, out: &mut [u32]) -> bool {
-        self.pack_with(isa::active(), out)
-    }
-
-    /// [`QuadRow::pack`] on a given level (only AVX-512 with VNNI has a kernel of its own).
-    pub fn pack_with(&self, isa: Isa, out: &mut [u32]) -> bool {
         let c = self.c;
         if c == 0 || self.dilation == 0 || !out.len().is_multiple_of(c) || !self.x.len().is_multiple_of(c) {
             return false;
         }
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_int8_dot() {
-            // SAFETY: AVX-512 F and BW are present (`has_int8_dot`); `c > 0`, `out` and `x`
-            // are whole pixels of `c` values, `dilation > 0`, as `quads::pack` requires.
-            unsafe { quads::pack(self, out) };
-            return true;
-        }
-        let _ = isa;
         let w = self.x.len() / c;
         let fill = quad_code(self.fill, self.signed);
         for (px, o) in out.chunks_exact_mut(c).enumerate() {
@@ -266,7 +254,7 @@ impl QuadRow<'_> {
 /// One output row of a depthwise convolution from quad-packed input rows ([`QuadRow`]):
 /// pixel `p`'s channel `ch` is `init[ch]` plus, for each kernel row `r` and group `g`, the
 /// dot product of quad `(p * stride + g * reach, ch)` of `rows[r]` (u8 codes) with the taps'
-/// `[r][g][ch]` four i8 values (one `vpdpbusd` per 16 channels on AVX-512 VNNI). Exact: a
+/// `[r][g][ch]` four i8 values (what one `vpdpbusd` lane computes). Exact: a
 /// window of at most 65,793 products of a u8 and an i8 cannot wrap an i32.
 #[derive(Debug, Clone, Copy)]
 pub struct QuadTaps<'a> {
@@ -285,13 +273,9 @@ pub struct QuadTaps<'a> {
 
 impl QuadTaps<'_> {
     /// `out = init + window sums` for `out.len() / c` pixels. Returns `false`, writing
-    /// nothing, when a row, the taps or `init` do not fit.
+    /// nothing, when a row, the taps or `init` do not fit. Portable: the definition
+    /// [`QuadBand`]'s twin sums with.
     pub fn run(&self, out: &mut [i32]) -> bool {
-        self.run_with(isa::active(), out)
-    }
-
-    /// [`QuadTaps::run`] on a given level (only AVX-512 with VNNI has a kernel of its own).
-    pub fn run_with(&self, isa: Isa, out: &mut [i32]) -> bool {
         let &QuadTaps {
             rows,
             taps,
@@ -328,15 +312,6 @@ impl QuadTaps<'_> {
         if !fits {
             return false;
         }
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_int8_dot() {
-            // SAFETY: AVX-512 F, BW, VL and VNNI are present (`has_int8_dot`); every row holds
-            // the quads of pixel `count - 1`'s last group (`reach_end`), the taps are
-            // `rows.len() * groups * c * QUAD` bytes, `init` `c` values and `out` `count * c`.
-            unsafe { quads::dot(self, out) };
-            return true;
-        }
-        let _ = isa;
         for (p, o) in out.chunks_exact_mut(c).enumerate() {
             o.copy_from_slice(init);
             for (r, row) in rows.iter().enumerate() {
@@ -476,7 +451,7 @@ impl QuadBand<'_> {
                     fill: self.fill,
                     dilation: self.dilations[1],
                 };
-                quads.pack_with(Isa::Portable, p);
+                quads.pack(p);
             }
             let rows: Vec<&[u32]> = packed.iter().map(|p| &p[..]).collect();
             let dot = QuadTaps {
@@ -488,7 +463,7 @@ impl QuadBand<'_> {
                 reach: QUAD * self.dilations[1],
                 c,
             };
-            dot.run_with(Isa::Portable, &mut sums);
+            dot.run(&mut sums);
             let QuadRequant {
                 bias, mult, zero_point, ..
             } = self.requant;
@@ -505,60 +480,16 @@ impl QuadBand<'_> {
 
 #[cfg(target_arch = "x86_64")]
 mod quads {
-    use super::{QUAD, QuadBand, QuadRow, QuadTaps};
+    use super::{QUAD, QuadBand};
     use std::arch::x86_64::*;
 
     const LANES: usize = 16;
-    /// Pixels summed together: independent `vpdpbusd` chains sharing each tap's load.
-    const P: usize = 8;
 
     fn mask(left: usize) -> __mmask16 {
         if left >= LANES {
             0xFFFF
         } else {
             ((1u32 << left) - 1) as __mmask16
-        }
-    }
-
-    /// # Safety
-    /// AVX-512 F and BW are present; `c > 0`, `out.len()` and `x.len()` are multiples of `c`,
-    /// `dilation > 0`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn pack(row: &QuadRow<'_>, out: &mut [u32]) {
-        let (c, d, pad) = (row.c, row.dilation, row.pad);
-        let w = row.x.len() / c;
-        let pw = out.len() / c;
-        let flip = if row.signed { 0x80u8 as i8 } else { 0 };
-        let fill = _mm512_set1_epi32(i32::from(super::quad_code(row.fill, row.signed)));
-        let x = row.x.as_ptr();
-        let o = out.as_mut_ptr();
-        let mut j0 = 0;
-        while j0 < c {
-            let m = mask(c - j0);
-            let flip = _mm_set1_epi8(flip);
-            let dims = (w, c, pad);
-            // Each residue of the dilation slides on its own: the next quad of a class is the
-            // last one moved down a byte with the new column's code on top.
-            for first in 0..d.min(pw) {
-                let mut q = _mm512_setzero_si512();
-                for j in 0..QUAD {
-                    // SAFETY: the mask's channels `j0 + l < c`; `x` is `w` whole pixels.
-                    q = _mm512_or_si512(q, unsafe { column(x, dims, j0, m, flip, fill, first + j * d) });
-                    q = _mm512_ror_epi32::<8>(q);
-                }
-                let mut px = first;
-                while px < pw {
-                    if px != first {
-                        // SAFETY: as above.
-                        let top = unsafe { column(x, dims, j0, m, flip, fill, px + (QUAD - 1) * d) };
-                        q = _mm512_or_si512(_mm512_srli_epi32::<8>(q), _mm512_slli_epi32::<24>(top));
-                    }
-                    // SAFETY: `px < pw = out.len() / c`, the mask's channels below `c`.
-                    unsafe { _mm512_mask_storeu_epi32(o.add(px * c + j0).cast(), m, q) };
-                    px += d;
-                }
-            }
-            j0 += LANES;
         }
     }
 
@@ -586,65 +517,6 @@ mod quads {
                 _mm512_cvtepu8_epi32(_mm_xor_si128(b, flip))
             },
             None => fill,
-        }
-    }
-
-    /// # Safety
-    /// AVX-512 F, BW, VL and VNNI are present and `call`'s operands fit `out`, as
-    /// [`QuadTaps::run_with`] checks: every row holds `((count - 1) * stride + (groups - 1)
-    /// * reach + 1) * c` quads, the taps `rows.len() * groups * c * QUAD` bytes, `init` `c`
-    /// values, `out` `count * c` with `count > 0`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn dot(call: &QuadTaps<'_>, out: &mut [i32]) {
-        let c = call.c;
-        let count = out.len() / c;
-        let mut p = 0;
-        while p + P <= count {
-            let mut j0 = 0;
-            while j0 < c {
-                // SAFETY: pixels `p..p + P < count`, the mask's channels, within the contract.
-                unsafe { block::<P>(call, out, p, j0, mask(c - j0)) };
-                j0 += LANES;
-            }
-            p += P;
-        }
-        while p < count {
-            let mut j0 = 0;
-            while j0 < c {
-                // SAFETY: pixel `p < count`, the mask's channels, within the contract.
-                unsafe { block::<1>(call, out, p, j0, mask(c - j0)) };
-                j0 += LANES;
-            }
-            p += 1;
-        }
-    }
-
-    /// # Safety
-    /// As [`dot`], for pixels `p..p + N <= count` and the mask's channels below `c`.
-    #[inline(always)]
-    unsafe fn block<const N: usize>(call: &QuadTaps<'_>, out: &mut [i32], p: usize, j0: usize, m: __mmask16) {
-        let (c, groups, stride, reach) = (call.c, call.groups, call.stride, call.reach);
-        // SAFETY: every access is of the mask's channels at a quad, tap or pixel the
-        // contract bounds.
-        unsafe {
-            let start = _mm512_maskz_loadu_epi32(m, call.init.as_ptr().add(j0));
-            let mut acc = [start; N];
-            let taps = call.taps.as_ptr();
-            for (r, row) in call.rows.iter().enumerate() {
-                let row = row.as_ptr();
-                for g in 0..groups {
-                    let t = _mm512_maskz_loadu_epi32(m, taps.add(((r * groups + g) * c + j0) * QUAD).cast());
-                    let at = row.add((p * stride + g * reach) * c + j0);
-                    for (k, a) in acc.iter_mut().enumerate() {
-                        let q = _mm512_maskz_loadu_epi32(m, at.add(k * stride * c).cast());
-                        *a = _mm512_dpbusd_epi32(*a, q, t);
-                    }
-                }
-            }
-            let o = out.as_mut_ptr().add(p * c + j0);
-            for (k, a) in acc.into_iter().enumerate() {
-                _mm512_mask_storeu_epi32(o.add(k * c), m, a);
-            }
         }
     }
 
@@ -927,7 +799,7 @@ mod quads {
     }
 
     /// Packs channels `j0..` (the mask's) of one input row (`w` pixels of `c` bytes at `x`)
-    /// into `pw` quads of 16 lanes at `to`, as [`pack`] does for whole rows: each residue of
+    /// into `pw` quads of 16 lanes at `to`, as [`QuadRow::pack`](super::QuadRow::pack) does for whole rows: each residue of
     /// the dilation slides on its own, and the columns that enter a quad come from the
     /// padding, then the row (plain loads, no bounds test: `FULL` blocks of 16 channels
     /// unmasked), then the padding again.

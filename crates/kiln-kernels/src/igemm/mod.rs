@@ -188,9 +188,9 @@ const KC_QUADS: usize = 640;
 /// zero and their epilogue narrowed by a byte permute, depths 16-63 ran faster on them than on
 /// VNNI, whose epilogue is the larger part of so shallow a product (MobileNet-v2's 24- and
 /// 32-deep 1x1 layers 10-20% faster, its 27-deep stem 9%; once, before those, 16 -> 64
-/// channels ran at 72 GOP/s on the tiles, 107 on VNNI). ResNet-50's fused 64 -> 256 1x1 convolutions, 0.9 ms on the
-/// tiles against 0.64 on VNNI while the tiles' rows straddled cache lines and their sums went
-/// to a C of megabytes, became faster on the tiles once both were fixed (the three 1x1 layers
+/// channels ran at 72 GOP/s on the tiles, 107 on VNNI). ResNet-50's fused 64 -> 256 1x1
+/// convolutions, 0.9 ms on the tiles against 0.64 on VNNI while the tiles' rows straddled
+/// cache lines and their sums went to a C of megabytes, became faster on the tiles once both were fixed (the three 1x1 layers
 /// of its first stage 4.4 ms against 5.1 per run).
 /// Whether this convolution's windows are read on the AMX tiles from a padded copy of its
 /// input rows ([`conv_requant_serial`] by taps, `row_run` `None`; [`conv_rows_requant_serial`]

@@ -543,12 +543,13 @@ where
                 dilations: [dh, dw],
                 pad_begin: [ph, pw],
             };
-            // On VNNI at stride 1, X's rows packed as quads, four taps of a kernel row to a
-            // `vpdpbusd` (the f32 requantization fused: MobileNet-v2's 3x3 layers on an
-            // AVX-512 Xeon, one thread, in the model: 56x56x144 0.23 -> 0.13 ms, 112x112x32
-            // 0.19 -> 0.11 ms against the f32 kernel). Strided, the integer taps read X's
-            // bytes in place (the quads pack every column, which a stride of 2 wastes: 0.14
-            // -> 0.17 ms); otherwise X's rows as f32 through the f32 kernel.
+            // On VNNI with the f32 requantization, at stride 1 or 2 (undilated), X's rows
+            // packed as quads, four taps of a kernel row to a `vpdpbusd`, requantized in
+            // registers (MobileNet-v2's 3x3 layers on an AVX-512 Xeon, one thread, in the
+            // model: 56x56x144 0.23 -> 0.13 ms, 112x112x32 0.19 -> 0.11 ms against the f32
+            // kernel). Otherwise strided, the integer taps read X's bytes in place; else X's
+            // rows as f32 through the f32 kernel (the f64 requantization's stride-1 layers:
+            // the quads with the requantization apart were within 10% of it).
             let dot = kiln_kernels::isa::active().has_int8_dot();
             // The fused band packs only the quads a stride of 2 reads (no dilation then).
             let band_stride = sw == 1 || (sw == 2 && dw.dilations[1] == 1);
@@ -563,12 +564,6 @@ where
                     (bias, mults, requant.zy as f32, range),
                 )?;
                 return Ok((y, false));
-            }
-            if sw == 1 && dot && !taps.quads.is_empty() {
-                return Ok((
-                    depthwise_quads::<T, O>(xs, zx, (&taps.quads, &taps.sums), &dw, n, &requant)?,
-                    false,
-                ));
             }
             if sh * sw > 1 && dot && !taps.shorts.is_empty() {
                 return Ok((
@@ -1086,10 +1081,8 @@ kiln_kernels::scratch_kinds! {
     /// thread).
     DwIn: Vec<f32>;
     DwOut: Vec<f32>;
-    /// [`depthwise_i8`]'s and [`depthwise_quads`]' sums of one output row (per thread).
+    /// [`depthwise_i8`]'s sums of one output row (per thread).
     DwSums: Vec<i32>;
-    /// [`depthwise_quads`]' ring of input rows packed as quads (per thread).
-    DwQuads: Vec<u32>;
 }
 
 /// Output pixels x taps x channels under which a depthwise layer runs on the calling thread
@@ -1294,9 +1287,13 @@ where
     })
 }
 
-/// [`depthwise_quads`] with the f32 requantization fused (`kiln_kernels::qdwconv::QuadBand`):
-/// a band's blocks of 16 channels packed, summed and requantized in registers, the block's
-/// packed rows in L1. Bands of output rows over the pool, as the other depthwise paths.
+/// The depthwise convolution four taps of a kernel row to a `vpdpbusd`, the f32
+/// requantization fused (`kiln_kernels::qdwconv::QuadBand`, the taps i8): each input row a
+/// band's windows read is packed once into quads (a channel's bytes of four neighbouring
+/// columns in a dword, the padding X's zero point), a band's blocks of 16 channels summed and
+/// requantized in registers, the block's packed rows in L1. X's zero point comes out once:
+/// every window holds `kh * kw` values, so each sum starts from `-zx` times its channel's sum
+/// of taps. Bands of output rows over the pool, as the other depthwise paths.
 fn depthwise_quad_bands<T, O>(
     xs: &[T],
     zx: i32,
@@ -1337,109 +1334,6 @@ where
             },
         }
         .run(oy0, out)
-    })
-}
-
-/// The depthwise convolution four taps of a kernel row to a `vpdpbusd`
-/// (`kiln_kernels::qdwconv::QuadTaps`, the taps i8): each input row a band's windows read is
-/// packed once into quads (a channel's bytes of four neighbouring columns in a dword, the
-/// padding X's zero point), then each output row is one pass over the packed rows of its
-/// kernel rows (a row of padding above and below the image) and requantized. X's zero point
-/// comes out once: every window holds `kh * kw` values, so each sum starts from `-zx` times
-/// its channel's sum of taps.
-fn depthwise_quads<T, O>(
-    xs: &[T],
-    zx: i32,
-    (quads, tap_sums): (&[i8], &[i32]),
-    dw: &super::depthwise::Depthwise,
-    n: usize,
-    requant: &Requant<'_>,
-) -> Result<Tensor>
-where
-    T: Int8 + Element,
-    O: Quantized,
-{
-    use kiln_kernels::qdwconv::{QUAD, QuadRow, QuadTaps, quad_code};
-    let c = dw.channels;
-    let ([_, w], [_, ow]) = (dw.input, dw.output);
-    let ([kh, kw], [_, sw], [dh, dw_], [_, pw]) = (dw.kernel, dw.strides, dw.dilations, dw.pad_begin);
-    let groups = kw.div_ceil(QUAD);
-    let row_len = w * c;
-    // Quads a packed row holds: the last pixel's last group.
-    let width = (ow.max(1) - 1) * sw + (groups.max(1) - 1) * QUAD * dw_ + 1;
-    let packed = width * c;
-    let slots = (kh.max(1) - 1) * dh + 1;
-    let signed = T::OFFSET != 0;
-    let fill = zx as u8;
-    let code = i32::from(quad_code(fill, signed));
-    let init: Vec<i32> = tap_sums.iter().map(|&s| s.wrapping_mul(-code)).collect();
-    depthwise_bands(xs, dw, n, quads.len() / (QUAD * c.max(1)), |src, oy0, out: &mut [O]| {
-        let x = T::bytes(src);
-        let mut ring = kiln_kernels::recycle::lend::<DwQuads>();
-        let mut sums = kiln_kernels::recycle::lend::<DwSums>();
-        ring.clear();
-        // The slots, then a row of padding.
-        ring.resize((slots + 1) * packed, 0);
-        sums.clear();
-        sums.resize(ow * c, 0);
-        let pad_row = QuadRow {
-            x: &[],
-            signed,
-            c,
-            pad: 0,
-            fill,
-            dilation: dw_,
-        };
-        if !pad_row.pack(ring.get_mut(slots * packed..).unwrap_or_default()) {
-            return false;
-        }
-        let mut ring_rows = InputRing::new(dw);
-        let mut at = Vec::with_capacity(kh);
-        for (r, orow) in out.chunks_mut(ow * c).enumerate() {
-            let oy = oy0 + r;
-            let filled = ring_rows.rows(dw, oy, &mut at, |slot, iy| {
-                let (Some(from), Some(to)) = (
-                    x.get(iy * row_len..(iy + 1) * row_len),
-                    ring.get_mut(slot * packed..(slot + 1) * packed),
-                ) else {
-                    return false;
-                };
-                QuadRow {
-                    x: from,
-                    signed,
-                    c,
-                    pad: pw,
-                    fill,
-                    dilation: dw_,
-                }
-                .pack(to)
-            });
-            if !filled {
-                return false;
-            }
-            // A kernel row in the padding reads the row of padding after the slots.
-            let rows: Vec<&[u32]> = at
-                .iter()
-                .map(|s| {
-                    let s = s.unwrap_or(slots);
-                    ring.get(s * packed..(s + 1) * packed).unwrap_or_default()
-                })
-                .collect();
-            let call = QuadTaps {
-                rows: &rows,
-                taps: quads,
-                init: &init,
-                groups,
-                stride: sw,
-                reach: QUAD * dw_,
-                c,
-            };
-            if !call.run(&mut sums) {
-                return false;
-            }
-            requant.pixels(&sums, orow);
-        }
-        true
     })
 }
 
@@ -1559,7 +1453,7 @@ mod tests {
     use crate::fast::conv_nhwc::tests::to_last as nhwc;
 
     /// The depthwise paths (X's bytes in place summed in i32, X's rows packed as quads with
-    /// the requantization apart or fused on VNNI, X's rows as f32 through the f32 kernel
+    /// the requantization fused on VNNI, X's rows as f32 through the f32 kernel
     /// elsewhere) give the same bytes, whichever runs here: u8 and i8 X, strides, pads,
     /// dilations, kernel rows of one and two quads, a batch of two, the f32 and the f64
     /// requantization.
@@ -1628,19 +1522,16 @@ mod tests {
                     };
                     let a = depthwise_i8::<T, u8>(xs, zx, (&taps, &shorts), &dw, n, &requant).unwrap();
                     let b = depthwise_f32::<T, u8>(xs, zx, &taps_f32, &dw, n, &requant).unwrap();
-                    let q = depthwise_quads::<T, u8>(xs, zx, (&quads, &tap_sums), &dw, n, &requant).unwrap();
                     let fused = requant.f32s.as_ref().map(|(bias, mults)| {
                         let args = (&bias[..], &mults[..], 11.0f32, (0.0f32, 255.0f32));
                         depthwise_quad_bands::<T, u8>(xs, zx, (&quads, &tap_sums), &dw, n, args).unwrap()
                     });
                     assert_eq!(a.shape(), [n, oh, ow, c]);
-                    assert_eq!(q.shape(), [n, oh, ow, c]);
                     let (a, b) = (a.as_slice::<u8>().unwrap(), b.as_slice::<u8>().unwrap());
                     let what = format!("c{c} {h}x{w} k{k} s{st} p{pad} d{dil} signed {signed} f32 {float}");
                     assert_eq!(a, b, "{what}");
-                    assert_eq!(q.as_slice::<u8>().unwrap(), b, "quads: {what}");
                     if let Some(f) = fused {
-                        assert_eq!(f.as_slice::<u8>().unwrap(), b, "fused quads: {what}");
+                        assert_eq!(f.as_slice::<u8>().unwrap(), b, "quads: {what}");
                     }
                     // Not all one value: the sums reach the requantization.
                     assert!(a.iter().any(|&v| v != a[0]), "c{c}: a constant output");

@@ -200,7 +200,7 @@ pub(crate) struct Taps {
     pub floats: Vec<f32>,
     /// Empty when a tap lies beyond i16.
     pub shorts: Vec<i16>,
-    /// The taps as i8 packed for `kiln_kernels::qdwconv::QuadTaps` (empty when one lies
+    /// The taps as i8 packed for `kiln_kernels::qdwconv::QuadBand` (empty when one lies
     /// beyond i8), and each channel's sum of taps.
     pub quads: Vec<i8>,
     pub sums: Vec<i32>,
