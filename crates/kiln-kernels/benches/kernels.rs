@@ -155,6 +155,7 @@ fn grouped(c: &mut Criterion) {
                         bias: Some(&bias),
                         window: &window,
                         bases: &bases,
+                        dsts: None,
                         cg,
                         mg: cg,
                         m: ch,

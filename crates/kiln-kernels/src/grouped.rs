@@ -29,6 +29,10 @@
 use crate::dwconv::Clamp;
 use crate::isa::{self, Isa};
 
+/// Pixels every block of outputs sweeps in turn before the next pixels (a multiple of the
+/// 8-pixel tiles): their inputs stay in cache from one block to the next.
+const CHUNK: usize = 64;
+
 /// How the AVX-512 path forms the inputs of a block of 16 outputs (see the module docs);
 /// `None` from [`lanes`] means the scalar twin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +86,10 @@ pub struct Pixels<'a> {
     pub bias: Option<&'a [f32]>,
     pub window: &'a [(usize, usize)],
     pub bases: &'a [usize],
+    /// Where each pixel's outputs go: pixel `p` at `out[dsts[p] ..]`, or at `out[p * m ..]`
+    /// when `None` (a caller splitting an image's pixels by the taps that read it writes each
+    /// class's pixels in place).
+    pub dsts: Option<&'a [usize]>,
     /// Input channels per group.
     pub cg: usize,
     /// Outputs per group.
@@ -97,9 +105,10 @@ pub struct Pixels<'a> {
 
 impl Pixels<'_> {
     /// `out = clamp(bias + window sums)` for outputs `outs` of pixel `p`, written to
-    /// `out[p*m + o]` (`out` holds `bases.len() * m` floats). Returns `false`, writing
-    /// nothing, when the groups do not divide `m`, `outs` is not a range of them starting at
-    /// a multiple of 16, or a length, an offset or the bias does not fit.
+    /// `out[dst + o]` with `dst = dsts[p]` (or `p * m`, `out` then holding `bases.len() * m`
+    /// floats). Returns `false`, writing nothing, when the groups do not divide `m`, `outs`
+    /// is not a range of them starting at a multiple of 16, or a length, an offset or the
+    /// bias does not fit.
     pub fn run(&self, out: &mut [f32]) -> bool {
         self.run_with(isa::active(), out)
     }
@@ -108,7 +117,14 @@ impl Pixels<'_> {
     pub fn run_with(&self, isa: Isa, out: &mut [f32]) -> bool {
         let (x, w, bias, window, bases) = (self.x, self.w, self.bias, self.window, self.bases);
         let (cg, mg, m, [o0, o1]) = (self.cg, self.mg, self.m, self.outs);
-        if m == 0 || mg == 0 || cg == 0 || !m.is_multiple_of(mg) || bases.len().checked_mul(m) != Some(out.len()) {
+        if m == 0 || mg == 0 || cg == 0 || !m.is_multiple_of(mg) {
+            return false;
+        }
+        let outs_fit = match self.dsts {
+            None => bases.len().checked_mul(m) == Some(out.len()),
+            Some(d) => d.len() == bases.len() && d.iter().all(|&d| d.checked_add(m).is_some_and(|e| e <= out.len())),
+        };
+        if !outs_fit {
             return false;
         }
         if o0 > o1 || o1 > m || !o0.is_multiple_of(16) {
@@ -139,8 +155,8 @@ impl Pixels<'_> {
             // SAFETY: AVX-512 F is present (checked just above); `m = (m / mg) * mg`,
             // `outs` lies in `0..=m` from a multiple of 16, and every offset was checked for
             // the largest pixel offset: `bases[p] + xo + cin <= x.len()` for every pixel with
-            // `cin = m / mg * cg`, `wo + cg*m <= w.len()`, `bias.len() == m`, `out.len() ==
-            // bases.len() * m`.
+            // `cin = m / mg * cg`, `wo + cg*m <= w.len()`, `bias.len() == m`, every pixel's
+            // output offset plus `m` at most `out.len()`.
             unsafe { avx512::pixels(self, lanes, out) };
             return true;
         }
@@ -180,6 +196,7 @@ impl crate::simd::Kernel for Scalar<'_, '_> {
             bias,
             window,
             bases,
+            dsts,
             cg,
             mg,
             m,
@@ -189,7 +206,11 @@ impl crate::simd::Kernel for Scalar<'_, '_> {
         // Groups `g0 .. g1` hold the outputs (the range's ends rounded out to whole groups).
         let (g0, g1) = (o0 / mg, o1.div_ceil(mg));
         let mut acc = vec![0.0f32; (g1 - g0) * mg];
-        for (o, &at) in self.out.chunks_exact_mut(m).zip(bases) {
+        for (p, &at) in bases.iter().enumerate() {
+            let dst = dsts.map_or(p * m, |d| d.get(p).copied().unwrap_or(usize::MAX));
+            let Some(o) = self.out.get_mut(dst..dst.saturating_add(m)) else {
+                continue;
+            };
             match bias.and_then(|b| b.get(g0 * mg..g1 * mg)) {
                 Some(b) => acc.copy_from_slice(b),
                 None => acc.fill(0.0),
@@ -245,7 +266,7 @@ mod avx512 {
 
     /// The call's shape and bounds.
     #[derive(Clone, Copy)]
-    struct Shape {
+    struct Shape<'a> {
         m: usize,
         cg: usize,
         lanes: Lanes,
@@ -253,11 +274,13 @@ mod avx512 {
         quads: bool,
         lo: __m512,
         hi: __m512,
+        /// Each pixel's output offset (`None`: pixel `p` at `p * m`).
+        dsts: Option<&'a [usize]>,
     }
 
     /// # Safety
     /// AVX-512 F is present; `m` is a multiple of `mg`, `lanes == super::lanes(cg, mg)`;
-    /// `out.len() == bases.len() * m`; `outs` is a range of `0..=m` starting at a multiple
+    /// every pixel's output offset (`dsts[p]`, or `p * m`) plus `m` is at most `out.len()`; `outs` is a range of `0..=m` starting at a multiple
     /// of 16; for every `(xo, wo)` in the window and every base, `base + xo + m / mg * cg <=
     /// x.len()` and `wo + cg * m <= w.len()`; a bias has `m` floats.
     #[target_feature(enable = "avx512f")]
@@ -285,6 +308,7 @@ mod avx512 {
             quads: lanes == Lanes::Permute && cg == 4 && mg == 4,
             lo: _mm512_set1_ps(call.clamp.lo),
             hi: _mm512_set1_ps(call.clamp.hi),
+            dsts: call.dsts,
         };
         let out = out.as_mut_ptr();
         let mask = |n: usize| -> __mmask16 { if n >= 16 { 0xffff } else { (1u16 << n) - 1 } };
@@ -310,19 +334,24 @@ mod avx512 {
         // SAFETY: the caller's contract, passed on: pixels below `count`, blocks inside `outs`.
         unsafe {
             // Two blocks a tile where there are two (16 independent chains: with 8, the
-            // FMA's latency held a 16-wide group's layer to one FMA a cycle), then one.
-            let mut o = o0;
-            while o + 16 < o1 {
-                let blk = [block(o), block(o + 16)];
-                for p in (0..full).step_by(P) {
-                    tile::<P, 2>(shape, blk, &idx, win, bases, p);
+            // FMA's latency held a 16-wide group's layer to one FMA a cycle), then one; the
+            // pixels in chunks that every block sweeps while their inputs are in L1/L2 (one
+            // sweep of a whole stride-2 layer per block pair streamed its image from L3).
+            for c0 in (0..full).step_by(super::CHUNK) {
+                let c1 = (c0 + super::CHUNK).min(full);
+                let mut o = o0;
+                while o + 16 < o1 {
+                    let blk = [block(o), block(o + 16)];
+                    for p in (c0..c1).step_by(P) {
+                        tile::<P, 2>(shape, blk, &idx, win, bases, p);
+                    }
+                    o += 32;
                 }
-                o += 32;
-            }
-            if o < o1 {
-                let blk = [block(o)];
-                for p in (0..full).step_by(P) {
-                    tile::<P, 1>(shape, blk, &idx, win, bases, p);
+                if o < o1 {
+                    let blk = [block(o)];
+                    for p in (c0..c1).step_by(P) {
+                        tile::<P, 1>(shape, blk, &idx, win, bases, p);
+                    }
                 }
             }
             // The pixels left over: 4 at a time 2 blocks at a time, then 1 at a time 4
@@ -356,7 +385,7 @@ mod avx512 {
     /// As [`pixels`], with `p0 + T <= bases.len()` and every block inside `outs`.
     #[inline(always)]
     unsafe fn tile<const T: usize, const NB: usize>(
-        s: Shape,
+        s: Shape<'_>,
         blk: [Block; NB],
         idx: &[__m512i; 16],
         window: &[(usize, usize)],
@@ -368,6 +397,10 @@ mod avx512 {
         // outputs.
         unsafe {
             let at: [usize; T] = std::array::from_fn(|q| *bases.get_unchecked(p0 + q));
+            let to: [usize; T] = std::array::from_fn(|q| match s.dsts {
+                Some(d) => *d.get_unchecked(p0 + q),
+                None => (p0 + q) * s.m,
+            });
             let mut acc = [[_mm512_setzero_ps(); T]; NB];
             for (a, b) in acc.iter_mut().zip(&blk) {
                 *a = [b.bias; T];
@@ -423,7 +456,7 @@ mod avx512 {
                 for (q, &v) in a.iter().enumerate() {
                     // With the bound first, a NaN `v` comes through as it is.
                     let v = _mm512_min_ps(s.hi, _mm512_max_ps(s.lo, v));
-                    _mm512_mask_storeu_ps(b.out.add((p0 + q) * s.m), b.omask, v);
+                    _mm512_mask_storeu_ps(b.out.add(to[q]), b.omask, v);
                 }
             }
         }
@@ -451,7 +484,7 @@ mod avx2 {
 
     /// The call's shape and bounds.
     #[derive(Clone, Copy)]
-    struct Shape {
+    struct Shape<'a> {
         m: usize,
         cg: usize,
         lanes: Lanes,
@@ -459,6 +492,8 @@ mod avx2 {
         quads: bool,
         lo: __m256,
         hi: __m256,
+        /// Each pixel's output offset (`None`: pixel `p` at `p * m`).
+        dsts: Option<&'a [usize]>,
     }
 
     /// The first `min(n, 8)` lanes.
@@ -475,8 +510,8 @@ mod avx2 {
     /// # Safety
     /// AVX2 and FMA are present; `m` is a multiple of `mg`; `lanes` is `Broadcast` only when
     /// `mg` is a multiple of 8 and `Permute` only when `mg` divides 8 and `cg <= mg`;
-    /// `out.len() == bases.len() * m`; `outs` is a range of `0..=m` starting at a multiple
-    /// of 8; for every `(xo, wo)` in the window and every base, `base + xo + m / mg * cg <=
+    /// every pixel's output offset (`dsts[p]`, or `p * m`) plus `m` is at most `out.len()`;
+    /// `outs` is a range of `0..=m` starting at a multiple of 8; for every `(xo, wo)` in the window and every base, `base + xo + m / mg * cg <=
     /// x.len()` and `wo + cg * m <= w.len()`; a bias has `m` floats.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn pixels(call: &Pixels<'_>, lanes: Lanes, out: &mut [f32]) {
@@ -500,6 +535,7 @@ mod avx2 {
             quads: lanes == Lanes::Permute && cg == 4 && mg == 4,
             lo: _mm256_set1_ps(call.clamp.lo),
             hi: _mm256_set1_ps(call.clamp.hi),
+            dsts: call.dsts,
         };
         let out = out.as_mut_ptr();
         // SAFETY (of `block`'s pointers): the caller's contract: `o + n <= o1 <= m` outputs,
@@ -526,13 +562,16 @@ mod avx2 {
             // when permuting, whose loaded input vectors also take registers (16 in all).
             let main = if lanes == Lanes::Broadcast { 8 } else { 4 };
             let full = count - count % main;
-            for o in (o0..o1).step_by(8) {
-                let blk = [block(o)];
-                for p in (0..full).step_by(main) {
-                    if main == 8 {
-                        tile::<8, 1>(shape, blk, &idx, win, bases, p);
-                    } else {
-                        tile::<4, 1>(shape, blk, &idx, win, bases, p);
+            for c0 in (0..full).step_by(super::CHUNK) {
+                let c1 = (c0 + super::CHUNK).min(full);
+                for o in (o0..o1).step_by(8) {
+                    let blk = [block(o)];
+                    for p in (c0..c1).step_by(main) {
+                        if main == 8 {
+                            tile::<8, 1>(shape, blk, &idx, win, bases, p);
+                        } else {
+                            tile::<4, 1>(shape, blk, &idx, win, bases, p);
+                        }
                     }
                 }
             }
@@ -557,7 +596,7 @@ mod avx2 {
     /// As [`pixels`], with `p0 + T <= bases.len()` and every block inside `outs`.
     #[inline(always)]
     unsafe fn tile<const T: usize, const NB: usize>(
-        s: Shape,
+        s: Shape<'_>,
         blk: [Block; NB],
         idx: &[__m256i; 8],
         window: &[(usize, usize)],
@@ -569,6 +608,10 @@ mod avx2 {
         // outputs.
         unsafe {
             let at: [usize; T] = std::array::from_fn(|q| *bases.get_unchecked(p0 + q));
+            let to: [usize; T] = std::array::from_fn(|q| match s.dsts {
+                Some(d) => *d.get_unchecked(p0 + q),
+                None => (p0 + q) * s.m,
+            });
             let mut acc = [[_mm256_setzero_ps(); T]; NB];
             for (a, b) in acc.iter_mut().zip(&blk) {
                 *a = [b.bias; T];
@@ -617,7 +660,7 @@ mod avx2 {
                 for (q, &v) in a.iter().enumerate() {
                     // With the bound first, a NaN `v` comes through as it is.
                     let v = _mm256_min_ps(s.hi, _mm256_max_ps(s.lo, v));
-                    _mm256_maskstore_ps(b.out.add((p0 + q) * s.m), b.omask, v);
+                    _mm256_maskstore_ps(b.out.add(to[q]), b.omask, v);
                 }
             }
         }
@@ -715,6 +758,7 @@ mod tests {
             bias: None,
             window: &[(0, 0), (8, 32)],
             bases: &[0, 8, 16, 24],
+            dsts: None,
             cg: 4,
             mg: 4,
             m: 8,
@@ -747,6 +791,28 @@ mod tests {
                 ..call
             }
             .run(&mut [0.0; 8])
+        );
+        // Output offsets: one per pixel, each with room for m outputs.
+        assert!(
+            Pixels {
+                dsts: Some(&[24, 0, 16, 8]),
+                ..call
+            }
+            .run(&mut out)
+        );
+        assert!(
+            !Pixels {
+                dsts: Some(&[24, 0, 16]),
+                ..call
+            }
+            .run(&mut out)
+        );
+        assert!(
+            !Pixels {
+                dsts: Some(&[25, 0, 16, 8]),
+                ..call
+            }
+            .run(&mut out)
         );
         // Output ranges past m, reversed, or not starting at a multiple of 16.
         assert!(!Pixels { outs: [0, 9], ..call }.run(&mut [0.0; 8]));
@@ -782,6 +848,7 @@ mod tests {
             with_bias: bool,
             relu: bool,
             range in (0usize..4, 0usize..64),
+            scatter in proptest::option::of(0usize..3),
             seed in 0u64..1000,
         ) {
             let m = mg * groups;
@@ -798,23 +865,29 @@ mod tests {
             let x = values(xlen, seed);
             let w = values(taps * cg * m, seed + 1);
             let bias = values(m, seed + 2);
+            // Scattered outputs: the pixels written in reverse order, `gap` floats apart.
+            let gap = scatter.unwrap_or(0);
+            let dsts: Vec<usize> = (0..count).map(|p| (count - 1 - p) * (m + gap)).collect();
+            let dst = |p: usize| if scatter.is_some() { dsts[p] } else { p * m };
+            let len = count * (m + gap);
             let call = Pixels {
                 x: &x,
                 w: &w,
                 bias: with_bias.then_some(bias.as_slice()),
                 window: &window,
                 bases: &bases,
+                dsts: scatter.map(|_| dsts.as_slice()),
                 cg,
                 mg,
                 m,
                 outs: [o0, o1],
                 clamp: if relu { Clamp { lo: 0.0, hi: f32::INFINITY } } else { Clamp::NONE },
             };
-            let mut scalar = vec![f32::NAN; count * m];
+            let mut scalar = vec![f32::NAN; len];
             prop_assert!(call.run_with(Isa::Portable, &mut scalar));
             for p in 0..count {
                 for o in 0..m {
-                    let got = f64::from(scalar[p * m + o]);
+                    let got = f64::from(scalar[dst(p) + o]);
                     if !(o0..o1).contains(&o) {
                         prop_assert!(got.is_nan(), "p{p} o{o} outside {o0}..{o1} was written");
                         continue;
@@ -830,7 +903,7 @@ mod tests {
                 if !isa.is_supported() {
                     continue;
                 }
-                let mut fast = vec![f32::NAN; count * m];
+                let mut fast = vec![f32::NAN; len];
                 prop_assert!(call.run_with(isa, &mut fast));
                 for (i, (a, b)) in fast.iter().zip(&scalar).enumerate() {
                     let same = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
