@@ -10,8 +10,10 @@
 //! The AVX-512 path computes two blocks of 16 outputs (one where one is left) for 8 pixels at
 //! a time, the accumulators in registers, each weight vector loaded once for the 8 pixels; the
 //! pixels left over, 4 blocks at a time. How a block gets its inputs ([`Lanes`]):
-//! - **broadcast** (`mg` a multiple of 16: a block lies inside one group): each input value
-//!   is broadcast to the 16 lanes (ResNeXt's and RegNet's 16- and 32-wide groups);
+//! - **broadcast** (every block lies inside one group: a group's outputs in blocks of 16 and
+//!   a masked rest, so a 24-wide group is a block of 16 and one of 8): each input value is
+//!   broadcast to the block's lanes (ResNeXt's and RegNet's 16-, 24- and 32-wide groups, and
+//!   any shape the permute form does not take);
 //! - **permute** (`mg` divides 16 and `cg <= mg`: a block's `16 / mg` groups read at most 16
 //!   contiguous input channels): each tap loads that vector once per pixel, and a permute
 //!   per input channel of the group gives each lane its group's value (ResNeXt's 4- and
@@ -23,7 +25,8 @@
 //!
 //! No FLOP is spent on other groups' zeros, and no im2col copy is made, where the GEMM of a
 //! grouped convolution multiplies matrices of `mg` rows by a packed copy of the input per
-//! group. Other group shapes take the scalar twin (compiled for the active level), which the
+//! group. The AVX2 path takes groups of 8k outputs and permutable ones; other shapes there,
+//! and the portable level, take the scalar twin (compiled for the active level), which the
 //! SIMD paths are tested against; the two differ by the FMA's single rounding only.
 
 use crate::dwconv::Clamp;
@@ -41,17 +44,35 @@ pub enum Lanes {
     Permute,
 }
 
-/// The vector form for groups of `cg` inputs and `mg` outputs, if there is one.
+/// The vector form for groups of `cg` inputs and `mg` outputs: permuted where `mg` divides
+/// 16 and a block's groups read at most 16 inputs, broadcast otherwise (a group's outputs in
+/// blocks of 16 and a masked rest); `None` only for empty groups.
 pub fn lanes(cg: usize, mg: usize) -> Option<Lanes> {
     if cg == 0 || mg == 0 {
         None
-    } else if mg.is_multiple_of(16) {
-        Some(Lanes::Broadcast)
-    } else if 16 % mg == 0 && cg <= mg {
+    } else if !mg.is_multiple_of(16) && 16 % mg == 0 && cg <= mg {
         Some(Lanes::Permute)
     } else {
-        None
+        Some(Lanes::Broadcast)
     }
+}
+
+/// The AVX-512 path's blocks of outputs `o0..o1`, each `(first output, outputs <= 16)`:
+/// broadcast blocks lie inside one group, permuted ones are 16 outputs of several groups.
+fn blocks(lanes: Lanes, mg: usize, o0: usize, o1: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut o = o0;
+    std::iter::from_fn(move || {
+        if o >= o1 || mg == 0 {
+            return None;
+        }
+        let end = match lanes {
+            Lanes::Broadcast => ((o / mg + 1) * mg).min(o + 16).min(o1),
+            Lanes::Permute => (o + 16).min(o1),
+        };
+        let block = (o, end - o);
+        o = end;
+        Some(block)
+    })
 }
 
 /// W `[m, cg, kh, kw]` (row-major, ONNX's grouped layout) tap-major as this kernel reads it:
@@ -161,18 +182,23 @@ impl Pixels<'_> {
             return true;
         }
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2Fma
-            && isa.is_supported()
-            && let Some(l) = lanes(cg, mg)
-        {
-            // Eight lanes: groups of 8k outputs broadcast; the others have a 16-lane form,
-            // so `mg` divides 16 with `cg <= mg` and, not a multiple of 8, divides 8.
-            let l = if mg.is_multiple_of(8) { Lanes::Broadcast } else { l };
-            // SAFETY: AVX2 and FMA are present (checked just above); `l` is Broadcast only
-            // for `mg` a multiple of 8 and Permute only for `mg` dividing 8 with `cg <= mg`
-            // (see above); the offsets as for AVX-512, with `outs` from a multiple of 16.
-            unsafe { avx2::pixels(self, l, out) };
-            return true;
+        if isa == Isa::Avx2Fma && isa.is_supported() {
+            // Eight lanes: groups of 8k outputs broadcast, groups dividing 8 that read at
+            // most 8 inputs a block permute; others take the scalar twin.
+            let l = if mg.is_multiple_of(8) {
+                Some(Lanes::Broadcast)
+            } else if 8 % mg == 0 && cg <= mg {
+                Some(Lanes::Permute)
+            } else {
+                None
+            };
+            if let Some(l) = l {
+                // SAFETY: AVX2 and FMA are present (checked just above); `l` is Broadcast
+                // only for `mg` a multiple of 8 and Permute only for `mg` dividing 8 with
+                // `cg <= mg`; the offsets as for AVX-512, with `outs` from a multiple of 16.
+                unsafe { avx2::pixels(self, l, out) };
+                return true;
+            }
         }
         let _ = isa;
         crate::simd::vectorize_kernel(Scalar { call: self, out })
@@ -314,8 +340,7 @@ mod avx512 {
         let mask = |n: usize| -> __mmask16 { if n >= 16 { 0xffff } else { (1u16 << n) - 1 } };
         // SAFETY (of `block`'s pointers): the caller's contract: `o + n <= o1 <= m` outputs,
         // a bias of `m` floats, every pixel's input row holds `cin > xoff` channels.
-        let block = |o: usize| unsafe {
-            let n = o1 - o;
+        let block = |(o, n): (usize, usize)| unsafe {
             let xoff = o / mg * cg;
             Block {
                 x: call.x.as_ptr().add(xoff),
@@ -329,6 +354,10 @@ mod avx512 {
                 xmask: mask(cin - xoff),
             }
         };
+        // The blocks, `(first output, outputs)`: broadcast blocks lie inside one group (a
+        // group of 24 is a block of 16 and one of 8), permuted ones take 16 outputs of
+        // several groups.
+        let blocks: Vec<Block> = super::blocks(lanes, mg, o0, o1).map(block).collect();
         let full = count - count % P;
         let (win, bases) = (call.window, call.bases);
         // SAFETY: the caller's contract, passed on: pixels below `count`, blocks inside `outs`.
@@ -339,40 +368,51 @@ mod avx512 {
             // sweep of a whole stride-2 layer per block pair streamed its image from L3).
             for c0 in (0..full).step_by(super::CHUNK) {
                 let c1 = (c0 + super::CHUNK).min(full);
-                let mut o = o0;
-                while o + 16 < o1 {
-                    let blk = [block(o), block(o + 16)];
-                    for p in (c0..c1).step_by(P) {
-                        tile::<P, 2>(shape, blk, &idx, win, bases, p);
-                    }
-                    o += 32;
-                }
-                if o < o1 {
-                    let blk = [block(o)];
-                    for p in (c0..c1).step_by(P) {
-                        tile::<P, 1>(shape, blk, &idx, win, bases, p);
+                // Each pair's blocks made where they are used (read back from a list, their
+                // pointers were hoisted per pixel and spilled: 7% slower).
+                let mut pairs = super::blocks(lanes, mg, o0, o1);
+                while let Some(a) = pairs.next() {
+                    if let Some(b) = pairs.next() {
+                        let blk = [block(a), block(b)];
+                        for p in (c0..c1).step_by(P) {
+                            tile::<P, 2>(shape, blk, &idx, win, bases, p);
+                        }
+                    } else {
+                        let blk = [block(a)];
+                        for p in (c0..c1).step_by(P) {
+                            tile::<P, 1>(shape, blk, &idx, win, bases, p);
+                        }
                     }
                 }
             }
             // The pixels left over: 4 at a time 2 blocks at a time, then 1 at a time 4
             // blocks at a time (independent chains where a weight load serves few pixels).
             let mut p = full;
-            macro_rules! rest {
-                ($t:literal, $($b:literal),+) => {
-                    while p + $t <= count {
-                        let mut o = o0;
-                        $(
-                            while o + 16 * ($b - 1) < o1 {
-                                tile::<$t, $b>(shape, std::array::from_fn(|i| block(o + 16 * i)), &idx, win, bases, p);
-                                o += 16 * $b;
-                            }
-                        )+
-                        p += $t;
+            while p + 4 <= count {
+                for pair in blocks.chunks(2) {
+                    match *pair {
+                        [a, b] => tile::<4, 2>(shape, [a, b], &idx, win, bases, p),
+                        [a] => tile::<4, 1>(shape, [a], &idx, win, bases, p),
+                        _ => {}
                     }
-                };
+                }
+                p += 4;
             }
-            rest!(4, 2, 1);
-            rest!(1, 4, 2, 1);
+            while p < count {
+                for quad in blocks.chunks(4) {
+                    match *quad {
+                        [a, b, c, d] => tile::<1, 4>(shape, [a, b, c, d], &idx, win, bases, p),
+                        [a, b, c] => {
+                            tile::<1, 2>(shape, [a, b], &idx, win, bases, p);
+                            tile::<1, 1>(shape, [c], &idx, win, bases, p);
+                        }
+                        [a, b] => tile::<1, 2>(shape, [a, b], &idx, win, bases, p),
+                        [a] => tile::<1, 1>(shape, [a], &idx, win, bases, p),
+                        _ => {}
+                    }
+                }
+                p += 1;
+            }
         }
     }
 
@@ -726,9 +766,20 @@ mod tests {
         assert_eq!(lanes(3, 32), Some(Lanes::Broadcast));
         assert_eq!(lanes(4, 4), Some(Lanes::Permute));
         assert_eq!(lanes(1, 8), Some(Lanes::Permute));
-        assert_eq!(lanes(8, 4), None);
-        assert_eq!(lanes(24, 24), None);
+        assert_eq!(lanes(8, 8), Some(Lanes::Permute));
+        assert_eq!(lanes(16, 8), Some(Lanes::Broadcast));
+        assert_eq!(lanes(8, 4), Some(Lanes::Broadcast));
+        assert_eq!(lanes(24, 24), Some(Lanes::Broadcast));
         assert_eq!(lanes(0, 16), None);
+        let all = |l, mg, o0, o1| blocks(l, mg, o0, o1).collect::<Vec<_>>();
+        // Groups of 24: a block of 16 and one of 8 each; permuted blocks of 16 across groups.
+        assert_eq!(all(Lanes::Broadcast, 24, 0, 48), [(0, 16), (16, 8), (24, 16), (40, 8)]);
+        assert_eq!(all(Lanes::Broadcast, 24, 16, 30), [(16, 8), (24, 6)]);
+        assert_eq!(
+            all(Lanes::Broadcast, 32, 0, 64),
+            [(0, 16), (16, 16), (32, 16), (48, 16)]
+        );
+        assert_eq!(all(Lanes::Permute, 4, 0, 40), [(0, 16), (16, 16), (32, 8)]);
     }
 
     #[test]
@@ -830,6 +881,8 @@ mod tests {
             Just((1, 2)),
             Just((1, 1)),
             Just((5, 6)),
+            Just((6, 24)),
+            Just((8, 4)),
         ]
         .prop_flat_map(|(cg, mg)| (Just(cg), Just(mg), 1usize..=(48 / mg).max(1)))
     }

@@ -12,8 +12,8 @@
 //! growing feature maps), which then joins along the last dim.
 //!
 //! Eligible: an f32 Conv with fixed rank-4 shapes and constant weights, group 1, depthwise
-//! (`group == C == M`), or grouped with no residual and a group shape the grouped kernel
-//! vectorises (`kiln_kernels::grouped::lanes`); no Winograd or packing yet. Each converted Conv reads the channels-last
+//! (`group == C == M`), or grouped with no residual (`kiln_kernels::grouped::lanes`: every
+//! group shape has a vector form); no Winograd or packing yet. Each converted Conv reads the channels-last
 //! twin of its X (and residual): the twin another converted Conv produced, else a new
 //! Transpose. Its result stays channels-last, and a Transpose back to the original value
 //! follows it for any other reader; the final `dce` removes the transposes no one reads, so a
@@ -1162,7 +1162,7 @@ mod tests {
     }
 
     /// x [1,32,10,10] → 1x1 32→32 (Relu) → 3x3 in 8 groups of 4 (Relu) → 1x1 32→16 → a 3x3
-    /// in 2 groups of 8 inputs to 3 outputs (no vector form) → y.
+    /// in 2 groups of 8 inputs to 3 outputs (broadcast, a masked block a group) → y.
     fn grouped_block() -> Graph {
         let mut b = Builder::new();
         let x = b.input("x", &[1, 32, 10, 10]);
@@ -1189,19 +1189,29 @@ mod tests {
     }
 
     #[test]
-    fn grouped_convolutions_with_a_vector_form_run_channels_last_packed_as_taps() {
+    fn grouped_convolutions_run_channels_last_packed_as_taps() {
         let (n, h) = laid_out(&grouped_block());
-        assert_eq!(n, 3);
+        assert_eq!(n, 4);
         assert_eq!(
             ops(&h),
-            ["Transpose", "Conv/nhwc", "Conv/nhwc", "Conv/nhwc", "Transpose", "Conv"]
+            [
+                "Transpose",
+                "Conv/nhwc",
+                "Conv/nhwc",
+                "Conv/nhwc",
+                "Conv/nhwc",
+                "Transpose"
+            ]
         );
         let (fast, plain) = at_levels_2_and_0(grouped_block);
         let packed = steps(&fast, |op, plan| match op {
             Op::Nn(NnOp::Conv(c)) => Some(plan.packed.map(|p| [c.group, p.c, p.m])),
             _ => None,
         });
-        assert_eq!(packed, [Some([1, 32, 32]), Some([8, 4, 32]), Some([1, 32, 16]), None]);
+        assert_eq!(
+            packed,
+            [Some([1, 32, 32]), Some([8, 4, 32]), Some([1, 32, 16]), Some([2, 8, 6])]
+        );
         let inputs = vec![("x".to_string(), kiln_ops::Value::Tensor(noise(&[1, 32, 10, 10], 7)))];
         let a = kiln_runtime::run(&fast.program, inputs.clone()).unwrap();
         let b = kiln_runtime::run(&plain.program, inputs).unwrap();
