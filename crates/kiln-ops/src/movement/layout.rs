@@ -377,7 +377,7 @@ fn batched_transpose<T: Copy + Send + Sync>(
 /// writes element by element rather than as a copy call.
 const NARROW_RUN: usize = 32;
 
-/// Elements of the output per block of rows when short runs are interleaved.
+/// Elements of the output per block of rows (a task of the pool).
 const NARROW_BLOCK: usize = 1 << 14;
 
 /// [`Concat`] of inputs all of element type `T` (`None` otherwise): per step of the outer
@@ -396,10 +396,11 @@ fn concat_runs<T: kiln_tensor::Element + kiln_kernels::recycle::Recycled + Send 
         .map(|x| x.shape().get(axis).copied().unwrap_or(0) * inner)
         .collect();
     let step: usize = chunks.iter().sum();
-    if chunks.iter().all(|&c| c <= NARROW_RUN) && step > 0 && step * outer == n {
-        // Short runs (a channels-last concatenation of few-channel values, a `stack` of
-        // single values): a call per run costs more than the run, so each output row is
-        // written element by element, blocks of rows over the pool.
+    if step > 0 && step * outer == n {
+        // Blocks of output rows over the pool (a channels-last concatenation is a run of
+        // each input per pixel: one thread copying them all held SqueezeNet's to the same
+        // time on two threads as on one). Short runs (few-channel values, a `stack` of
+        // single values) element by element: a call per run costs more than the run.
         let rows = (NARROW_BLOCK / step).max(1);
         let short = std::sync::atomic::AtomicBool::new(false);
         kiln_kernels::pool::for_each_chunk_mut(out.as_mut_slice(), rows * step, &|b, block| {
@@ -415,6 +416,12 @@ fn concat_runs<T: kiln_tensor::Element + kiln_kernels::recycle::Recycled + Send 
                     for (row, &v) in block.chunks_exact_mut(step).zip(src) {
                         if let Some(d) = row.get_mut(off) {
                             *d = v;
+                        }
+                    }
+                } else if c > NARROW_RUN {
+                    for (row, run) in block.chunks_exact_mut(step).zip(src.chunks_exact(c)) {
+                        if let Some(d) = row.get_mut(off..off + c) {
+                            d.copy_from_slice(run);
                         }
                     }
                 } else if c > 0 {

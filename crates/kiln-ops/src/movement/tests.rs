@@ -754,14 +754,17 @@ fn eight_bit_slices_and_splits_take_the_named_elements() {
     }
 }
 
-/// Concatenations whose runs are short (channels-last concatenations of few-channel values,
-/// a `stack` of single values) are written element by element in blocks of rows over the
-/// pool: every element where the definition puts it, for f32 and u8, runs of 1 to 33
-/// elements mixed, output sizes across several blocks, on 1 and 2 threads.
+/// Concatenations are written in blocks of rows over the pool, short runs (channels-last
+/// concatenations of few-channel values, a `stack` of single values) element by element,
+/// long ones copied: every element where the definition puts it, for f32 and u8, runs of 1
+/// to 33 elements mixed, long runs (a fire module's 64 + 64 channels, runs of 40 to 630
+/// mixed with short ones), output sizes across several blocks, on 1 and 2 threads.
 #[test]
 fn concatenations_of_short_runs_put_every_element_in_place() {
     // (the shape off the axis, the axis, each input's size along it)
-    let cases: [(&[usize], usize, &[usize]); 6] = [
+    let cases: [(&[usize], usize, &[usize]); 8] = [
+        (&[1, 55, 55, 0], 3, &[64, 64]),
+        (&[2, 0, 7, 9], 1, &[40, 3, 70]),
         (&[1, 172, 309, 0], 3, &[1, 1, 1, 1, 1, 1, 1, 1]),
         (&[1, 172, 36, 0], 3, &[1, 1]),
         (&[2, 0, 5, 3], 1, &[1, 3, 2]),
