@@ -757,11 +757,7 @@ mod quads {
         // - pad` below `w` in the middle loop); quads `k < pw` of `to`.
         unsafe {
             let flip32 = _mm512_set1_epi32(0x80);
-            let mut q = _mm512_setzero_si512();
-            for j in 0..QUAD {
-                q = _mm512_or_si512(q, column(x, dims, j0, m, flip, fill, j));
-                q = _mm512_ror_epi32::<8>(q);
-            }
+            let mut q = first_quad(x, dims, j0, m, (flip, fill), 0, 1);
             if pw > 0 {
                 _mm512_storeu_si512(to.cast(), q);
             }
@@ -785,6 +781,32 @@ mod quads {
                 _mm512_storeu_si512(to.add(k * LANES).cast(), q);
                 k += 1;
             }
+        }
+    }
+
+    /// The first quad of a run: padded columns `first + j * step` for `j < 4`, the first in
+    /// each dword's low byte.
+    ///
+    /// # Safety
+    /// As [`column`] for each of those columns.
+    #[inline(always)]
+    unsafe fn first_quad(
+        x: *const u8,
+        dims: (usize, usize, usize),
+        j0: usize,
+        m: __mmask16,
+        (flip, fill): (__m128i, __m512i),
+        first: usize,
+        step: usize,
+    ) -> __m512i {
+        // SAFETY: the caller's contract, column by column.
+        unsafe {
+            let mut q = _mm512_setzero_si512();
+            for j in 0..QUAD {
+                q = _mm512_or_si512(q, column(x, dims, j0, m, flip, fill, first + j * step));
+                q = _mm512_ror_epi32::<8>(q);
+            }
+            q
         }
     }
 
@@ -825,11 +847,7 @@ mod quads {
         unsafe {
             let flip32 = _mm512_set1_epi32(0x80);
             for first in 0..d.min(pw) {
-                let mut q = _mm512_setzero_si512();
-                for j in 0..QUAD {
-                    q = _mm512_or_si512(q, column(x, dims, j0, m, flip, fill, first + j * d));
-                    q = _mm512_ror_epi32::<8>(q);
-                }
+                let mut q = first_quad(x, dims, j0, m, (flip, fill), first, d);
                 _mm512_storeu_si512(to.add(first * LANES).cast(), q);
                 let mut px = first + d;
                 while px < pw && px + last < pad {
@@ -839,15 +857,7 @@ mod quads {
                 }
                 while px < pw && px + last < pad + w {
                     let at = x.add((px + last - pad) * c + j0);
-                    let mut top = if FULL {
-                        _mm512_cvtepu8_epi32(_mm_loadu_si128(at.cast()))
-                    } else {
-                        _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, at.cast()))
-                    };
-                    if SIGNED {
-                        top = _mm512_xor_si512(top, flip32);
-                    }
-                    q = slide(q, top);
+                    q = slide(q, codes::<SIGNED, FULL>(at, m, flip32));
                     _mm512_storeu_si512(to.add(px * LANES).cast(), q);
                     px += d;
                 }

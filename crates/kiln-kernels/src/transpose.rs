@@ -31,14 +31,7 @@ pub fn transpose_f32_with(
     if !fits(src.len(), lds, rows, cols, dst.len(), ldd) {
         return false;
     }
-    if Interleave::<f32>::fits(rows, cols, ldd) {
-        crate::simd::vectorize_kernel(Interleave {
-            src,
-            lds,
-            rows,
-            cols,
-            dst,
-        });
+    if interleaved(src, lds, rows, cols, dst, ldd) {
         return true;
     }
     #[cfg(target_arch = "x86_64")]
@@ -114,14 +107,7 @@ pub fn transpose_bytes<T: Byte>(src: &[T], lds: usize, rows: usize, cols: usize,
     if !fits(src.len(), lds, rows, cols, dst.len(), ldd) {
         return false;
     }
-    if Interleave::<T>::fits(rows, cols, ldd) {
-        crate::simd::vectorize_kernel(Interleave {
-            src,
-            lds,
-            rows,
-            cols,
-            dst,
-        });
+    if interleaved(src, lds, rows, cols, dst, ldd) {
         return true;
     }
     let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
@@ -165,13 +151,22 @@ struct Interleave<'a, T> {
     dst: &'a mut [T],
 }
 
-impl<T> Interleave<'_, T> {
-    /// A few rows into dense columns (an image's 1-4 channels to channels-last): interleaved
-    /// row by row in one compiler-vectorised pass, where the 8x8 blocks would leave it all
-    /// to the scalar edge path.
-    fn fits(rows: usize, cols: usize, ldd: usize) -> bool {
-        ldd == rows && (1..=4).contains(&rows) && cols > 0
+/// A few rows into dense columns (an image's 1-4 channels to channels-last): interleaved row
+/// by row in one compiler-vectorised pass, where the 8x8 blocks would leave it all to the
+/// scalar edge path. `false`, touching nothing, when the call is not of that kind (the spans
+/// already checked by the caller).
+fn interleaved<T: Copy>(src: &[T], lds: usize, rows: usize, cols: usize, dst: &mut [T], ldd: usize) -> bool {
+    if ldd != rows || !(1..=4).contains(&rows) || cols == 0 {
+        return false;
     }
+    crate::simd::vectorize_kernel(Interleave {
+        src,
+        lds,
+        rows,
+        cols,
+        dst,
+    });
+    true
 }
 
 impl<T: Copy> crate::simd::Kernel for Interleave<'_, T> {
