@@ -37,6 +37,7 @@ pub mod grouped;
 pub mod igemm;
 pub mod isa;
 pub mod lut;
+pub mod planar;
 pub mod pool;
 pub mod qdwconv;
 pub mod quant;

@@ -620,7 +620,7 @@ unsafe fn prelu_tile(slopes: Bias<'_>, c: CMut, rows: std::ops::Range<usize>, j0
 }
 
 /// The epilogue on row `i`, columns `j0 .. j0 + row.len()` of C.
-fn finish_row(kernels: &Kernels, epi: &Epilogue<'_>, i: usize, j0: usize, row: &mut [f32]) {
+pub(super) fn finish_row(kernels: &Kernels, epi: &Epilogue<'_>, i: usize, j0: usize, row: &mut [f32]) {
     let w = row.len();
     let (row_bias, col_bias) = match epi.bias {
         Bias::None => (None, None),

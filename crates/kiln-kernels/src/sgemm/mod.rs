@@ -413,6 +413,32 @@ pub fn residual_act(v: &mut [f32], residual: Option<&[f32]>, act: Option<Act>) {
     }
 }
 
+/// `epi` over `c` as rows of `n` columns, with the active level's kernels: row `i`'s
+/// residual at `i * ld`, a row bias or PRelu slope by row, a column one by column (the
+/// epilogue of kernels that write their products into C first, e.g. [`crate::planar`]).
+/// `false`, changing nothing, when a vector or the residual is shorter than `c` needs.
+pub fn epilogue_rows(c: &mut [f32], n: usize, epi: &Epilogue<'_>) -> bool {
+    if n == 0 || epi.is_empty() {
+        return true;
+    }
+    let rows = c.len() / n;
+    let fits = |b: Bias<'_>| match b {
+        Bias::None => true,
+        Bias::Row(v) => v.len() >= rows,
+        Bias::Col(v) => v.len() == n,
+    };
+    let resid_ok = epi.residual.is_none_or(|r| r.ld >= n && r.data.len() >= (rows.saturating_sub(1)) * r.ld + n);
+    if !(fits(epi.bias) && fits(epi.prelu) && resid_ok) {
+        return false;
+    }
+    let isa = isa::active();
+    let kernels = driver::Kernels::select(isa, BLayout::for_isa(isa), 0);
+    for (i, row) in c.chunks_exact_mut(n).enumerate() {
+        driver::finish_row(&kernels, epi, i, 0, row);
+    }
+    true
+}
+
 /// [`act_slice`] on a given level; a level this CPU lacks runs the portable code.
 pub fn act_slice_with_isa(isa: Isa, act: Act, v: &mut [f32]) {
     epilogue_pass(isa, v, None, Some(act));

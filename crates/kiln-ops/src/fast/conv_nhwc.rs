@@ -834,8 +834,10 @@ enum Route {
     Pointwise,
     /// Every image's im2col rows are X read as overlapping windows (rows per image, step).
     Windows(usize, usize),
-    /// [`narrow_direct`]: few output channels.
+    /// [`narrow_direct`]: at most [`DIRECT_MAX_M`] output channels.
     Direct,
+    /// `kiln_kernels::planar`: few output channels, pixels along the vector lanes.
+    Planar,
     /// Blocks of im2col rows (or tap classes), each multiplied by one thread.
     Blocks,
 }
@@ -889,6 +891,13 @@ impl<'a> PackedCall<'a> {
             && (geo.batch == 1 || per_image >= WINDOWS_MIN_ROWS)
         {
             return Route::Windows(per_image, step);
+        }
+        if m > DIRECT_MAX_M
+            && m <= kiln_kernels::planar::MAX_M
+            && geo.c <= kiln_kernels::planar::MAX_C
+            && kiln_kernels::planar::supported()
+        {
+            return Route::Planar;
         }
         if !cf
             && m <= DIRECT_MAX_M
@@ -1222,6 +1231,13 @@ impl Planned<'_> {
                 }
                 if let Some(p) = post {
                     p.apply_slice(&mut y);
+                }
+                return Ok(Tensor::from_buf(shape, y)?);
+            }
+            Route::Planar => {
+                let epi = call.epilogue(rd.map(|data| Residual { data, ld: m }));
+                if !kiln_kernels::planar::run(geo, m, xd, cf, &packed, &mut y, &epi) {
+                    return Err(bad());
                 }
                 return Ok(Tensor::from_buf(shape, y)?);
             }
