@@ -27,11 +27,14 @@ use crate::sgemm::{Epilogue, PackedBRef, Residual};
 pub const MAX_M: usize = 16;
 /// Most input channels (the staged band's rows grow with them).
 pub const MAX_C: usize = 64;
+/// Fewest output columns: a row's pixels fill whole vectors of 16 (5 columns would use 5
+/// lanes of 16).
+pub const MIN_OW: usize = 24;
 
 /// Lanes of a pixel vector.
 const LANES: usize = 16;
 /// Most output channels of one tile (its broadcast rows).
-const MAX_ROWS: usize = 12;
+const MAX_ROWS: usize = 8;
 /// Floats of staged input a band aims at (kept in L2 beside the output rows).
 const STAGE_FLOATS: usize = 48 * 1024;
 /// Most output rows a band takes.
@@ -60,25 +63,47 @@ pub fn supported() -> bool {
     crate::isa::active() == crate::isa::Isa::Avx512
 }
 
-/// One tile: `out[r * ldo + i] (+)= sum_p w[p * nr + r] * x[offs[p] + i]` for `r < R`,
-/// `i < 16 * PV`.
-type TileFn = unsafe fn(k: usize, w: *const f32, nr: usize, x: *const f32, offs: *const isize, out: *mut f32, ldo: usize);
+/// One tile: `out[r * ldo + i] = sum_p w[p * nr + r] * x[offs[p] + i]` for `r < R`,
+/// `i < 16 * PV` (the planes, for the epilogue to run over afterwards).
+type TileFn =
+    unsafe fn(k: usize, w: *const f32, nr: usize, x: *const f32, offs: *const isize, out: *mut f32, ldo: usize);
 
-/// The scalar twin of the tile (the reference the SIMD one is tested against).
-///
-/// # Safety
-/// `w + p * nr + r` readable for `p < k`, `r < R`; `x + offs[p] + i` readable for `p < k`,
-/// `i < 16 * PV`; `offs` has `k` entries; `out + r * ldo + i` writable for `r < R`,
-/// `i < 16 * PV`.
-unsafe fn tile_portable<const R: usize, const PV: usize>(
+/// One tile straight into the channels-last output with its epilogue: the sums above, plus
+/// `bias[r]`, through the activation and affine, times `slopes[r]` where negative, stored at
+/// `y[i * ldy + r]` for the first `pixels` pixels `i`.
+type NhwcFn = unsafe fn(
     k: usize,
     w: *const f32,
     nr: usize,
     x: *const f32,
     offs: *const isize,
-    out: *mut f32,
-    ldo: usize,
-) {
+    y: *mut f32,
+    ldy: usize,
+    pixels: usize,
+    outs: &Outs,
+);
+
+/// What a channels-last tile applies: per-channel vectors (null when absent, else `R`
+/// floats from the tile's first channel) and the cheap activation and affine.
+pub(crate) struct Outs {
+    bias: *const f32,
+    slopes: *const f32,
+    act: Option<crate::sgemm::Act>,
+    post: Option<crate::sgemm::Affine>,
+}
+
+/// The depth sums of a tile, `acc[r][i]` (the scalar twin's).
+///
+/// # Safety
+/// `w + p * nr + r` readable for `p < k`, `r < R`; `x + offs[p] + i` readable for `p < k`,
+/// `i < 16 * PV`; `offs` has `k` entries.
+unsafe fn sums<const R: usize, const PV: usize>(
+    k: usize,
+    w: *const f32,
+    nr: usize,
+    x: *const f32,
+    offs: *const isize,
+) -> [[f32; 48]; R] {
     let mut acc = [[0f32; 48]; R];
     for p in 0..k {
         // SAFETY: the caller's contract.
@@ -92,6 +117,24 @@ unsafe fn tile_portable<const R: usize, const PV: usize>(
             }
         }
     }
+    acc
+}
+
+/// The scalar twin of the planes tile (the reference the SIMD one is tested against).
+///
+/// # Safety
+/// As [`sums`]; `out + r * ldo + i` writable for `r < R`, `i < 16 * PV`.
+unsafe fn tile_portable<const R: usize, const PV: usize>(
+    k: usize,
+    w: *const f32,
+    nr: usize,
+    x: *const f32,
+    offs: *const isize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    // SAFETY: the caller's contract.
+    let acc = unsafe { sums::<R, PV>(k, w, nr, x, offs) };
     for (r, row) in acc.iter().enumerate() {
         for (i, &a) in row.iter().take(LANES * PV).enumerate() {
             // SAFETY: the caller's contract.
@@ -100,25 +143,71 @@ unsafe fn tile_portable<const R: usize, const PV: usize>(
     }
 }
 
+/// The scalar twin of the channels-last tile.
+///
+/// # Safety
+/// As [`sums`]; `y + i * ldy + r` writable for `i < pixels <= 16 * PV`, `r < R`; `outs`'
+/// non-null vectors hold `R` floats.
+#[allow(clippy::too_many_arguments)]
+unsafe fn nhwc_portable<const R: usize, const PV: usize>(
+    k: usize,
+    w: *const f32,
+    nr: usize,
+    x: *const f32,
+    offs: *const isize,
+    y: *mut f32,
+    ldy: usize,
+    pixels: usize,
+    outs: &Outs,
+) {
+    // SAFETY: the caller's contract.
+    let acc = unsafe { sums::<R, PV>(k, w, nr, x, offs) };
+    for (r, row) in acc.iter().enumerate() {
+        // SAFETY: the caller's contract: R floats each.
+        let (b, s) = unsafe {
+            (
+                (!outs.bias.is_null()).then(|| *outs.bias.add(r)),
+                (!outs.slopes.is_null()).then(|| *outs.slopes.add(r)),
+            )
+        };
+        for (i, &a) in row.iter().take(pixels.min(LANES * PV)).enumerate() {
+            let mut v = a + b.unwrap_or(0.0);
+            if let Some(act) = outs.act {
+                v = act.apply_scalar(v);
+            }
+            if let Some(post) = outs.post {
+                v = post.apply(v);
+            }
+            if let Some(s) = s
+                && v < 0.0
+            {
+                v *= s;
+            }
+            // SAFETY: the caller's contract.
+            unsafe { *y.add(i * ldy + r) = v };
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::LANES;
+    use super::{LANES, Outs};
+    use crate::sgemm::x86::avx512::VecEpi;
     use std::arch::x86_64::*;
 
-    /// [`super::tile_portable`] on AVX-512: the accumulators stay in registers (R x PV <= 24).
+    /// The depth sums of a tile in registers (R x PV <= 24 accumulators).
     ///
     /// # Safety
-    /// As [`super::tile_portable`]; the CPU has AVX-512 F.
+    /// As [`super::sums`]; the CPU has AVX-512 F.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    pub(super) unsafe fn tile<const R: usize, const PV: usize>(
+    #[inline]
+    unsafe fn sums<const R: usize, const PV: usize>(
         k: usize,
         w: *const f32,
         nr: usize,
         x: *const f32,
         offs: *const isize,
-        out: *mut f32,
-        ldo: usize,
-    ) {
+    ) -> [[__m512; PV]; R] {
         let mut acc = [[_mm512_setzero_ps(); PV]; R];
         for p in 0..k {
             // SAFETY: the caller's contract: `offs[p]` and the PV vectors at `x + offs[p]`
@@ -138,10 +227,125 @@ mod avx512 {
                 }
             }
         }
+        acc
+    }
+
+    /// [`super::tile_portable`] on AVX-512.
+    ///
+    /// # Safety
+    /// As [`super::tile_portable`]; the CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+    pub(super) unsafe fn tile<const R: usize, const PV: usize>(
+        k: usize,
+        w: *const f32,
+        nr: usize,
+        x: *const f32,
+        offs: *const isize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        let acc = unsafe { sums::<R, PV>(k, w, nr, x, offs) };
         for (r, acc) in acc.iter().enumerate() {
             for (v, &a) in acc.iter().enumerate() {
                 // SAFETY: the caller's contract: row `r < R` of `out` has 16 * PV writable floats.
                 unsafe { _mm512_storeu_ps(out.add(r * ldo + v * LANES), a) };
+            }
+        }
+    }
+
+    /// [`super::nhwc_portable`] on AVX-512: the epilogue on the accumulators, then each
+    /// pixel vector's 8 channel rows transposed in registers (unpacks and shuffles to
+    /// 4-channel quarters, a two-source permute joining a pixel's two quarters) and stored
+    /// as a pixel's `R` channels.
+    ///
+    /// # Safety
+    /// As [`super::nhwc_portable`] with `R <= 8`; the CPU has AVX-512 F + VL.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn nhwc<const R: usize, const PV: usize>(
+        k: usize,
+        w: *const f32,
+        nr: usize,
+        x: *const f32,
+        offs: *const isize,
+        y: *mut f32,
+        ldy: usize,
+        pixels: usize,
+        outs: &Outs,
+    ) {
+        // SAFETY: the caller's contract.
+        let acc = unsafe { sums::<R, PV>(k, w, nr, x, offs) };
+        let epi = VecEpi::new(outs.act, outs.post);
+        let zero = _mm512_setzero_ps();
+        let mut rows = [[zero; PV]; 8];
+        for (r, (acc, row)) in acc.iter().zip(rows.iter_mut()).enumerate() {
+            // SAFETY: the caller's contract: non-null vectors hold R floats.
+            let (b, s) = unsafe {
+                (
+                    (!outs.bias.is_null()).then(|| _mm512_set1_ps(*outs.bias.add(r))),
+                    (!outs.slopes.is_null()).then(|| _mm512_set1_ps(*outs.slopes.add(r))),
+                )
+            };
+            for (&a, o) in acc.iter().zip(row.iter_mut()) {
+                let mut v = a;
+                if let Some(b) = b {
+                    v = _mm512_add_ps(v, b);
+                }
+                v = epi.apply(v);
+                if let Some(s) = s {
+                    v = _mm512_mask_mul_ps(v, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, zero), v, s);
+                }
+                *o = v;
+            }
+        }
+        let mask = ((1u32 << R) - 1) as __mmask8;
+        let idx = [
+            _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
+            _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31),
+        ];
+        for v in 0..PV {
+            let n = pixels.saturating_sub(v * LANES).min(LANES);
+            if n == 0 {
+                break;
+            }
+            let a = |r: usize| rows[r][v];
+            // Per 128-bit lane l: u[q] holds pixel 4l + q's channels 0-3, h[q] its 4-7.
+            let (t0, t1) = (_mm512_unpacklo_ps(a(0), a(1)), _mm512_unpackhi_ps(a(0), a(1)));
+            let (t2, t3) = (_mm512_unpacklo_ps(a(2), a(3)), _mm512_unpackhi_ps(a(2), a(3)));
+            let (t4, t5) = (_mm512_unpacklo_ps(a(4), a(5)), _mm512_unpackhi_ps(a(4), a(5)));
+            let (t6, t7) = (_mm512_unpacklo_ps(a(6), a(7)), _mm512_unpackhi_ps(a(6), a(7)));
+            let u = [
+                _mm512_shuffle_ps::<0x44>(t0, t2),
+                _mm512_shuffle_ps::<0xEE>(t0, t2),
+                _mm512_shuffle_ps::<0x44>(t1, t3),
+                _mm512_shuffle_ps::<0xEE>(t1, t3),
+            ];
+            let h = [
+                _mm512_shuffle_ps::<0x44>(t4, t6),
+                _mm512_shuffle_ps::<0xEE>(t4, t6),
+                _mm512_shuffle_ps::<0x44>(t5, t7),
+                _mm512_shuffle_ps::<0xEE>(t5, t7),
+            ];
+            // SAFETY: the caller's contract: pixel `v * 16 + p < pixels` has R writable
+            // floats at `y + (v * 16 + p) * ldy`; the mask covers lanes `< R`.
+            unsafe {
+                let yv = y.add(v * LANES * ldy);
+                for (half, idx) in idx.iter().enumerate() {
+                    for q in 0..4 {
+                        // Pixels 8 half + q (low 256 bits) and 8 half + 4 + q (high).
+                        let z = _mm512_permutex2var_ps(u[q], *idx, h[q]);
+                        let lo = _mm512_castps512_ps256(z);
+                        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(z)));
+                        let p0 = 8 * half + q;
+                        if p0 < n {
+                            _mm256_mask_storeu_ps(yv.add(p0 * ldy), mask, lo);
+                        }
+                        if p0 + 4 < n {
+                            _mm256_mask_storeu_ps(yv.add((p0 + 4) * ldy), mask, hi);
+                        }
+                    }
+                }
             }
         }
     }
@@ -158,33 +362,46 @@ macro_rules! tiles {
             [$($f)::+::<6, 1>, $($f)::+::<6, 2>, $($f)::+::<6, 3>],
             [$($f)::+::<7, 1>, $($f)::+::<7, 2>, $($f)::+::<7, 3>],
             [$($f)::+::<8, 1>, $($f)::+::<8, 2>, $($f)::+::<8, 3>],
-            [$($f)::+::<9, 1>, $($f)::+::<9, 2>, $($f)::+::<9, 2>],
-            [$($f)::+::<10, 1>, $($f)::+::<10, 2>, $($f)::+::<10, 2>],
-            [$($f)::+::<11, 1>, $($f)::+::<11, 2>, $($f)::+::<11, 2>],
-            [$($f)::+::<12, 1>, $($f)::+::<12, 2>, $($f)::+::<12, 2>],
         ]
     };
 }
 
-static PORTABLE: [[TileFn; 3]; MAX_ROWS] = tiles!(tile_portable);
-#[cfg(target_arch = "x86_64")]
-static AVX512: [[TileFn; 3]; MAX_ROWS] = tiles!(avx512::tile);
+/// A level's tiles, by channels and pixel vectors.
+struct Level {
+    planes: [[TileFn; 3]; MAX_ROWS],
+    nhwc: [[NhwcFn; 3]; MAX_ROWS],
+}
 
-/// Pixel vectors a tile of `rows` output channels sweeps at once (24 accumulators at most).
-fn vectors(rows: usize) -> usize {
-    if rows > 8 { 2 } else { 3 }
+static PORTABLE: Level = Level {
+    planes: tiles!(tile_portable),
+    nhwc: tiles!(nhwc_portable),
+};
+#[cfg(target_arch = "x86_64")]
+static AVX512: Level = Level {
+    planes: tiles!(avx512::tile),
+    nhwc: tiles!(avx512::nhwc),
+};
+
+/// Pixel vectors the next tile sweeps when `left` remain: 3 (24 accumulators for 8
+/// channels), or 2 where 3 would leave one for a last tile (one vector's 8 accumulators
+/// wait on each other's latency and load as much as they multiply: P-Net's 151 columns as
+/// 3 + 3 + 3 + 1 vectors ran slower than as 192 columns of threes).
+fn vectors(left: usize) -> usize {
+    match left {
+        0..=3 => left,
+        4 => 2,
+        _ => 3,
+    }
 }
 
 /// The output channels' tiles: `(first channel, channels)`, none across a panel of the
-/// packed B (`nr` columns): a panel of up to 12 columns is one tile, a wider one splits into
-/// near-equal tiles of at most 8.
+/// packed B (`nr` columns): a panel's columns split into near-equal tiles of at most 8.
 fn channel_tiles(m: usize, nr: usize) -> Vec<(usize, usize)> {
     let mut tiles = Vec::new();
     let mut j0 = 0;
     while j0 < m {
         let w = (m - j0).min(nr);
-        let n = if w <= MAX_ROWS { 1 } else { w.div_ceil(8) };
-        let each = w.div_ceil(n);
+        let each = w.div_ceil(w.div_ceil(MAX_ROWS));
         let mut j = 0;
         while j < w {
             let r = each.min(w - j);
@@ -267,12 +484,14 @@ fn stage_row(geo: &Conv2d, x: Source<'_>, u: usize, dst: &mut [f32]) -> bool {
 }
 
 /// Output rows `oy0 .. oy0 + y.len() / (OW * M)` of one image's convolution into `y`
-/// (channels-last `[rows, OW, M]`), on the calling thread, with `tiles` of the given
-/// level: staged in bands, accumulated planar, transposed, then `epi` (whose residual
-/// starts at this block's first pixel). `false` when an operand is shorter than `geo` says.
+/// (channels-last `[rows, OW, M]`), on the calling thread, with the tiles of `level`:
+/// staged in bands, then each tile stored channels-last with its epilogue; with a residual
+/// (channels-last, added before the activation), a costly activation or per-pixel vectors,
+/// accumulated planar, transposed, then `epi` (whose residual starts at this block's first
+/// pixel). `false` when an operand is shorter than `geo` says.
 #[allow(clippy::too_many_arguments)]
 fn rows_with(
-    tiles: &[[TileFn; 3]; MAX_ROWS],
+    level: &Level,
     geo: &Conv2d,
     m: usize,
     x: Source<'_>,
@@ -281,6 +500,7 @@ fn rows_with(
     y: &mut [f32],
     epi: &Epilogue<'_>,
 ) -> bool {
+    use crate::sgemm::Bias;
     let (s, wp, owp) = widths(geo);
     let (c, k, nr) = (geo.c, geo.k(), w.layout().nr());
     let per_row = geo.ow * m;
@@ -289,9 +509,24 @@ fn rows_with(
     if per_row == 0 || w.k() != k || w.n() != m || k == 0 || !whole {
         return false;
     }
+    fn column(b: Bias<'_>, m: usize) -> Option<Option<&[f32]>> {
+        match b {
+            Bias::None => Some(None),
+            Bias::Col(v) if v.len() == m => Some(Some(v)),
+            _ => None,
+        }
+    }
+    let direct = match (column(epi.bias, m), column(epi.prelu, m)) {
+        (Some(bias), Some(slopes)) if epi.residual.is_none() && epi.act.is_none_or(|a| a.is_cheap()) => {
+            Some((bias, slopes))
+        }
+        _ => None,
+    };
     let nrows = y.len() / per_row;
     let row_floats = c * s * wp;
-    let band = (STAGE_FLOATS / (row_floats * geo.sh.max(1)).max(1)).clamp(1, MAX_BAND).min(nrows.max(1));
+    let band = (STAGE_FLOATS / (row_floats * geo.sh.max(1)).max(1))
+        .clamp(1, MAX_BAND)
+        .min(nrows.max(1));
     let staged_rows = |b: usize| (b - 1) * geo.sh + (geo.kh - 1) * geo.dh + 1;
     // Depth offsets into a staged band, `(ky, kx, c)` order as the packed B's.
     let mut offs = crate::recycle::lend::<Offsets>();
@@ -309,21 +544,11 @@ fn rows_with(
     let mut stage = crate::recycle::lend::<Stage>();
     stage.resize(staged_rows(band) * row_floats, 0.0);
     let mut planes = crate::recycle::lend::<Planes>();
-    planes.resize(m * owp, 0.0);
+    if direct.is_none() {
+        planes.resize(m * owp, 0.0);
+    }
     let data = w.data();
-    // Without a residual the epilogue runs on the planes, one call per channel row (per
-    // pixel after the transpose it was a call per 16 floats); a residual is channels-last,
-    // and comes before the activation, so then it all runs after the transpose.
-    let by_pixel = |b: crate::sgemm::Bias<'_>| matches!(b, crate::sgemm::Bias::Row(_));
-    let planar_epi = match epi.residual {
-        _ if by_pixel(epi.bias) || by_pixel(epi.prelu) => None,
-        Some(_) => None,
-        None => Some(Epilogue {
-            bias: columns_as_rows(epi.bias),
-            prelu: columns_as_rows(epi.prelu),
-            ..*epi
-        }),
-    };
+    let nv = owp / LANES;
     let mut b0 = 0;
     while b0 < nrows {
         let nb = band.min(nrows - b0);
@@ -340,57 +565,81 @@ fn rows_with(
             let base = j * geo.sh * row_floats;
             // The farthest float a tile reads: the largest depth offset plus a whole row
             // of vectors.
-            let reach = base + max_off + owp;
-            if reach > stage.len() {
-                return false;
-            }
-            for &(j0, r) in &tiles_m {
-                let (panel, jj) = (j0 / nr, j0 % nr);
-                let wstart = panel * w.stride() + jj;
-                if wstart + (k - 1) * nr + r > data.len() {
-                    return false;
-                }
-                let pv = vectors(r);
-                let mut v0 = 0;
-                let nv = owp / LANES;
-                while v0 < nv {
-                    let step = pv.min(nv - v0);
-                    let Some(f) = tiles.get(r - 1).and_then(|t| t.get(step - 1)) else {
-                        return false;
-                    };
-                    // SAFETY: the weights span was checked above (`r` columns of every depth
-                    // inside `data`); every offset plus `base + v0 * 16 + 16 * step <=
-                    // base + max offset + owp <= stage.len()`; the planes hold `m` rows of
-                    // `owp` floats and `j0 + r <= m`, `v0 * 16 + 16 * step <= owp`.
-                    unsafe {
-                        f(
-                            k,
-                            data.as_ptr().add(wstart),
-                            nr,
-                            stage.as_ptr().add(base + v0 * LANES),
-                            offs.as_ptr(),
-                            planes.as_mut_ptr().add(j0 * owp + v0 * LANES),
-                            owp,
-                        )
-                    };
-                    v0 += step;
-                }
-            }
-            if let Some(e) = &planar_epi
-                && !crate::sgemm::epilogue_rows(&mut planes, owp, e)
-            {
+            if base + max_off + owp > stage.len() {
                 return false;
             }
             let Some(out) = y.get_mut((b0 + j) * per_row..(b0 + j + 1) * per_row) else {
                 return false;
             };
-            if !crate::transpose::transpose_f32(&planes, owp, m, geo.ow, out, m) {
+            for &(j0, r) in &tiles_m {
+                let (panel, jj) = (j0 / nr, j0 % nr);
+                let wstart = panel * w.stride() + jj;
+                if r == 0 || r > MAX_ROWS || j0 + r > m || wstart + (k - 1) * nr + r > data.len() {
+                    return false;
+                }
+                let mut v0 = 0;
+                while v0 < nv {
+                    let step = vectors(nv - v0);
+                    let (wptr, xptr) = (data[wstart..].as_ptr(), stage[base + v0 * LANES..].as_ptr());
+                    match direct {
+                        Some((bias, slopes)) => {
+                            let pixels = (geo.ow - v0 * LANES).min(step * LANES);
+                            let at = |v: Option<&[f32]>| v.map_or(std::ptr::null(), |v| v[j0..].as_ptr());
+                            let outs = Outs {
+                                bias: at(bias),
+                                slopes: at(slopes),
+                                act: epi.act,
+                                post: epi.post,
+                            };
+                            let f = level.nhwc[r - 1][step - 1];
+                            // SAFETY: the weights span was checked above (`r` columns of
+                            // every depth inside `data`); every offset plus `base + v0 * 16
+                            // + 16 * step <= base + max offset + owp <= stage.len()`; pixel
+                            // `i < pixels` of this chunk is output column `v0 * 16 + i <
+                            // OW`, whose channels `j0 .. j0 + r <= m` lie in `out`; the bias
+                            // and slopes hold `m >= j0 + r` floats; the cheap check above.
+                            unsafe {
+                                f(
+                                    k,
+                                    wptr,
+                                    nr,
+                                    xptr,
+                                    offs.as_ptr(),
+                                    out[v0 * LANES * m + j0..].as_mut_ptr(),
+                                    m,
+                                    pixels,
+                                    &outs,
+                                )
+                            };
+                        }
+                        None => {
+                            let f = level.planes[r - 1][step - 1];
+                            // SAFETY: as above for the weights and the stage; the planes
+                            // hold `m` rows of `owp` floats, `j0 + r <= m` and `v0 * 16 +
+                            // 16 * step <= owp`.
+                            unsafe {
+                                f(
+                                    k,
+                                    wptr,
+                                    nr,
+                                    xptr,
+                                    offs.as_ptr(),
+                                    planes[j0 * owp + v0 * LANES..].as_mut_ptr(),
+                                    owp,
+                                )
+                            };
+                        }
+                    }
+                    v0 += step;
+                }
+            }
+            if direct.is_none() && !crate::transpose::transpose_f32(&planes, owp, m, geo.ow, out, m) {
                 return false;
             }
         }
         b0 += nb;
     }
-    if planar_epi.is_some() {
+    if direct.is_some() {
         return true;
     }
     let epi = match epi.residual {
@@ -409,17 +658,16 @@ fn rows_with(
     crate::sgemm::epilogue_rows(y, m, &epi)
 }
 
-/// A per-channel vector of the channels-last output (a column of C there) as the planes'
-/// per-row vector.
-fn columns_as_rows(b: crate::sgemm::Bias<'_>) -> crate::sgemm::Bias<'_> {
-    match b {
-        crate::sgemm::Bias::Col(v) => crate::sgemm::Bias::Row(v),
-        other => other,
-    }
-}
-
 /// [`rows_with`] on the active level: AVX-512 where [`supported`], the scalar twin elsewhere.
-pub fn rows(geo: &Conv2d, m: usize, x: Source<'_>, w: &PackedBRef<'_>, oy0: usize, y: &mut [f32], epi: &Epilogue<'_>) -> bool {
+pub fn rows(
+    geo: &Conv2d,
+    m: usize,
+    x: Source<'_>,
+    w: &PackedBRef<'_>,
+    oy0: usize,
+    y: &mut [f32],
+    epi: &Epilogue<'_>,
+) -> bool {
     #[cfg(target_arch = "x86_64")]
     if supported() {
         return rows_with(&AVX512, geo, m, x, w, oy0, y, epi);
@@ -430,7 +678,15 @@ pub fn rows(geo: &Conv2d, m: usize, x: Source<'_>, w: &PackedBRef<'_>, oy0: usiz
 /// The whole convolution of a batch: `x` is `batch` images (channels-last `[IH, IW, C]` or
 /// channels-first `[C, IH, IW]` each, as `first` says), `y` the `[batch, OH, OW, M]`
 /// output; bands of output rows go over the pool. `false` when an operand is short.
-pub fn run(geo: &Conv2d, m: usize, x: &[f32], first: bool, w: &PackedBRef<'_>, y: &mut [f32], epi: &Epilogue<'_>) -> bool {
+pub fn run(
+    geo: &Conv2d,
+    m: usize,
+    x: &[f32],
+    first: bool,
+    w: &PackedBRef<'_>,
+    y: &mut [f32],
+    epi: &Epilogue<'_>,
+) -> bool {
     let per_row = geo.ow * m;
     let image = geo.ih * geo.iw * geo.c;
     if per_row == 0 || geo.oh == 0 {
@@ -480,7 +736,7 @@ pub fn run(geo: &Conv2d, m: usize, x: &[f32], first: bool, w: &PackedBRef<'_>, y
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sgemm::{Act, Bias, BLayout, PackedB};
+    use crate::sgemm::{Act, BLayout, Bias, PackedB};
     use proptest::prelude::*;
 
     fn noise(n: usize, seed: u64) -> Vec<f32> {
@@ -542,21 +798,69 @@ mod tests {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn case(c: usize, m: usize, [ih, iw]: [usize; 2], [kh, kw]: [usize; 2], [sh, sw]: [usize; 2], [dh, dw]: [usize; 2], [ph, pw]: [usize; 2], first: bool, seed: u64) {
+    fn case(
+        c: usize,
+        m: usize,
+        [ih, iw]: [usize; 2],
+        [kh, kw]: [usize; 2],
+        [sh, sw]: [usize; 2],
+        [dh, dw]: [usize; 2],
+        [ph, pw]: [usize; 2],
+        first: bool,
+        seed: u64,
+    ) {
         let oh = (ih + 2 * ph).saturating_sub((kh - 1) * dh + 1) / sh + 1;
         let ow = (iw + 2 * pw).saturating_sub((kw - 1) * dw + 1) / sw + 1;
-        let g = Conv2d { c, ih, iw, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow };
+        let g = Conv2d {
+            c,
+            ih,
+            iw,
+            kh,
+            kw,
+            sh,
+            sw,
+            dh,
+            dw,
+            ph,
+            pw,
+            oh,
+            ow,
+        };
         let x = noise(c * ih * iw, seed);
         let w = noise(m * c * kh * kw, seed + 1);
         let bias = noise(m, seed + 2);
         let want = oracle(&g, m, &x, first, &w);
         let src = if first { Source::First(&x) } else { Source::Last(&x) };
+        let slopes = noise(m, seed + 3);
+        let resid = noise(oh * ow * m, seed + 4);
+        // (activation, PRelu slopes, residual): in registers, then the planes' paths.
+        let kinds: [(Option<Act>, bool, bool); 5] = [
+            (Some(Act::Relu), false, false),
+            (Some(Act::HardSwish), false, false),
+            (None, true, false),
+            (Some(Act::Sigmoid), false, false),
+            (Some(Act::Relu), false, true),
+        ];
+        let kind = kinds[seed as usize % kinds.len()];
+        let finish = |i: usize, v: f64| {
+            let j = i % m;
+            let mut v = v + bias[j] as f64;
+            if kind.2 {
+                v += resid[i] as f64;
+            }
+            match kind.0 {
+                Some(act) => act.apply_scalar(v as f32) as f64,
+                None if kind.1 && v < 0.0 => v * slopes[j] as f64,
+                None => v,
+            }
+        };
         for layout in [BLayout::NR32, BLayout::NR16] {
             let pb = packed(&w, m, &g, layout);
             let wref = pb.view();
             let epi = Epilogue {
                 bias: Bias::Col(&bias),
-                act: Some(Act::Relu),
+                act: kind.0,
+                prelu: if kind.1 { Bias::Col(&slopes) } else { Bias::None },
                 ..Epilogue::NONE
             };
             let mut outs = Vec::new();
@@ -566,21 +870,35 @@ mod tests {
             if supported() {
                 levels.push(&AVX512);
             }
-            for tiles in levels {
+            for level in levels {
                 let mut y = vec![f32::NAN; oh * ow * m];
                 // Two blocks of rows, the second from row 1 (or all of them in one).
                 let split = oh.min(1) * ow * m;
                 let (a, b) = y.split_at_mut(split);
-                assert!(rows_with(tiles, &g, m, src, &wref, 0, a, &epi));
-                assert!(rows_with(tiles, &g, m, src, &wref, oh.min(1), b, &epi));
+                let with = |r: &'static [f32]| Epilogue {
+                    residual: kind.2.then_some(Residual { data: r, ld: m }),
+                    ..epi
+                };
+                let resid: &'static [f32] = Box::leak(resid.clone().into_boxed_slice());
+                assert!(rows_with(level, &g, m, src, &wref, 0, a, &with(resid)));
+                assert!(rows_with(
+                    level,
+                    &g,
+                    m,
+                    src,
+                    &wref,
+                    oh.min(1),
+                    b,
+                    &with(&resid[split..])
+                ));
                 outs.push(y);
             }
             for y in &outs {
                 for (i, (&got, &s)) in y.iter().zip(&want).enumerate() {
-                    let s = (s + bias[i % m] as f64).max(0.0);
+                    let s = finish(i, s);
                     assert!(
                         (got as f64 - s).abs() <= 1e-4 * (1.0 + s.abs()),
-                        "c {c} m {m} {ih}x{iw} k {kh}x{kw} s {sh},{sw} d {dh},{dw} p {ph},{pw} first {first}: [{i}] {got} vs {s}"
+                        "c {c} m {m} {ih}x{iw} k {kh}x{kw} s {sh},{sw} d {dh},{dw} p {ph},{pw} first {first} {kind:?}: [{i}] {got} vs {s}"
                     );
                 }
             }
@@ -644,19 +962,57 @@ mod tests {
                 assert_eq!(next, m);
             }
         }
-        assert_eq!(channel_tiles(10, 32), [(0, 10)]);
+        assert_eq!(channel_tiles(10, 32), [(0, 5), (5, 5)]);
         assert_eq!(channel_tiles(16, 32), [(0, 8), (8, 8)]);
         assert_eq!(channel_tiles(24, 16), [(0, 8), (8, 8), (16, 8)]);
     }
 
     #[test]
     fn short_operands_are_refused() {
-        let g = Conv2d { c: 2, ih: 5, iw: 5, kh: 3, kw: 3, sh: 1, sw: 1, dh: 1, dw: 1, ph: 1, pw: 1, oh: 5, ow: 5 };
+        let g = Conv2d {
+            c: 2,
+            ih: 5,
+            iw: 5,
+            kh: 3,
+            kw: 3,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            ph: 1,
+            pw: 1,
+            oh: 5,
+            ow: 5,
+        };
         let pb = packed(&noise(8 * 18, 1), 8, &g, BLayout::NR32);
         let mut y = vec![0f32; 5 * 5 * 8];
-        assert!(!rows(&g, 8, Source::Last(&noise(49, 2)), &pb.view(), 0, &mut y, &Epilogue::NONE));
-        assert!(rows(&g, 8, Source::Last(&noise(50, 2)), &pb.view(), 0, &mut y, &Epilogue::NONE));
+        assert!(!rows(
+            &g,
+            8,
+            Source::Last(&noise(49, 2)),
+            &pb.view(),
+            0,
+            &mut y,
+            &Epilogue::NONE
+        ));
+        assert!(rows(
+            &g,
+            8,
+            Source::Last(&noise(50, 2)),
+            &pb.view(),
+            0,
+            &mut y,
+            &Epilogue::NONE
+        ));
         let g2 = Conv2d { c: 3, ..g };
-        assert!(!rows(&g2, 8, Source::Last(&noise(75, 2)), &pb.view(), 0, &mut y, &Epilogue::NONE));
+        assert!(!rows(
+            &g2,
+            8,
+            Source::Last(&noise(75, 2)),
+            &pb.view(),
+            0,
+            &mut y,
+            &Epilogue::NONE
+        ));
     }
 }

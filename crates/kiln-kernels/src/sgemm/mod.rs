@@ -418,16 +418,18 @@ pub fn residual_act(v: &mut [f32], residual: Option<&[f32]>, act: Option<Act>) {
 /// epilogue of kernels that write their products into C first, e.g. [`crate::planar`]).
 /// `false`, changing nothing, when a vector or the residual is shorter than `c` needs.
 pub fn epilogue_rows(c: &mut [f32], n: usize, epi: &Epilogue<'_>) -> bool {
-    if n == 0 || epi.is_empty() {
+    let rows = c.len().checked_div(n).unwrap_or(0);
+    if rows == 0 || epi.is_empty() {
         return true;
     }
-    let rows = c.len() / n;
     let fits = |b: Bias<'_>| match b {
         Bias::None => true,
         Bias::Row(v) => v.len() >= rows,
         Bias::Col(v) => v.len() == n,
     };
-    let resid_ok = epi.residual.is_none_or(|r| r.ld >= n && r.data.len() >= (rows.saturating_sub(1)) * r.ld + n);
+    let resid_ok = epi
+        .residual
+        .is_none_or(|r| r.ld >= n && r.data.len() >= (rows.saturating_sub(1)) * r.ld + n);
     if !(fits(epi.bias) && fits(epi.prelu) && resid_ok) {
         return false;
     }

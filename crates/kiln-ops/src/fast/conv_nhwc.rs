@@ -895,6 +895,7 @@ impl<'a> PackedCall<'a> {
         if m > DIRECT_MAX_M
             && m <= kiln_kernels::planar::MAX_M
             && geo.c <= kiln_kernels::planar::MAX_C
+            && geo.ow >= kiln_kernels::planar::MIN_OW
             && kiln_kernels::planar::supported()
         {
             return Route::Planar;
@@ -1925,6 +1926,11 @@ pub(crate) mod tests {
         check(1, 4, 6, [3, 4], [5, 3], [1, 1], [1, 1], [2, 1, 2, 1], 1, false, 6);
         // A ResNet-like 7x7 stride-2 stem: 400 output pixels in blocks of 224 rows (K = 147).
         check(2, 3, 16, [40, 39], [7, 7], [2, 2], [1, 1], [3; 4], 1, true, 7);
+        // Few output channels over rows of 24 or more pixels (`kiln_kernels::planar` on
+        // AVX-512): a detector's layers, strided and dilated, with a residual, batches.
+        check(1, 3, 16, [30, 50], [3, 3], [2, 2], [1, 1], [1; 4], 1, true, 40);
+        check(2, 10, 12, [12, 30], [3, 3], [1, 1], [1, 1], [1; 4], 1, true, 41);
+        check(1, 16, 9, [7, 33], [5, 3], [1, 1], [2, 1], [2, 1, 2, 1], 1, false, 42);
         // X read as overlapping windows: a kernel spanning the whole width sliding down (one
         // column, then three), and 1-D convolutions as height-1 ones (strided; padded, which
         // takes the im2col path).
