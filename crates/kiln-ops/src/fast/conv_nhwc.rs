@@ -896,6 +896,7 @@ impl<'a> PackedCall<'a> {
             && m <= kiln_kernels::planar::MAX_M
             && geo.c <= kiln_kernels::planar::MAX_C
             && geo.ow >= kiln_kernels::planar::MIN_OW
+            && geo.kh * geo.kw > 1
             && kiln_kernels::planar::supported()
         {
             return Route::Planar;
