@@ -63,25 +63,25 @@ pub fn supported() -> bool {
     crate::isa::active() == crate::isa::Isa::Avx512
 }
 
-/// One tile: `out[r * ldo + i] = sum_p w[p * nr + r] * x[offs[p] + i]` for `r < R`,
-/// `i < 16 * PV` (the planes, for the epilogue to run over afterwards).
-type TileFn =
-    unsafe fn(k: usize, w: *const f32, nr: usize, x: *const f32, offs: *const isize, out: *mut f32, ldo: usize);
-
-/// One tile straight into the channels-last output with its epilogue: the sums above, plus
-/// `bias[r]`, through the activation and affine, times `slopes[r]` where negative, stored at
-/// `y[i * ldy + r]` for the first `pixels` pixels `i`.
-type NhwcFn = unsafe fn(
+/// A tile's depth sweep: `k` steps, step `p` multiplying the weights at `w + p * nr` (one
+/// per channel) by the pixel vectors at `x + offs[p]`.
+#[derive(Clone, Copy)]
+struct Depth {
     k: usize,
     w: *const f32,
     nr: usize,
     x: *const f32,
     offs: *const isize,
-    y: *mut f32,
-    ldy: usize,
-    pixels: usize,
-    outs: &Outs,
-);
+}
+
+/// One tile: `out[r * ldo + i] = sum_p w[p * nr + r] * x[offs[p] + i]` for `r < R`,
+/// `i < 16 * PV` (the planes, for the epilogue to run over afterwards).
+type TileFn = unsafe fn(d: Depth, out: *mut f32, ldo: usize);
+
+/// One tile straight into the channels-last output with its epilogue: the sums above, plus
+/// `bias[r]`, through the activation and affine, times `slopes[r]` where negative, stored at
+/// `y[i * ldy + r]` for the first `pixels` pixels `i`.
+type NhwcFn = unsafe fn(d: Depth, y: *mut f32, ldy: usize, pixels: usize, outs: &Outs);
 
 /// What a channels-last tile applies: per-channel vectors (null when absent, else `R`
 /// floats from the tile's first channel) and the cheap activation and affine.
@@ -97,13 +97,7 @@ pub(crate) struct Outs {
 /// # Safety
 /// `w + p * nr + r` readable for `p < k`, `r < R`; `x + offs[p] + i` readable for `p < k`,
 /// `i < 16 * PV`; `offs` has `k` entries.
-unsafe fn sums<const R: usize, const PV: usize>(
-    k: usize,
-    w: *const f32,
-    nr: usize,
-    x: *const f32,
-    offs: *const isize,
-) -> [[f32; 48]; R] {
+unsafe fn sums<const R: usize, const PV: usize>(Depth { k, w, nr, x, offs }: Depth) -> [[f32; 48]; R] {
     let mut acc = [[0f32; 48]; R];
     for p in 0..k {
         // SAFETY: the caller's contract.
@@ -124,17 +118,9 @@ unsafe fn sums<const R: usize, const PV: usize>(
 ///
 /// # Safety
 /// As [`sums`]; `out + r * ldo + i` writable for `r < R`, `i < 16 * PV`.
-unsafe fn tile_portable<const R: usize, const PV: usize>(
-    k: usize,
-    w: *const f32,
-    nr: usize,
-    x: *const f32,
-    offs: *const isize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn tile_portable<const R: usize, const PV: usize>(d: Depth, out: *mut f32, ldo: usize) {
     // SAFETY: the caller's contract.
-    let acc = unsafe { sums::<R, PV>(k, w, nr, x, offs) };
+    let acc = unsafe { sums::<R, PV>(d) };
     for (r, row) in acc.iter().enumerate() {
         for (i, &a) in row.iter().take(LANES * PV).enumerate() {
             // SAFETY: the caller's contract.
@@ -148,20 +134,15 @@ unsafe fn tile_portable<const R: usize, const PV: usize>(
 /// # Safety
 /// As [`sums`]; `y + i * ldy + r` writable for `i < pixels <= 16 * PV`, `r < R`; `outs`'
 /// non-null vectors hold `R` floats.
-#[allow(clippy::too_many_arguments)]
 unsafe fn nhwc_portable<const R: usize, const PV: usize>(
-    k: usize,
-    w: *const f32,
-    nr: usize,
-    x: *const f32,
-    offs: *const isize,
+    d: Depth,
     y: *mut f32,
     ldy: usize,
     pixels: usize,
     outs: &Outs,
 ) {
     // SAFETY: the caller's contract.
-    let acc = unsafe { sums::<R, PV>(k, w, nr, x, offs) };
+    let acc = unsafe { sums::<R, PV>(d) };
     for (r, row) in acc.iter().enumerate() {
         // SAFETY: the caller's contract: R floats each.
         let (b, s) = unsafe {
@@ -191,7 +172,7 @@ unsafe fn nhwc_portable<const R: usize, const PV: usize>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{LANES, Outs};
+    use super::{Depth, LANES, Outs};
     use crate::sgemm::x86::avx512::VecEpi;
     use std::arch::x86_64::*;
 
@@ -201,13 +182,7 @@ mod avx512 {
     /// As [`super::sums`]; the CPU has AVX-512 F.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
     #[inline]
-    unsafe fn sums<const R: usize, const PV: usize>(
-        k: usize,
-        w: *const f32,
-        nr: usize,
-        x: *const f32,
-        offs: *const isize,
-    ) -> [[__m512; PV]; R] {
+    unsafe fn sums<const R: usize, const PV: usize>(Depth { k, w, nr, x, offs }: Depth) -> [[__m512; PV]; R] {
         let mut acc = [[_mm512_setzero_ps(); PV]; R];
         for p in 0..k {
             // SAFETY: the caller's contract: `offs[p]` and the PV vectors at `x + offs[p]`
@@ -235,17 +210,9 @@ mod avx512 {
     /// # Safety
     /// As [`super::tile_portable`]; the CPU has AVX-512 F.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    pub(super) unsafe fn tile<const R: usize, const PV: usize>(
-        k: usize,
-        w: *const f32,
-        nr: usize,
-        x: *const f32,
-        offs: *const isize,
-        out: *mut f32,
-        ldo: usize,
-    ) {
+    pub(super) unsafe fn tile<const R: usize, const PV: usize>(d: Depth, out: *mut f32, ldo: usize) {
         // SAFETY: the caller's contract.
-        let acc = unsafe { sums::<R, PV>(k, w, nr, x, offs) };
+        let acc = unsafe { sums::<R, PV>(d) };
         for (r, acc) in acc.iter().enumerate() {
             for (v, &a) in acc.iter().enumerate() {
                 // SAFETY: the caller's contract: row `r < R` of `out` has 16 * PV writable floats.
@@ -262,20 +229,15 @@ mod avx512 {
     /// # Safety
     /// As [`super::nhwc_portable`] with `R <= 8`; the CPU has AVX-512 F + VL.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn nhwc<const R: usize, const PV: usize>(
-        k: usize,
-        w: *const f32,
-        nr: usize,
-        x: *const f32,
-        offs: *const isize,
+        d: Depth,
         y: *mut f32,
         ldy: usize,
         pixels: usize,
         outs: &Outs,
     ) {
         // SAFETY: the caller's contract.
-        let acc = unsafe { sums::<R, PV>(k, w, nr, x, offs) };
+        let acc = unsafe { sums::<R, PV>(d) };
         let epi = VecEpi::new(outs.act, outs.post);
         let zero = _mm512_setzero_ps();
         let mut rows = [[zero; PV]; 8];
@@ -584,7 +546,13 @@ fn rows_with(
                 let mut v0 = 0;
                 while v0 < nv {
                     let step = vectors(nv - v0);
-                    let (wptr, xptr) = (data[wstart..].as_ptr(), stage[base + v0 * LANES..].as_ptr());
+                    let d = Depth {
+                        k,
+                        w: data[wstart..].as_ptr(),
+                        nr,
+                        x: stage[base + v0 * LANES..].as_ptr(),
+                        offs: offs.as_ptr(),
+                    };
                     match direct {
                         Some((bias, slopes)) => {
                             let pixels = (geo.ow - v0 * LANES).min(step * LANES);
@@ -602,36 +570,14 @@ fn rows_with(
                             // `i < pixels` of this chunk is output column `v0 * 16 + i <
                             // OW`, whose channels `j0 .. j0 + r <= m` lie in `out`; the bias
                             // and slopes hold `m >= j0 + r` floats; the cheap check above.
-                            unsafe {
-                                f(
-                                    k,
-                                    wptr,
-                                    nr,
-                                    xptr,
-                                    offs.as_ptr(),
-                                    out[v0 * LANES * m + j0..].as_mut_ptr(),
-                                    m,
-                                    pixels,
-                                    &outs,
-                                )
-                            };
+                            unsafe { f(d, out[v0 * LANES * m + j0..].as_mut_ptr(), m, pixels, &outs) };
                         }
                         None => {
                             let f = level.planes[r - 1][step - 1];
                             // SAFETY: as above for the weights and the stage; the planes
                             // hold `m` rows of `owp` floats, `j0 + r <= m` and `v0 * 16 +
                             // 16 * step <= owp`.
-                            unsafe {
-                                f(
-                                    k,
-                                    wptr,
-                                    nr,
-                                    xptr,
-                                    offs.as_ptr(),
-                                    planes[j0 * owp + v0 * LANES..].as_mut_ptr(),
-                                    owp,
-                                )
-                            };
+                            unsafe { f(d, planes[j0 * owp + v0 * LANES..].as_mut_ptr(), owp) };
                         }
                     }
                     v0 += step;
