@@ -349,11 +349,7 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
         // Few output channels channels-last: the direct kernel over pixel vectors
         // (`kiln_kernels::planar`) beats the transforms, which cost as much per tile as at
         // 32 channels (P-Net's 10 -> 16 layer at 151x151: 1.29 ms as Winograd).
-        if plan.channels_last
-            && m <= kiln_kernels::planar::MAX_M
-            && c <= kiln_kernels::planar::MAX_C
-            && ow >= kiln_kernels::planar::MIN_OW
-        {
+        if plan.channels_last && kiln_kernels::planar::takes(m, c, [3, 3], ow) {
             continue;
         }
         let Ok(u) = kiln_kernels::winograd::pack_weights(data, m, c, LAYOUT) else {

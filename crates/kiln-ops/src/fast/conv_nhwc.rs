@@ -893,10 +893,7 @@ impl<'a> PackedCall<'a> {
             return Route::Windows(per_image, step);
         }
         if m > DIRECT_MAX_M
-            && m <= kiln_kernels::planar::MAX_M
-            && geo.c <= kiln_kernels::planar::MAX_C
-            && geo.ow >= kiln_kernels::planar::MIN_OW
-            && geo.kh * geo.kw > 1
+            && kiln_kernels::planar::takes(m, geo.c, [geo.kh, geo.kw], geo.ow)
             && kiln_kernels::planar::supported()
         {
             return Route::Planar;
