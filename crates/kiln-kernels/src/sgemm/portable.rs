@@ -2,7 +2,7 @@
 //! the reference epilogue (activations computed in f64 as the standalone operators do).
 
 use super::Act;
-use super::driver::{Kernels, TileEpi, TileFn};
+use super::driver::{Ahead, Kernels, TileEpi, TileFn};
 
 const MR: usize = 4;
 const NR: usize = 16;
@@ -22,6 +22,7 @@ unsafe fn tile<const R: usize>(
     nr: usize,
     first: bool,
     _epi: Option<&TileEpi>,
+    _ahead: Ahead,
 ) {
     let mut acc = [[0.0f32; NR]; R];
     for p in 0..kc {
@@ -81,6 +82,7 @@ pub(crate) fn kernels() -> Kernels {
         fused: false,
         prelu: false,
         prefetch: true,
+        stream_b: false,
         epi,
     }
 }

@@ -4,7 +4,7 @@
 //! Every function here requires AVX2 and FMA; they are reached only through [`kernels`],
 //! which the dispatcher hands out after detection.
 
-use super::super::driver::{Kernels, TileEpi, TileFn};
+use super::super::driver::{Ahead, Kernels, TileEpi, TileFn};
 use super::super::{Act, Affine};
 use std::arch::x86_64::*;
 
@@ -206,6 +206,7 @@ unsafe fn tile<const R: usize, const NV: usize>(
     nr: usize,
     first: bool,
     epi: Option<&TileEpi>,
+    _ahead: Ahead,
 ) {
     let width = LANES * NV;
     let mut acc = [[_mm256_setzero_ps(); NV]; R];
@@ -438,6 +439,7 @@ pub(crate) fn gemv_kernels() -> Kernels {
         fused: true,
         prelu: false,
         prefetch: true,
+        stream_b: false,
         epi,
     }
 }
@@ -455,6 +457,7 @@ pub(crate) fn kernels() -> Kernels {
         fused: true,
         prelu: false,
         prefetch: true,
+        stream_b: false,
         epi,
     }
 }

@@ -3,7 +3,7 @@
 //! and the vectorised epilogue. Every function here requires AVX-512 F + VL, AVX2 and FMA;
 //! they are reached only through [`kernels`], which the dispatcher hands out after detection.
 
-use super::super::driver::{Kernels, TileEpi, TileFn};
+use super::super::driver::{Ahead, Kernels, TileEpi, TileFn};
 use super::super::{Act, Affine};
 use std::arch::x86_64::*;
 
@@ -229,7 +229,11 @@ macro_rules! unrolled {
 /// on depths 256-4608 (128x3072x768: 132 -> 141 GFLOP/s; 49x512x4608: 122 -> 141), none on
 /// depths of 64-160; whole transformers 0.92x the time.
 macro_rules! depth_steps {
-    ($from:expr, $kc:expr, $acs:expr, $step:ident) => {{
+    ($from:expr, $kc:expr, $acs:expr, $step:ident) => {
+        depth_steps!($from, $kc, $acs, $step, {})
+    };
+    // `$turn` once every four steps (the tile's prefetches of the next panel, see `Ahead`).
+    ($from:expr, $kc:expr, $acs:expr, $step:ident, $turn:block) => {{
         let (from, kc, acs): (usize, usize, usize) = ($from, $kc, $acs);
         if acs == 1 {
             let mut p = from;
@@ -238,6 +242,7 @@ macro_rules! depth_steps {
                 $step!(p + 1, 1);
                 $step!(p + 2, 1);
                 $step!(p + 3, 1);
+                $turn
                 p += 4;
             }
             for p in p..kc {
@@ -246,6 +251,7 @@ macro_rules! depth_steps {
         } else {
             for p in from..kc {
                 $step!(p, acs);
+                if p % 4 == 3 $turn
             }
         }
     }};
@@ -278,6 +284,7 @@ unsafe fn tile<const R: usize, const NARROW: bool, const CHAINS: bool>(
     nr: usize,
     first: bool,
     epi: Option<&TileEpi>,
+    ahead: Ahead,
 ) {
     // The residual rows are read, and C's rows written, only after the depth loop: fetch
     // their lines meanwhile, so the epilogue finds them in cache instead of stalling on memory
@@ -381,7 +388,22 @@ unsafe fn tile<const R: usize, const NARROW: bool, const CHAINS: bool>(
             step!(p);
             _mm_prefetch::<_MM_HINT_ET0>(line(p));
         }
-        depth_steps!(head, kc, acs, step);
+        // The next panel's slice (`Ahead`): two lines a turn, into L2; what the depth loop
+        // leaves over after it. Hints: past-the-end addresses are never formed beyond the
+        // slice (`wrapping_add`) and never fault.
+        let mut pf = ahead.ptr.cast::<i8>();
+        let pf_end = pf.wrapping_add(ahead.lines * 64);
+        depth_steps!(head, kc, acs, step, {
+            if pf < pf_end {
+                _mm_prefetch::<_MM_HINT_T1>(pf);
+                _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64));
+                pf = pf.wrapping_add(128);
+            }
+        });
+        while pf < pf_end {
+            _mm_prefetch::<_MM_HINT_T1>(pf);
+            pf = pf.wrapping_add(64);
+        }
         for q in head..n {
             _mm_prefetch::<_MM_HINT_ET0>(line(q));
         }
@@ -538,6 +560,7 @@ unsafe fn half_tile<const R: usize, const QUARTER: bool>(
     nr: usize,
     first: bool,
     epi: Option<&TileEpi>,
+    _ahead: Ahead,
 ) {
     let mut acc = [_mm512_setzero_ps(); R];
     if QUARTER {
@@ -736,6 +759,7 @@ pub(crate) fn kernels() -> Kernels {
         fused: true,
         prelu: true,
         prefetch: false,
+        stream_b: true,
         epi,
     }
 }
