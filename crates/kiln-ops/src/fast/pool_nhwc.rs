@@ -277,10 +277,54 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
         let iw = dims[1].0;
         let ys: smallvec::SmallVec<[usize; 8]> = taps_in(dims[0], oy).collect();
         if c.is_multiple_of(L) {
-            // Whole 16-channel blocks: the output pixel itself holds the running maximum
-            // (in L1) across the window's taps, the first tap copied, each other one compared
-            // in place, whole vectors a time.
+            // Whole 16-channel blocks. A pixel whose window lies inside the row (all but the
+            // edges): its taps are fixed offsets from the window's first column, listed once
+            // per output row, and each 16-channel block keeps its maximum in a register across
+            // them, stored once (the tap-by-tap loop below spent an iterator step, a bounds
+            // check and a pass over the pixel's channels per tap: SqueezeNet's 3x3 pool over
+            // 111x111x64 0.25 ms against ONNX Runtime's 0.16). The first tap is loaded, the
+            // others compared with `v > m`, as below (so NaNs match the reference).
+            let (_, kw, sw, dw, pb) = dims[1];
+            let reach = (kw.max(1) - 1) * dw;
+            let offs: smallvec::SmallVec<[usize; 16]> = ys
+                .iter()
+                .flat_map(|&iy| (0..kw).map(move |t| (iy * iw + t * dw) * c))
+                .collect();
             for (ox, out) in row.chunks_exact_mut(c).enumerate() {
+                let inside = (ox * sw).checked_sub(pb).filter(|&ix0| ix0 + reach < iw);
+                if let (Some(ix0), Some((&o0, rest))) = (inside, offs.split_first()) {
+                    let base = ix0 * c;
+                    if c <= 4 * L {
+                        // Up to four blocks: each block's maximum in a register.
+                        for (j, dst) in out.chunks_exact_mut(L).enumerate() {
+                            let at = |o: usize| x.get(base + o + j * L..base + o + (j + 1) * L);
+                            let Some(first) = at(o0) else { continue };
+                            let mut m = [0f32; L];
+                            m.copy_from_slice(first);
+                            for &o in rest {
+                                if let Some(v) = at(o) {
+                                    for (m, &v) in m.iter_mut().zip(v) {
+                                        *m = if v > *m { v } else { *m };
+                                    }
+                                }
+                            }
+                            dst.copy_from_slice(&m);
+                        }
+                    } else {
+                        // More: the pixel's channels in L1, a pass over them per tap.
+                        if let Some(first) = x.get(base + o0..base + o0 + c) {
+                            out.copy_from_slice(first);
+                        }
+                        for &o in rest {
+                            if let Some(src) = x.get(base + o..base + o + c) {
+                                for (m, &v) in out.iter_mut().zip(src) {
+                                    *m = if v > *m { v } else { *m };
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
                 let mut first = true;
                 for &iy in &ys {
                     for ix in taps_in(dims[1], ox) {
@@ -464,7 +508,8 @@ mod tests {
                 false,
                 [2, 19, 11, 9],
             ),
-            // Whole 16-channel blocks: the register path.
+            // Whole 16-channel blocks: the register path inside the rows, tap by tap at the
+            // edges.
             (
                 PoolKind::Max { storage_order: false },
                 [3, 3],
@@ -473,6 +518,17 @@ mod tests {
                 [1, 1, 1, 1],
                 false,
                 [2, 32, 9, 10],
+            ),
+            // Five blocks (a pass over the pixel's channels per tap), dilated across, padded
+            // unevenly.
+            (
+                PoolKind::Max { storage_order: false },
+                [2, 3],
+                [1, 2],
+                [1, 2],
+                [0, 1, 1, 0],
+                false,
+                [1, 80, 6, 13],
             ),
             (
                 PoolKind::Max { storage_order: false },
