@@ -409,38 +409,48 @@ mod tests {
         }
     }
 
-    /// One head on 2 threads: the query rows split into blocks that share the head's packed
-    /// K^T and V; the same values as on one thread and as the f64 reference, with a mask per
-    /// query row (so each block must read its own mask rows).
-    #[test]
-    fn query_blocks_of_one_head_match_one_thread_and_the_reference() {
+    /// Q, K, V and a per-query-row mask `[1, 1, sq, skv]` (`heads` heads of `d` and `dv`),
+    /// as f32 or f64 values.
+    fn masked_qkv(heads: usize, sq: usize, skv: usize, d: usize, dv: usize, f64s: bool) -> Vec<Value> {
+        vec![
+            values(&[1, sq, heads * d], 1, f64s),
+            values(&[1, skv, heads * d], 2, f64s),
+            values(&[1, skv, heads * dv], 3, f64s),
+            values(&[1, 1, sq, skv], 4, f64s),
+        ]
+    }
+
+    /// `op` on the f32 path on 1 and 2 threads (the same values, of shape `want_shape`), and
+    /// within 1e-5 relative of the f64 reference on the same values.
+    fn one_and_two_threads_match_the_reference(op: &Attention, run: impl Fn(bool) -> Vec<Value>, want_shape: &[usize]) {
         let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
-        let (sq, skv, d, dv) = (37, 29, 8, 5);
-        let op = attention(1, None);
-        let run = |f64s: bool| -> Vec<Value> {
-            vec![
-                values(&[1, sq, d], 1, f64s),
-                values(&[1, skv, d], 2, f64s),
-                values(&[1, skv, dv], 3, f64s),
-                values(&[1, 1, sq, skv], 4, f64s),
-            ]
-        };
         let (fast, slow) = (run(false), run(true));
         let fa: Vec<Option<&Value>> = fast.iter().map(Some).collect();
-        assert!(op.eval_f32(&Args::new(&fa).with_wanted(1)).unwrap().is_some());
-        let one = op.eval(&Args::new(&fa).with_wanted(1)).unwrap();
-        let two = pool.install(|| op.eval(&Args::new(&fa).with_wanted(1)).unwrap());
+        let args = Args::new(&fa).with_wanted(1);
+        assert!(op.eval_f32(&args).unwrap().is_some());
+        let one = op.eval(&args).unwrap();
+        let two = pool.install(|| op.eval(&args).unwrap());
         let sa: Vec<Option<&Value>> = slow.iter().map(Some).collect();
         let want = op.eval(&Args::new(&sa).with_wanted(1)).unwrap()[0]
             .as_tensor()
             .unwrap()
             .to_f64_vec();
         let (one, two) = (one[0].as_tensor().unwrap(), two[0].as_tensor().unwrap());
-        assert_eq!(one.shape(), &[1, sq, dv]);
+        assert_eq!(one.shape(), want_shape);
         assert_eq!(one.as_slice::<f32>().unwrap(), two.as_slice::<f32>().unwrap());
         for (i, (f, s)) in one.to_f64_vec().iter().zip(&want).enumerate() {
-            assert!((f - s).abs() <= 1e-5 * (1.0 + s.abs()), "[{i}]: {f} vs {s}");
+            assert!((f - s).abs() <= 1e-5 * (1.0 + s.abs()), "{op:?} [{i}]: {f} vs {s}");
         }
+    }
+
+    /// One head on 2 threads: the query rows split into blocks that share the head's packed
+    /// K^T and V; the same values as on one thread and as the f64 reference, with a mask per
+    /// query row (so each block must read its own mask rows).
+    #[test]
+    fn query_blocks_of_one_head_match_one_thread_and_the_reference() {
+        let (sq, skv, d, dv) = (37, 29, 8, 5);
+        let run = |f64s: bool| masked_qkv(1, sq, skv, d, dv, f64s);
+        one_and_two_threads_match_the_reference(&attention(1, None), run, &[1, sq, dv]);
     }
 
     /// Long key sequences: each task's query rows in L2-sized sub-blocks (2000 keys: 32 rows a
@@ -449,7 +459,6 @@ mod tests {
     /// by its first row; on 1 and 2 threads (the same values) against the f64 reference.
     #[test]
     fn sub_blocks_of_query_rows_match_the_reference() {
-        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
         let (h, sq, skv, d, dv) = (2, 70, 2000, 8, 5);
         assert_eq!(sub_block_rows(skv), 32);
         for causal in [false, true] {
@@ -457,34 +466,8 @@ mod tests {
                 is_causal: causal,
                 ..attention(h, None)
             };
-            let run = |f64s: bool| -> Vec<Value> {
-                vec![
-                    values(&[1, sq, h * d], 1, f64s),
-                    values(&[1, skv, h * d], 2, f64s),
-                    values(&[1, skv, h * dv], 3, f64s),
-                    values(&[1, 1, sq, skv], 4, f64s),
-                ]
-            };
-            let (fast, slow) = (run(false), run(true));
-            let fa: Vec<Option<&Value>> = fast.iter().map(Some).collect();
-            let args = Args::new(&fa).with_wanted(1);
-            assert!(op.eval_f32(&args).unwrap().is_some());
-            let one = op.eval(&args).unwrap();
-            let two = pool.install(|| op.eval(&args).unwrap());
-            let sa: Vec<Option<&Value>> = slow.iter().map(Some).collect();
-            let want = op.eval(&Args::new(&sa).with_wanted(1)).unwrap()[0]
-                .as_tensor()
-                .unwrap()
-                .to_f64_vec();
-            let (one, two) = (one[0].as_tensor().unwrap(), two[0].as_tensor().unwrap());
-            assert_eq!(one.shape(), &[1, sq, h * dv]);
-            assert_eq!(one.as_slice::<f32>().unwrap(), two.as_slice::<f32>().unwrap());
-            for (i, (f, s)) in one.to_f64_vec().iter().zip(&want).enumerate() {
-                assert!(
-                    (f - s).abs() <= 1e-5 * (1.0 + s.abs()),
-                    "causal {causal} [{i}]: {f} vs {s}"
-                );
-            }
+            let run = |f64s: bool| masked_qkv(h, sq, skv, d, dv, f64s);
+            one_and_two_threads_match_the_reference(&op, run, &[1, sq, h * dv]);
         }
     }
 
