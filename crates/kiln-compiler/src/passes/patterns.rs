@@ -503,21 +503,27 @@ mod tests {
             let hs = Op::Elementwise(ElementwiseOp::Unary(UnaryOp::HardSigmoid { alpha, beta }));
             let h = b.node(hs, &[Some(x)], &[s])[0];
             let y = b.binary(BinaryOp::Mul, h, x, s);
-            let mut g = b.finish(&[y]);
-            let before = g.clone();
-            assert_eq!(run(&mut g).unwrap(), usize::from(fused), "alpha {alpha} beta {beta}");
-            crate::passes::dce::run(&mut g).unwrap();
-            g.verify().unwrap();
-            if fused {
-                assert_eq!(op_names(&g), ["HardSwish"]);
-            }
-            let xin = f32s(s, &[-4.0, -3.0, -2.5, -1.0, 0.0, 0.5, 1.0, 2.9, 3.0, 7.0]);
-            assert_close(
-                &run_graph(&g, vec![xin.clone()])[0],
-                &run_graph(&before, vec![xin])[0],
-                1e-6,
-            );
+            rewrites_to_hard_swish(b.finish(&[y]), s, fused, &format!("alpha {alpha} beta {beta}"));
         }
+    }
+
+    /// The pass on `g` (one input of shape `s`, one output): one rewrite to a lone HardSwish
+    /// when `fused`, none otherwise, and the same values as before either way, around
+    /// HardSwish's corners (-3, 3).
+    fn rewrites_to_hard_swish(mut g: Graph, s: &[usize], fused: bool, case: &str) {
+        let before = g.clone();
+        assert_eq!(run(&mut g).unwrap(), usize::from(fused), "{case}");
+        crate::passes::dce::run(&mut g).unwrap();
+        g.verify().unwrap();
+        if fused {
+            assert_eq!(op_names(&g), ["HardSwish"], "{case}");
+        }
+        let xin = f32s(s, &[-4.0, -3.0, -2.5, -1.0, 0.0, 0.5, 1.0, 2.9, 3.0, 7.0]);
+        assert_close(
+            &run_graph(&g, vec![xin.clone()])[0],
+            &run_graph(&before, vec![xin])[0],
+            1e-6,
+        );
     }
 
     #[test]
@@ -548,18 +554,7 @@ mod tests {
                 let h = b.binary(BinaryOp::Mul, sixth, c, s);
                 b.binary(BinaryOp::Mul, h, x, s)
             };
-            let mut g = b.finish(&[y]);
-            let before = g.clone();
-            assert_eq!(run(&mut g).unwrap(), 1, "form {form}");
-            crate::passes::dce::run(&mut g).unwrap();
-            g.verify().unwrap();
-            assert_eq!(op_names(&g), ["HardSwish"]);
-            let xin = f32s(s, &[-4.0, -3.0, -2.5, -1.0, 0.0, 0.5, 1.0, 2.9, 3.0, 7.0]);
-            assert_close(
-                &run_graph(&g, vec![xin.clone()])[0],
-                &run_graph(&before, vec![xin])[0],
-                1e-6,
-            );
+            rewrites_to_hard_swish(b.finish(&[y]), s, true, &format!("form {form}"));
         }
     }
 

@@ -355,32 +355,29 @@ pub(crate) unsafe fn run_raw(
                     // A B that the caches hold whole (a 1x1 convolution's 16-112 input
                     // channels) is in L2 after its first use: prefetching it again was a
                     // loop of hints per tile, 13% of MobileNetV3 on AVX2 in the driver.
+                    // Each tile's share of the next panel's rows: fetched by the driver before
+                    // the tile (`Kernels::prefetch`) or by the tile inside its depth loop
+                    // (`Kernels::stream_b`).
                     let (next_off, next_rows) = next
-                        .filter(|_| kernels.prefetch && tiles_per_panel > 1 && !b_cached)
+                        .filter(|_| (kernels.prefetch || kernels.stream_b) && tiles_per_panel > 1 && !b_cached)
                         .unwrap_or((0, 0));
                     let chunk = next_rows.div_ceil(tiles_per_panel);
-                    // Inside the tiles instead (`Kernels::stream_b`): each tile's share of the
-                    // next panel, whole rows of `pnr` floats, contiguous in the packed layout.
-                    let (stream_off, stream_rows) = next
-                        .filter(|_| kernels.stream_b && tiles_per_panel > 1 && !b_cached)
-                        .unwrap_or((0, 0));
-                    let stream_chunk = stream_rows.div_ceil(tiles_per_panel);
                     for (t, (ir, rows)) in tile_rows(mc, mr).enumerate() {
                         let row = ic + ir;
-                        let p0 = t * chunk;
-                        prefetch_rows(bdata, next_off, p0..next_rows.min(p0 + chunk), pnr, kn);
-                        let stream = {
-                            let r0 = (t * stream_chunk).min(stream_rows);
-                            let r1 = (r0 + stream_chunk).min(stream_rows);
-                            let from = stream_off + r0 * pnr;
-                            match bdata.get(from..from + (r1 - r0) * pnr) {
-                                Some(s) if !s.is_empty() => Ahead {
+                        let share = (t * chunk).min(next_rows)..((t + 1) * chunk).min(next_rows);
+                        let mut stream = Ahead::NONE;
+                        if kernels.stream_b {
+                            // Whole rows of `pnr` floats: contiguous in the packed layout.
+                            let from = next_off + share.start * pnr;
+                            if let Some(s) = bdata.get(from..from + share.len() * pnr) {
+                                stream = Ahead {
                                     ptr: s.as_ptr(),
                                     lines: s.len().div_ceil(16),
-                                },
-                                _ => Ahead::NONE,
+                                };
                             }
-                        };
+                        } else if kernels.prefetch {
+                            prefetch_rows(bdata, next_off, share, pnr, kn);
+                        }
                         // The rows of C (and, on the last depth block, of the residual) that
                         // the tile AHEAD tiles down reads and writes: the tiles walk down C a
                         // line per row, which the hardware prefetchers follow poorly, and a

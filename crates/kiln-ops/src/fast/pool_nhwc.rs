@@ -269,6 +269,15 @@ fn taps_in((size, k, s, d, pb): Dim1, o: usize) -> impl Iterator<Item = usize> {
     })
 }
 
+/// `dst[i] = max(dst[i], src[i])` over the shorter of the two, skipping NaNs in `src` (`v > m`
+/// is false for them) and keeping those in `dst`: the order the reference's window loop gives.
+#[inline(always)]
+fn max_into(dst: &mut [f32], src: &[f32]) {
+    for (m, &v) in dst.iter_mut().zip(src) {
+        *m = if v > *m { v } else { *m };
+    }
+}
+
 impl kiln_kernels::simd::Kernel for MaxRow<'_> {
     type Output = ();
     #[inline(always)]
@@ -276,51 +285,45 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
         let MaxRow { x, oy, c, dims, row } = self;
         let iw = dims[1].0;
         let ys: smallvec::SmallVec<[usize; 8]> = taps_in(dims[0], oy).collect();
+        // A window inside the row: the input column of its first tap.
+        let (_, kw, sw, dw, pb) = dims[1];
+        let reach = (kw.max(1) - 1) * dw;
+        let inside = |ox: usize| (ox * sw).checked_sub(pb).filter(|&ix0| ix0 + reach < iw);
         if c.is_multiple_of(L) {
             // Whole 16-channel blocks. A pixel whose window lies inside the row (all but the
-            // edges): its taps are fixed offsets from the window's first column, listed once
-            // per output row, and each 16-channel block keeps its maximum in a register across
-            // them, stored once (the tap-by-tap loop below spent an iterator step, a bounds
+            // edges) reads its taps at fixed offsets from the window's first column, listed
+            // once per output row (the tap-by-tap loop below spent an iterator step, a bounds
             // check and a pass over the pixel's channels per tap: SqueezeNet's 3x3 pool over
-            // 111x111x64 0.25 ms against ONNX Runtime's 0.16). The first tap is loaded, the
-            // others compared with `v > m`, as below (so NaNs match the reference).
-            let (_, kw, sw, dw, pb) = dims[1];
-            let reach = (kw.max(1) - 1) * dw;
+            // 111x111x64 0.25 ms against ONNX Runtime's 0.16): up to four blocks each keep
+            // their maximum in a register, stored once; more, the pixel's channels in L1 take
+            // a pass per tap (the register form measured slower there). The first tap is
+            // loaded, the others compared with `v > m`, as below (so NaNs match the
+            // reference).
             let offs: smallvec::SmallVec<[usize; 16]> = ys
                 .iter()
                 .flat_map(|&iy| (0..kw).map(move |t| (iy * iw + t * dw) * c))
                 .collect();
             for (ox, out) in row.chunks_exact_mut(c).enumerate() {
-                let inside = (ox * sw).checked_sub(pb).filter(|&ix0| ix0 + reach < iw);
-                if let (Some(ix0), Some((&o0, rest))) = (inside, offs.split_first()) {
+                if let (Some(ix0), Some((&o0, rest))) = (inside(ox), offs.split_first()) {
                     let base = ix0 * c;
                     if c <= 4 * L {
-                        // Up to four blocks: each block's maximum in a register.
                         for (j, dst) in out.chunks_exact_mut(L).enumerate() {
                             let at = |o: usize| x.get(base + o + j * L..base + o + (j + 1) * L);
                             let Some(first) = at(o0) else { continue };
                             let mut m = [0f32; L];
                             m.copy_from_slice(first);
-                            for &o in rest {
-                                if let Some(v) = at(o) {
-                                    for (m, &v) in m.iter_mut().zip(v) {
-                                        *m = if v > *m { v } else { *m };
-                                    }
-                                }
+                            for v in rest.iter().filter_map(|&o| at(o)) {
+                                max_into(&mut m, v);
                             }
                             dst.copy_from_slice(&m);
                         }
                     } else {
-                        // More: the pixel's channels in L1, a pass over them per tap.
-                        if let Some(first) = x.get(base + o0..base + o0 + c) {
+                        let at = |o: usize| x.get(base + o..base + o + c);
+                        if let Some(first) = at(o0) {
                             out.copy_from_slice(first);
                         }
-                        for &o in rest {
-                            if let Some(src) = x.get(base + o..base + o + c) {
-                                for (m, &v) in out.iter_mut().zip(src) {
-                                    *m = if v > *m { v } else { *m };
-                                }
-                            }
+                        for v in rest.iter().filter_map(|&o| at(o)) {
+                            max_into(out, v);
                         }
                     }
                     continue;
@@ -331,14 +334,10 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
                         let o = (iy * iw + ix) * c;
                         let Some(src) = x.get(o..o + c) else { continue };
                         if first {
-                            for (m, &v) in out.iter_mut().zip(src) {
-                                *m = v;
-                            }
+                            out.copy_from_slice(src);
                             first = false;
                         } else {
-                            for (m, &v) in out.iter_mut().zip(src) {
-                                *m = if v > *m { v } else { *m };
-                            }
+                            max_into(out, src);
                         }
                     }
                 }
@@ -369,9 +368,7 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
         rmax.resize(width, f32::NEG_INFINITY);
         for &iy in &ys {
             if let Some(src) = x.get(iy * width..(iy + 1) * width) {
-                for (m, &v) in rmax.iter_mut().zip(src) {
-                    *m = if v > *m { v } else { *m };
-                }
+                max_into(rmax, src);
             }
         }
         let top = x.get(y0 * width..(y0 + 1) * width).unwrap_or(&[]);
@@ -379,23 +376,18 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
         // first tap is at `j / c`, for every column whose window lies inside the row (the
         // first tap's NaN applied in the same pass), so an inside output pixel is a copy of
         // `c` floats from `h`; the pixels whose windows leave the row go tap by tap.
-        let (_, kw, sw, dw, pb) = dims[1];
-        let reach = (kw.max(1) - 1) * dw;
         h.clear();
         if iw > reach {
             h.extend_from_slice(rmax.get(..(iw - reach) * c).unwrap_or(&[]));
             for t in 1..kw {
-                for (m, &v) in h.iter_mut().zip(rmax.get(t * dw * c..).unwrap_or(&[])) {
-                    *m = if v > *m { v } else { *m };
-                }
+                max_into(h, rmax.get(t * dw * c..).unwrap_or(&[]));
             }
             for (m, &f) in h.iter_mut().zip(top) {
                 *m = if f.is_nan() { f } else { *m };
             }
         }
         for (ox, out) in row.chunks_exact_mut(c).enumerate() {
-            let inside = (ox * sw).checked_sub(pb).filter(|&ix0| ix0 + reach < iw);
-            if let Some(src) = inside.and_then(|ix0| h.get(ix0 * c..(ix0 + 1) * c)) {
+            if let Some(src) = inside(ox).and_then(|ix0| h.get(ix0 * c..(ix0 + 1) * c)) {
                 kiln_kernels::vector::copy_run(out, src);
                 continue;
             }
@@ -408,9 +400,7 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
             out.fill(f32::NEG_INFINITY);
             for ix in std::iter::once(x0).chain(taps) {
                 if let Some(src) = rmax.get(at(ix)) {
-                    for (m, &v) in out.iter_mut().zip(src) {
-                        *m = if v > *m { v } else { *m };
-                    }
+                    max_into(out, src);
                 }
             }
             if let Some(first) = top.get(at(x0)) {

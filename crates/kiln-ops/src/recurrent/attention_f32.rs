@@ -420,10 +420,11 @@ mod tests {
         ]
     }
 
-    /// `op` on the f32 path on 1 and 2 threads (the same values, of shape `want_shape`), and
-    /// within 1e-5 relative of the f64 reference on the same values.
-    fn one_and_two_threads_match_the_reference(op: &Attention, run: impl Fn(bool) -> Vec<Value>, want_shape: &[usize]) {
+    /// `op` (`heads` heads) on [`masked_qkv`]'s values: the f32 path on 1 and 2 threads (the
+    /// same values, `[1, sq, heads * dv]`), within 1e-5 relative of the f64 reference.
+    fn one_and_two_threads_match_the_reference(op: &Attention, [heads, sq, skv, d, dv]: [usize; 5]) {
         let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        let run = |f64s: bool| masked_qkv(heads, sq, skv, d, dv, f64s);
         let (fast, slow) = (run(false), run(true));
         let fa: Vec<Option<&Value>> = fast.iter().map(Some).collect();
         let args = Args::new(&fa).with_wanted(1);
@@ -436,7 +437,7 @@ mod tests {
             .unwrap()
             .to_f64_vec();
         let (one, two) = (one[0].as_tensor().unwrap(), two[0].as_tensor().unwrap());
-        assert_eq!(one.shape(), want_shape);
+        assert_eq!(one.shape(), &[1, sq, heads * dv]);
         assert_eq!(one.as_slice::<f32>().unwrap(), two.as_slice::<f32>().unwrap());
         for (i, (f, s)) in one.to_f64_vec().iter().zip(&want).enumerate() {
             assert!((f - s).abs() <= 1e-5 * (1.0 + s.abs()), "{op:?} [{i}]: {f} vs {s}");
@@ -448,9 +449,7 @@ mod tests {
     /// query row (so each block must read its own mask rows).
     #[test]
     fn query_blocks_of_one_head_match_one_thread_and_the_reference() {
-        let (sq, skv, d, dv) = (37, 29, 8, 5);
-        let run = |f64s: bool| masked_qkv(1, sq, skv, d, dv, f64s);
-        one_and_two_threads_match_the_reference(&attention(1, None), run, &[1, sq, dv]);
+        one_and_two_threads_match_the_reference(&attention(1, None), [1, 37, 29, 8, 5]);
     }
 
     /// Long key sequences: each task's query rows in L2-sized sub-blocks (2000 keys: 32 rows a
@@ -466,8 +465,7 @@ mod tests {
                 is_causal: causal,
                 ..attention(h, None)
             };
-            let run = |f64s: bool| masked_qkv(h, sq, skv, d, dv, f64s);
-            one_and_two_threads_match_the_reference(&op, run, &[1, sq, h * dv]);
+            one_and_two_threads_match_the_reference(&op, [h, sq, skv, d, dv]);
         }
     }
 
