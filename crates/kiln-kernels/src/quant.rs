@@ -390,6 +390,82 @@ impl SumMap {
     }
 }
 
+/// A fused convolution's f32 output stage with a residual sum, rounded once: each exact
+/// sum `a` of column `j` is scaled to the convolution's output codes unrounded, `v = a *
+/// mult[j] + (bias[j] * mult[j] + zero_point)` (two fused multiply-adds), clamped to `[lo,
+/// hi]` as that output's quantization clamps it, and summed with R's code `z` by `map`: `t =
+/// v * ra + (z * rb + (shift + map.zero_point))` (two more), rounded half to even and clamped
+/// to `[floor, T::HI]`. The QDQ graph's `Q -> DQ` between the convolution and the sum rounds
+/// `v` first; skipping that rounding halves the stage's instructions and moves a result by
+/// at most `1 + ra / 2` codes (within one where the sum's scale is at least the
+/// convolution's), toward the float graph's value. Every ISA computes these same fused
+/// steps (`f32::mul_add` here), so all give the same bits. The map is
+/// [`SumMap::bounded`], `lo` and `hi` whole numbers.
+#[allow(clippy::too_many_arguments)]
+pub fn requantize_summed_row_f32<T: Q8>(
+    acc: &[i32],
+    (bias, mult, zero_point): (&[f32], &[f32], f32),
+    (lo, hi): (f32, f32),
+    r: &[T],
+    map: SumMap,
+    floor: f32,
+    y: &mut [T],
+) {
+    crate::simd::vectorize_kernel(SummedF32 {
+        acc,
+        bias,
+        mult,
+        zero_point,
+        lo,
+        hi,
+        r,
+        map,
+        floor,
+        y,
+    })
+}
+
+/// [`requantize_summed_row_f32`]'s loop as a struct kernel.
+struct SummedF32<'a, T> {
+    acc: &'a [i32],
+    bias: &'a [f32],
+    mult: &'a [f32],
+    zero_point: f32,
+    lo: f32,
+    hi: f32,
+    r: &'a [T],
+    map: SumMap,
+    floor: f32,
+    y: &'a mut [T],
+}
+
+impl<T: Q8> crate::simd::Kernel for SummedF32<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let SummedF32 {
+            acc,
+            bias,
+            mult,
+            zero_point,
+            lo,
+            hi,
+            r,
+            map,
+            floor,
+            y,
+        } = self;
+        let start = map.shift + map.zero_point;
+        let out = y.iter_mut().zip(r).zip(acc.iter().zip(bias.iter().zip(mult)));
+        for ((o, &z), (&a, (&b, &m))) in out {
+            let v = clamp_to((a as f32).mul_add(m, b.mul_add(m, zero_point)), lo, hi);
+            let t = v.mul_add(map.ra, z.to_f32().mul_add(map.rb, start));
+            let q = clamp_to((t + ROUND) - ROUND, floor, T::HI);
+            *o = T::from_low_byte((q + ROUND).to_bits());
+        }
+    }
+}
+
 /// [`add_dequantized_row`]'s loop as a struct kernel (inlined into each level's copy).
 struct AddDequantized<'a, A, B, T> {
     a: &'a [A],

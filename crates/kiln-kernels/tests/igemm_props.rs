@@ -6,7 +6,9 @@ use kiln_kernels::igemm::{
     conv_requant_serial, igemm_requant_columns, igemm_requant_serial, igemm_serial, igemm_with, splits_by_columns,
 };
 use kiln_kernels::isa::Isa;
-use kiln_kernels::quant::{Operand, Q8, SumMap, add_dequantized_in_place, requantize_row, requantize_row_f32};
+use kiln_kernels::quant::{
+    Operand, Q8, SumMap, add_dequantized_in_place, requantize_row, requantize_row_f32, requantize_summed_row_f32,
+};
 
 /// The row stage a fused stage must match: `requantize_row_f32` or `requantize_row`.
 fn row_stage<O: Q8>(scales: Scales<'_>, sums: &[i32], (lo, hi): (i32, i32), out: &mut [O]) {
@@ -17,6 +19,38 @@ fn row_stage<O: Q8>(scales: Scales<'_>, sums: &[i32], (lo, hi): (i32, i32), out:
         Scales::F64 {
             bias, mult, zero_point, ..
         } => requantize_row(sums, bias, mult, zero_point, (f64::from(lo), f64::from(hi)), out),
+    }
+}
+
+/// The residual sum a fused stage must match on one row of exact sums, R's row `r` of scale
+/// and zero point `of_r` summed with Y's codes (`own`) into `out`'s: an f32 stage rounds once
+/// (`requantize_summed_row_f32`, the QDQ rewrite's arithmetic); an f64 stage's codes
+/// (`row_stage`) are summed after (`add_dequantized_in_place`, QLinearAdd's).
+#[allow(clippy::too_many_arguments)]
+fn summed_stage<O: Q8 + Default>(
+    scales: Scales<'_>,
+    sums: &[i32],
+    (lo, hi): (i32, i32),
+    r: &[O],
+    (own, of_r, out): ((f32, f32), (f32, f32), (f32, f32)),
+    floor: Option<f32>,
+    y: &mut [O],
+) {
+    match scales {
+        Scales::F32 { bias, mult, zero_point } => {
+            let floor = floor.map_or(O::LO, |f| f.clamp(O::LO, O::HI));
+            let map = SumMap::of(own, of_r, out);
+            requantize_summed_row_f32(sums, (bias, mult, zero_point), (lo as f32, hi as f32), r, map, floor, y);
+        }
+        Scales::F64 { .. } => {
+            row_stage(scales, sums, (lo, hi), y);
+            let r = Operand {
+                values: r,
+                scale: of_r.0,
+                zero_point: of_r.1,
+            };
+            add_dequantized_in_place(y, own, r, out, floor);
+        }
     }
 }
 use proptest::prelude::*;
@@ -204,7 +238,7 @@ fn check_fused<
                 );
             }
             // With a residual sum in the stage (R in Y's layout; a floor on every other
-            // size): the sum run on the plain output after, byte for byte.
+            // size): byte for byte as `summed_stage` on the oracle's sums.
             let resid: Vec<O> = (0..m * ldy).map(|i| O::from_low_byte((i * 37 + k) as u32)).collect();
             let (own, of_r, out) = ((0.05, 3.0), (0.021 + (n % 5) as f32 * 0.013, -7.0), (0.07, 2.0));
             let floor = (m % 2 == 0).then_some(5.0);
@@ -217,13 +251,9 @@ fn check_fused<
             };
             igemm_requant_serial(isa, (m, k), a, k, za, packed, &mut c, with_sum, &mut summed, ldy).map_err(fail)?;
             for i in 0..m {
-                let mut after = y[i * ldy..i * ldy + n].to_vec();
-                let r = Operand {
-                    values: &resid[i * ldy..i * ldy + n],
-                    scale: of_r.0,
-                    zero_point: of_r.1,
-                };
-                add_dequantized_in_place(&mut after, own, r, out, floor);
+                let mut after = vec![O::default(); n];
+                let (row, r) = (&sums[i * n..(i + 1) * n], &resid[i * ldy..i * ldy + n]);
+                summed_stage(scales, row, range, r, (own, of_r, out), floor, &mut after);
                 prop_assert_eq!(
                     &summed[i * ldy..i * ldy + n],
                     &after[..],
@@ -342,6 +372,7 @@ fn check_conv(
     let pixels = win.pixels();
     let mut want = vec![0u8; pixels * m];
     let mut want64 = vec![0u8; pixels * m];
+    let mut all_sums = Vec::with_capacity(pixels * m);
     let (bias64, mult64): (Vec<f64>, Vec<f64>) = (
         bias.iter().map(|&v| f64::from(v)).collect(),
         mult.iter().map(|&v| f64::from(v) * 0.7).collect(),
@@ -371,6 +402,7 @@ fn check_conv(
             })
             .collect();
         requantize_row_f32(&sums, &bias, &mult, 3.0, (0.0, 255.0), &mut want[p * m..(p + 1) * m]);
+        all_sums.extend_from_slice(&sums);
         requantize_row(
             &sums,
             &bias64,
@@ -435,7 +467,7 @@ fn check_conv(
                         m
                     );
                 }
-                // A residual sum in the stage: the same bytes as the sum run on Y after.
+                // A residual sum in the stage: the same bytes as `summed_stage`.
                 let map = SumMap::of((0.05, 3.0), (0.03 + (seed % 7) as f32 * 0.01, 128.0), (0.07, 9.0));
                 let floor = (seed % 3 == 0).then_some(9.0);
                 let sum = ResidualSum::new(&resid[..rows * ldy], map, floor)
@@ -456,13 +488,10 @@ fn check_conv(
                 )
                 .map_err(fail)?;
                 for r in 0..rows {
-                    let mut after = y[r * ldy..r * ldy + m].to_vec();
-                    let b = Operand {
-                        values: &resid[r * ldy..r * ldy + m],
-                        scale: 0.03 + (seed % 7) as f32 * 0.01,
-                        zero_point: 128.0,
-                    };
-                    add_dequantized_in_place(&mut after, (0.05, 3.0), b, (0.07, 9.0), floor);
+                    let mut after = vec![0u8; m];
+                    let maps = ((0.05, 3.0), (0.03 + (seed % 7) as f32 * 0.01, 128.0), (0.07, 9.0));
+                    let (row, res) = (&all_sums[(p0 + r) * m..(p0 + r + 1) * m], &resid[r * ldy..r * ldy + m]);
+                    summed_stage(st.scales, row, st.range, res, maps, floor, &mut after);
                     prop_assert_eq!(
                         &summed[r * ldy..r * ldy + m],
                         &after[..],

@@ -1,8 +1,9 @@
 //! The quantize / dequantize rows against the ONNX formulas computed directly.
 
 use kiln_kernels::quant::{
-    Operand, Q8, add_dequantized_in_place, add_dequantized_row, dequantize_row, fake_quantize_row, min_max,
+    Operand, Q8, SumMap, add_dequantized_in_place, add_dequantized_row, dequantize_row, fake_quantize_row, min_max,
     quantize_row, requantize_pixels, requantize_pixels_f32, requantize_row, requantize_row_f32,
+    requantize_summed_row_f32,
 };
 use proptest::prelude::*;
 
@@ -371,4 +372,52 @@ fn requantizing_non_finite_values_gives_the_bounds() {
     let mut got = [0i8; 4];
     requantize_row_f32(&acc, &[0.0; 4], &mult, 0.0, (-128.0, 127.0), &mut got);
     assert_eq!(got, [2, 2, -2, -2]);
+}
+
+proptest! {
+    /// A fused stage with a residual sum rounds once: against the float graph in f64 (the
+    /// convolution's value clamped to its output's range, unrounded, plus R dequantized,
+    /// quantized), equal wherever that value is not within f32's error of a rounding
+    /// boundary; and within `1 + ra / 2` codes of the two-op path (the convolution's codes,
+    /// then `add_dequantized_in_place`).
+    #[test]
+    fn summed_stage_rounds_the_float_graph_once(
+        acc in prop::collection::vec(-200_000i32..200_000, 1..70),
+        seed in any::<u64>(),
+        mult in prop::sample::select(vec![0.0007f32, 0.0013, 0.0021]),
+        (sc, sr, so) in (0.01f32..0.2, 0.01f32..0.2, 0.02f32..0.3),
+        (zc, zr, zo) in (0u8..=255, 0u8..=255, 0u8..=255),
+        (lo, relu) in (prop::sample::select(vec![0i32, 17]), any::<bool>()),
+    ) {
+        let n = acc.len();
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 40) as u32 };
+        let r: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+        let bias: Vec<f32> = (0..n).map(|_| (next() % 4001) as f32 - 2000.0).collect();
+        let mults: Vec<f32> = (0..n).map(|j| mult * (1.0 + (j % 5) as f32 * 0.1)).collect();
+        let (zc, zr, zo) = (f32::from(zc), f32::from(zr), f32::from(zo));
+        let map = SumMap::of((sc, zc), (sr, zr), (so, zo));
+        prop_assume!(map.bounded());
+        let floor = if relu { zo } else { 0.0 };
+        let mut got = vec![0u8; n];
+        requantize_summed_row_f32(&acc, (&bias, &mults, zc), (lo as f32, 255.0), &r, map, floor, &mut got);
+        for j in 0..n {
+            let v = ((f64::from(acc[j]) + f64::from(bias[j])) * f64::from(mults[j]) + f64::from(zc)).clamp(f64::from(lo), 255.0);
+            let t = ((v - f64::from(zc)) * f64::from(sc) + (f64::from(r[j]) - f64::from(zr)) * f64::from(sr)) / f64::from(so) + f64::from(zo);
+            let frac = t - t.floor();
+            if (frac - 0.5).abs() > 1e-3 {
+                let want = t.round_ties_even().clamp(f64::from(floor), 255.0);
+                prop_assert_eq!(f64::from(got[j]), want, "element {} (t = {})", j, t);
+            }
+        }
+        let mut two = vec![0u8; n];
+        requantize_row_f32(&acc, &bias, &mults, zc, (lo as f32, 255.0), &mut two);
+        let rop = Operand { values: &r, scale: sr, zero_point: zr };
+        add_dequantized_in_place(&mut two, (sc, zc), rop, (so, zo), relu.then_some(zo));
+        // The two ops' rounding of the convolution's codes moves a sum by up to half of `ra`.
+        let near = 1.0 + 0.5 * map.ra.abs();
+        for (j, (&g, &w)) in got.iter().zip(&two).enumerate() {
+            prop_assert!(f32::from(g.abs_diff(w)) <= near, "element {}: {} against the two ops' {}", j, g, w);
+        }
+    }
 }

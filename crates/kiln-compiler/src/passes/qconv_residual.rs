@@ -1,8 +1,12 @@
 //! 8-bit residual fusion: `QLinearAdd(QLinearConv(...), R)` (either operand order) becomes
 //! one QLinearConv whose plan carries the sum (`QConvPlan::residual`, inputs 9-15), made on
 //! each block of output pixels while it is still in cache: the convolution's 8-bit output
-//! never makes a pass over memory of its own, nor does the sum. The bits are the two ops'
-//! (the sum is `QLinearAdd`'s one-pass arithmetic on the convolution's bytes).
+//! never makes a pass over memory of its own, nor does the sum. A convolution rewritten from
+//! QDQ (its stage in f32) sums its unrounded values, rounding once
+//! (`kiln_kernels::quant::requantize_summed_row_f32`: a result moves by at most a code
+//! toward the float graph's where the sum's scale is at least the convolution's); one with
+//! QLinearConv's f64 stage, and sums made after the convolution (depthwise, grouped), give
+//! the two ops' bits (`QLinearAdd`'s one-pass arithmetic on the convolution's bytes).
 //!
 //! Only a channels-last QLinearConv (its plan is final: this runs after `layout`) read by the
 //! sum alone, with one output and no sum yet, whose output, R and the sum have one 8-bit
@@ -159,9 +163,10 @@ mod tests {
         g
     }
 
-    /// Fused: one QLinearConv, no QLinearAdd, and the two ops' output bit for bit, for a
-    /// dense convolution (the sum made per block) and a depthwise one (made after it), with
-    /// and without the Relu, the convolution on either side of the sum.
+    /// Fused: one QLinearConv, no QLinearAdd, and the two ops' output, for a dense
+    /// convolution (the sum made per block, rounded once) and a depthwise one (made after
+    /// it, bit for bit), with and without the Relu, the convolution on either side of the
+    /// sum.
     #[test]
     fn a_residual_sum_goes_into_the_convolution_with_the_same_bits() {
         for (c, depthwise, conv_first, relu) in [
@@ -180,11 +185,21 @@ mod tests {
             assert_eq!(names.iter().filter(|&&n| n == "QLinearConv").count(), 1, "{names:?}");
             let x = noise(&[1, c, 9, 9], 5);
             let want = run_graph(&unfused, vec![x.clone()])[0].to_f64_vec();
-            assert_eq!(
-                run_graph(&g, vec![x])[0].to_f64_vec(),
-                want,
-                "c {c} depthwise {depthwise}"
-            );
+            let got = run_graph(&g, vec![x])[0].to_f64_vec();
+            if depthwise {
+                assert_eq!(got, want, "c {c} depthwise");
+            } else {
+                // The dense stage (an f32 one: the graph came from QDQ) rounds the sum once:
+                // within one of the output's codes (0.023; its scale is above the
+                // convolution's), most of them the same (~20% differ here).
+                assert_eq!(got.len(), want.len());
+                let off = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+                let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f64::max);
+                assert!(
+                    worst <= 0.0231 && off * 3 < got.len(),
+                    "c {c}: {off} differ, by up to {worst}"
+                );
+            }
             // Not vacuous: the Relu's floor is reached with it, values below it without.
             let floor = want.iter().copied().fold(f64::INFINITY, f64::min);
             assert_eq!(floor == 0.0, relu, "lowest output {floor}");

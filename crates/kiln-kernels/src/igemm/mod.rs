@@ -782,12 +782,11 @@ pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
     checked(isa, p, c, n, false)?;
     for (i, (sums, row)) in c.chunks(n).zip(y.chunks_mut(ldy)).take(m).enumerate() {
         let row = row.get_mut(..n).unwrap_or_default();
-        stage.scales.requantize_row(sums, (lo, hi), row);
-        if let Some(sum) = &stage.sum
-            && let Some(r) = sum.values.get(i * ldy..i * ldy + n)
-        {
-            sum.row(O::bytes_mut(row), r);
-        }
+        let r = stage
+            .sum
+            .as_ref()
+            .and_then(|sum| Some((sum, sum.values.get(i * ldy..i * ldy + n)?)));
+        stage.scales.requantize_row_summed(sums, (lo, hi), r, row);
     }
     Ok(())
 }
@@ -1427,6 +1426,37 @@ impl<'a> Scales<'a> {
         })
     }
 
+    /// [`Scales::requantize_row`], then with `sum` (and R's row of it) the residual sum:
+    /// an f32 stage's fused one-rounding arithmetic
+    /// ([`crate::quant::requantize_summed_row_f32`]), an f64 stage's codes summed after.
+    fn requantize_row_summed<O: Int8 + crate::quant::Q8>(
+        &self,
+        sums: &[i32],
+        (lo, hi): (i32, i32),
+        sum: Option<(&ResidualSum<'_>, &[u8])>,
+        y: &mut [O],
+    ) {
+        match (sum, *self) {
+            (Some((sum, r)), Scales::F32 { bias, mult, zero_point }) => {
+                let scales = (bias, mult, zero_point);
+                let range = (lo as f32, hi as f32);
+                let y = O::bytes_mut(y);
+                if sum.signed {
+                    let (r, y) = (i8::of_bytes(r), i8::of_bytes_mut(y));
+                    crate::quant::requantize_summed_row_f32(sums, scales, range, r, sum.map, sum.floor, y);
+                } else {
+                    crate::quant::requantize_summed_row_f32(sums, scales, range, r, sum.map, sum.floor, y);
+                }
+            }
+            (sum, _) => {
+                self.requantize_row(sums, (lo, hi), y);
+                if let Some((sum, r)) = sum {
+                    sum.row(O::bytes_mut(y), r);
+                }
+            }
+        }
+    }
+
     /// One row of sums requantized into `y` (`min` of the lengths), clamped to `range`.
     fn requantize_row<O: crate::quant::Q8>(&self, sums: &[i32], (lo, hi): (i32, i32), y: &mut [O]) {
         match *self {
@@ -1526,27 +1556,17 @@ impl Final<'_> {
             ) else {
                 continue;
             };
+            let sum = self.sum.as_ref().and_then(|sum| {
+                let res = sum.values.get(r * self.ldy..r * self.ldy + cols)?;
+                Some((sum, res))
+            });
             if self.lo < 0 {
-                // An i8 output (its range reaches below 0): the row as i8, a panel at a
-                // time, stored as bytes.
-                let mut row = [0i8; NR_QUADS];
-                for (j0, (s, d)) in sums.chunks(NR_QUADS).zip(dst.chunks_mut(NR_QUADS)).enumerate() {
-                    let Some(scales) = self.scales.columns_at(j0 * NR_QUADS, s.len()) else {
-                        break;
-                    };
-                    let row = row.get_mut(..s.len()).unwrap_or_default();
-                    scales.requantize_row(s, range, row);
-                    for (d, &v) in d.iter_mut().zip(row.iter()) {
-                        *d = v as u8;
-                    }
-                }
+                // An i8 output (its range reaches below 0): the stage in i8 (the residual
+                // sum of an i8 output is signed).
+                self.scales
+                    .requantize_row_summed(sums, range, sum, i8::of_bytes_mut(dst));
             } else {
-                self.scales.requantize_row(sums, range, dst);
-            }
-            if let Some(sum) = &self.sum
-                && let Some(res) = sum.values.get(r * self.ldy..r * self.ldy + cols)
-            {
-                sum.row(dst, res);
+                self.scales.requantize_row_summed(sums, range, sum, dst);
             }
         }
     }

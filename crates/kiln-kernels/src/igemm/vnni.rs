@@ -150,13 +150,7 @@ impl SumStage {
         let hi = if self.signed { 127.0 } else { 255.0 };
         // SAFETY: the caller's features and bytes.
         unsafe {
-            let bytes = _mm_maskz_loadu_epi8(mask, r.cast());
-            let z = if self.signed {
-                _mm512_cvtepi8_epi32(bytes)
-            } else {
-                _mm512_cvtepu8_epi32(bytes)
-            };
-            let z = _mm512_cvtepi32_ps(z);
+            let z = self.residual(r, mask);
             let t = _mm512_add_ps(
                 _mm512_mul_ps(x, _mm512_set1_ps(ra)),
                 _mm512_add_ps(_mm512_mul_ps(z, _mm512_set1_ps(rb)), _mm512_set1_ps(shift)),
@@ -165,6 +159,53 @@ impl SumStage {
             let t = _mm512_add_ps(t, _mm512_set1_ps(zero_point));
             let t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(self.floor)), _mm512_set1_ps(hi));
             _mm512_cvtps_epi32(t)
+        }
+    }
+}
+
+impl SumStage {
+    /// R's 16 codes at `r` (lanes `mask`) as f32.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VL are available; the mask's bytes at `r` are readable.
+    #[inline(always)]
+    unsafe fn residual(&self, r: *const u8, mask: __mmask16) -> __m512 {
+        // SAFETY: the caller's features and bytes.
+        unsafe {
+            let bytes = _mm_maskz_loadu_epi8(mask, r.cast());
+            _mm512_cvtepi32_ps(if self.signed {
+                _mm512_cvtepi8_epi32(bytes)
+            } else {
+                _mm512_cvtepu8_epi32(bytes)
+            })
+        }
+    }
+
+    /// The sum of 16 clamped unrounded output values `x` with R's codes at `r` (lanes
+    /// `mask`), [`crate::quant::requantize_summed_row_f32`]'s last steps: `x * ra + (z * rb
+    /// + (shift + zero_point))` fused, rounded half to even by `vcvtps2dq` (the bounded map
+    /// keeps it far within i32) and clamped as integers.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VL are available; the mask's bytes at `r` are readable.
+    #[inline(always)]
+    unsafe fn add_unrounded(&self, x: __m512, r: *const u8, mask: __mmask16) -> __m512i {
+        let crate::quant::SumMap {
+            ra,
+            rb,
+            shift,
+            zero_point,
+        } = self.map;
+        let hi = if self.signed { 127 } else { 255 };
+        // SAFETY: the caller's features and bytes.
+        unsafe {
+            let z = self.residual(r, mask);
+            let t = _mm512_fmadd_ps(z, _mm512_set1_ps(rb), _mm512_set1_ps(shift + zero_point));
+            let q = _mm512_cvtps_epi32(_mm512_fmadd_ps(x, _mm512_set1_ps(ra), t));
+            _mm512_min_epi32(
+                _mm512_max_epi32(q, _mm512_set1_epi32(self.floor as i32)),
+                _mm512_set1_epi32(hi),
+            )
         }
     }
 }
@@ -318,7 +359,7 @@ unsafe fn codes<E: Epilogue>(st: &Stage, e: &E, (r, j): (usize, usize), s: __m51
     // SAFETY: the caller's features and R's bytes.
     unsafe {
         match &st.sum {
-            Some(sum) => sum.add(e.code(s, j), sum.r.wrapping_add(r * st.ldy + 16 * j), mask),
+            Some(sum) => e.summed(s, j, sum, sum.r.wrapping_add(r * st.ldy + 16 * j), mask),
             None => e.requant(s, j),
         }
     }
@@ -396,14 +437,16 @@ trait Epilogue: Copy {
     /// AVX-512 F is available.
     unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i;
 
-    /// [`Epilogue::requant`]'s codes as f32 (integers, exact): what a residual sum adds.
+    /// Half `j`'s sums `s` with the residual sum `sum` (R's 16 codes at `r`, lanes `mask`)
+    /// as the 32-bit lanes of the output bytes: the stage's codes, then the sum
+    /// ([`SumStage::add`], the exact arithmetic of the two ops).
     ///
     /// # Safety
-    /// AVX-512 F is available.
+    /// AVX-512 F, BW and VL are available; the mask's bytes at `r` are readable.
     #[inline(always)]
-    unsafe fn code(&self, s: __m512i, j: usize) -> __m512 {
-        // SAFETY: AVX-512 F (caller).
-        unsafe { _mm512_cvtepi32_ps(self.requant(s, j)) }
+    unsafe fn summed(&self, s: __m512i, j: usize, sum: &SumStage, r: *const u8, mask: __mmask16) -> __m512i {
+        // SAFETY: the caller's features and bytes.
+        unsafe { sum.add(_mm512_cvtepi32_ps(self.requant(s, j)), r, mask) }
     }
 }
 
@@ -414,6 +457,8 @@ trait Epilogue: Copy {
 struct F32Stage {
     bias: [__m512; 2],
     mult: [__m512; 2],
+    /// `bias * mult + zero_point` (fused), the residual sum's start.
+    start: [__m512; 2],
     zero_point: __m512,
     lo: __m512,
     hi: __m512,
@@ -433,10 +478,13 @@ impl Epilogue for F32Stage {
                     _mm512_maskz_loadu_ps(m1, p.wrapping_add(16)),
                 ]
             };
+            let (bias, mult, zero_point) = (load(bias), load(mult), _mm512_set1_ps(zero_point));
+            let start = |h: usize| _mm512_fmadd_ps(bias[h], mult[h], zero_point);
             Some(F32Stage {
-                bias: load(bias),
-                mult: load(mult),
-                zero_point: _mm512_set1_ps(zero_point),
+                start: [start(0), start(1)],
+                bias,
+                mult,
+                zero_point,
                 lo: _mm512_set1_ps(lo as f32),
                 hi: _mm512_set1_ps(hi as f32),
             })
@@ -449,14 +497,15 @@ impl Epilogue for F32Stage {
         unsafe { self.finish(self.value(s, j)) }
     }
 
-    /// Clamped and rounded in f32 (`vrndscaleps`, half to even as `vcvtps2dq`): the same
-    /// integers without the round trip through i32.
+    /// The fused one-rounding stage of [`crate::quant::requantize_summed_row_f32`]: the
+    /// values unrounded, clamped, and summed with R's codes by two fused multiply-adds.
     #[inline(always)]
-    unsafe fn code(&self, s: __m512i, j: usize) -> __m512 {
-        // SAFETY: AVX-512 F (caller).
+    unsafe fn summed(&self, s: __m512i, j: usize, sum: &SumStage, r: *const u8, mask: __mmask16) -> __m512i {
+        let j = j & 1;
+        // SAFETY: the caller's features and bytes.
         unsafe {
-            let v = _mm512_min_ps(_mm512_max_ps(self.value(s, j), self.lo), self.hi);
-            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), self.mult[j], self.start[j]);
+            sum.add_unrounded(_mm512_min_ps(_mm512_max_ps(v, self.lo), self.hi), r, mask)
         }
     }
 }
