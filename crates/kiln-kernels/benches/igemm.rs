@@ -56,7 +56,9 @@ fn bench(c: &mut Criterion) {
 
 /// (name, batch, input side, channels, kernel side, stride, output channels): channels-last
 /// 8-bit convolutions requantized to u8, one block of pixels of the size the op runs.
-const CONVS: [(&str, usize, usize, usize, usize, usize, usize); 5] = [
+const CONVS: [(&str, usize, usize, usize, usize, usize, usize); 7] = [
+    ("resnet50 layer1 1x1 56x56x64 -> 256", 1, 56, 64, 1, 1, 256),
+    ("resnet50 layer1 1x1 56x56x256 -> 64", 1, 56, 256, 1, 1, 64),
     ("resnet50 layer1 3x3 56x56x64", 2, 56, 64, 3, 1, 64),
     ("resnet50 layer2 3x3 28x28x128", 2, 28, 128, 3, 1, 128),
     ("resnet50 layer3 3x3 14x14x256", 2, 14, 256, 3, 1, 256),
@@ -68,7 +70,8 @@ fn bench_conv(c: &mut Criterion) {
     let level = isa::active();
     let mut g = c.benchmark_group(format!("qconv/{}", level.name()));
     for (name, batch, side, ch, ks, stride, m) in CONVS {
-        let out = (side + 2 - ks) / stride + 1;
+        let pad = ks / 2;
+        let out = (side + 2 * pad - ks) / stride + 1;
         let win = ConvWindow {
             batch,
             input: (side, side),
@@ -78,7 +81,7 @@ fn bench_conv(c: &mut Criterion) {
             output: (out, out),
             stride: (stride, stride),
             dilation: (1, 1),
-            pad: (1, 1),
+            pad: (pad, pad),
         };
         let k = win.depth();
         let x: Vec<u8> = (0..batch * side * side * ch).map(|i| (i * 7 % 251) as u8).collect();

@@ -335,8 +335,8 @@ impl QuadTaps<'_> {
 }
 
 /// [`QuadBand`]'s requantization of its sums, in f32 as `quant::requantize_pixels_f32` does
-/// it (the same operations in the same order, so the same bytes): `clamp((sum + bias) * mult
-/// + zero_point, range)` rounded half to even.
+/// it (the same fused operations, so the same bytes): `clamp(sum * mult + (bias * mult +
+/// zero_point), range)` rounded half to even.
 #[derive(Debug, Clone, Copy)]
 pub struct QuadRequant<'a> {
     pub bias: &'a [f32],
@@ -571,11 +571,19 @@ mod quads {
             }
             held.iter_mut().for_each(|v| *v = usize::MAX);
             // SAFETY: the mask's channels of `init`, the requantization's `c` values.
-            let (init, bias, mult) = unsafe {
+            let (init, start, mult) = unsafe {
+                let mult = _mm512_maskz_loadu_ps(m, b.requant.mult.as_ptr().add(j0));
+                let bias = _mm512_maskz_loadu_ps(m, b.requant.bias.as_ptr().add(j0));
                 (
                     _mm512_maskz_loadu_epi32(m, b.init.as_ptr().add(j0)),
-                    _mm512_maskz_loadu_ps(m, b.requant.bias.as_ptr().add(j0)),
-                    _mm512_maskz_loadu_ps(m, b.requant.mult.as_ptr().add(j0)),
+                    // `quant::stage_start`: the zero point alone where the bias is zero.
+                    _mm512_mask3_fmadd_ps(
+                        bias,
+                        mult,
+                        epi.zero_point,
+                        _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(bias, _mm512_setzero_ps()),
+                    ),
+                    mult,
                 )
             };
             for r in 0..rows {
@@ -638,12 +646,12 @@ mod quads {
                 // QUAD * dw) / step < pw` of each ring row.
                 while px + 8 <= ow {
                     // SAFETY: pixels `px..px + 8 <= ow`, as above.
-                    unsafe { pixels::<8>(&geo, px, m, (init, bias, mult), &epi, o) };
+                    unsafe { pixels::<8>(&geo, px, m, (init, start, mult), &epi, o) };
                     px += 8;
                 }
                 // The last pixels (fewer than 8) as one group: independent chains hide the
                 // `vpdpbusd` latency a pixel at a time would wait on.
-                let ops = (init, bias, mult);
+                let ops = (init, start, mult);
                 // SAFETY: pixels `px..ow`, fewer than 8, as above.
                 unsafe {
                     match ow - px {
@@ -691,7 +699,7 @@ mod quads {
         g: &Geometry<'_>,
         px: usize,
         m: __mmask16,
-        (init, bias, mult): (__m512i, __m512, __m512),
+        (init, start, mult): (__m512i, __m512, __m512),
         e: &Epilogue,
         o: *mut u8,
     ) {
@@ -709,8 +717,7 @@ mod quads {
                 }
             }
             for (k, a) in acc.into_iter().enumerate() {
-                let v = _mm512_add_ps(_mm512_cvtepi32_ps(a), bias);
-                let v = _mm512_add_ps(_mm512_mul_ps(v, mult), e.zero_point);
+                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), mult, start);
                 let v = _mm512_min_ps(_mm512_max_ps(v, e.lo), e.hi);
                 let bits = _mm512_castps_si512(_mm512_add_ps(v, e.round));
                 _mm_mask_storeu_epi8(o.add((px + k) * g.c).cast(), m, _mm512_cvtepi32_epi8(bits));

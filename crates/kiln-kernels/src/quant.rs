@@ -119,10 +119,24 @@ pub fn requantize_row<A: Sum, T: Q8>(
     requantize_pixels(acc.get(..c).unwrap_or(&[]), bias, mult, zero_point, range, y);
 }
 
+/// The f32 stage's start for a column: `bias * mult + zero_point` fused, the zero point
+/// alone for a zero bias (so a non-finite multiplier, a zero output scale's, leaves a zero
+/// sum NaN and others infinite, as the unfused `(sum + bias) * mult` does).
+#[inline(always)]
+pub(crate) fn stage_start(bias: f32, mult: f32, zero_point: f32) -> f32 {
+    if bias == 0.0 {
+        zero_point
+    } else {
+        bias.mul_add(mult, zero_point)
+    }
+}
+
 /// [`requantize_row`] in f32, as a QDQ graph's float convolution and QuantizeLinear compute
-/// it: `y[j] = clamp(round_half_even((f32(acc[j]) + bias[j]) * mult[j] + zero_point), lo, hi)`,
-/// every step rounded to f32 (`f32(acc)` is exact below 2^24 in magnitude), sixteen lanes a
-/// vector instead of eight.
+/// it: `y[j] = clamp(round_half_even(f32(acc[j]) * mult[j] + (bias[j] * mult[j] +
+/// zero_point)), lo, hi)` (the start as [`stage_start`] makes it), the products and sums fused (`f32::mul_add`; `f32(acc)` is
+/// exact below 2^24 in magnitude), sixteen lanes a vector instead of eight. Every fused
+/// kernel (the integer GEMM's output stages, the 8-bit depthwise bands) computes these same
+/// fused steps, so all give the same bytes.
 pub fn requantize_row_f32<A: Sum, T: Q8>(
     acc: &[A],
     bias: &[f32],
@@ -197,7 +211,7 @@ impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF32<'_, A, T> {
             for (((o, &a), &b), &m) in yp.iter_mut().zip(ap).zip(bias).zip(mult) {
                 // Clamped to the integer bounds, then rounded as the low bits are read: the
                 // integer rounding first and clamping after give.
-                let q = clamp_to((a.to_f32() + b) * m + zero_point, lo, hi);
+                let q = clamp_to(a.to_f32().mul_add(m, stage_start(b, m, zero_point)), lo, hi);
                 *o = T::from_low_byte((q + ROUND).to_bits());
             }
         }
@@ -458,7 +472,7 @@ impl<T: Q8> crate::simd::Kernel for SummedF32<'_, T> {
         let start = map.shift + map.zero_point;
         let out = y.iter_mut().zip(r).zip(acc.iter().zip(bias.iter().zip(mult)));
         for ((o, &z), (&a, (&b, &m))) in out {
-            let v = clamp_to((a as f32).mul_add(m, b.mul_add(m, zero_point)), lo, hi);
+            let v = clamp_to((a as f32).mul_add(m, stage_start(b, m, zero_point)), lo, hi);
             let t = v.mul_add(map.ra, z.to_f32().mul_add(map.rb, start));
             let q = clamp_to((t + ROUND) - ROUND, floor, T::HI);
             *o = T::from_low_byte((q + ROUND).to_bits());

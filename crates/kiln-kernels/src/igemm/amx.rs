@@ -235,37 +235,41 @@ impl Runner {
                 self.slot ^= 1;
                 self.slot
             });
-            let dst = match via {
-                None => sink.c.get_mut(at..).map(|d| (d.as_mut_ptr(), 4 * sink.ldc)),
-                Some(s) => self.scratch.get_mut(s).map(|t| (t.0.as_mut_ptr(), 4 * NR_QUADS)),
-            };
-            let Some(dst) = dst else { continue };
             // SAFETY: A's chunks as this function's contract says (`two` exactly when `rows >
-            // 16`); `panel` holds `chunks` chunks of 16 quads of 128 bytes; `start` 32 i32;
-            // `dst` is a scratch tile (32 rows of 32 i32) or, `direct`, C at the block's first
-            // element with `rows` rows of 32 columns `ldc` apart inside `c` (checked). The
-            // tiles are configured (contract).
+            // 16`); `panel` holds `chunks` chunks of 16 quads of 128 bytes; `start` 32 i32.
+            // The tiles are configured (contract).
             unsafe {
                 block(
                     (self.signed, two),
                     a,
                     panel.as_ptr().cast::<u8>(),
                     start.as_ptr(),
-                    dst,
                     via.is_some(),
                 )
             };
-            let done = Done {
+            // The previous block's epilogue runs while the tiles multiply; its stores go
+            // before this block's tile stores, which wait on the products (stored first, they
+            // held the store buffer and the epilogue's stores queued behind them).
+            if let Some(prev) = self.pending.take() {
+                prev.finish(&self.scratch, sink);
+            }
+            let dst = match via {
+                None => sink.c.get_mut(at..).map(|d| (d.as_mut_ptr(), 4 * sink.ldc)),
+                Some(s) => self.scratch.get_mut(s).map(|t| (t.0.as_mut_ptr(), 4 * NR_QUADS)),
+            };
+            let Some(dst) = dst else { continue };
+            // SAFETY: `dst` is a scratch tile (32 rows of 32 i32) or, `direct`, C at the
+            // block's first element with `rows` rows of 32 columns `ldc` apart inside `c`
+            // (checked); the tiles hold the block's products.
+            unsafe { store_block(two, dst) };
+            self.pending = Some(Done {
                 m0,
                 j0,
                 rows,
                 cols,
                 via,
                 flat,
-            };
-            if let Some(prev) = self.pending.replace(done) {
-                prev.finish(&self.scratch, sink);
-            }
+            });
         }
     }
 
@@ -804,24 +808,16 @@ fn pack_a(a: &[u8], (lda, k): (usize, usize), (m0, rows): (usize, usize), from: 
     width
 }
 
-/// One block's tile products: C's 16 rows (32 when `two`) of 32 i32, `ld_bytes` apart at
-/// `c`, become `init` (32 i32, every row; nothing when `zeroed`, the tiles then start from
-/// zero) plus A's rows times the panel's 32 columns: A's
-/// chunk `i` is 16 (32) rows of 64 bytes from `a[i].0`, `a[i].1` apart, B's chunks one after
-/// another from `b`; `tdpbssd` (i8 A) when `signed`, else `tdpbusd`.
+/// One block's tile products, left in the C tiles ([`store_block`] stores them): C's 16
+/// rows (32 when `two`) of 32 i32 become `init` (32 i32, every row; nothing when `zeroed`,
+/// the tiles then start from zero) plus A's rows times the panel's 32 columns: A's chunk `i`
+/// is 16 (32) rows of 64 bytes from `a[i].0`, `a[i].1` apart, B's chunks one after another
+/// from `b`; `tdpbssd` (i8 A) when `signed`, else `tdpbusd`.
 ///
 /// # Safety
 /// The tiles are configured ([`Tiles`]); each A chunk's rows are readable, `b` holds
-/// `a.len()` chunks of [`B_CHUNK`] bytes, `init` 32 i32, and `c` 16 (32 when `two`) rows of 32
-/// i32, `ld_bytes` apart.
-unsafe fn block(
-    (signed, two): (bool, bool),
-    a: &[(*const u8, usize)],
-    b: *const u8,
-    init: *const i32,
-    (c, ld_bytes): (*mut i32, usize),
-    zeroed: bool,
-) {
+/// `a.len()` chunks of [`B_CHUNK`] bytes, and `init` 32 i32.
+unsafe fn block((signed, two): (bool, bool), a: &[(*const u8, usize)], b: *const u8, init: *const i32, zeroed: bool) {
     let (s0, s128) = (0usize, 128usize);
     if zeroed {
         // SAFETY: zeroes the configured C tiles; no memory access.
@@ -912,6 +908,15 @@ unsafe fn block(
         }
         bp = bp.wrapping_add(B_CHUNK);
     }
+}
+
+/// Stores the C tiles of a [`block`]'s products: 16 rows (32 when `two`) of 32 i32,
+/// `ld_bytes` apart at `c`.
+///
+/// # Safety
+/// The tiles are configured and hold a block's products; `c` has 16 (32 when `two`) rows of
+/// 32 i32, `ld_bytes` apart.
+unsafe fn store_block(two: bool, (c, ld_bytes): (*mut i32, usize)) {
     // SAFETY: stores 16 rows of 64 bytes per C tile, rows `ld_bytes` apart: tiles 0 and 1 at
     // rows 0-15 (columns 0-15 and 16-31), tiles 2 and 3 at rows 16-31 when `two`, inside C
     // as the caller promised.

@@ -1302,7 +1302,7 @@ impl<'a> ResidualSum<'a> {
 /// in the float type its arithmetic runs in.
 #[derive(Debug, Clone, Copy)]
 pub enum Scales<'a> {
-    /// Every step rounded to f32 as [`crate::quant::requantize_row_f32`] rounds it (the same
+    /// In f32 as [`crate::quant::requantize_row_f32`] computes it (its fused steps, the same
     /// bits): the arithmetic of the QDQ graph a fused convolution replaced.
     F32 {
         bias: &'a [f32],

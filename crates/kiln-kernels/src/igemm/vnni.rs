@@ -183,8 +183,8 @@ impl SumStage {
 
     /// The sum of 16 clamped unrounded output values `x` with R's codes at `r` (lanes
     /// `mask`), [`crate::quant::requantize_summed_row_f32`]'s last steps: `x * ra + (z * rb
-    /// + (shift + zero_point))` fused, rounded half to even by `vcvtps2dq` (the bounded map
-    /// keeps it far within i32) and clamped as integers.
+    /// + (shift + zero_point))` fused, clamped and rounded half to even; as 32-bit lanes
+    /// whose low byte is the output byte.
     ///
     /// # Safety
     /// AVX-512 F, BW and VL are available; the mask's bytes at `r` are readable.
@@ -196,16 +196,16 @@ impl SumStage {
             shift,
             zero_point,
         } = self.map;
-        let hi = if self.signed { 127 } else { 255 };
+        let hi = if self.signed { 127.0 } else { 255.0 };
         // SAFETY: the caller's features and bytes.
         unsafe {
             let z = self.residual(r, mask);
             let t = _mm512_fmadd_ps(z, _mm512_set1_ps(rb), _mm512_set1_ps(shift + zero_point));
-            let q = _mm512_cvtps_epi32(_mm512_fmadd_ps(x, _mm512_set1_ps(ra), t));
-            _mm512_min_epi32(
-                _mm512_max_epi32(q, _mm512_set1_epi32(self.floor as i32)),
-                _mm512_set1_epi32(hi),
-            )
+            let t = _mm512_fmadd_ps(x, _mm512_set1_ps(ra), t);
+            // Clamped to whole bounds, then rounded by the add of 1.5 * 2^23 (half to even,
+            // as the scalar twin): the low byte is the code.
+            let t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(self.floor)), _mm512_set1_ps(hi));
+            _mm512_castps_si512(_mm512_add_ps(t, _mm512_set1_ps(crate::quant::ROUND)))
         }
     }
 }
@@ -360,7 +360,7 @@ unsafe fn codes<E: Epilogue>(st: &Stage, e: &E, (r, j): (usize, usize), s: __m51
     unsafe {
         match &st.sum {
             Some(sum) => e.summed(s, j, sum, sum.r.wrapping_add(r * st.ldy + 16 * j), mask),
-            None => e.requant(s, j),
+            None => e.low_bytes(s, j),
         }
     }
 }
@@ -437,8 +437,19 @@ trait Epilogue: Copy {
     /// AVX-512 F is available.
     unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i;
 
+    /// [`Epilogue::requant`]'s codes as 32-bit lanes whose low byte is the output byte (all
+    /// the stores keep): the codes themselves unless a stage has a cheaper form.
+    ///
+    /// # Safety
+    /// AVX-512 F is available.
+    #[inline(always)]
+    unsafe fn low_bytes(&self, s: __m512i, j: usize) -> __m512i {
+        // SAFETY: AVX-512 F (caller).
+        unsafe { self.requant(s, j) }
+    }
+
     /// Half `j`'s sums `s` with the residual sum `sum` (R's 16 codes at `r`, lanes `mask`)
-    /// as the 32-bit lanes of the output bytes: the stage's codes, then the sum
+    /// as 32-bit lanes whose low byte is the output byte: the stage's codes, then the sum
     /// ([`SumStage::add`], the exact arithmetic of the two ops).
     ///
     /// # Safety
@@ -450,16 +461,14 @@ trait Epilogue: Copy {
     }
 }
 
-/// `quant::requantize_row_f32`'s steps: f32 sum plus bias, times mult, plus the zero point,
-/// each rounded to f32 (no FMA); then (see [`F32Stage::finish`]) clamped to the output's
-/// bounds and rounded half to even (`vcvtps2dq` under the default MXCSR).
+/// `quant::requantize_row_f32`'s steps: the f32 sum times mult plus `bias * mult +
+/// zero_point`, both fused; then (see [`F32Stage::finish`]) clamped to the output's bounds and
+/// rounded half to even (`vcvtps2dq` under the default MXCSR).
 #[derive(Clone, Copy)]
 struct F32Stage {
-    bias: [__m512; 2],
     mult: [__m512; 2],
-    /// `bias * mult + zero_point` (fused), the residual sum's start.
+    /// `bias * mult + zero_point` (fused).
     start: [__m512; 2],
-    zero_point: __m512,
     lo: __m512,
     hi: __m512,
 }
@@ -479,12 +488,14 @@ impl Epilogue for F32Stage {
                 ]
             };
             let (bias, mult, zero_point) = (load(bias), load(mult), _mm512_set1_ps(zero_point));
-            let start = |h: usize| _mm512_fmadd_ps(bias[h], mult[h], zero_point);
+            // `quant::stage_start`: the zero point alone where the bias is zero.
+            let start = |h: usize| {
+                let live = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(bias[h], _mm512_setzero_ps());
+                _mm512_mask3_fmadd_ps(bias[h], mult[h], zero_point, live)
+            };
             Some(F32Stage {
                 start: [start(0), start(1)],
-                bias,
                 mult,
-                zero_point,
                 lo: _mm512_set1_ps(lo as f32),
                 hi: _mm512_set1_ps(hi as f32),
             })
@@ -495,6 +506,19 @@ impl Epilogue for F32Stage {
     unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i {
         // SAFETY: AVX-512 F (caller).
         unsafe { self.finish(self.value(s, j)) }
+    }
+
+    /// Clamped, then rounded half to even by adding 1.5 * 2^23 (`quant::ROUND`): the
+    /// float's low byte is then the code's (two's complement below zero), as `vcvtps2dq`
+    /// rounds it, with an add that either vector port takes instead of a conversion that
+    /// only one does.
+    #[inline(always)]
+    unsafe fn low_bytes(&self, s: __m512i, j: usize) -> __m512i {
+        // SAFETY: AVX-512 F (caller).
+        unsafe {
+            let v = _mm512_min_ps(_mm512_max_ps(self.value(s, j), self.lo), self.hi);
+            _mm512_castps_si512(_mm512_add_ps(v, _mm512_set1_ps(crate::quant::ROUND)))
+        }
     }
 
     /// The fused one-rounding stage of [`crate::quant::requantize_summed_row_f32`]: the
@@ -519,10 +543,7 @@ impl F32Stage {
     unsafe fn value(&self, s: __m512i, j: usize) -> __m512 {
         let j = j & 1;
         // SAFETY: AVX-512 F (caller).
-        unsafe {
-            let v = _mm512_add_ps(_mm512_cvtepi32_ps(s), self.bias[j]);
-            _mm512_add_ps(_mm512_mul_ps(v, self.mult[j]), self.zero_point)
-        }
+        unsafe { _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), self.mult[j], self.start[j]) }
     }
 
     /// Values `v` clamped and rounded: the row stage's clamp to +-2^22, rounding, and clamp
