@@ -162,10 +162,13 @@ struct Sink<'c, 'o, 'y, 'r, 'i> {
     init: &'i [i32],
 }
 
-/// One block's sums, 32 rows of 32 i32, on a cache line (a tile's 64-byte rows across two
-/// lines would cost a second line each).
+/// Columns of a scratch slot: two adjacent panels' blocks, whose epilogue is one call.
+const SCRATCH_COLS: usize = super::vnni::PANELS_PER_CALL * NR_QUADS;
+
+/// Two blocks' sums (adjacent panels, the same rows), 32 rows of [`SCRATCH_COLS`] i32, on a
+/// cache line (a tile's 64-byte rows across two lines would cost a second line each).
 #[repr(C, align(64))]
-struct TileBuf([i32; BLOCK_ROWS * NR_QUADS]);
+struct TileBuf([i32; BLOCK_ROWS * SCRATCH_COLS]);
 
 /// Blocks of rows multiplied panel by panel, each block's epilogue run after the next
 /// block's products are issued (the tiles' stores are still draining; the epilogue, vector
@@ -183,7 +186,10 @@ impl Runner {
     fn new(signed: bool) -> Runner {
         Runner {
             signed,
-            scratch: [TileBuf([0; BLOCK_ROWS * NR_QUADS]), TileBuf([0; BLOCK_ROWS * NR_QUADS])],
+            scratch: [
+                TileBuf([0; BLOCK_ROWS * SCRATCH_COLS]),
+                TileBuf([0; BLOCK_ROWS * SCRATCH_COLS]),
+            ],
             slot: 0,
             pending: None,
         }
@@ -231,10 +237,21 @@ impl Runner {
                 && (rows == TILE_ROWS || rows == BLOCK_ROWS)
                 && cols == NR_QUADS
                 && at + (rows - 1) * sink.ldc + NR_QUADS <= sink.c.len();
-            let via = (!direct).then(|| {
-                self.slot ^= 1;
-                self.slot
-            });
+            // A scratch block of the panel after the pending one's, on the same rows (flat
+            // rows: of the same segment block), joins it in its slot's second half: one
+            // epilogue for both.
+            let joins = !direct
+                && matches!(&self.pending, Some(d) if d.via.is_some() && d.m0 == m0 && d.rows == rows
+                    && d.cols == NR_QUADS && d.j0 + NR_QUADS == j0
+                    && d.flat.map(|f| f.f0) == flat.map(|f| f.f0));
+            let via = match (&self.pending, joins, direct) {
+                (Some(d), true, _) => d.via,
+                (_, false, false) => {
+                    self.slot ^= 1;
+                    Some(self.slot)
+                }
+                _ => None,
+            };
             // SAFETY: A's chunks as this function's contract says (`two` exactly when `rows >
             // 16`); `panel` holds `chunks` chunks of 16 quads of 128 bytes; `start` 32 i32.
             // The tiles are configured (contract).
@@ -247,29 +264,39 @@ impl Runner {
                     via.is_some(),
                 )
             };
-            // The previous block's epilogue runs while the tiles multiply; its stores go
-            // before this block's tile stores, which wait on the products (stored first, they
-            // held the store buffer and the epilogue's stores queued behind them).
-            if let Some(prev) = self.pending.take() {
+            // The previous blocks' epilogue runs while the tiles multiply; its stores go
+            // before this block's tile stores, which wait on the products.
+            if !joins && let Some(prev) = self.pending.take() {
                 prev.finish(&self.scratch, sink);
             }
+            let half = if joins { NR_QUADS } else { 0 };
             let dst = match via {
                 None => sink.c.get_mut(at..).map(|d| (d.as_mut_ptr(), 4 * sink.ldc)),
-                Some(s) => self.scratch.get_mut(s).map(|t| (t.0.as_mut_ptr(), 4 * NR_QUADS)),
+                Some(s) => self
+                    .scratch
+                    .get_mut(s)
+                    .and_then(|t| t.0.get_mut(half..))
+                    .map(|t| (t.as_mut_ptr(), 4 * SCRATCH_COLS)),
             };
             let Some(dst) = dst else { continue };
-            // SAFETY: `dst` is a scratch tile (32 rows of 32 i32) or, `direct`, C at the
-            // block's first element with `rows` rows of 32 columns `ldc` apart inside `c`
-            // (checked); the tiles hold the block's products.
+            // SAFETY: `dst` is a scratch slot's first or second half (32 rows of 32 i32,
+            // SCRATCH_COLS apart) or, `direct`, C at the block's first element with `rows` rows
+            // of 32 columns `ldc` apart inside `c` (checked); the tiles hold the block's
+            // products.
             unsafe { store_block(two, dst) };
-            self.pending = Some(Done {
-                m0,
-                j0,
-                rows,
-                cols,
-                via,
-                flat,
-            });
+            match (&mut self.pending, joins) {
+                (Some(d), true) => d.cols += cols,
+                _ => {
+                    self.pending = Some(Done {
+                        m0,
+                        j0,
+                        rows,
+                        cols,
+                        via,
+                        flat,
+                    })
+                }
+            }
         }
     }
 
@@ -683,8 +710,8 @@ pub(super) fn conv_flat<T: Int8 + Default>(
     true
 }
 
-/// A block whose products are done: rows `m0..m0 + rows`, columns `j0..j0 + cols`, its sums
-/// in C or in scratch tile `via`.
+/// A block whose products are done (or two of adjacent panels, in one scratch slot): rows
+/// `m0..m0 + rows`, columns `j0..j0 + cols`, its sums in C or in scratch slot `via`.
 struct Done {
     m0: usize,
     j0: usize,
@@ -746,8 +773,9 @@ impl Done {
                 // Y's row of flat row `f`: the output rows before it, its column, less the
                 // segment's first column (`lo`, on its first output row).
                 let y = fr.y_first + (f / fr.wp) * fr.ow + ox - fr.lo;
-                if let (Some(sums), Some(fin)) = (tile.0.get(r * NR_QUADS..), o.tile(y, j0 - sink.first, j0, cols)) {
-                    super::vnni::requant_panel(sums, NR_QUADS, run, cols, fin, init);
+                if let (Some(sums), Some(fin)) = (tile.0.get(r * SCRATCH_COLS..), o.tile(y, j0 - sink.first, j0, cols))
+                {
+                    super::vnni::requant_panel(sums, SCRATCH_COLS, run, cols, fin, init);
                 }
                 r += run;
             }
@@ -767,10 +795,10 @@ impl Done {
             .as_deref_mut()
             .and_then(|o| o.tile(m0, j0 - sink.first, j0, cols))
         {
-            super::vnni::requant_panel(tile, NR_QUADS, rows, cols, f, init);
+            super::vnni::requant_panel(tile, SCRATCH_COLS, rows, cols, f, init);
             return;
         }
-        for (r, sums) in tile.chunks_exact(NR_QUADS).take(rows).enumerate() {
+        for (r, sums) in tile.chunks_exact(SCRATCH_COLS).take(rows).enumerate() {
             let (Some(d), Some(s)) = (sink.c.get_mut(at + r * ldc..at + r * ldc + cols), sums.get(..cols)) else {
                 break;
             };

@@ -211,6 +211,20 @@ impl SumStage {
 }
 
 impl Stage {
+    /// The stage from column `j` on: Y's, R's and the parameters' (addresses formed with
+    /// `wrapping_add`, used only within the caller's columns).
+    fn at_column(self, j: usize) -> Stage {
+        Stage {
+            y: self.y.wrapping_add(j),
+            params: self.params.at_column(j),
+            sum: self.sum.map(|s| SumStage {
+                r: s.r.wrapping_add(j),
+                ..s
+            }),
+            ..self
+        }
+    }
+
     /// `fin` as the kernel reads it, for a tile of `rows` rows (>= 1) and `cols` columns;
     /// `None` when its Y or its parameters are too short for them.
     fn of(f: Final<'_>, rows: usize, cols: usize) -> Option<Stage> {
@@ -253,13 +267,13 @@ impl Stage {
     }
 }
 
-/// The output stage of the VNNI micro-tiles on sums already in C: `rows` rows of one panel's
-/// `cols <= NR_QUADS` columns (`ldc` apart), each row plus `init` (by column), requantized
+/// The output stage of the VNNI micro-tiles on sums already in C: `rows` rows of up to
+/// [`PANELS_PER_CALL`] panels' `cols` columns (`ldc` apart), each row plus `init` (by column), requantized
 /// into `fin`'s Y, the same bytes the micro-tiles write for those sums (the AMX tiles'
 /// epilogue). Only where `Isa::has_int8_dot`; nothing is written if C, `init`, Y or the
 /// parameters are too short.
 pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin: Final<'_>, init: &[i32]) {
-    let cols = cols.min(NR_QUADS);
+    let cols = cols.min(PANELS_PER_CALL * NR_QUADS);
     if rows == 0 || cols == 0 || c.len() < (rows - 1) * ldc + cols || init.len() < cols {
         return;
     }
@@ -282,12 +296,17 @@ pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin
     }
 }
 
+/// Panels one [`requant_panel`] call takes: the AMX runner's scratch holds two blocks of
+/// adjacent panels, whose epilogue is then one call (the call's setup, about a third of a
+/// 32 x 32 block's epilogue, paid once).
+pub(super) const PANELS_PER_CALL: usize = 2;
+
 /// [`requant_panel`] for one kind of stage.
 ///
 /// # Safety
 /// AVX-512 F, BW, VL and VNNI are available; C holds `(rows - 1) * ldc + cols` i32 (only
 /// read), `init` `cols`, the stage's Y `(rows - 1) * ldy + cols` bytes, its bias and
-/// mult `cols` values; `cols <= NR_QUADS`.
+/// mult `cols` values; `cols <= PANELS_PER_CALL * NR_QUADS`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn requant_rows<E: Epilogue>(at: (*mut i32, usize, usize, usize), init: *const i32, st: Stage) {
     // SAFETY: this function's contract and features.
@@ -310,6 +329,32 @@ unsafe fn requant_rows_vbmi<E: Epilogue>(at: (*mut i32, usize, usize, usize), in
 /// As [`requant_rows`] (and [`requant_rows_vbmi`] with `VBMI`).
 #[inline(always)]
 unsafe fn requant_rows_with<E: Epilogue, const VBMI: bool>(
+    (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
+    init: *const i32,
+    st: Stage,
+) {
+    // Panel by panel: each one's columns from `j` on.
+    let mut j = 0;
+    while j < cols {
+        // SAFETY: the caller's contract, for the panel's columns `j..` (C, `init`, Y, R and
+        // the parameters all hold `cols` columns from their first).
+        unsafe {
+            requant_one_panel::<E, VBMI>(
+                (c.wrapping_add(j), ldc, rows, (cols - j).min(NR_QUADS)),
+                init.wrapping_add(j),
+                st.at_column(j),
+            )
+        };
+        j += NR_QUADS;
+    }
+}
+
+/// [`requant_rows_with`] on one panel (`cols <= NR_QUADS`).
+///
+/// # Safety
+/// As [`requant_rows`] (and [`requant_rows_vbmi`] with `VBMI`), `cols <= NR_QUADS`.
+#[inline(always)]
+unsafe fn requant_one_panel<E: Epilogue, const VBMI: bool>(
     (c, ldc, rows, cols): (*mut i32, usize, usize, usize),
     init: *const i32,
     st: Stage,
