@@ -28,7 +28,7 @@ const PEAK_GFLOPS: f64 = 117.0;
 /// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed,
 /// one ending in `NR32` packs B in 32-column panels (what the compiler stores, for every
 /// level) where the others take the level's own layout.
-const SHAPES: [(&str, usize, usize, usize); 47] = [
+const SHAPES: [(&str, usize, usize, usize); 48] = [
     ("aspp 1x1 NHWC 33x49", 1617, 256, 960),
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),
@@ -50,6 +50,7 @@ const SHAPES: [(&str, usize, usize, usize); 47] = [
     ("bert gemv m=1 NR32", 1, 768, 768),
     ("resnet50 classifier gemv NR32", 1, 1000, 2048),
     ("lstm step gemv h128 NR32", 1, 512, 128),
+    ("lstm step batch 3 h256", 3, 1024, 256),
     ("stft 31 chunks NR32", 155, 258, 256),
     ("bert ffn up", 128, 3072, 768),
     ("bert ffn down", 128, 768, 3072),
