@@ -297,8 +297,8 @@ pub(super) fn requant_panel(c: &[i32], ldc: usize, rows: usize, cols: usize, fin
 }
 
 /// Panels one [`requant_panel`] call takes: the AMX runner's scratch holds two blocks of
-/// adjacent panels, whose epilogue is then one call (the call's setup, about a third of a
-/// 32 x 32 block's epilogue, paid once).
+/// adjacent panels, whose epilogue is then one call (the call's setup, about a quarter of a
+/// 32 x 32 block's epilogue by `perf`, paid once).
 pub(super) const PANELS_PER_CALL: usize = 2;
 
 /// [`requant_panel`] for one kind of stage.
