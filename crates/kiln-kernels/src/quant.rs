@@ -169,26 +169,39 @@ pub fn requantize_pixels_f32<A: Sum, T: Q8>(
     if c == 0 {
         return;
     }
-    crate::simd::vectorize_kernel(PixelsF32 {
-        acc,
+    let stage = StageF32 {
         bias,
         mult,
         zero_point,
         lo,
         hi,
-        y,
-        c,
-    })
+    };
+    crate::simd::vectorize_kernel(PixelsF32 { acc, stage, y, c })
 }
 
-/// [`requantize_pixels_f32`]'s loop as a struct kernel.
-struct PixelsF32<'a, A, T> {
-    acc: &'a [A],
+/// The f32 stage's per-column parameters and bounds (whole numbers).
+#[derive(Clone, Copy)]
+struct StageF32<'a> {
     bias: &'a [f32],
     mult: &'a [f32],
     zero_point: f32,
     lo: f32,
     hi: f32,
+}
+
+impl StageF32<'_> {
+    /// Sum `a` of a column with bias `b` and multiplier `m` as an output code, clamped and
+    /// unrounded: `a * m + stage_start(b, m, zero_point)` fused.
+    #[inline(always)]
+    fn value(&self, a: f32, b: f32, m: f32) -> f32 {
+        clamp_to(a.mul_add(m, stage_start(b, m, self.zero_point)), self.lo, self.hi)
+    }
+}
+
+/// [`requantize_pixels_f32`]'s loop as a struct kernel.
+struct PixelsF32<'a, A, T> {
+    acc: &'a [A],
+    stage: StageF32<'a>,
     y: &'a mut [T],
     c: usize,
 }
@@ -197,21 +210,12 @@ impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF32<'_, A, T> {
     type Output = ();
     #[inline(always)]
     fn run(self) {
-        let PixelsF32 {
-            acc,
-            bias,
-            mult,
-            zero_point,
-            lo,
-            hi,
-            y,
-            c,
-        } = self;
+        let PixelsF32 { acc, stage, y, c } = self;
         for (yp, ap) in y.chunks_exact_mut(c).zip(acc.chunks_exact(c)) {
-            for (((o, &a), &b), &m) in yp.iter_mut().zip(ap).zip(bias).zip(mult) {
+            for (((o, &a), &b), &m) in yp.iter_mut().zip(ap).zip(stage.bias).zip(stage.mult) {
                 // Clamped to the integer bounds, then rounded as the low bits are read: the
                 // integer rounding first and clamping after give.
-                let q = clamp_to(a.to_f32().mul_add(m, stage_start(b, m, zero_point)), lo, hi);
+                let q = stage.value(a.to_f32(), b, m);
                 *o = T::from_low_byte((q + ROUND).to_bits());
             }
         }
@@ -425,13 +429,16 @@ pub fn requantize_summed_row_f32<T: Q8>(
     floor: f32,
     y: &mut [T],
 ) {
-    crate::simd::vectorize_kernel(SummedF32 {
-        acc,
+    let stage = StageF32 {
         bias,
         mult,
         zero_point,
         lo,
         hi,
+    };
+    crate::simd::vectorize_kernel(SummedF32 {
+        acc,
+        stage,
         r,
         map,
         floor,
@@ -442,11 +449,7 @@ pub fn requantize_summed_row_f32<T: Q8>(
 /// [`requantize_summed_row_f32`]'s loop as a struct kernel.
 struct SummedF32<'a, T> {
     acc: &'a [i32],
-    bias: &'a [f32],
-    mult: &'a [f32],
-    zero_point: f32,
-    lo: f32,
-    hi: f32,
+    stage: StageF32<'a>,
     r: &'a [T],
     map: SumMap,
     floor: f32,
@@ -459,20 +462,19 @@ impl<T: Q8> crate::simd::Kernel for SummedF32<'_, T> {
     fn run(self) {
         let SummedF32 {
             acc,
-            bias,
-            mult,
-            zero_point,
-            lo,
-            hi,
+            stage,
             r,
             map,
             floor,
             y,
         } = self;
         let start = map.shift + map.zero_point;
-        let out = y.iter_mut().zip(r).zip(acc.iter().zip(bias.iter().zip(mult)));
+        let out = y
+            .iter_mut()
+            .zip(r)
+            .zip(acc.iter().zip(stage.bias.iter().zip(stage.mult)));
         for ((o, &z), (&a, (&b, &m))) in out {
-            let v = clamp_to((a as f32).mul_add(m, stage_start(b, m, zero_point)), lo, hi);
+            let v = stage.value(a as f32, b, m);
             let t = v.mul_add(map.ra, z.to_f32().mul_add(map.rb, start));
             let q = clamp_to((t + ROUND) - ROUND, floor, T::HI);
             *o = T::from_low_byte((q + ROUND).to_bits());

@@ -190,18 +190,13 @@ impl SumStage {
     /// AVX-512 F, BW and VL are available; the mask's bytes at `r` are readable.
     #[inline(always)]
     unsafe fn add_unrounded(&self, x: __m512, r: *const u8, mask: __mmask16) -> __m512i {
-        let crate::quant::SumMap {
-            ra,
-            rb,
-            shift,
-            zero_point,
-        } = self.map;
+        let map = self.map;
         let hi = if self.signed { 127.0 } else { 255.0 };
         // SAFETY: the caller's features and bytes.
         unsafe {
-            let z = self.residual(r, mask);
-            let t = _mm512_fmadd_ps(z, _mm512_set1_ps(rb), _mm512_set1_ps(shift + zero_point));
-            let t = _mm512_fmadd_ps(x, _mm512_set1_ps(ra), t);
+            let start = _mm512_set1_ps(map.shift + map.zero_point);
+            let t = _mm512_fmadd_ps(self.residual(r, mask), _mm512_set1_ps(map.rb), start);
+            let t = _mm512_fmadd_ps(x, _mm512_set1_ps(map.ra), t);
             // Clamped to whole bounds, then rounded by the add of 1.5 * 2^23 (half to even,
             // as the scalar twin): the low byte is the code.
             let t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(self.floor)), _mm512_set1_ps(hi));
