@@ -169,13 +169,7 @@ pub fn requantize_pixels_f32<A: Sum, T: Q8>(
     if c == 0 {
         return;
     }
-    let stage = StageF32 {
-        bias,
-        mult,
-        zero_point,
-        lo,
-        hi,
-    };
+    let stage = StageF32::new((bias, mult, zero_point), (lo, hi));
     crate::simd::vectorize_kernel(PixelsF32 { acc, stage, y, c })
 }
 
@@ -189,7 +183,17 @@ struct StageF32<'a> {
     hi: f32,
 }
 
-impl StageF32<'_> {
+impl<'a> StageF32<'a> {
+    fn new((bias, mult, zero_point): (&'a [f32], &'a [f32], f32), (lo, hi): (f32, f32)) -> StageF32<'a> {
+        StageF32 {
+            bias,
+            mult,
+            zero_point,
+            lo,
+            hi,
+        }
+    }
+
     /// Sum `a` of a column with bias `b` and multiplier `m` as an output code, clamped and
     /// unrounded: `a * m + stage_start(b, m, zero_point)` fused.
     #[inline(always)]
@@ -429,13 +433,7 @@ pub fn requantize_summed_row_f32<T: Q8>(
     floor: f32,
     y: &mut [T],
 ) {
-    let stage = StageF32 {
-        bias,
-        mult,
-        zero_point,
-        lo,
-        hi,
-    };
+    let stage = StageF32::new((bias, mult, zero_point), (lo, hi));
     crate::simd::vectorize_kernel(SummedF32 {
         acc,
         stage,
