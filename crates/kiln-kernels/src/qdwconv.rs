@@ -576,13 +576,7 @@ mod quads {
                 let bias = _mm512_maskz_loadu_ps(m, b.requant.bias.as_ptr().add(j0));
                 (
                     _mm512_maskz_loadu_epi32(m, b.init.as_ptr().add(j0)),
-                    // `quant::stage_start`: the zero point alone where the bias is zero.
-                    _mm512_mask3_fmadd_ps(
-                        bias,
-                        mult,
-                        epi.zero_point,
-                        _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(bias, _mm512_setzero_ps()),
-                    ),
+                    crate::quant::stage_start_x16(bias, mult, epi.zero_point),
                     mult,
                 )
             };

@@ -131,10 +131,30 @@ pub(crate) fn stage_start(bias: f32, mult: f32, zero_point: f32) -> f32 {
     }
 }
 
+/// [`stage_start`] for 16 columns at once (the same bits): the AVX-512 output stages' start.
+///
+/// # Safety
+/// AVX-512 F is available.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn stage_start_x16(
+    bias: std::arch::x86_64::__m512,
+    mult: std::arch::x86_64::__m512,
+    zero_point: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::{_CMP_NEQ_UQ, _mm512_cmp_ps_mask, _mm512_mask3_fmadd_ps, _mm512_setzero_ps};
+    // SAFETY: AVX-512 F (caller). Lanes whose bias is zero keep the zero point.
+    unsafe {
+        let live = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(bias, _mm512_setzero_ps());
+        _mm512_mask3_fmadd_ps(bias, mult, zero_point, live)
+    }
+}
+
 /// [`requantize_row`] in f32, as a QDQ graph's float convolution and QuantizeLinear compute
 /// it: `y[j] = clamp(round_half_even(f32(acc[j]) * mult[j] + (bias[j] * mult[j] +
-/// zero_point)), lo, hi)` (the start as [`stage_start`] makes it), the products and sums fused (`f32::mul_add`; `f32(acc)` is
-/// exact below 2^24 in magnitude), sixteen lanes a vector instead of eight. Every fused
+/// zero_point)), lo, hi)` (the start as [`stage_start`] makes it), the products and sums
+/// fused (`f32::mul_add`; `f32(acc)` is exact below 2^24 in magnitude), sixteen lanes a
+/// vector instead of eight. Every fused
 /// kernel (the integer GEMM's output stages, the 8-bit depthwise bands) computes these same
 /// fused steps, so all give the same bytes.
 pub fn requantize_row_f32<A: Sum, T: Q8>(
@@ -423,7 +443,6 @@ impl SumMap {
 /// convolution's), toward the float graph's value. Every ISA computes these same fused
 /// steps (`f32::mul_add` here), so all give the same bits. The map is
 /// [`SumMap::bounded`], `lo` and `hi` whole numbers.
-#[allow(clippy::too_many_arguments)]
 pub fn requantize_summed_row_f32<T: Q8>(
     acc: &[i32],
     (bias, mult, zero_point): (&[f32], &[f32], f32),

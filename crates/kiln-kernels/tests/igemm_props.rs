@@ -26,7 +26,6 @@ fn row_stage<O: Q8>(scales: Scales<'_>, sums: &[i32], (lo, hi): (i32, i32), out:
 /// and zero point `of_r` summed with Y's codes (`own`) into `out`'s: an f32 stage rounds once
 /// (`requantize_summed_row_f32`, the QDQ rewrite's arithmetic); an f64 stage's codes
 /// (`row_stage`) are summed after (`add_dequantized_in_place`, QLinearAdd's).
-#[allow(clippy::too_many_arguments)]
 fn summed_stage<O: Q8 + Default>(
     scales: Scales<'_>,
     sums: &[i32],

@@ -182,9 +182,9 @@ impl SumStage {
     }
 
     /// The sum of 16 clamped unrounded output values `x` with R's codes at `r` (lanes
-    /// `mask`), [`crate::quant::requantize_summed_row_f32`]'s last steps: `x * ra + (z * rb
-    /// + (shift + zero_point))` fused, clamped and rounded half to even; as 32-bit lanes
-    /// whose low byte is the output byte.
+    /// `mask`), [`crate::quant::requantize_summed_row_f32`]'s last steps:
+    /// `x * ra + (z * rb + (shift + zero_point))` fused, clamped and rounded half to even; as
+    /// 32-bit lanes whose low byte is the output byte.
     ///
     /// # Safety
     /// AVX-512 F, BW and VL are available; the mask's bytes at `r` are readable.
@@ -528,11 +528,7 @@ impl Epilogue for F32Stage {
                 ]
             };
             let (bias, mult, zero_point) = (load(bias), load(mult), _mm512_set1_ps(zero_point));
-            // `quant::stage_start`: the zero point alone where the bias is zero.
-            let start = |h: usize| {
-                let live = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(bias[h], _mm512_setzero_ps());
-                _mm512_mask3_fmadd_ps(bias[h], mult[h], zero_point, live)
-            };
+            let start = |h: usize| crate::quant::stage_start_x16(bias[h], mult[h], zero_point);
             Some(F32Stage {
                 start: [start(0), start(1)],
                 mult,
