@@ -45,6 +45,7 @@ pub mod recycle;
 pub mod sgemm;
 pub mod simd;
 pub mod slab;
+pub mod stem;
 pub mod stop;
 pub mod transpose;
 pub mod vector;

@@ -24,7 +24,7 @@ use crate::sgemm::{Epilogue, PackedBRef, Residual};
 
 /// Most output channels a convolution runs here with (above it the channels-last GEMM's
 /// two-vector tiles and Winograd do as well or better).
-const MAX_M: usize = 16;
+pub(crate) const MAX_M: usize = 16;
 /// Most input channels (the staged band's rows grow with them).
 const MAX_C: usize = 64;
 /// Fewest output columns: a row's pixels fill whole vectors of 16 (5 columns would use 5
@@ -40,13 +40,13 @@ pub fn takes(m: usize, c: usize, [kh, kw]: [usize; 2], ow: usize) -> bool {
 }
 
 /// Lanes of a pixel vector.
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 /// Most output channels of one tile (its broadcast rows).
 const MAX_ROWS: usize = 8;
 /// Floats of staged input a band aims at (kept in L2 beside the output rows).
-const STAGE_FLOATS: usize = 48 * 1024;
+pub(crate) const STAGE_FLOATS: usize = 48 * 1024;
 /// Most output rows a band takes.
-const MAX_BAND: usize = 16;
+pub(crate) const MAX_BAND: usize = 16;
 
 crate::scratch_kinds! {
     /// The band's staged input rows (planar, zero margins).
@@ -74,12 +74,12 @@ pub fn supported() -> bool {
 /// A tile's depth sweep: `k` steps, step `p` multiplying the weights at `w + p * nr` (one
 /// per channel) by the pixel vectors at `x + offs[p]`.
 #[derive(Clone, Copy)]
-struct Depth {
-    k: usize,
-    w: *const f32,
-    nr: usize,
-    x: *const f32,
-    offs: *const isize,
+pub(crate) struct Depth {
+    pub(crate) k: usize,
+    pub(crate) w: *const f32,
+    pub(crate) nr: usize,
+    pub(crate) x: *const f32,
+    pub(crate) offs: *const isize,
 }
 
 /// One tile: `out[r * ldo + i] = sum_p w[p * nr + r] * x[offs[p] + i]` for `r < R`,
@@ -94,10 +94,10 @@ type NhwcFn = unsafe fn(d: Depth, y: *mut f32, ldy: usize, pixels: usize, outs: 
 /// What a channels-last tile applies: per-channel vectors (null when absent, else `R`
 /// floats from the tile's first channel) and the cheap activation and affine.
 pub(crate) struct Outs {
-    bias: *const f32,
-    slopes: *const f32,
-    act: Option<crate::sgemm::Act>,
-    post: Option<crate::sgemm::Affine>,
+    pub(crate) bias: *const f32,
+    pub(crate) slopes: *const f32,
+    pub(crate) act: Option<crate::sgemm::Act>,
+    pub(crate) post: Option<crate::sgemm::Affine>,
 }
 
 /// The depth sums of a tile, `acc[r][i]` (the scalar twin's).
@@ -385,7 +385,7 @@ fn channel_tiles(m: usize, nr: usize) -> smallvec::SmallVec<[(usize, usize); 8]>
 
 /// The staged band's sizes for `geo`: `(phases, WP, OWP)`: stride phases per row, floats per
 /// staged (row, channel, phase), output columns rounded up to whole vectors.
-fn widths(geo: &Conv2d) -> (usize, usize, usize) {
+pub(crate) fn widths(geo: &Conv2d) -> (usize, usize, usize) {
     let s = geo.sw.max(1);
     let owp = geo.ow.next_multiple_of(LANES);
     let reach = (geo.kw.saturating_sub(1) * geo.dw) / s;
@@ -394,7 +394,7 @@ fn widths(geo: &Conv2d) -> (usize, usize, usize) {
 
 /// Stages padded input row `u` (row `u - ph` of the image, zeros outside it) as `C x phases`
 /// rows of `wp` floats into `dst`. `false` if X is short.
-fn stage_row(geo: &Conv2d, x: Source<'_>, u: usize, dst: &mut [f32]) -> bool {
+pub(crate) fn stage_row(geo: &Conv2d, x: Source<'_>, u: usize, dst: &mut [f32]) -> bool {
     let (s, wp, _) = widths(geo);
     let c = geo.c;
     let Some(iy) = u.checked_sub(geo.ph).filter(|&iy| iy < geo.ih) else {
@@ -442,16 +442,86 @@ fn stage_row(geo: &Conv2d, x: Source<'_>, u: usize, dst: &mut [f32]) -> bool {
                     if s == 1 {
                         d.copy_from_slice(src);
                     } else {
-                        // Compiled for the active level: the strided reads as shuffles (a
-                        // scalar loop had made a 3 -> 16 stride-2 stem slower than the GEMM).
-                        crate::simd::vectorize(|| {
-                            for (i, d) in d.iter_mut().enumerate() {
-                                *d = src.get(i * s).copied().unwrap_or(0.0);
-                            }
-                        });
+                        every_nth(src, s, d);
                     }
                 }
             }
+        }
+    }
+    true
+}
+
+/// `d[i] = src[i * s]` for every `i` (zero where `src` is short), compiled for the active
+/// level with the stride a constant for strides 2 to 4, so the reads become loads and
+/// shuffles: with the stride a variable, a multiply and a bounds check per float (a 3 ->
+/// 32 stride-2 stem spent a quarter of its time here).
+fn every_nth(src: &[f32], s: usize, d: &mut [f32]) {
+    #[inline(always)]
+    fn by<const S: usize>(src: &[f32], d: &mut [f32]) {
+        let mut chunks = src.chunks_exact(S);
+        let full = d.len().min(chunks.len());
+        let (head, tail) = d.split_at_mut(full);
+        for (d, c) in head.iter_mut().zip(&mut chunks) {
+            *d = c[0];
+        }
+        for (i, d) in tail.iter_mut().enumerate() {
+            *d = src.get((full + i) * S).copied().unwrap_or(0.0);
+        }
+    }
+    crate::simd::vectorize(|| match s {
+        2 => by::<2>(src, d),
+        3 => by::<3>(src, d),
+        4 => by::<4>(src, d),
+        _ => {
+            for (i, d) in d.iter_mut().enumerate() {
+                *d = src.get(i * s).copied().unwrap_or(0.0);
+            }
+        }
+    });
+}
+
+/// Output rows a band stages (`STAGE_FLOATS` of input, at most `MAX_BAND` rows) when its
+/// staged input rows hold `row_floats` floats each, for a block of `nrows` output rows.
+pub(crate) fn band_rows(geo: &Conv2d, row_floats: usize, nrows: usize) -> usize {
+    (STAGE_FLOATS / (row_floats * geo.sh.max(1)).max(1))
+        .clamp(1, MAX_BAND)
+        .min(nrows.max(1))
+}
+
+/// Padded input rows a band of `b >= 1` output rows reads.
+pub(crate) fn staged_rows(geo: &Conv2d, b: usize) -> usize {
+    (b - 1) * geo.sh + (geo.kh - 1) * geo.dh + 1
+}
+
+/// Fills `offs` with each depth's offset into a staged band (`(ky, kx, c)` order, as the
+/// packed B's): output column `ox` of the band's first row reads depth `p` at `offs[p] + ox`.
+/// Returns the largest offset.
+pub(crate) fn depth_offsets(geo: &Conv2d, offs: &mut Vec<isize>) -> usize {
+    let (s, wp, _) = widths(geo);
+    let c = geo.c;
+    offs.clear();
+    for ky in 0..geo.kh {
+        for kx in 0..geo.kw {
+            let (f, t) = ((kx * geo.dw) % s, (kx * geo.dw) / s);
+            for ci in 0..c {
+                offs.push((((ky * geo.dh * c + ci) * s + f) * wp + t) as isize);
+            }
+        }
+    }
+    offs.iter().copied().max().unwrap_or(0).max(0) as usize
+}
+
+/// Stages the padded input rows of output rows `oy .. oy + nb` into `stage` (rows of
+/// `C * phases * WP` floats). `false` if X or `stage` is short.
+pub(crate) fn stage_band(geo: &Conv2d, x: Source<'_>, oy: usize, nb: usize, stage: &mut [f32]) -> bool {
+    let (s, wp, _) = widths(geo);
+    let row_floats = geo.c * s * wp;
+    for r in 0..staged_rows(geo, nb) {
+        let Some(dst) = stage.get_mut(r * row_floats..(r + 1) * row_floats) else {
+            return false;
+        };
+        if !stage_row(geo, x, oy * geo.sh + r, dst) {
+            return false;
         }
     }
     true
@@ -498,25 +568,12 @@ fn rows_with(
     };
     let nrows = y.len() / per_row;
     let row_floats = c * s * wp;
-    let band = (STAGE_FLOATS / (row_floats * geo.sh.max(1)).max(1))
-        .clamp(1, MAX_BAND)
-        .min(nrows.max(1));
-    let staged_rows = |b: usize| (b - 1) * geo.sh + (geo.kh - 1) * geo.dh + 1;
-    // Depth offsets into a staged band, `(ky, kx, c)` order as the packed B's.
+    let band = band_rows(geo, row_floats, nrows);
     let mut offs = crate::recycle::lend::<Offsets>();
-    offs.clear();
-    for ky in 0..geo.kh {
-        for kx in 0..geo.kw {
-            let (f, t) = ((kx * geo.dw) % s, (kx * geo.dw) / s);
-            for ci in 0..c {
-                offs.push((((ky * geo.dh * c + ci) * s + f) * wp + t) as isize);
-            }
-        }
-    }
-    let max_off = offs.iter().copied().max().unwrap_or(0).max(0) as usize;
+    let max_off = depth_offsets(geo, &mut offs);
     let tiles_m = channel_tiles(m, nr);
     let mut stage = crate::recycle::lend::<Stage>();
-    stage.resize(staged_rows(band) * row_floats, 0.0);
+    stage.resize(staged_rows(geo, band) * row_floats, 0.0);
     let mut planes = crate::recycle::lend::<Planes>();
     if direct.is_none() {
         planes.resize(m * owp, 0.0);
@@ -526,14 +583,8 @@ fn rows_with(
     let mut b0 = 0;
     while b0 < nrows {
         let nb = band.min(nrows - b0);
-        let oy = oy0 + b0;
-        for r in 0..staged_rows(nb) {
-            let Some(dst) = stage.get_mut(r * row_floats..(r + 1) * row_floats) else {
-                return false;
-            };
-            if !stage_row(geo, x, oy * geo.sh + r, dst) {
-                return false;
-            }
+        if !stage_band(geo, x, oy0 + b0, nb, &mut stage) {
+            return false;
         }
         for j in 0..nb {
             let base = j * geo.sh * row_floats;
@@ -644,6 +695,25 @@ pub fn run(
     w: &PackedBRef<'_>,
     y: &mut [f32],
     epi: &Epilogue<'_>,
+) -> bool {
+    run_bands(geo, m, x, first, w, y, epi, rows)
+}
+
+/// Output rows `oy0 ..` of one image into `y` with an epilogue (whose residual starts at
+/// the block's first pixel): [`rows`], or another kernel's over the same staged bands.
+pub(crate) type RowsFn = fn(&Conv2d, usize, Source<'_>, &PackedBRef<'_>, usize, &mut [f32], &Epilogue<'_>) -> bool;
+
+/// [`run`] with the row kernel `rows`: blocks of output rows over the pool.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_bands(
+    geo: &Conv2d,
+    m: usize,
+    x: &[f32],
+    first: bool,
+    w: &PackedBRef<'_>,
+    y: &mut [f32],
+    epi: &Epilogue<'_>,
+    rows: RowsFn,
 ) -> bool {
     let per_row = geo.ow * m;
     let image = geo.ih * geo.iw * geo.c;

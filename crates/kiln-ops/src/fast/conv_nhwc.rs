@@ -838,6 +838,9 @@ enum Route {
     Direct,
     /// `kiln_kernels::planar`: few output channels, pixels along the vector lanes.
     Planar,
+    /// `kiln_kernels::stem`: few input channels (an image stem), output channels along the
+    /// lanes, no im2col.
+    Stem,
     /// Blocks of im2col rows (or tap classes), each multiplied by one thread.
     Blocks,
 }
@@ -897,6 +900,9 @@ impl<'a> PackedCall<'a> {
             && kiln_kernels::planar::supported()
         {
             return Route::Planar;
+        }
+        if kiln_kernels::stem::takes(m, geo.c, [geo.kh, geo.kw], geo.ow) && kiln_kernels::stem::supported() {
+            return Route::Stem;
         }
         if !cf
             && m <= DIRECT_MAX_M
@@ -1236,6 +1242,13 @@ impl Planned<'_> {
             Route::Planar => {
                 let epi = call.epilogue(rd.map(|data| Residual { data, ld: m }));
                 if !kiln_kernels::planar::run(geo, m, xd, cf, &packed, &mut y, &epi) {
+                    return Err(bad());
+                }
+                return Ok(Tensor::from_buf(shape, y)?);
+            }
+            Route::Stem => {
+                let epi = call.epilogue(rd.map(|data| Residual { data, ld: m }));
+                if !kiln_kernels::stem::run(geo, m, xd, cf, &packed, &mut y, &epi) {
                     return Err(bad());
                 }
                 return Ok(Tensor::from_buf(shape, y)?);
@@ -1929,6 +1942,11 @@ pub(crate) mod tests {
         check(1, 3, 16, [30, 50], [3, 3], [2, 2], [1, 1], [1; 4], 1, true, 40);
         check(2, 10, 12, [12, 30], [3, 3], [1, 1], [1, 1], [1; 4], 1, true, 41);
         check(1, 16, 9, [7, 33], [5, 3], [1, 1], [2, 1], [2, 1, 2, 1], 1, false, 42);
+        // Few input channels into more than 16 outputs (`kiln_kernels::stem` on AVX-512): a
+        // spectrogram's 1 -> 32 with a residual over two images, a 7x7 stride-2 3 -> 40 stem
+        // (two panels, the second partial), asymmetric pads.
+        check(2, 1, 32, [20, 30], [3, 3], [1, 1], [1, 1], [1; 4], 1, true, 43);
+        check(1, 3, 40, [33, 47], [7, 7], [2, 2], [1, 1], [3, 2, 3, 1], 1, false, 44);
         // X read as overlapping windows: a kernel spanning the whole width sliding down (one
         // column, then three), and 1-D convolutions as height-1 ones (strided; padded, which
         // takes the im2col path).
