@@ -28,7 +28,11 @@ const PEAK_GFLOPS: f64 = 117.0;
 /// (name, m, n, k): C[m x n] = A[m x k] B[k x n]; a name ending in `A^T` reads A transposed,
 /// one ending in `NR32` packs B in 32-column panels (what the compiler stores, for every
 /// level) where the others take the level's own layout.
-const SHAPES: [(&str, usize, usize, usize); 48] = [
+const SHAPES: [(&str, usize, usize, usize); 50] = [
+    // A 3x3 convolution's im2col rows channels-last (PLCMOS's dilated 32 -> 64 and 64 -> 128
+    // layers, one thread's rows).
+    ("im2col 3x3 32->64", 3952, 64, 288),
+    ("im2col 3x3 64->128", 3920, 128, 576),
     ("aspp 1x1 NHWC 33x49", 1617, 256, 960),
     ("resnet50 conv2_x 3x3", 64, 3136, 576),
     ("resnet50 conv2_x 1x1", 256, 3136, 64),

@@ -133,6 +133,7 @@ impl Kernels {
             use super::x86::{avx2, avx512};
             match isa {
                 Isa::Avx512 if m == 1 && layout.nr().is_multiple_of(avx512::NR) => return avx512::gemv_kernels(),
+                Isa::Avx512 if m <= 4 && layout.nr().is_multiple_of(avx512::NR) => return avx512::few_kernels(),
                 Isa::Avx512 if layout.nr().is_multiple_of(avx512::NR) => return avx512::kernels(),
                 // AVX-512 machines have AVX2+FMA (detection checks both): 16-wide tiles for
                 // 16-column panels (and their depth block), with the AVX-512 epilogue.
