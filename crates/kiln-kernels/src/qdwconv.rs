@@ -469,7 +469,10 @@ impl QuadBand<'_> {
             } = self.requant;
             for (yp, ap) in orow.chunks_exact_mut(c).zip(sums.chunks_exact(c)) {
                 for (((o, &a), &b), &m) in yp.iter_mut().zip(ap).zip(bias).zip(mult) {
-                    let q = crate::quant::clamp_to((a as f32 + b) * m + zero_point, lo, hi);
+                    // The vector path's fused steps (`quant::stage_start`), so both levels
+                    // round alike.
+                    let v = (a as f32).mul_add(m, crate::quant::stage_start(b, m, zero_point));
+                    let q = crate::quant::clamp_to(v, lo, hi);
                     *o = O::from_low_byte((q + crate::quant::ROUND).to_bits());
                 }
             }

@@ -166,7 +166,8 @@ proptest! {
                 sum += i32::from(quad_code(b, signed)) * i32::from(taps[(ky * kw + kx) * c + ch]);
             }
         }
-        let v = ((sum as f32 + bias[ch]) * mult[ch] + 5.0).clamp(lo, hi).round_ties_even();
+        // sum * mult + (bias * mult + zero point), each a fused multiply-add.
+        let v = (sum as f32).mul_add(mult[ch], bias[ch].mul_add(mult[ch], 5.0)).clamp(lo, hi).round_ties_even();
         prop_assert_eq!(want[((oy - oy0) * ow + ox) * c + ch], v as i32 as u8);
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
             prop_assert_eq!(&check(isa), &want, "{:?}", isa);
