@@ -30,6 +30,8 @@
 
 pub mod alloc;
 pub mod conv;
+#[cfg(test)]
+mod conv_testkit;
 pub mod dwconv;
 pub mod fp;
 pub mod gemm;

@@ -152,28 +152,37 @@ unsafe fn nhwc_portable<const R: usize, const PV: usize>(
     // SAFETY: the caller's contract.
     let acc = unsafe { sums::<R, PV>(d) };
     for (r, row) in acc.iter().enumerate() {
-        // SAFETY: the caller's contract: R floats each.
+        for (i, &a) in row.iter().take(pixels.min(LANES * PV)).enumerate() {
+            // SAFETY: the caller's contract: `outs`' vectors hold R floats, `y + i * ldy + r`
+            // is writable.
+            unsafe { *y.add(i * ldy + r) = outs.finish(a, r) };
+        }
+    }
+}
+
+impl Outs {
+    /// Channel `j`'s epilogue on a sum, in scalar: bias, activation, affine, PRelu slope.
+    ///
+    /// # Safety
+    /// Each non-null vector holds more than `j` floats.
+    pub(crate) unsafe fn finish(&self, sum: f32, j: usize) -> f32 {
+        // SAFETY: the caller's contract.
         let (b, s) = unsafe {
             (
-                (!outs.bias.is_null()).then(|| *outs.bias.add(r)),
-                (!outs.slopes.is_null()).then(|| *outs.slopes.add(r)),
+                (!self.bias.is_null()).then(|| *self.bias.add(j)),
+                (!self.slopes.is_null()).then(|| *self.slopes.add(j)),
             )
         };
-        for (i, &a) in row.iter().take(pixels.min(LANES * PV)).enumerate() {
-            let mut v = a + b.unwrap_or(0.0);
-            if let Some(act) = outs.act {
-                v = act.apply_scalar(v);
-            }
-            if let Some(post) = outs.post {
-                v = post.apply(v);
-            }
-            if let Some(s) = s
-                && v < 0.0
-            {
-                v *= s;
-            }
-            // SAFETY: the caller's contract.
-            unsafe { *y.add(i * ldy + r) = v };
+        let mut v = sum + b.unwrap_or(0.0);
+        if let Some(act) = self.act {
+            v = act.apply_scalar(v);
+        }
+        if let Some(post) = self.post {
+            v = post.apply(v);
+        }
+        match s {
+            Some(s) if v < 0.0 => v * s,
+            _ => v,
         }
     }
 }
@@ -651,20 +660,20 @@ fn rows_with(
     if direct.is_some() {
         return true;
     }
-    let epi = match epi.residual {
-        Some(r) => Epilogue {
-            residual: Some(Residual {
-                data: match r.data.get(..y.len()) {
-                    Some(d) => d,
-                    None => return false,
-                },
-                ld: r.ld,
-            }),
-            ..*epi
-        },
-        None => *epi,
-    };
-    crate::sgemm::epilogue_rows(y, m, &epi)
+    // The residual starts at this block's first pixel; `epilogue_rows` checks its length.
+    crate::sgemm::epilogue_rows(y, m, epi)
+}
+
+/// The residual from float `at` on (the same leading dimension), or `None` when it is shorter;
+/// no residual stays none.
+fn residual_from(r: Option<Residual<'_>>, at: usize) -> Option<Option<Residual<'_>>> {
+    match r {
+        Some(r) => Some(Some(Residual {
+            data: r.data.get(at..)?,
+            ld: r.ld,
+        })),
+        None => Some(None),
+    }
 }
 
 /// [`rows_with`] on the active level: AVX-512 where [`supported`], the scalar twin elsewhere.
@@ -684,28 +693,17 @@ pub fn rows(
     rows_with(&PORTABLE, geo, m, x, w, oy0, y, epi)
 }
 
-/// The whole convolution of a batch: `x` is `batch` images (channels-last `[IH, IW, C]` or
-/// channels-first `[C, IH, IW]` each, as `first` says), `y` the `[batch, OH, OW, M]`
-/// output; bands of output rows go over the pool. `false` when an operand is short.
-pub fn run(
-    geo: &Conv2d,
-    m: usize,
-    x: &[f32],
-    first: bool,
-    w: &PackedBRef<'_>,
-    y: &mut [f32],
-    epi: &Epilogue<'_>,
-) -> bool {
-    run_bands(geo, m, x, first, w, y, epi, rows)
-}
-
 /// Output rows `oy0 ..` of one image into `y` with an epilogue (whose residual starts at
-/// the block's first pixel): [`rows`], or another kernel's over the same staged bands.
-pub(crate) type RowsFn = fn(&Conv2d, usize, Source<'_>, &PackedBRef<'_>, usize, &mut [f32], &Epilogue<'_>) -> bool;
+/// the block's first pixel): [`rows`], or another kernel's over the same staged bands
+/// ([`crate::stem::rows`]).
+pub type RowsFn = fn(&Conv2d, usize, Source<'_>, &PackedBRef<'_>, usize, &mut [f32], &Epilogue<'_>) -> bool;
 
-/// [`run`] with the row kernel `rows`: blocks of output rows over the pool.
+/// The whole convolution of a batch with the row kernel `rows`: `x` is `batch` images
+/// (channels-last `[IH, IW, C]` or channels-first `[C, IH, IW]` each, as `first` says), `y`
+/// the `[batch, OH, OW, M]` output; blocks of output rows go over the pool. `false` when an
+/// operand is short.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_bands(
+pub fn run(
     geo: &Conv2d,
     m: usize,
     x: &[f32],
@@ -733,24 +731,14 @@ pub(crate) fn run_bands(
             return false;
         };
         let src = if first { Source::First(xi) } else { Source::Last(xi) };
-        let residual = match epi.residual {
-            Some(r) => match r.data.get(n * geo.oh * per_row..) {
-                Some(data) => Some(Residual { data, ld: r.ld }),
-                None => return false,
-            },
-            None => None,
+        let Some(residual) = residual_from(epi.residual, n * geo.oh * per_row) else {
+            return false;
         };
         crate::pool::for_each_chunk_mut(yi, block * per_row, &|bi, out| {
             let oy0 = bi * block;
-            let residual = match residual {
-                Some(r) => match r.data.get(oy0 * per_row..) {
-                    Some(data) => Some(Residual { data, ld: r.ld }),
-                    None => {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                        return;
-                    }
-                },
-                None => None,
+            let Some(residual) = residual_from(residual, oy0 * per_row) else {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
             };
             let e = Epilogue { residual, ..*epi };
             if !rows(geo, m, src, w, oy0, out, &e) {
@@ -764,217 +752,33 @@ pub(crate) fn run_bands(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sgemm::{Act, BLayout, Bias, PackedB};
-    use proptest::prelude::*;
+    use crate::conv_testkit::{RowsAt, case as kit, noise, packed};
+    use crate::sgemm::BLayout;
 
-    fn noise(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 40) % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
-
-    /// The f64 oracle: channels-last `[OH, OW, M]` of one image, `w` as `[M][C][KH][KW]`.
-    fn oracle(g: &Conv2d, m: usize, x: &[f32], first: bool, w: &[f32]) -> Vec<f64> {
-        let mut y = vec![0f64; g.oh * g.ow * m];
-        for oy in 0..g.oh {
-            for ox in 0..g.ow {
-                for j in 0..m {
-                    let mut s = 0f64;
-                    for ci in 0..g.c {
-                        for ky in 0..g.kh {
-                            for kx in 0..g.kw {
-                                let iy = (oy * g.sh + ky * g.dh) as isize - g.ph as isize;
-                                let ix = (ox * g.sw + kx * g.dw) as isize - g.pw as isize;
-                                if iy < 0 || ix < 0 || iy as usize >= g.ih || ix as usize >= g.iw {
-                                    continue;
-                                }
-                                let (iy, ix) = (iy as usize, ix as usize);
-                                let xv = if first {
-                                    x[(ci * g.ih + iy) * g.iw + ix]
-                                } else {
-                                    x[(iy * g.iw + ix) * g.c + ci]
-                                };
-                                s += xv as f64 * w[((j * g.c + ci) * g.kh + ky) * g.kw + kx] as f64;
-                            }
-                        }
-                    }
-                    y[(oy * g.ow + ox) * m + j] = s;
-                }
-            }
-        }
-        y
-    }
-
-    /// W `[M][C][KH][KW]` as the channels-last GEMM's packed B: depth `(ky, kx, c)`.
-    fn packed(w: &[f32], m: usize, g: &Conv2d, layout: BLayout) -> PackedB {
-        let k = g.k();
-        let mut b = vec![0f32; k * m];
-        for j in 0..m {
-            for ci in 0..g.c {
-                for ky in 0..g.kh {
-                    for kx in 0..g.kw {
-                        b[((ky * g.kw + kx) * g.c + ci) * m + j] = w[((j * g.c + ci) * g.kh + ky) * g.kw + kx];
-                    }
-                }
-            }
-        }
-        PackedB::pack(layout, k, m, &b, crate::gemm::MatLayout::row_major(m)).unwrap()
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn case(
-        c: usize,
-        m: usize,
-        [ih, iw]: [usize; 2],
-        [kh, kw]: [usize; 2],
-        [sh, sw]: [usize; 2],
-        [dh, dw]: [usize; 2],
-        [ph, pw]: [usize; 2],
-        first: bool,
-        seed: u64,
-    ) {
-        let oh = (ih + 2 * ph).saturating_sub((kh - 1) * dh + 1) / sh + 1;
-        let ow = (iw + 2 * pw).saturating_sub((kw - 1) * dw + 1) / sw + 1;
-        let g = Conv2d {
-            c,
-            ih,
-            iw,
-            kh,
-            kw,
-            sh,
-            sw,
-            dh,
-            dw,
-            ph,
-            pw,
-            oh,
-            ow,
-        };
-        let x = noise(c * ih * iw, seed);
-        let w = noise(m * c * kh * kw, seed + 1);
-        let bias = noise(m, seed + 2);
-        let want = oracle(&g, m, &x, first, &w);
-        let src = if first { Source::First(&x) } else { Source::Last(&x) };
-        let slopes = noise(m, seed + 3);
-        let resid = noise(oh * ow * m, seed + 4);
-        // (activation, PRelu slopes, residual): in registers, then the planes' paths.
-        let kinds: [(Option<Act>, bool, bool); 5] = [
-            (Some(Act::Relu), false, false),
-            (Some(Act::HardSwish), false, false),
-            (None, true, false),
-            (Some(Act::Sigmoid), false, false),
-            (Some(Act::Relu), false, true),
-        ];
-        let kind = kinds[seed as usize % kinds.len()];
-        let finish = |i: usize, v: f64| {
-            let j = i % m;
-            let mut v = v + bias[j] as f64;
-            if kind.2 {
-                v += resid[i] as f64;
-            }
-            match kind.0 {
-                Some(act) => act.apply_scalar(v as f32) as f64,
-                None if kind.1 && v < 0.0 => v * slopes[j] as f64,
-                None => v,
-            }
-        };
-        for layout in [BLayout::NR32, BLayout::NR16] {
-            let pb = packed(&w, m, &g, layout);
-            let wref = pb.view();
-            let epi = Epilogue {
-                bias: Bias::Col(&bias),
-                act: kind.0,
-                prelu: if kind.1 { Bias::Col(&slopes) } else { Bias::None },
-                ..Epilogue::NONE
-            };
-            let mut outs = Vec::new();
-            #[allow(unused_mut)]
-            let mut levels = vec![&PORTABLE];
-            #[cfg(target_arch = "x86_64")]
-            if supported() {
-                levels.push(&AVX512);
-            }
-            for level in levels {
-                let mut y = vec![f32::NAN; oh * ow * m];
-                // Two blocks of rows, the second from row 1 (or all of them in one).
-                let split = oh.min(1) * ow * m;
-                let (a, b) = y.split_at_mut(split);
-                fn with<'e>(epi: &Epilogue<'e>, r: Option<&'e [f32]>, m: usize) -> Epilogue<'e> {
-                    Epilogue {
-                        residual: r.map(|data| Residual { data, ld: m }),
-                        ..*epi
-                    }
-                }
-                let resid = kind.2.then_some(resid.as_slice());
-                assert!(rows_with(level, &g, m, src, &wref, 0, a, &with(&epi, resid, m)));
-                assert!(rows_with(
-                    level,
-                    &g,
-                    m,
-                    src,
-                    &wref,
-                    oh.min(1),
-                    b,
-                    &with(&epi, resid.map(|r| &r[split..]), m)
-                ));
-                outs.push(y);
-            }
-            for y in &outs {
-                for (i, (&got, &s)) in y.iter().zip(&want).enumerate() {
-                    let s = finish(i, s);
-                    assert!(
-                        (got as f64 - s).abs() <= 1e-4 * (1.0 + s.abs()),
-                        "c {c} m {m} {ih}x{iw} k {kh}x{kw} s {sh},{sw} d {dh},{dw} p {ph},{pw} first {first} {kind:?}: [{i}] {got} vs {s}"
-                    );
-                }
-            }
-            // The levels agree to rounding (the scalar twin fuses each multiply-add too).
-            if let [a, b] = &outs[..] {
-                for (p, q) in a.iter().zip(b) {
-                    assert!((p - q).abs() <= 1e-5 * (1.0 + p.abs()));
-                }
-            }
-        }
+    /// [`crate::conv_testkit::case`] over this kernel's levels.
+    fn levels() -> Vec<&'static RowsAt> {
+        crate::conv_testkit::levels!(rows_with, PORTABLE, AVX512)
     }
 
     #[test]
     fn detector_layers_match_the_oracle() {
-        case(10, 16, [21, 37], [3, 3], [1, 1], [1, 1], [0, 0], false, 1);
-        case(3, 10, [30, 19], [3, 3], [1, 1], [1, 1], [0, 0], true, 2);
-        case(3, 16, [33, 35], [3, 3], [2, 2], [1, 1], [1, 1], true, 3);
-        case(16, 12, [9, 50], [5, 5], [2, 1], [1, 2], [2, 4], false, 4);
-        case(1, 5, [4, 3], [3, 3], [1, 1], [1, 1], [1, 1], false, 5);
+        let levels = levels();
+        for (c, m, hw, k, s, d, p, first, seed) in [
+            (10, 16, [21, 37], [3, 3], [1, 1], [1, 1], [0, 0], false, 1),
+            (3, 10, [30, 19], [3, 3], [1, 1], [1, 1], [0, 0], true, 2),
+            (3, 16, [33, 35], [3, 3], [2, 2], [1, 1], [1, 1], true, 3),
+            (16, 12, [9, 50], [5, 5], [2, 1], [1, 2], [2, 4], false, 4),
+            (1, 5, [4, 3], [3, 3], [1, 1], [1, 1], [1, 1], false, 5),
+        ] {
+            kit(&levels, false, c, m, hw, k, s, d, p, first, seed);
+        }
     }
 
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
-        /// Random geometries, both sources, channels across every tile shape (1-16, so
-        /// one-tile panels, split panels, panels across NR16's boundary), windows reading
-        /// only padding at the edges.
-        #[test]
-        fn levels_match_the_oracle_and_each_other(
-            c in 1usize..=9,
-            m in 1usize..=16,
-            ih in 1usize..=12,
-            iw in 1usize..=40,
-            kh in 1usize..=4,
-            kw in 1usize..=4,
-            sh in 1usize..=3,
-            sw in 1usize..=3,
-            dh in 1usize..=2,
-            dw in 1usize..=2,
-            ph in 0usize..=3,
-            pw in 0usize..=3,
-            first: bool,
-            seed in 0u64..1000,
-        ) {
-            prop_assume!(ih + 2 * ph > (kh - 1) * dh && iw + 2 * pw > (kw - 1) * dw);
-            case(c, m, [ih, iw], [kh, kw], [sh, sw], [dh, dw], [ph, pw], first, seed);
-        }
+    /// Random geometries, channels across every tile shape (1-16 outputs: one-tile panels,
+    /// split panels, panels across NR16's boundary).
+    #[test]
+    fn levels_match_the_oracle_and_each_other() {
+        crate::conv_testkit::random_cases(&levels(), false, 1..=9, 1..=16, 48);
     }
 
     #[test]

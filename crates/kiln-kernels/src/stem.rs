@@ -18,7 +18,7 @@
 
 use crate::conv::Conv2d;
 use crate::planar::{Depth, LANES, Outs, Source};
-use crate::sgemm::{Bias, Epilogue, PackedBRef, Residual};
+use crate::sgemm::{Bias, Epilogue, PackedBRef};
 
 /// Most input channels (above it the im2col rows are long enough for the GEMM's tiles).
 const MAX_C: usize = 4;
@@ -79,27 +79,9 @@ unsafe fn tile_portable<const V: usize, const P: usize>(d: Depth, y: *mut f32, l
     }
     for (i, row) in acc.iter().enumerate() {
         for (j, &s) in row.iter().take(cols.min(LANES * V)).enumerate() {
-            // SAFETY: the caller's contract: non-null vectors hold `cols` floats.
-            let (b, sl) = unsafe {
-                (
-                    (!outs.bias.is_null()).then(|| *outs.bias.add(j)),
-                    (!outs.slopes.is_null()).then(|| *outs.slopes.add(j)),
-                )
-            };
-            let mut v = s + b.unwrap_or(0.0);
-            if let Some(act) = outs.act {
-                v = act.apply_scalar(v);
-            }
-            if let Some(post) = outs.post {
-                v = post.apply(v);
-            }
-            if let Some(sl) = sl
-                && v < 0.0
-            {
-                v *= sl;
-            }
-            // SAFETY: the caller's contract.
-            unsafe { *y.add(i * ldy + j) = v };
+            // SAFETY: the caller's contract: non-null vectors hold `cols > j` floats, `y + i *
+            // ldy + j` is writable.
+            unsafe { *y.add(i * ldy + j) = outs.finish(s, j) };
         }
     }
 }
@@ -333,20 +315,8 @@ fn rows_with(
     if direct.is_some() {
         return true;
     }
-    let epi = match epi.residual {
-        Some(r) => Epilogue {
-            residual: Some(Residual {
-                data: match r.data.get(..y.len()) {
-                    Some(d) => d,
-                    None => return false,
-                },
-                ld: r.ld,
-            }),
-            ..*epi
-        },
-        None => *epi,
-    };
-    crate::sgemm::epilogue_rows(y, m, &epi)
+    // The residual starts at this block's first pixel; `epilogue_rows` checks its length.
+    crate::sgemm::epilogue_rows(y, m, epi)
 }
 
 /// [`rows_with`] on the active level: AVX-512 where [`supported`], the scalar twin elsewhere.
@@ -366,204 +336,15 @@ pub fn rows(
     rows_with(&PORTABLE, geo, m, x, w, oy0, y, epi)
 }
 
-/// The whole convolution of a batch: `x` is `batch` images (channels-last `[IH, IW, C]` or
-/// channels-first `[C, IH, IW]` each, as `first` says), `y` the `[batch, OH, OW, M]`
-/// output; blocks of output rows go over the pool. `false` when an operand is short.
-pub fn run(
-    geo: &Conv2d,
-    m: usize,
-    x: &[f32],
-    first: bool,
-    w: &PackedBRef<'_>,
-    y: &mut [f32],
-    epi: &Epilogue<'_>,
-) -> bool {
-    crate::planar::run_bands(geo, m, x, first, w, y, epi, rows)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sgemm::{Act, BLayout, PackedB};
-    use proptest::prelude::*;
+    use crate::conv_testkit::{RowsAt, case as kit, noise, packed};
+    use crate::sgemm::BLayout;
 
-    fn noise(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 40) % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
-
-    /// The f64 oracle: channels-last `[OH, OW, M]` of one image, `w` as `[M][C][KH][KW]`.
-    fn oracle(g: &Conv2d, m: usize, x: &[f32], first: bool, w: &[f32]) -> Vec<f64> {
-        let mut y = vec![0f64; g.oh * g.ow * m];
-        for oy in 0..g.oh {
-            for ox in 0..g.ow {
-                for j in 0..m {
-                    let mut s = 0f64;
-                    for ci in 0..g.c {
-                        for ky in 0..g.kh {
-                            for kx in 0..g.kw {
-                                let iy = (oy * g.sh + ky * g.dh) as isize - g.ph as isize;
-                                let ix = (ox * g.sw + kx * g.dw) as isize - g.pw as isize;
-                                if iy < 0 || ix < 0 || iy as usize >= g.ih || ix as usize >= g.iw {
-                                    continue;
-                                }
-                                let (iy, ix) = (iy as usize, ix as usize);
-                                let xv = if first {
-                                    x[(ci * g.ih + iy) * g.iw + ix]
-                                } else {
-                                    x[(iy * g.iw + ix) * g.c + ci]
-                                };
-                                s += xv as f64 * w[((j * g.c + ci) * g.kh + ky) * g.kw + kx] as f64;
-                            }
-                        }
-                    }
-                    y[(oy * g.ow + ox) * m + j] = s;
-                }
-            }
-        }
-        y
-    }
-
-    /// W `[M][C][KH][KW]` as the channels-last GEMM's packed B: depth `(ky, kx, c)`.
-    fn packed(w: &[f32], m: usize, g: &Conv2d, layout: BLayout) -> PackedB {
-        let k = g.k();
-        let mut b = vec![0f32; k * m];
-        for j in 0..m {
-            for ci in 0..g.c {
-                for ky in 0..g.kh {
-                    for kx in 0..g.kw {
-                        b[((ky * g.kw + kx) * g.c + ci) * m + j] = w[((j * g.c + ci) * g.kh + ky) * g.kw + kx];
-                    }
-                }
-            }
-        }
-        PackedB::pack(layout, k, m, &b, crate::gemm::MatLayout::row_major(m)).unwrap()
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn case(
-        c: usize,
-        m: usize,
-        [ih, iw]: [usize; 2],
-        [kh, kw]: [usize; 2],
-        [sh, sw]: [usize; 2],
-        [dh, dw]: [usize; 2],
-        [ph, pw]: [usize; 2],
-        first: bool,
-        seed: u64,
-    ) {
-        let oh = (ih + 2 * ph).saturating_sub((kh - 1) * dh + 1) / sh + 1;
-        let ow = (iw + 2 * pw).saturating_sub((kw - 1) * dw + 1) / sw + 1;
-        let g = Conv2d {
-            c,
-            ih,
-            iw,
-            kh,
-            kw,
-            sh,
-            sw,
-            dh,
-            dw,
-            ph,
-            pw,
-            oh,
-            ow,
-        };
-        let x = noise(c * ih * iw, seed);
-        let w = noise(m * c * kh * kw, seed + 1);
-        let bias = noise(m, seed + 2);
-        let want = oracle(&g, m, &x, first, &w);
-        let src = if first { Source::First(&x) } else { Source::Last(&x) };
-        let slopes = noise(m, seed + 3);
-        let resid = noise(oh * ow * m, seed + 4);
-        // (activation, PRelu slopes, residual): in registers, then the stored sums' paths.
-        let kinds: [(Option<Act>, bool, bool); 5] = [
-            (Some(Act::Relu), false, false),
-            (Some(Act::HardSwish), false, false),
-            (None, true, false),
-            (Some(Act::Sigmoid), false, false),
-            (Some(Act::Relu), false, true),
-        ];
-        let kind = kinds[seed as usize % kinds.len()];
-        let finish = |i: usize, v: f64| {
-            let j = i % m;
-            let mut v = v + bias[j] as f64;
-            if kind.2 {
-                v += resid[i] as f64;
-            }
-            match kind.0 {
-                Some(act) => act.apply_scalar(v as f32) as f64,
-                None if kind.1 && v < 0.0 => v * slopes[j] as f64,
-                None => v,
-            }
-        };
-        for layout in [BLayout::NR32, BLayout::NR16] {
-            let pb = packed(&w, m, &g, layout);
-            let wref = pb.view();
-            let epi = Epilogue {
-                bias: Bias::Col(&bias),
-                act: kind.0,
-                prelu: if kind.1 { Bias::Col(&slopes) } else { Bias::None },
-                ..Epilogue::NONE
-            };
-            let mut outs = Vec::new();
-            #[allow(unused_mut)]
-            let mut levels = vec![&PORTABLE];
-            #[cfg(target_arch = "x86_64")]
-            if supported() {
-                levels.push(&AVX512);
-            }
-            for level in levels {
-                let mut y = vec![f32::NAN; oh * ow * m];
-                // Two blocks of rows, the second from row 1 (or all of them in one).
-                let split = oh.min(1) * ow * m;
-                let (a, b) = y.split_at_mut(split);
-                fn with<'e>(epi: &Epilogue<'e>, r: Option<&'e [f32]>, m: usize) -> Epilogue<'e> {
-                    Epilogue {
-                        residual: r.map(|data| Residual { data, ld: m }),
-                        ..*epi
-                    }
-                }
-                let resid = kind.2.then_some(resid.as_slice());
-                assert!(rows_with(level, &g, m, src, &wref, 0, a, &with(&epi, resid, m)));
-                assert!(rows_with(
-                    level,
-                    &g,
-                    m,
-                    src,
-                    &wref,
-                    oh.min(1),
-                    b,
-                    &with(&epi, resid.map(|r| &r[split..]), m)
-                ));
-                outs.push(y);
-            }
-            for y in &outs {
-                for (i, (&got, &s)) in y.iter().zip(&want).enumerate() {
-                    let s = finish(i, s);
-                    assert!(
-                        (got as f64 - s).abs() <= 1e-4 * (1.0 + s.abs()),
-                        "c {c} m {m} {ih}x{iw} k {kh}x{kw} s {sh},{sw} d {dh},{dw} p {ph},{pw} first {first} {kind:?}: [{i}] {got} vs {s}"
-                    );
-                }
-            }
-            // The levels' sums agree bit for bit (the same fused multiply-adds in the same
-            // order); the vector activations round within a few ulps of the scalar ones.
-            if let [a, b] = &outs[..] {
-                for (p, q) in a.iter().zip(b) {
-                    if kind.0.is_none_or(|a| a == Act::Relu) {
-                        assert_eq!(p.to_bits(), q.to_bits());
-                    } else {
-                        assert!((p - q).abs() <= 1e-5 * (1.0 + p.abs()));
-                    }
-                }
-            }
-        }
+    /// [`crate::conv_testkit::case`] over this kernel's levels.
+    fn levels() -> Vec<&'static RowsAt> {
+        crate::conv_testkit::levels!(rows_with, PORTABLE, AVX512)
     }
 
     #[test]
@@ -571,40 +352,24 @@ mod tests {
         // A 3 -> 64 stride-2 stem (SqueezeNet's), a 7x7 stride-2 one (ResNet's), a spectrogram's
         // 1 -> 32, a 3 -> 24 stem (a panel with a half-empty second vector), 3 -> 48 (a second
         // panel of one vector), dilated and asymmetric.
-        case(3, 64, [33, 35], [3, 3], [2, 2], [1, 1], [0, 0], true, 1);
-        case(3, 64, [29, 31], [7, 7], [2, 2], [1, 1], [3, 3], true, 2);
-        case(1, 32, [17, 40], [3, 3], [1, 1], [1, 1], [1, 1], false, 3);
-        case(3, 24, [20, 27], [3, 3], [2, 2], [1, 1], [1, 1], false, 4);
-        case(3, 48, [12, 30], [3, 3], [1, 1], [1, 1], [1, 1], true, 5);
-        case(2, 40, [9, 50], [5, 3], [2, 1], [1, 2], [2, 4], false, 6);
-        case(4, 17, [8, 13], [2, 2], [1, 3], [2, 1], [0, 1], true, 7);
+        let levels = levels();
+        for (c, m, hw, k, s, d, p, first, seed) in [
+            (3, 64, [33, 35], [3, 3], [2, 2], [1, 1], [0, 0], true, 1),
+            (3, 64, [29, 31], [7, 7], [2, 2], [1, 1], [3, 3], true, 2),
+            (1, 32, [17, 40], [3, 3], [1, 1], [1, 1], [1, 1], false, 3),
+            (3, 24, [20, 27], [3, 3], [2, 2], [1, 1], [1, 1], false, 4),
+            (3, 48, [12, 30], [3, 3], [1, 1], [1, 1], [1, 1], true, 5),
+            (2, 40, [9, 50], [5, 3], [2, 1], [1, 2], [2, 4], false, 6),
+            (4, 17, [8, 13], [2, 2], [1, 3], [2, 1], [0, 1], true, 7),
+        ] {
+            kit(&levels, true, c, m, hw, k, s, d, p, first, seed);
+        }
     }
 
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
-        /// Random geometries, both sources, channel counts across one and two panels and
-        /// partial vectors, windows reading only padding at the edges, rows of 1 to 40 pixels
-        /// (every tile width).
-        #[test]
-        fn levels_match_the_oracle_and_each_other(
-            c in 1usize..=4,
-            m in 17usize..=80,
-            ih in 1usize..=10,
-            iw in 1usize..=40,
-            kh in 1usize..=4,
-            kw in 1usize..=4,
-            sh in 1usize..=3,
-            sw in 1usize..=3,
-            dh in 1usize..=2,
-            dw in 1usize..=2,
-            ph in 0usize..=3,
-            pw in 0usize..=3,
-            first: bool,
-            seed in 0u64..1000,
-        ) {
-            prop_assume!(ih + 2 * ph > (kh - 1) * dh && iw + 2 * pw > (kw - 1) * dw);
-            case(c, m, [ih, iw], [kh, kw], [sh, sw], [dh, dw], [ph, pw], first, seed);
-        }
+    /// Random geometries, output channels across one and two panels and partial vectors.
+    #[test]
+    fn levels_match_the_oracle_and_each_other() {
+        crate::conv_testkit::random_cases(&levels(), true, 1..=4, 17..=80, 48);
     }
 
     #[test]

@@ -125,6 +125,21 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
+    /// The tiles for a panel of `nr <= self.nr` columns: the narrowest table that covers
+    /// them (quarter, half, three-quarter width), else the full-width tiles.
+    fn table_for(&self, nr: usize) -> &'static [TileFn] {
+        let kn = self.nr;
+        if nr <= kn / 4 && !self.quarter.is_empty() {
+            self.quarter
+        } else if nr <= kn / 2 && !self.half.is_empty() {
+            self.half
+        } else if nr <= kn / 4 * 3 && !self.narrow.is_empty() {
+            self.narrow
+        } else {
+            self.tiles
+        }
+    }
+
     /// The fastest kernels of `isa` (which the caller has checked the CPU supports) that read
     /// panels of `layout`, for `m` rows of A.
     pub(crate) fn select(isa: Isa, layout: BLayout, m: usize) -> Kernels {
@@ -333,15 +348,7 @@ pub(crate) unsafe fn run_raw(
                     // cycles, and per-tile bookkeeping showed (114x96, k = 16: 28 GFLOP/s
                     // with it, 37 without, 40 for a bare loop of tile calls; Zen 3).
                     let nr = kn.min(n - jr);
-                    let table = if nr <= kn / 4 && !kernels.quarter.is_empty() {
-                        kernels.quarter
-                    } else if nr <= kn / 2 && !kernels.half.is_empty() {
-                        kernels.half
-                    } else if nr <= kn / 4 * 3 && !kernels.narrow.is_empty() {
-                        kernels.narrow
-                    } else {
-                        kernels.tiles
-                    };
+                    let table = kernels.table_for(nr);
                     let boff = panel_at(jr, pb);
                     // The micro-panel the loop reads next, fetched into L2 a slice per tile
                     // while this one's tiles run (weights stream from memory: the hardware
@@ -476,16 +483,7 @@ unsafe fn one_tile_row(kernels: &Kernels, m: usize, a: &AMatrix<'_>, b: &PackedB
     let (ars, acs) = if a.transposed { (1, a.ld) } else { (a.ld, 1) };
     for jr in (0..n).step_by(kn) {
         let nr = kn.min(n - jr);
-        let table = if nr <= kn / 4 && !kernels.quarter.is_empty() {
-            kernels.quarter
-        } else if nr <= kn / 2 && !kernels.half.is_empty() {
-            kernels.half
-        } else if nr <= kn / 4 * 3 && !kernels.narrow.is_empty() {
-            kernels.narrow
-        } else {
-            kernels.tiles
-        };
-        let tile = table.get(m - 1).copied().unwrap_or(tile);
+        let tile = kernels.table_for(nr).get(m - 1).copied().unwrap_or(tile);
         let tile_epi = fuse.then(|| tile_epi(epi, 0, jr));
         // SAFETY: as in `run_raw`'s loop nest with one row tile (rows `0 .. m`) and one depth
         // block (`0 .. k`): A's `m x k` span was validated; panel `jr / pnr` starts `stride`

@@ -1241,14 +1241,14 @@ impl Planned<'_> {
             }
             Route::Planar => {
                 let epi = call.epilogue(rd.map(|data| Residual { data, ld: m }));
-                if !kiln_kernels::planar::run(geo, m, xd, cf, &packed, &mut y, &epi) {
+                if !kiln_kernels::planar::run(geo, m, xd, cf, &packed, &mut y, &epi, kiln_kernels::planar::rows) {
                     return Err(bad());
                 }
                 return Ok(Tensor::from_buf(shape, y)?);
             }
             Route::Stem => {
                 let epi = call.epilogue(rd.map(|data| Residual { data, ld: m }));
-                if !kiln_kernels::stem::run(geo, m, xd, cf, &packed, &mut y, &epi) {
+                if !kiln_kernels::planar::run(geo, m, xd, cf, &packed, &mut y, &epi, kiln_kernels::stem::rows) {
                     return Err(bad());
                 }
                 return Ok(Tensor::from_buf(shape, y)?);
