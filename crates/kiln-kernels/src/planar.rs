@@ -20,7 +20,7 @@
 //! arithmetic beyond one table read.
 
 use crate::conv::Conv2d;
-use crate::sgemm::{Epilogue, PackedBRef, Residual};
+use crate::sgemm::{Bias, Epilogue, PackedBRef, Residual};
 
 /// Most output channels a convolution runs here with (above it the channels-last GEMM's
 /// two-vector tiles and Winograd do as well or better).
@@ -489,6 +489,27 @@ fn every_nth(src: &[f32], s: usize, d: &mut [f32]) {
     });
 }
 
+/// A column bias and PRelu slopes, each optional.
+pub(crate) type ColumnVectors<'e> = (Option<&'e [f32]>, Option<&'e [f32]>);
+
+/// The column bias and PRelu slopes (each optional, `m` floats) of an epilogue the row
+/// kernels apply to their accumulators in registers, or `None` when it has a residual, a
+/// costly activation or per-row vectors (the sums are then stored and the GEMM's epilogue
+/// runs over them).
+pub(crate) fn direct_epilogue<'e>(epi: &Epilogue<'e>, m: usize) -> Option<ColumnVectors<'e>> {
+    fn column(b: Bias<'_>, m: usize) -> Option<Option<&[f32]>> {
+        match b {
+            Bias::None => Some(None),
+            Bias::Col(v) if v.len() == m => Some(Some(v)),
+            _ => None,
+        }
+    }
+    if epi.residual.is_some() || !epi.act.is_none_or(|a| a.is_cheap()) {
+        return None;
+    }
+    Some((column(epi.bias, m)?, column(epi.prelu, m)?))
+}
+
 /// Output rows a band stages (`STAGE_FLOATS` of input, at most `MAX_BAND` rows) when its
 /// staged input rows hold `row_floats` floats each, for a block of `nrows` output rows.
 pub(crate) fn band_rows(geo: &Conv2d, row_floats: usize, nrows: usize) -> usize {
@@ -553,7 +574,6 @@ fn rows_with(
     y: &mut [f32],
     epi: &Epilogue<'_>,
 ) -> bool {
-    use crate::sgemm::Bias;
     let (s, wp, owp) = widths(geo);
     let (c, k, nr) = (geo.c, geo.k(), w.layout().nr());
     let per_row = geo.ow * m;
@@ -562,19 +582,7 @@ fn rows_with(
     if per_row == 0 || w.k() != k || w.n() != m || k == 0 || !whole {
         return false;
     }
-    fn column(b: Bias<'_>, m: usize) -> Option<Option<&[f32]>> {
-        match b {
-            Bias::None => Some(None),
-            Bias::Col(v) if v.len() == m => Some(Some(v)),
-            _ => None,
-        }
-    }
-    let direct = match (column(epi.bias, m), column(epi.prelu, m)) {
-        (Some(bias), Some(slopes)) if epi.residual.is_none() && epi.act.is_none_or(|a| a.is_cheap()) => {
-            Some((bias, slopes))
-        }
-        _ => None,
-    };
+    let direct = direct_epilogue(epi, m);
     let nrows = y.len() / per_row;
     let row_floats = c * s * wp;
     let band = band_rows(geo, row_floats, nrows);

@@ -18,7 +18,7 @@
 
 use crate::conv::Conv2d;
 use crate::planar::{Depth, LANES, Outs, Source};
-use crate::sgemm::{Bias, Epilogue, PackedBRef};
+use crate::sgemm::{Epilogue, PackedBRef};
 
 /// Most input channels (above it the im2col rows are long enough for the GEMM's tiles).
 const MAX_C: usize = 4;
@@ -220,19 +220,7 @@ fn rows_with(
     if per_row == 0 || w.k() != k || w.n() != m || k == 0 || !whole || nr > LANES * MAX_VECTORS {
         return false;
     }
-    fn column(b: Bias<'_>, m: usize) -> Option<Option<&[f32]>> {
-        match b {
-            Bias::None => Some(None),
-            Bias::Col(v) if v.len() == m => Some(Some(v)),
-            _ => None,
-        }
-    }
-    let direct = match (column(epi.bias, m), column(epi.prelu, m)) {
-        (Some(bias), Some(slopes)) if epi.residual.is_none() && epi.act.is_none_or(|a| a.is_cheap()) => {
-            Some((bias, slopes))
-        }
-        _ => None,
-    };
+    let direct = crate::planar::direct_epilogue(epi, m);
     let nrows = y.len() / per_row;
     let row_floats = c * s * wp;
     let band = crate::planar::band_rows(geo, row_floats, nrows);
