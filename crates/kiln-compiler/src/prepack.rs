@@ -291,9 +291,11 @@ const WINOGRAD_MIN_TILES: usize = 16;
 const WINOGRAD_MIN_CHANNELS: usize = 8;
 
 /// Chooses Winograd F(4x4, 3x3) for the main program's eligible convolutions, from their
-/// static shapes: f32, 3x3 constant weights read by nothing else, group 1, stride 1, no
-/// dilation, a fixed `[N, C, H, W]` input, at least [`WINOGRAD_MIN_TILES`] output tiles and
-/// [`WINOGRAD_MIN_CHANNELS`] channels each way. The weights constant is replaced by its
+/// static shapes: f32, 3x3 constant weights read by nothing else, group 1, stride 1, a
+/// fixed `[N, C, H, W]` input, at least [`WINOGRAD_MIN_TILES`] output tiles and
+/// [`WINOGRAD_MIN_CHANNELS`] channels each way. Dilated convolutions too when channels-last:
+/// they run as one Winograd pass per class of outputs a dilation apart (PLCMOS's (2, 1)
+/// layers), each at least [`WINOGRAD_MIN_TILES`] tiles. The weights constant is replaced by its
 /// transform, packed (`kiln_kernels::winograd::pack_weights`, layout [`LAYOUT`]); returns how
 /// many convolutions it converted.
 pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
@@ -319,7 +321,7 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
             || plan.x_channels_first
             || conv.group.max(1) != 1
             || !ones(&conv.strides)
-            || !ones(&conv.dilations)
+            || (!ones(&conv.dilations) && !plan.channels_last)
         {
             continue;
         }
@@ -342,7 +344,10 @@ pub fn winograd(graph: &Graph, program: &mut Program) -> usize {
         };
         // Channels-last X is [N, H, W, C] and Y [N, OH, OW, M].
         let (xc, oh, ow) = if plan.channels_last { (x3, y1, y2) } else { (x1, y2, y3) };
-        let tiles = oh.div_ceil(4) * ow.div_ceil(4);
+        // The smallest class of outputs (all of them when undilated).
+        let dilation = |i: usize| conv.dilations.get(i).copied().unwrap_or(1).max(1);
+        let (dh, dw) = (dilation(0), dilation(1));
+        let tiles = (oh / dh).div_ceil(4) * (ow / dw).div_ceil(4);
         if xc != c || tiles < WINOGRAD_MIN_TILES || c < WINOGRAD_MIN_CHANNELS || m < WINOGRAD_MIN_CHANNELS {
             continue;
         }
@@ -521,20 +526,22 @@ mod tests {
 
     /// A 3x3 residual block (Conv + Add + Relu) compiles to one Winograd Conv at level 2 and
     /// computes what the unoptimised graph does, within Winograd's rounding (see
-    /// `kiln_kernels::winograd`); a strided or too small one stays on the GEMM path.
+    /// `kiln_kernels::winograd`), dilated ones too (channels-last, one pass per class of
+    /// outputs); a strided or too small one stays on the GEMM path.
     #[test]
     fn three_by_three_convolutions_become_winograd() {
         use kiln_ops::elementwise::{Binary, BinaryOp, ElementwiseOp, UnaryOp};
         use kiln_ops::nn::Conv;
-        let block = |size: usize, stride: usize| {
+        let dilated = |size: usize, stride: usize, [dh, dw]: [usize; 2]| {
             let mut b = Builder::new();
             let x = b.input("x", &[1, 8, size, size]);
             let w = b.constant("w", noise(&[8, 8, 3, 3], 3));
             let bias = b.constant("b", noise(&[8], 4));
             let conv = Op::Nn(NnOp::Conv(Conv {
                 group: 1,
-                pads: vec![1, 1, 1, 1],
+                pads: vec![dh, dw, dh, dw],
                 strides: vec![stride, stride],
+                dilations: vec![dh, dw],
                 ..Conv::default()
             }));
             let o = (size - 1) / stride + 1;
@@ -552,22 +559,31 @@ mod tests {
             };
             b.finish(&[y])
         };
-        let g = block(18, 1);
-        let fast = compile(g.clone(), &level(2)).unwrap();
-        let plain = compile(g, &level(0)).unwrap();
-        assert_eq!((fast.winograd, plain.winograd), (1, 0));
-        // The Conv, channels-last between the transposes of the `layout` pass.
-        assert_eq!(fast.program.steps.len(), 3);
-        let x = noise(&[1, 8, 18, 18], 5);
-        let (a, r) = (run_program(&fast.program, x.clone()), run_program(&plain.program, x));
-        let (a, r) = (a.to_f64_vec(), r.to_f64_vec());
-        let scale = r.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        assert!(r.iter().any(|&v| v == 0.0) && r.iter().any(|&v| v > 0.0));
-        for (p, q) in a.iter().zip(&r) {
-            assert!((p - q).abs() <= 1e-5 * scale, "winograd {p} vs reference {q}");
+        let block = |size: usize, stride: usize| dilated(size, stride, [1, 1]);
+        // 18 and 22 columns: under `planar`'s (which takes 8 output channels from 24).
+        for (size, d) in [(18, [1, 1]), (22, [2, 1]), (22, [1, 2])] {
+            let g = dilated(size, 1, d);
+            let fast = compile(g.clone(), &level(2)).unwrap();
+            let plain = compile(g, &level(0)).unwrap();
+            assert_eq!((fast.winograd, plain.winograd), (1, 0), "dilation {d:?}");
+            // The Conv, channels-last between the transposes of the `layout` pass.
+            assert_eq!(fast.program.steps.len(), 3);
+            let x = noise(&[1, 8, size, size], 5);
+            let (a, r) = (run_program(&fast.program, x.clone()), run_program(&plain.program, x));
+            let (a, r) = (a.to_f64_vec(), r.to_f64_vec());
+            let scale = r.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            assert!(r.iter().any(|&v| v == 0.0) && r.iter().any(|&v| v > 0.0));
+            for (p, q) in a.iter().zip(&r) {
+                assert!(
+                    (p - q).abs() <= 1e-5 * scale,
+                    "winograd (dilation {d:?}) {p} vs reference {q}"
+                );
+            }
         }
-        // Stride 2, or fewer than 16 output tiles: the GEMM path.
+        // Stride 2, or fewer than 16 output tiles (in each class of a dilated one): the GEMM
+        // path.
         assert_eq!(compile(block(18, 2), &level(2)).unwrap().winograd, 0);
         assert_eq!(compile(block(12, 1), &level(2)).unwrap().winograd, 0);
+        assert_eq!(compile(dilated(18, 1, [2, 2]), &level(2)).unwrap().winograd, 0);
     }
 }

@@ -52,6 +52,7 @@ fn winograd(c: &mut Criterion) {
             ph: 1,
             pw: 1,
             channels_last: true,
+            dilation: [1, 1],
         };
         g.throughput(Throughput::Elements((2 * hw * hw * ch * ch * 9) as u64));
         g.bench_function(BenchmarkId::new(name, "bias+relu"), |b| {

@@ -555,7 +555,7 @@ mod quads {
         let mut rowp: Vec<*const u32> = Vec::with_capacity(kh);
         // The padding's code: in a quad's low byte (a column), in all four (a row of padding).
         let fill = _mm512_set1_epi32(i32::from(super::quad_code(b.fill, b.signed)));
-        let fill_row = _mm512_set1_epi32(i32::from(super::quad_code(b.fill, b.signed)) * 0x0101_0101);
+        let fill_row = _mm512_set1_epi32(i32::from_ne_bytes([super::quad_code(b.fill, b.signed); 4]));
         let flip = _mm_set1_epi8(if b.signed { 0x80u8 as i8 } else { 0 });
         let epi = Epilogue {
             lo: _mm512_set1_ps(lo),

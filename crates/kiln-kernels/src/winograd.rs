@@ -114,7 +114,13 @@ pub fn pack_weights(w: &[f32], m: usize, c: usize, layout: BLayout) -> Result<Ve
 }
 
 /// One image's Winograd convolution: `c` input channels of `ih x iw`, `m` output channels of
-/// `oh x ow`, 3x3 kernel, stride 1, no dilation, leading pads `ph`, `pw`.
+/// `oh x ow`, 3x3 kernel, stride 1, leading pads `ph`, `pw`, dilation `dilation`.
+///
+/// Dilated (channels-last only): with dilation `(dh, dw)`, the outputs of rows `a, a + dh, ..`
+/// and columns `b, b + dw, ..` read only the input rows `a - ph + dh k` and columns
+/// `b - pw + dw k`: an undilated 3x3 convolution over that sub-grid. Each of the `dh x dw`
+/// classes runs as one ([`Lattice`]), its padded input gathered from the sub-grid and its
+/// outputs written in place, so a dilated layer gets Winograd's 4x fewer multiplies too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Winograd {
     pub c: usize,
@@ -127,12 +133,61 @@ pub struct Winograd {
     pub pw: usize,
     /// X is `ih x iw x c` and Y `oh x ow x m` (else `c x ih x iw` and `m x oh x ow`).
     pub channels_last: bool,
+    /// Rows and columns between the taps (`[1, 1]`: undilated); above 1 only channels-last.
+    pub dilation: [usize; 2],
+}
+
+/// The outputs one pass of the transforms computes: all of them, or with dilation one class
+/// of rows `a, a + dh, ..` and columns `b, b + dw, ..` (see [`Winograd`]). Its output `(i, j)`
+/// is the pixel `first + i row_step + j col_step`; its padded input `(py, px)` is input row
+/// `row0 + dh py`, column `col0 + dw px` (zero outside the input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lattice {
+    oh: usize,
+    ow: usize,
+    row0: isize,
+    col0: isize,
+    first: usize,
+    row_step: usize,
+    col_step: usize,
+}
+
+impl Lattice {
+    /// Tile rows and columns.
+    fn tiles(&self) -> (usize, usize) {
+        (self.oh.div_ceil(TILE), self.ow.div_ceil(TILE))
+    }
 }
 
 impl Winograd {
-    /// Tile rows and columns.
+    /// The classes of outputs the transforms run over one at a time: one (all outputs) when
+    /// undilated, else `dh x dw`, the largest first; `None` when a dilation is 0 or the
+    /// geometry does not fit an `isize`.
+    fn lattices(&self) -> Option<impl Iterator<Item = Lattice> + '_> {
+        let [dh, dw] = self.dilation;
+        if dh == 0 || dw == 0 {
+            return None;
+        }
+        let signed = |v: usize| isize::try_from(v).ok();
+        let (ph, pw) = (signed(self.ph)?, signed(self.pw)?);
+        signed(self.ih.max(self.iw).checked_add(dh.max(dw).checked_mul(3)?)?)?;
+        let row_step = dh.checked_mul(self.ow)?;
+        Some((0..dh).flat_map(move |a| {
+            (0..dw).map(move |b| Lattice {
+                oh: self.oh.saturating_sub(a).div_ceil(dh),
+                ow: self.ow.saturating_sub(b).div_ceil(dw),
+                row0: a as isize - ph,
+                col0: b as isize - pw,
+                first: a * self.ow + b,
+                row_step,
+                col_step: dw,
+            })
+        }))
+    }
+
+    /// Tile rows and columns of the largest class of outputs (all of them when undilated).
     pub fn tiles(&self) -> (usize, usize) {
-        (self.oh.div_ceil(TILE), self.ow.div_ceil(TILE))
+        self.lattices().and_then(|mut l| l.next()).map_or((0, 0), |l| l.tiles())
     }
 
     /// Scratch floats [`Self::run`] needs (padded input, V and the products).
@@ -168,10 +223,10 @@ impl Winograd {
         let (c, m) = (self.c, self.m);
         let (th, tw) = self.tiles();
         let t = th * tw;
-        let Some(len) = self.scratch_len() else { return false };
         let Some(upacked) = layout.packed_len(c, m) else {
             return false;
         };
+        let Some(lattices) = self.lattices() else { return false };
         if x.len() < c * self.ih * self.iw
             || y.len() < m * self.oh * self.ow
             || u.len() < upacked * POSITIONS
@@ -181,25 +236,49 @@ impl Winograd {
             || c == 0
             || m == 0
             || t == 0
+            || (self.dilation != [1, 1] && !self.channels_last)
         {
             return false;
         }
-        let threads = pool::current_threads().clamp(1, t);
-        let ctx = Ctx {
-            conv: self,
-            u,
-            upacked,
-            layout,
-            bias,
-            residual,
-            act,
-            prelu,
-            y: RawOut {
-                ptr: y.as_mut_ptr(),
-                len: m * self.oh * self.ow,
-            },
+        let y = RawOut {
+            ptr: y.as_mut_ptr(),
+            len: m * self.oh * self.ow,
         };
-        if self.channels_last && (threads == 1 || self.split_by_tiles(threads)) {
+        for lat in lattices {
+            let ctx = Ctx {
+                conv: self,
+                lat,
+                u,
+                upacked,
+                layout,
+                bias,
+                residual,
+                act,
+                prelu,
+                y,
+            };
+            if !ctx.run(x, scratch) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl Ctx<'_> {
+    /// The transforms and products of one class of outputs (all of them when undilated).
+    fn run(&self, x: &[f32], scratch: &mut Vec<f32>) -> bool {
+        let w = self.conv;
+        let (c, m) = (w.c, w.m);
+        let (th, tw) = self.lat.tiles();
+        let t = th * tw;
+        if t == 0 {
+            return true;
+        }
+        let Some(len) = w.scratch_len() else { return false };
+        let threads = pool::current_threads().clamp(1, t);
+        let ctx = self;
+        if w.channels_last && (threads == 1 || w.split_by_tiles(t, threads)) {
             return ctx.by_tiles(x, threads, scratch);
         }
         // V and the products are overwritten whole, and the padded input is zeroed below.
@@ -207,25 +286,29 @@ impl Winograd {
         let (pad_h, pad_w) = (th * TILE + 2, tw * TILE + 2);
         let (xpad, rest) = scratch.split_at_mut(pad_h * pad_w * c);
         let (v, prod) = rest.split_at_mut(POSITIONS * t * c);
+        // A smaller class of outputs than the largest uses the front of the scratch.
+        let Some(prod) = prod.get_mut(..POSITIONS * t * m) else {
+            return false;
+        };
         // Channels-last copy with zero padding: xpad[(y * pad_w + x) * c + ci].
-        if self.channels_last {
+        if w.channels_last {
             // Whole input rows, in parallel over padded rows.
-            pool::for_each_chunk_mut(xpad, pad_w * c, &|py, row| self.pad_row(x, py, row));
+            pool::for_each_chunk_mut(xpad, pad_w * c, &|py, row| w.pad_row(&self.lat, x, py, row));
         } else {
             xpad.fill(0.0);
         }
         for (ci, plane) in x
-            .chunks_exact((self.ih * self.iw).max(1))
-            .take(if self.channels_last { 0 } else { c })
+            .chunks_exact((w.ih * w.iw).max(1))
+            .take(if w.channels_last { 0 } else { c })
             .enumerate()
         {
-            for (iy, row) in plane.chunks_exact(self.iw.max(1)).enumerate() {
-                let py = iy + self.ph;
+            for (iy, row) in plane.chunks_exact(w.iw.max(1)).enumerate() {
+                let py = iy + w.ph;
                 if py >= pad_h {
                     break;
                 }
                 for (ix, &val) in row.iter().enumerate() {
-                    let px = ix + self.pw;
+                    let px = ix + w.pw;
                     if px >= pad_w {
                         break;
                     }
@@ -266,7 +349,7 @@ impl Winograd {
             return false;
         }
         let prod: &[f32] = prod;
-        if self.channels_last {
+        if w.channels_last {
             // Output transform in parallel over tile rows: each task owns 4 whole rows of y.
             pool::parallel_for(th, &|ty| {
                 // SAFETY: task `ty` alone writes the pixels of tile row `ty`.
@@ -275,15 +358,20 @@ impl Winograd {
             return true;
         }
         // Output transform in parallel over channel groups: each task owns whole planes of y.
-        let plane = self.oh * self.ow;
+        let plane = w.oh * w.ow;
         let per = m.div_ceil(threads).max(1);
-        pool::for_each_chunk_mut(&mut y[..m * plane], per * plane, &|g, ys| {
+        // SAFETY: channels-first runs one class of outputs (undilated), whose transform alone
+        // writes the output, in disjoint planes per task; nothing else touches it meanwhile.
+        let Some(y) = (unsafe { self.y.slice(0..m * plane) }) else {
+            return false;
+        };
+        pool::for_each_chunk_mut(y, per * plane, &|g, ys| {
             let m0 = g * per;
             let m1 = (m0 + per).min(m);
             vectorize_kernel(OutputTransform {
                 prod,
                 dst: Dst::Planes(ys),
-                bias,
+                bias: self.bias,
                 m,
                 m0,
                 m1,
@@ -291,12 +379,11 @@ impl Winograd {
                 first: 0,
                 tiles: 0..t,
                 tw,
-                oh: self.oh,
-                ow: self.ow,
+                lat: self.lat,
             });
             let at = g * per * plane;
-            residual_act(ys, residual.and_then(|r| r.get(at..at + ys.len())), act);
-            if let (Some(p), true) = (prelu, plane > 0) {
+            residual_act(ys, self.residual.and_then(|r| r.get(at..at + ys.len())), self.act);
+            if let (Some(p), true) = (self.prelu, plane > 0) {
                 for (ys, &s) in ys.chunks_exact_mut(plane).zip(p.get(m0..m1).unwrap_or(&[])) {
                     crate::vector::prelu_one(ys, s);
                 }
@@ -304,28 +391,53 @@ impl Winograd {
         });
         true
     }
+}
 
-    /// Padded row `py` of the channels-last input (`pad_w x c` floats): input row `py - ph`
-    /// from column `pw` on, zeros around it (all zeros above and below the input).
-    fn pad_row(&self, x: &[f32], py: usize, row: &mut [f32]) {
+impl Winograd {
+    /// Padded row `py` of the channels-last input of the class `lat` (`pad_w x c` floats, its
+    /// padded width): the input row and columns under it (see [`Lattice`]), zeros outside
+    /// the input.
+    fn pad_row(&self, lat: &Lattice, x: &[f32], py: usize, row: &mut [f32]) {
         let c = self.c;
-        let pad_w = self.tiles().1 * TILE + 2;
-        let n = pad_w.saturating_sub(self.pw).min(self.iw) * c;
-        let src = py
-            .checked_sub(self.ph)
-            .filter(|&iy| iy < self.ih)
-            .and_then(|iy| x.get(iy * self.iw * c..iy * self.iw * c + n));
-        match (src, row.get_mut(self.pw * c..self.pw * c + n)) {
-            (Some(src), Some(d)) => {
-                d.copy_from_slice(src);
-                row.get_mut(..self.pw * c).into_iter().for_each(|z| z.fill(0.0));
-                row.get_mut(self.pw * c + n..).into_iter().for_each(|z| z.fill(0.0));
+        let pad_w = lat.tiles().1 * TILE + 2;
+        let [dh, dw] = self.dilation;
+        let iy = (lat.row0 + (dh * py) as isize)
+            .try_into()
+            .ok()
+            .filter(|&iy: &usize| iy < self.ih);
+        let Some(src) = iy.and_then(|iy| x.get(iy * self.iw * c..(iy + 1) * self.iw * c)) else {
+            row.fill(0.0);
+            return;
+        };
+        // Padded columns `lo .. hi` read the input (columns `col0 + dw px`).
+        let lo = usize::try_from(-lat.col0).unwrap_or(0).div_ceil(dw).min(pad_w);
+        let past = (self.iw as isize - lat.col0).max(0) as usize;
+        let hi = past.div_ceil(dw).clamp(lo, pad_w);
+        row.get_mut(..lo * c).into_iter().for_each(|z| z.fill(0.0));
+        row.get_mut(hi * c..).into_iter().for_each(|z| z.fill(0.0));
+        let first = (lat.col0 + (dw * lo) as isize).max(0) as usize;
+        if dw == 1 {
+            if let (Some(d), Some(s)) = (row.get_mut(lo * c..hi * c), src.get(first * c..(first + hi - lo) * c)) {
+                d.copy_from_slice(s);
             }
-            _ => row.fill(0.0),
+            return;
+        }
+        for (k, d) in row
+            .get_mut(lo * c..hi * c)
+            .unwrap_or(&mut [])
+            .chunks_exact_mut(c.max(1))
+            .enumerate()
+        {
+            let ix = first + k * dw;
+            match src.get(ix * c..(ix + 1) * c) {
+                Some(s) => d.copy_from_slice(s),
+                None => d.fill(0.0),
+            }
         }
     }
 
-    /// Whether channels-last on `threads` threads splits by tiles ([`Ctx::by_tiles`]) rather
+    /// Whether channels-last on `threads` threads splits a class of `tiles` tiles by tiles
+    /// ([`Ctx::by_tiles`]) rather
     /// than by phases. By phases, each thread reads about half of what the other wrote (V,
     /// then the products); by tiles, each thread reads all 36 packed weight matrices instead
     /// of its share. Data another core wrote costs far more to read than weights both cores
@@ -335,9 +447,8 @@ impl Winograd {
     /// slower by tiles in the first case. Hence by tiles when the data a thread would exchange
     /// (`tiles / threads x (c + m)` per position) is at least a quarter of the weights it
     /// would read in addition (`c x m` per position).
-    fn split_by_tiles(&self, threads: usize) -> bool {
-        let (th, tw) = self.tiles();
-        let exchanged = (th * tw / threads.max(1)).saturating_mul(self.c + self.m);
+    fn split_by_tiles(&self, tiles: usize, threads: usize) -> bool {
+        let exchanged = (tiles / threads.max(1)).saturating_mul(self.c + self.m);
         exchanged.saturating_mul(4) >= self.c.saturating_mul(self.m)
     }
 }
@@ -346,6 +457,8 @@ impl Winograd {
 /// epilogue and the output.
 struct Ctx<'a> {
     conv: &'a Winograd,
+    /// The class of outputs this pass computes.
+    lat: Lattice,
     u: &'a [f32],
     /// Floats of one position's packed weights.
     upacked: usize,
@@ -388,7 +501,7 @@ impl Ctx<'_> {
     fn by_tiles(&self, x: &[f32], groups: usize, scratch: &mut Vec<f32>) -> bool {
         let w = self.conv;
         let (c, m) = (w.c, w.m);
-        let (th, tw) = w.tiles();
+        let (th, tw) = self.lat.tiles();
         let t = th * tw;
         let pad_w = tw * TILE + 2;
         let groups = groups.max(1);
@@ -435,7 +548,7 @@ impl Ctx<'_> {
                 let (xpad, rest) = s.split_at_mut(xlen);
                 let (vg, pg) = rest.split_at_mut(POSITIONS * n * c);
                 for (r, row) in xpad.chunks_exact_mut((pad_w * c).max(1)).enumerate() {
-                    w.pad_row(x, ty0 * TILE + r, row);
+                    w.pad_row(&self.lat, x, ty0 * TILE + r, row);
                 }
                 vectorize_kernel(InputTransform {
                     xpad,
@@ -479,8 +592,8 @@ impl Ctx<'_> {
     /// # Safety
     /// No one else reads or writes the output pixels of `tiles` during the call.
     unsafe fn output_tiles(&self, prod: &[f32], rows: usize, first: usize, tiles: std::ops::Range<usize>) {
-        let w = self.conv;
-        let (m, tw) = (w.m, w.tiles().1);
+        let (lat, m) = (self.lat, self.conv.m);
+        let tw = lat.tiles().1;
         let Some(ty) = (tiles.start < tiles.end).then(|| tiles.start / tw) else {
             return;
         };
@@ -495,24 +608,33 @@ impl Ctx<'_> {
             first,
             tiles: tiles.clone(),
             tw,
-            oh: w.oh,
-            ow: w.ow,
+            lat,
         });
         if self.residual.is_none() && self.act.is_none() && self.prelu.is_none() {
             return;
         }
         let x0 = (tiles.start - ty * tw) * TILE;
-        let x1 = ((tiles.end - ty * tw) * TILE).min(w.ow);
-        for oy in ty * TILE..((ty + 1) * TILE).min(w.oh) {
-            let (o0, o1) = ((oy * w.ow + x0) * m, (oy * w.ow + x1) * m);
-            // SAFETY: these pixels belong to `tiles` (the caller's alone); `slice` checks
-            // the range against the buffer.
-            let Some(seg) = (unsafe { self.y.slice(o0..o1) }) else {
-                return;
-            };
-            residual_act(seg, self.residual.and_then(|r| r.get(o0..o1)), self.act);
-            if let Some(p) = self.prelu {
-                crate::vector::prelu_channels(seg, p);
+        let x1 = ((tiles.end - ty * tw) * TILE).min(lat.ow);
+        // Runs of pixels contiguous in the output: a tile row's whole width when undilated
+        // in columns, else one pixel at a time.
+        let run = if lat.col_step == 1 {
+            x1.saturating_sub(x0).max(1)
+        } else {
+            1
+        };
+        for oy in ty * TILE..((ty + 1) * TILE).min(lat.oh) {
+            for ox in (x0..x1).step_by(run) {
+                let o0 = (lat.first + oy * lat.row_step + ox * lat.col_step) * m;
+                let o1 = o0 + (run.min(x1 - ox)) * m;
+                // SAFETY: these pixels belong to `tiles` (the caller's alone); `slice` checks
+                // the range against the buffer.
+                let Some(seg) = (unsafe { self.y.slice(o0..o1) }) else {
+                    return;
+                };
+                residual_act(seg, self.residual.and_then(|r| r.get(o0..o1)), self.act);
+                if let Some(p) = self.prelu {
+                    crate::vector::prelu_channels(seg, p);
+                }
             }
         }
     }
@@ -755,8 +877,8 @@ struct OutputTransform<'a> {
     /// The tiles to transform.
     tiles: std::ops::Range<usize>,
     tw: usize,
-    oh: usize,
-    ow: usize,
+    /// The class of outputs (its size, and where its pixels are channels-last).
+    lat: Lattice,
 }
 
 impl Kernel for OutputTransform<'_> {
@@ -765,7 +887,8 @@ impl Kernel for OutputTransform<'_> {
     /// channels-last or scattered to the planes.
     #[inline(always)]
     fn run(mut self) {
-        let plane = self.oh * self.ow;
+        let (oh, ow) = (self.lat.oh, self.lat.ow);
+        let plane = oh * ow;
         let mut stage = [[[0.0f32; L]; 4]; 6];
         for tile in self.tiles.clone() {
             let (ty, tx) = (tile / self.tw, tile % self.tw);
@@ -783,7 +906,7 @@ impl Kernel for OutputTransform<'_> {
                 load(self.bias.and_then(|b| b.get(c0..)).unwrap_or(&[]), n, &mut bias);
                 for i in 0..4 {
                     let oy = ty * TILE + i;
-                    if oy >= self.oh {
+                    if oy >= oh {
                         break;
                     }
                     // res[j] = sum_b stage[b][i] AT[j][b]
@@ -792,7 +915,7 @@ impl Kernel for OutputTransform<'_> {
                     at4(&row, &mut res);
                     for (j, rj) in res.iter_mut().enumerate() {
                         let ox = tx * TILE + j;
-                        if ox >= self.ow {
+                        if ox >= ow {
                             break;
                         }
                         for (v, &b) in rj.iter_mut().zip(&bias) {
@@ -800,12 +923,13 @@ impl Kernel for OutputTransform<'_> {
                         }
                         match &mut self.dst {
                             Dst::Pixels(y) => {
+                                let pixel = self.lat.first + oy * self.lat.row_step + ox * self.lat.col_step;
                                 // SAFETY: pixel (oy, ox) is in this task's tile.
-                                unsafe { y.write((oy * self.ow + ox) * self.m + c0, &rj[..n]) };
+                                unsafe { y.write(pixel * self.m + c0, &rj[..n]) };
                             }
                             Dst::Planes(ys) => {
                                 for (k, &val) in rj[..n].iter().enumerate() {
-                                    if let Some(d) = ys.get_mut((c0 - self.m0 + k) * plane + oy * self.ow + ox) {
+                                    if let Some(d) = ys.get_mut((c0 - self.m0 + k) * plane + oy * ow + ox) {
                                         *d = val;
                                     }
                                 }

@@ -606,20 +606,27 @@ fn im2col_panels_match_reference_im2col_then_pack() {
 /// without a residual and ReLU after the bias. Bound: 1e-4 of the output's largest magnitude (measured: < 1e-5).
 /// On 2 threads channels-last, (3, 5, ..), (8, 40, ..) (9 tiles: 4 + 5, splitting a tile row)
 /// and (33, 17, ..) split by tiles, (16, 8, ..) by phases (`Winograd::split_by_tiles`).
+/// Dilated (channels-last only): each class of outputs its own pass, with pads under, equal
+/// to and over the dilation, (8, 40, ..) split by tiles and (32, 48, ..) by phases.
 #[test]
 fn winograd_matches_direct_convolution() {
     use kiln_kernels::conv::{ConvGeometry, im2col};
     use kiln_kernels::winograd::{Winograd, pack_weights};
     let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
     let mut cases = 0;
-    for (c, m, ih, iw, p) in [
-        (1, 1, 4, 4, 1),
-        (3, 5, 7, 9, 1),
-        (16, 8, 13, 6, 0),
-        (8, 40, 10, 10, 2),
-        (33, 17, 5, 11, 1),
+    for (c, m, ih, iw, p, [dh, dw]) in [
+        (1, 1, 4, 4, 1, [1, 1]),
+        (3, 5, 7, 9, 1, [1, 1]),
+        (16, 8, 13, 6, 0, [1, 1]),
+        (8, 40, 10, 10, 2, [1, 1]),
+        (33, 17, 5, 11, 1, [1, 1]),
+        (8, 40, 13, 10, 2, [2, 1]),
+        (32, 48, 12, 9, 1, [2, 1]),
+        (3, 5, 9, 11, 1, [1, 2]),
+        (16, 8, 15, 12, 2, [3, 2]),
+        (4, 16, 14, 14, 0, [2, 2]),
     ] {
-        let (oh, ow) = (ih + 2 * p - 2, iw + 2 * p - 2);
+        let (oh, ow) = (ih + 2 * p - 2 * dh, iw + 2 * p - 2 * dw);
         let x = data(c * ih * iw, (c * 7 + m) as u64, false);
         let w = data(m * c * 9, (m * 3 + ih) as u64, false);
         let bias = data(m, 99, false);
@@ -629,7 +636,7 @@ fn winograd_matches_direct_convolution() {
             kernel: &[3, 3],
             grid: &[oh, ow],
             strides: &[1, 1],
-            dilations: &[1, 1],
+            dilations: &[dh, dw],
             pad_begin: &[p, p],
         };
         let mut col = vec![0.0f32; c * 9 * oh * ow];
@@ -684,6 +691,7 @@ fn winograd_matches_direct_convolution() {
                     ph: p,
                     pw: p,
                     channels_last,
+                    dilation: [dh, dw],
                 };
                 // Channels-last X is `ih x iw x c`; its Y comes back to `m x oh x ow` to compare.
                 let xin: Vec<f32> = if channels_last {
@@ -702,6 +710,12 @@ fn winograd_matches_direct_convolution() {
                     _ => (None, None, None, &want),
                 };
                 let mut y = vec![f32::NAN; m * oh * ow];
+                if [dh, dw] != [1, 1] && !channels_last {
+                    // Dilation runs channels-last only: refused, not computed wrong.
+                    let mut scratch = Vec::new();
+                    assert!(!g.run(&xin, &u, layout, Some(&bias), r, act, prelu, &mut y, &mut scratch));
+                    continue;
+                }
                 // A scratch left by a larger layer (longer, and NaN wherever the run would
                 // read an element it did not write first): kept as it is, never re-zeroed.
                 let mut scratch = vec![f32::NAN; g.scratch_len().unwrap() + 1000];
@@ -726,7 +740,7 @@ fn winograd_matches_direct_convolution() {
             }
         }
     }
-    assert_eq!(cases, 90);
+    assert_eq!(cases, 90 + 5 * 2 * 5);
 }
 
 /// A product over chosen row ranges of a packed B ([`PackedBRef::gather`]: ranges anywhere in

@@ -403,7 +403,7 @@ mod tests {
         let g = b.finish(&[y]);
         let bytes = |n: usize, seed: u32| -> Vec<u8> {
             (0..n as u32)
-                .map(|i| ((i * 2654435761u32).wrapping_add(seed) >> 24) as u8)
+                .map(|i| (i.wrapping_mul(2654435761u32).wrapping_add(seed) >> 24) as u8)
                 .collect()
         };
         let inputs = vec![

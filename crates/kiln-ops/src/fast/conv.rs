@@ -228,7 +228,8 @@ impl<'a> Planned<'a> {
 
     /// The Winograd path (see [`ConvPlan::winograd`]): f32 X `[N, c, H, W]` (or `[N, H, W, c]`
     /// channels-last), the packed weights,
-    /// optional bias and residual; 3x3, stride 1, no dilation, group 1 by construction.
+    /// optional bias and residual; 3x3, stride 1, group 1 by construction, dilated only
+    /// channels-last.
     pub(super) fn eval_winograd(
         &self,
         args: &Args<'_>,
@@ -266,10 +267,26 @@ impl<'a> Planned<'a> {
             return Err(OpError::input_value(1, expected, format!("{} floats", u.len())));
         }
         let pads = pads_attr(&self.pads, 2)?;
+        let dilation = [0, 1].map(|i| self.dilations.get(i).copied().unwrap_or(1));
+        if dilation != [1, 1] && !self.plan.channels_last {
+            return Err(OpError::Unsupported(format!(
+                "a dilated ({dilation:?}) Winograd convolution channels-first (it runs channels-last)"
+            )));
+        }
         // H and W: axes 1 and 2 of a channels-last X, 2 and 3 of a channels-first one.
         let ah = if self.plan.channels_last { 1 } else { 2 };
-        let gh = window_geom(x.shape(), ah, 3, 1, 1, pads[0], pads[2], self.auto_pad, false)?;
-        let gw = window_geom(x.shape(), ah + 1, 3, 1, 1, pads[1], pads[3], self.auto_pad, false)?;
+        let gh = window_geom(x.shape(), ah, 3, 1, dilation[0], pads[0], pads[2], self.auto_pad, false)?;
+        let gw = window_geom(
+            x.shape(),
+            ah + 1,
+            3,
+            1,
+            dilation[1],
+            pads[1],
+            pads[3],
+            self.auto_pad,
+            false,
+        )?;
         let shape: kiln_tensor::Shape = if self.plan.channels_last {
             kiln_tensor::smallvec::smallvec![batch, gh.out, gw.out, m]
         } else {
@@ -289,6 +306,7 @@ impl<'a> Planned<'a> {
             ph: gh.pad_begin,
             pw: gw.pad_begin,
             channels_last: self.plan.channels_last,
+            dilation,
         };
         g.scratch_len()
             .and_then(|n| numel(&[n]).ok())
