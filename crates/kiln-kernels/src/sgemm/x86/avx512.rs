@@ -300,10 +300,10 @@ unsafe fn tile<const R: usize, const NARROW: bool, const CHAINS: bool>(
     // their lines meanwhile, so the epilogue finds them in cache instead of stalling on memory
     // once per tile. C's on every depth block: after the first, the tile adds to C, which by
     // then may have left L2 (a 128 x 3072 C is 1.5 MiB; 86% -> 92% of peak on 128x3072x768).
-    // The prefetches are spread over the first depth steps, one per step, rather than issued
-    // all at once (up to 32 lines, more than the core tracks). Prefetches are hints: they
-    // never fault. Line `q` is C's (then the residual's) row `q / 2`, half `q % 2`: computed
-    // per step, not listed in an array first (its 32 stores were a fixed cost per tile).
+    // The full tiles spread the prefetches over their first R depth steps, a row's lines a
+    // step, rather than issue all at once (up to 32 lines, more than the core tracks); the
+    // chained few-row tiles (`CHAINS`) issue theirs first. Prefetches are hints: they never
+    // fault. Line `q` is C's (then the residual's) row `q / 2`, half `q % 2`.
     let (resid, resid_ld) = epi.map_or((std::ptr::null(), 0), |e| (e.resid, e.resid_ld));
     let n = if resid.is_null() { 2 * R } else { 4 * R };
     let line = |q: usize| -> *const i8 {
@@ -407,10 +407,26 @@ unsafe fn tile<const R: usize, const NARROW: bool, const CHAINS: bool>(
             }
         }
     } else {
-        let head = kc.min(n);
-        for p in 0..head {
-            step!(p);
-            _mm_prefetch::<_MM_HINT_ET0>(line(p));
+        // C's rows (and the residual's) fetched over the first R depth steps, a row's two
+        // lines a step (the rows are read and written after the loop). A line a step over
+        // the first 16-32 steps, its address computed from the step, had been a quarter of a
+        // 64-deep tile's time (ResNet's 1x1 layers); all lines before the loop, or a row a
+        // turn of the unrolled loop (which made the compiler spill accumulators), were slower.
+        let (mut cl, mut rl) = (c.cast_const().cast::<i8>(), resid.cast::<i8>());
+        let (c_step, r_step) = (ldc * 4, resid_ld * 4);
+        let head = kc.min(R);
+        for p in 0..R {
+            if p < head {
+                step!(p);
+            }
+            _mm_prefetch::<_MM_HINT_ET0>(cl);
+            _mm_prefetch::<_MM_HINT_ET0>(cl.wrapping_add(64));
+            cl = cl.wrapping_add(c_step);
+            if !rl.is_null() {
+                _mm_prefetch::<_MM_HINT_T0>(rl);
+                _mm_prefetch::<_MM_HINT_T0>(rl.wrapping_add(64));
+                rl = rl.wrapping_add(r_step);
+            }
         }
         // The next panel's slice (`Ahead`): two lines a turn, into L2; what the depth loop
         // leaves over after it. Hints: past-the-end addresses are never formed beyond the
@@ -427,9 +443,6 @@ unsafe fn tile<const R: usize, const NARROW: bool, const CHAINS: bool>(
         while pf < pf_end {
             _mm_prefetch::<_MM_HINT_T1>(pf);
             pf = pf.wrapping_add(64);
-        }
-        for q in head..n {
-            _mm_prefetch::<_MM_HINT_ET0>(line(q));
         }
     }
     if NARROW {
