@@ -607,7 +607,8 @@ fn im2col_panels_match_reference_im2col_then_pack() {
 /// On 2 threads channels-last, (3, 5, ..), (8, 40, ..) (9 tiles: 4 + 5, splitting a tile row)
 /// and (33, 17, ..) split by tiles, (16, 8, ..) by phases (`Winograd::split_by_tiles`).
 /// Dilated (channels-last only): each class of outputs its own pass, with pads under, equal
-/// to and over the dilation, (8, 40, ..) split by tiles and (32, 48, ..) by phases.
+/// to and over the dilation, (8, 40, ..) split by tiles and (32, 48, ..) by phases. The 64 ->
+/// 64 layers run their tiles in two chunks on one thread (`chunk_tiles`).
 #[test]
 fn winograd_matches_direct_convolution() {
     use kiln_kernels::conv::{ConvGeometry, im2col};
@@ -625,6 +626,9 @@ fn winograd_matches_direct_convolution() {
         (3, 5, 9, 11, 1, [1, 2]),
         (16, 8, 15, 12, 2, [3, 2]),
         (4, 16, 14, 14, 0, [2, 2]),
+        // 81 tiles of 64 + 64 channels (a class of 81 dilated): on one thread, two chunks.
+        (64, 64, 34, 34, 1, [1, 1]),
+        (64, 64, 70, 34, 2, [2, 1]),
     ] {
         let (oh, ow) = (ih + 2 * p - 2 * dh, iw + 2 * p - 2 * dw);
         let x = data(c * ih * iw, (c * 7 + m) as u64, false);
@@ -740,7 +744,7 @@ fn winograd_matches_direct_convolution() {
             }
         }
     }
-    assert_eq!(cases, 90 + 5 * 2 * 5);
+    assert_eq!(cases, 6 * 2 * 9 + 6 * 2 * 5);
 }
 
 /// A product over chosen row ranges of a packed B ([`PackedBRef::gather`]: ranges anywhere in
