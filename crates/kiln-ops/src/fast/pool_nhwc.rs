@@ -107,6 +107,10 @@ impl Pool {
     }
 }
 
+/// Elements of one image from which a channels-last global pool splits its channels over
+/// the threads (smaller ones run on the calling thread).
+const GLOBAL_SPLIT_MIN: usize = 1 << 16;
+
 impl GlobalPool {
     /// `[N, H, W, C]` to `[N, 1, 1, C]` (any rank >= 2).
     pub(crate) fn infer_channels_last(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
@@ -146,10 +150,22 @@ impl GlobalPool {
             let init = if max { f32::NEG_INFINITY } else { 0.0 };
             let mut y = crate::util::out_f32(n * c);
             y.fill(init);
-            for (img, out) in y.chunks_exact_mut(c.max(1)).enumerate() {
+            // Over the pool: by image, or for one image by ranges of channels (whole vectors)
+            // when it is large enough to pay for the split (an SE block's 243 x 480 plane).
+            let c1 = c.max(1);
+            let threads = kiln_kernels::pool::current_threads();
+            let chunk = if n == 1 && threads > 1 && plane.saturating_mul(c) >= GLOBAL_SPLIT_MIN {
+                c1.div_ceil(threads).next_multiple_of(16).min(c1)
+            } else {
+                c1
+            };
+            kiln_kernels::pool::for_each_chunk_mut(&mut y, chunk, &|i, out| {
+                // Chunk `i`: image `img`, channels `ch0 ..` (a whole image when `chunk` is `c`).
+                let (img, ch0) = ((i * chunk) / c1, (i * chunk) % c1);
                 let rows = xd.get(img * plane * c..(img + 1) * plane * c).unwrap_or(&[]);
                 kiln_kernels::simd::vectorize(|| {
-                    for row in rows.chunks_exact(c.max(1)) {
+                    for row in rows.chunks_exact(c1) {
+                        let row = row.get(ch0..ch0 + out.len()).unwrap_or(&[]);
                         if max {
                             out.iter_mut()
                                 .zip(row)
@@ -163,7 +179,7 @@ impl GlobalPool {
                     let scale = 1.0 / plane as f32;
                     out.iter_mut().for_each(|o| *o *= scale);
                 }
-            }
+            });
             return Ok(smallvec::smallvec![Value::Tensor(Tensor::from_buf(shape, y)?)]);
         }
         let xd = x.to_f64_vec();
@@ -693,11 +709,18 @@ mod tests {
     }
 
     /// Global pooling channels-last (f32 Average and Max on the row loop, Lp and f64 on the
-    /// strided fallback) against the channels-first evaluation, with a NaN in one plane.
+    /// strided fallback) against the channels-first evaluation, with a NaN in one plane; two
+    /// images by image, and one large image on two threads by channel ranges (32 + 8).
     #[test]
     fn channels_last_global_pools_match_channels_first() {
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        for xs in [[2, 21, 3, 5], [1, 40, 50, 40]] {
+            global_pools_case(&pool, xs);
+        }
+    }
+
+    fn global_pools_case(pool: &kiln_kernels::pool::ThreadPool, xs: [usize; 4]) {
         let mut seed = 5u32;
-        let xs = [2, 21, 3, 5];
         let total: usize = xs.iter().product();
         let mut x: Vec<f32> = (0..total)
             .map(|_| {
@@ -715,11 +738,11 @@ mod tests {
             let (first, last) = (false, true);
             let run = |last: &bool, shape: &[usize], v: Vec<f32>| {
                 let x = Value::Tensor(Tensor::from_vec(shape, v).unwrap());
-                planned(&op, *last, &x)[0].as_tensor().unwrap().clone()
+                pool.install(|| planned(&op, *last, &x)[0].as_tensor().unwrap().clone())
             };
             let want = run(&first, &xs, x.clone());
             let got = run(&last, &[xs[0], xs[2], xs[3], xs[1]], to_last(&x, xs));
-            assert_eq!(got.shape(), &[2, 1, 1, 21]);
+            assert_eq!(got.shape(), &[xs[0], 1, 1, xs[1]]);
             let (g, w) = (got.as_slice::<f32>().unwrap(), want.as_slice::<f32>().unwrap());
             assert_eq!(g.len(), w.len());
             for (i, (g, w)) in g.iter().zip(w).enumerate() {
@@ -728,9 +751,10 @@ mod tests {
                     "{kind:?} [{i}]: {g} vs {w}"
                 );
             }
-            // X[0, 1, 0, 2] (flat 17 = 1 * 15 + 2) is NaN: channel 1's average is NaN, its
-            // max skips it (Lp's f64 powers carry it).
-            assert_eq!(g[1].is_nan(), kind != GlobalPoolKind::Max);
+            // Flat 17 of X (channels-first) is NaN: its channel's average is NaN, its max
+            // skips it (Lp's f64 powers carry it).
+            let nan_channel = (17 / (xs[2] * xs[3])) % xs[1];
+            assert_eq!(g[nan_channel].is_nan(), kind != GlobalPoolKind::Max);
             let plan = crate::fast::Plan::Pool(PoolPlan { channels_last: last });
             let inferred = crate::fast::infer(
                 &op,
