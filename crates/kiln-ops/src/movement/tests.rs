@@ -230,6 +230,17 @@ fn gather_and_gather_elements() {
     );
     assert_eq!(y.shape(), &[2, 2]);
     assert_eq!(vals(&y), vec![3.0, 1.0, 6.0, 4.0]);
+    // A scalar index picks a column (one element per row).
+    let y = run1(
+        MovementOp::Gather(Gather { axis: 1 }),
+        vec![Some(x.clone()), Some(i64t(&[], &[1]))],
+    );
+    assert_eq!(y.shape(), &[2]);
+    assert_eq!(vals(&y), vec![2.0, 5.0]);
+    // An index out of range is an error, not a value.
+    let bad = [Some(Value::Tensor(x.clone())), Some(Value::Tensor(i64t(&[1], &[3])))];
+    let refs: Vec<Option<&Value>> = bad.iter().map(Option::as_ref).collect();
+    assert!(MovementOp::Gather(Gather { axis: 1 }).eval(&Args::new(&refs)).is_err());
     let y = run1(
         MovementOp::GatherElements(GatherElements { axis: 0 }),
         vec![Some(x), Some(i64t(&[1, 3], &[1, 0, 1]))],
@@ -247,6 +258,26 @@ fn gathernd_batch_dims() {
     );
     assert_eq!(y.shape(), &[2, 2]);
     assert_eq!(y.as_slice::<i64>().unwrap(), &[2, 3, 4, 5]);
+}
+
+/// GatherND picking single elements of an f32 vector (`x[indices]`), negative indices
+/// counting from the end; an index out of range is an error.
+#[test]
+fn gathernd_picks_vector_elements() {
+    let x = f32t(&[5], &[10.0, 11.0, 12.0, 13.0, 14.0]);
+    let y = run1(
+        MovementOp::GatherND(GatherND { batch_dims: 0 }),
+        vec![Some(x.clone()), Some(i64t(&[3, 1], &[3, -1, 0]))],
+    );
+    assert_eq!(y.shape(), &[3]);
+    assert_eq!(vals(&y), vec![13.0, 14.0, 10.0]);
+    let bad = [Some(Value::Tensor(x)), Some(Value::Tensor(i64t(&[1, 1], &[5])))];
+    let refs: Vec<Option<&Value>> = bad.iter().map(Option::as_ref).collect();
+    assert!(
+        MovementOp::GatherND(GatherND { batch_dims: 0 })
+            .eval(&Args::new(&refs))
+            .is_err()
+    );
 }
 
 #[test]
