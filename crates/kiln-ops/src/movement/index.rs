@@ -709,13 +709,13 @@ pub struct NonZero;
 impl NonZero {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let x = args.tensor(0)?;
-        // The flat positions of the nonzero elements, read in each element type directly.
+        // The flat positions of the nonzero elements, read in each element type directly,
+        // counted first so the list is allocated once (grown by doubling, a [3234] mask's
+        // list had been most of the op's time).
         fn hits<T: Copy>(v: &[T], nonzero: impl Fn(T) -> bool) -> Vec<usize> {
-            v.iter()
-                .enumerate()
-                .filter(|&(_, &e)| nonzero(e))
-                .map(|(i, _)| i)
-                .collect()
+            let mut out = Vec::with_capacity(v.iter().filter(|&&e| nonzero(e)).count());
+            out.extend(v.iter().enumerate().filter(|&(_, &e)| nonzero(e)).map(|(i, _)| i));
+            out
         }
         let hits: Vec<usize> = match x.data() {
             Data::Str(v) => v
