@@ -119,8 +119,8 @@ pub fn pack_weights(w: &[f32], m: usize, c: usize, layout: BLayout) -> Result<Ve
 /// Dilated (channels-last only): with dilation `(dh, dw)`, the outputs of rows `a, a + dh, ..`
 /// and columns `b, b + dw, ..` read only the input rows `a - ph + dh k` and columns
 /// `b - pw + dw k`: an undilated 3x3 convolution over that sub-grid. Each of the `dh x dw`
-/// classes runs as one ([`Lattice`]), its padded input gathered from the sub-grid and its
-/// outputs written in place, so a dilated layer gets Winograd's 4x fewer multiplies too.
+/// classes runs as one ([`Lattice`]), its input read from the sub-grid and its outputs
+/// written in place, so a dilated layer gets Winograd's 4x fewer multiplies too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Winograd {
     pub c: usize,
@@ -190,7 +190,8 @@ impl Winograd {
         self.lattices().and_then(|mut l| l.next()).map_or((0, 0), |l| l.tiles())
     }
 
-    /// Scratch floats [`Self::run`] needs (padded input, V and the products).
+    /// Scratch floats [`Self::run`] needs (a padded copy of a channels-first input, V and the
+    /// products of the largest class of outputs).
     pub fn scratch_len(&self) -> Option<usize> {
         let (th, tw) = self.tiles();
         let t = th.checked_mul(tw)?;
@@ -269,6 +270,68 @@ impl Winograd {
         }
         true
     }
+
+    /// The channels-last input `x` as the class `lat` reads it (see [`Lattice`]).
+    fn source<'a>(&self, lat: &Lattice, x: &'a [f32]) -> Source<'a> {
+        let [dh, dw] = self.dilation;
+        Source {
+            x,
+            ih: self.ih,
+            iw: self.iw,
+            row0: lat.row0,
+            col0: lat.col0,
+            dh,
+            dw,
+        }
+    }
+
+    /// Whether channels-last on `threads` threads splits a class of `tiles` tiles by tiles
+    /// ([`Ctx::by_tiles`]) rather than by phases. By phases, each thread reads about half of what the other wrote (V,
+    /// then the products); by tiles, each thread reads all 36 packed weight matrices instead
+    /// of its share. Data another core wrote costs far more to read than weights both cores
+    /// only read: on this 2-vCPU VM, splitting 56x56x64 and 28x28x128 layers by tiles was
+    /// faster both when the two vCPUs shared a cache and (much faster, ~1.4x) when the host
+    /// placed them apart; 14x14x256 layers (16 tiles, 256 KB of weights per position) were ~7%
+    /// slower by tiles in the first case. Hence by tiles when the data a thread would exchange
+    /// (`tiles / threads x (c + m)` per position) is at least a quarter of the weights it
+    /// would read in addition (`c x m` per position).
+    fn split_by_tiles(&self, tiles: usize, threads: usize) -> bool {
+        let exchanged = (tiles / threads.max(1)).saturating_mul(self.c + self.m);
+        exchanged.saturating_mul(4) >= self.c.saturating_mul(self.m)
+    }
+}
+
+/// Bytes of V and the products a chunk of tiles may take ([`chunk_tiles`]).
+const CHUNK_BYTES: usize = 1 << 20;
+/// Fewest tiles in a chunk: each chunk reads all 36 packed weight matrices again, and a
+/// product of few rows runs its GEMM tiles poorly.
+const CHUNK_MIN_TILES: usize = 64;
+
+/// Tiles channels-last Winograd takes through every phase at once (per thread): as many as
+/// keep their V and products (`36 x (c + m)` floats a tile) within [`CHUNK_BYTES`], at least
+/// [`CHUNK_MIN_TILES`]. All of a layer's tiles at once had written V and the products out to
+/// memory and read them back: 7.8 MB each for a 32 -> 32 layer at 450 x 60 (DNSMOS).
+fn chunk_tiles(c: usize, m: usize) -> usize {
+    (CHUNK_BYTES / (4 * POSITIONS * (c + m).max(1))).max(CHUNK_MIN_TILES)
+}
+
+/// What the phases of one [`Winograd::run`] share: the geometry, the packed weights, the
+/// epilogue and the output.
+struct Ctx<'a> {
+    conv: &'a Winograd,
+    /// The class of outputs this pass computes.
+    lat: Lattice,
+    u: &'a [f32],
+    /// Floats of one position's packed weights.
+    upacked: usize,
+    layout: BLayout,
+    bias: Option<&'a [f32]>,
+    residual: Option<&'a [f32]>,
+    act: Option<Act>,
+    /// PRelu slopes, one per output channel, after the activation (never with one).
+    prelu: Option<&'a [f32]>,
+    /// The whole output (`m x oh x ow` floats); tasks write the pixels of their own tiles.
+    y: RawOut,
 }
 
 impl Ctx<'_> {
@@ -283,9 +346,8 @@ impl Ctx<'_> {
         }
         let Some(len) = w.scratch_len() else { return false };
         let threads = pool::current_threads().clamp(1, t);
-        let ctx = self;
         if w.channels_last && (threads == 1 || w.split_by_tiles(t, threads)) {
-            return ctx.by_tiles(x, threads, scratch);
+            return self.by_tiles(x, threads, scratch);
         }
         // V and the products are overwritten whole, and the padded input is zeroed below.
         let scratch = crate::recycle::scratch(scratch, len);
@@ -353,7 +415,7 @@ impl Ctx<'_> {
         // (a thread slowed by the host does fewer).
         let failed = std::sync::atomic::AtomicBool::new(false);
         pool::for_each_chunk_balanced(prod, t * m, &|xi, out| {
-            if !ctx.product(xi, v, t, out) {
+            if !self.product(xi, v, t, out) {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         });
@@ -365,7 +427,7 @@ impl Ctx<'_> {
             // Output transform in parallel over tile rows: each task owns 4 whole rows of y.
             pool::parallel_for(th, &|ty| {
                 // SAFETY: task `ty` alone writes the pixels of tile row `ty`.
-                unsafe { ctx.output_tiles(prod, t, 0, ty * tw..((ty + 1) * tw).min(t)) };
+                unsafe { self.output_tiles(prod, t, 0, ty * tw..((ty + 1) * tw).min(t)) };
             });
             return true;
         }
@@ -403,74 +465,7 @@ impl Ctx<'_> {
         });
         true
     }
-}
 
-impl Winograd {
-    /// The channels-last input `x` as the class `lat` reads it (see [`Lattice`]).
-    fn source<'a>(&self, lat: &Lattice, x: &'a [f32]) -> Source<'a> {
-        let [dh, dw] = self.dilation;
-        Source {
-            x,
-            ih: self.ih,
-            iw: self.iw,
-            row0: lat.row0,
-            col0: lat.col0,
-            dh,
-            dw,
-        }
-    }
-
-    /// Whether channels-last on `threads` threads splits a class of `tiles` tiles by tiles
-    /// ([`Ctx::by_tiles`]) rather
-    /// than by phases. By phases, each thread reads about half of what the other wrote (V,
-    /// then the products); by tiles, each thread reads all 36 packed weight matrices instead
-    /// of its share. Data another core wrote costs far more to read than weights both cores
-    /// only read: on this 2-vCPU VM, splitting 56x56x64 and 28x28x128 layers by tiles was
-    /// faster both when the two vCPUs shared a cache and (much faster, ~1.4x) when the host
-    /// placed them apart; 14x14x256 layers (16 tiles, 256 KB of weights per position) were ~7%
-    /// slower by tiles in the first case. Hence by tiles when the data a thread would exchange
-    /// (`tiles / threads x (c + m)` per position) is at least a quarter of the weights it
-    /// would read in addition (`c x m` per position).
-    fn split_by_tiles(&self, tiles: usize, threads: usize) -> bool {
-        let exchanged = (tiles / threads.max(1)).saturating_mul(self.c + self.m);
-        exchanged.saturating_mul(4) >= self.c.saturating_mul(self.m)
-    }
-}
-
-/// Bytes of V and the products a chunk of tiles may take ([`chunk_tiles`]).
-const CHUNK_BYTES: usize = 1 << 20;
-/// Fewest tiles in a chunk: each chunk reads all 36 packed weight matrices again, and a
-/// product of few rows runs its GEMM tiles poorly.
-const CHUNK_MIN_TILES: usize = 64;
-
-/// Tiles channels-last Winograd takes through every phase at once (per thread): as many as
-/// keep their V and products (`36 x (c + m)` floats a tile) within [`CHUNK_BYTES`], at least
-/// [`CHUNK_MIN_TILES`]. All of a layer's tiles at once had written V and the products out to
-/// memory and read them back: 7.8 MB each for a 32 -> 32 layer at 450 x 60 (DNSMOS).
-fn chunk_tiles(c: usize, m: usize) -> usize {
-    (CHUNK_BYTES / (4 * POSITIONS * (c + m).max(1))).max(CHUNK_MIN_TILES)
-}
-
-/// What the phases of one [`Winograd::run`] share: the geometry, the packed weights, the
-/// epilogue and the output.
-struct Ctx<'a> {
-    conv: &'a Winograd,
-    /// The class of outputs this pass computes.
-    lat: Lattice,
-    u: &'a [f32],
-    /// Floats of one position's packed weights.
-    upacked: usize,
-    layout: BLayout,
-    bias: Option<&'a [f32]>,
-    residual: Option<&'a [f32]>,
-    act: Option<Act>,
-    /// PRelu slopes, one per output channel, after the activation (never with one).
-    prelu: Option<&'a [f32]>,
-    /// The whole output (`m x oh x ow` floats); tasks write the pixels of their own tiles.
-    y: RawOut,
-}
-
-impl Ctx<'_> {
     /// Product `xi`: `out (rows x m) = V_xi (rows x c) * U_xi`, `v` holding `rows` tiles per
     /// position. False when a slice does not fit.
     fn product(&self, xi: usize, v: &[f32], rows: usize, out: &mut [f32]) -> bool {

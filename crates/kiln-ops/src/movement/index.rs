@@ -288,7 +288,7 @@ impl GatherND {
             let mut out = crate::util::out_f32(rows * inner);
             // Single elements of a vector (`data[indices]`, a detector's per-box picks): one
             // read each, no slice copy (SSDLite's 180 picks from [3234]).
-            if let ([n], true) = (&ds[b..], inner == 1 && nb == 1) {
+            if let ([n], 1) = (&ds[b..], nb) {
                 for (d, &i) in out.iter_mut().zip(idx.iter()) {
                     let at = norm_index(i, *n)?;
                     *d = *xs.get(at).ok_or(OpError::IndexOutOfRange {
