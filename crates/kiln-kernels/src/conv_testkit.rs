@@ -10,8 +10,9 @@ use crate::sgemm::{Act, BLayout, Bias, Epilogue, PackedB, PackedBRef, Residual};
 /// The levels of a direct kernel module's `rows_with(level, ...)` as [`RowsAt`]s: the scalar
 /// twin (`$portable`), and the AVX-512 tiles (`$avx512`) where the machine runs them.
 macro_rules! levels {
-    ($rows_with:ident, $portable:ident, $avx512:ident) => {{
-        fn level<const VECTOR: bool>(
+    ($rows_with:ident, $portable:ident, $avx2:ident, $avx512:ident) => {{
+        /// `LEVEL`: 0 the scalar twin, 1 AVX2, 2 AVX-512.
+        fn level<const LEVEL: u8>(
             g: &$crate::conv::Conv2d,
             m: usize,
             x: $crate::planar::Source<'_>,
@@ -21,14 +22,19 @@ macro_rules! levels {
             e: &$crate::sgemm::Epilogue<'_>,
         ) -> bool {
             #[cfg(target_arch = "x86_64")]
-            if VECTOR {
-                return $rows_with(&$avx512, g, m, x, w, oy0, y, e);
+            match LEVEL {
+                1 => return $rows_with(&$avx2, g, m, x, w, oy0, y, e),
+                2 => return $rows_with(&$avx512, g, m, x, w, oy0, y, e),
+                _ => {}
             }
             $rows_with(&$portable, g, m, x, w, oy0, y, e)
         }
-        let mut levels: Vec<&'static $crate::conv_testkit::RowsAt> = vec![&level::<false>];
-        if cfg!(target_arch = "x86_64") && supported() {
-            levels.push(&level::<true>);
+        let mut levels: Vec<&'static $crate::conv_testkit::RowsAt> = vec![&level::<0>];
+        if cfg!(target_arch = "x86_64") && $crate::isa::Isa::Avx2Fma.is_supported() {
+            levels.push(&level::<1>);
+        }
+        if cfg!(target_arch = "x86_64") && $crate::isa::Isa::Avx512.is_supported() {
+            levels.push(&level::<2>);
         }
         levels
     }};

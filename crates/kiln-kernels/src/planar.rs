@@ -65,10 +65,10 @@ pub enum Source<'a> {
     First(&'a [f32]),
 }
 
-/// Whether the kernel runs on this machine's active level (AVX-512); elsewhere callers keep
-/// their GEMM paths.
+/// Whether the kernel runs on this machine's active level (AVX-512 or AVX2); elsewhere
+/// callers keep their GEMM paths.
 pub fn supported() -> bool {
-    crate::isa::active() == crate::isa::Isa::Avx512
+    matches!(crate::isa::active(), crate::isa::Isa::Avx512 | crate::isa::Isa::Avx2Fma)
 }
 
 /// A tile's depth sweep: `k` steps, step `p` multiplying the weights at `w + p * nr` (one
@@ -330,6 +330,157 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Depth, LANES, Outs};
+    use crate::sgemm::x86::avx2::VecEpi;
+    use std::arch::x86_64::*;
+
+    /// Lanes of a ymm vector: a 16-pixel vector is two of them.
+    const HALF: usize = 8;
+
+    /// The depth sums of a tile in registers, each pixel vector as two ymm halves (the
+    /// level's tiles keep R x PV <= 6: 12 accumulators, two loads and a broadcast).
+    ///
+    /// # Safety
+    /// As [`super::sums`]; the CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn sums<const R: usize, const PV: usize>(Depth { k, w, nr, x, offs }: Depth) -> [[[__m256; 2]; PV]; R] {
+        let mut acc = [[[_mm256_setzero_ps(); 2]; PV]; R];
+        for p in 0..k {
+            // SAFETY: the caller's contract: `offs[p]` and the PV vectors of 16 floats at
+            // `x + offs[p]` and the R weights at `w + p * nr` are readable.
+            unsafe {
+                let xp = x.offset(*offs.add(p));
+                let wp = w.add(p * nr);
+                let mut xv = [[_mm256_setzero_ps(); 2]; PV];
+                for (v, xv) in xv.iter_mut().enumerate() {
+                    xv[0] = _mm256_loadu_ps(xp.add(v * LANES));
+                    xv[1] = _mm256_loadu_ps(xp.add(v * LANES + HALF));
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let wv = _mm256_set1_ps(*wp.add(r));
+                    for (a, xv) in acc.iter_mut().zip(xv.iter()) {
+                        a[0] = _mm256_fmadd_ps(wv, xv[0], a[0]);
+                        a[1] = _mm256_fmadd_ps(wv, xv[1], a[1]);
+                    }
+                }
+            }
+        }
+        acc
+    }
+
+    /// [`super::tile_portable`] on AVX2.
+    ///
+    /// # Safety
+    /// As [`super::tile_portable`]; the CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile<const R: usize, const PV: usize>(d: Depth, out: *mut f32, ldo: usize) {
+        // SAFETY: the caller's contract.
+        let acc = unsafe { sums::<R, PV>(d) };
+        for (r, acc) in acc.iter().enumerate() {
+            for (v, a) in acc.iter().enumerate() {
+                // SAFETY: the caller's contract: row `r < R` of `out` has 16 * PV writable floats.
+                unsafe {
+                    _mm256_storeu_ps(out.add(r * ldo + v * LANES), a[0]);
+                    _mm256_storeu_ps(out.add(r * ldo + v * LANES + HALF), a[1]);
+                }
+            }
+        }
+    }
+
+    /// [`super::nhwc_portable`] on AVX2: the epilogue on the accumulators, then each half
+    /// vector's 8 pixels by (up to) 8 channel rows transposed in registers (unpacks and
+    /// shuffles to 4-channel quarters per 128-bit lane, a lane permute joining a pixel's
+    /// two quarters) and stored as a pixel's `R` channels with a masked store.
+    ///
+    /// # Safety
+    /// As [`super::nhwc_portable`] with `R <= 8`; the CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn nhwc<const R: usize, const PV: usize>(
+        d: Depth,
+        y: *mut f32,
+        ldy: usize,
+        pixels: usize,
+        outs: &Outs,
+    ) {
+        // SAFETY: the caller's contract.
+        let acc = unsafe { sums::<R, PV>(d) };
+        let epi = VecEpi::new(outs.act, outs.post);
+        let zero = _mm256_setzero_ps();
+        let mut rows = [[[zero; 2]; PV]; 8];
+        for (r, (acc, row)) in acc.iter().zip(rows.iter_mut()).enumerate() {
+            // SAFETY: the caller's contract: non-null vectors hold R floats.
+            let (b, s) = unsafe {
+                (
+                    (!outs.bias.is_null()).then(|| _mm256_set1_ps(*outs.bias.add(r))),
+                    (!outs.slopes.is_null()).then(|| _mm256_set1_ps(*outs.slopes.add(r))),
+                )
+            };
+            for (a, o) in acc.iter().zip(row.iter_mut()) {
+                for (&a, o) in a.iter().zip(o.iter_mut()) {
+                    let mut v = a;
+                    if let Some(b) = b {
+                        v = _mm256_add_ps(v, b);
+                    }
+                    v = epi.apply(v);
+                    if let Some(s) = s {
+                        v = _mm256_blendv_ps(v, _mm256_mul_ps(v, s), _mm256_cmp_ps::<_CMP_LT_OQ>(v, zero));
+                    }
+                    *o = v;
+                }
+            }
+        }
+        // Lanes below R set: the channels a pixel's store writes.
+        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(R as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for v in 0..PV {
+            for half in 0..2 {
+                let first = v * LANES + half * HALF;
+                let n = pixels.saturating_sub(first).min(HALF);
+                if n == 0 {
+                    break;
+                }
+                let a = |r: usize| rows[r][v][half];
+                // Per 128-bit lane l: u[q] holds pixel 4l + q's channels 0-3, h[q] its 4-7.
+                let (t0, t1) = (_mm256_unpacklo_ps(a(0), a(1)), _mm256_unpackhi_ps(a(0), a(1)));
+                let (t2, t3) = (_mm256_unpacklo_ps(a(2), a(3)), _mm256_unpackhi_ps(a(2), a(3)));
+                let (t4, t5) = (_mm256_unpacklo_ps(a(4), a(5)), _mm256_unpackhi_ps(a(4), a(5)));
+                let (t6, t7) = (_mm256_unpacklo_ps(a(6), a(7)), _mm256_unpackhi_ps(a(6), a(7)));
+                let u = [
+                    _mm256_shuffle_ps::<0x44>(t0, t2),
+                    _mm256_shuffle_ps::<0xEE>(t0, t2),
+                    _mm256_shuffle_ps::<0x44>(t1, t3),
+                    _mm256_shuffle_ps::<0xEE>(t1, t3),
+                ];
+                let h = [
+                    _mm256_shuffle_ps::<0x44>(t4, t6),
+                    _mm256_shuffle_ps::<0xEE>(t4, t6),
+                    _mm256_shuffle_ps::<0x44>(t5, t7),
+                    _mm256_shuffle_ps::<0xEE>(t5, t7),
+                ];
+                // SAFETY: the caller's contract: pixel `first + q < pixels` has R writable
+                // floats at `y + (first + q) * ldy`; the mask covers lanes `< R`.
+                unsafe {
+                    let yv = y.add(first * ldy);
+                    for q in 0..4 {
+                        if q < n {
+                            _mm256_maskstore_ps(yv.add(q * ldy), mask, _mm256_permute2f128_ps::<0x20>(u[q], h[q]));
+                        }
+                        if q + 4 < n {
+                            _mm256_maskstore_ps(
+                                yv.add((q + 4) * ldy),
+                                mask,
+                                _mm256_permute2f128_ps::<0x31>(u[q], h[q]),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 macro_rules! tiles {
     ($($f:ident)::+) => {
         [
@@ -345,42 +496,60 @@ macro_rules! tiles {
     };
 }
 
-/// A level's tiles, by channels and pixel vectors.
+/// A level's tiles, by channels and pixel vectors, and the largest it takes (what fits its
+/// registers).
 struct Level {
     planes: [[TileFn; 3]; MAX_ROWS],
     nhwc: [[NhwcFn; 3]; MAX_ROWS],
+    rows: usize,
+    vectors: usize,
 }
 
 static PORTABLE: Level = Level {
     planes: tiles!(tile_portable),
     nhwc: tiles!(nhwc_portable),
+    rows: MAX_ROWS,
+    vectors: 3,
 };
 #[cfg(target_arch = "x86_64")]
 static AVX512: Level = Level {
     planes: tiles!(avx512::tile),
     nhwc: tiles!(avx512::nhwc),
+    rows: MAX_ROWS,
+    vectors: 3,
+};
+/// Sixteen ymm registers: 6 channels by one pixel vector (two halves), 12 accumulators.
+#[cfg(target_arch = "x86_64")]
+static AVX2: Level = Level {
+    planes: tiles!(avx2::tile),
+    nhwc: tiles!(avx2::nhwc),
+    rows: 6,
+    vectors: 1,
 };
 
 /// Pixel vectors the next tile sweeps when `left` remain: 3 (24 accumulators for 8
 /// channels), or 2 where 3 would leave one for a last tile (one vector's 8 accumulators
 /// wait on each other's latency and load as much as they multiply: P-Net's 151 columns as
 /// 3 + 3 + 3 + 1 vectors ran slower than as 192 columns of threes).
-fn vectors(left: usize) -> usize {
-    match left {
+fn vectors(left: usize, most: usize) -> usize {
+    let v = match left {
         0..=3 => left,
         4 => 2,
         _ => 3,
-    }
+    };
+    v.min(most)
 }
 
 /// The output channels' tiles: `(first channel, channels)`, none across a panel of the
-/// packed B (`nr` columns): a panel's columns split into near-equal tiles of at most 8.
-fn channel_tiles(m: usize, nr: usize) -> smallvec::SmallVec<[(usize, usize); 8]> {
+/// packed B (`nr` columns): a panel's columns split into near-equal tiles of at most `most`
+/// (at most [`MAX_ROWS`]).
+fn channel_tiles(m: usize, nr: usize, most: usize) -> smallvec::SmallVec<[(usize, usize); 8]> {
+    let most = most.clamp(1, MAX_ROWS);
     let mut tiles = smallvec::SmallVec::new();
     let mut j0 = 0;
     while j0 < m {
         let w = (m - j0).min(nr);
-        let each = w.div_ceil(w.div_ceil(MAX_ROWS));
+        let each = w.div_ceil(w.div_ceil(most));
         let mut j = 0;
         while j < w {
             let r = each.min(w - j);
@@ -588,7 +757,7 @@ fn rows_with(
     let band = band_rows(geo, row_floats, nrows);
     let mut offs = crate::recycle::lend::<Offsets>();
     let max_off = depth_offsets(geo, &mut offs);
-    let tiles_m = channel_tiles(m, nr);
+    let tiles_m = channel_tiles(m, nr, level.rows);
     let mut stage = crate::recycle::lend::<Stage>();
     stage.resize(staged_rows(geo, band) * row_floats, 0.0);
     let mut planes = crate::recycle::lend::<Planes>();
@@ -621,7 +790,7 @@ fn rows_with(
                 }
                 let mut v0 = 0;
                 while v0 < nv {
-                    let step = vectors(nv - v0);
+                    let step = vectors(nv - v0, level.vectors);
                     let d = Depth {
                         k,
                         w: data[wstart..].as_ptr(),
@@ -684,7 +853,8 @@ fn residual_from(r: Option<Residual<'_>>, at: usize) -> Option<Option<Residual<'
     }
 }
 
-/// [`rows_with`] on the active level: AVX-512 where [`supported`], the scalar twin elsewhere.
+/// [`rows_with`] on the active level: AVX-512 or AVX2 where [`supported`], the scalar twin
+/// elsewhere.
 pub fn rows(
     geo: &Conv2d,
     m: usize,
@@ -695,10 +865,11 @@ pub fn rows(
     epi: &Epilogue<'_>,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if supported() {
-        return rows_with(&AVX512, geo, m, x, w, oy0, y, epi);
+    match crate::isa::active() {
+        crate::isa::Isa::Avx512 => rows_with(&AVX512, geo, m, x, w, oy0, y, epi),
+        crate::isa::Isa::Avx2Fma => rows_with(&AVX2, geo, m, x, w, oy0, y, epi),
+        _ => rows_with(&PORTABLE, geo, m, x, w, oy0, y, epi),
     }
-    rows_with(&PORTABLE, geo, m, x, w, oy0, y, epi)
 }
 
 /// Output rows `oy0 ..` of one image into `y` with an epilogue (whose residual starts at
@@ -765,7 +936,7 @@ mod tests {
 
     /// [`crate::conv_testkit::case`] over this kernel's levels.
     fn levels() -> Vec<&'static RowsAt> {
-        crate::conv_testkit::levels!(rows_with, PORTABLE, AVX512)
+        crate::conv_testkit::levels!(rows_with, PORTABLE, AVX2, AVX512)
     }
 
     #[test]
@@ -791,22 +962,23 @@ mod tests {
 
     #[test]
     fn channel_tiles_cover_each_channel_once_inside_a_panel() {
-        for nr in [16, 32] {
+        for (nr, most) in [(16, 8), (32, 8), (16, 6), (32, 6)] {
             for m in 1..=40 {
-                let t = channel_tiles(m, nr);
+                let t = channel_tiles(m, nr, most);
                 let mut next = 0;
                 for &(j0, r) in &t {
                     assert_eq!(j0, next);
-                    assert!((1..=MAX_ROWS).contains(&r));
+                    assert!((1..=most).contains(&r));
                     assert_eq!(j0 / nr, (j0 + r - 1) / nr, "m {m} nr {nr}: {t:?}");
                     next += r;
                 }
                 assert_eq!(next, m);
             }
         }
-        assert_eq!(channel_tiles(10, 32).as_slice(), [(0, 5), (5, 5)]);
-        assert_eq!(channel_tiles(16, 32).as_slice(), [(0, 8), (8, 8)]);
-        assert_eq!(channel_tiles(24, 16).as_slice(), [(0, 8), (8, 8), (16, 8)]);
+        assert_eq!(channel_tiles(10, 32, 8).as_slice(), [(0, 5), (5, 5)]);
+        assert_eq!(channel_tiles(16, 32, 8).as_slice(), [(0, 8), (8, 8)]);
+        assert_eq!(channel_tiles(24, 16, 8).as_slice(), [(0, 8), (8, 8), (16, 8)]);
+        assert_eq!(channel_tiles(16, 16, 6).as_slice(), [(0, 6), (6, 6), (12, 4)]);
     }
 
     #[test]

@@ -44,8 +44,8 @@ pub fn takes(m: usize, c: usize, [kh, kw]: [usize; 2], ow: usize) -> bool {
     m > crate::planar::MAX_M && (1..=MAX_C).contains(&c) && ow >= MIN_OW && kh * kw > 1
 }
 
-/// Whether the kernel runs on this machine's active level (AVX-512); elsewhere callers keep
-/// their GEMM paths.
+/// Whether the kernel runs on this machine's active level (AVX-512 or AVX2); elsewhere
+/// callers keep their GEMM paths.
 pub fn supported() -> bool {
     crate::planar::supported()
 }
@@ -157,6 +157,88 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Depth, LANES, Outs};
+    use crate::sgemm::x86::avx2::VecEpi;
+    use std::arch::x86_64::*;
+
+    /// Lanes of a ymm vector: a 16-channel vector of the packed B is two of them.
+    const HALF: usize = 8;
+
+    /// [`super::tile_portable`] on AVX2: `P x 2V` accumulators in registers (the level's
+    /// tiles keep them at most 12), the weights' `2V` halves loaded once a depth step and
+    /// each pixel's input broadcast once.
+    ///
+    /// # Safety
+    /// As [`super::tile_portable`]; the CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile<const V: usize, const P: usize>(
+        d: Depth,
+        y: *mut f32,
+        ldy: usize,
+        cols: usize,
+        outs: &Outs,
+    ) {
+        let Depth { k, w, nr, x, offs } = d;
+        let mut acc = [[[_mm256_setzero_ps(); 2]; V]; P];
+        for p in 0..k {
+            // SAFETY: the caller's contract: `offs[p]`, the P inputs at `x + offs[p]` and the
+            // 16 V weights at `w + p * nr` are readable.
+            unsafe {
+                let xp = x.offset(*offs.add(p));
+                let wp = w.add(p * nr);
+                let mut wv = [[_mm256_setzero_ps(); 2]; V];
+                for (v, wv) in wv.iter_mut().enumerate() {
+                    wv[0] = _mm256_loadu_ps(wp.add(v * LANES));
+                    wv[1] = _mm256_loadu_ps(wp.add(v * LANES + HALF));
+                }
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm256_set1_ps(*xp.add(i));
+                    for (s, wv) in acc.iter_mut().zip(wv.iter()) {
+                        s[0] = _mm256_fmadd_ps(a, wv[0], s[0]);
+                        s[1] = _mm256_fmadd_ps(a, wv[1], s[1]);
+                    }
+                }
+            }
+        }
+        let epi = VecEpi::new(outs.act, outs.post);
+        let zero = _mm256_setzero_ps();
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for v in 0..V {
+            for half in 0..2 {
+                let first = v * LANES + half * HALF;
+                let n = cols.saturating_sub(first).min(HALF);
+                if n == 0 {
+                    break;
+                }
+                // Lanes below n set: the columns this half stores.
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane);
+                // SAFETY: the caller's contract: non-null vectors hold `cols` floats, and the
+                // mask covers columns `first + j < cols` (masked lanes are not read).
+                let (b, s) = unsafe {
+                    (
+                        (!outs.bias.is_null()).then(|| _mm256_maskload_ps(outs.bias.add(first), mask)),
+                        (!outs.slopes.is_null()).then(|| _mm256_maskload_ps(outs.slopes.add(first), mask)),
+                    )
+                };
+                for (i, acc) in acc.iter().enumerate() {
+                    let mut r = acc[v][half];
+                    if let Some(b) = b {
+                        r = _mm256_add_ps(r, b);
+                    }
+                    r = epi.apply(r);
+                    if let Some(s) = s {
+                        r = _mm256_blendv_ps(r, _mm256_mul_ps(r, s), _mm256_cmp_ps::<_CMP_LT_OQ>(r, zero));
+                    }
+                    // SAFETY: the caller's contract: pixel `i < P`, columns under the mask.
+                    unsafe { _mm256_maskstore_ps(y.add(i * ldy + first), mask, r) };
+                }
+            }
+        }
+    }
+}
+
 macro_rules! tiles {
     ($($f:ident)::+) => {
         [
@@ -174,24 +256,36 @@ macro_rules! tiles {
     };
 }
 
-/// A level's tiles, by channel vectors and pixels.
+/// A level's tiles, by channel vectors and pixels, and the most pixels a tile of one and of
+/// two channel vectors takes (what fits its registers).
 struct Level {
     tiles: [[TileFn; MAX_PIXELS]; MAX_VECTORS],
+    pixels: [usize; MAX_VECTORS],
 }
 
 static PORTABLE: Level = Level {
     tiles: tiles!(tile_portable),
+    pixels: [MAX_PIXELS, MAX_PIXELS],
 };
 #[cfg(target_arch = "x86_64")]
 static AVX512: Level = Level {
     tiles: tiles!(avx512::tile),
+    pixels: [MAX_PIXELS, MAX_PIXELS],
+};
+/// Sixteen ymm registers: 6 pixels of 16 channels (two halves each) or 3 of 32, 12
+/// accumulators beside the weights' halves and a broadcast.
+#[cfg(target_arch = "x86_64")]
+static AVX2: Level = Level {
+    tiles: tiles!(avx2::tile),
+    pixels: [6, 3],
 };
 
-/// A row of `ow` output pixels as tiles `(first pixel, pixels)`: as few as take at most 12
-/// pixels each, near-equal (a tile of a few pixels has too few accumulators to hide the
-/// multiply-add latency: 111 columns as 9 x 12 + 3 would end each row on one).
-fn pixel_tiles(ow: usize) -> impl Iterator<Item = (usize, usize)> {
-    let n = ow.div_ceil(MAX_PIXELS).max(1);
+/// A row of `ow` output pixels as tiles `(first pixel, pixels)`: as few as take at most
+/// `most` (at most 12) pixels each, near-equal (a tile of a few pixels has too few
+/// accumulators to hide the multiply-add latency: 111 columns as 9 x 12 + 3 would end each
+/// row on one).
+fn pixel_tiles(ow: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = ow.div_ceil(most.clamp(1, MAX_PIXELS)).max(1);
     let (each, extra) = (ow / n, ow % n);
     (0..n).map(move |t| (t * each + t.min(extra), each + usize::from(t < extra)))
 }
@@ -257,6 +351,9 @@ fn rows_with(
         };
         panels.push((j0, cols, tiles, outs));
     }
+    // The widest panel's vectors set the pixels a tile takes.
+    let widest = nr.min(m).div_ceil(LANES).clamp(1, MAX_VECTORS);
+    let most = level.pixels.get(widest - 1).copied().unwrap_or(1);
     let mut b0 = 0;
     while b0 < nrows {
         let nb = band.min(nrows - b0);
@@ -275,7 +372,7 @@ fn rows_with(
             };
             // Pixel tiles outermost: a tile's pixels get all their channels (whole
             // output lines, one after the other) before the next tile's.
-            for (ox, p) in pixel_tiles(geo.ow) {
+            for (ox, p) in pixel_tiles(geo.ow, most) {
                 for &(j0, cols, f, ref outs) in &panels[..] {
                     let Some(&f) = f.get(p - 1) else {
                         return false;
@@ -307,7 +404,8 @@ fn rows_with(
     crate::sgemm::epilogue_rows(y, m, epi)
 }
 
-/// [`rows_with`] on the active level: AVX-512 where [`supported`], the scalar twin elsewhere.
+/// [`rows_with`] on the active level: AVX-512 or AVX2 where [`supported`], the scalar twin
+/// elsewhere.
 pub fn rows(
     geo: &Conv2d,
     m: usize,
@@ -317,11 +415,13 @@ pub fn rows(
     y: &mut [f32],
     epi: &Epilogue<'_>,
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if supported() {
-        return rows_with(&AVX512, geo, m, x, w, oy0, y, epi);
+    match crate::isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        crate::isa::Isa::Avx512 => rows_with(&AVX512, geo, m, x, w, oy0, y, epi),
+        #[cfg(target_arch = "x86_64")]
+        crate::isa::Isa::Avx2Fma => rows_with(&AVX2, geo, m, x, w, oy0, y, epi),
+        _ => rows_with(&PORTABLE, geo, m, x, w, oy0, y, epi),
     }
-    rows_with(&PORTABLE, geo, m, x, w, oy0, y, epi)
 }
 
 #[cfg(test)]
@@ -332,7 +432,7 @@ mod tests {
 
     /// [`crate::conv_testkit::case`] over this kernel's levels.
     fn levels() -> Vec<&'static RowsAt> {
-        crate::conv_testkit::levels!(rows_with, PORTABLE, AVX512)
+        crate::conv_testkit::levels!(rows_with, PORTABLE, AVX2, AVX512)
     }
 
     #[test]
@@ -362,17 +462,26 @@ mod tests {
 
     #[test]
     fn pixel_tiles_cover_a_row_without_short_tiles() {
-        for ow in 1..200 {
-            let mut next = 0;
-            for (ox, p) in pixel_tiles(ow) {
-                assert_eq!(ox, next, "{ow}");
-                assert!((1..=MAX_PIXELS).contains(&p), "{ow}: {p}");
-                assert!(p >= MAX_PIXELS.min(ow) / 2, "{ow}: {p}");
-                next += p;
+        for most in [3, 6, MAX_PIXELS] {
+            for ow in 1..200 {
+                let mut next = 0;
+                for (ox, p) in pixel_tiles(ow, most) {
+                    assert_eq!(ox, next, "{ow}");
+                    assert!((1..=most).contains(&p), "{ow}: {p}");
+                    assert!(p >= most.min(ow) / 2, "{ow}: {p}");
+                    next += p;
+                }
+                assert_eq!(next, ow);
             }
-            assert_eq!(next, ow);
         }
-        assert_eq!(pixel_tiles(25).collect::<Vec<_>>(), [(0, 9), (9, 8), (17, 8)]);
+        assert_eq!(
+            pixel_tiles(25, MAX_PIXELS).collect::<Vec<_>>(),
+            [(0, 9), (9, 8), (17, 8)]
+        );
+        assert_eq!(
+            pixel_tiles(25, 6).collect::<Vec<_>>(),
+            [(0, 5), (5, 5), (10, 5), (15, 5), (20, 5)]
+        );
     }
 
     #[test]

@@ -1693,15 +1693,16 @@ fn pack_a<T: Int8>(a: &[T], lda: usize, k: usize, m0: usize, rows: usize, q0: us
             dst.fill(0);
             continue;
         };
-        let pairs = src.chunks_exact(2);
-        let odd = pairs.remainder().first().map(|v| v.widen() & 0xFFFF);
-        let mut filled = 0;
-        for (d, p) in dst.iter_mut().zip(pairs) {
-            if let [lo, hi] = p {
+        let (pairs, rest) = src.as_chunks::<2>();
+        let odd = rest.first().map(|v| v.widen() & 0xFFFF);
+        let mut filled = pairs.len().min(dst.len());
+        // Each byte widened to 16 bits (a `vpmovzxbw` / `vpmovsxbw` when vectorised: the
+        // scalar loop was a tenth of MobileNet-v2's int8 run on AVX2).
+        crate::simd::vectorize(|| {
+            for (d, &[lo, hi]) in dst.iter_mut().zip(pairs) {
                 *d = (lo.widen() & 0xFFFF) | (hi.widen() << 16);
             }
-            filled += 1;
-        }
+        });
         if let (Some(w), Some(d)) = (odd, dst.get_mut(filled)) {
             *d = w;
             filled += 1;

@@ -172,26 +172,6 @@ fn store_part(s: &mut [f32], v: V) {
 
 simd_math!("avx512f,avx512vl,avx2,fma");
 
-/// The GEMM epilogue's cheap activation and affine (see `Cheap`) for kernels outside the
-/// GEMM that keep their results in registers ([`crate::planar`]).
-#[derive(Clone, Copy)]
-pub(crate) struct VecEpi(Cheap);
-
-impl VecEpi {
-    /// `a` must be cheap ([`Act::is_cheap`]) or absent: a costly one is left out.
-    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    pub(crate) fn new(a: Option<Act>, post: Option<Affine>) -> VecEpi {
-        VecEpi(cheap_of(a, post))
-    }
-
-    /// The activation, then the affine, on one vector.
-    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    #[inline]
-    pub(crate) fn apply(self, v: V) -> V {
-        apply_cheap(self.0, v)
-    }
-}
-
 /// Lane mask of the first `n` (clamped to 16) lanes.
 fn lanes(n: usize) -> M {
     if n >= 16 { 0xFFFF } else { ((1u32 << n) - 1) as M }

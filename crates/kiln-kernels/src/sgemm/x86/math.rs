@@ -480,6 +480,26 @@ macro_rules! simd_math {
             v
         }
 
+        /// The GEMM epilogue's cheap activation and affine (see `Cheap`) for kernels outside
+        /// the GEMM that keep their results in registers ([`crate::planar`], [`crate::stem`]).
+        #[derive(Clone, Copy)]
+        pub(crate) struct VecEpi(Cheap);
+
+        impl VecEpi {
+            /// `a` must be cheap ([`Act::is_cheap`]) or absent: a costly one is left out.
+            #[target_feature(enable = $feat)]
+            pub(crate) fn new(a: Option<Act>, post: Option<Affine>) -> VecEpi {
+                VecEpi(cheap_of(a, post))
+            }
+
+            /// The activation, then the affine, on one vector.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            pub(crate) fn apply(self, v: V) -> V {
+                apply_cheap(self.0, v)
+            }
+        }
+
         /// `acc + row_bias + col_bias + resid`, then the activation, on one vector (inlined
         /// into the tiles: no spill of the accumulators around a call for bias, residual,
         /// Relu or Clip).
