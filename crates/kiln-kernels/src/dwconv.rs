@@ -655,8 +655,9 @@ mod avx2 {
     }
     #[inline(always)]
     unsafe fn store_masked(p: *mut f32, m: Mask, v: V) {
-        // SAFETY: AVX2 and FMA present (the note above); the caller passes a pointer valid for the lanes.
-        unsafe { _mm256_maskstore_ps(p, m, v) }
+        // SAFETY: AVX2 and FMA present (the note above); the caller passes a pointer valid for the
+        // lanes, and the mask is `mask(n)`'s, the first lanes (plain stores: see `store_first`).
+        unsafe { crate::sgemm::x86::avx2::store_prefix(p, m, v) }
     }
     #[inline(always)]
     fn full() -> Mask {

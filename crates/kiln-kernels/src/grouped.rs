@@ -724,7 +724,8 @@ mod avx2 {
                 for (q, &v) in a.iter().enumerate() {
                     // With the bound first, a NaN `v` comes through as it is.
                     let v = _mm256_min_ps(s.hi, _mm256_max_ps(s.lo, v));
-                    _mm256_maskstore_ps(b.out.add(to[q]), b.omask, v);
+                    // `omask` is `mask(n)`, the first lanes (plain stores: see `store_first`).
+                    crate::sgemm::x86::avx2::store_prefix(b.out.add(to[q]), b.omask, v);
                 }
             }
         }

@@ -98,6 +98,10 @@ pub(crate) struct Outs {
     pub(crate) slopes: *const f32,
     pub(crate) act: Option<crate::sgemm::Act>,
     pub(crate) post: Option<crate::sgemm::Affine>,
+    /// Each pixel has 8 writable floats from the tile's first channel, and the ones past the
+    /// tile's channels are written again later (by the next channel tiles): the AVX2 tile
+    /// then stores whole vectors.
+    pub(crate) room: bool,
 }
 
 /// The depth sums of a tile, `acc[r][i]` (the scalar twin's).
@@ -333,7 +337,7 @@ mod avx512 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Depth, LANES, Outs};
-    use crate::sgemm::x86::avx2::VecEpi;
+    use crate::sgemm::x86::avx2::{VecEpi, store_first};
     use std::arch::x86_64::*;
 
     /// Lanes of a ymm vector: a 16-pixel vector is two of them.
@@ -393,10 +397,11 @@ mod avx2 {
     /// [`super::nhwc_portable`] on AVX2: the epilogue on the accumulators, then each half
     /// vector's 8 pixels by (up to) 8 channel rows transposed in registers (unpacks and
     /// shuffles to 4-channel quarters per 128-bit lane, a lane permute joining a pixel's
-    /// two quarters) and stored as a pixel's `R` channels with a masked store.
+    /// two quarters) and stored as a pixel's `R` channels (8 with `outs.room`).
     ///
     /// # Safety
-    /// As [`super::nhwc_portable`] with `R <= 8`; the CPU has AVX2 and FMA.
+    /// As [`super::nhwc_portable`] with `R <= 8`, and with `outs.room` 8 writable floats at
+    /// each pixel's first channel; the CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn nhwc<const R: usize, const PV: usize>(
         d: Depth,
@@ -432,8 +437,6 @@ mod avx2 {
                 }
             }
         }
-        // Lanes below R set: the channels a pixel's store writes.
-        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(R as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         for v in 0..PV {
             for half in 0..2 {
                 let first = v * LANES + half * HALF;
@@ -459,20 +462,19 @@ mod avx2 {
                     _mm256_shuffle_ps::<0x44>(t5, t7),
                     _mm256_shuffle_ps::<0xEE>(t5, t7),
                 ];
+                // The first R lanes, or all 8 with room (see `Outs::room`); plain stores
+                // either way (see `store_first`).
+                let width = if outs.room { HALF } else { R };
                 // SAFETY: the caller's contract: pixel `first + q < pixels` has R writable
-                // floats at `y + (first + q) * ldy`; the mask covers lanes `< R`.
+                // floats at `y + (first + q) * ldy`, or 8 with room.
                 unsafe {
                     let yv = y.add(first * ldy);
                     for q in 0..4 {
                         if q < n {
-                            _mm256_maskstore_ps(yv.add(q * ldy), mask, _mm256_permute2f128_ps::<0x20>(u[q], h[q]));
+                            store_first(yv.add(q * ldy), width, _mm256_permute2f128_ps::<0x20>(u[q], h[q]));
                         }
                         if q + 4 < n {
-                            _mm256_maskstore_ps(
-                                yv.add((q + 4) * ldy),
-                                mask,
-                                _mm256_permute2f128_ps::<0x31>(u[q], h[q]),
-                            );
+                            store_first(yv.add((q + 4) * ldy), width, _mm256_permute2f128_ps::<0x31>(u[q], h[q]));
                         }
                     }
                 }
@@ -807,6 +809,8 @@ fn rows_with(
                                 slopes: at(slopes),
                                 act: epi.act,
                                 post: epi.post,
+                                // Channel tiles go in ascending order within the pixel.
+                                room: j0 + 8 <= m,
                             };
                             let f = level.nhwc[r - 1][step - 1];
                             // SAFETY: the weights span was checked above (`r` columns of

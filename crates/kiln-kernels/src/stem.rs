@@ -231,8 +231,9 @@ mod avx2 {
                     if let Some(s) = s {
                         r = _mm256_blendv_ps(r, _mm256_mul_ps(r, s), _mm256_cmp_ps::<_CMP_LT_OQ>(r, zero));
                     }
-                    // SAFETY: the caller's contract: pixel `i < P`, columns under the mask.
-                    unsafe { _mm256_maskstore_ps(y.add(i * ldy + first), mask, r) };
+                    // SAFETY: the caller's contract: pixel `i < P`, columns `first + j < cols`
+                    // (plain stores: see `store_first`).
+                    unsafe { crate::sgemm::x86::avx2::store_first(y.add(i * ldy + first), n, r) };
                 }
             }
         }
@@ -341,12 +342,14 @@ fn rows_with(
                 slopes: at(slopes),
                 act: epi.act,
                 post: epi.post,
+                room: false,
             },
             None => Outs {
                 bias: std::ptr::null(),
                 slopes: std::ptr::null(),
                 act: None,
                 post: None,
+                room: false,
             },
         };
         panels.push((j0, cols, tiles, outs));
