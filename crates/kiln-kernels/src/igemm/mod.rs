@@ -780,6 +780,17 @@ pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
         return Ok(());
     }
     checked(isa, p, c, n, false)?;
+    // Contiguous rows without a residual: one call for all (a call per row of a few dozen
+    // columns cost more than its work).
+    if let (None, true, Scales::F32 { bias, mult, zero_point }) = (&stage.sum, ldy == n, stage.scales) {
+        let (Some(sums), Some(y), Some(bias), Some(mult)) =
+            (c.get(..m * n), y.get_mut(..m * n), bias.get(..n), mult.get(..n))
+        else {
+            return Ok(());
+        };
+        crate::quant::requantize_pixels_f32(sums, bias, mult, zero_point, (lo as f32, hi as f32), y);
+        return Ok(());
+    }
     for (i, (sums, row)) in c.chunks(n).zip(y.chunks_mut(ldy)).take(m).enumerate() {
         let row = row.get_mut(..n).unwrap_or_default();
         let r = stage
