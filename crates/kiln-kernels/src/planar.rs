@@ -191,6 +191,32 @@ impl Outs {
     }
 }
 
+/// The first step of the channels-last tiles' in-register transpose of 8 channel rows
+/// `a(0..8)` (each a vector of pixels), on either level's intrinsics: per 128-bit lane `l`,
+/// `u[q]` holds pixel `4l + q`'s channels 0-3 and `h[q]` its channels 4-7.
+macro_rules! quarters {
+    ($lo:ident, $hi:ident, $shuffle:ident, $a:ident) => {{
+        let (t0, t1) = ($lo($a(0), $a(1)), $hi($a(0), $a(1)));
+        let (t2, t3) = ($lo($a(2), $a(3)), $hi($a(2), $a(3)));
+        let (t4, t5) = ($lo($a(4), $a(5)), $hi($a(4), $a(5)));
+        let (t6, t7) = ($lo($a(6), $a(7)), $hi($a(6), $a(7)));
+        (
+            [
+                $shuffle::<0x44>(t0, t2),
+                $shuffle::<0xEE>(t0, t2),
+                $shuffle::<0x44>(t1, t3),
+                $shuffle::<0xEE>(t1, t3),
+            ],
+            [
+                $shuffle::<0x44>(t4, t6),
+                $shuffle::<0xEE>(t4, t6),
+                $shuffle::<0x44>(t5, t7),
+                $shuffle::<0xEE>(t5, t7),
+            ],
+        )
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Depth, LANES, Outs};
@@ -293,23 +319,7 @@ mod avx512 {
                 break;
             }
             let a = |r: usize| rows[r][v];
-            // Per 128-bit lane l: u[q] holds pixel 4l + q's channels 0-3, h[q] its 4-7.
-            let (t0, t1) = (_mm512_unpacklo_ps(a(0), a(1)), _mm512_unpackhi_ps(a(0), a(1)));
-            let (t2, t3) = (_mm512_unpacklo_ps(a(2), a(3)), _mm512_unpackhi_ps(a(2), a(3)));
-            let (t4, t5) = (_mm512_unpacklo_ps(a(4), a(5)), _mm512_unpackhi_ps(a(4), a(5)));
-            let (t6, t7) = (_mm512_unpacklo_ps(a(6), a(7)), _mm512_unpackhi_ps(a(6), a(7)));
-            let u = [
-                _mm512_shuffle_ps::<0x44>(t0, t2),
-                _mm512_shuffle_ps::<0xEE>(t0, t2),
-                _mm512_shuffle_ps::<0x44>(t1, t3),
-                _mm512_shuffle_ps::<0xEE>(t1, t3),
-            ];
-            let h = [
-                _mm512_shuffle_ps::<0x44>(t4, t6),
-                _mm512_shuffle_ps::<0xEE>(t4, t6),
-                _mm512_shuffle_ps::<0x44>(t5, t7),
-                _mm512_shuffle_ps::<0xEE>(t5, t7),
-            ];
+            let (u, h) = quarters!(_mm512_unpacklo_ps, _mm512_unpackhi_ps, _mm512_shuffle_ps, a);
             // SAFETY: the caller's contract: pixel `v * 16 + p < pixels` has R writable
             // floats at `y + (v * 16 + p) * ldy`; the mask covers lanes `< R`.
             unsafe {
@@ -445,23 +455,7 @@ mod avx2 {
                     break;
                 }
                 let a = |r: usize| rows[r][v][half];
-                // Per 128-bit lane l: u[q] holds pixel 4l + q's channels 0-3, h[q] its 4-7.
-                let (t0, t1) = (_mm256_unpacklo_ps(a(0), a(1)), _mm256_unpackhi_ps(a(0), a(1)));
-                let (t2, t3) = (_mm256_unpacklo_ps(a(2), a(3)), _mm256_unpackhi_ps(a(2), a(3)));
-                let (t4, t5) = (_mm256_unpacklo_ps(a(4), a(5)), _mm256_unpackhi_ps(a(4), a(5)));
-                let (t6, t7) = (_mm256_unpacklo_ps(a(6), a(7)), _mm256_unpackhi_ps(a(6), a(7)));
-                let u = [
-                    _mm256_shuffle_ps::<0x44>(t0, t2),
-                    _mm256_shuffle_ps::<0xEE>(t0, t2),
-                    _mm256_shuffle_ps::<0x44>(t1, t3),
-                    _mm256_shuffle_ps::<0xEE>(t1, t3),
-                ];
-                let h = [
-                    _mm256_shuffle_ps::<0x44>(t4, t6),
-                    _mm256_shuffle_ps::<0xEE>(t4, t6),
-                    _mm256_shuffle_ps::<0x44>(t5, t7),
-                    _mm256_shuffle_ps::<0xEE>(t5, t7),
-                ];
+                let (u, h) = quarters!(_mm256_unpacklo_ps, _mm256_unpackhi_ps, _mm256_shuffle_ps, a);
                 // The first R lanes, or all 8 with room (see `Outs::room`); plain stores
                 // either way (see `store_first`).
                 let width = if outs.room { HALF } else { R };
