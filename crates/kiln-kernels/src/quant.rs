@@ -218,7 +218,13 @@ impl<'a> StageF32<'a> {
     /// unrounded: `a * m + stage_start(b, m, zero_point)` fused.
     #[inline(always)]
     fn value(&self, a: f32, b: f32, m: f32) -> f32 {
-        clamp_to(a.mul_add(m, stage_start(b, m, self.zero_point)), self.lo, self.hi)
+        self.from_start(a, stage_start(b, m, self.zero_point), m)
+    }
+
+    /// [`StageF32::value`] with the column's start already made ([`stage_start`]).
+    #[inline(always)]
+    fn from_start(&self, a: f32, start: f32, m: f32) -> f32 {
+        clamp_to(a.mul_add(m, start), self.lo, self.hi)
     }
 }
 
@@ -256,7 +262,7 @@ impl<A: Sum, T: Q8> crate::simd::Kernel for PixelsF32<'_, A, T> {
                 for (((o, &a), &s), &m) in yp.iter_mut().zip(ap).zip(&starts).zip(mult) {
                     // Clamped to the integer bounds, then rounded as the low bits are read:
                     // the integer rounding first and clamping after give.
-                    let q = clamp_to(a.to_f32().mul_add(m, s), stage.lo, stage.hi);
+                    let q = stage.from_start(a.to_f32(), s, m);
                     *o = T::from_low_byte((q + ROUND).to_bits());
                 }
             }

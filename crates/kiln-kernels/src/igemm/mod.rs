@@ -782,13 +782,10 @@ pub fn igemm_requant_serial<T: Int8, O: Int8 + crate::quant::Q8>(
     checked(isa, p, c, n, false)?;
     // Contiguous rows without a residual: one call for all (a call per row of a few dozen
     // columns cost more than its work).
-    if let (None, true, Scales::F32 { bias, mult, zero_point }) = (&stage.sum, ldy == n, stage.scales) {
-        let (Some(sums), Some(y), Some(bias), Some(mult)) =
-            (c.get(..m * n), y.get_mut(..m * n), bias.get(..n), mult.get(..n))
-        else {
-            return Ok(());
-        };
-        crate::quant::requantize_pixels_f32(sums, bias, mult, zero_point, (lo as f32, hi as f32), y);
+    if stage.sum.is_none() && ldy == n {
+        if let (Some(sums), Some(y)) = (c.get(..m * n), y.get_mut(..m * n)) {
+            stage.scales.requantize_rows(n, sums, (lo, hi), y);
+        }
         return Ok(());
     }
     for (i, (sums, row)) in c.chunks(n).zip(y.chunks_mut(ldy)).take(m).enumerate() {
@@ -1469,16 +1466,24 @@ impl<'a> Scales<'a> {
     }
 
     /// One row of sums requantized into `y` (`min` of the lengths), clamped to `range`.
-    fn requantize_row<O: crate::quant::Q8>(&self, sums: &[i32], (lo, hi): (i32, i32), y: &mut [O]) {
-        match *self {
-            Scales::F32 { bias, mult, zero_point } => {
-                crate::quant::requantize_row_f32(sums, bias, mult, zero_point, (lo as f32, hi as f32), y);
+    fn requantize_row<O: crate::quant::Q8>(&self, sums: &[i32], range: (i32, i32), y: &mut [O]) {
+        self.requantize_rows(sums.len().min(y.len()), sums, range, y);
+    }
+
+    /// Contiguous rows of `n` sums (as many whole rows as `sums` and `y` hold) requantized
+    /// into `y` in one call, clamped to `range`; nothing when the stage has fewer than `n`
+    /// columns.
+    fn requantize_rows<O: crate::quant::Q8>(&self, n: usize, sums: &[i32], (lo, hi): (i32, i32), y: &mut [O]) {
+        match self.columns_at(0, n) {
+            Some(Scales::F32 { bias, mult, zero_point }) => {
+                crate::quant::requantize_pixels_f32(sums, bias, mult, zero_point, (lo as f32, hi as f32), y);
             }
-            Scales::F64 {
+            Some(Scales::F64 {
                 bias, mult, zero_point, ..
-            } => {
-                crate::quant::requantize_row(sums, bias, mult, zero_point, (f64::from(lo), f64::from(hi)), y);
+            }) => {
+                crate::quant::requantize_pixels(sums, bias, mult, zero_point, (f64::from(lo), f64::from(hi)), y);
             }
+            None => {}
         }
     }
 }
