@@ -654,14 +654,38 @@ fn every_nth(src: &[f32], s: usize, d: &mut [f32]) {
     });
 }
 
-/// A column bias and PRelu slopes, each optional.
-pub(crate) type ColumnVectors<'e> = (Option<&'e [f32]>, Option<&'e [f32]>);
+/// What the row kernels apply to their accumulators in registers (the column bias and PRelu
+/// slopes, `m` floats each or absent, and a cheap activation and affine), and what runs over
+/// each finished output row after them (a costly activation, then the affine).
+#[derive(Clone, Copy)]
+pub(crate) struct Direct<'e> {
+    pub(crate) bias: Option<&'e [f32]>,
+    pub(crate) slopes: Option<&'e [f32]>,
+    pub(crate) act: Option<crate::sgemm::Act>,
+    pub(crate) post: Option<crate::sgemm::Affine>,
+    /// A costly activation (SiLU, GELU, ...) over the output row once its tiles are stored:
+    /// in the tiles it would be one out-of-line call per vector, and through the GEMM's
+    /// epilogue after the whole block one call per pixel (a stem's 32 channels), which cost
+    /// more than the convolution.
+    pub(crate) after: Option<crate::sgemm::Act>,
+}
 
-/// The column bias and PRelu slopes (each optional, `m` floats) of an epilogue the row
-/// kernels apply to their accumulators in registers, or `None` when it has a residual, a
-/// costly activation or per-row vectors (the sums are then stored and the GEMM's epilogue
-/// runs over them).
-pub(crate) fn direct_epilogue<'e>(epi: &Epilogue<'e>, m: usize) -> Option<ColumnVectors<'e>> {
+impl Direct<'_> {
+    /// The activation and affine [`Direct::after`] leaves to the finished row `out`.
+    pub(crate) fn finish_row(&self, out: &mut [f32]) {
+        if let Some(a) = self.after {
+            crate::sgemm::act_slice(a, out);
+            if let Some(post) = self.post {
+                post.apply_slice(out);
+            }
+        }
+    }
+}
+
+/// The epilogue split between the row kernels' registers and a pass over each finished row
+/// (see [`Direct`]), or `None` when it has a residual or per-row vectors (the sums are then
+/// stored and the GEMM's epilogue runs over them).
+pub(crate) fn direct_epilogue<'e>(epi: &Epilogue<'e>, m: usize) -> Option<Direct<'e>> {
     fn column(b: Bias<'_>, m: usize) -> Option<Option<&[f32]>> {
         match b {
             Bias::None => Some(None),
@@ -669,10 +693,26 @@ pub(crate) fn direct_epilogue<'e>(epi: &Epilogue<'e>, m: usize) -> Option<Column
             _ => None,
         }
     }
-    if epi.residual.is_some() || !epi.act.is_none_or(|a| a.is_cheap()) {
+    if epi.residual.is_some() {
         return None;
     }
-    Some((column(epi.bias, m)?, column(epi.prelu, m)?))
+    let (bias, slopes) = (column(epi.bias, m)?, column(epi.prelu, m)?);
+    match epi.act {
+        Some(a) if !a.is_cheap() => slopes.is_none().then_some(Direct {
+            bias,
+            slopes,
+            act: None,
+            post: epi.post,
+            after: Some(a),
+        }),
+        act => Some(Direct {
+            bias,
+            slopes,
+            act,
+            post: epi.post,
+            after: None,
+        }),
+    }
 }
 
 /// Output rows a band stages (`STAGE_FLOATS` of input, at most `MAX_BAND` rows) when its
@@ -795,14 +835,14 @@ fn rows_with(
                         offs: offs.as_ptr(),
                     };
                     match direct {
-                        Some((bias, slopes)) => {
+                        Some(dir) => {
                             let pixels = (geo.ow - v0 * LANES).min(step * LANES);
                             let at = |v: Option<&[f32]>| v.map_or(std::ptr::null(), |v| v[j0..].as_ptr());
                             let outs = Outs {
-                                bias: at(bias),
-                                slopes: at(slopes),
-                                act: epi.act,
-                                post: epi.post,
+                                bias: at(dir.bias),
+                                slopes: at(dir.slopes),
+                                act: dir.act,
+                                post: dir.post.filter(|_| dir.after.is_none()),
                                 // Channel tiles go in ascending order within the pixel.
                                 room: j0 + 8 <= m,
                             };
@@ -826,8 +866,13 @@ fn rows_with(
                     v0 += step;
                 }
             }
-            if direct.is_none() && !crate::transpose::transpose_f32(&planes, owp, m, geo.ow, out, m) {
-                return false;
+            match direct {
+                Some(dir) => dir.finish_row(out),
+                None => {
+                    if !crate::transpose::transpose_f32(&planes, owp, m, geo.ow, out, m) {
+                        return false;
+                    }
+                }
             }
         }
         b0 += nb;

@@ -238,6 +238,37 @@ mod avx2 {
             }
         }
     }
+
+    /// A panel of 32 channels as two tiles of 16 ([`tile`] with one channel vector, `P` up
+    /// to 6): 3 pixels of 32 channels in one tile needed 12 accumulators, 4 weight halves and
+    /// a broadcast, one register more than AVX2 has, and the spilled accumulators' reloads
+    /// ran the depth loop at half speed (a 3 -> 32 stem at 29 GFLOP/s).
+    ///
+    /// # Safety
+    /// As [`super::tile_portable`] with `V = 2`; the CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pair<const P: usize>(d: Depth, y: *mut f32, ldy: usize, cols: usize, outs: &Outs) {
+        // SAFETY: the first 16 columns of the caller's 32: its contract with `cols <= 16`.
+        unsafe { tile::<1, P>(d, y, ldy, cols.min(LANES), outs) };
+        if cols > LANES {
+            let at = |p: *const f32| if p.is_null() { p } else { p.wrapping_add(LANES) };
+            let upper = Outs {
+                bias: at(outs.bias),
+                slopes: at(outs.slopes),
+                act: outs.act,
+                post: outs.post,
+                room: outs.room,
+            };
+            let d = Depth {
+                w: d.w.wrapping_add(LANES),
+                ..d
+            };
+            // SAFETY: columns 16 .. cols of the caller's tile: weights `w + 16 + p * nr + j`
+            // for `j < 16` (inside its 32 per depth row), outputs `y + 16 + i * ldy + j` for
+            // `j < cols - 16`, the vectors' floats from column 16.
+            unsafe { tile::<1, P>(d, y.add(LANES), ldy, cols - LANES, &upper) };
+        }
+    }
 }
 
 macro_rules! tiles {
@@ -273,12 +304,29 @@ static AVX512: Level = Level {
     tiles: tiles!(avx512::tile),
     pixels: [MAX_PIXELS, MAX_PIXELS],
 };
-/// Sixteen ymm registers: 6 pixels of 16 channels (two halves each) or 3 of 32, 12
-/// accumulators beside the weights' halves and a broadcast.
+/// Sixteen ymm registers: 6 pixels of 16 channels (two halves each), 12 accumulators
+/// beside the weights' halves and a broadcast; a panel of 32 channels as two such tiles
+/// (`avx2::pair`).
 #[cfg(target_arch = "x86_64")]
 static AVX2: Level = Level {
-    tiles: tiles!(avx2::tile),
-    pixels: [6, 3],
+    tiles: [
+        tiles!(avx2::tile)[0],
+        [
+            avx2::pair::<1>,
+            avx2::pair::<2>,
+            avx2::pair::<3>,
+            avx2::pair::<4>,
+            avx2::pair::<5>,
+            avx2::pair::<6>,
+            avx2::pair::<7>,
+            avx2::pair::<8>,
+            avx2::pair::<9>,
+            avx2::pair::<10>,
+            avx2::pair::<11>,
+            avx2::pair::<12>,
+        ],
+    ],
+    pixels: [6, 6],
 };
 
 /// A row of `ow` output pixels as tiles `(first pixel, pixels)`: as few as take at most
@@ -337,11 +385,11 @@ fn rows_with(
         };
         let at = |v: Option<&[f32]>| v.map_or(std::ptr::null(), |v| v[j0..].as_ptr());
         let outs = match direct {
-            Some((bias, slopes)) => Outs {
-                bias: at(bias),
-                slopes: at(slopes),
-                act: epi.act,
-                post: epi.post,
+            Some(dir) => Outs {
+                bias: at(dir.bias),
+                slopes: at(dir.slopes),
+                act: dir.act,
+                post: dir.post.filter(|_| dir.after.is_none()),
                 room: false,
             },
             None => Outs {
@@ -396,6 +444,9 @@ fn rows_with(
                     // floats; only cheap activations come with them.
                     unsafe { f(d, out[ox * m + j0..].as_mut_ptr(), m, cols, outs) };
                 }
+            }
+            if let Some(dir) = direct {
+                dir.finish_row(out);
             }
         }
         b0 += nb;

@@ -435,6 +435,27 @@ pub fn epilogue_rows(c: &mut [f32], n: usize, epi: &Epilogue<'_>) -> bool {
     }
     let isa = isa::active();
     let kernels = driver::Kernels::select(isa, BLayout::for_isa(isa), 0);
+    // A costly activation (SiLU, GELU, ...) over all the rows in one pass, after the sums:
+    // the rows of a kernel with few columns (a stem's 32 channels) are as short as the
+    // activation's setup, which a pass per row repeated for every pixel.
+    if let (Some(act), Bias::None) = (epi.act.filter(|a| !a.is_cheap()), epi.prelu) {
+        let sums = Epilogue {
+            act: None,
+            post: None,
+            ..*epi
+        };
+        if !sums.is_empty() {
+            for (i, row) in c.chunks_exact_mut(n).enumerate() {
+                driver::finish_row(&kernels, &sums, i, 0, row);
+            }
+        }
+        let all = &mut c[..rows * n];
+        (kernels.epi)(all, None, None, None, Some(act));
+        if let Some(post) = epi.post {
+            post.apply_slice(all);
+        }
+        return true;
+    }
     for (i, row) in c.chunks_exact_mut(n).enumerate() {
         driver::finish_row(&kernels, epi, i, 0, row);
     }
