@@ -14,8 +14,8 @@
 
 use kiln_kernels::isa::Isa;
 use kiln_kernels::vector::{
-    copy_run, dot_rows_i8, exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, softmax_row_with,
-    softmax_unnormalized_row_with,
+    copy_run, dot_rows_i8, exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, max_into_with,
+    nan_into_with, softmax_row_with, softmax_unnormalized_row_with,
 };
 use proptest::prelude::*;
 
@@ -242,5 +242,43 @@ fn copy_run_copies_every_length() {
         copy_run(&mut dst[..n], &src);
         assert_eq!(&dst[..n], &src[..], "length {n}");
         assert!(dst[n..].iter().all(|v| v.is_nan()), "length {n}: wrote past the run");
+    }
+}
+
+/// A row with NaNs and infinities sprinkled in (every `k`-th element, by `seed`).
+fn with_specials(mut v: Vec<f32>, seed: u64) -> Vec<f32> {
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0];
+    let k = 3 + (seed % 5) as usize;
+    for (i, x) in v.iter_mut().enumerate() {
+        if (i + seed as usize) % k == 0 {
+            *x = specials[(i / k + seed as usize) % specials.len()];
+        }
+    }
+    v
+}
+
+proptest! {
+    /// The max pool's steps on every level, bit for bit against the scalar rule (`src > dst`
+    /// keeps `src`, so NaNs in `src` are skipped and those in `dst` kept; a NaN in `src`
+    /// replaces for `nan_into`), over rows of any length (whole vectors and tails), with
+    /// NaNs and infinities on both sides; past the shorter operand nothing changes.
+    #[test]
+    fn max_and_nan_steps_match_the_scalar_rule(a in row(), b in row(), seed in any::<u64>()) {
+        let (a, b) = (with_specials(a, seed), with_specials(b, seed / 7));
+        for isa in levels() {
+            let mut m = a.clone();
+            max_into_with(isa, &mut m, &b);
+            let mut n = a.clone();
+            nan_into_with(isa, &mut n, &b);
+            for i in 0..a.len() {
+                let (d, s) = (a[i], b.get(i).copied());
+                let (want_m, want_n) = match s {
+                    Some(s) => (if s > d { s } else { d }, if s.is_nan() { s } else { d }),
+                    None => (d, d),
+                };
+                prop_assert_eq!(m[i].to_bits(), want_m.to_bits(), "{:?} max [{}]: {} vs {:?}", isa, i, d, s);
+                prop_assert_eq!(n[i].to_bits(), want_n.to_bits(), "{:?} nan [{}]: {} vs {:?}", isa, i, d, s);
+            }
+        }
     }
 }

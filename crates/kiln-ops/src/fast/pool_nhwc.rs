@@ -167,9 +167,7 @@ impl GlobalPool {
                     for row in rows.chunks_exact(c1) {
                         let row = row.get(ch0..ch0 + out.len()).unwrap_or(&[]);
                         if max {
-                            out.iter_mut()
-                                .zip(row)
-                                .for_each(|(o, &v)| *o = if v > *o { v } else { *o });
+                            kiln_kernels::vector::max_into(out, row);
                         } else {
                             out.iter_mut().zip(row).for_each(|(o, &v)| *o += v);
                         }
@@ -287,12 +285,7 @@ fn taps_in((size, k, s, d, pb): Dim1, o: usize) -> impl Iterator<Item = usize> {
 
 /// `dst[i] = max(dst[i], src[i])` over the shorter of the two, skipping NaNs in `src` (`v > m`
 /// is false for them) and keeping those in `dst`: the order the reference's window loop gives.
-#[inline(always)]
-fn max_into(dst: &mut [f32], src: &[f32]) {
-    for (m, &v) in dst.iter_mut().zip(src) {
-        *m = if v > *m { v } else { *m };
-    }
-}
+use kiln_kernels::vector::max_into;
 
 impl kiln_kernels::simd::Kernel for MaxRow<'_> {
     type Output = ();
@@ -398,9 +391,7 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
             for t in 1..kw {
                 max_into(h, rmax.get(t * dw * c..).unwrap_or(&[]));
             }
-            for (m, &f) in h.iter_mut().zip(top) {
-                *m = if f.is_nan() { f } else { *m };
-            }
+            kiln_kernels::vector::nan_into(h, top);
         }
         for (ox, out) in row.chunks_exact_mut(c).enumerate() {
             if let Some(src) = inside(ox).and_then(|ix0| h.get(ix0 * c..(ix0 + 1) * c)) {
@@ -420,9 +411,7 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
                 }
             }
             if let Some(first) = top.get(at(x0)) {
-                for (m, &f) in out.iter_mut().zip(first) {
-                    *m = if f.is_nan() { f } else { *m };
-                }
+                kiln_kernels::vector::nan_into(out, first);
             }
         }
     }

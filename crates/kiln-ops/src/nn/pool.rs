@@ -100,9 +100,7 @@ fn max_rows(plane: &[f32], iw: usize, r0: usize, r1: usize, out: &mut [f32]) {
         }
         for row in r0 + 1..r1 {
             if let Some(src) = plane.get(row * iw..(row + 1) * iw) {
-                for (o, &v) in out.iter_mut().zip(src) {
-                    *o = if v > *o { v } else { *o };
-                }
+                kiln_kernels::vector::max_into(out, src);
             }
         }
     });
