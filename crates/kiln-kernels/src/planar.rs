@@ -697,22 +697,18 @@ pub(crate) fn direct_epilogue<'e>(epi: &Epilogue<'e>, m: usize) -> Option<Direct
         return None;
     }
     let (bias, slopes) = (column(epi.bias, m)?, column(epi.prelu, m)?);
-    match epi.act {
-        Some(a) if !a.is_cheap() => slopes.is_none().then_some(Direct {
-            bias,
-            slopes,
-            act: None,
-            post: epi.post,
-            after: Some(a),
-        }),
-        act => Some(Direct {
-            bias,
-            slopes,
-            act,
-            post: epi.post,
-            after: None,
-        }),
+    let (act, after) = crate::sgemm::Act::split_costly(epi.act);
+    // PRelu slopes never come with an activation (`sgemm` refuses the pair).
+    if after.is_some() && slopes.is_some() {
+        return None;
     }
+    Some(Direct {
+        bias,
+        slopes,
+        act,
+        post: epi.post,
+        after,
+    })
 }
 
 /// Output rows a band stages (`STAGE_FLOATS` of input, at most `MAX_BAND` rows) when its

@@ -259,10 +259,10 @@ fn bands<T: Copy>(
             let Some(run) = src.get(i * lds + j0..i * lds + j1) else {
                 continue;
             };
-            for (j, &v) in (j0..j1).zip(run) {
-                if let Some(d) = dst.get_mut(j * ldd + i) {
-                    *d = v;
-                }
+            // Column `j`'s element at `j * ldd + i`, as far as `dst` reaches: an iterator, not
+            // a checked store per element, which the compiler vectorised into masked stores.
+            for (d, &v) in dst.iter_mut().skip(j0 * ldd + i).step_by(ldd.max(1)).zip(run) {
+                *d = v;
             }
         }
     }

@@ -16,43 +16,40 @@ use crate::isa::{self, Isa};
 /// the level of a `simd::vectorize` caller (AVX-512's masked stores are plain ones).
 #[inline(always)]
 pub fn max_into(dst: &mut [f32], src: &[f32]) {
-    max_into_with(isa::active(), dst, src);
+    select_with::<true>(isa::active(), dst, src);
 }
 
 /// [`max_into`] on a given level (the AVX2 path where `isa` is AVX2 and the CPU has it).
 #[inline(always)]
 pub fn max_into_with(isa: Isa, dst: &mut [f32], src: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma && isa.is_supported() {
-        // SAFETY: the CPU has AVX2 (checked).
-        unsafe { avx2_select::<true>(dst, src) };
-        return;
-    }
-    let _ = isa;
-    for (m, &v) in dst.iter_mut().zip(src) {
-        *m = if v > *m { v } else { *m };
-    }
+    select_with::<true>(isa, dst, src);
 }
 
 /// `dst[i] = src[i]` where `src[i]` is NaN (a window's first tap, whose NaN the max pool's
 /// result takes), over the shorter of the two; stored as [`max_into`] stores.
 #[inline(always)]
 pub fn nan_into(dst: &mut [f32], src: &[f32]) {
-    nan_into_with(isa::active(), dst, src);
+    select_with::<false>(isa::active(), dst, src);
 }
 
 /// [`nan_into`] on a given level.
 #[inline(always)]
 pub fn nan_into_with(isa: Isa, dst: &mut [f32], src: &[f32]) {
+    select_with::<false>(isa, dst, src);
+}
+
+/// [`max_into`] (`MAX`) or [`nan_into`] on `isa`: the AVX2 intrinsics, or the loop.
+#[inline(always)]
+fn select_with<const MAX: bool>(isa: Isa, dst: &mut [f32], src: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && isa.is_supported() {
         // SAFETY: the CPU has AVX2 (checked).
-        unsafe { avx2_select::<false>(dst, src) };
+        unsafe { avx2_select::<MAX>(dst, src) };
         return;
     }
     let _ = isa;
     for (m, &v) in dst.iter_mut().zip(src) {
-        *m = if v.is_nan() { v } else { *m };
+        *m = if if MAX { v > *m } else { v.is_nan() } { v } else { *m };
     }
 }
 

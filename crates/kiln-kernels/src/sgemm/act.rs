@@ -44,6 +44,15 @@ impl Act {
         )
     }
 
+    /// `act` split into what a store loop applies per vector (a cheap activation) and what
+    /// runs after it over whole rows (a costly one): `(cheap, costly)`, at most one `Some`.
+    pub(crate) fn split_costly(act: Option<Act>) -> (Option<Act>, Option<Act>) {
+        match act {
+            Some(a) if !a.is_cheap() => (None, Some(a)),
+            cheap => (cheap, None),
+        }
+    }
+
     /// Every activation kind with representative parameters (tests and benchmarks).
     pub const SAMPLES: [Act; 14] = [
         Act::Relu,

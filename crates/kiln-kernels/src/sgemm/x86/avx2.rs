@@ -426,10 +426,7 @@ fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f3
     // vectors' chains side by side); per vector inside the loop below it was one out-of-line
     // call each, with every live register spilled around it: a bias + SiLU over a stem's
     // rows took longer than the convolution (1.5 ms of a 3 -> 32 stem at 112 x 112, AVX2).
-    let (a, costly) = match a {
-        Some(x) if !x.is_cheap() => (None, Some(x)),
-        cheap => (cheap, None),
-    };
+    let (a, costly) = Act::split_costly(a);
     if rb.is_none() && cb.is_none() && r.is_none() && a.is_none() {
         if let Some(x) = costly {
             act_row(x, row);
