@@ -15,6 +15,7 @@ use crate::error::{OpError, Result};
 use crate::nn::{GlobalPool, GlobalPoolKind, Pool, PoolKind, numel, pads_attr, spatial_attr, window_geom};
 use crate::util;
 use crate::value::{Args, InferInput, Value, ValueType};
+use kiln_kernels::vector::{max_into, nan_into};
 use kiln_tensor::{DType, Tensor};
 
 /// One dim of a window: `(input size, kernel, stride, dilation, pad_begin)`.
@@ -167,7 +168,7 @@ impl GlobalPool {
                     for row in rows.chunks_exact(c1) {
                         let row = row.get(ch0..ch0 + out.len()).unwrap_or(&[]);
                         if max {
-                            kiln_kernels::vector::max_into(out, row);
+                            max_into(out, row);
                         } else {
                             out.iter_mut().zip(row).for_each(|(o, &v)| *o += v);
                         }
@@ -283,10 +284,6 @@ fn taps_in((size, k, s, d, pb): Dim1, o: usize) -> impl Iterator<Item = usize> {
     })
 }
 
-/// `dst[i] = max(dst[i], src[i])` over the shorter of the two, skipping NaNs in `src` (`v > m`
-/// is false for them) and keeping those in `dst`: the order the reference's window loop gives.
-use kiln_kernels::vector::max_into;
-
 impl kiln_kernels::simd::Kernel for MaxRow<'_> {
     type Output = ();
     #[inline(always)]
@@ -322,7 +319,10 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
                             let mut m = [0f32; L];
                             m.copy_from_slice(first);
                             for v in rest.iter().filter_map(|&o| at(o)) {
-                                max_into(&mut m, v);
+                                // In registers: the select needs no store (see `max_into`).
+                                for (a, &t) in m.iter_mut().zip(v) {
+                                    *a = if t > *a { t } else { *a };
+                                }
                             }
                             dst.copy_from_slice(&m);
                         }
@@ -391,7 +391,7 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
             for t in 1..kw {
                 max_into(h, rmax.get(t * dw * c..).unwrap_or(&[]));
             }
-            kiln_kernels::vector::nan_into(h, top);
+            nan_into(h, top);
         }
         for (ox, out) in row.chunks_exact_mut(c).enumerate() {
             if let Some(src) = inside(ox).and_then(|ix0| h.get(ix0 * c..(ix0 + 1) * c)) {
@@ -411,7 +411,7 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
                 }
             }
             if let Some(first) = top.get(at(x0)) {
-                kiln_kernels::vector::nan_into(out, first);
+                nan_into(out, first);
             }
         }
     }
