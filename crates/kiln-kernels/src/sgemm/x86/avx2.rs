@@ -274,33 +274,10 @@ unsafe fn tile<const R: usize, const NV: usize>(
     // What follows makes no calls on the common paths: a call would spill every accumulator
     // (all ymm registers are the caller's to save), which on a short depth (a 1x1
     // convolution's 16-64 channels) cost as much as the products.
-    if nr == width && epi.is_none() {
-        for (i, acc) in acc.iter().enumerate() {
-            // SAFETY: the TileFn contract gives `width` writable (initialised unless `first`)
-            // floats at `c + i*ldc` for `i < R`.
-            unsafe {
-                let cp = c.add(i * ldc);
-                for (v, &x) in acc.iter().enumerate() {
-                    let p = cp.add(LANES * v);
-                    let x = if first { x } else { _mm256_add_ps(x, _mm256_loadu_ps(p)) };
-                    _mm256_storeu_ps(p, x);
-                }
-            }
-        }
-        return;
-    }
     let null = std::ptr::null::<f32>();
     let (row_bias, col_bias, resid, resid_ld, act, post) = match epi {
         Some(e) => (e.row_bias, e.col_bias, e.resid, e.resid_ld, e.act, e.post),
         None => (null, null, null, 0, None, None),
-    };
-    // SAFETY: TileEpi's contract: a non-null column bias has `nr` readable floats, here `width`.
-    let cb: Option<[V; NV]> = if nr == width && !col_bias.is_null() {
-        Some(std::array::from_fn(|v| unsafe {
-            _mm256_loadu_ps(col_bias.add(LANES * v))
-        }))
-    } else {
-        None
     };
     // The cheap activation's decisions once per tile (see `Cheap`); a costly one runs over the
     // stored rows after the loop (as on AVX-512): applied per vector, its out-of-line call
@@ -311,78 +288,98 @@ unsafe fn tile<const R: usize, const NV: usize>(
         Some(a) if !a.is_cheap() => Some(a),
         _ => None,
     };
-    for (i, acc) in acc.iter().enumerate() {
-        // SAFETY: the TileFn contract gives `nr <= width` writable (initialised unless
+    if nr == width {
+        // Each part of the epilogue over the whole tile, one decision each (the loops over
+        // the constant tile unroll): `acc (+ C) + row bias + column bias + residual`, then
+        // the cheap activation, the sums in the unfused ops' order.
+        let mut acc = acc;
+        // SAFETY: the TileFn contract gives `width` writable (initialised unless `first`)
+        // floats at `c + i*ldc` for `i < R`; TileEpi's gives `R` row-bias floats, `width`
+        // column-bias floats and `width` residual floats at `resid + i*resid_ld`.
+        unsafe {
+            if !first {
+                for (i, row) in acc.iter_mut().enumerate() {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = _mm256_add_ps(*x, _mm256_loadu_ps(c.add(i * ldc + LANES * v)));
+                    }
+                }
+            }
+            if !row_bias.is_null() {
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let b = _mm256_set1_ps(*row_bias.add(i));
+                    for x in row.iter_mut() {
+                        *x = _mm256_add_ps(*x, b);
+                    }
+                }
+            }
+            if !col_bias.is_null() {
+                let cb: [V; NV] = std::array::from_fn(|v| _mm256_loadu_ps(col_bias.add(LANES * v)));
+                for row in acc.iter_mut() {
+                    for (x, &b) in row.iter_mut().zip(&cb) {
+                        *x = _mm256_add_ps(*x, b);
+                    }
+                }
+            }
+            if !resid.is_null() {
+                for (i, row) in acc.iter_mut().enumerate() {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = _mm256_add_ps(*x, _mm256_loadu_ps(resid.add(i * resid_ld + LANES * v)));
+                    }
+                }
+            }
+            apply_cheap_tile(cheap, &mut acc);
+            for (i, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    _mm256_storeu_ps(c.add(i * ldc + LANES * v), x);
+                }
+            }
+        }
+    }
+    for (i, acc) in acc.iter().enumerate().take(if nr == width { 0 } else { R }) {
+        // SAFETY: the TileFn contract gives `nr < width` writable (initialised unless
         // `first`) floats at `c + i*ldc` for `i < R`, TileEpi's gives `R` row-bias floats and
-        // `nr` residual floats at `resid + i*resid_ld`; full-width accesses only when `nr ==
-        // width`, the edge's masked accesses enable only lanes of columns `< nr`.
+        // `nr` residual floats at `resid + i*resid_ld`; the masked accesses enable only lanes
+        // of columns `< nr`.
         unsafe {
             let cp = c.add(i * ldc);
-            let rb = if row_bias.is_null() {
-                None
-            } else {
-                Some(*row_bias.add(i))
-            };
             let rp = if resid.is_null() {
                 None
             } else {
                 Some(resid.add(i * resid_ld))
             };
-            if nr == width {
-                let rbv = match rb {
-                    Some(b) => Some(_mm256_set1_ps(b)),
-                    None => None,
-                };
-                for (v, &acc) in acc.iter().enumerate() {
-                    let mut x = acc;
-                    if !first {
-                        x = _mm256_add_ps(x, _mm256_loadu_ps(cp.add(LANES * v)));
-                    }
-                    let cbv = match cb {
-                        Some(cb) => Some(cb[v]),
-                        None => None,
+            // The edge: masked loads and stores on the vectors the `nr` columns reach (the
+            // epilogue in registers, as above; masked lanes are neither read nor written).
+            // Through a stack tile and an out-of-line epilogue per row, a 10-column output
+            // (MTCNN's first layer) spent more time there than in the products.
+            let rbv = if row_bias.is_null() {
+                None
+            } else {
+                Some(_mm256_set1_ps(*row_bias.add(i)))
+            };
+            for (v, &acc) in acc.iter().enumerate() {
+                let lo = LANES * v;
+                if lo >= nr {
+                    break;
+                }
+                let m = part_mask(nr - lo);
+                let p = cp.add(lo);
+                let mut x = acc;
+                if !first {
+                    x = _mm256_add_ps(x, _mm256_maskload_ps(p, m));
+                }
+                if epi.is_some() {
+                    let cbv = if col_bias.is_null() {
+                        None
+                    } else {
+                        Some(_mm256_maskload_ps(col_bias.add(lo), m))
                     };
                     let rv = match rp {
-                        Some(r) => Some(_mm256_loadu_ps(r.add(LANES * v))),
+                        Some(r) => Some(_mm256_maskload_ps(r.add(lo), m)),
                         None => None,
                     };
                     x = apply_cheap(cheap, epi_vec(x, rbv, cbv, rv, None));
-                    _mm256_storeu_ps(cp.add(LANES * v), x);
                 }
-            } else {
-                // The edge: masked loads and stores on the vectors the `nr` columns reach (the
-                // epilogue in registers, as above; masked lanes are neither read nor written).
-                // Through a stack tile and an out-of-line epilogue per row, a 10-column
-                // output (MTCNN's first layer) spent more time there than in the products.
-                let rbv = match rb {
-                    Some(b) => Some(_mm256_set1_ps(b)),
-                    None => None,
-                };
-                for (v, &acc) in acc.iter().enumerate() {
-                    let lo = LANES * v;
-                    if lo >= nr {
-                        break;
-                    }
-                    let m = part_mask(nr - lo);
-                    let p = cp.add(lo);
-                    let mut x = acc;
-                    if !first {
-                        x = _mm256_add_ps(x, _mm256_maskload_ps(p, m));
-                    }
-                    if epi.is_some() {
-                        let cbv = if col_bias.is_null() {
-                            None
-                        } else {
-                            Some(_mm256_maskload_ps(col_bias.add(lo), m))
-                        };
-                        let rv = match rp {
-                            Some(r) => Some(_mm256_maskload_ps(r.add(lo), m)),
-                            None => None,
-                        };
-                        x = apply_cheap(cheap, epi_vec(x, rbv, cbv, rv, None));
-                    }
-                    store_first(p, nr - lo, x);
-                }
+                store_first(p, nr - lo, x);
             }
         }
     }
