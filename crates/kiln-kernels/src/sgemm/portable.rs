@@ -76,6 +76,7 @@ pub(crate) fn kernels() -> Kernels {
         nr: NR,
         kc: super::KC,
         tiles: &TILES,
+        column: None,
         half: &[],
         quarter: &[],
         narrow: &[],

@@ -4,7 +4,7 @@
 //! Every function here requires AVX2 and FMA; they are reached only through [`kernels`],
 //! which the dispatcher hands out after detection.
 
-use super::super::driver::{Ahead, Kernels, TileEpi, TileFn};
+use super::super::driver::{Ahead, ColumnAhead, Kernels, TileEpi, TileFn};
 use super::super::{Act, Affine};
 use std::arch::x86_64::*;
 
@@ -392,6 +392,98 @@ unsafe fn tile<const R: usize, const NV: usize>(
     }
 }
 
+/// The [`ColumnFn`] of the `MR x 8 NV` tile.
+///
+/// # Safety
+/// [`ColumnFn`]'s contract; the CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn column<const NV: usize>(
+    count: usize,
+    kc: usize,
+    a: *const f32,
+    ars: usize,
+    acs: usize,
+    b: *const f32,
+    bs: usize,
+    c: *mut f32,
+    ldc: usize,
+    nr: usize,
+    first: bool,
+    epi: Option<&TileEpi>,
+    ahead: ColumnAhead,
+) {
+    let per = ahead.lines.div_ceil(count.max(1));
+    for t in 0..count {
+        let row = t * MR;
+        // Hints only (wrapping addresses, nothing read): C's rows and the residual's two
+        // tiles down, this tile's share of the next micro-panel.
+        if ahead.c_ahead && t + 2 < count {
+            for i in row + 2 * MR..row + 3 * MR {
+                prefetch_line(c.wrapping_add(i * ldc));
+                prefetch_line(c.wrapping_add(i * ldc + LANES * NV - 1));
+                if let Some(e) = epi.filter(|e| !e.resid.is_null()) {
+                    prefetch_line(e.resid.wrapping_add(i * e.resid_ld));
+                    prefetch_line(e.resid.wrapping_add(i * e.resid_ld + LANES * NV - 1));
+                }
+            }
+        }
+        for l in (t * per).min(ahead.lines)..((t + 1) * per).min(ahead.lines) {
+            prefetch_l2(ahead.ptr.wrapping_add(l * ahead.stride));
+        }
+        let moved = epi.map(|e| TileEpi {
+            row_bias: if e.row_bias.is_null() {
+                e.row_bias
+            } else {
+                e.row_bias.wrapping_add(row)
+            },
+            resid: if e.resid.is_null() {
+                e.resid
+            } else {
+                e.resid.wrapping_add(row * e.resid_ld)
+            },
+            prelu_row: if e.prelu_row.is_null() {
+                e.prelu_row
+            } else {
+                e.prelu_row.wrapping_add(row)
+            },
+            ..*e
+        });
+        // SAFETY: the ColumnFn contract: tile `t`'s rows `row .. row + MR` of A, C and the
+        // epilogue's operands satisfy the TileFn contract, at the offsets formed here.
+        unsafe {
+            tile::<MR, NV>(
+                kc,
+                a.add(row * ars),
+                ars,
+                acs,
+                b,
+                bs,
+                c.add(row * ldc),
+                ldc,
+                nr,
+                first,
+                moved.as_ref(),
+                Ahead::NONE,
+            );
+        }
+    }
+}
+
+/// Asks for the line at `p` in L1. A hint: it reads nothing and cannot fault.
+#[inline]
+fn prefetch_line(p: *const f32) {
+    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) };
+}
+
+/// Asks for the line at `p` in L2. A hint: it reads nothing and cannot fault.
+#[inline]
+fn prefetch_l2(p: *const f32) {
+    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast::<i8>()) };
+}
+
 static TILES: [TileFn; MR] = [
     tile::<1, 2>,
     tile::<2, 2>,
@@ -486,6 +578,7 @@ pub(crate) fn gemv_kernels() -> Kernels {
         nr: 4 * LANES,
         kc: super::super::KC_AVX2,
         tiles: &GEMV_TILES,
+        column: None,
         half: &[],
         quarter: &[],
         narrow: &[],
@@ -504,6 +597,7 @@ pub(crate) fn kernels() -> Kernels {
         nr: NR,
         kc: super::super::KC_AVX2,
         tiles: &TILES,
+        column: Some(column::<2>),
         half: &HALF_TILES,
         quarter: &[],
         narrow: &[],

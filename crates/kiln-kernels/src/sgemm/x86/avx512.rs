@@ -775,6 +775,7 @@ pub(crate) fn few_kernels() -> Kernels {
     Kernels {
         mr: 4,
         tiles: &FEW_TILES,
+        column: None,
         half: &[],
         quarter: &[],
         narrow: &[],
@@ -788,6 +789,7 @@ pub(crate) fn gemv_kernels() -> Kernels {
     Kernels {
         mr: 1,
         tiles: &GEMV_TILES,
+        column: None,
         half: &[],
         quarter: &[],
         narrow: &[],
@@ -802,6 +804,7 @@ pub(crate) fn kernels() -> Kernels {
         nr: NR,
         kc: super::super::KC_MAX,
         tiles: &TILES,
+        column: None,
         half: &HALF_TILES,
         quarter: &QUARTER_TILES,
         narrow: &NARROW_TILES,
