@@ -424,28 +424,35 @@ mod avx2 {
         let acc = unsafe { sums::<R, PV>(d) };
         let epi = VecEpi::new(outs.act, outs.post);
         let zero = _mm256_setzero_ps();
-        let mut rows = [[[zero; 2]; PV]; 8];
-        for (r, (acc, row)) in acc.iter().zip(rows.iter_mut()).enumerate() {
-            // SAFETY: the caller's contract: non-null vectors hold R floats.
-            let (b, s) = unsafe {
-                (
-                    (!outs.bias.is_null()).then(|| _mm256_set1_ps(*outs.bias.add(r))),
-                    (!outs.slopes.is_null()).then(|| _mm256_set1_ps(*outs.slopes.add(r))),
-                )
-            };
-            for (a, o) in acc.iter().zip(row.iter_mut()) {
-                for (&a, o) in a.iter().zip(o.iter_mut()) {
-                    let mut v = a;
-                    if let Some(b) = b {
-                        v = _mm256_add_ps(v, b);
+        // Each part of the epilogue over the whole tile, one decision each (see
+        // `apply_cheap_all`): bias, the cheap activation and affine, the PRelu slopes.
+        let mut acc = acc;
+        if !outs.bias.is_null() {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: the caller's contract: a non-null bias holds R floats.
+                let b = _mm256_set1_ps(unsafe { *outs.bias.add(r) });
+                for pair in acc.iter_mut() {
+                    for v in pair.iter_mut() {
+                        *v = _mm256_add_ps(*v, b);
                     }
-                    v = epi.apply(v);
-                    if let Some(s) = s {
-                        v = _mm256_blendv_ps(v, _mm256_mul_ps(v, s), _mm256_cmp_ps::<_CMP_LT_OQ>(v, zero));
-                    }
-                    *o = v;
                 }
             }
+        }
+        epi.apply_all(&mut acc);
+        if !outs.slopes.is_null() {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: the caller's contract: non-null slopes hold R floats.
+                let s = _mm256_set1_ps(unsafe { *outs.slopes.add(r) });
+                for pair in acc.iter_mut() {
+                    for v in pair.iter_mut() {
+                        *v = _mm256_blendv_ps(*v, _mm256_mul_ps(*v, s), _mm256_cmp_ps::<_CMP_LT_OQ>(*v, zero));
+                    }
+                }
+            }
+        }
+        let mut rows = [[[zero; 2]; PV]; 8];
+        for (acc, row) in acc.iter().zip(rows.iter_mut()) {
+            *row = *acc;
         }
         for v in 0..PV {
             for half in 0..2 {

@@ -457,6 +457,14 @@ pub fn parallel_for(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// How many pieces each thread's own contiguous range holds when [`for_each_chunk_mut`] on
+/// the current pool splits `pieces` pieces (all of them without a pool): the thread owning
+/// piece `i` owns `i / per * per .. (i / per + 1) * per`. Read on the calling thread (tasks
+/// see no pool), for work that looks ahead within its own range.
+pub fn own_range(pieces: usize) -> usize {
+    pieces.div_ceil(current_threads().min(pieces).max(1))
+}
+
 /// Calls `f(i, chunk)` for every `chunk`-long piece of `data` (the last may be shorter), `i`
 /// its index, spread over the current pool: thread `t` (the caller is thread 0) owns the
 /// `t`-th contiguous range of `ceil(pieces / threads)` pieces and runs them front to back,
@@ -480,7 +488,7 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usi
         chunks_inline(data, chunk, 0, f);
         return;
     }
-    let per = pieces.div_ceil(threads);
+    let per = own_range(pieces);
     let ranges = pieces.div_ceil(per);
     // Per range: its unclaimed pieces `front .. back`, packed as `back << 32 | front`, each
     // on its own cache lines: the owner claims every piece with a compare-exchange, and with
@@ -650,6 +658,25 @@ mod tests {
             });
         }
         assert_eq!(sum.load(Ordering::Relaxed), 50 * 45);
+    }
+
+    /// `own_range` is the range length `for_each_chunk_mut` deals out: with every thread
+    /// running at the same pace, a piece's thread is the one owning `i / per`, and without a
+    /// pool one range holds everything.
+    #[test]
+    fn own_range_matches_the_ranges_of_for_each_chunk_mut() {
+        assert_eq!(own_range(7), 7);
+        assert_eq!(own_range(0), 0);
+        let pool = ThreadPool::new(3).unwrap();
+        pool.install(|| {
+            for (pieces, per) in [(10, 4), (9, 3), (2, 1), (1, 1), (0, 0)] {
+                assert_eq!(own_range(pieces), per, "{pieces} pieces");
+                // Every piece lies in exactly one range of `per` pieces, and the ranges
+                // number at most the threads.
+                let ranges = if per == 0 { 0 } else { pieces.div_ceil(per) };
+                assert!(ranges <= 3, "{pieces} pieces: {ranges} ranges");
+            }
+        });
     }
 
     #[test]

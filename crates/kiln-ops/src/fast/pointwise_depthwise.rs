@@ -9,12 +9,12 @@
 //!
 //! Run separately, the expansion writes `E/C` times its input (MobileNet-v2's first one a
 //! 4.8 MB tensor), out of the L2 cache, and the depthwise layer reads it back. Fused, each
-//! thread walks its band of output rows and keeps only the expanded input rows the window
-//! needs, in a ring of `(kh - 1) * dh + 1` rows that stays in L2: before an output row, the
-//! input rows it needs that the ring lacks are expanded into it (one small GEMM per row, with
-//! the pointwise bias and activation in its epilogue), then the depthwise kernel reads the
-//! ring in place of the image. A thread's rows are contiguous, so only the rows at the edge
-//! between two threads' bands are expanded twice.
+//! thread walks its band of output rows and keeps only the expanded input rows their windows
+//! need, in a ring that stays in L2: when an output row's window lacks rows, the rows the
+//! next few output rows of the band read are expanded into it with them (consecutive rows in
+//! one GEMM of about [`GROUP_PIXELS`] pixels, with the pointwise bias and activation in its
+//! epilogue), then the depthwise kernel reads the ring in place of the image. A thread's rows are
+//! contiguous, so only the rows at the edge between two threads' bands are expanded twice.
 //!
 //! When the rows expanded twice would exceed a tenth of the image (small images on several
 //! threads), the expansion runs whole into a recycled buffer and the depthwise layer reads
@@ -35,6 +35,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Floats (512 KiB: Zen 3's L2, half of Zen 4's) of the ring or of the pointwise weights
 /// beyond which the stages run apart.
 const FUSED_L2_FLOATS: usize = 128 * 1024;
+
+/// Input pixels the fused path aims to expand in one GEMM: a 14-pixel row of a 14 x 14
+/// image made GEMMs of 6 + 4 + 4 rows with the weights streamed from L2 for each.
+const GROUP_PIXELS: usize = 96;
+
+/// Output rows whose input rows one expansion of the fused loop serves: enough for about
+/// [`GROUP_PIXELS`] new input pixels (`sh` input rows of `iw` each per output row), no more
+/// than a ring of [`FUSED_L2_FLOATS`] holds (a `window`-row window of `row_len` floats a row).
+fn rows_per_group(sh: usize, iw: usize, window: usize, row_len: usize) -> usize {
+    let want = GROUP_PIXELS.div_ceil(sh.max(1) * iw.max(1));
+    let room = (FUSED_L2_FLOATS / row_len.max(1)).saturating_sub(window) / sh.max(1) + 1;
+    want.min(room).max(1)
+}
 
 /// The fused op: `depthwise(pointwise(X))`, both channels-last Convs.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -177,10 +190,14 @@ impl PointwiseDepthwise {
         let dw_act = self.depthwise.plan.activation.map(|a| a.kernel_act());
         let (clamp, after) = split_act(dw_act);
         let dw = geo.depthwise();
-        // The ring: the window's rows; each `iw * e` floats.
-        let slots = (geo.kh.max(1) - 1) * geo.dh + 1;
+        // The ring: the rows the windows of `group` output rows read; each `iw * e` floats.
+        let window = (geo.kh.max(1) - 1) * geo.dh + 1;
         let row_len = iw * e;
-        numel(&[slots, row_len])?;
+        numel(&[window, row_len])?;
+        // Each thread's own range of output rows, and how many of them one expansion serves.
+        let per = kiln_kernels::pool::own_range(geo.oh);
+        let group = rows_per_group(geo.sh, iw, window, row_len);
+        let slots = (group - 1) * geo.sh + window;
         let shape: kiln_tensor::Shape = kiln_tensor::smallvec::smallvec![batch, geo.oh, geo.ow, e];
         // Every element is written below: a recycled buffer needs no clearing.
         let mut y = crate::util::out_f32(numel(&shape)?);
@@ -191,12 +208,12 @@ impl PointwiseDepthwise {
         // whole, then the depthwise layer (MobileNet-v2's 14x14 blocks on 2 threads: 0.78 ->
         // 0.74 ms together).
         let threads = kiln_kernels::pool::current_threads().min(geo.oh);
-        let twice = (threads.max(1) - 1) * slots.saturating_sub(geo.sh);
+        let twice = (threads.max(1) - 1) * window.saturating_sub(geo.sh);
         // So too when the ring or the pointwise weights outgrow L2 (a dilated 5x5 window's 9
         // rows of 49 x 960 channels, 1.7 MB, in DeepLab-v3's backbone; its 160 x 960 weights,
         // 614 KB, streamed again for every 49-pixel row): fused saves no memory traffic there,
         // and its one-row products ran at 54 GFLOP/s against 80 whole (10.7 -> 7.9 ms).
-        let beyond_l2 = slots * row_len > FUSED_L2_FLOATS || c * e > FUSED_L2_FLOATS;
+        let beyond_l2 = window * row_len > FUSED_L2_FLOATS || c * e > FUSED_L2_FLOATS;
         let apart = twice * 10 > ih || beyond_l2;
         let inconsistent = || OpError::input_shape(0, "a shape that fits both stages' packed weights", x.shape());
         for n in 0..batch {
@@ -224,26 +241,45 @@ impl PointwiseDepthwise {
                 let ring = &mut *lent;
                 ring.rows.resize(slots * row_len, 0.0);
                 ring.tags.resize(slots, (0, 0));
-                // The input rows of output row `oy`'s window that the ring lacks, expanded.
+                // When output row `oy`'s window lacks rows, the rows the windows of the
+                // next `group` output rows of this thread's range read are expanded with
+                // them (they span at most `slots` rows, so each has its own slot, and
+                // none evicts a row `oy` reads), a run of consecutive rows and slots at a
+                // time: one GEMM of up to `group * sh * iw` pixels. The rows stay one
+                // piece each, so the threads' ranges stay even.
+                let (kh, sh, dh, ph) = (geo.kh, geo.sh, geo.dh, geo.ph);
+                let in_window = move |oy: usize| {
+                    (0..kh).filter_map(move |ky| (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < ih))
+                };
+                let lacks = |ring: &Ring, iy: usize| ring.tags.get(iy % slots) != Some(&(call, iy));
                 let mut ok = true;
-                for ky in 0..geo.kh {
-                    let Some(iy) = (oy * geo.sh + ky * geo.dh).checked_sub(geo.ph).filter(|&iy| iy < ih) else {
-                        continue;
-                    };
-                    let slot = iy % slots;
-                    if ring.tags.get(slot) == Some(&(call, iy)) {
-                        continue;
-                    }
-                    let (Some(a), Some(dst)) = (
-                        xi.get(iy * iw * c..(iy + 1) * iw * c),
-                        ring.rows.get_mut(slot * row_len..(slot + 1) * row_len),
-                    ) else {
-                        ok = false;
-                        break;
-                    };
-                    ok &= sgemm(iw, AMatrix::row_major(a, c), packed, dst, e, &epi).is_ok();
-                    if let Some(t) = ring.tags.get_mut(slot) {
-                        *t = (call, iy);
+                if in_window(oy).any(|iy| lacks(ring, iy)) {
+                    let last = (oy + group).min((oy / per + 1) * per).min(geo.oh);
+                    let mut missing: smallvec::SmallVec<[usize; 32]> =
+                        (oy..last).flat_map(in_window).filter(|&iy| lacks(ring, iy)).collect();
+                    missing.sort_unstable();
+                    missing.dedup();
+                    let mut at = 0;
+                    while let Some(&r0) = missing.get(at) {
+                        let mut len = 1;
+                        while missing.get(at + len) == Some(&(r0 + len)) && (r0 + len) % slots != 0 {
+                            len += 1;
+                        }
+                        let s0 = r0 % slots;
+                        let (Some(a), Some(dst)) = (
+                            xi.get(r0 * iw * c..(r0 + len) * iw * c),
+                            ring.rows.get_mut(s0 * row_len..(s0 + len) * row_len),
+                        ) else {
+                            ok = false;
+                            break;
+                        };
+                        ok &= sgemm(len * iw, AMatrix::row_major(a, c), packed, dst, e, &epi).is_ok();
+                        for iy in r0..r0 + len {
+                            if let Some(t) = ring.tags.get_mut(iy % slots) {
+                                *t = (call, iy);
+                            }
+                        }
+                        at += len;
                     }
                 }
                 ok = ok && dw.nhwc_row(&ring.rows, |iy| iy % slots, taps, bias2, clamp, oy, out);

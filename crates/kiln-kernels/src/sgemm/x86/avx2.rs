@@ -327,7 +327,7 @@ unsafe fn tile<const R: usize, const NV: usize>(
                     }
                 }
             }
-            apply_cheap_tile(cheap, &mut acc);
+            apply_cheap_all(cheap, std::array::from_mut(&mut acc));
             for (i, row) in acc.iter().enumerate() {
                 for (v, &x) in row.iter().enumerate() {
                     _mm256_storeu_ps(c.add(i * ldc + LANES * v), x);

@@ -481,20 +481,23 @@ macro_rules! simd_math {
         }
 
         /// [`apply_cheap`] on a whole tile of accumulators, each decision taken once for the
-        /// tile rather than per vector: with the tile's sizes constant the loops unroll and the
-        /// accumulators stay in registers, where a per-vector call kept them in a stack array
-        /// and tested every flag twelve times (a 6 x 16 tile of depth 16 spent longer in its
-        /// epilogue than in its products).
+        /// tile rather than per vector: inlined into a tile of constant size the loops unroll
+        /// and the accumulators stay in registers, where a per-vector call kept them in a
+        /// stack array and tested every flag twelve times (a 6 x 16 GEMM tile of depth 16
+        /// spent longer in its epilogue than in its products). Arrays, never a slice: a
+        /// flattened slice of the accumulators kept them in memory through the depth loop.
         #[target_feature(enable = $feat)]
         #[inline]
         #[allow(dead_code)]
-        fn apply_cheap_tile<const R: usize, const NV: usize>(c: Cheap, acc: &mut [[V; NV]; R]) {
+        fn apply_cheap_all<const A: usize, const B: usize, const C: usize>(c: Cheap, acc: &mut [[[V; C]; B]; A]) {
             macro_rules! each {
                 ($v:ident => $e:expr) => {
-                    for row in acc.iter_mut() {
-                        for x in row.iter_mut() {
-                            let $v = *x;
-                            *x = $e;
+                    for plane in acc.iter_mut() {
+                        for row in plane.iter_mut() {
+                            for x in row.iter_mut() {
+                                let $v = *x;
+                                *x = $e;
+                            }
                         }
                     }
                 };
@@ -540,6 +543,15 @@ macro_rules! simd_math {
             #[inline]
             pub(crate) fn apply(self, v: V) -> V {
                 apply_cheap(self.0, v)
+            }
+
+            /// [`VecEpi::apply`] on every vector of a tile, each decision once (see
+            /// `apply_cheap_all`).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            #[allow(dead_code)]
+            pub(crate) fn apply_all<const A: usize, const B: usize, const C: usize>(self, v: &mut [[[V; C]; B]; A]) {
+                apply_cheap_all(self.0, v)
             }
         }
 
