@@ -78,6 +78,8 @@ struct Ring {
     rows: Vec<f32>,
     /// Per slot: `(call, iy)` of the row it holds.
     tags: Vec<(u64, usize)>,
+    /// `(call, oy)` of the output row this thread computed last.
+    last: (u64, usize),
 }
 
 /// A run state's scratch, per thread.
@@ -254,7 +256,12 @@ impl PointwiseDepthwise {
                 let lacks = |ring: &Ring, iy: usize| ring.tags.get(iy % slots) != Some(&(call, iy));
                 let mut ok = true;
                 if in_window(oy).any(|iy| lacks(ring, iy)) {
-                    let last = (oy + group).min((oy / per + 1) * per).min(geo.oh);
+                    // Only walking forward through the range: a row taken from the back of
+                    // another thread's range (`for_each_chunk_mut`) comes before the rows this
+                    // thread took just before it, whose windows it already holds.
+                    let forward = oy % per == 0 || ring.last == (call, oy.wrapping_sub(1));
+                    let ahead = if forward { group } else { 1 };
+                    let last = (oy + ahead).min((oy / per + 1) * per).min(geo.oh);
                     let mut missing: smallvec::SmallVec<[usize; 32]> =
                         (oy..last).flat_map(in_window).filter(|&iy| lacks(ring, iy)).collect();
                     missing.sort_unstable();
@@ -283,6 +290,7 @@ impl PointwiseDepthwise {
                     }
                 }
                 ok = ok && dw.nhwc_row(&ring.rows, |iy| iy % slots, taps, bias2, clamp, oy, out);
+                ring.last = (call, oy);
                 drop(lent);
                 if let Some(a) = after {
                     act_slice(a, out);
