@@ -39,9 +39,10 @@ pub(crate) type TileFn = unsafe fn(
 /// acs, b, bs, c, ldc, nr, first, epi, ahead)` is the [`TileFn`] of `mr` rows applied to the
 /// tiles `t < count` at rows `t * mr` (A at `a + t*mr*ars`, C at `c + t*mr*ldc`, the epilogue's
 /// row bias and residual moved down as well), each tile fetching C's (and the residual's)
-/// rows two tiles ahead when `ahead.rows_ahead` is set, and a `count`-th of `ahead`'s lines
+/// rows two tiles ahead when `ahead.c_ahead` is set, and a `count`-th of `ahead`'s lines
 /// of B. A depth-16 tile is ~100 cycles of products; the loop nest's per-tile bookkeeping and
-/// call had been as long again (a 12544 x 64 x 16 product: 0.55 -> 0.40 ms).
+/// call had been as long again (a 12544 x 64 x 16 product: 0.55 -> 0.44 ms). The argument
+/// list is [`TileFn`]'s with the count in front (the same call, repeated).
 ///
 /// # Safety
 /// [`TileFn`]'s contract for each of the `count` tiles (rows `t*mr .. (t+1)*mr`).
