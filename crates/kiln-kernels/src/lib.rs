@@ -6,6 +6,7 @@
 //! - `dwconv`, `grouped`: the inner kernels of channels-last depthwise and grouped
 //!   convolution;
 //! - `fp`: denormals flushed to zero during a run (MXCSR FTZ/DAZ);
+//! - `hint`: cache prefetch hints (no-ops off x86-64);
 //! - `isa`: the dispatch choice (AVX-512, AVX2+FMA or portable), detected once per process,
 //!   forced to portable with `KILN_KERNELS=reference`;
 //! - `sgemm`: the f32 GEMM with our own microkernels over prepacked B panels and a fused
@@ -36,6 +37,7 @@ pub mod dwconv;
 pub mod fp;
 pub mod gemm;
 pub mod grouped;
+mod hint;
 pub mod igemm;
 pub mod isa;
 pub mod lut;

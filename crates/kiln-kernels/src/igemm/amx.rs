@@ -29,7 +29,6 @@
 
 use super::{B_BLOCK_BYTES, Data, Int8, NR_QUADS, Output, Product};
 use std::arch::asm;
-use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
 use std::ops::Range;
 
 /// Rows of one A tile (and of one C tile).
@@ -879,8 +878,7 @@ unsafe fn block((signed, two): (bool, bool), a: &[(*const u8, usize)], b: *const
         // faults; addresses past B's data are only formed (`wrapping_add`), never read.
         let ahead = bp.wrapping_add(PREFETCH_CHUNKS * B_CHUNK);
         for line in 0..B_CHUNK / 64 {
-            // SAFETY: a prefetch hint reads nothing the program can observe, at any address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast()) };
+            crate::hint::to_l1(ahead.wrapping_add(64 * line));
         }
         // The second tile's rows 16 rows on (read only when `two`); formed with
         // `wrapping_add`, read within the caller's contract.

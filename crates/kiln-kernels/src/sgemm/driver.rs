@@ -729,42 +729,26 @@ const AHEAD: usize = 2;
 /// addresses are formed with wrapping arithmetic and nothing is read or written.
 #[inline]
 fn prefetch_lines(base: *const f32, ld: usize, rows: std::ops::Range<usize>, j: usize, width: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        for i in rows {
-            let row = base.wrapping_add(i * ld + j);
-            // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(row.cast::<i8>());
-                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(width.saturating_sub(1)).cast::<i8>());
-            }
-        }
+    for i in rows {
+        let row = base.wrapping_add(i * ld + j);
+        crate::hint::to_l1(row);
+        crate::hint::to_l1(row.wrapping_add(width.saturating_sub(1)));
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (base, ld, rows, j, width);
 }
 
 /// Asks for rows `rows` of a micro-panel (`width` floats from `data[off + p*stride]`) to be
 /// fetched into L2. Only a hint: addresses outside `data` are skipped, and nothing is read.
 #[inline]
 fn prefetch_rows(data: &[f32], off: usize, rows: std::ops::Range<usize>, stride: usize, width: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-        const LINE: usize = 16;
-        for p in rows {
-            let start = off + p * stride;
-            for o in (start..start + width).step_by(LINE) {
-                if let Some(x) = data.get(o) {
-                    // SAFETY: a prefetch reads nothing and cannot fault; the pointer is in `data`.
-                    unsafe { _mm_prefetch::<_MM_HINT_T1>((x as *const f32).cast::<i8>()) };
-                }
+    const LINE: usize = 16;
+    for p in rows {
+        let start = off + p * stride;
+        for o in (start..start + width).step_by(LINE) {
+            if let Some(x) = data.get(o) {
+                crate::hint::to_l2(x);
             }
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, off, rows, stride, width);
 }
 
 /// Pointers into the epilogue's operands at row `i0`, column `j0` of C. The caller has

@@ -40,13 +40,19 @@ const FUSED_L2_FLOATS: usize = 128 * 1024;
 /// image made GEMMs of 6 + 4 + 4 rows with the weights streamed from L2 for each.
 const GROUP_PIXELS: usize = 96;
 
+/// Input rows one expansion lists at most: its list of missing rows stays on the stack.
+const GROUP_ROWS: usize = 32;
+
 /// Output rows whose input rows one expansion of the fused loop serves: enough for about
 /// [`GROUP_PIXELS`] new input pixels (`sh` input rows of `iw` each per output row), no more
-/// than a ring of [`FUSED_L2_FLOATS`] holds (a `window`-row window of `row_len` floats a row).
+/// than a ring of [`FUSED_L2_FLOATS`] holds (a `window`-row window of `row_len` floats a row),
+/// their windows spanning at most [`GROUP_ROWS`] input rows (unless one window does).
 fn rows_per_group(sh: usize, iw: usize, window: usize, row_len: usize) -> usize {
-    let want = GROUP_PIXELS.div_ceil(sh.max(1) * iw.max(1));
-    let room = (FUSED_L2_FLOATS / row_len.max(1)).saturating_sub(window) / sh.max(1) + 1;
-    want.min(room).max(1)
+    let sh = sh.max(1);
+    let want = GROUP_PIXELS.div_ceil(sh * iw.max(1));
+    let room = (FUSED_L2_FLOATS / row_len.max(1)).saturating_sub(window) / sh + 1;
+    let span = GROUP_ROWS.saturating_sub(window) / sh + 1;
+    want.min(room).min(span).max(1)
 }
 
 /// The fused op: `depthwise(pointwise(X))`, both channels-last Convs.
@@ -262,10 +268,14 @@ impl PointwiseDepthwise {
                     let forward = oy % per == 0 || ring.last == (call, oy.wrapping_sub(1));
                     let ahead = if forward { group } else { 1 };
                     let last = (oy + ahead).min((oy / per + 1) * per).min(geo.oh);
-                    let mut missing: smallvec::SmallVec<[usize; 32]> =
-                        (oy..last).flat_map(in_window).filter(|&iy| lacks(ring, iy)).collect();
+                    // Each row once (the windows overlap): as many as the group's slots.
+                    let mut missing = smallvec::SmallVec::<[usize; GROUP_ROWS]>::new();
+                    for iy in (oy..last).flat_map(in_window) {
+                        if lacks(ring, iy) && !missing.contains(&iy) {
+                            missing.push(iy);
+                        }
+                    }
                     missing.sort_unstable();
-                    missing.dedup();
                     let mut at = 0;
                     while let Some(&r0) = missing.get(at) {
                         let mut len = 1;

@@ -386,14 +386,18 @@ fn by_pixels<
                 return;
             }
             let mut rows_scratch = kiln_kernels::recycle::lend::<WindowRows>();
-            rows_scratch.clear();
-            rows_scratch.resize(rows * k, T::bytes(&[pad]).first().copied().unwrap_or(0));
-            let a = T::of_bytes_mut(&mut rows_scratch);
+            // Stale bytes: a window inside the image overwrites its whole row below, one
+            // that reaches the padding is filled with it first.
+            let a = T::of_bytes_mut(kiln_kernels::recycle::scratch(&mut rows_scratch, rows * k));
             for (r, row) in a.chunks_exact_mut(k).enumerate() {
                 let (oy, ox) = ((p0 + r) / ow.max(1), (p0 + r) % ow.max(1));
                 // The window's first input column; its kernel row is one run of `kw * c`
                 // values of the channels-last row when undilated and inside the image.
                 let ix0 = (ox * sw).checked_sub(pw).filter(|&i| dw == 1 && i + kw <= wd);
+                let rows_inside = (oy * sh).checked_sub(ph).is_some_and(|top| top + (kh - 1) * dh < h);
+                if ix0.is_none() || !rows_inside {
+                    row.fill(pad);
+                }
                 for ky in 0..kh {
                     let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&i| i < h) else {
                         continue;

@@ -334,52 +334,53 @@ unsafe fn tile<const R: usize, const NV: usize>(
                 }
             }
         }
-    }
-    for (i, acc) in acc.iter().enumerate().take(if nr == width { 0 } else { R }) {
-        // SAFETY: the TileFn contract gives `nr < width` writable (initialised unless
-        // `first`) floats at `c + i*ldc` for `i < R`, TileEpi's gives `R` row-bias floats and
-        // `nr` residual floats at `resid + i*resid_ld`; the masked accesses enable only lanes
-        // of columns `< nr`.
-        unsafe {
-            let cp = c.add(i * ldc);
-            let rp = if resid.is_null() {
-                None
-            } else {
-                Some(resid.add(i * resid_ld))
-            };
-            // The edge: masked loads and stores on the vectors the `nr` columns reach (the
-            // epilogue in registers, as above; masked lanes are neither read nor written).
-            // Through a stack tile and an out-of-line epilogue per row, a 10-column output
-            // (MTCNN's first layer) spent more time there than in the products.
-            let rbv = if row_bias.is_null() {
-                None
-            } else {
-                Some(_mm256_set1_ps(*row_bias.add(i)))
-            };
-            for (v, &acc) in acc.iter().enumerate() {
-                let lo = LANES * v;
-                if lo >= nr {
-                    break;
+    } else {
+        for (i, acc) in acc.iter().enumerate() {
+            // SAFETY: the TileFn contract gives `nr < width` writable (initialised unless
+            // `first`) floats at `c + i*ldc` for `i < R`, TileEpi's gives `R` row-bias floats and
+            // `nr` residual floats at `resid + i*resid_ld`; the masked accesses enable only lanes
+            // of columns `< nr`.
+            unsafe {
+                let cp = c.add(i * ldc);
+                let rp = if resid.is_null() {
+                    None
+                } else {
+                    Some(resid.add(i * resid_ld))
+                };
+                // The edge: masked loads and stores on the vectors the `nr` columns reach (the
+                // epilogue in registers, as above; masked lanes are neither read nor written).
+                // Through a stack tile and an out-of-line epilogue per row, a 10-column output
+                // (MTCNN's first layer) spent more time there than in the products.
+                let rbv = if row_bias.is_null() {
+                    None
+                } else {
+                    Some(_mm256_set1_ps(*row_bias.add(i)))
+                };
+                for (v, &acc) in acc.iter().enumerate() {
+                    let lo = LANES * v;
+                    if lo >= nr {
+                        break;
+                    }
+                    let m = part_mask(nr - lo);
+                    let p = cp.add(lo);
+                    let mut x = acc;
+                    if !first {
+                        x = _mm256_add_ps(x, _mm256_maskload_ps(p, m));
+                    }
+                    if epi.is_some() {
+                        let cbv = if col_bias.is_null() {
+                            None
+                        } else {
+                            Some(_mm256_maskload_ps(col_bias.add(lo), m))
+                        };
+                        let rv = match rp {
+                            Some(r) => Some(_mm256_maskload_ps(r.add(lo), m)),
+                            None => None,
+                        };
+                        x = apply_cheap(cheap, epi_vec(x, rbv, cbv, rv, None));
+                    }
+                    store_first(p, nr - lo, x);
                 }
-                let m = part_mask(nr - lo);
-                let p = cp.add(lo);
-                let mut x = acc;
-                if !first {
-                    x = _mm256_add_ps(x, _mm256_maskload_ps(p, m));
-                }
-                if epi.is_some() {
-                    let cbv = if col_bias.is_null() {
-                        None
-                    } else {
-                        Some(_mm256_maskload_ps(col_bias.add(lo), m))
-                    };
-                    let rv = match rp {
-                        Some(r) => Some(_mm256_maskload_ps(r.add(lo), m)),
-                        None => None,
-                    };
-                    x = apply_cheap(cheap, epi_vec(x, rbv, cbv, rv, None));
-                }
-                store_first(p, nr - lo, x);
             }
         }
     }
@@ -420,16 +421,16 @@ unsafe fn column<const NV: usize>(
         // tiles down, this tile's share of the next micro-panel.
         if ahead.c_ahead && t + 2 < count {
             for i in row + 2 * MR..row + 3 * MR {
-                prefetch_line(c.wrapping_add(i * ldc));
-                prefetch_line(c.wrapping_add(i * ldc + LANES * NV - 1));
+                crate::hint::to_l1(c.wrapping_add(i * ldc));
+                crate::hint::to_l1(c.wrapping_add(i * ldc + LANES * NV - 1));
                 if let Some(e) = epi.filter(|e| !e.resid.is_null()) {
-                    prefetch_line(e.resid.wrapping_add(i * e.resid_ld));
-                    prefetch_line(e.resid.wrapping_add(i * e.resid_ld + LANES * NV - 1));
+                    crate::hint::to_l1(e.resid.wrapping_add(i * e.resid_ld));
+                    crate::hint::to_l1(e.resid.wrapping_add(i * e.resid_ld + LANES * NV - 1));
                 }
             }
         }
         for l in (t * per).min(ahead.lines)..((t + 1) * per).min(ahead.lines) {
-            prefetch_l2(ahead.ptr.wrapping_add(l * ahead.stride));
+            crate::hint::to_l2(ahead.ptr.wrapping_add(l * ahead.stride));
         }
         let moved = epi.map(|e| TileEpi {
             row_bias: if e.row_bias.is_null() {
@@ -468,20 +469,6 @@ unsafe fn column<const NV: usize>(
             );
         }
     }
-}
-
-/// Asks for the line at `p` in L1. A hint: it reads nothing and cannot fault.
-#[inline]
-fn prefetch_line(p: *const f32) {
-    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) };
-}
-
-/// Asks for the line at `p` in L2. A hint: it reads nothing and cannot fault.
-#[inline]
-fn prefetch_l2(p: *const f32) {
-    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
-    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast::<i8>()) };
 }
 
 static TILES: [TileFn; MR] = [
