@@ -277,7 +277,7 @@ def fused_gemm_and_integer(out):
 def dynamic_quantize_lstm(out):
     """DynamicQuantizeLSTM: 8-bit W and R, a scale and zero point per direction or per direction
     and gate column, bidirectional. ONNX Runtime also quantizes X and H to 8 bits at each step
-    while kiln keeps them float (the exact product of the stored weights), so the outputs agree
+    while kiln keeps X float and quantizes H to 16 bits, so the outputs agree
     to about that quantization's step, not to the last bit; a wrong gate order or layout would
     miss by the outputs' own size."""
     hs, isz, seq = 8, 6, 5

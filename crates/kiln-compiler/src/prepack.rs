@@ -466,6 +466,7 @@ mod tests {
             activations: [Activation::Sigmoid, Activation::Tanh, Activation::Tanh].repeat(2),
             clip: None,
             batch_first: false,
+            quantized_state: false,
         }));
         let y = b.node(lstm, &[Some(x), Some(w), Some(r), Some(bias)], &[&[seq, 2, batch, hs]])[0];
         let g = b.finish(&[y]);

@@ -298,6 +298,140 @@ impl crate::simd::Kernel for RowsI8<'_> {
     }
 }
 
+/// Largest code of a state quantized by [`quantize_state`] (symmetric i16 codes).
+pub const STATE_MAX: i32 = 32767;
+
+/// Depths per block of [`dot_rows_i8_state`]'s AVX2 sums: each i32 lane then sums at most
+/// 128 products of an i16 by an i8 (`128 * 32768 * 128 < 2^31`), exact for any codes; the
+/// blocks add up in i64.
+const STATE_BLOCK: usize = 1024;
+
+/// A state vector as i16 codes for [`dot_rows_i8_state`]: `codes[p] = round(a[p] / s)` with
+/// `s = max |a| / STATE_MAX` (so `|a[p] - s codes[p]| <= s / 2`, 2^-16 of the largest
+/// magnitude), returning `s`: 0 for an all-zero `a`; `None` (codes unspecified) when `a`
+/// holds a NaN or an infinity or its largest magnitude is too small to invert.
+pub fn quantize_state(a: &[f32], codes: &mut Vec<i16>) -> Option<f32> {
+    codes.clear();
+    let mut m = 0f32;
+    for &x in a {
+        if !x.is_finite() {
+            return None;
+        }
+        m = m.max(x.abs());
+    }
+    if m == 0.0 {
+        codes.resize(a.len(), 0);
+        return Some(0.0);
+    }
+    let top = STATE_MAX as f32;
+    let inv = top / m;
+    if !inv.is_finite() {
+        return None;
+    }
+    codes.extend(a.iter().map(|&x| (x * inv).round().clamp(-top, top) as i16));
+    Some(m / top)
+}
+
+/// `out[j] = scale[j] * s * sum_p codes[p] * q[j][p]` for every row `j` of the row-major
+/// int8 matrix `q` (rows of `k = codes.len()`): the product of a state quantized by
+/// [`quantize_state`] (codes `codes`, step `s`) by weights held as int8 codes with a scale
+/// per row. The sums are exact (i64), then scaled in f64 and rounded once: the same bits
+/// at every level. Rows past `out` or `scale` are
+/// skipped.
+pub fn dot_rows_i8_state(codes: &[i16], s: f32, q: &[i8], scale: &[f32], out: &mut [f32]) {
+    dot_rows_i8_state_with(crate::isa::active(), codes, s, q, scale, out)
+}
+
+/// [`dot_rows_i8_state`] on a given level (tests compare the levels).
+pub fn dot_rows_i8_state_with(isa: Isa, codes: &[i16], s: f32, q: &[i8], scale: &[f32], out: &mut [f32]) {
+    let k = codes.len();
+    let n = out
+        .len()
+        .min(scale.len())
+        .min(q.len().checked_div(k).unwrap_or(usize::MAX));
+    let mut j = 0;
+    while j < n {
+        let rows = (n - j).min(4);
+        let mut sums = [0i64; 4];
+        #[cfg(target_arch = "x86_64")]
+        if rows == 4 && isa >= Isa::Avx2Fma && isa.is_supported() {
+            if let Some(block) = q.get(j * k..(j + 4) * k) {
+                // SAFETY: the CPU has AVX2 (checked); `block` is the four rows of `k` codes.
+                sums = unsafe { avx2_state_rows(codes, block) };
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        let done = rows == 4 && isa >= Isa::Avx2Fma && isa.is_supported();
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = false;
+        if !done {
+            for (r, sum) in sums.iter_mut().enumerate().take(rows) {
+                let row = q.get((j + r) * k..(j + r + 1) * k).unwrap_or(&[]);
+                *sum = row.iter().zip(codes).map(|(&w, &c)| i64::from(w) * i64::from(c)).sum();
+            }
+        }
+        for (r, &sum) in sums.iter().enumerate().take(rows) {
+            if let (Some(o), Some(&sc)) = (out.get_mut(j + r), scale.get(j + r)) {
+                *o = (sum as f64 * (f64::from(sc) * f64::from(s))) as f32;
+            }
+        }
+        j += rows;
+    }
+    let _ = isa;
+}
+
+/// Four rows of [`dot_rows_i8_state`]'s exact sums: sixteen depths a step, the codes
+/// widened to i16 and multiplied pairwise into i32 lanes (`vpmaddwd`), the state's load
+/// shared by the rows; the lanes summed per [`STATE_BLOCK`] in i64, the tail in order.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn avx2_state_rows(codes: &[i16], block: &[i8]) -> [i64; 4] {
+    use std::arch::x86_64::*;
+    let k = codes.len();
+    let mut sums = [0i64; 4];
+    if block.len() < 4 * k {
+        return sums;
+    }
+    let (a, q) = (codes.as_ptr(), block.as_ptr());
+    let mut p0 = 0;
+    while p0 < k {
+        let p1 = (p0 + STATE_BLOCK).min(k);
+        let full = p0 + (p1 - p0) / 16 * 16;
+        let mut acc = [_mm256_setzero_si256(); 4];
+        let mut p = p0;
+        while p < full {
+            // SAFETY: `p + 16 <= k`: sixteen codes of the state and of each row `r < 4`
+            // (at `r * k`), inside `codes` and `block` (`4 k` long, checked above).
+            unsafe {
+                let x = _mm256_loadu_si256(a.add(p).cast::<__m256i>());
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let w = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(r * k + p).cast::<__m128i>()));
+                    *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(w, x));
+                }
+            }
+            p += 16;
+        }
+        for (r, (sum, acc)) in sums.iter_mut().zip(acc).enumerate() {
+            let mut lanes = [0i32; 8];
+            // SAFETY: `lanes` holds eight i32.
+            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast::<__m256i>(), acc) };
+            let tail: i64 = block
+                .get(r * k + full..r * k + p1)
+                .unwrap_or(&[])
+                .iter()
+                .zip(codes.get(full..p1).unwrap_or(&[]))
+                .map(|(&w, &c)| i64::from(w) * i64::from(c))
+                .sum();
+            *sum += lanes.iter().map(|&l| i64::from(l)).sum::<i64>() + tail;
+        }
+        p0 = p1;
+    }
+    sums
+}
+
 /// `acc[l] += x[l] * q[l]` for sixteen lanes of codes (none: nothing added).
 #[inline(always)]
 fn step16(acc: &mut [f32; 16], x: &[f32; 16], q: Option<&[i8]>) {

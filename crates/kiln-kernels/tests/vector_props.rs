@@ -14,8 +14,9 @@
 
 use kiln_kernels::isa::Isa;
 use kiln_kernels::vector::{
-    copy_run, dot_rows_i8, exp_shift_sum_with, extreme, layer_norm_row, log_softmax_row_with, max, max_into_with,
-    nan_into_with, softmax_row_with, softmax_unnormalized_row_with,
+    STATE_MAX, copy_run, dot_rows_i8, dot_rows_i8_state_with, exp_shift_sum_with, extreme, layer_norm_row,
+    log_softmax_row_with, max, max_into_with, nan_into_with, quantize_state, softmax_row_with,
+    softmax_unnormalized_row_with,
 };
 use proptest::prelude::*;
 
@@ -230,6 +231,63 @@ proptest! {
         }
         prop_assert_eq!(out[n], 7.0);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A state quantized to i16 codes times int8 rows: at every level exactly the i64 sum of
+    /// the codes' products scaled in f64 and rounded once (depths past one 1024-deep block
+    /// and any tail, row counts past groups of four), so within the state's rounding
+    /// (`s / 2` per element) of the f32 state's product; rows past `out` untouched.
+    #[test]
+    fn quantized_state_rows_are_exact(
+        k in prop_oneof![0usize..70, 1000usize..2100],
+        n in 0usize..11,
+        seed in any::<u64>(),
+        mag in 1e-3f32..50.0,
+    ) {
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let a: Vec<f32> = (0..k).map(|_| (next() as f32 / 2_147_483_648.0 - 1.0) * mag).collect();
+        // Extreme codes too: -128 and 127.
+        let q: Vec<i8> = (0..n * k).map(|_| next() as i8).collect();
+        let scale: Vec<f32> = (0..n).map(|_| (next() % 1000) as f32 * 1e-4).collect();
+        let mut codes = Vec::new();
+        let step = quantize_state(&a, &mut codes).unwrap();
+        prop_assert_eq!(codes.len(), k);
+        let largest = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (&x, &c) in a.iter().zip(&codes) {
+            prop_assert!(i32::from(c).abs() <= STATE_MAX);
+            prop_assert!((f64::from(x) - f64::from(step) * f64::from(c)).abs() <= f64::from(step) * 0.5 + f64::from(largest) * 1e-6);
+        }
+        for isa in levels() {
+            let mut out = vec![7f32; n + 1];
+            dot_rows_i8_state_with(isa, &codes, step, &q, &scale, &mut out[..n]);
+            for j in 0..n {
+                let row = &q[j * k..(j + 1) * k];
+                let exact: i64 = row.iter().zip(&codes).map(|(&w, &c)| i64::from(w) * i64::from(c)).sum();
+                let want = (exact as f64 * (f64::from(scale[j]) * f64::from(step))) as f32;
+                prop_assert_eq!(out[j].to_bits(), want.to_bits(), "{:?} row {} of {}", isa, j, n);
+                let float: f64 = row.iter().zip(&a).map(|(&w, &x)| f64::from(w) * f64::from(x)).sum::<f64>() * f64::from(scale[j]);
+                let bound = row.iter().map(|&w| f64::from(w).abs()).sum::<f64>() * f64::from(scale[j]) * (f64::from(step) * 0.5 + f64::from(largest) * 1e-6);
+                prop_assert!((f64::from(out[j]) - float).abs() <= bound + float.abs() * 1e-6 + 1e-30);
+            }
+            prop_assert_eq!(out[n], 7.0);
+        }
+    }
+}
+
+/// A state with a NaN or an infinity has no codes; an all-zero one has step 0.
+#[test]
+fn quantized_states_refuse_non_finite_values() {
+    let mut codes = vec![5i16; 3];
+    assert_eq!(quantize_state(&[1.0, f32::NAN], &mut codes), None);
+    assert_eq!(quantize_state(&[f32::INFINITY, 1.0], &mut codes), None);
+    assert_eq!(quantize_state(&[0.0, -0.0, 0.0], &mut codes), Some(0.0));
+    assert_eq!(codes, vec![0, 0, 0]);
+    assert_eq!(quantize_state(&[-2.0, 1.0, 0.5], &mut codes), Some(2.0 / 32767.0));
+    assert_eq!(codes, vec![-32767, 16384, 8192]);
 }
 
 /// Runs of every length from 0 to 69 (the fixed-size moves below 8, the 8-float chunks and

@@ -4,10 +4,10 @@
 //! applies to them (the compiler's attention pass, LayerNormalization's row kernel, Gelu's
 //! fused epilogue, the GEMM with packed weights).
 //!
-//! Two pieces have no standard spelling and are nodes of kiln's own domain [`KILN_DOMAIN`]:
+//! Three pieces have no standard spelling and are nodes of kiln's own domain [`KILN_DOMAIN`]:
 //! `AttentionMask` (the mask formats of `Attention` / `MultiHeadAttention`, which depend on
-//! the mask's rank, known at run time only) and `RotaryEmbedding` with ONNX Runtime's
-//! position-offset semantics. Attributes and inputs an expansion cannot honour (packed QKV,
+//! the mask's rank, known at run time only), `RotaryEmbedding` with ONNX Runtime's
+//! position-offset semantics, and `LSTM` whose state may be quantized (`DynamicQuantizeLSTM`). Attributes and inputs an expansion cannot honour (packed QKV,
 //! a shared past buffer, rotary inside Attention, ...) are refused naming the attribute or
 //! input; none is ignored.
 //!
@@ -252,8 +252,10 @@ pub fn expand(ctx: &NodeCtx<'_>, np: &NodeProto) -> Result<Vec<NodeProto>> {
 /// inputs 8-11. The weights are dequantized (`(q - zero_point) * scale`, as
 /// `DequantizeLinear`) and transposed to the standard LSTM's `[D, 4H, input]`; being constants,
 /// the compiler folds that and packs them for the recurrent kernel. ONNX Runtime also
-/// quantizes X and H on the fly at each step; here they stay float, which is the exact
-/// product of the stored weights (closer to the float model, not bit-equal to ONNX Runtime).
+/// quantizes X and H to 8 bits on the fly at each step; here X stays float and H is
+/// quantized to 16 bits for the recurrent product (`Recurrent::quantized_state`, exact
+/// integer sums by the weights' int8 codes): closer to the float model than ONNX Runtime,
+/// not bit-equal to it.
 fn dynamic_quantize_lstm(e: &mut Emit<'_>, np: &NodeProto) -> Result<()> {
     let x = e.need(0, "X")?;
     let mut weights = Vec::new();
@@ -293,8 +295,10 @@ fn dynamic_quantize_lstm(e: &mut Emit<'_>, np: &NodeProto) -> Result<()> {
     while outs.last().is_some_and(|s| s.is_empty()) {
         outs.pop();
     }
-    // The LSTM attributes (direction, hidden_size, activations, clip, input_forget) as given.
-    e.emit("", "LSTM", &inputs, &outs, np.attribute.clone());
+    // The LSTM attributes (direction, hidden_size, activations, clip, input_forget) as given,
+    // in kiln's domain: an LSTM whose recurrent product may quantize its state, as this op's
+    // definition does (to 16 bits here, where ONNX Runtime takes 8).
+    e.emit(KILN_DOMAIN, "LSTM", &inputs, &outs, np.attribute.clone());
     Ok(())
 }
 

@@ -102,6 +102,15 @@ fn opt_usize(ctx: &NodeCtx<'_>, name: &str) -> Result<Option<usize>> {
 /// The nodes the com.microsoft expansions write in kiln's own domain (see `crate::contrib`).
 fn contrib(ctx: &NodeCtx<'_>) -> Result<Option<Op>> {
     let op = match ctx.op_type {
+        // `DynamicQuantizeLSTM`'s expansion: the standard LSTM's attributes, its state
+        // quantized for the recurrent product (see `Recurrent::quantized_state`).
+        "LSTM" => {
+            let input_forget = ctx.attr_bool_or("input_forget", false)?;
+            RecurrentOp::Recurrent(Recurrent {
+                quantized_state: true,
+                ..recurrent(ctx, Cell::Lstm { input_forget })?
+            })
+        }
         "AttentionMask" => {
             ctx.check_inputs(0, 4)?;
             for (i, what) in [(1, "query"), (2, "key")] {
@@ -268,6 +277,7 @@ fn recurrent(ctx: &NodeCtx<'_>, cell: Cell) -> Result<Recurrent> {
         activations,
         clip,
         batch_first: layout == 1,
+        quantized_state: false,
     })
 }
 

@@ -209,6 +209,8 @@ struct DirInput<'a> {
     b: Option<&'a [f32]>,
     p: Option<&'a [f32]>,
     acts: Vec<Act>,
+    /// [`Recurrent::quantized_state`].
+    quantized_state: bool,
 }
 
 /// What one direction gives: Y as `[seq, batch, H]` (zeros past each sequence's length) and
@@ -308,6 +310,7 @@ fn fast(op: &Recurrent, cache: Option<&PackedWeightsCache>, args: &Args<'_>) -> 
         b: b.and_then(|b| b.get(d * 2 * gh..(d + 1) * 2 * gh)),
         p: p.and_then(|p| p.get(d * 3 * hs..(d + 1) * 3 * hs)),
         acts: acts.get(d * apd..(d + 1) * apd).unwrap_or(&[]).to_vec(),
+        quantized_state: op.quantized_state,
     };
     let split = if matches!(op.cell, Cell::Gru { .. }) {
         2 * hs
@@ -433,6 +436,11 @@ enum Weights<'a> {
     },
     /// Int8 codes with a scale per row ([`Codes`]): a quarter of the bytes to read per step.
     Codes(&'a Codes),
+    /// [`Weights::Codes`] multiplying the state's 16-bit codes
+    /// ([`kiln_kernels::vector::quantize_state`]) in exact integer sums, where the op allows
+    /// its state quantized ([`Recurrent::quantized_state`]); a state without codes (a NaN or
+    /// an infinity) takes the f32 product.
+    StateCodes(&'a Codes),
 }
 
 impl<'a> Weights<'a> {
@@ -470,17 +478,25 @@ impl<'a> Weights<'a> {
         let p = match self {
             Weights::Packed(p) | &Weights::Kept(p) => p,
             Weights::Rows { .. } => return self.product(1, a, out, None),
-            &Weights::Codes(c) => {
+            &Weights::Codes(c) | &Weights::StateCodes(c) => {
                 // Whole blocks of 16 rows per piece, thread `t` the same piece every call.
                 let n = c.scale.len();
                 let threads = kiln_kernels::pool::current_threads().max(1);
                 let width = n.div_ceil(16).div_ceil(threads) * 16;
                 let a = a.get(..c.k)?;
+                let mut codes = Vec::new();
+                let state = match self {
+                    Weights::StateCodes(_) => kiln_kernels::vector::quantize_state(a, &mut codes),
+                    _ => None,
+                };
                 kiln_kernels::pool::for_each_chunk_mut(out.get_mut(..n)?, width, &|i, piece| {
                     let j0 = i * width;
                     let q = c.q.get(j0 * c.k..(j0 + piece.len()) * c.k).unwrap_or(&[]);
                     let scale = c.scale.get(j0..j0 + piece.len()).unwrap_or(&[]);
-                    kiln_kernels::vector::dot_rows_i8(a, q, scale, piece);
+                    match state {
+                        Some(step) => kiln_kernels::vector::dot_rows_i8_state(&codes, step, q, scale, piece),
+                        None => kiln_kernels::vector::dot_rows_i8(a, q, scale, piece),
+                    }
                 });
                 return Some(());
             }
@@ -525,12 +541,20 @@ impl<'a> Weights<'a> {
                 });
                 Some(())
             }
-            &Weights::Codes(c) => {
+            &Weights::Codes(c) | &Weights::StateCodes(c) => {
                 let (k, n) = (c.k, c.scale.len());
                 let a = a.get(..rows.checked_mul(k)?)?;
                 let out = out.get_mut(..rows.checked_mul(n)?)?;
+                let quantize = matches!(self, Weights::StateCodes(_));
+                let mut codes = Vec::new();
                 for (ar, or) in a.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
-                    kiln_kernels::vector::dot_rows_i8(ar, &c.q, &c.scale, or);
+                    match quantize
+                        .then(|| kiln_kernels::vector::quantize_state(ar, &mut codes))
+                        .flatten()
+                    {
+                        Some(step) => kiln_kernels::vector::dot_rows_i8_state(&codes, step, &c.q, &c.scale, or),
+                        None => kiln_kernels::vector::dot_rows_i8(ar, &c.q, &c.scale, or),
+                    }
                     if let Some(b) = bias {
                         or.iter_mut().zip(b).for_each(|(o, b)| *o += b);
                     }
@@ -586,6 +610,7 @@ fn run_direction(
     let steps = lens.iter().copied().max().unwrap_or(0);
     let products = steps.checked_mul(batch)?;
     let rt = match packed.and_then(|p| p.r_codes.as_ref()).filter(|_| batch <= CODES_ROWS) {
+        Some(codes) if dir.quantized_state => Weights::StateCodes(codes),
         Some(codes) => Weights::Codes(codes),
         None => Weights::kept_or_new(
             packed.map(|p| &p.r),
@@ -794,6 +819,11 @@ mod tests {
 
     /// Every output of the fast path against the reference, within `tol` of its magnitude.
     fn check(op: &Recurrent, inputs: &[Option<Value>]) {
+        check_within(op, inputs, 2e-5);
+    }
+
+    /// [`check`] within `tol` of the largest reference value.
+    fn check_within(op: &Recurrent, inputs: &[Option<Value>], tol: f32) {
         let refs: Vec<Option<&Value>> = inputs.iter().map(Option::as_ref).collect();
         let args = Args::new(&refs);
         let want = op.eval(&args).unwrap();
@@ -809,7 +839,7 @@ mod tests {
                 let (w, g) = (w.as_slice::<f32>().unwrap(), g.as_slice::<f32>().unwrap());
                 let scale = w.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
                 for (a, b) in w.iter().zip(g) {
-                    assert!((a - b).abs() <= 2e-5 * scale, "{a} vs {b} ({op:?})");
+                    assert!((a - b).abs() <= tol * scale, "{a} vs {b} ({op:?})");
                 }
             }
         }
@@ -833,6 +863,7 @@ mod tests {
             activations: acts.iter().cycle().take(nd * acts.len()).copied().collect(),
             clip,
             batch_first,
+            quantized_state: false,
         }
     }
 
@@ -919,6 +950,23 @@ mod tests {
             let op = op(cell, Direction::Bidirectional, false, None);
             check(&op, &ins);
             pool.install(|| check(&op, &ins));
+            // The state quantized to 16 bits (DynamicQuantizeLSTM): within its rounding of
+            // the f64 reference, and not the f32 state's bits (the integer product ran).
+            let quantized = Recurrent {
+                quantized_state: true,
+                ..op.clone()
+            };
+            check_within(&quantized, &ins, 2e-4);
+            pool.install(|| check_within(&quantized, &ins, 2e-4));
+            let refs: Vec<Option<&Value>> = ins.iter().map(Option::as_ref).collect();
+            let args = Args::new(&refs);
+            let y = |op: &Recurrent| {
+                // With a cache: the codes are made with the packing.
+                let cache = PackedWeightsCache::default();
+                let out = fast(op, Some(&cache), &args).unwrap().unwrap();
+                out[0].as_tensor().unwrap().as_slice::<f32>().unwrap().to_vec()
+            };
+            assert_ne!(y(&op), y(&quantized), "case {case}: the state's codes were used");
         }
         // Off the grid by more than the tolerance: no codes.
         let mut w: Vec<f32> = (0..64).map(|i| (i as f32 - 30.0) * 0.01).collect();

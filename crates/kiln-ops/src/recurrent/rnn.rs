@@ -133,6 +133,12 @@ pub struct Recurrent {
     pub clip: Option<f32>,
     /// `layout = 1`: batch-first X, Y, initial and final states.
     pub batch_first: bool,
+    /// The recurrent product may quantize the hidden state at each step (ONNX Runtime's
+    /// `DynamicQuantizeLSTM`, which quantizes it to 8 bits): with int8-coded R the fast path
+    /// multiplies 16-bit codes of the state (2^-16 of its largest magnitude) in exact integer
+    /// sums. False (every standard RNN, GRU and LSTM): the state stays f32.
+    #[serde(default)]
+    pub quantized_state: bool,
 }
 
 /// One direction's weights, as f64 matrices.
@@ -487,6 +493,7 @@ mod tests {
             activations: vec![Activation::Relu],
             clip: None,
             batch_first: false,
+            quantized_state: false,
         };
         let x = Tensor::from_vec(vec![2, 1, 1], vec![1.0f64, -3.0]).unwrap();
         let w = Tensor::from_vec(vec![1, 1, 1], vec![2.0f64]).unwrap();
@@ -516,6 +523,7 @@ mod tests {
             activations: vec![id, id, id],
             clip: None,
             batch_first: false,
+            quantized_state: false,
         };
         let x = Tensor::from_vec(vec![1, 1, 1], vec![2.0f64]).unwrap();
         let w = Tensor::from_vec(vec![1, 4, 1], vec![1.0f64; 4]).unwrap();
