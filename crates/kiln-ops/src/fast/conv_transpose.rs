@@ -155,11 +155,11 @@ struct Tiles {
     kernel: [usize; 2],
 }
 
-/// [`Tiles`]: per image, group and band of input rows, `T [pixels, mg*kh*kw] = Xᵀ · W` (the
-/// band of channels-first X transposed, W `[cg, mg*kh*kw]` packed once per group, the bias
-/// in the epilogue), then each pixel's `kw` outputs of each (channel, kernel row) copied into
-/// the output row they make. The band's product stays in L2 (its rows split over the pool).
-/// `false` if an operand is shorter than the shapes say.
+/// [`Tiles`]: per image and group, `T [pixels, mg*kh*kw] = Xᵀ · W` (X channels-first,
+/// transposed a band of input rows at a time; W `[cg, mg*kh*kw]` packed once per group; the
+/// bias in the epilogue), the bands over the pool; then each output channel's plane over the
+/// pool, woven from each pixel's `kw` outputs of each (channel, kernel row). `false` if an
+/// operand is shorter than the shapes say.
 fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) -> bool {
     let ([ih, iw], [kh, kw]) = (t.grid, t.kernel);
     let (isz, cols) = (ih * iw, t.mg * kh * kw);
@@ -176,8 +176,10 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
     let planar = cols <= 4;
     let per_row = iw * if planar { cols + t.cg } else { cols };
     let band = (64 * 1024 / per_row.max(1)).clamp(1, ih);
-    let mut tile = vec![0f32; band * iw * cols];
-    let mut pixels = vec![0f32; band * iw * t.cg];
+    // The whole image's product, band after band (each band `[pixels, cols]`, or planar
+    // `[cols, pixels]`).
+    let mut tile = kiln_kernels::recycle::take(isz * cols);
+    let failed = std::sync::atomic::AtomicBool::new(false);
     for gi in 0..t.g {
         let Some(wg) = w.get(gi * t.cg * cols..(gi + 1) * t.cg * cols) else {
             return false;
@@ -204,15 +206,14 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
         for bn in 0..t.batch {
             let x0 = (bn * c + gi * t.cg) * isz;
             let y0 = (bn * m + gi * t.mg) * osz;
-            for iy0 in (0..ih).step_by(band) {
-                let rows = band.min(ih - iy0) * iw;
-                // The band's pixels channels-last (X read in place as a transposed A would
-                // step a whole plane per channel: a page per multiply-add column).
-                let Some(xa) = x.get(x0 + iy0 * iw..x0 + (t.cg - 1) * isz + iy0 * iw + rows) else {
-                    return false;
-                };
-                let Some(out) = tile.get_mut(..rows * cols) else {
-                    return false;
+            let Some(xg) = x.get(x0..x0 + t.cg * isz) else {
+                return false;
+            };
+            kiln_kernels::pool::for_each_chunk_mut(&mut tile, band * iw * cols, &|b, out| {
+                let (iy0, rows) = (b * band, out.len() / cols);
+                let Some(xa) = xg.get(iy0 * iw..(t.cg - 1) * isz + iy0 * iw + rows) else {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
                 };
                 if planar {
                     for (j, o) in out.chunks_exact_mut(rows).enumerate() {
@@ -220,60 +221,60 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
                         for ch in 0..t.cg {
                             let (Some(&wv), Some(xs)) = (wg.get(ch * cols + j), xa.get(ch * isz..ch * isz + rows))
                             else {
-                                return false;
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                return;
                             };
                             for (a, &xv) in o.iter_mut().zip(xs) {
                                 *a += wv * xv;
                             }
                         }
                     }
-                } else {
-                    let Some(xt) = pixels.get_mut(..rows * t.cg) else {
-                        return false;
+                    return;
+                }
+                // The band's pixels channels-last (X read in place as a transposed A would
+                // step a whole plane per channel: a page per multiply-add column).
+                let mut lent = kiln_kernels::recycle::lend::<BandPixels>();
+                let xt = kiln_kernels::recycle::scratch(&mut lent, rows * t.cg);
+                if !kiln_kernels::transpose::transpose_f32(xa, isz, t.cg, rows, xt, t.cg)
+                    || sgemm(rows, AMatrix::row_major(xt, t.cg), wp.view(), out, cols, &epi).is_err()
+                {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+            let Some(yg) = y.get_mut(y0..y0 + t.mg * osz) else {
+                return false;
+            };
+            let tile = &tile;
+            kiln_kernels::pool::for_each_chunk_mut(yg, osz, &|mi, plane| {
+                for (b, out) in tile.chunks(band * iw * cols).enumerate() {
+                    let (iy0, rows) = (b * band, out.len() / cols);
+                    let ok = if planar {
+                        scatter_planar(out, rows, iw, [kh, kw], iy0, plane, mi)
+                    } else {
+                        scatter_rows(out, cols, iw, [kh, kw], iy0, plane, mi)
                     };
-                    if !kiln_kernels::transpose::transpose_f32(xa, isz, t.cg, rows, xt, t.cg)
-                        || sgemm(rows, AMatrix::row_major(xt, t.cg), wp.view(), out, cols, &epi).is_err()
-                    {
-                        return false;
+                    if !ok {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
-                let out: &[f32] = out;
-                let ok = if planar {
-                    scatter_planar(
-                        out,
-                        rows,
-                        iw,
-                        [kh, kw],
-                        iy0,
-                        y.get_mut(y0..).unwrap_or_default(),
-                        t.mg,
-                        osz,
-                    )
-                } else {
-                    scatter_rows(
-                        out,
-                        cols,
-                        iw,
-                        [kh, kw],
-                        iy0,
-                        y.get_mut(y0..).unwrap_or_default(),
-                        t.mg,
-                        osz,
-                    )
-                };
-                if !ok {
-                    return false;
-                }
+            });
+            if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                return false;
             }
         }
     }
+    kiln_kernels::recycle::give(tile);
     true
 }
 
-/// Copies a band's product, row-major `[pixels, cols]` (column `(mi*kh + ky)*kw + kx`), into
-/// the group's output planes `y` (`mg` of `osz`): each pixel's `kw` outputs of each (channel,
-/// kernel row) side by side in their output row. `false` if a slice is short.
-#[allow(clippy::too_many_arguments)]
+kiln_kernels::scratch_kinds! {
+    /// [`tiles_2d`]'s band of input pixels channels-last (per thread).
+    BandPixels: Vec<f32>;
+}
+
+/// Copies output channel `mi`'s part of a band's product, row-major `[pixels, cols]` (column
+/// `(mi*kh + ky)*kw + kx`), into its output plane `y`: each pixel's `kw` outputs of each
+/// kernel row side by side in their output row. `false` if a slice is short.
 fn scatter_rows(
     out: &[f32],
     cols: usize,
@@ -281,24 +282,21 @@ fn scatter_rows(
     [kh, kw]: [usize; 2],
     iy0: usize,
     y: &mut [f32],
-    mg: usize,
-    osz: usize,
+    mi: usize,
 ) -> bool {
     let (ow, rows) = (iw * kw, out.len() / cols.max(1));
-    for mi in 0..mg {
-        for dy in 0..rows / iw.max(1) {
-            for ky in 0..kh {
-                let at = mi * osz + ((iy0 + dy) * kh + ky) * ow;
-                let (Some(dst), Some(src)) = (y.get_mut(at..at + ow), out.get(dy * iw * cols + (mi * kh + ky) * kw..))
-                else {
-                    return false;
-                };
-                // Element by element: a call to copy `kw` (2-4) floats cost more than the copy.
-                for (d, s) in dst.chunks_exact_mut(kw).zip(src.chunks(cols)) {
-                    match (d, s) {
-                        ([d0, d1], [s0, s1, ..]) => (*d0, *d1) = (*s0, *s1),
-                        (d, s) => d.iter_mut().zip(s).for_each(|(d, &s)| *d = s),
-                    }
+    for dy in 0..rows / iw.max(1) {
+        for ky in 0..kh {
+            let at = ((iy0 + dy) * kh + ky) * ow;
+            let (Some(dst), Some(src)) = (y.get_mut(at..at + ow), out.get(dy * iw * cols + (mi * kh + ky) * kw..))
+            else {
+                return false;
+            };
+            // Element by element: a call to copy `kw` (2-4) floats cost more than the copy.
+            for (d, s) in dst.chunks_exact_mut(kw).zip(src.chunks(cols)) {
+                match (d, s) {
+                    ([d0, d1], [s0, s1, ..]) => (*d0, *d1) = (*s0, *s1),
+                    (d, s) => d.iter_mut().zip(s).for_each(|(d, &s)| *d = s),
                 }
             }
         }
@@ -308,7 +306,6 @@ fn scatter_rows(
 
 /// [`scatter_rows`] for a planar product (`[cols, rows]`: column `j` is `rows` contiguous
 /// pixels): an output row weaves `kw` column runs.
-#[allow(clippy::too_many_arguments)]
 fn scatter_planar(
     out: &[f32],
     rows: usize,
@@ -316,25 +313,22 @@ fn scatter_planar(
     [kh, kw]: [usize; 2],
     iy0: usize,
     y: &mut [f32],
-    mg: usize,
-    osz: usize,
+    mi: usize,
 ) -> bool {
     let ow = iw * kw;
-    for mi in 0..mg {
-        for dy in 0..rows / iw.max(1) {
-            for ky in 0..kh {
-                let at = mi * osz + ((iy0 + dy) * kh + ky) * ow;
-                let Some(dst) = y.get_mut(at..at + ow) else {
+    for dy in 0..rows / iw.max(1) {
+        for ky in 0..kh {
+            let at = ((iy0 + dy) * kh + ky) * ow;
+            let Some(dst) = y.get_mut(at..at + ow) else {
+                return false;
+            };
+            for kx in 0..kw {
+                let from = ((mi * kh + ky) * kw + kx) * rows + dy * iw;
+                let Some(src) = out.get(from..from + iw) else {
                     return false;
                 };
-                for kx in 0..kw {
-                    let from = ((mi * kh + ky) * kw + kx) * rows + dy * iw;
-                    let Some(src) = out.get(from..from + iw) else {
-                        return false;
-                    };
-                    for (d, &s) in dst.iter_mut().skip(kx).step_by(kw).zip(src) {
-                        *d = s;
-                    }
+                for (d, &s) in dst.iter_mut().skip(kx).step_by(kw).zip(src) {
+                    *d = s;
                 }
             }
         }
@@ -402,11 +396,16 @@ mod tests {
             let args = [Some(&x), Some(&w), with_bias.then_some(&b)];
             let args = Args::new(&args);
             let want = op.eval(&args).unwrap();
-            let got = fast(&op, &args).unwrap().expect("the fast path applies");
-            let w = want[0].as_tensor().unwrap();
-            assert_eq!(w.shape(), got.shape());
-            for (a, b) in w.as_slice::<f32>().unwrap().iter().zip(got.as_slice::<f32>().unwrap()) {
-                assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
+            // One thread, then two (bands and output planes over the pool).
+            let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+            let one = fast(&op, &args).unwrap().expect("the fast path applies");
+            let two = pool.install(|| fast(&op, &args).unwrap().expect("the fast path applies"));
+            for got in [one, two] {
+                let w = want[0].as_tensor().unwrap();
+                assert_eq!(w.shape(), got.shape());
+                for (a, b) in w.as_slice::<f32>().unwrap().iter().zip(got.as_slice::<f32>().unwrap()) {
+                    assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
+                }
             }
         }
     }
