@@ -1332,6 +1332,10 @@ mod tests {
         run::<u8, i8>(1, 20, 16, 7, 7, 2, [0, 0, 0, 0], 1);
         // Fewer than four channels: the channel-major path.
         run::<u8, u8>(1, 1, 24, 9, 5, 2, [1, 1, 1, 1], 3);
+        // An image past one piece of the layout transposes (1024 pixels of 70 channels in,
+        // 80 channels of 1024 out), on two threads.
+        let pool = kiln_kernels::pool::ThreadPool::new(2).unwrap();
+        pool.install(|| run::<u8, u8>(1, 70, 80, 32, 8, 1, [1, 1, 1, 1], 3));
     }
 
     /// The integer convolution path (im2col + integer GEMM per group, the depthwise loop)

@@ -367,8 +367,18 @@ fn by_pixels<
         .zip(acc.chunks_exact_mut((m * opix).max(1)))
         .take(n)
     {
-        // Channels-last, one pixel's channels together.
-        if !kiln_kernels::transpose::transpose_bytes(image, ipix, c, ipix, &mut nhwc, c) {
+        // Channels-last, one pixel's channels together: runs of pixels over the pool.
+        let run = TRANSPOSE_RUN.div_ceil(c).max(1);
+        kiln_kernels::pool::for_each_chunk_mut(&mut nhwc, run * c, &|i, dst| {
+            let cols = dst.len() / c;
+            let ok = image
+                .get(i * run..)
+                .is_some_and(|src| kiln_kernels::transpose::transpose_bytes(src, ipix, c, cols, dst, c));
+            if !ok {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
         let nhwc = &nhwc;
@@ -432,13 +442,27 @@ fn by_pixels<
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
-        // Back to channel-major.
-        if !kiln_kernels::transpose::transpose_i32(&sums, m, opix, m, out, opix) {
+        // Back to channel-major: runs of channels over the pool.
+        let run = TRANSPOSE_RUN.div_ceil(opix.max(1)).max(1);
+        kiln_kernels::pool::for_each_chunk_mut(out, run * opix, &|i, dst| {
+            let rows = dst.len() / opix.max(1);
+            let ok = sums
+                .get(i * run..)
+                .is_some_and(|src| kiln_kernels::transpose::transpose_i32(src, m, opix, rows, dst, opix));
+            if !ok {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
     }
     Ok(Some(acc))
 }
+
+/// Elements per piece of [`by_pixels`]' layout transposes over the pool (whole pixels in,
+/// whole channels out).
+const TRANSPOSE_RUN: usize = 64 * 1024;
 
 kiln_kernels::scratch_kinds! {
     /// [`by_pixels`]' window rows of one block of pixels, as bytes (per thread).
