@@ -349,27 +349,25 @@ pub fn dot_rows_i8_state_with(isa: Isa, codes: &[i16], s: f32, q: &[i8], scale: 
         .len()
         .min(scale.len())
         .min(q.len().checked_div(k).unwrap_or(usize::MAX));
+    #[cfg(target_arch = "x86_64")]
+    let simd = isa >= Isa::Avx2Fma && isa.is_supported();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = {
+        let _ = isa;
+        false
+    };
     let mut j = 0;
     while j < n {
         let rows = (n - j).min(4);
-        let mut sums = [0i64; 4];
-        #[cfg(target_arch = "x86_64")]
-        if rows == 4 && isa >= Isa::Avx2Fma && isa.is_supported() {
-            if let Some(block) = q.get(j * k..(j + 4) * k) {
-                // SAFETY: the CPU has AVX2 (checked); `block` is the four rows of `k` codes.
-                sums = unsafe { avx2_state_rows(codes, block) };
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        let done = rows == 4 && isa >= Isa::Avx2Fma && isa.is_supported();
-        #[cfg(not(target_arch = "x86_64"))]
-        let done = false;
-        if !done {
-            for (r, sum) in sums.iter_mut().enumerate().take(rows) {
-                let row = q.get((j + r) * k..(j + r + 1) * k).unwrap_or(&[]);
-                *sum = row.iter().zip(codes).map(|(&w, &c)| i64::from(w) * i64::from(c)).sum();
-            }
-        }
+        let sums = match q.get(j * k..(j + 4) * k).filter(|_| rows == 4 && simd) {
+            // SAFETY: the CPU has AVX2 (`simd`); `block` is the four rows of `k` codes.
+            #[cfg(target_arch = "x86_64")]
+            Some(block) => unsafe { avx2_state_rows(codes, block) },
+            _ => std::array::from_fn(|r| {
+                let row = q.get((j + r) * k..(j + r + 1) * k).filter(|_| r < rows).unwrap_or(&[]);
+                row.iter().zip(codes).map(|(&w, &c)| i64::from(w) * i64::from(c)).sum()
+            }),
+        };
         for (r, &sum) in sums.iter().enumerate().take(rows) {
             if let (Some(o), Some(&sc)) = (out.get_mut(j + r), scale.get(j + r)) {
                 *o = (sum as f64 * (f64::from(sc) * f64::from(s))) as f32;
@@ -377,7 +375,6 @@ pub fn dot_rows_i8_state_with(isa: Isa, codes: &[i16], s: f32, q: &[i8], scale: 
         }
         j += rows;
     }
-    let _ = isa;
 }
 
 /// Four rows of [`dot_rows_i8_state`]'s exact sums: sixteen depths a step, the codes

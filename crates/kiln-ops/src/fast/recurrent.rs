@@ -484,17 +484,18 @@ impl<'a> Weights<'a> {
                 let threads = kiln_kernels::pool::current_threads().max(1);
                 let width = n.div_ceil(16).div_ceil(threads) * 16;
                 let a = a.get(..c.k)?;
-                let mut codes = Vec::new();
+                let mut codes = kiln_kernels::recycle::lend::<StateCodeScratch>();
                 let state = match self {
                     Weights::StateCodes(_) => kiln_kernels::vector::quantize_state(a, &mut codes),
                     _ => None,
                 };
+                let codes: &[i16] = &codes;
                 kiln_kernels::pool::for_each_chunk_mut(out.get_mut(..n)?, width, &|i, piece| {
                     let j0 = i * width;
                     let q = c.q.get(j0 * c.k..(j0 + piece.len()) * c.k).unwrap_or(&[]);
                     let scale = c.scale.get(j0..j0 + piece.len()).unwrap_or(&[]);
                     match state {
-                        Some(step) => kiln_kernels::vector::dot_rows_i8_state(&codes, step, q, scale, piece),
+                        Some(step) => kiln_kernels::vector::dot_rows_i8_state(codes, step, q, scale, piece),
                         None => kiln_kernels::vector::dot_rows_i8(a, q, scale, piece),
                     }
                 });
@@ -546,7 +547,7 @@ impl<'a> Weights<'a> {
                 let a = a.get(..rows.checked_mul(k)?)?;
                 let out = out.get_mut(..rows.checked_mul(n)?)?;
                 let quantize = matches!(self, Weights::StateCodes(_));
-                let mut codes = Vec::new();
+                let mut codes = kiln_kernels::recycle::lend::<StateCodeScratch>();
                 for (ar, or) in a.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
                     match quantize
                         .then(|| kiln_kernels::vector::quantize_state(ar, &mut codes))
@@ -563,6 +564,11 @@ impl<'a> Weights<'a> {
             }
         }
     }
+}
+
+kiln_kernels::scratch_kinds! {
+    /// [`Weights::StateCodes`]' 16-bit codes of the state, one step's (per thread).
+    StateCodeScratch: Vec<i16>;
 }
 
 /// One direction over the whole sequence; `None` if a GEMM refuses its operands (never for

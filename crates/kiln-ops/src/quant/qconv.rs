@@ -367,18 +367,8 @@ fn by_pixels<
         .zip(acc.chunks_exact_mut((m * opix).max(1)))
         .take(n)
     {
-        // Channels-last, one pixel's channels together: runs of pixels over the pool.
-        let run = TRANSPOSE_RUN.div_ceil(c).max(1);
-        kiln_kernels::pool::for_each_chunk_mut(&mut nhwc, run * c, &|i, dst| {
-            let cols = dst.len() / c;
-            let ok = image
-                .get(i * run..)
-                .is_some_and(|src| kiln_kernels::transpose::transpose_bytes(src, ipix, c, cols, dst, c));
-            if !ok {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        });
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+        // Channels-last, one pixel's channels together.
+        if !transpose_over_pool(image, ipix, c, &mut nhwc, kiln_kernels::transpose::transpose_bytes::<T>) {
             return Ok(None);
         }
         let nhwc = &nhwc;
@@ -442,27 +432,40 @@ fn by_pixels<
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
-        // Back to channel-major: runs of channels over the pool.
-        let run = TRANSPOSE_RUN.div_ceil(opix.max(1)).max(1);
-        kiln_kernels::pool::for_each_chunk_mut(out, run * opix, &|i, dst| {
-            let rows = dst.len() / opix.max(1);
-            let ok = sums
-                .get(i * run..)
-                .is_some_and(|src| kiln_kernels::transpose::transpose_i32(src, m, opix, rows, dst, opix));
-            if !ok {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        });
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+        // Back to channel-major.
+        if !transpose_over_pool(&sums, m, opix, out, kiln_kernels::transpose::transpose_i32) {
             return Ok(None);
         }
     }
     Ok(Some(acc))
 }
 
-/// Elements per piece of [`by_pixels`]' layout transposes over the pool (whole pixels in,
-/// whole channels out).
+/// Elements per piece of [`transpose_over_pool`].
 const TRANSPOSE_RUN: usize = 64 * 1024;
+
+/// `transpose(src, lds, rows, cols, dst, rows)` with `cols = dst.len() / rows` (a layout
+/// transpose of [`by_pixels`]: pixels in, channels out), in runs of whole `dst` rows of about
+/// [`TRANSPOSE_RUN`] elements over the pool. `false` if a run does not fit.
+fn transpose_over_pool<T: Send + Sync>(
+    src: &[T],
+    lds: usize,
+    rows: usize,
+    dst: &mut [T],
+    transpose: fn(&[T], usize, usize, usize, &mut [T], usize) -> bool,
+) -> bool {
+    let run = TRANSPOSE_RUN.div_ceil(rows.max(1)).max(1);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    kiln_kernels::pool::for_each_chunk_mut(dst, run * rows, &|i, d| {
+        let cols = d.len() / rows.max(1);
+        if !src
+            .get(i * run..)
+            .is_some_and(|s| transpose(s, lds, rows, cols, d, rows))
+        {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    !failed.into_inner()
+}
 
 kiln_kernels::scratch_kinds! {
     /// [`by_pixels`]' window rows of one block of pixels, as bytes (per thread).
