@@ -1451,8 +1451,11 @@ impl Planned<'_> {
         // Outputs in ranges whose weights (`kh*kw*cg` floats each) stay in L2 while a band of
         // pixels is swept (ResNeXt's 14x14 -> 7x7 layer has 1.2 MB of weights), in multiples
         // of 64 (the kernel's 4-block tiles).
+        // Ranges start at whole groups too (the kernel shares each input among a group's
+        // blocks only from a group's start).
         let per_out = (kh * kw * cg).max(1);
-        let span = (GROUPED_L2_FLOATS / per_out / 64 * 64).max(64);
+        let unit = (64 / gcd(64, mg).max(1)).saturating_mul(mg).max(64);
+        let span = (GROUPED_L2_FLOATS / per_out / unit * unit).max(unit);
         let (ip, op, row_len) = (geo.ih * geo.iw * c, geo.oh * geo.ow * m, geo.ow * m);
         // Bands of rows, one per thread (each thread sweeps its own pixels through every
         // range); a small layer is one band on the calling thread, as a depthwise one is.
@@ -1530,6 +1533,11 @@ impl Planned<'_> {
         }
         Ok(Some(Tensor::from_buf(shape, y)?))
     }
+}
+
+/// The greatest common divisor (`gcd(a, 0) = a`).
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// The output pixels of a grouped convolution's band that read the same taps: `key` is
