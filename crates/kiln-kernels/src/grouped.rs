@@ -640,70 +640,145 @@ mod avx2 {
                 Lanes::Broadcast => 8,
                 Lanes::Permute => 4,
             };
+            let mode = if paired {
+                Mode::Paired
+            } else if tripled {
+                Mode::Tripled
+            } else {
+                Mode::Single
+            };
+            let run = Run {
+                shape,
+                idx: &idx,
+                window: win,
+                bases,
+                outs: [o0, o1],
+                mg,
+                mode,
+            };
             let full = count - count % main;
             // Chunks of whole tiles (6-pixel tiles do not divide 64).
             let chunk = super::CHUNK / main * main;
             for c0 in (0..full).step_by(chunk) {
                 let c1 = (c0 + chunk).min(full);
-                if paired {
+                match main {
+                    8 => run.sweep::<8>(&block, c0..c1),
+                    6 => run.sweep::<6>(&block, c0..c1),
+                    4 => run.sweep::<4>(&block, c0..c1),
+                    _ => run.sweep::<3>(&block, c0..c1),
+                }
+            }
+            // The pixels left over (fewer than a tile: most of a small image's edge classes,
+            // whose pixels one at a time took half of a 7 x 7 layer's time) in one tile.
+            match count - full {
+                0 => {}
+                1 => run.sweep::<1>(&block, full..count),
+                2 => run.sweep::<2>(&block, full..count),
+                3 => run.sweep::<3>(&block, full..count),
+                4 => run.sweep::<4>(&block, full..count),
+                5 => run.sweep::<5>(&block, full..count),
+                6 => run.sweep::<6>(&block, full..count),
+                _ => run.sweep::<7>(&block, full..count),
+            }
+        }
+    }
+
+    /// How a sweep groups its blocks of outputs (see `pixels`).
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Mode {
+        /// A group's blocks two at a time, sharing each broadcast input.
+        Paired,
+        /// A group's blocks three at a time, sharing each broadcast input.
+        Tripled,
+        /// One block at a time.
+        Single,
+    }
+
+    /// What every tile of one call shares.
+    struct Run<'a> {
+        shape: Shape<'a>,
+        idx: &'a [__m256i; 8],
+        window: &'a [(usize, usize)],
+        bases: &'a [usize],
+        outs: [usize; 2],
+        mg: usize,
+        mode: Mode,
+    }
+
+    impl Run<'_> {
+        /// Pixels `pixels` (a multiple of `T` of them) in tiles of `T`, over every block of
+        /// the outputs, block by block (a block's weights stay in L1 while the pixels sweep).
+        ///
+        /// # Safety
+        /// As [`pixels`], with `pixels.end <= bases.len()`; `block(o)` is the block of
+        /// outputs from `o` (a multiple of 8 inside `outs`).
+        #[inline(always)]
+        unsafe fn sweep<const T: usize>(&self, block: &impl Fn(usize) -> Block, pixels: std::ops::Range<usize>) {
+            let (s, idx, win, bases) = (self.shape, self.idx, self.window, self.bases);
+            let [o0, o1] = self.outs;
+            // SAFETY: the caller's contract: every tile's pixels below `bases.len()`, every
+            // block inside `outs` (and, shared, inside one group: see each mode).
+            unsafe {
+                match self.mode {
                     // `o0` is a multiple of 16 and `mg` too: blocks `o` and `o + 8` lie in
                     // one group, so read the same inputs.
-                    for o in (o0..o1).step_by(16) {
-                        for p in (c0..c1).step_by(6) {
-                            if o + 16 <= o1 {
-                                tile::<6, 2, true>(shape, [block(o), block(o + 8)], &idx, win, bases, p);
-                            } else {
-                                tile::<6, 1, false>(shape, [block(o)], &idx, win, bases, p);
-                                if o + 8 < o1 {
-                                    tile::<6, 1, false>(shape, [block(o + 8)], &idx, win, bases, p);
+                    Mode::Paired => {
+                        for o in (o0..o1).step_by(16) {
+                            for p in pixels.clone().step_by(T) {
+                                if o + 16 <= o1 {
+                                    tile::<T, 2, true>(s, [block(o), block(o + 8)], idx, win, bases, p);
+                                } else {
+                                    tile::<T, 1, false>(s, [block(o)], idx, win, bases, p);
+                                    if o + 8 < o1 {
+                                        tile::<T, 1, false>(s, [block(o + 8)], idx, win, bases, p);
+                                    }
                                 }
                             }
                         }
                     }
-                    continue;
-                }
-                if tripled {
                     // Blocks `o`, `o + 8` and `o + 16` lie in one group when `o` is 24k
                     // outputs into one; a range that starts or ends elsewhere runs the blocks
                     // up to the next such start alone.
-                    let mut o = o0;
-                    while o < o1 {
-                        if (o % mg).is_multiple_of(24) && o + 24 <= o1 {
-                            let blk = [block(o), block(o + 8), block(o + 16)];
-                            for p in (c0..c1).step_by(3) {
-                                tile::<3, 3, true>(shape, blk, &idx, win, bases, p);
+                    Mode::Tripled => {
+                        let mut o = o0;
+                        while o < o1 {
+                            if (o % self.mg).is_multiple_of(24) && o + 24 <= o1 {
+                                let blk = [block(o), block(o + 8), block(o + 16)];
+                                for p in pixels.clone().step_by(T) {
+                                    tile::<T, 3, true>(s, blk, idx, win, bases, p);
+                                }
+                                o += 24;
+                            } else {
+                                let blk = [block(o)];
+                                for p in pixels.clone().step_by(T) {
+                                    tile::<T, 1, false>(s, blk, idx, win, bases, p);
+                                }
+                                o += 8;
                             }
-                            o += 24;
-                        } else {
+                        }
+                    }
+                    // One pixel: two blocks a tile (independent chains), the inputs read
+                    // for each.
+                    Mode::Single if T == 1 => {
+                        for p in pixels {
+                            let mut o = o0;
+                            while o + 8 < o1 {
+                                tile::<1, 2, false>(s, [block(o), block(o + 8)], idx, win, bases, p);
+                                o += 16;
+                            }
+                            if o < o1 {
+                                tile::<1, 1, false>(s, [block(o)], idx, win, bases, p);
+                            }
+                        }
+                    }
+                    Mode::Single => {
+                        for o in (o0..o1).step_by(8) {
                             let blk = [block(o)];
-                            for p in (c0..c1).step_by(3) {
-                                tile::<3, 1, false>(shape, blk, &idx, win, bases, p);
+                            for p in pixels.clone().step_by(T) {
+                                tile::<T, 1, false>(s, blk, idx, win, bases, p);
                             }
-                            o += 8;
                         }
                     }
-                    continue;
-                }
-                for o in (o0..o1).step_by(8) {
-                    let blk = [block(o)];
-                    for p in (c0..c1).step_by(main) {
-                        if main == 8 {
-                            tile::<8, 1, false>(shape, blk, &idx, win, bases, p);
-                        } else {
-                            tile::<4, 1, false>(shape, blk, &idx, win, bases, p);
-                        }
-                    }
-                }
-            }
-            // The pixels left over one at a time, 2 blocks at a time (independent chains).
-            for p in full..count {
-                let mut o = o0;
-                while o + 8 < o1 {
-                    tile::<1, 2, false>(shape, [block(o), block(o + 8)], &idx, win, bases, p);
-                    o += 16;
-                }
-                if o < o1 {
-                    tile::<1, 1, false>(shape, [block(o)], &idx, win, bases, p);
                 }
             }
         }
