@@ -20,9 +20,12 @@
 //!   per input channel of the group gives each lane its group's value (ResNeXt's 4- and
 //!   8-wide groups, depthwise with a channel multiplier).
 //!
-//! The AVX2 path is the same with 8-output blocks: broadcast for `mg` a multiple of 8, 8
-//! pixels a tile; permute (`vpermps`) for `mg` dividing 8, 4 pixels a tile (the loaded
-//! input vectors take registers too); leftover pixels one at a time, two blocks at a time.
+//! The AVX2 path is the same with 8-output blocks: broadcast for `mg` a multiple of 8, a
+//! group's blocks in sets that share each broadcast input (pairs of 6 pixels a tile, and a
+//! triple of 3 pixels where a group leaves three blocks: 24-, 40- and 56-wide groups), an
+//! 8-wide group's block alone 6 pixels a tile; permute (`vpermps`) for `mg` dividing 8, 4
+//! pixels a tile (the loaded input vectors take registers too); the pixels left over from
+//! whole tiles as one tile of their count.
 //!
 //! No FLOP is spent on other groups' zeros, and no im2col copy is made, where the GEMM of a
 //! grouped convolution multiplies matrices of `mg` rows by a packed copy of the input per
@@ -622,30 +625,19 @@ mod avx2 {
         let (win, bases) = (call.window, call.bases);
         // SAFETY: the caller's contract, passed on: pixels below `count`, blocks inside `outs`.
         unsafe {
-            // Groups of 16k outputs, broadcasting: 6 pixels of a group's two 8-output blocks
-            // a tile (12 accumulators, two weights, one broadcast for both blocks: 8 loads
-            // to 12 FMAs). Other broadcast groups: 8 pixels of one block (8 accumulators, a
-            // weight, a broadcast each: 9 loads to 8 FMAs, which kept RegNet's 16-wide groups
-            // at half the rate of its 1x1 convolutions). Permuting: 4 pixels, whose loaded
-            // input vectors also take registers (16 in all).
-            let paired = lanes == Lanes::Broadcast && mg.is_multiple_of(16);
-            // Groups of 24k outputs (RegNet's 24-wide groups): 4 pixels of a group's three
-            // 8-output blocks a tile (12 accumulators, three weights, one broadcast for all
-            // three: 7 loads to 12 FMAs, where one block of 8 pixels at a time took 27 loads
-            // to 24 FMAs and broadcast each input three times).
-            let tripled = lanes == Lanes::Broadcast && !paired && mg.is_multiple_of(24);
-            let main = match lanes {
-                _ if paired => 6,
-                _ if tripled => 3,
-                Lanes::Broadcast => 8,
-                Lanes::Permute => 4,
-            };
-            let mode = if paired {
-                Mode::Paired
-            } else if tripled {
-                Mode::Tripled
-            } else {
-                Mode::Single
+            // A group's 8-output blocks in sets that share each broadcast input: pairs, 6
+            // pixels a tile (12 accumulators, two weights, one broadcast: 8 loads to 12
+            // FMAs), and a triple where a group's blocks leave three (24-wide groups, and
+            // 40- or 56-wide ones after their pairs), 3 pixels a tile (9 accumulators: with
+            // 4, one accumulator spilled and its chain ran through memory; one block of 8
+            // pixels at a time took 27 loads to 24 FMAs and broadcast each input three
+            // times). 8-wide groups and a range's odd blocks: one block of 8 pixels (9 loads
+            // to 8 FMAs). Permuting: 4 pixels, whose loaded input vectors also take
+            // registers (16 in all).
+            let mode = match lanes {
+                Lanes::Broadcast if mg >= 16 => Mode::Shared,
+                Lanes::Broadcast => Mode::Single,
+                Lanes::Permute => Mode::Permute,
             };
             let run = Run {
                 shape,
@@ -656,29 +648,10 @@ mod avx2 {
                 mg,
                 mode,
             };
-            let full = count - count % main;
-            // Chunks of whole tiles (6-pixel tiles do not divide 64).
-            let chunk = super::CHUNK / main * main;
-            for c0 in (0..full).step_by(chunk) {
-                let c1 = (c0 + chunk).min(full);
-                match main {
-                    8 => run.sweep::<8>(&block, c0..c1),
-                    6 => run.sweep::<6>(&block, c0..c1),
-                    4 => run.sweep::<4>(&block, c0..c1),
-                    _ => run.sweep::<3>(&block, c0..c1),
-                }
-            }
-            // The pixels left over (fewer than a tile: most of a small image's edge classes,
-            // whose pixels one at a time took half of a 7 x 7 layer's time) in one tile.
-            match count - full {
-                0 => {}
-                1 => run.sweep::<1>(&block, full..count),
-                2 => run.sweep::<2>(&block, full..count),
-                3 => run.sweep::<3>(&block, full..count),
-                4 => run.sweep::<4>(&block, full..count),
-                5 => run.sweep::<5>(&block, full..count),
-                6 => run.sweep::<6>(&block, full..count),
-                _ => run.sweep::<7>(&block, full..count),
+            // Chunks of whole tiles of every set (48 pixels: 8 tiles of 6, 16 of 3, 6 of 8).
+            const CHUNK: usize = 48;
+            for c0 in (0..count).step_by(CHUNK) {
+                run.sweep(&block, c0..(c0 + CHUNK).min(count));
             }
         }
     }
@@ -686,12 +659,12 @@ mod avx2 {
     /// How a sweep groups its blocks of outputs (see `pixels`).
     #[derive(Clone, Copy, PartialEq, Eq)]
     enum Mode {
-        /// A group's blocks two at a time, sharing each broadcast input.
-        Paired,
-        /// A group's blocks three at a time, sharing each broadcast input.
-        Tripled,
-        /// One block at a time.
+        /// Broadcast, a group's blocks two or three at a time sharing each input.
+        Shared,
+        /// Broadcast, one block at a time.
         Single,
+        /// Permuted inputs, one block at a time.
+        Permute,
     }
 
     /// What every tile of one call shares.
@@ -706,79 +679,76 @@ mod avx2 {
     }
 
     impl Run<'_> {
-        /// Pixels `pixels` (a multiple of `T` of them) in tiles of `T`, over every block of
-        /// the outputs, block by block (a block's weights stay in L1 while the pixels sweep).
+        /// Pixels `pixels` over every block of the outputs, set by set (a set's weights
+        /// stay in L1 while the pixels sweep).
         ///
         /// # Safety
         /// As [`pixels`], with `pixels.end <= bases.len()`; `block(o)` is the block of
         /// outputs from `o` (a multiple of 8 inside `outs`).
         #[inline(always)]
-        unsafe fn sweep<const T: usize>(&self, block: &impl Fn(usize) -> Block, pixels: std::ops::Range<usize>) {
-            let (s, idx, win, bases) = (self.shape, self.idx, self.window, self.bases);
+        unsafe fn sweep(&self, block: &impl Fn(usize) -> Block, pixels: std::ops::Range<usize>) {
             let [o0, o1] = self.outs;
-            // SAFETY: the caller's contract: every tile's pixels below `bases.len()`, every
-            // block inside `outs` (and, shared, inside one group: see each mode).
+            // SAFETY: the caller's contract; a shared set's blocks are whole and lie inside
+            // one group: `left` counts the outputs from `o` to its group's end (or `o1`).
             unsafe {
-                match self.mode {
-                    // `o0` is a multiple of 16 and `mg` too: blocks `o` and `o + 8` lie in
-                    // one group, so read the same inputs.
-                    Mode::Paired => {
-                        for o in (o0..o1).step_by(16) {
-                            for p in pixels.clone().step_by(T) {
-                                if o + 16 <= o1 {
-                                    tile::<T, 2, true>(s, [block(o), block(o + 8)], idx, win, bases, p);
-                                } else {
-                                    tile::<T, 1, false>(s, [block(o)], idx, win, bases, p);
-                                    if o + 8 < o1 {
-                                        tile::<T, 1, false>(s, [block(o + 8)], idx, win, bases, p);
-                                    }
-                                }
-                            }
+                let mut o = o0;
+                while o < o1 {
+                    let left = (self.mg - o % self.mg).min(o1 - o);
+                    match self.mode {
+                        Mode::Shared if left >= 16 && left != 24 => {
+                            self.set::<2, true, 6>([block(o), block(o + 8)], pixels.clone());
+                            o += 16;
+                        }
+                        Mode::Shared if left >= 24 => {
+                            self.set::<3, true, 3>([block(o), block(o + 8), block(o + 16)], pixels.clone());
+                            o += 24;
+                        }
+                        // A whole block loads its weights unmasked (the shared form).
+                        Mode::Shared | Mode::Single if left >= 8 => {
+                            self.set::<1, true, 6>([block(o)], pixels.clone());
+                            o += 8;
+                        }
+                        Mode::Shared | Mode::Single => {
+                            self.set::<1, false, 8>([block(o)], pixels.clone());
+                            o += 8;
+                        }
+                        Mode::Permute => {
+                            self.set::<1, false, 4>([block(o)], pixels.clone());
+                            o += 8;
                         }
                     }
-                    // Blocks `o`, `o + 8` and `o + 16` lie in one group when `o` is 24k
-                    // outputs into one; a range that starts or ends elsewhere runs the blocks
-                    // up to the next such start alone.
-                    Mode::Tripled => {
-                        let mut o = o0;
-                        while o < o1 {
-                            if (o % self.mg).is_multiple_of(24) && o + 24 <= o1 {
-                                let blk = [block(o), block(o + 8), block(o + 16)];
-                                for p in pixels.clone().step_by(T) {
-                                    tile::<T, 3, true>(s, blk, idx, win, bases, p);
-                                }
-                                o += 24;
-                            } else {
-                                let blk = [block(o)];
-                                for p in pixels.clone().step_by(T) {
-                                    tile::<T, 1, false>(s, blk, idx, win, bases, p);
-                                }
-                                o += 8;
-                            }
-                        }
-                    }
-                    // One pixel: two blocks a tile (independent chains), the inputs read
-                    // for each.
-                    Mode::Single if T == 1 => {
-                        for p in pixels {
-                            let mut o = o0;
-                            while o + 8 < o1 {
-                                tile::<1, 2, false>(s, [block(o), block(o + 8)], idx, win, bases, p);
-                                o += 16;
-                            }
-                            if o < o1 {
-                                tile::<1, 1, false>(s, [block(o)], idx, win, bases, p);
-                            }
-                        }
-                    }
-                    Mode::Single => {
-                        for o in (o0..o1).step_by(8) {
-                            let blk = [block(o)];
-                            for p in pixels.clone().step_by(T) {
-                                tile::<T, 1, false>(s, blk, idx, win, bases, p);
-                            }
-                        }
-                    }
+                }
+            }
+        }
+
+        /// The blocks `blk` for `pixels`: tiles of `T` pixels, then the rest as one tile
+        /// (most of a small image's edge classes: one pixel at a time, they took half of a
+        /// 7 x 7 layer's time).
+        ///
+        /// # Safety
+        /// As [`Run::sweep`], for these blocks (with `SHARED`, of one group and whole).
+        #[inline(always)]
+        unsafe fn set<const NB: usize, const SHARED: bool, const T: usize>(
+            &self,
+            blk: [Block; NB],
+            pixels: std::ops::Range<usize>,
+        ) {
+            let (s, idx, win, bases) = (self.shape, self.idx, self.window, self.bases);
+            let full = pixels.start + pixels.len() / T * T;
+            // SAFETY: the caller's contract: every tile's pixels below `pixels.end`.
+            unsafe {
+                for p in (pixels.start..full).step_by(T) {
+                    tile::<T, NB, SHARED>(s, blk, idx, win, bases, p);
+                }
+                match pixels.end - full {
+                    0 => {}
+                    1 => tile::<1, NB, SHARED>(s, blk, idx, win, bases, full),
+                    2 => tile::<2, NB, SHARED>(s, blk, idx, win, bases, full),
+                    3 => tile::<3, NB, SHARED>(s, blk, idx, win, bases, full),
+                    4 => tile::<4, NB, SHARED>(s, blk, idx, win, bases, full),
+                    5 => tile::<5, NB, SHARED>(s, blk, idx, win, bases, full),
+                    6 => tile::<6, NB, SHARED>(s, blk, idx, win, bases, full),
+                    _ => tile::<7, NB, SHARED>(s, blk, idx, win, bases, full),
                 }
             }
         }
