@@ -1026,6 +1026,8 @@ mod tests {
             Just((6, 24)),
             Just((24, 24)),
             Just((3, 72)),
+            Just((5, 40)),
+            Just((2, 56)),
             Just((8, 4)),
         ]
         .prop_flat_map(|(cg, mg)| (Just(cg), Just(mg), 1usize..=(48 / mg).max(1)))
