@@ -367,8 +367,8 @@ fn activation_special_values() {
 
 /// Fixed edge shapes on every level: tile edges around MR in {4, 6, 8} and NR in {16, 32}
 /// (edge panels of up to 16 columns for the half tiles, 17 to 24 for AVX-512's narrow ones),
-/// depths around the AVX2 block (256), past AVX-512's longest one (769 = two blocks of 385
-/// and 384; three of 257, 256, 256 on AVX2), M = 1 (GEMV), k = 0, rows over one row block
+/// depths around 256, past the longest block of both x86 levels (769 = two blocks of 385
+/// and 384), M = 1 (GEMV), k = 0, rows over one row block
 /// (197 against 192).
 #[test]
 fn edge_shapes() {

@@ -21,7 +21,7 @@
 //!                                   blocks, a short remainder folded in: B is read once a block;
 //!                                   2 x MC rows when B outgrows L2)
 //!       for jr in jc.. step NR      one B micro-panel (KC x NR: 64 KiB for AVX-512, streamed
-//!                                   from L2; 16 KiB for AVX2, held in L1: see KC_AVX2)
+//!                                   from L2; up to 48 KiB for AVX2, also from L2: KC_AVX2)
 //!         for ir in ic.. step MR    the microkernel: an MR x NR tile of C in registers
 //!           (last pc: the epilogue, in registers)
 //! ```
@@ -55,13 +55,19 @@ pub const KC: usize = 512;
 /// -> 25.4, MiniLM 28.1 -> 27.9; BERT-base lower in 4 of 4 pairs; sgemm bench (cold B)
 /// BERT FFN-up 106.5 -> 108.4 GFLOP/s, ResNet-50 conv5_x 3x3 86 -> 94.
 pub const KC_MAX: usize = 768;
-/// Depth of a block for the 16-column AVX2 tiles. Measured on Zen 3 (AVX2 only, 32 KiB L1d,
-/// 512 KiB L2 per core; the sgemm bench, single core, shared machine): 256 against 512 took
-/// ResNet-50's conv2_x 3x3 product 54 -> 79 GFLOP/s, BERT's FFN-up 45 -> 72, a 4 KiB-stride
-/// A 49 -> 82, and left in-cache shapes (MiniLM's projections, ~82-85) where they were: the
-/// 16 KiB B micro-panel (256 x 16 floats) now stays in L1 across the tiles that sweep it,
-/// where a 32 KiB one shared L1 with the tile's A rows and was re-read from L2 by each tile.
-pub const KC_AVX2: usize = 256;
+/// Longest depth block of the 16-column AVX2 tiles: depths up to 768 in one block, longer
+/// ones in equal blocks of at most 768 (the B micro-panel streams from L2 past the tile's A
+/// rows, and C is read back after fewer blocks). Measured on the AVX2-only EPYC VM (CPUID
+/// family 25 model 1, 512 KiB L2 per core), one standalone loop over `sgemm_with` with the
+/// depth block alternating in one process, medians of 150-1500 products, 256 -> 768:
+/// 2028 x 512 x 1280 48.4 -> 40.9 ms, 196 x 336 x 336 0.70 -> 0.65, 49 x 888 x 888 1.35 ->
+/// 1.29, 128 x 3072 x 768 9.84 -> 9.42, 196 x 256 x 1024 1.66 -> 1.63; depths under 256 and
+/// in-cache shapes unchanged; few rows against a 3072-deep B lost (48 x 768 x 3072 3.96 ->
+/// 4.17, 128 x 768 x 3072 10.00 -> 10.09). 256 had been measured against 512 on a Zen 3 VM
+/// before the column calls, the epilogue in registers and the prefetches (ResNet-50's
+/// conv2_x 3x3 54 -> 79 GFLOP/s: the 32 KiB micro-panel shared L1 with A and was re-read
+/// from L2 by each tile); with those, the re-reads from L2 cost less than C's round trips.
+pub const KC_AVX2: usize = 768;
 /// Rows of A swept per B micro-panel (a multiple of every MR): MC x KC floats = 192 KiB in
 /// L2. 48 lost 5-10%; 96 and 192 measured the same. A shorter depth block sweeps more rows
 /// in the same bytes (ViT-tiny's 197-row products in one block: in `kiln profile` its MatMuls 21.3-21.9 ->
