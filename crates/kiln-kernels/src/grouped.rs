@@ -36,9 +36,12 @@
 use crate::dwconv::Clamp;
 use crate::isa::{self, Isa};
 
-/// Pixels every block of outputs sweeps in turn before the next pixels (a multiple of the
-/// 8-pixel tiles): their inputs stay in cache from one block to the next.
+/// Pixels every block of outputs sweeps in turn before the next pixels on AVX-512 (a
+/// multiple of its 8-pixel tiles): their inputs stay in cache from one block to the next.
 const CHUNK: usize = 64;
+/// [`CHUNK`] for the AVX2 path: a multiple of all its tiles (8 tiles of 6 pixels, 16 of 3,
+/// 12 of 4).
+const AVX2_CHUNK: usize = 48;
 
 /// How the AVX-512 path forms the inputs of a block of 16 outputs (see the module docs);
 /// `None` from [`lanes`] means the scalar twin.
@@ -648,10 +651,8 @@ mod avx2 {
                 mg,
                 mode,
             };
-            // Chunks of whole tiles of every set (48 pixels: 8 tiles of 6, 16 of 3, 6 of 8).
-            const CHUNK: usize = 48;
-            for c0 in (0..count).step_by(CHUNK) {
-                run.sweep(&block, c0..(c0 + CHUNK).min(count));
+            for c0 in (0..count).step_by(super::AVX2_CHUNK) {
+                run.sweep(&block, c0..(c0 + super::AVX2_CHUNK).min(count));
             }
         }
     }

@@ -1450,9 +1450,8 @@ impl Planned<'_> {
         };
         // Outputs in ranges whose weights (`kh*kw*cg` floats each) stay in L2 while a band of
         // pixels is swept (ResNeXt's 14x14 -> 7x7 layer has 1.2 MB of weights), in multiples
-        // of 64 (the kernel's 4-block tiles).
-        // Ranges start at whole groups too (the kernel shares each input among a group's
-        // blocks only from a group's start).
+        // of 64 (the kernel's 4-block tiles) and of the group (the kernel shares each input
+        // among a group's blocks counted from the group's start).
         let per_out = (kh * kw * cg).max(1);
         let unit = (64 / gcd(64, mg).max(1)).saturating_mul(mg).max(64);
         let span = (GROUPED_L2_FLOATS / per_out / unit * unit).max(unit);
