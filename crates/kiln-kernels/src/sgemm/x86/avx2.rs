@@ -370,7 +370,7 @@ unsafe fn tile<const R: usize, const NV: usize>(
                             Some(r) => Some(_mm256_maskload_ps(r.add(lo), m)),
                             None => None,
                         };
-                        x = apply_cheap(cheap, epi_vec(x, rbv, cbv, rv, None));
+                        x = epi_vec(x, rbv, cbv, rv, cheap);
                     }
                     store_first(p, nr - lo, x);
                 }
@@ -571,6 +571,7 @@ fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f3
         return;
     }
     let rbv = rb.map(|b| splat(b));
+    let a = cheap_of(a, None);
     let mut j = 0;
     while j + 8 <= n {
         // SAFETY: `j + 8 <= n`, and `row`, `cb` and `r` have at least `n` floats.

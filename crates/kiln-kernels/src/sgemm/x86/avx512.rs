@@ -727,6 +727,7 @@ fn epi_impl(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f3
         return;
     }
     let rbv = rb.map(|b| splat(b));
+    let a = cheap_of(a, None);
     let mut j = 0;
     while j < n {
         let w = (n - j).min(16);
