@@ -905,3 +905,39 @@ fn prelu_slopes_match_the_product_then_the_slopes() {
         });
     }
 }
+
+/// Every tile of one product sums in the same order, whatever its height or width: a B whose
+/// columns are all equal gives columns of C that are bit for bit equal, and an A whose rows
+/// are all equal rows of C that are, on every level and layout, for few rows (the two-set
+/// tiles of 1-3 rows and their 8-column edges), remainder tiles and edge panels. (A light
+/// ONNX test model with constant weights multiplies 1e10-sized values; a different order for
+/// the last 8 columns made their logits differ and its softmax no longer uniform.)
+#[test]
+fn equal_columns_and_rows_give_equal_bits() {
+    for isa in levels() {
+        for layout in [BLayout::for_isa(isa), BLayout::NR32] {
+            for &(m, n, k) in &[
+                (1, 40, 300),
+                (2, 24, 257),
+                (3, 1000, 64),
+                (4, 40, 33),
+                (9, 56, 300),
+                (13, 24, 129),
+            ] {
+                let col = data(k, 3, true);
+                let b: Vec<f32> = (0..k * n).map(|i| col[i / n]).collect();
+                let row = data(k, 5, true);
+                let a: Vec<f32> = (0..m * k).map(|i| row[i % k]).collect();
+                let pb = PackedB::pack(layout, k, n, &b, MatLayout::row_major(n)).unwrap();
+                let mut c = vec![f32::NAN; m * n];
+                sgemm_with(isa, m, AMatrix::row_major(&a, k), pb.view(), &mut c, n, &Epilogue::NONE).unwrap();
+                let first = c[0].to_bits();
+                assert!(
+                    c.iter().all(|v| v.to_bits() == first),
+                    "{isa:?} {layout:?} {m}x{n}x{k}: {:?}",
+                    c.iter().filter(|v| v.to_bits() != first).take(3).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+}

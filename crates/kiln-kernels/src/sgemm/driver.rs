@@ -201,6 +201,7 @@ impl Kernels {
                     };
                 }
                 Isa::Avx2Fma if m == 1 && layout.nr() == 32 => return avx2::gemv_kernels(),
+                Isa::Avx2Fma if (1..=avx2::FEW).contains(&m) => return avx2::few_kernels(),
                 Isa::Avx2Fma => return avx2::kernels(),
                 Isa::Portable => {}
             }

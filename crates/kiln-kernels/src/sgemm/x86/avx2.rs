@@ -241,7 +241,7 @@ simd_math!("avx2,fma");
 /// FMA.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const R: usize, const NV: usize>(
+unsafe fn tile<const R: usize, const NV: usize, const SPLIT: bool>(
     kc: usize,
     a: *const f32,
     ars: usize,
@@ -259,9 +259,9 @@ unsafe fn tile<const R: usize, const NV: usize>(
     // SAFETY: the TileFn contract, passed on.
     let acc = unsafe {
         if acs == 1 {
-            products::<R, NV, true>(kc, a, ars, 1, b, bs)
+            products::<R, NV, true, SPLIT>(kc, a, ars, 1, b, bs)
         } else {
-            products::<R, NV, false>(kc, a, ars, acs, b, bs)
+            products::<R, NV, false, SPLIT>(kc, a, ars, acs, b, bs)
         }
     };
     // What follows makes no calls on the common paths: a call would spill every accumulator
@@ -400,7 +400,7 @@ unsafe fn tile<const R: usize, const NV: usize>(
 /// `acs == 1` when `UNIT`; the CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn products<const R: usize, const NV: usize, const UNIT: bool>(
+unsafe fn products<const R: usize, const NV: usize, const UNIT: bool, const SPLIT: bool>(
     kc: usize,
     a: *const f32,
     ars: usize,
@@ -434,10 +434,12 @@ unsafe fn products<const R: usize, const NV: usize, const UNIT: bool>(
     }
     let acs = if UNIT { 1 } else { acs };
     let mut acc = [[_mm256_setzero_ps(); NV]; R];
-    // A tile of at most six accumulators (a recurrent step's 3 rows, a GEMV, the 8-column
-    // edge tiles) sums odd depths into a second set: six chains of 4-cycle FMAs keep 1.5 of
-    // the two FMA pipes busy, twelve keep both (the sets are added at the end).
-    let split = R * NV <= 6;
+    // With `SPLIT` (the tiles of products of at most 3 rows: a recurrent step, a GEMV) odd
+    // depths sum into a second set: six chains of 4-cycle FMAs keep 1.5 of the two FMA pipes
+    // busy, twelve keep both (the sets are added at the end). Every tile of one product sums
+    // in the same order (the kernel table is chosen per product), so equal columns or rows
+    // give equal bits.
+    let split = SPLIT;
     let mut odd = [[_mm256_setzero_ps(); NV]; R];
     let (mut ap, mut bp) = (a, b);
     // Wrapping steps: past the end only after the last depth, and never read then.
@@ -527,7 +529,7 @@ unsafe fn column<const NV: usize>(
         // SAFETY: the ColumnFn contract: tile `t`'s rows `row .. row + MR` of A, C and the
         // epilogue's operands satisfy the TileFn contract, at the offsets formed here.
         unsafe {
-            tile::<MR, NV>(
+            tile::<MR, NV, false>(
                 kc,
                 a.add(row * ars),
                 ars,
@@ -546,22 +548,22 @@ unsafe fn column<const NV: usize>(
 }
 
 static TILES: [TileFn; MR] = [
-    tile::<1, 2>,
-    tile::<2, 2>,
-    tile::<3, 2>,
-    tile::<4, 2>,
-    tile::<5, 2>,
-    tile::<6, 2>,
+    tile::<1, 2, false>,
+    tile::<2, 2, false>,
+    tile::<3, 2, false>,
+    tile::<4, 2, false>,
+    tile::<5, 2, false>,
+    tile::<6, 2, false>,
 ];
 /// Tiles of 8 columns for edges of at most 8 (MobileNet's and EfficientNet's 24- and
 /// 40-channel layers: 16 + 8 columns instead of two full tiles, a third fewer multiplies).
 static HALF_TILES: [TileFn; MR] = [
-    tile::<1, 1>,
-    tile::<2, 1>,
-    tile::<3, 1>,
-    tile::<4, 1>,
-    tile::<5, 1>,
-    tile::<6, 1>,
+    tile::<1, 1, false>,
+    tile::<2, 1, false>,
+    tile::<3, 1, false>,
+    tile::<4, 1, false>,
+    tile::<5, 1, false>,
+    tile::<6, 1, false>,
 ];
 
 #[target_feature(enable = "avx2,fma")]
@@ -630,7 +632,7 @@ fn epi(row: &mut [f32], rb: Option<f32>, cb: Option<&[f32]>, r: Option<&[f32]>, 
 /// One row by 32 columns (four vectors): a GEMV (a batch-1 classifier or decoder step) reads
 /// each 32-column panel of B front to back in one pass, where 16-column tiles read every other
 /// 64-byte line in two passes.
-static GEMV_TILES: [TileFn; 1] = [tile::<1, 4>];
+static GEMV_TILES: [TileFn; 1] = [tile::<1, 4, true>];
 
 /// The AVX2 kernel table for one row of A and B in 32-column panels. Only for a CPU with
 /// AVX2 and FMA.
@@ -649,6 +651,27 @@ pub(crate) fn gemv_kernels() -> Kernels {
         prefetch: true,
         stream_b: false,
         epi,
+    }
+}
+
+/// The tiles of products of at most [`FEW`] rows, summing in two sets (see `products`).
+static FEW_TILES: [TileFn; FEW] = [tile::<1, 2, true>, tile::<2, 2, true>, tile::<3, 2, true>];
+/// [`FEW_TILES`] of 8 columns, for edges.
+static FEW_HALF_TILES: [TileFn; FEW] = [tile::<1, 1, true>, tile::<2, 1, true>, tile::<3, 1, true>];
+
+/// Rows up to which a product takes [`few_kernels`].
+pub(crate) const FEW: usize = 3;
+
+/// The AVX2 kernel table for products of at most [`FEW`] rows (a recurrent step over a
+/// batch of a few sequences): their tiles have at most six accumulators, too few chains for
+/// the FMA pipes, and sum odd depths into a second set. Only for a CPU with AVX2 and FMA.
+pub(crate) fn few_kernels() -> Kernels {
+    Kernels {
+        mr: FEW,
+        tiles: &FEW_TILES,
+        column: None,
+        half: &FEW_HALF_TILES,
+        ..kernels()
     }
 }
 
