@@ -204,7 +204,7 @@ impl SequenceAt {
     pub fn eval(&self, args: &Args<'_>) -> Result<crate::Outputs> {
         let s = args.sequence(0)?;
         let pos = position(read_i64(args.tensor(1)?, 1, "position")?, s.items.len(), false)?;
-        let item = s.items.get(pos).ok_or(OpError::IndexOutOfRange {
+        let item = s.items.get(pos).ok_or_else(|| OpError::IndexOutOfRange {
             index: pos as i64,
             size: s.items.len(),
         })?;

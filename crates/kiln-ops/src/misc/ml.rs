@@ -259,7 +259,7 @@ impl TreeEnsemble {
             usize::try_from(i)
                 .ok()
                 .filter(|&i| i < n)
-                .ok_or(OpError::IndexOutOfRange { index: i, size: n })
+                .ok_or_else(|| OpError::IndexOutOfRange { index: i, size: n })
         };
         let mut node = node_idx(root)?;
         // A well-formed tree visits each node at most once.
@@ -268,7 +268,7 @@ impl TreeEnsemble {
             let x = usize::try_from(f)
                 .ok()
                 .and_then(|f| row.get(f).copied())
-                .ok_or(OpError::IndexOutOfRange {
+                .ok_or_else(|| OpError::IndexOutOfRange {
                     index: f,
                     size: row.len(),
                 })?;
@@ -293,7 +293,7 @@ impl TreeEnsemble {
                 return usize::try_from(next)
                     .ok()
                     .filter(|&i| i < l)
-                    .ok_or(OpError::IndexOutOfRange { index: next, size: l });
+                    .ok_or_else(|| OpError::IndexOutOfRange { index: next, size: l });
             }
             node = node_idx(next)?;
         }
@@ -408,7 +408,7 @@ impl TreeEnsemble {
                 let slot = usize::try_from(target)
                     .ok()
                     .and_then(|i| acc.get_mut(i))
-                    .ok_or(OpError::IndexOutOfRange { index: target, size: t })?;
+                    .ok_or_else(|| OpError::IndexOutOfRange { index: target, size: t })?;
                 let w = self.leaf_weights[l];
                 match self.aggregate {
                     AggregateFunction::Sum => *slot += w,
@@ -463,7 +463,7 @@ impl ArrayFeatureExtractor {
                 usize::try_from(i)
                     .ok()
                     .filter(|&i| i < last)
-                    .ok_or(OpError::IndexOutOfRange { index: i, size: last })
+                    .ok_or_else(|| OpError::IndexOutOfRange { index: i, size: last })
             })
             .collect::<Result<Vec<_>>>()?;
         let outer = x.len().checked_div(last).unwrap_or(0);

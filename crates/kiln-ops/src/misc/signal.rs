@@ -407,7 +407,7 @@ impl MelWeightMatrix {
             let j = usize::try_from(j)
                 .ok()
                 .filter(|&j| j < spec_bins)
-                .ok_or(OpError::IndexOutOfRange {
+                .ok_or_else(|| OpError::IndexOutOfRange {
                     index: j,
                     size: spec_bins,
                 })?;

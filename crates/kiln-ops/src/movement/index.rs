@@ -291,7 +291,7 @@ impl GatherND {
             if let ([n], 1) = (&ds[b..], nb) {
                 for (d, &i) in out.iter_mut().zip(idx.iter()) {
                     let at = norm_index(i, *n)?;
-                    *d = *xs.get(at).ok_or(OpError::IndexOutOfRange {
+                    *d = *xs.get(at).ok_or_else(|| OpError::IndexOutOfRange {
                         index: at as i64,
                         size: xs.len(),
                     })?;

@@ -440,7 +440,7 @@ impl RoiAlign {
             let b = usize::try_from(bd[r])
                 .ok()
                 .filter(|&b| b < nb)
-                .ok_or(OpError::IndexOutOfRange { index: bd[r], size: nb })?;
+                .ok_or_else(|| OpError::IndexOutOfRange { index: bd[r], size: nb })?;
             let roi = [rd[r * 4], rd[r * 4 + 1], rd[r * 4 + 2], rd[r * 4 + 3]];
             let samples = self.samples(roi, h, w)?;
             let count = samples.count();

@@ -643,7 +643,7 @@ impl MaxUnpool {
             let iu = usize::try_from(i)
                 .ok()
                 .filter(|&u| u < n_inf)
-                .ok_or(OpError::IndexOutOfRange { index: i, size: n_inf })?;
+                .ok_or_else(|| OpError::IndexOutOfRange { index: i, size: n_inf })?;
             flat[iu] = v;
         }
         // Place the inferred-shape result at the origin of the (possibly larger) output.

@@ -113,7 +113,7 @@ impl RotaryEmbedding {
                 let start = usize::try_from(first)
                     .ok()
                     .filter(|&u| cos.rank() == 2 && u.checked_add(sq).is_some_and(|e| e <= maxp))
-                    .ok_or(OpError::IndexOutOfRange {
+                    .ok_or_else(|| OpError::IndexOutOfRange {
                         index: first.saturating_add(sq as i64),
                         size: maxp,
                     })?;
@@ -139,7 +139,7 @@ impl RotaryEmbedding {
                         usize::try_from(v)
                             .ok()
                             .filter(|&u| u < maxp)
-                            .ok_or(OpError::IndexOutOfRange { index: v, size: maxp })
+                            .ok_or_else(|| OpError::IndexOutOfRange { index: v, size: maxp })
                     })
                     .collect::<Result<_>>()?
             }

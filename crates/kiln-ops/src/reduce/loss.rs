@@ -104,7 +104,7 @@ impl Loss {
                 let k = usize::try_from(tv)
                     .ok()
                     .filter(|&k| k < c)
-                    .ok_or(OpError::IndexOutOfRange { index: tv, size: c })?;
+                    .ok_or_else(|| OpError::IndexOutOfRange { index: tv, size: c })?;
                 let w = weight.as_ref().map_or(1.0, |w| w[k]);
                 losses[b * d + i] = -inp[(b * c + k) * d + i] * w;
                 wsum += w;
