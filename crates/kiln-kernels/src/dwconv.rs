@@ -324,8 +324,8 @@ macro_rules! depthwise_kernels {
         /// apart: `G` pixels at a time, per `LANES`-channel block, with a row's `K` tap weights
         /// in registers and each of the `(G-1)S + (K-1)D + 1` input columns of a row loaded
         /// once and used by every pixel whose window covers it. Each pixel's taps are summed in
-        /// window order, as [`pixel`] does. Of the pixels left over (fewer than `G`), half a
-        /// group runs the same way when there are that many, the rest through [`pixel`].
+        /// window order, as [`pixel`] does. The pixels left over (fewer than `G`) go through
+        /// [`pixel`].
         ///
         /// # Safety
         /// As for [`pixels`], with `window` the flattened `rows` and `io.step == S * io.c`.
@@ -347,28 +347,13 @@ macro_rules! depthwise_kernels {
                     let (at, o) = (base + p * io.step, p * c);
                     let mut c0 = 0;
                     while c0 + LANES <= c {
-                        group::<K, R, S, D, false, G>(io, first, at, o, c0, full());
+                        group::<K, R, S, D, false>(io, first, at, o, c0, full());
                         c0 += LANES;
                     }
                     if c0 < c {
-                        group::<K, R, S, D, true, G>(io, first, at, o, c0, mask(c - c0));
+                        group::<K, R, S, D, true>(io, first, at, o, c0, mask(c - c0));
                     }
                     p += G;
-                }
-                // Half a group where that many pixels are left (a 112-wide row's last 6
-                // interior pixels, a 56-wide stride-2 row's last 7: one by one they were up
-                // to an eighth of the layer's pixels at a quarter of the speed).
-                if p + G / 2 <= count {
-                    let (at, o) = (base + p * io.step, p * c);
-                    let mut c0 = 0;
-                    while c0 + LANES <= c {
-                        group::<K, R, S, D, false, { G / 2 }>(io, first, at, o, c0, full());
-                        c0 += LANES;
-                    }
-                    if c0 < c {
-                        group::<K, R, S, D, true, { G / 2 }>(io, first, at, o, c0, mask(c - c0));
-                    }
-                    p += G / 2;
                 }
                 for q in p..count {
                     pixel(io, window, base + q * io.step, q * c);
@@ -376,21 +361,13 @@ macro_rules! depthwise_kernels {
             }
         }
 
-        /// One `LANES`-channel block (lanes `m`, from channel `c0`) of `N` pixels of [`rows`]
-        /// (`G`, or half as many for the row's end): pixel `q` reads the input at `at + q *
-        /// step` and writes the output at `o + q * c`.
+        /// One `LANES`-channel block (lanes `m`, from channel `c0`) of `G` pixels of [`rows`]:
+        /// pixel `q` reads the input at `at + q * step` and writes the output at `o + q * c`.
         ///
         /// # Safety
         /// As for [`rows`]; without `MASKED`, all `LANES` lanes are in range.
         #[inline(always)]
-        unsafe fn group<
-            const K: usize,
-            const R: usize,
-            const S: usize,
-            const D: usize,
-            const MASKED: bool,
-            const N: usize,
-        >(
+        unsafe fn group<const K: usize, const R: usize, const S: usize, const D: usize, const MASKED: bool>(
             io: Io,
             first: &[(usize, usize); R],
             at: usize,
@@ -405,7 +382,7 @@ macro_rules! depthwise_kernels {
                     Some(b) => ld::<MASKED>(m, b.add(c0)),
                     None => zero(),
                 };
-                let mut acc = [bv; N];
+                let mut acc = [bv; G];
                 for &(xo, wo) in first {
                     let ws = io.w.add(wo + c0);
                     let wv: [V; K] = std::array::from_fn(|k| ld::<MASKED>(m, ws.add(k * c)));

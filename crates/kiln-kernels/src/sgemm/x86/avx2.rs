@@ -439,13 +439,12 @@ unsafe fn products<const R: usize, const NV: usize, const UNIT: bool, const SPLI
     // busy, twelve keep both (the sets are added at the end). Every tile of one product sums
     // in the same order (the kernel table is chosen per product), so equal columns or rows
     // give equal bits.
-    let split = SPLIT;
     let mut odd = [[_mm256_setzero_ps(); NV]; R];
     let (mut ap, mut bp) = (a, b);
     // Wrapping steps: past the end only after the last depth, and never read then.
     for _ in 0..kc / UNROLL {
         for u in 0..UNROLL {
-            let set = if split && u % 2 == 1 { &mut odd } else { &mut acc };
+            let set = if SPLIT && u % 2 == 1 { &mut odd } else { &mut acc };
             // SAFETY: depth `p + u < kc` (p the depths done): the contract gives `a + i*ars +
             // (p+u)*acs` for `i < R` and `LANES * NV` floats at `b + (p+u)*bs`.
             unsafe { step(set, ap.add(u * acs), ars, bp.add(u * bs)) };
@@ -459,7 +458,7 @@ unsafe fn products<const R: usize, const NV: usize, const UNIT: bool, const SPLI
         ap = ap.wrapping_add(acs);
         bp = bp.wrapping_add(bs);
     }
-    if split {
+    if SPLIT {
         for (acc, odd) in acc.iter_mut().zip(&odd) {
             for (a, &o) in acc.iter_mut().zip(odd) {
                 *a = _mm256_add_ps(*a, o);
