@@ -368,7 +368,7 @@ unsafe fn requant_one_panel<E: Epilogue, const VBMI: bool>(
         c,
         ldc,
         rows,
-        init: None,
+        add_c: true,
         masks: (m0, m1),
         stage: Some((st, e)),
     };
@@ -830,7 +830,27 @@ unsafe fn panel_vnni<
     init: Option<*const i32>,
     stage: Option<Stage>,
 ) {
-    let mut acc = [[_mm512_setzero_si512(); 2]; MR_QUADS];
+    let m0: __mmask16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
+    let m1: __mmask16 = match cols.saturating_sub(16) {
+        0 => 0,
+        n if n >= 16 => 0xFFFF,
+        n => (1u16 << n) - 1,
+    };
+    // The sums start from `init` (the same for every row): the stores then add nothing, where
+    // adding it there cost every row two loads and two adds, as much as a quarter of the
+    // tile's vector work past the products at a depth of 64 (ResNet's 1x1 layers). Integer
+    // sums: the same bits in either order.
+    let start = match init {
+        // SAFETY: `init` holds `cols` values (caller), the masks' lanes.
+        Some(i) => unsafe {
+            [
+                _mm512_maskz_loadu_epi32(m0, i),
+                _mm512_maskz_loadu_epi32(m1, i.wrapping_add(16)),
+            ]
+        },
+        None => [_mm512_setzero_si512(); 2],
+    };
+    let mut acc = [start; MR_QUADS];
     let flip = _mm512_set1_epi32(0x8080_8080_u32 as i32);
     let mut bq = b;
     for t in 0..taps {
@@ -877,12 +897,6 @@ unsafe fn panel_vnni<
             }
         }
     }
-    let m0: __mmask16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
-    let m1: __mmask16 = match cols.saturating_sub(16) {
-        0 => 0,
-        n if n >= 16 => 0xFFFF,
-        n => (1u16 << n) - 1,
-    };
     // SAFETY: AVX-512 F and BW (this function's features); bias and mult hold `cols` values
     // (caller), the masks limit the loads to them.
     let stage = if REQ
@@ -902,7 +916,7 @@ unsafe fn panel_vnni<
         c,
         ldc,
         rows,
-        init,
+        add_c: init.is_none(),
         masks: (m0, m1),
         stage,
     };
@@ -919,13 +933,15 @@ unsafe fn panel_vnni<
     store(7, a7);
 }
 
-/// Where [`panel_vnni`] stores its rows: C (`ldc` apart, `rows` rows, `init` or C itself
-/// added), or with a stage, the requantized bytes of Y; the masks select the panel's columns.
+/// Where [`panel_vnni`] stores its rows: C (`ldc` apart, `rows` rows, C itself added when
+/// `add_c`), or with a stage, the requantized bytes of Y; the masks select the panel's columns.
 struct RowStore<E> {
     c: *mut i32,
     ldc: usize,
     rows: usize,
-    init: Option<*const i32>,
+    /// The sums are added to C's row (a later depth block; requantizing C); else they are
+    /// whole (they started from `init`, or from zero).
+    add_c: bool,
     masks: (__mmask16, __mmask16),
     stage: Option<(Stage, E)>,
 }
@@ -953,7 +969,7 @@ impl<E: Epilogue> RowStore<E> {
             c,
             ldc,
             rows,
-            init,
+            add_c,
             masks: (m0, m1),
             ref stage,
         } = *self;
@@ -961,25 +977,22 @@ impl<E: Epilogue> RowStore<E> {
             return;
         }
         // SAFETY: row `r < rows` of the tile starts at `r * ldc`; the masks limit both halves
-        // to the first `cols` columns, all within `need` (checked by the caller), and `init`
-        // holds `cols` values. The second half's address is formed with `wrapping_add`: it
+        // to the first `cols` columns, all within `need` (checked by the caller). The second
+        // half's address is formed with `wrapping_add`: it
         // may lie past C when its mask is empty, and is then never touched. With a stage, C
         // is only read, and Y's row `r` starts at `r * ldy`, its stores masked the same way
         // to `cols` bytes within the caller's bound, and R's row read the same way (R has Y's
         // layout and length, `Stage::of`).
         unsafe {
             let p = c.add(r * ldc);
-            let (base0, base1) = match init {
-                Some(i) => (
-                    _mm512_maskz_loadu_epi32(m0, i),
-                    _mm512_maskz_loadu_epi32(m1, i.wrapping_add(16)),
-                ),
-                None => (
-                    _mm512_maskz_loadu_epi32(m0, p),
-                    _mm512_maskz_loadu_epi32(m1, p.wrapping_add(16)),
-                ),
+            let (s0, s1) = if add_c {
+                (
+                    _mm512_add_epi32(_mm512_maskz_loadu_epi32(m0, p), row[0]),
+                    _mm512_add_epi32(_mm512_maskz_loadu_epi32(m1, p.wrapping_add(16)), row[1]),
+                )
+            } else {
+                (row[0], row[1])
             };
-            let (s0, s1) = (_mm512_add_epi32(base0, row[0]), _mm512_add_epi32(base1, row[1]));
             match &stage {
                 Some((st, e)) => {
                     // Both halves narrowed in registers and stored as one masked 32-byte
