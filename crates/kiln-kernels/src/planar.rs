@@ -22,9 +22,19 @@
 use crate::conv::Conv2d;
 use crate::sgemm::{Bias, Epilogue, PackedBRef, Residual};
 
-/// Most output channels a convolution runs here with (above it the channels-last GEMM's
-/// two-vector tiles and Winograd do as well or better).
+/// Most output channels a convolution runs here with in place of Winograd ([`takes`]):
+/// above it Winograd does as well or better.
 pub(crate) const MAX_M: usize = 16;
+/// Most output channels a convolution that is not Winograd's (a stride, a 2x2 or 5x5
+/// window) runs here with in place of the channels-last GEMM ([`takes_direct`]). From 17 to
+/// 24 channels the GEMM's tile is its narrow twin (16 lanes and 8 of a half vector: three
+/// quarters of the multiplies' width) and copies an im2col row per pixel; here the channels
+/// are three 8-row tiles over whole pixel vectors. Intel Xeon (no AMX), per-layer minimum
+/// over 6 alternating `kiln profile` rounds: PP-HGNet's 2x2 48 -> 24 at 24 x 485 (6 images)
+/// 12.3 -> 8.0 ms, 2x2 32 -> 20 0.51x, 3x3 stride 2 16 -> 24 at 112 x 112 0.60x, 48 -> 24
+/// 0.76-0.83x, 64 -> 24 at 224 x 224 0.86x, 5x5 32 -> 24 0.69x. At 32 and 48 channels the
+/// GEMM's two whole vectors did as well or better (3x3 stride 2 32 -> 32 1.15x here).
+const MAX_M_DIRECT: usize = 24;
 /// Most input channels (the staged band's rows grow with them).
 const MAX_C: usize = 64;
 /// Fewest output columns: a row's pixels fill whole vectors of 16 (5 columns would use 5
@@ -37,6 +47,15 @@ const MIN_OW: usize = 24;
 /// row per tap (0.072 -> 0.088 ms on a 64 -> 16 stride-2 layer), so not those.
 pub fn takes(m: usize, c: usize, [kh, kw]: [usize; 2], ow: usize) -> bool {
     m <= MAX_M && c <= MAX_C && ow >= MIN_OW && kh * kw > 1
+}
+
+/// Whether a convolution that runs direct (not Winograd's: the compiler asked [`takes`]
+/// first) is one for this kernel rather than the channels-last GEMM: as [`takes`], with up
+/// to [`MAX_M_DIRECT`] output channels, but not an image stem's few input channels, which
+/// [`crate::stem`] keeps (3 -> 24 stride 2 at 640 x 640: 2.56 ms there, 3.11 here).
+pub fn takes_direct(m: usize, c: usize, [kh, kw]: [usize; 2], ow: usize) -> bool {
+    takes(m, c, [kh, kw], ow)
+        || (m <= MAX_M_DIRECT && c <= MAX_C && ow >= MIN_OW && kh * kw > 1 && !crate::stem::takes(m, c, [kh, kw], ow))
 }
 
 /// Lanes of a pixel vector.
@@ -994,16 +1013,41 @@ mod tests {
             (3, 16, [33, 35], [3, 3], [2, 2], [1, 1], [1, 1], true, 3),
             (16, 12, [9, 50], [5, 5], [2, 1], [1, 2], [2, 4], false, 4),
             (1, 5, [4, 3], [3, 3], [1, 1], [1, 1], [1, 1], false, 5),
+            // PP-HGNet's stem: 2x2 windows, 48 -> 24 and 20 outputs (three 8-row tiles, the
+            // last one short), a 3x3 stride-2 16 -> 24.
+            (48, 24, [6, 50], [2, 2], [1, 1], [1, 1], [0, 0], false, 6),
+            (32, 20, [5, 40], [2, 2], [1, 1], [1, 1], [0, 0], false, 7),
+            (16, 24, [13, 61], [3, 3], [2, 2], [1, 1], [1, 1], false, 8),
         ] {
             kit(&levels, false, c, m, hw, k, s, d, p, first, seed);
         }
     }
 
-    /// Random geometries, channels across every tile shape (1-16 outputs: one-tile panels,
-    /// split panels, panels across NR16's boundary).
+    /// Random geometries, channels across every tile shape (1-24 outputs: one-tile panels,
+    /// split panels, panels across NR16's boundary, three tiles of a panel).
     #[test]
     fn levels_match_the_oracle_and_each_other() {
-        crate::conv_testkit::random_cases(&levels(), false, 1..=9, 1..=16, 48);
+        crate::conv_testkit::random_cases(&levels(), false, 1..=9, 1..=24, 64);
+    }
+
+    #[test]
+    fn direct_layers_of_up_to_24_channels_come_here_but_stems_and_wider_ones_do_not() {
+        // PP-HGNet's 2x2 48 -> 24 and a 3x3 16 -> 24: here when not Winograd's.
+        assert!(takes_direct(24, 48, [2, 2], 485));
+        assert!(takes_direct(24, 16, [3, 3], 56));
+        assert!(
+            !takes(24, 48, [2, 2], 485),
+            "Winograd keeps 3x3 layers of 17-24 channels"
+        );
+        // An image stem (3 input channels) stays with `stem`, 32 channels with the GEMM, a
+        // 1x1 window and a narrow image with the GEMM.
+        assert!(!takes_direct(24, 3, [3, 3], 320));
+        assert!(crate::stem::takes(24, 3, [3, 3], 320));
+        assert!(!takes_direct(32, 32, [3, 3], 56));
+        assert!(!takes_direct(24, 48, [1, 1], 485));
+        assert!(!takes_direct(24, 48, [3, 3], 14));
+        // What `takes` routes here still comes.
+        assert!(takes_direct(16, 3, [3, 3], 320) && takes(16, 3, [3, 3], 320));
     }
 
     #[test]

@@ -896,7 +896,7 @@ impl<'a> PackedCall<'a> {
             return Route::Windows(per_image, step);
         }
         if m > DIRECT_MAX_M
-            && kiln_kernels::planar::takes(m, geo.c, [geo.kh, geo.kw], geo.ow)
+            && kiln_kernels::planar::takes_direct(m, geo.c, [geo.kh, geo.kw], geo.ow)
             && kiln_kernels::planar::supported()
         {
             return Route::Planar;
