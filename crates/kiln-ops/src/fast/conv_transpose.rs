@@ -155,11 +155,11 @@ struct Tiles {
     kernel: [usize; 2],
 }
 
-/// [`Tiles`]: per image and group, `T [pixels, mg*kh*kw] = Xᵀ · W` (X channels-first,
-/// transposed a band of input rows at a time; W `[cg, mg*kh*kw]` packed once per group; the
-/// bias in the epilogue), the bands over the pool; then each output channel's plane over the
-/// pool, woven from each pixel's `kw` outputs of each (channel, kernel row). `false` if an
-/// operand is shorter than the shapes say.
+/// [`Tiles`]: per image and group, the planar product `T [mg*kh*kw, pixels] = Wᵀ · X` a band
+/// of input rows at a time (X channels-first, its band packed as B; the bias per row in the
+/// epilogue), the bands over the pool; then each output channel's plane over the pool, woven
+/// from the runs of each (channel, kernel row, kx). `false` if an operand is shorter than the
+/// shapes say.
 fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) -> bool {
     let ([ih, iw], [kh, kw]) = (t.grid, t.kernel);
     let (isz, cols) = (ih * iw, t.mg * kh * kw);
@@ -173,18 +173,18 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
     // X's channels in place, planar, as a product that narrow wastes most of its tiles (24 ->
     // 1 channel 2x2 over 368 x 736: 9.4 -> 5.4 ms). Bands of about 64 Ki floats of product
     // (and of X's band, when read in place).
-    let planar = cols <= 4;
-    let per_row = iw * if planar { cols + t.cg } else { cols };
+    // Otherwise the product is planar too, `Wᵀ · X` with X's band packed as B: row-major
+    // `[pixels, cols]` (X transposed first) had made each output plane's scatter read every
+    // line of the product, `cols` floats apart, once per four channels (PP-OCR's 24 -> 24 2x2
+    // upsampling over 184 x 368: two thirds of its 33 ms in the scatter).
+    let vector_sum = cols <= 4;
+    let per_row = iw * (cols + t.cg);
     let band = (64 * 1024 / per_row.max(1)).clamp(1, ih);
-    // The whole image's product, band after band (each band `[pixels, cols]`, or planar
-    // `[cols, pixels]`).
+    // The whole image's product, band after band (each band planar, `[cols, pixels]`).
     let mut tile = kiln_kernels::recycle::take(isz * cols);
     let failed = std::sync::atomic::AtomicBool::new(false);
     for gi in 0..t.g {
         let Some(wg) = w.get(gi * t.cg * cols..(gi + 1) * t.cg * cols) else {
-            return false;
-        };
-        let Ok(wp) = PackedB::pack(layout, t.cg, cols, wg, MatLayout::row_major(cols)) else {
             return false;
         };
         let col_bias: Option<Vec<f32>> = match bias {
@@ -194,10 +194,11 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
             },
             None => None,
         };
+        // The product's rows are the columns `(channel, ky, kx)`: the bias is per row.
         let epi = Epilogue {
             bias: col_bias
                 .as_deref()
-                .map_or(kiln_kernels::sgemm::Bias::None, kiln_kernels::sgemm::Bias::Col),
+                .map_or(kiln_kernels::sgemm::Bias::None, kiln_kernels::sgemm::Bias::Row),
             residual: None,
             act: None,
             post: None,
@@ -215,7 +216,7 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     return;
                 };
-                if planar {
+                if vector_sum {
                     for (j, o) in out.chunks_exact_mut(rows).enumerate() {
                         o.fill(col_bias.as_ref().and_then(|b| b.get(j)).copied().unwrap_or(0.0));
                         for ch in 0..t.cg {
@@ -231,13 +232,11 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
                     }
                     return;
                 }
-                // The band's pixels channels-last (X read in place as a transposed A would
-                // step a whole plane per channel: a page per multiply-add column).
-                let mut lent = kiln_kernels::recycle::lend::<BandPixels>();
-                let xt = kiln_kernels::recycle::scratch(&mut lent, rows * t.cg);
-                if !kiln_kernels::transpose::transpose_f32(xa, isz, t.cg, rows, xt, t.cg)
-                    || sgemm(rows, AMatrix::row_major(xt, t.cg), wp.view(), out, cols, &epi).is_err()
-                {
+                // `out [cols, pixels] = Wgᵀ [cols, cg] · X's band [cg, pixels]` (Wg is
+                // `[cg, cols]` row-major; the band's rows are X's planes, `isz` apart).
+                let ok = PackedB::pack(layout, t.cg, rows, xa, MatLayout::row_major(isz))
+                    .is_ok_and(|xp| sgemm(cols, AMatrix::transposed(wg, cols), xp.view(), out, rows, &epi).is_ok());
+                if !ok {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             });
@@ -248,12 +247,7 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
             kiln_kernels::pool::for_each_chunk_mut(yg, osz, &|mi, plane| {
                 for (b, out) in tile.chunks(band * iw * cols).enumerate() {
                     let (iy0, rows) = (b * band, out.len() / cols);
-                    let ok = if planar {
-                        scatter_planar(out, rows, iw, [kh, kw], iy0, plane, mi)
-                    } else {
-                        scatter_rows(out, cols, iw, [kh, kw], iy0, plane, mi)
-                    };
-                    if !ok {
+                    if !scatter_planar(out, rows, iw, [kh, kw], iy0, plane, mi) {
                         failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
@@ -267,45 +261,9 @@ fn tiles_2d(t: Tiles, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32])
     true
 }
 
-kiln_kernels::scratch_kinds! {
-    /// [`tiles_2d`]'s band of input pixels channels-last (per thread).
-    BandPixels: Vec<f32>;
-}
-
-/// Copies output channel `mi`'s part of a band's product, row-major `[pixels, cols]` (column
-/// `(mi*kh + ky)*kw + kx`), into its output plane `y`: each pixel's `kw` outputs of each
-/// kernel row side by side in their output row. `false` if a slice is short.
-fn scatter_rows(
-    out: &[f32],
-    cols: usize,
-    iw: usize,
-    [kh, kw]: [usize; 2],
-    iy0: usize,
-    y: &mut [f32],
-    mi: usize,
-) -> bool {
-    let (ow, rows) = (iw * kw, out.len() / cols.max(1));
-    for dy in 0..rows / iw.max(1) {
-        for ky in 0..kh {
-            let at = ((iy0 + dy) * kh + ky) * ow;
-            let (Some(dst), Some(src)) = (y.get_mut(at..at + ow), out.get(dy * iw * cols + (mi * kh + ky) * kw..))
-            else {
-                return false;
-            };
-            // Element by element: a call to copy `kw` (2-4) floats cost more than the copy.
-            for (d, s) in dst.chunks_exact_mut(kw).zip(src.chunks(cols)) {
-                match (d, s) {
-                    ([d0, d1], [s0, s1, ..]) => (*d0, *d1) = (*s0, *s1),
-                    (d, s) => d.iter_mut().zip(s).for_each(|(d, &s)| *d = s),
-                }
-            }
-        }
-    }
-    true
-}
-
-/// [`scatter_rows`] for a planar product (`[cols, rows]`: column `j` is `rows` contiguous
-/// pixels): an output row weaves `kw` column runs.
+/// Copies output channel `mi`'s part of a band's planar product (`[cols, rows]`: column
+/// `(mi*kh + ky)*kw + kx` is `rows` contiguous pixels) into its output plane `y`: an output
+/// row weaves `kw` column runs. `false` if a slice is short.
 fn scatter_planar(
     out: &[f32],
     rows: usize,
@@ -322,9 +280,25 @@ fn scatter_planar(
             let Some(dst) = y.get_mut(at..at + ow) else {
                 return false;
             };
+            let from = (mi * kh + ky) * kw * rows + dy * iw;
+            if kw == 2 {
+                // Two runs interleaved pair by pair, which the compiler vectorises (a
+                // strided store per element was most of the scatter's time).
+                let (Some(s0), Some(s1)) = (out.get(from..from + iw), out.get(from + rows..from + rows + iw)) else {
+                    return false;
+                };
+                kiln_kernels::simd::vectorize(|| {
+                    for ((d, &a), &b) in dst.chunks_exact_mut(2).zip(s0).zip(s1) {
+                        if let [d0, d1] = d {
+                            (*d0, *d1) = (a, b);
+                        }
+                    }
+                });
+                continue;
+            }
             for kx in 0..kw {
-                let from = ((mi * kh + ky) * kw + kx) * rows + dy * iw;
-                let Some(src) = out.get(from..from + iw) else {
+                let at = from + kx * rows;
+                let Some(src) = out.get(at..at + iw) else {
                     return false;
                 };
                 for (d, &s) in dst.iter_mut().skip(kx).step_by(kw).zip(src) {
@@ -366,6 +340,9 @@ mod tests {
             (strided(&[3, 2], 2), [2, 6, 4, 5], [6, 2, 3, 2], true),
             (strided(&[2, 2], 1), [1, 5, 3, 7], [5, 1, 2, 2], false),
             (strided(&[2, 2], 1), [1, 3, 200, 60], [3, 3, 2, 2], true),
+            // 3x3 (the weave of three runs) and 24 -> 24 2x2 (PP-OCR's upsampling head).
+            (strided(&[3, 3], 1), [2, 4, 7, 9], [4, 5, 3, 3], true),
+            (strided(&[2, 2], 1), [1, 24, 9, 37], [24, 24, 2, 2], true),
             (
                 ConvTranspose {
                     strides: vec![2, 1],
