@@ -978,11 +978,11 @@ impl<E: Epilogue> RowStore<E> {
         }
         // SAFETY: row `r < rows` of the tile starts at `r * ldc`; the masks limit both halves
         // to the first `cols` columns, all within `need` (checked by the caller). The second
-        // half's address is formed with `wrapping_add`: it
-        // may lie past C when its mask is empty, and is then never touched. With a stage, C
-        // is only read, and Y's row `r` starts at `r * ldy`, its stores masked the same way
-        // to `cols` bytes within the caller's bound, and R's row read the same way (R has Y's
-        // layout and length, `Stage::of`).
+        // half's address is formed with `wrapping_add`: it may lie past C when its mask is
+        // empty, and is then never touched. With a stage, C is only read, and Y's row `r`
+        // starts at `r * ldy`, its stores masked the same way to `cols` bytes within the
+        // caller's bound, and R's row read the same way (R has Y's layout and length,
+        // `Stage::of`).
         unsafe {
             let p = c.add(r * ldc);
             let (s0, s1) = if add_c {
