@@ -344,19 +344,44 @@ macro_rules! depthwise_kernels {
                 let c = io.c;
                 let mut p = 0;
                 while p + G <= count {
-                    let (at, o) = (base + p * io.step, p * c);
-                    let mut c0 = 0;
-                    while c0 + LANES <= c {
-                        group::<K, R, S, D, false>(io, first, at, o, c0, full());
-                        c0 += LANES;
-                    }
-                    if c0 < c {
-                        group::<K, R, S, D, true>(io, first, at, o, c0, mask(c - c0));
-                    }
+                    group_blocks::<K, R, S, D>(io, first, base, p);
                     p += G;
+                }
+                if p < count && count >= G {
+                    // The last `G` pixels as one more group, overlapping pixels already written:
+                    // they get the same values again (the sums run in the same order), and
+                    // the tail runs at the group's speed instead of pixel by pixel.
+                    group_blocks::<K, R, S, D>(io, first, base, count - G);
+                    p = count;
                 }
                 for q in p..count {
                     pixel(io, window, base + q * io.step, q * c);
+                }
+            }
+        }
+
+        /// Every channel block of the `G` pixels of [`rows`] from pixel `p`.
+        ///
+        /// # Safety
+        /// As for [`rows`], with `p + G <= count`.
+        #[inline(always)]
+        unsafe fn group_blocks<const K: usize, const R: usize, const S: usize, const D: usize>(
+            io: Io,
+            first: &[(usize, usize); R],
+            base: usize,
+            p: usize,
+        ) {
+            let c = io.c;
+            let (at, o) = (base + p * io.step, p * c);
+            let mut c0 = 0;
+            // SAFETY: the caller's contract; the blocks' channels are below `c`.
+            unsafe {
+                while c0 + LANES <= c {
+                    group::<K, R, S, D, false>(io, first, at, o, c0, full());
+                    c0 += LANES;
+                }
+                if c0 < c {
+                    group::<K, R, S, D, true>(io, first, at, o, c0, mask(c - c0));
                 }
             }
         }

@@ -227,8 +227,9 @@ pub(super) fn split_act(act: Option<Act>) -> (Clamp, Option<Act>) {
 
 /// The window lists of [`Depthwise::nhwc_row`]: kernel rows inside the input, the interior
 /// window, one border pixel's window.
+/// Lent once per band of rows (a lend per row cost as much as a 16-channel row's sums).
 #[derive(Default)]
-struct RowWindows {
+pub(super) struct RowWindows {
     rows: Vec<usize>,
     interior: Vec<(usize, usize)>,
     window: Vec<(usize, usize)>,
@@ -268,24 +269,34 @@ impl Depthwise {
         }
         let (clamp, after) = split_act(act);
         let failed = std::sync::atomic::AtomicBool::new(false);
-        let row = |oy: usize, row: &mut [f32]| {
-            if !self.nhwc_row(x, |iy| iy, taps, bias, clamp, oy, row) {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            if let Some(a) = after {
-                act_slice(a, row);
-            }
-            if let Some(p) = post {
-                p.apply_slice(row);
-            }
-        };
         // A small layer runs on the calling thread: split, it ran slower than alone
         // (MobileNet-v2's 7x7x960 layers, 27 -> 40 us on 2 threads: the fork-join, and half
         // of an input the previous GEMM wrote split by columns coming from the other core).
-        if oh * ow * c * kh * kw < DW_PAR_MIN_MACS {
-            y.chunks_mut(ow * c).enumerate().for_each(|(oy, r)| row(oy, r));
+        // Otherwise bands of rows, a few per thread.
+        let threads = kiln_kernels::pool::current_threads().max(1);
+        let band = if oh * ow * c * kh * kw < DW_PAR_MIN_MACS || threads == 1 {
+            oh
         } else {
-            kiln_kernels::pool::for_each_chunk_mut(y, ow * c, &row);
+            oh.div_ceil(4 * threads)
+        };
+        let rows = |b: usize, rows: &mut [f32]| {
+            let mut scratch = lend::<RowWindows>();
+            for (r, row) in rows.chunks_mut(ow * c).enumerate() {
+                if !self.nhwc_row(&mut scratch, x, |iy| iy, taps, bias, clamp, b * band + r, row) {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                if let Some(a) = after {
+                    act_slice(a, row);
+                }
+                if let Some(p) = post {
+                    p.apply_slice(row);
+                }
+            }
+        };
+        if band >= oh {
+            rows(0, y);
+        } else {
+            kiln_kernels::pool::for_each_chunk_mut(y, band * ow * c, &rows);
         }
         !failed.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -297,6 +308,7 @@ impl Depthwise {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn nhwc_row(
         &self,
+        scratch: &mut RowWindows,
         x: &[f32],
         row_of: impl Fn(usize) -> usize,
         taps: &[f32],
@@ -306,7 +318,7 @@ impl Depthwise {
         row: &mut [f32],
     ) -> bool {
         let c = self.channels;
-        self.row_spans(row_of, oy, |span| {
+        self.row_spans(scratch, row_of, oy, |span| {
             let Some(out) = row.get_mut(span.pixels.start * c..span.pixels.end * c) else {
                 return false;
             };
@@ -332,6 +344,7 @@ impl Depthwise {
     /// (every run is still offered).
     pub(super) fn row_spans(
         &self,
+        scratch: &mut RowWindows,
         row_of: impl Fn(usize) -> usize,
         oy: usize,
         mut each: impl FnMut(RowSpan<'_>) -> bool,
@@ -342,9 +355,8 @@ impl Depthwise {
         let [dh, dw] = self.dilations;
         let [ph, pw] = self.pad_begin;
         let c = self.channels;
-        // The window lists live in per-thread buffers, reused row after row.
-        let mut scratch = lend::<RowWindows>();
-        let RowWindows { rows, interior, window } = &mut *scratch;
+        // The window lists live in the caller's buffers, reused row after row.
+        let RowWindows { rows, interior, window } = scratch;
         rows.clear();
         rows.extend((0..kh).filter(|&ky| {
             let iy = (oy * sh + ky * dh) as isize - ph as isize;

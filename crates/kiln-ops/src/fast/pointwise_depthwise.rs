@@ -299,7 +299,8 @@ impl PointwiseDepthwise {
                         at += len;
                     }
                 }
-                ok = ok && dw.nhwc_row(&ring.rows, |iy| iy % slots, taps, bias2, clamp, oy, out);
+                let mut windows = lend::<super::depthwise::RowWindows>();
+                ok = ok && dw.nhwc_row(&mut windows, &ring.rows, |iy| iy % slots, taps, bias2, clamp, oy, out);
                 ring.last = (call, oy);
                 drop(lent);
                 if let Some(a) = after {

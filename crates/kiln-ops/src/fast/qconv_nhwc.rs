@@ -1176,6 +1176,7 @@ where
         sums.clear();
         sums.resize(ow * c, 0.0);
         let mut ring_rows = InputRing::new(dw);
+        let mut windows = kiln_kernels::recycle::lend::<super::depthwise::RowWindows>();
         let mut at = Vec::with_capacity(kh);
         for (r, orow) in out.chunks_mut(ow * c).enumerate() {
             let oy = oy0 + r;
@@ -1197,7 +1198,7 @@ where
                 return false;
             }
             let clamp = kiln_kernels::dwconv::Clamp::NONE;
-            if !dw.nhwc_row(&ring, |iy| iy % slots, tf, None, clamp, oy, &mut sums) {
+            if !dw.nhwc_row(&mut windows, &ring, |iy| iy % slots, tf, None, clamp, oy, &mut sums) {
                 return false;
             }
             requant.pixels(&sums, orow);
@@ -1236,8 +1237,10 @@ where
         sums.resize(ow * c, 0);
         // The starts made so far, by their window's tap offsets.
         let mut starts: Vec<(Vec<usize>, Vec<i32>)> = Vec::new();
+        let mut windows = kiln_kernels::recycle::lend::<super::depthwise::RowWindows>();
         for (r, orow) in out.chunks_mut(ow * c).enumerate() {
             let ok = dw.row_spans(
+                &mut windows,
                 |iy| iy,
                 oy0 + r,
                 |span| {
