@@ -6,16 +6,19 @@
 //! All offsets are checked once per call; the AVX-512 and AVX2 paths (one source, written
 //! over the vector type: [`depthwise_kernels`]) then run without per-tap bounds checks, in
 //! 16- or 8-channel blocks (fused multiply-adds, masked tail). A window made of rows of
-//! three, five or seven taps (adjacent; three or five two columns apart: dilation 2) with pixels one or two
-//! columns apart (3x3, 5x5 and 7x7 interiors and their top and bottom edges) runs 8 pixels at a
-//! time with a row's weights in registers, each input column loaded once for every pixel
-//! that uses it: 3x3 stride 1 needs 30 loads per 72 multiply-adds instead of 81
-//! (MobileNet-v2's 112x112x32 depthwise layer 0.19 -> 0.13 ms); 5x5 over 33x49x960 took
-//! 2.6-2.7 ms 4 pixels at a time, 2.2 this way (dilation 2: 3.0-3.1 -> 2.5), 7x7 over
-//! 184x368x96 28.0 pixel by pixel, 12.8 this way (Zen 3). Other
-//! 3x3 and 5x5 windows run 4 pixels at a time sharing each weight load, any other window
-//! pixel by pixel. The portable path is the scalar twin (multiply, then add) it is
-//! tested against; the two differ by the FMA's single rounding only.
+//! three, five or seven taps (adjacent; three or five two columns apart: dilation 2) with
+//! pixels one or two columns apart (3x3, 5x5 and 7x7 interiors and their top and bottom
+//! edges, down to a single kernel row: images one or two rows high) runs 8 pixels at a time
+//! with a row's weights in registers, each input column loaded once for every pixel that
+//! uses it: 3x3 stride 1 needs 30 loads per 72 multiply-adds instead of 81 (MobileNet-v2's
+//! 112x112x32 depthwise layer 0.19 -> 0.13 ms); 5x5 over 33x49x960 took 2.6-2.7 ms 4 pixels
+//! at a time, 2.2 this way (dilation 2: 3.0-3.1 -> 2.5), 7x7 over 184x368x96 28.0 pixel by
+//! pixel, 12.8 this way (Zen 3). The last pixels of a run (fewer than 8) are one more group
+//! of 8 overlapping pixels already written (the same sums again). Other windows of 4, 6, 8,
+//! 9, 10, 12, 15, 16, 20 or 25 taps (3x3, 4x4 and 5x5 windows and their edges) run 4 pixels
+//! at a time sharing each weight load, any other window pixel by pixel. The portable path is
+//! the scalar twin (multiply, then add) it is tested against; the two differ by the FMA's
+//! single rounding only.
 
 use crate::isa::{self, Isa};
 
@@ -191,17 +194,27 @@ macro_rules! depthwise_kernels {
                     || try_rows::<5, 5, 1>(io, window, base, count)
                     || try_rows::<5, 4, 1>(io, window, base, count)
                     || try_rows::<5, 3, 1>(io, window, base, count)
+                    || try_rows::<5, 2, 1>(io, window, base, count)
+                    || try_rows::<5, 1, 1>(io, window, base, count)
                     || try_rows::<7, 7, 1>(io, window, base, count)
                     || try_rows::<7, 6, 1>(io, window, base, count)
                     || try_rows::<7, 5, 1>(io, window, base, count)
                     || try_rows::<7, 4, 1>(io, window, base, count)
+                    || try_rows::<7, 3, 1>(io, window, base, count)
+                    || try_rows::<7, 2, 1>(io, window, base, count)
+                    || try_rows::<7, 1, 1>(io, window, base, count)
                     || try_rows::<3, 3, 2>(io, window, base, count)
                     || try_rows::<5, 5, 2>(io, window, base, count)
                     || try_unrolled::<9>(io, window, base, count)
                     || try_unrolled::<6>(io, window, base, count)
+                    || try_unrolled::<4>(io, window, base, count)
                     || try_unrolled::<25>(io, window, base, count)
                     || try_unrolled::<20>(io, window, base, count)
+                    || try_unrolled::<16>(io, window, base, count)
                     || try_unrolled::<15>(io, window, base, count)
+                    || try_unrolled::<12>(io, window, base, count)
+                    || try_unrolled::<10>(io, window, base, count)
+                    || try_unrolled::<8>(io, window, base, count)
                 {
                     return;
                 }

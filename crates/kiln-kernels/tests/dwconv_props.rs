@@ -11,7 +11,7 @@ use proptest::prelude::*;
 type Case = (usize, Vec<(usize, usize)>, usize, bool, u64, usize, Option<(f32, f32)>);
 
 fn case() -> impl Strategy<Value = Case> {
-    let taps = prop_oneof![Just(9usize), 0usize..=12];
+    let taps = prop_oneof![Just(9usize), Just(16usize), 0usize..=12];
     let clamp = prop_oneof![
         Just(None),
         Just(Some((0.0, f32::INFINITY))),
