@@ -199,6 +199,18 @@ kiln_kernels::scratch_kinds! {
 /// Multiply-adds below which a channels-last depthwise layer runs on one thread.
 pub(super) const DW_PAR_MIN_MACS: usize = 1 << 19;
 
+/// Output rows per band of a depthwise layer of `oh` rows and `macs` multiply-adds split
+/// over the current pool: all of them (one band, on the calling thread) below `serial_macs`
+/// or on one thread, else `per_thread` bands a thread.
+pub(super) fn row_band(oh: usize, macs: usize, serial_macs: usize, per_thread: usize) -> usize {
+    let threads = kiln_kernels::pool::current_threads().max(1);
+    if macs < serial_macs || threads == 1 {
+        oh
+    } else {
+        oh.div_ceil(per_thread.max(1) * threads)
+    }
+}
+
 /// ReLU and Clip as the bounds the depthwise kernel applies before its stores; any other
 /// activation is returned to run over the output after.
 pub(super) fn split_act(act: Option<Act>) -> (Clamp, Option<Act>) {
@@ -226,8 +238,8 @@ pub(super) fn split_act(act: Option<Act>) -> (Clamp, Option<Act>) {
 // pads and kernels wider than the image: `conv.rs`, `depthwise_path_matches_the_gemm_path`.
 
 /// The window lists of [`Depthwise::nhwc_row`]: kernel rows inside the input, the interior
-/// window, one border pixel's window.
-/// Lent once per band of rows (a lend per row cost as much as a 16-channel row's sums).
+/// window, one border pixel's window. Lent once per band of rows (a lend per row cost as much
+/// as a 16-channel row's sums).
 #[derive(Default)]
 pub(super) struct RowWindows {
     rows: Vec<usize>,
@@ -273,12 +285,7 @@ impl Depthwise {
         // (MobileNet-v2's 7x7x960 layers, 27 -> 40 us on 2 threads: the fork-join, and half
         // of an input the previous GEMM wrote split by columns coming from the other core).
         // Otherwise bands of rows, a few per thread.
-        let threads = kiln_kernels::pool::current_threads().max(1);
-        let band = if oh * ow * c * kh * kw < DW_PAR_MIN_MACS || threads == 1 {
-            oh
-        } else {
-            oh.div_ceil(4 * threads)
-        };
+        let band = row_band(oh, oh * ow * c * kh * kw, DW_PAR_MIN_MACS, 4);
         let rows = |b: usize, rows: &mut [f32]| {
             let mut scratch = lend::<RowWindows>();
             for (r, row) in rows.chunks_mut(ow * c).enumerate() {

@@ -296,18 +296,17 @@ impl kiln_kernels::simd::Kernel for MaxRow<'_> {
         let reach = (kw.max(1) - 1) * dw;
         let inside = |ox: usize| (ox * sw).checked_sub(pb).filter(|&ix0| ix0 + reach < iw);
         if c.is_multiple_of(L) || c > 4 * L {
-            // Whole 16-channel blocks, or more than four blocks' worth of any count (a pass
-            // over the pixel's channels per tap reads any `c`: PP-LCNet's 200 channels had
-            // gone through the dense rows below, which reduce every column of a strided
-            // pool's rows, 3.3x OpenVINO's time on its 2x2 stride-2 pool). A pixel whose window lies inside the row (all but the
-            // edges) reads its taps at fixed offsets from the window's first column, listed
-            // once per output row (the tap-by-tap loop below spent an iterator step, a bounds
-            // check and a pass over the pixel's channels per tap: SqueezeNet's 3x3 pool over
-            // 111x111x64 0.25 ms against ONNX Runtime's 0.16): up to four blocks each keep
-            // their maximum in a register, stored once; more, the pixel's channels in L1 take
-            // a pass per tap (the register form measured slower there). The first tap is
-            // loaded, the others compared with `v > m`, as below (so NaNs match the
-            // reference).
+            // Whole 16-channel blocks, or more than four blocks' worth of any count (a pass over
+            // the pixel's channels per tap reads any `c`: PP-LCNet's 200 channels had gone through
+            // the dense rows below, which reduce every column of a strided pool's rows, 3.3x
+            // OpenVINO's time on its 2x2 stride-2 pool). A pixel whose window lies inside the row
+            // (all but the edges) reads its taps at fixed offsets from the window's first column,
+            // listed once per output row (the tap-by-tap loop below spent an iterator step, a
+            // bounds check and a pass over the pixel's channels per tap: SqueezeNet's 3x3 pool over
+            // 111x111x64 0.25 ms against ONNX Runtime's 0.16): up to four blocks each keep their
+            // maximum in a register, stored once; more, the pixel's channels in L1 take a pass per
+            // tap (the register form measured slower there). The first tap is loaded, the others
+            // compared with `v > m`, as below (so NaNs match the reference).
             let offs: smallvec::SmallVec<[usize; 16]> = ys
                 .iter()
                 .flat_map(|&iy| (0..kw).map(move |t| (iy * iw + t * dw) * c))

@@ -1358,12 +1358,7 @@ where
     let ([h, w], [oh, ow]) = (dw.input, dw.output);
     let (ipix, opix) = (h * w * c, oh * ow * c);
     let mut y = util::out_buf::<O>(util::checked_numel(&[n, oh, ow, c])?);
-    let threads = kiln_kernels::pool::current_threads().max(1);
-    let band = if opix * taps < DW_SERIAL_MACS || threads == 1 {
-        oh
-    } else {
-        oh.div_ceil(2 * threads)
-    };
+    let band = super::depthwise::row_band(oh, opix * taps, DW_SERIAL_MACS, 2);
     let failed = std::sync::atomic::AtomicBool::new(false);
     for b in 0..n {
         let (Some(src), Some(dst)) = (xs.get(b * ipix..(b + 1) * ipix), y.get_mut(b * opix..(b + 1) * opix)) else {
