@@ -133,9 +133,12 @@ struct SumStage {
 
 impl SumStage {
     /// The sum of 16 clamped output codes `x` (integers as f32) with R's 16 codes at `r`
-    /// (lanes `mask`): [`crate::quant::SumMap::code_bounded`]'s steps in the same order (no
-    /// fused multiply-add), rounded by `vrndscaleps` (the bounded map keeps every value
-    /// within the rounding trick's range, where both round half to even alike).
+    /// (lanes `mask`), as 32-bit lanes whose low byte is the output byte:
+    /// [`crate::quant::SumMap::code_bounded`]'s steps in the same order (no fused
+    /// multiply-add), rounded by the add of 1.5 * 2^23 (`quant::ROUND`; the bounded map keeps
+    /// every value within its range), the zero point added and the clamp applied past that
+    /// offset, all on whole numbers and so exact. Adds and comparisons that either vector
+    /// port takes, where `vrndscaleps` and `vcvtps2dq` run on one port of an Intel core.
     ///
     /// # Safety
     /// AVX-512 F, BW and VL are available; the mask's bytes at `r` are readable.
@@ -155,10 +158,10 @@ impl SumStage {
                 _mm512_mul_ps(x, _mm512_set1_ps(ra)),
                 _mm512_add_ps(_mm512_mul_ps(z, _mm512_set1_ps(rb)), _mm512_set1_ps(shift)),
             );
-            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-            let t = _mm512_add_ps(t, _mm512_set1_ps(zero_point));
-            let t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(self.floor)), _mm512_set1_ps(hi));
-            _mm512_cvtps_epi32(t)
+            let round = crate::quant::ROUND;
+            let w = _mm512_add_ps(_mm512_add_ps(t, _mm512_set1_ps(round)), _mm512_set1_ps(zero_point));
+            let (floor, hi) = (_mm512_set1_ps(round + self.floor), _mm512_set1_ps(round + hi));
+            _mm512_castps_si512(_mm512_min_ps(_mm512_max_ps(w, floor), hi))
         }
     }
 }
@@ -721,19 +724,88 @@ impl Epilogue for CheckedStage {
 
     #[inline(always)]
     unsafe fn requant(&self, s: __m512i, j: usize) -> __m512i {
-        let j = j & 1;
-        // SAFETY: AVX-512 F (caller); the f64 loads read the masks' columns of this half,
-        // which the stage's parameters hold (`load`'s contract).
+        // SAFETY: AVX-512 F (caller); the f64 path reads this half's columns (`load`).
         unsafe {
-            let u = self.fast.value(s, j);
-            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(u);
-            let d = _mm512_abs_ps(_mm512_sub_ps(u, r));
-            // Past +-1024 the clamp decides alone, but testing for it costs more than the few
-            // large values near a half that take the f64 path without need.
-            let near = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(d, _mm512_set1_ps(self.edge));
+            let (_, rounded, near) = self.twin(s, j);
             if near == 0 {
-                return self.fast.finish(u);
+                return _mm512_cvtps_epi32(rounded);
             }
+            self.exact(s, j)
+        }
+    }
+
+    /// The twin's codes offset by 1.5 * 2^23, whose low bytes are the output bytes (see
+    /// [`F32Stage::low_bytes`]), or the f64 path's codes near a half.
+    #[inline(always)]
+    unsafe fn low_bytes(&self, s: __m512i, j: usize) -> __m512i {
+        // SAFETY: AVX-512 F (caller); the f64 path reads this half's columns (`load`).
+        unsafe {
+            let (offset, _, near) = self.twin(s, j);
+            if near == 0 {
+                return _mm512_castps_si512(offset);
+            }
+            self.exact(s, j)
+        }
+    }
+
+    /// The codes as f32 straight from the twin's rounding, without the conversions to i32
+    /// and back that [`Epilogue::requant`]'s codes would take on their way into the sum (a
+    /// QLinearConv whose QLinearAdd is fused: ResNet's residual layers).
+    #[inline(always)]
+    unsafe fn summed(&self, s: __m512i, j: usize, sum: &SumStage, r: *const u8, mask: __mmask16) -> __m512i {
+        // SAFETY: the caller's features and bytes; the f64 path reads this half's columns.
+        unsafe {
+            let (_, rounded, near) = self.twin(s, j);
+            let x = if near == 0 {
+                rounded
+            } else {
+                _mm512_cvtepi32_ps(self.exact(s, j))
+            };
+            sum.add(x, r, mask)
+        }
+    }
+}
+
+impl CheckedStage {
+    /// Half `j`'s f32 values from the twin's parameters, clamped to the output's bounds and
+    /// rounded half to even by the add of 1.5 * 2^23: that sum (whose low byte is the code),
+    /// the rounded value, and the lanes within the twin's margin of a half-integer (those the
+    /// f32 rounding may get wrong, redone in f64). Clamping first gives the f64 path's
+    /// integers: the bounds are whole, and where the twin and the f64 value fall on two sides
+    /// of a bound, both are within the margin of it and round to it. All adds, subtractions
+    /// and comparisons, which either vector port takes (`vrndscaleps` is two operations on
+    /// one port of an Intel core).
+    ///
+    /// # Safety
+    /// AVX-512 F is available.
+    #[inline(always)]
+    unsafe fn twin(&self, s: __m512i, j: usize) -> (__m512, __m512, __mmask16) {
+        // SAFETY: AVX-512 F (caller).
+        unsafe {
+            let f = self.fast;
+            let v = _mm512_min_ps(_mm512_max_ps(f.value(s, j & 1), f.lo), f.hi);
+            let round = _mm512_set1_ps(crate::quant::ROUND);
+            let offset = _mm512_add_ps(v, round);
+            let r = _mm512_sub_ps(offset, round);
+            let d = _mm512_abs_ps(_mm512_sub_ps(v, r));
+            (
+                offset,
+                r,
+                _mm512_cmp_ps_mask::<_CMP_GT_OQ>(d, _mm512_set1_ps(self.edge)),
+            )
+        }
+    }
+
+    /// Half `j`'s codes in f64 from the parameters in memory ([`F64Stage`]'s arithmetic).
+    ///
+    /// # Safety
+    /// AVX-512 F is available; the stage's f64 bias and mult hold the masks' columns of
+    /// this half (`load`'s contract).
+    #[inline(always)]
+    unsafe fn exact(&self, s: __m512i, j: usize) -> __m512i {
+        let j = j & 1;
+        // SAFETY: the caller's features and columns.
+        unsafe {
             let m = self.masks[j];
             let load =
                 |p: *const f64, q: usize| _mm512_maskz_loadu_pd((m >> (8 * q)) as u8, p.wrapping_add(16 * j + 8 * q));
