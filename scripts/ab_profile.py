@@ -7,10 +7,11 @@ pair sees the same moment of the host, and the figure is the median over the rou
 each pair's B/A ratio, per node and for the whole run.
 
 usage: python scripts/ab_profile.py --a OLD_KILN --b NEW_KILN [--program-b OTHER.kiln]
-       [--inputs FEEDS.npz] [--rounds 30] [-n 3] [--threads 1] [--top 20] PROGRAM.kiln
+       [--inputs FEEDS.npz] [--rounds 30] [-n 3] [--threads 1] [--top 20] [--strip TEXT]
+       PROGRAM.kiln
 
 With --program-b, build B runs that program instead (two compilations of one model: QDQ
-against QOperator, an option on and off); nodes are joined by name. Prints the whole run's
+against QOperator, an option on and off); nodes are joined by name, less any --strip text. Prints the whole run's
 median B/A and quartiles, then the `--top` slowest nodes of A: the median B/A, its
 quartiles, and the minimum time of each side (ms).
 """
@@ -25,8 +26,9 @@ ROW = re.compile(r"^\s*\d+\s+([\d.]+)\s")
 WHOLE = re.compile(r"whole run ([\d.]+) ms/run")
 
 
-def profile(kiln, program, inputs, n, threads):
-    """One `kiln profile` run: (whole-run ms, {node: ms})."""
+def profile(kiln, program, inputs, n, threads, strip=()):
+    """One `kiln profile` run: (whole-run ms, {node: ms}), each node's name without the
+    `strip` texts."""
     cmd = [kiln, "profile", program, "-n", str(n), "-q", "--top", "0", "-O", f"num_of_cores={threads}"]
     if inputs:
         cmd += ["--inputs", inputs]
@@ -41,7 +43,10 @@ def profile(kiln, program, inputs, n, threads):
         fields = line.split()
         # The node table: rank, ms/run, share, cum, GFLOP/s, op, precision, node, shapes...
         if ROW.match(line) and len(fields) > 8:
-            nodes[fields[7]] = float(fields[1])
+            name = fields[7]
+            for text in strip:
+                name = name.replace(text, "")
+            nodes[name] = float(fields[1])
     return float(whole.group(1)), nodes
 
 
@@ -62,15 +67,18 @@ def main():
     ap.add_argument("-n", type=int, default=3, help="inferences per profile run")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--strip", action="append", default=[],
+                    help="text removed from node names before joining (repeatable; QDQ against "
+                         "QOperator: --strip _quant)")
     ap.add_argument("program")
     a = ap.parse_args()
     program_b = a.program_b or a.program
     whole, per_node, mins = [], {}, {}
     for r in range(a.rounds):
-        runs = [(a.a, a.program), (a.b, program_b)]
+        runs = [("a", a.a, a.program), ("b", a.b, program_b)]
         order = runs if r % 2 == 0 else runs[::-1]
-        got = {kiln: profile(kiln, prog, a.inputs, a.n, a.threads) for kiln, prog in order}
-        (wa, na), (wb, nb) = got[a.a], got[a.b]
+        got = {side: profile(kiln, prog, a.inputs, a.n, a.threads, a.strip) for side, kiln, prog in order}
+        (wa, na), (wb, nb) = got["a"], got["b"]
         whole.append(wb / wa)
         for node, ta in na.items():
             tb = nb.get(node)
