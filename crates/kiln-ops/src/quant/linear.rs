@@ -8,7 +8,7 @@
 use crate::error::{OpError, Result};
 use crate::recurrent::num::{self, in_shape, is_ieee_float, round_to, tt};
 use crate::util::{input_dtype, norm_axis};
-use crate::value::{Args, InferInput, TensorType, ValueType};
+use crate::value::{Args, Dim, InferInput, TensorType, ValueType};
 use kiln_tensor::{DType, Data, Tensor, formats};
 
 /// Integer range of an integer quantized type.
@@ -47,6 +47,57 @@ pub(crate) fn int_tensor(dt: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tens
         }
     };
     Ok(Tensor::new(dt, shape, data)?)
+}
+
+/// [`param_index`]'s checks on static shapes, for `infer`: a scale or zero point (input
+/// `index`) whose shape cannot fit X's is an error when the graph is compiled, not when it
+/// first runs. Only dims fixed on both sides are compared; the others wait for the run.
+fn param_shape_fits(shape: &[Dim], pshape: &[Dim], axis: i64, block: usize, index: usize) -> Result<()> {
+    let fixed = |d: &Dim| match d {
+        Dim::Fixed(n) => Some(*n),
+        Dim::Sym(_) => None,
+    };
+    let pfixed: Option<Vec<usize>> = pshape.iter().map(fixed).collect();
+    let Some(pfixed) = pfixed else {
+        return Ok(());
+    };
+    if pfixed.iter().product::<usize>() == 1 {
+        return Ok(());
+    }
+    let rank = shape.len();
+    let ax = norm_axis(axis, rank)?;
+    let want = shape.get(ax).and_then(fixed);
+    if block == 0 {
+        if pfixed.len() != 1 || want.is_some_and(|w| pfixed.first() != Some(&w)) {
+            let axis_dim = want.map_or_else(|| format!("axis {ax}'s size"), |w| w.to_string());
+            return Err(OpError::input_shape(
+                index,
+                format!("one element, or [{axis_dim}] (axis {ax} of input 0)"),
+                &pfixed,
+            ));
+        }
+    } else if pfixed.len() != rank {
+        return Err(OpError::input_shape(
+            index,
+            format!("rank {rank}, input 0's, with blocks on axis {ax}"),
+            &pfixed,
+        ));
+    }
+    Ok(())
+}
+
+/// [`param_shape_fits`] for the scale (input 1) and zero point (input 2) where X's and
+/// theirs are known.
+fn static_params(inputs: &[InferInput<'_>], axis: i64, block: usize) -> Result<()> {
+    let Some(x) = in_shape(inputs, 0) else {
+        return Ok(());
+    };
+    for index in [1, 2] {
+        if let Some(p) = in_shape(inputs, index) {
+            param_shape_fits(&x, &p, axis, block, index)?;
+        }
+    }
+    Ok(())
 }
 
 /// For every element of `shape`, the flat index of its scale / zero point: per-tensor
@@ -291,6 +342,7 @@ impl QuantizeLinear {
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        static_params(inputs, self.axis, self.block_size)?;
         let odt = match (inputs.get(2).map(|i| i.ty), input_dtype(inputs, 2)) {
             (Some(ValueType::Tensor(_)), Some(z)) => Some(self.out_dtype(Some(z))?),
             (Some(ValueType::Tensor(_)), None) => None,
@@ -371,6 +423,7 @@ impl DequantizeLinear {
     }
 
     pub fn infer(&self, inputs: &[InferInput<'_>]) -> Result<Vec<ValueType>> {
+        static_params(inputs, self.axis, self.block_size)?;
         let odt = self.output_dtype.or_else(|| input_dtype(inputs, 1));
         Ok(vec![tt(odt, in_shape(inputs, 0))])
     }
@@ -450,6 +503,47 @@ mod tests {
 
     fn run1(outs: Result<crate::Outputs>) -> Tensor {
         outs.unwrap().remove(0).as_tensor().unwrap().clone()
+    }
+
+    #[test]
+    fn infer_refuses_parameters_that_cannot_fit_x() {
+        let ty = |shape: &[usize]| ValueType::Tensor(TensorType::fixed(DType::F32, shape));
+        let sym = ValueType::Tensor(TensorType {
+            dtype: Some(DType::F32),
+            shape: Some(vec![Dim::Sym("n".into())]),
+        });
+        let op = DequantizeLinear {
+            axis: 1,
+            block_size: 0,
+            output_dtype: None,
+        };
+        let infer = |x: &ValueType, s: &ValueType| {
+            let inputs = [
+                InferInput {
+                    ty: x,
+                    konst: None,
+                    present: true,
+                },
+                InferInput {
+                    ty: s,
+                    konst: None,
+                    present: true,
+                },
+            ];
+            op.infer(&inputs)
+        };
+        // Per-channel scales on a rank-1 tensor with axis 1 (ONNX Runtime's quantizer writes
+        // them for some biases): the axis is out of range.
+        assert!(matches!(
+            infer(&ty(&[64]), &ty(&[64])),
+            Err(OpError::Axis { axis: 1, rank: 1 })
+        ));
+        // Four scales for axis 1 of size 8.
+        assert!(infer(&ty(&[2, 8]), &ty(&[4])).is_err());
+        // Fitting, one element, or a size known only at run time: accepted.
+        assert!(infer(&ty(&[2, 8]), &ty(&[8])).is_ok());
+        assert!(infer(&ty(&[64]), &ty(&[1])).is_ok());
+        assert!(infer(&ty(&[2, 8]), &sym).is_ok());
     }
 
     #[test]
