@@ -49,9 +49,11 @@ pub(crate) fn int_tensor(dt: DType, shape: Vec<usize>, v: &[f64]) -> Result<Tens
     Ok(Tensor::new(dt, shape, data)?)
 }
 
-/// [`param_index`]'s checks on static shapes, for `infer`: a scale or zero point (input
-/// `index`) whose shape cannot fit X's is an error when the graph is compiled, not when it
-/// first runs. Only dims fixed on both sides are compared; the others wait for the run.
+/// The shape rules of a scale or zero point (input `index`) against X's, on static shapes:
+/// `infer` applies them so that one which cannot fit is an error when the graph is compiled,
+/// not when it first runs, and [`param_index`] on the run's shapes. Only dims fixed on both
+/// sides are compared; the others wait for the run. Blocked parameters are checked for their
+/// rank here, their dims by [`param_index`].
 fn param_shape_fits(shape: &[Dim], pshape: &[Dim], axis: i64, block: usize, index: usize) -> Result<()> {
     let fixed = |d: &Dim| match d {
         Dim::Fixed(n) => Some(*n),
@@ -113,13 +115,9 @@ fn param_index(shape: &[usize], pshape: &[usize], axis: i64, block: usize, index
     let ax = norm_axis(axis, rank)?;
     let strides = kiln_tensor::strides_of(shape);
     if block == 0 {
-        if pshape.len() != 1 || pshape[0] != shape[ax] {
-            return Err(OpError::input_shape(
-                index,
-                format!("one element, or [{}] (axis {ax} of input 0)", shape[ax]),
-                pshape,
-            ));
-        }
+        // The per-axis rule is `infer`'s, on these fixed shapes.
+        let fixed = |s: &[usize]| s.iter().map(|&d| Dim::Fixed(d)).collect::<Vec<_>>();
+        param_shape_fits(&fixed(shape), &fixed(pshape), axis, 0, index)?;
         return Ok((0..n).map(|i| (i / strides[ax]) % shape[ax]).collect());
     }
     let blocks = shape[ax].div_ceil(block);
