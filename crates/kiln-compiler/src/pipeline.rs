@@ -11,7 +11,7 @@ use crate::CompileError;
 use crate::passes::{
     attention, bn, captures, chain, conv_tail, conv_taps, conv1d, cse, dce, einsum, f16, fold, fuse_act, identity,
     inline_if, layout, matmul_add, patterns, pointwise_depthwise, qconv_residual, qdq_add, qdq_chain, qdq_conv,
-    qdq_glue, qdq_matmul, residual, shape, unit_transpose,
+    qdq_glue, qdq_matmul, qdq_weights, residual, shape, unit_transpose,
 };
 use kiln_ir::Graph;
 
@@ -101,6 +101,14 @@ const PIPELINE: &[Pass] = &[
         level: 2,
         deep: true,
         run: einsum::run,
+    },
+    // Fake-quantized float weights (`W -> QuantizeLinear -> DequantizeLinear`) to the 8-bit
+    // constants an exporter storing them quantized writes, so the QDQ passes below find them.
+    Pass {
+        name: "qdq_weights",
+        level: 2,
+        deep: false,
+        run: qdq_weights::run,
     },
     // QDQ products of constant 8-bit weights to integer ones, before folding would turn the
     // weights' DequantizeLinear into f32 constants.

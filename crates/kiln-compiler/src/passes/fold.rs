@@ -24,11 +24,17 @@ pub(crate) const MAX_FOLDED_ELEMENTS: usize = 1 << 22;
 pub(crate) const MAX_FOLDED_DEQUANTIZED: usize = 1 << 26;
 
 pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
+    fold_where(g, |_| true)
+}
+
+/// Folds the nodes of `g` and its subgraphs whose op `wanted` accepts and whose inputs are all
+/// constants.
+pub(crate) fn fold_where(g: &mut Graph, wanted: fn(&Op) -> bool) -> Result<usize, CompileError> {
     let mut count = 0;
     for node in &mut g.nodes {
         if let NodeKind::Control(c) = &mut node.kind {
             for sub in subgraphs_mut(c) {
-                count += run(sub)?;
+                count += fold_where(sub, wanted)?;
             }
         }
     }
@@ -38,6 +44,13 @@ pub(crate) fn run(g: &mut Graph) -> Result<usize, CompileError> {
         // Stopped (cancelled or out of time): the rest stays unfolded; the pipeline reports it.
         if kiln_kernels::stop::requested() {
             break;
+        }
+        let is_wanted = g
+            .nodes
+            .get(i)
+            .is_some_and(|n| matches!(&n.kind, NodeKind::Op(op) if wanted(op)));
+        if !is_wanted {
+            continue;
         }
         let Some(folded) = fold_node(g, i, &konst) else {
             continue;

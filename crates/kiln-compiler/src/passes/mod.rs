@@ -30,6 +30,7 @@ pub(crate) mod qdq_chain;
 pub(crate) mod qdq_conv;
 pub(crate) mod qdq_glue;
 pub(crate) mod qdq_matmul;
+pub(crate) mod qdq_weights;
 pub(crate) mod residual;
 pub(crate) mod shape;
 pub(crate) mod unit_transpose;

@@ -159,7 +159,7 @@ fn conversion(g: &Graph, index: &Index, node: &Node, ok: bool, to_8_bit: bool) -
 
 /// Ops whose output's elements are elements of input 0 (the other inputs being indices,
 /// shapes or axes): they commute with any elementwise map, quantization included.
-fn moves_elements(op: &Op) -> bool {
+pub(crate) fn moves_elements(op: &Op) -> bool {
     matches!(
         op,
         Op::Movement(
